@@ -1,0 +1,2 @@
+//! gdaki device code (placeholder while the skeleton lands).
+#![no_std]

@@ -1,0 +1,1 @@
+//! Runnable gdaki examples live beside this crate as `[[example]]` targets.

@@ -1,0 +1,1 @@
+//! gdaki host library (placeholder while the skeleton lands).

@@ -1,0 +1,111 @@
+//! Device handles: what the host builds and passes to device code (by pointer), for either executor.
+//!
+//! Addresses are `u64` device-visible virtual addresses: for the `gpu` executor, pointers valid in the kernel
+//! (pinned host memory mapped into the GPU, or GPU memory); for the `cpu` executor, host pointers. Keys that go
+//! into WQEs verbatim are stored big-endian, precomputed by the host (as DOCA GPUNetIO does).
+
+use crate::be::Be32;
+use bytemuck::{Pod, Zeroable};
+
+/// A completion queue as device code polls it (`mlx5dv_cq` plus the software consumer index). 32 bytes.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct CqHandle {
+    /// Address of the CQE ring: `ncqe` × 64-byte [`crate::prm::cqe::Cqe64`], 64-byte aligned.
+    pub buf: u64,
+    /// Address of the CQ's [`crate::prm::dbrec::CqDbrec`] (8-byte aligned).
+    pub dbrec: u64,
+    /// Entries in the ring; a power of two.
+    pub ncqe: u32,
+    /// CQN, for error reports.
+    pub cqn: u32,
+    /// Software state: CQEs consumed so far (64-bit; the dbrec carries the low 24 bits).
+    pub cons_index: u64,
+}
+
+/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 88 bytes.
+///
+/// Software state (`sq_pi`, `sq_ci`, `sq_signaled`, `cq.cons_index`) is written by the one thread that owns the
+/// handle (Exclusive mode); the host zeroes it when it builds the handle.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct QpHandle {
+    /// Address of the SQ ring: `wqe_cnt` × 64-byte WQEBBs, 64-byte aligned.
+    pub sq_buf: u64,
+    /// Address of the QP's [`crate::prm::dbrec::QpDbrec`] (word 1 = SQ counter).
+    pub dbrec: u64,
+    /// Address of the doorbell/BlueFlame register: UAR page + [`crate::prm::uar::BF_OFFSET`], 64-byte aligned.
+    pub bf_reg: u64,
+    /// SQ size in WQEBBs; a power of two.
+    pub wqe_cnt: u32,
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// The send CQ.
+    pub cq: CqHandle,
+    /// Software state: WQEBBs produced (64-bit producer index; the wire carries the low 16 bits).
+    pub sq_pi: u64,
+    /// Software state: WQEBBs known to be retired by a CQE (never ahead of `sq_pi`).
+    pub sq_ci: u64,
+    /// Software state: `sq_pi` just after the last WQE that requested a CQE.
+    pub sq_signaled: u64,
+}
+
+/// A local memory region as device code names it in data segments. 24 bytes.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct MrHandle {
+    /// Start address (device-visible), bytes.
+    pub addr: u64,
+    /// Length, bytes.
+    pub length: u64,
+    /// Local key, big-endian as a data segment carries it.
+    pub lkey: Be32,
+    /// Remote key, big-endian as a raddr segment carries it (what the peer uses).
+    pub rkey: Be32,
+}
+
+/// A peer's memory region as device code targets it in raddr segments. 24 bytes.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct RemoteMr {
+    /// Start address in the peer's address space, bytes.
+    pub addr: u64,
+    /// Length, bytes.
+    pub length: u64,
+    /// Remote key, big-endian.
+    pub rkey: Be32,
+    /// Padding, zero.
+    pub pad: u32,
+}
+
+/// What device code reports to the host when it fails (written once into memory the host reads after the
+/// kernel ends). 32 bytes. `kind` 0 means no error; see `gdaki_device::error` for the other kinds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct ErrorReport {
+    /// Error kind code; 0 = none.
+    pub kind: u32,
+    /// Error CQE syndrome, or 0.
+    pub syndrome: u8,
+    /// Error CQE vendor syndrome, or 0.
+    pub vendor_err_synd: u8,
+    /// WQE index of the failed WQE (host order), or 0.
+    pub wqe_counter: u16,
+    /// What a wait expected (a semaphore value, a WQE index, a payload word...).
+    pub expected: u64,
+    /// What it saw last.
+    pub seen: u64,
+    /// Nanoseconds waited, or the iteration number for payload errors.
+    pub detail: u64,
+}
+
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<CqHandle>() == 32);
+    assert!(size_of::<QpHandle>() == 88);
+    assert!(offset_of!(QpHandle, cq) == 32);
+    assert!(offset_of!(QpHandle, sq_pi) == 64);
+    assert!(size_of::<MrHandle>() == 24);
+    assert!(size_of::<RemoteMr>() == 24);
+    assert!(size_of::<ErrorReport>() == 32);
+};
