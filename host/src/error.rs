@@ -1,0 +1,28 @@
+//! The host library's error type.
+
+/// Errors of the gdaki host library.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument is out of range or inconsistent; the message names it.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// An allocation of this many bytes failed.
+    #[error("out of memory allocating {0} bytes")]
+    OutOfMemory(usize),
+    /// The requested executor or device is not available here (no GPU, no libcuda, no NIC); one line.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A CUDA driver call failed.
+    #[error("CUDA: {0}")]
+    Cuda(String),
+    /// Device code reported an error (error CQE, timed-out wait, payload mismatch).
+    #[error("device code failed: {0}")]
+    Device(String),
+    /// The emulated NIC rejected a request or failed.
+    #[error("emulated NIC: {0}")]
+    Emu(String),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,147 @@
+//! Memory the NIC and device code share: where a buffer lives, and the two services the emulated NIC needs
+//! from an executor (queue memory it can read and write directly, and copies into and out of GPU memory).
+
+use std::any::Any;
+
+use crate::Result;
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemKind {
+    /// Host memory (pageable or pinned): host threads read and write it directly.
+    Host,
+    /// GPU memory: reachable from the host only through CUDA copies.
+    Gpu,
+}
+
+/// A device-visible address and the kind of memory behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemLoc {
+    /// Kind of memory.
+    pub kind: MemKind,
+    /// Address, bytes: a host pointer for [`MemKind::Host`], a `CUdeviceptr` for [`MemKind::Gpu`].
+    pub addr: u64,
+}
+
+/// A buffer of queue memory (SQ ring, dbrec, UAR page, CQ ring): host memory that host threads access through
+/// `host_ptr` and device code through `device_addr` (the same address for the `cpu` executor; the mapped
+/// address of pinned memory for the `gpu` executor). Zeroed and 4096-byte aligned when allocated; freed on drop.
+pub struct MappedBuf {
+    host_ptr: *mut u8,
+    device_addr: u64,
+    len: usize,
+    _owner: Box<dyn Any + Send + Sync>,
+}
+
+// SAFETY: the buffer is plain memory shared with device code and the NIC on purpose; every access goes
+// through raw pointers with atomics or volatile operations chosen by the accessor.
+unsafe impl Send for MappedBuf {}
+// SAFETY: as above; `MappedBuf` itself hands out only raw pointers.
+unsafe impl Sync for MappedBuf {}
+
+impl MappedBuf {
+    /// Wraps an allocation. `owner` frees it when dropped.
+    ///
+    /// # Safety
+    /// `host_ptr` must point to `len` zeroed bytes, 4096-byte aligned, valid until `owner` is dropped, and
+    /// `device_addr` must name the same bytes for the executor's device code.
+    pub unsafe fn from_raw(host_ptr: *mut u8, device_addr: u64, len: usize, owner: Box<dyn Any + Send + Sync>) -> Self {
+        Self { host_ptr, device_addr, len, _owner: owner }
+    }
+
+    /// Host pointer to the first byte.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host_ptr
+    }
+
+    /// Address of the first byte as device code sees it.
+    pub fn device_addr(&self) -> u64 {
+        self.device_addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for MappedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedBuf")
+            .field("host_ptr", &self.host_ptr)
+            .field("device_addr", &format_args!("{:#x}", self.device_addr))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Allocates queue memory for one executor: plain host memory for `cpu`, pinned host memory mapped into the
+/// GPU for `gpu` (`cuMemHostAlloc(DEVICEMAP)`).
+pub trait QueueMemory: Send + Sync {
+    /// Allocates `len` zeroed bytes, 4096-byte aligned.
+    ///
+    /// # Errors
+    /// Out of memory, or the CUDA driver's error.
+    fn alloc(&self, len: usize) -> Result<MappedBuf>;
+}
+
+/// The copies the emulated NIC makes when an MR is in GPU memory. They go on the copier's own non-blocking
+/// CUDA stream, so that they never wait for a kernel that spins on NIC-written memory.
+pub trait GpuCopier: Send + Sync {
+    /// Enqueues a copy of `len` bytes from `src` to `dst` (at least one of them GPU memory).
+    ///
+    /// # Safety
+    /// Both ranges must be valid for `len` bytes until [`GpuCopier::synchronize`] returns.
+    ///
+    /// # Errors
+    /// The CUDA driver's error.
+    unsafe fn copy_async(&self, dst: MemLoc, src: MemLoc, len: usize) -> Result<()>;
+
+    /// Waits until every enqueued copy has completed.
+    ///
+    /// # Errors
+    /// The CUDA driver's error (e.g. a copy faulted).
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// Queue memory from the global allocator, for the `cpu` executor (device code runs on host threads).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostQueueMemory;
+
+struct HostAlloc {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the allocation is owned by this value alone; it is only freed, from whichever thread drops it.
+unsafe impl Send for HostAlloc {}
+// SAFETY: `HostAlloc` exposes nothing; sharing it shares no access.
+unsafe impl Sync for HostAlloc {}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed` with this `layout` and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+impl QueueMemory for HostQueueMemory {
+    fn alloc(&self, len: usize) -> Result<MappedBuf> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
+            .map_err(|_| crate::Error::InvalidArgument(format!("queue buffer of {len} bytes is too large")))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(crate::Error::OutOfMemory(len));
+        }
+        let owner = Box::new(HostAlloc { ptr, layout });
+        // SAFETY: `ptr` is `len` zeroed bytes, 4096-aligned, alive while `owner` lives; host threads use the
+        // same address as device code.
+        Ok(unsafe { MappedBuf::from_raw(ptr, ptr as u64, len, owner) })
+    }
+}
