@@ -23,10 +23,11 @@ pub struct CqHandle {
     pub cons_index: u64,
 }
 
-/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 88 bytes.
+/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 96 bytes.
 ///
-/// Software state (`sq_pi`, `sq_ci`, `sq_signaled`, `cq.cons_index`) is written by the one thread that owns the
-/// handle (Exclusive mode); the host zeroes it when it builds the handle.
+/// Software state (`sq_pi`, `sq_ci`, `sq_sig_first`, `sq_sig_end`, `cq.cons_index`) is written by the one
+/// thread that owns the handle (Exclusive mode); the host zeroes it when it builds the handle. All indices are
+/// 64-bit WQEBB counts; the wire carries their low 16 bits.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct QpHandle {
@@ -36,18 +37,23 @@ pub struct QpHandle {
     pub dbrec: u64,
     /// Address of the doorbell/BlueFlame register: UAR page + [`crate::prm::uar::BF_OFFSET`], 64-byte aligned.
     pub bf_reg: u64,
-    /// SQ size in WQEBBs; a power of two.
+    /// SQ size in WQEBBs; a power of two, at least 16.
     pub wqe_cnt: u32,
     /// QP number (24 bits).
     pub qpn: u32,
     /// The send CQ.
     pub cq: CqHandle,
-    /// Software state: WQEBBs produced (64-bit producer index; the wire carries the low 16 bits).
+    /// Software state: WQEBBs produced (the next WQE starts here).
     pub sq_pi: u64,
-    /// Software state: WQEBBs known to be retired by a CQE (never ahead of `sq_pi`).
+    /// Software state: WQEBBs retired. A CQE for the WQE at index `w` retires up to `w + 1` (its first
+    /// WQEBB; the rest of a multi-WQEBB WQE is retired by a later CQE).
     pub sq_ci: u64,
-    /// Software state: `sq_pi` just after the last WQE that requested a CQE.
-    pub sq_signaled: u64,
+    /// Software state: first WQEBB index + 1 of the last WQE that requested a CQE; that WQE has completed when
+    /// `sq_ci >= sq_sig_first`.
+    pub sq_sig_first: u64,
+    /// Software state: `sq_pi` just after the last WQE that requested a CQE (equal to `sq_pi` when the last
+    /// posted WQE requested one).
+    pub sq_sig_end: u64,
 }
 
 /// A local memory region as device code names it in data segments. 24 bytes.
@@ -102,7 +108,7 @@ pub struct ErrorReport {
 const _: () = {
     use core::mem::{offset_of, size_of};
     assert!(size_of::<CqHandle>() == 32);
-    assert!(size_of::<QpHandle>() == 88);
+    assert!(size_of::<QpHandle>() == 96);
     assert!(offset_of!(QpHandle, cq) == 32);
     assert!(offset_of!(QpHandle, sq_pi) == 64);
     assert!(size_of::<MrHandle>() == 24);
