@@ -1,5 +1,49 @@
 //! PTX entry points (`.entry`), one per kernel the host launches.
 
+use crate::pingpong::{self, PingPongArgs, Team};
+use core::arch::nvptx;
+
+/// The threads of one CTA.
+struct Cta;
+
+impl Team for Cta {
+    fn tid(&self) -> usize {
+        // SAFETY: reading a special register.
+        unsafe { nvptx::_thread_idx_x() as usize }
+    }
+    fn size(&self) -> usize {
+        // SAFETY: reading a special register.
+        unsafe { nvptx::_block_dim_x() as usize }
+    }
+    fn sync_or(&self, flag: bool) -> bool {
+        let r: u32;
+        // SAFETY: `bar.red.or.pred` is a CTA barrier every thread of the CTA reaches (the rank loop calls
+        // `sync_or` unconditionally on every path), with a predicate reduction.
+        unsafe {
+            core::arch::asm!(
+                "{{ .reg .pred p, q; setp.ne.u32 p, {f}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
+                f = in(reg32) flag as u32,
+                r = out(reg32) r,
+                options(nostack)
+            )
+        };
+        r != 0
+    }
+}
+
+/// Ping-pong: CTA `b` runs rank `b` with `args[b]` (launch 2 CTAs, so that both ranks are resident at once).
+///
+/// # Safety
+/// `args` must point to two [`PingPongArgs`] built by the host (see [`pingpong::run`]).
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_pingpong(args: *const PingPongArgs) {
+    // SAFETY: the host passes one argument block per CTA; `run`'s contract is the host's.
+    unsafe {
+        let a = &*args.add(nvptx::_block_idx_x() as usize);
+        pingpong::run(&Cta, a)
+    }
+}
+
 /// Placeholder kernel while the skeleton lands: writes 1 to `*flag`.
 ///
 /// # Safety

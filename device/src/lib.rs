@@ -1,17 +1,35 @@
 //! gdaki device code: what a GPU kernel (or a host thread, for the `cpu` executor) runs to drive an mlx5 NIC
 //! without the CPU: build WQEs, ring the doorbell or BlueFlame, poll CQEs, wait on semaphores.
 //!
-//! `no_std`; builds for `nvptx64-nvidia-cuda` (PTX, see `cargo xtask build-ptx`) and for the host (the `std`
-//! feature adds a clock and yielding spin loops).
+//! `no_std`; builds for `nvptx64-nvidia-cuda` (PTX, see `cargo xtask build-ptx`) and for the host, where it
+//! links `std` for a clock and for yielding in spin loops.
+//!
+//! Layers, lowest first (each uses only those above it in this list): [`sync`] (fences, ordered loads and
+//! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) →
+//! [`cq`] (polling) → [`wait`] (bounded waits) → [`qp`] (Exclusive QP: post, ring, retire, flush) →
+//! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop).
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 #![deny(missing_docs)]
 
-#[cfg(feature = "std")]
+#[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
+
+pub mod cq;
+pub mod db;
+pub mod error;
+pub mod onesided;
+pub mod pingpong;
+pub mod qp;
+pub mod sq;
+pub mod sync;
+pub mod wait;
+pub mod wqe;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod kernels;
+
+pub use error::{Error, Result};
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

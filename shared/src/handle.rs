@@ -85,7 +85,7 @@ pub struct RemoteMr {
 }
 
 /// What device code reports to the host when it fails (written once into memory the host reads after the
-/// kernel ends). 32 bytes. `kind` 0 means no error; see `gdaki_device::error` for the other kinds.
+/// kernel ends). 40 bytes. `kind` 0 means no error; see `gdaki_device::error` for the other kinds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct ErrorReport {
@@ -103,6 +103,8 @@ pub struct ErrorReport {
     pub seen: u64,
     /// Nanoseconds waited, or the iteration number for payload errors.
     pub detail: u64,
+    /// The address (a semaphore) or byte offset (a payload word) the error concerns, or 0.
+    pub addr: u64,
 }
 
 const _: () = {
@@ -113,5 +115,5 @@ const _: () = {
     assert!(offset_of!(QpHandle, sq_pi) == 64);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
-    assert!(size_of::<ErrorReport>() == 32);
+    assert!(size_of::<ErrorReport>() == 40);
 };

@@ -129,11 +129,12 @@ const fn zeroed() -> Cqe64 {
 
 /// Whether `op_own`, read from CQ entry number `index` (64-bit consumer count) of a ring of `ncqe` entries
 /// (a power of two), holds a completion software may consume: opcode not `INVALID` and owner bit equal to
-/// the lap parity `(index / ncqe) & 1` (rdma-core `get_sw_cqe`). Read the rest of the CQE only after this holds
-/// and a read barrier.
+/// the lap parity `(index / ncqe) & 1` (rdma-core `get_sw_cqe`), computed as `index & ncqe` because `ncqe` is a
+/// power of two (no division on the device). Read the rest of the CQE only after this holds and a read
+/// barrier.
 #[inline(always)]
 pub const fn is_sw_owned(op_own: u8, index: u64, ncqe: u32) -> bool {
-    (op_own >> 4) != opcode::cqe::INVALID && (op_own & 1) as u64 == (index / ncqe as u64) & 1
+    (op_own >> 4) != opcode::cqe::INVALID && ((op_own & 1) != 0) == (index & ncqe as u64 != 0)
 }
 
 const _: () = {

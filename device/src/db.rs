@@ -1,0 +1,55 @@
+//! Telling the NIC: the doorbell record (dbrec), the 8-byte doorbell, and BlueFlame.
+//!
+//! Order, as rdma-core's `post_send_db` and the GPU libraries do it: WQE stores → release fence (system
+//! scope, the NIC reads the ring from memory) → dbrec word 1 = `htobe32(pi & 0xffff)` → release fence → the
+//! doorbell store to the UAR. The second fence keeps the NIC from seeing the doorbell before the dbrec.
+
+use crate::sync;
+use gdaki_shared::prm::dbrec::{QpDbrec, SQ_COUNTER_MASK};
+use gdaki_shared::prm::wqe::Seg;
+use gdaki_shared::Be32;
+
+/// Publishes WQEs up to producer index `pi` (WQEBBs) in the dbrec's SQ counter (word 1,
+/// `MLX5_SND_DBR`), after a release fence that orders the WQE stores before it.
+///
+/// # Safety
+/// `dbrec` must be the QP's writable, 8-byte aligned doorbell record.
+#[inline(always)]
+pub unsafe fn update_dbrec(dbrec: u64, pi: u64) {
+    sync::fence_release_sys();
+    let word1 = core::mem::offset_of!(QpDbrec, snd_counter);
+    let v = Be32::new(pi as u32 & SQ_COUNTER_MASK).to_bits();
+    // SAFETY: the caller guarantees the dbrec; word 1 is 4-byte aligned inside it.
+    unsafe { sync::store_relaxed_u32((dbrec as usize + word1) as *mut u32, v) };
+}
+
+/// Rings the doorbell: after a release fence, stores `ctrl_bits` (the first 8 bytes of the last posted WQE's
+/// ctrl segment, see [`crate::wqe::Wqe::doorbell_bits`]) to the doorbell register (UAR + `0x800`).
+///
+/// # Safety
+/// `bf_reg` must be the QP's doorbell register, and the dbrec must already carry the producer index.
+#[inline(always)]
+pub unsafe fn ring_db(bf_reg: u64, ctrl_bits: u64) {
+    sync::fence_release_sys();
+    // SAFETY: the caller guarantees `bf_reg` is the 8-byte aligned doorbell register.
+    unsafe { sync::mmio_store_u64(bf_reg as *mut u64, ctrl_bits) };
+}
+
+/// Rings by BlueFlame: after a release fence, writes the whole first WQEBB of the WQE (`wqebb`, 4 segments;
+/// the ctrl segment first) to the BlueFlame register as eight 8-byte MMIO stores. The WQE must also be in the
+/// ring (the NIC may fetch it from there), and must fit one WQEBB.
+///
+/// # Safety
+/// `bf_reg` must be the QP's 64-byte BlueFlame register, and the dbrec must already carry the producer index.
+#[inline(always)]
+pub unsafe fn ring_bf(bf_reg: u64, wqebb: &[Seg; 4]) {
+    sync::fence_release_sys();
+    let reg = bf_reg as *mut u64;
+    for (i, s) in wqebb.iter().enumerate() {
+        // SAFETY: words 0..8 of the 64-byte register; the caller guarantees the register.
+        unsafe {
+            sync::mmio_store_u64(reg.add(2 * i), s.0[0]);
+            sync::mmio_store_u64(reg.add(2 * i + 1), s.0[1]);
+        }
+    }
+}

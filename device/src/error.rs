@@ -1,0 +1,224 @@
+//! Errors device code returns: an error CQE, or a bounded wait that ran out. No panics, no formatting on the
+//! device: errors are values, and [`Error::to_report`] packs one for the host.
+
+use gdaki_shared::handle::ErrorReport;
+
+/// An error completion (`mlx5_err_cqe`) as device code sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqeError {
+    /// `MLX5_CQE_SYNDROME_*` (see `gdaki_shared::prm::opcode::syndrome`).
+    pub syndrome: u8,
+    /// Vendor error syndrome.
+    pub vendor_err_synd: u8,
+    /// WQE index (WQEBBs, low 16 bits) of the failed WQE.
+    pub wqe_counter: u16,
+}
+
+/// What a bounded wait was waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitOn {
+    /// A CQE retiring the WQE at this 64-bit WQEBB index.
+    Cqe {
+        /// WQEBB index (64-bit) whose completion was awaited.
+        wqe_index: u64,
+    },
+    /// Room in the SQ for this many WQEBBs.
+    SqSpace {
+        /// WQEBBs needed.
+        wqebbs: u32,
+    },
+    /// A semaphore reaching a value.
+    Semaphore {
+        /// Address of the semaphore.
+        addr: u64,
+        /// Value awaited (`>=`).
+        expected: u64,
+        /// Last value read.
+        seen: u64,
+    },
+}
+
+/// A bounded wait that ran past its limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeout {
+    /// What it waited for.
+    pub on: WaitOn,
+    /// Nanoseconds it waited.
+    pub waited_ns: u64,
+}
+
+/// A received payload did not hold the bytes the peer wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PayloadMismatch {
+    /// Iteration (round trip) number.
+    pub iter: u64,
+    /// Byte offset of the first wrong 8-byte word.
+    pub offset: u64,
+    /// Word expected.
+    pub expected: u64,
+    /// Word seen.
+    pub seen: u64,
+}
+
+/// Everything device code can fail with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Error {
+    /// The NIC completed a WQE in error.
+    Cqe(CqeError),
+    /// A bounded wait ran out.
+    Timeout(Timeout),
+    /// A payload check failed.
+    Payload(PayloadMismatch),
+    /// An argument was out of range (e.g. a length beyond the MR, or an inline payload too large); the code
+    /// names which.
+    InvalidArgument(InvalidArgument),
+}
+
+/// Which argument device code rejected before posting anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum InvalidArgument {
+    /// A local range lies outside its MR.
+    LocalRange = 1,
+    /// A remote range lies outside the peer's MR.
+    RemoteRange = 2,
+    /// An inline payload is longer than [`crate::wqe::MAX_INLINE`].
+    InlineTooLong = 3,
+    /// An atomic target or result is not 8-byte aligned.
+    AtomicAlignment = 4,
+    /// A length of zero bytes, or one that does not fit 31 bits.
+    Length = 5,
+}
+
+/// Codes of [`ErrorReport::kind`].
+pub mod kind {
+    /// No error.
+    pub const NONE: u32 = 0;
+    /// [`super::Error::Cqe`].
+    pub const CQE: u32 = 1;
+    /// [`super::Error::Timeout`] on a CQE.
+    pub const TIMEOUT_CQE: u32 = 2;
+    /// [`super::Error::Timeout`] on SQ space.
+    pub const TIMEOUT_SQ_SPACE: u32 = 3;
+    /// [`super::Error::Timeout`] on a semaphore.
+    pub const TIMEOUT_SEMAPHORE: u32 = 4;
+    /// [`super::Error::Payload`].
+    pub const PAYLOAD: u32 = 5;
+    /// [`super::Error::InvalidArgument`]; `expected` holds the [`super::InvalidArgument`] code.
+    pub const INVALID_ARGUMENT: u32 = 6;
+}
+
+impl Error {
+    /// Packs the error into the `#[repr(C)]` report the host reads.
+    pub fn to_report(self) -> ErrorReport {
+        let mut r = ErrorReport::default();
+        match self {
+            Error::Cqe(e) => {
+                r.kind = kind::CQE;
+                r.syndrome = e.syndrome;
+                r.vendor_err_synd = e.vendor_err_synd;
+                r.wqe_counter = e.wqe_counter;
+            }
+            Error::Timeout(t) => {
+                r.detail = t.waited_ns;
+                match t.on {
+                    WaitOn::Cqe { wqe_index } => {
+                        r.kind = kind::TIMEOUT_CQE;
+                        r.expected = wqe_index;
+                    }
+                    WaitOn::SqSpace { wqebbs } => {
+                        r.kind = kind::TIMEOUT_SQ_SPACE;
+                        r.expected = wqebbs as u64;
+                    }
+                    WaitOn::Semaphore { addr, expected, seen } => {
+                        r.kind = kind::TIMEOUT_SEMAPHORE;
+                        r.expected = expected;
+                        r.seen = seen;
+                        r.addr = addr;
+                    }
+                }
+            }
+            Error::Payload(p) => {
+                r.kind = kind::PAYLOAD;
+                r.expected = p.expected;
+                r.seen = p.seen;
+                r.detail = p.iter;
+                r.addr = p.offset;
+            }
+            Error::InvalidArgument(a) => {
+                r.kind = kind::INVALID_ARGUMENT;
+                r.expected = a as u32 as u64;
+            }
+        }
+        r
+    }
+}
+
+impl Error {
+    /// Unpacks a report written by [`Error::to_report`]; `None` when it says "no error" or holds an unknown
+    /// kind.
+    pub fn from_report(r: &ErrorReport) -> Option<Error> {
+        let timeout = |on| Some(Error::Timeout(Timeout { on, waited_ns: r.detail }));
+        match r.kind {
+            kind::CQE => Some(Error::Cqe(CqeError {
+                syndrome: r.syndrome,
+                vendor_err_synd: r.vendor_err_synd,
+                wqe_counter: r.wqe_counter,
+            })),
+            kind::TIMEOUT_CQE => timeout(WaitOn::Cqe { wqe_index: r.expected }),
+            kind::TIMEOUT_SQ_SPACE => timeout(WaitOn::SqSpace { wqebbs: r.expected as u32 }),
+            kind::TIMEOUT_SEMAPHORE => timeout(WaitOn::Semaphore { addr: r.addr, expected: r.expected, seen: r.seen }),
+            kind::PAYLOAD => Some(Error::Payload(PayloadMismatch {
+                iter: r.detail,
+                offset: r.addr,
+                expected: r.expected,
+                seen: r.seen,
+            })),
+            kind::INVALID_ARGUMENT => Some(Error::InvalidArgument(match r.expected {
+                1 => InvalidArgument::LocalRange,
+                2 => InvalidArgument::RemoteRange,
+                3 => InvalidArgument::InlineTooLong,
+                4 => InvalidArgument::AtomicAlignment,
+                _ => InvalidArgument::Length,
+            })),
+            _ => None,
+        }
+    }
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Error::Cqe(e) => write!(
+                f,
+                "error CQE: syndrome {:#04x}, vendor syndrome {:#04x}, WQE index {}",
+                e.syndrome, e.vendor_err_synd, e.wqe_counter
+            ),
+            Error::Timeout(t) => {
+                let ms = t.waited_ns as f64 / 1e6;
+                match t.on {
+                    WaitOn::Cqe { wqe_index } => {
+                        write!(f, "timed out after {ms:.1} ms waiting for the CQE of WQE {wqe_index}")
+                    }
+                    WaitOn::SqSpace { wqebbs } => {
+                        write!(f, "timed out after {ms:.1} ms waiting for {wqebbs} free WQEBBs in the SQ")
+                    }
+                    WaitOn::Semaphore { addr, expected, seen } => write!(
+                        f,
+                        "timed out after {ms:.1} ms waiting for semaphore {addr:#x} to reach {expected} (saw {seen})"
+                    ),
+                }
+            }
+            Error::Payload(p) => write!(
+                f,
+                "payload mismatch in iteration {} at byte {}: expected {:#018x}, saw {:#018x}",
+                p.iter, p.offset, p.expected, p.seen
+            ),
+            Error::InvalidArgument(a) => write!(f, "invalid argument: {a:?}"),
+        }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = core::result::Result<T, E>;

@@ -1,0 +1,88 @@
+//! One-sided operations on registered memory, named as MSCCL++'s PortChannel device API names them:
+//! `put` (RDMA WRITE), `signal` (an 8-byte fetch-add of 1 on the peer's semaphore), `put_with_signal`
+//! (both, one doorbell), `flush` (see [`Qp::flush`]) and `wait` ([`crate::wait::semaphore_ge`]).
+//!
+//! Ranges are checked against the handles before anything is posted, so a bad offset is an
+//! [`Error::InvalidArgument`] here rather than an error CQE that would move the QP to the error state.
+
+use crate::error::{Error, InvalidArgument, Result};
+use crate::qp::{Qp, Ticket};
+use crate::wqe::{self, Raddr, Sge};
+use gdaki_shared::handle::{MrHandle, RemoteMr};
+
+fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
+    if len == 0 || len > i32::MAX as u64 {
+        return Err(Error::InvalidArgument(InvalidArgument::Length));
+    }
+    match off.checked_add(len) {
+        Some(end) if end <= mr.length => Ok(Sge { addr: mr.addr + off, len: len as u32, lkey: mr.lkey }),
+        _ => Err(Error::InvalidArgument(InvalidArgument::LocalRange)),
+    }
+}
+
+fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
+    match off.checked_add(len) {
+        Some(end) if end <= mr.length => Ok(Raddr { addr: mr.addr + off, rkey: mr.rkey }),
+        _ => Err(Error::InvalidArgument(InvalidArgument::RemoteRange)),
+    }
+}
+
+fn atomic_target(sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<(Raddr, Sge)> {
+    let r = remote(sem, sem_off, 8)?;
+    let l = local(result, result_off, 8)?;
+    if r.addr % 8 != 0 || l.addr % 8 != 0 {
+        return Err(Error::InvalidArgument(InvalidArgument::AtomicAlignment));
+    }
+    Ok((r, l))
+}
+
+impl Qp<'_> {
+    /// Posts an RDMA WRITE of `len` bytes from `src + src_off` to `dst + dst_off` and rings the doorbell.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside either MR or a zero length; as [`Qp::post`] otherwise.
+    pub fn put(&mut self, dst: &RemoteMr, dst_off: u64, src: &MrHandle, src_off: u64, len: u64) -> Result<()> {
+        let (r, l) = (remote(dst, dst_off, len)?, local(src, src_off, len)?);
+        let _ = self.post(false, |c| wqe::rdma_write(c, r, l))?;
+        self.ring_db();
+        Ok(())
+    }
+
+    /// Adds 1 to the peer's 8-byte semaphore at `sem + sem_off` with an RDMA fetch-add whose old value lands
+    /// in `result + result_off` (8 bytes, 8-byte aligned), and rings the doorbell. The NIC places it after
+    /// every earlier write of this QP, so the peer that sees the new value sees those writes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside either MR or a misaligned address; as [`Qp::post`].
+    pub fn signal(&mut self, sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<Ticket> {
+        let (r, l) = atomic_target(sem, sem_off, result, result_off)?;
+        let t = self.post(true, |c| wqe::atomic_fetch_add(c, r, l, 1))?;
+        self.ring_db();
+        Ok(t)
+    }
+
+    /// [`Qp::put`] then [`Qp::signal`] with one doorbell (MSCCL++ `putWithSignal`).
+    ///
+    /// # Errors
+    /// As [`Qp::put`] and [`Qp::signal`]; nothing is posted if an argument is bad.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_with_signal(
+        &mut self,
+        dst: &RemoteMr,
+        dst_off: u64,
+        src: &MrHandle,
+        src_off: u64,
+        len: u64,
+        sem: &RemoteMr,
+        sem_off: u64,
+        result: &MrHandle,
+        result_off: u64,
+    ) -> Result<Ticket> {
+        let (r, l) = (remote(dst, dst_off, len)?, local(src, src_off, len)?);
+        let (sr, sl) = atomic_target(sem, sem_off, result, result_off)?;
+        let _ = self.post(false, |c| wqe::rdma_write(c, r, l))?;
+        let t = self.post(true, |c| wqe::atomic_fetch_add(c, sr, sl, 1))?;
+        self.ring_db();
+        Ok(t)
+    }
+}

@@ -1,0 +1,193 @@
+//! The ping-pong rank loop (the `pingpong` example's device code), one function for both executors: a GPU
+//! CTA per rank (`gdaki_pingpong` kernel) or one host thread per rank.
+//!
+//! Iteration `k`: rank 0 fills its send buffer with a pseudo-random payload, RDMA-writes it to rank 1 and
+//! signals rank 1's semaphore (ATOMIC fetch-add, placed after the write), then waits for its own semaphore to
+//! reach `k + 1`; the time between is one round trip. Rank 1 waits for its semaphore, checks every byte of the
+//! payload, and answers the same way (its answer is filled before the ping arrives). Both ranks check what they receive and flush before reusing buffers.
+
+use crate::error::{Error, PayloadMismatch, Result};
+use crate::qp::Qp;
+use crate::sync;
+use crate::wait::semaphore_ge;
+use bytemuck::{Pod, Zeroable};
+use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
+
+/// Arguments of one rank, built by the host (`#[repr(C)]`, passed by pointer). 192 bytes.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct PingPongArgs {
+    /// Address of this rank's [`QpHandle`] (connected to the peer's QP).
+    pub qp: u64,
+    /// Send buffer (at least `size` bytes rounded up to 8).
+    pub send: MrHandle,
+    /// Receive buffer the peer writes into (same size).
+    pub recv: MrHandle,
+    /// 8 bytes (8-byte aligned) where fetch-add results land.
+    pub scratch: MrHandle,
+    /// The peer's receive buffer.
+    pub peer_recv: RemoteMr,
+    /// The peer's semaphore (8 bytes).
+    pub peer_sem: RemoteMr,
+    /// Address of this rank's own semaphore (host-order `u64`, advanced by the peer's fetch-adds).
+    pub sem: u64,
+    /// Address of `warmup + iters` `u64` round-trip times in ns (rank 0 writes them), or 0.
+    pub times: u64,
+    /// Address of this rank's [`ErrorReport`].
+    pub report: u64,
+    /// Address of a `u64`: payloads this rank received and checked correct.
+    pub checked: u64,
+    /// Payload bytes per message (1 ..= buffer length).
+    pub size: u64,
+    /// Seed of the payload generator.
+    pub seed: u64,
+    /// Bound of every wait, ns.
+    pub timeout_ns: u64,
+    /// Round trips, warm-up included.
+    pub iters: u32,
+    /// 0 or 1.
+    pub rank: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<PingPongArgs>() == 192);
+
+/// The threads that run one rank: a CTA on the GPU, one thread on the host. Thread 0 drives the QP; all
+/// threads fill and check payloads.
+pub trait Team {
+    /// This thread's index in the team.
+    fn tid(&self) -> usize;
+    /// Threads in the team.
+    fn size(&self) -> usize;
+    /// Barrier over the team that returns whether any thread passed `true` (`bar.red.or.pred`).
+    fn sync_or(&self, flag: bool) -> bool;
+}
+
+/// A team of one host thread (the `cpu` executor).
+pub struct Solo;
+
+impl Team for Solo {
+    fn tid(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn sync_or(&self, flag: bool) -> bool {
+        flag
+    }
+}
+
+/// Payload word `i` of the message that `rank` sends in iteration `iter` (splitmix64 of the four).
+#[inline(always)]
+pub fn payload_word(seed: u64, rank: u32, iter: u64, i: u64) -> u64 {
+    let mut z = seed ^ ((rank as u64) << 62) ^ (iter << 36) ^ i;
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn fill(team: &impl Team, a: &PingPongArgs, iter: u64) {
+    let words = a.size.div_ceil(8);
+    let base = a.send.addr as *mut u64;
+    let mut i = team.tid() as u64;
+    while i < words {
+        // SAFETY: the send buffer holds at least `size` rounded up to 8 bytes (host contract), 8-aligned.
+        unsafe { base.add(i as usize).write_volatile(payload_word(a.seed, a.rank, iter, i)) };
+        i += team.size() as u64;
+    }
+}
+
+fn check(team: &impl Team, a: &PingPongArgs, iter: u64) -> Option<PayloadMismatch> {
+    let words = a.size.div_ceil(8);
+    let base = a.recv.addr as *const u64;
+    let mut i = team.tid() as u64;
+    while i < words {
+        let expected = payload_word(a.seed, a.rank ^ 1, iter, i);
+        // The last word may be partial: only its first `size % 8` bytes were sent.
+        let tail = a.size - i * 8;
+        let mask = if tail >= 8 { u64::MAX } else { u64::MAX >> (64 - 8 * tail) };
+        // SAFETY: the receive buffer holds `words` words (host contract). Volatile: the NIC wrote it, and L1
+        // may hold last iteration's line.
+        let seen = unsafe { base.add(i as usize).read_volatile() };
+        if (seen ^ expected) & mask != 0 {
+            return Some(PayloadMismatch { iter, offset: i * 8, expected: expected & mask, seen: seen & mask });
+        }
+        i += team.size() as u64;
+    }
+    None
+}
+
+fn report(a: &PingPongArgs, e: Error) {
+    // SAFETY: `report` is this rank's ErrorReport (host contract); first error wins, later ones are effects.
+    unsafe {
+        let r = a.report as *mut ErrorReport;
+        if (*r).kind == 0 {
+            r.write_volatile(e.to_report());
+        }
+    }
+}
+
+/// Runs one rank's loop. Returns early, with the error written to `a.report`, when anything fails.
+///
+/// # Safety
+/// `a` must come from the host's ping-pong setup: every address valid for the whole run, `a.qp` used by no
+/// one else, and both ranks running at the same time (they wait on each other).
+pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
+    let leader = team.tid() == 0;
+    // SAFETY: the caller's contract; only the leader touches the QP.
+    let mut qp = leader.then(|| unsafe { Qp::new(&mut *(a.qp as *mut QpHandle), a.timeout_ns) });
+    for k in 0..a.iters as u64 {
+        // Rank 1 fills its answer before waiting: it is ready when the ping arrives.
+        fill(team, a, k);
+        let mut failed = team.sync_or(false);
+        if let Some(qp) = qp.as_mut() {
+            let r: Result<()> = (|| {
+                let t0 = sync::clock_ns();
+                if a.rank == 0 {
+                    let _ = qp.put_with_signal(&a.peer_recv, 0, &a.send, 0, a.size, &a.peer_sem, 0, &a.scratch, 0)?;
+                }
+                // SAFETY: `sem` is this rank's semaphore (caller's contract).
+                unsafe { semaphore_ge(a.sem as *const u64, k + 1, a.timeout_ns)? };
+                if a.rank == 0 && a.times != 0 {
+                    // SAFETY: `times` holds `iters` words (caller's contract).
+                    unsafe { (a.times as *mut u64).add(k as usize).write_volatile(sync::clock_ns() - t0) };
+                }
+                Ok(())
+            })();
+            if let Err(e) = r {
+                report(a, e);
+                failed = true;
+            }
+        }
+        if team.sync_or(failed) {
+            return;
+        }
+        let bad = check(team, a, k);
+        if let Some(m) = bad {
+            report(a, Error::Payload(m));
+        }
+        if team.sync_or(bad.is_some()) {
+            return;
+        }
+        let mut failed = false;
+        if let Some(qp) = qp.as_mut() {
+            let r: Result<()> = (|| {
+                if a.rank == 1 {
+                    let _ = qp.put_with_signal(&a.peer_recv, 0, &a.send, 0, a.size, &a.peer_sem, 0, &a.scratch, 0)?;
+                }
+                qp.flush()?;
+                // SAFETY: `checked` is this rank's counter (caller's contract).
+                unsafe { *(a.checked as *mut u64) += 1 };
+                Ok(())
+            })();
+            if let Err(e) = r {
+                report(a, e);
+                failed = true;
+            }
+        }
+        if team.sync_or(failed) {
+            return;
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! An RC QP driven by one thread (Exclusive mode, DOCA GPUNetIO `EXCLUSIVE` / MSCCL++ PortChannel with one
+//! poster): reserve WQEBBs → store the WQE → advance the producer index → dbrec + doorbell (or BlueFlame) →
+//! poll the CQ to retire WQEBBs.
+//!
+//! CQE policy: a WQE asks for a CQE when the caller wants a [`Ticket`], and also when a quarter of the ring
+//! has been posted since the last one, so that the SQ can always be retired (rdma-core leaves this to the
+//! user; NVSHMEM IBGDA and DOCA signal periodically the same way).
+
+use crate::cq::{self, Completion};
+use crate::db;
+use crate::error::{Error, Result, WaitOn};
+use crate::sq;
+use crate::wait::bounded;
+use crate::wqe::{self, Ctrl, Raddr, Wqe, MAX_INLINE};
+use gdaki_shared::handle::QpHandle;
+use gdaki_shared::prm::opcode;
+use gdaki_shared::prm::wqe::{fm_ce_se, Seg};
+
+/// A posted WQE that asked for a CQE: its first WQEBB's 64-bit index. Complete once the CQ retires it
+/// ([`Qp::wait`]); DOCA GPUNetIO's `ticket`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Ticket(pub u64);
+
+/// Exclusive access to one QP's send side, for the lifetime of the borrow.
+pub struct Qp<'a> {
+    h: &'a mut QpHandle,
+    /// Doorbell bits of the last WQE posted and not yet rung, if any.
+    unrung: Option<u64>,
+    timeout_ns: u64,
+}
+
+impl<'a> Qp<'a> {
+    /// Takes the QP described by `h`; bounded waits give up after `timeout_ns` nanoseconds.
+    ///
+    /// # Safety
+    /// `h` must be a handle built by the host for a live, connected QP: its ring, dbrec, UAR register and CQ
+    /// addresses valid for the borrow, and no other thread posting to it or polling its CQ meanwhile.
+    pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
+        Self { h, unrung: None, timeout_ns }
+    }
+
+    /// The handle (counters included).
+    pub fn handle(&self) -> &QpHandle {
+        self.h
+    }
+
+    /// Waits until `n` WQEBBs are free, polling the CQ to retire earlier WQEs.
+    fn reserve(&mut self, n: u32) -> Result<u64> {
+        let timeout = self.timeout_ns;
+        bounded(
+            timeout,
+            || {
+                if sq::free_wqebbs(self.h.wqe_cnt, self.h.sq_pi, self.h.sq_ci) >= n as u64 {
+                    return Ok(Some(self.h.sq_pi));
+                }
+                self.poll_cq().transpose().map(|_| None)
+            },
+            || WaitOn::SqSpace { wqebbs: n },
+        )
+    }
+
+    /// Reserves room, lets `build` fill the WQE for its index, stores it and advances the producer index.
+    /// Nothing reaches the NIC before [`Qp::ring_db`].
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when no room appears in time; [`Error::Cqe`] when retiring met an error CQE.
+    #[inline(always)]
+    pub fn post<const DS: usize>(&mut self, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
+        self.post_segs(signaled, DS as u8, |c| build(c).segs)
+    }
+
+    #[inline(always)]
+    fn post_segs<const N: usize>(
+        &mut self,
+        signaled: bool,
+        ds: u8,
+        build: impl FnOnce(Ctrl) -> [Seg; N],
+    ) -> Result<Ticket> {
+        let nbb = (ds as u32).div_ceil(4);
+        let pi = self.reserve(nbb)?;
+        let end = pi + nbb as u64;
+        let signaled = signaled || end - self.h.sq_sig_end >= (self.h.wqe_cnt / 4) as u64;
+        let flags = if signaled { fm_ce_se::CQ_UPDATE } else { 0 };
+        let segs = build(Ctrl { idx: pi as u16, qpn: self.h.qpn, fm_ce_se: flags });
+        // SAFETY: `Qp::new`'s contract gives a valid ring; `reserve` made WQEBBs `pi..end` ours.
+        unsafe { sq::write_segs(self.h.sq_buf, self.h.wqe_cnt, pi, &segs[..ds as usize]) };
+        self.h.sq_pi = end;
+        if signaled {
+            self.h.sq_sig_first = pi + 1;
+            self.h.sq_sig_end = end;
+        }
+        self.unrung = Some(segs[0].0[0]);
+        Ok(Ticket(pi))
+    }
+
+    /// Posts an RDMA WRITE whose payload travels inside the WQE (1 ..= [`MAX_INLINE`] bytes).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty or too long payload; as [`Qp::post`] otherwise.
+    pub fn post_write_inline(&mut self, signaled: bool, remote: Raddr, data: &[u8]) -> Result<Ticket> {
+        if data.is_empty() || data.len() > MAX_INLINE {
+            return Err(Error::InvalidArgument(crate::error::InvalidArgument::InlineTooLong));
+        }
+        let (_, ds) = wqe::rdma_write_inline(Ctrl { idx: 0, qpn: 0, fm_ce_se: 0 }, remote, data);
+        self.post_segs(signaled, ds, |c| wqe::rdma_write_inline(c, remote, data).0.segs)
+    }
+
+    /// Rings the doorbell for every WQE posted since the last ring: dbrec, then the 8-byte doorbell carrying
+    /// the last WQE's ctrl words. Does nothing when nothing is pending.
+    pub fn ring_db(&mut self) {
+        if let Some(bits) = self.unrung.take() {
+            // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
+            unsafe {
+                db::update_dbrec(self.h.dbrec, self.h.sq_pi);
+                db::ring_db(self.h.bf_reg, bits);
+            }
+        }
+    }
+
+    /// Posts a one-WQEBB WQE and rings by BlueFlame: the WQE goes to the ring and, whole, to the BlueFlame
+    /// register, after the dbrec. Earlier unrung WQEs are covered too (the NIC executes the SQ in order).
+    ///
+    /// # Errors
+    /// As [`Qp::post`].
+    pub fn post_bf<const DS: usize>(&mut self, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
+        const { assert!(DS <= 4, "BlueFlame writes one WQEBB") };
+        let mut bb = [Seg::default(); 4];
+        let t = self.post_segs(signaled, DS as u8, |c| {
+            let w = build(c);
+            bb[..DS].copy_from_slice(&w.segs);
+            w.segs
+        })?;
+        self.unrung = None;
+        // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
+        unsafe {
+            db::update_dbrec(self.h.dbrec, self.h.sq_pi);
+            db::ring_bf(self.h.bf_reg, &bb);
+        }
+        Ok(t)
+    }
+
+    /// Polls one CQE. A requester completion retires the SQ up to its WQE; other completions (e.g. an inbound
+    /// RDMA WRITE with immediate) are returned as they are.
+    ///
+    /// # Errors
+    /// [`Error::Cqe`] for an error CQE (the QP is then in the error state).
+    pub fn poll_cq(&mut self) -> Option<Result<Completion>> {
+        // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
+        let r = unsafe { cq::poll(&mut self.h.cq) }?;
+        let wc = match r {
+            Ok(c) if c.opcode != opcode::cqe::REQ => return Some(Ok(c)),
+            Ok(c) => c.wqe_counter,
+            Err(e) => e.wqe_counter,
+        };
+        let w = sq::wqe_index_from_counter(self.h.sq_pi, wc);
+        self.h.sq_ci = self.h.sq_ci.max(w + 1).min(self.h.sq_pi);
+        Some(r.map_err(Error::Cqe))
+    }
+
+    /// Waits until the WQE behind `t` has completed.
+    ///
+    /// # Errors
+    /// [`Error::Cqe`] if it (or an earlier WQE) completed in error; [`Error::Timeout`] after the QP's timeout.
+    pub fn wait(&mut self, t: Ticket) -> Result<()> {
+        self.ring_db();
+        let timeout = self.timeout_ns;
+        bounded(
+            timeout,
+            || {
+                if self.h.sq_ci > t.0 {
+                    return Ok(Some(()));
+                }
+                self.poll_cq().transpose().map(|_| None)
+            },
+            || WaitOn::Cqe { wqe_index: t.0 },
+        )
+    }
+
+    /// Waits until every WQE posted so far has completed (MSCCL++ `flush`): rings pending WQEs, asks for a
+    /// CQE with a NOP if the last WQE did not, then waits for it.
+    ///
+    /// # Errors
+    /// As [`Qp::wait`].
+    pub fn flush(&mut self) -> Result<()> {
+        if self.h.sq_sig_end != self.h.sq_pi {
+            let _ = self.post(true, wqe::nop)?;
+        }
+        let last = Ticket(self.h.sq_sig_first.saturating_sub(1));
+        if self.h.sq_sig_first == 0 {
+            return Ok(());
+        }
+        self.wait(last)
+    }
+}

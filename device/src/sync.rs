@@ -1,0 +1,207 @@
+//! Memory-ordering primitives and MMIO stores, one implementation per executor.
+//!
+//! On nvptx every ordered access is inline PTX: `core::sync::atomic` read-modify-writes lose their ordering
+//! there (design.md, "Hazard"), and the NIC is a system-scope observer, so fences are `.sys`. On the host the
+//! same functions map to `core::sync::atomic`, whose Acquire/Release pair with the emulated NIC's thread.
+//!
+//! All pointers are generic addresses of naturally aligned values in memory the NIC may read or write (pinned
+//! host memory mapped into the GPU, GPU memory, or plain host memory for the `cpu` executor).
+
+use gdaki_shared::prm::wqe::Seg;
+
+#[cfg(not(target_arch = "nvptx64"))]
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// Release fence at system scope: every store before it is visible to the NIC before any store after it.
+/// nvptx: `fence.acq_rel.sys`; host: `fence(Release)`.
+#[inline(always)]
+pub fn fence_release_sys() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence has no operands and no memory effects besides ordering.
+    unsafe {
+        core::arch::asm!("fence.acq_rel.sys;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    core::sync::atomic::fence(Ordering::Release);
+}
+
+/// Acquire fence at system scope: loads after it see what was visible before a preceding load that observed
+/// a NIC write (e.g. a CQE's owner bit). nvptx: `fence.acq_rel.sys`; host: `fence(Acquire)`.
+#[inline(always)]
+pub fn fence_acquire_sys() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence has no operands and no memory effects besides ordering.
+    unsafe {
+        core::arch::asm!("fence.acq_rel.sys;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    core::sync::atomic::fence(Ordering::Acquire);
+}
+
+/// Loads a `u8` that the NIC writes, with acquire semantics at system scope (`ld.acquire.sys.u8`).
+///
+/// # Safety
+/// `p` must be valid for reads.
+#[inline(always)]
+pub unsafe fn load_acquire_u8(p: *const u8) -> u8 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let v: u32;
+        // SAFETY: the caller guarantees `p` is readable; the load does not write memory.
+        unsafe {
+            core::arch::asm!("ld.acquire.sys.u8 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack))
+        };
+        v as u8
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid; AtomicU8 has the alignment and size of u8.
+    unsafe {
+        AtomicU8::from_ptr(p as *mut u8).load(Ordering::Acquire)
+    }
+}
+
+/// Loads a `u64` that the NIC or a peer writes (a semaphore), with acquire semantics at system scope
+/// (`ld.acquire.sys.u64`).
+///
+/// # Safety
+/// `p` must be valid for reads and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_acquire_u64(p: *const u64) -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let v: u64;
+        // SAFETY: the caller guarantees `p` is readable and aligned; the load does not write memory.
+        unsafe {
+            core::arch::asm!("ld.acquire.sys.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack))
+        };
+        v
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
+    unsafe {
+        AtomicU64::from_ptr(p as *mut u64).load(Ordering::Acquire)
+    }
+}
+
+/// Loads a value the NIC wrote, after an acquire has ordered it (a volatile load: never cached in a register
+/// or a stale L1 line).
+///
+/// # Safety
+/// `p` must be valid for reads and aligned.
+#[inline(always)]
+pub unsafe fn load_volatile<T: Copy>(p: *const T) -> T {
+    // SAFETY: the caller guarantees validity and alignment.
+    unsafe { core::ptr::read_volatile(p) }
+}
+
+/// Stores a `u32` with release semantics at system scope (`st.release.sys.u32`): the dbrec update.
+///
+/// # Safety
+/// `p` must be valid for writes and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn store_release_u32(p: *mut u32, v: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees `p` is writable and aligned.
+    unsafe {
+        core::arch::asm!("st.release.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 4-byte aligned.
+    unsafe {
+        AtomicU32::from_ptr(p).store(v, Ordering::Release)
+    };
+}
+
+/// Stores a `u32` with no ordering (`st.relaxed.sys.u32`), for words ordered by a later fence.
+///
+/// # Safety
+/// `p` must be valid for writes and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn store_relaxed_u32(p: *mut u32, v: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees `p` is writable and aligned.
+    unsafe {
+        core::arch::asm!("st.relaxed.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 4-byte aligned.
+    unsafe {
+        AtomicU32::from_ptr(p).store(v, Ordering::Relaxed)
+    };
+}
+
+/// Stores 8 bytes to a UAR register: the doorbell, or one word of a BlueFlame write.
+/// nvptx: `st.mmio.relaxed.sys.global.u64` (PTX 8.2; ordered by the caller's release fence, never merged or
+/// elided); host: a release store the emulated NIC observes.
+///
+/// # Safety
+/// `p` must be a valid, 8-byte aligned address in a UAR page.
+#[inline(always)]
+pub unsafe fn mmio_store_u64(p: *mut u64, v: u64) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees `p` is a writable, aligned UAR address.
+    unsafe {
+        core::arch::asm!("st.mmio.relaxed.sys.global.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
+    unsafe {
+        AtomicU64::from_ptr(p).store(v, Ordering::Release)
+    };
+}
+
+/// Stores one 16-byte WQE segment into the SQ ring (`st.v2.u64` on nvptx). Unordered: publish with
+/// [`fence_release_sys`] before the dbrec.
+///
+/// # Safety
+/// `p` must be valid for writes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store_seg(p: *mut Seg, s: Seg) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees `p` is writable and 16-byte aligned.
+    unsafe {
+        core::arch::asm!("st.v2.u64 [{p}], {{{a}, {b}}};", p = in(reg64) p, a = in(reg64) s.0[0], b = in(reg64) s.0[1], options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and aligned.
+    unsafe {
+        core::ptr::write_volatile(p, s)
+    };
+}
+
+/// Nanoseconds from an arbitrary epoch: `%globaltimer` on nvptx, a process-wide monotonic clock on the host.
+#[inline(always)]
+pub fn clock_ns() -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let t: u64;
+        // SAFETY: reading a special register has no memory effects.
+        unsafe { core::arch::asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nostack, nomem)) };
+        t
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+    }
+}
+
+/// Backs off inside a polling loop; `spins` is how often this wait has spun already.
+/// nvptx: `nanosleep` growing to 1 µs, so a waiting thread leaves the SM's issue slots to others. Host: a
+/// spin hint, then `yield_now` after 64 spins, because the emulated NIC thread may share the core (design.md,
+/// "Hazards": 2-core machines).
+#[inline(always)]
+pub fn backoff(spins: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    if spins > 16 {
+        let ns: u32 = if spins > 256 { 1000 } else { 100 };
+        // SAFETY: `nanosleep` only delays this thread.
+        unsafe { core::arch::asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nostack, nomem)) };
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    if spins < 64 {
+        core::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
