@@ -1,0 +1,354 @@
+//! PTX modules, kernels and launches.
+
+use std::ffi::{c_uint, c_void, CString};
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::driver::check;
+use super::stream::Stream;
+use super::{Gpu, Shared};
+use crate::{Error, Result};
+
+/// Bytes of dynamic shared memory a kernel may use without opting in
+/// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
+const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
+
+/// Size of the JIT error log buffer, bytes.
+const JIT_LOG: usize = 16 * 1024;
+
+/// A PTX module loaded on a GPU (`cuModuleLoadDataEx`; the driver JIT-compiles it for the device). Unloaded
+/// (`cuModuleUnload`) when the last [`Kernel`] of it and the [`Gpu`]'s cache are dropped.
+pub struct Module {
+    shared: Arc<Shared>,
+    raw: sys::CUmodule,
+}
+
+// SAFETY: a `CUmodule` handle may be used from any thread (the driver API is thread-safe); every use binds the
+// owning context first.
+unsafe impl Send for Module {}
+// SAFETY: as above; `Module` has no interior state.
+unsafe impl Sync for Module {}
+
+impl fmt::Debug for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Module").field("raw", &self.raw).finish()
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let raw = self.raw;
+        // SAFETY: `raw` came from `cuModuleLoadDataEx` and is unloaded once, here; no `Kernel` of it is left
+        // (each holds an `Arc<Module>`).
+        self.shared.release("cuModuleUnload", || unsafe { sys::cuModuleUnload(raw) });
+    }
+}
+
+impl Gpu {
+    /// Loads a PTX module (`cuModuleLoadDataEx`, JIT-compiled by the driver for this GPU), once per `Gpu`:
+    /// loading the same text again returns the module loaded the first time. Typically `gdaki::ptx::PTX`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `ptx` contains a NUL byte; [`Error::Cuda`] when the driver rejects the
+    /// PTX, with the first lines of the JIT error log (e.g. an unsupported `.version` or `.target`).
+    pub fn load_module(&self, ptx: &str) -> Result<Arc<Module>> {
+        let mut modules = self.modules.lock().map_err(|_| Error::Cuda("module cache poisoned".into()))?;
+        if let Some((_, m)) = modules.iter().find(|(text, _)| text == ptx) {
+            return Ok(Arc::clone(m));
+        }
+        let image = CString::new(ptx).map_err(|_| Error::InvalidArgument("PTX text contains a NUL byte".into()))?;
+        self.shared.bind()?;
+        let mut log = vec![0u8; JIT_LOG];
+        let mut options =
+            [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+        // Option values are passed as pointer-sized words: the buffer's address, then its size.
+        let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), JIT_LOG as *mut c_void];
+        let mut raw: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: the context is bound; `image` is a NUL-terminated PTX text alive for the call; `options` and
+        // `values` are two valid entries; the log buffer is `JIT_LOG` writable bytes alive for the call.
+        let status = unsafe {
+            sys::cuModuleLoadDataEx(&mut raw, image.as_ptr().cast(), 2, options.as_mut_ptr(), values.as_mut_ptr())
+        };
+        if let Err(e) = check(status, "cuModuleLoadDataEx") {
+            let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())]);
+            let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).take(4).collect();
+            return Err(match e {
+                Error::Cuda(msg) if !lines.is_empty() => Error::Cuda(format!("{msg}: {}", lines.join("; "))),
+                e => e,
+            });
+        }
+        let module = Arc::new(Module { shared: Arc::clone(&self.shared), raw });
+        modules.push((ptx.to_owned(), Arc::clone(&module)));
+        Ok(module)
+    }
+
+    /// Looks up kernel `name` in the module of `ptx`, loading it if needed ([`Gpu::load_module`],
+    /// [`Module::kernel`]).
+    ///
+    /// # Errors
+    /// As [`Gpu::load_module`] and [`Module::kernel`].
+    pub fn kernel(&self, ptx: &str, name: &str) -> Result<Kernel> {
+        self.load_module(ptx)?.kernel(name)
+    }
+}
+
+impl Module {
+    /// Looks up the kernel (`.entry`) called `name` (`cuModuleGetFunction`). When the driver has
+    /// `cuFuncGetParamInfo` (CUDA 12.4+), the sizes of its parameters are read too, and every launch is
+    /// checked against them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the module has no kernel `name` (or `name` contains a NUL byte);
+    /// [`Error::Cuda`] for other driver errors.
+    pub fn kernel(self: &Arc<Self>, name: &str) -> Result<Kernel> {
+        let c_name = CString::new(name).map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
+        self.shared.bind()?;
+        let mut raw: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: the context is bound, `self.raw` is a loaded module, `c_name` is NUL-terminated; the call
+        // writes one handle.
+        let status = unsafe { sys::cuModuleGetFunction(&mut raw, self.raw, c_name.as_ptr()) };
+        if status == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(Error::InvalidArgument(format!("no kernel `{name}` in the PTX module")));
+        }
+        check(status, "cuModuleGetFunction")?;
+        let param_sizes = if self.shared.lib.has_param_info { param_sizes(raw) } else { None };
+        Ok(Kernel {
+            module: Arc::clone(self),
+            raw,
+            name: Arc::from(name),
+            param_sizes,
+            dynamic_shared_limit: AtomicU32::new(DEFAULT_DYNAMIC_SHARED),
+        })
+    }
+}
+
+/// Parameter sizes of `f` in bytes, in order (`cuFuncGetParamInfo` until it answers `CUDA_ERROR_INVALID_VALUE`
+/// past the last one); `None` if the driver answers anything else.
+fn param_sizes(f: sys::CUfunction) -> Option<Vec<usize>> {
+    let mut sizes = Vec::new();
+    // PTX allows at most a few thousand parameter bytes; the bound only guards against a misbehaving driver.
+    for index in 0..4096 {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: `f` is a live function handle (the caller's context is bound); the call writes two words.
+        match unsafe { sys::cuFuncGetParamInfo(f, index, &mut offset, &mut size) } {
+            sys::CUresult::CUDA_SUCCESS => sizes.push(size),
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// One kernel argument, passed by value as the kernel's parameter of the same size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelArg<'a> {
+    /// A 4-byte parameter (`.param .u32`/`.s32`/`.b32`; `u32`, `i32` in Rust device code).
+    U32(u32),
+    /// An 8-byte parameter (`.param .u64`; a pointer is a device address: [`crate::mem::MappedBuf::device_addr`],
+    /// [`super::DeviceBuffer::device_addr`]).
+    U64(u64),
+    /// A parameter passed as raw bytes, e.g. a `#[repr(C)]` handle by value (`.param .align A .b8 name[N]`);
+    /// the bytes are copied at launch, so the borrow ends when `launch` returns.
+    Bytes(&'a [u8]),
+}
+
+impl KernelArg<'_> {
+    fn size(&self) -> usize {
+        match self {
+            KernelArg::U32(_) => 4,
+            KernelArg::U64(_) => 8,
+            KernelArg::Bytes(b) => b.len(),
+        }
+    }
+}
+
+impl From<u32> for KernelArg<'_> {
+    fn from(v: u32) -> Self {
+        KernelArg::U32(v)
+    }
+}
+
+impl From<u64> for KernelArg<'_> {
+    fn from(v: u64) -> Self {
+        KernelArg::U64(v)
+    }
+}
+
+/// Grid and block shape of a launch (`cuLaunchKernel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks (CTAs) in x, y, z; each at least 1.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z; each at least 1, product at most 1024.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, bytes (the kernel's `.extern .shared` array). Above 48 KiB the
+    /// kernel is opted in automatically (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// `blocks` blocks of `threads_per_block` threads, one-dimensional, no dynamic shared memory.
+    pub fn linear(blocks: u32, threads_per_block: u32) -> Self {
+        LaunchConfig { grid: [blocks, 1, 1], block: [threads_per_block, 1, 1], shared_mem_bytes: 0 }
+    }
+}
+
+/// A kernel of a loaded [`Module`] (a `CUfunction`); keeps its module loaded.
+pub struct Kernel {
+    module: Arc<Module>,
+    raw: sys::CUfunction,
+    name: Arc<str>,
+    /// Parameter sizes in bytes, when the driver can tell (`cuFuncGetParamInfo`).
+    param_sizes: Option<Vec<usize>>,
+    /// The dynamic shared memory the kernel is opted in to, bytes.
+    dynamic_shared_limit: AtomicU32,
+}
+
+// SAFETY: a `CUfunction` handle may be used from any thread (the driver API is thread-safe); every use binds
+// the owning context first; the interior state is an atomic.
+unsafe impl Send for Kernel {}
+// SAFETY: as above.
+unsafe impl Sync for Kernel {}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernel").field("name", &self.name).field("param_sizes", &self.param_sizes).finish()
+    }
+}
+
+impl Kernel {
+    /// The kernel's name (its PTX `.entry`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Sizes of the kernel's parameters in bytes, in order, when the driver can tell (`cuFuncGetParamInfo`,
+    /// CUDA 12.4+ drivers); launches are checked against them.
+    pub fn param_sizes(&self) -> Option<&[usize]> {
+        self.param_sizes.as_deref()
+    }
+
+    fn attribute(&self, attr: sys::CUfunction_attribute) -> Result<i32> {
+        self.module.shared.bind()?;
+        let mut v = 0;
+        // SAFETY: the context is bound and `raw` is a live function; the call writes one int.
+        check(unsafe { sys::cuFuncGetAttribute(&mut v, attr, self.raw) }, "cuFuncGetAttribute")?;
+        Ok(v)
+    }
+
+    /// Registers per thread (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
+    ///
+    /// # Errors
+    /// The driver's error as [`Error::Cuda`].
+    pub fn num_regs(&self) -> Result<u32> {
+        Ok(u32::try_from(self.attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?).unwrap_or(0))
+    }
+
+    /// The most threads per block this kernel can be launched with (`CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`).
+    ///
+    /// # Errors
+    /// The driver's error as [`Error::Cuda`].
+    pub fn max_threads_per_block(&self) -> Result<u32> {
+        let v = self.attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+        Ok(u32::try_from(v).unwrap_or(0))
+    }
+
+    /// Launches the kernel on `stream` (`cuLaunchKernel`) with `cfg` and `args` (one per kernel parameter, in
+    /// order, each passed by value). Returns once the launch is queued; wait for it with [`Stream::wait`]
+    /// (bounded) or [`Stream::synchronize`].
+    ///
+    /// # Safety
+    /// 1. Every address in `args` must be valid for what the kernel does with it (device addresses of this
+    ///    GPU: [`crate::mem::MappedBuf::device_addr`], [`super::DeviceBuffer::device_addr`]), and the memory must
+    ///    stay allocated until the kernel has completed.
+    /// 2. Each argument must be what the kernel expects at that position. Sizes are checked when the driver can
+    ///    tell ([`Kernel::param_sizes`]); without `cuFuncGetParamInfo`, a wrong count or size is undefined
+    ///    behavior (the driver reads as many bytes as the parameter has).
+    /// 3. Memory the kernel writes may be read by the host only with atomics or volatile loads while it runs.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`]: `stream` belongs to another GPU context, a grid or block dimension is 0,
+    ///   or `args` do not match the kernel's parameter sizes.
+    /// - [`Error::Cuda`]: the driver rejects the launch (e.g. too many threads per block or registers, too much
+    ///   shared memory: `CUDA_ERROR_INVALID_VALUE`, `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`).
+    pub unsafe fn launch(&self, stream: &Stream, cfg: &LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
+        if !Shared::same(&stream.shared, &self.module.shared) {
+            return Err(Error::InvalidArgument(format!("launch of `{}` on a stream of another GPU", self.name)));
+        }
+        if cfg.grid.contains(&0) || cfg.block.contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "launch of `{}` with grid {:?} and block {:?}: every dimension must be at least 1",
+                self.name, cfg.grid, cfg.block
+            )));
+        }
+        if let Some(sizes) = &self.param_sizes {
+            let given: Vec<usize> = args.iter().map(KernelArg::size).collect();
+            if &given != sizes {
+                return Err(Error::InvalidArgument(format!(
+                    "kernel `{}` takes parameters of {sizes:?} bytes; got arguments of {given:?} bytes",
+                    self.name
+                )));
+            }
+        }
+        self.module.shared.bind()?;
+        if cfg.shared_mem_bytes > self.dynamic_shared_limit.load(Ordering::Relaxed) {
+            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            let bytes = i32::try_from(cfg.shared_mem_bytes).unwrap_or(i32::MAX);
+            // SAFETY: the context is bound and `raw` is a live function; the call sets one attribute.
+            check(unsafe { sys::cuFuncSetAttribute(self.raw, attr, bytes) }, "cuFuncSetAttribute")?;
+            self.dynamic_shared_limit.fetch_max(cfg.shared_mem_bytes, Ordering::Relaxed);
+        }
+        // The driver reads each parameter's bytes through a pointer; scalars live in `words` until the call ends.
+        let words: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| {
+                let mut w = [0u8; 8];
+                match a {
+                    KernelArg::U32(v) => w[..4].copy_from_slice(&v.to_ne_bytes()),
+                    KernelArg::U64(v) => w = v.to_ne_bytes(),
+                    KernelArg::Bytes(_) => {}
+                }
+                w
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = args
+            .iter()
+            .zip(&words)
+            .map(|(a, w)| match a {
+                KernelArg::Bytes(b) => b.as_ptr().cast_mut().cast(),
+                _ => w.as_ptr().cast_mut().cast(),
+            })
+            .collect();
+        let params_ptr = if params.is_empty() { std::ptr::null_mut() } else { params.as_mut_ptr() };
+        let [gx, gy, gz] = cfg.grid;
+        let [bx, by, bz] = cfg.block;
+        if let Ok(mut last) = stream.last_kernel.lock() {
+            *last = Some(Arc::clone(&self.name));
+        }
+        // SAFETY: the context is bound; `raw` is a live function and `stream.raw` a live stream of the same
+        // context; `params` holds one pointer per argument, each to at least the argument's bytes, alive for
+        // the call (the driver copies them); what the kernel does with the values is the caller's contract.
+        let status = unsafe {
+            sys::cuLaunchKernel(
+                self.raw,
+                gx as c_uint,
+                gy as c_uint,
+                gz as c_uint,
+                bx as c_uint,
+                by as c_uint,
+                bz as c_uint,
+                cfg.shared_mem_bytes as c_uint,
+                stream.raw,
+                params_ptr,
+                std::ptr::null_mut(),
+            )
+        };
+        check(status, "cuLaunchKernel").map_err(|e| match e {
+            Error::Cuda(msg) => Error::Cuda(format!("launching `{}`: {msg}", self.name)),
+            other => other,
+        })
+    }
+}

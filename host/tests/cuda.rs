@@ -1,0 +1,368 @@
+//! The CUDA layer (`gdaki::cuda`). Without a GPU only the first two tests run; the others are ignored and run
+//! on the GPU machine with `--ignored` (build here with `cargo test --no-run`, carry the test binary).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use gdaki::cuda::{Gpu, KernelArg, LaunchConfig};
+use gdaki::mem::{GpuCopier, MappedBuf, MemKind, MemLoc, QueueMemory};
+use gdaki::Error;
+
+/// Kernels for these tests, written by hand so that they do not depend on the device crate's PTX build.
+/// Pointers are generic addresses (mapped pinned memory or `cuMemAlloc` memory), converted to global.
+const TEST_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+// *out = *in + 1 (u32)
+.visible .entry gdaki_test_echo(.param .u64 in_ptr, .param .u64 out_ptr)
+{
+    .reg .u64 %rd<5>;
+    .reg .u32 %r<3>;
+    ld.param.u64 %rd1, [in_ptr];
+    ld.param.u64 %rd2, [out_ptr];
+    cvta.to.global.u64 %rd3, %rd1;
+    cvta.to.global.u64 %rd4, %rd2;
+    ld.volatile.global.u32 %r1, [%rd3];
+    add.u32 %r2, %r1, 1;
+    st.volatile.global.u32 [%rd4], %r2;
+    membar.sys;
+    ret;
+}
+
+// spins until *flag != 0, then *ack = *flag (u32)
+.visible .entry gdaki_test_spin(.param .u64 flag_ptr, .param .u64 ack_ptr)
+{
+    .reg .u64 %rd<5>;
+    .reg .u32 %r<2>;
+    .reg .pred %p;
+    ld.param.u64 %rd1, [flag_ptr];
+    ld.param.u64 %rd2, [ack_ptr];
+    cvta.to.global.u64 %rd3, %rd1;
+    cvta.to.global.u64 %rd4, %rd2;
+SPIN:
+    ld.volatile.global.u32 %r1, [%rd3];
+    setp.eq.u32 %p, %r1, 0;
+    @%p bra SPIN;
+    st.volatile.global.u32 [%rd4], %r1;
+    membar.sys;
+    ret;
+}
+
+// *out = a + pair.x + pair.y (u64), with a u32, pair a 16-byte struct by value
+.visible .entry gdaki_test_args(.param .u32 a, .param .align 8 .b8 pair[16], .param .u64 out_ptr)
+{
+    .reg .u64 %rd<7>;
+    .reg .u32 %r<2>;
+    ld.param.u32 %r1, [a];
+    ld.param.u64 %rd1, [pair];
+    ld.param.u64 %rd2, [pair+8];
+    ld.param.u64 %rd3, [out_ptr];
+    cvta.to.global.u64 %rd4, %rd3;
+    cvt.u64.u32 %rd5, %r1;
+    add.u64 %rd6, %rd5, %rd1;
+    add.u64 %rd6, %rd6, %rd2;
+    st.volatile.global.u64 [%rd4], %rd6;
+    membar.sys;
+    ret;
+}
+"#;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn gpu() -> Arc<Gpu> {
+    match Gpu::open(0) {
+        Ok(gpu) => gpu,
+        Err(e) => panic!("this test needs a GPU: {e}"),
+    }
+}
+
+/// xorshift64* bytes: reproducible, different per seed.
+fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+        })
+        .collect()
+}
+
+fn word(buf: &MappedBuf, index: usize) -> &AtomicU32 {
+    assert!((index + 1) * 4 <= buf.len());
+    // SAFETY: in bounds (checked), 4-aligned (the buffer is page aligned), and the mapped memory lives as long
+    // as `buf`; device code and this thread share it only through atomic/volatile accesses.
+    unsafe { &*buf.host_ptr().cast::<AtomicU32>().add(index) }
+}
+
+fn host_loc(ptr: *const u8) -> MemLoc {
+    MemLoc { kind: MemKind::Host, addr: ptr as u64 }
+}
+
+#[test]
+fn open_gives_a_gpu_or_one_line_unavailable() {
+    for _ in 0..2 {
+        match Gpu::open(0) {
+            Ok(gpu) => assert!(!gpu.name().is_empty()),
+            Err(Error::Unavailable(msg)) => {
+                eprintln!("Gpu::open(0): {msg}");
+                assert!(!msg.is_empty() && !msg.contains('\n'), "not one line: {msg:?}");
+                assert!(msg.starts_with("no "), "{msg}");
+            }
+            Err(e) => panic!("expected Ok or Unavailable, got {e:?}"),
+        }
+    }
+}
+
+#[test]
+fn open_of_a_missing_ordinal_is_unavailable() {
+    match Gpu::open(usize::MAX) {
+        Err(Error::Unavailable(msg)) => assert!(!msg.contains('\n'), "{msg:?}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn mapped_memory_is_shared_between_host_and_kernel() {
+    let gpu = gpu();
+    let buf = gpu.alloc_mapped(8192 + 12).unwrap();
+    let q = QueueMemory::alloc(&*gpu, 100).unwrap();
+    for b in [&buf, &q] {
+        assert_eq!(b.host_ptr() as usize % 4096, 0);
+        assert_eq!(b.device_addr() % 4096, 0);
+        // SAFETY: nothing else uses the fresh buffer.
+        let bytes = unsafe { std::slice::from_raw_parts(b.host_ptr(), b.len()) };
+        assert!(bytes.iter().all(|&x| x == 0), "not zeroed");
+    }
+    let kernel = gpu.kernel(TEST_PTX, "gdaki_test_echo").unwrap();
+    let stream = gpu.new_stream().unwrap();
+    for (i, value) in [41u32, 0xffff_fffe, 7].into_iter().enumerate() {
+        word(&buf, 2 * i).store(value, Ordering::Release);
+        let (inp, out) = (buf.device_addr() + 8 * i as u64, buf.device_addr() + 8 * i as u64 + 4);
+        // SAFETY: both addresses are inside `buf`, alive until the wait below.
+        unsafe { kernel.launch(&stream, &LaunchConfig::linear(1, 1), &[inp.into(), out.into()]) }.unwrap();
+        stream.wait(LIMIT).unwrap();
+        assert_eq!(word(&buf, 2 * i + 1).load(Ordering::Acquire), value.wrapping_add(1));
+    }
+    assert_eq!(gpu.take_deferred_error(), None);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn kernel_sees_host_store_while_it_runs() {
+    let gpu = gpu();
+    let buf = gpu.alloc_mapped(4096).unwrap();
+    let kernel = gpu.kernel(TEST_PTX, "gdaki_test_spin").unwrap();
+    let stream = gpu.new_stream().unwrap();
+    let (flag, ack) = (buf.device_addr(), buf.device_addr() + 4);
+    // SAFETY: both addresses are inside `buf`, alive until the kernel ends (waited for below).
+    unsafe { kernel.launch(&stream, &LaunchConfig::linear(1, 1), &[flag.into(), ack.into()]) }.unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!stream.is_idle().unwrap(), "kernel ended before the flag was set");
+    word(&buf, 0).store(0x5eed, Ordering::Release);
+    stream.wait(LIMIT).unwrap();
+    assert_eq!(word(&buf, 1).load(Ordering::Acquire), 0x5eed);
+    assert!(!gpu.is_hung());
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn device_buffer_round_trip() {
+    let gpu = gpu();
+    for (seed, n) in [(1u64, 1usize), (2, 4097), (3, (1 << 20) + 3)] {
+        let buf = gpu.alloc_device(n).unwrap();
+        assert_eq!(buf.len(), n);
+        assert_eq!(buf.device_addr() % 256, 0);
+        assert!(buf.to_vec().unwrap().iter().all(|&b| b == 0), "not zeroed");
+        let data = random_bytes(seed, n);
+        buf.copy_from_host(0, &data).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), data);
+        // A partial copy at an offset.
+        let part = random_bytes(seed + 100, n / 2);
+        buf.copy_from_host(n - part.len(), &part).unwrap();
+        let mut back = vec![0u8; part.len()];
+        buf.copy_to_host(n - part.len(), &mut back).unwrap();
+        assert_eq!(back, part);
+        // Out of range is an error, not a fault.
+        assert!(matches!(buf.copy_from_host(n, &[1]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(buf.copy_to_host(1, &mut vec![0; n]), Err(Error::InvalidArgument(_))));
+    }
+    let empty = gpu.alloc_device(0).unwrap();
+    assert!(empty.is_empty() && empty.to_vec().unwrap().is_empty());
+    assert_eq!(gpu.take_deferred_error(), None);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_copies_htod_dtod_dtoh() {
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    let n = (1 << 20) + 13;
+    let data = random_bytes(7, n);
+    let pinned = gpu.alloc_mapped(n).unwrap();
+    // SAFETY: nothing else uses the fresh buffer.
+    unsafe { std::slice::from_raw_parts_mut(pinned.host_ptr(), n) }.copy_from_slice(&data);
+    let (d1, d2) = (gpu.alloc_device(n).unwrap(), gpu.alloc_device(n).unwrap());
+    let mut pageable = vec![0u8; n];
+    let mut host_copy = vec![0u8; n];
+    // SAFETY: every range is valid for `n` bytes and outlives the `synchronize` below.
+    unsafe {
+        copier.copy_async(d1.loc(), host_loc(pinned.host_ptr()), n).unwrap(); // HtoD from pinned
+        copier.copy_async(d2.loc(), d1.loc(), n).unwrap(); // DtoD
+        copier.copy_async(host_loc(pageable.as_mut_ptr()), d2.loc(), n).unwrap(); // DtoH to pageable
+        copier.copy_async(host_loc(host_copy.as_mut_ptr()), host_loc(pinned.host_ptr()), n).unwrap(); // HtoH
+        copier.copy_async(d1.loc(), d1.loc(), 0).unwrap(); // nothing
+    }
+    copier.synchronize().unwrap();
+    assert_eq!(pageable, data);
+    assert_eq!(host_copy, data);
+    assert_eq!(d2.to_vec().unwrap(), data);
+    // Pageable HtoD into the middle of d2, then DtoH into pinned memory.
+    let part = random_bytes(8, 4096);
+    // SAFETY: as above.
+    unsafe {
+        copier
+            .copy_async(MemLoc { kind: MemKind::Gpu, addr: d2.device_addr() + 1000 }, host_loc(part.as_ptr()), 4096)
+            .unwrap();
+        copier
+            .copy_async(host_loc(pinned.host_ptr()), MemLoc { kind: MemKind::Gpu, addr: d2.device_addr() + 1000 }, 4096)
+            .unwrap();
+    }
+    copier.synchronize().unwrap();
+    // SAFETY: the copies into `pinned` have completed.
+    assert_eq!(unsafe { std::slice::from_raw_parts(pinned.host_ptr(), 4096) }, &part[..]);
+    // SAFETY: a null address is rejected before any copy.
+    let bad = unsafe { copier.copy_async(d1.loc(), host_loc(std::ptr::null()), 8) };
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
+    assert_eq!(gpu.take_deferred_error(), None);
+}
+
+/// The hazard of design.md: copies made while a kernel spins must not wait for it.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_does_not_wait_for_a_spinning_kernel() {
+    let gpu = gpu();
+    let flags = gpu.alloc_mapped(4096).unwrap();
+    let n = 64 * 1024;
+    let data = random_bytes(9, n);
+    let dev = gpu.alloc_device(n).unwrap();
+    let copier = gpu.copier().unwrap();
+    let kernel = gpu.kernel(TEST_PTX, "gdaki_test_spin").unwrap();
+    let stream = gpu.new_stream().unwrap();
+    let (flag, ack) = (flags.device_addr(), flags.device_addr() + 4);
+    // SAFETY: both addresses are inside `flags`, alive until the kernel ends (released and waited for below).
+    unsafe { kernel.launch(&stream, &LaunchConfig::linear(1, 1), &[flag.into(), ack.into()]) }.unwrap();
+
+    let (tx, rx) = mpsc::channel();
+    let copies = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut back = vec![0u8; n];
+            // SAFETY: `data`, `dev` and `back` outlive the `synchronize` below.
+            let r = unsafe {
+                copier
+                    .copy_async(dev.loc(), host_loc(data.as_ptr()), n)
+                    .and_then(|()| copier.copy_async(host_loc(back.as_mut_ptr()), dev.loc(), n))
+            }
+            .and_then(|()| copier.synchronize())
+            .map(|()| back);
+            let _ = tx.send(r);
+        });
+        let got = rx.recv_timeout(LIMIT);
+        let ack_before_release = word(&flags, 1).load(Ordering::Acquire);
+        // Release the kernel whatever happened, so that the scope can end.
+        word(&flags, 0).store(1, Ordering::Release);
+        (got, ack_before_release)
+    });
+    stream.wait(LIMIT).unwrap();
+    let (got, ack_before_release) = copies;
+    let back = got.expect("copies waited for the spinning kernel").unwrap();
+    assert_eq!(back, data);
+    assert_eq!(ack_before_release, 0, "the kernel ended before it was released");
+    assert_eq!(word(&flags, 1).load(Ordering::Acquire), 1);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn launch_and_bounded_wait() {
+    let gpu = gpu();
+    let buf = gpu.alloc_mapped(4096).unwrap();
+    let module = gpu.load_module(TEST_PTX).unwrap();
+    assert!(Arc::ptr_eq(&module, &gpu.load_module(TEST_PTX).unwrap()), "PTX loaded twice");
+    let stream = gpu.new_stream().unwrap();
+
+    // Scalars and a struct by value.
+    let args = module.kernel("gdaki_test_args").unwrap();
+    if let Some(sizes) = args.param_sizes() {
+        assert_eq!(sizes, &[4, 16, 8]);
+    }
+    assert!(args.num_regs().unwrap() > 0);
+    let pair: [u64; 2] = [1 << 40, 12345];
+    let pair_bytes: Vec<u8> = pair.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let out = buf.device_addr() + 64;
+    // SAFETY: `out` is inside `buf`, alive until the wait below.
+    unsafe {
+        args.launch(
+            &stream,
+            &LaunchConfig::linear(1, 32),
+            &[KernelArg::U32(7), KernelArg::Bytes(&pair_bytes), out.into()],
+        )
+    }
+    .unwrap();
+    stream.wait(LIMIT).unwrap();
+    // SAFETY: the kernel has completed; offset 64 is 8-aligned and inside `buf`.
+    let got = unsafe { std::ptr::read_volatile(buf.host_ptr().add(64).cast::<u64>()) };
+    assert_eq!(got, 7 + (1 << 40) + 12345);
+
+    // A spinning kernel: the bounded wait times out with an error naming it, quickly.
+    let spin = module.kernel("gdaki_test_spin").unwrap();
+    let (flag, ack) = (buf.device_addr(), buf.device_addr() + 4);
+    // SAFETY: both addresses are inside `buf`, alive until the kernel ends (released and waited for below).
+    unsafe { spin.launch(&stream, &LaunchConfig::linear(1, 1), &[flag.into(), ack.into()]) }.unwrap();
+    let start = Instant::now();
+    match stream.wait(Duration::from_millis(200)) {
+        Err(Error::Device(msg)) => assert!(msg.contains("gdaki_test_spin"), "{msg}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(gpu.is_hung());
+    // The kernel ends once released; the wait then succeeds.
+    word(&buf, 0).store(3, Ordering::Release);
+    stream.wait(LIMIT).unwrap();
+    assert_eq!(word(&buf, 1).load(Ordering::Acquire), 3);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn bad_launches_and_modules_are_errors() {
+    let gpu = gpu();
+    let stream = gpu.new_stream().unwrap();
+    let echo = gpu.kernel(TEST_PTX, "gdaki_test_echo").unwrap();
+    let buf = gpu.alloc_mapped(4096).unwrap();
+    let a = buf.device_addr();
+    // SAFETY: rejected before reaching the GPU (grid of 0 blocks).
+    let zero_grid = unsafe { echo.launch(&stream, &LaunchConfig::linear(0, 1), &[a.into(), a.into()]) };
+    assert!(matches!(zero_grid, Err(Error::InvalidArgument(_))), "{zero_grid:?}");
+    if echo.param_sizes().is_some() {
+        // SAFETY: rejected before reaching the GPU (parameter sizes differ).
+        let missing = unsafe { echo.launch(&stream, &LaunchConfig::linear(1, 1), &[a.into()]) };
+        assert!(matches!(missing, Err(Error::InvalidArgument(_))), "{missing:?}");
+        // SAFETY: rejected before reaching the GPU (parameter sizes differ).
+        let narrow = unsafe { echo.launch(&stream, &LaunchConfig::linear(1, 1), &[a.into(), KernelArg::U32(0)]) };
+        assert!(matches!(narrow, Err(Error::InvalidArgument(_))), "{narrow:?}");
+    }
+    // SAFETY: as above: the driver rejects 2048 threads per block before running anything.
+    let too_big = unsafe { echo.launch(&stream, &LaunchConfig::linear(1, 2048), &[a.into(), a.into()]) };
+    assert!(matches!(too_big, Err(Error::Cuda(_))), "{too_big:?}");
+    assert!(matches!(gpu.kernel(TEST_PTX, "no_such_kernel"), Err(Error::InvalidArgument(_))));
+    match gpu.load_module(".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry broken() { bogus; }\n") {
+        Err(Error::Cuda(msg)) => assert!(msg.contains("cuModuleLoadDataEx"), "{msg}"),
+        other => panic!("expected a JIT error, got {other:?}"),
+    }
+    assert!(matches!(gpu.load_module("a\0b"), Err(Error::InvalidArgument(_))));
+    stream.wait(LIMIT).unwrap();
+}
