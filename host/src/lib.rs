@@ -8,5 +8,6 @@
 pub mod cuda;
 pub mod error;
 pub mod mem;
+pub mod nic;
 
 pub use error::{Error, Result};

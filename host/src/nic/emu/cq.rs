@@ -1,0 +1,135 @@
+//! Completion queues and the CQE writer.
+//!
+//! The ring is `ncqe` 64-byte CQEs in queue memory, pre-filled with `op_own = 0xF1` (opcode INVALID, owner 1)
+//! so that zeroed memory never looks valid. The executor thread is the only producer; software (device code)
+//! consumes and reports its consumer index in dbrec word 0 (24 bits). A CQE is written only into an entry
+//! software has consumed; otherwise the CQ overruns, as on hardware (the CQ then stops taking CQEs).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use gdaki_shared::handle::CqHandle;
+use gdaki_shared::prm::cqe::{Cqe64, CQE_SIZE, OP_OWN_INVALID};
+use gdaki_shared::prm::dbrec::CQ_CI_MASK;
+use gdaki_shared::Be32;
+
+use crate::mem::{MappedBuf, QueueMemory};
+use crate::Result;
+
+use super::qmem;
+use super::stats::{bump, Counters};
+use super::EmuNic;
+
+/// Largest CQ, in CQEs (2^22, ConnectX's `max_cqe`); keeps the 24-bit consumer index unambiguous.
+pub const MAX_CQE: u32 = 1 << 22;
+
+/// A completion queue. Created by [`EmuNic::create_cq`]; QPs keep its memory alive while they use it.
+#[derive(Debug)]
+pub struct Cq {
+    pub(crate) _nic: Arc<EmuNic>,
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl Cq {
+    /// The CQ number (unique within its NIC).
+    pub fn cqn(&self) -> u32 {
+        self.inner.cqn
+    }
+
+    /// Entries in the ring (a power of two).
+    pub fn ncqe(&self) -> u32 {
+        self.inner.ncqe
+    }
+
+    /// The device handle: ring and dbrec addresses (device-visible), size, CQN; consumer index zero.
+    pub fn handle(&self) -> CqHandle {
+        self.inner.handle()
+    }
+
+    /// CQEs the NIC has written into this CQ so far (64-bit producer count).
+    pub fn produced(&self) -> u64 {
+        self.inner.produced.load(Ordering::Acquire)
+    }
+
+    /// Whether the CQ overran and stopped taking CQEs.
+    pub fn is_error(&self) -> bool {
+        self.inner.error.load(Ordering::Acquire)
+    }
+}
+
+/// The CQ as the executor uses it.
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub cqn: u32,
+    pub ncqe: u32,
+    ring: MappedBuf,
+    dbrec: MappedBuf,
+    /// CQEs written so far; only the executor thread stores it.
+    produced: AtomicU64,
+    /// Set on overrun; no CQE is written after it.
+    error: AtomicBool,
+}
+
+/// Why a CQE could not be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CqFull;
+
+impl CqInner {
+    /// Allocates a ring of `ncqe` CQEs (a power of two, `1..=MAX_CQE`, checked by the caller) and a dbrec.
+    pub(crate) fn new(mem: &dyn QueueMemory, cqn: u32, ncqe: u32) -> Result<Self> {
+        let ring = mem.alloc(ncqe as usize * CQE_SIZE)?;
+        let dbrec = mem.alloc(64)?;
+        for i in 0..ncqe as usize {
+            // Byte 63 (op_own) is the last byte of the last word; native-endian bytes keep memory order.
+            let last = u64::from_ne_bytes([0, 0, 0, 0, 0, 0, 0, OP_OWN_INVALID]);
+            qmem::store_u64(&ring, i * CQE_SIZE + 56, last, Ordering::Relaxed);
+        }
+        Ok(Self { cqn, ncqe, ring, dbrec, produced: AtomicU64::new(0), error: AtomicBool::new(false) })
+    }
+
+    pub(crate) fn handle(&self) -> CqHandle {
+        CqHandle {
+            buf: self.ring.device_addr(),
+            dbrec: self.dbrec.device_addr(),
+            ncqe: self.ncqe,
+            cqn: self.cqn,
+            cons_index: 0,
+        }
+    }
+
+    /// Writes `cqe` (owner bit clear) into the next entry, setting the owner bit to the lap parity of the
+    /// producer index. Bytes 0..56 go first (relaxed), then the last 8 bytes (`sop_drop_qpn`, `wqe_counter`,
+    /// `signature`, `op_own`) in one Release store, so that a reader who sees the new `op_own` with Acquire
+    /// sees the whole entry.
+    ///
+    /// # Errors
+    /// [`CqFull`] when software has not consumed the entry (overrun: the CQ moves to error and the caller
+    /// moves its QP to error) or the CQ already overran.
+    pub(crate) fn push(&self, cqe: &Cqe64, counters: &Counters) -> Result<(), CqFull> {
+        if self.error.load(Ordering::Relaxed) {
+            return Err(CqFull);
+        }
+        let pi = self.produced.load(Ordering::Relaxed);
+        let ci = Be32::from_bits(qmem::load_u32(&self.dbrec, 0, Ordering::Acquire)).get() & CQ_CI_MASK;
+        // Entries software has not consumed yet, from the 24-bit CI (a CI "ahead" of the PI reads as huge).
+        let outstanding = (pi as u32).wrapping_sub(ci) & CQ_CI_MASK;
+        if outstanding >= self.ncqe {
+            self.error.store(true, Ordering::Release);
+            bump(&counters.cq_overruns);
+            tracing::warn!(cqn = self.cqn, pi, ci, "emulated NIC: CQ overrun (software has not consumed the entry)");
+            return Err(CqFull);
+        }
+        let mut words: [u64; 8] = bytemuck::cast(*cqe);
+        let owner = ((pi / self.ncqe as u64) & 1) as u8;
+        let mut last = words[7].to_ne_bytes();
+        last[7] = (last[7] & !1) | owner;
+        words[7] = u64::from_ne_bytes(last);
+        let base = (pi & (self.ncqe as u64 - 1)) as usize * CQE_SIZE;
+        for (i, w) in words.iter().enumerate().take(7) {
+            qmem::store_u64(&self.ring, base + i * 8, *w, Ordering::Relaxed);
+        }
+        qmem::store_u64(&self.ring, base + 56, words[7], Ordering::Release);
+        self.produced.store(pi + 1, Ordering::Release);
+        Ok(())
+    }
+}

@@ -1,0 +1,100 @@
+//! The registry one [`super::EmuNic`] and its executor thread share: QPs by number, the MR key table, id
+//! allocation, counters and the stop flag. All QPs of one NIC form one "fabric": they can connect to each
+//! other.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+use crate::mem::{GpuCopier, QueueMemory};
+
+use super::mr::MrTable;
+use super::qp::QpInner;
+use super::stats::Counters;
+
+/// Shared state of one emulated NIC.
+pub(crate) struct Fabric {
+    /// Unique within the process.
+    pub id: u64,
+    pub queue_mem: Arc<dyn QueueMemory>,
+    pub gpu: Option<Arc<dyn GpuCopier>>,
+    /// Live QPs by QPN.
+    pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    /// Bumped whenever `qps` changes, so the executor refreshes its list only then.
+    pub qp_gen: AtomicU64,
+    /// Registered MRs. The executor holds the read lock while a WQE moves bytes; deregistration takes the
+    /// write lock.
+    pub mrs: RwLock<MrTable>,
+    next_qpn: AtomicU32,
+    next_cqn: AtomicU32,
+    next_pdn: AtomicU32,
+    pub stats: Counters,
+    /// Set by the NIC's drop: the executor thread exits.
+    pub stop: AtomicBool,
+    /// Cleared when the executor thread exits (normally or by a panic).
+    pub running: AtomicBool,
+    /// Zero of CQE timestamps.
+    pub epoch: Instant,
+}
+
+/// First QPN handed out (small QPNs are reserved on hardware; a zeroed handle's QPN is never valid).
+const FIRST_QPN: u32 = 0x100;
+
+impl Fabric {
+    pub(crate) fn new(queue_mem: Arc<dyn QueueMemory>, gpu: Option<Arc<dyn GpuCopier>>) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            queue_mem,
+            gpu,
+            qps: RwLock::new(HashMap::new()),
+            qp_gen: AtomicU64::new(0),
+            mrs: RwLock::new(MrTable::default()),
+            next_qpn: AtomicU32::new(FIRST_QPN),
+            next_cqn: AtomicU32::new(1),
+            next_pdn: AtomicU32::new(1),
+            stats: Counters::default(),
+            stop: AtomicBool::new(false),
+            running: AtomicBool::new(true),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// A fresh QPN (24 bits), or `None` once all are used.
+    pub(crate) fn alloc_qpn(&self) -> Option<u32> {
+        alloc(&self.next_qpn, 0x00ff_ffff)
+    }
+
+    /// A fresh CQN (24 bits), or `None` once all are used.
+    pub(crate) fn alloc_cqn(&self) -> Option<u32> {
+        alloc(&self.next_cqn, 0x00ff_ffff)
+    }
+
+    /// A fresh PD number, or `None` once all are used.
+    pub(crate) fn alloc_pdn(&self) -> Option<u32> {
+        alloc(&self.next_pdn, 0x00ff_ffff)
+    }
+}
+
+fn alloc(next: &AtomicU32, max: u32) -> Option<u32> {
+    next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n <= max).then_some(n + 1)).ok()
+}
+
+// Lock helpers that ignore poisoning: the data behind these locks stays consistent even if a holder
+// panicked (every update is a single assignment), and the NIC must keep working rather than panic in turn.
+
+/// Locks `m`.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Read-locks `l`.
+pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Write-locks `l`.
+pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,277 @@
+//! The emulated mlx5 NIC: a software model of a ConnectX HCA that reads the same memory hardware would read.
+//!
+//! # What it models
+//! - **Queues** in queue memory from the configured [`QueueMemory`]: per QP an SQ ring (`wqe_cnt` × 64-byte
+//!   WQEBBs), a [`QpDbrec`] (word 1 = SQ counter) and a 4096-byte UAR page with the doorbell/BlueFlame
+//!   register at `UAR + 0x800`; per CQ a ring of 64-byte CQEs pre-filled with `op_own = 0xF1` and a
+//!   [`CqDbrec`] (word 0 = consumer index, 24 bits).
+//! - **Doorbells**: one executor thread per NIC watches every RTS (or error-state) QP's doorbell register (8
+//!   bytes: `opmod_idx_opcode`, `qpn_ds` of the last posted WQE, big-endian). A change is a doorbell; a
+//!   BlueFlame write (the whole 64-byte WQEBB at 0x800) is one too, and the WQE is read from the ring, which
+//!   software must fill as well. The new producer index is `wqe_idx + ceil(ds / 4)`; dbrec word 1 is
+//!   cross-checked against it ([`Stats::dbrec_mismatches`]). A WQE whose doorbell never comes is never
+//!   executed, whatever the dbrec says.
+//! - **Validation** of every WQE as the PRM lays it out: opcode (NOP, RDMA_WRITE, RDMA_WRITE_IMM, RDMA_READ,
+//!   ATOMIC_CS, ATOMIC_FA), opmod, `ds` against the opcode's shape and the ring, QPN, WQE index, `fm_ce_se`
+//!   reserved bits (all → syndrome 0x02), message length (0x01), lkey / local bounds / `LOCAL_WRITE` (0x04),
+//!   rkey / remote bounds / remote rights (0x13), atomic alignment (0x12). A failed WQE gets an error CQE
+//!   (`mlx5_err_cqe`: REQ_ERR, syndrome, a [`vendor`] syndrome, `wqe_counter`, `s_wqe_opcode_qpn`) whether
+//!   or not it asked for one; the QP moves to [`QpState::Error`] and every later WQE completes with a flush
+//!   error (0x05). Nothing outside a registered region is ever written, and no byte pattern in the ring makes
+//!   the NIC panic or hang.
+//! - **Execution**, in order per QP, against the connected peer QP's registered memory: RDMA WRITE (SGE list
+//!   or inline), WRITE with immediate (data, then a RESP_WR_IMM CQE with the immediate on the peer's CQ),
+//!   RDMA READ, ATOMIC_FA and ATOMIC_CS on an 8-byte aligned remote word. A READ or atomic runs only after
+//!   the QP's earlier writes are placed; a requester CQE (REQ, for WQEs with `CQ_UPDATE`) is written only
+//!   after the data is placed. CQEs are written bytes first, the last 8 bytes (with `op_own`) last with
+//!   Release ordering; the owner bit is the lap parity of the CQ producer index.
+//!
+//! # Differences from hardware (deliberate or not yet modelled)
+//! - **Atomics are host-endian**: the remote word is a host-order `u64` in memory (the "host-endianness
+//!   atomic mode" of ConnectX), and the old value lands in the local SGE in host order. The WQE's atomic
+//!   segment is big-endian, as on hardware.
+//! - **No receive queue yet**: an inbound WRITE_IMM completes on the responder's CQ without consuming a
+//!   receive WQE; its `wqe_counter` counts such completions. Hardware needs a posted receive (else RNR).
+//! - **Peers** are QPs of the same [`EmuNic`]; a peer that is destroyed, not in RTR/RTS, or not connected back
+//!   makes the requester's WQE fail with 0x15 (transport retry exceeded) at once, without a timeout.
+//! - **CQ overrun**: a CQE due for an entry software has not released through the CQ dbrec moves the CQ to
+//!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
+//! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
+//! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies are enqueued and synchronized before
+//!   anything ordered after them. An atomic on GPU memory is atomic towards this NIC's operations only.
+//! - **BlueFlame** is detected heuristically for [`Stats::blueflame`] only: a doorbell whose register holds
+//!   the same 64 bytes as the WQE's first WQEBB in the ring counts as one (a plain doorbell that follows a
+//!   BlueFlame write of an identical WQE counts too).
+//!
+//! # Use
+//! ```
+//! use std::sync::Arc;
+//! use gdaki::mem::{HostQueueMemory, MemKind, MemLoc};
+//! use gdaki::nic::emu::{Access, EmuConfig, EmuNic};
+//!
+//! let nic = EmuNic::open(EmuConfig::host()).unwrap();
+//! let pd = nic.alloc_pd().unwrap();
+//! let cq = nic.create_cq(64).unwrap();
+//! let (a, b) = (nic.create_qp(&pd, &cq, 64).unwrap(), nic.create_qp(&pd, &cq, 64).unwrap());
+//! a.connect(&b.endpoint()).unwrap();
+//! b.connect(&a.endpoint()).unwrap();
+//! let mut buf = vec![0u8; 4096];
+//! let loc = MemLoc { kind: MemKind::Host, addr: buf.as_mut_ptr() as u64 };
+//! // SAFETY: `buf` outlives `mr` and is not moved.
+//! let mr = unsafe { nic.reg_mr(&pd, loc, 4096, Access::ALL) }.unwrap();
+//! let (handle, remote) = (a.handle(), mr.remote()); // pass to device code
+//! # let _ = (handle, remote);
+//! drop(mr);
+//! ```
+//!
+//! [`QpDbrec`]: gdaki_shared::prm::dbrec::QpDbrec
+//! [`CqDbrec`]: gdaki_shared::prm::dbrec::CqDbrec
+
+mod access;
+mod cq;
+mod exec;
+mod executor;
+mod fabric;
+mod fault;
+mod hostmem;
+mod mr;
+mod qmem;
+mod qp;
+mod sq;
+mod stats;
+mod wqe;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crate::mem::{GpuCopier, HostQueueMemory, MemLoc, QueueMemory};
+use crate::{Error, Result};
+
+pub use cq::{Cq, MAX_CQE};
+pub use fault::vendor;
+pub use mr::{Access, Mr, Pd};
+pub use qp::{Endpoint, Qp, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
+pub use stats::Stats;
+
+use fabric::{lock, write, Fabric};
+use mr::MrEntry;
+use qp::QpInner;
+
+/// How to open an [`EmuNic`].
+#[derive(Clone)]
+pub struct EmuConfig {
+    /// Where queue memory (SQ rings, dbrecs, UAR pages, CQ rings) comes from: [`HostQueueMemory`] for the
+    /// `cpu` executor, pinned host memory mapped into the GPU for the `gpu` executor.
+    pub queue_mem: Arc<dyn QueueMemory>,
+    /// How to reach MRs in GPU memory; `None`: only host-memory MRs can be registered.
+    pub gpu: Option<Arc<dyn GpuCopier>>,
+}
+
+impl EmuConfig {
+    /// Host queue memory and no GPU: everything for the `cpu` executor.
+    pub fn host() -> Self {
+        Self { queue_mem: Arc::new(HostQueueMemory), gpu: None }
+    }
+}
+
+impl std::fmt::Debug for EmuConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmuConfig").field("gpu", &self.gpu.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// An emulated mlx5 NIC: the parent of its PDs, MRs, CQs and QPs, and the owner of the executor thread.
+///
+/// Every child holds an `Arc` of it, so the NIC (and its thread) lives until the last child is dropped; the
+/// thread is stopped and joined when the NIC is dropped.
+pub struct EmuNic {
+    fab: Arc<Fabric>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for EmuNic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmuNic").field("id", &self.fab.id).finish_non_exhaustive()
+    }
+}
+
+impl EmuNic {
+    /// Opens a NIC and starts its executor thread.
+    ///
+    /// # Errors
+    /// [`Error::Emu`] when the thread cannot be started.
+    pub fn open(cfg: EmuConfig) -> Result<Arc<EmuNic>> {
+        let fab = Arc::new(Fabric::new(cfg.queue_mem, cfg.gpu));
+        let thread = executor::spawn(fab.clone()).map_err(|e| Error::Emu(format!("executor thread: {e}")))?;
+        Ok(Arc::new(EmuNic { fab, thread: Mutex::new(Some(thread)) }))
+    }
+
+    /// This NIC's identifier, unique within the process (the `nic` of its QPs' [`Endpoint`]s).
+    pub fn id(&self) -> u64 {
+        self.fab.id
+    }
+
+    /// Counters since the NIC was opened.
+    pub fn stats(&self) -> Stats {
+        self.fab.stats.snapshot()
+    }
+
+    /// Whether the executor thread runs (false only if it panicked, which is a bug of the emulator).
+    pub fn executor_alive(&self) -> bool {
+        self.fab.running.load(Ordering::Acquire)
+    }
+
+    fn check_parent(&self, nic: &Arc<EmuNic>, what: &str) -> Result<()> {
+        if nic.fab.id == self.fab.id {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!("{what} belongs to NIC {}, not to NIC {}", nic.fab.id, self.fab.id)))
+        }
+    }
+
+    /// Allocates a protection domain.
+    ///
+    /// # Errors
+    /// [`Error::Emu`] when all 2^24 PD numbers are used.
+    pub fn alloc_pd(self: &Arc<Self>) -> Result<Pd> {
+        let pdn = self.fab.alloc_pdn().ok_or_else(|| Error::Emu("out of PD numbers".into()))?;
+        Ok(Pd { nic: self.clone(), pdn })
+    }
+
+    /// Registers `len` bytes at `loc` in `pd` with rights `access` (`ibv_reg_mr`). The MR's lkey and rkey are
+    /// one key, laid out as an mlx5 mkey (`index << 8 | variant`).
+    ///
+    /// # Safety
+    /// Until the returned [`Mr`] is dropped, the NIC reads and writes `loc.addr .. loc.addr + len` from its
+    /// executor thread whenever a WQE names it: for [`crate::mem::MemKind::Host`], the range must stay
+    /// valid, allocated host memory for that long; for [`crate::mem::MemKind::Gpu`], a live allocation that
+    /// the configured [`GpuCopier`] can copy to and from.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`]: `pd` of another NIC, zero length, null address, a range that wraps, unknown
+    /// access bits, `REMOTE_WRITE`/`REMOTE_ATOMIC` without `LOCAL_WRITE` (as `ibv_reg_mr`'s EINVAL), or GPU
+    /// memory without a copier. [`Error::Emu`] when the key table is full (2^24 - 1 MRs).
+    pub unsafe fn reg_mr(self: &Arc<Self>, pd: &Pd, loc: MemLoc, len: u64, access: Access) -> Result<Mr> {
+        self.check_parent(&pd.nic, "PD")?;
+        mr::check_reg(loc, len, access, self.fab.gpu.is_some()).map_err(Error::InvalidArgument)?;
+        let entry = MrEntry { pdn: pd.pdn, loc, len, access };
+        let key = write(&self.fab.mrs).insert(entry).ok_or_else(|| Error::Emu("MR key table is full".into()))?;
+        Ok(Mr { nic: self.clone(), key, loc, len })
+    }
+
+    /// Removes MR `key`: after this returns, no WQE can touch its memory (the write lock waits for a WQE that
+    /// is using it, and the copier is synchronized for copies it enqueued).
+    pub(crate) fn dereg_mr(&self, key: u32) {
+        let removed = write(&self.fab.mrs).remove(key);
+        if removed {
+            if let Some(g) = &self.fab.gpu {
+                if let Err(e) = g.synchronize() {
+                    tracing::warn!("emulated NIC: synchronize at MR deregistration failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Creates a CQ of `ncqe` 64-byte entries, pre-filled with `op_own = 0xF1` (invalid, owner 1).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `ncqe` is a power of two in `1..=`[`MAX_CQE`]; the queue memory's
+    /// allocation error.
+    pub fn create_cq(self: &Arc<Self>, ncqe: u32) -> Result<Cq> {
+        if !ncqe.is_power_of_two() || ncqe > MAX_CQE {
+            return Err(Error::InvalidArgument(format!("ncqe {ncqe} must be a power of two <= {MAX_CQE}")));
+        }
+        let cqn = self.fab.alloc_cqn().ok_or_else(|| Error::Emu("out of CQ numbers".into()))?;
+        let inner = cq::CqInner::new(&*self.fab.queue_mem, cqn, ncqe)?;
+        Ok(Cq { _nic: self.clone(), inner: Arc::new(inner) })
+    }
+
+    /// Creates an RC QP in `pd` whose SQ holds `wqe_cnt` WQEBBs and completes into `cq`, in the RESET state.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`]: `pd` or `cq` of another NIC, `wqe_cnt` not a power of two in
+    /// [`MIN_WQE_CNT`]`..=`[`MAX_WQE_CNT`], or a CQ smaller than the SQ (`ncqe < wqe_cnt`: every WQEBB could need a CQE).
+    /// The queue memory's allocation error.
+    pub fn create_qp(self: &Arc<Self>, pd: &Pd, cq: &Cq, wqe_cnt: u32) -> Result<Qp> {
+        self.check_parent(&pd.nic, "PD")?;
+        self.check_parent(&cq._nic, "CQ")?;
+        if !wqe_cnt.is_power_of_two() || !(MIN_WQE_CNT..=MAX_WQE_CNT).contains(&wqe_cnt) {
+            return Err(Error::InvalidArgument(format!(
+                "wqe_cnt {wqe_cnt} must be a power of two in {MIN_WQE_CNT}..={MAX_WQE_CNT}"
+            )));
+        }
+        if cq.ncqe() < wqe_cnt {
+            return Err(Error::InvalidArgument(format!("CQ of {} entries is smaller than SQ of {wqe_cnt}", cq.ncqe())));
+        }
+        let mem = &*self.fab.queue_mem;
+        let sq = mem.alloc(wqe_cnt as usize * gdaki_shared::prm::wqe::WQEBB)?;
+        let dbrec = mem.alloc(64)?;
+        let uar = mem.alloc(gdaki_shared::prm::uar::UAR_PAGE_SIZE)?;
+        let qpn = self.fab.alloc_qpn().ok_or_else(|| Error::Emu("out of QP numbers".into()))?;
+        let inner = Arc::new(QpInner::new(qpn, pd.pdn, wqe_cnt, sq, dbrec, uar, cq.inner.clone()));
+        write(&self.fab.qps).insert(qpn, inner.clone());
+        self.fab.qp_gen.fetch_add(1, Ordering::Release);
+        Ok(Qp { nic: self.clone(), inner })
+    }
+
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
+        fabric::read(&self.fab.qps).get(&qpn).cloned()
+    }
+
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        write(&self.fab.qps).remove(&qpn);
+        self.fab.qp_gen.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for EmuNic {
+    fn drop(&mut self) {
+        self.fab.stop.store(true, Ordering::Release);
+        if let Some(t) = lock(&self.thread).take() {
+            t.thread().unpark();
+            // A panicked executor was already reported by its thread.
+            let _ = t.join();
+        }
+    }
+}

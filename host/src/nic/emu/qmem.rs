@@ -1,0 +1,61 @@
+//! Loads and stores to queue memory (SQ ring, doorbell records, UAR page, CQ ring).
+//!
+//! Device code writes and reads these buffers while the executor thread does, so every access here is an
+//! atomic access of a naturally aligned word: no data race in Rust's memory model, and the same single-copy
+//! atomicity that the PRM assumes for the doorbell (8 bytes) and the CQE's last word (8 bytes).
+//!
+//! Offsets come from ring masks and fixed layouts; a misaligned or out-of-range offset is an emulator bug, so
+//! it trips a `debug_assert!` in tests and is answered with 0 (loads) or ignored (stores) in release builds
+//! rather than touching memory outside the buffer.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::mem::MappedBuf;
+
+fn word_ptr(buf: &MappedBuf, off: usize, size: usize) -> Option<*mut u8> {
+    let ok = off.is_multiple_of(size) && off.checked_add(size).is_some_and(|end| end <= buf.len());
+    debug_assert!(ok, "queue memory access at {off:#x}+{size} outside a {}-byte buffer", buf.len());
+    // SAFETY (of the `add`): `off + size <= len`, so the result stays inside the allocation.
+    ok.then(|| unsafe { buf.host_ptr().add(off) })
+}
+
+/// Loads the 8-byte word at byte offset `off` (8-byte aligned) with ordering `ord`.
+pub(crate) fn load_u64(buf: &MappedBuf, off: usize, ord: Ordering) -> u64 {
+    match word_ptr(buf, off, 8) {
+        // SAFETY: the pointer is 8-aligned (buffers are 4096-aligned, `off` is a multiple of 8), inside the
+        // buffer, and the buffer lives as long as `buf`; others access it only atomically or read-only.
+        Some(p) => unsafe { AtomicU64::from_ptr(p.cast()) }.load(ord),
+        None => 0,
+    }
+}
+
+/// Loads the 4-byte word at byte offset `off` (4-byte aligned) with ordering `ord`.
+pub(crate) fn load_u32(buf: &MappedBuf, off: usize, ord: Ordering) -> u32 {
+    match word_ptr(buf, off, 4) {
+        // SAFETY: as in `load_u64`, for 4 bytes.
+        Some(p) => unsafe { AtomicU32::from_ptr(p.cast()) }.load(ord),
+        None => 0,
+    }
+}
+
+/// Stores the 8-byte word `v` at byte offset `off` (8-byte aligned) with ordering `ord`.
+pub(crate) fn store_u64(buf: &MappedBuf, off: usize, v: u64, ord: Ordering) {
+    if let Some(p) = word_ptr(buf, off, 8) {
+        // SAFETY: as in `load_u64`.
+        unsafe { AtomicU64::from_ptr(p.cast()) }.store(v, ord)
+    }
+}
+
+/// Reads `out.len()` bytes (a multiple of 8) starting at `off` (8-byte aligned) with relaxed word loads,
+/// wrapping from the end of the buffer to its start (SQ ring semantics: a WQE's segments past the last slot
+/// continue at slot 0). The caller orders these loads after an Acquire load of the doorbell.
+pub(crate) fn read_wrapping(buf: &MappedBuf, off: usize, out: &mut [u8]) {
+    let len = buf.len();
+    if len == 0 {
+        return;
+    }
+    for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+        let at = (off + i * 8) % len;
+        chunk.copy_from_slice(&load_u64(buf, at, Ordering::Relaxed).to_ne_bytes());
+    }
+}

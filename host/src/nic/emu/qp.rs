@@ -1,0 +1,242 @@
+//! RC queue pairs: their queue memory, state machine and connection to a peer QP.
+//!
+//! Each QP owns, in queue memory: the SQ ring (`wqe_cnt` × 64-byte WQEBBs), a doorbell record ([`QpDbrec`],
+//! word 1 = SQ counter) and one 4096-byte UAR page whose doorbell/BlueFlame register is at offset 0x800.
+//! There is no receive queue yet: inbound RDMA WRITE with immediate completes on the QP's CQ without
+//! consuming a receive WQE (hardware would need one posted, and would NAK with RNR without it).
+//!
+//! [`QpDbrec`]: gdaki_shared::prm::dbrec::QpDbrec
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use gdaki_shared::handle::QpHandle;
+use gdaki_shared::prm::uar::BF_OFFSET;
+
+use crate::mem::MappedBuf;
+use crate::{Error, Result};
+
+use super::cq::CqInner;
+use super::sq::SqProgress;
+use super::{lock, qmem, EmuNic};
+
+/// Smallest SQ, in WQEBBs ([`QpHandle::wqe_cnt`] promises device code at least this many).
+pub const MIN_WQE_CNT: u32 = 16;
+
+/// Largest SQ, in WQEBBs (2^15, ConnectX's `max_qp_wr`). With at most 2^15 WQEBBs between two doorbells, two
+/// different doorbells never carry the same 16-bit index, so a change of the register is always new work.
+pub const MAX_WQE_CNT: u32 = 1 << 15;
+
+/// State of a QP (`enum ibv_qp_state`, the states an RC requester uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum QpState {
+    /// Just created; doorbells are ignored.
+    Reset = 0,
+    /// Initialized (port, access rights).
+    Init = 1,
+    /// Ready to receive: the QP answers as a responder.
+    Rtr = 2,
+    /// Ready to send: the NIC acts on the QP's doorbells.
+    Rts = 3,
+    /// A WQE failed (or the CQ overran): every later WQE completes with a flush error (syndrome 0x05).
+    Error = 4,
+}
+
+impl QpState {
+    fn from_u8(v: u8) -> QpState {
+        match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            _ => QpState::Error,
+        }
+    }
+}
+
+/// What a peer needs to connect to a QP: the NIC it lives on and its QP number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// Identifier of the [`EmuNic`] (unique within the process).
+    pub nic: u64,
+    /// QP number (24 bits).
+    pub qpn: u32,
+}
+
+/// An RC queue pair. Created by [`EmuNic::create_qp`] in the RESET state; [`Qp::connect`] brings it to RTS.
+/// Dropping it destroys it: the NIC stops watching its doorbell, and peers' WQEs to it fail with syndrome
+/// 0x15 (transport retry exceeded), as when a remote QP goes away.
+#[derive(Debug)]
+pub struct Qp {
+    pub(crate) nic: Arc<EmuNic>,
+    pub(crate) inner: Arc<QpInner>,
+}
+
+/// The QP as the executor uses it.
+#[derive(Debug)]
+pub(crate) struct QpInner {
+    pub qpn: u32,
+    pub pdn: u32,
+    pub wqe_cnt: u32,
+    pub sq: MappedBuf,
+    pub dbrec: MappedBuf,
+    pub uar: MappedBuf,
+    pub cq: Arc<CqInner>,
+    state: AtomicU8,
+    destroyed: AtomicBool,
+    /// The connected peer: its QPN and the QP itself (weak: a peer may be destroyed first).
+    pub peer: OnceLock<(u32, Weak<QpInner>)>,
+    /// Executor-side SQ state (the executor is the only user once the QP is in RTS).
+    pub progress: Mutex<SqProgress>,
+    /// Responder CQEs written for this QP: their `wqe_counter` (there is no RQ to index).
+    pub resp_count: AtomicU64,
+}
+
+impl QpInner {
+    pub(crate) fn new(
+        qpn: u32,
+        pdn: u32,
+        wqe_cnt: u32,
+        sq: MappedBuf,
+        dbrec: MappedBuf,
+        uar: MappedBuf,
+        cq: Arc<CqInner>,
+    ) -> Self {
+        Self {
+            qpn,
+            pdn,
+            wqe_cnt,
+            sq,
+            dbrec,
+            uar,
+            cq,
+            state: AtomicU8::new(QpState::Reset as u8),
+            destroyed: AtomicBool::new(false),
+            peer: OnceLock::new(),
+            progress: Mutex::new(SqProgress::default()),
+            resp_count: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        QpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::Acquire)
+    }
+
+    /// Whether the QP answers requests from QP `from`: alive, connected back to `from`, in RTR or RTS.
+    pub(crate) fn responds_to(&self, from: u32) -> bool {
+        !self.is_destroyed()
+            && matches!(self.state(), QpState::Rtr | QpState::Rts)
+            && self.peer.get().is_some_and(|(qpn, _)| *qpn == from)
+    }
+
+    /// The current value of the doorbell register (UAR + 0x800), as stored (big-endian fields).
+    pub(crate) fn doorbell(&self) -> u64 {
+        qmem::load_u64(&self.uar, BF_OFFSET, Ordering::Acquire)
+    }
+}
+
+impl Qp {
+    /// The QP number (24 bits).
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// What a peer passes to its [`Qp::connect`].
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint { nic: self.nic.id(), qpn: self.inner.qpn }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.inner.state()
+    }
+
+    /// SQ size in WQEBBs.
+    pub fn wqe_cnt(&self) -> u32 {
+        self.inner.wqe_cnt
+    }
+
+    /// WQEBBs the NIC has consumed from the SQ so far (64-bit count; executed, failed and flushed WQEs).
+    pub fn sq_consumed(&self) -> u64 {
+        lock(&self.inner.progress).consumed
+    }
+
+    /// The device handle: SQ ring, dbrec and BlueFlame register addresses (device-visible addresses of the
+    /// queue memory), `wqe_cnt`, QPN, the CQ's handle; software counters (`sq_pi`, `sq_ci`, ...,
+    /// `cq.cons_index`) zero.
+    pub fn handle(&self) -> QpHandle {
+        let q = &self.inner;
+        QpHandle {
+            sq_buf: q.sq.device_addr(),
+            dbrec: q.dbrec.device_addr(),
+            bf_reg: q.uar.device_addr() + BF_OFFSET as u64,
+            wqe_cnt: q.wqe_cnt,
+            qpn: q.qpn,
+            cq: q.cq.handle(),
+            // Software counters start at zero.
+            ..QpHandle::default()
+        }
+    }
+
+    /// Connects this QP to `remote` (a QP of the same [`EmuNic`], possibly this one) and moves it
+    /// RESET → INIT → RTR → RTS, as `ibv_modify_qp` with the attributes of an RC QP whose peer is `remote`.
+    /// All remote access rights are enabled on the responder side; MR rights still apply.
+    ///
+    /// The peer must connect back to this QP (RC checks the source QPN): WQEs sent to a peer that is not
+    /// connected to this QP, not in RTR/RTS or destroyed fail with syndrome 0x15 (retry exceeded).
+    ///
+    /// Doorbells written before this call are ignored: the register's value now is the baseline.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `remote` is on another NIC or names no live QP, or this QP is not in
+    /// RESET (connect once).
+    pub fn connect(&self, remote: &Endpoint) -> Result<()> {
+        if remote.nic != self.nic.id() {
+            return Err(Error::InvalidArgument(format!(
+                "endpoint of NIC {} cannot be reached from NIC {} (peers must share an EmuNic)",
+                remote.nic,
+                self.nic.id()
+            )));
+        }
+        let peer = self
+            .nic
+            .qp(remote.qpn)
+            .ok_or_else(|| Error::InvalidArgument(format!("no QP {:#x} on this NIC", remote.qpn)))?;
+        let q = &self.inner;
+        q.state
+            .compare_exchange(QpState::Reset as u8, QpState::Init as u8, Ordering::AcqRel, Ordering::Acquire)
+            .map_err(|s| {
+                Error::InvalidArgument(format!(
+                    "QP {:#x} is in state {:?}; connect needs RESET",
+                    q.qpn,
+                    QpState::from_u8(s)
+                ))
+            })?;
+        // Only the RESET → INIT winner gets here, so the peer is set once.
+        let _ = q.peer.set((remote.qpn, Arc::downgrade(&peer)));
+        q.set_state(QpState::Rtr);
+        {
+            let mut p = lock(&q.progress);
+            p.last_db = q.doorbell();
+        }
+        q.set_state(QpState::Rts);
+        tracing::debug!(qpn = q.qpn, peer = remote.qpn, "emulated NIC: QP in RTS");
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.inner.destroyed.store(true, Ordering::Release);
+        self.nic.remove_qp(self.inner.qpn);
+    }
+}

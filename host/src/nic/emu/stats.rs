@@ -1,0 +1,70 @@
+//! Counters the executor keeps, and the snapshot tests and diagnostics read.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// What the emulated NIC has seen and done since it was opened (all QPs together). A snapshot: counters are
+/// read one by one, so a snapshot taken while WQEs run may mix moments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Doorbell register changes acted on (8-byte doorbells and BlueFlame writes alike).
+    pub doorbells: u64,
+    /// Doorbells whose 64-byte BlueFlame register held the same bytes as the WQE's first WQEBB in the ring
+    /// (counted as BlueFlame writes; a heuristic, see [`super::EmuNic`]).
+    pub blueflame: u64,
+    /// Doorbells whose producer index was behind the NIC's (e.g. two posters' doorbells landing out of order);
+    /// ignored, as hardware ignores them.
+    pub stale_doorbells: u64,
+    /// Doorbells that announced more WQEBBs than the ring holds (the QP moved to the error state).
+    pub bad_doorbells: u64,
+    /// Doorbells whose dbrec SQ counter (word 1) was behind the doorbell's producer index: the dbrec was not
+    /// written, or written to the wrong word.
+    pub dbrec_mismatches: u64,
+    /// WQEs executed successfully (NOPs included).
+    pub wqes: u64,
+    /// Successful CQEs written (requester and responder).
+    pub cqes: u64,
+    /// Error CQEs written for failed WQEs (flushes not included).
+    pub error_cqes: u64,
+    /// Flush error CQEs (syndrome 0x05) written for WQEs posted to a QP in the error state.
+    pub flush_cqes: u64,
+    /// CQ overruns: a CQE was due but software had not consumed the entry (the CQ and QP moved to error).
+    pub cq_overruns: u64,
+}
+
+/// The live counters behind [`Stats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub doorbells: AtomicU64,
+    pub blueflame: AtomicU64,
+    pub stale_doorbells: AtomicU64,
+    pub bad_doorbells: AtomicU64,
+    pub dbrec_mismatches: AtomicU64,
+    pub wqes: AtomicU64,
+    pub cqes: AtomicU64,
+    pub error_cqes: AtomicU64,
+    pub flush_cqes: AtomicU64,
+    pub cq_overruns: AtomicU64,
+}
+
+/// Adds one to a counter (relaxed: counters order nothing).
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> Stats {
+        Stats {
+            doorbells: self.doorbells.load(Relaxed),
+            blueflame: self.blueflame.load(Relaxed),
+            stale_doorbells: self.stale_doorbells.load(Relaxed),
+            bad_doorbells: self.bad_doorbells.load(Relaxed),
+            dbrec_mismatches: self.dbrec_mismatches.load(Relaxed),
+            wqes: self.wqes.load(Relaxed),
+            cqes: self.cqes.load(Relaxed),
+            error_cqes: self.error_cqes.load(Relaxed),
+            flush_cqes: self.flush_cqes.load(Relaxed),
+            cq_overruns: self.cq_overruns.load(Relaxed),
+        }
+    }
+}
