@@ -9,5 +9,6 @@ pub mod cuda;
 pub mod error;
 pub mod mem;
 pub mod nic;
+pub mod ptx;
 
 pub use error::{Error, Result};

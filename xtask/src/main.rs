@@ -1,1 +1,165 @@
-fn main() {}
+//! `cargo xtask`: gdaki's chores. `cargo xtask build-ptx` builds and checks the device PTX; `cargo xtask test`
+//! is the project's test command (prerequisites, PTX with ptxas, then `cargo test --workspace`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use xtask::workspace::Workspace;
+use xtask::{prereq, ptxas, BuiltPtx, PtxBuild, Result, ARCH, PTX_FILE};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "gdaki's chores", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build gdaki-device to target/ptx/gdaki_device.ptx, validate it, and assemble it with ptxas if found.
+    BuildPtx {
+        /// Fail if ptxas is not found (instead of skipping the assembly).
+        #[arg(long)]
+        require_ptxas: bool,
+        /// Also measure the PTX build: cold (empty target dir), incremental (device source touched), no-op.
+        #[arg(long)]
+        time: bool,
+    },
+    /// The test command: install missing prerequisites (libibverbs-dev's mlx5dv.h, ptxas), build and check the
+    /// PTX with ptxas, then run `cargo test --workspace` with ARGS appended.
+    Test {
+        /// Arguments for `cargo test --workspace` (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Task::BuildPtx { require_ptxas, time } => build_ptx_task(require_ptxas, time).map(|()| ExitCode::SUCCESS),
+        Task::Test { args } => test_task(&args),
+    };
+    result.unwrap_or_else(|error| {
+        eprintln!("error: {error:#}");
+        ExitCode::FAILURE
+    })
+}
+
+fn build_ptx_task(require_ptxas: bool, time: bool) -> Result<()> {
+    let workspace = Workspace::current()?;
+    let ptxas = match ptxas::find() {
+        Some(path) => Some(path),
+        None if require_ptxas => Some(prereq::ensure_ptxas()?),
+        None => None,
+    };
+    build_ptx(&workspace, ptxas.as_deref())?;
+    if time {
+        measure(&workspace)?;
+    }
+    Ok(())
+}
+
+/// Builds, validates, writes `target/ptx/gdaki_device.ptx`, and assembles it with `ptxas` if given.
+fn build_ptx(workspace: &Workspace, ptxas: Option<&Path>) -> Result<BuiltPtx> {
+    let built = PtxBuild::new(&workspace.root, workspace.nested_target_dir()).build()?;
+    let dest = workspace.ptx_dir().join(PTX_FILE);
+    built.write_to(&dest)?;
+    let info = &built.info;
+    println!(
+        "PTX: {} ({} bytes, PTX {}.{}, {}; {} kernel(s): {})",
+        dest.display(),
+        built.ptx.len(),
+        info.version.0,
+        info.version.1,
+        info.target,
+        info.entries.len(),
+        info.entries.join(", ")
+    );
+    match ptxas {
+        Some(ptxas_path) => {
+            let cubin = workspace.ptx_dir().join(format!("gdaki_device.{ARCH}.cubin"));
+            let report = ptxas::assemble(ptxas_path, &dest, ARCH, &cubin)?;
+            let version = ptxas::version(ptxas_path).unwrap_or_else(|| "version unknown".into());
+            println!("ptxas: {} ({version}) -> {}", ptxas_path.display(), cubin.display());
+            print!("{}", ptxas::table(&report));
+        }
+        None => println!("ptxas not found: skipped"),
+    }
+    Ok(built)
+}
+
+/// Times three PTX builds: cold (empty `target/ptx-time`, `core` included), incremental (a device source's
+/// modification time set to now), and no-op (nothing changed: what every `cargo build` pays in host/build.rs).
+fn measure(workspace: &Workspace) -> Result<()> {
+    let dir = workspace.target_dir.join("ptx-time");
+    remove_dir(&dir)?;
+    let build = PtxBuild { quiet: true, ..PtxBuild::new(&workspace.root, &dir) };
+    let touched = workspace.root.join("device/src/lib.rs");
+
+    let cold = timed(|| build.build())?;
+    touch(&touched)?;
+    let incremental = timed(|| build.build())?;
+    let noop = timed(|| build.build())?;
+    remove_dir(&dir)?;
+
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "PTX build time ({cores} cores): cold {}, incremental {}, no-op {}",
+        secs(cold),
+        secs(incremental),
+        secs(noop)
+    );
+    Ok(())
+}
+
+fn timed(build: impl FnOnce() -> Result<BuiltPtx>) -> Result<Duration> {
+    let start = Instant::now();
+    build()?;
+    Ok(start.elapsed())
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// Sets `path`'s modification time to now (cargo's fingerprints compare times), leaving its content alone.
+fn touch(path: &Path) -> Result<()> {
+    let file =
+        std::fs::File::options().append(true).open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    file.set_modified(SystemTime::now()).with_context(|| format!("cannot touch {}", path.display()))
+}
+
+fn remove_dir(dir: &PathBuf) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("cannot remove {}", dir.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn test_task(args: &[String]) -> Result<ExitCode> {
+    prereq::ensure_mlx5dv_header()?;
+    let ptxas = prereq::ensure_ptxas()?;
+    let workspace = Workspace::current()?;
+    build_ptx(&workspace, Some(&ptxas))?;
+
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("xtask: cargo test --workspace {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .current_dir(&workspace.root)
+        .args(["test", "--workspace"])
+        .args(args)
+        .status()
+        .context("cannot run `cargo test`")?;
+    match status.code() {
+        Some(0) => Ok(ExitCode::SUCCESS),
+        // cargo's own code (101 for failed tests), passed on.
+        Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
+        None => bail!("`cargo test` was killed ({status})"),
+    }
+}

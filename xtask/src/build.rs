@@ -1,0 +1,328 @@
+//! The nested cargo build of `gdaki-device` to one PTX module.
+//!
+//! Route: `cargo rustc -p gdaki-device --lib --crate-type cdylib --target nvptx64-nvidia-cuda -Zbuild-std=core
+//! --profile ptx`, with `-Ctarget-cpu=sm_90 -Ctarget-feature=+ptx82` for every crate (`core` included). For a
+//! `cdylib` on this target rustc links with `llvm-bitcode-linker` (rustup component of the same name), which
+//! links all the crates' bitcode, internalizes everything but the exported kernels, and writes one `.ptx`. This
+//! is sturdier than `--emit=asm` on the rlib: that emits only the crate's own functions and leaves every
+//! non-inlined `core` function as an `.extern`.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context};
+
+use crate::validate::{validate, PtxInfo};
+use crate::{Result, ARCH, DEVICE_PACKAGE, PROFILE, PTX_ISA, TARGET_TRIPLE};
+
+/// A configured PTX build; [`PtxBuild::build`] runs it.
+#[derive(Debug, Clone)]
+pub struct PtxBuild {
+    /// Root of the gdaki workspace (the folder of the workspace `Cargo.toml`).
+    pub workspace_root: PathBuf,
+    /// `--target-dir` of the nested cargo. Give it a folder of its own (e.g. `target/ptx-build`): a build script
+    /// that ran a nested cargo on the outer build's target directory would wait on the outer cargo's lock.
+    pub target_dir: PathBuf,
+    /// The cargo to run: `$CARGO` (set by cargo for build scripts and `cargo run`), else `cargo` from PATH.
+    pub cargo: PathBuf,
+    /// GPU architecture, e.g. [`ARCH`].
+    pub arch: String,
+    /// PTX ISA version to emit at least, e.g. [`PTX_ISA`].
+    pub ptx_isa: (u32, u32),
+    /// Pass `--locked`: the build must not touch `Cargo.lock` (a build script must not write to the sources).
+    pub locked: bool,
+    /// Pass `--jobs`; `None` lets the nested cargo use all cores.
+    pub jobs: Option<u32>,
+    /// Pass `--quiet`: no `Compiling …` lines, only errors and warnings.
+    pub quiet: bool,
+}
+
+/// A built and validated PTX module.
+#[derive(Debug, Clone)]
+pub struct BuiltPtx {
+    /// Where cargo wrote it (inside [`PtxBuild::target_dir`]).
+    pub path: PathBuf,
+    /// The module's text.
+    pub ptx: String,
+    /// What validation learned: version, target, kernel names.
+    pub info: PtxInfo,
+}
+
+impl PtxBuild {
+    /// A build of the workspace at `workspace_root` into the nested target directory `target_dir`, with this
+    /// crate's defaults: [`ARCH`], [`PTX_ISA`], not locked, all cores, not quiet.
+    pub fn new(workspace_root: impl Into<PathBuf>, target_dir: impl Into<PathBuf>) -> Self {
+        PtxBuild {
+            workspace_root: workspace_root.into(),
+            target_dir: target_dir.into(),
+            cargo: std::env::var_os("CARGO").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("cargo")),
+            arch: ARCH.to_string(),
+            ptx_isa: PTX_ISA,
+            locked: false,
+            jobs: None,
+            quiet: false,
+        }
+    }
+
+    /// The `cargo rustc` command this build runs, with its cleaned environment (see [`clean_cargo_env`]).
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.cargo);
+        clean_cargo_env(&mut cmd);
+        let color = std::io::stderr().is_terminal();
+        cmd.current_dir(&self.workspace_root)
+            .arg("rustc")
+            .arg("--manifest-path")
+            .arg(self.workspace_root.join("Cargo.toml"))
+            .args(["--package", DEVICE_PACKAGE, "--lib", "--crate-type", "cdylib"])
+            .args(["--target", TARGET_TRIPLE, "-Zbuild-std=core", "--profile", PROFILE])
+            .arg("--target-dir")
+            .arg(&self.target_dir)
+            // JSON on stdout: we find the artifact by name, and render the diagnostics ourselves so that we can drop
+            // the one known-noise warning (see `is_known_noise`).
+            .arg(if color { "--message-format=json-diagnostic-rendered-ansi" } else { "--message-format=json" })
+            .arg(if color { "--color=always" } else { "--color=never" })
+            // `-Zbuild-std` is unstable; the pinned stable toolchain allows it under RUSTC_BOOTSTRAP=1.
+            .env("RUSTC_BOOTSTRAP", "1")
+            // Highest-precedence rustflags, so that neither the outer build's nor a user's config leaks in. With
+            // `--target`, they apply to the nvptx crates (core included), not to build scripts or proc-macros.
+            .env("CARGO_ENCODED_RUSTFLAGS", self.rustflags().join("\x1f"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if self.locked {
+            cmd.arg("--locked");
+        }
+        if let Some(jobs) = self.jobs {
+            cmd.arg(format!("--jobs={jobs}"));
+        }
+        if self.quiet {
+            cmd.arg("--quiet");
+        }
+        cmd
+    }
+
+    /// Codegen flags for every nvptx crate.
+    fn rustflags(&self) -> Vec<String> {
+        vec![
+            format!("-Ctarget-cpu={}", self.arch),
+            format!("-Ctarget-feature=+ptx{}{}", self.ptx_isa.0, self.ptx_isa.1),
+        ]
+    }
+
+    /// Runs the nested cargo, then reads and validates the PTX it wrote. Compiler diagnostics go to stderr.
+    ///
+    /// # Errors
+    /// Cargo cannot be started or fails (its errors are on stderr), no `.ptx` artifact is reported, or the
+    /// module fails [`validate`].
+    pub fn build(&self) -> Result<BuiltPtx> {
+        let mut cmd = self.command();
+        let mut child = cmd.spawn().with_context(|| format!("cannot run `{}`", self.cargo.display()))?;
+        let stdout = child.stdout.take().context("cargo's stdout was not captured")?;
+
+        let mut artifact = None;
+        let mut stderr = std::io::stderr().lock();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.context("reading cargo's output")?;
+            let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else {
+                // Not JSON (a build script of a dependency printing to stdout): pass it on.
+                let _ = writeln!(stderr, "{line}");
+                continue;
+            };
+            match message["reason"].as_str() {
+                Some("compiler-message") => {
+                    let diagnostic = &message["message"];
+                    if !is_known_noise(diagnostic) {
+                        if let Some(rendered) = diagnostic["rendered"].as_str() {
+                            let _ = write!(stderr, "{rendered}");
+                        }
+                    }
+                }
+                Some("compiler-artifact") if message["target"]["name"] == DEVICE_PACKAGE.replace('-', "_") => {
+                    let files = message["filenames"].as_array().into_iter().flatten();
+                    if let Some(ptx) = files.filter_map(|f| f.as_str()).find(|f| f.ends_with(".ptx")) {
+                        artifact = Some(PathBuf::from(ptx));
+                    }
+                }
+                _ => {}
+            }
+        }
+        drop(stderr);
+        let status = child.wait().context("waiting for cargo")?;
+        if !status.success() {
+            bail!("building {DEVICE_PACKAGE} for {TARGET_TRIPLE} failed ({status}); cargo's errors are above");
+        }
+        let Some(path) = artifact else {
+            bail!("cargo built {DEVICE_PACKAGE} for {TARGET_TRIPLE} but reported no .ptx artifact");
+        };
+        let ptx = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let info = validate(&ptx, &self.arch, self.ptx_isa).with_context(|| format!("{}", path.display()))?;
+        Ok(BuiltPtx { path, ptx, info })
+    }
+}
+
+impl BuiltPtx {
+    /// Writes the module to `dest` (creating its folder) through a temporary file and a rename, so that a reader
+    /// never sees half a file.
+    ///
+    /// # Errors
+    /// The folder cannot be created or the file cannot be written.
+    pub fn write_to(&self, dest: &Path) -> Result<()> {
+        write_atomically(dest, self.ptx.as_bytes())
+    }
+}
+
+/// Writes `bytes` to `dest` through `dest.tmp` and a rename.
+///
+/// # Errors
+/// The folder cannot be created or the file cannot be written or renamed.
+pub fn write_atomically(dest: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(dir) = dest.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut tmp = dest.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    fs::rename(&tmp, dest).with_context(|| format!("cannot rename {} to {}", tmp.display(), dest.display()))
+}
+
+/// `rustc` warns once per crate that `+ptx82` is not a stable target feature; we know, and it is the documented
+/// way to ask LLVM for PTX 8.2, so it would only bury real warnings.
+fn is_known_noise(diagnostic: &serde_json::Value) -> bool {
+    let text = diagnostic["message"].as_str().unwrap_or_default();
+    diagnostic["level"] == "warning"
+        && text.starts_with("unstable feature specified for `-Ctarget-feature`")
+        && text.contains("`ptx")
+}
+
+/// Removes from `cmd`'s environment what an outer cargo (or the user, for host builds) set and a nested cargo
+/// for another target would obey: rustflags, wrappers, target-dir, `CARGO_BUILD_*`, `CARGO_PROFILE_*`,
+/// `CARGO_TARGET_*`, the jobserver (`CARGO_MAKEFLAGS`, `MAKEFLAGS`, `MFLAGS`), and the variables cargo sets for
+/// build scripts (`OUT_DIR`, `TARGET`, `PROFILE`, `CARGO_CFG_*`, `CARGO_FEATURE_*`, …).
+///
+/// Kept: `CARGO_HOME`, the network and registry settings (`CARGO_NET_*`, `CARGO_HTTP_*`, `CARGO_REGISTRY_*`,
+/// `CARGO_REGISTRIES_*`), `CARGO_TERM_*`, `CARGO_LOG`, `RUSTC` (the outer build's compiler, same toolchain) and
+/// rustup's `RUSTUP_*`.
+pub fn clean_cargo_env(cmd: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        if should_remove(&name) {
+            cmd.env_remove(&name);
+        }
+    }
+}
+
+fn should_remove(name: &OsStr) -> bool {
+    const KEEP_PREFIXES: &[&str] =
+        &["CARGO_HOME", "CARGO_NET_", "CARGO_HTTP_", "CARGO_REGISTRY_", "CARGO_REGISTRIES_", "CARGO_TERM_"];
+    const REMOVE: &[&str] = &[
+        "RUSTFLAGS",
+        "RUSTDOCFLAGS",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_LINKER",
+        "RUSTDOC",
+        "RUSTC_BOOTSTRAP",
+        "MAKEFLAGS",
+        "MFLAGS",
+        "OUT_DIR",
+        "TARGET",
+        "HOST",
+        "NUM_JOBS",
+        "OPT_LEVEL",
+        "DEBUG",
+        "PROFILE",
+    ];
+    let Some(name) = name.to_str() else { return false };
+    if name == "CARGO_LOG" || KEEP_PREFIXES.iter().any(|p| name.starts_with(p)) {
+        return false;
+    }
+    REMOVE.contains(&name) || name.starts_with("CARGO_") || name.starts_with("__CARGO")
+}
+
+/// Where a build script should put the nested PTX build: `<dir>/ptx-build`, with `<dir>` the folder that holds
+/// the outer build's profile folder (`target/` or `target/<triple>/`), found from `OUT_DIR`
+/// (`<dir>/<profile>/build/<package>-<hash>/out`). One folder for every outer profile, so that debug and release
+/// builds share the PTX build (cargo's lock on that folder serializes them). If `OUT_DIR` does not have that
+/// shape, `OUT_DIR/ptx-build`.
+pub fn nested_target_dir(out_dir: &Path) -> PathBuf {
+    let build = out_dir.parent().and_then(Path::parent);
+    match build.filter(|b| b.file_name() == Some(OsStr::new("build"))).and_then(Path::parent).and_then(Path::parent) {
+        Some(dir) => dir.join("ptx-build"),
+        None => out_dir.join("ptx-build"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_cleaning() {
+        for removed in [
+            "RUSTFLAGS",
+            "CARGO_ENCODED_RUSTFLAGS",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_TARGET",
+            "CARGO_BUILD_RUSTFLAGS",
+            "CARGO_PROFILE_RELEASE_LTO",
+            "CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER",
+            "CARGO_MAKEFLAGS",
+            "MAKEFLAGS",
+            "RUSTC_WRAPPER",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "CARGO_CFG_TARGET_OS",
+            "CARGO_FEATURE_STD",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_INCREMENTAL",
+            "OUT_DIR",
+            "PROFILE",
+            "__CARGO_FIX_PLZ",
+        ] {
+            assert!(should_remove(OsStr::new(removed)), "{removed}");
+        }
+        for kept in [
+            "CARGO_HOME",
+            "CARGO_NET_OFFLINE",
+            "CARGO_HTTP_PROXY",
+            "CARGO_REGISTRIES_CRATES_IO_PROTOCOL",
+            "CARGO_TERM_COLOR",
+            "CARGO_LOG",
+            "RUSTC",
+            "RUSTUP_TOOLCHAIN",
+            "PATH",
+            "HOME",
+        ] {
+            assert!(!should_remove(OsStr::new(kept)), "{kept}");
+        }
+    }
+
+    #[test]
+    fn nested_dir_from_out_dir() {
+        assert_eq!(
+            nested_target_dir(Path::new("/w/target/debug/build/gdaki-0123/out")),
+            Path::new("/w/target/ptx-build")
+        );
+        assert_eq!(
+            nested_target_dir(Path::new("/w/target/x86_64-unknown-linux-gnu/release/build/gdaki-0123/out")),
+            Path::new("/w/target/x86_64-unknown-linux-gnu/ptx-build")
+        );
+        assert_eq!(nested_target_dir(Path::new("/odd/out")), Path::new("/odd/out/ptx-build"));
+    }
+
+    #[test]
+    fn noise_filter_is_narrow() {
+        let noise = serde_json::json!({
+            "level": "warning",
+            "message": "unstable feature specified for `-Ctarget-feature`: `ptx82`",
+        });
+        assert!(is_known_noise(&noise));
+        let other = serde_json::json!({ "level": "warning", "message": "unused variable: `x`" });
+        assert!(!is_known_noise(&other));
+        let error = serde_json::json!({ "level": "error", "message": noise["message"] });
+        assert!(!is_known_noise(&error));
+    }
+}

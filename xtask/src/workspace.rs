@@ -1,0 +1,65 @@
+//! Where the workspace and its target directory are, as cargo sees them (`CARGO_TARGET_DIR`, `build.target-dir`
+//! in a config file, or the default `target/`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context};
+
+use crate::Result;
+
+/// The workspace root and target directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    /// Folder of the workspace `Cargo.toml`.
+    pub root: PathBuf,
+    /// Cargo's target directory for this workspace.
+    pub target_dir: PathBuf,
+}
+
+impl Workspace {
+    /// Asks `cargo metadata` about the workspace whose manifest is `manifest` (the root `Cargo.toml`).
+    ///
+    /// # Errors
+    /// cargo cannot be run or fails, or its answer lacks the two paths.
+    pub fn locate(manifest: &Path) -> Result<Workspace> {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let output = Command::new(&cargo)
+            .args(["metadata", "--format-version=1", "--no-deps", "--manifest-path"])
+            .arg(manifest)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .context("cannot run `cargo metadata`")?;
+        if !output.status.success() {
+            bail!("`cargo metadata --manifest-path {}` failed ({})", manifest.display(), output.status);
+        }
+        let metadata: serde_json::Value =
+            serde_json::from_slice(&output.stdout).context("`cargo metadata` printed something other than JSON")?;
+        let path = |key: &str| -> Result<PathBuf> {
+            metadata[key].as_str().map(PathBuf::from).with_context(|| format!("`cargo metadata` gave no `{key}`"))
+        };
+        Ok(Workspace { root: path("workspace_root")?, target_dir: path("target_directory")? })
+    }
+
+    /// The workspace this xtask binary was built from (its manifest is next to the `xtask/` folder).
+    ///
+    /// # Errors
+    /// As [`Workspace::locate`].
+    pub fn current() -> Result<Workspace> {
+        let xtask_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = xtask_dir.parent().context("xtask has no parent folder")?;
+        Workspace::locate(&root.join("Cargo.toml"))
+    }
+
+    /// `target/ptx`: where `cargo xtask build-ptx` puts the PTX, cubin and report.
+    pub fn ptx_dir(&self) -> PathBuf {
+        self.target_dir.join("ptx")
+    }
+
+    /// `target/ptx-build`: the nested cargo's target directory, the same one `host/build.rs` uses for a build in
+    /// `target/<profile>`, so that `cargo build` and `cargo xtask build-ptx` share one cache.
+    pub fn nested_target_dir(&self) -> PathBuf {
+        self.target_dir.join("ptx-build")
+    }
+}
