@@ -43,11 +43,11 @@ pub enum Violation {
     },
     /// No `.entry`: nothing for the host to launch.
     NoEntry,
-    /// A `.extern` declaration (1-based line number and the declaration, comments removed).
+    /// A `.extern` declaration other than dynamic shared memory.
     Extern {
         /// 1-based line number in the module.
         line: usize,
-        /// The declaration as written, without comments.
+        /// The declaration's first line, without comments, whitespace runs collapsed.
         decl: String,
     },
 }
@@ -124,7 +124,8 @@ pub fn validate(ptx: &str, expected_target: &str, min_version: (u32, u32)) -> Re
                 }
                 ".extern" => {
                     if !is_dynamic_shared(&line) {
-                        violations.push(Violation::Extern { line: number, decl: line.trim().to_string() });
+                        let decl = line.split_whitespace().collect::<Vec<_>>().join(" ");
+                        violations.push(Violation::Extern { line: number, decl });
                     }
                     break;
                 }
@@ -239,7 +240,7 @@ mod tests {
     #[test]
     fn lists_every_extern() {
         let ptx = format!(
-            "{GOOD}.extern .func (.param .b32 r) foo(.param .b32 a); // comment\n/* .extern .func x(); */\n.extern .global .align 4 .b32 bar;\n"
+            "{GOOD}.extern .func  (.param .b32 r)\tfoo(.param .b32 a); // comment\n/* .extern .func x(); */\n.extern .global .align 4 .b32 bar;\n"
         );
         let err = validate(&ptx, "sm_90", (8, 2)).expect_err("externs");
         assert_eq!(
