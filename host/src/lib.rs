@@ -7,8 +7,11 @@
 
 pub mod cuda;
 pub mod error;
+pub mod exec;
 pub mod mem;
 pub mod nic;
+pub mod perftest;
+pub mod pingpong;
 pub mod ptx;
 
 pub use error::{Error, Result};

@@ -1,0 +1,140 @@
+//! Executors: where device code runs. `gpu` launches the PTX kernels through the CUDA driver; `cpu` calls the
+//! same `gdaki-device` functions from host threads. Each provides the memory the emulated NIC needs.
+
+use std::sync::Arc;
+
+use crate::cuda::{DeviceBuffer, Gpu};
+use crate::mem::{GpuCopier, HostQueueMemory, MappedBuf, MemKind, MemLoc, QueueMemory};
+use crate::{Error, Result};
+
+/// Which executor to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExecutorKind {
+    /// Host threads.
+    Cpu,
+    /// A CUDA GPU.
+    Gpu,
+}
+
+impl std::str::FromStr for ExecutorKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "gpu" => Ok(Self::Gpu),
+            _ => Err(Error::InvalidArgument(format!("executor must be cpu or gpu, not {s:?}"))),
+        }
+    }
+}
+
+/// An opened executor.
+#[derive(Clone, Debug)]
+pub enum Executor {
+    /// Host threads; queue and data memory are plain host memory.
+    Cpu,
+    /// GPU 0; queue memory is pinned host memory mapped into it, data buffers are GPU memory.
+    Gpu(Arc<Gpu>),
+}
+
+impl Executor {
+    /// Opens `kind`, or, when `None`, the GPU if there is one and else the CPU. The second value is a one-line
+    /// notice to print when the automatic choice fell back to the CPU.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] (one line) when `Some(Gpu)` was asked for and there is no usable GPU.
+    pub fn open(kind: Option<ExecutorKind>) -> Result<(Self, Option<String>)> {
+        match kind {
+            Some(ExecutorKind::Cpu) => Ok((Self::Cpu, None)),
+            Some(ExecutorKind::Gpu) => Ok((Self::Gpu(Gpu::open(0)?), None)),
+            None => match Gpu::open(0) {
+                Ok(gpu) => Ok((Self::Gpu(gpu), None)),
+                Err(Error::Unavailable(why)) => Ok((Self::Cpu, Some(format!("{why}; using the cpu executor")))),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// The executor's kind.
+    pub fn kind(&self) -> ExecutorKind {
+        match self {
+            Self::Cpu => ExecutorKind::Cpu,
+            Self::Gpu(_) => ExecutorKind::Gpu,
+        }
+    }
+
+    /// Queue memory for NIC queues and for small control words (semaphores, reports): host memory that
+    /// device code can reach.
+    pub fn queue_memory(&self) -> Arc<dyn QueueMemory> {
+        match self {
+            Self::Cpu => Arc::new(HostQueueMemory),
+            Self::Gpu(g) => g.clone(),
+        }
+    }
+
+    /// The copier the emulated NIC uses for GPU-memory MRs (`None` on the CPU).
+    ///
+    /// # Errors
+    /// The CUDA driver's error creating its stream.
+    pub fn gpu_copier(&self) -> Result<Option<Arc<dyn GpuCopier>>> {
+        match self {
+            Self::Cpu => Ok(None),
+            Self::Gpu(g) => Ok(Some(Arc::new(g.copier()?))),
+        }
+    }
+
+    /// Allocates a zeroed data buffer of `len` bytes where device code keeps payloads: host memory on the
+    /// CPU, GPU memory on the GPU.
+    ///
+    /// # Errors
+    /// Out of memory or the CUDA driver's error.
+    pub fn alloc_data(&self, len: usize) -> Result<DataBuf> {
+        match self {
+            Self::Cpu => Ok(DataBuf::Host(HostQueueMemory.alloc(len)?)),
+            Self::Gpu(g) => Ok(DataBuf::Gpu(g.alloc_device(len)?)),
+        }
+    }
+}
+
+/// A data buffer of either executor.
+#[derive(Debug)]
+pub enum DataBuf {
+    /// Host memory.
+    Host(MappedBuf),
+    /// GPU memory.
+    Gpu(DeviceBuffer),
+}
+
+impl DataBuf {
+    /// Where it lives, as the NIC addresses it.
+    pub fn loc(&self) -> MemLoc {
+        match self {
+            Self::Host(b) => MemLoc { kind: MemKind::Host, addr: b.device_addr() },
+            Self::Gpu(b) => b.loc(),
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Host(b) => b.len(),
+            Self::Gpu(b) => b.len(),
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies its bytes out (for checks in tests).
+    ///
+    /// # Errors
+    /// The CUDA driver's error.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        match self {
+            // SAFETY: the buffer holds `len` initialised bytes; readers racing with the NIC see some bytes.
+            Self::Host(b) => Ok(unsafe { std::slice::from_raw_parts(b.host_ptr(), b.len()) }.to_vec()),
+            Self::Gpu(b) => b.to_vec(),
+        }
+    }
+}
