@@ -17,8 +17,8 @@ use crate::{Error, Result};
 ///
 /// The copy methods use this GPU's internal non-blocking stream and wait for their copy only (never the legacy
 /// default stream, so they do not wait for running kernels). They are not ordered with kernels either: wait
-/// for a kernel ([`super::Stream::wait`]) before copying what it wrote. Dropping may wait for running kernels
-/// (`cuMemFree` may synchronize the device): drop a buffer after the kernels that use it have ended.
+/// for a kernel ([`super::Stream::wait`]) before copying what it wrote. Dropping waits for every running kernel
+/// of the device (`cuMemFree`, measured): drop buffers only after kernels that spin have ended.
 pub struct DeviceBuffer {
     ptr: sys::CUdeviceptr,
     len: usize,

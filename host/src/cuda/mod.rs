@@ -18,8 +18,13 @@
 //!   [`Stream::wait`] therefore marks the `Gpu` hung; from then on drops leak their CUDA resources instead of
 //!   freeing them (frees may wait for the device), and the process should report and exit
 //!   (`std::process::exit`), which makes the driver tear the context down.
-//! - Frees (`cuMemFree`, `cuMemFreeHost`, `cuModuleUnload`) and allocations may wait for running kernels.
-//!   Allocate before launching kernels that spin, and drop buffers only after the kernels that use them ended.
+//! - Some calls wait for every running kernel of the device, whichever thread makes them. Measured on the H200
+//!   (driver 580.159, `tests/cuda_probe.rs`) while a kernel spins: `cuMemFree` ([`DeviceBuffer`] drop),
+//!   `cuMemFreeHost` ([`crate::mem::MappedBuf`] drop) and `cuModuleLoadDataEx` ([`Gpu::load_module`]) wait
+//!   for it; `cuMemAlloc`, `cuMemHostAlloc`, stream creation and destruction, and copies on non-blocking
+//!   streams (pinned or pageable host memory) do not. A thread blocked in such a call can also hold up other
+//!   threads' CUDA calls (seen as copier copies stalling while another thread freed memory). So: load modules
+//!   and allocate before launching kernels that spin, and free nothing (in any thread) until they have ended.
 
 mod copier;
 mod device_buffer;

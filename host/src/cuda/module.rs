@@ -51,6 +51,9 @@ impl Gpu {
     /// Loads a PTX module (`cuModuleLoadDataEx`, JIT-compiled by the driver for this GPU), once per `Gpu`:
     /// loading the same text again returns the module loaded the first time. Typically `gdaki::ptx::PTX`.
     ///
+    /// The first load of a PTX text waits for every running kernel of the device (measured): load modules
+    /// before launching kernels that spin.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `ptx` contains a NUL byte; [`Error::Cuda`] when the driver rejects the
     /// PTX, with the first lines of the JIT error log (e.g. an unsupported `.version` or `.target`).

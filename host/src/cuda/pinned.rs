@@ -42,7 +42,8 @@ impl Gpu {
     /// each other's stores (system scope: device code loads with `ld.volatile`/`ld.acquire.sys`, host threads
     /// with atomics). Also usable as a host buffer for async copies that must not block (pinned).
     ///
-    /// Allocate before launching kernels that spin: pinning and unpinning may wait for the device.
+    /// Dropping the buffer (`cuMemFreeHost`) waits for every running kernel of the device (measured): free it
+    /// only after kernels that spin have ended. Allocating does not wait.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `len` rounded up overflows, [`Error::OutOfMemory`] when the driver
