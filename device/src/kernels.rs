@@ -44,7 +44,20 @@ pub unsafe extern "ptx-kernel" fn gdaki_pingpong(args: *const PingPongArgs) {
     }
 }
 
-/// Placeholder kernel while the skeleton lands: writes 1 to `*flag`.
+/// Builds [`crate::samples::SAMPLES`] WQEs from `*p` into `out` (one thread; see [`crate::samples::build`]).
+///
+/// # Safety
+/// `p` must point to a [`crate::samples::SampleParams`] and `out` to `SAMPLES × MAX_DS` writable segments.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_wqe_samples(
+    p: *const crate::samples::SampleParams,
+    out: *mut [[gdaki_shared::prm::wqe::Seg; crate::wqe::MAX_DS]; crate::samples::SAMPLES],
+) {
+    // SAFETY: the caller passes valid pointers.
+    unsafe { crate::samples::build(&*p, &mut *out) }
+}
+
+/// Writes 1 to `*flag`: proves a module loads and a kernel runs.
 ///
 /// # Safety
 /// `flag` must be a valid device pointer to a `u32`.

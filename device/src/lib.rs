@@ -7,7 +7,8 @@
 //! Layers, lowest first (each uses only those above it in this list): [`sync`] (fences, ordered loads and
 //! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) →
 //! [`cq`] (polling) → [`wait`] (bounded waits) → [`qp`] (Exclusive QP: post, ring, retire, flush) →
-//! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop).
+//! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop). [`samples`] feeds
+//! the GPU test of the builders.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 #![deny(missing_docs)]
@@ -21,6 +22,7 @@ pub mod error;
 pub mod onesided;
 pub mod pingpong;
 pub mod qp;
+pub mod samples;
 pub mod sq;
 pub mod sync;
 pub mod wait;

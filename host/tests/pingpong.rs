@@ -1,0 +1,111 @@
+//! Ping-pong end to end: device code drives two RC QPs of the emulated NIC, every payload checked on the
+//! device. The `cpu` test runs everywhere; the `gpu` tests are ignored here and run on the GPU machine with
+//! `--ignored` (build with `cargo test --no-run`, carry the test binary).
+
+use std::time::Duration;
+
+use gdaki::cuda::{Gpu, KernelArg, LaunchConfig};
+use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::pingpong::{PingPong, RunConfig};
+use gdaki_device::samples::{self, SampleParams, SAMPLES};
+use gdaki_device::wqe::MAX_DS;
+use gdaki_shared::prm::wqe::Seg;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+/// A generator seeded from the clock; the seed is printed so that a failure can be replayed.
+fn rng() -> SmallRng {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    println!("seed {seed:#x}");
+    SmallRng::seed_from_u64(seed)
+}
+
+/// Sizes that cover a partial last word, one word, and multi-page payloads.
+const SIZES: [usize; 5] = [1, 8, 13, 4096, 1 << 20];
+
+fn run_sizes(kind: ExecutorKind) {
+    let (exec, _) = Executor::open(Some(kind)).expect("executor");
+    let (iters, warmup) = (40, 5);
+    let mut pp = PingPong::new(exec, 1 << 20, (iters + warmup) as usize).expect("set up");
+    let mut rng = rng();
+    for size in SIZES {
+        let cfg = RunConfig { size, iters, warmup, seed: rng.random(), timeout: Duration::from_secs(5) };
+        let r = pp.run(&cfg).unwrap_or_else(|e| panic!("{size} bytes: {e}"));
+        // Each round trip checks one payload on each rank.
+        assert_eq!(r.checked, 2 * (iters + warmup) as u64, "{size} bytes");
+        assert_eq!(r.round_trip_ns.len(), iters as usize);
+        assert!(r.round_trip_ns.iter().all(|&t| t > 0));
+    }
+    let s = pp.nic().stats();
+    // Each round trip is two put_with_signal (write + fetch-add) and two flushes that need no NOP.
+    let per_size = 2 * 2 * (iters + warmup) as u64;
+    assert_eq!(s.wqes, per_size * SIZES.len() as u64, "{s:?}");
+    assert_eq!(s.error_cqes, 0, "{s:?}");
+    assert_eq!(s.dbrec_mismatches, 0, "{s:?}");
+}
+
+#[test]
+fn cpu_pingpong_checks_every_payload() {
+    run_sizes(ExecutorKind::Cpu);
+}
+
+#[test]
+fn bad_run_arguments_are_errors() {
+    let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).unwrap();
+    let mut pp = PingPong::new(exec, 64, 10).unwrap();
+    let cfg = RunConfig { size: 65, iters: 5, warmup: 0, seed: 1, timeout: Duration::from_secs(1) };
+    assert!(matches!(pp.run(&cfg), Err(gdaki::Error::InvalidArgument(_))));
+    let cfg = RunConfig { size: 64, iters: 11, ..cfg };
+    assert!(matches!(pp.run(&cfg), Err(gdaki::Error::InvalidArgument(_))));
+    assert!(matches!(PingPong::new(Executor::Cpu, 0, 1), Err(gdaki::Error::InvalidArgument(_))));
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_pingpong_checks_every_payload() {
+    run_sizes(ExecutorKind::Gpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn ptx_wqe_bytes_equal_host_built_ones() {
+    let gpu = Gpu::open(0).expect("GPU");
+    let kernel = gpu.kernel(gdaki::ptx::PTX, "gdaki_wqe_samples").expect("kernel");
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = rng();
+    for _ in 0..32 {
+        let p = SampleParams {
+            laddr: rng.random(),
+            raddr: rng.random(),
+            swap_add: rng.random(),
+            compare: rng.random(),
+            inline: rng.random(),
+            idx: rng.random(),
+            qpn: rng.random::<u32>() & 0xff_ffff,
+            lkey: rng.random(),
+            rkey: rng.random(),
+            len: rng.random::<u32>() >> 1,
+            imm: rng.random(),
+        };
+        let pbuf = gpu.alloc_device(std::mem::size_of::<SampleParams>()).unwrap();
+        pbuf.copy_from_host(0, bytemuck::bytes_of(&p)).unwrap();
+        let out = gpu.alloc_device(std::mem::size_of::<[[Seg; MAX_DS]; SAMPLES]>()).unwrap();
+        // SAFETY: both buffers are live GPU allocations of the sizes the kernel uses.
+        unsafe {
+            kernel
+                .launch(
+                    &stream,
+                    &LaunchConfig::linear(1, 1),
+                    &[KernelArg::U64(pbuf.device_addr()), KernelArg::U64(out.device_addr())],
+                )
+                .unwrap()
+        };
+        stream.wait(Duration::from_secs(10)).unwrap();
+        let mut host = [[Seg::default(); MAX_DS]; SAMPLES];
+        samples::build(&p, &mut host);
+        let gpu_bytes = out.to_vec().unwrap();
+        for (i, (g, h)) in gpu_bytes.chunks(MAX_DS * 16).zip(host.iter()).enumerate() {
+            assert_eq!(g, bytemuck::cast_slice::<Seg, u8>(h), "sample {i} differs, params {p:?}");
+        }
+    }
+}
