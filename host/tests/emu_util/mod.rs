@@ -220,6 +220,13 @@ impl Sq {
         unsafe { AtomicU64::from_ptr(self.h.bf_reg as *mut u64) }.store(bits, Ordering::Release);
     }
 
+    /// Writes `bits` to the doorbell register (for tests that need a doorbell other than the ring's).
+    pub fn doorbell_bits(&self, bits: u64) {
+        fence(Ordering::Release);
+        // SAFETY: the BlueFlame register is 64 bytes inside the UAR page, 64-aligned.
+        unsafe { AtomicU64::from_ptr(self.h.bf_reg as *mut u64) }.store(bits, Ordering::Release);
+    }
+
     /// The first 8 bytes of the ring at WQE index `at`, as stored.
     pub fn ctrl_bits(&self, at: u64) -> u64 {
         self.ring_word(at, 0)

@@ -1,8 +1,10 @@
 //! Executes one parsed WQE against registered memory: resolves every lkey and rkey first (so a failing WQE
 //! places nothing), then moves the bytes through the [`DataPath`].
 //!
-//! Checks, in order: remote alignment (atomics, 0x12), remote key, PD, bounds and rights (0x13), local keys,
-//! PD, bounds and `LOCAL_WRITE` (0x04). A zero-length RDMA WRITE checks no key, as the IB spec says, so a
+//! Checks follow the order in which an RC exchange meets them. RDMA WRITE: local keys, PD and bounds (0x04,
+//! the requester reads its buffers first), then the remote key, PD, bounds and rights (0x13). RDMA READ and
+//! atomics: (atomics) remote alignment (0x12), remote key, PD, bounds and rights (0x13), then the local keys,
+//! PD, bounds and `LOCAL_WRITE` (0x04, when the response arrives). A zero-length RDMA WRITE checks no key, as the IB spec says, so a
 //! WRITE_IMM with no data may carry rkey 0.
 
 use crate::mem::MemLoc;
@@ -84,16 +86,19 @@ pub(crate) fn execute(
             if total == 0 {
                 return Ok(Outcome { byte_cnt: 0, resp_imm });
             }
+            // The requester reads its local buffers before the request leaves, so lkeys are checked first.
+            if let Payload::Sges(l) = payload {
+                for s in l.iter() {
+                    scratch.push((local(mrs, pds.local, s, false)?, s.len));
+                }
+            }
             let dst = remote(mrs, pds.remote, r, total, Access::REMOTE_WRITE)?;
             match payload {
                 Payload::Inline(d) => {
                     // SAFETY: `dst` is a registered range of `d.len()` bytes; the caller holds the MR lock.
                     unsafe { data.write_bytes(dst, d) }?;
                 }
-                Payload::Sges(l) => {
-                    for s in l.iter() {
-                        scratch.push((local(mrs, pds.local, s, false)?, s.len));
-                    }
+                Payload::Sges(_) => {
                     let mut off = 0;
                     for &(src, len) in scratch.iter() {
                         // SAFETY: both ranges were resolved inside registered MRs; their sum is `total`, the
@@ -106,6 +111,7 @@ pub(crate) fn execute(
             Ok(Outcome { byte_cnt: 0, resp_imm })
         }
         Op::Read { remote: r, sges } => {
+            // The responder checks the rkey; local buffers are checked when the response arrives.
             let total = sges.total();
             let src = remote(mrs, pds.remote, r, total, Access::REMOTE_READ)?;
             for s in sges.iter() {

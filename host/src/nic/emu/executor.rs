@@ -23,7 +23,7 @@ const SLEEP: Duration = Duration::from_micros(50);
 
 /// Starts the executor thread of `fab`.
 pub(crate) fn spawn(fab: Arc<Fabric>) -> std::io::Result<thread::JoinHandle<()>> {
-    thread::Builder::new().name(format!("gdaki-emu-nic-{}", fab.id)).spawn(move || {
+    thread::Builder::new().name(format!("emu-nic-{}", fab.id)).spawn(move || {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&fab)));
         fab.running.store(false, Ordering::Release);
         if r.is_err() {

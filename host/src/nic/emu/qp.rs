@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use gdaki_shared::handle::QpHandle;
-use gdaki_shared::prm::uar::BF_OFFSET;
+use gdaki_shared::prm::uar::{BF_OFFSET, BF_WRITE_SIZE};
 
 use crate::mem::MappedBuf;
 use crate::{Error, Result};
@@ -194,7 +194,8 @@ impl Qp {
     /// The peer must connect back to this QP (RC checks the source QPN): WQEs sent to a peer that is not
     /// connected to this QP, not in RTR/RTS or destroyed fail with syndrome 0x15 (retry exceeded).
     ///
-    /// Doorbells written before this call are ignored: the register's value now is the baseline.
+    /// Doorbells written before this call are ignored (hardware ignores doorbells in RESET); the first WQE
+    /// posted after it must carry index 0.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `remote` is on another NIC or names no live QP, or this QP is not in
@@ -225,8 +226,13 @@ impl Qp {
         let _ = q.peer.set((remote.qpn, Arc::downgrade(&peer)));
         q.set_state(QpState::Rtr);
         {
+            // Doorbells written before RTS are ignored: the register is cleared (software never reads a UAR,
+            // so only the NIC sees this), and the next write, even of the same value, is a change.
             let mut p = lock(&q.progress);
-            p.last_db = q.doorbell();
+            for w in 0..BF_WRITE_SIZE / 8 {
+                qmem::store_u64(&q.uar, BF_OFFSET + 8 * w, 0, Ordering::Relaxed);
+            }
+            p.last_db = 0;
         }
         q.set_state(QpState::Rts);
         tracing::debug!(qpn = q.qpn, peer = remote.qpn, "emulated NIC: QP in RTS");
