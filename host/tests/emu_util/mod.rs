@@ -126,7 +126,7 @@ impl GuardedBuf {
     /// The 8-byte word at middle offset `off` (8-aligned), loaded atomically with Acquire: for words the NIC
     /// may be writing right now (semaphores).
     pub fn load_u64(&self, off: usize) -> u64 {
-        assert!(off % 8 == 0 && off + 8 <= self.len);
+        assert!(off.is_multiple_of(8) && off + 8 <= self.len);
         // SAFETY: 8-aligned (the middle starts 64 bytes into an 8-aligned allocation) and in bounds.
         unsafe { AtomicU64::from_ptr((self.addr() + off as u64) as *mut u64) }.load(Ordering::Acquire)
     }
@@ -177,7 +177,7 @@ impl Sq {
     /// Writes `wqe` (a multiple of 16 bytes) at the producer index, wrapping at the ring's end, and advances
     /// the producer index by its WQEBBs. Returns the 64-bit index the WQE starts at.
     pub fn put_bytes(&mut self, wqe: &[u8]) -> u64 {
-        assert!(wqe.len() % SEG == 0 && !wqe.is_empty());
+        assert!(wqe.len().is_multiple_of(SEG) && !wqe.is_empty());
         let ring = self.h.wqe_cnt as usize * WQEBB;
         let start = (self.pi as usize % self.h.wqe_cnt as usize) * WQEBB;
         for (i, w) in wqe.chunks(8).enumerate() {
