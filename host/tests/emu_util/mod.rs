@@ -139,7 +139,13 @@ impl GuardedBuf {
 
     /// Registers the middle with `nic`.
     pub fn register(&self, nic: &Arc<EmuNic>, pd: &Pd, access: Access) -> Mr {
-        let loc = MemLoc { kind: MemKind::Host, addr: self.addr() };
+        self.register_as(MemKind::Host, nic, pd, access)
+    }
+
+    /// Registers the middle with `nic` as memory of `kind` (`Gpu`: reached through the NIC's copier, which
+    /// in tests is a host-memory stand-in).
+    pub fn register_as(&self, kind: MemKind, nic: &Arc<EmuNic>, pd: &Pd, access: Access) -> Mr {
+        let loc = MemLoc { kind, addr: self.addr() };
         // SAFETY: the tests drop every Mr before the GuardedBuf it names (declared after it).
         unsafe { nic.reg_mr(pd, loc, self.len as u64, access) }.expect("reg_mr")
     }
@@ -409,7 +415,12 @@ pub struct Pair {
 impl Pair {
     /// `wqe_cnt` WQEBBs per SQ, `ncqe` entries per CQ.
     pub fn new(wqe_cnt: u32, ncqe: u32) -> Self {
-        let nic = EmuNic::open(EmuConfig::host()).expect("open");
+        Self::with_config(EmuConfig::host(), wqe_cnt, ncqe)
+    }
+
+    /// As [`Pair::new`], on a NIC opened with `cfg`.
+    pub fn with_config(cfg: EmuConfig, wqe_cnt: u32, ncqe: u32) -> Self {
+        let nic = EmuNic::open(cfg).expect("open");
         let pd = nic.alloc_pd().unwrap();
         let cq_a = nic.create_cq(ncqe).unwrap();
         let cq_b = nic.create_cq(ncqe).unwrap();

@@ -1,0 +1,196 @@
+//! MRs in GPU memory: the emulated NIC reaches them only through its `GpuCopier`, and synchronizes the copier
+//! before anything that must be ordered after the copies (a CQE, an atomic or READ, a host-memory write, MR
+//! deregistration).
+//!
+//! The copier here is a stand-in whose "GPU memory" is host memory and whose copies happen only at
+//! `synchronize()`: a NIC that forgot to synchronize shows stale bytes, and one that freed a copy's source
+//! before the synchronize copies garbage.
+
+mod emu_util;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use emu_util::*;
+use gdaki::mem::{GpuCopier, HostQueueMemory, MemKind, MemLoc};
+use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic};
+use gdaki_shared::prm::opcode::{self, syndrome};
+use gdaki_shared::prm::wqe::AtomicSeg;
+use rand::RngExt;
+
+/// Copies enqueued by `copy_async` run only at `synchronize`.
+#[derive(Default)]
+struct DeferredCopier {
+    queue: Mutex<Vec<(MemLoc, MemLoc, usize)>>,
+    syncs: AtomicU64,
+    copies: AtomicU64,
+    /// Fail every copy (to check the error path).
+    broken: bool,
+}
+
+impl GpuCopier for DeferredCopier {
+    unsafe fn copy_async(&self, dst: MemLoc, src: MemLoc, len: usize) -> gdaki::Result<()> {
+        if self.broken {
+            return Err(gdaki::Error::Cuda("CUDA_ERROR_ILLEGAL_ADDRESS (test)".into()));
+        }
+        assert!(dst.kind == MemKind::Gpu || src.kind == MemKind::Gpu, "a copier copy without GPU memory");
+        self.queue.lock().unwrap().push((dst, src, len));
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn synchronize(&self) -> gdaki::Result<()> {
+        let mut q = self.queue.lock().unwrap();
+        if !q.is_empty() {
+            // Like a real GPU, take a while: a NIC that let something overtake the copies gets caught.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        for (dst, src, len) in q.drain(..) {
+            // SAFETY: the NIC promised both ranges valid until this synchronize returns; the "GPU" side is
+            // host memory in this test.
+            unsafe { std::ptr::copy(src.addr as *const u8, dst.addr as *mut u8, len) };
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn pair(copier: &Arc<DeferredCopier>) -> Pair {
+    let cfg = EmuConfig { queue_mem: Arc::new(HostQueueMemory), gpu: Some(copier.clone()) };
+    Pair::with_config(cfg, 64, 64)
+}
+
+#[test]
+fn gpu_mr_needs_a_copier() {
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let buf = GuardedBuf::new(64, 0);
+    let loc = MemLoc { kind: MemKind::Gpu, addr: buf.addr() };
+    // SAFETY: refused before anything could use it.
+    assert!(unsafe { nic.reg_mr(&pd, loc, 64, Access::ALL) }.is_err());
+}
+
+#[test]
+fn write_into_gpu_memory_is_placed_before_its_cqe() {
+    let mut rng = rng();
+    let copier = Arc::new(DeferredCopier::default());
+    let p = pair(&copier);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let src = GuardedBuf::new(4096, 0);
+    let dst = GuardedBuf::new(4096, 0);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let data = random_bytes(&mut rng, 4096);
+    src.write(0, &data);
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 4096), dst.addr(), rmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    assert_eq!(dst.read(), data);
+    assert_eq!(copier.copies.load(Ordering::Relaxed), 1);
+    // Inline data into GPU memory goes through a staging buffer that must outlive the copy.
+    let small = random_bytes(&mut rng, 100);
+    let at = sq.post_bytes(&sq.inline_write(opcode::RDMA_WRITE, SIGNALED, &small, dst.addr() + 7, rmr.rkey(), 0));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    assert_eq!(&dst.read()[7..107], &small[..]);
+    assert!(dst.guards_intact());
+}
+
+#[test]
+fn atomic_on_host_memory_waits_for_earlier_gpu_writes() {
+    let mut rng = rng();
+    let copier = Arc::new(DeferredCopier::default());
+    let p = pair(&copier);
+    let mut sq = Sq::new(&p.a);
+    let src = GuardedBuf::new(8192, 0);
+    let dst = GuardedBuf::new(8192, 0);
+    let sem = GuardedBuf::new(8, 0);
+    let res = GuardedBuf::new(8, 0);
+    let lmr = src.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let smr = sem.register(&p.nic, &p.pd, Access::ALL);
+    let xmr = res.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    for round in 1..=10u64 {
+        let data = random_bytes(&mut rng, 8192);
+        src.write(0, &data);
+        // GPU → GPU payload, unsignaled, then the signal on a host semaphore.
+        sq.put(&sq.write(0, (lmr.lkey(), src.addr(), 8192), dst.addr(), rmr.rkey()));
+        let at = sq.put(&sq.atomic(
+            opcode::ATOMIC_FA,
+            0,
+            AtomicSeg::fetch_add(1),
+            (xmr.lkey(), res.addr()),
+            sem.addr(),
+            smr.rkey(),
+        ));
+        sq.dbrec();
+        sq.doorbell(at);
+        wait_until("semaphore", || sem.load_u64(0) == round);
+        assert_eq!(dst.read(), data, "payload placed before the semaphore moved (round {round})");
+    }
+}
+
+#[test]
+fn read_and_atomic_on_gpu_memory() {
+    let mut rng = rng();
+    let copier = Arc::new(DeferredCopier::default());
+    let p = pair(&copier);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let local = GuardedBuf::new(1024, 0);
+    let remote = GuardedBuf::new(1024, 0);
+    let lmr = local.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::LOCAL_WRITE);
+    let rmr = remote.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let data = random_bytes(&mut rng, 1024);
+    remote.write(0, &data);
+    let at = sq.post(&sq.read(SIGNALED, (lmr.lkey(), local.addr(), 1000), remote.addr() + 24, rmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_READ, sq.qpn(), at, 1000);
+    assert_eq!(&local.read()[..1000], &data[24..1024]);
+    // Fetch-add on a GPU word; the old value lands in GPU memory too.
+    let (init, add) = (remote.u64_at(0), rng.random::<u64>());
+    let at = sq.post(&sq.atomic(
+        opcode::ATOMIC_FA,
+        SIGNALED,
+        AtomicSeg::fetch_add(add),
+        (lmr.lkey(), local.addr() + 1000),
+        remote.addr(),
+        rmr.rkey(),
+    ));
+    assert_req(&cq.wait(), opcode::ATOMIC_FA, sq.qpn(), at, 8);
+    assert_eq!(local.u64_at(1000), init);
+    assert_eq!(remote.u64_at(0), init.wrapping_add(add));
+    assert!(local.guards_intact() && remote.guards_intact());
+}
+
+#[test]
+fn mr_drop_waits_for_pending_gpu_copies() {
+    let mut rng = rng();
+    let copier = Arc::new(DeferredCopier::default());
+    let p = pair(&copier);
+    let mut sq = Sq::new(&p.a);
+    let src = GuardedBuf::new(256, 0);
+    let dst = GuardedBuf::new(256, 0);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let data = random_bytes(&mut rng, 256);
+    src.write(0, &data);
+    // Unsignaled: no CQE forces a synchronize.
+    let at = sq.post(&sq.write(0, (lmr.lkey(), src.addr(), 256), dst.addr(), rmr.rkey()));
+    wait_until("WQE consumed", || p.a.sq_consumed() == at + 1);
+    let before = copier.syncs.load(Ordering::Relaxed);
+    drop(rmr);
+    assert!(copier.syncs.load(Ordering::Relaxed) > before, "deregistration synchronized the copier");
+    assert!(copier.queue.lock().unwrap().is_empty());
+    assert_eq!(dst.read(), data);
+}
+
+#[test]
+fn failed_gpu_copy_is_a_local_access_error() {
+    let copier = Arc::new(DeferredCopier { broken: true, ..Default::default() });
+    let p = pair(&copier);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let src = GuardedBuf::new(64, 0);
+    let dst = GuardedBuf::new(64, 0);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let at = sq.post(&sq.write(0, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+    let e = assert_err(&cq.wait(), syndrome::LOCAL_ACCESS_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    assert_eq!(e.vendor_err_synd, vendor::GPU_COPY);
+}
