@@ -63,6 +63,8 @@ fn run() -> Result<()> {
             // A build script must not rewrite Cargo.lock; the outer cargo has already brought it up to date.
             build.locked = true;
             build.jobs = env::var("NUM_JOBS").ok().and_then(|n| n.parse().ok());
+            // Warnings about nvptx-only device code would otherwise stay in this script's hidden stderr.
+            build.cargo_warnings = true;
             let built = build.build()?;
             built.write_to(&dest)?;
             built.info.entries

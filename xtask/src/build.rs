@@ -38,6 +38,9 @@ pub struct PtxBuild {
     pub jobs: Option<u32>,
     /// Pass `--quiet`: no `Compiling …` lines, only errors and warnings.
     pub quiet: bool,
+    /// Also print each warning about a workspace crate as one `cargo:warning=` line on stdout. For build
+    /// scripts: cargo hides their stderr unless they fail, and warnings about nvptx-only code would go unseen.
+    pub cargo_warnings: bool,
 }
 
 /// A built and validated PTX module.
@@ -53,7 +56,7 @@ pub struct BuiltPtx {
 
 impl PtxBuild {
     /// A build of the workspace at `workspace_root` into the nested target directory `target_dir`, with this
-    /// crate's defaults: [`ARCH`], [`PTX_ISA`], not locked, all cores, not quiet.
+    /// crate's defaults: [`ARCH`], [`PTX_ISA`], not locked, all cores, not quiet, no `cargo:warning` lines.
     pub fn new(workspace_root: impl Into<PathBuf>, target_dir: impl Into<PathBuf>) -> Self {
         PtxBuild {
             workspace_root: workspace_root.into(),
@@ -64,6 +67,7 @@ impl PtxBuild {
             locked: false,
             jobs: None,
             quiet: false,
+            cargo_warnings: false,
         }
     }
 
@@ -138,6 +142,11 @@ impl PtxBuild {
                         if let Some(rendered) = diagnostic["rendered"].as_str() {
                             let _ = write!(stderr, "{rendered}");
                         }
+                        if self.cargo_warnings {
+                            if let Some(summary) = workspace_warning(&message) {
+                                println!("cargo:warning={summary}");
+                            }
+                        }
                     }
                 }
                 Some("compiler-artifact") if message["target"]["name"] == DEVICE_PACKAGE.replace('-', "_") => {
@@ -187,6 +196,26 @@ pub fn write_atomically(dest: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = PathBuf::from(tmp);
     fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
     fs::rename(&tmp, dest).with_context(|| format!("cannot rename {} to {}", tmp.display(), dest.display()))
+}
+
+/// `gdaki-device (nvptx64-nvidia-cuda): <message> at <file>:<line>:<column>` for a warning about a workspace
+/// (path) crate; `None` for other diagnostics and for dependencies'. Cargo prefixes it with `warning:`.
+fn workspace_warning(message: &serde_json::Value) -> Option<String> {
+    let diagnostic = &message["message"];
+    let package_id = message["package_id"].as_str()?;
+    if diagnostic["level"] != "warning" || !package_id.starts_with("path+") {
+        return None;
+    }
+    // `path+file:///w/device#gdaki-device@0.1.0` (or `…/device#0.1.0` when the folder is the name).
+    let package = package_id.rsplit_once('#').map_or(package_id, |(_, name)| name);
+    let package = package.split('@').next().unwrap_or(package);
+    let text = diagnostic["message"].as_str()?;
+    let spans = diagnostic["spans"].as_array().into_iter().flatten();
+    let location = spans
+        .clone()
+        .find(|s| s["is_primary"] == true)
+        .map(|s| format!(" at {}:{}:{}", s["file_name"].as_str().unwrap_or("?"), s["line_start"], s["column_start"]));
+    Some(format!("{package} ({TARGET_TRIPLE}): {text}{}", location.unwrap_or_default()))
 }
 
 /// `rustc` warns once per crate that `+ptx82` is not a stable target feature; we know, and it is the documented
@@ -311,6 +340,29 @@ mod tests {
             Path::new("/w/target/x86_64-unknown-linux-gnu/ptx-build")
         );
         assert_eq!(nested_target_dir(Path::new("/odd/out")), Path::new("/odd/out/ptx-build"));
+    }
+
+    #[test]
+    fn workspace_warnings_become_one_line() {
+        let warning = serde_json::json!({
+            "reason": "compiler-message",
+            "package_id": "path+file:///w/device#gdaki-device@0.1.0",
+            "message": {
+                "level": "warning",
+                "message": "unused variable: `x`",
+                "spans": [{ "is_primary": true, "file_name": "device/src/sq.rs", "line_start": 12, "column_start": 9 }],
+            },
+        });
+        assert_eq!(
+            workspace_warning(&warning).as_deref(),
+            Some("gdaki-device (nvptx64-nvidia-cuda): unused variable: `x` at device/src/sq.rs:12:9")
+        );
+        let mut dependency = warning.clone();
+        dependency["package_id"] = "registry+https://github.com/rust-lang/crates.io-index#bytemuck@1.25.2".into();
+        assert_eq!(workspace_warning(&dependency), None);
+        let mut error = warning;
+        error["message"]["level"] = "error".into();
+        assert_eq!(workspace_warning(&error), None);
     }
 
     #[test]
