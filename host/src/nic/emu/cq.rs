@@ -26,7 +26,7 @@ pub const MAX_CQE: u32 = 1 << 22;
 /// A completion queue. Created by [`EmuNic::create_cq`]; QPs keep its memory alive while they use it.
 #[derive(Debug)]
 pub struct Cq {
-    pub(crate) _nic: Arc<EmuNic>,
+    pub(crate) nic: Arc<EmuNic>,
     pub(crate) inner: Arc<CqInner>,
 }
 

@@ -224,7 +224,7 @@ impl EmuNic {
         }
         let cqn = self.fab.alloc_cqn().ok_or_else(|| Error::Emu("out of CQ numbers".into()))?;
         let inner = cq::CqInner::new(&*self.fab.queue_mem, cqn, ncqe)?;
-        Ok(Cq { _nic: self.clone(), inner: Arc::new(inner) })
+        Ok(Cq { nic: self.clone(), inner: Arc::new(inner) })
     }
 
     /// Creates an RC QP in `pd` whose SQ holds `wqe_cnt` WQEBBs and completes into `cq`, in the RESET state.
@@ -235,7 +235,7 @@ impl EmuNic {
     /// The queue memory's allocation error.
     pub fn create_qp(self: &Arc<Self>, pd: &Pd, cq: &Cq, wqe_cnt: u32) -> Result<Qp> {
         self.check_parent(&pd.nic, "PD")?;
-        self.check_parent(&cq._nic, "CQ")?;
+        self.check_parent(&cq.nic, "CQ")?;
         if !wqe_cnt.is_power_of_two() || !(MIN_WQE_CNT..=MAX_WQE_CNT).contains(&wqe_cnt) {
             return Err(Error::InvalidArgument(format!(
                 "wqe_cnt {wqe_cnt} must be a power of two in {MIN_WQE_CNT}..={MAX_WQE_CNT}"
