@@ -8,8 +8,8 @@
 //!   emits one `.ptx` file with nothing left to resolve.
 //! - [`validate::validate`] checks that file: the expected `.target`, a recent enough `.version`, at least one
 //!   `.entry`, and no `.extern` (the CUDA driver cannot link anything in for us).
-//! - [`ptxas`] (feature `cli`) finds NVIDIA's assembler (PATH, or a pip-installed `nvidia-*` wheel), assembles
-//!   the PTX for the target GPU and reports registers and spills per kernel.
+//! - the `ptxas` module (feature `cli`) finds NVIDIA's assembler (PATH, or a pip-installed `nvidia-*` wheel),
+//!   assembles the PTX for the target GPU and reports registers and spills per kernel.
 //!
 //! The nested cargo gets a clean environment ([`build::clean_cargo_env`]) and its own target directory, so that
 //! it neither inherits the outer build's flags nor waits on the outer build's lock.
