@@ -36,18 +36,19 @@ impl LatencyRow {
         let n = us.len();
         let avg = us.iter().sum::<f64>() / n as f64;
         let var = us.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
-        // Nearest-rank percentile: the smallest sample with at least p% of samples at or below it.
-        let pct = |p: f64| us[((p / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1];
+        // Nearest-rank percentile: the smallest sample with at least p‰ of samples at or below it (integer
+        // arithmetic: 0.999 * 1000 is not 999 in floating point).
+        let pct = |permille: usize| us[(permille * n).div_ceil(1000).clamp(1, n) - 1];
         Some(Self {
             bytes,
             iterations: n,
             t_min: us[0],
             t_max: us[n - 1],
-            t_typical: pct(50.0),
+            t_typical: pct(500),
             t_avg: avg,
             t_stdev: var.sqrt(),
-            p99: pct(99.0),
-            p99_9: pct(99.9),
+            p99: pct(990),
+            p99_9: pct(999),
         })
     }
 
