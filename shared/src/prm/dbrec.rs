@@ -17,11 +17,11 @@ pub struct QpDbrec {
 }
 
 /// A CQ's doorbell record: word 0 is the consumer index (`set_ci`, low 24 bits), word 1 the arm word
-/// (`MLX5_CQ_ARM_DB`, unused by polling code). 8 bytes, 8-byte aligned.
+/// (`MLX5_CQ_ARM_DB` in rdma-core's mlx5 provider, not in `mlx5dv.h`; unused by polling code). 8 bytes, 8-byte aligned.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C, align(8))]
 pub struct CqDbrec {
-    /// Consumer index, CQEs, `ci & 0xffffff` (`MLX5_CQ_SET_CI`, word 0).
+    /// Consumer index, CQEs, `ci & 0xffffff` (`MLX5_CQ_SET_CI` in rdma-core's mlx5 provider, word 0).
     pub set_ci: Be32,
     /// Arm doorbell word (`MLX5_CQ_ARM_DB`, word 1).
     pub arm: Be32,

@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 
 /// Bytes in one WQE basic block (`MLX5_SEND_WQE_BB`).
 pub const WQEBB: usize = 64;
-/// Bytes in one segment: the unit of `ds` (`MLX5_SEND_WQE_DS`).
+/// Bytes in one segment: the unit of `ds` (`MLX5_SEND_WQE_DS` in rdma-core's mlx5 provider).
 pub const SEG: usize = 16;
 /// Segments per WQEBB.
 pub const SEGS_PER_WQEBB: usize = WQEBB / SEG;
@@ -23,7 +23,7 @@ pub mod fm_ce_se {
     pub const SOLICITED: u8 = 1 << 1;
     /// `MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE` (fence mode 1).
     pub const INITIATOR_SMALL_FENCE: u8 = 1 << 5;
-    /// `MLX5_WQE_CTRL_STRONG_ORDERING` (fence mode 3).
+    /// Fence mode 3, strong ordering (rdma-core's mlx5 provider; not in `mlx5dv.h`).
     pub const STRONG_ORDERING: u8 = 3 << 5;
     /// `MLX5_WQE_CTRL_FENCE` (fence mode 4): wait for earlier RDMA READs/atomics of this QP.
     pub const FENCE: u8 = 4 << 5;
@@ -57,6 +57,7 @@ impl CtrlSeg {
     /// `pi`: WQE index (WQEBBs, wraps at 2^16). `qpn`: 24 bits (higher bits are dropped). `ds`: size in
     /// 16-byte segments.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // mirrors mlx5dv_set_ctrl_seg's parameter list
     pub const fn new(pi: u16, opcode: u8, opmod: u8, qpn: u32, fm_ce_se: u8, ds: u8, signature: u8, imm: Be32) -> Self {
         Self {
             opmod_idx_opcode: Be32::new(((opmod as u32) << 24) | ((pi as u32) << 8) | opcode as u32),
