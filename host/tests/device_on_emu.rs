@@ -1,0 +1,899 @@
+//! The device code (`gdaki-device`) on the `cpu` executor, against the emulated NIC: the same functions a GPU
+//! kernel calls (`Qp::post`, `put`, `put_with_signal`, `post_write_inline`, `post_bf`, `poll_cq`, `wait`,
+//! `flush`, `semaphore_ge`), called from host threads on `QpHandle`s the emulator built. Payloads are random
+//! and checked byte for byte; every expected value is computed here, not taken from the code under test.
+//! Replay a failure with the `GDAKI_TEST_SEED` it printed.
+
+mod emu_util;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use emu_util::{random_bytes, rng, GuardedBuf, Pair};
+use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, QpState};
+use gdaki_device::cq::Completion;
+use gdaki_device::error::{kind, CqeError, InvalidArgument, PayloadMismatch, Timeout, WaitOn};
+use gdaki_device::qp::{Qp as DevQp, Ticket};
+use gdaki_device::wait::semaphore_ge;
+use gdaki_device::wqe::{self, Raddr, Sge, MAX_INLINE};
+use gdaki_device::Error;
+use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
+use gdaki_shared::prm::opcode::{self, syndrome};
+use gdaki_shared::prm::wqe::WQEBB;
+use gdaki_shared::Be32;
+use proptest::prelude::*;
+use rand::RngExt;
+
+/// Bound of every device-side wait in tests that expect success: long enough for a loaded 2-core machine,
+/// short enough that a hang fails the test instead of the CI job.
+const TIMEOUT_NS: u64 = 10_000_000_000;
+
+/// Wraps `h` as an Exclusive device QP.
+fn dev_qp(h: &mut QpHandle) -> DevQp<'_> {
+    // SAFETY: every handle passed here comes from `emu::Qp::handle()` of a QP (and its CQ) that the calling
+    // test keeps alive for longer than the returned borrow; its ring, dbrec, UAR and CQ are host queue memory
+    // (the `cpu` executor), and only the calling thread posts to it or polls its CQ.
+    unsafe { DevQp::new(h, TIMEOUT_NS) }
+}
+
+/// A remote target inside `mr` at byte offset `off` (what the builders take for hand-built WQEs).
+fn raddr(mr: &RemoteMr, off: u64) -> Raddr {
+    Raddr { addr: mr.addr + off, rkey: mr.rkey }
+}
+
+/// A local SGE inside `mr`.
+fn sge(mr: &MrHandle, off: u64, len: u32) -> Sge {
+    Sge { addr: mr.addr + off, len, lkey: mr.lkey }
+}
+
+/// Bytes `off .. off + len` of `buf`, read byte by byte with volatile loads (the NIC writes it from its
+/// thread; a peer thread may read while other parts of the buffer are being written).
+fn read_range(buf: &GuardedBuf, off: usize, len: usize) -> Vec<u8> {
+    assert!(off + len <= buf.len());
+    // SAFETY: inside the buffer's registered middle (checked above); byte loads need no alignment.
+    (0..len).map(|i| unsafe { ((buf.addr() as usize + off + i) as *const u8).read_volatile() }).collect()
+}
+
+/// Asserts that `got` holds `want` at `off` and `fill` everywhere else.
+fn assert_placed(got: &[u8], off: usize, want: &[u8], fill: u8, what: &str) {
+    assert_eq!(&got[off..off + want.len()], want, "{what}: payload of {} bytes at {off}", want.len());
+    let outside = got[..off].iter().chain(&got[off + want.len()..]).position(|&b| b != fill);
+    assert_eq!(outside, None, "{what}: a byte outside the target changed");
+}
+
+/// Polls `qp`'s CQ until a completion (or error) arrives, at most [`TIMEOUT_NS`].
+fn next_completion(qp: &mut DevQp<'_>) -> Result<Completion, Error> {
+    let t = Instant::now();
+    loop {
+        if let Some(r) = qp.poll_cq() {
+            return r;
+        }
+        assert!(t.elapsed() < Duration::from_nanos(TIMEOUT_NS), "no completion within the test timeout");
+        std::thread::yield_now();
+    }
+}
+
+/// The result a call rejected with `a` returns.
+fn inval<T>(a: InvalidArgument) -> Result<T, Error> {
+    Err(Error::InvalidArgument(a))
+}
+
+/// The error CQE a flush or wait must return.
+fn cqe_err(syndrome: u8, vendor_err_synd: u8, wqe_index: u64) -> Error {
+    Error::Cqe(CqeError { syndrome, vendor_err_synd, wqe_counter: wqe_index as u16 })
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// put / flush / signal
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn put_then_flush_places_random_payloads_byte_for_byte() {
+    const LEN: usize = 100_000;
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0xee));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (local, remote) = (lmr.handle(), rmr.remote());
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+
+    // One put per flush, sizes around word and WQEBB boundaries and a large one.
+    for len in [1usize, 7, 8, 63, 64, 4095, 65_536, LEN] {
+        dst.fill(0xee);
+        let data = random_bytes(&mut rng, len);
+        let (soff, doff) = (rng.random_range(0..=LEN - len), rng.random_range(0..=LEN - len));
+        src.write(soff, &data);
+        qp.put(&remote, doff as u64, &local, soff as u64, len as u64).unwrap();
+        qp.flush().unwrap();
+        assert_placed(&dst.read(), doff, &data, 0xee, "single put");
+    }
+
+    // Many puts, one flush: every one is placed once the flush returns.
+    dst.fill(0);
+    const SLOT: usize = 4096;
+    let mut want = vec![0u8; LEN];
+    for k in 0..LEN / SLOT {
+        let len = rng.random_range(1..=SLOT);
+        let data = random_bytes(&mut rng, len);
+        src.write(k * SLOT, &data);
+        want[k * SLOT..k * SLOT + len].copy_from_slice(&data);
+        qp.put(&remote, (k * SLOT) as u64, &local, (k * SLOT) as u64, len as u64).unwrap();
+    }
+    qp.flush().unwrap();
+    assert!(dst.read() == want, "batched puts: destination differs from what was sent");
+    assert!(src.guards_intact() && dst.guards_intact(), "a guard byte changed");
+    // The device retired everything it posted: its consumer index reached its producer index.
+    assert_eq!(qp.handle().sq_ci, qp.handle().sq_pi);
+    let s = p.nic.stats();
+    assert_eq!((s.error_cqes, s.flush_cqes, s.dbrec_mismatches, s.bad_doorbells), (0, 0, 0, 0), "{s:?}");
+}
+
+#[test]
+fn put_with_signal_adds_one_and_returns_the_old_value() {
+    const LEN: usize = 8192;
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0));
+    let sem = GuardedBuf::new(16, 0);
+    let scratch = GuardedBuf::new(128, 0xa5);
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let sem_mr = sem.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let res_mr = scratch.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+
+    // A random start, then a start just below u64::MAX so that the semaphore wraps to 0.
+    for v0 in [rng.random::<u64>(), u64::MAX - 3] {
+        sem.write(8, &v0.to_ne_bytes());
+        scratch.fill(0xa5);
+        for k in 0..8u64 {
+            let len = rng.random_range(1..=LEN);
+            let data = random_bytes(&mut rng, len);
+            src.write(0, &data);
+            dst.fill(0);
+            let t = qp
+                .put_with_signal(
+                    &rmr.remote(),
+                    0,
+                    &lmr.handle(),
+                    0,
+                    len as u64,
+                    &sem_mr.remote(),
+                    8,
+                    &res_mr.handle(),
+                    8 * k,
+                )
+                .unwrap();
+            qp.wait(t).unwrap();
+            assert_eq!(sem.load_u64(8), v0.wrapping_add(k + 1), "semaphore after signal {k}");
+            assert_eq!(scratch.u64_at(8 * k as usize), v0.wrapping_add(k), "fetch-add result of signal {k}");
+            assert_placed(&dst.read(), 0, &data, 0, "put before signal");
+        }
+        assert_eq!(sem.load_u64(0), 0, "the word before the semaphore changed");
+        assert!(scratch.read()[64..].iter().all(|&b| b == 0xa5), "scratch beyond the 8 results changed");
+    }
+    assert!(sem.guards_intact() && scratch.guards_intact() && dst.guards_intact());
+}
+
+#[test]
+fn peer_that_sees_the_semaphore_sees_the_whole_payload() {
+    // Large payloads: the longer the NIC takes to place one, the likelier a peer polling the semaphore would
+    // catch a signal that overtook its payload.
+    const ROUNDS: usize = 8;
+    const SLOT: usize = 2 << 20;
+    let mut rng = rng();
+    // Two slots, used in turn: the peer has checked round i - 2 before round i starts.
+    let (src, dst) = (GuardedBuf::new(2 * SLOT, 0), GuardedBuf::new(2 * SLOT, 0));
+    let sem = GuardedBuf::new(8, 0);
+    let scratch = GuardedBuf::new(ROUNDS * 8, 0xa5);
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let sem_mr = sem.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let res_mr = scratch.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    let payloads: Vec<Vec<u8>> = (0..ROUNDS)
+        .map(|_| {
+            let words = rng.random_range(SLOT / 16..=SLOT / 8);
+            (0..words).flat_map(|_| rng.random::<u64>().to_ne_bytes()).collect()
+        })
+        .collect();
+    let sem_ptr = sem.addr() as *const u64 as usize;
+    // Rounds the peer has checked. The sender starts round i only once the peer waits for it, so the peer is
+    // polling when the semaphore moves.
+    let acked = AtomicU64::new(0);
+
+    std::thread::scope(|s| {
+        let peer = s.spawn(|| {
+            for (i, d) in payloads.iter().enumerate() {
+                // SAFETY: the semaphore word is 8-aligned, registered host memory that outlives this thread.
+                let seen = unsafe { semaphore_ge(sem_ptr as *const u64, i as u64 + 1, TIMEOUT_NS) };
+                let seen = seen.unwrap_or_else(|e| panic!("peer, round {i}: {e}"));
+                assert_eq!(seen, i as u64 + 1, "semaphore_ge returned a value never written");
+                // The tail first: a copy that runs front to back places it last.
+                let (slot, tail) = ((i % 2) * SLOT, d.len() - 64);
+                assert_eq!(read_range(&dst, slot + tail, 64), &d[tail..], "round {i}: tail not placed");
+                let got = read_range(&dst, slot, d.len());
+                let bad = got.iter().zip(d).position(|(a, b)| a != b);
+                assert_eq!(bad, None, "round {i}: payload not fully placed when the semaphore reached {seen}");
+                acked.store(i as u64 + 1, Ordering::Release);
+            }
+        });
+        let mut h = p.a.handle();
+        let mut qp = dev_qp(&mut h);
+        for (i, d) in payloads.iter().enumerate() {
+            let t = Instant::now();
+            while acked.load(Ordering::Acquire) < i as u64 {
+                assert!(!peer.is_finished() && t.elapsed() < Duration::from_secs(10), "peer stopped at round {i}");
+                std::thread::yield_now();
+            }
+            let slot = ((i % 2) * SLOT) as u64;
+            src.write(slot as usize, d);
+            let (dst_r, src_l, sem_r, res_l) = (rmr.remote(), lmr.handle(), sem_mr.remote(), res_mr.handle());
+            let _ = qp
+                .put_with_signal(&dst_r, slot, &src_l, slot, d.len() as u64, &sem_r, 0, &res_l, 8 * i as u64)
+                .unwrap();
+        }
+        qp.flush().unwrap();
+        peer.join().expect("peer thread");
+    });
+    assert_eq!(sem.load_u64(0), ROUNDS as u64);
+    // Signal i found the semaphore at i: the old values land in order.
+    for i in 0..ROUNDS {
+        assert_eq!(scratch.u64_at(8 * i), i as u64, "fetch-add result of round {i}");
+    }
+    assert!(dst.guards_intact());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RDMA READ, atomics, WRITE with immediate
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn rdma_read_returns_the_remote_bytes() {
+    const LEN: usize = 70_000;
+    let mut rng = rng();
+    let (local, remote) = (GuardedBuf::new(LEN, 0x5a), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(64, 64);
+    let lmr = local.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    let rmr = remote.register(&p.nic, &p.pd, Access::REMOTE_READ);
+    let data = random_bytes(&mut rng, LEN);
+    remote.write(0, &data);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    for len in [1usize, 8, 100, 4096, 65_537] {
+        local.fill(0x5a);
+        let (loff, roff) = (rng.random_range(0..=LEN - len), rng.random_range(0..=LEN - len));
+        let t = qp.post(true, |c| {
+            wqe::rdma_read(c, raddr(&rmr.remote(), roff as u64), sge(&lmr.handle(), loff as u64, len as u32))
+        });
+        let t = t.unwrap();
+        qp.wait(t).unwrap();
+        assert_placed(&local.read(), loff, &data[roff..roff + len], 0x5a, "RDMA READ");
+    }
+    // The requester completion of a READ, as `poll_cq` returns it: REQ, this WQE's index, bytes read, QPN.
+    let len = 3000u32;
+    let t = qp.post(true, |c| wqe::rdma_read(c, raddr(&rmr.remote(), 17), sge(&lmr.handle(), 0, len))).unwrap();
+    qp.ring_db();
+    let c = next_completion(&mut qp).unwrap();
+    assert_eq!((c.opcode, c.wqe_counter, c.byte_cnt, c.qpn), (opcode::cqe::REQ, t.0 as u16, len, p.a.qpn()), "{c:?}");
+    assert_eq!(&local.read()[..len as usize], &data[17..17 + len as usize]);
+    assert!(local.guards_intact() && remote.guards_intact());
+}
+
+#[test]
+fn compare_swap_and_fetch_add_return_old_values() {
+    let mut rng = rng();
+    let target = GuardedBuf::new(64, 0);
+    let result = GuardedBuf::new(64, 0);
+    let p = Pair::new(64, 64);
+    let tmr = target.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let rmr = result.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let (tr, rl) = (tmr.remote(), rmr.handle());
+    for _ in 0..16 {
+        let off = 8 * rng.random_range(0..8u64);
+        let (v, w, x) = (rng.random::<u64>(), rng.random::<u64>(), rng.random::<u64>());
+        target.write(off as usize, &v.to_ne_bytes());
+
+        // Success: the word held `v`; it becomes `w`, and `v` comes back.
+        let t = qp.post(true, |c| wqe::atomic_compare_swap(c, raddr(&tr, off), sge(&rl, 0, 8), v, w)).unwrap();
+        qp.wait(t).unwrap();
+        assert_eq!((result.u64_at(0), target.load_u64(off as usize)), (v, w), "CAS that matches");
+
+        // Failure: compare with the stale `v` (the word is `w` now, and w != v but for a 2^-64 chance).
+        let t = qp.post(true, |c| wqe::atomic_compare_swap(c, raddr(&tr, off), sge(&rl, 8, 8), v, x)).unwrap();
+        qp.wait(t).unwrap();
+        let expect_after = if w == v { x } else { w };
+        assert_eq!((result.u64_at(8), target.load_u64(off as usize)), (w, expect_after), "CAS that does not match");
+
+        // Fetch-add of a random addend, wrapping.
+        let add = rng.random::<u64>();
+        let t = qp.post(true, |c| wqe::atomic_fetch_add(c, raddr(&tr, off), sge(&rl, 16, 8), add)).unwrap();
+        qp.wait(t).unwrap();
+        assert_eq!((result.u64_at(16), target.load_u64(off as usize)), (expect_after, expect_after.wrapping_add(add)));
+        target.fill(0);
+    }
+    assert!(target.guards_intact() && result.guards_intact());
+}
+
+#[test]
+fn write_with_immediate_completes_on_the_peer_cq() {
+    const LEN: usize = 5000;
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0x77));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (mut ha, mut hb) = (p.a.handle(), p.b.handle());
+    let mut a = dev_qp(&mut ha);
+    let mut b = dev_qp(&mut hb);
+    for _ in 0..6 {
+        dst.fill(0x77);
+        let len = rng.random_range(1..=LEN);
+        let doff = rng.random_range(0..=LEN - len);
+        let data = random_bytes(&mut rng, len);
+        src.write(0, &data);
+        let imm = rng.random::<u32>();
+        let t = a.post(true, |c| {
+            wqe::rdma_write_imm(c, raddr(&rmr.remote(), doff as u64), sge(&lmr.handle(), 0, len as u32), Be32::new(imm))
+        });
+        a.wait(t.unwrap()).unwrap();
+        // The responder's completion: RESP_WR_IMM with the immediate and the bytes placed, for B's QPN.
+        let c = next_completion(&mut b).unwrap();
+        assert_eq!(c.opcode, opcode::cqe::RESP_WR_IMM, "{c:?}");
+        assert_eq!((c.imm.get(), c.byte_cnt, c.qpn), (imm, len as u32, p.b.qpn()), "{c:?}");
+        assert_placed(&dst.read(), doff, &data, 0x77, "WRITE_IMM");
+        // Exactly one completion per WRITE_IMM reaches B, and A's requester CQ got none of them.
+        assert!(b.poll_cq().is_none(), "a second responder completion");
+        assert!(a.poll_cq().is_none(), "a stray completion on the requester");
+    }
+    // B never posted: its SQ counters are untouched by responder completions.
+    assert_eq!((b.handle().sq_pi, b.handle().sq_ci), (0, 0));
+    assert_eq!(b.handle().cq.cons_index, 6);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Inline writes and BlueFlame
+// ---------------------------------------------------------------------------------------------------------
+
+/// WQEBBs of an inline RDMA WRITE of `len` bytes, worked out by hand from the PRM layout: ctrl (16) + raddr
+/// (16) + inline header (4) + data, rounded up to 16-byte segments, then to 64-byte WQEBBs.
+fn inline_wqebbs(len: usize) -> u64 {
+    match len {
+        1..=28 => 1,    // 32 + 4 + 28 = 64
+        29..=92 => 2,   // 32 + 4 + 92 = 128
+        93..=156 => 3,  // ... 192
+        157..=220 => 4, // ... 256
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn inline_writes_of_every_shape_place_their_bytes() {
+    const LEN: usize = 4096;
+    assert_eq!(MAX_INLINE, 220, "MAX_INLINE: 4 WQEBBs - ctrl - raddr - 4-byte header");
+    let mut rng = rng();
+    let dst = GuardedBuf::new(LEN, 0x33);
+    let p = Pair::new(64, 64);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let mut pi = 0;
+    for len in [1usize, 12, 28, 29, 92, 93, 100, 156, 157, MAX_INLINE] {
+        dst.fill(0x33);
+        let data = random_bytes(&mut rng, len);
+        let off = rng.random_range(0..=LEN - len);
+        let t = qp.post_write_inline(true, raddr(&rmr.remote(), off as u64), &data).unwrap();
+        assert_eq!(t, Ticket(pi), "inline write of {len} bytes starts where the last WQE ended");
+        qp.wait(t).unwrap();
+        pi += inline_wqebbs(len);
+        assert_eq!(qp.handle().sq_pi, pi, "WQEBBs taken by an inline write of {len} bytes");
+        assert_eq!(p.a.sq_consumed(), pi, "WQEBBs the NIC consumed");
+        assert_placed(&dst.read(), off, &data, 0x33, "inline write");
+    }
+    assert!(dst.guards_intact());
+    assert_eq!(p.nic.stats().error_cqes, 0);
+}
+
+#[test]
+fn inline_write_wraps_across_the_ring_end() {
+    const LEN: usize = 1024;
+    let mut rng = rng();
+    let dst = GuardedBuf::new(LEN, 0);
+    let p = Pair::new(16, 16);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let sq_buf = h.sq_buf;
+    let mut qp = dev_qp(&mut h);
+    // (ring slot the WQE starts in, payload bytes): each one runs past slot 15 into slot 0 and beyond.
+    for (slot, len) in [(15u64, MAX_INLINE), (14, 100), (15, 29), (13, 200), (15, 93)] {
+        // Place the producer index at `slot` with NOPs (1 WQEBB each), every one rung; `post` retires
+        // earlier WQEs from the CQ when the 16-WQEBB ring is short of room.
+        while qp.handle().sq_pi % 16 != slot {
+            let _ = qp.post(false, wqe::nop).unwrap();
+            qp.ring_db();
+        }
+        dst.fill(0);
+        let data = random_bytes(&mut rng, len);
+        let off = rng.random_range(0..=LEN - len);
+        let t = qp.post_write_inline(true, raddr(&rmr.remote(), off as u64), &data).unwrap();
+        assert_eq!(t.0 % 16, slot);
+        // The bytes in the ring: header + data start at byte 32 of `slot` and continue at slot 0.
+        let ring: Vec<u8> = (0..16 * WQEBB)
+            // SAFETY: the SQ ring is 16 WQEBBs of host queue memory owned by `p.a`; no one writes it now
+            // (the doorbell is not rung yet).
+            .map(|i| unsafe { ((sq_buf as usize + i) as *const u8).read_volatile() })
+            .collect();
+        let start = slot as usize * WQEBB;
+        let wqe: Vec<u8> = ring[start..].iter().chain(&ring[..start]).copied().collect();
+        assert_eq!(&wqe[32..36], &(len as u32 | 0x8000_0000).to_be_bytes(), "inline header");
+        assert_eq!(&wqe[36..36 + len], &data[..], "inline data as laid out across the ring end");
+        qp.wait(t).unwrap();
+        assert_placed(&dst.read(), off, &data, 0, "wrapped inline write");
+    }
+    let s = p.nic.stats();
+    assert_eq!((s.error_cqes, s.bad_doorbells, s.dbrec_mismatches), (0, 0, 0), "{s:?}");
+}
+
+#[test]
+fn inline_write_rejects_empty_and_too_long_payloads_and_posts_nothing() {
+    let dst = GuardedBuf::new(512, 0);
+    let p = Pair::new(16, 16);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let r = raddr(&rmr.remote(), 0);
+    assert!(matches!(qp.post_write_inline(true, r, &[]), Err(Error::InvalidArgument(_))), "empty inline payload");
+    assert_eq!(
+        qp.post_write_inline(true, r, &[1u8; MAX_INLINE + 1]),
+        Err(Error::InvalidArgument(InvalidArgument::InlineTooLong))
+    );
+    assert_eq!(
+        qp.post_write_inline(true, r, &[1u8; 4096]),
+        Err(Error::InvalidArgument(InvalidArgument::InlineTooLong))
+    );
+    assert_eq!((qp.handle().sq_pi, qp.handle().sq_sig_end), (0, 0), "a rejected write took SQ room");
+    // Nothing pending either: a ring now sends no doorbell, and the next WQE gets index 0 and runs.
+    qp.ring_db();
+    let t = qp.post_write_inline(true, r, &[9u8; 5]).unwrap();
+    assert_eq!(t, Ticket(0));
+    qp.wait(t).unwrap();
+    assert_eq!(&dst.read()[..6], &[9, 9, 9, 9, 9, 0]);
+    let s = p.nic.stats();
+    assert_eq!((s.doorbells, s.wqes), (1, 1), "{s:?}");
+}
+
+#[test]
+fn blueflame_posts_a_write_and_an_atomic() {
+    const LEN: usize = 2048;
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0));
+    let (sem, result) = (GuardedBuf::new(8, 0), GuardedBuf::new(8, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let sem_mr = sem.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let res_mr = result.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let v0 = rng.random::<u64>();
+    sem.write(0, &v0.to_ne_bytes());
+    const ROUNDS: u64 = 8;
+    for k in 0..ROUNDS {
+        let len = rng.random_range(1..=LEN / 2);
+        let data = random_bytes(&mut rng, len);
+        src.write(0, &data);
+        dst.fill(0);
+        let t = qp.post_bf(true, |c| wqe::rdma_write(c, raddr(&rmr.remote(), 0), sge(&lmr.handle(), 0, len as u32)));
+        qp.wait(t.unwrap()).unwrap();
+        assert_placed(&dst.read(), 0, &data, 0, "BlueFlame write");
+        let add = rng.random_range(1..1000u64);
+        let before = sem.load_u64(0);
+        let t = qp
+            .post_bf(true, |c| wqe::atomic_fetch_add(c, raddr(&sem_mr.remote(), 0), sge(&res_mr.handle(), 0, 8), add));
+        qp.wait(t.unwrap()).unwrap();
+        assert_eq!((result.u64_at(0), sem.load_u64(0)), (before, before.wrapping_add(add)), "BlueFlame fetch-add {k}");
+    }
+    // One BlueFlame write covers earlier WQEs that were posted and never rung: the NIC runs them all.
+    dst.fill(0);
+    let data = random_bytes(&mut rng, LEN);
+    src.write(0, &data);
+    let half = (LEN / 2) as u32;
+    let _ = qp.post(false, |c| wqe::rdma_write(c, raddr(&rmr.remote(), 0), sge(&lmr.handle(), 0, half))).unwrap();
+    let t = qp.post_bf(true, |c| {
+        wqe::rdma_write(c, raddr(&rmr.remote(), half as u64), sge(&lmr.handle(), half as u64, half))
+    });
+    qp.wait(t.unwrap()).unwrap();
+    assert_eq!(dst.read(), data, "unrung write + BlueFlame write");
+    let s = p.nic.stats();
+    // Every BlueFlame write is one doorbell; the unrung WQE added none. `wait` rang nothing more.
+    assert_eq!(s.doorbells, 2 * ROUNDS + 1, "{s:?}");
+    // The register held whole WQEBBs equal to the ring's. (The emulator compares them when it sees word 0
+    // change, and `ring_bf` stores word 0 first, so a single write may be missed; all 17 cannot.)
+    assert!(s.blueflame > 0, "no BlueFlame write matched its WQE: {s:?}");
+    assert_eq!((s.wqes, s.error_cqes, s.dbrec_mismatches), (2 * ROUNDS + 2, 0, 0), "{s:?}");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Wrap-around of the SQ, the 16-bit WQE counter and the CQ
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn sq_wqe_counter_and_cq_wrap_over_seventy_thousand_wqebbs() {
+    const SLOTS: usize = 16;
+    const SLOT: usize = 256;
+    const TARGET: u64 = 70_000;
+    const _: () = assert!(TARGET > 1 << 16, "past the 16-bit wire index");
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(SLOTS * SLOT, 0), GuardedBuf::new(SLOTS * SLOT, 0));
+    // The smallest SQ and CQ: the ring wraps every 16 WQEBBs, the CQ every 16 CQEs.
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (local, remote) = (lmr.handle(), rmr.remote());
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let mut want = vec![0u8; SLOTS * SLOT];
+    let (mut ops, mut flushes) = (0u64, 0u64);
+    while qp.handle().sq_pi < TARGET {
+        // One window: an operation per destination slot (a put reads its source slot when the NIC runs it,
+        // so a source slot is rewritten only after the flush that ends the window).
+        for k in 0..SLOTS {
+            let off = k * SLOT;
+            match rng.random_range(0..3u32) {
+                0 => {
+                    let len = rng.random_range(1..=SLOT);
+                    let data = random_bytes(&mut rng, len);
+                    src.write(off, &data);
+                    want[off..off + data.len()].copy_from_slice(&data);
+                    qp.put(&remote, off as u64, &local, off as u64, data.len() as u64).unwrap();
+                }
+                1 => {
+                    let len = rng.random_range(1..=MAX_INLINE);
+                    let data = random_bytes(&mut rng, len);
+                    want[off..off + data.len()].copy_from_slice(&data);
+                    let _ = qp.post_write_inline(rng.random(), raddr(&remote, off as u64), &data).unwrap();
+                    qp.ring_db();
+                }
+                _ => {
+                    let _ = qp.post(false, wqe::nop).unwrap();
+                    qp.ring_db();
+                }
+            }
+            ops += 1;
+        }
+        qp.flush().unwrap();
+        flushes += 1;
+        assert!(dst.read() == want, "after flush {flushes} (sq_pi {}): destination differs", qp.handle().sq_pi);
+    }
+    let hd = *qp.handle();
+    assert!(hd.sq_pi >= TARGET, "sq_pi {}", hd.sq_pi);
+    // After the last flush the NIC consumed exactly what the device produced, the device retired it all, and
+    // the device consumed every CQE the NIC wrote, many laps of the 16-entry CQ.
+    assert_eq!(p.a.sq_consumed(), hd.sq_pi);
+    assert!(hd.sq_ci > hd.sq_pi - 4, "sq_ci {} sq_pi {}", hd.sq_ci, hd.sq_pi);
+    // `produced` is stored just after the CQE itself: give the NIC thread a moment to get there.
+    let t = Instant::now();
+    while p.cq_a.produced() != hd.cq.cons_index && t.elapsed() < Duration::from_secs(10) {
+        std::thread::yield_now();
+    }
+    assert_eq!(hd.cq.cons_index, p.cq_a.produced());
+    assert!(hd.cq.cons_index > 64 * 16, "only {} CQEs", hd.cq.cons_index);
+    assert!(!p.cq_a.is_error() && p.a.state() == QpState::Rts);
+    let s = p.nic.stats();
+    assert_eq!((s.error_cqes, s.flush_cqes, s.cq_overruns, s.bad_doorbells, s.dbrec_mismatches), (0, 0, 0, 0, 0));
+    eprintln!("{ops} operations, {flushes} flushes, {} WQEBBs, {} CQEs", hd.sq_pi, hd.cq.cons_index);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn put_with_a_bad_rkey_fails_with_0x13_and_then_everything_flushes() {
+    const LEN: usize = 1024;
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0x44));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    src.write(0, &random_bytes(&mut rng, LEN));
+    // A few good operations first, so that the failing WQE's index is not 0.
+    let lead = rng.random_range(1..10u64);
+    for _ in 0..lead {
+        let _ = qp.post(false, wqe::nop).unwrap();
+    }
+    qp.flush().unwrap();
+    let bad_at = qp.handle().sq_pi;
+    assert_eq!(bad_at, lead + 1, "NOPs plus the flush's own NOP");
+
+    // An rkey whose variant byte differs: no MR has it.
+    let bad = RemoteMr { rkey: Be32::new(rmr.rkey() ^ 0x5), ..rmr.remote() };
+    qp.put(&bad, 0, &lmr.handle(), 0, LEN as u64).unwrap();
+    assert_eq!(qp.flush(), Err(cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at)));
+    assert!(dst.read().iter().all(|&b| b == 0x44), "a failed put placed bytes");
+    assert_eq!(p.a.state(), QpState::Error);
+
+    // The flush's NOP behind the failed put was flushed; a second flush reports it.
+    assert_eq!(qp.flush(), Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, bad_at + 1)));
+    // Later posts, good ones included, complete with WR_FLUSH_ERR.
+    let next = qp.handle().sq_pi;
+    qp.put(&rmr.remote(), 0, &lmr.handle(), 0, LEN as u64).unwrap();
+    assert_eq!(qp.flush(), Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, next)));
+    let t = qp.post(true, wqe::nop).unwrap();
+    assert_eq!(qp.wait(t), Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, next + 1)));
+    assert_eq!(qp.wait(t), Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, t.0)));
+    assert!(dst.read().iter().all(|&b| b == 0x44), "a flushed put placed bytes");
+    let s = p.nic.stats();
+    assert_eq!((s.error_cqes, s.flush_cqes), (1, 4), "{s:?}");
+}
+
+#[test]
+fn bad_lkey_fails_with_0x04() {
+    let (src, dst) = (GuardedBuf::new(256, 0x12), GuardedBuf::new(256, 0));
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 256).unwrap();
+    qp.flush().unwrap();
+    assert!(dst.read().iter().all(|&b| b == 0x12));
+    dst.fill(0);
+    let at = qp.handle().sq_pi;
+    let bad = MrHandle { lkey: Be32::new(lmr.lkey() ^ 0x5), ..lmr.handle() };
+    qp.put(&rmr.remote(), 0, &bad, 0, 256).unwrap();
+    assert_eq!(qp.flush(), Err(cqe_err(syndrome::LOCAL_PROT_ERR, vendor::BAD_LKEY, at)));
+    assert!(dst.read().iter().all(|&b| b == 0), "a put with a bad lkey placed bytes");
+}
+
+#[test]
+fn misaligned_atomic_built_by_hand_fails_with_0x12() {
+    let target = GuardedBuf::new(16, 0);
+    let result = GuardedBuf::new(8, 0x66);
+    let p = Pair::new(16, 16);
+    let tmr = target.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let rmr = result.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    // `signal` refuses the misaligned offset before posting ...
+    let err = qp.signal(&tmr.remote(), 4, &rmr.handle(), 0);
+    assert_eq!(err, Err(Error::InvalidArgument(InvalidArgument::AtomicAlignment)));
+    assert_eq!(qp.handle().sq_pi, 0);
+    // ... so build the WQE by hand: the NIC answers REMOTE_INVAL_REQ_ERR and touches nothing.
+    let t = qp.post(true, |c| wqe::atomic_fetch_add(c, raddr(&tmr.remote(), 4), sge(&rmr.handle(), 0, 8), 1)).unwrap();
+    assert_eq!(t, Ticket(0));
+    assert_eq!(qp.wait(t), Err(cqe_err(syndrome::REMOTE_INVAL_REQ_ERR, vendor::ATOMIC_ALIGN, 0)));
+    assert!(target.read().iter().all(|&b| b == 0) && result.read().iter().all(|&b| b == 0x66));
+}
+
+#[test]
+fn out_of_range_arguments_are_rejected_before_anything_is_posted() {
+    const LEN: u64 = 4096;
+    let (src, dst) = (GuardedBuf::new(LEN as usize, 0x21), GuardedBuf::new(LEN as usize, 0));
+    let (sem, result) = (GuardedBuf::new(16, 0), GuardedBuf::new(16, 0));
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let sem_mr = sem.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let res_mr = result.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    let (l, r, s, res) = (lmr.handle(), rmr.remote(), sem_mr.remote(), res_mr.handle());
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    assert_eq!(qp.put(&r, 1, &l, 0, LEN), inval(InvalidArgument::RemoteRange), "one byte past the remote MR");
+    assert_eq!(qp.put(&r, LEN, &l, 0, 1), inval(InvalidArgument::RemoteRange), "starts at the remote end");
+    assert_eq!(qp.put(&r, u64::MAX, &l, 0, 2), inval(InvalidArgument::RemoteRange), "offset + len overflows");
+    assert_eq!(qp.put(&r, 0, &l, 1, LEN), inval(InvalidArgument::LocalRange), "one byte past the local MR");
+    assert_eq!(qp.put(&r, 0, &l, u64::MAX, 2), inval(InvalidArgument::LocalRange), "local offset overflows");
+    assert_eq!(qp.put(&r, 0, &l, 0, 0), inval(InvalidArgument::Length), "zero bytes");
+    assert_eq!(qp.put(&r, 0, &l, 0, 1 << 31), inval(InvalidArgument::RemoteRange), "remote is checked first");
+    assert_eq!(qp.signal(&s, 9, &res, 0), inval(InvalidArgument::RemoteRange), "semaphore past its MR");
+    assert_eq!(qp.signal(&s, 0, &res, 12), inval(InvalidArgument::LocalRange), "result past its MR");
+    assert_eq!(qp.signal(&s, 0, &res, 4), inval(InvalidArgument::AtomicAlignment), "misaligned result");
+    // A valid put with a bad signal: the put is not posted either.
+    assert_eq!(qp.put_with_signal(&r, 0, &l, 0, 8, &s, 3, &res, 0), inval(InvalidArgument::AtomicAlignment));
+    assert_eq!(qp.put_with_signal(&r, 1, &l, 0, LEN, &s, 0, &res, 0), inval(InvalidArgument::RemoteRange));
+    let hd = *qp.handle();
+    assert_eq!((hd.sq_pi, hd.sq_sig_end, hd.sq_sig_first), (0, 0, 0), "a rejected call took SQ room");
+    qp.ring_db();
+    std::thread::sleep(Duration::from_millis(5));
+    let st = p.nic.stats();
+    assert_eq!((st.doorbells, st.wqes), (0, 0), "the NIC saw work: {st:?}");
+    assert!(dst.read().iter().all(|&b| b == 0) && sem.u64_at(0) == 0);
+    // The QP is healthy: the largest valid put goes through, as WQE 0.
+    qp.put(&r, 0, &l, 0, LEN).unwrap();
+    qp.flush().unwrap();
+    assert!(dst.read().iter().all(|&b| b == 0x21));
+    let st = p.nic.stats();
+    assert_eq!((st.wqes, st.error_cqes), (2, 0), "the put and the flush's NOP: {st:?}");
+}
+
+#[test]
+fn put_to_a_peer_that_did_not_connect_back_fails_with_0x15() {
+    let (src, dst) = (GuardedBuf::new(64, 1), GuardedBuf::new(64, 0));
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (nic.create_cq(16).unwrap(), nic.create_cq(16).unwrap());
+    let a = nic.create_qp(&pd, &cq_a, 16).unwrap();
+    let b = nic.create_qp(&pd, &cq_b, 16).unwrap();
+    a.connect(&b.endpoint()).unwrap(); // b stays in RESET
+    let lmr = src.register(&nic, &pd, Access::NONE);
+    let rmr = dst.register(&nic, &pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = a.handle();
+    let mut qp = dev_qp(&mut h);
+    // A NOP needs no responder; the put does.
+    let _ = qp.post(false, wqe::nop).unwrap();
+    qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
+    assert_eq!(qp.flush(), Err(cqe_err(syndrome::TRANSPORT_RETRY_EXC_ERR, vendor::NO_PEER, 1)));
+    assert!(dst.read().iter().all(|&b| b == 0));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Timeouts
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn semaphore_wait_times_out_naming_the_semaphore() {
+    let mut rng = rng();
+    let sem = GuardedBuf::new(8, 0);
+    let v = rng.random_range(0..u64::MAX / 2);
+    sem.write(0, &v.to_ne_bytes());
+    let bound = 20_000_000;
+    let t0 = Instant::now();
+    // SAFETY: `sem` is an 8-aligned word that lives for the whole wait.
+    let r = unsafe { semaphore_ge(sem.addr() as *const u64, v + 1, bound) };
+    let wall = t0.elapsed();
+    let Err(Error::Timeout(Timeout { on, waited_ns })) = r else { panic!("expected a timeout, got {r:?}") };
+    assert_eq!(on, WaitOn::Semaphore { addr: sem.addr(), expected: v + 1, seen: v });
+    assert!(waited_ns >= bound, "waited {waited_ns} ns < {bound}");
+    assert!(wall >= Duration::from_nanos(bound) && wall < Duration::from_secs(2), "wall time {wall:?}");
+    let text = r.unwrap_err().to_string();
+    for part in ["semaphore", &format!("{:#x}", sem.addr()), &format!("reach {}", v + 1), &format!("saw {v}")] {
+        assert!(text.contains(part), "{text:?} lacks {part:?}");
+    }
+    // A value already reached returns at once, with the value seen.
+    // SAFETY: as above.
+    assert_eq!(unsafe { semaphore_ge(sem.addr() as *const u64, v, bound) }, Ok(v));
+}
+
+#[test]
+fn waiting_on_a_qp_the_nic_never_runs_times_out_naming_the_cqe() {
+    // A QP left in RESET: the NIC ignores its doorbells, as hardware does, so no CQE ever comes.
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(16).unwrap();
+    let qp_emu = nic.create_qp(&pd, &cq, 16).unwrap();
+    let mut h = qp_emu.handle();
+    // SAFETY: the handle's memory is owned by `qp_emu` and `cq`, which outlive `qp`; this thread alone uses
+    // it. The QP is not connected, which is the point: its WQEs are never executed.
+    let mut qp = unsafe { DevQp::new(&mut h, 20_000_000) };
+    let _ = qp.post(false, wqe::nop).unwrap();
+    let t = qp.post(true, wqe::nop).unwrap();
+    assert_eq!(t, Ticket(1));
+    let t0 = Instant::now();
+    let r = qp.wait(t);
+    let Err(Error::Timeout(Timeout { on, waited_ns })) = r else { panic!("expected a timeout, got {r:?}") };
+    assert_eq!(on, WaitOn::Cqe { wqe_index: 1 });
+    assert!(waited_ns >= 20_000_000 && t0.elapsed() < Duration::from_secs(2), "waited {waited_ns} ns");
+    let text = r.unwrap_err().to_string();
+    assert!(text.contains("CQE of WQE 1"), "{text:?}");
+    assert_eq!(qp_emu.sq_consumed(), 0);
+    assert_eq!(cq.produced(), 0);
+
+    // Posting until the ring is full: the next WQE finds no room, and the error says how much it wanted.
+    while qp.handle().sq_pi < 13 {
+        let _ = qp.post(false, wqe::nop).unwrap();
+    }
+    let r = qp.post_write_inline(false, Raddr { addr: 0x1000, rkey: Be32::new(1) }, &[0u8; MAX_INLINE]);
+    let Err(Error::Timeout(Timeout { on, waited_ns })) = r else { panic!("expected a timeout, got {r:?}") };
+    assert_eq!(on, WaitOn::SqSpace { wqebbs: 4 });
+    assert!(waited_ns >= 20_000_000);
+    assert!(r.unwrap_err().to_string().contains("4 free WQEBBs"));
+    assert_eq!(qp.handle().sq_pi, 13, "a WQE that found no room changed the producer index");
+    assert_eq!(nic.stats().doorbells, 0);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Error reports (what a kernel hands the host)
+// ---------------------------------------------------------------------------------------------------------
+
+fn wait_on() -> impl Strategy<Value = WaitOn> {
+    prop_oneof![
+        any::<u64>().prop_map(|wqe_index| WaitOn::Cqe { wqe_index }),
+        any::<u32>().prop_map(|wqebbs| WaitOn::SqSpace { wqebbs }),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(addr, expected, seen)| WaitOn::Semaphore {
+            addr,
+            expected,
+            seen
+        }),
+    ]
+}
+
+fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
+    prop_oneof![
+        Just(InvalidArgument::LocalRange),
+        Just(InvalidArgument::RemoteRange),
+        Just(InvalidArgument::InlineTooLong),
+        Just(InvalidArgument::AtomicAlignment),
+        Just(InvalidArgument::Length),
+    ]
+}
+
+fn any_error() -> impl Strategy<Value = Error> {
+    prop_oneof![
+        (any::<u8>(), any::<u8>(), any::<u16>()).prop_map(|(syndrome, vendor_err_synd, wqe_counter)| Error::Cqe(
+            CqeError { syndrome, vendor_err_synd, wqe_counter }
+        )),
+        (wait_on(), any::<u64>()).prop_map(|(on, waited_ns)| Error::Timeout(Timeout { on, waited_ns })),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(iter, offset, expected, seen)| {
+            Error::Payload(PayloadMismatch { iter, offset, expected, seen })
+        }),
+        invalid_argument().prop_map(Error::InvalidArgument),
+    ]
+}
+
+/// The report's `kind` for `e`, from the documented codes (not from `to_report`).
+fn expected_kind(e: &Error) -> u32 {
+    match e {
+        Error::Cqe(_) => kind::CQE,
+        Error::Timeout(Timeout { on: WaitOn::Cqe { .. }, .. }) => kind::TIMEOUT_CQE,
+        Error::Timeout(Timeout { on: WaitOn::SqSpace { .. }, .. }) => kind::TIMEOUT_SQ_SPACE,
+        Error::Timeout(Timeout { on: WaitOn::Semaphore { .. }, .. }) => kind::TIMEOUT_SEMAPHORE,
+        Error::Payload(_) => kind::PAYLOAD,
+        Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn error_reports_round_trip(e in any_error()) {
+        let r = e.to_report();
+        prop_assert_eq!(r.kind, expected_kind(&e));
+        prop_assert_ne!(r.kind, kind::NONE);
+        prop_assert_eq!(Error::from_report(&r), Some(e));
+        // The report survives the bytes the host reads back.
+        let bytes = bytemuck::bytes_of(&r).to_vec();
+        let back: ErrorReport = bytemuck::pod_read_unaligned(&bytes);
+        prop_assert_eq!(Error::from_report(&back), Some(e));
+        // Each message names what went wrong.
+        let text = e.to_string();
+        let part = match e {
+            Error::Cqe(c) => format!("syndrome {:#04x}", c.syndrome),
+            Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index }, .. }) => format!("CQE of WQE {wqe_index}"),
+            Error::Timeout(Timeout { on: WaitOn::SqSpace { wqebbs }, .. }) => format!("{wqebbs} free WQEBBs"),
+            Error::Timeout(Timeout { on: WaitOn::Semaphore { addr, .. }, .. }) => format!("semaphore {addr:#x}"),
+            Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
+            Error::InvalidArgument(a) => format!("{a:?}"),
+        };
+        prop_assert!(text.contains(&part), "{:?} lacks {:?}", text, part);
+    }
+
+    #[test]
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 7u32..]) {
+        let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
+        prop_assert_eq!(Error::from_report(&r), None);
+    }
+}
+
+#[test]
+fn invalid_argument_codes_are_the_documented_ones() {
+    // The host decodes `expected` of an INVALID_ARGUMENT report with these numbers.
+    for (a, code) in [
+        (InvalidArgument::LocalRange, 1u64),
+        (InvalidArgument::RemoteRange, 2),
+        (InvalidArgument::InlineTooLong, 3),
+        (InvalidArgument::AtomicAlignment, 4),
+        (InvalidArgument::Length, 5),
+    ] {
+        let r = Error::InvalidArgument(a).to_report();
+        assert_eq!((r.kind, r.expected), (kind::INVALID_ARGUMENT, code));
+    }
+}
