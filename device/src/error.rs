@@ -180,7 +180,8 @@ impl Error {
                 2 => InvalidArgument::RemoteRange,
                 3 => InvalidArgument::InlineTooLong,
                 4 => InvalidArgument::AtomicAlignment,
-                _ => InvalidArgument::Length,
+                5 => InvalidArgument::Length,
+                _ => return None,
             })),
             _ => None,
         }

@@ -54,6 +54,8 @@ impl<'a> Qp<'a> {
                 if sq::free_wqebbs(self.h.wqe_cnt, self.h.sq_pi, self.h.sq_ci) >= n as u64 {
                     return Ok(Some(self.h.sq_pi));
                 }
+                // WQEs that were posted but not rung can never complete: ring them before waiting on them.
+                self.ring_db();
                 self.poll_cq().transpose().map(|_| None)
             },
             || WaitOn::SqSpace { wqebbs: n },
@@ -99,7 +101,10 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty or too long payload; as [`Qp::post`] otherwise.
     pub fn post_write_inline(&mut self, signaled: bool, remote: Raddr, data: &[u8]) -> Result<Ticket> {
-        if data.is_empty() || data.len() > MAX_INLINE {
+        if data.is_empty() {
+            return Err(Error::InvalidArgument(crate::error::InvalidArgument::Length));
+        }
+        if data.len() > MAX_INLINE {
             return Err(Error::InvalidArgument(crate::error::InvalidArgument::InlineTooLong));
         }
         let (_, ds) = wqe::rdma_write_inline(Ctrl { idx: 0, qpn: 0, fm_ce_se: 0 }, remote, data);
@@ -143,6 +148,10 @@ impl<'a> Qp<'a> {
     /// Polls one CQE. A requester completion retires the SQ up to its WQE; other completions (e.g. an inbound
     /// RDMA WRITE with immediate) are returned as they are.
     ///
+    /// The QP has one CQ for both directions (there is no RQ yet): responder completions that
+    /// [`Qp::wait`], [`Qp::flush`] or a post waiting for room meet are consumed there and not returned. Poll
+    /// for them with `poll_cq` before waiting when the peer writes with immediate.
+    ///
     /// # Errors
     /// [`Error::Cqe`] for an error CQE (the QP is then in the error state).
     pub fn poll_cq(&mut self) -> Option<Result<Completion>> {
@@ -163,6 +172,10 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::Cqe`] if it (or an earlier WQE) completed in error; [`Error::Timeout`] after the QP's timeout.
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
+        // An unsignaled WQE is retired only by a later CQE: ask for one when none was requested since `t`.
+        if self.h.sq_sig_first <= t.0 && self.h.sq_ci <= t.0 {
+            let _ = self.post(true, wqe::nop)?;
+        }
         self.ring_db();
         let timeout = self.timeout_ns;
         bounded(

@@ -447,7 +447,7 @@ fn inline_write_rejects_empty_and_too_long_payloads_and_posts_nothing() {
     let mut h = p.a.handle();
     let mut qp = dev_qp(&mut h);
     let r = raddr(&rmr.remote(), 0);
-    assert!(matches!(qp.post_write_inline(true, r, &[]), Err(Error::InvalidArgument(_))), "empty inline payload");
+    assert_eq!(qp.post_write_inline(true, r, &[]), inval(InvalidArgument::Length), "empty inline payload");
     assert_eq!(
         qp.post_write_inline(true, r, &[1u8; MAX_INLINE + 1]),
         Err(Error::InvalidArgument(InvalidArgument::InlineTooLong))
@@ -632,6 +632,33 @@ fn put_with_a_bad_rkey_fails_with_0x13_and_then_everything_flushes() {
     assert!(dst.read().iter().all(|&b| b == 0x44), "a flushed put placed bytes");
     let s = p.nic.stats();
     assert_eq!((s.error_cqes, s.flush_cqes), (1, 4), "{s:?}");
+}
+
+#[test]
+fn posts_that_fill_the_ring_unrung_still_complete() {
+    // More unsignaled NOPs than the ring holds, never rung by the caller: reserving room must ring them
+    // itself, or it waits for CQEs that cannot come.
+    let p = Pair::new(16, 16);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    for _ in 0..40 {
+        let _ = qp.post(false, wqe::nop).unwrap();
+    }
+    qp.flush().unwrap();
+    assert_eq!(qp.handle().sq_ci, qp.handle().sq_pi);
+    assert_eq!(p.a.sq_consumed(), qp.handle().sq_pi);
+}
+
+#[test]
+fn waiting_on_an_unsignaled_ticket_asks_for_a_cqe() {
+    let p = Pair::new(16, 16);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let t = qp.post(false, wqe::nop).unwrap();
+    qp.wait(t).unwrap();
+    // The NOP itself and the signaled NOP `wait` added.
+    assert_eq!(qp.handle().sq_pi, 2);
+    assert!(qp.handle().sq_ci > t.0);
 }
 
 #[test]
