@@ -38,6 +38,7 @@ pub const fn wqe_index_from_counter(pi: u64, wqe_counter: u16) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::{vec, vec::Vec};
 
     #[test]
     fn counter_reconstruction_across_wrap() {
