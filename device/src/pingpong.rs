@@ -128,39 +128,47 @@ fn report(a: &PingPongArgs, e: Error) {
     }
 }
 
+/// Runs `step` on the leader (thread 0, the only one holding the QP), reports its error, and returns to every
+/// thread of the team whether the rank must stop.
+fn leader_step(
+    team: &impl Team,
+    qp: &mut Option<Qp<'_>>,
+    a: &PingPongArgs,
+    step: impl FnOnce(&mut Qp<'_>) -> Result<()>,
+) -> bool {
+    let failed = qp.as_mut().is_some_and(|qp| step(qp).map_err(|e| report(a, e)).is_err());
+    team.sync_or(failed)
+}
+
 /// Runs one rank's loop. Returns early, with the error written to `a.report`, when anything fails.
 ///
 /// # Safety
 /// `a` must come from the host's ping-pong setup: every address valid for the whole run, `a.qp` used by no
 /// one else, and both ranks running at the same time (they wait on each other).
 pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
-    let leader = team.tid() == 0;
     // SAFETY: the caller's contract; only the leader touches the QP.
-    let mut qp = leader.then(|| unsafe { Qp::new(&mut *(a.qp as *mut QpHandle), a.timeout_ns) });
+    let mut qp = (team.tid() == 0).then(|| unsafe { Qp::new(&mut *(a.qp as *mut QpHandle), a.timeout_ns) });
+    let send = |qp: &mut Qp<'_>| {
+        qp.put_with_signal(&a.peer_recv, 0, &a.send, 0, a.size, &a.peer_sem, 0, &a.scratch, 0).map(|_| ())
+    };
     for k in 0..a.iters as u64 {
         // Rank 1 fills its answer before waiting: it is ready when the ping arrives.
         fill(team, a, k);
-        let mut failed = team.sync_or(false);
-        if let Some(qp) = qp.as_mut() {
-            let r: Result<()> = (|| {
-                let t0 = sync::clock_ns();
-                if a.rank == 0 {
-                    let _ = qp.put_with_signal(&a.peer_recv, 0, &a.send, 0, a.size, &a.peer_sem, 0, &a.scratch, 0)?;
-                }
-                // SAFETY: `sem` is this rank's semaphore (caller's contract).
-                unsafe { semaphore_ge(a.sem as *const u64, k + 1, a.timeout_ns)? };
-                if a.rank == 0 && a.times != 0 {
-                    // SAFETY: `times` holds `iters` words (caller's contract).
-                    unsafe { (a.times as *mut u64).add(k as usize).write_volatile(sync::clock_ns() - t0) };
-                }
-                Ok(())
-            })();
-            if let Err(e) = r {
-                report(a, e);
-                failed = true;
+        let _ = team.sync_or(false);
+        let stop = leader_step(team, &mut qp, a, |qp| {
+            let t0 = sync::clock_ns();
+            if a.rank == 0 {
+                send(qp)?;
             }
-        }
-        if team.sync_or(failed) {
+            // SAFETY: `sem` is this rank's semaphore (caller's contract).
+            unsafe { semaphore_ge(a.sem as *const u64, k + 1, a.timeout_ns)? };
+            if a.rank == 0 && a.times != 0 {
+                // SAFETY: `times` holds `iters` words (caller's contract).
+                unsafe { (a.times as *mut u64).add(k as usize).write_volatile(sync::clock_ns() - t0) };
+            }
+            Ok(())
+        });
+        if stop {
             return;
         }
         let bad = check(team, a, k);
@@ -170,23 +178,17 @@ pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
         if team.sync_or(bad.is_some()) {
             return;
         }
-        let mut failed = false;
-        if let Some(qp) = qp.as_mut() {
-            let r: Result<()> = (|| {
-                if a.rank == 1 {
-                    let _ = qp.put_with_signal(&a.peer_recv, 0, &a.send, 0, a.size, &a.peer_sem, 0, &a.scratch, 0)?;
-                }
-                qp.flush()?;
-                // SAFETY: `checked` is this rank's counter (caller's contract).
-                unsafe { *(a.checked as *mut u64) += 1 };
-                Ok(())
-            })();
-            if let Err(e) = r {
-                report(a, e);
-                failed = true;
+        let stop = leader_step(team, &mut qp, a, |qp| {
+            if a.rank == 1 {
+                send(qp)?;
             }
-        }
-        if team.sync_or(failed) {
+            // The send buffer is refilled next iteration: every read of it must be done.
+            qp.flush()?;
+            // SAFETY: `checked` is this rank's counter (caller's contract).
+            unsafe { *(a.checked as *mut u64) += 1 };
+            Ok(())
+        });
+        if stop {
             return;
         }
     }
