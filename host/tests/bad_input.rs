@@ -1,0 +1,1101 @@
+//! Bad input and misuse, as a careless or hostile user would try them, on the `cpu` executor and the emulated
+//! NIC: the `pingpong` example's command line, the host API (`PingPong`, `EmuNic`, executors) and device code
+//! (`gdaki_device::qp::Qp`, one-sided operations, bounded waits) with forged handles, odd sizes and zero
+//! timeouts, and resources dropped in odd orders while device code runs.
+//!
+//! The rule checked everywhere (design.md): no panic, no hang (every wait bounded), no silent data loss, no
+//! write outside a registered region (guard bytes), and each error a typed value with a clear one-line
+//! message. Tests marked `#[ignore = "BUG: ..."]` assert the correct behaviour of a bug found here and fail
+//! until it is fixed: run them with `--ignored`.
+
+mod emu_util;
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use emu_util::{GuardedBuf, Pair};
+use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::mem::{MemKind, MemLoc};
+use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, Pd, QpState, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT};
+use gdaki::pingpong::{PingPong, RunConfig};
+use gdaki_device::error::{CqeError, InvalidArgument, Timeout, WaitOn};
+use gdaki_device::qp::{Qp as DevQp, Ticket};
+use gdaki_device::wait::semaphore_ge;
+use gdaki_device::wqe::{self, Ctrl, Raddr, Sge, Wqe};
+use gdaki_device::Error;
+use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr};
+use gdaki_shared::prm::opcode::syndrome;
+use gdaki_shared::Be32;
+
+/// Bound of device-side waits in tests that expect success (a loaded 2-core machine), short enough that a
+/// hang fails the test rather than the CI job.
+const TIMEOUT_NS: u64 = 10_000_000_000;
+
+/// Bound of device-side waits in tests that expect a timeout.
+const SHORT_NS: u64 = 20_000_000;
+
+/// Wraps `h` as an Exclusive device QP whose waits give up after `timeout_ns`.
+fn dev_qp(h: &mut QpHandle, timeout_ns: u64) -> DevQp<'_> {
+    // SAFETY: every handle passed here comes from `emu::Qp::handle()` of a QP (and CQ) that the calling test
+    // keeps alive for longer than the borrow; its queues are host memory (cpu executor), and only the calling
+    // thread posts to it or polls its CQ while the returned value lives.
+    unsafe { DevQp::new(h, timeout_ns) }
+}
+
+/// An error CQE as device code reports it.
+fn cqe(syndrome: u8, vendor_err_synd: u8, wqe_index: u64) -> Error {
+    Error::Cqe(CqeError { syndrome, vendor_err_synd, wqe_counter: wqe_index as u16 })
+}
+
+fn inval<T>(a: InvalidArgument) -> Result<T, Error> {
+    Err(Error::InvalidArgument(a))
+}
+
+/// Asserts that `msg` is one non-empty line.
+fn one_line(msg: &str) {
+    assert!(!msg.trim().is_empty() && !msg.trim_end().contains('\n'), "not one line: {msg:?}");
+}
+
+/// Asserts that `r` is an `InvalidArgument` whose message is one line mentioning every word of `words`.
+fn host_inval<T: std::fmt::Debug>(r: gdaki::Result<T>, words: &[&str]) {
+    match r {
+        Err(e @ gdaki::Error::InvalidArgument(_)) => {
+            let m = e.to_string();
+            one_line(&m);
+            for w in words {
+                assert!(m.contains(w), "{m:?} does not mention {w:?}");
+            }
+        }
+        other => panic!("expected InvalidArgument mentioning {words:?}, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The pingpong example's command line
+// ---------------------------------------------------------------------------------------------------------
+
+/// The `pingpong` example binary of this target directory (built by `cargo test --workspace` or
+/// `cargo build --example pingpong`), or `GDAKI_PINGPONG` when set.
+fn pingpong_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GDAKI_PINGPONG") {
+        return Some(p.into());
+    }
+    // This test runs from <target>/<profile>/deps/; examples are in <target>/<profile>/examples/.
+    let exe = std::env::current_exe().ok()?;
+    let bin = exe.parent()?.parent()?.join("examples").join(format!("pingpong{}", std::env::consts::EXE_SUFFIX));
+    bin.is_file().then_some(bin)
+}
+
+/// Runs the example with `args` (stdin closed), at most 60 s; `None` (with a note) when it is not built.
+fn pingpong(args: &[&str]) -> Option<Output> {
+    let Some(bin) = pingpong_bin() else {
+        eprintln!("skipped: the pingpong example is not built (cargo build --example pingpong)");
+        return None;
+    };
+    let mut child = Command::new(&bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("pingpong {args:?} hung");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Asserts that the example exited with `code`, did not panic, and that its stderr's first line starts with
+/// `error:` and contains `needle`.
+fn assert_cli_error(out: &Output, code: i32, needle: &str) {
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(code), "exit status; stdout {so:?} stderr {se:?}");
+    assert!(!se.contains("panicked") && !se.contains("RUST_BACKTRACE"), "it panicked: {se}");
+    let first = se.lines().find(|l| l.starts_with("error")).unwrap_or_else(|| panic!("no error line in {se:?}"));
+    assert!(first.contains(needle), "{first:?} does not mention {needle:?}");
+}
+
+#[test]
+fn cli_rejects_out_of_range_and_malformed_numbers_before_running() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--size", "0"], "--size"),
+        (&["--size", "-1"], "-1"),
+        (&["--size", "1073741825"], "--size"),
+        (&["--size", "99999999999999999999999"], "--size"),
+        (&["--size", "8k"], "--size"),
+        (&["--iters", "0"], "--iters"),
+        (&["--iters", "-5"], "-5"),
+        (&["--iters", "10000001"], "--iters"),
+        (&["--warmup", "-1"], "-1"),
+        (&["--warmup", "4294967296"], "--warmup"),
+        (&["--timeout-ms", "-1"], "-1"),
+        (&["--timeout-ms", "1.5"], "--timeout-ms"),
+        (&["--seed", "-1"], "-1"),
+        (&["--json"], "--json"),
+        (&["--frobnicate"], "--frobnicate"),
+        (&["--size"], "--size"),
+    ];
+    for (args, needle) in cases {
+        let mut all = vec!["--executor", "cpu"];
+        all.extend_from_slice(args);
+        let Some(out) = pingpong(&all) else { return };
+        assert_cli_error(&out, 2, needle);
+        // Nothing ran: no table.
+        assert!(!text(&out.stdout).contains("#bytes"), "{args:?} ran anyway");
+    }
+}
+
+#[test]
+fn cli_unknown_executor_is_a_one_line_error() {
+    for bad in ["tpu", "", "CPU", " cpu", "cpu,gpu"] {
+        let Some(out) = pingpong(&["--executor", bad]) else { return };
+        assert_cli_error(&out, 2, "executor must be cpu or gpu");
+    }
+}
+
+#[test]
+fn cli_gpu_executor_without_a_gpu_is_a_one_line_error() {
+    if Executor::open(Some(ExecutorKind::Gpu)).is_ok() {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    let Some(out) = pingpong(&["--executor", "gpu", "--iters", "1"]) else { return };
+    assert_cli_error(&out, 2, "error:");
+    assert_eq!(text(&out.stderr).lines().count(), 1, "{:?}", text(&out.stderr));
+}
+
+#[test]
+fn cli_zero_timeout_fails_cleanly_and_says_what_timed_out() {
+    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "3", "--timeout-ms", "0"]) else { return };
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(!se.contains("panicked"), "{se}");
+    // A round trip cannot finish within 0 ns; the failure is reported, and counted.
+    assert_cli_error(&out, 1, "timed out");
+    assert!(so.trim_end().ends_with("0 passed, 1 failed"), "{so:?}");
+}
+
+#[test]
+fn cli_warmup_larger_than_iters_runs() {
+    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "2", "--warmup", "30", "--size", "13"]) else {
+        return;
+    };
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{so} {}", text(&out.stderr));
+    // Every payload of warm-up and measured round trips is checked, on both ranks.
+    assert!(so.trim_end().ends_with("64 passed, 0 failed"), "{so:?}");
+    // The table has the measured iterations only.
+    assert!(so.lines().any(|l| l.split_whitespace().take(2).eq(["13", "2"])), "{so:?}");
+}
+
+#[test]
+#[ignore = "BUG: --warmup near u32::MAX overflows warmup + iters (panic in examples/pingpong.rs:91)"]
+fn cli_warmup_plus_iters_overflow_is_an_error_not_a_panic() {
+    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "5", "--warmup", "4294967295"]) else { return };
+    assert_cli_error(&out, 2, "--warmup");
+}
+
+#[test]
+fn cli_json_to_a_directory_or_missing_folder_is_a_one_line_error() {
+    let dir = std::env::temp_dir().join(format!("gdaki-bad-input-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("no/such/folder/out.json");
+    for path in [dir.clone(), missing] {
+        let p = path.to_str().unwrap();
+        let Some(out) = pingpong(&["--executor", "cpu", "--iters", "2", "--json", p]) else { break };
+        assert_cli_error(&out, 1, &format!("writing {p}"));
+        assert!(text(&out.stdout).trim_end().ends_with("failed"), "{}", text(&out.stdout));
+    }
+    assert!(dir.is_dir(), "the directory given as --json was replaced");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "BUG: an unwritable --json path is found only after the whole run (examples/pingpong.rs:125)"]
+fn cli_unwritable_json_path_is_refused_before_running() {
+    let dir = std::env::temp_dir();
+    let p = dir.to_str().unwrap();
+    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "2", "--json", p]) else { return };
+    assert_cli_error(&out, 2, "--json");
+    assert!(!text(&out.stdout).contains("#bytes"), "it ran the benchmark first: {}", text(&out.stdout));
+}
+
+#[test]
+#[ignore = "BUG: println! panics when stdout is closed (`pingpong | head`), and --json is then never written"]
+fn cli_closed_stdout_does_not_panic_and_still_writes_json() {
+    let Some(bin) = pingpong_bin() else { return };
+    let json = std::env::temp_dir().join(format!("gdaki-bad-input-{}.json", std::process::id()));
+    let mut child = Command::new(bin)
+        .args(["--executor", "cpu", "--iters", "2", "--json", json.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A reader that went away, as `| head -1` does.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let se = text(&out.stderr);
+    let written = std::fs::read_to_string(&json);
+    let _ = std::fs::remove_file(&json);
+    assert!(!se.contains("panicked"), "{se}");
+    assert!(written.is_ok_and(|j| j.contains("\"passed\"")), "no JSON written; stderr {se}");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Executors
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn executor_names_are_exact_and_errors_name_the_input() {
+    for bad in ["", "CPU", "Gpu", " cpu", "cpu ", "cuda", "cpu\n"] {
+        let r: gdaki::Result<ExecutorKind> = bad.parse();
+        host_inval(r.map(|_| ()), &["cpu or gpu", &format!("{bad:?}")]);
+    }
+    assert_eq!("cpu".parse::<ExecutorKind>().unwrap(), ExecutorKind::Cpu);
+    match Executor::open(Some(ExecutorKind::Gpu)) {
+        Ok(_) => eprintln!("this machine has a GPU"),
+        Err(e @ gdaki::Error::Unavailable(_)) => one_line(&e.to_string()),
+        Err(e) => panic!("a missing GPU must be Unavailable, not {e:?}"),
+    }
+    // The automatic choice never fails for lack of a GPU.
+    let (exec, _notice) = Executor::open(None).unwrap();
+    let _ = exec.kind();
+}
+
+#[test]
+fn executor_data_buffers_of_zero_and_absurd_sizes() {
+    let e = Executor::Cpu;
+    let b = e.alloc_data(0).unwrap();
+    assert!(b.is_empty() && b.to_vec().unwrap().is_empty());
+    for huge in [usize::MAX, usize::MAX / 2, 1 << 62] {
+        match e.alloc_data(huge) {
+            Err(gdaki::Error::InvalidArgument(m)) => one_line(&m),
+            Err(gdaki::Error::OutOfMemory(n)) => assert_eq!(n, huge),
+            other => panic!("{huge} bytes: {other:?}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// PingPong (host API)
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn pingpong_new_rejects_zero_and_huge_sizes() {
+    host_inval(PingPong::new(Executor::Cpu, 0, 10).map(|_| ()), &["size"]);
+    host_inval(PingPong::new(Executor::Cpu, 8, 0).map(|_| ()), &["iterations"]);
+    for size in [1usize << 62, isize::MAX as usize] {
+        match PingPong::new(Executor::Cpu, size, 1) {
+            Err(gdaki::Error::OutOfMemory(_) | gdaki::Error::InvalidArgument(_)) => {}
+            Err(e) => panic!("{size} bytes: unexpected error {e}"),
+            Ok(_) => panic!("{size} bytes: allocated?"),
+        }
+    }
+}
+
+#[test]
+#[ignore = "BUG: PingPong::new(max_size near usize::MAX) overflows buf_len (host/src/pingpong.rs:98)"]
+fn pingpong_new_size_that_overflows_rounding_is_an_error() {
+    assert!(PingPong::new(Executor::Cpu, usize::MAX, 1).is_err());
+}
+
+#[test]
+#[ignore = "BUG: PingPong::new(max_iters > usize::MAX / 8) overflows 8 * max_iters (host/src/pingpong.rs:96); \
+            in release the times buffer wraps to 8 bytes and run() writes past it"]
+fn pingpong_new_iteration_count_that_overflows_is_an_error() {
+    host_inval(PingPong::new(Executor::Cpu, 8, (1usize << 61) + 1).map(|_| ()), &["iter"]);
+}
+
+#[test]
+fn pingpong_run_rejects_bad_configs_and_still_runs_afterwards() {
+    let mut pp = PingPong::new(Executor::Cpu, 64, 10).unwrap();
+    let ok = RunConfig { size: 13, iters: 4, warmup: 6, seed: 3, timeout: Duration::from_secs(10) };
+    for (bad, what) in [
+        (RunConfig { size: 0, ..ok }, "size 0"),
+        (RunConfig { size: 65, ..ok }, "size 65"),
+        (RunConfig { size: usize::MAX, ..ok }, "size usize::MAX"),
+        (RunConfig { iters: 0, warmup: 3, ..ok }, "iters 0"),
+        (RunConfig { iters: 5, warmup: 6, ..ok }, "warmup + iters 11"),
+        (RunConfig { iters: u32::MAX, warmup: 0, ..ok }, "iters u32::MAX"),
+    ] {
+        match pp.run(&bad) {
+            Err(e @ gdaki::Error::InvalidArgument(_)) => one_line(&e.to_string()),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    // The size rounds up to 8 bytes inside: the whole rounded buffer is usable, one more byte is not.
+    let mut pp7 = PingPong::new(Executor::Cpu, 61, 2).unwrap();
+    assert_eq!(pp7.run(&RunConfig { size: 64, iters: 2, warmup: 0, ..ok }).unwrap().checked, 4);
+    assert!(pp7.run(&RunConfig { size: 65, iters: 2, warmup: 0, ..ok }).is_err());
+    // Rejected configs changed nothing: a good run checks every payload.
+    let r = pp.run(&ok).unwrap();
+    assert_eq!((r.checked, r.round_trip_ns.len()), (20, 4));
+}
+
+#[test]
+#[ignore = "BUG: RunConfig { warmup: u32::MAX, .. } overflows warmup + iters (host/src/pingpong.rs:185, :172)"]
+fn pingpong_run_warmup_overflow_is_an_error() {
+    let mut pp = PingPong::new(Executor::Cpu, 8, 4).unwrap();
+    let cfg = RunConfig { size: 8, iters: 5, warmup: u32::MAX, seed: 1, timeout: Duration::from_secs(1) };
+    host_inval(pp.run(&cfg).map(|_| ()), &["warmup"]);
+}
+
+#[test]
+fn pingpong_zero_timeout_is_a_device_error_that_says_timed_out() {
+    let mut pp = PingPong::new(Executor::Cpu, 8, 4).unwrap();
+    let cfg = RunConfig { size: 8, iters: 4, warmup: 0, seed: 1, timeout: Duration::ZERO };
+    let t = Instant::now();
+    match pp.run(&cfg) {
+        Err(e @ gdaki::Error::Device(_)) => {
+            let m = e.to_string();
+            one_line(&m);
+            assert!(m.contains("timed out") && m.contains("rank 0"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(5), "a zero timeout took {:?}", t.elapsed());
+}
+
+#[test]
+fn pingpong_with_the_largest_timeout_runs() {
+    // Duration::MAX saturates to u64::MAX ns on the way to device code instead of overflowing.
+    let mut pp = PingPong::new(Executor::Cpu, 16, 3).unwrap();
+    let cfg = RunConfig { size: 16, iters: 2, warmup: 1, seed: u64::MAX, timeout: Duration::MAX };
+    assert_eq!(pp.run(&cfg).unwrap().checked, 6);
+}
+
+#[test]
+#[ignore = "BUG: a run after a failed run reports a bogus payload mismatch (late WQEs of the failed run land \
+            after run() resets the semaphores, host/src/pingpong.rs:195)"]
+fn pingpong_run_after_a_failed_run_works_or_says_it_cannot() {
+    const SIZE: usize = 1 << 20;
+    let mut pp = PingPong::new(Executor::Cpu, SIZE, 8).unwrap();
+    for round in 0..3u64 {
+        // Fails at once: the NIC is still copying the first ping when both ranks give up.
+        let cfg = RunConfig { size: SIZE, iters: 8, warmup: 0, seed: round, timeout: Duration::ZERO };
+        assert!(matches!(pp.run(&cfg), Err(gdaki::Error::Device(_))));
+        let cfg = RunConfig { timeout: Duration::from_secs(2), seed: 100 + round, ..cfg };
+        match pp.run(&cfg) {
+            Ok(r) => assert_eq!(r.checked, 16),
+            // The documented outcome: the PingPong cannot run again, and says so.
+            Err(gdaki::Error::InvalidArgument(m)) => {
+                one_line(&m);
+                return;
+            }
+            Err(e) => panic!("round {round}: the run after a failed one: {e}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// EmuNic: registration, queues, connection
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn reg_mr_rejects_zero_null_wrapping_and_rightless_ranges() {
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let other = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let other_pd = other.alloc_pd().unwrap();
+    let buf = GuardedBuf::new(64, 0);
+    let host = |addr| MemLoc { kind: MemKind::Host, addr };
+    let cases: [(MemLoc, u64, Access, &Pd, &[&str]); 8] = [
+        (host(buf.addr()), 0, Access::ALL, &pd, &["length is zero"]),
+        (host(0), 64, Access::ALL, &pd, &["null"]),
+        (host(u64::MAX - 10), 64, Access::ALL, &pd, &["wraps"]),
+        (host(1), u64::MAX, Access::ALL, &pd, &["wraps"]),
+        (host(buf.addr()), 64, Access::REMOTE_WRITE, &pd, &["LOCAL_WRITE"]),
+        (host(buf.addr()), 64, Access::REMOTE_ATOMIC | Access::REMOTE_READ, &pd, &["LOCAL_WRITE"]),
+        (MemLoc { kind: MemKind::Gpu, addr: buf.addr() }, 64, Access::ALL, &pd, &["GPU"]),
+        (host(buf.addr()), 64, Access::ALL, &other_pd, &["PD", "NIC"]),
+    ];
+    for (loc, len, access, pd, words) in cases {
+        // SAFETY: every case is rejected before the NIC could touch memory; none returns an Mr.
+        let r = unsafe { nic.reg_mr(pd, loc, len, access) };
+        host_inval(r.map(|_| ()), words);
+    }
+    assert!(buf.guards_intact());
+}
+
+#[test]
+fn overlapping_mrs_each_keep_their_own_rights_and_survive_each_other() {
+    const LEN: usize = 256;
+    let (src, dst) = (GuardedBuf::new(LEN, 0x5a), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    // The same bytes three times: writable whole, read-only whole, writable second half.
+    let rw = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let ro = dst.register(&p.nic, &p.pd, Access::REMOTE_READ);
+    let loc = MemLoc { kind: MemKind::Host, addr: dst.addr() + 128 };
+    // SAFETY: `dst` outlives the MR (dropped at the end of the test, after the MR).
+    let half = unsafe { p.nic.reg_mr(&p.pd, loc, 128, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.unwrap();
+    assert!(rw.rkey() != ro.rkey() && ro.rkey() != half.rkey() && rw.rkey() != half.rkey());
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    // Dropping the whole-range writable MR leaves the others working.
+    drop(rw);
+    qp.put(&half.remote(), 0, &lmr.handle(), 0, 128).unwrap();
+    qp.flush().unwrap();
+    let got = dst.read();
+    assert!(got[..128].iter().all(|&b| b == 0) && got[128..].iter().all(|&b| b == 0x5a));
+    // The read-only one refuses a write, and nothing is placed.
+    dst.fill(0);
+    let at = qp.handle().sq_pi;
+    qp.put(&ro.remote(), 0, &lmr.handle(), 0, 8).unwrap();
+    assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::REMOTE_ACCESS, at)));
+    assert!(dst.read().iter().all(|&b| b == 0) && dst.guards_intact());
+}
+
+#[test]
+fn stale_keys_stay_dead_across_many_re_registrations() {
+    let p = Pair::new(16, 16);
+    let (src, dst) = (GuardedBuf::new(64, 0x33), GuardedBuf::new(64, 0));
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let first = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let stale = first.remote();
+    drop(first);
+    // New MRs over the same bytes reuse the key slot again and again; the stale rkey names none of the next
+    // 255 (the key's variant byte has 8 bits, as an mlx5 mkey's: the 256th reuse of one slot repeats it).
+    let mut now = None;
+    for _ in 0..255 {
+        drop(now.take());
+        now = Some(dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE));
+        assert_ne!(now.as_ref().unwrap().rkey(), stale.rkey.get());
+    }
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    qp.put(&stale, 0, &lmr.handle(), 0, 64).unwrap();
+    assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, 0)));
+    assert!(dst.read().iter().all(|&b| b == 0));
+    drop(now);
+}
+
+#[test]
+fn queues_of_bad_sizes_are_refused_with_the_limits_named() {
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let other = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    for n in [0, 3, 48, MAX_CQE + 1, MAX_CQE * 2, u32::MAX, 1 << 31] {
+        host_inval(nic.create_cq(n).map(|_| ()), &[&n.to_string(), "power of two"]);
+    }
+    let cq = nic.create_cq(64).unwrap();
+    for n in [0, 1, 8, MIN_WQE_CNT - 1, 17, 48, MAX_WQE_CNT * 2, u32::MAX] {
+        host_inval(nic.create_qp(&pd, &cq, n).map(|_| ()), &[&n.to_string(), "power of two"]);
+    }
+    host_inval(nic.create_qp(&pd, &cq, 128).map(|_| ()), &["smaller than SQ"]);
+    let other_cq = other.create_cq(64).unwrap();
+    let other_pd = other.alloc_pd().unwrap();
+    host_inval(nic.create_qp(&pd, &other_cq, 16).map(|_| ()), &["CQ", "NIC"]);
+    host_inval(nic.create_qp(&other_pd, &cq, 16).map(|_| ()), &["PD", "NIC"]);
+    // The extremes that are allowed work.
+    let big_cq = nic.create_cq(MAX_WQE_CNT).unwrap();
+    let qp = nic.create_qp(&pd, &big_cq, MAX_WQE_CNT).unwrap();
+    assert_eq!(qp.handle().wqe_cnt, MAX_WQE_CNT);
+    let tiny = nic.create_cq(1).unwrap();
+    assert_eq!(tiny.ncqe(), 1);
+}
+
+#[test]
+fn connect_misuse_is_refused_and_leaves_the_qp_usable() {
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let other = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(16).unwrap();
+    let (a, b) = (nic.create_qp(&pd, &cq, 16).unwrap(), nic.create_qp(&pd, &cq, 16).unwrap());
+    let (opd, ocq) = (other.alloc_pd().unwrap(), other.create_cq(16).unwrap());
+    let foreign = other.create_qp(&opd, &ocq, 16).unwrap();
+    // A QP of another NIC, a QPN that does not exist, a destroyed QP.
+    host_inval(a.connect(&foreign.endpoint()), &["NIC"]);
+    let mut ghost = b.endpoint();
+    ghost.qpn = 0xdead;
+    host_inval(a.connect(&ghost), &["0xdead"]);
+    let gone = nic.create_qp(&pd, &cq, 16).unwrap();
+    let gone_ep = gone.endpoint();
+    drop(gone);
+    host_inval(a.connect(&gone_ep), &[&format!("{:#x}", gone_ep.qpn)]);
+    // None of that moved `a` out of RESET: it still connects, once.
+    assert_eq!(a.state(), QpState::Reset);
+    a.connect(&b.endpoint()).unwrap();
+    assert_eq!(a.state(), QpState::Rts);
+    host_inval(a.connect(&b.endpoint()), &["RESET"]);
+    host_inval(a.connect(&a.endpoint()), &["RESET"]);
+    assert_eq!(a.state(), QpState::Rts);
+}
+
+#[test]
+fn a_qp_connected_to_itself_writes_into_its_own_nic_memory() {
+    let (src, dst) = (GuardedBuf::new(100, 0x6b), GuardedBuf::new(100, 0));
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(16).unwrap();
+    let q = nic.create_qp(&pd, &cq, 16).unwrap();
+    q.connect(&q.endpoint()).unwrap();
+    let lmr = src.register(&nic, &pd, Access::NONE);
+    let rmr = dst.register(&nic, &pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = q.handle();
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    qp.put(&rmr.remote(), 1, &lmr.handle(), 0, 99).unwrap();
+    qp.flush().unwrap();
+    let got = dst.read();
+    assert!(got[0] == 0 && got[1..].iter().all(|&b| b == 0x6b) && dst.guards_intact());
+}
+
+#[test]
+fn dropping_cq_pd_and_nic_handles_before_the_qp_keeps_the_qp_working() {
+    let (src, dst) = (GuardedBuf::new(64, 0x42), GuardedBuf::new(64, 0));
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let emu_util::Pair { nic, pd, cq_a, cq_b, a, b } = p;
+    let mut h = a.handle();
+    // The QPs keep their CQs' memory, the PD is a number, the MRs and QPs keep the NIC.
+    drop((cq_a, cq_b, pd, nic));
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
+    qp.flush().unwrap();
+    assert!(dst.read().iter().all(|&b| b == 0x42));
+    drop((a, b));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Dropping things while device code runs on another thread
+// ---------------------------------------------------------------------------------------------------------
+
+/// Runs `rounds` of "fill the source with round k's byte, put it, flush" on QP `h` until a round fails, and
+/// returns that failure (or `None` if all succeed). `stop` ends it early without an error.
+fn put_rounds(h: &mut QpHandle, dst: RemoteMr, src: (&GuardedBuf, MrHandle), stop: &AtomicBool) -> Option<Error> {
+    let mut qp = dev_qp(h, TIMEOUT_NS);
+    for k in 0..200_000u32 {
+        if stop.load(Ordering::Acquire) {
+            return None;
+        }
+        // The previous flush returned: the NIC no longer reads the source.
+        src.0.fill((k % 251) as u8 + 1);
+        if let Err(e) = qp.put(&dst, 0, &src.1, 0, dst.length).and_then(|()| qp.flush()) {
+            return Some(e);
+        }
+    }
+    None
+}
+
+#[test]
+fn dropping_the_target_mr_while_a_thread_puts_stops_every_write_at_once() {
+    const LEN: usize = 4096;
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (remote, local) = (rmr.remote(), lmr.handle());
+    let stop = AtomicBool::new(false);
+    let mut h = p.a.handle();
+    let (err, after_drop) = std::thread::scope(|s| {
+        let t = s.spawn(|| put_rounds(&mut h, remote, (&src, local), &stop));
+        // Let some rounds land, then deregister under the poster's feet.
+        while p.nic.stats().wqes < 20 {
+            std::thread::yield_now();
+        }
+        drop(rmr);
+        let after_drop = dst.read();
+        (t.join().unwrap(), after_drop)
+    });
+    // The poster got the protection error (stale rkey) and nothing after it.
+    assert_eq!(err.map(|e| matches!(e, Error::Cqe(c) if c.syndrome == syndrome::REMOTE_ACCESS_ERR)), Some(true));
+    assert_eq!(p.a.state(), QpState::Error);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(dst.read() == after_drop, "the NIC wrote into the region after its MR was dropped");
+    assert!(dst.guards_intact() && src.guards_intact());
+}
+
+#[test]
+fn dropping_the_source_mr_while_a_thread_puts_fails_with_a_local_protection_error() {
+    const LEN: usize = 4096;
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (remote, local) = (rmr.remote(), lmr.handle());
+    let stop = AtomicBool::new(false);
+    let mut h = p.a.handle();
+    let err = std::thread::scope(|s| {
+        let t = s.spawn(|| put_rounds(&mut h, remote, (&src, local), &stop));
+        while p.nic.stats().wqes < 20 {
+            std::thread::yield_now();
+        }
+        drop(lmr);
+        t.join().unwrap()
+    });
+    let Some(Error::Cqe(c)) = err else { panic!("{err:?}") };
+    assert_eq!((c.syndrome, c.vendor_err_synd), (syndrome::LOCAL_PROT_ERR, vendor::BAD_LKEY));
+    assert!(dst.guards_intact() && src.guards_intact());
+}
+
+#[test]
+fn dropping_the_peer_qp_while_a_thread_puts_fails_with_retry_exceeded_in_bounded_time() {
+    const LEN: usize = 4096;
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (remote, local) = (rmr.remote(), lmr.handle());
+    let stop = AtomicBool::new(false);
+    let emu_util::Pair { nic, pd: _pd, cq_a: _cq_a, cq_b: _cq_b, a, b } = p;
+    let mut h = a.handle();
+    let t0 = Instant::now();
+    let err = std::thread::scope(|s| {
+        let t = s.spawn(|| put_rounds(&mut h, remote, (&src, local), &stop));
+        while nic.stats().wqes < 20 {
+            std::thread::yield_now();
+        }
+        drop(b);
+        t.join().unwrap()
+    });
+    assert!(t0.elapsed() < Duration::from_secs(8), "took {:?}", t0.elapsed());
+    let Some(Error::Cqe(c)) = err else { panic!("{err:?}") };
+    assert_eq!((c.syndrome, c.vendor_err_synd), (syndrome::TRANSPORT_RETRY_EXC_ERR, vendor::NO_PEER));
+    // Later posts are flushed, not executed, and the flush error is reported.
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    let before = dst.read();
+    qp.put(&remote, 0, &local, 0, 8).unwrap();
+    assert!(matches!(qp.flush(), Err(Error::Cqe(c)) if c.syndrome == syndrome::WR_FLUSH_ERR));
+    assert!(dst.read() == before && dst.guards_intact());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Device code: forged handles, odd lengths and offsets
+// ---------------------------------------------------------------------------------------------------------
+
+/// A healthy pair with a 4 KiB source and destination; `f` gets the device QP and both MRs' handles.
+fn with_put_fixture(f: impl FnOnce(&mut DevQp<'_>, MrHandle, RemoteMr, &GuardedBuf, &Pair)) {
+    const LEN: usize = 4096;
+    let (src, dst) = (GuardedBuf::new(LEN, 0x77), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    f(&mut qp, lmr.handle(), rmr.remote(), &dst, &p);
+    assert!(dst.guards_intact() && src.guards_intact(), "a guard byte changed");
+}
+
+#[test]
+fn zeroed_and_truncated_handles_are_argument_errors_and_post_nothing() {
+    with_put_fixture(|qp, l, r, dst, p| {
+        let (zl, zr) = (MrHandle::default(), RemoteMr::default());
+        assert_eq!(qp.put(&zr, 0, &l, 0, 8), inval(InvalidArgument::RemoteRange));
+        assert_eq!(qp.put(&r, 0, &zl, 0, 8), inval(InvalidArgument::LocalRange));
+        assert_eq!(qp.signal(&zr, 0, &zl, 0), inval(InvalidArgument::RemoteRange));
+        assert_eq!(qp.put(&r, 0, &l, 0, u64::MAX), inval(InvalidArgument::RemoteRange));
+        assert_eq!(qp.put(&r, u64::MAX, &l, u64::MAX, u64::MAX), inval(InvalidArgument::RemoteRange));
+        // Handles that claim more than 2^31 bytes get past the range checks but not the length check.
+        let (bl, br) = (MrHandle { length: u64::MAX, ..l }, RemoteMr { length: u64::MAX, ..r });
+        assert_eq!(qp.put(&br, 0, &bl, 0, 1 << 31), inval(InvalidArgument::Length));
+        assert_eq!(qp.put(&br, 0, &bl, 0, u64::MAX), inval(InvalidArgument::Length));
+        assert_eq!(qp.put(&r, 0, &l, 0, 0), inval(InvalidArgument::Length));
+        let e = qp.put(&r, 1, &l, 0, 4096).unwrap_err();
+        one_line(&e.to_string());
+        assert!(e.to_string().contains("RemoteRange"), "{e}");
+        assert_eq!((qp.handle().sq_pi, qp.handle().sq_sig_end), (0, 0), "a rejected call took SQ room");
+        qp.flush().unwrap();
+        assert_eq!(p.nic.stats().doorbells, 0);
+        assert!(dst.read().iter().all(|&b| b == 0));
+    });
+}
+
+#[test]
+fn handles_that_lie_about_their_length_are_stopped_by_the_nic() {
+    with_put_fixture(|qp, l, r, dst, _| {
+        // The remote handle claims 1 MiB: the put passes device checks, the NIC refuses it (0x13).
+        let big_r = RemoteMr { length: 1 << 20, ..r };
+        qp.put(&big_r, 4000, &l, 0, 200).unwrap();
+        assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::REMOTE_BOUNDS, 0)));
+        assert!(dst.read().iter().all(|&b| b == 0));
+    });
+    with_put_fixture(|qp, l, r, dst, _| {
+        // The local handle claims more than was registered: 0x04, nothing read or placed.
+        let big_l = MrHandle { length: 1 << 20, ..l };
+        qp.put(&r, 0, &big_l, 4000, 200).unwrap();
+        assert_eq!(qp.flush(), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_BOUNDS, 0)));
+        assert!(dst.read().iter().all(|&b| b == 0));
+    });
+    // Keys that were never issued (0, all ones, a small integer), one case per healthy QP.
+    for (rk, lk, synd) in [
+        (Some(0), None, syndrome::REMOTE_ACCESS_ERR),
+        (Some(u32::MAX), None, syndrome::REMOTE_ACCESS_ERR),
+        (None, Some(0xff), syndrome::LOCAL_PROT_ERR),
+        (None, Some(0), syndrome::LOCAL_PROT_ERR),
+    ] {
+        with_put_fixture(|qp, l, r, dst, _| {
+            let r = RemoteMr { rkey: rk.map_or(r.rkey, Be32::new), ..r };
+            let l = MrHandle { lkey: lk.map_or(l.lkey, Be32::new), ..l };
+            qp.put(&r, 0, &l, 0, 64).unwrap();
+            let f = qp.flush();
+            assert!(matches!(f, Err(Error::Cqe(c)) if c.syndrome == synd && c.wqe_counter == 0), "{f:?}");
+            assert!(dst.read().iter().all(|&b| b == 0));
+        });
+    }
+}
+
+#[test]
+#[ignore = "BUG: a handle whose addr + offset overflows u64 panics in device code \
+            (device/src/onesided.rs:18 and :25 add unchecked; on the GPU a panic is a trap)"]
+fn handle_addresses_that_overflow_are_range_errors_not_panics() {
+    with_put_fixture(|qp, l, r, _, _| {
+        let top_r = RemoteMr { addr: u64::MAX - 8, length: 64, ..r };
+        assert_eq!(qp.put(&top_r, 32, &l, 0, 8), inval(InvalidArgument::RemoteRange));
+        let top_l = MrHandle { addr: u64::MAX - 8, length: 64, ..l };
+        assert_eq!(qp.put(&r, 0, &top_l, 32, 8), inval(InvalidArgument::LocalRange));
+    });
+}
+
+#[test]
+fn a_signal_whose_result_cannot_be_written_does_not_touch_the_semaphore() {
+    let (sem, res) = (GuardedBuf::new(8, 0), GuardedBuf::new(8, 0x99));
+    let p = Pair::new(16, 16);
+    let sem_mr = sem.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    // No LOCAL_WRITE: the NIC may not place the old value here.
+    let res_mr = res.register(&p.nic, &p.pd, Access::NONE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    let t = qp.signal(&sem_mr.remote(), 0, &res_mr.handle(), 0).unwrap();
+    assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_ACCESS, 0)));
+    assert_eq!(sem.load_u64(0), 0, "the semaphore moved although the signal failed");
+    assert!(res.read().iter().all(|&b| b == 0x99) && sem.guards_intact() && res.guards_intact());
+}
+
+#[test]
+fn a_builder_that_ignores_its_ctrl_gets_an_error_cqe_and_nothing_moves() {
+    with_put_fixture(|qp, l, r, dst, p| {
+        let (raddr, sge) = (Raddr { addr: r.addr, rkey: r.rkey }, Sge { addr: l.addr, len: 64, lkey: l.lkey });
+        // Another QP's number, then a WQE index from the future.
+        let t = qp.post(true, |c| wqe::rdma_write(Ctrl { qpn: c.qpn ^ 1, ..c }, raddr, sge)).unwrap();
+        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, 0)));
+        let t = qp.post(true, |c| wqe::rdma_write(Ctrl { idx: c.idx + 7, ..c }, raddr, sge));
+        // The QP is in error now: whatever comes next is flushed or never acted on, and the wait is bounded.
+        let r = qp.wait(t.unwrap());
+        assert!(matches!(r, Err(Error::Cqe(_) | Error::Timeout(_))), "{r:?}");
+        assert_eq!(p.a.state(), QpState::Error);
+        assert!(dst.read().iter().all(|&b| b == 0));
+    });
+}
+
+#[test]
+#[ignore = "BUG: Qp::post::<0> (an empty Wqe) panics indexing segs[0] (device/src/qp.rs:95)"]
+fn posting_an_empty_wqe_is_refused_not_a_panic() {
+    with_put_fixture(|qp, _, _, _, _| {
+        let r = qp.post(true, |_| Wqe::<0> { segs: [] });
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Device code: tickets, timeouts, waiting twice
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn waiting_twice_on_a_ticket_and_on_old_tickets_is_fine() {
+    with_put_fixture(|qp, l, r, dst, p| {
+        qp.put(&r, 0, &l, 0, 4096).unwrap();
+        let t = qp.post(true, wqe::nop).unwrap();
+        qp.wait(t).unwrap();
+        qp.wait(t).unwrap();
+        qp.wait(Ticket(0)).unwrap();
+        qp.flush().unwrap();
+        qp.flush().unwrap();
+        assert!(dst.read().iter().all(|&b| b == 0x77));
+        // Waiting again asked the NIC for nothing more.
+        assert_eq!(p.nic.stats().wqes, 2);
+    });
+}
+
+#[test]
+fn waiting_on_a_ticket_never_issued_is_bounded() {
+    with_put_fixture(|_, _, _, _, p| {
+        let mut h = p.b.handle();
+        let mut qp = dev_qp(&mut h, SHORT_NS);
+        let t0 = Instant::now();
+        let r = qp.wait(Ticket(1000));
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        match r {
+            Err(Error::InvalidArgument(_)) => {}
+            Err(Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index: 1000 }, .. })) => {}
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+#[test]
+fn a_zero_timeout_loses_nothing_and_a_patient_waiter_finishes_the_job() {
+    const LEN: usize = 1 << 20;
+    let (src, dst) = (GuardedBuf::new(LEN, 0x3c), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    {
+        let mut qp = dev_qp(&mut h, 0);
+        // Posting needs no wait while there is room.
+        for k in 0..4u64 {
+            qp.put(&rmr.remote(), k * (LEN as u64 / 4), &lmr.handle(), 0, LEN as u64 / 4).unwrap();
+        }
+        match qp.flush() {
+            Ok(()) => {}
+            Err(Error::Timeout(Timeout { on: WaitOn::Cqe { .. }, .. })) => {}
+            other => panic!("{other:?}"),
+        }
+        // A satisfied semaphore returns at once even with no time to wait; an unsatisfied one times out.
+        let sem = 5u64;
+        // SAFETY: `sem` is an aligned local that outlives the wait.
+        assert_eq!(unsafe { semaphore_ge(&sem, 5, 0) }, Ok(5));
+        // SAFETY: as above.
+        let r = unsafe { semaphore_ge(&sem, 6, 0) };
+        assert!(matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Semaphore { expected: 6, seen: 5, .. }, .. }))));
+    }
+    // The same handle, a new owner with time to wait: everything posted completes.
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    qp.flush().unwrap();
+    assert!(dst.read().iter().all(|&b| b == 0x3c) && dst.guards_intact());
+    assert_eq!(qp.handle().sq_ci, qp.handle().sq_pi);
+}
+
+#[test]
+fn an_sq_that_never_drains_times_out_naming_the_room_it_wanted() {
+    // A QP never connected: the NIC ignores its doorbells (as hardware does in RESET), so nothing retires.
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(16).unwrap();
+    let q = nic.create_qp(&pd, &cq, 16).unwrap();
+    let mut h = q.handle();
+    let mut qp = dev_qp(&mut h, SHORT_NS);
+    let t0 = Instant::now();
+    let mut last = Ok(Ticket(0));
+    for _ in 0..17 {
+        last = qp.post(false, wqe::nop);
+        if last.is_err() {
+            break;
+        }
+    }
+    assert!(matches!(last, Err(Error::Timeout(Timeout { on: WaitOn::SqSpace { wqebbs: 1 }, .. }))), "{last:?}");
+    assert_eq!(qp.handle().sq_pi, 16);
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    let e = last.unwrap_err().to_string();
+    one_line(&e);
+    assert!(e.contains("1 free WQEBBs"), "{e}");
+}
+
+#[test]
+fn posting_after_an_error_never_executes_and_every_wait_reports_it() {
+    with_put_fixture(|qp, l, r, dst, p| {
+        let bad = RemoteMr { rkey: Be32::new(r.rkey.get() ^ 0x80), ..r };
+        qp.put(&bad, 0, &l, 0, 64).unwrap();
+        assert!(matches!(qp.flush(), Err(Error::Cqe(c)) if c.syndrome == syndrome::REMOTE_ACCESS_ERR));
+        // More work than the ring holds: each WQE is flushed, the ring keeps draining, no hang. A post that
+        // has to retire WQEs to find room reports the flush it met, and is then not posted.
+        let is_flush = |r: &Result<(), Error>| matches!(r, Err(Error::Cqe(c)) if c.syndrome == syndrome::WR_FLUSH_ERR);
+        for i in 0..40u64 {
+            let put = qp.put(&r, (i * 64) % 4096, &l, 0, 64);
+            assert!(put.is_ok() || is_flush(&put), "{put:?}");
+            if i % 8 == 0 {
+                let t = qp.post(true, wqe::nop).map(|t| qp.wait(t));
+                let w = t.and_then(|w| w);
+                assert!(is_flush(&w), "{w:?}");
+            }
+        }
+        assert!(matches!(qp.flush(), Err(Error::Cqe(c)) if c.syndrome == syndrome::WR_FLUSH_ERR));
+        assert!(dst.read().iter().all(|&b| b == 0), "a WQE posted after the error placed bytes");
+        let s = p.nic.stats();
+        assert_eq!((s.error_cqes, s.cq_overruns, s.bad_doorbells), (1, 0, 0), "{s:?}");
+    });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Handles used in ways the API allows but the device model does not expect
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+#[ignore = "BUG: a second emu::Qp::handle() of a used QP restarts the counters at 0: its WQEs are never \
+            executed (same doorbell as before) yet flush() returns Ok from the old CQE (host/src/nic/emu/qp.rs:176)"]
+fn a_fresh_handle_of_a_used_qp_never_reports_unexecuted_work_as_done() {
+    const LEN: usize = 4096;
+    let (src, dst) = (GuardedBuf::new(LEN, 0x11), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    {
+        let mut h = p.a.handle();
+        let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+        qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 8).unwrap();
+        qp.flush().unwrap();
+    }
+    // Later, somewhere else, the same QP's handle is asked for again and used, as the API allows.
+    src.fill(0x22);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h, SHORT_NS);
+    qp.put(&rmr.remote(), 0, &lmr.handle(), 0, LEN as u64).unwrap();
+    let r = qp.flush();
+    let placed = dst.read().iter().all(|&b| b == 0x22);
+    // Either the put happened, or the caller is told it did not.
+    assert!(placed || r.is_err(), "flush returned {r:?} but the put was never executed");
+}
+
+#[test]
+#[ignore = "BUG: two QPs on one CQ: device poll_cq takes the other QP's CQEs as its own (no QPN check), so \
+            flush() returns Ok for a put that failed (device/src/qp.rs:160-166)"]
+fn qps_sharing_a_cq_never_take_each_others_completions() {
+    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let (shared, peer_cq) = (nic.create_cq(64).unwrap(), nic.create_cq(64).unwrap());
+    // The API accepts one CQ for two QPs (verbs allows it).
+    let a = nic.create_qp(&pd, &shared, 16).unwrap();
+    let b = nic.create_qp(&pd, &shared, 16).unwrap();
+    let peer = nic.create_qp(&pd, &peer_cq, 16).unwrap();
+    a.connect(&peer.endpoint()).unwrap();
+    peer.connect(&a.endpoint()).unwrap();
+    b.connect(&b.endpoint()).unwrap();
+    let (src, dst) = (GuardedBuf::new(64, 0x11), GuardedBuf::new(64, 0));
+    let lmr = src.register(&nic, &pd, Access::NONE);
+    let rmr = dst.register(&nic, &pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    {
+        // B completes two NOPs (one thread, one QP at a time, as Qp::new asks).
+        let mut hb = b.handle();
+        let mut qb = dev_qp(&mut hb, TIMEOUT_NS);
+        let t = qb.post(true, wqe::nop).unwrap();
+        qb.wait(t).unwrap();
+        let t = qb.post(true, wqe::nop).unwrap();
+        qb.wait(t).unwrap();
+    }
+    let mut ha = a.handle();
+    let mut qa = dev_qp(&mut ha, SHORT_NS);
+    // A put with a bad rkey: it must fail.
+    let bad = RemoteMr { rkey: Be32::new(rmr.rkey() ^ 0x40), ..rmr.remote() };
+    qa.put(&bad, 0, &lmr.handle(), 0, 64).unwrap();
+    let r = qa.flush();
+    assert!(r.is_err(), "flush returned {r:?} for a put that failed with an error CQE");
+}
+
+#[test]
+#[ignore = "BUG: a CQE whose wqe_counter is ahead of the producer index (an old CQE read through a fresh \
+            handle, or another QP's) underflows sq::wqe_index_from_counter: panic (device/src/sq.rs:35, qp.rs:165)"]
+fn a_cqe_from_beyond_the_producer_index_is_an_error_not_a_panic() {
+    let p = Pair::new(16, 16);
+    {
+        let mut h = p.a.handle();
+        let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+        // Three unsignaled NOPs and a signaled one: the first CQE in the ring carries wqe_counter 3.
+        for _ in 0..3 {
+            let _ = qp.post(false, wqe::nop).unwrap();
+        }
+        let t = qp.post(true, wqe::nop).unwrap();
+        qp.wait(t).unwrap();
+    }
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h, SHORT_NS);
+    let t = qp.post(true, wqe::nop).unwrap();
+    // Ticket 0, producer index 1: CQE slot 0 still holds the old CQE of WQE 3.
+    let r = qp.wait(t);
+    assert!(r.is_err(), "a stale CQE was taken for the completion of {t:?}: {r:?}");
+}
+
+#[test]
+fn rdma_writes_into_a_peers_queues_and_doorbell_never_stop_the_nic() {
+    // A hostile user registers a third QP's queue memory (valid host memory, as reg_mr's contract asks) and
+    // scribbles on it with RDMA WRITEs: its SQ ring, its dbrec and its doorbell/BlueFlame register.
+    let p = Pair::new(16, 16);
+    let victim_cq = p.nic.create_cq(16).unwrap();
+    let victim = p.nic.create_qp(&p.pd, &victim_cq, 16).unwrap();
+    victim.connect(&victim.endpoint()).unwrap();
+    let hb = victim.handle();
+    let src = GuardedBuf::new(1024, 0);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    src.write(0, &noise);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let targets = [(hb.sq_buf, 16 * 64u64), (hb.dbrec, 64), (hb.bf_reg - 0x800, 4096)];
+    let mrs: Vec<_> = targets
+        .iter()
+        .map(|&(addr, len)| {
+            let loc = MemLoc { kind: MemKind::Host, addr };
+            // SAFETY: queue memory of `victim`, which outlives these MRs (dropped at the end, before it).
+            unsafe { p.nic.reg_mr(&p.pd, loc, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.unwrap()
+        })
+        .collect();
+    let mut ha = p.a.handle();
+    let mut qp = dev_qp(&mut ha, TIMEOUT_NS);
+    for round in 0..4u64 {
+        for m in &mrs {
+            let r = m.remote();
+            let len = r.length.min(1024 - round * 64);
+            qp.put(&r, 0, &lmr.handle(), round * 64, len).unwrap();
+            // Into the doorbell register itself, at 0x800.
+            if r.length == 4096 {
+                qp.put(&r, 0x800, &lmr.handle(), round * 64, 64).unwrap();
+            }
+        }
+        qp.flush().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(p.nic.executor_alive(), "the NIC's executor died");
+    // The scribbler's own QP is unharmed and still places data.
+    let dst = GuardedBuf::new(64, 0);
+    let dmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    qp.put(&dmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
+    qp.flush().unwrap();
+    assert_eq!(dst.read(), noise[..64]);
+    // The victim's doorbell was garbage: it failed or ignored it, but it is watched no less.
+    assert!(matches!(victim.state(), QpState::Rts | QpState::Error));
+    drop(mrs);
+}
+
+#[test]
+fn a_peer_that_never_polls_its_cq_fails_write_imm_with_0x14_and_both_sides_stay_bounded() {
+    let (src, dst) = (GuardedBuf::new(64, 0x10), GuardedBuf::new(64, 0));
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (raddr, sge) = (
+        Raddr { addr: rmr.remote().addr, rkey: rmr.remote().rkey },
+        Sge { addr: lmr.handle().addr, len: 64, lkey: lmr.handle().lkey },
+    );
+    let mut ha = p.a.handle();
+    let mut a = dev_qp(&mut ha, TIMEOUT_NS);
+    // B's CQ has 16 entries and B never polls: the 17th responder completion has nowhere to go.
+    for i in 0..16u64 {
+        let t = a.post(true, |c| wqe::rdma_write_imm(c, raddr, sge, Be32::new(i as u32))).unwrap();
+        a.wait(t).unwrap();
+    }
+    let t = a.post(true, |c| wqe::rdma_write_imm(c, raddr, sge, Be32::new(16))).unwrap();
+    assert_eq!(a.wait(t), Err(cqe(syndrome::REMOTE_OP_ERR, vendor::RESP_CQ_OVERRUN, 16)));
+    assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
+    assert!(p.cq_b.is_error());
+    // B's own work can complete nowhere: its waits end, bounded, after taking the 16 responder completions.
+    let mut hb = p.b.handle();
+    let mut b = dev_qp(&mut hb, SHORT_NS);
+    let r = b.flush().and_then(|()| b.post(true, wqe::nop).and_then(|t| b.wait(t)));
+    assert!(matches!(r, Err(Error::Timeout(_) | Error::Cqe(_))), "{r:?}");
+    assert_eq!(b.handle().cq.cons_index, 16);
+    assert!(dst.guards_intact());
+}
+
+#[test]
+#[ignore = "BUG: --all silently ignores an explicit --size (examples/pingpong.rs:71); the two should conflict"]
+fn cli_all_with_an_explicit_size_is_refused() {
+    let Some(out) = pingpong(&["--executor", "cpu", "--all", "--size", "64", "--iters", "1"]) else { return };
+    assert_cli_error(&out, 2, "--size");
+}
