@@ -13,6 +13,15 @@ use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::perftest::LatencyRow;
 use gdaki::pingpong::{PingPong, RunConfig};
 
+/// Prints a line to stdout, ignoring errors: a closed stdout (`| head`) must neither stop the run nor lose the
+/// JSON file.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 /// Largest size of --all, bytes.
 const MAX_ALL: usize = 1 << 20;
 
@@ -26,16 +35,16 @@ struct Args {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1u64 << 30))]
     size: u64,
     /// Run every power of two from 8 B to 1 MiB.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "size")]
     all: bool,
     /// Measured round trips per size.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     iters: u32,
     /// Round trips before measuring (default: iters / 10, at most 1000).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
     warmup: Option<u32>,
     /// Bound of every device-side wait, ms.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     timeout_ms: u64,
     /// Seed of the payload generator (default: from the clock).
     #[arg(long)]
@@ -58,6 +67,14 @@ struct Report<'a> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Create the JSON file first: a path that cannot be written is an error before the run, not after it.
+    let json = match args.json.as_ref().map(|p| std::fs::File::create(p).map_err(|e| (p, e))).transpose() {
+        Ok(f) => f,
+        Err((p, e)) => {
+            eprintln!("error: --json {}: {e}", p.display());
+            return ExitCode::from(2);
+        }
+    };
     let (exec, notice) = match Executor::open(args.executor) {
         Ok(e) => e,
         Err(e) => {
@@ -85,8 +102,8 @@ fn main() -> ExitCode {
         ExecutorKind::Cpu => "cpu",
         ExecutorKind::Gpu => "gpu",
     };
-    println!("gdaki pingpong: executor {executor} ({device}), emulated mlx5 NIC, RC RDMA WRITE + ATOMIC fetch-add");
-    println!("seed {seed:#x}, {warmup} warm-up + {} measured round trips per size", args.iters);
+    out!("gdaki pingpong: executor {executor} ({device}), emulated mlx5 NIC, RC RDMA WRITE + ATOMIC fetch-add");
+    out!("seed {seed:#x}, {warmup} warm-up + {} measured round trips per size", args.iters);
     let max = *sizes.iter().max().unwrap_or(&8);
     let total = (warmup + args.iters) as usize;
     let (mut rows, mut passed, mut failed) = (Vec::new(), 0u64, 0u64);
@@ -96,7 +113,7 @@ fn main() -> ExitCode {
             failed += 1;
         }
         Ok(mut pp) => {
-            println!("{}", LatencyRow::header());
+            out!("{}", LatencyRow::header());
             for &size in &sizes {
                 let cfg = RunConfig {
                     size,
@@ -109,7 +126,7 @@ fn main() -> ExitCode {
                     Ok(r) => {
                         passed += r.checked;
                         if let Some(row) = LatencyRow::from_ns(size as u64, &r.round_trip_ns) {
-                            println!("{}", row.line());
+                            out!("{}", row.line());
                             rows.push(row);
                         }
                     }
@@ -122,17 +139,15 @@ fn main() -> ExitCode {
             }
         }
     }
-    if let Some(path) = &args.json {
+    if let (Some(file), Some(path)) = (json, &args.json) {
         let report = Report { executor, device, nic: "emu", seed, rows: &rows, passed, failed };
-        let written = serde_json::to_string_pretty(&report)
-            .map_err(|e| e.to_string())
-            .and_then(|s| std::fs::write(path, s + "\n").map_err(|e| e.to_string()));
+        let written = serde_json::to_writer_pretty(std::io::BufWriter::new(file), &report);
         if let Err(e) = written {
             eprintln!("error: writing {}: {e}", path.display());
             failed += 1;
         }
     }
-    println!("{passed} passed, {failed} failed");
+    out!("{passed} passed, {failed} failed");
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

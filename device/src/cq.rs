@@ -24,50 +24,77 @@ pub struct Completion {
     pub imm: Be32,
 }
 
-/// Polls one CQE: `None` when the next entry is still owned by the NIC; otherwise consumes it (advancing
-/// `cq.cons_index` and the CQ dbrec) and returns it, an error CQE becoming `Err` with its syndrome.
+/// The next CQE if software owns it, else `None`; does not consume it. Loads only bytes 32..64 (the rest are
+/// RX offload fields) with four 8-byte loads after an acquire load of `op_own`; bytes 0..32 come back zero.
 ///
 /// # Safety
 /// `cq` must describe a live CQ (ring of `ncqe` 64-byte CQEs and its dbrec) that only this thread polls.
 #[inline(always)]
-pub unsafe fn poll(cq: &mut CqHandle) -> Option<Result<Completion, CqeError>> {
+pub unsafe fn peek(cq: &CqHandle) -> Option<Cqe64> {
     let n = cq.cons_index;
     let slot = n & (cq.ncqe as u64 - 1);
-    let cqe = (cq.buf + slot * CQE_SIZE as u64) as *const Cqe64;
+    let cqe = (cq.buf + slot * CQE_SIZE as u64) as *const u64;
     let op_own_ptr = (cqe as usize + core::mem::offset_of!(Cqe64, op_own)) as *const u8;
     // SAFETY: the entry is inside the ring; the acquire load orders the reads below after it.
     let op_own = unsafe { sync::load_acquire_u8(op_own_ptr) };
     if !is_sw_owned(op_own, n, cq.ncqe) {
         return None;
     }
-    // Only bytes 32..64 carry what requester and RDMA responder completions report; four 8-byte loads
-    // instead of a 64-byte copy through local memory.
     let mut words = [0u64; CQE_SIZE / 8];
     for (i, w) in words.iter_mut().enumerate().skip(4) {
         // SAFETY: the entry is software-owned now; the NIC does not rewrite it until the consumer index
         // passes it. 8-byte aligned words inside the entry.
-        *w = unsafe { sync::load_volatile((cqe as *const u64).add(i)) };
+        *w = unsafe { sync::load_volatile(cqe.add(i)) };
     }
-    let c: Cqe64 = bytemuck::cast(words);
-    cq.cons_index = n + 1;
-    let ci = Be32::new((n + 1) as u32 & CQ_CI_MASK).to_bits();
-    // SAFETY: word 0 of the CQ dbrec (`set_ci`), 4-byte aligned; the release orders our CQE reads before the
-    // NIC may reuse the entry.
+    Some(bytemuck::cast(words))
+}
+
+/// Consumes the CQE [`peek`] returned: advances `cq.cons_index` and writes the CQ dbrec's consumer index
+/// (word 0, low 24 bits) with release semantics, so that our reads of the entry precede its reuse.
+///
+/// # Safety
+/// As [`peek`], which must have returned `Some` for the current consumer index.
+#[inline(always)]
+pub unsafe fn pop(cq: &mut CqHandle) {
+    cq.cons_index += 1;
+    let ci = Be32::new(cq.cons_index as u32 & CQ_CI_MASK).to_bits();
+    // SAFETY: word 0 of the CQ dbrec (`set_ci`), 4-byte aligned (caller's contract).
     unsafe { sync::store_release_u32(cq.dbrec as *mut u32, ci) };
+}
+
+/// What a CQE reports: a completion, or an error CQE's syndromes.
+///
+/// # Errors
+/// [`CqeError`] for `MLX5_CQE_REQ_ERR` / `MLX5_CQE_RESP_ERR`.
+#[inline(always)]
+pub fn decode(c: &Cqe64) -> Result<Completion, CqeError> {
     let op = c.opcode();
     if op == opcode::cqe::REQ_ERR || op == opcode::cqe::RESP_ERR {
         let e: &ErrCqe = c.as_err();
-        return Some(Err(CqeError {
+        return Err(CqeError {
             syndrome: e.syndrome,
             vendor_err_synd: e.vendor_err_synd,
             wqe_counter: e.wqe_counter.get(),
-        }));
+        });
     }
-    Some(Ok(Completion {
+    Ok(Completion {
         opcode: op,
         wqe_counter: c.wqe_counter.get(),
         byte_cnt: c.byte_cnt.get(),
         qpn: c.qpn(),
         imm: c.imm_inval_pkey,
-    }))
+    })
+}
+
+/// Polls one CQE: `None` when the next entry is still owned by the NIC; otherwise consumes and decodes it.
+///
+/// # Safety
+/// As [`peek`].
+#[inline(always)]
+pub unsafe fn poll(cq: &mut CqHandle) -> Option<Result<Completion, CqeError>> {
+    // SAFETY: the caller's contract.
+    let c = unsafe { peek(cq) }?;
+    // SAFETY: `peek` returned this entry.
+    unsafe { pop(cq) };
+    Some(decode(&c))
 }

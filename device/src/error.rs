@@ -47,6 +47,16 @@ pub struct Timeout {
     pub waited_ns: u64,
 }
 
+/// A CQE this QP did not expect, left unconsumed in the CQ: another QP's (the CQ is shared, which an
+/// Exclusive [`crate::qp::Qp`] does not support), or one whose WQE index is not outstanding (a stale CQE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnexpectedCqe {
+    /// The QPN the CQE names.
+    pub qpn: u32,
+    /// Its WQE index (low 16 bits).
+    pub wqe_counter: u16,
+}
+
 /// A received payload did not hold the bytes the peer wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PayloadMismatch {
@@ -68,6 +78,8 @@ pub enum Error {
     Cqe(CqeError),
     /// A bounded wait ran out.
     Timeout(Timeout),
+    /// The CQ holds a completion this QP cannot account for.
+    UnexpectedCqe(UnexpectedCqe),
     /// A payload check failed.
     Payload(PayloadMismatch),
     /// An argument was out of range (e.g. a length beyond the MR, or an inline payload too large); the code
@@ -87,8 +99,10 @@ pub enum InvalidArgument {
     InlineTooLong = 3,
     /// An atomic target or result is not 8-byte aligned.
     AtomicAlignment = 4,
-    /// A length of zero bytes, or one that does not fit 31 bits.
+    /// A length of zero bytes, one that does not fit 31 bits, or a WQE larger than the ring.
     Length = 5,
+    /// A ticket beyond every WQE posted on this QP.
+    Ticket = 6,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -107,6 +121,8 @@ pub mod kind {
     pub const PAYLOAD: u32 = 5;
     /// [`super::Error::InvalidArgument`]; `expected` holds the [`super::InvalidArgument`] code.
     pub const INVALID_ARGUMENT: u32 = 6;
+    /// [`super::Error::UnexpectedCqe`]; `addr` holds the QPN, `wqe_counter` the WQE index.
+    pub const UNEXPECTED_CQE: u32 = 7;
 }
 
 impl Error {
@@ -139,6 +155,11 @@ impl Error {
                     }
                 }
             }
+            Error::UnexpectedCqe(u) => {
+                r.kind = kind::UNEXPECTED_CQE;
+                r.addr = u.qpn as u64;
+                r.wqe_counter = u.wqe_counter;
+            }
             Error::Payload(p) => {
                 r.kind = kind::PAYLOAD;
                 r.expected = p.expected;
@@ -169,6 +190,9 @@ impl Error {
             kind::TIMEOUT_CQE => timeout(WaitOn::Cqe { wqe_index: r.expected }),
             kind::TIMEOUT_SQ_SPACE => timeout(WaitOn::SqSpace { wqebbs: r.expected as u32 }),
             kind::TIMEOUT_SEMAPHORE => timeout(WaitOn::Semaphore { addr: r.addr, expected: r.expected, seen: r.seen }),
+            kind::UNEXPECTED_CQE => {
+                Some(Error::UnexpectedCqe(UnexpectedCqe { qpn: r.addr as u32, wqe_counter: r.wqe_counter }))
+            }
             kind::PAYLOAD => Some(Error::Payload(PayloadMismatch {
                 iter: r.detail,
                 offset: r.addr,
@@ -181,6 +205,7 @@ impl Error {
                 3 => InvalidArgument::InlineTooLong,
                 4 => InvalidArgument::AtomicAlignment,
                 5 => InvalidArgument::Length,
+                6 => InvalidArgument::Ticket,
                 _ => return None,
             })),
             _ => None,
@@ -211,6 +236,11 @@ impl core::fmt::Display for Error {
                     ),
                 }
             }
+            Error::UnexpectedCqe(u) => write!(
+                f,
+                "unexpected CQE for QPN {:#x}, WQE index {} (a CQ shared between QPs, or a stale completion)",
+                u.qpn, u.wqe_counter
+            ),
             Error::Payload(p) => write!(
                 f,
                 "payload mismatch in iteration {} at byte {}: expected {:#018x}, saw {:#018x}",

@@ -14,15 +14,15 @@ fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
     if len == 0 || len > i32::MAX as u64 {
         return Err(Error::InvalidArgument(InvalidArgument::Length));
     }
-    match off.checked_add(len) {
-        Some(end) if end <= mr.length => Ok(Sge { addr: mr.addr + off, len: len as u32, lkey: mr.lkey }),
+    match (off.checked_add(len), mr.addr.checked_add(off)) {
+        (Some(end), Some(addr)) if end <= mr.length => Ok(Sge { addr, len: len as u32, lkey: mr.lkey }),
         _ => Err(Error::InvalidArgument(InvalidArgument::LocalRange)),
     }
 }
 
 fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
-    match off.checked_add(len) {
-        Some(end) if end <= mr.length => Ok(Raddr { addr: mr.addr + off, rkey: mr.rkey }),
+    match (off.checked_add(len), mr.addr.checked_add(off)) {
+        (Some(end), Some(addr)) if end <= mr.length => Ok(Raddr { addr, rkey: mr.rkey }),
         _ => Err(Error::InvalidArgument(InvalidArgument::RemoteRange)),
     }
 }

@@ -8,7 +8,7 @@
 
 use crate::cq::{self, Completion};
 use crate::db;
-use crate::error::{Error, Result, WaitOn};
+use crate::error::{Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
 use crate::sq;
 use crate::wait::bounded;
 use crate::wqe::{self, Ctrl, Raddr, Wqe, MAX_INLINE};
@@ -69,6 +69,7 @@ impl<'a> Qp<'a> {
     /// [`Error::Timeout`] when no room appears in time; [`Error::Cqe`] when retiring met an error CQE.
     #[inline(always)]
     pub fn post<const DS: usize>(&mut self, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
+        const { assert!(DS >= 1 && DS <= wqe::MAX_DS, "a WQE has 1 ..= MAX_DS segments") };
         self.post_segs(signaled, DS as u8, |c| build(c).segs)
     }
 
@@ -80,6 +81,10 @@ impl<'a> Qp<'a> {
         build: impl FnOnce(Ctrl) -> [Seg; N],
     ) -> Result<Ticket> {
         let nbb = (ds as u32).div_ceil(4);
+        if nbb > self.h.wqe_cnt {
+            // It would wait forever for room the ring does not have.
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
         let pi = self.reserve(nbb)?;
         let end = pi + nbb as u64;
         let signaled = signaled || end - self.h.sq_sig_end >= (self.h.wqe_cnt / 4) as u64;
@@ -102,10 +107,10 @@ impl<'a> Qp<'a> {
     /// [`Error::InvalidArgument`] for an empty or too long payload; as [`Qp::post`] otherwise.
     pub fn post_write_inline(&mut self, signaled: bool, remote: Raddr, data: &[u8]) -> Result<Ticket> {
         if data.is_empty() {
-            return Err(Error::InvalidArgument(crate::error::InvalidArgument::Length));
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
         if data.len() > MAX_INLINE {
-            return Err(Error::InvalidArgument(crate::error::InvalidArgument::InlineTooLong));
+            return Err(Error::InvalidArgument(InvalidArgument::InlineTooLong));
         }
         let (_, ds) = wqe::rdma_write_inline(Ctrl { idx: 0, qpn: 0, fm_ce_se: 0 }, remote, data);
         self.post_segs(signaled, ds, |c| wqe::rdma_write_inline(c, remote, data).0.segs)
@@ -129,7 +134,7 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// As [`Qp::post`].
     pub fn post_bf<const DS: usize>(&mut self, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
-        const { assert!(DS <= 4, "BlueFlame writes one WQEBB") };
+        const { assert!(DS >= 1 && DS <= 4, "BlueFlame writes one WQEBB") };
         let mut bb = [Seg::default(); 4];
         let t = self.post_segs(signaled, DS as u8, |c| {
             let w = build(c);
@@ -152,26 +157,46 @@ impl<'a> Qp<'a> {
     /// [`Qp::wait`], [`Qp::flush`] or a post waiting for room meet are consumed there and not returned. Poll
     /// for them with `poll_cq` before waiting when the peer writes with immediate.
     ///
+    /// A CQE that does not belong to this QP's outstanding WQEs is left in the CQ and reported as
+    /// [`Error::UnexpectedCqe`].
+    ///
     /// # Errors
-    /// [`Error::Cqe`] for an error CQE (the QP is then in the error state).
+    /// [`Error::Cqe`] for an error CQE (the QP is then in the error state); [`Error::UnexpectedCqe`].
     pub fn poll_cq(&mut self) -> Option<Result<Completion>> {
         // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
-        let r = unsafe { cq::poll(&mut self.h.cq) }?;
-        let wc = match r {
-            Ok(c) if c.opcode != opcode::cqe::REQ => return Some(Ok(c)),
-            Ok(c) => c.wqe_counter,
-            Err(e) => e.wqe_counter,
+        let c = unsafe { cq::peek(&self.h.cq) }?;
+        let unexpected = Error::UnexpectedCqe(UnexpectedCqe { qpn: c.qpn(), wqe_counter: c.wqe_counter.get() });
+        // Requester CQEs and error CQEs carry the QPN at the same place (`sop_drop_qpn`, `s_wqe_opcode_qpn`).
+        if c.qpn() != self.h.qpn {
+            return Some(Err(unexpected));
+        }
+        let requester = matches!(c.opcode(), opcode::cqe::REQ | opcode::cqe::REQ_ERR);
+        let retired = if requester {
+            match sq::wqe_index_from_counter(self.h.sq_ci, self.h.sq_pi, c.wqe_counter.get()) {
+                Some(w) => Some(w + 1),
+                None => return Some(Err(unexpected)),
+            }
+        } else {
+            None
         };
-        let w = sq::wqe_index_from_counter(self.h.sq_pi, wc);
-        self.h.sq_ci = self.h.sq_ci.max(w + 1).min(self.h.sq_pi);
-        Some(r.map_err(Error::Cqe))
+        // SAFETY: `peek` returned this entry.
+        unsafe { cq::pop(&mut self.h.cq) };
+        if let Some(ci) = retired {
+            self.h.sq_ci = ci;
+        }
+        Some(cq::decode(&c).map_err(Error::Cqe))
     }
 
     /// Waits until the WQE behind `t` has completed.
     ///
     /// # Errors
-    /// [`Error::Cqe`] if it (or an earlier WQE) completed in error; [`Error::Timeout`] after the QP's timeout.
+    /// [`Error::Cqe`] if it (or an earlier WQE) completed in error; [`Error::Timeout`] after the QP's timeout;
+    /// [`Error::InvalidArgument`] for a ticket this QP never issued.
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
+        if t.0 >= self.h.sq_pi {
+            // Not a WQE of this QP (yet): nothing could ever complete it.
+            return Err(Error::InvalidArgument(InvalidArgument::Ticket));
+        }
         // An unsignaled WQE is retired only by a later CQE: ask for one when none was requested since `t`.
         if self.h.sq_sig_first <= t.0 && self.h.sq_ci <= t.0 {
             let _ = self.post(true, wqe::nop)?;

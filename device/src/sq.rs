@@ -28,11 +28,17 @@ pub const fn free_wqebbs(wqe_cnt: u32, pi: u64, ci: u64) -> u64 {
     wqe_cnt as u64 - (pi - ci)
 }
 
-/// Reconstructs the 64-bit WQEBB index of a 16-bit `wqe_counter` from a CQE, given the producer index `pi`
-/// (the completed WQE was posted before `pi`, and fewer than 2^16 WQEBBs are in flight).
+/// Reconstructs the 64-bit WQEBB index of a 16-bit `wqe_counter` from a CQE, given the retired index `ci` and
+/// the producer index `pi`: the one index `w` with `ci <= w < pi` whose low 16 bits are `wqe_counter` (fewer
+/// than 2^16 WQEBBs are in flight). `None` when no outstanding WQE has that index: a stale CQE, or another QP's.
 #[inline(always)]
-pub const fn wqe_index_from_counter(pi: u64, wqe_counter: u16) -> u64 {
-    pi - ((pi as u16).wrapping_sub(wqe_counter) as u64)
+pub const fn wqe_index_from_counter(ci: u64, pi: u64, wqe_counter: u16) -> Option<u64> {
+    let w = pi.wrapping_sub((pi as u16).wrapping_sub(wqe_counter) as u64);
+    if w >= ci && w < pi {
+        Some(w)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -43,9 +49,13 @@ mod tests {
     #[test]
     fn counter_reconstruction_across_wrap() {
         // pi just past the 16-bit wrap; the completed WQE was the last one before it.
-        assert_eq!(wqe_index_from_counter(0x1_0002, 0xffff), 0xffff);
-        assert_eq!(wqe_index_from_counter(0x1_0002, 0x0001), 0x1_0001);
-        assert_eq!(wqe_index_from_counter(5, 5), 5);
+        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 0xffff), Some(0xffff));
+        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 0x0001), Some(0x1_0001));
+        assert_eq!(wqe_index_from_counter(5, 6, 5), Some(5));
+        // Not outstanding: already retired, not yet posted, or beyond a producer index below 2^16.
+        assert_eq!(wqe_index_from_counter(6, 8, 5), None);
+        assert_eq!(wqe_index_from_counter(0, 1, 3), None);
+        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 0x0002), None);
     }
 
     #[test]

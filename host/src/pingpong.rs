@@ -77,6 +77,8 @@ pub struct PingPong {
     /// GPU only: QP handles and kernel arguments in GPU memory (the device updates the handles' counters on
     /// every post, so they must not live across PCIe).
     gpu_state: Option<DeviceBuffer>,
+    /// A run failed: its WQEs may still land, and the QPs are in the error state.
+    failed: bool,
 }
 
 impl PingPong {
@@ -87,15 +89,17 @@ impl PingPong {
     /// # Errors
     /// Allocation, registration or CUDA errors; [`Error::InvalidArgument`] for a zero size.
     pub fn new(exec: Executor, max_size: usize, max_iters: usize) -> Result<Self> {
+        let too_large = || Error::InvalidArgument(format!("ping-pong of {max_size} bytes × {max_iters} iterations"));
         if max_size == 0 || max_iters == 0 {
             return Err(Error::InvalidArgument("ping-pong size and iterations must be at least 1".into()));
         }
+        let buf_len = max_size.checked_next_multiple_of(8).ok_or_else(too_large)?;
+        let times_len = max_iters.checked_mul(8).ok_or_else(too_large)?;
         let queue_mem = exec.queue_memory();
         let nic = EmuNic::open(EmuConfig { queue_mem: queue_mem.clone(), gpu: exec.gpu_copier()? })?;
         let ctrl = queue_mem.alloc(2 * CTRL_STRIDE)?;
-        let times = queue_mem.alloc(8 * max_iters)?;
+        let times = queue_mem.alloc(times_len)?;
         let pds = [nic.alloc_pd()?, nic.alloc_pd()?];
-        let buf_len = max_size.div_ceil(8) * 8;
         let mut ranks = Vec::with_capacity(2);
         for (r, pd) in pds.iter().enumerate() {
             let cq = nic.create_cq(WQE_CNT)?;
@@ -134,7 +138,7 @@ impl PingPong {
                 None
             }
         };
-        Ok(Self { exec, nic, _pd: pds, ranks, ctrl, times, max_iters, gpu_state })
+        Ok(Self { exec, nic, _pd: pds, ranks, ctrl, times, max_iters, gpu_state, failed: false })
     }
 
     /// The emulated NIC (for its statistics).
@@ -180,9 +184,12 @@ impl PingPong {
     /// # Errors
     /// [`Error::InvalidArgument`] for a size or iteration count beyond what [`PingPong::new`] set up;
     /// [`Error::Device`] when device code reported an error (error CQE, timed-out wait, wrong payload: the
-    /// QPs are then in the error state and this `PingPong` cannot run again); CUDA errors.
+    /// QPs are then in the error state, and later runs return [`Error::InvalidArgument`]); CUDA errors.
     pub fn run(&mut self, cfg: &RunConfig) -> Result<RunResult> {
-        let total = (cfg.warmup + cfg.iters) as usize;
+        if self.failed {
+            return Err(Error::InvalidArgument("an earlier run failed: create a new PingPong".into()));
+        }
+        let total = cfg.warmup.checked_add(cfg.iters).map_or(usize::MAX, |t| t as usize);
         if cfg.size == 0 || cfg.size > self.ranks[0].send.len() || total > self.max_iters || cfg.iters == 0 {
             return Err(Error::InvalidArgument(format!(
                 "size {} must be 1..={} and warmup + iters {} at most {} (iters >= 1)",
@@ -200,6 +207,8 @@ impl PingPong {
                 (self.ctrl_ptr(r, REPORT) as *mut ErrorReport).write_volatile(ErrorReport::default());
             }
         }
+        // Cleared only when the run ends without error (a CUDA error returns early, too).
+        self.failed = true;
         let args = self.args(cfg);
         match (&self.exec, &self.gpu_state) {
             (Executor::Gpu(g), Some(state)) => {
@@ -216,7 +225,7 @@ impl PingPong {
                     )?
                 };
                 // Device waits are bounded by `cfg.timeout` each; a kernel that outlives many of them is hung.
-                stream.wait(cfg.timeout * 4 + Duration::from_secs(10))?;
+                stream.wait(cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)))?;
             }
             _ => std::thread::scope(|s| {
                 for a in &args {
@@ -237,13 +246,16 @@ impl PingPong {
                 )
             };
             checked += n;
-            if let Some(e) = gdaki_device::Error::from_report(&report) {
-                errors.push(format!("rank {r}: {e}"));
+            match gdaki_device::Error::from_report(&report) {
+                Some(e) => errors.push(format!("rank {r}: {e}")),
+                None if report.kind != 0 => errors.push(format!("rank {r}: error report of unknown kind {report:?}")),
+                None => {}
             }
         }
         if !errors.is_empty() {
             return Err(Error::Device(format!("{} ({checked} payloads checked before)", errors.join("; "))));
         }
+        self.failed = false;
         // SAFETY: rank 0 wrote `total` times; the device code has finished.
         let times = unsafe { std::slice::from_raw_parts(self.times.host_ptr() as *const u64, total) };
         Ok(RunResult { round_trip_ns: times[cfg.warmup as usize..].to_vec(), checked })

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use emu_util::{random_bytes, rng, GuardedBuf, Pair};
 use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, QpState};
 use gdaki_device::cq::Completion;
-use gdaki_device::error::{kind, CqeError, InvalidArgument, PayloadMismatch, Timeout, WaitOn};
+use gdaki_device::error::{kind, CqeError, InvalidArgument, PayloadMismatch, Timeout, UnexpectedCqe, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
 use gdaki_device::wait::semaphore_ge;
 use gdaki_device::wqe::{self, Raddr, Sge, MAX_INLINE};
@@ -849,6 +849,7 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
         Just(InvalidArgument::InlineTooLong),
         Just(InvalidArgument::AtomicAlignment),
         Just(InvalidArgument::Length),
+        Just(InvalidArgument::Ticket),
     ]
 }
 
@@ -862,6 +863,8 @@ fn any_error() -> impl Strategy<Value = Error> {
             Error::Payload(PayloadMismatch { iter, offset, expected, seen })
         }),
         invalid_argument().prop_map(Error::InvalidArgument),
+        (any::<u32>().prop_map(|q| q & 0xff_ffff), any::<u16>())
+            .prop_map(|(qpn, wqe_counter)| Error::UnexpectedCqe(UnexpectedCqe { qpn, wqe_counter })),
     ]
 }
 
@@ -874,6 +877,7 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Timeout(Timeout { on: WaitOn::Semaphore { .. }, .. }) => kind::TIMEOUT_SEMAPHORE,
         Error::Payload(_) => kind::PAYLOAD,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
+        Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
     }
 }
 
@@ -899,12 +903,13 @@ proptest! {
             Error::Timeout(Timeout { on: WaitOn::Semaphore { addr, .. }, .. }) => format!("semaphore {addr:#x}"),
             Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
             Error::InvalidArgument(a) => format!("{a:?}"),
+            Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
         };
         prop_assert!(text.contains(&part), "{:?} lacks {:?}", text, part);
     }
 
     #[test]
-    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 7u32..]) {
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 8u32..]) {
         let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
         prop_assert_eq!(Error::from_report(&r), None);
     }
@@ -919,6 +924,7 @@ fn invalid_argument_codes_are_the_documented_ones() {
         (InvalidArgument::InlineTooLong, 3),
         (InvalidArgument::AtomicAlignment, 4),
         (InvalidArgument::Length, 5),
+        (InvalidArgument::Ticket, 6),
     ] {
         let r = Error::InvalidArgument(a).to_report();
         assert_eq!((r.kind, r.expected), (kind::INVALID_ARGUMENT, code));

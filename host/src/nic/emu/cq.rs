@@ -41,7 +41,8 @@ impl Cq {
         self.inner.ncqe
     }
 
-    /// The device handle: ring and dbrec addresses (device-visible), size, CQN; consumer index zero.
+    /// The device handle: ring and dbrec addresses (device-visible), size, CQN; consumer index at the CQEs
+    /// produced so far (zero for a new CQ).
     pub fn handle(&self) -> CqHandle {
         self.inner.handle()
     }
@@ -93,7 +94,8 @@ impl CqInner {
             dbrec: self.dbrec.device_addr(),
             ncqe: self.ncqe,
             cqn: self.cqn,
-            cons_index: 0,
+            // Where the NIC is: a new CQ's handle starts at 0, a later one after every CQE written so far.
+            cons_index: self.produced.load(Ordering::Acquire),
         }
     }
 

@@ -171,10 +171,16 @@ impl Qp {
     }
 
     /// The device handle: SQ ring, dbrec and BlueFlame register addresses (device-visible addresses of the
-    /// queue memory), `wqe_cnt`, QPN, the CQ's handle; software counters (`sq_pi`, `sq_ci`, ...,
-    /// `cq.cons_index`) zero.
+    /// queue memory), `wqe_cnt`, QPN, the CQ's handle, and software counters where the NIC is: the producer
+    /// and retired indices at the WQEBBs the NIC has consumed, the CQ consumer index at the CQEs it has
+    /// produced (all zero for a new QP).
+    ///
+    /// A handle carries the device's position in the SQ and CQ; take a new one only while no other handle of
+    /// this QP has work in flight (everything flushed and its CQEs polled), or the two disagree about where
+    /// the queues are.
     pub fn handle(&self) -> QpHandle {
         let q = &self.inner;
+        let consumed = self.sq_consumed();
         QpHandle {
             sq_buf: q.sq.device_addr(),
             dbrec: q.dbrec.device_addr(),
@@ -182,8 +188,10 @@ impl Qp {
             wqe_cnt: q.wqe_cnt,
             qpn: q.qpn,
             cq: q.cq.handle(),
-            // Software counters start at zero.
-            ..QpHandle::default()
+            sq_pi: consumed,
+            sq_ci: consumed,
+            sq_sig_first: consumed,
+            sq_sig_end: consumed,
         }
     }
 
