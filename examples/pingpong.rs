@@ -46,22 +46,51 @@ struct Args {
     /// Bound of every device-side wait, ms.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     timeout_ms: u64,
-    /// Seed of the payload generator (default: from the clock).
-    #[arg(long)]
+    /// Seed of the payload generator, decimal or 0x-hex as printed (default: from the clock).
+    #[arg(long, value_parser = parse_seed)]
     seed: Option<u64>,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
 }
 
+fn parse_seed(s: &str) -> Result<u64, std::num::ParseIntError> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+}
+
+/// What `--json` writes: the table plus everything needed to say where and how it was measured.
 #[derive(serde::Serialize)]
 struct Report<'a> {
+    /// "pingpong".
+    program: &'a str,
+    /// Commit the binary was built from (`-dirty` when the tree had changes).
+    commit: &'a str,
+    /// When the run ended, RFC 3339 UTC.
+    date: String,
+    /// Host name of the machine.
+    host: String,
+    /// "cpu" or "gpu".
     executor: &'a str,
+    /// The GPU's name, or the host's thread count.
     device: String,
+    /// CUDA driver API version, for the gpu executor.
+    cuda_driver: Option<String>,
+    /// NIC backend.
     nic: &'a str,
-    seed: u64,
+    /// One iteration = one round trip (rank 0 → rank 1 → rank 0), not perftest's half round trip.
+    iteration: &'a str,
+    /// Units of the row times.
+    units: &'a str,
+    seed: String,
+    warmup: u32,
+    timeout_ms: u64,
     rows: &'a [LatencyRow],
+    /// Payloads received and checked byte for byte.
     passed: u64,
+    /// Sizes whose run failed.
     failed: u64,
 }
 
@@ -98,12 +127,19 @@ fn main() -> ExitCode {
         Executor::Cpu => format!("{} host threads", std::thread::available_parallelism().map_or(1, |n| n.get())),
         Executor::Gpu(g) => g.name().to_string(),
     };
+    let cuda_driver = match &exec {
+        Executor::Cpu => None,
+        Executor::Gpu(g) => Some(format!("{}.{}", g.driver_version().0, g.driver_version().1)),
+    };
     let executor = match exec.kind() {
         ExecutorKind::Cpu => "cpu",
         ExecutorKind::Gpu => "gpu",
     };
-    out!("gdaki pingpong: executor {executor} ({device}), emulated mlx5 NIC, RC RDMA WRITE + ATOMIC fetch-add");
-    out!("seed {seed:#x}, {warmup} warm-up + {} measured round trips per size", args.iters);
+    out!(
+        "gdaki pingpong ({}): executor {executor} ({device}), emulated mlx5 NIC, RC RDMA WRITE + ATOMIC fetch-add",
+        env!("GDAKI_COMMIT")
+    );
+    out!("seed {seed:#x}, {warmup} warm-up + {} measured round trips per size; times are full round trips", args.iters);
     let max = *sizes.iter().max().unwrap_or(&8);
     let total = (warmup + args.iters) as usize;
     let (mut rows, mut passed, mut failed) = (Vec::new(), 0u64, 0u64);
@@ -140,7 +176,25 @@ fn main() -> ExitCode {
         }
     }
     if let (Some(file), Some(path)) = (json, &args.json) {
-        let report = Report { executor, device, nic: "emu", seed, rows: &rows, passed, failed };
+        let report = Report {
+            program: "pingpong",
+            commit: env!("GDAKI_COMMIT"),
+            date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map_or_else(|_| "unknown".into(), |h| h.trim().into()),
+            executor,
+            device,
+            cuda_driver,
+            nic: "emu",
+            iteration: "round trip",
+            units: "us",
+            seed: format!("{seed:#x}"),
+            warmup,
+            timeout_ms: args.timeout_ms,
+            rows: &rows,
+            passed,
+            failed,
+        };
         let written = serde_json::to_writer_pretty(std::io::BufWriter::new(file), &report);
         if let Err(e) = written {
             eprintln!("error: writing {}: {e}", path.display());
