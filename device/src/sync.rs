@@ -1,7 +1,7 @@
 //! Memory-ordering primitives and MMIO stores, one implementation per executor.
 //!
 //! On nvptx every ordered access is inline PTX: `core::sync::atomic` read-modify-writes lose their ordering
-//! there (design.md, "Hazard"), and the NIC is a system-scope observer, so fences are `.sys`. On the host the
+//! there (docs/guide.md, "Toolchain"), and the NIC is a system-scope observer, so fences are `.sys`. On the host the
 //! same functions map to `core::sync::atomic`, whose Acquire/Release pair with the emulated NIC's thread.
 //!
 //! All pointers are generic addresses of naturally aligned values in memory the NIC may read or write (pinned
@@ -188,8 +188,8 @@ pub fn clock_ns() -> u64 {
 
 /// Backs off inside a polling loop; `spins` is how often this wait has spun already.
 /// nvptx: `nanosleep` growing to 1 µs, so a waiting thread leaves the SM's issue slots to others. Host: a
-/// spin hint, then `yield_now` after 64 spins, because the emulated NIC thread may share the core (design.md,
-/// "Hazards": 2-core machines).
+/// spin hint, then `yield_now` after 64 spins, because the emulated NIC thread may share the core (docs/guide.md,
+/// "GPU hazards": 2-core machines).
 #[inline(always)]
 pub fn backoff(spins: u32) {
     #[cfg(target_arch = "nvptx64")]

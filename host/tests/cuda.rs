@@ -260,7 +260,7 @@ fn copier_copies_htod_dtod_dtoh() {
     assert_eq!(gpu.take_deferred_error(), None);
 }
 
-/// The hazard of design.md: copies made while a kernel spins must not wait for it.
+/// The hazard of docs/guide.md, "GPU hazards": copies made while a kernel spins must not wait for it.
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn copier_does_not_wait_for_a_spinning_kernel() {

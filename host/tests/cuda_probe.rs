@@ -1,4 +1,4 @@
-//! Which CUDA calls wait for a kernel that spins (design.md, Hazards). Prints a table; run on the GPU machine
+//! Which CUDA calls wait for a kernel that spins (docs/guide.md, "GPU hazards"). Prints a table; run on the GPU machine
 //! with `--ignored --nocapture`. Asserts only what the emulated NIC relies on: copier copies do not wait.
 
 use std::sync::atomic::{AtomicU32, Ordering};
