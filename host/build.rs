@@ -6,6 +6,10 @@
 //! the outer build's flags. The PTX is validated (target, version, `.entry`, no `.extern`) and copied to
 //! `OUT_DIR`. ptxas is not needed here; `cargo xtask build-ptx` and `cargo xtask test` run it.
 //!
+//! If the active toolchain lacks a component the nvptx build needs (`rust-src`, `llvm-tools`,
+//! `llvm-bitcode-linker`: rustup installs those of `rust-toolchain.toml` only with the toolchain itself), the build
+//! adds them with `rustup component add` first and says so in one `cargo:warning`.
+//!
 //! `GDAKI_PTX=/path/to/gdaki_device.ptx` skips the nested build and embeds that file (validated the same way),
 //! for builds where no nvptx toolchain is available.
 

@@ -116,12 +116,22 @@ impl PtxBuild {
         ]
     }
 
-    /// Runs the nested cargo, then reads and validates the PTX it wrote. Compiler diagnostics go to stderr.
+    /// Makes sure the toolchain has the components the build needs ([`crate::toolchain::ensure_components`],
+    /// which may run `rustup component add`), runs the nested cargo, then reads and validates the PTX it wrote.
+    /// Compiler diagnostics go to stderr.
     ///
     /// # Errors
-    /// Cargo cannot be started or fails (its errors are on stderr), no `.ptx` artifact is reported, or the
+    /// A toolchain component is missing and cannot be added, cargo cannot be started or fails (its errors are on stderr), no `.ptx` artifact is reported, or the
     /// module fails [`validate`].
     pub fn build(&self) -> Result<BuiltPtx> {
+        // Before cargo: a missing component would otherwise surface as an obscure error deep in the nested build.
+        crate::toolchain::ensure_components(&self.workspace_root, |line| {
+            if self.cargo_warnings {
+                println!("cargo:warning={line}");
+            } else {
+                eprintln!("xtask: {line}");
+            }
+        })?;
         let mut cmd = self.command();
         let mut child = cmd.spawn().with_context(|| format!("cannot run `{}`", self.cargo.display()))?;
         let stdout = child.stdout.take().context("cargo's stdout was not captured")?;

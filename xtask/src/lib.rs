@@ -6,9 +6,13 @@
 //!   LTO, one codegen unit, `panic = "abort"`). The crate is built as a `cdylib`, so rustc's
 //!   `llvm-bitcode-linker` links the bitcode of `gdaki-device`, `gdaki-shared` and `core` into one module and
 //!   emits one `.ptx` file with nothing left to resolve.
+//! - before that, [`toolchain::ensure_components`] makes sure the active toolchain has `rust-src`, `llvm-tools`
+//!   and `llvm-bitcode-linker`, running `rustup component add` if not (rustup does not add the components of
+//!   `rust-toolchain.toml` to a toolchain that is already installed).
 //! - [`validate::validate`] checks that file: the expected `.target`, a recent enough `.version`, at least one
 //!   `.entry`, and no `.extern` (the CUDA driver cannot link anything in for us).
-//! - the `ptxas` module (feature `cli`) finds NVIDIA's assembler (PATH, or a pip-installed `nvidia-*` wheel),
+//! - the `ptxas` module (feature `cli`) finds NVIDIA's assembler (PATH, the wheel `cargo xtask test` installs
+//!   into `target/ptxas-wheel`, or a pip-installed `nvidia-*` wheel),
 //!   assembles the PTX for the target GPU and reports registers and spills per kernel.
 //!
 //! The nested cargo gets a clean environment ([`build::clean_cargo_env`]) and its own target directory, so that
@@ -20,6 +24,7 @@ pub mod build;
 pub mod prereq;
 #[cfg(feature = "cli")]
 pub mod ptxas;
+pub mod toolchain;
 pub mod validate;
 #[cfg(feature = "cli")]
 pub mod workspace;

@@ -51,9 +51,9 @@ fn main() -> ExitCode {
 
 fn build_ptx_task(require_ptxas: bool, time: bool) -> Result<()> {
     let workspace = Workspace::current()?;
-    let ptxas = match ptxas::find() {
+    let ptxas = match ptxas::find(&workspace.ptxas_wheel_dir()) {
         Some(path) => Some(path),
-        None if require_ptxas => Some(prereq::ensure_ptxas()?),
+        None if require_ptxas => Some(prereq::ensure_ptxas(&workspace.ptxas_wheel_dir())?),
         None => None,
     };
     build_ptx(&workspace, ptxas.as_deref())?;
@@ -144,8 +144,8 @@ fn remove_dir(dir: &PathBuf) -> Result<()> {
 
 fn test_task(args: &[String]) -> Result<ExitCode> {
     prereq::ensure_mlx5dv_header()?;
-    let ptxas = prereq::ensure_ptxas()?;
     let workspace = Workspace::current()?;
+    let ptxas = prereq::ensure_ptxas(&workspace.ptxas_wheel_dir())?;
     build_ptx(&workspace, Some(&ptxas))?;
 
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());

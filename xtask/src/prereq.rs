@@ -2,8 +2,9 @@
 //! rdma-core's `infiniband/mlx5dv.h` (the golden layout tests compile C against it) and ptxas (the PTX check).
 //!
 //! Installing is done the way a person would on these machines: Debian's `libibverbs-dev` with apt-get when we
-//! are root, and NVIDIA's `nvidia-cuda-nvcc-cu12` wheel with pip (ptxas needs no GPU). When a step fails, the
-//! error is one line saying what to install.
+//! are root, and NVIDIA's `nvidia-cuda-nvcc-cu12` wheel with pip (ptxas needs no GPU), into `target/ptxas-wheel`
+//! rather than into the system's Python, which may be externally managed. When a step fails, the error is one
+//! line saying what to install.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,6 +22,9 @@ pub const MLX5DV_PACKAGE: &str = "libibverbs-dev";
 /// PyPI package that ships ptxas for CUDA 12 (`nvidia/cuda_nvcc/bin/ptxas`).
 pub const PTXAS_WHEEL: &str = "nvidia-cuda-nvcc-cu12";
 
+/// Debian package that gives the system `python3` its pip (stock Debian and Ubuntu images may lack it).
+pub const PIP_PACKAGE: &str = "python3-pip";
+
 /// Makes sure [`MLX5DV_HEADER`] exists, installing [`MLX5DV_PACKAGE`] with apt-get if we are root.
 ///
 /// # Errors
@@ -32,48 +36,94 @@ pub fn ensure_mlx5dv_header() -> Result<()> {
     }
     let hint =
         format!("{MLX5DV_HEADER} is missing: install Debian's {MLX5DV_PACKAGE} (apt-get install {MLX5DV_PACKAGE})");
-    if !is_root() || which::which("apt-get").is_err() {
+    if !can_apt_get() {
         bail!("{hint}");
     }
     eprintln!("xtask: {MLX5DV_HEADER} is missing; installing {MLX5DV_PACKAGE} with apt-get");
-    run_streamed(Command::new("apt-get").args(["update", "-q"])).with_context(|| hint.clone())?;
-    // Non-interactive: CI has no standard input, and a configuration prompt would hang the run.
-    let mut install = Command::new("apt-get");
-    install.env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "-q", "--no-install-recommends"]);
-    run_streamed(install.arg(MLX5DV_PACKAGE)).with_context(|| hint.clone())?;
+    apt_get_install(MLX5DV_PACKAGE).with_context(|| hint.clone())?;
     if !header.exists() {
         bail!("{hint} (apt-get installed {MLX5DV_PACKAGE} but the header is still missing)");
     }
     Ok(())
 }
 
-/// Finds ptxas ([`crate::ptxas::find`]), installing [`PTXAS_WHEEL`] with `python3 -m pip` if there is none.
+/// Finds ptxas ([`crate::ptxas::find`]), installing [`PTXAS_WHEEL`] into `wheel_dir` with
+/// `python3 -m pip install --target` if there is none (and pip itself, [`PIP_PACKAGE`], with apt-get if python3
+/// has none and we are root).
+///
+/// `--target`, not a plain install: pip refuses to install into an externally managed Python (PEP 668: Debian
+/// 12's and Ubuntu 23.04+'s system Python, "externally-managed-environment"), but it does not check when given a
+/// folder of our own; and it leaves the user's Python alone on every other system too.
 ///
 /// # Errors
 /// ptxas is missing and pip could not install it, or installed it where it cannot be found.
-pub fn ensure_ptxas() -> Result<PathBuf> {
-    if let Some(ptxas) = crate::ptxas::find() {
+pub fn ensure_ptxas(wheel_dir: &Path) -> Result<PathBuf> {
+    if let Some(ptxas) = crate::ptxas::find(wheel_dir) {
         return Ok(ptxas);
     }
     let hint = format!(
-        "ptxas not found: install it with `python3 -m pip install {PTXAS_WHEEL}`, put CUDA's bin folder on PATH, or \
-         set {}=/path/to/ptxas",
+        "ptxas not found: install it with `python3 -m pip install --target {} {PTXAS_WHEEL}` (cargo xtask looks \
+         there), put CUDA's bin folder on PATH, or set {}=/path/to/ptxas",
+        shell_word(wheel_dir),
         crate::ptxas::PTXAS_ENV
     );
     if std::env::var_os(crate::ptxas::PTXAS_ENV).is_some() {
         bail!("{hint} (${} does not name an executable)", crate::ptxas::PTXAS_ENV);
     }
-    eprintln!("xtask: ptxas not found; installing {PTXAS_WHEEL} with pip");
-    run_streamed(Command::new("python3").args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        PTXAS_WHEEL,
-    ]))
-    .with_context(|| hint.clone())?;
-    crate::ptxas::find().with_context(|| format!("{hint} (pip installed {PTXAS_WHEEL} but ptxas is still not found)"))
+    if !has_pip() {
+        if !can_apt_get() {
+            bail!("{hint} (python3 has no pip: install Debian's {PIP_PACKAGE} first)");
+        }
+        eprintln!("xtask: python3 has no pip; installing {PIP_PACKAGE} with apt-get");
+        apt_get_install(PIP_PACKAGE).with_context(|| hint.clone())?;
+    }
+    eprintln!("xtask: ptxas not found; installing {PTXAS_WHEEL} into {} with pip", wheel_dir.display());
+    let mut pip = Command::new("python3");
+    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input", "--upgrade"])
+        .arg("--target")
+        .arg(wheel_dir)
+        .arg(PTXAS_WHEEL)
+        // As root (CI), pip warns that a virtual environment would be better; not for a folder of our own. An
+        // environment variable rather than `--root-user-action`, which a pip older than 22.1 would reject.
+        .env("PIP_ROOT_USER_ACTION", "ignore");
+    run_streamed(&mut pip).with_context(|| hint.clone())?;
+    crate::ptxas::find(wheel_dir)
+        .with_context(|| format!("{hint} (pip installed {PTXAS_WHEEL} but ptxas is still not found)"))
+}
+
+/// Whether `python3 -m pip` works (stock Debian ships python3 without pip).
+fn has_pip() -> bool {
+    Command::new("python3")
+        .args(["-m", "pip", "--version"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether we may install Debian packages here: root, with apt-get on PATH.
+fn can_apt_get() -> bool {
+    is_root() && which::which("apt-get").is_ok()
+}
+
+/// `apt-get update`, then installs `package` without questions or recommended packages.
+fn apt_get_install(package: &str) -> Result<()> {
+    run_streamed(Command::new("apt-get").args(["update", "-q"]))?;
+    // Non-interactive: CI has no standard input, and a configuration prompt would hang the run.
+    let mut install = Command::new("apt-get");
+    install.env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "-q", "--no-install-recommends"]);
+    run_streamed(install.arg(package))
+}
+
+/// `path` as one shell word, for a command in a hint that a person copies: quoted if it needs to be.
+fn shell_word(path: &Path) -> String {
+    let text = path.display().to_string();
+    if text.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+,:@%=".contains(c)) {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
 }
 
 /// Runs `cmd` with its output shown as it comes; fails on a non-zero exit.
@@ -98,4 +148,15 @@ fn is_root() -> bool {
         .output()
         .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "0")
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_words() {
+        assert_eq!(shell_word(Path::new("/w/target/ptxas-wheel")), "/w/target/ptxas-wheel");
+        assert_eq!(shell_word(Path::new("/my dir/it's")), r"'/my dir/it'\''s'");
+    }
 }

@@ -15,14 +15,17 @@ use crate::Result;
 /// Environment variable that names the ptxas to use, before PATH and Python wheels are searched.
 pub const PTXAS_ENV: &str = "PTXAS";
 
-/// Finds ptxas: `$PTXAS`, then `ptxas` on PATH, then inside pip-installed NVIDIA wheels (`nvidia/cuda_nvcc/bin`,
-/// `nvidia/cu13/bin`, …, in every site-packages folder that `python3` reports). `None` if none is found.
-pub fn find() -> Option<PathBuf> {
+/// Finds ptxas: `$PTXAS`, then `ptxas` on PATH, then in `wheel_dir` (the folder that
+/// [`crate::prereq::ensure_ptxas`] installs the wheel into, `target/ptxas-wheel`), then inside pip-installed
+/// NVIDIA wheels (`nvidia/cuda_nvcc/bin`, `nvidia/cu13/bin`, …, in every site-packages folder that `python3`
+/// reports). `None` if none is found.
+pub fn find(wheel_dir: &Path) -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(PTXAS_ENV).map(PathBuf::from) {
         // An explicit choice that does not exist is reported as "not found" rather than silently replaced.
         return is_executable(&path).then_some(path);
     }
-    which::which("ptxas").ok().or_else(find_in_python_wheels)
+    // Our own folder before Python's: it costs no `python3` run, and it is what `cargo xtask test` installed.
+    which::which("ptxas").ok().or_else(|| ptxas_in_nvidia_dir(&wheel_dir.join("nvidia"))).or_else(find_in_python_wheels)
 }
 
 /// Searches `<dir>/*/bin/ptxas` in every `nvidia` package folder known to `python3` (the namespace package's

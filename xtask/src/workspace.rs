@@ -57,6 +57,13 @@ impl Workspace {
         self.target_dir.join("ptx")
     }
 
+    /// `target/ptxas-wheel`: where `cargo xtask test` installs the ptxas wheel with `pip install --target` when
+    /// ptxas is missing. A folder of ours, because pip refuses to install into an externally managed Python
+    /// (Debian's and Ubuntu's, PEP 668); `cargo clean` removes it, and the next test run installs it again.
+    pub fn ptxas_wheel_dir(&self) -> PathBuf {
+        self.target_dir.join("ptxas-wheel")
+    }
+
     /// `target/ptx-build`: the nested cargo's target directory, the same one `host/build.rs` uses for a build in
     /// `target/<profile>`, so that `cargo build` and `cargo xtask build-ptx` share one cache.
     pub fn nested_target_dir(&self) -> PathBuf {
