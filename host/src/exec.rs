@@ -125,4 +125,16 @@ impl DataBuf {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Copies its bytes out (for checks in tests).
+    ///
+    /// # Errors
+    /// The CUDA driver's error.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        match self {
+            // SAFETY: the buffer holds `len` initialised bytes; readers racing with the NIC see some bytes.
+            Self::Host(b) => Ok(unsafe { std::slice::from_raw_parts(b.host_ptr(), b.len()) }.to_vec()),
+            Self::Gpu(b) => b.to_vec(),
+        }
+    }
 }
