@@ -22,7 +22,7 @@ use gdaki::pingpong::{PingPong, RunConfig};
 use gdaki_device::error::{CqeError, InvalidArgument, Timeout, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
 use gdaki_device::wait::semaphore_ge;
-use gdaki_device::wqe::{self, Ctrl, Raddr, Sge, Wqe};
+use gdaki_device::wqe::{self, Ctrl, Raddr, Sge};
 use gdaki_device::Error;
 use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr};
 use gdaki_shared::prm::opcode::syndrome;

@@ -5,7 +5,7 @@
 //! function that was not pulled in, a symbol the device code declared but nobody defined) makes loading fail at
 //! run time on the GPU machine, far from its cause. We fail the build instead. The one `.extern` that is not a
 //! link-time symbol is the unsized `.extern .shared` array that declares dynamic shared memory (sized by the
-//! launch, see design.md "Toolchain"); it is allowed.
+//! launch, as `global_asm!(".extern .shared .align 16 .b8 name[];")` writes it); it is allowed.
 
 use std::fmt;
 
