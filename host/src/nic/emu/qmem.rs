@@ -15,7 +15,7 @@ use crate::mem::MappedBuf;
 fn word_ptr(buf: &MappedBuf, off: usize, size: usize) -> Option<*mut u8> {
     let ok = off.is_multiple_of(size) && off.checked_add(size).is_some_and(|end| end <= buf.len());
     debug_assert!(ok, "queue memory access at {off:#x}+{size} outside a {}-byte buffer", buf.len());
-    // SAFETY (of the `add`): `off + size <= len`, so the result stays inside the allocation.
+    // SAFETY: `off + size <= len` when `ok`, so the `add` stays inside the allocation.
     ok.then(|| unsafe { buf.host_ptr().add(off) })
 }
 
