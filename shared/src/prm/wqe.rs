@@ -231,6 +231,12 @@ pub mod ds {
     pub const RDMA: u8 = 3;
     /// Atomic: ctrl + raddr + atomic + data.
     pub const ATOMIC: u8 = 4;
+
+    /// RDMA WRITE with `len` bytes inline: ctrl + raddr + the inline header and data, padded to 16 bytes.
+    #[inline(always)]
+    pub const fn rdma_write_inline(len: u32) -> u32 {
+        2 + super::InlineSeg::ds(len)
+    }
 }
 
 const _: () = {
