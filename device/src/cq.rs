@@ -25,7 +25,9 @@ pub struct Completion {
 }
 
 /// The next CQE if software owns it, else `None`; does not consume it. Loads only bytes 32..64 (the rest are
-/// RX offload fields) with four 8-byte loads after an acquire load of `op_own`; bytes 0..32 come back zero.
+/// RX offload fields): first the last 8 bytes (`sop_drop_qpn`, `wqe_counter`, `signature`, `op_own`) with one
+/// acquire load at system scope (`ld.acquire.sys.u64`; the NIC writes that word last, whole), then bytes 32..56
+/// with three volatile loads ordered after it. Bytes 0..32 come back zero.
 ///
 /// # Safety
 /// `cq` must describe a live CQ (ring of `ncqe` 64-byte CQEs and its dbrec) that only this thread polls.
@@ -34,23 +36,26 @@ pub unsafe fn peek(cq: &CqHandle) -> Option<Cqe64> {
     let n = cq.cons_index;
     let slot = n & (cq.ncqe as u64 - 1);
     let cqe = (cq.buf + slot * CQE_SIZE as u64) as *const u64;
-    let op_own_ptr = (cqe as usize + core::mem::offset_of!(Cqe64, op_own)) as *const u8;
-    // SAFETY: the entry is inside the ring; the acquire load orders the reads below after it.
-    let op_own = unsafe { sync::load_acquire_u8(op_own_ptr) };
-    if !is_sw_owned(op_own, n, cq.ncqe) {
+    const LAST: usize = CQE_SIZE / 8 - 1;
+    // SAFETY: the entry is inside the ring and 8-byte aligned.
+    let last = unsafe { sync::load_acquire_u64(cqe.add(LAST)) };
+    let mut words = [0u64; CQE_SIZE / 8];
+    words[LAST] = last;
+    let c: Cqe64 = bytemuck::cast(words);
+    if !is_sw_owned(c.op_own, n, cq.ncqe) {
         return None;
     }
-    let mut words = [0u64; CQE_SIZE / 8];
-    for (i, w) in words.iter_mut().enumerate().skip(4) {
+    for (i, w) in words.iter_mut().enumerate().take(LAST).skip(4) {
         // SAFETY: the entry is software-owned now; the NIC does not rewrite it until the consumer index
-        // passes it. 8-byte aligned words inside the entry.
+        // passes it. 8-byte aligned words inside the entry, read after the acquire above.
         *w = unsafe { sync::load_volatile(cqe.add(i)) };
     }
     Some(bytemuck::cast(words))
 }
 
 /// Consumes the CQE [`peek`] returned: advances `cq.cons_index` and writes the CQ dbrec's consumer index
-/// (word 0, low 24 bits) with release semantics, so that our reads of the entry precede its reuse.
+/// (word 0, low 24 bits) with a release store at system scope (`st.release.sys.u32`), so that our reads of
+/// the entry precede its reuse by the NIC.
 ///
 /// # Safety
 /// As [`peek`], which must have returned `Some` for the current consumer index.
@@ -84,17 +89,4 @@ pub fn decode(c: &Cqe64) -> Result<Completion, CqeError> {
         qpn: c.qpn(),
         imm: c.imm_inval_pkey,
     })
-}
-
-/// Polls one CQE: `None` when the next entry is still owned by the NIC; otherwise consumes and decodes it.
-///
-/// # Safety
-/// As [`peek`].
-#[inline(always)]
-pub unsafe fn poll(cq: &mut CqHandle) -> Option<Result<Completion, CqeError>> {
-    // SAFETY: the caller's contract.
-    let c = unsafe { peek(cq) }?;
-    // SAFETY: `peek` returned this entry.
-    unsafe { pop(cq) };
-    Some(decode(&c))
 }

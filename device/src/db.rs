@@ -10,7 +10,8 @@ use gdaki_shared::prm::wqe::Seg;
 use gdaki_shared::Be32;
 
 /// Publishes WQEs up to producer index `pi` (WQEBBs) in the dbrec's SQ counter (word 1,
-/// `MLX5_SND_DBR`), after a release fence that orders the WQE stores before it.
+/// `MLX5_SND_DBR`), after a release fence at system scope (`fence.acq_rel.sys`) that orders the WQE stores
+/// before it; the store itself is relaxed (`st.relaxed.sys.u32`).
 ///
 /// # Safety
 /// `dbrec` must be the QP's writable, 8-byte aligned doorbell record.
@@ -23,7 +24,7 @@ pub unsafe fn update_dbrec(dbrec: u64, pi: u64) {
     unsafe { sync::store_relaxed_u32((dbrec as usize + word1) as *mut u32, v) };
 }
 
-/// Rings the doorbell: after a release fence, stores `ctrl_bits` (the first 8 bytes of the last posted WQE's
+/// Rings the doorbell: after a release fence at system scope (`fence.acq_rel.sys`), stores `ctrl_bits` (the first 8 bytes of the last posted WQE's
 /// ctrl segment, see [`crate::wqe::Wqe::doorbell_bits`]) to the doorbell register (UAR + `0x800`).
 ///
 /// # Safety
@@ -35,7 +36,7 @@ pub unsafe fn ring_db(bf_reg: u64, ctrl_bits: u64) {
     unsafe { sync::mmio_store_u64(bf_reg as *mut u64, ctrl_bits) };
 }
 
-/// Rings by BlueFlame: after a release fence, writes the whole first WQEBB of the WQE (`wqebb`, 4 segments;
+/// Rings by BlueFlame: after a release fence at system scope (`fence.acq_rel.sys`), writes the whole first WQEBB of the WQE (`wqebb`, 4 segments;
 /// the ctrl segment first) to the BlueFlame register as eight 8-byte MMIO stores. The WQE must also be in the
 /// ring (the NIC may fetch it from there), and must fit one WQEBB.
 ///

@@ -103,6 +103,8 @@ pub enum InvalidArgument {
     Length = 5,
     /// A ticket beyond every WQE posted on this QP.
     Ticket = 6,
+    /// A QP handle whose SQ is not a power of two of at least 16 WQEBBs.
+    Handle = 7,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -123,6 +125,18 @@ pub mod kind {
     pub const INVALID_ARGUMENT: u32 = 6;
     /// [`super::Error::UnexpectedCqe`]; `addr` holds the QPN, `wqe_counter` the WQE index.
     pub const UNEXPECTED_CQE: u32 = 7;
+}
+
+impl CqeError {
+    /// Packs it as `syndrome << 24 | vendor_err_synd << 16 | wqe_counter` (the handle's sticky error).
+    pub const fn pack(self) -> u32 {
+        (self.syndrome as u32) << 24 | (self.vendor_err_synd as u32) << 16 | self.wqe_counter as u32
+    }
+
+    /// Unpacks [`CqeError::pack`].
+    pub const fn unpack(v: u32) -> Self {
+        Self { syndrome: (v >> 24) as u8, vendor_err_synd: (v >> 16) as u8, wqe_counter: v as u16 }
+    }
 }
 
 impl Error {
@@ -206,6 +220,7 @@ impl Error {
                 4 => InvalidArgument::AtomicAlignment,
                 5 => InvalidArgument::Length,
                 6 => InvalidArgument::Ticket,
+                7 => InvalidArgument::Handle,
                 _ => return None,
             })),
             _ => None,

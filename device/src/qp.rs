@@ -8,13 +8,13 @@
 
 use crate::cq::{self, Completion};
 use crate::db;
-use crate::error::{Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
+use crate::error::{CqeError, Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
 use crate::sq;
 use crate::wait::bounded;
 use crate::wqe::{self, Ctrl, Raddr, Wqe, MAX_INLINE};
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::opcode;
-use gdaki_shared::prm::wqe::{fm_ce_se, Seg};
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg};
 
 /// A posted WQE that asked for a CQE: its first WQEBB's 64-bit index. Complete once the CQ retires it
 /// ([`Qp::wait`]); DOCA GPUNetIO's `ticket`.
@@ -56,7 +56,11 @@ impl<'a> Qp<'a> {
                 }
                 // WQEs that were posted but not rung can never complete: ring them before waiting on them.
                 self.ring_db();
-                self.poll_cq().transpose().map(|_| None)
+                match self.poll_cq() {
+                    // An error CQE is recorded (sticky) and reported by `wait`/`flush`; it still frees room.
+                    Some(Err(Error::Cqe(_))) | Some(Ok(_)) | None => Ok(None),
+                    Some(Err(e)) => Err(e),
+                }
             },
             || WaitOn::SqSpace { wqebbs: n },
         )
@@ -66,7 +70,10 @@ impl<'a> Qp<'a> {
     /// Nothing reaches the NIC before [`Qp::ring_db`].
     ///
     /// # Errors
-    /// [`Error::Timeout`] when no room appears in time; [`Error::Cqe`] when retiring met an error CQE.
+    /// [`Error::Timeout`] when no room appears in time; [`Error::UnexpectedCqe`] when retiring earlier WQEs
+    /// met one (error CQEs met there are kept for `wait`/`flush`); [`Error::InvalidArgument`] (`Handle`) for a handle whose SQ is not a
+    /// power of two of at least 16 WQEBBs. Posting to a QP in the error state succeeds: the NIC flushes the
+    /// WQE (syndrome 0x05), as hardware does, and waits report the first error.
     #[inline(always)]
     pub fn post<const DS: usize>(&mut self, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
         const { assert!(DS >= 1 && DS <= wqe::MAX_DS, "a WQE has 1 ..= MAX_DS segments") };
@@ -80,14 +87,16 @@ impl<'a> Qp<'a> {
         ds: u8,
         build: impl FnOnce(Ctrl) -> [Seg; N],
     ) -> Result<Ticket> {
-        let nbb = (ds as u32).div_ceil(4);
-        if nbb > self.h.wqe_cnt {
-            // It would wait forever for room the ring does not have.
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        let nbb = wqebbs(ds as u32);
+        let cnt = self.h.wqe_cnt;
+        if cnt < 16 || !cnt.is_power_of_two() {
+            // The CQE policy (a CQE every quarter ring) needs room for a 4-WQEBB WQE beside the unsignaled
+            // tail; a smaller ring could wait forever for room.
+            return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
         let pi = self.reserve(nbb)?;
         let end = pi + nbb as u64;
-        let signaled = signaled || end - self.h.sq_sig_end >= (self.h.wqe_cnt / 4) as u64;
+        let signaled = signaled || end.wrapping_sub(self.h.sq_sig_end) >= (cnt / 4) as u64;
         let flags = if signaled { fm_ce_se::CQ_UPDATE } else { 0 };
         let segs = build(Ctrl { idx: pi as u16, qpn: self.h.qpn, fm_ce_se: flags });
         // SAFETY: `Qp::new`'s contract gives a valid ring; `reserve` made WQEBBs `pi..end` ours.
@@ -97,6 +106,7 @@ impl<'a> Qp<'a> {
             self.h.sq_sig_first = pi + 1;
             self.h.sq_sig_end = end;
         }
+        // The ctrl segment's first 8 bytes as stored are the doorbell value (`CtrlSeg::doorbell_bits`).
         self.unrung = Some(segs[0].0[0]);
         Ok(Ticket(pi))
     }
@@ -112,7 +122,7 @@ impl<'a> Qp<'a> {
         if data.len() > MAX_INLINE {
             return Err(Error::InvalidArgument(InvalidArgument::InlineTooLong));
         }
-        let (_, ds) = wqe::rdma_write_inline(Ctrl { idx: 0, qpn: 0, fm_ce_se: 0 }, remote, data);
+        let ds = gdaki_shared::prm::wqe::ds::rdma_write_inline(data.len() as u32) as u8;
         self.post_segs(signaled, ds, |c| wqe::rdma_write_inline(c, remote, data).0.segs)
     }
 
@@ -181,24 +191,46 @@ impl<'a> Qp<'a> {
         };
         // SAFETY: `peek` returned this entry.
         unsafe { cq::pop(&mut self.h.cq) };
+        let r = cq::decode(&c);
         if let Some(ci) = retired {
             self.h.sq_ci = ci;
+            if let (Err(e), 0) = (r, self.h.sq_err_idx) {
+                self.h.sq_err_idx = ci;
+                self.h.sq_err = e.pack();
+            }
         }
-        Some(cq::decode(&c).map_err(Error::Cqe))
+        Some(r.map_err(Error::Cqe))
     }
 
-    /// Waits until the WQE behind `t` has completed.
+    /// The first error CQE of this QP's WQEs, if one completed in error (the QP is then in the error state).
+    pub fn error(&self) -> Option<CqeError> {
+        (self.h.sq_err_idx != 0).then(|| CqeError::unpack(self.h.sq_err))
+    }
+
+    /// The first error, if it hit the WQE at `idx` or an earlier one.
+    fn error_at_or_before(&self, idx: u64) -> Option<Error> {
+        (self.h.sq_err_idx != 0 && self.h.sq_err_idx - 1 <= idx).then(|| Error::Cqe(CqeError::unpack(self.h.sq_err)))
+    }
+
+    /// Waits until the WQE behind `t` has completed (DOCA GPUNetIO's `poll_cq_at`).
     ///
     /// # Errors
-    /// [`Error::Cqe`] if it (or an earlier WQE) completed in error; [`Error::Timeout`] after the QP's timeout;
-    /// [`Error::InvalidArgument`] for a ticket this QP never issued.
+    /// [`Error::Cqe`] with the QP's first error CQE if that hit this WQE or an earlier one, however often
+    /// asked and whoever polled it (the error is sticky); [`Error::Timeout`] after the QP's timeout;
+    /// [`Error::UnexpectedCqe`]; [`Error::InvalidArgument`] (`Ticket`) for a ticket this QP never issued.
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
         if t.0 >= self.h.sq_pi {
             // Not a WQE of this QP (yet): nothing could ever complete it.
             return Err(Error::InvalidArgument(InvalidArgument::Ticket));
         }
+        if let Some(e) = self.error_at_or_before(t.0) {
+            return Err(e);
+        }
+        if self.h.sq_ci > t.0 {
+            return Ok(());
+        }
         // An unsignaled WQE is retired only by a later CQE: ask for one when none was requested since `t`.
-        if self.h.sq_sig_first <= t.0 && self.h.sq_ci <= t.0 {
+        if self.h.sq_sig_first <= t.0 {
             let _ = self.post(true, wqe::nop)?;
         }
         self.ring_db();
@@ -206,10 +238,18 @@ impl<'a> Qp<'a> {
         bounded(
             timeout,
             || {
+                let polled = self.poll_cq();
+                if let Some(e) = self.error_at_or_before(t.0) {
+                    return Err(e);
+                }
                 if self.h.sq_ci > t.0 {
+                    // Done, even if a later WQE failed: its error belongs to its own waiters.
                     return Ok(Some(()));
                 }
-                self.poll_cq().transpose().map(|_| None)
+                match polled {
+                    Some(Err(e)) => Err(e),
+                    _ => Ok(None),
+                }
             },
             || WaitOn::Cqe { wqe_index: t.0 },
         )
@@ -219,15 +259,17 @@ impl<'a> Qp<'a> {
     /// CQE with a NOP if the last WQE did not, then waits for it.
     ///
     /// # Errors
-    /// As [`Qp::wait`].
+    /// As [`Qp::wait`]: once any WQE of this QP has completed in error, every flush returns that first error.
     pub fn flush(&mut self) -> Result<()> {
+        if let Some(e) = self.error() {
+            return Err(Error::Cqe(e));
+        }
         if self.h.sq_sig_end != self.h.sq_pi {
             let _ = self.post(true, wqe::nop)?;
         }
-        let last = Ticket(self.h.sq_sig_first.saturating_sub(1));
         if self.h.sq_sig_first == 0 {
             return Ok(());
         }
-        self.wait(last)
+        self.wait(Ticket(self.h.sq_sig_first - 1))
     }
 }

@@ -25,7 +25,8 @@ pub unsafe fn write_segs(sq_buf: u64, wqe_cnt: u32, pi: u64, segs: &[Seg]) {
 /// WQEBBs free in a ring of `wqe_cnt` given the producer and retired indices.
 #[inline(always)]
 pub const fn free_wqebbs(wqe_cnt: u32, pi: u64, ci: u64) -> u64 {
-    wqe_cnt as u64 - (pi - ci)
+    // Wrapping and saturating: a forged handle (ci > pi) reads as a full ring, never as a panic.
+    (wqe_cnt as u64).saturating_sub(pi.wrapping_sub(ci))
 }
 
 /// Reconstructs the 64-bit WQEBB index of a 16-bit `wqe_counter` from a CQE, given the retired index `ci` and

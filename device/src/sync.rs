@@ -10,7 +10,7 @@
 use gdaki_shared::prm::wqe::Seg;
 
 #[cfg(not(target_arch = "nvptx64"))]
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Release fence at system scope: every store before it is visible to the NIC before any store after it.
 /// nvptx: `fence.acq_rel.sys`; host: `fence(Release)`.
@@ -23,41 +23,6 @@ pub fn fence_release_sys() {
     };
     #[cfg(not(target_arch = "nvptx64"))]
     core::sync::atomic::fence(Ordering::Release);
-}
-
-/// Acquire fence at system scope: loads after it see what was visible before a preceding load that observed
-/// a NIC write (e.g. a CQE's owner bit). nvptx: `fence.acq_rel.sys`; host: `fence(Acquire)`.
-#[inline(always)]
-pub fn fence_acquire_sys() {
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: a fence has no operands and no memory effects besides ordering.
-    unsafe {
-        core::arch::asm!("fence.acq_rel.sys;", options(nostack))
-    };
-    #[cfg(not(target_arch = "nvptx64"))]
-    core::sync::atomic::fence(Ordering::Acquire);
-}
-
-/// Loads a `u8` that the NIC writes, with acquire semantics at system scope (`ld.acquire.sys.u8`).
-///
-/// # Safety
-/// `p` must be valid for reads.
-#[inline(always)]
-pub unsafe fn load_acquire_u8(p: *const u8) -> u8 {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        let v: u32;
-        // SAFETY: the caller guarantees `p` is readable; the load does not write memory.
-        unsafe {
-            core::arch::asm!("ld.acquire.sys.u8 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack))
-        };
-        v as u8
-    }
-    #[cfg(not(target_arch = "nvptx64"))]
-    // SAFETY: the caller guarantees `p` is valid; AtomicU8 has the alignment and size of u8.
-    unsafe {
-        AtomicU8::from_ptr(p as *mut u8).load(Ordering::Acquire)
-    }
 }
 
 /// Loads a `u64` that the NIC or a peer writes (a semaphore), with acquire semantics at system scope
@@ -135,7 +100,9 @@ pub unsafe fn store_relaxed_u32(p: *mut u32, v: u32) {
 /// elided); host: a release store the emulated NIC observes.
 ///
 /// # Safety
-/// `p` must be a valid, 8-byte aligned address in a UAR page.
+/// `p` must be a valid, 8-byte aligned address in a UAR page. On nvptx it is used as a `.global` address: a
+/// generic address of global memory (device memory or host memory mapped into the GPU) is one, because the
+/// generic window maps global addresses unchanged on every GPU the PTX targets.
 #[inline(always)]
 pub unsafe fn mmio_store_u64(p: *mut u64, v: u64) {
     #[cfg(target_arch = "nvptx64")]

@@ -2,7 +2,7 @@
 //! stores it. Layouts follow the PRM's send WQE formats (rdma-core `mlx5dv.h` segment structs).
 
 use gdaki_shared::prm::opcode;
-use gdaki_shared::prm::wqe::{ds, AtomicSeg, CtrlSeg, DataSeg, InlineSeg, RaddrSeg, Seg, SEG, SEGS_PER_WQEBB};
+use gdaki_shared::prm::wqe::{ds, AtomicSeg, CtrlSeg, DataSeg, InlineSeg, RaddrSeg, Seg, SEG};
 use gdaki_shared::Be32;
 
 /// A WQE of `DS` segments (16 bytes each), segment 0 being the ctrl segment.
@@ -12,23 +12,12 @@ pub struct Wqe<const DS: usize> {
     pub segs: [Seg; DS],
 }
 
-impl<const DS: usize> Wqe<DS> {
-    /// WQEBBs this WQE occupies: `ceil(DS / 4)`.
-    pub const WQEBBS: u32 = DS.div_ceil(SEGS_PER_WQEBB) as u32;
-
-    /// The ctrl segment's first 8 bytes as stored: the 8-byte doorbell value for this WQE.
-    #[inline(always)]
-    pub fn doorbell_bits(&self) -> u64 {
-        self.segs[0].0[0]
-    }
-}
-
 /// A local buffer: one scatter/gather entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sge {
     /// Address (device-visible), bytes.
     pub addr: u64,
-    /// Length, bytes (1 ..= 2^31).
+    /// Length, bytes (1 ..= 2^31 − 1; the PRM reads 0 as 2^31, which gdaki never posts).
     pub len: u32,
     /// Local key of its MR, big-endian.
     pub lkey: Be32,
@@ -137,7 +126,7 @@ pub const MAX_INLINE: usize = MAX_DS * SEG - 2 * SEG - 4;
 #[inline(always)]
 pub fn rdma_write_inline(c: Ctrl, remote: Raddr, data: &[u8]) -> (Wqe<MAX_DS>, u8) {
     let len = data.len().min(MAX_INLINE);
-    let ds = 2 + InlineSeg::ds(len as u32) as u8;
+    let ds = ds::rdma_write_inline(len as u32) as u8;
     let mut segs = [Seg::default(); MAX_DS];
     segs[0] = c.seg(opcode::RDMA_WRITE, ds, Be32::ZERO);
     segs[1] = raddr(remote);

@@ -620,18 +620,30 @@ fn put_with_a_bad_rkey_fails_with_0x13_and_then_everything_flushes() {
     assert!(dst.read().iter().all(|&b| b == 0x44), "a failed put placed bytes");
     assert_eq!(p.a.state(), QpState::Error);
 
-    // The flush's NOP behind the failed put was flushed; a second flush reports it.
-    assert_eq!(qp.flush(), Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, bad_at + 1)));
-    // Later posts, good ones included, complete with WR_FLUSH_ERR.
+    // The QP is in the error state: flush and wait keep reporting the first error (sticky in the handle)...
+    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at);
+    assert_eq!(qp.flush(), Err(first));
+    // ...while the NIC completes every later WQE, good ones included, with WR_FLUSH_ERR: the flush's NOP
+    // behind the failed put, then a put and a NOP posted now.
     let next = qp.handle().sq_pi;
     qp.put(&rmr.remote(), 0, &lmr.handle(), 0, LEN as u64).unwrap();
-    assert_eq!(qp.flush(), Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, next)));
     let t = qp.post(true, wqe::nop).unwrap();
-    assert_eq!(qp.wait(t), Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, next + 1)));
-    assert_eq!(qp.wait(t), Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, t.0)));
+    qp.ring_db();
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    while seen.len() < 3 && t0.elapsed() < Duration::from_secs(5) {
+        match qp.poll_cq() {
+            Some(r) => seen.push(r),
+            None => std::thread::yield_now(),
+        }
+    }
+    let flushed = |at| Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, at));
+    assert_eq!(seen, [flushed(bad_at + 1), flushed(next), flushed(next + 1)]);
+    assert_eq!(qp.wait(t), Err(first));
+    assert_eq!(qp.wait(t), Err(first), "the error is sticky");
     assert!(dst.read().iter().all(|&b| b == 0x44), "a flushed put placed bytes");
     let s = p.nic.stats();
-    assert_eq!((s.error_cqes, s.flush_cqes), (1, 4), "{s:?}");
+    assert_eq!((s.error_cqes, s.flush_cqes), (1, 3), "{s:?}");
 }
 
 #[test]
@@ -659,6 +671,36 @@ fn waiting_on_an_unsignaled_ticket_asks_for_a_cqe() {
     // The NOP itself and the signaled NOP `wait` added.
     assert_eq!(qp.handle().sq_pi, 2);
     assert!(qp.handle().sq_ci > t.0);
+}
+
+#[test]
+fn an_error_is_sticky_whoever_polled_its_cqe() {
+    let (src, dst) = (GuardedBuf::new(256, 0x21), GuardedBuf::new(256, 0));
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let good = qp.post(true, |c| wqe::rdma_write(c, raddr(&rmr.remote(), 0), sge(&lmr.handle(), 0, 64))).unwrap();
+    let bad_rkey = RemoteMr { rkey: Be32::new(rmr.rkey() ^ 0x5), ..rmr.remote() };
+    let bad = qp.post(true, |c| wqe::rdma_write(c, raddr(&bad_rkey, 0), sge(&lmr.handle(), 0, 64))).unwrap();
+    let after = qp.post(true, wqe::nop).unwrap();
+    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad.0);
+    // Waiting on the last WQE consumes the error CQE; the failed WQE's own wait must still see it.
+    assert_eq!(qp.wait(after), Err(first));
+    assert_eq!(qp.wait(bad), Err(first));
+    assert_eq!(qp.flush(), Err(first));
+    // The WQE before the failure completed: its wait succeeds.
+    assert_eq!(qp.wait(good), Ok(()));
+    assert_eq!(
+        qp.error(),
+        Some(CqeError {
+            syndrome: syndrome::REMOTE_ACCESS_ERR,
+            vendor_err_synd: vendor::BAD_RKEY,
+            wqe_counter: bad.0 as u16
+        })
+    );
+    assert_eq!(&dst.read()[..64], &[0x21; 64][..]);
 }
 
 #[test]

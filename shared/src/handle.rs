@@ -17,17 +17,17 @@ pub struct CqHandle {
     pub dbrec: u64,
     /// Entries in the ring; a power of two.
     pub ncqe: u32,
-    /// CQN, for error reports.
+    /// CQ number (24 bits), for error reports.
     pub cqn: u32,
     /// Software state: CQEs consumed so far (64-bit; the dbrec carries the low 24 bits).
     pub cons_index: u64,
 }
 
-/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 96 bytes.
+/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 112 bytes.
 ///
-/// Software state (`sq_pi`, `sq_ci`, `sq_sig_first`, `sq_sig_end`, `cq.cons_index`) is written by the one
-/// thread that owns the handle (Exclusive mode); the host zeroes it when it builds the handle. All indices are
-/// 64-bit WQEBB counts; the wire carries their low 16 bits.
+/// Software state (`sq_*` counters, the sticky error, `cq.cons_index`) is written by the one thread that owns
+/// the handle (Exclusive mode); the host sets it where the NIC is when it builds the handle (zero for a new
+/// QP). All indices are 64-bit WQEBB counts; the wire carries their low 16 bits.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct QpHandle {
@@ -54,13 +54,20 @@ pub struct QpHandle {
     /// Software state: `sq_pi` just after the last WQE that requested a CQE (equal to `sq_pi` when the last
     /// posted WQE requested one).
     pub sq_sig_end: u64,
+    /// Software state: WQEBB index + 1 of the first WQE that completed in error, 0 while none has. The QP is
+    /// in the error state from then on, and waits on that WQE or any later one report [`QpHandle::sq_err`].
+    pub sq_err_idx: u64,
+    /// Software state: that error CQE, packed `syndrome << 24 | vendor_err_synd << 16 | wqe_counter`.
+    pub sq_err: u32,
+    /// Padding, zero.
+    pub pad: u32,
 }
 
 /// A local memory region as device code names it in data segments. 24 bytes.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct MrHandle {
-    /// Start address (device-visible), bytes.
+    /// Start address (device-visible), bytes; any alignment (atomics need 8-byte aligned targets).
     pub addr: u64,
     /// Length, bytes.
     pub length: u64,
@@ -110,7 +117,7 @@ pub struct ErrorReport {
 const _: () = {
     use core::mem::{offset_of, size_of};
     assert!(size_of::<CqHandle>() == 32);
-    assert!(size_of::<QpHandle>() == 96);
+    assert!(size_of::<QpHandle>() == 112);
     assert!(offset_of!(QpHandle, cq) == 32);
     assert!(offset_of!(QpHandle, sq_pi) == 64);
     assert!(size_of::<MrHandle>() == 24);

@@ -29,7 +29,8 @@ pub struct Cqe64 {
     pub app_info: Be16,
     /// Bytes transferred (RDMA READ / atomic: bytes returned; responder: bytes placed).
     pub byte_cnt: Be32,
-    /// Completion timestamp (device clock ticks).
+    /// Completion timestamp: free-running device clock ticks on hardware; nanoseconds since the NIC was
+    /// opened on the emulated NIC.
     pub timestamp: Be64,
     /// Bits 31:24: send WQE opcode (requester), bits 23:0: QPN.
     pub sop_drop_qpn: Be32,

@@ -192,6 +192,8 @@ impl Qp {
             sq_ci: consumed,
             sq_sig_first: consumed,
             sq_sig_end: consumed,
+            // A new handle knows of no error yet; the NIC still flushes WQEs of a QP in the error state.
+            ..QpHandle::default()
         }
     }
 
