@@ -351,6 +351,27 @@ fn blueflame_write_is_a_doorbell() {
 }
 
 #[test]
+fn plain_doorbell_after_a_blueflame_write_is_not_counted_as_one() {
+    let mut rng = rng();
+    let p = Pair::new(64, 64);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let dst = GuardedBuf::new(64, 0);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let data = random_bytes(&mut rng, 16);
+    let at = sq.put_bytes(&sq.inline_write(opcode::RDMA_WRITE, SIGNALED, &data, dst.addr(), rmr.rkey(), 0));
+    sq.dbrec();
+    sq.blueflame(at);
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    // The same WQE again (only its index differs) with an 8-byte doorbell: the register's bytes 8..64 still
+    // hold the BlueFlame write's, which equal the new WQE's. It is no BlueFlame write.
+    let at = sq.post_bytes(&sq.inline_write(opcode::RDMA_WRITE, SIGNALED, &data, dst.addr(), rmr.rkey(), 0));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    assert_eq!(&dst.read()[..16], &data[..]);
+    let s = p.nic.stats();
+    assert_eq!((s.doorbells, s.blueflame, s.wqes), (2, 1, 2));
+}
+
+#[test]
 fn nop_completes_and_unsignaled_wqes_write_no_cqe() {
     let p = Pair::new(64, 64);
     let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));

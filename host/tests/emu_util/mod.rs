@@ -3,6 +3,7 @@
 //! host buffers with guard bytes on both sides.
 #![allow(dead_code)] // each test file uses a different subset
 
+use std::mem::offset_of;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,9 +12,10 @@ use gdaki::mem::{MemKind, MemLoc};
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp};
 use gdaki_shared::handle::{CqHandle, QpHandle};
 use gdaki_shared::prm::cqe::{is_sw_owned, Cqe64, ErrCqe};
+use gdaki_shared::prm::dbrec::{CqDbrec, QpDbrec};
 use gdaki_shared::prm::opcode;
 use gdaki_shared::prm::wqe::{
-    fm_ce_se::CQ_UPDATE, wqebbs, AtomicSeg, CtrlSeg, DataSeg, InlineSeg, RaddrSeg, Seg, SEG, WQEBB,
+    ds as wqe_ds, fm_ce_se::CQ_UPDATE, wqebbs, AtomicSeg, CtrlSeg, DataSeg, InlineSeg, RaddrSeg, Seg, SEG, WQEBB,
 };
 use gdaki_shared::Be32;
 use rand::rngs::SmallRng;
@@ -210,11 +212,15 @@ impl Sq {
         self.dbrec_word(1, self.pi as u32 & 0xffff);
     }
 
-    /// Writes `v` (big-endian) to dbrec word `word` (0 = RQ counter: the known mistake).
+    /// Writes `v` (big-endian) to dbrec word `word` (0 = RQ counter: the known mistake; else the SQ counter).
     pub fn dbrec_word(&self, word: u64, v: u32) {
+        let off = match word {
+            0 => offset_of!(QpDbrec, rcv_counter),
+            _ => offset_of!(QpDbrec, snd_counter),
+        };
         fence(Ordering::Release);
-        // SAFETY: the dbrec is 8 bytes, 8-aligned; word 0 or 1 is inside it.
-        unsafe { AtomicU32::from_ptr((self.h.dbrec + 4 * word) as *mut u32) }
+        // SAFETY: the dbrec is 8 bytes, 8-aligned; both words are inside it.
+        unsafe { AtomicU32::from_ptr((self.h.dbrec + off as u64) as *mut u32) }
             .store(Be32::new(v).to_bits(), Ordering::Release);
     }
 
@@ -308,7 +314,7 @@ impl Sq {
 
     /// The bytes of an inline RDMA WRITE (or WRITE_IMM) of `data`.
     pub fn inline_write(&self, opc: u8, fm: u8, data: &[u8], raddr: u64, rkey: u32, imm: u32) -> Vec<u8> {
-        let ds = 2 + InlineSeg::ds(data.len() as u32) as u8;
+        let ds = wqe_ds::rdma_write_inline(data.len() as u32) as u8;
         let mut w: Vec<u8> = Vec::new();
         w.extend_from_slice(bytemuck::bytes_of(&Seg::from(CtrlSeg::new(
             self.idx(),
@@ -343,8 +349,9 @@ impl CqPoll {
     /// The next CQE if the NIC has written it; consumes it and updates the dbrec.
     pub fn poll(&mut self) -> Option<Cqe64> {
         let base = self.h.buf + (self.ci % self.h.ncqe as u64) * 64;
-        // SAFETY: byte 63 of an entry inside the CQ ring.
-        let op_own = unsafe { AtomicU8::from_ptr((base + 63) as *mut u8) }.load(Ordering::Acquire);
+        // SAFETY: the op_own byte of an entry inside the CQ ring.
+        let op_own =
+            unsafe { AtomicU8::from_ptr((base + offset_of!(Cqe64, op_own) as u64) as *mut u8) }.load(Ordering::Acquire);
         if !is_sw_owned(op_own, self.ci, self.h.ncqe) {
             return None;
         }
@@ -354,8 +361,8 @@ impl CqPoll {
             *w = unsafe { AtomicU64::from_ptr((base + 8 * i as u64) as *mut u64) }.load(Ordering::Acquire);
         }
         self.ci += 1;
-        // SAFETY: word 0 of the CQ dbrec.
-        unsafe { AtomicU32::from_ptr(self.h.dbrec as *mut u32) }
+        // SAFETY: the consumer-index word of the CQ dbrec.
+        unsafe { AtomicU32::from_ptr((self.h.dbrec + offset_of!(CqDbrec, set_ci) as u64) as *mut u32) }
             .store(Be32::new(self.ci as u32 & 0xff_ffff).to_bits(), Ordering::Release);
         Some(bytemuck::cast(words))
     }

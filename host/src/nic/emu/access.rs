@@ -38,20 +38,93 @@ impl AtomicOp {
     }
 }
 
+/// Bytes of the staging buffer of a [`DataPath`]: room for the inline data of 64 maximal inline WRITEs
+/// between two synchronizes (a full buffer synchronizes first).
+const STAGING_BYTES: usize = 64 * 1024;
+
+/// The host side of GPU copies: one heap buffer of 8-byte words, touched only through the raw pointer taken
+/// at allocation (copies read and write it behind Rust's back, so no reference to it is formed afterwards).
+/// Accessors check bounds and do nothing (or read 0) outside the buffer: callers stay inside what
+/// [`DataPath::stage`] reserved, so that never happens.
+struct Staging {
+    ptr: *mut u64,
+    words: usize,
+}
+
+impl Staging {
+    fn new(words: usize) -> Self {
+        let b: Box<[u64]> = vec![0u64; words].into_boxed_slice();
+        Self { words: b.len(), ptr: Box::into_raw(b) as *mut u64 }
+    }
+
+    /// Length in bytes.
+    fn len(&self) -> usize {
+        self.words * 8
+    }
+
+    /// Whether `len` bytes at `off` lie inside the buffer.
+    fn fits(&self, off: usize, len: usize) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.len())
+    }
+
+    /// The host address of byte `off`.
+    fn loc(&self, off: usize) -> MemLoc {
+        MemLoc { kind: MemKind::Host, addr: self.ptr as u64 + off as u64 }
+    }
+
+    /// Copies `data` to byte `off`.
+    fn write(&mut self, off: usize, data: &[u8]) {
+        if self.fits(off, data.len()) {
+            // SAFETY: inside the allocation (checked); `data` is a Rust slice, so not this buffer; the range is
+            // not one a pending copy uses (the caller staged it).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (self.ptr as *mut u8).add(off), data.len()) }
+        }
+    }
+
+    /// The word at byte `off` (8-byte aligned).
+    fn word(&self, off: usize) -> u64 {
+        if !self.fits(off, 8) || !off.is_multiple_of(8) {
+            return 0;
+        }
+        // SAFETY: an aligned word inside the allocation (checked); no copy writes it now (synchronized).
+        unsafe { self.ptr.add(off / 8).read() }
+    }
+
+    /// Sets the word at byte `off` (8-byte aligned).
+    fn set_word(&mut self, off: usize, v: u64) {
+        if self.fits(off, 8) && off.is_multiple_of(8) {
+            // SAFETY: as in `word`.
+            unsafe { self.ptr.add(off / 8).write(v) }
+        }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `words` came from `Box::into_raw` of a `[u64]` of `words` elements, freed once.
+        unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words))) }
+    }
+}
+
 /// Moves data for the executor thread. Not shared: one per executor.
 pub(crate) struct DataPath {
     gpu: Option<Arc<dyn GpuCopier>>,
     /// GPU copies were enqueued since the last synchronize.
     pending: bool,
-    /// Host sources and destinations of pending GPU copies that this type owns (inline data, atomic
-    /// operands); they must live until the copies complete.
-    staging: Vec<Box<[u8]>>,
+    /// Host memory that pending GPU copies read from or write into (inline data, atomic operands): one
+    /// buffer for the executor's lifetime, so that nothing is allocated per WQE and no copy's host side is
+    /// ever freed under it, not even after a failed synchronize. `u64` words: 8-byte aligned slots.
+    staging: Staging,
+    /// Bytes at the start of `staging` that pending copies use; what follows is free.
+    staged: usize,
 }
 
 impl DataPath {
     /// A data path that reaches GPU memory through `gpu`, if any.
     pub(crate) fn new(gpu: Option<Arc<dyn GpuCopier>>) -> Self {
-        Self { gpu, pending: false, staging: Vec::new() }
+        // Only GPU copies stage anything: without a copier the buffer would never be used.
+        let words = if gpu.is_some() { STAGING_BYTES / 8 } else { 0 };
+        Self { gpu, pending: false, staging: Staging::new(words), staged: 0 }
     }
 
     /// Waits for every enqueued GPU copy. Cheap when none is pending.
@@ -64,11 +137,29 @@ impl DataPath {
             Some(g) => g.synchronize(),
             None => Ok(()),
         };
-        self.staging.clear();
+        // No copy uses the staging buffer any more (or, after a failure, the CUDA context is unusable and
+        // every later copy fails): it is free again.
+        self.staged = 0;
         r.map_err(|e| {
             tracing::warn!("emulated NIC: GPU copy failed: {e}");
             Fault::gpu_copy()
         })
+    }
+
+    /// Reserves `len` bytes (at most [`STAGING_BYTES`]) of the staging buffer for a GPU copy, synchronizing
+    /// first when the rest of the buffer is too small. Returns the byte offset of the slot (8-byte aligned).
+    fn stage(&mut self, len: usize) -> Result<usize, Fault> {
+        let cap = self.staging.len();
+        if len > cap {
+            // Callers split their data into slots of at most STAGING_BYTES; no copier, no buffer.
+            return Err(Fault::gpu_copy());
+        }
+        if cap - self.staged < len {
+            self.fence()?;
+        }
+        let at = self.staged;
+        self.staged = (at + len).next_multiple_of(8).min(cap);
+        Ok(at)
     }
 
     fn copier(&self) -> Result<&Arc<dyn GpuCopier>, Fault> {
@@ -115,13 +206,19 @@ impl DataPath {
             return Ok(());
         }
         let g = self.copier()?.clone();
-        let stage: Box<[u8]> = data.into();
-        let src = MemLoc { kind: MemKind::Host, addr: stage.as_ptr() as u64 };
-        // SAFETY: `dst` as the caller promises; `stage` is kept in `self.staging` until the next
-        // synchronize, so the source stays valid (a boxed slice does not move when the Vec grows).
-        unsafe { g.copy_async(dst, src, data.len()) }.map_err(|_| Fault::gpu_copy())?;
-        self.staging.push(stage);
-        self.pending = true;
+        let mut done = 0;
+        for chunk in data.chunks(STAGING_BYTES) {
+            let off = self.stage(chunk.len())?;
+            self.staging.write(off, chunk);
+            let src = self.staging.loc(off);
+            let to = MemLoc { kind: dst.kind, addr: dst.addr + done as u64 };
+            // SAFETY: `to` is inside `dst` as the caller promises; the source is a slot of the staging buffer
+            // that no other pending copy uses, reserved until the next synchronize, and the buffer lives as
+            // long as `self`.
+            unsafe { g.copy_async(to, src, chunk.len()) }.map_err(|_| Fault::gpu_copy())?;
+            self.pending = true;
+            done += chunk.len();
+        }
         Ok(())
     }
 
@@ -148,16 +245,22 @@ impl DataPath {
             return Ok(old);
         }
         let g = self.copier()?.clone();
-        let mut word = Box::new([0u8; 8]);
-        let host = MemLoc { kind: MemKind::Host, addr: word.as_mut_ptr() as u64 };
-        // SAFETY: `at` as the caller promises; `word` lives until the synchronize below returns.
+        let off = self.stage(8)?;
+        let host = self.staging.loc(off);
+        // SAFETY: `at` as the caller promises; the slot lives as long as `self` and is reserved until the
+        // fence below.
         unsafe { g.copy_async(host, at, 8) }.map_err(|_| Fault::gpu_copy())?;
-        g.synchronize().map_err(|_| Fault::gpu_copy())?;
-        let old = u64::from_ne_bytes(*word);
-        *word = op.apply(old).to_ne_bytes();
+        self.pending = true;
+        self.fence()?;
+        let old = self.staging.word(off);
+        // The fence freed the slot: stage the new value afresh for the write-back.
+        let off = self.stage(8)?;
+        self.staging.set_word(off, op.apply(old));
+        let host = self.staging.loc(off);
         // SAFETY: as above.
         unsafe { g.copy_async(at, host, 8) }.map_err(|_| Fault::gpu_copy())?;
-        g.synchronize().map_err(|_| Fault::gpu_copy())?;
+        self.pending = true;
+        self.fence()?;
         Ok(old)
     }
 }

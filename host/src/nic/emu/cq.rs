@@ -5,12 +5,13 @@
 //! consumes and reports its consumer index in dbrec word 0 (24 bits). A CQE is written only into an entry
 //! software has consumed; otherwise the CQ overruns, as on hardware (the CQ then stops taking CQEs).
 
+use std::mem::offset_of;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use gdaki_shared::handle::CqHandle;
 use gdaki_shared::prm::cqe::{Cqe64, CQE_SIZE, OP_OWN_INVALID};
-use gdaki_shared::prm::dbrec::CQ_CI_MASK;
+use gdaki_shared::prm::dbrec::{CqDbrec, CQ_CI_MASK};
 use gdaki_shared::Be32;
 
 use crate::mem::{MappedBuf, QueueMemory};
@@ -20,10 +21,27 @@ use super::qmem;
 use super::stats::{bump, Counters};
 use super::EmuNic;
 
-/// Largest CQ, in CQEs (2^22, ConnectX's `max_cqe`); keeps the 24-bit consumer index unambiguous.
+/// Largest CQ, in CQEs: 2^22, the largest ring ConnectX takes. Its `ibv_query_device` reports `max_cqe` =
+/// 2^22 - 1, and rdma-core's mlx5 provider allocates `cqe + 1` entries rounded up to a power of two, so
+/// asking for `max_cqe` gives a ring of 2^22. Keeps the 24-bit consumer index unambiguous.
 pub const MAX_CQE: u32 = 1 << 22;
 
+/// Byte offset of the CQE's last 8-byte word (`sop_drop_qpn`, `wqe_counter`, `signature`, `op_own`): the
+/// word that is written last and makes the entry valid.
+const LAST_WORD: usize = offset_of!(Cqe64, sop_drop_qpn);
+/// Index of `op_own` within the last word, as bytes in memory order.
+const OP_OWN_BYTE: usize = offset_of!(Cqe64, op_own) - LAST_WORD;
+/// Byte offset of the consumer index (`set_ci`, word 0) in the CQ's doorbell record.
+const SET_CI: usize = offset_of!(CqDbrec, set_ci);
+
+// `push` stores the entry as eight words, the last one after the others.
+const _: () = assert!(LAST_WORD == CQE_SIZE - 8 && OP_OWN_BYTE == 7);
+
 /// A completion queue. Created by [`EmuNic::create_cq`]; QPs keep its memory alive while they use it.
+///
+/// The executor reaches a CQ only through a QP that completes into it, never holding a CQ of its own, and
+/// `Qp::drop` makes sure the executor never holds a QP's last reference; so a CQ's memory is freed by whoever
+/// drops the last of the CQ and its QPs, never by the executor thread, and dropping a CQ needs no wait.
 #[derive(Debug)]
 pub struct Cq {
     pub(crate) nic: Arc<EmuNic>,
@@ -81,9 +99,10 @@ impl CqInner {
         let ring = mem.alloc(ncqe as usize * CQE_SIZE)?;
         let dbrec = mem.alloc(64)?;
         for i in 0..ncqe as usize {
-            // Byte 63 (op_own) is the last byte of the last word; native-endian bytes keep memory order.
-            let last = u64::from_ne_bytes([0, 0, 0, 0, 0, 0, 0, OP_OWN_INVALID]);
-            qmem::store_u64(&ring, i * CQE_SIZE + 56, last, Ordering::Relaxed);
+            // op_own is a byte of the last word; native-endian bytes keep memory order.
+            let mut last = [0u8; 8];
+            last[OP_OWN_BYTE] = OP_OWN_INVALID;
+            qmem::store_u64(&ring, i * CQE_SIZE + LAST_WORD, u64::from_ne_bytes(last), Ordering::Relaxed);
         }
         Ok(Self { cqn, ncqe, ring, dbrec, produced: AtomicU64::new(0), error: AtomicBool::new(false) })
     }
@@ -112,7 +131,7 @@ impl CqInner {
             return Err(CqFull);
         }
         let pi = self.produced.load(Ordering::Relaxed);
-        let ci = Be32::from_bits(qmem::load_u32(&self.dbrec, 0, Ordering::Acquire)).get() & CQ_CI_MASK;
+        let ci = Be32::from_bits(qmem::load_u32(&self.dbrec, SET_CI, Ordering::Acquire)).get() & CQ_CI_MASK;
         // Entries software has not consumed yet, from the 24-bit CI (a CI "ahead" of the PI reads as huge).
         let outstanding = (pi as u32).wrapping_sub(ci) & CQ_CI_MASK;
         if outstanding >= self.ncqe {
@@ -121,16 +140,16 @@ impl CqInner {
             tracing::warn!(cqn = self.cqn, pi, ci, "emulated NIC: CQ overrun (software has not consumed the entry)");
             return Err(CqFull);
         }
-        let mut words: [u64; 8] = bytemuck::cast(*cqe);
+        // Constant indices into fixed-size arrays: a layout that broke them would not compile.
+        let words: [u64; CQE_SIZE / 8] = bytemuck::cast(*cqe);
         let owner = ((pi / self.ncqe as u64) & 1) as u8;
-        let mut last = words[7].to_ne_bytes();
-        last[7] = (last[7] & !1) | owner;
-        words[7] = u64::from_ne_bytes(last);
+        let mut last = words[LAST_WORD / 8].to_ne_bytes();
+        last[OP_OWN_BYTE] = (last[OP_OWN_BYTE] & !1) | owner;
         let base = (pi & (self.ncqe as u64 - 1)) as usize * CQE_SIZE;
-        for (i, w) in words.iter().enumerate().take(7) {
+        for (i, w) in words.iter().enumerate().take(LAST_WORD / 8) {
             qmem::store_u64(&self.ring, base + i * 8, *w, Ordering::Relaxed);
         }
-        qmem::store_u64(&self.ring, base + 56, words[7], Ordering::Release);
+        qmem::store_u64(&self.ring, base + LAST_WORD, u64::from_ne_bytes(last), Ordering::Release);
         self.produced.store(pi + 1, Ordering::Release);
         Ok(())
     }

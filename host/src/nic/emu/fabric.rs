@@ -21,8 +21,13 @@ pub(crate) struct Fabric {
     pub gpu: Option<Arc<dyn GpuCopier>>,
     /// Live QPs by QPN.
     pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
-    /// Bumped whenever `qps` changes, so the executor refreshes its list only then.
+    /// Bumped whenever `qps` changes (after the change), so the executor refreshes its list only then.
     pub qp_gen: AtomicU64,
+    /// The `qp_gen` the executor last refreshed its QP list to, published once it has finished a whole sweep
+    /// with that list (Release). When it reaches the generation a QP's removal produced, the executor holds
+    /// no reference to that QP (nor to it as a cached peer) and runs none of its WQEs: `Qp::drop` waits for
+    /// it, so that the last reference, and with it the queue memory, is dropped by the QP's owner.
+    pub acked_gen: AtomicU64,
     /// Registered MRs. The executor holds the read lock while a WQE moves bytes; deregistration takes the
     /// write lock.
     pub mrs: RwLock<MrTable>,
@@ -34,7 +39,7 @@ pub(crate) struct Fabric {
     pub stop: AtomicBool,
     /// Cleared when the executor thread exits (normally or by a panic).
     pub running: AtomicBool,
-    /// Zero of CQE timestamps.
+    /// Zero of CQE timestamps: the emulator writes nanoseconds since the NIC was opened.
     pub epoch: Instant,
 }
 
@@ -50,6 +55,7 @@ impl Fabric {
             gpu,
             qps: RwLock::new(HashMap::new()),
             qp_gen: AtomicU64::new(0),
+            acked_gen: AtomicU64::new(0),
             mrs: RwLock::new(MrTable::default()),
             next_qpn: AtomicU32::new(FIRST_QPN),
             next_cqn: AtomicU32::new(1),

@@ -24,7 +24,8 @@
 //!   RDMA READ, ATOMIC_FA and ATOMIC_CS on an 8-byte aligned remote word. A READ or atomic runs only after
 //!   the QP's earlier writes are placed; a requester CQE (REQ, for WQEs with `CQ_UPDATE`) is written only
 //!   after the data is placed. CQEs are written bytes first, the last 8 bytes (with `op_own`) last with
-//!   Release ordering; the owner bit is the lap parity of the CQ producer index.
+//!   Release ordering; the owner bit is the lap parity of the CQ producer index; the timestamp is
+//!   nanoseconds since the NIC was opened.
 //!
 //! # Differences from hardware (deliberate or not yet modelled)
 //! - **Atomics are host-endian**: the remote word is a host-order `u64` in memory (the "host-endianness
@@ -39,9 +40,13 @@
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
 //! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies are enqueued and synchronized before
 //!   anything ordered after them. An atomic on GPU memory is atomic towards this NIC's operations only.
-//! - **BlueFlame** is detected heuristically for [`Stats::blueflame`] only: a doorbell whose register holds
-//!   the same 64 bytes as the WQE's first WQEBB in the ring counts as one (a plain doorbell that follows a
-//!   BlueFlame write of an identical WQE counts too).
+//! - **BlueFlame** is detected heuristically for [`Stats::blueflame`] only: a doorbell whose register's
+//!   bytes 8..64 changed since the QP's previous doorbell and whose 64 bytes equal the WQE's first WQEBB in
+//!   the ring counts as one. A plain doorbell never counts; a BlueFlame write whose bytes 8..64 equal the
+//!   previous one's is missed, and so is one whose doorbell word the NIC sees before its other words.
+//! - **CQE timestamps** are nanoseconds since the NIC was opened, not device clock ticks.
+//! - **Destroying a QP** ([`Qp`]'s drop) waits for the executor thread to let go of it, so that no WQE of it
+//!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor.
 //!
 //! # Use
 //! ```
@@ -84,6 +89,9 @@ mod wqe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
 
 use crate::mem::{GpuCopier, HostQueueMemory, MemLoc, QueueMemory};
 use crate::{Error, Result};
@@ -259,11 +267,52 @@ impl EmuNic {
         fabric::read(&self.fab.qps).get(&qpn).cloned()
     }
 
-    pub(crate) fn remove_qp(&self, qpn: u32) {
+    /// Removes QP `qpn` from the map the executor refreshes its list from; returns the generation of the QP
+    /// map after the removal (see [`EmuNic::wait_for_executor`]).
+    pub(crate) fn remove_qp(&self, qpn: u32) -> u64 {
         write(&self.fab.qps).remove(&qpn);
-        self.fab.qp_gen.fetch_add(1, Ordering::Release);
+        self.fab.qp_gen.fetch_add(1, Ordering::Release) + 1
+    }
+
+    /// Waits until the executor thread has acknowledged QP-map generation `gen` (refreshed its list to it or
+    /// later, then swept once), so that it holds no QP removed before `gen`. Returns at once when the thread
+    /// is not running (it holds nothing then, or is unwinding from a bug), and after
+    /// [`EXECUTOR_SYNC_TIMEOUT`] at most, with a warning, so that a stuck executor cannot hang the caller.
+    pub(crate) fn wait_for_executor(&self, gen: u64) {
+        let acked = || self.fab.acked_gen.load(Ordering::Acquire) >= gen;
+        if acked() || !self.executor_alive() {
+            return;
+        }
+        // The executor may be asleep in its idle loop; wake it rather than wait for its sleep to end.
+        if let Some(t) = lock(&self.thread).as_ref() {
+            t.thread().unpark();
+        }
+        let start = Instant::now();
+        let backoff = Backoff::new();
+        while !acked() {
+            if !self.executor_alive() {
+                return;
+            }
+            if start.elapsed() > EXECUTOR_SYNC_TIMEOUT {
+                tracing::warn!(
+                    nic = self.fab.id,
+                    "emulated NIC: executor did not acknowledge a QP removal within {EXECUTOR_SYNC_TIMEOUT:?}; \
+                     it may free the QP's queue memory itself"
+                );
+                return;
+            }
+            if backoff.is_completed() {
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                backoff.snooze();
+            }
+        }
     }
 }
+
+/// The longest [`EmuNic::wait_for_executor`] waits. A sweep takes microseconds unless a doorbell announced a
+/// batch of huge WQEs; this only keeps a stuck executor from hanging `Qp::drop`.
+const EXECUTOR_SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Drop for EmuNic {
     fn drop(&mut self) {

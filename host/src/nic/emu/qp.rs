@@ -8,7 +8,7 @@
 //! [`QpDbrec`]: gdaki_shared::prm::dbrec::QpDbrec
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::uar::{BF_OFFSET, BF_WRITE_SIZE};
@@ -67,6 +67,12 @@ pub struct Endpoint {
 /// An RC queue pair. Created by [`EmuNic::create_qp`] in the RESET state; [`Qp::connect`] brings it to RTS.
 /// Dropping it destroys it: the NIC stops watching its doorbell, and peers' WQEs to it fail with syndrome
 /// 0x15 (transport retry exceeded), as when a remote QP goes away.
+///
+/// Drop is synchronous with the NIC's executor thread (as `ibv_destroy_qp` is with the HCA): once it
+/// returns, no WQE of this QP runs, no CQE for it is written (its own, or a responder CQE of a peer's WRITE
+/// with immediate), and the queue memory has been freed by the dropping thread, never by the executor. It
+/// waits at most a few seconds for the executor (which finishes the batch of WQEs it is running), and not at
+/// all when the executor thread is not running.
 #[derive(Debug)]
 pub struct Qp {
     pub(crate) nic: Arc<EmuNic>,
@@ -85,8 +91,9 @@ pub(crate) struct QpInner {
     pub cq: Arc<CqInner>,
     state: AtomicU8,
     destroyed: AtomicBool,
-    /// The connected peer: its QPN and the QP itself (weak: a peer may be destroyed first).
-    pub peer: OnceLock<(u32, Weak<QpInner>)>,
+    /// The connected peer's QPN. The executor looks the peer up in the NIC's QP map, so that it never holds
+    /// a destroyed QP (QPNs are never reused within a NIC).
+    pub peer: OnceLock<u32>,
     /// Executor-side SQ state (the executor is the only user once the QP is in RTS).
     pub progress: Mutex<SqProgress>,
     /// Responder CQEs written for this QP: their `wqe_counter` (there is no RQ to index).
@@ -133,9 +140,7 @@ impl QpInner {
 
     /// Whether the QP answers requests from QP `from`: alive, connected back to `from`, in RTR or RTS.
     pub(crate) fn responds_to(&self, from: u32) -> bool {
-        !self.is_destroyed()
-            && matches!(self.state(), QpState::Rtr | QpState::Rts)
-            && self.peer.get().is_some_and(|(qpn, _)| *qpn == from)
+        !self.is_destroyed() && matches!(self.state(), QpState::Rtr | QpState::Rts) && self.peer.get() == Some(&from)
     }
 
     /// The current value of the doorbell register (UAR + 0x800), as stored (big-endian fields).
@@ -218,10 +223,9 @@ impl Qp {
                 self.nic.id()
             )));
         }
-        let peer = self
-            .nic
-            .qp(remote.qpn)
-            .ok_or_else(|| Error::InvalidArgument(format!("no QP {:#x} on this NIC", remote.qpn)))?;
+        if self.nic.qp(remote.qpn).is_none() {
+            return Err(Error::InvalidArgument(format!("no QP {:#x} on this NIC", remote.qpn)));
+        }
         let q = &self.inner;
         q.state
             .compare_exchange(QpState::Reset as u8, QpState::Init as u8, Ordering::AcqRel, Ordering::Acquire)
@@ -233,7 +237,7 @@ impl Qp {
                 ))
             })?;
         // Only the RESET → INIT winner gets here, so the peer is set once.
-        let _ = q.peer.set((remote.qpn, Arc::downgrade(&peer)));
+        let _ = q.peer.set(remote.qpn);
         q.set_state(QpState::Rtr);
         {
             // Doorbells written before RTS are ignored: the register is cleared (software never reads a UAR,
@@ -253,6 +257,13 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         self.inner.destroyed.store(true, Ordering::Release);
-        self.nic.remove_qp(self.inner.qpn);
+        // The executor checks `destroyed` again under the progress lock: taking the lock here waits for a
+        // batch it is running, and every later poll sees the flag. So no WQE of this QP starts after this
+        // point, even if the wait for the executor below gives up.
+        drop(lock(&self.inner.progress));
+        let gen = self.nic.remove_qp(self.inner.qpn);
+        // Until the executor has swept with a list that no longer holds this QP, it may still hold an
+        // `Arc` of it (in its list, or as a peer it cached): wait, so that `self.inner` is the last one.
+        self.nic.wait_for_executor(gen);
     }
 }

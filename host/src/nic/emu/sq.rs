@@ -7,10 +7,12 @@
 //! doorbell (e.g. two posters' doorbells landing out of order) and ignored; anything else is a bad doorbell,
 //! which fails the QP.
 
+use std::mem::offset_of;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use gdaki_shared::prm::cqe::{Cqe64, ErrCqe};
-use gdaki_shared::prm::dbrec::SQ_COUNTER_MASK;
+use gdaki_shared::prm::dbrec::{QpDbrec, SQ_COUNTER_MASK};
 use gdaki_shared::prm::opcode;
 use gdaki_shared::prm::uar::BF_OFFSET;
 use gdaki_shared::prm::wqe::{wqebbs, CtrlSeg, SEG, WQEBB};
@@ -20,20 +22,68 @@ use crate::mem::MemLoc;
 
 use super::access::DataPath;
 use super::exec::{self, Pds};
-use super::fabric::{read, Fabric};
+use super::fabric::{lock, read, Fabric};
 use super::fault::{vendor, Fault};
 use super::qmem;
 use super::qp::{QpInner, QpState};
 use super::stats::bump;
 use super::wqe::{self, Expect, Op, MAX_WQE_BYTES};
 
-/// Executor-side state of one SQ.
+/// Byte offset of the SQ counter (word 1) in the QP's doorbell record.
+const DBREC_SQ_COUNTER: usize = offset_of!(QpDbrec, snd_counter);
+
+/// Words of the BlueFlame register after the doorbell word (bytes 8..64).
+const BF_TAIL_WORDS: usize = WQEBB / 8 - 1;
+
+/// Executor-side state of one SQ, shared with the QP's owner (behind `QpInner::progress`).
 #[derive(Debug, Default)]
 pub(crate) struct SqProgress {
     /// WQEBBs consumed (executed, failed or flushed), 64-bit.
     pub consumed: u64,
-    /// The doorbell register's value when last looked at.
+    /// The doorbell register's value when last acted on. `Qp::connect` resets it (with the register).
     pub last_db: u64,
+}
+
+/// The executor's own view of one QP, kept from one sweep to the next and touched by no other thread: what
+/// makes a sweep over idle QPs cheap (no lock, no shared write), and the peer it executes against.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    pub qp: Arc<QpInner>,
+    /// A copy of [`SqProgress::last_db`] that needs no lock: the two are written together under the
+    /// `progress` lock by [`poll`], and `Qp::connect` (the only other writer) runs before the QP reaches RTS,
+    /// when `poll` does not look at it. So a register equal to this value is no new doorbell.
+    last_db: u64,
+    /// Words 1..8 of the BlueFlame register when last acted on (see [`check_blueflame`]).
+    last_bf: [u64; BF_TAIL_WORDS],
+    /// The connected peer, looked up in the NIC's QP map when first needed. The executor drops it at its
+    /// next refresh of the QP list, which `Qp::drop` of the peer waits for, so that this reference is never
+    /// the last one.
+    peer: Option<Arc<QpInner>>,
+}
+
+impl Watched {
+    /// Starts watching `qp`.
+    pub(crate) fn new(qp: Arc<QpInner>) -> Self {
+        // A QP the executor has not seen yet has had no doorbell acted on, so this is 0; read rather than
+        // assumed, as it is what the lock-free comparison in `poll` must agree with.
+        let last_db = lock(&qp.progress).last_db;
+        Self { qp, last_db, last_bf: [0; BF_TAIL_WORDS], peer: None }
+    }
+
+    /// Forgets the cached peer (the executor refreshed its QP list: the peer may be gone).
+    pub(crate) fn forget_peer(&mut self) {
+        self.peer = None;
+    }
+}
+
+/// The peer `qp` is connected to: `cached`, or looked up in the NIC's QP map (and cached). `None` when the QP
+/// is not connected or its peer is destroyed.
+fn peer<'a>(fab: &Fabric, qp: &QpInner, cached: &'a mut Option<Arc<QpInner>>) -> Option<&'a QpInner> {
+    if cached.is_none() {
+        let qpn = *qp.peer.get()?;
+        *cached = read(&fab.qps).get(&qpn).cloned();
+    }
+    cached.as_deref()
 }
 
 /// The executor's reusable state, handed to [`poll`].
@@ -56,14 +106,25 @@ fn ctrl_of_doorbell(db: u64) -> CtrlSeg {
     bytemuck::pod_read_unaligned(&b)
 }
 
-/// Looks at `qp`'s doorbell register and, if it changed, processes the WQEs it announces. Returns whether
-/// there was anything to do (for the idle back-off).
-pub(crate) fn poll(fab: &Fabric, qp: &QpInner, eng: &mut Engine) -> bool {
+/// Looks at the watched QP's doorbell register and, if it changed, processes the WQEs it announces. Returns
+/// whether there was anything to do (for the idle back-off).
+pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
+    let qp = &*w.qp;
     if qp.is_destroyed() || !matches!(qp.state(), QpState::Rts | QpState::Error) {
         return false;
     }
     let db = qp.doorbell();
-    let mut p = super::fabric::lock(&qp.progress);
+    // The common case on a sweep: nothing new on this QP. Decided without the lock or any shared write.
+    if db == w.last_db {
+        return false;
+    }
+    let mut p = lock(&qp.progress);
+    // `Qp::drop` marks the QP destroyed and then takes this lock: checked again under it, no WQE of a
+    // dropped QP starts after `drop` has passed the lock.
+    if qp.is_destroyed() {
+        return false;
+    }
+    w.last_db = db;
     if db == p.last_db {
         return false;
     }
@@ -95,9 +156,9 @@ pub(crate) fn poll(fab: &Fabric, qp: &QpInner, eng: &mut Engine) -> bool {
     }
     let pi = p.consumed + ahead;
     check_dbrec(fab, qp, pi);
-    check_blueflame(fab, qp, db, ctrl.wqe_index());
+    check_blueflame(fab, qp, &mut w.last_bf, db, ctrl.wqe_index());
     while p.consumed < pi {
-        let n = step(fab, qp, eng, p.consumed, pi);
+        let n = step(fab, qp, &mut w.peer, eng, p.consumed, pi);
         p.consumed += n;
     }
     true
@@ -106,7 +167,7 @@ pub(crate) fn poll(fab: &Fabric, qp: &QpInner, eng: &mut Engine) -> bool {
 /// Records a mismatch when dbrec word 1 (SQ counter) is behind the doorbell's producer index. It may be
 /// ahead: another poster may have updated it already for WQEs whose doorbell is still to come.
 fn check_dbrec(fab: &Fabric, qp: &QpInner, pi: u64) {
-    let dbrec = Be32::from_bits(qmem::load_u32(&qp.dbrec, 4, Ordering::Acquire)).get() & SQ_COUNTER_MASK;
+    let dbrec = Be32::from_bits(qmem::load_u32(&qp.dbrec, DBREC_SQ_COUNTER, Ordering::Acquire)).get() & SQ_COUNTER_MASK;
     let ahead = (dbrec as u16).wrapping_sub(pi as u16) as u64;
     if ahead > qp.wqe_cnt as u64 {
         bump(&fab.stats.dbrec_mismatches);
@@ -119,29 +180,39 @@ fn check_dbrec(fab: &Fabric, qp: &QpInner, pi: u64) {
     }
 }
 
-/// Counts a BlueFlame write when the register's 64 bytes equal the first WQEBB of the doorbell's WQE in the
-/// ring. The WQE itself is always read from the ring, as software must write it there too.
-fn check_blueflame(fab: &Fabric, qp: &QpInner, db: u64, wqe_index: u16) {
+/// Counts a BlueFlame write when the register's words 1..8 changed since the QP's last doorbell and the
+/// register's 64 bytes equal the first WQEBB of the doorbell's WQE in the ring. The WQE itself is always read
+/// from the ring, as software must write it there too.
+///
+/// The seven register loads hit the cache line the doorbell word was just loaded from; the ring is read only
+/// when they changed, which an 8-byte doorbell never does. So a plain doorbell after a BlueFlame write is
+/// never counted, and a BlueFlame write whose bytes 8..64 equal the previous one's is not counted either.
+fn check_blueflame(fab: &Fabric, qp: &QpInner, last: &mut [u64; BF_TAIL_WORDS], db: u64, wqe_index: u16) {
+    let mut reg = [0u64; BF_TAIL_WORDS];
+    for (i, r) in reg.iter_mut().enumerate() {
+        *r = qmem::load_u64(&qp.uar, BF_OFFSET + 8 * (i + 1), Ordering::Relaxed);
+    }
+    if reg == *last {
+        return;
+    }
+    *last = reg;
     let mut ring = [0u8; WQEBB];
     let slot = (wqe_index as u32 & (qp.wqe_cnt - 1)) as usize;
     qmem::read_wrapping(&qp.sq, slot * WQEBB, &mut ring);
-    let same = (1..WQEBB / 8).all(|i| {
-        let reg = qmem::load_u64(&qp.uar, BF_OFFSET + i * 8, Ordering::Relaxed);
-        reg.to_ne_bytes()[..] == ring[i * 8..i * 8 + 8]
-    });
+    let same = reg.iter().enumerate().all(|(i, r)| r.to_ne_bytes()[..] == ring[(i + 1) * 8..(i + 2) * 8]);
     if same && db.to_ne_bytes()[..] == ring[..8] {
         bump(&fab.stats.blueflame);
     }
 }
 
 /// Consumes the WQE at consumer index `idx` (producer index `pi`); returns the WQEBBs it took (≥ 1).
-fn step(fab: &Fabric, qp: &QpInner, eng: &mut Engine, idx: u64, pi: u64) -> u64 {
+fn step(fab: &Fabric, qp: &QpInner, peer: &mut Option<Arc<QpInner>>, eng: &mut Engine, idx: u64, pi: u64) -> u64 {
     let mask = qp.wqe_cnt as u64 - 1;
     let off = ((idx & mask) as usize) * WQEBB;
     let avail = pi - idx;
-    let mut head = [0u8; SEG];
-    qmem::read_wrapping(&qp.sq, off, &mut head);
-    let ctrl: CtrlSeg = bytemuck::pod_read_unaligned(&head);
+    // The ctrl segment goes where the whole WQE will be, so that the body is read after it and nothing twice.
+    qmem::read_wrapping(&qp.sq, off, &mut eng.wqe[..SEG]);
+    let ctrl: CtrlSeg = bytemuck::pod_read_unaligned(&eng.wqe[..SEG]);
     // Size to skip when the WQE is not executed: its own ds when sane, at least one WQEBB, never past pi.
     let skip = (wqebbs(ctrl.ds() as u32) as u64).clamp(1, avail);
     if qp.state() == QpState::Error {
@@ -156,15 +227,17 @@ fn step(fab: &Fabric, qp: &QpInner, eng: &mut Engine, idx: u64, pi: u64) -> u64 
             return skip;
         }
     };
+    // parse_ctrl bounds ds to 63 segments: `len` fits `eng.wqe`, and the body starts inside the ring (read
+    // with wrap, as the WQE may continue at slot 0).
     let len = h.ds as usize * SEG;
-    let buf = &mut eng.wqe[..len];
-    qmem::read_wrapping(&qp.sq, off, buf);
-    let result = wqe::parse_body(&h, &eng.wqe[..len]).and_then(|op| run(fab, qp, &op, &mut eng.data, &mut eng.scratch));
+    qmem::read_wrapping(&qp.sq, off + SEG, &mut eng.wqe[SEG..len]);
+    let result =
+        wqe::parse_body(&h, &eng.wqe[..len]).and_then(|op| run(fab, qp, peer, &op, &mut eng.data, &mut eng.scratch));
     match result {
         Ok(out) => {
             bump(&fab.stats.wqes);
             if let Some((imm, placed)) = out.resp_imm {
-                if let Err(f) = respond_imm(fab, qp, eng, imm, placed) {
+                if let Err(f) = respond_imm(fab, qp, peer, eng, imm, placed) {
                     fail(fab, qp, eng, idx, h.opcode, f);
                     return h.wqebbs as u64;
                 }
@@ -182,31 +255,38 @@ fn step(fab: &Fabric, qp: &QpInner, eng: &mut Engine, idx: u64, pi: u64) -> u64 
 fn run(
     fab: &Fabric,
     qp: &QpInner,
+    peer_cache: &mut Option<Arc<QpInner>>,
     op: &Op<'_>,
     data: &mut DataPath,
     scratch: &mut Vec<(MemLoc, u64)>,
 ) -> Result<exec::Outcome, Fault> {
     let remote_pd = match op {
         Op::Nop => qp.pdn,
-        _ => {
-            let peer = qp.peer.get().and_then(|(_, w)| w.upgrade());
-            match peer {
-                Some(peer) if peer.responds_to(qp.qpn) => peer.pdn,
-                _ => return Err(Fault::retry_exceeded()),
-            }
-        }
+        _ => match peer(fab, qp, peer_cache) {
+            Some(peer) if peer.responds_to(qp.qpn) => peer.pdn,
+            _ => return Err(Fault::retry_exceeded()),
+        },
     };
     let mrs = read(&fab.mrs);
     exec::execute(op, Pds { local: qp.pdn, remote: remote_pd }, &mrs, data, scratch)
 }
 
+/// The CQE timestamp the emulator writes: nanoseconds since the NIC was opened (`Fabric::epoch`), not a
+/// device clock (hardware writes free-running device clock ticks; nothing here converts between the two).
 fn timestamp(fab: &Fabric) -> Be64 {
     Be64::new(fab.epoch.elapsed().as_nanos() as u64)
 }
 
 /// The responder's RESP_WR_IMM CQE, after the data is placed.
-fn respond_imm(fab: &Fabric, qp: &QpInner, eng: &mut Engine, imm: Be32, placed: u32) -> Result<(), Fault> {
-    let Some(peer) = qp.peer.get().and_then(|(_, w)| w.upgrade()) else {
+fn respond_imm(
+    fab: &Fabric,
+    qp: &QpInner,
+    peer_cache: &mut Option<Arc<QpInner>>,
+    eng: &mut Engine,
+    imm: Be32,
+    placed: u32,
+) -> Result<(), Fault> {
+    let Some(peer) = peer(fab, qp, peer_cache) else {
         return Err(Fault::retry_exceeded());
     };
     eng.data.fence()?;
@@ -214,6 +294,7 @@ fn respond_imm(fab: &Fabric, qp: &QpInner, eng: &mut Engine, imm: Be32, placed: 
     let mut c = Cqe64::INVALID;
     c.imm_inval_pkey = imm;
     c.byte_cnt = Be32::new(placed);
+    // ns since the NIC opened: see `timestamp`.
     c.timestamp = timestamp(fab);
     c.sop_drop_qpn = Be32::new(peer.qpn & 0x00ff_ffff);
     c.wqe_counter = Be16::new(n as u16);
@@ -234,6 +315,7 @@ fn complete(fab: &Fabric, qp: &QpInner, eng: &mut Engine, idx: u64, op: u8, byte
     }
     let mut c = Cqe64::INVALID;
     c.byte_cnt = Be32::new(byte_cnt);
+    // ns since the NIC opened: see `timestamp`.
     c.timestamp = timestamp(fab);
     c.sop_drop_qpn = Be32::new((op as u32) << 24 | (qp.qpn & 0x00ff_ffff));
     c.wqe_counter = Be16::new(idx as u16);

@@ -14,7 +14,9 @@
 //! parsed WQE, never a panic.
 
 use gdaki_shared::prm::opcode;
-use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, AtomicSeg, CtrlSeg, DataSeg, InlineSeg, RaddrSeg, INLINE_SEG, SEG};
+use gdaki_shared::prm::wqe::{
+    ds as wqe_ds, fm_ce_se, wqebbs, AtomicSeg, CtrlSeg, DataSeg, InlineSeg, RaddrSeg, INLINE_SEG, SEG,
+};
 use gdaki_shared::Be32;
 
 use super::access::AtomicOp;
@@ -194,8 +196,9 @@ pub(crate) fn parse_body<'a>(h: &Header, wqe: &'a [u8]) -> Result<Op<'a>, Fault>
             let payload = if is_inline(data) {
                 let h4: InlineSeg = bytemuck::pod_read_unaligned(&data[..4]);
                 let len = (h4.byte_count.get() & !INLINE_SEG) as usize;
-                // The header plus data, padded to 16 B, must fill the rest of the WQE exactly.
-                if len > MAX_WQE_BYTES || 2 + InlineSeg::ds(len as u32) as usize != h.ds as usize {
+                // The header plus data, padded to 16 B, must fill the rest of the WQE exactly. (The length
+                // check first keeps the ds arithmetic far from overflow.)
+                if len > MAX_WQE_BYTES || wqe_ds::rdma_write_inline(len as u32) as usize != h.ds as usize {
                     return Err(Fault::qp_op(vendor::BAD_INLINE));
                 }
                 Payload::Inline(data.get(4..4 + len).ok_or(Fault::qp_op(vendor::BAD_INLINE))?)
