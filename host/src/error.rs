@@ -22,6 +22,10 @@ pub enum Error {
     /// The emulated NIC rejected a request or failed.
     #[error("emulated NIC: {0}")]
     Emu(String),
+    /// Ranks could not find each other, or a peer broke the bootstrap protocol; the message names the rank,
+    /// the address and what was wrong.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
 }
 
 /// `Result` with [`Error`].
