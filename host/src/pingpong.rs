@@ -96,7 +96,7 @@ impl PingPong {
         let buf_len = max_size.checked_next_multiple_of(8).ok_or_else(too_large)?;
         let times_len = max_iters.checked_mul(8).ok_or_else(too_large)?;
         let queue_mem = exec.queue_memory();
-        let nic = EmuNic::open(EmuConfig { queue_mem: queue_mem.clone(), gpu: exec.gpu_copier()? })?;
+        let nic = EmuNic::open(EmuConfig { queue_mem: queue_mem.clone(), gpu: exec.gpu_copier()?, wire: None })?;
         let ctrl = queue_mem.alloc(2 * CTRL_STRIDE)?;
         let times = queue_mem.alloc(times_len)?;
         let pds = [nic.alloc_pd()?, nic.alloc_pd()?];

@@ -137,8 +137,8 @@ fn doorbells_before_connect_are_ignored() {
 fn nic_drop_stops_the_executor_thread() {
     let nic = EmuNic::open(EmuConfig::host()).unwrap();
     assert!(nic.executor_alive());
-    // The executor thread is named `emu-nic-<id>` (short enough for /proc's 15-byte comm).
-    let name = format!("emu-nic-{}", nic.id());
+    // The executor thread is named `emu-nic-<low 16 bits of the id, hex>` (short enough for /proc's 15-byte comm).
+    let name = format!("emu-nic-{:x}", nic.id() & 0xffff);
     let count = || {
         std::fs::read_dir("/proc/self/task")
             .map(|d| {

@@ -56,7 +56,7 @@ impl GpuCopier for DeferredCopier {
 }
 
 fn pair(copier: &Arc<DeferredCopier>) -> Pair {
-    let cfg = EmuConfig { queue_mem: Arc::new(HostQueueMemory), gpu: Some(copier.clone()) };
+    let cfg = EmuConfig { queue_mem: Arc::new(HostQueueMemory), gpu: Some(copier.clone()), wire: None };
     Pair::with_config(cfg, 64, 64)
 }
 

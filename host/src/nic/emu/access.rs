@@ -81,6 +81,14 @@ impl Staging {
         }
     }
 
+    /// Copies `out.len()` bytes at byte `off` into `out`.
+    fn read(&self, off: usize, out: &mut [u8]) {
+        if self.fits(off, out.len()) {
+            // SAFETY: inside the allocation (checked); no copy writes it now (the caller synchronized).
+            unsafe { std::ptr::copy_nonoverlapping((self.ptr as *const u8).add(off), out.as_mut_ptr(), out.len()) }
+        }
+    }
+
     /// The word at byte `off` (8-byte aligned).
     fn word(&self, off: usize) -> u64 {
         if !self.fits(off, 8) || !off.is_multiple_of(8) {
@@ -217,6 +225,35 @@ impl DataPath {
             // long as `self`.
             unsafe { g.copy_async(to, src, chunk.len()) }.map_err(|_| Fault::gpu_copy())?;
             self.pending = true;
+            done += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// Reads `out.len()` bytes at `src` into `out`, after every earlier placement of this executor.
+    ///
+    /// # Safety
+    /// As [`DataPath::copy`] for `src` and `out.len()` bytes.
+    pub(crate) unsafe fn read_bytes(&mut self, src: MemLoc, out: &mut [u8]) -> Result<(), Fault> {
+        self.fence()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        if src.kind == MemKind::Host {
+            // SAFETY: a registered host range of `out.len()` bytes (caller's contract).
+            unsafe { hostmem::read(src.addr, out) };
+            return Ok(());
+        }
+        let g = self.copier()?.clone();
+        let mut done = 0;
+        for chunk in out.chunks_mut(STAGING_BYTES) {
+            let off = self.stage(chunk.len())?;
+            let from = MemLoc { kind: src.kind, addr: src.addr + done as u64 };
+            // SAFETY: `from` is inside `src` as the caller promises; the slot is reserved until the fence.
+            unsafe { g.copy_async(self.staging.loc(off), from, chunk.len()) }.map_err(|_| Fault::gpu_copy())?;
+            self.pending = true;
+            self.fence()?;
+            self.staging.read(off, chunk);
             done += chunk.len();
         }
         Ok(())

@@ -34,7 +34,8 @@ pub(crate) struct Pds {
     pub remote: u32,
 }
 
-fn local(mrs: &MrTable, pdn: u32, s: Sge, write: bool) -> Result<MemLoc, Fault> {
+/// Resolves local SGE `s` of a QP in PD `pdn` (0x04 when the lkey, PD, bounds or `LOCAL_WRITE` fail).
+pub(crate) fn local(mrs: &MrTable, pdn: u32, s: Sge, write: bool) -> Result<MemLoc, Fault> {
     let e = mrs.get(s.lkey).ok_or(Fault::local_prot(vendor::BAD_LKEY))?;
     if e.pdn != pdn {
         return Err(Fault::local_prot(vendor::LKEY_PD));
@@ -46,7 +47,9 @@ fn local(mrs: &MrTable, pdn: u32, s: Sge, write: bool) -> Result<MemLoc, Fault> 
     Ok(loc)
 }
 
-fn remote(mrs: &MrTable, pdn: u32, r: Remote, len: u64, right: Access) -> Result<MemLoc, Fault> {
+/// Resolves `len` bytes at `r` for a responder QP in PD `pdn` needing `right` (0x13 when the rkey, PD,
+/// bounds or right fail).
+pub(crate) fn remote(mrs: &MrTable, pdn: u32, r: Remote, len: u64, right: Access) -> Result<MemLoc, Fault> {
     let e = mrs.get(r.rkey).ok_or(Fault::remote_access(vendor::BAD_RKEY))?;
     if e.pdn != pdn {
         return Err(Fault::remote_access(vendor::RKEY_PD));
@@ -58,7 +61,8 @@ fn remote(mrs: &MrTable, pdn: u32, r: Remote, len: u64, right: Access) -> Result
     Ok(loc)
 }
 
-fn at(base: MemLoc, off: u64) -> MemLoc {
+/// `base` moved `off` bytes on.
+pub(crate) fn at(base: MemLoc, off: u64) -> MemLoc {
     MemLoc { kind: base.kind, addr: base.addr + off }
 }
 

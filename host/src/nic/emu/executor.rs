@@ -18,19 +18,25 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 
+use std::sync::mpsc::Receiver;
+
 use super::access::DataPath;
 use super::fabric::{read, Fabric};
 use super::sq::{self, Engine, Watched};
+use super::wire::{packet, requester, responder, Inbound, WireConfig};
 
 /// How long the thread keeps yielding after its last work before it starts sleeping.
 const YIELD_FOR: Duration = Duration::from_micros(200);
 /// One sleep once idle longer than [`YIELD_FOR`]; also the longest a doorbell then waits to be seen.
 const SLEEP: Duration = Duration::from_micros(50);
 
-/// Starts the executor thread of `fab`.
-pub(crate) fn spawn(fab: Arc<Fabric>) -> std::io::Result<thread::JoinHandle<()>> {
-    thread::Builder::new().name(format!("emu-nic-{}", fab.id)).spawn(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&fab)));
+/// Inbound wire messages handled per pass at most, so that doorbells are not starved by a busy link.
+const INBOUND_PER_PASS: usize = 256;
+
+/// Starts the executor thread of `fab`; it takes the wire's inbound messages from `inbound`.
+pub(crate) fn spawn(fab: Arc<Fabric>, inbound: Receiver<Inbound>) -> std::io::Result<thread::JoinHandle<()>> {
+    thread::Builder::new().name(format!("emu-nic-{:x}", fab.id & 0xffff)).spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&fab, &inbound)));
         fab.running.store(false, Ordering::Release);
         if r.is_err() {
             tracing::error!("emulated NIC {}: executor thread panicked; the NIC stopped", fab.id);
@@ -64,28 +70,58 @@ impl Idle {
     }
 }
 
-fn run(fab: &Fabric) {
+/// The executor's list of QPs and the QP-map generation it reflects.
+struct List {
+    qps: Vec<Watched>,
+    gen: u64,
+    /// The list was refreshed and its generation is not acknowledged yet.
+    unacked: bool,
+}
+
+impl List {
+    /// Refreshes the list if the NIC's QP map changed since.
+    fn sync(&mut self, fab: &Fabric) {
+        let g = fab.qp_gen.load(Ordering::Acquire);
+        if g != self.gen {
+            refresh(fab, &mut self.qps);
+            self.gen = g;
+            self.unacked = true;
+        }
+    }
+
+    /// The entry of QP `qpn`, refreshing the list once if it is not there (the QP may be newer than it).
+    fn find(&mut self, fab: &Fabric, qpn: u32) -> Option<&mut Watched> {
+        let mut i = self.qps.binary_search_by_key(&qpn, |w| w.qp.qpn);
+        if i.is_err() {
+            self.sync(fab);
+            i = self.qps.binary_search_by_key(&qpn, |w| w.qp.qpn);
+        }
+        self.qps.get_mut(i.ok()?)
+    }
+}
+
+fn run(fab: &Fabric, inbound: &Receiver<Inbound>) {
     let mut eng = Engine::new(DataPath::new(fab.gpu.clone()));
-    let mut qps: Vec<Watched> = Vec::new();
-    let mut gen = u64::MAX;
-    // The list was refreshed and its generation is not acknowledged yet.
-    let mut unacked = false;
+    let mut list = List { qps: Vec::new(), gen: u64::MAX, unacked: false };
+    let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
     let mut idle = Idle { backoff: Backoff::new(), since: None };
     while !fab.stop.load(Ordering::Acquire) {
-        let g = fab.qp_gen.load(Ordering::Acquire);
-        if g != gen {
-            refresh(fab, &mut qps);
-            gen = g;
-            unacked = true;
-        }
+        list.sync(fab);
         let mut worked = false;
-        for w in &mut qps {
-            worked |= sq::poll(fab, w, &mut eng);
+        for m in inbound.try_iter().take(INBOUND_PER_PASS) {
+            deliver(fab, &mut list, &mut eng, m);
+            worked = true;
         }
-        if unacked {
-            // After a whole sweep: no poll that could have seen a QP removed before `g` is still running.
-            fab.acked_gen.store(gen, Ordering::Release);
-            unacked = false;
+        for w in &mut list.qps {
+            worked |= sq::poll(fab, w, &mut eng);
+            if let Some((qp, ws)) = w.wire() {
+                worked |= requester::tick(fab, qp, ws, &mut eng.data, timeout);
+            }
+        }
+        if list.unacked {
+            // After a whole sweep: no poll that could have seen a QP removed before `gen` is still running.
+            fab.acked_gen.store(list.gen, Ordering::Release);
+            list.unacked = false;
         }
         if worked {
             idle.reset();
@@ -95,6 +131,33 @@ fn run(fab: &Fabric) {
     }
     // Let enqueued GPU copies finish before the NIC (and the memory its MRs name) goes away.
     let _ = eng.data.fence();
+}
+
+/// Hands one wire message to the requester or responder side of its QP.
+fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
+    let qpn = match &m {
+        Inbound::Frame { qpn, .. } | Inbound::Down { qpn, .. } => *qpn,
+    };
+    // A message for a destroyed QP (or one destroyed since) has nobody to go to.
+    let Some((qp, ws)) = list.find(fab, qpn).and_then(|w| w.wire()) else { return };
+    let dp = &mut eng.data;
+    match m {
+        Inbound::Frame { body, .. } => match packet::decode(&body) {
+            Ok(p) if p.is_request() => responder::on_request(fab, qp, ws, dp, p),
+            Ok(p) => requester::on_response(fab, qp, ws, dp, p),
+            Err(e) => {
+                ws.link.close();
+                requester::link_down(
+                    fab,
+                    qp,
+                    ws,
+                    dp,
+                    format!("peer QP {:#x} sent a malformed frame: {e}", ws.link.remote.qpn),
+                );
+            }
+        },
+        Inbound::Down { reason, .. } => requester::link_down(fab, qp, ws, dp, reason),
+    }
 }
 
 /// Rebuilds `qps` from the NIC's QP map, keeping the executor-side state of QPs that stay and forgetting

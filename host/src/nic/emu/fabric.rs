@@ -3,8 +3,9 @@
 //! other.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
 use crate::mem::{GpuCopier, QueueMemory};
@@ -12,11 +13,17 @@ use crate::mem::{GpuCopier, QueueMemory};
 use super::mr::MrTable;
 use super::qp::QpInner;
 use super::stats::Counters;
+use super::wire::link::Mailbox;
+use super::wire::WireConfig;
 
 /// Shared state of one emulated NIC.
 pub(crate) struct Fabric {
-    /// Unique within the process.
+    /// Random (nonzero): unique across processes and hosts in practice, so that a hello names one NIC.
     pub id: u64,
+    /// The wire, when the NIC has one: its configuration, with the listener's actual address.
+    pub wire: Option<WireConfig>,
+    /// Where the wire's reader threads deliver frames; set once the executor thread exists.
+    pub mailbox: OnceLock<Mailbox>,
     pub queue_mem: Arc<dyn QueueMemory>,
     pub gpu: Option<Arc<dyn GpuCopier>>,
     /// Live QPs by QPN.
@@ -47,10 +54,16 @@ pub(crate) struct Fabric {
 const FIRST_QPN: u32 = 0x100;
 
 impl Fabric {
-    pub(crate) fn new(queue_mem: Arc<dyn QueueMemory>, gpu: Option<Arc<dyn GpuCopier>>) -> Self {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    pub(crate) fn new(
+        id: u64,
+        queue_mem: Arc<dyn QueueMemory>,
+        gpu: Option<Arc<dyn GpuCopier>>,
+        wire: Option<WireConfig>,
+    ) -> Self {
         Self {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id,
+            wire,
+            mailbox: OnceLock::new(),
             queue_mem,
             gpu,
             qps: RwLock::new(HashMap::new()),
@@ -65,6 +78,11 @@ impl Fabric {
             running: AtomicBool::new(true),
             epoch: Instant::now(),
         }
+    }
+
+    /// Listening address of the wire, if any.
+    pub(crate) fn wire_addr(&self) -> Option<SocketAddr> {
+        self.wire.map(|w| w.listen)
     }
 
     /// A fresh QPN (24 bits), or `None` once all are used.

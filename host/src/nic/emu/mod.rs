@@ -33,8 +33,14 @@
 //!   segment is big-endian, as on hardware.
 //! - **No receive queue yet**: an inbound WRITE_IMM completes on the responder's CQ without consuming a
 //!   receive WQE; its `wqe_counter` counts such completions. Hardware needs a posted receive (else RNR).
-//! - **Peers** are QPs of the same [`EmuNic`]; a peer that is destroyed, not in RTR/RTS, or not connected back
-//!   makes the requester's WQE fail with 0x15 (transport retry exceeded) at once, without a timeout.
+//! - **Peers** are QPs of the same [`EmuNic`] (reached directly; a peer that is destroyed, not in RTR/RTS, or
+//!   not connected back makes the requester's WQE fail with 0x15 at once, without a timeout) or QPs of
+//!   another NIC, in this process, another process or another host, reached over the **wire** (a TCP
+//!   connection per QP pair carrying RC requests and ACK/NAK/READ/atomic responses; see `wire`). Over the
+//!   wire the responder validates rkey, bounds and rights and NAKs a violation (0x13, 0x12), a WRITE's
+//!   requester CQE waits for the responder's ACK, and a lost connection or a peer silent for
+//!   [`WireConfig::retry_timeout`] fails the oldest outstanding WQE with 0x15 and flushes the rest. PSNs number
+//!   messages rather than packets, and nothing is retransmitted (TCP is reliable).
 //! - **CQ overrun**: a CQE due for an entry software has not released through the CQ dbrec moves the CQ to
 //!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
@@ -84,8 +90,10 @@ mod qmem;
 mod qp;
 mod sq;
 mod stats;
+mod wire;
 mod wqe;
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -99,8 +107,10 @@ use crate::{Error, Result};
 pub use cq::{Cq, MAX_CQE};
 pub use fault::vendor;
 pub use mr::{Access, Mr, Pd};
+pub use qp::ENDPOINT_BYTES;
 pub use qp::{Endpoint, Qp, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
 pub use stats::Stats;
+pub use wire::WireConfig;
 
 use fabric::{lock, write, Fabric};
 use mr::MrEntry;
@@ -114,18 +124,25 @@ pub struct EmuConfig {
     pub queue_mem: Arc<dyn QueueMemory>,
     /// How to reach MRs in GPU memory; `None`: only host-memory MRs can be registered.
     pub gpu: Option<Arc<dyn GpuCopier>>,
+    /// How to reach QPs of other NICs (other processes or hosts); `None`: only QPs of this NIC connect.
+    pub wire: Option<WireConfig>,
 }
 
 impl EmuConfig {
-    /// Host queue memory and no GPU: everything for the `cpu` executor.
+    /// Host queue memory, no GPU, no wire: everything for the `cpu` executor in one process.
     pub fn host() -> Self {
-        Self { queue_mem: Arc::new(HostQueueMemory), gpu: None }
+        Self { queue_mem: Arc::new(HostQueueMemory), gpu: None, wire: None }
+    }
+
+    /// This configuration with a wire.
+    pub fn with_wire(self, wire: WireConfig) -> Self {
+        Self { wire: Some(wire), ..self }
     }
 }
 
 impl std::fmt::Debug for EmuConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmuConfig").field("gpu", &self.gpu.is_some()).finish_non_exhaustive()
+        f.debug_struct("EmuConfig").field("gpu", &self.gpu.is_some()).field("wire", &self.wire).finish_non_exhaustive()
     }
 }
 
@@ -136,6 +153,8 @@ impl std::fmt::Debug for EmuConfig {
 pub struct EmuNic {
     fab: Arc<Fabric>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The wire's listener thread, if any.
+    acceptor: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for EmuNic {
@@ -145,19 +164,64 @@ impl std::fmt::Debug for EmuNic {
 }
 
 impl EmuNic {
-    /// Opens a NIC and starts its executor thread.
+    /// Opens a NIC and starts its executor thread, and with a wire its listener.
     ///
     /// # Errors
-    /// [`Error::Emu`] when the thread cannot be started.
+    /// [`Error::Emu`] when a thread cannot be started, the wire's address cannot be bound (the message names
+    /// it), or the OS has no random numbers for the NIC's identifier.
     pub fn open(cfg: EmuConfig) -> Result<Arc<EmuNic>> {
-        let fab = Arc::new(Fabric::new(cfg.queue_mem, cfg.gpu));
-        let thread = executor::spawn(fab.clone()).map_err(|e| Error::Emu(format!("executor thread: {e}")))?;
-        Ok(Arc::new(EmuNic { fab, thread: Mutex::new(Some(thread)) }))
+        let mut id = 0u64;
+        while id == 0 {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b).map_err(|e| Error::Emu(format!("no random NIC identifier: {e}")))?;
+            id = u64::from_ne_bytes(b);
+        }
+        let listener = match cfg.wire {
+            Some(w) => Some(
+                wire::link::bind(w.listen)
+                    .map_err(|e| Error::Emu(format!("cannot listen on {} for the wire: {e}", w.listen)))?,
+            ),
+            None => None,
+        };
+        let wire = match (&listener, cfg.wire) {
+            (Some(l), Some(w)) => Some(WireConfig {
+                listen: l.local_addr().map_err(|e| Error::Emu(format!("wire listener address: {e}")))?,
+                ..w
+            }),
+            _ => None,
+        };
+        let fab = Arc::new(Fabric::new(id, cfg.queue_mem, cfg.gpu, wire));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = executor::spawn(fab.clone(), rx).map_err(|e| Error::Emu(format!("executor thread: {e}")))?;
+        let mailbox = wire::link::Mailbox { tx, executor: thread.thread().clone() };
+        let _ = fab.mailbox.set(mailbox.clone());
+        let nic = Arc::new(EmuNic { fab, thread: Mutex::new(Some(thread)), acceptor: Mutex::new(None) });
+        if let (Some(l), Some(w)) = (listener, wire) {
+            let t = wire::link::spawn_acceptor(l, Arc::downgrade(&nic.fab), mailbox, w.retry_timeout)
+                .map_err(|e| Error::Emu(format!("wire listener thread: {e}")))?;
+            *lock(&nic.acceptor) = Some(t);
+        }
+        Ok(nic)
     }
 
-    /// This NIC's identifier, unique within the process (the `nic` of its QPs' [`Endpoint`]s).
+    /// This NIC's identifier: random and nonzero (the `nic` of its QPs' [`Endpoint`]s).
     pub fn id(&self) -> u64 {
         self.fab.id
+    }
+
+    /// Where this NIC listens for QPs of other NICs (the address bound, with the port picked for port 0);
+    /// `None` without a wire.
+    pub fn wire_addr(&self) -> Option<SocketAddr> {
+        self.fab.wire_addr()
+    }
+
+    pub(crate) fn retry_timeout(&self) -> Duration {
+        self.fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout)
+    }
+
+    pub(crate) fn mailbox(&self) -> Result<wire::link::Mailbox> {
+        // Set in `open` before the NIC is returned.
+        self.fab.mailbox.get().cloned().ok_or_else(|| Error::Emu("NIC has no executor mailbox".into()))
     }
 
     /// Counters since the NIC was opened.
@@ -257,7 +321,11 @@ impl EmuNic {
         let dbrec = mem.alloc(64)?;
         let uar = mem.alloc(gdaki_shared::prm::uar::UAR_PAGE_SIZE)?;
         let qpn = self.fab.alloc_qpn().ok_or_else(|| Error::Emu("out of QP numbers".into()))?;
-        let inner = Arc::new(QpInner::new(qpn, pd.pdn, wqe_cnt, sq, dbrec, uar, cq.inner.clone()));
+        // A random first PSN, as rdma-core's examples and NCCL pick one (24 bits).
+        let mut psn = [0u8; 4];
+        getrandom::fill(&mut psn).map_err(|e| Error::Emu(format!("no random PSN: {e}")))?;
+        let psn = u32::from_le_bytes(psn) & 0x00ff_ffff;
+        let inner = Arc::new(QpInner::new(qpn, psn, pd.pdn, wqe_cnt, sq, dbrec, uar, cq.inner.clone()));
         write(&self.fab.qps).insert(qpn, inner.clone());
         self.fab.qp_gen.fetch_add(1, Ordering::Release);
         Ok(Qp { nic: self.clone(), inner })
@@ -317,6 +385,9 @@ const EXECUTOR_SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 impl Drop for EmuNic {
     fn drop(&mut self) {
         self.fab.stop.store(true, Ordering::Release);
+        if let Some(t) = lock(&self.acceptor).take() {
+            let _ = t.join();
+        }
         if let Some(t) = lock(&self.thread).take() {
             t.thread().unpark();
             // A panicked executor was already reported by its thread.

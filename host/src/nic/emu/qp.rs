@@ -7,6 +7,7 @@
 //!
 //! [`QpDbrec`]: gdaki_shared::prm::dbrec::QpDbrec
 
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -18,6 +19,7 @@ use crate::{Error, Result};
 
 use super::cq::CqInner;
 use super::sq::SqProgress;
+use super::wire::{link, Link};
 use super::{lock, qmem, EmuNic};
 
 /// Smallest SQ, in WQEBBs ([`QpHandle::wqe_cnt`] promises device code at least this many).
@@ -55,13 +57,78 @@ impl QpState {
     }
 }
 
-/// What a peer needs to connect to a QP: the NIC it lives on and its QP number.
+/// What a peer needs to connect to a QP (the QP info RC peers exchange out of band): the NIC it lives on, its
+/// QP number, the PSN its requests start at, and where its NIC listens for other processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint {
-    /// Identifier of the [`EmuNic`] (unique within the process).
+    /// Identifier of the [`EmuNic`]: random, so unique across processes and hosts in practice.
     pub nic: u64,
     /// QP number (24 bits).
     pub qpn: u32,
+    /// First PSN of this QP's requests (24 bits; `sq_psn` of `ibv_modify_qp`, the peer's `rq_psn`).
+    pub psn: u32,
+    /// The NIC's wire listener ([`EmuNic::wire_addr`]); `None` when the NIC was opened without a wire, and
+    /// then only QPs of the same NIC can connect to this one.
+    pub wire: Option<SocketAddr>,
+}
+
+/// Bytes of [`Endpoint::to_bytes`].
+pub const ENDPOINT_BYTES: usize = 40;
+
+impl Endpoint {
+    /// A fixed 40-byte encoding (little-endian numbers; IPv4 or IPv6 address and port), for exchange through a
+    /// bootstrap.
+    pub fn to_bytes(&self) -> [u8; ENDPOINT_BYTES] {
+        let mut b = [0u8; ENDPOINT_BYTES];
+        b[0..8].copy_from_slice(&self.nic.to_le_bytes());
+        b[8..12].copy_from_slice(&self.qpn.to_le_bytes());
+        b[12..16].copy_from_slice(&self.psn.to_le_bytes());
+        if let Some(a) = self.wire {
+            b[16] = if a.is_ipv4() { 4 } else { 6 };
+            b[18..20].copy_from_slice(&a.port().to_le_bytes());
+            let ip = match a.ip() {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            b[24..40].copy_from_slice(&ip.octets());
+        }
+        b
+    }
+
+    /// Decodes [`Endpoint::to_bytes`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a length other than [`ENDPOINT_BYTES`], an address family other than
+    /// none/4/6, a QPN or PSN over 24 bits, or nonzero padding.
+    pub fn from_bytes(b: &[u8]) -> Result<Endpoint> {
+        let bad = |what: &str| Error::InvalidArgument(format!("endpoint bytes: {what}"));
+        let b: &[u8; ENDPOINT_BYTES] =
+            b.try_into().map_err(|_| bad(&format!("{} bytes, not {ENDPOINT_BYTES}", b.len())))?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let (qpn, psn) = (u32_at(8), u32_at(12));
+        if qpn > 0x00ff_ffff || psn > 0x00ff_ffff {
+            return Err(bad("QPN or PSN over 24 bits"));
+        }
+        if b[17] != 0 || b[20..24] != [0; 4] {
+            return Err(bad("padding not zero"));
+        }
+        let mut ip = [0u8; 16];
+        ip.copy_from_slice(&b[24..40]);
+        let ip = Ipv6Addr::from(ip);
+        let port = u16::from_le_bytes([b[18], b[19]]);
+        let wire = match b[16] {
+            0 if port == 0 && ip.is_unspecified() => None,
+            4 => Some(SocketAddr::new(
+                IpAddr::V4(ip.to_ipv4_mapped().ok_or_else(|| bad("IPv4 flag on an IPv6 address"))?),
+                port,
+            )),
+            6 => Some(SocketAddr::new(IpAddr::V6(ip), port)),
+            _ => return Err(bad("unknown address family")),
+        };
+        let mut nic = [0u8; 8];
+        nic.copy_from_slice(&b[0..8]);
+        Ok(Endpoint { nic: u64::from_le_bytes(nic), qpn, psn, wire })
+    }
 }
 
 /// An RC queue pair. Created by [`EmuNic::create_qp`] in the RESET state; [`Qp::connect`] brings it to RTS.
@@ -98,11 +165,17 @@ pub(crate) struct QpInner {
     pub progress: Mutex<SqProgress>,
     /// Responder CQEs written for this QP: their `wqe_counter` (there is no RQ to index).
     pub resp_count: AtomicU64,
+    /// First PSN of this QP's requests (24 bits, random).
+    pub psn: u32,
+    /// The connection to a peer on another NIC, set once by `Qp::connect`.
+    pub link: OnceLock<Arc<Link>>,
 }
 
 impl QpInner {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qpn: u32,
+        psn: u32,
         pdn: u32,
         wqe_cnt: u32,
         sq: MappedBuf,
@@ -123,6 +196,8 @@ impl QpInner {
             peer: OnceLock::new(),
             progress: Mutex::new(SqProgress::default()),
             resp_count: AtomicU64::new(0),
+            psn,
+            link: OnceLock::new(),
         }
     }
 
@@ -157,7 +232,7 @@ impl Qp {
 
     /// What a peer passes to its [`Qp::connect`].
     pub fn endpoint(&self) -> Endpoint {
-        Endpoint { nic: self.nic.id(), qpn: self.inner.qpn }
+        Endpoint { nic: self.nic.id(), qpn: self.inner.qpn, psn: self.inner.psn, wire: self.nic.wire_addr() }
     }
 
     /// Current state.
@@ -202,9 +277,14 @@ impl Qp {
         }
     }
 
-    /// Connects this QP to `remote` (a QP of the same [`EmuNic`], possibly this one) and moves it
-    /// RESET → INIT → RTR → RTS, as `ibv_modify_qp` with the attributes of an RC QP whose peer is `remote`.
-    /// All remote access rights are enabled on the responder side; MR rights still apply.
+    /// Connects this QP to `remote` and moves it RESET → INIT → RTR → RTS, as `ibv_modify_qp` with the
+    /// attributes of an RC QP whose peer is `remote`. All remote access rights are enabled on the responder
+    /// side; MR rights still apply.
+    ///
+    /// A peer on the same [`EmuNic`] (possibly this QP) is reached directly. A peer on another NIC, in this
+    /// process or another one, is reached over the wire: both NICs need a [`WireConfig`](super::WireConfig),
+    /// the QP with the smaller `(nic, qpn)` dials the other's listener, and WQEs posted before the connection
+    /// is up wait for it (for the retry timeout at most; then they fail with 0x15).
     ///
     /// The peer must connect back to this QP (RC checks the source QPN): WQEs sent to a peer that is not
     /// connected to this QP, not in RTR/RTS or destroyed fail with syndrome 0x15 (retry exceeded).
@@ -213,19 +293,33 @@ impl Qp {
     /// posted after it must carry index 0.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `remote` is on another NIC or names no live QP, or this QP is not in
-    /// RESET (connect once).
+    /// [`Error::InvalidArgument`] when `remote` names no live QP of this NIC, is on another NIC while this NIC
+    /// or the remote one has no wire, has a QPN or PSN over 24 bits, or this QP is not in RESET (connect
+    /// once). [`Error::Emu`] when the dialing thread cannot be started.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
-        if remote.nic != self.nic.id() {
+        let local = self.endpoint();
+        if remote.qpn > 0x00ff_ffff || remote.psn > 0x00ff_ffff {
             return Err(Error::InvalidArgument(format!(
-                "endpoint of NIC {} cannot be reached from NIC {} (peers must share an EmuNic)",
-                remote.nic,
-                self.nic.id()
+                "endpoint QPN {:#x} or PSN {:#x} over 24 bits",
+                remote.qpn, remote.psn
             )));
         }
-        if self.nic.qp(remote.qpn).is_none() {
-            return Err(Error::InvalidArgument(format!("no QP {:#x} on this NIC", remote.qpn)));
-        }
+        let link = if remote.nic == self.nic.id() {
+            if self.nic.qp(remote.qpn).is_none() {
+                return Err(Error::InvalidArgument(format!("no QP {:#x} on this NIC", remote.qpn)));
+            }
+            None
+        } else {
+            let (Some(_), Some(_)) = (local.wire, remote.wire) else {
+                return Err(Error::InvalidArgument(format!(
+                    "endpoint of NIC {:#x} cannot be reached from NIC {:#x}: both NICs need a wire (EmuConfig::wire) \
+                     to connect across NICs",
+                    remote.nic,
+                    self.nic.id()
+                )));
+            };
+            Some(Arc::new(Link::new(local, *remote)))
+        };
         let q = &self.inner;
         q.state
             .compare_exchange(QpState::Reset as u8, QpState::Init as u8, Ordering::AcqRel, Ordering::Acquire)
@@ -236,8 +330,20 @@ impl Qp {
                     QpState::from_u8(s)
                 ))
             })?;
-        // Only the RESET → INIT winner gets here, so the peer is set once.
-        let _ = q.peer.set(remote.qpn);
+        // Only the RESET → INIT winner gets here, so the peer (or link) is set once.
+        match link {
+            Some(link) => {
+                let _ = q.link.set(link.clone());
+                if link.dials() {
+                    let timeout = self.nic.retry_timeout();
+                    link::spawn_dialer(link, self.nic.mailbox()?, timeout)
+                        .map_err(|e| Error::Emu(format!("wire thread for QP {:#x}: {e}", q.qpn)))?;
+                }
+            }
+            None => {
+                let _ = q.peer.set(remote.qpn);
+            }
+        }
         q.set_state(QpState::Rtr);
         {
             // Doorbells written before RTS are ignored: the register is cleared (software never reads a UAR,
@@ -257,6 +363,11 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         self.inner.destroyed.store(true, Ordering::Release);
+        // The peer across the wire sees the connection end (its outstanding WQEs fail), and the link's threads
+        // stop.
+        if let Some(link) = self.inner.link.get() {
+            link.close();
+        }
         // The executor checks `destroyed` again under the progress lock: taking the lock here waits for a
         // batch it is running, and every later poll sees the flag. So no WQE of this QP starts after this
         // point, even if the wait for the executor below gives up.

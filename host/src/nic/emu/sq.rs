@@ -27,6 +27,7 @@ use super::fault::{vendor, Fault};
 use super::qmem;
 use super::qp::{QpInner, QpState};
 use super::stats::bump;
+use super::wire::{requester, WireSq};
 use super::wqe::{self, Expect, Op, MAX_WQE_BYTES};
 
 /// Byte offset of the SQ counter (word 1) in the QP's doorbell record.
@@ -59,6 +60,9 @@ pub(crate) struct Watched {
     /// next refresh of the QP list, which `Qp::drop` of the peer waits for, so that this reference is never
     /// the last one.
     peer: Option<Arc<QpInner>>,
+    /// Requester and responder state of a QP connected across the wire, made when the executor first sees
+    /// the QP's link.
+    pub wire: Option<WireSq>,
 }
 
 impl Watched {
@@ -67,7 +71,19 @@ impl Watched {
         // A QP the executor has not seen yet has had no doorbell acted on, so this is 0; read rather than
         // assumed, as it is what the lock-free comparison in `poll` must agree with.
         let last_db = lock(&qp.progress).last_db;
-        Self { qp, last_db, last_bf: [0; BF_TAIL_WORDS], peer: None }
+        Self { qp, last_db, last_bf: [0; BF_TAIL_WORDS], peer: None, wire: None }
+    }
+
+    /// The QP and its wire state, made when the QP has a link (once `Qp::connect` has run); `None` for a QP
+    /// without a link or a destroyed one.
+    pub(crate) fn wire(&mut self) -> Option<(&QpInner, &mut WireSq)> {
+        if self.qp.is_destroyed() {
+            return None;
+        }
+        if self.wire.is_none() {
+            self.wire = Some(WireSq::new(self.qp.link.get()?.clone()));
+        }
+        Some((&self.qp, self.wire.as_mut()?))
     }
 
     /// Forgets the cached peer (the executor refreshed its QP list: the peer may be gone).
@@ -89,7 +105,7 @@ fn peer<'a>(fab: &Fabric, qp: &QpInner, cached: &'a mut Option<Arc<QpInner>>) ->
 /// The executor's reusable state, handed to [`poll`].
 pub(crate) struct Engine {
     pub data: DataPath,
-    scratch: Vec<(MemLoc, u64)>,
+    pub scratch: Vec<(MemLoc, u64)>,
     wqe: Box<[u8; MAX_WQE_BYTES]>,
 }
 
@@ -109,10 +125,11 @@ fn ctrl_of_doorbell(db: u64) -> CtrlSeg {
 /// Looks at the watched QP's doorbell register and, if it changed, processes the WQEs it announces. Returns
 /// whether there was anything to do (for the idle back-off).
 pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
-    let qp = &*w.qp;
-    if qp.is_destroyed() || !matches!(qp.state(), QpState::Rts | QpState::Error) {
+    if w.qp.is_destroyed() || !matches!(w.qp.state(), QpState::Rts | QpState::Error) {
         return false;
     }
+    w.wire();
+    let qp = &*w.qp;
     let db = qp.doorbell();
     // The common case on a sweep: nothing new on this QP. Decided without the lock or any shared write.
     if db == w.last_db {
@@ -149,7 +166,7 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
                 "emulated NIC: doorbell announces more WQEBBs than the SQ holds"
             );
             if qp.state() != QpState::Error {
-                fail(fab, qp, eng, p.consumed, ctrl.opcode(), Fault::qp_op(vendor::BAD_DOORBELL));
+                fail(fab, qp, &mut eng.data, p.consumed, ctrl.opcode(), Fault::qp_op(vendor::BAD_DOORBELL));
             }
         }
         return true;
@@ -158,7 +175,7 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     check_dbrec(fab, qp, pi);
     check_blueflame(fab, qp, &mut w.last_bf, db, ctrl.wqe_index());
     while p.consumed < pi {
-        let n = step(fab, qp, &mut w.peer, eng, p.consumed, pi);
+        let n = step(fab, qp, &mut w.peer, w.wire.as_mut(), eng, p.consumed, pi);
         p.consumed += n;
     }
     true
@@ -206,7 +223,16 @@ fn check_blueflame(fab: &Fabric, qp: &QpInner, last: &mut [u64; BF_TAIL_WORDS], 
 }
 
 /// Consumes the WQE at consumer index `idx` (producer index `pi`); returns the WQEBBs it took (≥ 1).
-fn step(fab: &Fabric, qp: &QpInner, peer: &mut Option<Arc<QpInner>>, eng: &mut Engine, idx: u64, pi: u64) -> u64 {
+#[allow(clippy::too_many_arguments)]
+fn step(
+    fab: &Fabric,
+    qp: &QpInner,
+    peer: &mut Option<Arc<QpInner>>,
+    mut wire: Option<&mut WireSq>,
+    eng: &mut Engine,
+    idx: u64,
+    pi: u64,
+) -> u64 {
     let mask = qp.wqe_cnt as u64 - 1;
     let off = ((idx & mask) as usize) * WQEBB;
     let avail = pi - idx;
@@ -215,15 +241,20 @@ fn step(fab: &Fabric, qp: &QpInner, peer: &mut Option<Arc<QpInner>>, eng: &mut E
     let ctrl: CtrlSeg = bytemuck::pod_read_unaligned(&eng.wqe[..SEG]);
     // Size to skip when the WQE is not executed: its own ds when sane, at least one WQEBB, never past pi.
     let skip = (wqebbs(ctrl.ds() as u32) as u64).clamp(1, avail);
+    // Failures go through the wire's queue when there is one, so that their CQEs stay behind earlier ones.
+    let settle = |wire: Option<&mut WireSq>, eng: &mut Engine, op: u8, f: Fault| match wire {
+        Some(ws) => requester::post_failed(fab, qp, ws, &mut eng.data, idx, op, f),
+        None => fail(fab, qp, &mut eng.data, idx, op, f),
+    };
     if qp.state() == QpState::Error {
-        fail(fab, qp, eng, idx, ctrl.opcode(), Fault::flushed());
+        settle(wire, eng, ctrl.opcode(), Fault::flushed());
         return skip;
     }
     let e = Expect { qpn: qp.qpn, wqe_cnt: qp.wqe_cnt, index: idx as u16, avail };
     let h = match wqe::parse_ctrl(&ctrl, &e) {
         Ok(h) => h,
         Err(f) => {
-            fail(fab, qp, eng, idx, ctrl.opcode(), f);
+            settle(wire, eng, ctrl.opcode(), f);
             return skip;
         }
     };
@@ -231,22 +262,31 @@ fn step(fab: &Fabric, qp: &QpInner, peer: &mut Option<Arc<QpInner>>, eng: &mut E
     // with wrap, as the WQE may continue at slot 0).
     let len = h.ds as usize * SEG;
     qmem::read_wrapping(&qp.sq, off + SEG, &mut eng.wqe[SEG..len]);
-    let result =
-        wqe::parse_body(&h, &eng.wqe[..len]).and_then(|op| run(fab, qp, peer, &op, &mut eng.data, &mut eng.scratch));
-    match result {
+    let op = match wqe::parse_body(&h, &eng.wqe[..len]) {
+        Ok(op) => op,
+        Err(f) => {
+            settle(wire.as_deref_mut(), eng, h.opcode, f);
+            return h.wqebbs as u64;
+        }
+    };
+    if let Some(ws) = wire {
+        requester::post(fab, qp, ws, &mut eng.data, idx, &h, &op);
+        return h.wqebbs as u64;
+    }
+    match run(fab, qp, peer, &op, &mut eng.data, &mut eng.scratch) {
         Ok(out) => {
             bump(&fab.stats.wqes);
             if let Some((imm, placed)) = out.resp_imm {
-                if let Err(f) = respond_imm(fab, qp, peer, eng, imm, placed) {
-                    fail(fab, qp, eng, idx, h.opcode, f);
+                if let Err(f) = respond_imm(fab, qp, peer, &mut eng.data, imm, placed) {
+                    fail(fab, qp, &mut eng.data, idx, h.opcode, f);
                     return h.wqebbs as u64;
                 }
             }
             if h.cq_update {
-                complete(fab, qp, eng, idx, h.opcode, out.byte_cnt);
+                complete(fab, qp, &mut eng.data, idx, h.opcode, out.byte_cnt);
             }
         }
-        Err(f) => fail(fab, qp, eng, idx, h.opcode, f),
+        Err(f) => fail(fab, qp, &mut eng.data, idx, h.opcode, f),
     }
     h.wqebbs as u64
 }
@@ -282,14 +322,27 @@ fn respond_imm(
     fab: &Fabric,
     qp: &QpInner,
     peer_cache: &mut Option<Arc<QpInner>>,
-    eng: &mut Engine,
+    data: &mut DataPath,
     imm: Be32,
     placed: u32,
 ) -> Result<(), Fault> {
     let Some(peer) = peer(fab, qp, peer_cache) else {
         return Err(Fault::retry_exceeded());
     };
-    eng.data.fence()?;
+    push_resp_imm(fab, peer, data, imm, placed)
+}
+
+/// Writes the RESP_WR_IMM CQE of responder QP `peer` for a WRITE with immediate `imm` that placed `placed`
+/// bytes, after the data is placed. A responder CQ that overran moves `peer` to the error state and fails the
+/// requester's WQE with 0x14 (remote operation error).
+pub(crate) fn push_resp_imm(
+    fab: &Fabric,
+    peer: &QpInner,
+    data: &mut DataPath,
+    imm: Be32,
+    placed: u32,
+) -> Result<(), Fault> {
+    data.fence()?;
     let n = peer.resp_count.fetch_add(1, Ordering::Relaxed);
     let mut c = Cqe64::INVALID;
     c.imm_inval_pkey = imm;
@@ -308,9 +361,9 @@ fn respond_imm(
 }
 
 /// The requester's success CQE (opcode REQ), after every earlier placement.
-fn complete(fab: &Fabric, qp: &QpInner, eng: &mut Engine, idx: u64, op: u8, byte_cnt: u32) {
-    if let Err(f) = eng.data.fence() {
-        fail(fab, qp, eng, idx, op, f);
+pub(crate) fn complete(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, byte_cnt: u32) {
+    if let Err(f) = data.fence() {
+        fail(fab, qp, data, idx, op, f);
         return;
     }
     let mut c = Cqe64::INVALID;
@@ -329,9 +382,9 @@ fn complete(fab: &Fabric, qp: &QpInner, eng: &mut Engine, idx: u64, op: u8, byte
 
 /// An error CQE (opcode REQ_ERR) for the WQE at `idx`, written whatever its `fm_ce_se` asked, and the QP
 /// moves to the error state.
-fn fail(fab: &Fabric, qp: &QpInner, eng: &mut Engine, idx: u64, op: u8, f: Fault) {
+pub(crate) fn fail(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, f: Fault) {
     // Earlier placements still precede this completion; a copy failure here changes nothing more.
-    let _ = eng.data.fence();
+    let _ = data.fence();
     let flushed = f == Fault::flushed();
     if !flushed {
         tracing::warn!(

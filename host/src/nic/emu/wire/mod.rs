@@ -1,0 +1,48 @@
+//! The wire: RC transport between emulated NICs in different processes or hosts, over TCP.
+//!
+//! Two connected QPs on different [`EmuNic`](super::EmuNic)s share one TCP connection (a [`Link`]); the QP with
+//! the smaller `(nic, qpn)` dials the other NIC's listener, says hello, and both ends then carry requests
+//! (RDMA WRITE, READ, atomics) one way and responses (ACK, NAK with syndrome, READ response, atomic response)
+//! the other, as the [`packet`]s of an InfiniBand RC connection. Reader threads only frame bytes; everything
+//! that touches memory, CQEs or QP state runs on the NIC's executor thread ([`requester`], [`responder`]),
+//! so the single-writer rules of the in-process path hold unchanged.
+//!
+//! Faults map as on hardware: a responder that refuses a request answers with a NAK, which becomes the
+//! requester's error CQE (0x13 remote access, 0x12 remote invalid request); a peer whose connection breaks
+//! (process killed, host gone) or that does not answer within [`WireConfig::retry_timeout`] fails the oldest
+//! outstanding WQE with 0x15 (transport retry exceeded) and flushes the rest with 0x05.
+
+pub(crate) mod link;
+pub(crate) mod packet;
+pub(crate) mod requester;
+pub(crate) mod responder;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+pub(crate) use link::{Inbound, Link};
+pub(crate) use requester::WireSq;
+
+/// How an emulated NIC reaches peers in other processes or hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireConfig {
+    /// Address the NIC listens on for its peers' connections. Port 0 picks a free port;
+    /// [`EmuNic::wire_addr`](super::EmuNic::wire_addr) tells which. Loopback by default: bind a routable
+    /// address only when peers are on other hosts.
+    pub listen: SocketAddr,
+    /// How long a requester waits for its peer without any progress (no connection yet, or no response to an
+    /// outstanding request) before it fails the oldest outstanding WQE with syndrome 0x15 (transport retry
+    /// exceeded): the emulator's `timeout` × `retry_cnt` of `ibv_modify_qp`.
+    pub retry_timeout: Duration,
+}
+
+impl WireConfig {
+    /// Default of [`WireConfig::retry_timeout`]: 4 s (about ConnectX's `timeout` = 18, 1.07 s, with
+    /// `retry_cnt` = 3; NCCL uses longer ones).
+    pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(4);
+
+    /// Listens on `127.0.0.1`, on a free port, with the default retry timeout.
+    pub fn loopback() -> Self {
+        Self { listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0), retry_timeout: Self::DEFAULT_RETRY_TIMEOUT }
+    }
+}

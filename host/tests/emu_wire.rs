@@ -1,0 +1,162 @@
+//! The wire: QPs on two emulated NICs (as in two processes) connected over loopback TCP. RDMA WRITE (with
+//! immediate), READ and atomics land where the direct path puts them; responder-side violations come back as
+//! NAKs with the PRM syndrome; a lost or silent peer fails outstanding WQEs with 0x15 and flushes the rest.
+
+mod emu_util;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use emu_util::*;
+use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, WireConfig};
+use gdaki_shared::prm::opcode::{self, syndrome};
+use gdaki_shared::prm::wqe::AtomicSeg;
+use rand::RngExt;
+
+/// Two NICs with a wire each, one QP on each, connected to each other.
+struct WirePair {
+    a: Qp,
+    b: Qp,
+    cq_a: Cq,
+    cq_b: Cq,
+    pd_a: Pd,
+    pd_b: Pd,
+    nic_a: Arc<EmuNic>,
+    nic_b: Arc<EmuNic>,
+}
+
+fn wired(retry: Duration) -> EmuConfig {
+    EmuConfig::host().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
+}
+
+impl WirePair {
+    fn new(retry: Duration) -> Self {
+        let (nic_a, nic_b) = (EmuNic::open(wired(retry)).unwrap(), EmuNic::open(wired(retry)).unwrap());
+        let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
+        let (cq_a, cq_b) = (nic_a.create_cq(64).unwrap(), nic_b.create_cq(64).unwrap());
+        let a = nic_a.create_qp(&pd_a, &cq_a, 64).unwrap();
+        let b = nic_b.create_qp(&pd_b, &cq_b, 64).unwrap();
+        // Endpoints travel as bytes, as through a bootstrap.
+        let (ea, eb) = (
+            Endpoint::from_bytes(&a.endpoint().to_bytes()).unwrap(),
+            Endpoint::from_bytes(&b.endpoint().to_bytes()).unwrap(),
+        );
+        assert_eq!((ea, eb), (a.endpoint(), b.endpoint()));
+        a.connect(&eb).unwrap();
+        b.connect(&ea).unwrap();
+        Self { a, b, cq_a, cq_b, pd_a, pd_b, nic_a, nic_b }
+    }
+}
+
+#[test]
+fn write_read_atomic_and_immediate_across_the_wire() {
+    let mut rng = rng();
+    let p = WirePair::new(Duration::from_secs(10));
+    let (mut sq, mut cq, mut peer_cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a), CqPoll::new(&p.cq_b));
+    let n = 700_000; // several packets
+    let src = GuardedBuf::new(n, 0);
+    let dst = GuardedBuf::new(n, 0xee);
+    let back = GuardedBuf::new(n, 0x11);
+    let sem = GuardedBuf::new(64, 0);
+    let (lmr, bmr) =
+        (src.register(&p.nic_a, &p.pd_a, Access::NONE), back.register(&p.nic_a, &p.pd_a, Access::LOCAL_WRITE));
+    let (rmr, smr) = (dst.register(&p.nic_b, &p.pd_b, Access::ALL), sem.register(&p.nic_b, &p.pd_b, Access::ALL));
+    let data = random_bytes(&mut rng, n);
+    src.write(0, &data);
+    for len in [1usize, 64, 4097, 300_000, n - 3] {
+        dst.fill(0xee);
+        let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), len as u32), dst.addr() + 3, rmr.rkey()));
+        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+        let got = dst.read();
+        assert_eq!(&got[3..3 + len], &data[..len], "{len} bytes placed");
+        assert!(got[..3].iter().chain(&got[3 + len..]).all(|&b| b == 0xee));
+    }
+    // READ them back.
+    let at = sq.post(&sq.read(SIGNALED, (bmr.lkey(), back.addr(), (n - 3) as u32), dst.addr() + 3, rmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_READ, sq.qpn(), at, (n - 3) as u32);
+    assert_eq!(&back.read()[..n - 3], &data[..n - 3]);
+    // Fetch-add and compare-swap, results in host order.
+    for k in 0..5u64 {
+        let add = rng.random::<u32>() as u64;
+        let before = sem.u64_at(0);
+        let at = sq.post(&sq.atomic(
+            opcode::ATOMIC_FA,
+            SIGNALED,
+            AtomicSeg::fetch_add(add),
+            (bmr.lkey(), back.addr()),
+            sem.addr(),
+            smr.rkey(),
+        ));
+        assert_req(&cq.wait(), opcode::ATOMIC_FA, sq.qpn(), at, 8);
+        assert_eq!(back.u64_at(0), before, "old value #{k}");
+        assert_eq!(sem.u64_at(0), before.wrapping_add(add));
+    }
+    // WRITE with immediate: data, then the responder's CQE.
+    let imm = rng.random::<u32>();
+    let mut wqe = sq.write(SIGNALED, (lmr.lkey(), src.addr(), 100), dst.addr(), rmr.rkey());
+    wqe[0] = sq.ctrl(opcode::RDMA_WRITE_IMM, SIGNALED, 3, imm);
+    let at = sq.post(&wqe);
+    assert_req(&cq.wait(), opcode::RDMA_WRITE_IMM, sq.qpn(), at, 0);
+    let r = peer_cq.wait();
+    assert_eq!(
+        (r.opcode(), r.imm_inval_pkey.get(), r.byte_cnt.get(), r.qpn()),
+        (opcode::cqe::RESP_WR_IMM, imm, 100, p.b.qpn())
+    );
+    assert!(src.guards_intact() && dst.guards_intact() && back.guards_intact() && sem.guards_intact());
+}
+
+#[test]
+fn bad_rkey_is_a_nak_with_remote_access_error_and_later_wqes_flush() {
+    let p = WirePair::new(Duration::from_secs(10));
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let src = GuardedBuf::new(256, 0x5a);
+    let dst = GuardedBuf::new(256, 0xc3);
+    let lmr = src.register(&p.nic_a, &p.pd_a, Access::NONE);
+    let rmr = dst.register(&p.nic_b, &p.pd_b, Access::ALL);
+    let ok = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+    let bad = sq.put(&sq.write(0, (lmr.lkey(), src.addr(), 64), dst.addr() + 64, rmr.rkey() ^ 0x100));
+    let later = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr() + 128, rmr.rkey()));
+    sq.dbrec();
+    sq.doorbell(later);
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), ok, 0);
+    assert_err(&cq.wait(), syndrome::REMOTE_ACCESS_ERR, opcode::RDMA_WRITE, sq.qpn(), bad);
+    assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), later);
+    assert_eq!(p.a.state(), QpState::Error);
+    let got = dst.read();
+    assert!(got[..64].iter().all(|&b| b == 0x5a) && got[64..].iter().all(|&b| b == 0xc3));
+}
+
+#[test]
+fn dropped_peer_fails_outstanding_with_retry_exceeded() {
+    let p = WirePair::new(Duration::from_secs(10));
+    let WirePair { a, b, cq_a, nic_a, pd_a, .. } = p;
+    let (mut sq, mut cq) = (Sq::new(&a), CqPoll::new(&cq_a));
+    let src = GuardedBuf::new(64, 1);
+    let lmr = src.register(&nic_a, &pd_a, Access::NONE);
+    drop(b);
+    let t = Instant::now();
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 0x1234));
+    assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    assert!(t.elapsed() < Duration::from_secs(5), "noticed at once, not after the retry timeout");
+    assert_eq!(a.state(), QpState::Error);
+}
+
+#[test]
+fn unreachable_peer_fails_after_the_retry_timeout() {
+    let nic = EmuNic::open(wired(Duration::from_millis(300))).unwrap();
+    let (pd, cq) = (nic.alloc_pd().unwrap(), nic.create_cq(64).unwrap());
+    let qp = nic.create_qp(&pd, &cq, 64).unwrap();
+    // A port nobody listens on: bind one, then close it.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // A larger NIC id than ours would make the peer the dialer; make ours smaller so that we dial.
+    let ghost = Endpoint { nic: u64::MAX, qpn: 0x100, psn: 0, wire: Some(addr) };
+    qp.connect(&ghost).unwrap();
+    let (mut sq, mut cqp) = (Sq::new(&qp), CqPoll::new(&cq));
+    let src = GuardedBuf::new(64, 1);
+    let lmr = src.register(&nic, &pd, Access::NONE);
+    let t = Instant::now();
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 0x1234));
+    assert_err(&cqp.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5), "failed after {waited:?}");
+}
