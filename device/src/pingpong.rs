@@ -9,7 +9,6 @@
 use crate::error::{Error, PayloadMismatch, Result};
 use crate::qp::Qp;
 use crate::sync;
-use crate::wait::semaphore_ge;
 use bytemuck::{Pod, Zeroable};
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
 
@@ -160,8 +159,9 @@ pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
             if a.rank == 0 {
                 send(qp)?;
             }
-            // SAFETY: `sem` is this rank's semaphore (caller's contract).
-            unsafe { semaphore_ge(a.sem as *const u64, k + 1, a.timeout_ns)? };
+            // SAFETY: `sem` is this rank's semaphore (caller's contract). Watching the QP: a peer that died
+            // with our signal outstanding ends the wait with its error CQE.
+            unsafe { qp.wait_semaphore(a.sem as *const u64, k + 1)? };
             if a.rank == 0 && a.times != 0 {
                 // SAFETY: `times` holds `iters` words (caller's contract).
                 unsafe { (a.times as *mut u64).add(k as usize).write_volatile(sync::clock_ns() - t0) };

@@ -255,6 +255,46 @@ impl<'a> Qp<'a> {
         )
     }
 
+    /// Waits until the 8-byte semaphore at `sem` (host-order `u64`, advanced by a peer's atomics) is at least
+    /// `expected`, watching this QP meanwhile; returns the value seen. MSCCL++ `Semaphore::wait` on the
+    /// channel's connection.
+    ///
+    /// Unlike [`crate::wait::semaphore_ge`], the wait ends as soon as this QP has an error CQE (for example its
+    /// peer died with WQEs of this QP outstanding, so the signal will never come): a dead connection is an
+    /// error for its waiters, not a timeout. Polls the CQ like [`Qp::wait`] (responder completions met are
+    /// consumed). A QP with nothing outstanding cannot learn of its peer's death: then the wait times out.
+    ///
+    /// # Errors
+    /// [`Error::Cqe`] with the QP's first error CQE; [`Error::Timeout`] with [`WaitOn::Semaphore`] after the
+    /// QP's timeout; [`Error::UnexpectedCqe`].
+    ///
+    /// # Safety
+    /// `sem` must be valid for reads and 8-byte aligned for the whole wait.
+    pub unsafe fn wait_semaphore(&mut self, sem: *const u64, expected: u64) -> Result<u64> {
+        let seen = core::cell::Cell::new(0);
+        // Anything still unrung would never complete, and its CQE is what reports a dead peer.
+        self.ring_db();
+        bounded(
+            self.timeout_ns,
+            || {
+                // SAFETY: the caller guarantees `sem`.
+                seen.set(unsafe { crate::sync::load_acquire_u64(sem) });
+                if seen.get() >= expected {
+                    return Ok(Some(seen.get()));
+                }
+                let polled = self.poll_cq();
+                if let Some(e) = self.error() {
+                    return Err(Error::Cqe(e));
+                }
+                match polled {
+                    Some(Err(e)) => Err(e),
+                    _ => Ok(None),
+                }
+            },
+            || WaitOn::Semaphore { addr: sem as u64, expected, seen: seen.get() },
+        )
+    }
+
     /// Waits until every WQE posted so far has completed (MSCCL++ `flush`): rings pending WQEs, asks for a
     /// CQE with a NOP if the last WQE did not, then waits for it.
     ///
