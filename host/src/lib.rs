@@ -5,6 +5,7 @@
 //! WQEs, ring doorbells and poll CQs itself, on a GPU (`gpu` executor) or on host threads (`cpu` executor).
 #![deny(missing_docs)]
 
+pub mod bootstrap;
 pub mod cuda;
 pub mod error;
 pub mod exec;

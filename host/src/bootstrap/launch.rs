@@ -1,0 +1,475 @@
+//! Who am I, how many are we, where is the root: from flags or from the launcher's environment.
+
+use std::fmt;
+
+use crate::{Error, Result};
+
+/// The session secret: 16 random bytes that every rank of one launch carries and the root checks in each
+/// hello, so that a process of another session (or a port scanner) cannot join. It mirrors NCCL's
+/// `ncclUniqueId` and the unique id of MSCCL++'s `TcpBootstrap`, which rank 0 creates and the launcher hands to
+/// the others. It is compared in constant time, and `Debug` never prints it.
+#[derive(Clone, Copy, Eq)]
+pub struct Secret([u8; 16]);
+
+impl Secret {
+    /// A fresh secret from the OS's random source (`getrandom`).
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] when the OS has no random source to give.
+    pub fn random() -> Result<Secret> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| Error::Bootstrap(format!("cannot draw a session secret from the OS random source: {e}")))?;
+        Ok(Secret(bytes))
+    }
+
+    /// Parses the form [`to_hex`](Self::to_hex) writes: exactly 32 hex digits (either case; surrounding
+    /// whitespace is ignored).
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] naming the length or the first character that is not a hex digit.
+    pub fn from_hex(s: &str) -> Result<Secret> {
+        parse_hex(s).map(Secret).map_err(Error::Bootstrap)
+    }
+
+    /// The secret as 32 lowercase hex digits, for handing to other ranks (e.g. through `GDAKI_SECRET`).
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// A deterministic session id for launches that passed no secret: a hash of the root address (as spelled)
+    /// and the world size, so that every rank of one launch computes the same value, and two sessions on
+    /// different ports or of different sizes do not join each other by mistake.
+    ///
+    /// It separates sessions; it does not authenticate: anyone who knows the root address and world size can
+    /// compute it. Ranks must spell the root identically (`localhost:29500` and `127.0.0.1:29500` give
+    /// different ids). The hash is our own (FNV-1a 64, twice with different offset bases, each through
+    /// splitmix64's finalizer), not std's `DefaultHasher`, so it is the same in every build and Rust version;
+    /// a unit test pins its value.
+    pub fn derived(root: &str, world_size: u32) -> Secret {
+        let parts: [&[u8]; 4] = [b"gdaki-bootstrap-derived-v1\0", root.as_bytes(), b"\0", &world_size.to_le_bytes()];
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&fnv1a_mixed(FNV_OFFSET, &parts).to_le_bytes());
+        bytes[8..].copy_from_slice(&fnv1a_mixed(FNV_OFFSET ^ 0x9e37_79b9_7f4a_7c15, &parts).to_le_bytes());
+        Secret(bytes)
+    }
+
+    /// Wraps 16 bytes the caller already has (e.g. received out of band).
+    pub fn from_bytes(bytes: [u8; 16]) -> Secret {
+        Secret(bytes)
+    }
+
+    /// The 16 bytes, as sent in the hello.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl PartialEq for Secret {
+    /// Constant time: how many leading bytes of a guess match must not show in the root's reply time.
+    fn eq(&self, other: &Secret) -> bool {
+        self.0.iter().zip(other.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+fn fnv1a_mixed(seed: u64, parts: &[&[u8]]) -> u64 {
+    let mut h = seed;
+    for &b in parts.iter().flat_map(|p| p.iter()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    // splitmix64's finalizer: FNV-1a leaves the last bytes' influence in few bits; this spreads every input
+    // bit over the whole word.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+fn parse_hex(s: &str) -> Result<[u8; 16], String> {
+    let s = s.trim();
+    if s.len() != 32 {
+        return Err(format!("session secret must be 32 hex digits, got {} characters", s.chars().count()));
+    }
+    if let Some(c) = s.chars().find(|c| !c.is_ascii_hexdigit()) {
+        return Err(format!("session secret must be 32 hex digits, found {c:?}"));
+    }
+    let mut bytes = [0u8; 16];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("checked hex digits");
+    }
+    Ok(bytes)
+}
+
+/// What the command line said; each field overrides the environment. Mirrors the flags `--rank`,
+/// `--world-size`, `--bootstrap HOST:PORT` and `--secret HEX` of the examples.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaunchFlags {
+    /// `--rank`: this process's rank, 0-based.
+    pub rank: Option<u32>,
+    /// `--world-size`: how many ranks the session has.
+    pub world_size: Option<u32>,
+    /// `--bootstrap HOST:PORT`: the root's (rank 0's) listening address.
+    pub bootstrap: Option<String>,
+    /// `--secret`: the session secret as 32 hex digits ([`Secret::to_hex`]).
+    pub secret: Option<String>,
+}
+
+/// Where this process stands in a multi-rank launch: its rank, the world size, the root's address and the
+/// session secret. Built by [`Launch::resolve`] from flags or from the environment of mpirun, srun or
+/// torchrun (as NCCL's and PyTorch's launch integration read it), and consumed by
+/// [`Bootstrap::connect`](super::Bootstrap::connect).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// This process's rank, `0..world_size`; rank 0 is the root.
+    pub rank: u32,
+    /// Number of ranks in the session, ≥ 1.
+    pub world_size: u32,
+    /// The root's address, `HOST:PORT` (IPv6 hosts in brackets). Rank 0 binds exactly this address, so the
+    /// default `127.0.0.1:29500` keeps the session on loopback unless told otherwise.
+    pub root: String,
+    /// The session secret the root checks in every hello.
+    pub secret: Secret,
+    /// Where rank and world size came from: `"flags"`, `"mpirun (OMPI_*)"`, `"PMI"`, `"srun"` or
+    /// `"torchrun"` (or whatever a caller building a `Launch` by hand writes), for messages.
+    pub source: &'static str,
+}
+
+/// Rank and world-size variables of the launchers we understand, in precedence order, with the name used in
+/// messages. Open MPI's mpirun sets `OMPI_COMM_WORLD_*`; MPICH/Intel MPI's hydra sets `PMI_*`; Slurm's srun
+/// sets `SLURM_PROCID`/`SLURM_NTASKS`; torchrun sets `RANK`/`WORLD_SIZE`.
+const LAUNCHERS: [(&str, &str, &str); 4] = [
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (OMPI_*)"),
+    ("PMI_RANK", "PMI_SIZE", "PMI"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "srun"),
+    ("RANK", "WORLD_SIZE", "torchrun"),
+];
+
+/// The root address when nothing names one: loopback, on torchrun's default port.
+pub const DEFAULT_ROOT: &str = "127.0.0.1:29500";
+
+impl Launch {
+    /// Resolves the launch from `flags` and the environment `env` (a lookup, so tests pass a map).
+    ///
+    /// - Rank and world size: the flags (both or neither); else the first launcher whose variables are set:
+    ///   `OMPI_COMM_WORLD_RANK`/`OMPI_COMM_WORLD_SIZE`, then `PMI_RANK`/`PMI_SIZE`, then
+    ///   `SLURM_PROCID`/`SLURM_NTASKS`, then `RANK`/`WORLD_SIZE`.
+    /// - Root address: `--bootstrap`; else `GDAKI_BOOTSTRAP`; else `MASTER_ADDR:MASTER_PORT` when either is set
+    ///   (torchrun's defaults `127.0.0.1` and `29500` fill the other); else [`DEFAULT_ROOT`].
+    /// - Secret: `--secret`; else `GDAKI_SECRET`; else [`Secret::derived`] from the root address and world size.
+    ///
+    /// Empty variables count as unset. Note that a Slurm batch script runs with `SLURM_PROCID`/`SLURM_NTASKS`
+    /// set: pass the flags to override them.
+    ///
+    /// Returns `Ok(None)` when neither flags nor environment give a world size: a single-process run.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`], naming the flag or variable, for: a rank without a world size or the reverse, a
+    /// value that is not a number, a world size of 0, a rank ≥ the world size, a root address that is not
+    /// `HOST:PORT` with a port in 1..=65535, a secret that is not 32 hex digits, and `--bootstrap`/`--secret`
+    /// given without any rank and world size.
+    pub fn resolve(flags: LaunchFlags, env: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
+        let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let (rank, world_size, source) = match (flags.rank, flags.world_size) {
+            (Some(rank), Some(world_size)) => (rank, world_size, "flags"),
+            (Some(_), None) => return Err(bad("--rank given without --world-size".into())),
+            (None, Some(_)) => return Err(bad("--world-size given without --rank".into())),
+            (None, None) => {
+                let mut found = None;
+                for (rank_var, size_var, source) in LAUNCHERS {
+                    match (get(rank_var), get(size_var)) {
+                        (None, None) => continue,
+                        (Some(r), Some(w)) => {
+                            found = Some((parse_u32(rank_var, &r)?, parse_u32(size_var, &w)?, source));
+                            break;
+                        }
+                        (Some(_), None) => return Err(bad(format!("{rank_var} is set but {size_var} is not"))),
+                        (None, Some(_)) => return Err(bad(format!("{size_var} is set but {rank_var} is not"))),
+                    }
+                }
+                match found {
+                    Some(found) => found,
+                    None if flags.bootstrap.is_some() || flags.secret.is_some() => {
+                        return Err(bad(
+                            "--bootstrap or --secret given, but no rank and world size (flags or launcher)".into(),
+                        ))
+                    }
+                    None => return Ok(None),
+                }
+            }
+        };
+        if world_size == 0 {
+            return Err(bad(format!("world size 0 (from {source})")));
+        }
+        if rank >= world_size {
+            return Err(bad(format!("rank {rank} is out of range for world size {world_size} (from {source})")));
+        }
+
+        let (root, root_source) = if let Some(root) = flags.bootstrap {
+            (root, "--bootstrap")
+        } else if let Some(root) = get("GDAKI_BOOTSTRAP") {
+            (root, "GDAKI_BOOTSTRAP")
+        } else if get("MASTER_ADDR").is_some() || get("MASTER_PORT").is_some() {
+            let host = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
+            let host = host.trim();
+            // An IPv6 literal needs brackets before the port is appended.
+            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.into() };
+            (
+                format!("{host}:{}", get("MASTER_PORT").unwrap_or_else(|| "29500".into()).trim()),
+                "MASTER_ADDR/MASTER_PORT",
+            )
+        } else {
+            (DEFAULT_ROOT.to_string(), "default")
+        };
+        let root = root.trim().to_string();
+        check_host_port(&root)
+            .map_err(|why| bad(format!("bad bootstrap address {root:?} from {root_source}: {why}")))?;
+
+        let secret = if let Some(hex) = flags.secret {
+            Secret(parse_hex(&hex).map_err(|why| bad(format!("--secret: {why}")))?)
+        } else if let Some(hex) = get("GDAKI_SECRET") {
+            Secret(parse_hex(&hex).map_err(|why| bad(format!("GDAKI_SECRET: {why}")))?)
+        } else {
+            Secret::derived(&root, world_size)
+        };
+        Ok(Some(Launch { rank, world_size, root, secret, source }))
+    }
+
+    /// [`Launch::resolve`] with this process's environment.
+    ///
+    /// # Errors
+    /// As [`Launch::resolve`].
+    pub fn resolve_from_process_env(flags: LaunchFlags) -> Result<Option<Launch>> {
+        Launch::resolve(flags, |name| std::env::var(name).ok())
+    }
+}
+
+fn bad(msg: String) -> Error {
+    Error::Bootstrap(msg)
+}
+
+fn parse_u32(var: &str, value: &str) -> Result<u32> {
+    value.trim().parse().map_err(|_| bad(format!("{var}={value:?} is not a number in 0..=4294967295")))
+}
+
+/// `HOST:PORT` with a non-empty host (bracketed when it is an IPv6 literal) and a port in 1..=65535. The host
+/// is not resolved here: resolving is the bootstrap's job, with retries.
+fn check_host_port(s: &str) -> Result<(), String> {
+    let (host, port) = s.rsplit_once(':').ok_or("expected HOST:PORT")?;
+    if host.is_empty() {
+        return Err("empty host".into());
+    }
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    if host.contains(':') && bare.is_none() {
+        return Err("IPv6 hosts need brackets, e.g. [::1]:29500".into());
+    }
+    match port.parse::<u16>() {
+        Ok(0) => Err("port 0 (the other ranks could not know which port the root got)".into()),
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!("port {port:?} is not a number in 1..=65535")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn resolve(flags: LaunchFlags, vars: &[(&str, &str)]) -> Result<Option<Launch>> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Launch::resolve(flags, |k| map.get(k).cloned())
+    }
+
+    fn ok(flags: LaunchFlags, vars: &[(&str, &str)]) -> Launch {
+        resolve(flags, vars).unwrap().expect("a launch")
+    }
+
+    fn err(flags: LaunchFlags, vars: &[(&str, &str)]) -> String {
+        match resolve(flags, vars) {
+            Err(Error::Bootstrap(m)) => m,
+            other => panic!("expected a bootstrap error, got {other:?}"),
+        }
+    }
+
+    fn flags(rank: u32, world_size: u32) -> LaunchFlags {
+        LaunchFlags { rank: Some(rank), world_size: Some(world_size), ..LaunchFlags::default() }
+    }
+
+    const HEX: &str = "00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn nothing_set_is_single_process() {
+        assert_eq!(resolve(LaunchFlags::default(), &[]).unwrap(), None);
+        // Root and secret variables alone do not make a multi-rank launch.
+        assert_eq!(
+            resolve(LaunchFlags::default(), &[("GDAKI_BOOTSTRAP", "10.0.0.1:1"), ("MASTER_PORT", "5")]).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn mpirun_openmpi() {
+        let l = ok(LaunchFlags::default(), &[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "4")]);
+        assert_eq!((l.rank, l.world_size, l.source), (3, 4, "mpirun (OMPI_*)"));
+        assert_eq!(l.root, "127.0.0.1:29500");
+        assert_eq!(l.secret, Secret::derived("127.0.0.1:29500", 4));
+    }
+
+    #[test]
+    fn pmi_with_gdaki_root_and_secret() {
+        let l = ok(
+            LaunchFlags::default(),
+            &[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("GDAKI_BOOTSTRAP", "10.0.0.1:5000"), ("GDAKI_SECRET", HEX)],
+        );
+        assert_eq!((l.rank, l.world_size, l.source), (1, 2, "PMI"));
+        assert_eq!(l.root, "10.0.0.1:5000");
+        assert_eq!(l.secret.to_hex(), HEX);
+    }
+
+    #[test]
+    fn srun() {
+        let l = ok(LaunchFlags::default(), &[("SLURM_PROCID", "7"), ("SLURM_NTASKS", "8")]);
+        assert_eq!((l.rank, l.world_size, l.source), (7, 8, "srun"));
+    }
+
+    #[test]
+    fn torchrun_with_master_addr_and_port() {
+        let vars = [("RANK", "2"), ("WORLD_SIZE", "3"), ("MASTER_ADDR", "node7"), ("MASTER_PORT", "1234")];
+        let l = ok(LaunchFlags::default(), &vars);
+        assert_eq!((l.rank, l.world_size, l.source), (2, 3, "torchrun"));
+        assert_eq!(l.root, "node7:1234");
+        assert_eq!(l.secret, Secret::derived("node7:1234", 3));
+        // torchrun's defaults fill a missing half; IPv6 literals get brackets.
+        assert_eq!(
+            ok(LaunchFlags::default(), &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]).root,
+            "h:29500"
+        );
+        let v6 = ok(
+            LaunchFlags::default(),
+            &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "::1"), ("MASTER_PORT", "9")],
+        );
+        assert_eq!(v6.root, "[::1]:9");
+        // GDAKI_BOOTSTRAP wins over MASTER_*.
+        let l = ok(LaunchFlags::default(), &[vars[0], vars[1], vars[2], vars[3], ("GDAKI_BOOTSTRAP", "a:1")]);
+        assert_eq!(l.root, "a:1");
+    }
+
+    #[test]
+    fn precedence_flags_then_ompi_pmi_slurm_torchrun() {
+        let mut vars = vec![
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "11"),
+            ("PMI_RANK", "2"),
+            ("PMI_SIZE", "12"),
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "13"),
+            ("RANK", "4"),
+            ("WORLD_SIZE", "14"),
+            ("GDAKI_BOOTSTRAP", "envhost:1"),
+            ("GDAKI_SECRET", HEX),
+        ];
+        let f = LaunchFlags {
+            bootstrap: Some("flaghost:2".into()),
+            secret: Some("ffeeddccbbaa99887766554433221100".into()),
+            ..flags(0, 10)
+        };
+        let l = ok(f, &vars);
+        assert_eq!((l.rank, l.world_size, l.source, l.root.as_str()), (0, 10, "flags", "flaghost:2"));
+        assert_eq!(l.secret.to_hex(), "ffeeddccbbaa99887766554433221100");
+        for (rank, size, source) in [(1, 11, "mpirun (OMPI_*)"), (2, 12, "PMI"), (3, 13, "srun"), (4, 14, "torchrun")] {
+            let l = ok(LaunchFlags::default(), &vars);
+            assert_eq!((l.rank, l.world_size, l.source, l.root.as_str()), (rank, size, source, "envhost:1"));
+            assert_eq!(l.secret.to_hex(), HEX);
+            vars.drain(..2);
+        }
+        assert_eq!(resolve(LaunchFlags::default(), &vars).unwrap(), None);
+    }
+
+    #[test]
+    fn errors_name_what_was_wrong() {
+        assert_eq!(err(flags(4, 4), &[]), "rank 4 is out of range for world size 4 (from flags)");
+        assert_eq!(err(flags(0, 0), &[]), "world size 0 (from flags)");
+        assert_eq!(
+            err(LaunchFlags::default(), &[("RANK", "5"), ("WORLD_SIZE", "5")]),
+            "rank 5 is out of range for world size 5 (from torchrun)"
+        );
+        assert_eq!(
+            err(LaunchFlags { rank: Some(1), ..LaunchFlags::default() }, &[]),
+            "--rank given without --world-size"
+        );
+        assert_eq!(
+            err(LaunchFlags { world_size: Some(2), ..LaunchFlags::default() }, &[]),
+            "--world-size given without --rank"
+        );
+        assert_eq!(err(LaunchFlags::default(), &[("PMI_RANK", "1")]), "PMI_RANK is set but PMI_SIZE is not");
+        assert_eq!(
+            err(LaunchFlags::default(), &[("SLURM_NTASKS", "2")]),
+            "SLURM_NTASKS is set but SLURM_PROCID is not"
+        );
+        assert_eq!(
+            err(LaunchFlags::default(), &[("OMPI_COMM_WORLD_RANK", "x1"), ("OMPI_COMM_WORLD_SIZE", "2")]),
+            "OMPI_COMM_WORLD_RANK=\"x1\" is not a number in 0..=4294967295"
+        );
+        assert_eq!(
+            err(LaunchFlags { secret: Some("abc".into()), ..flags(0, 2) }, &[]),
+            "--secret: session secret must be 32 hex digits, got 3 characters"
+        );
+        assert_eq!(
+            err(flags(0, 2), &[("GDAKI_SECRET", "g0112233445566778899aabbccddeeff")]),
+            "GDAKI_SECRET: session secret must be 32 hex digits, found 'g'"
+        );
+        assert_eq!(
+            err(LaunchFlags { bootstrap: Some("nohost".into()), ..flags(0, 2) }, &[]),
+            "bad bootstrap address \"nohost\" from --bootstrap: expected HOST:PORT"
+        );
+        assert_eq!(
+            err(flags(0, 2), &[("GDAKI_BOOTSTRAP", "h:http")]),
+            "bad bootstrap address \"h:http\" from GDAKI_BOOTSTRAP: port \"http\" is not a number in 1..=65535"
+        );
+        assert_eq!(
+            err(flags(0, 2), &[("MASTER_ADDR", "h"), ("MASTER_PORT", "0")]),
+            "bad bootstrap address \"h:0\" from MASTER_ADDR/MASTER_PORT: port 0 (the other ranks could not know which port the root got)"
+        );
+        assert_eq!(
+            err(LaunchFlags { bootstrap: Some("::1:5".into()), ..flags(0, 2) }, &[]),
+            "bad bootstrap address \"::1:5\" from --bootstrap: IPv6 hosts need brackets, e.g. [::1]:29500"
+        );
+        assert_eq!(
+            err(LaunchFlags { bootstrap: Some("h:1".into()), ..LaunchFlags::default() }, &[]),
+            "--bootstrap or --secret given, but no rank and world size (flags or launcher)"
+        );
+    }
+
+    #[test]
+    fn secret_hex_round_trip_and_redacted_debug() {
+        let s = Secret::from_hex(&HEX.to_uppercase()).unwrap();
+        assert_eq!(s.as_bytes()[..3], [0x00, 0x11, 0x22]);
+        assert_eq!(s.to_hex(), HEX);
+        assert_eq!(format!("{s:?}"), "Secret(<redacted>)");
+        let launch = Launch { rank: 0, world_size: 1, root: DEFAULT_ROOT.into(), secret: s, source: "t" };
+        assert!(!format!("{launch:?}").contains("112233"));
+        let a = Secret::random().unwrap();
+        assert_ne!(a, Secret::random().unwrap());
+        assert_eq!(Secret::from_hex(&a.to_hex()).unwrap(), a);
+    }
+
+    #[test]
+    fn derived_secret_is_pinned_and_separates_sessions() {
+        // Pinned (and checked against an independent Python FNV-1a + splitmix64): ranks built by different
+        // compilers must agree.
+        assert_eq!(Secret::derived("127.0.0.1:29500", 2).to_hex(), "8b43e880204b53a5c62f2eab8a11bb02");
+        let a = Secret::derived("127.0.0.1:29500", 2);
+        assert_eq!(a, Secret::derived("127.0.0.1:29500", 2));
+        assert_ne!(a, Secret::derived("127.0.0.1:29501", 2));
+        assert_ne!(a, Secret::derived("127.0.0.1:29500", 3));
+        assert_ne!(a, Secret::derived("localhost:29500", 2));
+    }
+}

@@ -1,0 +1,517 @@
+//! A joined session: the collectives, and the reader threads that fill each rank's mailbox.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::BufReader;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytemuck::Pod;
+
+use super::wire::{self, one_line, Fields, Kind, WireError, MAX_FRAME};
+use crate::{Error, Result};
+
+/// The ranks of one session, connected as a TCP star through the root (rank 0), as MSCCL++'s
+/// `TcpBootstrap` and NCCL's bootstrap ring are for exchanging connection info before the data path
+/// exists. Built by [`Bootstrap::connect`] (or [`Bootstrap::root_on`]); it moves bytes only: QP and MR info
+/// ([`QpInfo`](super::QpInfo), [`MrInfo`](super::MrInfo)) go through [`all_gather_pod`](Self::all_gather_pod)
+/// or [`send_pod`](Self::send_pod).
+///
+/// # Threading
+/// Each rank runs one reader thread per connection (the root: one per other rank; the others: one, to the
+/// root). A reader moves every arriving frame into the rank's mailbox, so a sender never waits for the
+/// receiver to call [`recv`](Self::recv). The root's readers relay point-to-point frames to their
+/// destination themselves, whatever the root's own thread is doing. Calls wait on the mailbox for at most
+/// [`timeout`](Self::timeout); writes use it as the socket write timeout. [`send`](Self::send) and
+/// [`recv`](Self::recv) may be called from several threads at once; collectives
+/// ([`all_gather`](Self::all_gather), [`barrier`](Self::barrier)) must be called in the same order on every
+/// rank, from one thread at a time, as MPI's and NCCL's are.
+///
+/// # Failures
+/// When a rank's connection breaks (its process died, or it dropped its `Bootstrap`), the root tells every
+/// other rank, and every pending or later call fails with an error naming that rank (messages that arrived
+/// before are still delivered). The same happens to everyone when the root goes away, and when one of the
+/// root's collectives fails. After an error, drop the bootstrap. Dropping it shuts its sockets down and
+/// joins its readers.
+pub struct Bootstrap {
+    pub(super) rank: u32,
+    pub(super) world_size: u32,
+    pub(super) timeout: Duration,
+    /// Number of the next collective (all the ranks count the same way, since they call them in order).
+    pub(super) next_seq: AtomicU64,
+    pub(super) shared: Arc<Shared>,
+    pub(super) readers: Vec<JoinHandle<()>>,
+}
+
+/// What a rank's reader threads and its calls share.
+pub(super) struct Shared {
+    pub(super) rank: u32,
+    /// The root's address, for messages.
+    pub(super) root: String,
+    /// The root: `links[r]` is the connection to rank `r` (`None` at 0). Other ranks: `links[0]` is the
+    /// connection to the root and the rest are `None`. Its length is the world size.
+    pub(super) links: Vec<Option<Link>>,
+    pub(super) mailbox: Mutex<Mailbox>,
+    pub(super) arrived: Condvar,
+    /// Set by drop, so that readers that see their socket shut down leave quietly.
+    pub(super) closing: AtomicBool,
+}
+
+/// One TCP connection of the star.
+pub(super) struct Link {
+    /// Writers take the lock for a whole frame, so that frames never interleave.
+    pub(super) writer: Mutex<TcpStream>,
+    /// Another handle on the socket, to shut it down without waiting for a writer.
+    pub(super) closer: TcpStream,
+}
+
+/// Frames that arrived and were not asked for yet.
+#[derive(Default)]
+pub(super) struct Mailbox {
+    /// Root only: contributions to all-gathers, by (sequence number, rank).
+    gathers: HashMap<(u64, u32), Vec<u8>>,
+    /// Non-root only: results of all-gathers, by sequence number.
+    gathered: HashMap<u64, Vec<Vec<u8>>>,
+    /// Point-to-point messages, by (source rank, tag), oldest first.
+    p2p: HashMap<(u32, u32), VecDeque<Vec<u8>>>,
+    /// Why the session is broken (the first cause), once it is.
+    broken: Option<String>,
+}
+
+enum WaitError {
+    TimedOut,
+    Broken(String),
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere while holding the lock leaves plain data behind; keep serving it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    fn world_size(&self) -> u32 {
+        self.links.len() as u32
+    }
+
+    /// Waits until `take` finds what it needs in the mailbox, the session breaks, or `deadline` passes.
+    fn wait<T>(&self, deadline: Instant, mut take: impl FnMut(&mut Mailbox) -> Option<T>) -> Result<T, WaitError> {
+        let mut mb = lock(&self.mailbox);
+        loop {
+            // What already arrived is delivered even after the session broke.
+            if let Some(v) = take(&mut mb) {
+                return Ok(v);
+            }
+            if let Some(why) = &mb.broken {
+                return Err(WaitError::Broken(why.clone()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(WaitError::TimedOut);
+            }
+            mb = self.arrived.wait_timeout(mb, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    fn broken(&self) -> Option<String> {
+        lock(&self.mailbox).broken.clone()
+    }
+
+    fn deliver(&self, src: u32, tag: u32, data: Vec<u8>) {
+        lock(&self.mailbox).p2p.entry((src, tag)).or_default().push_back(data);
+        self.arrived.notify_all();
+    }
+
+    /// Marks the session broken (keeping the first cause) and wakes every waiting call. Returns whether this
+    /// was the first cause.
+    fn break_session(&self, why: String) -> bool {
+        let first = {
+            let mut mb = lock(&self.mailbox);
+            let first = mb.broken.is_none();
+            if first {
+                mb.broken = Some(why);
+            }
+            first
+        };
+        self.arrived.notify_all();
+        first
+    }
+
+    /// Writes one frame on the connection to `rank` (for a non-root: only 0 exists).
+    fn write(&self, rank: u32, kind: Kind, parts: &[&[u8]]) -> Result<(), String> {
+        let link = self.links.get(rank as usize).and_then(Option::as_ref);
+        let link = link.ok_or_else(|| format!("no connection to rank {rank}"))?;
+        wire::write_frame(&mut *lock(&link.writer), kind, parts).map_err(|e| e.to_string())
+    }
+
+    /// Root: breaks the session and tells every other rank why (once, for the first cause), skipping `skip`.
+    fn abort(&self, why: String, skip: Option<u32>) {
+        if !self.break_session(why.clone()) {
+            return;
+        }
+        for rank in (1..self.world_size()).filter(|&r| Some(r) != skip) {
+            // Best effort: a rank we cannot tell learns from its own broken connection instead.
+            let _ = self.write(rank, Kind::Abort, &[why.as_bytes()]);
+        }
+    }
+
+    /// Root: the connection to `peer` is gone or unusable.
+    fn peer_lost(&self, peer: u32, why: String, clean: bool) {
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        if clean {
+            tracing::debug!("gdaki bootstrap root {}: {why}", self.root);
+        } else {
+            tracing::warn!("gdaki bootstrap root {}: {why}", self.root);
+        }
+        if let Some(link) = self.links.get(peer as usize).and_then(Option::as_ref) {
+            let _ = link.closer.shutdown(Shutdown::Both);
+        }
+        self.abort(why, Some(peer));
+    }
+
+    /// Root: one frame from rank `peer`.
+    fn on_peer_frame(&self, peer: u32, kind: Kind, payload: Vec<u8>) -> Result<(), String> {
+        match kind {
+            Kind::Gather => {
+                let mut f = Fields(&payload);
+                let seq = f.u64("sequence number")?;
+                let data = f.rest().to_vec();
+                if lock(&self.mailbox).gathers.insert((seq, peer), data).is_some() {
+                    return Err(format!("two contributions to all_gather #{seq}"));
+                }
+                self.arrived.notify_all();
+            }
+            Kind::P2p => {
+                let mut f = Fields(&payload);
+                let (src, dst, tag) = (f.u32("source")?, f.u32("destination")?, f.u32("tag")?);
+                if src != peer {
+                    return Err(format!("a message claims to come from rank {src}"));
+                }
+                if dst >= self.world_size() {
+                    return Err(format!("a message to rank {dst}, out of range for world size {}", self.world_size()));
+                }
+                if dst == 0 {
+                    self.deliver(src, tag, f.rest().to_vec());
+                } else if let Err(e) = self.write(dst, Kind::P2p, &[&payload]) {
+                    self.peer_lost(dst, format!("rank {dst}: relaying a message from rank {peer} failed: {e}"), false);
+                }
+            }
+            other => return Err(format!("unexpected {other:?} frame")),
+        }
+        Ok(())
+    }
+
+    /// Non-root: one frame from the root.
+    fn on_root_frame(&self, kind: Kind, payload: &[u8]) -> Result<(), String> {
+        let mut f = Fields(payload);
+        match kind {
+            Kind::Gathered => {
+                let seq = f.u64("sequence number")?;
+                let mut parts = Vec::with_capacity(self.world_size() as usize);
+                for rank in 0..self.world_size() {
+                    let len = f.u32("part length")? as usize;
+                    parts.push(f.bytes(len, &format!("part of rank {rank}"))?.to_vec());
+                }
+                if !f.rest().is_empty() {
+                    return Err(format!("all_gather #{seq} result has trailing bytes"));
+                }
+                lock(&self.mailbox).gathered.insert(seq, parts);
+                self.arrived.notify_all();
+            }
+            Kind::P2p => {
+                let (src, dst, tag) = (f.u32("source")?, f.u32("destination")?, f.u32("tag")?);
+                if dst != self.rank || src >= self.world_size() {
+                    return Err(format!("a message from rank {src} to rank {dst} reached rank {}", self.rank));
+                }
+                self.deliver(src, tag, f.rest().to_vec());
+            }
+            Kind::Abort => {
+                self.break_session(format!("{} (reported by the root at {})", one_line(payload), self.root));
+            }
+            other => return Err(format!("unexpected {other:?} frame")),
+        }
+        Ok(())
+    }
+}
+
+/// Root's reader for rank `peer`.
+pub(super) fn serve_peer(shared: Arc<Shared>, peer: u32, stream: TcpStream) {
+    let mut reader = BufReader::new(stream);
+    let (why, clean) = loop {
+        match wire::read_frame(&mut reader, MAX_FRAME) {
+            Ok((kind, payload)) => {
+                if let Err(e) = shared.on_peer_frame(peer, kind, payload) {
+                    break (format!("rank {peer} broke the protocol: {e}"), false);
+                }
+            }
+            Err(WireError::Closed) => break (format!("rank {peer} closed its connection"), true),
+            Err(e) => break (format!("rank {peer}: connection failed: {e}"), false),
+        }
+    };
+    shared.peer_lost(peer, why, clean);
+}
+
+/// A non-root rank's reader for its connection to the root.
+pub(super) fn serve_root(shared: Arc<Shared>, stream: TcpStream) {
+    let mut reader = BufReader::new(stream);
+    let root = &shared.root;
+    let why = loop {
+        match wire::read_frame(&mut reader, MAX_FRAME) {
+            Ok((kind, payload)) => {
+                if let Err(e) = shared.on_root_frame(kind, &payload) {
+                    break format!("the root (rank 0) at {root} broke the protocol: {e}");
+                }
+            }
+            Err(WireError::Closed) => break format!("the root (rank 0) at {root} closed the connection"),
+            Err(e) => break format!("the connection to the root (rank 0) at {root} failed: {e}"),
+        }
+    };
+    if !shared.closing.load(Ordering::Acquire) {
+        shared.break_session(why);
+    }
+}
+
+impl Bootstrap {
+    /// This process's rank, `0..world_size()`; 0 is the root.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of ranks in the session.
+    pub fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    /// The root's address, `HOST:PORT`.
+    pub fn root(&self) -> &str {
+        &self.shared.root
+    }
+
+    /// How long one call waits (for the other ranks, or to write to a socket) before it fails.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sets [`timeout`](Self::timeout) for later calls (initially the one given to `connect`; durations under
+    /// 1 ms count as 1 ms).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        for link in self.shared.links.iter().flatten() {
+            let _ = lock(&link.writer).set_write_timeout(Some(self.timeout));
+        }
+    }
+
+    fn err(&self, what: &str, why: impl std::fmt::Display) -> Error {
+        Error::Bootstrap(format!("rank {}: {what}: {why}", self.rank))
+    }
+
+    fn check_peer(&self, peer: u32, what: &str) -> Result<()> {
+        if peer >= self.world_size {
+            return Err(self.err(what, format!("rank {peer} is out of range for world size {}", self.world_size)));
+        }
+        Ok(())
+    }
+
+    fn check_unbroken(&self, what: &str) -> Result<()> {
+        match self.shared.broken() {
+            Some(why) => Err(self.err(what, why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Every rank contributes `mine`; every rank gets all contributions, indexed by rank (as
+    /// `MPI_Allgatherv` / MSCCL++'s `Bootstrap::allGather`, with sizes that may differ per rank). The root
+    /// collects the contributions and sends the result back; the sum of all contributions plus 4 bytes per
+    /// rank and 12 bytes must fit [`MAX_FRAME`].
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] when the session is broken (naming the rank at fault), when it takes longer than
+    /// [`timeout`](Self::timeout) (the root names the ranks it waited for), or when the result is too large.
+    pub fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let what = format!("all_gather #{seq}");
+        self.check_unbroken(&what)?;
+        let deadline = Instant::now() + self.timeout;
+        let n = self.world_size;
+        if n == 1 {
+            return Ok(vec![mine.to_vec()]);
+        }
+        if self.rank != 0 {
+            let root = &self.shared.root;
+            self.shared
+                .write(0, Kind::Gather, &[&seq.to_le_bytes(), mine])
+                .map_err(|e| self.err(&what, format!("sending to the root at {root}: {e}")))?;
+            let parts = self.shared.wait(deadline, |mb| mb.gathered.remove(&seq)).map_err(|e| match e {
+                WaitError::TimedOut => self.err(
+                    &what,
+                    format!("timed out after {:?} waiting for the root at {root} to gather every rank", self.timeout),
+                ),
+                WaitError::Broken(why) => self.err(&what, why),
+            })?;
+            // The root echoes our own part: a mismatch means the ranks called collectives in different orders.
+            if parts.get(self.rank as usize).map(Vec::as_slice) != Some(mine) {
+                return Err(self.err(
+                    &what,
+                    "the root's result holds other bytes for this rank (collectives called in different orders?)",
+                ));
+            }
+            return Ok(parts);
+        }
+
+        let mut missing = Vec::new();
+        let others = self.shared.wait(deadline, |mb| {
+            missing = (1..n).filter(|&r| !mb.gathers.contains_key(&(seq, r))).collect();
+            if !missing.is_empty() {
+                return None;
+            }
+            Some((1..n).map(|r| mb.gathers.remove(&(seq, r)).unwrap_or_default()).collect::<Vec<_>>())
+        });
+        let others = match others {
+            Ok(others) => others,
+            Err(WaitError::Broken(why)) => return Err(self.err(&what, why)),
+            Err(WaitError::TimedOut) => {
+                let why = format!("timed out after {:?} waiting for ranks {missing:?}", self.timeout);
+                self.shared.abort(format!("rank 0: {what}: {why}"), None);
+                return Err(self.err(&what, why));
+            }
+        };
+        let mut parts = Vec::with_capacity(n as usize);
+        parts.push(mine.to_vec());
+        parts.extend(others);
+        let mut payload = Vec::with_capacity(8 + parts.iter().map(|p| 4 + p.len()).sum::<usize>());
+        payload.extend_from_slice(&seq.to_le_bytes());
+        for p in &parts {
+            payload.extend_from_slice(&(p.len() as u32).to_le_bytes());
+            payload.extend_from_slice(p);
+        }
+        for rank in 1..n {
+            if let Err(e) = self.shared.write(rank, Kind::Gathered, &[&payload]) {
+                let why = format!("sending the result to rank {rank} failed: {e}");
+                self.shared.abort(format!("rank 0: {what}: {why}"), None);
+                return Err(self.err(&what, why));
+            }
+        }
+        Ok(parts)
+    }
+
+    /// Returns once every rank has called it (as `MPI_Barrier` / MSCCL++'s `Bootstrap::barrier`): an
+    /// [`all_gather`](Self::all_gather) of nothing.
+    ///
+    /// # Errors
+    /// As [`all_gather`](Self::all_gather).
+    pub fn barrier(&self) -> Result<()> {
+        self.all_gather(&[]).map(drop)
+    }
+
+    /// Sends `data` to rank `peer` with `tag`, relayed by the root (as MSCCL++'s `Bootstrap::send`). Returns
+    /// once the frame is written to the socket, without waiting for `peer` to receive it. Messages from one
+    /// rank with one tag arrive in order. Sending to oneself is allowed.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] when `peer` is out of range, the frame exceeds [`MAX_FRAME`] (`data` plus
+    /// 16 bytes), the session is broken, or the write fails or takes longer than [`timeout`](Self::timeout).
+    pub fn send(&self, peer: u32, tag: u32, data: &[u8]) -> Result<()> {
+        let what = format!("send to rank {peer} tag {tag}");
+        self.check_peer(peer, &what)?;
+        self.check_unbroken(&what)?;
+        if peer == self.rank {
+            self.shared.deliver(peer, tag, data.to_vec());
+            return Ok(());
+        }
+        let via = if self.rank == 0 { peer } else { 0 };
+        let header = [self.rank.to_le_bytes(), peer.to_le_bytes(), tag.to_le_bytes()].concat();
+        self.shared.write(via, Kind::P2p, &[&header, data]).map_err(|e| match via {
+            0 => self.err(&what, format!("via the root at {}: {e}", self.shared.root)),
+            _ => self.err(&what, e),
+        })
+    }
+
+    /// Receives the oldest message from rank `peer` with `tag` (as MSCCL++'s `Bootstrap::recv`). Messages
+    /// with other tags, or from other ranks, stay queued for their own `recv`.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] naming `peer` and `tag` when no such message arrives within
+    /// [`timeout`](Self::timeout), when the session breaks first (naming the rank at fault), or when `peer`
+    /// is out of range.
+    pub fn recv(&self, peer: u32, tag: u32) -> Result<Vec<u8>> {
+        let what = format!("recv from rank {peer} tag {tag}");
+        self.check_peer(peer, &what)?;
+        let deadline = Instant::now() + self.timeout;
+        self.shared
+            .wait(deadline, |mb| {
+                let queue = mb.p2p.get_mut(&(peer, tag))?;
+                let msg = queue.pop_front();
+                if queue.is_empty() {
+                    mb.p2p.remove(&(peer, tag));
+                }
+                msg
+            })
+            .map_err(|e| match e {
+                WaitError::TimedOut => self.err(&what, format!("timed out after {:?}", self.timeout)),
+                WaitError::Broken(why) => self.err(&what, why),
+            })
+    }
+
+    /// [`all_gather`](Self::all_gather) of one plain-old-data value per rank (e.g. [`QpInfo`](super::QpInfo)).
+    ///
+    /// # Errors
+    /// As [`all_gather`](Self::all_gather), and when a rank contributed a different number of bytes than
+    /// `size_of::<T>()`.
+    pub fn all_gather_pod<T: Pod>(&self, mine: &T) -> Result<Vec<T>> {
+        let parts = self.all_gather(bytemuck::bytes_of(mine))?;
+        parts.iter().enumerate().map(|(rank, p)| self.pod(p, rank as u32, "all_gather_pod")).collect()
+    }
+
+    /// [`send`](Self::send) of one plain-old-data value.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub fn send_pod<T: Pod>(&self, peer: u32, tag: u32, value: &T) -> Result<()> {
+        self.send(peer, tag, bytemuck::bytes_of(value))
+    }
+
+    /// [`recv`](Self::recv) of one plain-old-data value.
+    ///
+    /// # Errors
+    /// As [`recv`](Self::recv), and when the message is not `size_of::<T>()` bytes long.
+    pub fn recv_pod<T: Pod>(&self, peer: u32, tag: u32) -> Result<T> {
+        let bytes = self.recv(peer, tag)?;
+        self.pod(&bytes, peer, &format!("recv_pod tag {tag}"))
+    }
+
+    fn pod<T: Pod>(&self, bytes: &[u8], from: u32, what: &str) -> Result<T> {
+        if bytes.len() != size_of::<T>() {
+            let ty = std::any::type_name::<T>();
+            let got = bytes.len();
+            return Err(self.err(what, format!("rank {from} sent {got} bytes, expected {} for {ty}", size_of::<T>())));
+        }
+        Ok(bytemuck::pod_read_unaligned(bytes))
+    }
+}
+
+impl Drop for Bootstrap {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+        // Shutting a socket down wakes its reader (the read returns 0) and tells the peer we left.
+        for link in self.shared.links.iter().flatten() {
+            let _ = link.closer.shutdown(Shutdown::Both);
+        }
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Bootstrap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bootstrap")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("root", &self.shared.root)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,508 @@
+//! The bootstrap over real loopback TCP, with threads as ranks. Every session binds port 0 through
+//! `Bootstrap::root_on`, so tests run in parallel without port clashes.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags, MrInfo, QpInfo, Secret, MAX_FRAME};
+use gdaki::Error;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A listener on a free loopback port, and the launch of every rank of a session rooted there.
+fn session(world_size: u32) -> (TcpListener, Vec<Launch>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let root = listener.local_addr().unwrap().to_string();
+    let secret = Secret::random().unwrap();
+    let launches = (0..world_size).map(|rank| Launch { rank, world_size, root: root.clone(), secret, source: "test" });
+    (listener, launches.collect())
+}
+
+/// Runs `f` on every rank of a fresh session (one thread per rank) and returns the results by rank.
+fn run<T: Send>(world_size: u32, timeout: Duration, f: impl Fn(Bootstrap) -> T + Sync) -> Vec<T> {
+    let (listener, launches) = session(world_size);
+    let mut listener = Some(listener);
+    let f = &f;
+    thread::scope(|s| {
+        let handles: Vec<_> = launches
+            .iter()
+            .map(|launch| {
+                let listener = if launch.rank == 0 { listener.take() } else { None };
+                s.spawn(move || {
+                    let boot = match listener {
+                        Some(l) => Bootstrap::root_on(l, launch, timeout),
+                        None => Bootstrap::connect(launch, timeout),
+                    };
+                    f(boot.unwrap_or_else(|e| panic!("rank {}: {e}", launch.rank)))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn message(e: Error) -> String {
+    match e {
+        Error::Bootstrap(m) => m,
+        other => panic!("expected Error::Bootstrap, got {other:?}"),
+    }
+}
+
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    getrandom::fill(&mut v).unwrap();
+    v
+}
+
+/// Waits until the root has closed `stream` (read returns 0 or an error), which is how it drops a stray.
+fn assert_closed_by_root(mut stream: TcpStream) {
+    stream.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut buf = [0u8; 64];
+    match stream.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) => assert!(
+            !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            "the root kept a stray connection open"
+        ),
+        Ok(n) => panic!("the root answered a stray connection with {n} bytes: {:?}", &buf[..n]),
+    }
+}
+
+#[test]
+fn all_gather_four_ranks_random_payloads() {
+    let rounds: Vec<Vec<Vec<u8>>> =
+        (0..3).map(|round| (0..4).map(|rank| random_bytes(rank * 97 + round * 1000 + rank * rank)).collect()).collect();
+    assert_eq!(rounds[0][0].len(), 0);
+    let results = run(4, TIMEOUT, |b| {
+        assert_eq!((b.world_size(), b.timeout()), (4, TIMEOUT));
+        rounds.iter().map(|round| b.all_gather(&round[b.rank() as usize]).unwrap()).collect::<Vec<_>>()
+    });
+    for got in results {
+        assert_eq!(got, rounds);
+    }
+}
+
+#[test]
+fn all_gather_pod_exchanges_qp_and_mr_info() {
+    let results = run(3, TIMEOUT, |b| {
+        let r = b.rank();
+        let qp =
+            QpInfo { nic: 100 + r as u64, qpn: 0x1000 + r, psn: 0xabc000 + r, sq_addr: 1 << 40, cq_addr: r as u64 };
+        let qps = b.all_gather_pod(&qp).unwrap();
+        let mr = MrInfo { addr: 0x7f00_0000_0000 + r as u64 * 4096, len: 4096, rkey: 0x55 + r, reserved: 0 };
+        // Ring: send my MR to the next rank, receive the previous rank's.
+        b.send_pod((r + 1) % 3, 7, &mr).unwrap();
+        let prev: MrInfo = b.recv_pod((r + 2) % 3, 7).unwrap();
+        // Wrong size: a QpInfo where an MrInfo is expected.
+        b.send_pod(r, 8, &qp).unwrap();
+        let wrong = message(b.recv_pod::<MrInfo>(r, 8).unwrap_err());
+        (qps, prev, wrong)
+    });
+    for (r, (qps, prev, wrong)) in results.into_iter().enumerate() {
+        let qpns: Vec<u32> = qps.iter().map(|q| q.qpn).collect();
+        assert_eq!(qpns, [0x1000, 0x1001, 0x1002]);
+        assert_eq!(qps[2], QpInfo { nic: 102, qpn: 0x1002, psn: 0xabc002, sq_addr: 1 << 40, cq_addr: 2 });
+        let p = (r as u32 + 2) % 3;
+        assert_eq!(prev, MrInfo { addr: 0x7f00_0000_0000 + p as u64 * 4096, len: 4096, rkey: 0x55 + p, reserved: 0 });
+        assert_eq!(
+            wrong,
+            format!("rank {r}: recv_pod tag 8: rank {r} sent 32 bytes, expected 24 for gdaki::bootstrap::info::MrInfo")
+        );
+    }
+}
+
+#[test]
+fn barrier_waits_for_every_rank() {
+    let before = AtomicU32::new(0);
+    let seen = run(3, TIMEOUT, |b| {
+        let mut seen = Vec::new();
+        for round in 1..=3u32 {
+            if b.rank() == 2 {
+                // The last rank comes late: nobody may leave the barrier before it arrives.
+                thread::sleep(Duration::from_millis(100));
+            }
+            before.fetch_add(1, Ordering::SeqCst);
+            b.barrier().unwrap();
+            // The second barrier keeps everyone from starting the next round before this check.
+            seen.push(before.load(Ordering::SeqCst) == 3 * round);
+            b.barrier().unwrap();
+        }
+        seen
+    });
+    assert_eq!(seen, vec![vec![true; 3]; 3]);
+}
+
+#[test]
+fn send_recv_keeps_other_tags_for_later() {
+    let got = run(3, TIMEOUT, |b| match b.rank() {
+        // B sends tag 2 then tag 1, before A asks.
+        2 => {
+            b.send(1, 2, b"two").unwrap();
+            b.send(1, 1, b"one").unwrap();
+            b.send(1, 2, b"two again").unwrap();
+            b.send(0, 5, b"to the root").unwrap();
+            b.barrier().unwrap();
+            vec![b.recv(0, 9).unwrap()]
+        }
+        1 => {
+            thread::sleep(Duration::from_millis(100));
+            let one = b.recv(2, 1).unwrap();
+            let two = b.recv(2, 2).unwrap();
+            let again = b.recv(2, 2).unwrap();
+            b.send(1, 3, b"self").unwrap();
+            let own = b.recv(1, 3).unwrap();
+            b.barrier().unwrap();
+            vec![one, two, again, own]
+        }
+        _ => {
+            let m = b.recv(2, 5).unwrap();
+            b.barrier().unwrap();
+            b.send(2, 9, b"from the root").unwrap();
+            vec![m]
+        }
+    });
+    assert_eq!(got[0], [b"to the root".to_vec()]);
+    assert_eq!(got[1], [b"one".to_vec(), b"two".to_vec(), b"two again".to_vec(), b"self".to_vec()]);
+    assert_eq!(got[2], [b"from the root".to_vec()]);
+}
+
+#[test]
+fn recv_times_out_naming_peer_and_tag() {
+    let errs = run(2, Duration::from_millis(300), |b| {
+        let t = Instant::now();
+        let e = message(b.recv(1 - b.rank(), 42).unwrap_err());
+        let elapsed = t.elapsed();
+        b.barrier().unwrap();
+        (e, elapsed)
+    });
+    for (r, (e, elapsed)) in errs.into_iter().enumerate() {
+        assert_eq!(e, format!("rank {r}: recv from rank {} tag 42: timed out after 300ms", 1 - r));
+        assert!(elapsed >= Duration::from_millis(290) && elapsed < Duration::from_secs(2), "{elapsed:?}");
+    }
+}
+
+#[test]
+fn out_of_range_peer_and_oversized_send_are_errors() {
+    let errs = run(2, TIMEOUT, |b| {
+        let e1 = message(b.send(2, 0, b"x").unwrap_err());
+        let e2 = message(b.recv(7, 0).unwrap_err());
+        let e3 = message(b.send(1 - b.rank(), 0, &vec![0u8; MAX_FRAME as usize]).unwrap_err());
+        b.barrier().unwrap();
+        [e1, e2, e3]
+    });
+    assert_eq!(errs[1][0], "rank 1: send to rank 2 tag 0: rank 2 is out of range for world size 2");
+    assert_eq!(errs[0][1], "rank 0: recv from rank 7 tag 0: rank 7 is out of range for world size 2");
+    assert_eq!(
+        errs[0][2],
+        "rank 0: send to rank 1 tag 0: frame of 16777232 bytes exceeds the limit of 16777216 bytes (MAX_FRAME)"
+    );
+    assert!(errs[1][2].starts_with("rank 1: send to rank 0 tag 0: via the root at 127.0.0.1:"), "{}", errs[1][2]);
+    assert!(errs[1][2].ends_with(": frame of 16777232 bytes exceeds the limit of 16777216 bytes (MAX_FRAME)"));
+}
+
+#[test]
+fn world_of_one_needs_no_socket() {
+    let launch =
+        Launch { rank: 0, world_size: 1, root: "127.0.0.1:1".into(), secret: Secret::random().unwrap(), source: "t" };
+    let b = Bootstrap::connect(&launch, Duration::from_millis(100)).unwrap();
+    assert_eq!(b.all_gather(b"solo").unwrap(), [b"solo".to_vec()]);
+    b.barrier().unwrap();
+    b.send(0, 1, b"me").unwrap();
+    assert_eq!(b.recv(0, 1).unwrap(), b"me");
+}
+
+/// Starts the root and rank 1 of a two-rank session after `intrude` has had its way with the root; returns
+/// what `intrude` returned. The real session must then complete an all_gather.
+fn survives<T>(intrude: impl FnOnce(&Launch) -> T) -> T {
+    let (listener, launches) = session(2);
+    thread::scope(|s| {
+        let root = s.spawn(|| {
+            let b = Bootstrap::root_on(listener, &launches[0], TIMEOUT).unwrap();
+            b.all_gather(b"root").unwrap()
+        });
+        let out = intrude(&launches[1]);
+        let b = Bootstrap::connect(&launches[1], TIMEOUT).unwrap();
+        let expect = vec![b"root".to_vec(), b"one".to_vec()];
+        assert_eq!(b.all_gather(b"one").unwrap(), expect);
+        assert_eq!(root.join().unwrap(), expect);
+        out
+    })
+}
+
+#[test]
+fn wrong_secret_is_rejected_and_the_session_completes() {
+    let (e, root) = survives(|real| {
+        let intruder = Launch { secret: Secret::random().unwrap(), ..real.clone() };
+        (message(Bootstrap::connect(&intruder, TIMEOUT).unwrap_err()), real.root.clone())
+    });
+    assert_eq!(
+        e,
+        format!(
+            "rank 1: rejected by root {root}: wrong session secret (give every rank the same --secret/GDAKI_SECRET, \
+             or the same --bootstrap spelling when none is given)"
+        )
+    );
+}
+
+#[test]
+fn wrong_world_size_and_rank_zero_are_rejected() {
+    let (e1, e2) = survives(|real| {
+        let bigger = Launch { world_size: 3, ..real.clone() };
+        let e1 = message(Bootstrap::connect(&bigger, TIMEOUT).unwrap_err());
+        // A process claiming rank 0 (connect would make it listen instead): its hello, by hand.
+        let mut s = TcpStream::connect(&real.root).unwrap();
+        s.write_all(&hello_frame(1, real.secret.as_bytes(), 0, 2)).unwrap();
+        (e1, read_reject(s))
+    });
+    assert!(e1.ends_with(": rank 1 says world size 3, the root's is 2"), "{e1}");
+    assert!(e1.starts_with("rank 1: rejected by root 127.0.0.1:"), "{e1}");
+    assert_eq!(e2, "rank 0 is the root; another process claims it");
+}
+
+fn hello_frame(version: u32, secret: &[u8; 16], rank: u32, world_size: u32) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&40u32.to_le_bytes());
+    f.extend_from_slice(&1u32.to_le_bytes());
+    f.extend_from_slice(b"GDAKIBS1");
+    f.extend_from_slice(&version.to_le_bytes());
+    f.extend_from_slice(secret);
+    f.extend_from_slice(&rank.to_le_bytes());
+    f.extend_from_slice(&world_size.to_le_bytes());
+    f
+}
+
+/// Reads the root's reject frame by hand (the wire format is part of the contract) and returns its reason.
+fn read_reject(mut s: TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    assert!(reply.len() >= 8, "{reply:?}");
+    let len = u32::from_le_bytes(reply[0..4].try_into().unwrap()) as usize;
+    assert_eq!(len + 4, reply.len(), "one frame, then the root closes");
+    assert_eq!(u32::from_le_bytes(reply[4..8].try_into().unwrap()), 3, "kind Reject");
+    String::from_utf8(reply[8..].to_vec()).unwrap()
+}
+
+#[test]
+fn other_protocol_version_gets_a_readable_reject() {
+    let reason = survives(|real| {
+        let mut s = TcpStream::connect(&real.root).unwrap();
+        s.write_all(&hello_frame(2, real.secret.as_bytes(), 1, 2)).unwrap();
+        read_reject(s)
+    });
+    assert_eq!(reason, "protocol version 2, the root speaks version 1");
+}
+
+#[test]
+fn malformed_hello_is_dropped_and_the_session_completes() {
+    survives(|real| {
+        // Right length and kind, wrong magic.
+        let mut s = TcpStream::connect(&real.root).unwrap();
+        let mut frame = hello_frame(1, real.secret.as_bytes(), 1, 2);
+        frame[8..16].copy_from_slice(b"NOTGDAKI");
+        s.write_all(&frame).unwrap();
+        assert_closed_by_root(s);
+        // Random garbage, then a truncated frame, then a connection that says nothing and stays open (it must
+        // not delay the real rank; the root drops it after its hello timeout).
+        let mut g = TcpStream::connect(&real.root).unwrap();
+        g.write_all(&random_bytes(100)).unwrap();
+        assert_closed_by_root(g);
+        let mut t = TcpStream::connect(&real.root).unwrap();
+        t.write_all(&frame[..20]).unwrap();
+        t.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_closed_by_root(t);
+        TcpStream::connect(&real.root).unwrap()
+    });
+}
+
+#[test]
+fn oversized_length_prefix_is_dropped_and_the_session_completes() {
+    survives(|real| {
+        let mut s = TcpStream::connect(&real.root).unwrap();
+        s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        s.write_all(&1u32.to_le_bytes()).unwrap();
+        assert_closed_by_root(s);
+    });
+}
+
+#[test]
+fn duplicate_rank_is_rejected() {
+    let (listener, launches) = session(3);
+    let launches = &launches;
+    thread::scope(|s| {
+        let root = s.spawn(|| Bootstrap::root_on(listener, &launches[0], TIMEOUT).unwrap().all_gather(b"0").unwrap());
+        // Two processes claim rank 1: the one whose hello comes second is rejected (and returns at once);
+        // the other waits until rank 2 joins.
+        let (tx, rx) = mpsc::channel();
+        let ones: Vec<_> = (0..2)
+            .map(|_| {
+                let tx = tx.clone();
+                s.spawn(move || {
+                    let r = Bootstrap::connect(&launches[1], TIMEOUT);
+                    let failed = r.is_err();
+                    tx.send(()).unwrap();
+                    let r = r.map(|b| b.all_gather(b"1").unwrap());
+                    (failed, r)
+                })
+            })
+            .collect();
+        rx.recv_timeout(TIMEOUT).expect("one of the two rank-1 processes is rejected before rank 2 starts");
+        let two = s.spawn(|| Bootstrap::connect(&launches[2], TIMEOUT).unwrap().all_gather(b"2").unwrap());
+        let expect = vec![b"0".to_vec(), b"1".to_vec(), b"2".to_vec()];
+        let mut outcomes: Vec<_> = ones.into_iter().map(|h| h.join().unwrap().1).collect();
+        outcomes.sort_by_key(|r| r.is_ok());
+        let err = message(outcomes.remove(0).unwrap_err());
+        assert_eq!(err, format!("rank 1: rejected by root {}: rank 1 already joined", launches[0].root));
+        assert_eq!(outcomes.remove(0).unwrap(), expect);
+        assert_eq!(two.join().unwrap(), expect);
+        assert_eq!(root.join().unwrap(), expect);
+    });
+}
+
+#[test]
+fn rank_out_of_range_is_rejected_by_resolve_and_connect() {
+    let flags = LaunchFlags { rank: Some(4), world_size: Some(4), ..LaunchFlags::default() };
+    let e = message(Launch::resolve(flags, |_| None).unwrap_err());
+    assert_eq!(e, "rank 4 is out of range for world size 4 (from flags)");
+    let env = |k: &str| match k {
+        "SLURM_PROCID" => Some("9".to_string()),
+        "SLURM_NTASKS" => Some("2".to_string()),
+        _ => None,
+    };
+    let e = message(Launch::resolve(LaunchFlags::default(), env).unwrap_err());
+    assert_eq!(e, "rank 9 is out of range for world size 2 (from srun)");
+    let (_listener, launches) = session(2);
+    let bad = Launch { rank: 2, ..launches[1].clone() };
+    let e = message(Bootstrap::connect(&bad, TIMEOUT).unwrap_err());
+    assert_eq!(e, "rank 2 is out of range for world size 2 (from test)");
+}
+
+#[test]
+fn rank_out_of_range_hello_is_rejected_by_the_root() {
+    let reason = survives(|real| {
+        let mut s = TcpStream::connect(&real.root).unwrap();
+        s.write_all(&hello_frame(1, real.secret.as_bytes(), 5, 2)).unwrap();
+        read_reject(s)
+    });
+    assert_eq!(reason, "rank 5 is out of range for world size 2");
+}
+
+#[test]
+fn root_times_out_listing_the_missing_rank() {
+    let timeout = Duration::from_millis(500);
+    let (listener, launches) = session(3);
+    thread::scope(|s| {
+        let root = s.spawn(|| {
+            let t = Instant::now();
+            (Bootstrap::root_on(listener, &launches[0], timeout).map(drop), t.elapsed())
+        });
+        // A longer timeout than the root's, so that the root's reject (not rank 1's own timeout) ends it.
+        let one = s.spawn(|| {
+            let t = Instant::now();
+            (Bootstrap::connect(&launches[1], 4 * timeout).map(drop), t.elapsed())
+        });
+        let (r0, t0) = root.join().unwrap();
+        let (r1, t1) = one.join().unwrap();
+        let addr = &launches[0].root;
+        let why = format!("timed out after 500ms waiting for ranks [2] to join root {addr}");
+        assert_eq!(message(r0.unwrap_err()), format!("rank 0: {why}"));
+        assert_eq!(message(r1.unwrap_err()), format!("rank 1: rejected by root {addr}: {why}"));
+        assert!(t0 >= timeout && t0 < 3 * timeout, "root returned after {t0:?}");
+        assert!(t1 < 3 * timeout, "rank 1 returned after {t1:?}");
+    });
+}
+
+#[test]
+fn non_root_times_out_when_no_root_listens() {
+    let (listener, launches) = session(2);
+    drop(listener);
+    let t = Instant::now();
+    let e = message(Bootstrap::connect(&launches[1], Duration::from_millis(300)).unwrap_err());
+    assert!(t.elapsed() < Duration::from_millis(900), "{:?}", t.elapsed());
+    let prefix = format!("rank 1: cannot reach the root at {} within 300ms: ", launches[1].root);
+    assert!(e.starts_with(&prefix) && e.contains("refused"), "{e}");
+}
+
+#[test]
+fn dead_peer_fails_pending_and_later_calls_naming_it() {
+    let timeout = Duration::from_secs(5);
+    let results = run(3, timeout, |b| {
+        b.barrier().unwrap();
+        if b.rank() == 2 {
+            // Leave mid-session, as a process that died would (the kernel closes its sockets).
+            thread::sleep(Duration::from_millis(100));
+            drop(b);
+            return None;
+        }
+        let t = Instant::now();
+        let pending = message(b.recv(2, 9).unwrap_err());
+        let elapsed = t.elapsed();
+        let later = message(b.barrier().unwrap_err());
+        let send = message(b.send(2, 1, b"x").unwrap_err());
+        Some((pending, elapsed, later, send))
+    });
+    let (pending, elapsed, later, send) = results[1].clone().unwrap();
+    let root = results[0].clone().unwrap();
+    assert!(elapsed < timeout / 2, "the loss was noticed only after {elapsed:?}");
+    assert!(root.1 < timeout / 2, "the root noticed the loss only after {:?}", root.1);
+    assert_eq!(root.0, "rank 0: recv from rank 2 tag 9: rank 2 closed its connection");
+    assert_eq!(root.2, "rank 0: all_gather #1: rank 2 closed its connection");
+    assert_eq!(root.3, "rank 0: send to rank 2 tag 1: rank 2 closed its connection");
+    assert!(
+        pending.starts_with(
+            "rank 1: recv from rank 2 tag 9: rank 2 closed its connection (reported by the root at 127.0.0.1:"
+        ),
+        "{pending}"
+    );
+    assert!(later.starts_with("rank 1: all_gather #1: rank 2 closed its connection"), "{later}");
+    assert!(send.starts_with("rank 1: send to rank 2 tag 1: rank 2 closed its connection"), "{send}");
+    assert!(results[2].is_none());
+}
+
+#[test]
+fn dead_root_fails_the_others_naming_rank_zero() {
+    let timeout = Duration::from_secs(5);
+    let results = run(3, timeout, |b| {
+        b.barrier().unwrap();
+        if b.rank() == 0 {
+            thread::sleep(Duration::from_millis(100));
+            let root = b.root().to_string();
+            drop(b);
+            return root;
+        }
+        let t = Instant::now();
+        let e = message(b.recv(0, 1).unwrap_err());
+        assert!(t.elapsed() < timeout / 2, "{:?}", t.elapsed());
+        e
+    });
+    for r in 1..3 {
+        assert_eq!(
+            results[r],
+            format!("rank {r}: recv from rank 0 tag 1: the root (rank 0) at {} closed the connection", results[0])
+        );
+    }
+}
+
+#[test]
+fn messages_that_arrived_before_a_loss_are_still_delivered() {
+    let got = run(2, TIMEOUT, |b| {
+        if b.rank() == 1 {
+            b.send(0, 3, b"last words").unwrap();
+            b.barrier().unwrap();
+            return None;
+        }
+        b.barrier().unwrap();
+        // Rank 1 is gone (or going) by now; its message is here.
+        thread::sleep(Duration::from_millis(100));
+        let msg = b.recv(1, 3).unwrap();
+        let e = message(b.recv(1, 3).unwrap_err());
+        Some((msg, e))
+    });
+    let (msg, e) = got[0].clone().unwrap();
+    assert_eq!(msg, b"last words");
+    assert_eq!(e, "rank 0: recv from rank 1 tag 3: rank 1 closed its connection");
+}
