@@ -1,17 +1,20 @@
-//! Host side of the ping-pong (the `pingpong` example and the GPU tests): two ranks in one process on one
-//! emulated NIC, one RC QP each, connected to each other; the rank loop is `gdaki_device::pingpong::run`, on
-//! GPU CTAs or host threads.
+//! Host side of the ping-pong (the `pingpong` example and the GPU tests): two ranks, one RC QP each, connected
+//! to each other; the rank loop is `gdaki_device::pingpong::run`, on GPU CTAs or host threads.
+//!
+//! Either both ranks live in this process, on one emulated NIC ([`PingPong::new`]), or this process is one
+//! rank and its peer another process or host, reached over the emulated NIC's wire ([`PingPong::new_rank`]);
+//! the two exchange their QP and MR info through a bootstrap and synchronize before each run.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use gdaki_device::pingpong::{PingPongArgs, Solo};
-use gdaki_shared::handle::{ErrorReport, QpHandle};
+use gdaki_shared::handle::{ErrorReport, QpHandle, RemoteMr};
 
 use crate::cuda::{DeviceBuffer, KernelArg, LaunchConfig};
 use crate::exec::{DataBuf, Executor};
 use crate::mem::{MappedBuf, MemKind, MemLoc};
-use crate::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp};
+use crate::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Mr, Pd, Qp, WireConfig, ENDPOINT_BYTES};
 use crate::{Error, Result};
 
 /// SQ size of each rank's QP, WQEBBs.
@@ -53,6 +56,11 @@ pub struct RunResult {
 
 /// One rank's resources. Field order is drop order: MRs before the QP and the buffers they cover.
 struct Rank {
+    /// 0 or 1.
+    id: u32,
+    /// The peer's receive buffer and semaphore.
+    peer_recv: RemoteMr,
+    peer_sem: RemoteMr,
     send_mr: Mr,
     recv_mr: Mr,
     sem_mr: Mr,
@@ -63,12 +71,117 @@ struct Rank {
     _recv: DataBuf,
 }
 
-/// Two connected ranks, ready to run ping-pongs of up to `max_size` bytes.
+impl Rank {
+    /// Creates the rank's CQ and QP in `pd` and registers its buffers (`buf_len` bytes each) and its control
+    /// words (slot `slot` of `ctrl`). Not connected yet.
+    fn new(
+        nic: &Arc<EmuNic>,
+        pd: &Pd,
+        exec: &Executor,
+        id: u32,
+        buf_len: usize,
+        ctrl: &MappedBuf,
+        slot: usize,
+    ) -> Result<Self> {
+        let cq = nic.create_cq(WQE_CNT)?;
+        let qp = nic.create_qp(pd, &cq, WQE_CNT)?;
+        let send = exec.alloc_data(buf_len)?;
+        let recv = exec.alloc_data(buf_len)?;
+        let word =
+            |off: usize| MemLoc { kind: MemKind::Host, addr: ctrl.device_addr() + (slot * CTRL_STRIDE + off) as u64 };
+        // SAFETY: every registered range is owned by the `PingPong` (buffers, `ctrl`) and outlives the MRs,
+        // which are dropped first (field order of `Rank` and `PingPong`).
+        let (send_mr, recv_mr, sem_mr, scratch_mr) = unsafe {
+            (
+                nic.reg_mr(pd, send.loc(), buf_len as u64, Access::LOCAL_WRITE)?,
+                nic.reg_mr(pd, recv.loc(), buf_len as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
+                nic.reg_mr(pd, word(SEM), 8, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC)?,
+                nic.reg_mr(pd, word(SCRATCH), 8, Access::LOCAL_WRITE)?,
+            )
+        };
+        let none = RemoteMr::default();
+        Ok(Rank {
+            id,
+            peer_recv: none,
+            peer_sem: none,
+            send_mr,
+            recv_mr,
+            sem_mr,
+            scratch_mr,
+            qp,
+            _cq: cq,
+            send,
+            _recv: recv,
+        })
+    }
+
+    /// What the peer needs: the QP's endpoint, the receive buffer and the semaphore.
+    fn info(&self) -> PeerInfo {
+        PeerInfo { endpoint: self.qp.endpoint(), recv: self.recv_mr.remote(), sem: self.sem_mr.remote() }
+    }
+
+    /// Connects to the peer described by `p`.
+    fn connect(&mut self, p: &PeerInfo) -> Result<()> {
+        self.qp.connect(&p.endpoint)?;
+        self.peer_recv = p.recv;
+        self.peer_sem = p.sem;
+        Ok(())
+    }
+}
+
+/// A rank's QP and MR info as the other rank needs it, and its byte form for a bootstrap exchange.
+struct PeerInfo {
+    endpoint: Endpoint,
+    recv: RemoteMr,
+    sem: RemoteMr,
+}
+
+/// Bytes of [`PeerInfo::to_bytes`]: magic, endpoint, two `RemoteMr`s.
+const INFO_BYTES: usize = 8 + ENDPOINT_BYTES + 2 * std::mem::size_of::<RemoteMr>();
+/// "GDKPPNG1": tells a ping-pong peer's info from other bytes on the same bootstrap.
+const INFO_MAGIC: u64 = 0x4744_4b50_504e_4731;
+
+impl PeerInfo {
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(INFO_BYTES);
+        b.extend_from_slice(&INFO_MAGIC.to_le_bytes());
+        b.extend_from_slice(&self.endpoint.to_bytes());
+        b.extend_from_slice(bytemuck::bytes_of(&self.recv));
+        b.extend_from_slice(bytemuck::bytes_of(&self.sem));
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> Result<Self> {
+        let bad = |what: &str| Error::InvalidArgument(format!("ping-pong peer info: {what}"));
+        if b.len() != INFO_BYTES || b[..8] != INFO_MAGIC.to_le_bytes() {
+            return Err(bad(&format!(
+                "{} bytes without the ping-pong magic (is the peer a pingpong of this version?)",
+                b.len()
+            )));
+        }
+        let e = 8 + ENDPOINT_BYTES;
+        let r = std::mem::size_of::<RemoteMr>();
+        Ok(Self {
+            endpoint: Endpoint::from_bytes(&b[8..e])?,
+            recv: bytemuck::pod_read_unaligned(&b[e..e + r]),
+            sem: bytemuck::pod_read_unaligned(&b[e + r..e + 2 * r]),
+        })
+    }
+}
+
+/// How a rank of a two-process ping-pong swaps bytes with its peer (a bootstrap's all-gather, or a pipe in
+/// tests): called with this rank's bytes, returns the peer's. Also the barrier before each run.
+pub type Exchange = Box<dyn FnMut(&[u8]) -> Result<Vec<u8>> + Send>;
+
+/// Connected ranks, ready to run ping-pongs of up to `max_size` bytes: both ranks, or this process's one.
 pub struct PingPong {
     exec: Executor,
     nic: Arc<EmuNic>,
-    _pd: [Pd; 2],
-    ranks: [Rank; 2],
+    _pd: Vec<Pd>,
+    /// The ranks that run here (slot `i` of the control buffer is `ranks[i]`).
+    ranks: Vec<Rank>,
+    /// For a rank whose peer is in another process: the exchange with it.
+    exchange: Option<Exchange>,
     /// Control words of both ranks, in queue memory (host memory device code reaches).
     ctrl: MappedBuf,
     /// Per-iteration times written by rank 0, in queue memory.
@@ -89,56 +202,102 @@ impl PingPong {
     /// # Errors
     /// Allocation, registration or CUDA errors; [`Error::InvalidArgument`] for a zero size.
     pub fn new(exec: Executor, max_size: usize, max_iters: usize) -> Result<Self> {
+        let (buf_len, times_len) = Self::lengths(max_size, max_iters)?;
+        let queue_mem = exec.queue_memory();
+        let nic = EmuNic::open(EmuConfig { queue_mem: queue_mem.clone(), gpu: exec.gpu_copier()?, wire: None })?;
+        let ctrl = queue_mem.alloc(2 * CTRL_STRIDE)?;
+        let times = queue_mem.alloc(times_len)?;
+        let pds = vec![nic.alloc_pd()?, nic.alloc_pd()?];
+        let mut ranks = vec![
+            Rank::new(&nic, &pds[0], &exec, 0, buf_len, &ctrl, 0)?,
+            Rank::new(&nic, &pds[1], &exec, 1, buf_len, &ctrl, 1)?,
+        ];
+        let (i0, i1) = (ranks[0].info(), ranks[1].info());
+        ranks[0].connect(&i1)?;
+        ranks[1].connect(&i0)?;
+        let gpu_state = Self::handles(&exec, &ranks, &ctrl)?;
+        Ok(Self { exec, nic, _pd: pds, ranks, exchange: None, ctrl, times, max_iters, gpu_state, failed: false })
+    }
+
+    /// One rank (`rank` 0 or 1) of a ping-pong whose other rank is another process, possibly on another host:
+    /// opens an emulated NIC with `wire`, creates this rank's QP and buffers, swaps QP and MR info with the
+    /// peer through `exchange`, and connects. Rank 0 measures; both check every payload they receive.
+    ///
+    /// # Errors
+    /// As [`PingPong::new`]; [`Error::InvalidArgument`] for a rank other than 0 or 1 or peer info that is not a
+    /// ping-pong's; the exchange's error; [`Error::Emu`] when the wire cannot listen.
+    pub fn new_rank(
+        exec: Executor,
+        rank: u32,
+        max_size: usize,
+        max_iters: usize,
+        wire: WireConfig,
+        mut exchange: Exchange,
+    ) -> Result<Self> {
+        if rank > 1 {
+            return Err(Error::InvalidArgument(format!("ping-pong rank {rank}: must be 0 or 1")));
+        }
+        let (buf_len, times_len) = Self::lengths(max_size, max_iters)?;
+        let queue_mem = exec.queue_memory();
+        let cfg = EmuConfig { queue_mem: queue_mem.clone(), gpu: exec.gpu_copier()?, wire: Some(wire) };
+        let nic = EmuNic::open(cfg)?;
+        let ctrl = queue_mem.alloc(CTRL_STRIDE)?;
+        let times = queue_mem.alloc(times_len)?;
+        let pd = nic.alloc_pd()?;
+        let mut me = Rank::new(&nic, &pd, &exec, rank, buf_len, &ctrl, 0)?;
+        let peer = PeerInfo::from_bytes(&exchange(&me.info().to_bytes())?)?;
+        if peer.recv.length < buf_len as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "the peer's receive buffer holds {} bytes, this rank sends up to {buf_len}: run both with the same sizes",
+                peer.recv.length
+            )));
+        }
+        me.connect(&peer)?;
+        let ranks = vec![me];
+        let gpu_state = Self::handles(&exec, &ranks, &ctrl)?;
+        Ok(Self {
+            exec,
+            nic,
+            _pd: vec![pd],
+            ranks,
+            exchange: Some(exchange),
+            ctrl,
+            times,
+            max_iters,
+            gpu_state,
+            failed: false,
+        })
+    }
+
+    /// Buffer bytes (`max_size` rounded up to 8) and bytes of the times array.
+    fn lengths(max_size: usize, max_iters: usize) -> Result<(usize, usize)> {
         let too_large = || Error::InvalidArgument(format!("ping-pong of {max_size} bytes × {max_iters} iterations"));
         if max_size == 0 || max_iters == 0 {
             return Err(Error::InvalidArgument("ping-pong size and iterations must be at least 1".into()));
         }
         let buf_len = max_size.checked_next_multiple_of(8).ok_or_else(too_large)?;
         let times_len = max_iters.checked_mul(8).ok_or_else(too_large)?;
-        let queue_mem = exec.queue_memory();
-        let nic = EmuNic::open(EmuConfig { queue_mem: queue_mem.clone(), gpu: exec.gpu_copier()?, wire: None })?;
-        let ctrl = queue_mem.alloc(2 * CTRL_STRIDE)?;
-        let times = queue_mem.alloc(times_len)?;
-        let pds = [nic.alloc_pd()?, nic.alloc_pd()?];
-        let mut ranks = Vec::with_capacity(2);
-        for (r, pd) in pds.iter().enumerate() {
-            let cq = nic.create_cq(WQE_CNT)?;
-            let qp = nic.create_qp(pd, &cq, WQE_CNT)?;
-            let send = exec.alloc_data(buf_len)?;
-            let recv = exec.alloc_data(buf_len)?;
-            let word =
-                |off: usize| MemLoc { kind: MemKind::Host, addr: ctrl.device_addr() + (r * CTRL_STRIDE + off) as u64 };
-            // SAFETY: every registered range is owned by `PingPong` (buffers, `ctrl`) and outlives the MRs,
-            // which are dropped first (field order of `Rank` and `PingPong`).
-            let (send_mr, recv_mr, sem_mr, scratch_mr) = unsafe {
-                (
-                    nic.reg_mr(pd, send.loc(), buf_len as u64, Access::LOCAL_WRITE)?,
-                    nic.reg_mr(pd, recv.loc(), buf_len as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
-                    nic.reg_mr(pd, word(SEM), 8, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC)?,
-                    nic.reg_mr(pd, word(SCRATCH), 8, Access::LOCAL_WRITE)?,
-                )
-            };
-            ranks.push(Rank { send_mr, recv_mr, sem_mr, scratch_mr, qp, _cq: cq, send, _recv: recv });
-        }
-        let ranks: [Rank; 2] = ranks.try_into().map_err(|_| Error::Emu("two ranks".into()))?;
-        ranks[0].qp.connect(&ranks[1].qp.endpoint())?;
-        ranks[1].qp.connect(&ranks[0].qp.endpoint())?;
-        let handles = [ranks[0].qp.handle(), ranks[1].qp.handle()];
-        let gpu_state = match &exec {
+        Ok((buf_len, times_len))
+    }
+
+    /// Puts the ranks' QP handles where device code reads and updates them: GPU memory for the `gpu` executor
+    /// (returned), the control buffer for `cpu`.
+    fn handles(exec: &Executor, ranks: &[Rank], ctrl: &MappedBuf) -> Result<Option<DeviceBuffer>> {
+        let handles: Vec<QpHandle> = ranks.iter().map(|r| r.qp.handle()).collect();
+        match exec {
             Executor::Gpu(g) => {
                 let b = g.alloc_device(GPU_ARGS + 2 * std::mem::size_of::<PingPongArgs>())?;
                 b.copy_from_host(0, bytemuck::cast_slice(&handles))?;
-                Some(b)
+                Ok(Some(b))
             }
             Executor::Cpu => {
                 for (r, h) in handles.iter().enumerate() {
-                    // SAFETY: `ctrl` is ours; the handle slot is 8-aligned and 96 of the 128 bytes left.
+                    // SAFETY: `ctrl` has a slot per rank; the handle slot is 8-aligned and 96 of the 128 bytes left.
                     unsafe { (ctrl.host_ptr().add(r * CTRL_STRIDE + QP_HANDLE) as *mut QpHandle).write(*h) };
                 }
-                None
+                Ok(None)
             }
-        };
-        Ok(Self { exec, nic, _pd: pds, ranks, ctrl, times, max_iters, gpu_state, failed: false })
+        }
     }
 
     /// The emulated NIC (for its statistics).
@@ -151,32 +310,39 @@ impl PingPong {
         unsafe { self.ctrl.host_ptr().add(rank * CTRL_STRIDE + off) }
     }
 
-    fn args(&self, cfg: &RunConfig) -> [PingPongArgs; 2] {
+    /// The device arguments of each rank here (index = control-buffer slot).
+    fn args(&self, cfg: &RunConfig) -> Vec<PingPongArgs> {
         let ctrl_addr = |r: usize, off: usize| self.ctrl.device_addr() + (r * CTRL_STRIDE + off) as u64;
         let qp_addr = |r: usize| match &self.gpu_state {
             Some(b) => b.device_addr() + (r * std::mem::size_of::<QpHandle>()) as u64,
             None => ctrl_addr(r, QP_HANDLE),
         };
-        std::array::from_fn(|r| {
-            let (me, peer) = (&self.ranks[r], &self.ranks[r ^ 1]);
-            PingPongArgs {
-                qp: qp_addr(r),
+        self.ranks
+            .iter()
+            .enumerate()
+            .map(|(slot, me)| PingPongArgs {
+                qp: qp_addr(slot),
                 send: me.send_mr.handle(),
                 recv: me.recv_mr.handle(),
                 scratch: me.scratch_mr.handle(),
-                peer_recv: peer.recv_mr.remote(),
-                peer_sem: peer.sem_mr.remote(),
-                sem: ctrl_addr(r, SEM),
-                times: if r == 0 { self.times.device_addr() } else { 0 },
-                report: ctrl_addr(r, REPORT),
-                checked: ctrl_addr(r, CHECKED),
+                peer_recv: me.peer_recv,
+                peer_sem: me.peer_sem,
+                sem: ctrl_addr(slot, SEM),
+                times: if me.id == 0 { self.times.device_addr() } else { 0 },
+                report: ctrl_addr(slot, REPORT),
+                checked: ctrl_addr(slot, CHECKED),
                 size: cfg.size as u64,
                 seed: cfg.seed,
                 timeout_ns: cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
                 iters: cfg.warmup + cfg.iters,
-                rank: r as u32,
-            }
-        })
+                rank: me.id,
+            })
+            .collect()
+    }
+
+    /// The ranks that run in this process (0 and 1, or this process's one).
+    pub fn local_ranks(&self) -> Vec<u32> {
+        self.ranks.iter().map(|r| r.id).collect()
     }
 
     /// Runs `cfg.warmup + cfg.iters` round trips and returns the measured ones.
@@ -199,7 +365,7 @@ impl PingPong {
                 self.max_iters
             )));
         }
-        for r in 0..2 {
+        for r in 0..self.ranks.len() {
             // SAFETY: no device code runs between runs; the words are ours and aligned.
             unsafe {
                 (self.ctrl_ptr(r, SEM) as *mut u64).write_volatile(0);
@@ -209,6 +375,18 @@ impl PingPong {
         }
         // Cleared only when the run ends without error (a CUDA error returns early, too).
         self.failed = true;
+        if let Some(x) = self.exchange.as_mut() {
+            // Both processes have reset their semaphores before either rank sends: a ping must not be wiped out
+            // by the peer's reset. The bytes also check that both run the same configuration.
+            let mine = format!("run {} {} {} {}", cfg.size, cfg.warmup, cfg.iters, cfg.seed);
+            let theirs = x(mine.as_bytes())?;
+            if theirs != mine.as_bytes() {
+                return Err(Error::InvalidArgument(format!(
+                    "the peer runs `{}`, this rank `{mine}` (size, warmup, iters, seed): give both the same flags",
+                    String::from_utf8_lossy(&theirs)
+                )));
+            }
+        }
         let args = self.args(cfg);
         match (&self.exec, &self.gpu_state) {
             (Executor::Gpu(g), Some(state)) => {
@@ -216,11 +394,11 @@ impl PingPong {
                 let kernel = g.kernel(crate::ptx::PTX, "gdaki_pingpong")?;
                 let stream = g.new_stream()?;
                 // SAFETY: the argument blocks are in GPU memory and name live buffers, handles and control
-                // words owned by `self`; 2 CTAs keep both ranks resident at once.
+                // words owned by `self`; one CTA per local rank keeps both ranks resident at once.
                 unsafe {
                     kernel.launch(
                         &stream,
-                        &LaunchConfig::linear(2, CTA_THREADS),
+                        &LaunchConfig::linear(args.len() as u32, CTA_THREADS),
                         &[KernelArg::U64(state.device_addr() + GPU_ARGS as u64)],
                     )?
                 };
@@ -229,15 +407,15 @@ impl PingPong {
             }
             _ => std::thread::scope(|s| {
                 for a in &args {
-                    // SAFETY: `a` names live buffers, handles and control words owned by `self`; the two ranks
-                    // run on two threads at once.
+                    // SAFETY: `a` names live buffers, handles and control words owned by `self`; the ranks here
+                    // run on threads of their own at once (the peer of a single rank runs in its process).
                     s.spawn(move || unsafe { gdaki_device::pingpong::run(&Solo, a) });
                 }
             }),
         }
         let mut errors = Vec::new();
         let mut checked = 0;
-        for r in 0..2 {
+        for r in 0..self.ranks.len() {
             // SAFETY: the device code has finished; the words are ours and aligned.
             let (report, n) = unsafe {
                 (
@@ -247,8 +425,10 @@ impl PingPong {
             };
             checked += n;
             match gdaki_device::Error::from_report(&report) {
-                Some(e) => errors.push(format!("rank {r}: {e}")),
-                None if report.kind != 0 => errors.push(format!("rank {r}: error report of unknown kind {report:?}")),
+                Some(e) => errors.push(format!("rank {}: {e}", self.ranks[r].id)),
+                None if report.kind != 0 => {
+                    errors.push(format!("rank {}: error report of unknown kind {report:?}", self.ranks[r].id))
+                }
                 None => {}
             }
         }
@@ -256,12 +436,16 @@ impl PingPong {
             return Err(Error::Device(format!("{} ({checked} payloads checked before)", errors.join("; "))));
         }
         self.failed = false;
+        if !self.ranks.iter().any(|r| r.id == 0) {
+            // Rank 0 measures, in its own process.
+            return Ok(RunResult { round_trip_ns: Vec::new(), checked });
+        }
         // SAFETY: rank 0 wrote `total` times; the device code has finished.
         let times = unsafe { std::slice::from_raw_parts(self.times.host_ptr() as *const u64, total) };
         Ok(RunResult { round_trip_ns: times[cfg.warmup as usize..].to_vec(), checked })
     }
 }
 
-/// Offset of the kernel arguments in the GPU state buffer (after two QP handles, 256-byte aligned).
+/// Offset of the kernel arguments in the GPU state buffer (after up to two QP handles, 256-byte aligned).
 const GPU_ARGS: usize = 256;
 const _: () = assert!(2 * std::mem::size_of::<QpHandle>() <= GPU_ARGS);

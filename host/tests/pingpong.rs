@@ -49,6 +49,82 @@ fn cpu_pingpong_checks_every_payload() {
     run_sizes(ExecutorKind::Cpu);
 }
 
+/// An exchange between two threads standing in for two processes: each call sends this rank's bytes and
+/// returns the peer's.
+fn thread_exchange() -> (gdaki::pingpong::Exchange, gdaki::pingpong::Exchange) {
+    let (tx0, rx1) = std::sync::mpsc::channel::<Vec<u8>>();
+    let (tx1, rx0) = std::sync::mpsc::channel::<Vec<u8>>();
+    let end =
+        |tx: std::sync::mpsc::Sender<Vec<u8>>, rx: std::sync::mpsc::Receiver<Vec<u8>>| -> gdaki::pingpong::Exchange {
+            Box::new(move |mine: &[u8]| {
+                tx.send(mine.to_vec()).map_err(|_| gdaki::Error::Bootstrap("peer gone".into()))?;
+                rx.recv_timeout(Duration::from_secs(10)).map_err(|e| gdaki::Error::Bootstrap(format!("peer: {e}")))
+            })
+        };
+    (end(tx0, rx0), end(tx1, rx1))
+}
+
+#[test]
+fn one_rank_per_nic_over_the_wire_checks_every_payload() {
+    let (iters, warmup) = (30u32, 3u32);
+    let mut rng = rng();
+    let seeds: Vec<u64> = SIZES.iter().map(|_| rng.random()).collect();
+    let (x0, x1) = thread_exchange();
+    let results: Vec<Vec<(Vec<u64>, u64)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = [(0u32, x0), (1, x1)]
+            .into_iter()
+            .map(|(rank, x)| {
+                let seeds = &seeds;
+                s.spawn(move || {
+                    let wire = gdaki::nic::emu::WireConfig::loopback();
+                    let mut pp = PingPong::new_rank(Executor::Cpu, rank, 1 << 20, (iters + warmup) as usize, wire, x)
+                        .expect("set up");
+                    assert_eq!(pp.local_ranks(), vec![rank]);
+                    SIZES
+                        .iter()
+                        .zip(seeds)
+                        .map(|(&size, &seed)| {
+                            let cfg = RunConfig { size, iters, warmup, seed, timeout: Duration::from_secs(5) };
+                            let r = pp.run(&cfg).unwrap_or_else(|e| panic!("rank {rank}, {size} bytes: {e}"));
+                            (r.round_trip_ns, r.checked)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    });
+    for (i, &size) in SIZES.iter().enumerate() {
+        let ((t0, c0), (t1, c1)) = (&results[0][i], &results[1][i]);
+        // Each rank checks one payload per round trip; only rank 0 measures.
+        assert_eq!((*c0, *c1), ((iters + warmup) as u64, (iters + warmup) as u64), "{size} bytes");
+        assert_eq!((t0.len(), t1.len()), (iters as usize, 0));
+        assert!(t0.iter().all(|&t| t > 0));
+    }
+}
+
+#[test]
+fn ranks_with_different_flags_refuse_to_run() {
+    let (x0, x1) = thread_exchange();
+    let errs: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = [(0u32, x0, 64usize), (1, x1, 128)]
+            .into_iter()
+            .map(|(rank, x, size)| {
+                s.spawn(move || {
+                    let wire = gdaki::nic::emu::WireConfig::loopback();
+                    let mut pp = PingPong::new_rank(Executor::Cpu, rank, 128, 10, wire, x).expect("set up");
+                    let cfg = RunConfig { size, iters: 5, warmup: 0, seed: 1, timeout: Duration::from_secs(2) };
+                    pp.run(&cfg).err().map(|e| e.to_string()).unwrap_or_default()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in errs {
+        assert!(e.contains("give both the same flags"), "{e}");
+    }
+}
+
 #[test]
 fn bad_run_arguments_are_errors() {
     let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).unwrap();
