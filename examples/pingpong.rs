@@ -4,12 +4,18 @@
 //! `N passed, M failed` over the checked payloads.
 //!
 //! `cargo run --release --example pingpong -- --executor cpu --iters 200 --size 4096`
+//!
+//! Two processes, one rank each, over the emulated NIC's wire (rank 0 prints the table):
+//! `pingpong --world-size 2 --rank 0 --bootstrap 127.0.0.1:29500` and the same with `--rank 1`; or under
+//! `mpirun -np 2`, `srun -n 2` or `torchrun --nproc-per-node 2` (rank and world size from their environment).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags};
 use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::nic::emu::WireConfig;
 use gdaki::perftest::LatencyRow;
 use gdaki::pingpong::{PingPong, RunConfig};
 
@@ -52,6 +58,23 @@ struct Args {
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Ranks of a multi-process run (2: one rank per process, over the emulated NIC's wire). Default: from
+    /// mpirun/srun/torchrun's environment, else both ranks in this process.
+    #[arg(long)]
+    world_size: Option<u32>,
+    /// This process's rank in a multi-process run.
+    #[arg(long)]
+    rank: Option<u32>,
+    /// Rank 0's bootstrap address HOST:PORT (default: GDAKI_BOOTSTRAP, MASTER_ADDR:MASTER_PORT, else
+    /// 127.0.0.1:29500). Rank 0 binds exactly this address.
+    #[arg(long)]
+    bootstrap: Option<String>,
+    /// Session secret, 32 hex digits (default: GDAKI_SECRET, else one derived from the bootstrap address).
+    #[arg(long)]
+    secret: Option<String>,
+    /// Address this rank's emulated NIC listens on for its peer (use a routable one across hosts).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    wire: std::net::SocketAddr,
 }
 
 fn parse_seed(s: &str) -> Result<u64, std::num::ParseIntError> {
@@ -104,6 +127,25 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let flags = LaunchFlags {
+        rank: args.rank,
+        world_size: args.world_size,
+        bootstrap: args.bootstrap.clone(),
+        secret: args.secret.clone(),
+    };
+    let launch = match Launch::resolve_from_process_env(flags) {
+        Ok(l) => l.filter(|l| l.world_size > 1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(l) = &launch {
+        if l.world_size != 2 {
+            eprintln!("error: ping-pong takes 2 ranks, the launch ({}) has {}", l.source, l.world_size);
+            return ExitCode::from(2);
+        }
+    }
     let (exec, notice) = match Executor::open(args.executor) {
         Ok(e) => e,
         Err(e) => {
@@ -120,9 +162,28 @@ fn main() -> ExitCode {
         vec![args.size as usize]
     };
     let warmup = args.warmup.unwrap_or((args.iters / 10).min(1000));
-    let seed = args.seed.unwrap_or_else(|| {
+    let mut seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
+    let timeout = Duration::from_millis(args.timeout_ms);
+    // A multi-process run: join the session first, and take rank 0's seed so that both check the same payloads.
+    let session = match &launch {
+        None => None,
+        Some(l) => {
+            let joined = Bootstrap::connect(l, timeout.max(Duration::from_secs(30)))
+                .and_then(|bs| Ok((bs.all_gather(&seed.to_le_bytes())?, bs)));
+            match joined {
+                Ok((seeds, bs)) => {
+                    seed = seeds[0].as_slice().try_into().map_or(seed, u64::from_le_bytes);
+                    Some((bs, l.rank))
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
     let device = match &exec {
         Executor::Cpu => format!("{} host threads", std::thread::available_parallelism().map_or(1, |n| n.get())),
         Executor::Gpu(g) => g.name().to_string(),
@@ -139,31 +200,44 @@ fn main() -> ExitCode {
         "gdaki pingpong ({}): executor {executor} ({device}), emulated mlx5 NIC, RC RDMA WRITE + ATOMIC fetch-add",
         env!("GDAKI_COMMIT")
     );
+    let layout = match &launch {
+        Some(l) => format!("rank {} of 2 in this process ({}), peer over the wire", l.rank, l.source),
+        None => "both ranks in this process".to_string(),
+    };
+    out!("{layout}");
     out!("seed {seed:#x}, {warmup} warm-up + {} measured round trips per size; times are full round trips", args.iters);
     let max = *sizes.iter().max().unwrap_or(&8);
     let total = (warmup + args.iters) as usize;
     let (mut rows, mut passed, mut failed) = (Vec::new(), 0u64, 0u64);
-    match PingPong::new(exec, max, total) {
+    let setup = match session {
+        None => PingPong::new(exec, max, total),
+        Some((bs, rank)) => {
+            let peer = (1 - rank) as usize;
+            let exchange = Box::new(move |mine: &[u8]| Ok(bs.all_gather(mine)?.swap_remove(peer)));
+            let wire = WireConfig { listen: args.wire, ..WireConfig::loopback() };
+            PingPong::new_rank(exec, rank, max, total, wire, exchange)
+        }
+    };
+    let measures = launch.as_ref().is_none_or(|l| l.rank == 0);
+    match setup {
         Err(e) => {
             eprintln!("error: {e}");
             failed += 1;
         }
         Ok(mut pp) => {
-            out!("{}", LatencyRow::header());
+            if measures {
+                out!("{}", LatencyRow::header());
+            }
             for &size in &sizes {
-                let cfg = RunConfig {
-                    size,
-                    iters: args.iters,
-                    warmup,
-                    seed: seed ^ size as u64,
-                    timeout: Duration::from_millis(args.timeout_ms),
-                };
+                let cfg = RunConfig { size, iters: args.iters, warmup, seed: seed ^ size as u64, timeout };
                 match pp.run(&cfg) {
                     Ok(r) => {
                         passed += r.checked;
                         if let Some(row) = LatencyRow::from_ns(size as u64, &r.round_trip_ns) {
                             out!("{}", row.line());
                             rows.push(row);
+                        } else if !measures {
+                            out!("{size:>10} bytes: {} payloads received and checked", r.checked);
                         }
                     }
                     Err(e) => {
