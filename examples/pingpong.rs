@@ -72,6 +72,9 @@ struct Args {
     /// Session secret, 32 hex digits (default: GDAKI_SECRET, else one derived from the bootstrap address).
     #[arg(long)]
     secret: Option<String>,
+    /// Run the sizes this many times (a soak), printing this process's memory after each pass.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    repeat: u32,
     /// Address this rank's emulated NIC listens on for its peer (use a routable one across hosts).
     #[arg(long, default_value = "127.0.0.1:0")]
     wire: std::net::SocketAddr,
@@ -115,6 +118,22 @@ struct Report<'a> {
     passed: u64,
     /// Sizes whose run failed.
     failed: u64,
+    /// With --repeat: this process's peak resident set (VmHWM, KiB) after each pass.
+    peak_rss_kib: &'a [u64],
+}
+
+/// This process's resident set and its peak so far (VmRSS, VmHWM from /proc/self/status), KiB; 0 where
+/// unknown.
+fn memory_kib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
 }
 
 fn main() -> ExitCode {
@@ -209,6 +228,7 @@ fn main() -> ExitCode {
     let max = *sizes.iter().max().unwrap_or(&8);
     let total = (warmup + args.iters) as usize;
     let (mut rows, mut passed, mut failed) = (Vec::new(), 0u64, 0u64);
+    let mut rss_kib = Vec::new();
     let setup = match session {
         None => PingPong::new(exec, max, total),
         Some((bs, rank)) => {
@@ -228,23 +248,35 @@ fn main() -> ExitCode {
             if measures {
                 out!("{}", LatencyRow::header());
             }
-            for &size in &sizes {
-                let cfg = RunConfig { size, iters: args.iters, warmup, seed: seed ^ size as u64, timeout };
-                match pp.run(&cfg) {
-                    Ok(r) => {
-                        passed += r.checked;
-                        if let Some(row) = LatencyRow::from_ns(size as u64, &r.round_trip_ns) {
-                            out!("{}", row.line());
-                            rows.push(row);
-                        } else if !measures {
-                            out!("{size:>10} bytes: {} payloads received and checked", r.checked);
+            'runs: for rep in 0..args.repeat {
+                for &size in &sizes {
+                    let seed = seed ^ size as u64 ^ (rep as u64) << 32;
+                    let cfg = RunConfig { size, iters: args.iters, warmup, seed, timeout };
+                    match pp.run(&cfg) {
+                        Ok(r) => {
+                            passed += r.checked;
+                            if let Some(row) = LatencyRow::from_ns(size as u64, &r.round_trip_ns) {
+                                out!("{}", row.line());
+                                rows.push(row);
+                            } else if !measures {
+                                out!("{size:>10} bytes: {} payloads received and checked", r.checked);
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("error at {size} bytes: {e}");
+                            failed += 1;
+                            break 'runs;
                         }
                     }
-                    Err(e) => {
-                        eprintln!("error at {size} bytes: {e}");
-                        failed += 1;
-                        break;
-                    }
+                }
+                if args.repeat > 1 {
+                    let (rss, hwm) = memory_kib();
+                    out!(
+                        "# after pass {} of {}: {passed} payloads checked, VmRSS {rss} KiB, VmHWM {hwm} KiB",
+                        rep + 1,
+                        args.repeat
+                    );
+                    rss_kib.push(hwm);
                 }
             }
         }
@@ -268,6 +300,7 @@ fn main() -> ExitCode {
             rows: &rows,
             passed,
             failed,
+            peak_rss_kib: &rss_kib,
         };
         let written = serde_json::to_writer_pretty(std::io::BufWriter::new(file), &report);
         if let Err(e) = written {
