@@ -129,7 +129,7 @@ impl Mailbox {
 }
 
 /// Reads one frame body into `buf`, refusing a length outside `HEADER..=MAX_FRAME` before allocating.
-fn read_frame(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
+fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<()> {
     let mut len = [0u8; 4];
     stream.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
@@ -148,8 +148,10 @@ fn send_packet(stream: &mut TcpStream, p: &Packet<'_>) -> io::Result<()> {
 
 /// Hands every frame of an up link to the executor until the connection ends; then reports the link down
 /// unless the QP was destroyed.
-fn read_loop(mut stream: TcpStream, link: Arc<Link>, mb: Mailbox) {
+fn read_loop(stream: TcpStream, link: Arc<Link>, mb: Mailbox) {
     let qpn = link.local.qpn;
+    // Buffered: a burst of small frames (doorbell batches, ACKs) costs one read, not two per frame.
+    let mut stream = io::BufReader::with_capacity(1 << 16, stream);
     let reason = loop {
         let mut body = Vec::new();
         match read_frame(&mut stream, &mut body) {

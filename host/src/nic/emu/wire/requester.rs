@@ -105,6 +105,7 @@ impl WireSq {
 
     /// Writes the outbox if the link is up; a failed write takes the link down.
     pub(crate) fn flush(&mut self) -> Result<(), String> {
+        self.resp.put_ack(&mut self.outbox);
         if self.outbox.is_empty() || !self.link.is_up() {
             return Ok(());
         }
@@ -282,14 +283,17 @@ fn waiting_for(ws: &mut WireSq, psn: u32) -> Option<&mut Pending> {
 fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Packet<'_>) -> Result<(), &'static str> {
     match p {
         Packet::Ack { psn } => {
-            // Cumulative: every WRITE up to `psn` (24-bit serial order) is placed.
+            // Cumulative: every WRITE up to `psn` (24-bit serial order) is placed. Requests left in PSN order, so
+            // the walk stops at the first one after `psn`.
             let mut hit = false;
             for q in ws.pending.iter_mut() {
-                if let (Some(s), State::Sent) = (q.psn, &q.state) {
-                    if psn.wrapping_sub(s) & PSN_MASK < (PSN_MASK + 1) / 2 {
-                        q.state = State::Done { byte_cnt: 0 };
-                        hit = true;
-                    }
+                let Some(s) = q.psn else { continue };
+                if psn.wrapping_sub(s) & PSN_MASK >= (PSN_MASK + 1) / 2 {
+                    break;
+                }
+                if matches!(q.state, State::Sent) {
+                    q.state = State::Done { byte_cnt: 0 };
+                    hit = true;
                 }
             }
             hit.then_some(()).ok_or("ACK of nothing outstanding")

@@ -26,11 +26,21 @@ pub(crate) struct RespState {
     expected: u32,
     /// A NAK was sent: later requests are ignored.
     broken: bool,
+    /// The last WRITE placed and not acknowledged yet: one cumulative ACK covers every WRITE of a batch of
+    /// inbound requests (InfiniBand's ACK coalescing).
+    ack_due: Option<u32>,
 }
 
 impl RespState {
     pub(crate) fn new(rq_psn: u32) -> Self {
-        Self { expected: rq_psn & PSN_MASK, broken: false }
+        Self { expected: rq_psn & PSN_MASK, broken: false, ack_due: None }
+    }
+
+    /// Encodes the due ACK, if any, into `out`: before any other response, and when the outbox is written.
+    pub(crate) fn put_ack(&mut self, out: &mut Vec<u8>) {
+        if let Some(psn) = self.ack_due.take() {
+            packet::encode(&Packet::Ack { psn }, out);
+        }
     }
 }
 
@@ -62,6 +72,7 @@ pub(crate) fn on_request(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut D
                 "emulated NIC: responder refused a request (NAK)"
             );
             ws.resp.broken = true;
+            ws.resp.put_ack(&mut ws.outbox);
             packet::encode(&Packet::Nak { psn, syndrome: f.syndrome, vendor: f.vendor }, &mut ws.outbox);
         }
     }
@@ -87,11 +98,12 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             if let Some(i) = imm {
                 push_resp_imm(fab, qp, dp, Be32::from_bits(i), total as u32)?;
             }
-            packet::encode(&Packet::Ack { psn }, &mut ws.outbox);
+            ws.resp.ack_due = Some(psn);
         }
         Packet::Read { psn, rkey, raddr, len } => {
             let mrs = read(&fab.mrs);
             let src = exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)?;
+            ws.resp.put_ack(&mut ws.outbox);
             let mut offset = 0;
             loop {
                 let n = (len - offset).min(MAX_CHUNK as u64) as usize;
@@ -116,6 +128,7 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             // SAFETY: a registered, 8-aligned 8-byte range; the MR read lock is held. `atomic` fences earlier
             // placements first.
             let old = unsafe { dp.atomic(word, op) }?;
+            ws.resp.put_ack(&mut ws.outbox);
             packet::encode(&Packet::AtomicResp { psn, old }, &mut ws.outbox);
         }
         _ => return Ok(false),
