@@ -100,6 +100,8 @@ fn all_gather_pod_exchanges_qp_and_mr_info() {
         // Wrong size: a QpInfo where an MrInfo is expected.
         b.send_pod(r, 8, &qp).unwrap();
         let wrong = message(b.recv_pod::<MrInfo>(r, 8).unwrap_err());
+        // The root relays: it must not leave before the others are done.
+        b.barrier().unwrap();
         (qps, prev, wrong)
     });
     for (r, (qps, prev, wrong)) in results.into_iter().enumerate() {
@@ -393,7 +395,7 @@ fn rank_out_of_range_hello_is_rejected_by_the_root() {
 
 #[test]
 fn root_times_out_listing_the_missing_rank() {
-    let timeout = Duration::from_millis(500);
+    let timeout = Duration::from_secs(1);
     let (listener, launches) = session(3);
     thread::scope(|s| {
         let root = s.spawn(|| {
@@ -408,7 +410,7 @@ fn root_times_out_listing_the_missing_rank() {
         let (r0, t0) = root.join().unwrap();
         let (r1, t1) = one.join().unwrap();
         let addr = &launches[0].root;
-        let why = format!("timed out after 500ms waiting for ranks [2] to join root {addr}");
+        let why = format!("timed out after 1s waiting for ranks [2] to join root {addr}");
         assert_eq!(message(r0.unwrap_err()), format!("rank 0: {why}"));
         assert_eq!(message(r1.unwrap_err()), format!("rank 1: rejected by root {addr}: {why}"));
         assert!(t0 >= timeout && t0 < 3 * timeout, "root returned after {t0:?}");
@@ -422,57 +424,122 @@ fn non_root_times_out_when_no_root_listens() {
     drop(listener);
     let t = Instant::now();
     let e = message(Bootstrap::connect(&launches[1], Duration::from_millis(300)).unwrap_err());
-    assert!(t.elapsed() < Duration::from_millis(900), "{:?}", t.elapsed());
+    // Bounded (generously: the machine may be busy), not hanging.
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     let prefix = format!("rank 1: cannot reach the root at {} within 300ms: ", launches[1].root);
     assert!(e.starts_with(&prefix) && e.contains("refused"), "{e}");
 }
 
 #[test]
-fn dead_peer_fails_pending_and_later_calls_naming_it() {
+fn departed_peer_fails_calls_involving_it_and_nothing_else() {
     let timeout = Duration::from_secs(5);
     let results = run(3, timeout, |b| {
         b.barrier().unwrap();
         if b.rank() == 2 {
-            // Leave mid-session, as a process that died would (the kernel closes its sockets).
+            b.send(1, 4, b"before leaving").unwrap();
             thread::sleep(Duration::from_millis(100));
             drop(b);
             return None;
         }
         let t = Instant::now();
+        let queued = b.recv(2, 4);
         let pending = message(b.recv(2, 9).unwrap_err());
         let elapsed = t.elapsed();
-        let later = message(b.barrier().unwrap_err());
         let send = message(b.send(2, 1, b"x").unwrap_err());
-        Some((pending, elapsed, later, send))
+        // Rank 0 and rank 1 still talk.
+        b.send(1 - b.rank(), 5, &[b.rank() as u8]).unwrap();
+        let other = b.recv(1 - b.rank(), 5).unwrap();
+        let collective = message(b.barrier().unwrap_err());
+        Some((queued.ok(), pending, elapsed, send, other, collective, b.root().to_string()))
     });
-    let (pending, elapsed, later, send) = results[1].clone().unwrap();
     let root = results[0].clone().unwrap();
-    assert!(elapsed < timeout / 2, "the loss was noticed only after {elapsed:?}");
-    assert!(root.1 < timeout / 2, "the root noticed the loss only after {:?}", root.1);
-    assert_eq!(root.0, "rank 0: recv from rank 2 tag 9: rank 2 closed its connection");
-    assert_eq!(root.2, "rank 0: all_gather #1: rank 2 closed its connection");
-    assert_eq!(root.3, "rank 0: send to rank 2 tag 1: rank 2 closed its connection");
-    assert!(
-        pending.starts_with(
-            "rank 1: recv from rank 2 tag 9: rank 2 closed its connection (reported by the root at 127.0.0.1:"
-        ),
-        "{pending}"
-    );
-    assert!(later.starts_with("rank 1: all_gather #1: rank 2 closed its connection"), "{later}");
-    assert!(send.starts_with("rank 1: send to rank 2 tag 1: rank 2 closed its connection"), "{send}");
+    let one = results[1].clone().unwrap();
     assert!(results[2].is_none());
+    assert!(root.2 < timeout / 2 && one.2 < timeout / 2, "the departure was noticed after {:?}, {:?}", root.2, one.2);
+    assert_eq!(root.0, None);
+    assert_eq!(one.0, Some(b"before leaving".to_vec()));
+    assert_eq!(root.1, "rank 0: recv from rank 2 tag 9: rank 2 left the session");
+    let by_root = format!("rank 2 left the session (reported by the root at {})", one.6);
+    assert_eq!(one.1, format!("rank 1: recv from rank 2 tag 9: {by_root}"));
+    assert_eq!(root.3, "rank 0: send to rank 2 tag 1: rank 2 left the session");
+    assert_eq!(one.3, format!("rank 1: send to rank 2 tag 1: {by_root}"));
+    assert_eq!((root.4, one.4), (vec![1], vec![0]));
+    assert_eq!(root.5, "rank 0: all_gather #1: rank 2 left the session");
+    assert!(one.5.starts_with("rank 1: all_gather #1: rank 0: all_gather #1: rank 2 left the session"), "{}", one.5);
+}
+
+/// Joins a session as `rank` by hand (hello, then the welcome, which comes once every rank joined).
+fn raw_rank(launch: &Launch) -> TcpStream {
+    let mut raw = TcpStream::connect(&launch.root).unwrap();
+    raw.write_all(&hello_frame(1, launch.secret.as_bytes(), launch.rank, launch.world_size)).unwrap();
+    let mut welcome = [0u8; 16];
+    raw.read_exact(&mut welcome).unwrap();
+    let mut expect = vec![12, 0, 0, 0, 2, 0, 0, 0];
+    expect.extend_from_slice(&launch.rank.to_le_bytes());
+    expect.extend_from_slice(&launch.world_size.to_le_bytes());
+    assert_eq!(welcome[..], expect[..], "Welcome {{ rank, world size }}");
+    raw
 }
 
 #[test]
-fn dead_root_fails_the_others_naming_rank_zero() {
+fn dead_peer_fails_pending_and_later_calls_naming_it() {
+    let timeout = Duration::from_secs(5);
+    let (listener, launches) = session(3);
+    let launches = &launches;
+    let root_addr = &launches[0].root;
+    thread::scope(|s| {
+        let ranks: Vec<_> = [Some(listener), None]
+            .into_iter()
+            .enumerate()
+            .map(|(rank, listener)| {
+                s.spawn(move || {
+                    let b = match listener {
+                        Some(l) => Bootstrap::root_on(l, &launches[0], timeout).unwrap(),
+                        None => Bootstrap::connect(&launches[rank], timeout).unwrap(),
+                    };
+                    let t = Instant::now();
+                    let pending = message(b.recv(2, 9).unwrap_err());
+                    let elapsed = t.elapsed();
+                    let later = message(b.barrier().unwrap_err());
+                    let send = message(b.send(1 - b.rank(), 1, b"x").unwrap_err());
+                    (pending, elapsed, later, send)
+                })
+            })
+            .collect();
+        // Rank 2 joins by hand, then its "process" dies: the connection ends without a goodbye.
+        let raw = raw_rank(&launches[2]);
+        thread::sleep(Duration::from_millis(100));
+        drop(raw);
+        let results: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        let died = "rank 2 closed its connection without leaving the session (did it die?)";
+        let reported = format!("{died} (reported by the root at {root_addr})");
+        for (rank, (pending, elapsed, later, send)) in results.into_iter().enumerate() {
+            assert!(elapsed < timeout / 2, "rank {rank} noticed the death after {elapsed:?}");
+            let why = if rank == 0 { died.to_string() } else { reported.clone() };
+            assert_eq!(pending, format!("rank {rank}: recv from rank 2 tag 9: {why}"));
+            assert_eq!(later, format!("rank {rank}: all_gather #0: {why}"));
+            assert_eq!(send, format!("rank {rank}: send to rank {} tag 1: {why}", 1 - rank));
+        }
+    });
+}
+
+#[test]
+fn root_leaving_fails_the_others_naming_rank_zero() {
     let timeout = Duration::from_secs(5);
     let results = run(3, timeout, |b| {
+        b.send(1, 1, b"queued").unwrap();
         b.barrier().unwrap();
         if b.rank() == 0 {
             thread::sleep(Duration::from_millis(100));
             let root = b.root().to_string();
             drop(b);
             return root;
+        }
+        if b.rank() == 1 {
+            // What arrived before the root left is still delivered.
+            thread::sleep(Duration::from_millis(200));
+            assert_eq!(b.recv(0, 1).unwrap(), b"queued");
+            assert_eq!(b.recv(2, 1).unwrap(), b"queued");
         }
         let t = Instant::now();
         let e = message(b.recv(0, 1).unwrap_err());
@@ -482,13 +549,43 @@ fn dead_root_fails_the_others_naming_rank_zero() {
     for r in 1..3 {
         assert_eq!(
             results[r],
-            format!("rank {r}: recv from rank 0 tag 1: the root (rank 0) at {} closed the connection", results[0])
+            format!("rank {r}: recv from rank 0 tag 1: the root (rank 0) at {} left the session", results[0])
         );
     }
 }
 
 #[test]
-fn messages_that_arrived_before_a_loss_are_still_delivered() {
+fn dead_root_fails_the_others_naming_rank_zero() {
+    // A hand-made root of a two-rank session that welcomes rank 1, then dies.
+    let (listener, launches) = session(2);
+    thread::scope(|s| {
+        let one = s.spawn(|| {
+            let b = Bootstrap::connect(&launches[1], TIMEOUT).unwrap();
+            let t = Instant::now();
+            let e = message(b.recv(0, 1).unwrap_err());
+            assert!(t.elapsed() < TIMEOUT / 2, "{:?}", t.elapsed());
+            e
+        });
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 44];
+        conn.read_exact(&mut hello).unwrap();
+        assert_eq!(hello[..], hello_frame(1, launches[1].secret.as_bytes(), 1, 2)[..]);
+        conn.write_all(&[12, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0]).unwrap();
+        thread::sleep(Duration::from_millis(100));
+        drop(conn);
+        assert_eq!(
+            one.join().unwrap(),
+            format!(
+                "rank 1: recv from rank 0 tag 1: the root (rank 0) at {} closed the connection without leaving the \
+                 session (did it die?)",
+                launches[0].root
+            )
+        );
+    });
+}
+
+#[test]
+fn messages_that_arrived_before_a_departure_are_still_delivered() {
     let got = run(2, TIMEOUT, |b| {
         if b.rank() == 1 {
             b.send(0, 3, b"last words").unwrap();
@@ -504,5 +601,71 @@ fn messages_that_arrived_before_a_loss_are_still_delivered() {
     });
     let (msg, e) = got[0].clone().unwrap();
     assert_eq!(msg, b"last words");
-    assert_eq!(e, "rank 0: recv from rank 1 tag 3: rank 1 closed its connection");
+    assert_eq!(e, "rank 0: recv from rank 1 tag 3: rank 1 left the session");
+}
+
+#[test]
+fn rank_that_gave_up_may_join_again() {
+    let (listener, launches) = session(3);
+    let launches = &launches;
+    thread::scope(|s| {
+        let root = s.spawn(|| Bootstrap::root_on(listener, &launches[0], TIMEOUT).unwrap().all_gather(b"0").unwrap());
+        // Rank 1 joins, waits 200 ms for rank 2, gives up and closes its connection.
+        let e = message(Bootstrap::connect(&launches[1], Duration::from_millis(200)).unwrap_err());
+        let root_addr = &launches[0].root;
+        assert_eq!(
+            e,
+            format!(
+                "rank 1: the root at {root_addr} did not welcome this rank within 200ms (are all 3 ranks started?)"
+            )
+        );
+        // Restarted, it is taken in place of the dead connection instead of being rejected as a duplicate.
+        let one = s.spawn(|| Bootstrap::connect(&launches[1], TIMEOUT).unwrap().all_gather(b"1").unwrap());
+        thread::sleep(Duration::from_millis(100));
+        let two = Bootstrap::connect(&launches[2], TIMEOUT).unwrap().all_gather(b"2").unwrap();
+        let expect = vec![b"0".to_vec(), b"1".to_vec(), b"2".to_vec()];
+        assert_eq!(two, expect);
+        assert_eq!(one.join().unwrap(), expect);
+        assert_eq!(root.join().unwrap(), expect);
+    });
+}
+
+/// Joins a two-rank session as rank 1 by hand (hello, welcome), then writes `after` and returns the root's
+/// error for a recv from rank 1.
+fn root_error_after_raw_rank_sends(after: &[u8]) -> String {
+    let (listener, launches) = session(2);
+    thread::scope(|s| {
+        let root = s.spawn(|| {
+            let b = Bootstrap::root_on(listener, &launches[0], TIMEOUT).unwrap();
+            let t = Instant::now();
+            let e = message(b.recv(1, 0).unwrap_err());
+            assert!(t.elapsed() < TIMEOUT / 2, "{:?}", t.elapsed());
+            e
+        });
+        let mut raw = raw_rank(&launches[1]);
+        raw.write_all(after).unwrap();
+        let e = root.join().unwrap();
+        drop(raw);
+        e
+    })
+}
+
+#[test]
+fn bad_frames_after_the_handshake_break_the_session_naming_the_rank() {
+    let unknown = root_error_after_raw_rank_sends(&[4, 0, 0, 0, 99, 0, 0, 0]);
+    assert_eq!(unknown, "rank 0: recv from rank 1 tag 0: rank 1 sent a bad frame: unknown frame kind 99");
+    let mut huge = u32::MAX.to_le_bytes().to_vec();
+    huge.extend_from_slice(&6u32.to_le_bytes());
+    let oversized = root_error_after_raw_rank_sends(&huge);
+    assert_eq!(
+        oversized,
+        "rank 0: recv from rank 1 tag 0: rank 1 sent a bad frame: frame of 4294967295 bytes announced, over the \
+         limit of 16777216 bytes (MAX_FRAME)"
+    );
+    // A P2p frame that claims to come from rank 0.
+    let mut forged = 16u32.to_le_bytes().to_vec();
+    forged.extend_from_slice(&6u32.to_le_bytes());
+    forged.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let e = root_error_after_raw_rank_sends(&forged);
+    assert_eq!(e, "rank 0: recv from rank 1 tag 0: rank 1 broke the protocol: a message claims to come from rank 0");
 }

@@ -61,8 +61,9 @@ impl Bootstrap {
     /// `1..world_size` have each sent a valid hello, then welcomes them all. A connection whose first frame is
     /// not a gdaki hello (garbage, an oversized length, silence for 5 s) is dropped and logged
     /// (`tracing::warn`); a hello with another version, the wrong secret, another world size, or a rank out of
-    /// range or already joined gets a reject frame with the reason. Either way the root keeps waiting for
-    /// the real ranks.
+    /// range or already joined (on a connection that is still open) gets a reject frame with the reason.
+    /// Either way the root keeps waiting for the real ranks. A rank that joined and went away before the
+    /// others came may join again.
     ///
     /// # Errors
     /// [`Error::Bootstrap`] when `launch.rank` is not 0, or when ranks are still missing after `timeout`
@@ -191,7 +192,10 @@ fn admit(
         }
         Ok(Greeting::Hello(h)) if h.rank == 0 => "rank 0 is the root; another process claims it".to_string(),
         Ok(Greeting::Hello(h)) if h.rank >= n => format!("rank {} is out of range for world size {n}", h.rank),
-        Ok(Greeting::Hello(h)) if joined[h.rank as usize].is_some() => format!("rank {} already joined", h.rank),
+        Ok(Greeting::Hello(h)) if joined[h.rank as usize].as_ref().is_some_and(is_open) => {
+            format!("rank {} already joined", h.rank)
+        }
+        // New, or a restart of a rank whose first connection is gone (it gave up or died): take this one.
         Ok(Greeting::Hello(h)) => {
             joined[h.rank as usize] = Some(stream);
             return;
@@ -199,6 +203,15 @@ fn admit(
     };
     tracing::warn!("gdaki bootstrap root {addr}: rejected {peer}: {why}");
     refuse(&stream, &why);
+}
+
+/// Whether a joined rank's connection still stands: a peek that would block means open; end of stream or an
+/// error means the rank went away while waiting for the others.
+fn is_open(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let open = stream.set_nonblocking(true).is_ok()
+        && matches!(stream.peek(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    open && stream.set_nonblocking(false).is_ok()
 }
 
 /// Sends a reject frame (best effort) and closes the connection.
@@ -304,6 +317,7 @@ fn assemble(launch: &Launch, root: String, timeout: Duration, streams: Vec<Optio
         mailbox: Mutex::new(Mailbox::default()),
         arrived: Condvar::new(),
         closing: AtomicBool::new(false),
+        aborted: AtomicBool::new(false),
     });
     let mut boot = Bootstrap {
         rank,

@@ -29,12 +29,17 @@ use crate::{Error, Result};
 /// ([`all_gather`](Self::all_gather), [`barrier`](Self::barrier)) must be called in the same order on every
 /// rank, from one thread at a time, as MPI's and NCCL's are.
 ///
-/// # Failures
-/// When a rank's connection breaks (its process died, or it dropped its `Bootstrap`), the root tells every
-/// other rank, and every pending or later call fails with an error naming that rank (messages that arrived
-/// before are still delivered). The same happens to everyone when the root goes away, and when one of the
-/// root's collectives fails. After an error, drop the bootstrap. Dropping it shuts its sockets down and
-/// joins its readers.
+/// # Leaving, and failures
+/// Dropping a `Bootstrap` says goodbye on its connections, shuts its sockets down and joins its readers.
+/// When a rank leaves so, the root tells the others: later `recv`s from it (once its queued messages are
+/// taken), `send`s to it and collectives fail, naming it; everything else goes on. Since the root relays
+/// everything, once it leaves no call that needs the network succeeds: end with a [`barrier`](Self::barrier)
+/// so that it leaves last.
+///
+/// When a rank's connection ends without a goodbye (its process died) or breaks, the root tells every
+/// other rank, and every pending or later call on every rank fails with an error naming that rank
+/// (messages that arrived before are still delivered). The same happens when the root dies, and when one
+/// of the root's collectives fails. After an error, drop the bootstrap.
 pub struct Bootstrap {
     pub(super) rank: u32,
     pub(super) world_size: u32,
@@ -57,6 +62,8 @@ pub(super) struct Shared {
     pub(super) arrived: Condvar,
     /// Set by drop, so that readers that see their socket shut down leave quietly.
     pub(super) closing: AtomicBool,
+    /// Root: whether an abort was sent already (only the first cause is).
+    pub(super) aborted: AtomicBool,
 }
 
 /// One TCP connection of the star.
@@ -76,8 +83,17 @@ pub(super) struct Mailbox {
     gathered: HashMap<u64, Vec<Vec<u8>>>,
     /// Point-to-point messages, by (source rank, tag), oldest first.
     p2p: HashMap<(u32, u32), VecDeque<Vec<u8>>>,
+    /// Ranks that left the session on purpose, with the reason.
+    gone: HashMap<u32, String>,
     /// Why the session is broken (the first cause), once it is.
     broken: Option<String>,
+}
+
+impl Mailbox {
+    /// Fails when `rank` left the session.
+    fn not_gone(&self, rank: u32) -> Result<(), String> {
+        self.gone.get(&rank).map_or(Ok(()), |why| Err(why.clone()))
+    }
 }
 
 enum WaitError {
@@ -95,12 +111,17 @@ impl Shared {
         self.links.len() as u32
     }
 
-    /// Waits until `take` finds what it needs in the mailbox, the session breaks, or `deadline` passes.
-    fn wait<T>(&self, deadline: Instant, mut take: impl FnMut(&mut Mailbox) -> Option<T>) -> Result<T, WaitError> {
+    /// Waits until `take` finds what it needs in the mailbox (`Ok(Some)`) or says it never will (`Err`, e.g.
+    /// the rank it waits for left), the session breaks, or `deadline` passes.
+    fn wait<T>(
+        &self,
+        deadline: Instant,
+        mut take: impl FnMut(&mut Mailbox) -> Result<Option<T>, String>,
+    ) -> Result<T, WaitError> {
         let mut mb = lock(&self.mailbox);
         loop {
             // What already arrived is delivered even after the session broke.
-            if let Some(v) = take(&mut mb) {
+            if let Some(v) = take(&mut mb).map_err(WaitError::Broken)? {
                 return Ok(v);
             }
             if let Some(why) = &mb.broken {
@@ -114,28 +135,15 @@ impl Shared {
         }
     }
 
-    fn broken(&self) -> Option<String> {
-        lock(&self.mailbox).broken.clone()
-    }
-
     fn deliver(&self, src: u32, tag: u32, data: Vec<u8>) {
         lock(&self.mailbox).p2p.entry((src, tag)).or_default().push_back(data);
         self.arrived.notify_all();
     }
 
-    /// Marks the session broken (keeping the first cause) and wakes every waiting call. Returns whether this
-    /// was the first cause.
-    fn break_session(&self, why: String) -> bool {
-        let first = {
-            let mut mb = lock(&self.mailbox);
-            let first = mb.broken.is_none();
-            if first {
-                mb.broken = Some(why);
-            }
-            first
-        };
+    /// Marks the session broken (keeping the first cause) and wakes every waiting call.
+    fn break_session(&self, why: String) {
+        lock(&self.mailbox).broken.get_or_insert(why);
         self.arrived.notify_all();
-        first
     }
 
     /// Writes one frame on the connection to `rank` (for a non-root: only 0 exists).
@@ -145,15 +153,18 @@ impl Shared {
         wire::write_frame(&mut *lock(&link.writer), kind, parts).map_err(|e| e.to_string())
     }
 
-    /// Root: breaks the session and tells every other rank why (once, for the first cause), skipping `skip`.
+    /// Root: tells every other rank but `skip` why the session broke (once, for the first cause), then
+    /// breaks it here. In that order: a call of ours that fails on it cannot return (and the root leave,
+    /// saying goodbye) before the others got the reason.
     fn abort(&self, why: String, skip: Option<u32>) {
-        if !self.break_session(why.clone()) {
+        if self.aborted.swap(true, Ordering::AcqRel) {
             return;
         }
         for rank in (1..self.world_size()).filter(|&r| Some(r) != skip) {
             // Best effort: a rank we cannot tell learns from its own broken connection instead.
             let _ = self.write(rank, Kind::Abort, &[why.as_bytes()]);
         }
+        self.break_session(why);
     }
 
     /// Root: the connection to `peer` is gone or unusable.
@@ -170,6 +181,23 @@ impl Shared {
             let _ = link.closer.shutdown(Shutdown::Both);
         }
         self.abort(why, Some(peer));
+    }
+
+    /// Root: rank `peer` said goodbye. The others learn it after every message `peer` sent them, since this
+    /// runs on the thread that relays them.
+    fn peer_left(&self, peer: u32) {
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let why = format!("rank {peer} left the session");
+        tracing::debug!("gdaki bootstrap root {}: {why}", self.root);
+        // The others first, as in `abort`.
+        for rank in (1..self.world_size()).filter(|&r| r != peer) {
+            // Best effort: a rank we cannot tell is gone itself.
+            let _ = self.write(rank, Kind::Left, &[&peer.to_le_bytes(), why.as_bytes()]);
+        }
+        lock(&self.mailbox).gone.insert(peer, why);
+        self.arrived.notify_all();
     }
 
     /// Root: one frame from rank `peer`.
@@ -195,6 +223,10 @@ impl Shared {
                 }
                 if dst == 0 {
                     self.deliver(src, tag, f.rest().to_vec());
+                } else if let Err(why) = lock(&self.mailbox).not_gone(dst) {
+                    // As a message to a process that exited: nobody will read it. The sender learns that
+                    // `dst` left with its next call involving it.
+                    tracing::debug!("gdaki bootstrap root {}: dropped a message from rank {peer}: {why}", self.root);
                 } else if let Err(e) = self.write(dst, Kind::P2p, &[&payload]) {
                     self.peer_lost(dst, format!("rank {dst}: relaying a message from rank {peer} failed: {e}"), false);
                 }
@@ -231,6 +263,12 @@ impl Shared {
             Kind::Abort => {
                 self.break_session(format!("{} (reported by the root at {})", one_line(payload), self.root));
             }
+            Kind::Left => {
+                let rank = f.u32("rank")?;
+                let why = format!("{} (reported by the root at {})", one_line(f.rest()), self.root);
+                lock(&self.mailbox).gone.insert(rank, why);
+                self.arrived.notify_all();
+            }
             other => return Err(format!("unexpected {other:?} frame")),
         }
         Ok(())
@@ -242,12 +280,16 @@ pub(super) fn serve_peer(shared: Arc<Shared>, peer: u32, stream: TcpStream) {
     let mut reader = BufReader::new(stream);
     let (why, clean) = loop {
         match wire::read_frame(&mut reader, MAX_FRAME) {
+            Ok((Kind::Goodbye, _)) => return shared.peer_left(peer),
             Ok((kind, payload)) => {
                 if let Err(e) = shared.on_peer_frame(peer, kind, payload) {
                     break (format!("rank {peer} broke the protocol: {e}"), false);
                 }
             }
-            Err(WireError::Closed) => break (format!("rank {peer} closed its connection"), true),
+            Err(WireError::Closed) => {
+                break (format!("rank {peer} closed its connection without leaving the session (did it die?)"), true)
+            }
+            Err(WireError::Malformed(e)) => break (format!("rank {peer} sent a bad frame: {e}"), false),
             Err(e) => break (format!("rank {peer}: connection failed: {e}"), false),
         }
     };
@@ -260,12 +302,18 @@ pub(super) fn serve_root(shared: Arc<Shared>, stream: TcpStream) {
     let root = &shared.root;
     let why = loop {
         match wire::read_frame(&mut reader, MAX_FRAME) {
+            Ok((Kind::Goodbye, _)) => break format!("the root (rank 0) at {root} left the session"),
             Ok((kind, payload)) => {
                 if let Err(e) = shared.on_root_frame(kind, &payload) {
                     break format!("the root (rank 0) at {root} broke the protocol: {e}");
                 }
             }
-            Err(WireError::Closed) => break format!("the root (rank 0) at {root} closed the connection"),
+            Err(WireError::Closed) => {
+                break format!(
+                    "the root (rank 0) at {root} closed the connection without leaving the session (did it die?)"
+                )
+            }
+            Err(WireError::Malformed(e)) => break format!("the root (rank 0) at {root} sent a bad frame: {e}"),
             Err(e) => break format!("the connection to the root (rank 0) at {root} failed: {e}"),
         }
     };
@@ -315,10 +363,13 @@ impl Bootstrap {
         Ok(())
     }
 
-    fn check_unbroken(&self, what: &str) -> Result<()> {
-        match self.shared.broken() {
-            Some(why) => Err(self.err(what, why)),
-            None => Ok(()),
+    /// Fails when the session is broken, or when `peer` (if any) left it.
+    fn check_unbroken(&self, what: &str, peer: Option<u32>) -> Result<()> {
+        let mb = lock(&self.shared.mailbox);
+        match (&mb.broken, peer) {
+            (Some(why), _) => Err(self.err(what, why)),
+            (None, Some(peer)) => mb.not_gone(peer).map_err(|why| self.err(what, why)),
+            (None, None) => Ok(()),
         }
     }
 
@@ -333,7 +384,7 @@ impl Bootstrap {
     pub fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let what = format!("all_gather #{seq}");
-        self.check_unbroken(&what)?;
+        self.check_unbroken(&what, None)?;
         let deadline = Instant::now() + self.timeout;
         let n = self.world_size;
         if n == 1 {
@@ -344,7 +395,7 @@ impl Bootstrap {
             self.shared
                 .write(0, Kind::Gather, &[&seq.to_le_bytes(), mine])
                 .map_err(|e| self.err(&what, format!("sending to the root at {root}: {e}")))?;
-            let parts = self.shared.wait(deadline, |mb| mb.gathered.remove(&seq)).map_err(|e| match e {
+            let parts = self.shared.wait(deadline, |mb| Ok(mb.gathered.remove(&seq))).map_err(|e| match e {
                 WaitError::TimedOut => self.err(
                     &what,
                     format!("timed out after {:?} waiting for the root at {root} to gather every rank", self.timeout),
@@ -365,13 +416,18 @@ impl Bootstrap {
         let others = self.shared.wait(deadline, |mb| {
             missing = (1..n).filter(|&r| !mb.gathers.contains_key(&(seq, r))).collect();
             if !missing.is_empty() {
-                return None;
+                missing.iter().try_for_each(|&r| mb.not_gone(r))?;
+                return Ok(None);
             }
-            Some((1..n).map(|r| mb.gathers.remove(&(seq, r)).unwrap_or_default()).collect::<Vec<_>>())
+            Ok(Some((1..n).map(|r| mb.gathers.remove(&(seq, r)).unwrap_or_default()).collect::<Vec<_>>()))
         });
         let others = match others {
             Ok(others) => others,
-            Err(WaitError::Broken(why)) => return Err(self.err(&what, why)),
+            Err(WaitError::Broken(why)) => {
+                // The others wait for our result: tell them (a no-op when the session is broken already).
+                self.shared.abort(format!("rank 0: {what}: {why}"), None);
+                return Err(self.err(&what, why));
+            }
             Err(WaitError::TimedOut) => {
                 let why = format!("timed out after {:?} waiting for ranks {missing:?}", self.timeout);
                 self.shared.abort(format!("rank 0: {what}: {why}"), None);
@@ -416,7 +472,7 @@ impl Bootstrap {
     pub fn send(&self, peer: u32, tag: u32, data: &[u8]) -> Result<()> {
         let what = format!("send to rank {peer} tag {tag}");
         self.check_peer(peer, &what)?;
-        self.check_unbroken(&what)?;
+        self.check_unbroken(&what, Some(peer))?;
         if peer == self.rank {
             self.shared.deliver(peer, tag, data.to_vec());
             return Ok(());
@@ -442,12 +498,14 @@ impl Bootstrap {
         let deadline = Instant::now() + self.timeout;
         self.shared
             .wait(deadline, |mb| {
-                let queue = mb.p2p.get_mut(&(peer, tag))?;
+                let Some(queue) = mb.p2p.get_mut(&(peer, tag)) else {
+                    return mb.not_gone(peer).map(|()| None);
+                };
                 let msg = queue.pop_front();
                 if queue.is_empty() {
                     mb.p2p.remove(&(peer, tag));
                 }
-                msg
+                Ok(msg)
             })
             .map_err(|e| match e {
                 WaitError::TimedOut => self.err(&what, format!("timed out after {:?}", self.timeout)),
@@ -495,8 +553,10 @@ impl Bootstrap {
 impl Drop for Bootstrap {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Release);
-        // Shutting a socket down wakes its reader (the read returns 0) and tells the peer we left.
         for link in self.shared.links.iter().flatten() {
+            // The goodbye tells the peer we left on purpose (not died); shutting the socket down wakes our
+            // reader (its read returns 0). Both are best effort: the connection may be broken already.
+            let _ = wire::write_frame(&mut *lock(&link.writer), Kind::Goodbye, &[]);
             let _ = link.closer.shutdown(Shutdown::Both);
         }
         for reader in self.readers.drain(..) {

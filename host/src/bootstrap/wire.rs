@@ -38,6 +38,11 @@ pub(crate) enum Kind {
     P2p = 6,
     /// Root → rank: the session is broken; UTF-8 reason naming the rank at fault.
     Abort = 7,
+    /// Either way, empty: the sender is leaving the session on purpose (its `Bootstrap` was dropped), as
+    /// opposed to a connection that just ends (a process that died).
+    Goodbye = 8,
+    /// Root → rank: `rank u32` left the session on purpose; UTF-8 reason.
+    Left = 9,
 }
 
 impl Kind {
@@ -50,6 +55,8 @@ impl Kind {
             5 => Kind::Gathered,
             6 => Kind::P2p,
             7 => Kind::Abort,
+            8 => Kind::Goodbye,
+            9 => Kind::Left,
             _ => return None,
         })
     }
