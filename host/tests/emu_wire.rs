@@ -133,7 +133,14 @@ fn dropped_peer_fails_outstanding_with_retry_exceeded() {
     let (mut sq, mut cq) = (Sq::new(&a), CqPoll::new(&cq_a));
     let src = GuardedBuf::new(64, 1);
     let lmr = src.register(&nic_a, &pd_a, Access::NONE);
+    // A zero-byte WRITE's round trip first, so that the connection is up: a peer that vanishes before it comes up is
+    // only noticed after the retry timeout (see `unreachable_peer_fails_after_the_retry_timeout`).
+    let at = sq.post_bytes(&sq.inline_write(opcode::RDMA_WRITE, SIGNALED, &[], 0, 0, 0));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
     drop(b);
+    // Idle when the peer went: the QP stays in RTS until it sends again.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(a.state(), QpState::Rts);
     let t = Instant::now();
     let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 0x1234));
     assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);

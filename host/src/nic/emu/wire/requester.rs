@@ -125,6 +125,10 @@ pub(crate) fn post(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
         Pending { idx, opcode: h.opcode, cq_update: h.cq_update, psn: None, state: State::Done { byte_cnt: 0 } };
     if ws.failing || qp.state() == QpState::Error {
         p.state = State::Failed(Fault::flushed());
+    } else if ws.down.is_some() && !matches!(op, Op::Nop) {
+        // The peer is gone: the request would be retried until the retry count runs out.
+        ws.failing = true;
+        p.state = State::Failed(Fault::retry_exceeded());
     } else if !matches!(op, Op::Nop) {
         match send_request(fab, qp, ws, dp, op) {
             Ok((psn, state)) => {
@@ -384,8 +388,9 @@ fn drain(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath) {
     }
 }
 
-/// The connection is gone: the oldest WQE still waiting fails with 0x15 (transport retry exceeded), the rest
-/// are flushed, and the QP is in the error state even when nothing was outstanding.
+/// The connection is gone: the oldest WQE still waiting fails with 0x15 (transport retry exceeded) and the
+/// rest are flushed (the QP moves to the error state). With nothing outstanding the QP stays as it is, as an
+/// idle RC QP does on hardware, and its next request fails with 0x15.
 pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, reason: String) {
     if ws.down.is_none() {
         tracing::warn!(qpn = qp.qpn, "emulated NIC: link down: {reason}; QP moves to the error state");
@@ -396,7 +401,6 @@ pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut Da
         q.state = State::Failed(Fault::retry_exceeded());
     }
     drain(fab, qp, ws, dp);
-    qp.set_state(QpState::Error);
 }
 
 /// Per-pass upkeep: writes the outbox, and fails the QP when its peer made no progress for `timeout` while
