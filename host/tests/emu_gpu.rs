@@ -194,3 +194,53 @@ fn failed_gpu_copy_is_a_local_access_error() {
     let e = assert_err(&cq.wait(), syndrome::LOCAL_ACCESS_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
     assert_eq!(e.vendor_err_synd, vendor::GPU_COPY);
 }
+
+/// GPU memory on both ends of the wire: the requester reads its source through its copier, the responder
+/// places through its own, and a fetch-add on the responder's GPU word lands after the WRITE before it.
+#[test]
+fn gpu_memory_across_the_wire() {
+    use gdaki::nic::emu::WireConfig;
+    let mut rng = rng();
+    let (ca, cb) = (Arc::new(DeferredCopier::default()), Arc::new(DeferredCopier::default()));
+    let cfg = |c: &Arc<DeferredCopier>| {
+        let gpu: Arc<dyn GpuCopier> = c.clone();
+        EmuConfig { queue_mem: Arc::new(HostQueueMemory), gpu: Some(gpu), wire: Some(WireConfig::loopback()) }
+    };
+    let (na, nb) = (EmuNic::open(cfg(&ca)).unwrap(), EmuNic::open(cfg(&cb)).unwrap());
+    let (pa, pb) = (na.alloc_pd().unwrap(), nb.alloc_pd().unwrap());
+    let (cqa, cqb) = (na.create_cq(64).unwrap(), nb.create_cq(64).unwrap());
+    let (a, b) = (na.create_qp(&pa, &cqa, 64).unwrap(), nb.create_qp(&pb, &cqb, 64).unwrap());
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let n = 300_000;
+    let (src, dst, back) = (GuardedBuf::new(n, 0), GuardedBuf::new(n, 0xee), GuardedBuf::new(n, 0));
+    let (sem, res) = (GuardedBuf::new(8, 0), GuardedBuf::new(8, 0));
+    let smr = src.register_as(MemKind::Gpu, &na, &pa, Access::NONE);
+    let bmr = back.register_as(MemKind::Gpu, &na, &pa, Access::LOCAL_WRITE);
+    let rmr = res.register_as(MemKind::Gpu, &na, &pa, Access::LOCAL_WRITE);
+    let dmr = dst.register_as(MemKind::Gpu, &nb, &pb, Access::ALL);
+    let semr = sem.register_as(MemKind::Gpu, &nb, &pb, Access::ALL);
+    let data = random_bytes(&mut rng, n);
+    src.write(0, &data);
+    let (mut sq, mut cq) = (Sq::new(&a), CqPoll::new(&cqa));
+    // An unsignaled WRITE, then a signaled fetch-add: once the atomic's CQE is seen, both are placed.
+    let _ = sq.put(&sq.write(0, (smr.lkey(), src.addr(), n as u32), dst.addr(), dmr.rkey()));
+    let at = sq.put(&sq.atomic(
+        opcode::ATOMIC_FA,
+        SIGNALED,
+        AtomicSeg::fetch_add(7),
+        (rmr.lkey(), res.addr()),
+        sem.addr(),
+        semr.rkey(),
+    ));
+    sq.dbrec();
+    sq.doorbell(at);
+    assert_req(&cq.wait(), opcode::ATOMIC_FA, sq.qpn(), at, 8);
+    assert_eq!(dst.read(), data, "WRITE placed before the atomic completed");
+    assert_eq!((sem.u64_at(0), res.u64_at(0)), (7, 0));
+    let at = sq.post(&sq.read(SIGNALED, (bmr.lkey(), back.addr(), n as u32), dst.addr(), dmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_READ, sq.qpn(), at, n as u32);
+    assert_eq!(back.read(), data);
+    assert!(ca.copies.load(Ordering::Relaxed) > 0 && cb.copies.load(Ordering::Relaxed) > 0, "both copiers used");
+    assert!([&src, &dst, &back, &sem, &res].iter().all(|b| b.guards_intact()));
+}
