@@ -45,6 +45,7 @@ impl Bootstrap {
     /// lists the missing ranks, and the others are rejected with that reason).
     pub fn connect(launch: &Launch, timeout: Duration) -> Result<Bootstrap> {
         check_launch(launch)?;
+        let timeout = timeout.max(Duration::from_millis(1));
         if launch.rank != 0 {
             return join(launch, timeout);
         }
@@ -151,8 +152,9 @@ fn read_hello(stream: TcpStream, peer: SocketAddr, timeout: Duration, tx: mpsc::
             .and_then(|()| stream.set_write_timeout(Some(timeout)));
         let greeting = match setup {
             Err(e) => Err(e.to_string()),
-            // A hello is HELLO_LEN bytes: no reason to accept a longer first frame.
-            Ok(()) => match wire::read_frame(&mut &stream, 4 + HELLO_LEN as u32) {
+            // A hello is HELLO_LEN bytes; the slack lets a later protocol's longer hello get a readable
+            // version reject instead of being dropped, without letting a stray make us allocate much.
+            Ok(()) => match wire::read_frame(&mut &stream, 4 + HELLO_LEN as u32 + 1024) {
                 Ok((kind, payload)) => Hello::decode(kind, &payload),
                 Err(e) => Err(e.to_string()),
             },

@@ -167,16 +167,12 @@ impl Shared {
         self.break_session(why);
     }
 
-    /// Root: the connection to `peer` is gone or unusable.
-    fn peer_lost(&self, peer: u32, why: String, clean: bool) {
+    /// Root: the connection to `peer` ended without a goodbye, or is unusable.
+    fn peer_lost(&self, peer: u32, why: String) {
         if self.closing.load(Ordering::Acquire) {
             return;
         }
-        if clean {
-            tracing::debug!("gdaki bootstrap root {}: {why}", self.root);
-        } else {
-            tracing::warn!("gdaki bootstrap root {}: {why}", self.root);
-        }
+        tracing::warn!("gdaki bootstrap root {}: {why}", self.root);
         if let Some(link) = self.links.get(peer as usize).and_then(Option::as_ref) {
             let _ = link.closer.shutdown(Shutdown::Both);
         }
@@ -228,7 +224,7 @@ impl Shared {
                     // `dst` left with its next call involving it.
                     tracing::debug!("gdaki bootstrap root {}: dropped a message from rank {peer}: {why}", self.root);
                 } else if let Err(e) = self.write(dst, Kind::P2p, &[&payload]) {
-                    self.peer_lost(dst, format!("rank {dst}: relaying a message from rank {peer} failed: {e}"), false);
+                    self.peer_lost(dst, format!("rank {dst}: relaying a message from rank {peer} failed: {e}"));
                 }
             }
             other => return Err(format!("unexpected {other:?} frame")),
@@ -278,22 +274,22 @@ impl Shared {
 /// Root's reader for rank `peer`.
 pub(super) fn serve_peer(shared: Arc<Shared>, peer: u32, stream: TcpStream) {
     let mut reader = BufReader::new(stream);
-    let (why, clean) = loop {
+    let why = loop {
         match wire::read_frame(&mut reader, MAX_FRAME) {
             Ok((Kind::Goodbye, _)) => return shared.peer_left(peer),
             Ok((kind, payload)) => {
                 if let Err(e) = shared.on_peer_frame(peer, kind, payload) {
-                    break (format!("rank {peer} broke the protocol: {e}"), false);
+                    break format!("rank {peer} broke the protocol: {e}");
                 }
             }
             Err(WireError::Closed) => {
-                break (format!("rank {peer} closed its connection without leaving the session (did it die?)"), true)
+                break format!("rank {peer} closed its connection without leaving the session (did it die?)")
             }
-            Err(WireError::Malformed(e)) => break (format!("rank {peer} sent a bad frame: {e}"), false),
-            Err(e) => break (format!("rank {peer}: connection failed: {e}"), false),
+            Err(WireError::Malformed(e)) => break format!("rank {peer} sent a bad frame: {e}"),
+            Err(e) => break format!("rank {peer}: connection failed: {e}"),
         }
     };
-    shared.peer_lost(peer, why, clean);
+    shared.peer_lost(peer, why);
 }
 
 /// A non-root rank's reader for its connection to the root.
