@@ -8,8 +8,10 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags, MrInfo, QpInfo, Secret, MAX_FRAME};
+use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags, Secret, MAX_FRAME};
 use gdaki::Error;
+use gdaki_shared::handle::RemoteMr;
+use gdaki_shared::Be32;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -90,29 +92,32 @@ fn all_gather_four_ranks_random_payloads() {
 fn all_gather_pod_exchanges_qp_and_mr_info() {
     let results = run(3, TIMEOUT, |b| {
         let r = b.rank();
-        let qp =
-            QpInfo { nic: 100 + r as u64, qpn: 0x1000 + r, psn: 0xabc000 + r, sq_addr: 1 << 40, cq_addr: r as u64 };
+        // A QP's info as 40 bytes (what `Endpoint::to_bytes` gives), here as five words.
+        let qp: [u64; 5] = [100 + r as u64, 0x1000 + r as u64, 0xabc000 + r as u64, 1 << 40, r as u64];
         let qps = b.all_gather_pod(&qp).unwrap();
-        let mr = MrInfo { addr: 0x7f00_0000_0000 + r as u64 * 4096, len: 4096, rkey: 0x55 + r, reserved: 0 };
+        let mr = RemoteMr { addr: 0x7f00_0000_0000 + r as u64 * 4096, length: 4096, rkey: Be32::new(0x55 + r), pad: 0 };
         // Ring: send my MR to the next rank, receive the previous rank's.
         b.send_pod((r + 1) % 3, 7, &mr).unwrap();
-        let prev: MrInfo = b.recv_pod((r + 2) % 3, 7).unwrap();
-        // Wrong size: a QpInfo where an MrInfo is expected.
+        let prev: RemoteMr = b.recv_pod((r + 2) % 3, 7).unwrap();
+        // Wrong size: QP info where an MR is expected.
         b.send_pod(r, 8, &qp).unwrap();
-        let wrong = message(b.recv_pod::<MrInfo>(r, 8).unwrap_err());
+        let wrong = message(b.recv_pod::<RemoteMr>(r, 8).unwrap_err());
         // The root relays: it must not leave before the others are done.
         b.barrier().unwrap();
         (qps, prev, wrong)
     });
     for (r, (qps, prev, wrong)) in results.into_iter().enumerate() {
-        let qpns: Vec<u32> = qps.iter().map(|q| q.qpn).collect();
+        let qpns: Vec<u64> = qps.iter().map(|q| q[1]).collect();
         assert_eq!(qpns, [0x1000, 0x1001, 0x1002]);
-        assert_eq!(qps[2], QpInfo { nic: 102, qpn: 0x1002, psn: 0xabc002, sq_addr: 1 << 40, cq_addr: 2 });
+        assert_eq!(qps[2], [102, 0x1002, 0xabc002, 1 << 40, 2]);
         let p = (r as u32 + 2) % 3;
-        assert_eq!(prev, MrInfo { addr: 0x7f00_0000_0000 + p as u64 * 4096, len: 4096, rkey: 0x55 + p, reserved: 0 });
+        assert_eq!(
+            (prev.addr, prev.length, prev.rkey.get(), prev.pad),
+            (0x7f00_0000_0000 + p as u64 * 4096, 4096, 0x55 + p, 0)
+        );
         assert_eq!(
             wrong,
-            format!("rank {r}: recv_pod tag 8: rank {r} sent 32 bytes, expected 24 for gdaki::bootstrap::info::MrInfo")
+            format!("rank {r}: recv_pod tag 8: rank {r} sent 40 bytes, expected 24 for gdaki_shared::handle::RemoteMr")
         );
     }
 }

@@ -9,20 +9,19 @@
 //!    unless told otherwise) and checks each rank's hello (magic, version, secret, rank, world size); the
 //!    others dial it.
 //! 3. [`Bootstrap::all_gather`], [`barrier`](Bootstrap::barrier), [`send`](Bootstrap::send) and
-//!    [`recv`](Bootstrap::recv) move bytes through the root; the `_pod` variants move [`QpInfo`], [`MrInfo`]
-//!    or any other [`bytemuck::Pod`] value.
+//!    [`recv`](Bootstrap::recv) move bytes through the root; the `_pod` variants move any [`bytemuck::Pod`]
+//!    value, such as a peer's [`RemoteMr`](gdaki_shared::handle::RemoteMr). A QP's connection info travels as
+//!    [`Endpoint::to_bytes`](crate::nic::emu::Endpoint::to_bytes).
 //!
 //! The wire format is little-endian length-prefixed frames (`len u32`, `kind u32`, payload) of at most
 //! [`MAX_FRAME`] bytes. Failures are [`Error::Bootstrap`](crate::Error::Bootstrap) with one-line messages that
 //! name the rank, the address and what was wrong; no byte sequence from the network makes it panic.
 
-mod info;
 mod join;
 mod launch;
 mod session;
 mod wire;
 
-pub use info::{MrInfo, QpInfo};
 pub use launch::{Launch, LaunchFlags, Secret, DEFAULT_ROOT};
 pub use session::Bootstrap;
 pub use wire::MAX_FRAME;
