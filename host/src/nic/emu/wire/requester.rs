@@ -292,7 +292,7 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
             let mut hit = false;
             for q in ws.pending.iter_mut() {
                 let Some(s) = q.psn else { continue };
-                if psn.wrapping_sub(s) & PSN_MASK >= (PSN_MASK + 1) / 2 {
+                if psn.wrapping_sub(s) & PSN_MASK > PSN_MASK / 2 {
                     break;
                 }
                 if matches!(q.state, State::Sent) {
