@@ -9,6 +9,7 @@ pub mod bootstrap;
 pub mod cuda;
 pub mod error;
 pub mod exec;
+pub mod faults;
 pub mod mem;
 pub mod nic;
 pub mod perftest;
