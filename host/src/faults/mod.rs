@@ -23,6 +23,20 @@
 //! meet) and on the direct path (one NIC); the SIGKILL case runs its peer in a child process, which the
 //! caller starts ([`Ctx::new`]; the child runs [`run_peer`]).
 //!
+//! | fault | expected outcome |
+//! |---|---|
+//! | bad lkey (RDMA WRITE) | 0x04 `LOCAL_PROT_ERR` |
+//! | bad rkey; remote address past the MR end; MR without the remote right | 0x13 `REMOTE_ACCESS_ERR` |
+//! | atomic on a 4-byte aligned address | 0x12 `REMOTE_INVAL_REQ_ERR` |
+//! | zero-byte RDMA WRITE (empty inline, or no data segment as rdma-core posts it) | completes, writes nothing |
+//! | WQE with another QP's number; atomic with ds 3 | 0x02 `LOCAL_QP_OP_ERR` |
+//! | SQ full (peer silent, 17th WQE on a 16-WQEBB SQ) | `Timeout(SqSpace)`, no WQE overwritten |
+//! | CQ overrun (17 CQEs due on a 16-entry CQ never polled) | CQ and QP in error, no CQE overwritten |
+//! | doorbell never rung (dbrec written) | `Timeout(Cqe)`, nothing executed |
+//! | peer process killed with SIGKILL mid 64 MiB | first unacknowledged WQE 0x15, the rest 0x05 |
+//! | peer unreachable (retry timeout 300 ms) | 0x15 after ≥ 300 ms, < 3 s |
+//! | error CQE on one QP while waiting on a semaphore fed by another | the wait returns 0x13 at once |
+//!
 //! Syndromes are the PRM's (`MLX5_CQE_SYNDROME_*`, [`gdaki_shared::prm::opcode::syndrome`]); vendor
 //! syndromes are the emulator's own ([`vendor`]).
 

@@ -29,8 +29,7 @@ use super::{Check, Ctx, Observed};
 /// else on its stdout is ignored.
 pub const LINE_PREFIX: &str = "gdaki-faults-peer:";
 
-/// Bytes the peer receives (its receive MR), and the transfer the parent starts: [`CHUNKS`] RDMA WRITEs of
-/// [`CHUNK`] bytes.
+/// Bytes the peer receives (its receive MR), and the transfer the parent starts: 16 RDMA WRITEs of 4 MiB.
 pub const TRANSFER: usize = 64 << 20;
 const CHUNK: usize = 4 << 20;
 const CHUNKS: usize = TRANSFER / CHUNK;
