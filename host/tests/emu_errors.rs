@@ -144,8 +144,8 @@ fn wrong_wqe_index_is_local_qp_op_error() {
 
 #[test]
 fn ds_that_does_not_fit_the_opcode_is_local_qp_op_error() {
-    // A write of ds 2 (no data segment), a NOP of ds 4 and an atomic of ds 3, each in its own QP.
-    let cases: [(u8, u8); 3] = [(opcode::RDMA_WRITE, 2), (opcode::NOP, 4), (opcode::ATOMIC_FA, 3)];
+    // A write of ds 1 (no raddr segment), a NOP of ds 4 and an atomic of ds 3, each in its own QP.
+    let cases: [(u8, u8); 3] = [(opcode::RDMA_WRITE, 1), (opcode::NOP, 4), (opcode::ATOMIC_FA, 3)];
     for (opc, ds) in cases {
         let mut f = Fixture::new();
         let bad = |f: &Fixture| {

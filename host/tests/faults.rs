@@ -79,11 +79,7 @@ cases! {
     unaligned_atomic_direct: "unaligned atomic (direct)" => cqe(REMOTE_INVAL_REQ_ERR, vendor::ATOMIC_ALIGN), Error;
     zero_byte_inline_wire: "zero-byte WRITE, empty inline (wire)" => Outcome::Completed, Rts;
     zero_byte_inline_direct: "zero-byte WRITE, empty inline (direct)" => Outcome::Completed, Rts;
-    #[ignore = "BUG: the emulated NIC fails a zero-byte RDMA WRITE without a data segment (ds 2, how rdma-core's \
-mlx5 provider posts one) with 0x02 LOCAL_QP_OP_ERR/BAD_DS; the issue demands that it completes and writes nothing"]
     zero_byte_no_data_seg_wire: "zero-byte WRITE, no data seg (wire)" => Outcome::Completed, Rts;
-    #[ignore = "BUG: the emulated NIC fails a zero-byte RDMA WRITE without a data segment (ds 2, how rdma-core's \
-mlx5 provider posts one) with 0x02 LOCAL_QP_OP_ERR/BAD_DS; the issue demands that it completes and writes nothing"]
     zero_byte_no_data_seg_direct: "zero-byte WRITE, no data seg (direct)" => Outcome::Completed, Rts;
     sq_full: "SQ full (silent peer)" => Outcome::Timeout(WaitKind::SqSpace), Rts;
     cq_overrun: "CQ overrun" => Outcome::CqOverrun, Error;

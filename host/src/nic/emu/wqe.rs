@@ -6,8 +6,11 @@
 //! | opcode | segments | ds |
 //! |---|---|---|
 //! | NOP | ctrl | 1 |
-//! | RDMA_WRITE, RDMA_WRITE_IMM | ctrl, raddr, data × n (n ≥ 1) or inline header + data padded to 16 B | ≥ 3 |
-//! | RDMA_READ | ctrl, raddr, data × n (n ≥ 1) | ≥ 3 |
+//! | RDMA_WRITE, RDMA_WRITE_IMM | ctrl, raddr, data × n or inline header + data padded to 16 B | ≥ 2 |
+//! | RDMA_READ | ctrl, raddr, data × n | ≥ 2 |
+//!
+//! A WRITE or READ without data segment (ds 2) moves zero bytes: rdma-core's mlx5 provider posts a zero-length
+//! message that way (it skips SGEs of length 0), and hardware completes it.
 //! | ATOMIC_CS, ATOMIC_FA | ctrl, raddr, atomic, data (8 bytes) | 4 |
 //!
 //! Pure functions of the bytes: no memory is touched here, so any byte pattern gives a [`Fault`] or a
@@ -116,7 +119,7 @@ pub(crate) fn parse_ctrl(ctrl: &CtrlSeg, e: &Expect) -> Result<Header, Fault> {
     let op = ctrl.opcode();
     let shape_ok: fn(u8) -> bool = match op {
         opcode::NOP => |ds| ds == 1,
-        opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ => |ds| ds >= 3,
+        opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM | opcode::RDMA_READ => |ds| ds >= 2,
         opcode::ATOMIC_CS | opcode::ATOMIC_FA => |ds| ds == 4,
         _ => return Err(Fault::qp_op(vendor::BAD_OPCODE)),
     };
@@ -164,7 +167,7 @@ fn is_inline(seg: &[u8]) -> bool {
     h.byte_count.get() & INLINE_SEG != 0
 }
 
-/// Data segments `segs` (ds - 2 of them, at least one): none may carry the inline bit, and together they may
+/// Data segments `segs` (ds - 2 of them, possibly none): none may carry the inline bit, and together they may
 /// not exceed [`MAX_MSG`].
 fn sge_list(segs: &[u8]) -> Result<SgeList<'_>, Fault> {
     if segs.chunks_exact(SEG).any(is_inline) {
@@ -183,7 +186,7 @@ pub(crate) fn parse_body<'a>(h: &Header, wqe: &'a [u8]) -> Result<Op<'a>, Fault>
     let min_ds = match h.opcode {
         opcode::NOP => 1,
         opcode::ATOMIC_CS | opcode::ATOMIC_FA => 4,
-        _ => 3,
+        _ => 2,
     };
     if wqe.len() != h.ds as usize * SEG || (h.ds as usize) < min_ds {
         return Err(Fault::qp_op(vendor::BAD_DS));
@@ -193,7 +196,7 @@ pub(crate) fn parse_body<'a>(h: &Header, wqe: &'a [u8]) -> Result<Op<'a>, Fault>
         opcode::RDMA_WRITE | opcode::RDMA_WRITE_IMM => {
             let remote = remote(&wqe[SEG..2 * SEG]);
             let data = &wqe[2 * SEG..];
-            let payload = if is_inline(data) {
+            let payload = if !data.is_empty() && is_inline(data) {
                 let h4: InlineSeg = bytemuck::pod_read_unaligned(&data[..4]);
                 let len = (h4.byte_count.get() & !INLINE_SEG) as usize;
                 // The header plus data, padded to 16 B, must fill the rest of the WQE exactly. (The length
@@ -259,7 +262,7 @@ mod tests {
             (CtrlSeg::new(7, opcode::RDMA_WRITE, 1, QPN, 0, 3, 0, Be32::ZERO), vendor::BAD_OPMOD),
             (CtrlSeg::new(7, opcode::RDMA_WRITE, 0, QPN, 0x01, 3, 0, Be32::ZERO), vendor::BAD_FLAGS),
             (CtrlSeg::new(7, opcode::RDMA_WRITE, 0, QPN, 5 << 5, 3, 0, Be32::ZERO), vendor::BAD_FLAGS),
-            (CtrlSeg::new(7, opcode::RDMA_WRITE, 0, QPN, 0, 2, 0, Be32::ZERO), vendor::BAD_DS),
+            (CtrlSeg::new(7, opcode::RDMA_WRITE, 0, QPN, 0, 1, 0, Be32::ZERO), vendor::BAD_DS),
             (CtrlSeg::new(7, opcode::NOP, 0, QPN, 0, 2, 0, Be32::ZERO), vendor::BAD_DS),
             (CtrlSeg::new(7, opcode::ATOMIC_FA, 0, QPN, 0, 3, 0, Be32::ZERO), vendor::BAD_DS),
             (CtrlSeg::new(7, opcode::RDMA_WRITE, 0, QPN, 0, 0, 0, Be32::ZERO), vendor::BAD_DS),
