@@ -1,5 +1,8 @@
 //! `cargo xtask`: gdaki's chores. `cargo xtask build-ptx` builds and checks the device PTX; `cargo xtask test`
-//! is the project's test command (prerequisites, PTX with ptxas, then `cargo test --workspace`).
+//! is the project's test command (prerequisites, PTX with ptxas, then `cargo test --workspace`); `cargo xtask fuzz`
+//! smoke-runs the cargo-fuzz targets in fuzz/.
+
+mod fuzz;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -35,6 +38,15 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Smoke-run the cargo-fuzz targets in fuzz/ (installs cargo-fuzz when missing): each for SECONDS from its
+    /// corpus (committed seeds included), on the pinned toolchain with RUSTC_BOOTSTRAP=1 and AddressSanitizer.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 20)]
+        seconds: u32,
+        /// Targets to run (default: all, `wqe_parser` and `wire_decoder`).
+        targets: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -42,6 +54,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Task::BuildPtx { require_ptxas, time } => build_ptx_task(require_ptxas, time).map(|()| ExitCode::SUCCESS),
         Task::Test { args } => test_task(&args),
+        Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {error:#}");

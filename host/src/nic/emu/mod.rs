@@ -93,6 +93,11 @@ mod stats;
 mod wire;
 mod wqe;
 
+// The WQE parser and the wire decoder on arbitrary bytes, for fuzz/ (feature `fuzzing`); not an API.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
+
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
