@@ -146,12 +146,44 @@ fn send_packet(stream: &mut TcpStream, p: &Packet<'_>) -> io::Result<()> {
     stream.write_all(&b)
 }
 
+/// How long a reader polls its socket without blocking before it sleeps in `read`: a packet that arrives within
+/// this time is picked up without a scheduler wake-up (several µs on a busy host), as the executor's own idle
+/// loop spins before it sleeps.
+const SPIN_READ: Duration = Duration::from_micros(100);
+
+/// A socket read that polls (non-blocking `recv`, yielding between tries) for [`SPIN_READ`] before it blocks.
+/// Polls with `MSG_DONTWAIT` per call rather than `O_NONBLOCK`, which the write side (a clone of the same
+/// socket) would share.
+struct SpinRead(TcpStream);
+
+impl Read for SpinRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let start = Instant::now();
+        loop {
+            // SAFETY: `buf` is valid for writes of `buf.len()` bytes; the descriptor is this socket's, open
+            // while `self` lives.
+            let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock if start.elapsed() < SPIN_READ => thread::yield_now(),
+                io::ErrorKind::WouldBlock => return self.0.read(buf),
+                io::ErrorKind::Interrupted => {}
+                _ => return Err(e),
+            }
+        }
+    }
+}
+
 /// Hands every frame of an up link to the executor until the connection ends; then reports the link down
 /// unless the QP was destroyed.
 fn read_loop(stream: TcpStream, link: Arc<Link>, mb: Mailbox) {
     let qpn = link.local.qpn;
     // Buffered: a burst of small frames (doorbell batches, ACKs) costs one read, not two per frame.
-    let mut stream = io::BufReader::with_capacity(1 << 16, stream);
+    let mut stream = io::BufReader::with_capacity(1 << 16, SpinRead(stream));
     let reason = loop {
         let mut body = Vec::new();
         match read_frame(&mut stream, &mut body) {
