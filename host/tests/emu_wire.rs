@@ -167,3 +167,19 @@ fn unreachable_peer_fails_after_the_retry_timeout() {
     let waited = t.elapsed();
     assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5), "failed after {waited:?}");
 }
+
+#[test]
+fn zero_length_read_checks_no_key_and_completes() {
+    let wired = WirePair::new(Duration::from_secs(10));
+    let direct = Pair::new(64, 64);
+    for (qp, cq) in [(&wired.a, &wired.cq_a), (&direct.a, &direct.cq_a)] {
+        let (mut sq, mut cqp) = (Sq::new(qp), CqPoll::new(cq));
+        // ctrl + raddr only (ds 2): how rdma-core posts a READ of zero bytes; rkey 0 names no MR.
+        let mut segs = sq.read(SIGNALED, (0, 0, 0), 0, 0).to_vec();
+        segs.truncate(2);
+        segs[0] = sq.ctrl(opcode::RDMA_READ, SIGNALED, 2, 0);
+        let at = sq.post(&segs);
+        assert_req(&cqp.wait(), opcode::RDMA_READ, sq.qpn(), at, 0);
+        assert_eq!(qp.state(), QpState::Rts);
+    }
+}

@@ -4,8 +4,8 @@
 //! Checks follow the order in which an RC exchange meets them. RDMA WRITE: local keys, PD and bounds (0x04,
 //! the requester reads its buffers first), then the remote key, PD, bounds and rights (0x13). RDMA READ and
 //! atomics: (atomics) remote alignment (0x12), remote key, PD, bounds and rights (0x13), then the local keys,
-//! PD, bounds and `LOCAL_WRITE` (0x04, when the response arrives). A zero-length RDMA WRITE checks no key, as the IB spec says, so a
-//! WRITE_IMM with no data may carry rkey 0.
+//! PD, bounds and `LOCAL_WRITE` (0x04, when the response arrives). A zero-length RDMA WRITE or READ checks no
+//! key, as the IB spec says, so a WRITE_IMM with no data may carry rkey 0.
 
 use crate::mem::MemLoc;
 
@@ -115,8 +115,12 @@ pub(crate) fn execute(
             Ok(Outcome { byte_cnt: 0, resp_imm })
         }
         Op::Read { remote: r, sges } => {
-            // The responder checks the rkey; local buffers are checked when the response arrives.
+            // The responder checks the rkey (not for a zero-length READ, as for a WRITE); local buffers are
+            // checked when the response arrives.
             let total = sges.total();
+            if total == 0 {
+                return Ok(Outcome { byte_cnt: 0, resp_imm: None });
+            }
             let src = remote(mrs, pds.remote, r, total, Access::REMOTE_READ)?;
             for s in sges.iter() {
                 scratch.push((local(mrs, pds.local, s, true)?, s.len));

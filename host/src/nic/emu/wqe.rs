@@ -8,10 +8,10 @@
 //! | NOP | ctrl | 1 |
 //! | RDMA_WRITE, RDMA_WRITE_IMM | ctrl, raddr, data × n or inline header + data padded to 16 B | ≥ 2 |
 //! | RDMA_READ | ctrl, raddr, data × n | ≥ 2 |
+//! | ATOMIC_CS, ATOMIC_FA | ctrl, raddr, atomic, data (8 bytes) | 4 |
 //!
 //! A WRITE or READ without data segment (ds 2) moves zero bytes: rdma-core's mlx5 provider posts a zero-length
 //! message that way (it skips SGEs of length 0), and hardware completes it.
-//! | ATOMIC_CS, ATOMIC_FA | ctrl, raddr, atomic, data (8 bytes) | 4 |
 //!
 //! Pure functions of the bytes: no memory is touched here, so any byte pattern gives a [`Fault`] or a
 //! parsed WQE, never a panic.

@@ -9,6 +9,7 @@
 
 use super::packet::{self, Packet, MAX_CHUNK, PSN_MASK};
 use super::requester::{link_down, WireSq};
+use crate::mem::{MemKind, MemLoc};
 use crate::nic::emu::access::DataPath;
 use crate::nic::emu::exec::{self, at};
 use crate::nic::emu::fabric::{read, Fabric};
@@ -102,7 +103,11 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
         }
         Packet::Read { psn, rkey, raddr, len } => {
             let mrs = read(&fab.mrs);
-            let src = exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)?;
+            // A zero-length READ checks no key (as a zero-length WRITE); it is answered with one empty packet.
+            let src = match len {
+                0 => MemLoc { kind: MemKind::Host, addr: 0 },
+                _ => exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)?,
+            };
             ws.resp.put_ack(&mut ws.outbox);
             let mut offset = 0;
             loop {
