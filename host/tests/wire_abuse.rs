@@ -1,0 +1,876 @@
+//! The wire under abuse: a raw TCP peer that speaks the emulated NIC's RC framing by hand (layout from
+//! `host/src/nic/emu/wire/packet.rs`) and sends what no honest NIC would: garbage, hellos that name the
+//! wrong NIC or QP, malformed frames, out-of-order PSNs, responses to nothing, READ responses longer than
+//! asked, WRITEs outside their MR or into another PD's MR. The NIC under test must answer with a reject, a
+//! NAK or a link-down (0x15 on its outstanding WQEs), never panic, never write outside a registered region,
+//! and its other QPs must keep working. Also: QPs and MRs dropped while a large WRITE is in flight, odd retry
+//! timeouts, a peer that stops reading, a peer that connects late.
+//!
+//! The `#[ignore]`d tests reproduce open bugs (each says which); run them with `--include-ignored`. Once a bug
+//! is fixed, drop its `#[ignore]`.
+
+mod emu_util;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use emu_util::*;
+use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, WireConfig};
+use gdaki_shared::prm::opcode::{self, syndrome};
+
+// ---- the frame layout of packet.rs, by hand ----
+
+const HEADER: usize = 40;
+const HELLO_MAGIC: u32 = 0x4744_4b57;
+
+mod kind {
+    pub const WRITE: u8 = 1;
+    pub const READ: u8 = 2;
+    pub const FETCH_ADD: u8 = 3;
+    pub const ACK: u8 = 16;
+    pub const NAK: u8 = 17;
+    pub const READ_RESP: u8 = 18;
+    pub const ATOMIC_RESP: u8 = 19;
+    pub const HELLO: u8 = 32;
+    pub const HELLO_ACK: u8 = 33;
+    pub const REJECT: u8 = 34;
+}
+
+const FLAG_LAST: u8 = 1;
+
+/// One header's fields, as packet.rs's module docs lay them out.
+#[derive(Clone, Copy, Default, Debug)]
+struct H {
+    kind: u8,
+    flags: u8,
+    w1: u32,
+    w2: u32,
+    w3: u32,
+    q2: u64,
+    q3: u64,
+    q4: u64,
+}
+
+fn frame(h: H, data: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4 + HEADER + data.len());
+    b.extend_from_slice(&((HEADER + data.len()) as u32).to_le_bytes());
+    b.extend_from_slice(&[h.kind, h.flags, 0, 0]);
+    for w in [h.w1, h.w2, h.w3] {
+        b.extend_from_slice(&w.to_le_bytes());
+    }
+    for q in [h.q2, h.q3, h.q4] {
+        b.extend_from_slice(&q.to_le_bytes());
+    }
+    b.extend_from_slice(data);
+    b
+}
+
+fn hello(src_nic: u64, src_qpn: u32, dst_nic: u64, dst_qpn: u32, version: u64) -> Vec<u8> {
+    frame(
+        H {
+            kind: kind::HELLO,
+            w1: dst_qpn,
+            w2: src_qpn,
+            w3: HELLO_MAGIC,
+            q2: src_nic,
+            q3: dst_nic,
+            q4: version,
+            ..H::default()
+        },
+        &[],
+    )
+}
+
+/// One WRITE packet of a message of `total` bytes.
+fn write_pkt(psn: u32, rkey: u32, raddr: u64, total: u64, offset: u64, data: &[u8]) -> Vec<u8> {
+    let last = offset + data.len() as u64 == total;
+    frame(
+        H {
+            kind: kind::WRITE,
+            flags: if last { FLAG_LAST } else { 0 },
+            w1: psn,
+            w2: rkey,
+            q2: raddr,
+            q3: total,
+            q4: offset,
+            ..H::default()
+        },
+        data,
+    )
+}
+
+/// Reads one frame: (header fields, payload). `None` when the connection ends (EOF or reset) first.
+fn read_frame(s: &mut TcpStream) -> Option<(H, Vec<u8>)> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let len = u32::from_le_bytes(len) as usize;
+    assert!((HEADER..=HEADER + 256 * 1024).contains(&len), "the NIC sent a frame of {len} bytes");
+    let mut b = vec![0u8; len];
+    s.read_exact(&mut b).ok()?;
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    let h = H {
+        kind: b[0],
+        flags: b[1],
+        w1: u32_at(4),
+        w2: u32_at(8),
+        w3: u32_at(12),
+        q2: u64_at(16),
+        q3: u64_at(24),
+        q4: u64_at(32),
+    };
+    Some((h, b[HEADER..].to_vec()))
+}
+
+/// Asserts the NIC closes the connection (protocol violation) within a few seconds, reading away whatever
+/// it still sends.
+fn assert_closed(s: &mut TcpStream, what: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset) => return,
+            Err(e) => panic!("{what}: the NIC did not close the connection: {e}"),
+        }
+    }
+}
+
+fn wired(retry: Duration) -> EmuConfig {
+    EmuConfig::host().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
+}
+
+/// A NIC under test, with a PD, a CQ, and a second PD for cross-PD checks.
+struct Victim {
+    nic: Arc<EmuNic>,
+    pd: Pd,
+    other_pd: Pd,
+    cq: Cq,
+}
+
+impl Victim {
+    fn new(retry: Duration) -> Self {
+        let nic = EmuNic::open(wired(retry)).unwrap();
+        let (pd, other_pd, cq) = (nic.alloc_pd().unwrap(), nic.alloc_pd().unwrap(), nic.create_cq(256).unwrap());
+        Self { nic, pd, other_pd, cq }
+    }
+}
+
+/// Fake NIC id that is smaller than any real one (ids are random and nonzero): the fake peer dials.
+const SMALL_NIC: u64 = 1;
+/// Fake NIC id larger than any real one: the NIC under test dials the fake peer.
+const LARGE_NIC: u64 = u64::MAX;
+const FAKE_QPN: u32 = 0x00ab_cdef;
+const FAKE_PSN: u32 = 0x00ff_fffe; // wraps after two messages
+
+/// Connects `qp` of the NIC under test to a fake peer that dials it, says a valid hello and gets the ack.
+/// Returns the fake's stream.
+fn fake_dials(v: &Victim, qp: &Qp) -> TcpStream {
+    let ep = Endpoint { nic: SMALL_NIC, qpn: FAKE_QPN, psn: FAKE_PSN, wire: Some("127.0.0.1:9".parse().unwrap()) };
+    qp.connect(&ep).unwrap();
+    let mut s = TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&hello(SMALL_NIC, FAKE_QPN, v.nic.id(), qp.qpn(), 1)).unwrap();
+    let (h, _) = read_frame(&mut s).expect("answer to the hello");
+    assert_eq!(h.kind, kind::HELLO_ACK, "{h:?}");
+    s
+}
+
+/// Connects `qp` to a fake peer the NIC under test dials; the fake accepts, checks the hello, acks it.
+fn nic_dials(qp: &Qp) -> TcpStream {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = Endpoint { nic: LARGE_NIC, qpn: FAKE_QPN, psn: FAKE_PSN, wire: Some(l.local_addr().unwrap()) };
+    qp.connect(&ep).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (h, _) = read_frame(&mut s).expect("a hello");
+    assert_eq!((h.kind, h.w1, h.w2, h.w3, h.q3, h.q4), (kind::HELLO, FAKE_QPN, qp.qpn(), HELLO_MAGIC, LARGE_NIC, 1));
+    s.write_all(&frame(H { kind: kind::HELLO_ACK, ..H::default() }, &[])).unwrap();
+    s
+}
+
+/// Two real NICs with one connected QP pair; checks a WRITE and a READ round trip still work.
+fn assert_legit_pair_works(nic_a: &Arc<EmuNic>, nic_b: &Arc<EmuNic>) {
+    let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (nic_a.create_cq(64).unwrap(), nic_b.create_cq(64).unwrap());
+    let a = nic_a.create_qp(&pd_a, &cq_a, 64).unwrap();
+    let b = nic_b.create_qp(&pd_b, &cq_b, 64).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let (src, dst, back) = (GuardedBuf::new(4096, 0x5a), GuardedBuf::new(4096, 0), GuardedBuf::new(4096, 0));
+    let lmr = src.register(nic_a, &pd_a, Access::NONE);
+    let bmr = back.register(nic_a, &pd_a, Access::LOCAL_WRITE);
+    let rmr = dst.register(nic_b, &pd_b, Access::ALL);
+    let (mut sq, mut cq) = (Sq::new(&a), CqPoll::new(&cq_a));
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 4096), dst.addr(), rmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    let at = sq.post(&sq.read(SIGNALED, (bmr.lkey(), back.addr(), 4096), dst.addr(), rmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_READ, sq.qpn(), at, 4096);
+    assert!(back.read().iter().all(|&b| b == 0x5a));
+    assert!(src.guards_intact() && dst.guards_intact() && back.guards_intact());
+}
+
+// ---- 1. strangers on the listener ----
+
+#[test]
+fn garbage_on_the_listener_changes_nothing() {
+    let (nic_a, nic_b) =
+        (EmuNic::open(wired(Duration::from_secs(3))).unwrap(), EmuNic::open(wired(Duration::from_secs(3))).unwrap());
+    let addr = nic_b.wire_addr().unwrap();
+    let mut held = Vec::new();
+    let send = |bytes: &[u8]| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let _ = s.write_all(bytes);
+        s
+    };
+    // Random bytes; lengths out of range; a right-sized frame of an unknown kind; a hello without the magic;
+    // a request kind as first frame; a truncated hello; nothing at all (held open: costs one thread for 5 s).
+    let mut rng_state = 0x1234_5678_9abc_def0u64;
+    let garbage: Vec<u8> = (0..4096)
+        .map(|_| {
+            rng_state ^= rng_state << 13;
+            rng_state ^= rng_state >> 7;
+            rng_state ^= rng_state << 17;
+            rng_state as u8
+        })
+        .collect();
+    held.push(send(&garbage));
+    held.push(send(&u32::MAX.to_le_bytes()));
+    held.push(send(&0u32.to_le_bytes()));
+    held.push(send(&39u32.to_le_bytes()));
+    held.push(send(&frame(H { kind: 99, ..H::default() }, &[])));
+    let mut no_magic = hello(1, 2, nic_b.id(), 3, 1);
+    no_magic[16..20].copy_from_slice(&0u32.to_le_bytes());
+    held.push(send(&no_magic));
+    held.push(send(&write_pkt(0, 0, 0, 8, 0, &[0; 8])));
+    held.push(send(&hello(1, 2, nic_b.id(), 3, 1)[..20]));
+    held.push(send(&[]));
+    drop(send(&[])); // connect and leave at once
+                     // Every connection that said something is closed by the NIC, without an answer (or with a reject).
+                     // (The truncated hello is a slow sender: it gets HELLO_TIMEOUT, 5 s, to finish.)
+    for (i, s) in held.iter_mut().take(7).enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut b = [0u8; 64];
+        match s.read(&mut b) {
+            Ok(0) => {}
+            Ok(n) => panic!("the NIC answered garbage #{i} with {n} bytes"),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("garbage connection #{i} left open: {e}"),
+        }
+    }
+    assert!(nic_b.executor_alive() && nic_a.executor_alive());
+    // While the silent connections are still open, a real pair on the same NICs works.
+    assert_legit_pair_works(&nic_a, &nic_b);
+    assert_legit_pair_works(&nic_b, &nic_a);
+    assert!(nic_b.executor_alive() && nic_a.executor_alive());
+    drop(held);
+}
+
+#[test]
+fn hellos_naming_the_wrong_nic_qp_or_version_are_rejected_with_the_reason() {
+    let v = Victim::new(Duration::from_millis(300));
+    let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+    let ep = Endpoint { nic: SMALL_NIC, qpn: FAKE_QPN, psn: 0, wire: Some("127.0.0.1:9".parse().unwrap()) };
+    qp.connect(&ep).unwrap();
+    // A QP connected to a peer on a NIC with a larger id: the NIC under test dials that one, so an inbound
+    // hello for it is refused.
+    let dialing = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    dialing.connect(&Endpoint { nic: LARGE_NIC, qpn: 7, psn: 0, wire: Some(l.local_addr().unwrap()) }).unwrap();
+    // A QP never connected.
+    let lonely = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+    let ask = |bytes: Vec<u8>| -> u8 {
+        let mut s = TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        s.write_all(&bytes).unwrap();
+        let (h, data) = read_frame(&mut s).expect("an answer");
+        assert!(data.is_empty());
+        match h.kind {
+            kind::REJECT => h.w3 as u8,
+            kind::HELLO_ACK => 0,
+            k => panic!("answer of kind {k}"),
+        }
+    };
+    let me = v.nic.id();
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me ^ 1, qp.qpn(), 1)), 1, "wrong NIC");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, 0x00ff_fff0, 1)), 2, "no such QP");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN + 1, me, qp.qpn(), 1)), 3, "another source QP");
+    assert_eq!(ask(hello(SMALL_NIC + 1, FAKE_QPN, me, qp.qpn(), 1)), 3, "another source NIC");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), 2)), 5, "other version");
+    assert_eq!(ask(hello(LARGE_NIC, 7, me, dialing.qpn(), 1)), 4, "the NIC dials this one itself");
+    let t = Instant::now();
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, lonely.qpn(), 1)), 3, "QP never connected");
+    assert!(t.elapsed() < Duration::from_secs(2), "refused after the retry timeout, not later");
+    // The valid hello still gets through after all that, and a second one is refused as busy.
+    let mut first = TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap();
+    first.write_all(&hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), 1)).unwrap();
+    first.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    assert_eq!(read_frame(&mut first).unwrap().0.kind, kind::HELLO_ACK);
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), 1)), 4, "second hello");
+    assert!(v.nic.executor_alive());
+    assert_eq!(qp.state(), QpState::Rts);
+}
+
+// ---- 2. a hostile requester: requests to the NIC under test's MRs ----
+
+/// The NIC under test as responder, with an MR of 256 bytes (guarded), an MR of another PD, and a fresh QP
+/// connected to a fake peer that dialed it. `f` sends frames on the stream.
+fn with_responder(name: &str, f: impl FnOnce(&mut TcpStream, &Target)) {
+    let v = Victim::new(Duration::from_secs(3));
+    let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+    let buf = GuardedBuf::new(256, 0xc3);
+    let other = GuardedBuf::new(256, 0x3c);
+    let mr = buf.register(&v.nic, &v.pd, Access::ALL);
+    let omr = other.register(&v.nic, &v.other_pd, Access::ALL);
+    let mut s = fake_dials(&v, &qp);
+    let t = Target { addr: buf.addr(), rkey: mr.rkey(), other_addr: other.addr(), other_rkey: omr.rkey() };
+    f(&mut s, &t);
+    assert!(v.nic.executor_alive(), "{name}: executor died");
+    assert!(buf.guards_intact() && other.guards_intact(), "{name}: guard bytes written");
+    assert!(other.read().iter().all(|&b| b == 0x3c), "{name}: another PD's MR was written");
+    // The NIC's other QPs still work.
+    let peer_nic = EmuNic::open(wired(Duration::from_secs(3))).unwrap();
+    assert_legit_pair_works(&peer_nic, &v.nic);
+    drop((mr, omr));
+}
+
+struct Target {
+    addr: u64,
+    rkey: u32,
+    other_addr: u64,
+    other_rkey: u32,
+}
+
+impl Target {
+    /// Byte `off` of the 256-byte MR.
+    fn byte(&self, off: u64) -> u8 {
+        assert!(off < 256);
+        // SAFETY: inside the registered middle of a live GuardedBuf (it outlives the closure given this).
+        unsafe { ((self.addr + off) as *const u8).read_volatile() }
+    }
+}
+
+fn expect_nak(s: &mut TcpStream, psn: u32, syn: u8, what: &str) {
+    let (h, _) = read_frame(s).unwrap_or_else(|| panic!("{what}: no answer"));
+    assert_eq!((h.kind, h.w1, h.w3 as u8), (kind::NAK, psn, syn), "{what}: {h:?}");
+}
+
+#[test]
+fn hostile_requester_gets_naks_and_writes_nothing_outside_its_mr() {
+    // A valid WRITE lands and is acknowledged; PSNs wrap at 24 bits.
+    with_responder("valid", |s, t| {
+        s.write_all(&write_pkt(FAKE_PSN, t.rkey, t.addr + 8, 8, 0, &[0xab; 8])).unwrap();
+        s.write_all(&write_pkt((FAKE_PSN + 1) & 0xff_ffff, t.rkey, t.addr + 16, 4, 0, &[0xcd; 4])).unwrap();
+        s.write_all(&write_pkt(0, t.rkey, t.addr + 24, 2, 0, &[0xef; 2])).unwrap();
+        loop {
+            let (h, _) = read_frame(s).expect("an ACK");
+            assert_eq!(h.kind, kind::ACK, "{h:?}");
+            if h.w1 == 0 {
+                break;
+            }
+        }
+        let got: Vec<u8> = (0..32).map(|i| t.byte(i)).collect();
+        let mut want = vec![0xc3; 32];
+        want[8..16].fill(0xab);
+        want[16..20].fill(0xcd);
+        want[24..26].fill(0xef);
+        assert_eq!(got, want);
+    });
+    // Into an MR of another PD: NAK 0x13.
+    with_responder("other PD", |s, t| {
+        s.write_all(&write_pkt(FAKE_PSN, t.other_rkey, t.other_addr, 8, 0, &[1; 8])).unwrap();
+        expect_nak(s, FAKE_PSN, syndrome::REMOTE_ACCESS_ERR, "other PD");
+    });
+    // Past the end of the MR, and straddling its start: NAK 0x13.
+    with_responder("past the end", |s, t| {
+        s.write_all(&write_pkt(FAKE_PSN, t.rkey, t.addr + 250, 8, 0, &[1; 8])).unwrap();
+        expect_nak(s, FAKE_PSN, syndrome::REMOTE_ACCESS_ERR, "past the end");
+    });
+    with_responder("before the start", |s, t| {
+        s.write_all(&write_pkt(FAKE_PSN, t.rkey, t.addr - 8, 16, 0, &[1; 16])).unwrap();
+        expect_nak(s, FAKE_PSN, syndrome::REMOTE_ACCESS_ERR, "before the start");
+    });
+    // A multi-packet WRITE whose second packet names another (out-of-bounds) address: NAK, first packet only.
+    with_responder("packets disagree", |s, t| {
+        s.write_all(&write_pkt(FAKE_PSN, t.rkey, t.addr, 16, 0, &[1; 8])).unwrap();
+        s.write_all(&write_pkt(FAKE_PSN, t.rkey, t.addr + 248, 16, 8, &[2; 8])).unwrap();
+        expect_nak(s, FAKE_PSN, syndrome::REMOTE_ACCESS_ERR, "packets disagree");
+    });
+    // A huge `total` (2^31) whose packet lies inside the MR: the message as a whole is out of bounds.
+    with_responder("huge total", |s, t| {
+        s.write_all(&write_pkt(FAKE_PSN, t.rkey, t.addr, 1 << 31, 0, &[1; 8])).unwrap();
+        expect_nak(s, FAKE_PSN, syndrome::REMOTE_ACCESS_ERR, "huge total");
+    });
+    // Misaligned atomic: NAK 0x12; READ longer than the MR: 0x13.
+    with_responder("misaligned atomic", |s, t| {
+        let fa = H { kind: kind::FETCH_ADD, w1: FAKE_PSN, w2: t.rkey, q2: t.addr + 4, q3: 1, ..H::default() };
+        s.write_all(&frame(fa, &[])).unwrap();
+        expect_nak(s, FAKE_PSN, syndrome::REMOTE_INVAL_REQ_ERR, "misaligned atomic");
+    });
+    with_responder("long READ", |s, t| {
+        let rd = H { kind: kind::READ, w1: FAKE_PSN, w2: t.rkey, q2: t.addr, q3: 4096, ..H::default() };
+        s.write_all(&frame(rd, &[])).unwrap();
+        expect_nak(s, FAKE_PSN, syndrome::REMOTE_ACCESS_ERR, "long READ");
+    });
+    // After a NAK the responder ignores the connection's requests: nothing lands.
+    with_responder("after a NAK", |s, t| {
+        s.write_all(&write_pkt(FAKE_PSN, t.other_rkey, t.other_addr, 8, 0, &[1; 8])).unwrap();
+        expect_nak(s, FAKE_PSN, syndrome::REMOTE_ACCESS_ERR, "first");
+        s.write_all(&write_pkt((FAKE_PSN + 1) & 0xff_ffff, t.rkey, t.addr, 8, 0, &[1; 8])).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        assert!(read_frame(s).is_none(), "answered a request after its NAK");
+    });
+}
+
+/// Builds a frame against the target MR.
+type MakeFrame = dyn Fn(&Target) -> Vec<u8>;
+
+#[test]
+fn protocol_violations_close_the_connection() {
+    let cases: Vec<(&str, Box<MakeFrame>)> = vec![
+        ("PSN ahead", Box::new(|t| write_pkt(FAKE_PSN.wrapping_add(5) & 0xff_ffff, t.rkey, t.addr, 8, 0, &[1; 8]))),
+        ("PSN behind", Box::new(|t| write_pkt(FAKE_PSN - 1, t.rkey, t.addr, 8, 0, &[1; 8]))),
+        ("offset past total", Box::new(|t| write_pkt(FAKE_PSN, t.rkey, t.addr, 8, 8, &[1; 8]))),
+        ("length u32::MAX", Box::new(|_| u32::MAX.to_le_bytes().to_vec())),
+        ("length 0", Box::new(|_| 0u32.to_le_bytes().to_vec())),
+        ("frame over the limit", Box::new(|_| (HEADER as u32 + 256 * 1024 + 1).to_le_bytes().to_vec())),
+        ("unknown kind", Box::new(|_| frame(H { kind: 77, ..H::default() }, &[]))),
+        (
+            "reserved bits",
+            Box::new(|t| {
+                let mut f = write_pkt(FAKE_PSN, t.rkey, t.addr, 8, 0, &[1; 8]);
+                f[6] = 1;
+                f
+            }),
+        ),
+        ("ACK of nothing", Box::new(|_| frame(H { kind: kind::ACK, w1: 5, ..H::default() }, &[]))),
+        ("NAK of nothing", Box::new(|_| frame(H { kind: kind::NAK, w1: 5, w3: 0x13, ..H::default() }, &[]))),
+        (
+            "READ response to nothing",
+            Box::new(|_| frame(H { kind: kind::READ_RESP, flags: FLAG_LAST, w1: 5, ..H::default() }, &[9; 64])),
+        ),
+        ("atomic response to nothing", Box::new(|_| frame(H { kind: kind::ATOMIC_RESP, w1: 5, ..H::default() }, &[]))),
+        ("hello again", Box::new(|_| hello(SMALL_NIC, FAKE_QPN, 0, 0, 1))),
+    ];
+    for (name, make) in cases {
+        with_responder(name, |s, t| {
+            s.write_all(&make(t)).unwrap();
+            assert_closed(s, name);
+        });
+    }
+}
+
+// ---- 3. a hostile responder: answers to the NIC under test's requests ----
+
+/// The NIC under test as requester: a QP connected to a fake peer it dialed, and the fake's stream (past the
+/// hello).
+struct Requester {
+    v: Victim,
+    qp: Qp,
+    s: TcpStream,
+}
+
+impl Requester {
+    fn new(retry: Duration) -> Self {
+        let v = Victim::new(retry);
+        let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+        let s = nic_dials(&qp);
+        Self { v, qp, s }
+    }
+}
+
+#[test]
+fn hostile_responder_answers_fail_the_wqe_with_retry_exceeded_and_write_nothing_extra() {
+    // A READ of 64 bytes into the middle of a 256-byte local MR; the fake answers with 128 bytes.
+    for (name, resp) in [
+        ("longer than asked", vec![(0u64, 128usize, true)]),
+        ("past the end in a second packet", vec![(0, 32, false), (32, 96, true)]),
+        ("out of order", vec![(32, 32, true)]),
+        ("not marked last", vec![(0, 64, false), (64, 8, true)]),
+    ] {
+        let mut r = Requester::new(Duration::from_secs(3));
+        let local = GuardedBuf::new(256, 0x11);
+        let lmr = local.register(&r.v.nic, &r.v.pd, Access::LOCAL_WRITE);
+        let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+        let at = sq.post(&sq.read(SIGNALED, (lmr.lkey(), local.addr() + 64, 64), 0x1000, 0x4242));
+        let psn = r.qp.endpoint().psn;
+        let (h, _) = read_frame(&mut r.s).expect("the READ");
+        assert_eq!((h.kind, h.w1, h.w2, h.q2, h.q3), (kind::READ, psn, 0x4242, 0x1000, 64));
+        for (offset, len, last) in resp {
+            let f = frame(
+                H {
+                    kind: kind::READ_RESP,
+                    flags: if last { FLAG_LAST } else { 0 },
+                    w1: psn,
+                    q4: offset,
+                    ..H::default()
+                },
+                &vec![0xee; len],
+            );
+            let _ = r.s.write_all(&f);
+        }
+        assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_READ, sq.qpn(), at);
+        let got = local.read();
+        assert!(got[..64].iter().all(|&b| b == 0x11), "{name}: bytes before the READ's SGE written");
+        assert!(got[128..].iter().all(|&b| b == 0x11), "{name}: bytes after the READ's SGE written");
+        assert!(local.guards_intact(), "{name}");
+        assert_eq!(r.qp.state(), QpState::Error, "{name}");
+        assert!(r.v.nic.executor_alive(), "{name}");
+        assert_closed(&mut r.s, name);
+    }
+}
+
+/// Builds the fake responder's answer to the request with this PSN.
+type Answer = fn(u32) -> Vec<u8>;
+
+#[test]
+fn hostile_responder_acks_and_naks_for_other_psns_break_the_link() {
+    let cases: [(&str, Answer); 5] = [
+        ("ACK of an earlier PSN", |psn| {
+            frame(H { kind: kind::ACK, w1: (psn + 0xff_ffff) & 0xff_ffff, ..H::default() }, &[])
+        }),
+        ("NAK of another PSN", |psn| {
+            frame(H { kind: kind::NAK, w1: (psn + 3) & 0xff_ffff, w3: 0x13, ..H::default() }, &[])
+        }),
+        ("atomic response to a WRITE", |psn| frame(H { kind: kind::ATOMIC_RESP, w1: psn, q3: 7, ..H::default() }, &[])),
+        ("READ response to a WRITE", |psn| {
+            frame(H { kind: kind::READ_RESP, flags: FLAG_LAST, w1: psn, ..H::default() }, &[1; 8])
+        }),
+        ("a request where a response is due", |psn| write_pkt(psn, 0, 0, 0, 0, &[])),
+    ];
+    for (name, answer) in cases {
+        let mut r = Requester::new(Duration::from_secs(3));
+        let psn = r.qp.endpoint().psn;
+        let src = GuardedBuf::new(64, 0x11);
+        let lmr = src.register(&r.v.nic, &r.v.pd, Access::NONE);
+        let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+        let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 0x4242));
+        let later = sq.post(&sq.nop(SIGNALED));
+        let (h, data) = read_frame(&mut r.s).expect("the WRITE");
+        assert_eq!((h.kind, h.w1, data.len()), (kind::WRITE, psn, 64));
+        let answer = answer(psn);
+        r.s.write_all(&answer).unwrap();
+        assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+        assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::NOP, sq.qpn(), later);
+        assert!(r.v.nic.executor_alive(), "{name}");
+        assert_closed(&mut r.s, name);
+    }
+}
+
+/// A NAK carries the syndrome the requester reports. A responder can send any byte there, including 0
+/// (which reads as "no error" to code that checks the syndrome) or 0x05 (flush, which device code treats as
+/// "an earlier WQE failed"). Records what the NIC under test makes of it.
+#[test]
+#[ignore = "finding: a NAK's syndrome reaches the CQE unchecked (requester.rs apply, Packet::Nak); see the report"]
+fn nak_with_a_syndrome_no_responder_produces() {
+    let mut seen = Vec::new();
+    for syn in [0x00u8, 0x05, 0x15, 0xff] {
+        let mut r = Requester::new(Duration::from_secs(3));
+        let src = GuardedBuf::new(64, 0x11);
+        let lmr = src.register(&r.v.nic, &r.v.pd, Access::NONE);
+        let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+        let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 0x4242));
+        let _ = read_frame(&mut r.s).expect("the WRITE");
+        let psn = r.qp.endpoint().psn;
+        r.s.write_all(&frame(H { kind: kind::NAK, w1: psn, w3: syn as u32, ..H::default() }, &[])).unwrap();
+        let c = cq.wait();
+        assert_eq!(c.opcode(), opcode::cqe::REQ_ERR);
+        assert_eq!(c.as_err().wqe_counter.get(), at as u16);
+        seen.push((syn, c.as_err().syndrome));
+    }
+    eprintln!("NAK syndrome -> CQE syndrome: {seen:x?}");
+    // Only what a responder can produce (0x12 remote invalid request, 0x13 remote access, 0x14 remote
+    // operation) should reach the CQE; anything else is a protocol violation (0x15 or 0x10 bad response).
+    let passed_through: Vec<_> = seen.iter().filter(|(s, c)| s == c && !matches!(c, 0x12..=0x15)).collect();
+    assert!(passed_through.is_empty(), "responder-chosen syndromes reach the CQE verbatim: {passed_through:x?}");
+}
+
+// ---- 4. a silent peer (SIGSTOP, or a hostile one that stops reading) ----
+
+/// Runs `f` on a thread; returns whether it finished within `d`. A hung `f` is leaked.
+fn finishes_within(d: Duration, f: impl FnOnce() + Send + 'static) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(d).is_ok()
+}
+
+/// The peer accepts the connection, acks the hello, then never reads again (as a SIGSTOPped process). A
+/// WRITE larger than the socket buffers must still fail with 0x15 after the retry timeout, and the QP, its
+/// MRs and the NIC must still be droppable.
+#[test]
+#[ignore = "bug: the executor blocks in Link::send (no write timeout) holding the MR read lock and the stream lock; \
+            see the report"]
+fn silent_peer_with_a_large_write_fails_after_the_retry_timeout() {
+    let retry = Duration::from_millis(500);
+    let r = Requester::new(retry);
+    let n = 32 << 20;
+    let src = Box::leak(Box::new(GuardedBuf::new(n, 0x11)));
+    let lmr = src.register(&r.v.nic, &r.v.pd, Access::NONE);
+    let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), n as u32), 0x1000, 0x4242));
+    let t = Instant::now();
+    let mut got = None;
+    while t.elapsed() < retry * 4 + Duration::from_secs(2) {
+        if let Some(c) = cq.poll() {
+            got = Some(c);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let Some(c) = got else {
+        // Leak everything (dropping would hang), and report.
+        let stuck = !finishes_within(Duration::from_secs(3), move || drop(lmr));
+        std::mem::forget(r);
+        panic!(
+            "no CQE {:?} after posting a {n}-byte WRITE to a peer that stopped reading (retry timeout {retry:?}); \
+             dropping its MR {}",
+            t.elapsed(),
+            if stuck { "hangs too" } else { "returns" }
+        );
+    };
+    assert_err(&c, syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    let Requester { v, qp, s } = r;
+    assert!(finishes_within(Duration::from_secs(3), move || drop((lmr, qp, v, s))), "drop hangs");
+}
+
+// ---- 5. drops while a large WRITE is in flight ----
+
+struct Big {
+    nic_a: Arc<EmuNic>,
+    nic_b: Arc<EmuNic>,
+    pd_a: Pd,
+    pd_b: Pd,
+    cq_a: Cq,
+    cq_b: Cq,
+    a: Qp,
+    b: Qp,
+}
+
+fn big_pair() -> Big {
+    let (nic_a, nic_b) =
+        (EmuNic::open(wired(Duration::from_secs(3))).unwrap(), EmuNic::open(wired(Duration::from_secs(3))).unwrap());
+    let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (nic_a.create_cq(64).unwrap(), nic_b.create_cq(64).unwrap());
+    let a = nic_a.create_qp(&pd_a, &cq_a, 64).unwrap();
+    let b = nic_b.create_qp(&pd_b, &cq_b, 64).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    Big { nic_a, nic_b, pd_a, pd_b, cq_a, cq_b, a, b }
+}
+
+const BIG: usize = 16 << 20;
+
+/// Posts a 16 MiB WRITE a → b and waits until its first bytes landed in `dst`.
+fn start_big_write(p: &Big, src: &GuardedBuf, dst: &GuardedBuf, lkey: u32, rkey: u32) -> (Sq, u64) {
+    let mut sq = Sq::new(&p.a);
+    let at = sq.post(&sq.write(SIGNALED, (lkey, src.addr(), BIG as u32), dst.addr(), rkey));
+    wait_until("the first bytes of the WRITE", || dst.load_u64(0) != 0);
+    (sq, at)
+}
+
+#[test]
+fn mr_dropped_while_a_remote_write_targets_it_is_never_written_after() {
+    let p = big_pair();
+    let src = GuardedBuf::new(BIG, 0x77);
+    let dst = GuardedBuf::new(BIG, 0);
+    let lmr = src.register(&p.nic_a, &p.pd_a, Access::NONE);
+    let rmr = dst.register(&p.nic_b, &p.pd_b, Access::ALL);
+    let (sq, at) = start_big_write(&p, &src, &dst, lmr.lkey(), rmr.rkey());
+    let t = Instant::now();
+    drop(rmr);
+    assert!(t.elapsed() < Duration::from_secs(2), "deregistration took {:?}", t.elapsed());
+    // Mark the whole buffer: nothing may change it from now on.
+    dst.fill(0x99);
+    let c = CqPoll::new(&p.cq_a).wait();
+    if c.opcode() == opcode::cqe::REQ {
+        eprintln!("the WRITE finished before the MR went");
+    } else {
+        assert_err(&c, syndrome::REMOTE_ACCESS_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(dst.read().iter().all(|&b| b == 0x99), "bytes placed after the MR was deregistered");
+    assert!(dst.guards_intact());
+    assert!(p.nic_a.executor_alive() && p.nic_b.executor_alive());
+    drop(lmr);
+}
+
+#[test]
+fn responder_qp_dropped_mid_write_fails_the_requester_with_retry_exceeded() {
+    let p = big_pair();
+    let src = GuardedBuf::new(BIG, 0x77);
+    let dst = GuardedBuf::new(BIG, 0);
+    let lmr = src.register(&p.nic_a, &p.pd_a, Access::NONE);
+    let rmr = dst.register(&p.nic_b, &p.pd_b, Access::ALL);
+    let (sq, at) = start_big_write(&p, &src, &dst, lmr.lkey(), rmr.rkey());
+    let Big { nic_a, nic_b, pd_a, pd_b, cq_a, cq_b, a, b } = p;
+    let t = Instant::now();
+    drop(b);
+    assert!(t.elapsed() < Duration::from_secs(2), "QP drop took {:?}", t.elapsed());
+    let c = CqPoll::new(&cq_a).wait();
+    if c.opcode() == opcode::cqe::REQ {
+        eprintln!("the WRITE finished before the QP went");
+    } else {
+        assert_err(&c, syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    }
+    assert_eq!(a.state(), if c.opcode() == opcode::cqe::REQ { QpState::Rts } else { QpState::Error });
+    let t = Instant::now();
+    drop((rmr, cq_b, pd_b, nic_b));
+    drop((a, lmr, cq_a, pd_a, nic_a));
+    assert!(t.elapsed() < Duration::from_secs(2), "teardown took {:?}", t.elapsed());
+}
+
+#[test]
+fn requester_side_torn_down_mid_write_ends_cleanly() {
+    let p = big_pair();
+    let src = GuardedBuf::new(BIG, 0x77);
+    let dst = GuardedBuf::new(BIG, 0);
+    let lmr = src.register(&p.nic_a, &p.pd_a, Access::NONE);
+    let rmr = dst.register(&p.nic_b, &p.pd_b, Access::ALL);
+    let _ = start_big_write(&p, &src, &dst, lmr.lkey(), rmr.rkey());
+    let Big { nic_a, nic_b, pd_a, pd_b, cq_a, cq_b, a, b } = p;
+    let t = Instant::now();
+    // Everything of side a, the NIC last, while its executor streams the WRITE.
+    drop(a);
+    drop(lmr);
+    drop((cq_a, pd_a));
+    assert_eq!(Arc::strong_count(&nic_a), 1);
+    drop(nic_a);
+    assert!(t.elapsed() < Duration::from_secs(2), "teardown of the requester side took {:?}", t.elapsed());
+    // b is idle (a responder only): it stays in RTS; a request from it now fails with 0x15 at once.
+    let probe = GuardedBuf::new(8, 0);
+    let pmr = probe.register(&nic_b, &pd_b, Access::LOCAL_WRITE);
+    let (mut sq, mut cq) = (Sq::new(&b), CqPoll::new(&cq_b));
+    let at = sq.post(&sq.read(SIGNALED, (pmr.lkey(), probe.addr(), 8), 0x1000, 1));
+    assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_READ, sq.qpn(), at);
+    assert!(nic_b.executor_alive());
+    assert!(dst.guards_intact());
+    drop((pmr, rmr));
+}
+
+#[test]
+fn atomic_after_a_hostile_write_storm_still_sees_every_write_placed() {
+    // Many small valid WRITEs, then a fetch-add: all ACKed in order, the atomic's result after them.
+    with_responder("storm", |s, t| {
+        let mut psn = FAKE_PSN;
+        let mut bytes = Vec::new();
+        for i in 0..1000u32 {
+            bytes.extend(write_pkt(psn, t.rkey, t.addr + 8 + (i as u64 % 30) * 8, 8, 0, &(i as u64).to_le_bytes()));
+            psn = (psn + 1) & 0xff_ffff;
+        }
+        let fa = H { kind: kind::FETCH_ADD, w1: psn, w2: t.rkey, q2: t.addr, q3: 5, ..H::default() };
+        bytes.extend(frame(fa, &[]));
+        s.write_all(&bytes).unwrap();
+        loop {
+            let (h, _) = read_frame(s).expect("responses");
+            match h.kind {
+                kind::ACK => continue,
+                kind::ATOMIC_RESP => {
+                    assert_eq!((h.w1, h.q3), (psn, 0xc3c3_c3c3_c3c3_c3c3));
+                    break;
+                }
+                k => panic!("kind {k}"),
+            }
+        }
+    });
+}
+
+// ---- 6. odd retry timeouts ----
+
+/// `WireConfig::retry_timeout` is user input: `Duration::MAX` (a "never time out" a user might try) must
+/// give an error or work, not a panic on a wire thread that leaves the QP connecting forever.
+#[test]
+#[ignore = "bug: Instant + Duration::MAX overflows in link::dial (link.rs:230); see the report"]
+fn huge_retry_timeout_is_refused_or_works() {
+    let cfg = EmuConfig::host().with_wire(WireConfig { retry_timeout: Duration::MAX, ..WireConfig::loopback() });
+    let nic = match EmuNic::open(cfg) {
+        Ok(nic) => nic,
+        Err(e) => return eprintln!("refused at open: {e}"),
+    };
+    let (pd, cq) = (nic.alloc_pd().unwrap(), nic.create_cq(64).unwrap());
+    let qp = nic.create_qp(&pd, &cq, 64).unwrap();
+    // A peer with a larger NIC id: this NIC dials it.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = Endpoint { nic: LARGE_NIC, qpn: FAKE_QPN, psn: FAKE_PSN, wire: Some(l.local_addr().unwrap()) };
+    if let Err(e) = qp.connect(&ep) {
+        return eprintln!("refused at connect: {e}");
+    }
+    l.set_nonblocking(true).unwrap();
+    let t = Instant::now();
+    loop {
+        match l.accept() {
+            Ok(_) => break,
+            Err(_) if t.elapsed() < Duration::from_secs(3) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("the NIC never dialed its peer ({e}): its dialer thread died"),
+        }
+    }
+}
+
+/// A retry timeout of zero fails every request at once (0x15) rather than hanging: a clear, if harsh, result.
+#[test]
+fn zero_retry_timeout_fails_requests_rather_than_hanging() {
+    let nic = EmuNic::open(wired(Duration::ZERO)).unwrap();
+    let (pd, cq) = (nic.alloc_pd().unwrap(), nic.create_cq(64).unwrap());
+    let qp = nic.create_qp(&pd, &cq, 64).unwrap();
+    let _s = nic_dials(&qp);
+    let src = GuardedBuf::new(64, 1);
+    let lmr = src.register(&nic, &pd, Access::NONE);
+    let (mut sq, mut cqp) = (Sq::new(&qp), CqPoll::new(&cq));
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 1));
+    assert_err(&cqp.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+}
+
+// ---- 7. a peer that connects late ----
+
+/// On hardware a QP in RTS whose peer reaches RTR later is fine as long as it posts nothing before: only
+/// outstanding requests time out. Here the early side's dialer gives up after `retry_timeout` (its hello is
+/// refused, NOT_CONNECTED, by the peer NIC that waited that long for its QP to connect) and the link is down
+/// for good, so the first WRITE after both sides connected fails with 0x15, though nothing was posted early.
+/// Whether it happens depends on which NIC id is smaller (random), so half of the late connections fail.
+#[test]
+#[ignore = "bug: a peer QP connected later than retry_timeout leaves the link down for good (link.rs dial/find_link); \
+            see the report"]
+fn peer_connecting_after_the_retry_timeout_still_works_when_nothing_was_posted() {
+    let retry = Duration::from_millis(300);
+    let (x, y) = (EmuNic::open(wired(retry)).unwrap(), EmuNic::open(wired(retry)).unwrap());
+    // The early side is the one that dials: the smaller NIC id.
+    let (early, late) = if x.id() < y.id() { (x, y) } else { (y, x) };
+    let (pd_e, pd_l) = (early.alloc_pd().unwrap(), late.alloc_pd().unwrap());
+    let (cq_e, cq_l) = (early.create_cq(64).unwrap(), late.create_cq(64).unwrap());
+    let e = early.create_qp(&pd_e, &cq_e, 64).unwrap();
+    let l = late.create_qp(&pd_l, &cq_l, 64).unwrap();
+    e.connect(&l.endpoint()).unwrap();
+    std::thread::sleep(retry * 2);
+    l.connect(&e.endpoint()).unwrap();
+    let (src, dst) = (GuardedBuf::new(64, 1), GuardedBuf::new(64, 0));
+    let (lmr, rmr) = (src.register(&early, &pd_e, Access::NONE), dst.register(&late, &pd_l, Access::ALL));
+    let (mut sq, mut cq) = (Sq::new(&e), CqPoll::new(&cq_e));
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+}
+
+/// The other half: when the late side is the one that dials, a late connect works.
+#[test]
+fn late_peer_that_dials_connects_fine() {
+    let retry = Duration::from_millis(300);
+    let (x, y) = (EmuNic::open(wired(retry)).unwrap(), EmuNic::open(wired(retry)).unwrap());
+    let (early, late) = if x.id() > y.id() { (x, y) } else { (y, x) };
+    let (pd_e, pd_l) = (early.alloc_pd().unwrap(), late.alloc_pd().unwrap());
+    let (cq_e, cq_l) = (early.create_cq(64).unwrap(), late.create_cq(64).unwrap());
+    let e = early.create_qp(&pd_e, &cq_e, 64).unwrap();
+    let l = late.create_qp(&pd_l, &cq_l, 64).unwrap();
+    e.connect(&l.endpoint()).unwrap();
+    std::thread::sleep(retry * 2);
+    l.connect(&e.endpoint()).unwrap();
+    let (src, dst) = (GuardedBuf::new(64, 1), GuardedBuf::new(64, 0));
+    let (lmr, rmr) = (src.register(&early, &pd_e, Access::NONE), dst.register(&late, &pd_l, Access::ALL));
+    let (mut sq, mut cq) = (Sq::new(&e), CqPoll::new(&cq_e));
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    assert!(dst.read().iter().all(|&b| b == 1));
+}
