@@ -173,13 +173,18 @@ impl EmuNic {
     ///
     /// # Errors
     /// [`Error::Emu`] when a thread cannot be started, the wire's address cannot be bound (the message names
-    /// it), or the OS has no random numbers for the NIC's identifier.
+    /// it), or the OS has no random numbers for the NIC's identifier; [`Error::InvalidArgument`] for a wire
+    /// that listens on an unspecified address (0.0.0.0 or ::, which peers cannot dial) or has a retry timeout
+    /// over [`WireConfig::MAX_RETRY_TIMEOUT`].
     pub fn open(cfg: EmuConfig) -> Result<Arc<EmuNic>> {
         let mut id = 0u64;
         while id == 0 {
             let mut b = [0u8; 8];
             getrandom::fill(&mut b).map_err(|e| Error::Emu(format!("no random NIC identifier: {e}")))?;
             id = u64::from_ne_bytes(b);
+        }
+        if let Some(w) = cfg.wire {
+            w.check()?;
         }
         let listener = match cfg.wire {
             Some(w) => Some(

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::packet::{self, reject, Packet, HEADER, MAX_FRAME, VERSION};
 use crate::nic::emu::fabric::{lock, read, Fabric};
-use crate::nic::emu::qp::Endpoint;
+use crate::nic::emu::qp::{Endpoint, QpState};
 
 /// What reader threads hand to the executor.
 #[derive(Debug)]
@@ -43,8 +43,6 @@ pub(crate) struct Link {
     pub local: Endpoint,
     /// The peer QP.
     pub remote: Endpoint,
-    /// When `Qp::connect` made the link: the start of the connection timeout.
-    pub opened: Instant,
     state: AtomicU8,
     /// Write side of the connection, once up. The executor is the only writer.
     stream: Mutex<Option<TcpStream>>,
@@ -57,7 +55,6 @@ impl Link {
         Self {
             local,
             remote,
-            opened: Instant::now(),
             state: AtomicU8::new(CONNECTING),
             stream: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -75,6 +72,11 @@ impl Link {
 
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Whether the connection is gone (lost, refused for good, or closed after a failed send).
+    pub(crate) fn is_down(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DOWN
     }
 
     /// Makes `stream` the write side. Fails when the link was already up (a second hello) or closed.
@@ -205,15 +207,17 @@ fn peer_name(link: &Link) -> String {
     }
 }
 
-/// Starts the dialing end of `link`: connects to the peer NIC's listener (retrying until `timeout`), says
-/// hello, waits for the answer, then reads frames.
+/// Starts the dialing end of `link`: connects to the peer NIC's listener and says hello, retrying while the peer
+/// is not there or not connected back yet (as an RC QP in RTS keeps its peer's address until it needs it), then
+/// reads frames. Requests that wait meanwhile are failed by the executor after `timeout` without progress; the
+/// thread stops when the link is closed or refused for good.
 pub(crate) fn spawn_dialer(link: Arc<Link>, mb: Mailbox, timeout: Duration) -> io::Result<()> {
     let name = format!("emu-wire-{:x}", link.local.qpn);
     thread::Builder::new().name(name).spawn(move || {
         let qpn = link.local.qpn;
         match dial(&link, timeout) {
             Ok(stream) => read_loop(stream, link, mb),
-            Err(reason) if !link.is_closed() => {
+            Err(reason) if !link.is_closed() && !link.is_down() => {
                 link.set_down();
                 mb.post(Inbound::Down { qpn, reason });
             }
@@ -223,26 +227,40 @@ pub(crate) fn spawn_dialer(link: Arc<Link>, mb: Mailbox, timeout: Duration) -> i
     Ok(())
 }
 
+/// One dialing attempt's outcome.
+enum Attempt {
+    Up(TcpStream),
+    /// Not there yet (refused, unreachable, not connected back): try again.
+    Retry,
+    /// Refused for good.
+    Fail(String),
+}
+
+/// Longest pause between two dialing attempts.
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 fn dial(link: &Link, timeout: Duration) -> Result<TcpStream, String> {
     let Some(addr) = link.remote.wire else {
         return Err(format!("{} has no wire address", peer_name(link)));
     };
-    let deadline = link.opened + timeout;
-    let mut stream = loop {
-        if link.is_closed() {
-            return Err("QP destroyed".into());
+    let mut pause = RETRY_PAUSE;
+    loop {
+        if link.is_closed() || link.is_down() {
+            return Err("link closed".into());
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        match TcpStream::connect_timeout(&addr, left.clamp(Duration::from_millis(1), Duration::from_secs(1))) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() >= deadline => {
-                return Err(format!("peer unreachable: {e} ({} after {timeout:?})", peer_name(link)))
+        match attempt(link, addr, timeout) {
+            Attempt::Up(s) => return Ok(s),
+            Attempt::Fail(why) => return Err(why),
+            Attempt::Retry => {
+                thread::sleep(pause);
+                pause = (pause * 2).min(MAX_RETRY_PAUSE);
             }
-            Err(_) => thread::sleep(RETRY_PAUSE),
         }
-    };
-    let fail = |e: io::Error| format!("hello to {} failed: {e}", peer_name(link));
-    stream.set_nodelay(true).map_err(fail)?;
+    }
+}
+
+fn attempt(link: &Link, addr: SocketAddr, timeout: Duration) -> Attempt {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else { return Attempt::Retry };
     let hello = Packet::Hello {
         src_nic: link.local.nic,
         src_qpn: link.local.qpn,
@@ -250,31 +268,47 @@ fn dial(link: &Link, timeout: Duration) -> Result<TcpStream, String> {
         dst_qpn: link.remote.qpn,
         version: VERSION,
     };
-    send_packet(&mut stream, &hello).map_err(fail)?;
-    // The peer answers once its QP is connected back to us, which may take until the timeout.
-    stream.set_read_timeout(Some(timeout.max(Duration::from_millis(10)))).map_err(fail)?;
+    // The peer answers once its QP is connected back to us, which may take until its timeout.
+    let wait = socket_timeout(timeout).max(HELLO_TIMEOUT);
     let mut body = Vec::new();
-    read_frame(&mut stream, &mut body).map_err(fail)?;
+    let asked = stream
+        .set_nodelay(true)
+        .and_then(|()| send_packet(&mut stream, &hello))
+        .and_then(|()| stream.set_read_timeout(Some(wait)))
+        .and_then(|()| read_frame(&mut stream, &mut body));
+    if asked.is_err() {
+        return Attempt::Retry;
+    }
     match packet::decode(&body) {
         Ok(Packet::HelloAck) => {}
+        Ok(Packet::Reject { why: reject::NOT_CONNECTED }) => return Attempt::Retry,
         Ok(Packet::Reject { why }) => {
-            return Err(format!("{} refused the connection: {}", peer_name(link), why_text(why)))
+            return Attempt::Fail(format!("{} refused the connection: {}", peer_name(link), why_text(why)))
         }
-        _ => return Err(format!("{} answered the hello with something else", peer_name(link))),
+        _ => return Attempt::Fail(format!("{} answered the hello with something else", peer_name(link))),
     }
-    stream.set_read_timeout(None).map_err(fail)?;
-    let writer = stream.try_clone().map_err(fail)?;
-    if !link.set_up(writer) {
-        return Err("QP destroyed".into());
+    let ready = stream
+        .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(Some(socket_timeout(timeout))))
+        .and_then(|()| stream.try_clone());
+    match ready.map(|writer| link.set_up(writer)) {
+        Ok(true) => Attempt::Up(stream),
+        Ok(false) => Attempt::Fail("link closed".into()),
+        Err(e) => Attempt::Fail(format!("connection to {} failed: {e}", peer_name(link))),
     }
-    Ok(stream)
+}
+
+/// `timeout` as a socket timeout: at least 1 ms (0 means "none" to the OS) and at most an hour.
+fn socket_timeout(timeout: Duration) -> Duration {
+    timeout.clamp(Duration::from_millis(1), Duration::from_secs(3600))
 }
 
 fn why_text(why: u8) -> &'static str {
     match why {
         reject::WRONG_NIC => "no such NIC there",
         reject::NO_QP => "no such QP there",
-        reject::NOT_CONNECTED => "its QP is not connected to this one",
+        reject::NOT_CONNECTED => "its QP is not connected to this one yet",
+        reject::OTHER_PEER => "its QP is connected to another QP",
         reject::BUSY => "its QP already has a connection",
         reject::VERSION => "different wire version",
         _ => "unknown reason",
@@ -367,8 +401,11 @@ fn accept(mut stream: TcpStream, from: SocketAddr, fab: Weak<Fabric>, mb: Mailbo
         }
     };
     // The answer goes out before the link is up, so that it is the first frame the dialer reads.
+    // A send blocked longer than the retry timeout (a peer that stopped reading) fails instead of hanging the
+    // executor.
     let ok = send_packet(&mut stream, &Packet::HelloAck)
         .and_then(|()| stream.set_read_timeout(None))
+        .and_then(|()| stream.set_write_timeout(Some(socket_timeout(timeout))))
         .and_then(|()| stream.try_clone());
     match ok {
         Ok(writer) => {
@@ -400,16 +437,19 @@ fn find_link(
             return Err(reject::WRONG_NIC);
         }
         let qp = read(&fab.qps).get(&dst_qpn).cloned().ok_or(reject::NO_QP)?;
-        if let Some(link) = qp.link.get() {
+        // `connect` sets the link before RTR: answer only once the QP takes requests.
+        let ready = matches!(qp.state(), QpState::Rtr | QpState::Rts);
+        if let (Some(link), true) = (qp.link.get(), ready) {
             if (link.remote.nic, link.remote.qpn) != (src_nic, src_qpn) {
-                return Err(reject::NOT_CONNECTED);
+                return Err(reject::OTHER_PEER);
             }
             if link.state.load(Ordering::Acquire) != CONNECTING || link.dials() {
                 return Err(reject::BUSY);
             }
             return Ok(link.clone());
         }
-        if start.elapsed() > timeout {
+        // Not connected (back to the sender) yet: the sender dials again, so answer within a few seconds.
+        if start.elapsed() > timeout.min(HELLO_TIMEOUT) {
             return Err(reject::NOT_CONNECTED);
         }
         drop((qp, fab));

@@ -41,6 +41,28 @@ impl WireConfig {
     /// `retry_cnt` = 3; NCCL uses longer ones).
     pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(4);
 
+    /// Longest [`WireConfig::retry_timeout`]: a day.
+    pub const MAX_RETRY_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+    /// Refuses what cannot work: an unspecified listening address (the NIC tells peers the address it listens
+    /// on, and 0.0.0.0 would send them to themselves) and a retry timeout over [`Self::MAX_RETRY_TIMEOUT`].
+    pub(crate) fn check(&self) -> crate::Result<()> {
+        if self.listen.ip().is_unspecified() {
+            return Err(crate::Error::InvalidArgument(format!(
+                "wire address {}: listen on a specific address (peers dial the address this NIC advertises)",
+                self.listen
+            )));
+        }
+        if self.retry_timeout > Self::MAX_RETRY_TIMEOUT {
+            return Err(crate::Error::InvalidArgument(format!(
+                "wire retry timeout {:?} is over {:?}",
+                self.retry_timeout,
+                Self::MAX_RETRY_TIMEOUT
+            )));
+        }
+        Ok(())
+    }
+
     /// Listens on `127.0.0.1`, on a free port, with the default retry timeout.
     pub fn loopback() -> Self {
         Self { listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0), retry_timeout: Self::DEFAULT_RETRY_TIMEOUT }

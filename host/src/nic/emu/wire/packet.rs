@@ -76,12 +76,14 @@ pub(crate) mod reject {
     pub const WRONG_NIC: u8 = 1;
     /// No QP with that number on this NIC, or it was destroyed.
     pub const NO_QP: u8 = 2;
-    /// The QP is not connected to the QP that said hello.
+    /// The QP is not connected (back to the QP that said hello) yet: the dialer tries again.
     pub const NOT_CONNECTED: u8 = 3;
     /// The QP already has a live connection.
     pub const BUSY: u8 = 4;
     /// The hello's encoding version is not ours.
     pub const VERSION: u8 = 5;
+    /// The QP is connected to another QP than the one that said hello.
+    pub const OTHER_PEER: u8 = 6;
 }
 
 const FLAG_LAST: u8 = 1;

@@ -27,7 +27,7 @@ use crate::nic::emu::wqe::{Header, Op, Payload, Sge};
 use super::responder::RespState;
 
 /// Outbox bytes after which frames are written at once rather than at the end of the executor's pass.
-const FLUSH_AT: usize = 1 << 20;
+pub(crate) const FLUSH_AT: usize = 1 << 20;
 
 /// Where an outstanding WQE stands.
 #[derive(Debug)]
@@ -104,6 +104,10 @@ impl WireSq {
     }
 
     /// Writes the outbox if the link is up; a failed write takes the link down.
+    ///
+    /// A send blocks for the retry timeout at most (the socket's write timeout): a peer that stops reading
+    /// fails the link rather than hanging the executor. A failed send may have left part of a frame on the
+    /// stream, so the link is closed at once and nothing more is written to it.
     pub(crate) fn flush(&mut self) -> Result<(), String> {
         self.resp.put_ack(&mut self.outbox);
         if self.outbox.is_empty() || !self.link.is_up() {
@@ -111,7 +115,10 @@ impl WireSq {
         }
         let r = self.link.send(&self.outbox);
         self.outbox.clear();
-        r.map_err(|e| format!("sending to peer QP {:#x} failed: {e}", self.link.remote.qpn))
+        r.map_err(|e| {
+            self.link.close();
+            format!("sending to peer QP {:#x} failed: {e}", self.link.remote.qpn)
+        })
     }
 }
 
@@ -287,6 +294,11 @@ fn waiting_for(ws: &mut WireSq, psn: u32) -> Option<&mut Pending> {
 fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Packet<'_>) -> Result<(), &'static str> {
     match p {
         Packet::Ack { psn } => {
+            // An ACK of a PSN never sent is a ghost (hardware drops it): a broken peer.
+            let newest = ws.next_psn.wrapping_sub(1) & PSN_MASK;
+            if psn.wrapping_sub(newest) & PSN_MASK != 0 && psn.wrapping_sub(newest) & PSN_MASK <= PSN_MASK / 2 {
+                return Err("ACK of a PSN never sent");
+            }
             // Cumulative: every WRITE up to `psn` (24-bit serial order) is placed. Requests left in PSN order, so
             // the walk stops at the first one after `psn`.
             let mut hit = false;
@@ -303,6 +315,11 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
             hit.then_some(()).ok_or("ACK of nothing outstanding")
         }
         Packet::Nak { psn, syndrome, vendor } => {
+            // A responder refuses with these only; any other syndrome would pass for a local error.
+            use gdaki_shared::prm::opcode::syndrome as s;
+            if ![s::REMOTE_INVAL_REQ_ERR, s::REMOTE_ACCESS_ERR, s::REMOTE_OP_ERR].contains(&syndrome) {
+                return Err("NAK with a syndrome no responder gives");
+            }
             let q = waiting_for(ws, psn).ok_or("NAK of nothing outstanding")?;
             q.state = State::Failed(Fault { syndrome, vendor });
             Ok(())
@@ -392,6 +409,8 @@ fn drain(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath) {
 /// rest are flushed (the QP moves to the error state). With nothing outstanding the QP stays as it is, as an
 /// idle RC QP does on hardware, and its next request fails with 0x15.
 pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, reason: String) {
+    // Nothing more goes out on it, and a dialer still trying stops.
+    ws.link.close();
     if ws.down.is_none() {
         tracing::warn!(qpn = qp.qpn, "emulated NIC: link down: {reason}; QP moves to the error state");
         ws.down = Some(reason);
@@ -408,6 +427,12 @@ pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut Da
 pub(crate) fn tick(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, timeout: Duration) -> bool {
     let had = !ws.outbox.is_empty() && ws.link.is_up();
     if let Err(reason) = ws.flush() {
+        link_down(fab, qp, ws, dp, reason);
+        return true;
+    }
+    if ws.down.is_none() && ws.link.is_down() {
+        // Closed after a failed send elsewhere in this pass (a long WRITE's or READ response's streaming).
+        let reason = format!("the connection to peer QP {:#x} broke while sending", ws.link.remote.qpn);
         link_down(fab, qp, ws, dp, reason);
         return true;
     }

@@ -8,7 +8,7 @@
 //! requester has moved to the error state and flushes them itself.
 
 use super::packet::{self, Packet, MAX_CHUNK, PSN_MASK};
-use super::requester::{link_down, WireSq};
+use super::requester::{link_down, WireSq, FLUSH_AT};
 use crate::mem::{MemKind, MemLoc};
 use crate::nic::emu::access::DataPath;
 use crate::nic::emu::exec::{self, at};
@@ -121,6 +121,10 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
                 offset += n as u64;
                 if last {
                     break;
+                }
+                // A long response streams out while it is read, rather than piling up in the outbox.
+                if ws.outbox.len() >= FLUSH_AT && ws.flush().is_err() {
+                    return Err(Fault::retry_exceeded());
                 }
             }
         }
