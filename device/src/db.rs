@@ -25,7 +25,7 @@ pub unsafe fn update_dbrec(dbrec: u64, pi: u64) {
 }
 
 /// Rings the doorbell: after a release fence at system scope (`fence.acq_rel.sys`), stores `ctrl_bits` (the first 8 bytes of the last posted WQE's
-/// ctrl segment, see [`crate::wqe::Wqe::doorbell_bits`]) to the doorbell register (UAR + `0x800`).
+/// ctrl segment, see [`CtrlSeg::doorbell_bits`](gdaki_shared::prm::wqe::CtrlSeg::doorbell_bits)) to the doorbell register (UAR + `0x800`).
 ///
 /// # Safety
 /// `bf_reg` must be the QP's doorbell register, and the dbrec must already carry the producer index.

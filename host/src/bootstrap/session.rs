@@ -15,9 +15,10 @@ use crate::{Error, Result};
 
 /// The ranks of one session, connected as a TCP star through the root (rank 0), as MSCCL++'s
 /// `TcpBootstrap` and NCCL's bootstrap ring are for exchanging connection info before the data path
-/// exists. Built by [`Bootstrap::connect`] (or [`Bootstrap::root_on`]); it moves bytes only: QP and MR info
-/// ([`QpInfo`](super::QpInfo), [`MrInfo`](super::MrInfo)) go through [`all_gather_pod`](Self::all_gather_pod)
-/// or [`send_pod`](Self::send_pod).
+/// exists. Built by [`Bootstrap::connect`] (or [`Bootstrap::root_on`]); it moves bytes only: QP info as
+/// [`Endpoint::to_bytes`](crate::nic::emu::Endpoint::to_bytes) through [`all_gather`](Self::all_gather) or
+/// [`send`](Self::send), MR info as a [`RemoteMr`](gdaki_shared::handle::RemoteMr) through
+/// [`all_gather_pod`](Self::all_gather_pod) or [`send_pod`](Self::send_pod).
 ///
 /// # Threading
 /// Each rank runs one reader thread per connection (the root: one per other rank; the others: one, to the
@@ -509,7 +510,7 @@ impl Bootstrap {
             })
     }
 
-    /// [`all_gather`](Self::all_gather) of one plain-old-data value per rank (e.g. [`QpInfo`](super::QpInfo)).
+    /// [`all_gather`](Self::all_gather) of one plain-old-data value per rank (e.g. a [`RemoteMr`](gdaki_shared::handle::RemoteMr)).
     ///
     /// # Errors
     /// As [`all_gather`](Self::all_gather), and when a rank contributed a different number of bytes than
