@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod be;
+pub mod channel;
 pub mod handle;
 pub mod prm;
 

@@ -1,0 +1,80 @@
+//! Port channels (MSCCL++'s `PortChannel` in its GPUNetIO "Device" mode): what the host builds so that device
+//! code can `put`, `signal`, `flush` and `wait` on a connection with no proxy thread.
+//!
+//! A channel names a QP (shared by any number of channels), the peer's memory and the local memory it moves
+//! data between, the peer's inbound semaphore it signals and its own inbound semaphore it waits on. Device code
+//! uses it at one of three concurrency scopes: `Exclusive` (one thread owns the QP and updates the counters in
+//! its [`QpHandle`](crate::handle::QpHandle)), `Block` (the threads of one CTA share the QP) and `Device` (any
+//! thread of the grid). The shared scopes keep the QP's counters in a [`SharedQpState`] that every poster
+//! updates with atomics; the [`QpHandle`](crate::handle::QpHandle)'s counters are then unused.
+
+use crate::handle::{MrHandle, RemoteMr};
+use bytemuck::{Pod, Zeroable};
+
+/// The counters of a QP posted to by many threads (Block and Device scopes), in memory all of them reach
+/// (GPU memory for the `gpu` executor). 64 bytes, 64-byte aligned; all zero for a new QP whose NIC has
+/// consumed nothing (else every index at the NIC's consumer count, as [`QpHandle`](crate::handle::QpHandle)'s
+/// counters are set). Indices are 64-bit WQEBB counts.
+///
+/// Posting a WQE of `n` WQEBBs: `resv += n` (atomic) reserves `[idx, idx + n)`; the poster waits until
+/// `idx + n - retired <= wqe_cnt`, stores the WQE, waits until `ready == idx` and stores `ready = idx + n`
+/// (release), so `ready` only moves over complete WQEs, in order; then it writes the dbrec and rings the
+/// doorbell for `ready`. CQEs are polled by whichever waiter holds `poll_lock`, which moves `retired` and
+/// `cq_ci` forward and records the first error CQE.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C, align(64))]
+pub struct SharedQpState {
+    /// WQEBBs reserved so far: the next WQE starts here.
+    pub resv: u64,
+    /// WQEBBs published in order: every WQE below is complete in the ring.
+    pub ready: u64,
+    /// WQEBBs retired by CQEs (the SQ consumer index).
+    pub retired: u64,
+    /// CQEs consumed from the QP's CQ (64-bit; the CQ dbrec carries the low 24 bits).
+    pub cq_ci: u64,
+    /// WQEBB index + 1 of the first WQE that completed in error, 0 while none has.
+    pub err_idx: u64,
+    /// That error CQE, packed `syndrome << 24 | vendor_err_synd << 16 | wqe_counter`.
+    pub err: u32,
+    /// 1 while a thread polls the CQ, else 0.
+    pub poll_lock: u32,
+    /// Padding, zero.
+    pub pad: [u64; 2],
+}
+
+const _: () = assert!(core::mem::size_of::<SharedQpState>() == 64);
+
+/// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`, Device mode). 152 bytes,
+/// 8-byte aligned; built by the host's `PortChannel::device_handle`.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct PortChannelHandle {
+    /// Address of the QP's [`QpHandle`](crate::handle::QpHandle) (ring, dbrec, doorbell register, CQ; in
+    /// Exclusive scope also the counters its one owner updates).
+    pub qp: u64,
+    /// Address of the QP's [`SharedQpState`] (Block and Device scopes); 0 when only Exclusive use is set up.
+    pub shared: u64,
+    /// The peer's memory that `put` writes into (`dst_offset` counts from its start).
+    pub dst: RemoteMr,
+    /// The local memory that `put` reads from (`src_offset` counts from its start).
+    pub src: MrHandle,
+    /// The peer's inbound semaphore for this channel: one 8-byte word, advanced by `signal` with an RDMA
+    /// fetch-add of 1 (host order, as the emulated NIC's atomics).
+    pub remote_sem: RemoteMr,
+    /// Address of this side's inbound semaphore (the word the peer's `signal` advances), 8-byte aligned.
+    pub local_sem: u64,
+    /// Address of this side's expected inbound count (8 bytes, device memory): `wait` adds 1 and waits until
+    /// the inbound semaphore reaches it (MSCCL++ `expectedInboundSemaphore`).
+    pub expected: u64,
+    /// The QP's atomic scratch word (8 bytes, 8-byte aligned, `LOCAL_WRITE`): where fetch-add results land,
+    /// so that they never overwrite user data. Shared by the QP's channels; nobody reads it.
+    pub scratch: MrHandle,
+    /// Largest payload of one RDMA WRITE, bytes: longer puts are split (at most 2^31, mlx5's `max_msg_sz`).
+    pub max_wqe_bytes: u64,
+    /// Bound of every device-side wait, ns.
+    pub timeout_ns: u64,
+    /// Payloads up to this many bytes go by BlueFlame in Exclusive scope (default 512 KiB).
+    pub blue_flame_limit: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<PortChannelHandle>() == 152);
