@@ -27,6 +27,11 @@ pub enum WaitOn {
         /// WQEBBs needed.
         wqebbs: u32,
     },
+    /// Earlier posters of a shared QP publishing their WQEs (in order) up to this WQEBB index.
+    Publish {
+        /// WQEBB index (64-bit) of this poster's WQE.
+        wqe_index: u64,
+    },
     /// A semaphore reaching a value.
     Semaphore {
         /// Address of the semaphore.
@@ -125,6 +130,8 @@ pub mod kind {
     pub const INVALID_ARGUMENT: u32 = 6;
     /// [`super::Error::UnexpectedCqe`]; `addr` holds the QPN, `wqe_counter` the WQE index.
     pub const UNEXPECTED_CQE: u32 = 7;
+    /// [`super::Error::Timeout`] on earlier posters' publication; `expected` holds the WQEBB index.
+    pub const TIMEOUT_PUBLISH: u32 = 8;
 }
 
 impl CqeError {
@@ -160,6 +167,10 @@ impl Error {
                     WaitOn::SqSpace { wqebbs } => {
                         r.kind = kind::TIMEOUT_SQ_SPACE;
                         r.expected = wqebbs as u64;
+                    }
+                    WaitOn::Publish { wqe_index } => {
+                        r.kind = kind::TIMEOUT_PUBLISH;
+                        r.expected = wqe_index;
                     }
                     WaitOn::Semaphore { addr, expected, seen } => {
                         r.kind = kind::TIMEOUT_SEMAPHORE;
@@ -203,6 +214,7 @@ impl Error {
             })),
             kind::TIMEOUT_CQE => timeout(WaitOn::Cqe { wqe_index: r.expected }),
             kind::TIMEOUT_SQ_SPACE => timeout(WaitOn::SqSpace { wqebbs: r.expected as u32 }),
+            kind::TIMEOUT_PUBLISH => timeout(WaitOn::Publish { wqe_index: r.expected }),
             kind::TIMEOUT_SEMAPHORE => timeout(WaitOn::Semaphore { addr: r.addr, expected: r.expected, seen: r.seen }),
             kind::UNEXPECTED_CQE => {
                 Some(Error::UnexpectedCqe(UnexpectedCqe { qpn: r.addr as u32, wqe_counter: r.wqe_counter }))
@@ -245,6 +257,10 @@ impl core::fmt::Display for Error {
                     WaitOn::SqSpace { wqebbs } => {
                         write!(f, "timed out after {ms:.1} ms waiting for {wqebbs} free WQEBBs in the SQ")
                     }
+                    WaitOn::Publish { wqe_index } => write!(
+                        f,
+                        "timed out after {ms:.1} ms waiting for earlier posters to publish up to WQE {wqe_index}"
+                    ),
                     WaitOn::Semaphore { addr, expected, seen } => write!(
                         f,
                         "timed out after {ms:.1} ms waiting for semaphore {addr:#x} to reach {expected} (saw {seen})"

@@ -7,8 +7,9 @@
 //! Layers, lowest first (each uses only those above it in this list): [`sync`] (fences, ordered loads and
 //! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) →
 //! [`cq`] (polling) → [`wait`] (bounded waits) → [`qp`] (Exclusive QP: post, ring, retire, flush) →
-//! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop). [`samples`] feeds
-//! the GPU test of the builders.
+//! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop). Shared QPs:
+//! [`scope`] (Block / Device atomics) → [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s
+//! PortChannel device API over an Exclusive or a shared QP). [`samples`] feeds the GPU test of the builders.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 #![deny(missing_docs)]
@@ -16,6 +17,7 @@
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+pub mod channel;
 pub mod cq;
 pub mod db;
 pub mod error;
@@ -23,6 +25,8 @@ pub mod onesided;
 pub mod pingpong;
 pub mod qp;
 pub mod samples;
+pub mod scope;
+pub mod shared_qp;
 pub mod sq;
 pub mod sync;
 pub mod wait;

@@ -95,6 +95,17 @@ pub unsafe fn store_relaxed_u32(p: *mut u32, v: u32) {
     };
 }
 
+/// Stores a value that other threads read after an acquire that this store is ordered before (a volatile
+/// store: never kept in a register or merged away).
+///
+/// # Safety
+/// `p` must be valid for writes and aligned.
+#[inline(always)]
+pub unsafe fn store_volatile<T: Copy>(p: *mut T, v: T) {
+    // SAFETY: the caller guarantees validity and alignment.
+    unsafe { core::ptr::write_volatile(p, v) }
+}
+
 /// Stores 8 bytes to a UAR register: the doorbell, or one word of a BlueFlame write.
 /// nvptx: `st.mmio.relaxed.sys.global.u64` (PTX 8.2; ordered by the caller's release fence, never merged or
 /// elided); host: a release store the emulated NIC observes.

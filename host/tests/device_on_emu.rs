@@ -876,6 +876,7 @@ fn wait_on() -> impl Strategy<Value = WaitOn> {
     prop_oneof![
         any::<u64>().prop_map(|wqe_index| WaitOn::Cqe { wqe_index }),
         any::<u32>().prop_map(|wqebbs| WaitOn::SqSpace { wqebbs }),
+        any::<u64>().prop_map(|wqe_index| WaitOn::Publish { wqe_index }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(addr, expected, seen)| WaitOn::Semaphore {
             addr,
             expected,
@@ -917,6 +918,7 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Timeout(Timeout { on: WaitOn::Cqe { .. }, .. }) => kind::TIMEOUT_CQE,
         Error::Timeout(Timeout { on: WaitOn::SqSpace { .. }, .. }) => kind::TIMEOUT_SQ_SPACE,
         Error::Timeout(Timeout { on: WaitOn::Semaphore { .. }, .. }) => kind::TIMEOUT_SEMAPHORE,
+        Error::Timeout(Timeout { on: WaitOn::Publish { .. }, .. }) => kind::TIMEOUT_PUBLISH,
         Error::Payload(_) => kind::PAYLOAD,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
         Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
@@ -943,6 +945,7 @@ proptest! {
             Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index }, .. }) => format!("CQE of WQE {wqe_index}"),
             Error::Timeout(Timeout { on: WaitOn::SqSpace { wqebbs }, .. }) => format!("{wqebbs} free WQEBBs"),
             Error::Timeout(Timeout { on: WaitOn::Semaphore { addr, .. }, .. }) => format!("semaphore {addr:#x}"),
+            Error::Timeout(Timeout { on: WaitOn::Publish { wqe_index }, .. }) => format!("up to WQE {wqe_index}"),
             Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
@@ -951,7 +954,7 @@ proptest! {
     }
 
     #[test]
-    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 8u32..]) {
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 9u32..]) {
         let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
         prop_assert_eq!(Error::from_report(&r), None);
     }

@@ -17,10 +17,11 @@ use bytemuck::{Pod, Zeroable};
 /// counters are set). Indices are 64-bit WQEBB counts.
 ///
 /// Posting a WQE of `n` WQEBBs: `resv += n` (atomic) reserves `[idx, idx + n)`; the poster waits until
-/// `idx + n - retired <= wqe_cnt`, stores the WQE, waits until `ready == idx` and stores `ready = idx + n`
-/// (release), so `ready` only moves over complete WQEs, in order; then it writes the dbrec and rings the
-/// doorbell for `ready`. CQEs are polled by whichever waiter holds `poll_lock`, which moves `retired` and
-/// `cq_ci` forward and records the first error CQE.
+/// `idx + n - retired <= wqe_cnt`, stores the WQE, waits until `ready == idx`, writes the dbrec (`idx + n`) and
+/// rings the doorbell with its own ctrl segment, then stores `ready = idx + n` (release). So `ready` only moves
+/// over complete WQEs, in order, and dbrec values and doorbells reach the NIC in index order. Every WQE asks
+/// for a CQE. CQEs are polled by whichever waiter holds `poll_lock`, which moves `retired` and `cq_ci` forward
+/// and records the first error CQE.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C, align(64))]
 pub struct SharedQpState {
@@ -38,8 +39,11 @@ pub struct SharedQpState {
     pub err: u32,
     /// 1 while a thread polls the CQ, else 0.
     pub poll_lock: u32,
+    /// WQEBB index + 1 of the last published WQE (stored before `ready`): `flush` waits until `retired`
+    /// reaches it.
+    pub last_start: u64,
     /// Padding, zero.
-    pub pad: [u64; 2],
+    pub pad: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<SharedQpState>() == 64);

@@ -68,6 +68,8 @@ pub enum WaitKind {
     SqSpace,
     /// A semaphore reaching a value (`Qp::wait_semaphore`, `wait::semaphore_ge`).
     Semaphore,
+    /// Earlier posters of a shared QP publishing their WQEs (`SharedQp::post`).
+    Publish,
 }
 
 /// How a fault ended: what a case expects, and what it observed.

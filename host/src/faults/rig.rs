@@ -95,6 +95,7 @@ pub(crate) fn wait_kind(on: &WaitOn) -> WaitKind {
         WaitOn::Cqe { .. } => WaitKind::Cqe,
         WaitOn::SqSpace { .. } => WaitKind::SqSpace,
         WaitOn::Semaphore { .. } => WaitKind::Semaphore,
+        WaitOn::Publish { .. } => WaitKind::Publish,
     }
 }
 

@@ -1,0 +1,286 @@
+//! MSCCL++'s PortChannel device API (GPUNetIO "Device" mode) on a [`PortChannelHandle`]: `put`, `signal`,
+//! `put_with_signal`, `put_with_accumulate`, `flush`, `wait` and `poll`, with every wait bounded.
+//!
+//! A channel posts through a [`Poster`]: an Exclusive [`Qp`] (one thread owns the QP; BlueFlame for small
+//! puts) or a [`SharedQp`] of [`Block`](crate::scope::Block) or [`Device`](crate::scope::Device) scope (any
+//! number of threads, and channels, share the QP). The scope is the poster's type, so it is chosen at compile
+//! time.
+//!
+//! Signals are RDMA fetch-adds of 1 on the peer's inbound semaphore; the NIC applies them after every earlier
+//! WRITE of the QP, so a peer that sees the new value sees the data. The fetch-add's old value lands in the
+//! QP's scratch word, never in user memory.
+
+use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
+use crate::onesided::{atomic_target, local, remote};
+use crate::qp::Qp;
+use crate::scope::{Device, Scope};
+use crate::shared_qp::SharedQp;
+use crate::sync;
+use crate::wait::bounded;
+use crate::wqe::{self, Ctrl, Wqe};
+use gdaki_shared::channel::PortChannelHandle;
+
+/// Largest payload of one RDMA WRITE the device code builds: a data segment's `byte_count` of 0 would mean
+/// 2^31, so one less.
+const MAX_WRITE: u64 = i32::MAX as u64;
+
+/// What a channel posts through. Two real implementations: the Exclusive [`Qp`] and the shared [`SharedQp`].
+pub trait Poster {
+    /// Posts a WQE that may wait for a later doorbell (Exclusive: until [`Poster::submit`] or a wait; shared
+    /// scopes ring at once).
+    ///
+    /// # Errors
+    /// As [`Qp::post`] / [`SharedQp::post`].
+    fn stage<const DS: usize>(&mut self, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()>;
+
+    /// Posts a WQE and rings for it and every staged one; by BlueFlame when `bf` is set and the poster can.
+    ///
+    /// # Errors
+    /// As [`Poster::stage`].
+    fn submit<const DS: usize>(&mut self, bf: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()>;
+
+    /// Waits until every WQE posted so far has completed.
+    ///
+    /// # Errors
+    /// The QP's first error CQE (sticky); a timeout; an unexpected CQE.
+    fn flush(&mut self) -> Result<()>;
+
+    /// The QP's first error CQE, if any.
+    fn error(&self) -> Option<CqeError>;
+
+    /// Looks at the CQ once without waiting, so that an error CQE becomes visible to [`Poster::error`].
+    ///
+    /// # Errors
+    /// An unexpected CQE.
+    fn progress(&mut self) -> Result<()>;
+}
+
+impl Poster for Qp<'_> {
+    #[inline(always)]
+    fn stage<const DS: usize>(&mut self, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
+        self.post(false, build).map(|_| ())
+    }
+
+    #[inline(always)]
+    fn submit<const DS: usize>(&mut self, bf: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
+        if bf && DS <= 4 {
+            return self.post_bf(false, build).map(|_| ());
+        }
+        let _unsignaled = self.post(false, build)?;
+        self.ring_db();
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        Qp::flush(self)
+    }
+
+    fn error(&self) -> Option<CqeError> {
+        Qp::error(self)
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        self.ring_db();
+        match self.poll_cq() {
+            Some(Err(e @ Error::UnexpectedCqe(_))) => Err(e),
+            // An error CQE is kept by the QP (sticky), where `error` finds it.
+            _ => Ok(()),
+        }
+    }
+}
+
+impl<S: Scope> Poster for SharedQp<'_, S> {
+    #[inline(always)]
+    fn stage<const DS: usize>(&mut self, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
+        self.post(true, build).map(|_| ())
+    }
+
+    #[inline(always)]
+    fn submit<const DS: usize>(&mut self, _bf: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
+        self.post(true, build).map(|_| ())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        SharedQp::flush(self)
+    }
+
+    fn error(&self) -> Option<CqeError> {
+        SharedQp::error(self)
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        SharedQp::progress(self).map(|_| ())
+    }
+}
+
+/// One port channel, used by one thread at a time through `P` (several threads may each hold a
+/// `PortChannel` of the same handle when `P` is a shared QP).
+pub struct PortChannel<'h, P: Poster> {
+    h: &'h PortChannelHandle,
+    qp: P,
+}
+
+impl<'h, P: Poster> PortChannel<'h, P> {
+    /// The channel `h`, posting through `qp` (which must be the QP `h.qp` names).
+    ///
+    /// # Safety
+    /// `h` must come from the host's `PortChannel::device_handle` for a live channel: its memory handles, the
+    /// semaphore words and the `expected` word valid for `'h`; `qp` built from the same QP.
+    pub unsafe fn new(h: &'h PortChannelHandle, qp: P) -> Self {
+        Self { h, qp }
+    }
+
+    /// The poster, e.g. to flush the QP once for several channels.
+    pub fn poster(&mut self) -> &mut P {
+        &mut self.qp
+    }
+
+    /// Stages the RDMA WRITEs of `bytes` bytes from `src + src_offset` to `dst + dst_offset`, split into
+    /// WQEs of at most `max_wqe_bytes`; the last one is submitted when `last` is set.
+    fn writes(&mut self, dst_offset: u64, src_offset: u64, bytes: u64, last: bool) -> Result<()> {
+        // Whole range first: nothing is posted for a bad one.
+        remote(&self.h.dst, dst_offset, bytes)?;
+        local_range(&self.h.src, src_offset, bytes)?;
+        let max = self.h.max_wqe_bytes.clamp(1, MAX_WRITE);
+        let mut done = 0;
+        while done < bytes {
+            let n = (bytes - done).min(max);
+            let (r, l) = (remote(&self.h.dst, dst_offset + done, n)?, local(&self.h.src, src_offset + done, n)?);
+            done += n;
+            if done == bytes && last {
+                let bf = bytes <= self.h.blue_flame_limit;
+                self.qp.submit(bf, |c| wqe::rdma_write(c, r, l))?;
+            } else {
+                self.qp.stage(|c| wqe::rdma_write(c, r, l))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// RDMA WRITE of `bytes` bytes from the local memory at `src_offset` to the peer's memory at
+    /// `dst_offset` (MSCCL++ `put`). Returns once posted; [`PortChannel::flush`] tells when it completed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero length or a range outside either memory (nothing posted);
+    /// timeouts and unexpected CQEs of the poster.
+    pub fn put(&mut self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
+        self.writes(dst_offset, src_offset, bytes, true)
+    }
+
+    /// Adds 1 to the peer's inbound semaphore (RDMA fetch-add, placed after every earlier WRITE of the QP;
+    /// MSCCL++ `signal`).
+    ///
+    /// # Errors
+    /// As [`PortChannel::put`].
+    pub fn signal(&mut self) -> Result<()> {
+        self.fetch_add(0, 1, true)
+    }
+
+    /// Fetch-add of `add` on the 8-byte word at `sem_offset` of the peer's semaphore region, result to the
+    /// QP's scratch word.
+    fn fetch_add(&mut self, sem_offset: u64, add: u64, to_sem: bool) -> Result<()> {
+        let target = if to_sem { &self.h.remote_sem } else { &self.h.dst };
+        let (r, l) = atomic_target(target, sem_offset, &self.h.scratch, 0)?;
+        self.qp.submit(true, |c| wqe::atomic_fetch_add(c, r, l, add))
+    }
+
+    /// [`PortChannel::put`] then [`PortChannel::signal`], one doorbell (MSCCL++ `putWithSignal`): the peer that
+    /// sees the signal sees the data.
+    ///
+    /// # Errors
+    /// As [`PortChannel::put`]; nothing is posted for a bad range.
+    pub fn put_with_signal(&mut self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
+        atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
+        self.writes(dst_offset, src_offset, bytes, false)?;
+        self.signal()
+    }
+
+    /// [`PortChannel::put`] then an RDMA fetch-add of `add` on the 8-byte word at `acc_offset` of the peer's
+    /// memory (8-byte aligned), posted together: the responder applies the atomic only after the WRITE is
+    /// placed, so a peer that observes the accumulated word sees the data.
+    ///
+    /// # Errors
+    /// As [`PortChannel::put`]; [`InvalidArgument::AtomicAlignment`] for a misaligned word.
+    pub fn put_with_accumulate(
+        &mut self,
+        dst_offset: u64,
+        src_offset: u64,
+        bytes: u64,
+        acc_offset: u64,
+        add: u64,
+    ) -> Result<()> {
+        atomic_target(&self.h.dst, acc_offset, &self.h.scratch, 0)?;
+        self.writes(dst_offset, src_offset, bytes, false)?;
+        self.fetch_add(acc_offset, add, false)
+    }
+
+    /// Waits until everything posted on the QP so far has completed (MSCCL++ `flush`).
+    ///
+    /// # Errors
+    /// [`Error::Cqe`] with the QP's first error CQE (e.g. syndrome 0x13 for a bad key), from then on every
+    /// time; a timeout; an unexpected CQE.
+    pub fn flush(&mut self) -> Result<()> {
+        self.qp.flush()
+    }
+
+    /// Waits until the inbound semaphore reaches one more than this side has waited for so far (MSCCL++
+    /// `wait`), watching the QP: an error CQE of the QP (a dead peer with work outstanding) ends the wait with
+    /// it rather than a timeout.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] with [`WaitOn::Semaphore`] after the channel's timeout; [`Error::Cqe`].
+    pub fn wait(&mut self) -> Result<()> {
+        // SAFETY: `expected` is this side's counter (contract of `new`); GPU-scope atomic, so that waiters of
+        // any scope each take their own count.
+        let target = unsafe { Device::fetch_add(self.h.expected as *mut u64, 1) } + 1;
+        let sem = self.h.local_sem as *const u64;
+        let seen = core::cell::Cell::new(0);
+        let mut tries = 0u32;
+        bounded(
+            self.h.timeout_ns,
+            || {
+                // SAFETY: the inbound semaphore word (contract of `new`), written by the NIC.
+                seen.set(unsafe { sync::load_acquire_u64(sem) });
+                if seen.get() >= target {
+                    return Ok(Some(()));
+                }
+                tries = tries.wrapping_add(1);
+                if tries % 8 == 1 {
+                    self.qp.progress()?;
+                    if let Some(e) = self.qp.error() {
+                        return Err(Error::Cqe(e));
+                    }
+                }
+                Ok(None)
+            },
+            || WaitOn::Semaphore { addr: sem as u64, expected: target, seen: seen.get() },
+        )
+    }
+
+    /// Whether a signal beyond those waited for has arrived; if so it counts as waited for (MSCCL++ `poll`).
+    /// One thread at a time polls or waits on a channel's semaphore.
+    pub fn poll(&mut self) -> bool {
+        // SAFETY: as in `wait`.
+        unsafe {
+            let seen = sync::load_acquire_u64(self.h.local_sem as *const u64);
+            let expected = sync::load_acquire_u64(self.h.expected as *const u64);
+            if seen <= expected {
+                return false;
+            }
+            Device::fetch_add(self.h.expected as *mut u64, 1);
+        }
+        true
+    }
+}
+
+/// Checks a local range for a put (the whole of it; `local` checks each WQE's piece, which may be shorter
+/// than 2^31).
+fn local_range(mr: &gdaki_shared::handle::MrHandle, off: u64, len: u64) -> Result<()> {
+    if len == 0 {
+        return Err(Error::InvalidArgument(InvalidArgument::Length));
+    }
+    match off.checked_add(len) {
+        Some(end) if end <= mr.length => Ok(()),
+        _ => Err(Error::InvalidArgument(InvalidArgument::LocalRange)),
+    }
+}

@@ -1,0 +1,155 @@
+//! Concurrency scopes of a shared QP, chosen at compile time: [`Block`] (the threads of one CTA post to the QP)
+//! and [`Device`] (any thread of the grid). They differ only in the scope of the atomics on the QP's
+//! [`SharedQpState`](gdaki_shared::channel::SharedQpState) (PTX `.cta` or `.gpu`); the third scope, Exclusive,
+//! needs no atomics and is [`crate::qp::Qp`]. DOCA GPUNetIO names them `DOCA_GPUNETIO_VERBS_RESOURCE_SHARING_MODE_
+//! EXCLUSIVE/CTA/GPU`.
+//!
+//! On nvptx every operation is inline PTX, since `core`'s read-modify-writes lose their ordering there
+//! (docs/guide.md, "Toolchain"). On the host (the `cpu` executor) both scopes are `core::sync::atomic` with the
+//! same orderings.
+
+/// The atomics a shared QP's posters and CQ poller use, at one scope.
+pub trait Scope {
+    /// The PTX scope qualifier (`cta` or `gpu`), for messages and docs.
+    const PTX: &'static str;
+
+    /// Relaxed fetch-and-add on a `u64`; returns the old value.
+    ///
+    /// # Safety
+    /// `p` must be valid, 8-byte aligned and only accessed atomically meanwhile.
+    unsafe fn fetch_add(p: *mut u64, v: u64) -> u64;
+
+    /// Acquire load of a `u64`.
+    ///
+    /// # Safety
+    /// As [`Scope::fetch_add`].
+    unsafe fn load_acquire(p: *const u64) -> u64;
+
+    /// Release store of a `u64`.
+    ///
+    /// # Safety
+    /// As [`Scope::fetch_add`].
+    unsafe fn store_release(p: *mut u64, v: u64);
+
+    /// Takes the lock word `p` (0 → 1, acquire) if it is free; returns whether it did.
+    ///
+    /// # Safety
+    /// `p` must be valid, 4-byte aligned and only accessed atomically meanwhile.
+    unsafe fn try_lock(p: *mut u32) -> bool;
+
+    /// Releases the lock word `p` (store 0, release).
+    ///
+    /// # Safety
+    /// As [`Scope::try_lock`], held by the caller.
+    unsafe fn unlock(p: *mut u32);
+}
+
+/// The threads of one CTA share the QP (block-scope atomics).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Block;
+
+/// Any thread of the grid shares the QP (GPU-scope atomics).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Device;
+
+macro_rules! scope_impl {
+    ($t:ty, $s:literal) => {
+        impl Scope for $t {
+            const PTX: &'static str = $s;
+
+            #[inline(always)]
+            unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let old: u64;
+                    // SAFETY: the caller guarantees `p`.
+                    unsafe {
+                        core::arch::asm!(concat!("atom.relaxed.", $s, ".add.u64 {o}, [{p}], {v};"),
+                            o = out(reg64) old, p = in(reg64) p, v = in(reg64) v, options(nostack))
+                    };
+                    old
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                // SAFETY: the caller guarantees `p`.
+                unsafe {
+                    core::sync::atomic::AtomicU64::from_ptr(p).fetch_add(v, core::sync::atomic::Ordering::Relaxed)
+                }
+            }
+
+            #[inline(always)]
+            unsafe fn load_acquire(p: *const u64) -> u64 {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let v: u64;
+                    // SAFETY: the caller guarantees `p`.
+                    unsafe {
+                        core::arch::asm!(concat!("ld.acquire.", $s, ".u64 {v}, [{p}];"),
+                            v = out(reg64) v, p = in(reg64) p, options(nostack))
+                    };
+                    v
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                // SAFETY: the caller guarantees `p`.
+                unsafe {
+                    core::sync::atomic::AtomicU64::from_ptr(p as *mut u64).load(core::sync::atomic::Ordering::Acquire)
+                }
+            }
+
+            #[inline(always)]
+            unsafe fn store_release(p: *mut u64, v: u64) {
+                #[cfg(target_arch = "nvptx64")]
+                // SAFETY: the caller guarantees `p`.
+                unsafe {
+                    core::arch::asm!(concat!("st.release.", $s, ".u64 [{p}], {v};"),
+                        p = in(reg64) p, v = in(reg64) v, options(nostack))
+                };
+                #[cfg(not(target_arch = "nvptx64"))]
+                // SAFETY: the caller guarantees `p`.
+                unsafe {
+                    core::sync::atomic::AtomicU64::from_ptr(p).store(v, core::sync::atomic::Ordering::Release)
+                }
+            }
+
+            #[inline(always)]
+            unsafe fn try_lock(p: *mut u32) -> bool {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let old: u32;
+                    // SAFETY: the caller guarantees `p`.
+                    unsafe {
+                        core::arch::asm!(concat!("atom.acquire.", $s, ".cas.b32 {o}, [{p}], {z}, {one};"),
+                            o = out(reg32) old, p = in(reg64) p, z = in(reg32) 0u32, one = in(reg32) 1u32,
+                            options(nostack))
+                    };
+                    old == 0
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                {
+                    use core::sync::atomic::{AtomicU32, Ordering};
+                    // SAFETY: the caller guarantees `p`.
+                    unsafe { AtomicU32::from_ptr(p) }
+                        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                }
+            }
+
+            #[inline(always)]
+            unsafe fn unlock(p: *mut u32) {
+                #[cfg(target_arch = "nvptx64")]
+                // SAFETY: the caller guarantees `p`.
+                unsafe {
+                    core::arch::asm!(concat!("st.release.", $s, ".u32 [{p}], {z};"),
+                        p = in(reg64) p, z = in(reg32) 0u32, options(nostack))
+                };
+                #[cfg(not(target_arch = "nvptx64"))]
+                // SAFETY: the caller guarantees `p`.
+                unsafe {
+                    core::sync::atomic::AtomicU32::from_ptr(p).store(0, core::sync::atomic::Ordering::Release)
+                }
+            }
+        }
+    };
+}
+
+scope_impl!(Block, "cta");
+scope_impl!(Device, "gpu");

@@ -1,0 +1,244 @@
+//! An RC QP that many threads post to at once (Block or Device scope; DOCA GPUNetIO's CTA/GPU resource sharing
+//! modes, NVSHMEM IBGDA's shared QPs): reservation by atomic add, in-order publication, the doorbell rung by
+//! each poster in index order, and a CQ polled by whichever waiter holds the poll lock.
+//!
+//! The protocol is in [`SharedQpState`]'s docs. Two choices keep it simple and correct: every WQE asks for a
+//! CQE (no poster has to know whether a later one will), and each poster writes the dbrec and rings its own
+//! doorbell while it holds its turn in the publication order, so dbrec values never go backwards and a
+//! doorbell never announces a WQE that is not complete in the ring.
+//!
+//! A poster whose wait for room or for its turn times out leaves its reserved WQEBBs unpublished: later posters
+//! then time out too (the QP is stuck), and every one of them reports why.
+
+use core::marker::PhantomData;
+use core::ptr::addr_of_mut;
+
+use crate::cq;
+use crate::db;
+use crate::error::{CqeError, Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
+use crate::qp::Ticket;
+use crate::scope::Scope;
+use crate::sq;
+use crate::sync;
+use crate::wait::bounded;
+use crate::wqe::{Ctrl, Wqe, MAX_DS};
+use gdaki_shared::channel::SharedQpState;
+use gdaki_shared::handle::QpHandle;
+use gdaki_shared::prm::opcode;
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs};
+
+/// A QP shared by the threads of scope `S`. Cheap to make: every thread that posts builds its own from the
+/// same handle and state.
+pub struct SharedQp<'a, S: Scope> {
+    /// Read only: ring, dbrec, doorbell register, CQ (its `cons_index` is unused: the state's `cq_ci` counts).
+    h: &'a QpHandle,
+    st: *mut SharedQpState,
+    timeout_ns: u64,
+    _scope: PhantomData<S>,
+}
+
+impl<'a, S: Scope> SharedQp<'a, S> {
+    /// The QP of handle `h` with counters `st`; bounded waits give up after `timeout_ns` nanoseconds.
+    ///
+    /// # Safety
+    /// `h` must describe a live, connected QP whose ring, dbrec, doorbell register and CQ are valid for `'a`;
+    /// `st` must be its [`SharedQpState`] (64-byte aligned, valid for `'a`), used only through `SharedQp`s of
+    /// scope `S` (or narrower) and only by threads of that scope; no Exclusive [`crate::qp::Qp`] may use the QP.
+    pub unsafe fn new(h: &'a QpHandle, st: *mut SharedQpState, timeout_ns: u64) -> Self {
+        Self { h, st, timeout_ns, _scope: PhantomData }
+    }
+
+    /// The QP's static description.
+    pub fn handle(&self) -> &QpHandle {
+        self.h
+    }
+
+    fn field(&self, f: fn(*mut SharedQpState) -> *mut u64) -> *mut u64 {
+        f(self.st)
+    }
+
+    fn resv(&self) -> *mut u64 {
+        // SAFETY (of every projection here): `st` is valid (contract of `new`); no reference is formed.
+        self.field(|s| unsafe { addr_of_mut!((*s).resv) })
+    }
+    fn ready(&self) -> *mut u64 {
+        self.field(|s| unsafe { addr_of_mut!((*s).ready) })
+    }
+    fn retired(&self) -> *mut u64 {
+        self.field(|s| unsafe { addr_of_mut!((*s).retired) })
+    }
+    fn cq_ci(&self) -> *mut u64 {
+        self.field(|s| unsafe { addr_of_mut!((*s).cq_ci) })
+    }
+    fn err_idx(&self) -> *mut u64 {
+        self.field(|s| unsafe { addr_of_mut!((*s).err_idx) })
+    }
+    fn last_start(&self) -> *mut u64 {
+        self.field(|s| unsafe { addr_of_mut!((*s).last_start) })
+    }
+    fn err(&self) -> *mut u32 {
+        // SAFETY: as above.
+        unsafe { addr_of_mut!((*self.st).err) }
+    }
+    fn poll_lock(&self) -> *mut u32 {
+        // SAFETY: as above.
+        unsafe { addr_of_mut!((*self.st).poll_lock) }
+    }
+
+    /// Reserves room, lets `build` fill the WQE for its index, stores it, waits for its turn, rings the
+    /// doorbell and publishes it. The WQE always asks for a CQE (`signaled` is accepted for symmetry with
+    /// [`crate::qp::Qp::post`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of at least 16 WQEBBs;
+    /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
+    /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE).
+    #[inline(always)]
+    pub fn post<const DS: usize>(&self, _signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
+        const { assert!(DS >= 1 && DS <= MAX_DS, "a WQE has 1 ..= MAX_DS segments") };
+        let cnt = self.h.wqe_cnt;
+        if cnt < 16 || !cnt.is_power_of_two() {
+            return Err(Error::InvalidArgument(InvalidArgument::Handle));
+        }
+        let n = wqebbs(DS as u32) as u64;
+        // SAFETY: the state's words (contract of `new`), used atomically by every poster.
+        let idx = unsafe { S::fetch_add(self.resv(), n) };
+        let end = idx + n;
+        bounded(
+            self.timeout_ns,
+            || {
+                // SAFETY: as above.
+                if end - unsafe { S::load_acquire(self.retired()) } <= cnt as u64 {
+                    return Ok(Some(()));
+                }
+                self.progress().map(|_| None)
+            },
+            || WaitOn::SqSpace { wqebbs: n as u32 },
+        )?;
+        let segs = build(Ctrl { idx: idx as u16, qpn: self.h.qpn, fm_ce_se: fm_ce_se::CQ_UPDATE }).segs;
+        // SAFETY: a valid ring (contract of `new`); WQEBBs `idx..end` are this poster's (reserved, and retired
+        // by the NIC: the room check above).
+        unsafe { sq::write_segs(self.h.sq_buf, cnt, idx, &segs) };
+        bounded(
+            self.timeout_ns,
+            // SAFETY: as above.
+            || Ok((unsafe { S::load_acquire(self.ready()) } == idx).then_some(())),
+            || WaitOn::Publish { wqe_index: idx },
+        )?;
+        // SAFETY: the dbrec and doorbell register of the QP (contract of `new`). This poster holds its turn:
+        // no other poster writes them until `ready` moves on.
+        unsafe {
+            db::update_dbrec(self.h.dbrec, end);
+            db::ring_db(self.h.bf_reg, segs[0].0[0]);
+            sync::store_volatile(self.last_start(), idx + 1);
+            S::store_release(self.ready(), end);
+        }
+        Ok(Ticket(idx))
+    }
+
+    /// Polls the CQ if no other thread does (try-lock), retiring WQEs and recording the first error CQE.
+    /// Returns whether it polled.
+    ///
+    /// # Errors
+    /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ).
+    pub fn progress(&self) -> Result<bool> {
+        // SAFETY: the lock word of the state (contract of `new`).
+        if !unsafe { S::try_lock(self.poll_lock()) } {
+            return Ok(false);
+        }
+        let r = self.poll_locked();
+        // SAFETY: held by this thread.
+        unsafe { S::unlock(self.poll_lock()) };
+        r.map(|()| true)
+    }
+
+    fn poll_locked(&self) -> Result<()> {
+        let mut cq = self.h.cq;
+        // SAFETY: `cq_ci`, `retired`'s writer and the error words are this lock holder's; the lock's acquire
+        // ordered the previous holder's stores before these loads.
+        // The bound of CQEs to expect is `resv`, not `ready`: a poster rings before it publishes, so the NIC may
+        // complete a WQE that `ready` does not cover yet.
+        let (mut retired, reserved) = unsafe {
+            cq.cons_index = sync::load_volatile(self.cq_ci());
+            (sync::load_volatile(self.retired()), S::load_acquire(self.resv()))
+        };
+        let mut result = Ok(());
+        // SAFETY: a valid CQ (contract of `new`) polled only under the lock.
+        while let Some(c) = unsafe { cq::peek(&cq) } {
+            let unexpected = Error::UnexpectedCqe(UnexpectedCqe { qpn: c.qpn(), wqe_counter: c.wqe_counter.get() });
+            if c.qpn() != self.h.qpn {
+                result = Err(unexpected);
+                break;
+            }
+            let requester = matches!(c.opcode(), opcode::cqe::REQ | opcode::cqe::REQ_ERR);
+            let w = if requester {
+                match sq::wqe_index_from_counter(retired, reserved, c.wqe_counter.get()) {
+                    Some(w) => Some(w),
+                    None => {
+                        result = Err(unexpected);
+                        break;
+                    }
+                }
+            } else {
+                // A responder completion (an inbound WRITE with immediate): channels do not use them.
+                None
+            };
+            // SAFETY: `peek` returned this entry.
+            unsafe { cq::pop(&mut cq) };
+            if let Some(w) = w {
+                retired = w + 1;
+                if let Err(e) = cq::decode(&c) {
+                    // SAFETY: the error words are the lock holder's to write; published by the release below.
+                    unsafe {
+                        if sync::load_volatile(self.err_idx()) == 0 {
+                            sync::store_volatile(self.err(), e.pack());
+                            S::store_release(self.err_idx(), w + 1);
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: as above; `retired` is published with release for the posters' acquire loads.
+        unsafe {
+            sync::store_volatile(self.cq_ci(), cq.cons_index);
+            S::store_release(self.retired(), retired);
+        }
+        result
+    }
+
+    /// The first error CQE of this QP's WQEs, if one completed in error (the QP is then in the error state).
+    pub fn error(&self) -> Option<CqeError> {
+        // SAFETY: the state's words (contract of `new`); `err` was stored before `err_idx`'s release.
+        unsafe {
+            let i = S::load_acquire(self.err_idx());
+            (i != 0).then(|| CqeError::unpack(sync::load_volatile(self.err())))
+        }
+    }
+
+    /// Waits until every WQE published so far has completed (MSCCL++ `flush`).
+    ///
+    /// # Errors
+    /// [`Error::Cqe`] with the QP's first error CQE, once any WQE has completed in error (sticky);
+    /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`].
+    pub fn flush(&self) -> Result<()> {
+        // SAFETY: the state's words (contract of `new`); `last_start` was stored before `ready`'s release.
+        let target = unsafe {
+            let _ = S::load_acquire(self.ready());
+            sync::load_volatile(self.last_start())
+        };
+        bounded(
+            self.timeout_ns,
+            || {
+                if let Some(e) = self.error() {
+                    return Err(Error::Cqe(e));
+                }
+                // SAFETY: as above.
+                if unsafe { S::load_acquire(self.retired()) } >= target {
+                    return Ok(Some(()));
+                }
+                self.progress().map(|_| None)
+            },
+            || WaitOn::Cqe { wqe_index: target.saturating_sub(1) },
+        )
+    }
+}

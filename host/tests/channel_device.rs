@@ -1,0 +1,273 @@
+//! The PortChannel device API (`gdaki_device::channel`) on the `cpu` executor, against the emulated NIC, with
+//! channel handles built by hand here (the host API has its own tests): Exclusive, Block and Device scopes;
+//! many threads on one shared QP with every payload checked and the semaphore count exact; SQ wrap-around past
+//! 65,536 WQEs; `flush` reporting a bad key's syndrome; `put_with_signal` never showing the signal before the
+//! data. Replay a failure with the `GDAKI_TEST_SEED` it printed.
+
+mod emu_util;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use emu_util::{random_bytes, rng, GuardedBuf};
+use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp, WireConfig};
+use gdaki_device::channel::PortChannel;
+use gdaki_device::qp::Qp as DevQp;
+use gdaki_device::scope::{Block, Device, Scope};
+use gdaki_device::shared_qp::SharedQp;
+use gdaki_device::Error;
+use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
+use gdaki_shared::handle::QpHandle;
+use gdaki_shared::prm::opcode::syndrome;
+use rand::RngExt;
+
+const TIMEOUT_NS: u64 = 10_000_000_000;
+
+/// One direction of a connection, A → B: A posts, B's memory receives, B's semaphore counts A's signals.
+/// Field order is drop order: MRs first.
+struct Link {
+    src_mr: Mr,
+    dst_mr: Mr,
+    sem_mr: Mr,
+    scratch_mr: Mr,
+    a: Qp,
+    _b: Qp,
+    _cqs: (Cq, Cq),
+    _pds: (Pd, Pd),
+    _nics: Vec<Arc<EmuNic>>,
+    src: GuardedBuf,
+    dst: GuardedBuf,
+    sem: GuardedBuf,
+    scratch: GuardedBuf,
+    /// A's QP handle and shared counters, and B's expected count, where device code updates them.
+    qp_h: Box<QpHandle>,
+    state: Box<SharedQpState>,
+    expected: Box<AtomicU64>,
+}
+
+impl Link {
+    /// `len` bytes of source and destination; QPs of `wqe_cnt` WQEBBs; over the wire when `wire`.
+    fn new(len: usize, wqe_cnt: u32, wire: bool) -> Self {
+        let cfg = || if wire { EmuConfig::host().with_wire(WireConfig::loopback()) } else { EmuConfig::host() };
+        let na = EmuNic::open(cfg()).unwrap();
+        let nb = if wire { EmuNic::open(cfg()).unwrap() } else { na.clone() };
+        let (pa, pb) = (na.alloc_pd().unwrap(), nb.alloc_pd().unwrap());
+        let (ca, cb) = (na.create_cq(wqe_cnt).unwrap(), nb.create_cq(wqe_cnt).unwrap());
+        let a = na.create_qp(&pa, &ca, wqe_cnt).unwrap();
+        let b = nb.create_qp(&pb, &cb, wqe_cnt).unwrap();
+        a.connect(&b.endpoint()).unwrap();
+        b.connect(&a.endpoint()).unwrap();
+        let (src, dst, sem, scratch) =
+            (GuardedBuf::new(len, 0), GuardedBuf::new(len, 0xee), GuardedBuf::new(8, 0), GuardedBuf::new(8, 0x77));
+        Link {
+            src_mr: src.register(&na, &pa, Access::NONE),
+            dst_mr: dst.register(&nb, &pb, Access::ALL),
+            sem_mr: sem.register(&nb, &pb, Access::ALL),
+            scratch_mr: scratch.register(&na, &pa, Access::LOCAL_WRITE),
+            qp_h: Box::new(a.handle()),
+            state: Box::new(SharedQpState::default()),
+            expected: Box::new(AtomicU64::new(0)),
+            a,
+            _b: b,
+            _cqs: (ca, cb),
+            _pds: (pa, pb),
+            _nics: if wire { vec![na, nb] } else { vec![na] },
+            src,
+            dst,
+            sem,
+            scratch,
+        }
+    }
+
+    /// The channel handle of A → B (B waits on `sem`).
+    fn handle(&self) -> PortChannelHandle {
+        PortChannelHandle {
+            qp: &*self.qp_h as *const QpHandle as u64,
+            shared: &*self.state as *const SharedQpState as u64,
+            dst: self.dst_mr.remote(),
+            src: self.src_mr.handle(),
+            remote_sem: self.sem_mr.remote(),
+            local_sem: self.sem.addr(),
+            expected: &*self.expected as *const AtomicU64 as u64,
+            scratch: self.scratch_mr.handle(),
+            max_wqe_bytes: 1 << 30,
+            timeout_ns: TIMEOUT_NS,
+            blue_flame_limit: 512 << 10,
+        }
+    }
+}
+
+/// A shared-QP channel of scope `S` on `h`, for one thread.
+fn shared<S: Scope>(h: &PortChannelHandle) -> PortChannel<'_, SharedQp<'_, S>> {
+    // SAFETY: `h` names the live link's QP handle and state (host memory, the `cpu` executor); only
+    // `SharedQp`s of one scope post to that QP during a test.
+    unsafe {
+        let qp = SharedQp::new(&*(h.qp as *const QpHandle), h.shared as *mut SharedQpState, h.timeout_ns);
+        PortChannel::new(h, qp)
+    }
+}
+
+/// Threads × puts of random payloads into disjoint slots, each followed by a signal; then every payload,
+/// the exact semaphore count and the untouched scratch-free user memory are checked.
+fn many_threads<S: Scope>(wire: bool) {
+    let mut rng = rng();
+    let (threads, puts, slot) = (8usize, 400usize, 64usize);
+    let l = Link::new(threads * puts * slot, 64, wire);
+    let payload = random_bytes(&mut rng, threads * puts * slot);
+    l.src.write(0, &payload);
+    let h = l.handle();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let h = &h;
+            s.spawn(move || {
+                let mut ch = shared::<S>(h);
+                for i in 0..puts {
+                    let off = ((t * puts + i) * slot) as u64;
+                    // Sizes 1..=64: a partial word, a whole one, a whole slot.
+                    let len = 1 + ((t * 7 + i * 13) % slot) as u64;
+                    ch.put_with_signal(off, off, len).unwrap_or_else(|e| panic!("thread {t} put {i}: {e}"));
+                }
+                ch.flush().unwrap_or_else(|e| panic!("thread {t} flush: {e}"));
+            });
+        }
+    });
+    let got = l.dst.read();
+    for t in 0..threads {
+        for i in 0..puts {
+            let off = (t * puts + i) * slot;
+            let len = 1 + (t * 7 + i * 13) % slot;
+            assert_eq!(&got[off..off + len], &payload[off..off + len], "thread {t} put {i}");
+            assert!(got[off + len..off + slot].iter().all(|&b| b == 0xee), "thread {t} put {i}: bytes past it");
+        }
+    }
+    assert_eq!(l.sem.load_u64(0), (threads * puts) as u64, "every signal counted once");
+    // Every fetch-add's old value went to the QP's scratch word (the last one written is some count below the
+    // total), none into user memory.
+    assert!(l.scratch.u64_at(0) < (threads * puts) as u64, "scratch holds a fetch-add result");
+    assert!(l.dst.guards_intact() && l.src.guards_intact() && l.sem.guards_intact());
+    // The fetch-add results went to the scratch word: nothing else of A changed.
+    assert_eq!(l.src.read(), payload);
+    // SAFETY: every thread has finished; the state is plain memory.
+    let st = unsafe { std::ptr::read_volatile(&*l.state) };
+    assert_eq!((st.resv, st.err_idx), (st.ready, 0), "all published, no error: {st:?}");
+    assert!(st.retired >= st.last_start, "all retired: {st:?}");
+}
+
+#[test]
+fn device_scope_many_threads_one_qp() {
+    many_threads::<Device>(false);
+}
+
+#[test]
+fn block_scope_many_threads_one_qp() {
+    many_threads::<Block>(false);
+}
+
+#[test]
+fn device_scope_many_threads_one_qp_over_the_wire() {
+    many_threads::<Device>(true);
+}
+
+#[test]
+fn sq_wraps_past_65536_wqes() {
+    let l = Link::new(4096, 64, false);
+    let h = l.handle();
+    let per = 17_600usize;
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let h = &h;
+            s.spawn(move || {
+                let mut ch = shared::<Device>(h);
+                for i in 0..per {
+                    ch.put(((t * 8 + i % 8) * 8) as u64, 0, 8).unwrap_or_else(|e| panic!("thread {t} put {i}: {e}"));
+                }
+                ch.flush().unwrap();
+            });
+        }
+    });
+    // SAFETY: as above.
+    let st = unsafe { std::ptr::read_volatile(&*l.state) };
+    assert!(st.ready > 65_536, "{} WQEBBs: the 16-bit index wrapped", st.ready);
+    assert_eq!(st.ready, (4 * per) as u64);
+    assert_eq!(l.a.sq_consumed(), (4 * per) as u64, "the NIC consumed every WQE");
+}
+
+#[test]
+fn flush_reports_a_bad_key_and_keeps_reporting_it() {
+    let l = Link::new(4096, 64, false);
+    let mut h = l.handle();
+    let good = h;
+    h.dst.rkey = gdaki_shared::Be32::new(h.dst.rkey.get() ^ 0x100);
+    let mut ch = shared::<Device>(&good);
+    ch.put(0, 0, 64).unwrap();
+    ch.flush().unwrap();
+    let mut bad = shared::<Device>(&h);
+    bad.put(64, 64, 64).unwrap();
+    let e = bad.flush().unwrap_err();
+    assert!(matches!(e, Error::Cqe(c) if c.syndrome == syndrome::REMOTE_ACCESS_ERR), "{e}");
+    // Sticky: the good channel on the same QP reports it too, and later puts are flushed, not executed.
+    ch.put(128, 128, 64).unwrap();
+    assert!(matches!(ch.flush(), Err(Error::Cqe(c)) if c.syndrome == syndrome::REMOTE_ACCESS_ERR));
+    assert!(l.dst.read()[64..].iter().all(|&b| b == 0xee), "nothing placed after the bad put");
+}
+
+#[test]
+fn exclusive_put_with_signal_and_wait() {
+    let mut rng = rng();
+    let l = Link::new(1 << 20, 64, false);
+    let h = l.handle();
+    let data = random_bytes(&mut rng, 1 << 20);
+    l.src.write(0, &data);
+    let mut qh = *l.qp_h;
+    // Split: 1 MiB in WQEs of 100,000 bytes.
+    let mut h2 = h;
+    h2.max_wqe_bytes = 100_000;
+    // SAFETY: `qh` is a copy of A's handle used by this thread only (no shared poster runs meanwhile); the
+    // link outlives the channel.
+    let mut ch = unsafe { PortChannel::new(&h2, DevQp::new(&mut qh, TIMEOUT_NS)) };
+    ch.put_with_signal(0, 0, 1 << 20).unwrap();
+    ch.flush().unwrap();
+    assert_eq!(l.dst.read(), data);
+    assert_eq!(l.sem.load_u64(0), 1);
+    // 11 WRITEs (10 of 100,000 bytes and one of 48,576), the fetch-add, and the signaled NOP that `flush`
+    // adds behind the unsignaled fetch-add reached the NIC.
+    assert_eq!(l.a.sq_consumed(), 13);
+}
+
+#[test]
+fn signal_never_overtakes_the_data() {
+    let mut rng = rng();
+    let l = Link::new(4096, 64, true);
+    let h = l.handle();
+    let rounds = 300u64;
+    let words: Vec<u64> = (0..rounds).map(|_| rng.random()).collect();
+    std::thread::scope(|s| {
+        let h = &h;
+        let words = &words;
+        let src = &l.src;
+        s.spawn(move || {
+            let mut ch = shared::<Device>(h);
+            for (k, w) in words.iter().enumerate() {
+                // Each round overwrites all 4 KiB with a new pattern, then signals.
+                src.write(0, &w.to_ne_bytes().repeat(512));
+                ch.put_with_signal(0, 0, 4096).unwrap();
+                ch.flush().unwrap_or_else(|e| panic!("round {k}: {e}"));
+            }
+        });
+        // The receiver: after each signal, the whole 4 KiB holds that round's pattern or a later one.
+        let mut rx = shared::<Device>(h);
+        for k in 0..words.len() {
+            rx.wait().unwrap_or_else(|e| panic!("wait {k}: {e}"));
+            // Later rounds may be placed in part already; none of round k's bytes may be older.
+            // Word loads: the NIC stores aligned words whole, while bytes of the next round may be landing.
+            for i in 0..512 {
+                let w = l.dst.load_u64(i * 8);
+                let pos = words
+                    .iter()
+                    .position(|x| *x == w)
+                    .unwrap_or_else(|| panic!("round {k}, word {i}: {w:#x} was never sent"));
+                assert!(pos >= k, "round {k}, word {i}: signal seen before its data (pattern of round {pos})");
+            }
+        }
+    });
+}
