@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod bootstrap;
+pub mod channel;
 pub mod cuda;
 pub mod error;
 pub mod exec;

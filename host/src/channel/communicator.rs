@@ -1,0 +1,306 @@
+//! The communicator (MSCCL++ `Communicator`): one rank's NIC, PD and bootstrap, and the calls that register,
+//! exchange and connect.
+
+use std::sync::Arc;
+
+use gdaki_shared::channel::SharedQpState;
+
+use crate::bootstrap::Bootstrap;
+use crate::exec::{DataBuf, Executor};
+use crate::mem::MemLoc;
+use crate::nic::emu::{Access, EmuConfig, EmuNic, Pd, WireConfig};
+use crate::{Error, Result};
+
+use super::config::{EndpointConfig, Transport};
+use super::connection::{ConnInner, Connection, QP_HANDLE_OFF, SHARED_OFF, STATE_BYTES};
+use super::memory::{queue_loc, write_words, RegInner, RegisteredMemory, RemoteMemory};
+use super::msg::{self, Kind};
+use super::semaphore::{SemInner, Semaphore, EXPECTED_BYTES};
+
+/// What every object a communicator makes shares: the NIC, its PD and the executor. Held by `Arc` by the
+/// communicator and by each connection, registered memory and semaphore, so that the NIC and PD outlive
+/// them whatever order they are dropped in.
+#[derive(Debug)]
+pub(super) struct Resources {
+    pub(super) pd: Pd,
+    pub(super) nic: Arc<EmuNic>,
+    pub(super) exec: Executor,
+    pub(super) rank: u32,
+    pub(super) world_size: u32,
+}
+
+/// One rank's view of a job for port channels (MSCCL++ `Communicator`): its [`Bootstrap`], its executor and
+/// its own emulated NIC (one PD), opened with a wire so that peers in other processes, on other hosts, or on
+/// other threads with their own communicator connect to it.
+///
+/// Setup calls come in pairs, one on each rank, matched by peer and tag: [`send_memory`](Self::send_memory)
+/// with [`recv_memory`](Self::recv_memory), [`connect`](Self::connect) with `connect`,
+/// [`semaphore`](Self::semaphore) with `semaphore`. They exchange bytes with the bootstrap's tagged
+/// [`send`](Bootstrap::send)/[`recv`](Bootstrap::recv) (send first, so a pair never deadlocks); calls with
+/// the same peer and tag pair up in call order, and a call that meets the other kind of call fails with an
+/// error saying so. Tags are shared with other users of the same bootstrap.
+///
+/// Everything it makes keeps the NIC alive: connections, memory, semaphores and channels may outlive the
+/// communicator (dropping it only leaves the bootstrap session).
+pub struct Communicator {
+    res: Arc<Resources>,
+    boot: Bootstrap,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.res.rank)
+            .field("world_size", &self.res.world_size)
+            .field("executor", &self.res.exec.kind())
+            .field("nic", &self.res.nic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Communicator {
+    /// Opens this rank's emulated NIC for `exec` (queue memory from [`Executor::queue_memory`], GPU copies
+    /// from [`Executor::gpu_copier`]) listening on `wire`, and allocates its PD. `bootstrap` is this rank's
+    /// joined session. MSCCL++ `Communicator(bootstrap)`.
+    ///
+    /// # Errors
+    /// What [`EmuNic::open`] returns ([`Error::Emu`] when the wire cannot listen, the address named;
+    /// [`Error::InvalidArgument`] for an unspecified listen address); CUDA errors creating the copier.
+    pub fn new(bootstrap: Bootstrap, exec: Executor, wire: WireConfig) -> Result<Self> {
+        let nic =
+            EmuNic::open(EmuConfig { queue_mem: exec.queue_memory(), gpu: exec.gpu_copier()?, wire: Some(wire) })?;
+        let pd = nic.alloc_pd()?;
+        let res = Resources { pd, nic, exec, rank: bootstrap.rank(), world_size: bootstrap.world_size() };
+        Ok(Self { res: Arc::new(res), boot: bootstrap })
+    }
+
+    /// This rank, `0..world_size()` (MSCCL++ `bootstrap()->getRank()`).
+    pub fn rank(&self) -> u32 {
+        self.res.rank
+    }
+
+    /// Number of ranks (MSCCL++ `bootstrap()->getNranks()`).
+    pub fn world_size(&self) -> u32 {
+        self.res.world_size
+    }
+
+    /// The emulated NIC (statistics, wire address).
+    pub fn nic(&self) -> &Arc<EmuNic> {
+        &self.res.nic
+    }
+
+    /// The executor device code runs on.
+    pub fn executor(&self) -> &Executor {
+        &self.res.exec
+    }
+
+    /// The bootstrap (for barriers and the caller's own exchanges; mind the tags).
+    pub fn bootstrap(&self) -> &Bootstrap {
+        &self.boot
+    }
+
+    fn check_peer(&self, peer: u32, what: &str) -> Result<()> {
+        if peer >= self.res.world_size {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: peer rank {peer} is out of range for world size {}",
+                self.res.world_size
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_mine(&self, res: &Arc<Resources>, what: &str, thing: &str) -> Result<()> {
+        if !Arc::ptr_eq(res, &self.res) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the {thing} belongs to another communicator (rank {}, NIC {:#x}), not this one (NIC {:#x})",
+                res.rank,
+                res.nic.id(),
+                self.res.nic.id()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `mine` to `peer` with `tag`, then receives the peer's message with `tag`; bootstrap errors get
+    /// `what` in front.
+    fn exchange(&self, peer: u32, tag: u32, what: &str, mine: &[u8]) -> Result<Vec<u8>> {
+        let ctx = |e: Error| match e {
+            Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
+            e => e,
+        };
+        self.boot.send(peer, tag, mine).map_err(ctx)?;
+        self.boot.recv(peer, tag).map_err(ctx)
+    }
+
+    /// Registers `len` bytes at `loc` (host or GPU memory) with `LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ |
+    /// REMOTE_ATOMIC` in this communicator's PD (MSCCL++ `registerMemory(ptr, size, transports)`).
+    ///
+    /// # Safety
+    /// As [`EmuNic::reg_mr`]: until the returned memory and every clone of it (channels hold one) are dropped,
+    /// the NIC reads and writes the range from its thread whenever a WQE names it, so it must stay allocated
+    /// (host memory) or a live allocation the executor's GPU copier reaches (GPU memory) for that long.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero length, a null address, a range that wraps, or GPU memory on the
+    /// `cpu` executor; [`Error::Emu`] when the NIC's key table is full.
+    pub unsafe fn register_memory(&self, loc: MemLoc, len: u64) -> Result<RegisteredMemory> {
+        // SAFETY: the caller's contract is `reg_mr`'s.
+        let mr = unsafe { self.res.nic.reg_mr(&self.res.pd, loc, len, Access::ALL) }?;
+        Ok(RegisteredMemory { inner: Arc::new(RegInner { mr, buf: None, res: self.res.clone() }) })
+    }
+
+    /// Registers the whole of `buf` (from [`Executor::alloc_data`]: host memory on `cpu`, GPU memory on
+    /// `gpu`) as [`register_memory`](Self::register_memory) does, and keeps it: it is freed after the
+    /// registration ends. [`RegisteredMemory::buffer`] gives it back for filling and checking.
+    ///
+    /// # Errors
+    /// As [`register_memory`](Self::register_memory) (an empty buffer is a zero length).
+    pub fn register_buffer(&self, buf: DataBuf) -> Result<RegisteredMemory> {
+        // SAFETY: `buf` moves into the returned memory and is dropped after its MR (field order of `RegInner`).
+        let mr = unsafe { self.res.nic.reg_mr(&self.res.pd, buf.loc(), buf.len() as u64, Access::ALL) }?;
+        Ok(RegisteredMemory { inner: Arc::new(RegInner { mr, buf: Some(buf), res: self.res.clone() }) })
+    }
+
+    /// Sends `mem`'s address, length and rkey to `peer` with `tag` (MSCCL++ `sendMemory(memory, remoteRank,
+    /// tag)`); the peer gets a [`RemoteMemory`] from [`recv_memory`](Self::recv_memory) with the same tag.
+    /// Returns without waiting for the peer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a peer out of range or memory of another communicator;
+    /// [`Error::Bootstrap`] when the send fails.
+    pub fn send_memory(&self, mem: &RegisteredMemory, peer: u32, tag: u32) -> Result<()> {
+        let what = format!("send_memory to rank {peer} tag {tag}");
+        self.check_peer(peer, &what)?;
+        self.check_mine(&mem.inner.res, &what, "memory")?;
+        self.boot.send(peer, tag, &msg::memory(&mem.remote())).map_err(|e| match e {
+            Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
+            e => e,
+        })
+    }
+
+    /// Receives the memory `peer` sent with [`send_memory`](Self::send_memory) and `tag` (MSCCL++
+    /// `recvMemory(remoteRank, tag)`), waiting up to the bootstrap's timeout.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a peer out of range, or a message with `tag` that is not memory (the two
+    /// ranks' calls do not pair up) or has the wrong size; [`Error::Bootstrap`] when nothing arrives in time
+    /// or the session breaks.
+    pub fn recv_memory(&self, peer: u32, tag: u32) -> Result<RemoteMemory> {
+        let what = format!("recv_memory from rank {peer} tag {tag}");
+        self.check_peer(peer, &what)?;
+        let bytes = self.boot.recv(peer, tag).map_err(|e| match e {
+            Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
+            e => e,
+        })?;
+        let mr = msg::parse_memory(msg::body(&bytes, Kind::Memory, peer, tag)?);
+        Ok(RemoteMemory { rank: peer, mr })
+    }
+
+    /// Connects a new QP to `peer` (MSCCL++ `connect(endpointConfig, remoteRank, tag)`): creates a CQ and an
+    /// RC QP of `cfg.ib`'s sizes in this communicator's PD, its atomic scratch word and the memory for its
+    /// device-side state, sends the QP's endpoint to `peer` with `tag`, receives the peer's, and connects
+    /// (RESET → RTS). Each call makes a new QP, so calling it `n` times for one peer gives `n` QPs
+    /// (multi-QP); the peer's `n` calls with the same tag pair with them in order. Connecting to this rank
+    /// itself gives a loopback QP.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] (one line, before anything is sent) for [`IbMode::Host`](super::IbMode::Host)
+    /// and [`IbMode::HostNoAtomic`](super::IbMode::HostNoAtomic); [`Error::InvalidArgument`] for sizes out of
+    /// range, a peer out of range, or a peer message that is not an endpoint (calls that do not pair up), has
+    /// the wrong size, or another mode; [`Error::Bootstrap`] when the exchange fails or times out; the NIC's
+    /// and the executor's allocation errors.
+    pub fn connect(&self, cfg: &EndpointConfig, peer: u32, tag: u32) -> Result<Connection> {
+        let what = format!("connect to rank {peer} tag {tag}");
+        let (wqe_cnt, ncqe) = cfg.check()?;
+        self.check_peer(peer, &what)?;
+        let res = &self.res;
+        let cq = res.nic.create_cq(ncqe)?;
+        let qp = res.nic.create_qp(&res.pd, &cq, wqe_cnt)?;
+        let scratch = res.exec.queue_memory().alloc(8)?;
+        // SAFETY: `scratch` moves into the connection and is dropped after this MR (field order of `ConnInner`).
+        let scratch_mr = unsafe { res.nic.reg_mr(&res.pd, queue_loc(&scratch)?, 8, Access::LOCAL_WRITE) }?;
+        let state = res.exec.alloc_data(STATE_BYTES)?;
+        let transport = match cfg.transport {
+            Transport::EmuRc => 1,
+        };
+        let mine = msg::endpoint(transport, cfg.ib.mode.code(), &qp.endpoint());
+        let theirs = self.exchange(peer, tag, &what, &mine)?;
+        let (t, m, remote) = msg::parse_endpoint(msg::body(&theirs, Kind::Endpoint, peer, tag)?)?;
+        if (t, m) != (transport, cfg.ib.mode.code()) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: rank {peer} connects with transport {t} mode {m}, this rank with {transport} mode {} \
+                 (give both the same EndpointConfig)",
+                cfg.ib.mode.code()
+            )));
+        }
+        qp.connect(&remote)?;
+        // A new QP's NIC has consumed nothing: the handle's counters and the shared state start at zero.
+        write_words(&state, QP_HANDLE_OFF, bytemuck::bytes_of(&qp.handle()))?;
+        write_words(&state, SHARED_OFF, bytemuck::bytes_of(&SharedQpState::default()))?;
+        Ok(Connection {
+            inner: Arc::new(ConnInner {
+                scratch_mr,
+                qp,
+                cq,
+                state,
+                scratch,
+                peer,
+                tag,
+                config: *cfg,
+                remote,
+                res: res.clone(),
+            }),
+        })
+    }
+
+    /// Builds a device-to-device semaphore on `conn` with `peer` (MSCCL++ `buildSemaphore(connection,
+    /// remoteRank, tag)` / `Host2DeviceSemaphore`, Device mode): allocates this side's inbound word (8 bytes,
+    /// queue memory, registered `LOCAL_WRITE | REMOTE_ATOMIC`, initially 0) and expected counter (8 bytes,
+    /// where device code keeps state: GPU memory on `gpu`, host memory on `cpu`; initially 0), sends the
+    /// inbound word's [`RemoteMr`](gdaki_shared::handle::RemoteMr) to `peer` with `tag` and receives the
+    /// peer's. The peer's `signal`s advance this side's inbound word with RDMA fetch-adds through its end of
+    /// `conn`; this side's advance the peer's through `conn`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `conn` belongs to another communicator or goes to another rank than
+    /// `peer`, when the peer's message is not a semaphore (calls that do not pair up), has the wrong size,
+    /// names a word that is not 8 aligned bytes, or was built on a QP that is not `conn`'s peer QP;
+    /// [`Error::Bootstrap`] when the exchange fails; allocation and registration errors.
+    pub fn semaphore(&self, conn: &Connection, peer: u32, tag: u32) -> Result<Semaphore> {
+        let what = format!("semaphore with rank {peer} tag {tag}");
+        self.check_peer(peer, &what)?;
+        self.check_mine(&conn.inner.res, &what, "connection")?;
+        if conn.peer() != peer {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the connection (QP {:#x}) goes to rank {}, not {peer}",
+                conn.qpn(),
+                conn.peer()
+            )));
+        }
+        let res = &self.res;
+        let inbound = res.exec.queue_memory().alloc(8)?;
+        // SAFETY: `inbound` moves into the semaphore and is dropped after this MR (field order of `SemInner`).
+        let inbound_mr =
+            unsafe { res.nic.reg_mr(&res.pd, queue_loc(&inbound)?, 8, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC) }?;
+        let expected = res.exec.alloc_data(EXPECTED_BYTES)?;
+        let theirs = self.exchange(peer, tag, &what, &msg::semaphore(&inbound_mr.remote(), conn.qpn()))?;
+        let (remote_inbound, their_qpn) = msg::parse_semaphore(msg::body(&theirs, Kind::Semaphore, peer, tag)?)?;
+        let remote_qpn = conn.remote_endpoint().qpn;
+        if their_qpn != remote_qpn {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: rank {peer} built its semaphore on its QP {their_qpn:#x}, but this connection (QP {:#x}) \
+                 is connected to its QP {remote_qpn:#x} (build semaphores on matching connections, in the same order)",
+                conn.qpn()
+            )));
+        }
+        if remote_inbound.length != 8 || !remote_inbound.addr.is_multiple_of(8) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: rank {peer}'s inbound word is {} bytes at {:#x}, not 8 bytes 8-byte aligned",
+                remote_inbound.length, remote_inbound.addr
+            )));
+        }
+        Ok(Semaphore {
+            inner: Arc::new(SemInner { inbound_mr, conn: conn.clone(), remote_inbound, inbound, expected }),
+        })
+    }
+}

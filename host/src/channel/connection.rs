@@ -1,0 +1,155 @@
+//! A connection (MSCCL++ `Connection`, IB transport): one RC QP to one peer, with what device code needs to
+//! post to it from any scope.
+
+use std::sync::Arc;
+
+use gdaki_shared::channel::SharedQpState;
+use gdaki_shared::handle::{MrHandle, QpHandle};
+
+use crate::exec::DataBuf;
+use crate::mem::MappedBuf;
+use crate::nic::emu::{Cq, Endpoint, Mr, Qp};
+use crate::Result;
+
+use super::communicator::Resources;
+use super::config::EndpointConfig;
+use super::memory::{addr_of, load_queue_u64, read_words};
+
+/// Byte offset of the [`SharedQpState`] in a connection's state buffer (64-byte aligned: the buffer is
+/// 4096-aligned on `cpu`, 256-aligned on `gpu`).
+pub(super) const SHARED_OFF: usize = 0;
+/// Byte offset of the [`QpHandle`] in the state buffer (8-byte aligned).
+pub(super) const QP_HANDLE_OFF: usize = 64;
+/// Bytes of the state buffer.
+pub(super) const STATE_BYTES: usize = 256;
+
+const _: () = assert!(
+    SHARED_OFF.is_multiple_of(64)
+        && SHARED_OFF + size_of::<SharedQpState>() <= QP_HANDLE_OFF
+        && QP_HANDLE_OFF.is_multiple_of(8)
+        && QP_HANDLE_OFF + size_of::<QpHandle>() <= STATE_BYTES
+);
+
+/// A connected RC QP to one peer, made by [`Communicator::connect`](super::Communicator::connect) (MSCCL++
+/// `Connection`). Any number of [`PortChannel`](super::PortChannel)s and
+/// [`Semaphore`](super::Semaphore)s may use it; each `connect` makes another one (multi-QP).
+///
+/// It owns, besides the QP and its CQ (the PD is the communicator's):
+///
+/// | what | size | where |
+/// |---|---|---|
+/// | the QP's [`QpHandle`] (ring, dbrec, doorbell register, CQ; the Exclusive scope's counters) | 112 B, 8-aligned | GPU memory (`gpu`), host memory (`cpu`): device code updates it on every post |
+/// | its [`SharedQpState`] (counters of the Block and Device scopes), all zero | 64 B, 64-aligned | same buffer, offset 0 |
+/// | the atomic scratch word: where every fetch-add's old value lands, registered `LOCAL_WRITE` | 8 B, 8-aligned | queue memory (pinned host memory mapped into the GPU on `gpu`) |
+///
+/// Cloning is cheap and shares the QP. The last clone to go (channels and semaphores hold one) destroys the
+/// QP: the scratch MR is deregistered, the QP destroyed (synchronously with the NIC: no WQE of it runs
+/// afterwards), then the memory is freed. Device code must have stopped using the connection's handles by
+/// then; on `gpu`, freeing the state buffer waits for running kernels.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    pub(super) inner: Arc<ConnInner>,
+}
+
+/// Field order is drop order: the MR, then the QP (after which the NIC touches nothing), then memory.
+#[derive(Debug)]
+pub(super) struct ConnInner {
+    pub(super) scratch_mr: Mr,
+    pub(super) qp: Qp,
+    pub(super) cq: Cq,
+    /// [`SharedQpState`] at [`SHARED_OFF`], [`QpHandle`] at [`QP_HANDLE_OFF`].
+    pub(super) state: DataBuf,
+    /// The atomic scratch word, at offset 0.
+    pub(super) scratch: MappedBuf,
+    pub(super) peer: u32,
+    pub(super) tag: u32,
+    pub(super) config: EndpointConfig,
+    pub(super) remote: Endpoint,
+    pub(super) res: Arc<Resources>,
+}
+
+impl Connection {
+    /// The peer's rank (MSCCL++ `remoteRank()`).
+    pub fn peer(&self) -> u32 {
+        self.inner.peer
+    }
+
+    /// The tag it was connected with (MSCCL++ `tag()`).
+    pub fn tag(&self) -> u32 {
+        self.inner.tag
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.inner.config
+    }
+
+    /// This side's QP number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qp.qpn()
+    }
+
+    /// The peer QP's endpoint (its NIC, QPN, first PSN, wire address).
+    pub fn remote_endpoint(&self) -> Endpoint {
+        self.inner.remote
+    }
+
+    /// The emulated NIC's QP (state, WQEBBs consumed).
+    pub fn qp(&self) -> &Qp {
+        &self.inner.qp
+    }
+
+    /// The QP's send CQ.
+    pub fn cq(&self) -> &Cq {
+        &self.inner.cq
+    }
+
+    /// Device-visible address of the QP's [`QpHandle`] (8-byte aligned; GPU memory on `gpu`, host memory on
+    /// `cpu`): a [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `qp`. Device code in
+    /// Exclusive scope takes it as `&mut QpHandle`; one thread at a time.
+    pub fn qp_handle_addr(&self) -> u64 {
+        addr_of(&self.inner.state, QP_HANDLE_OFF)
+    }
+
+    /// Device-visible address of the QP's [`SharedQpState`] (64-byte aligned, next to the handle): a
+    /// [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `shared`.
+    pub fn shared_state_addr(&self) -> u64 {
+        addr_of(&self.inner.state, SHARED_OFF)
+    }
+
+    /// The QP's atomic scratch word as device code names it (8 bytes, 8-byte aligned, `LOCAL_WRITE`): where
+    /// the fetch-adds of `signal` return the old value, so that it never lands in user memory. Shared by all
+    /// channels of this connection.
+    pub fn scratch(&self) -> MrHandle {
+        self.inner.scratch_mr.handle()
+    }
+
+    /// The scratch word's current value: the old value returned by the latest fetch-add (for tests).
+    pub fn scratch_value(&self) -> u64 {
+        load_queue_u64(&self.inner.scratch, 0)
+    }
+
+    /// A copy of the QP's [`QpHandle`] as device code left it (copied from GPU memory on `gpu`). Exact only
+    /// while no device code runs on it.
+    ///
+    /// # Errors
+    /// The CUDA driver's error copying it.
+    pub fn qp_handle(&self) -> Result<QpHandle> {
+        let b = read_words(&self.inner.state, QP_HANDLE_OFF, size_of::<QpHandle>())?;
+        Ok(bytemuck::pod_read_unaligned(&b))
+    }
+
+    /// A copy of the QP's [`SharedQpState`] (copied from GPU memory on `gpu`). Exact only while no device code
+    /// runs on it.
+    ///
+    /// # Errors
+    /// The CUDA driver's error copying it.
+    pub fn shared_state(&self) -> Result<SharedQpState> {
+        let b = read_words(&self.inner.state, SHARED_OFF, size_of::<SharedQpState>())?;
+        Ok(bytemuck::pod_read_unaligned(&b))
+    }
+
+    pub(super) fn same(&self, other: &Connection) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}

@@ -1,0 +1,174 @@
+//! Registered memory (MSCCL++ `RegisteredMemory`), its peer-side view ([`RemoteMemory`]), and the small words
+//! channels keep where device code reaches them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use gdaki_shared::handle::{MrHandle, RemoteMr};
+
+use crate::exec::DataBuf;
+use crate::mem::{MappedBuf, MemKind, MemLoc};
+use crate::nic::emu::Mr;
+use crate::{Error, Result};
+
+use super::communicator::Resources;
+
+/// Memory registered with a [`Communicator`](super::Communicator)'s NIC for channels (MSCCL++
+/// `RegisteredMemory`): an MR with `LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC`, so that it can
+/// be a channel's source, a peer's destination, or a target of atomics. Made by
+/// [`Communicator::register_memory`](super::Communicator::register_memory) or
+/// [`Communicator::register_buffer`](super::Communicator::register_buffer); handed to peers with
+/// [`Communicator::send_memory`](super::Communicator::send_memory).
+///
+/// Cloning is cheap and shares the registration. It is deregistered when the last clone (channels hold one)
+/// is dropped; deregistration waits until no WQE uses it, so the NIC never touches the memory afterwards. A
+/// buffer given to `register_buffer` is freed after that.
+#[derive(Clone, Debug)]
+pub struct RegisteredMemory {
+    pub(super) inner: Arc<RegInner>,
+}
+
+/// Field order is drop order: the MR before the buffer it covers.
+#[derive(Debug)]
+pub(super) struct RegInner {
+    pub(super) mr: Mr,
+    pub(super) buf: Option<DataBuf>,
+    pub(super) res: Arc<Resources>,
+}
+
+impl RegisteredMemory {
+    /// The handle device code names it with as a local source or destination (address, length in bytes,
+    /// lkey and rkey big-endian): a [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `src`.
+    pub fn handle(&self) -> MrHandle {
+        self.inner.mr.handle()
+    }
+
+    /// What a peer needs to target it (address, length, rkey big-endian); what
+    /// [`Communicator::send_memory`](super::Communicator::send_memory) sends.
+    pub fn remote(&self) -> RemoteMr {
+        self.inner.mr.remote()
+    }
+
+    /// Where it is (host or GPU memory, device-visible address).
+    pub fn loc(&self) -> MemLoc {
+        self.inner.mr.loc()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.inner.mr.len()
+    }
+
+    /// Whether it has no bytes (never: registration rejects zero lengths).
+    pub fn is_empty(&self) -> bool {
+        self.inner.mr.is_empty()
+    }
+
+    /// The buffer it was registered from, when it came from
+    /// [`register_buffer`](super::Communicator::register_buffer) (for filling and checking payloads).
+    pub fn buffer(&self) -> Option<&DataBuf> {
+        self.inner.buf.as_ref()
+    }
+
+    /// The rank that registered it.
+    pub fn rank(&self) -> u32 {
+        self.inner.res.rank
+    }
+}
+
+/// A peer's registered memory as this rank targets it (MSCCL++'s `RegisteredMemory` received with
+/// `recvMemory`): the rank it belongs to and its [`RemoteMr`] (address in the peer's address space, length in
+/// bytes, rkey). Plain data: it keeps nothing alive on the peer, whose memory stays valid only while the peer
+/// keeps its [`RegisteredMemory`].
+#[derive(Clone, Copy, Debug)]
+pub struct RemoteMemory {
+    pub(super) rank: u32,
+    pub(super) mr: RemoteMr,
+}
+
+impl RemoteMemory {
+    /// The rank whose memory it is.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Address, length and rkey, as a [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `dst`
+    /// carries them.
+    pub fn remote(&self) -> RemoteMr {
+        self.mr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.mr.length
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.mr.length == 0
+    }
+}
+
+/// `buf` as an MR location, for words the NIC writes directly (semaphores, atomic scratch): queue memory is
+/// host memory, and the NIC addresses it by the address device code uses, so the two must be one address (as
+/// they are with unified addressing: `cpu` always, `gpu` with mapped pinned memory).
+pub(super) fn queue_loc(buf: &MappedBuf) -> Result<MemLoc> {
+    if buf.host_ptr() as u64 != buf.device_addr() {
+        return Err(Error::Unavailable(format!(
+            "queue memory at host {:p} is mapped at device address {:#x}: channels need unified addressing",
+            buf.host_ptr(),
+            buf.device_addr()
+        )));
+    }
+    Ok(MemLoc { kind: MemKind::Host, addr: buf.device_addr() })
+}
+
+/// Loads the 8-byte word at byte `off` of queue memory `buf` (Acquire: the NIC and device code write it).
+pub(super) fn load_queue_u64(buf: &MappedBuf, off: usize) -> u64 {
+    assert!(off.is_multiple_of(8) && off + 8 <= buf.len(), "queue word at {off} outside a buffer of {}", buf.len());
+    // SAFETY: in bounds and 8-aligned (the buffer is 4096-aligned); every writer of the word uses atomic or
+    // volatile stores of the whole word.
+    unsafe { AtomicU64::from_ptr(buf.host_ptr().add(off).cast()) }.load(Ordering::Acquire)
+}
+
+/// Writes `bytes` at byte `off` of `buf`, a buffer device code uses (host memory on `cpu`, GPU memory on
+/// `gpu`). Only while no device code uses those bytes.
+pub(super) fn write_words(buf: &DataBuf, off: usize, bytes: &[u8]) -> Result<()> {
+    match buf {
+        DataBuf::Host(b) => {
+            check_range(b.len(), off, bytes.len())?;
+            // SAFETY: in bounds (checked); nobody else writes these bytes now (the caller's contract).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.host_ptr().add(off), bytes.len()) };
+            Ok(())
+        }
+        DataBuf::Gpu(b) => b.copy_from_host(off, bytes),
+    }
+}
+
+/// Reads `len` bytes at byte `off` of `buf` (a snapshot while device code may be writing them).
+pub(super) fn read_words(buf: &DataBuf, off: usize, len: usize) -> Result<Vec<u8>> {
+    match buf {
+        DataBuf::Host(b) => {
+            check_range(b.len(), off, len)?;
+            // SAFETY: in bounds (checked); volatile byte loads, since device code on host threads may store.
+            Ok((0..len).map(|i| unsafe { b.host_ptr().add(off + i).read_volatile() }).collect())
+        }
+        DataBuf::Gpu(b) => {
+            let mut v = vec![0u8; len];
+            b.copy_to_host(off, &mut v)?;
+            Ok(v)
+        }
+    }
+}
+
+fn check_range(buf_len: usize, off: usize, len: usize) -> Result<()> {
+    match off.checked_add(len) {
+        Some(end) if end <= buf_len => Ok(()),
+        _ => Err(Error::InvalidArgument(format!("{len} bytes at {off} do not fit in a buffer of {buf_len}"))),
+    }
+}
+
+/// The device-visible address of byte `off` of `buf`.
+pub(super) fn addr_of(buf: &DataBuf, off: usize) -> u64 {
+    buf.loc().addr + off as u64
+}

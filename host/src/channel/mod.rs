@@ -1,0 +1,73 @@
+//! Port channels, host side: MSCCL++'s host API (`Communicator`, `RegisteredMemory`, `connect`,
+//! `Semaphore`, `PortChannel`) in Rust names, for its Device mode (the GPUNetIO backend): device code posts
+//! the WQEs itself, no proxy thread. The host builds what the handle of
+//! [`gdaki_shared::channel::PortChannelHandle`] names; device code (`gdaki_device`) does the rest.
+//!
+//! | MSCCL++ | here |
+//! |---|---|
+//! | `Communicator(bootstrap)` | [`Communicator::new`]`(bootstrap, executor, wire)` (opens its own emulated NIC) |
+//! | `registerMemory(ptr, size, transports)` | [`Communicator::register_memory`] (unsafe), [`Communicator::register_buffer`] |
+//! | `sendMemory` / `recvMemory` | [`Communicator::send_memory`] / [`Communicator::recv_memory`] → [`RemoteMemory`] |
+//! | `EndpointConfig{transport, ib{mode, maxSendWr, maxCqSize}}` | [`EndpointConfig`], [`Transport`], [`IbConfig`], [`IbMode`] |
+//! | `connect(config, remoteRank, tag)` | [`Communicator::connect`] → [`Connection`] |
+//! | `buildSemaphore(connection, remoteRank, tag)` | [`Communicator::semaphore`] → [`Semaphore`] |
+//! | `PortChannel(semaphoreId, semaphore, proxy, dst, src)` | [`PortChannel::new`]`(&conn, &sem, dst, &src)` |
+//! | `PortChannel::deviceHandle()` | [`PortChannel::device_handle`] → `PortChannelHandle` |
+//!
+//! Setup, on every rank of a pair (the calls pair up by peer and tag):
+//!
+//! ```no_run
+//! # fn main() -> gdaki::Result<()> {
+//! use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags};
+//! use gdaki::channel::{Communicator, EndpointConfig, PortChannel};
+//! use gdaki::exec::{Executor, ExecutorKind};
+//! use gdaki::nic::emu::WireConfig;
+//!
+//! let launch = Launch::resolve_from_process_env(LaunchFlags::default())?.expect("a launcher's environment");
+//! let boot = Bootstrap::connect(&launch, std::time::Duration::from_secs(30))?;
+//! let (exec, _) = Executor::open(Some(ExecutorKind::Cpu))?;
+//! let comm = Communicator::new(boot, exec, WireConfig::loopback())?;
+//! let peer = 1 - comm.rank();
+//! let mem = comm.register_buffer(comm.executor().alloc_data(1 << 20)?)?;
+//! comm.send_memory(&mem, peer, 0)?;
+//! let dst = comm.recv_memory(peer, 0)?;
+//! let conn = comm.connect(&EndpointConfig::default(), peer, 1)?;
+//! let sem = comm.semaphore(&conn, peer, 2)?;
+//! let chan = PortChannel::new(&conn, &sem, dst, &mem)?;
+//! let handle = chan.device_handle(); // to device code, by value or in device memory
+//! # let _ = handle; Ok(()) }
+//! ```
+//!
+//! Where things live (`gpu` executor / `cpu` executor):
+//!
+//! | what | `gpu` | `cpu` | why |
+//! |---|---|---|---|
+//! | QP handle + shared QP state | GPU memory (`cuMemAlloc`) | host memory | device code updates the counters on every post: no PCIe round trip |
+//! | SQ ring, dbrec, UAR, CQ ring | pinned host memory mapped into the GPU | host memory | the NIC reads and writes them directly |
+//! | atomic scratch word, inbound semaphore word | pinned host memory mapped into the GPU | host memory | the NIC writes them directly (no CUDA copy per atomic) |
+//! | expected count of a semaphore | GPU memory | host memory | only device code touches it |
+//! | registered data | where the caller put it ([`Executor::alloc_data`](crate::exec::Executor::alloc_data): GPU memory) | host memory | |
+//!
+//! Lifetimes: connections, registered memory, semaphores and channels hold an `Arc` of the communicator's NIC
+//! and PD, and channels hold their connection, semaphore and source memory, so nothing a handle names on this
+//! side is freed while the channel lives. Each object deregisters its MRs before freeing the memory they cover
+//! and destroys its QP (synchronously with the NIC) before freeing the QP's state. Device code must have
+//! stopped using a handle before the last owner of what it names is dropped.
+
+mod communicator;
+mod config;
+mod connection;
+mod memory;
+mod msg;
+mod port;
+mod semaphore;
+
+pub use communicator::Communicator;
+pub use config::{EndpointConfig, IbConfig, IbMode, Transport};
+pub use connection::Connection;
+pub use memory::{RegisteredMemory, RemoteMemory};
+pub use port::PortChannel;
+pub use semaphore::Semaphore;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,161 @@
+//! Port channels (MSCCL++ `PortChannel`, Device mode): what a channel binds together, and its device handle.
+
+use std::time::Duration;
+
+use gdaki_shared::channel::PortChannelHandle;
+
+use crate::{Error, Result};
+
+use super::connection::Connection;
+use super::memory::{RegisteredMemory, RemoteMemory};
+use super::semaphore::Semaphore;
+
+/// A port channel (MSCCL++ `PortChannel` with its GPUNetIO backend, Device mode: no proxy): a connection's QP,
+/// a semaphore on it, the peer's memory `put` writes into and the local memory it reads from. Device code gets
+/// it as a [`PortChannelHandle`] ([`device_handle`](Self::device_handle)) and calls `put`, `signal`,
+/// `flush`, `wait` on it.
+///
+/// Several channels may share one connection (one QP, one scratch word, one set of counters); a channel is
+/// bound to the connection it is made with, so with several connections to one peer (multi-QP) the caller
+/// picks the QP by picking the connection (e.g. `&conns[i]`).
+///
+/// It holds clones of the connection, the semaphore and the source memory, so everything its handle names on
+/// this side stays alive as long as the channel does; the destination is the peer's to keep alive.
+#[derive(Clone, Debug)]
+pub struct PortChannel {
+    conn: Connection,
+    sem: Semaphore,
+    dst: RemoteMemory,
+    src: RegisteredMemory,
+    max_wqe_bytes: u64,
+    timeout_ns: u64,
+    blue_flame_limit: u64,
+}
+
+impl PortChannel {
+    /// Default largest payload of one RDMA WRITE: 1 GiB. Longer puts are split by device code.
+    pub const DEFAULT_MAX_WQE_BYTES: u64 = 1 << 30;
+    /// Largest allowed [`with_max_wqe_bytes`](Self::with_max_wqe_bytes): 2^31 bytes, mlx5's `max_msg_sz`.
+    pub const MAX_WQE_BYTES: u64 = 1 << 31;
+    /// Default bound of every device-side wait: 5 s.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default BlueFlame limit: payloads up to 512 KiB are submitted by BlueFlame in Exclusive scope.
+    pub const DEFAULT_BLUE_FLAME_LIMIT: u64 = 512 << 10;
+
+    /// Binds `conn`'s QP, `sem` (built on `conn`), the peer's memory `dst` (received from `conn`'s peer) and
+    /// the local memory `src` (registered on `conn`'s communicator) into a channel (MSCCL++
+    /// `PortChannel(semaphoreId, semaphore, proxy, dst, src)`, without the proxy). Limits start at
+    /// [`DEFAULT_MAX_WQE_BYTES`](Self::DEFAULT_MAX_WQE_BYTES), [`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT) and
+    /// [`DEFAULT_BLUE_FLAME_LIMIT`](Self::DEFAULT_BLUE_FLAME_LIMIT).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `sem` was built on another connection (its signals would not be ordered
+    /// after this channel's puts), `dst` is another rank's memory than `conn`'s peer's, or `src` was
+    /// registered by another communicator (its key means nothing to this QP's NIC).
+    pub fn new(conn: &Connection, sem: &Semaphore, dst: RemoteMemory, src: &RegisteredMemory) -> Result<Self> {
+        let what = format!("port channel on QP {:#x} to rank {}", conn.qpn(), conn.peer());
+        if !sem.connection().same(conn) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the semaphore was built on another connection (QP {:#x} to rank {})",
+                sem.connection().qpn(),
+                sem.peer()
+            )));
+        }
+        if dst.rank() != conn.peer() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the destination is rank {}'s memory, not the peer's",
+                dst.rank()
+            )));
+        }
+        if !std::sync::Arc::ptr_eq(&src.inner.res, &conn.inner.res) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the source memory was registered by another communicator (rank {}, NIC {:#x})",
+                src.rank(),
+                src.inner.res.nic.id()
+            )));
+        }
+        Ok(Self {
+            conn: conn.clone(),
+            sem: sem.clone(),
+            dst,
+            src: src.clone(),
+            max_wqe_bytes: Self::DEFAULT_MAX_WQE_BYTES,
+            timeout_ns: Self::DEFAULT_TIMEOUT.as_nanos() as u64,
+            blue_flame_limit: Self::DEFAULT_BLUE_FLAME_LIMIT,
+        })
+    }
+
+    /// This channel with puts split into RDMA WRITEs of at most `bytes` each.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `1 <= bytes <=` [`MAX_WQE_BYTES`](Self::MAX_WQE_BYTES).
+    pub fn with_max_wqe_bytes(self, bytes: u64) -> Result<Self> {
+        if bytes == 0 || bytes > Self::MAX_WQE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "port channel max_wqe_bytes {bytes} must be 1..={} (mlx5 max_msg_sz)",
+                Self::MAX_WQE_BYTES
+            )));
+        }
+        Ok(Self { max_wqe_bytes: bytes, ..self })
+    }
+
+    /// This channel with every device-side wait bounded by `timeout` (nanoseconds in the handle; longer than
+    /// `u64::MAX` ns, about 584 years, is clamped).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero timeout.
+    pub fn with_timeout(self, timeout: Duration) -> Result<Self> {
+        if timeout.is_zero() {
+            return Err(Error::InvalidArgument("port channel timeout must be more than 0".into()));
+        }
+        Ok(Self { timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX), ..self })
+    }
+
+    /// This channel with payloads up to `bytes` submitted by BlueFlame in Exclusive scope (larger ones ring
+    /// the regular doorbell; 0 never uses BlueFlame).
+    pub fn with_blue_flame_limit(self, bytes: u64) -> Self {
+        Self { blue_flame_limit: bytes, ..self }
+    }
+
+    /// The connection.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The semaphore.
+    pub fn semaphore(&self) -> &Semaphore {
+        &self.sem
+    }
+
+    /// The peer's memory `put` writes into.
+    pub fn dst(&self) -> RemoteMemory {
+        self.dst
+    }
+
+    /// The local memory `put` reads from.
+    pub fn src(&self) -> &RegisteredMemory {
+        &self.src
+    }
+
+    /// The handle device code uses (MSCCL++ `deviceHandle()`), every field filled: `qp` and `shared` (the
+    /// connection's [`QpHandle`](gdaki_shared::handle::QpHandle) and
+    /// [`SharedQpState`](gdaki_shared::channel::SharedQpState) addresses), `dst`, `src`, `remote_sem` (the
+    /// peer's inbound word), `local_sem` and `expected` (this side's words), `scratch` (the QP's atomic
+    /// scratch word), `max_wqe_bytes`, `timeout_ns`, `blue_flame_limit`. Plain data to copy into kernel
+    /// arguments or device memory; the addresses in it stay valid while this channel lives.
+    pub fn device_handle(&self) -> PortChannelHandle {
+        PortChannelHandle {
+            qp: self.conn.qp_handle_addr(),
+            shared: self.conn.shared_state_addr(),
+            dst: self.dst.remote(),
+            src: self.src.handle(),
+            remote_sem: self.sem.remote_inbound(),
+            local_sem: self.sem.inbound_addr(),
+            expected: self.sem.expected_addr(),
+            scratch: self.conn.scratch(),
+            max_wqe_bytes: self.max_wqe_bytes,
+            timeout_ns: self.timeout_ns,
+            blue_flame_limit: self.blue_flame_limit,
+        }
+    }
+}
