@@ -13,12 +13,13 @@
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::onesided::{atomic_target, local, remote};
 use crate::qp::Qp;
-use crate::scope::{Device, Scope};
+use crate::scope::{Block, Device, Scope};
 use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::wait::bounded;
 use crate::wqe::{self, Ctrl, Wqe};
-use gdaki_shared::channel::PortChannelHandle;
+use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
+use gdaki_shared::handle::QpHandle;
 
 /// Largest payload of one RDMA WRITE the device code builds: a data segment's `byte_count` of 0 would mean
 /// 2^31, so one less.
@@ -112,6 +113,51 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
         SharedQp::progress(self).map(|_| ())
     }
 }
+
+/// How the threads of a launch share a channel's QP, chosen at compile time: [`Exclusive`] (one thread per QP),
+/// [`Block`] (the threads of one CTA) or [`Device`] (any thread). Three real implementations.
+pub trait Sharing {
+    /// The poster each posting thread uses.
+    type Poster<'a>: Poster;
+    /// Whether every thread may post (Block, Device) rather than one (Exclusive).
+    const SHARED: bool;
+    /// A poster on `h`'s QP for the calling thread.
+    ///
+    /// # Safety
+    /// `h` must be a live channel (see [`PortChannel::new`]). Exclusive: no other thread uses the QP while the
+    /// poster lives. Block / Device: every user of the QP is a shared poster of this scope.
+    unsafe fn poster(h: &PortChannelHandle) -> Self::Poster<'_>;
+}
+
+/// One thread owns the QP (no atomics on the SQ counters; BlueFlame for small puts).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Exclusive;
+
+impl Sharing for Exclusive {
+    type Poster<'a> = Qp<'a>;
+    const SHARED: bool = false;
+    unsafe fn poster(h: &PortChannelHandle) -> Qp<'_> {
+        // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this thread only.
+        unsafe { Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns) }
+    }
+}
+
+macro_rules! shared_sharing {
+    ($t:ty) => {
+        impl Sharing for $t {
+            type Poster<'a> = SharedQp<'a, $t>;
+            const SHARED: bool = true;
+            unsafe fn poster(h: &PortChannelHandle) -> SharedQp<'_, $t> {
+                // SAFETY: the caller's contract: `h.qp` and `h.shared` are the QP's handle and shared state,
+                // used by shared posters of this scope only.
+                unsafe { SharedQp::new(&*(h.qp as *const QpHandle), h.shared as *mut SharedQpState, h.timeout_ns) }
+            }
+        }
+    };
+}
+
+shared_sharing!(Block);
+shared_sharing!(Device);
 
 /// One port channel, used by one thread at a time through `P` (several threads may each hold a
 /// `PortChannel` of the same handle when `P` is a shared QP).

@@ -44,6 +44,50 @@ pub unsafe extern "ptx-kernel" fn gdaki_pingpong(args: *const PingPongArgs) {
     }
 }
 
+/// Port-channel test `op` with sharing `M`: CTA `b` runs channel `b % nchannels` of rank `b / nchannels`,
+/// with `args[b / nchannels]` (launch `ranks × nchannels` CTAs, so that every team is resident at once).
+///
+/// # Safety
+/// `args` must point to one [`crate::porttest::PortTestArgs`] per rank in the launch, built by the host.
+unsafe fn port<M: crate::channel::Sharing>(args: *const crate::porttest::PortTestArgs) {
+    // SAFETY: the host passes one argument block per rank; `run`'s contract is the host's.
+    unsafe {
+        let b = nvptx::_block_idx_x() as u32;
+        let n = (*args).nchannels.max(1);
+        crate::porttest::run::<M>(&Cta, &*args.add((b / n) as usize), b % n)
+    }
+}
+
+/// [`crate::porttest::run`] in Exclusive sharing (thread 0 of each CTA owns its channel's QP).
+///
+/// # Safety
+/// As `port`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_port_exclusive(args: *const crate::porttest::PortTestArgs) {
+    // SAFETY: the caller's contract.
+    unsafe { port::<crate::channel::Exclusive>(args) }
+}
+
+/// [`crate::porttest::run`] in Block sharing (the threads of a CTA share its channel's QP).
+///
+/// # Safety
+/// As `port`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_port_block(args: *const crate::porttest::PortTestArgs) {
+    // SAFETY: the caller's contract.
+    unsafe { port::<crate::scope::Block>(args) }
+}
+
+/// [`crate::porttest::run`] in Device sharing (GPU-scope atomics on the QPs).
+///
+/// # Safety
+/// As `port`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_port_device(args: *const crate::porttest::PortTestArgs) {
+    // SAFETY: the caller's contract.
+    unsafe { port::<crate::scope::Device>(args) }
+}
+
 /// Builds [`crate::samples::SAMPLES`] WQEs from `*p` into `out` (one thread; see [`crate::samples::build`]).
 ///
 /// # Safety
