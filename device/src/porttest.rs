@@ -174,6 +174,8 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
             if a.rank == 0 {
                 fill(team, a, h, ch, k);
             }
+            // Every thread's words are stored before the leader posts the put.
+            let _ = team.sync_or(false);
             let lead = tid == 0;
             let c = &mut chan;
             let failed = step(team, a, lead, || {
@@ -189,6 +191,7 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
             if a.rank == 1 {
                 fill(team, a, h, ch, k);
             }
+            let _ = team.sync_or(false);
             let c = &mut chan;
             let failed = step(team, a, lead, || {
                 let c = held(c)?;

@@ -15,6 +15,7 @@ pub mod mem;
 pub mod nic;
 pub mod perftest;
 pub mod pingpong;
+pub mod porttest;
 pub mod ptx;
 
 pub use error::{Error, Result};

@@ -1,0 +1,319 @@
+//! Host side of MSCCL++'s one-to-one PortChannel tests (the `port_channel` example and its tests): one rank's
+//! channels to its peer, and runs of `gdaki_device::porttest` on the GPU (kernels
+//! `gdaki_port_{exclusive,block,device}`) or on host threads (a team of threads per channel).
+//!
+//! A [`PortTest`] owns `nchannels` connections (one QP each), a buffer of `2 × max_size` bytes per channel
+//! (send half, receive half), a semaphore and a channel per connection. Its QPs are used in one sharing mode
+//! only: the Exclusive counters live in the QP handle, the shared ones in the shared state, and the two do not
+//! follow each other, so make one `PortTest` per mode.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::Duration;
+
+use gdaki_device::channel::{Exclusive, Sharing};
+use gdaki_device::pingpong::Team;
+use gdaki_device::porttest::{self, PortTestArgs};
+use gdaki_device::scope::{Block, Device};
+use gdaki_shared::channel::PortChannelHandle;
+use gdaki_shared::handle::ErrorReport;
+
+use crate::channel::{Communicator, EndpointConfig, PortChannel, RegisteredMemory, Semaphore};
+use crate::cuda::{DeviceBuffer, KernelArg, LaunchConfig};
+use crate::exec::Executor;
+use crate::mem::MappedBuf;
+use crate::{Error, Result};
+
+pub use gdaki_device::porttest::op;
+
+/// How the threads share each channel's QP (the device's [`Sharing`] types, chosen per run at run time here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// One thread per QP.
+    Exclusive,
+    /// The threads of one team (CTA) share its QP.
+    Block,
+    /// Any thread shares any QP (GPU-scope atomics).
+    Device,
+}
+
+impl Mode {
+    /// All three, in the order tables list them.
+    pub const ALL: [Mode; 3] = [Mode::Exclusive, Mode::Block, Mode::Device];
+
+    /// "Exclusive", "Block" or "Device".
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "Exclusive",
+            Mode::Block => "Block",
+            Mode::Device => "Device",
+        }
+    }
+
+    fn kernel(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "gdaki_port_exclusive",
+            Mode::Block => "gdaki_port_block",
+            Mode::Device => "gdaki_port_device",
+        }
+    }
+}
+
+/// One run.
+#[derive(Clone, Copy, Debug)]
+pub struct RunConfig {
+    /// One of [`op`].
+    pub op: u32,
+    /// Bytes per channel per iteration (1 ..= the `max_size` of [`PortTest::new`]).
+    pub size: usize,
+    /// Iterations.
+    pub iters: u32,
+    /// Threads per team: a CTA's size on the GPU, host threads per channel on the `cpu` executor.
+    pub team: u32,
+    /// Seed of the payload generator (both ranks must use the same).
+    pub seed: u64,
+    /// Bound of every device-side wait (set when the channels were made; this bounds the launch).
+    pub timeout: Duration,
+}
+
+/// What one run measured on this rank.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// Time of each iteration, ns (rank 0 only; empty on rank 1).
+    pub iter_ns: Vec<u64>,
+    /// Payloads this rank received and checked.
+    pub checked: u64,
+}
+
+/// Control words in queue memory: report, checked counter; then the times.
+const REPORT: usize = 0;
+const CHECKED: usize = 64;
+const TIMES: usize = 128;
+
+/// One rank's channels of a port-channel test.
+pub struct PortTest {
+    mode: Mode,
+    nchannels: u32,
+    max_size: usize,
+    max_iters: usize,
+    /// Field order is drop order: channels before what they name.
+    chans: Vec<PortChannel>,
+    _sems: Vec<Semaphore>,
+    _mems: Vec<RegisteredMemory>,
+    /// The channel handles where device code reads them (GPU memory for the `gpu` executor).
+    gpu_handles: Option<DeviceBuffer>,
+    host_handles: Vec<PortChannelHandle>,
+    ctrl: MappedBuf,
+    comm: Communicator,
+    failed: bool,
+}
+
+impl PortTest {
+    /// Sets up `nchannels` channels to the peer (rank `1 - comm.rank()`), each with its own QP of `wqe_cnt`
+    /// WQEBBs, a `2 × max_size` buffer, a semaphore; room for `max_iters` timed iterations. Both ranks call
+    /// it with the same arguments (the calls pair up through the bootstrap).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a world that is not two ranks, zero sizes or counts; the communicator's
+    /// errors.
+    pub fn new(comm: Communicator, mode: Mode, nchannels: u32, max_size: usize, max_iters: usize) -> Result<Self> {
+        if comm.world_size() != 2 || nchannels == 0 || max_size == 0 || max_iters == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "port test of {nchannels} channels, {max_size} bytes, {max_iters} iterations, world of {}: needs 2 \
+                 ranks and nonzero sizes",
+                comm.world_size()
+            )));
+        }
+        let peer = 1 - comm.rank();
+        let half = max_size.next_multiple_of(8);
+        let cfg = EndpointConfig::default();
+        let (mut chans, mut sems, mut mems) = (Vec::new(), Vec::new(), Vec::new());
+        for c in 0..nchannels {
+            let tag = 16 * c;
+            let mem = comm.register_buffer(comm.executor().alloc_data(2 * half)?)?;
+            comm.send_memory(&mem, peer, tag)?;
+            let dst = comm.recv_memory(peer, tag)?;
+            let conn = comm.connect(&cfg, peer, tag + 1)?;
+            let sem = comm.semaphore(&conn, peer, tag + 2)?;
+            chans.push(PortChannel::new(&conn, &sem, dst, &mem)?);
+            sems.push(sem);
+            mems.push(mem);
+        }
+        let host_handles: Vec<PortChannelHandle> = chans.iter().map(|c| c.device_handle()).collect();
+        let gpu_handles = match comm.executor() {
+            Executor::Gpu(g) => {
+                let b = g.alloc_device(std::mem::size_of_val(&host_handles[..]) + 256)?;
+                b.copy_from_host(0, bytemuck::cast_slice(&host_handles))?;
+                Some(b)
+            }
+            Executor::Cpu => None,
+        };
+        let ctrl = comm.executor().queue_memory().alloc(TIMES + 8 * max_iters)?;
+        Ok(Self {
+            mode,
+            nchannels,
+            max_size,
+            max_iters,
+            chans,
+            _sems: sems,
+            _mems: mems,
+            gpu_handles,
+            host_handles,
+            ctrl,
+            comm,
+            failed: false,
+        })
+    }
+
+    /// The communicator (for its bootstrap and NIC).
+    pub fn communicator(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// The channels' sharing mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn word(&self, off: usize) -> *mut u64 {
+        // SAFETY: offsets stay inside `ctrl` (REPORT, CHECKED, TIMES + 8 × max_iters).
+        unsafe { self.ctrl.host_ptr().add(off) as *mut u64 }
+    }
+
+    /// Runs `cfg` on this rank (the peer runs the same `cfg` at the same time).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a size or iteration count beyond the setup, a team of 0, or after a
+    /// failed run; [`Error::Device`] when device code reported an error; CUDA and bootstrap errors.
+    pub fn run(&mut self, cfg: &RunConfig) -> Result<RunResult> {
+        if self.failed {
+            return Err(Error::InvalidArgument("an earlier run failed: make a new PortTest".into()));
+        }
+        if cfg.size == 0 || cfg.size > self.max_size || cfg.iters as usize > self.max_iters || cfg.team == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "size {} must be 1..={}, iters at most {}, team at least 1",
+                cfg.size, self.max_size, self.max_iters
+            )));
+        }
+        let rank = self.comm.rank();
+        // SAFETY: no device code runs between runs; the words are ours and aligned.
+        unsafe {
+            (self.word(REPORT) as *mut ErrorReport).write_volatile(ErrorReport::default());
+            self.word(CHECKED).write_volatile(0);
+        }
+        let channels = match &self.gpu_handles {
+            Some(b) => b.device_addr(),
+            None => self.host_handles.as_ptr() as u64,
+        };
+        let args = PortTestArgs {
+            channels,
+            times: if rank == 0 { self.ctrl.device_addr() + TIMES as u64 } else { 0 },
+            report: self.ctrl.device_addr() + REPORT as u64,
+            checked: self.ctrl.device_addr() + CHECKED as u64,
+            size: cfg.size as u64,
+            seed: cfg.seed,
+            iters: cfg.iters,
+            op: cfg.op,
+            rank,
+            nchannels: self.nchannels,
+        };
+        // Both ranks start together, so that neither waits out its bound for a peer still setting up.
+        self.comm.bootstrap().barrier()?;
+        self.failed = true;
+        match (self.comm.executor(), &self.gpu_handles) {
+            (Executor::Gpu(g), Some(b)) => {
+                let args_at = std::mem::size_of_val(&self.host_handles[..]);
+                b.copy_from_host(args_at, bytemuck::bytes_of(&args))?;
+                let kernel = g.kernel(crate::ptx::PTX, self.mode.kernel())?;
+                let stream = g.new_stream()?;
+                // SAFETY: the argument block and the handles are in GPU memory and name live channels, buffers
+                // and control words owned by `self`; one CTA per channel keeps every team resident.
+                unsafe {
+                    kernel.launch(
+                        &stream,
+                        &LaunchConfig::linear(self.nchannels, cfg.team),
+                        &[KernelArg::U64(b.device_addr() + args_at as u64)],
+                    )?
+                };
+                stream.wait(cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)))?;
+            }
+            _ => match self.mode {
+                Mode::Exclusive => run_threads::<Exclusive>(&args, self.nchannels, cfg.team),
+                Mode::Block => run_threads::<Block>(&args, self.nchannels, cfg.team),
+                Mode::Device => run_threads::<Device>(&args, self.nchannels, cfg.team),
+            },
+        }
+        // SAFETY: the device code has finished; the words are ours and aligned.
+        let (report, checked) =
+            unsafe { ((self.word(REPORT) as *const ErrorReport).read_volatile(), self.word(CHECKED).read_volatile()) };
+        if let Some(e) = gdaki_device::Error::from_report(&report) {
+            return Err(Error::Device(format!("rank {rank}: {e} ({checked} payloads checked before)")));
+        }
+        self.failed = false;
+        let iter_ns = if rank == 0 {
+            // SAFETY: rank 0's team 0 wrote `iters` times; the device code has finished.
+            unsafe { std::slice::from_raw_parts(self.word(TIMES), cfg.iters as usize) }.to_vec()
+        } else {
+            Vec::new()
+        };
+        Ok(RunResult { iter_ns, checked })
+    }
+
+    /// The channels, e.g. to read a semaphore.
+    pub fn channels(&self) -> &[PortChannel] {
+        &self.chans
+    }
+}
+
+/// A team of host threads: `size` threads meeting at a barrier that ORs a flag.
+struct ThreadTeam<'b> {
+    tid: usize,
+    size: usize,
+    barrier: &'b Barrier,
+    any: &'b AtomicBool,
+}
+
+impl Team for ThreadTeam<'_> {
+    fn tid(&self) -> usize {
+        self.tid
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn sync_or(&self, flag: bool) -> bool {
+        if flag {
+            self.any.store(true, Ordering::Relaxed);
+        }
+        self.barrier.wait();
+        let r = self.any.load(Ordering::Relaxed);
+        // Everyone has read the flag before it is cleared, and it is cleared before anyone sets it again.
+        self.barrier.wait();
+        if self.tid == 0 {
+            self.any.store(false, Ordering::Relaxed);
+        }
+        self.barrier.wait();
+        r
+    }
+}
+
+/// Runs `porttest::run` with `team` host threads per channel, all channels at once.
+fn run_threads<M: Sharing>(args: &PortTestArgs, nchannels: u32, team: u32) {
+    std::thread::scope(|s| {
+        for ch in 0..nchannels {
+            let (barrier, any) = (Barrier::new(team as usize), AtomicBool::new(false));
+            s.spawn(move || {
+                std::thread::scope(|t| {
+                    for tid in 0..team as usize {
+                        let (barrier, any) = (&barrier, &any);
+                        t.spawn(move || {
+                            let tm = ThreadTeam { tid, size: team as usize, barrier, any };
+                            // SAFETY: `args` names this rank's live channels and control words (built by
+                            // `PortTest::run`); each channel's team is its own threads, all running at once.
+                            unsafe { porttest::run::<M>(&tm, args, ch) }
+                        });
+                    }
+                });
+            });
+        }
+    });
+}
