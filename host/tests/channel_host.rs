@@ -1,0 +1,452 @@
+//! Port channels, host side (`gdaki::channel`): two ranks as two threads, each with its own bootstrap,
+//! communicator and emulated NIC (cpu executor, the wire over loopback TCP). The handles the host builds are
+//! driven with the existing Exclusive device QP (`gdaki_device::qp::Qp` + `put` / `signal` / `flush` /
+//! `wait_semaphore`), using only the addresses and keys in each `PortChannelHandle`. Payloads are random
+//! (replay with `GDAKI_TEST_SEED`) and checked byte for byte; every expected value is computed here.
+
+use std::net::TcpListener;
+use std::sync::Barrier;
+use std::thread;
+use std::time::Duration;
+
+use gdaki::bootstrap::{Bootstrap, Launch, Secret};
+use gdaki::channel::{
+    Communicator, Connection, EndpointConfig, IbConfig, IbMode, PortChannel, RegisteredMemory, Semaphore,
+};
+use gdaki::exec::{DataBuf, Executor};
+use gdaki::nic::emu::{QpState, WireConfig};
+use gdaki::Error;
+use gdaki_device::qp::Qp as DevQp;
+use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
+use gdaki_shared::handle::QpHandle;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+/// Bound of bootstrap calls.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(20);
+/// Bound of every device-side wait: long enough for a loaded 2-core machine, short enough to fail, not hang.
+const TIMEOUT_NS: u64 = 10_000_000_000;
+
+/// A seeded generator; the seed is printed so that a failure can be replayed with `GDAKI_TEST_SEED`.
+fn rng() -> SmallRng {
+    let seed = std::env::var("GDAKI_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("GDAKI_TEST_SEED={seed}");
+    SmallRng::seed_from_u64(seed)
+}
+
+fn random_bytes(rng: &mut SmallRng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.random::<u8>()).collect()
+}
+
+/// Runs `f(communicator, barrier)` on two ranks (threads), each with its own bootstrap (rank 0 on a free
+/// loopback port) and communicator (cpu executor, loopback wire); returns the results by rank. The barrier
+/// synchronizes the two threads without the bootstrap.
+fn two_ranks<T: Send>(boot_timeout: Duration, f: impl Fn(Communicator, &Barrier) -> T + Sync) -> Vec<T> {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let root = listener.local_addr().unwrap().to_string();
+    let secret = Secret::random().unwrap();
+    let launches: Vec<Launch> =
+        (0..2).map(|rank| Launch { rank, world_size: 2, root: root.clone(), secret, source: "test" }).collect();
+    let mut listener = Some(listener);
+    let barrier = Barrier::new(2);
+    let (f, barrier) = (&f, &barrier);
+    thread::scope(|s| {
+        let handles: Vec<_> = launches
+            .iter()
+            .map(|launch| {
+                let listener = if launch.rank == 0 { listener.take() } else { None };
+                s.spawn(move || {
+                    let boot = match listener {
+                        Some(l) => Bootstrap::root_on(l, launch, BOOT_TIMEOUT),
+                        None => Bootstrap::connect(launch, BOOT_TIMEOUT),
+                    };
+                    let mut boot = boot.unwrap_or_else(|e| panic!("rank {}: {e}", launch.rank));
+                    boot.set_timeout(boot_timeout);
+                    let comm = Communicator::new(boot, Executor::Cpu, WireConfig::loopback())
+                        .unwrap_or_else(|e| panic!("rank {}: {e}", launch.rank));
+                    f(comm, barrier)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Registers `len` zeroed bytes of host memory.
+fn register(comm: &Communicator, len: usize) -> RegisteredMemory {
+    comm.register_buffer(comm.executor().alloc_data(len).unwrap()).unwrap()
+}
+
+/// Writes `bytes` at the start of `mem` (a host buffer no device code uses yet).
+fn fill(mem: &RegisteredMemory, bytes: &[u8]) {
+    let Some(DataBuf::Host(b)) = mem.buffer() else { panic!("expected a host buffer") };
+    assert!(bytes.len() <= b.len());
+    // SAFETY: in bounds of the buffer, which nothing else writes now.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.host_ptr(), bytes.len()) };
+}
+
+fn contents(mem: &RegisteredMemory) -> Vec<u8> {
+    mem.buffer().unwrap().to_vec().unwrap()
+}
+
+/// The handle's QP as an Exclusive device QP.
+///
+/// # Safety
+/// `h` must come from a live channel of the cpu executor, and no other thread may post to that QP meanwhile.
+unsafe fn dev_qp(h: &PortChannelHandle) -> DevQp<'static> {
+    // SAFETY: the caller's contract; `h.qp` is the connection's `QpHandle` in host memory.
+    unsafe { DevQp::new(&mut *(h.qp as *mut QpHandle), TIMEOUT_NS) }
+}
+
+/// One put of a plan: `len` bytes from `src_off` of the sender's source to `dst_off` of the peer's buffer.
+#[derive(Clone, Copy, Debug)]
+struct Put {
+    dst_off: u64,
+    src_off: u64,
+    len: u64,
+}
+
+/// Puts that cover `[start, end)` of the destination in random pieces, skipping about every third (so that
+/// gaps must stay untouched), each from a random place in a source of `src_len` bytes.
+fn plan(rng: &mut SmallRng, start: u64, end: u64, max_piece: u64, src_len: u64) -> Vec<Put> {
+    let mut puts = Vec::new();
+    let mut at = start;
+    while at < end {
+        let len = rng.random_range(1..=max_piece.min(end - at));
+        if rng.random_range(0..3) != 0 {
+            puts.push(Put { dst_off: at, src_off: rng.random_range(0..=src_len - len), len });
+        }
+        at += len;
+    }
+    puts
+}
+
+/// What the peer's buffer must hold after `puts` from a source holding `src`: their bytes, zero elsewhere.
+fn expected(len: usize, puts: &[Put], src: &[u8]) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for p in puts {
+        let (d, s, n) = (p.dst_off as usize, p.src_off as usize, p.len as usize);
+        v[d..d + n].copy_from_slice(&src[s..s + n]);
+    }
+    v
+}
+
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: first difference at byte {i}: got {:#04x}, want {:#04x}", got[i], want[i]);
+    }
+}
+
+fn message(e: Error) -> String {
+    assert!(!e.to_string().contains('\n'), "multi-line error: {e}");
+    match e {
+        Error::InvalidArgument(m) | Error::Unavailable(m) | Error::Bootstrap(m) => m,
+        other => panic!("unexpected error {other:?}"),
+    }
+}
+
+/// Whether `[addr, addr + 8)` lies inside `mem`.
+fn inside(addr: u64, mem: &RegisteredMemory) -> bool {
+    addr + 8 > mem.loc().addr && addr < mem.loc().addr + mem.len()
+}
+
+#[test]
+fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() {
+    const LEN: usize = 64 << 10;
+    let mut rng = rng();
+    let payloads = [random_bytes(&mut rng, LEN), random_bytes(&mut rng, LEN)];
+    let plans = [plan(&mut rng, 0, LEN as u64, 5000, LEN as u64), plan(&mut rng, 0, LEN as u64, 5000, LEN as u64)];
+    let results = two_ranks(BOOT_TIMEOUT, |comm, _| {
+        let (me, peer) = (comm.rank() as usize, 1 - comm.rank());
+        assert_eq!(comm.world_size(), 2);
+        let src = register(&comm, LEN);
+        fill(&src, &payloads[me]);
+        let landing = register(&comm, LEN);
+        comm.send_memory(&landing, peer, 0).unwrap();
+        let dst = comm.recv_memory(peer, 0).unwrap();
+        assert_eq!((dst.rank(), dst.len()), (peer, LEN as u64));
+        let conn = comm.connect(&EndpointConfig::default(), peer, 1).unwrap();
+        assert_eq!((conn.peer(), conn.tag(), conn.qp().state()), (peer, 1, QpState::Rts));
+        let sem = comm.semaphore(&conn, peer, 2).unwrap();
+        let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();
+        let h = chan.device_handle();
+
+        // Every field of the handle.
+        assert_eq!((h.qp, h.shared), (conn.qp_handle_addr(), conn.shared_state_addr()));
+        assert!(h.qp.is_multiple_of(8) && h.shared.is_multiple_of(64), "{h:?}");
+        let qh = conn.qp_handle().unwrap();
+        assert_eq!((qh.qpn, qh.wqe_cnt, qh.sq_pi, qh.sq_ci, qh.cq.cons_index), (conn.qpn(), 1024, 0, 0, 0));
+        assert_eq!(qh.cq.ncqe, 1024);
+        assert_eq!(bytemuck::bytes_of(&conn.shared_state().unwrap()), bytemuck::bytes_of(&SharedQpState::default()));
+        let (d, r) = (h.dst, dst.remote());
+        assert_eq!((d.addr, d.length, d.rkey.get()), (r.addr, LEN as u64, r.rkey.get()));
+        let s = src.handle();
+        assert_eq!((h.src.addr, h.src.length, h.src.lkey.get()), (s.addr, LEN as u64, s.lkey.get()));
+        let rs = sem.remote_inbound();
+        assert_eq!((h.remote_sem.addr, h.remote_sem.length, h.remote_sem.rkey.get()), (rs.addr, 8, rs.rkey.get()));
+        assert_eq!((h.local_sem, h.expected), (sem.inbound_addr(), sem.expected_addr()));
+        assert!(h.local_sem.is_multiple_of(8) && h.expected.is_multiple_of(8));
+        assert_eq!((sem.inbound(), sem.expected().unwrap()), (0, 0));
+        assert_eq!((h.scratch.length, h.scratch.addr % 8), (8, 0));
+        assert!(!inside(h.scratch.addr, &src) && !inside(h.scratch.addr, &landing), "scratch inside user memory");
+        assert_eq!((h.max_wqe_bytes, h.timeout_ns, h.blue_flame_limit), (1 << 30, 5_000_000_000, 512 << 10));
+
+        // Drive it: every put followed by a signal, then flush, then wait for the peer's signals.
+        let n = plans[me].len() as u64;
+        {
+            // SAFETY: `chan` lives for this block; this thread alone posts to the QP.
+            let mut qp = unsafe { dev_qp(&h) };
+            for p in &plans[me] {
+                qp.put(&h.dst, p.dst_off, &h.src, p.src_off, p.len).unwrap();
+                let _ = qp.signal(&h.remote_sem, 0, &h.scratch, 0).unwrap();
+            }
+            qp.flush().unwrap();
+            let peer_n = plans[peer as usize].len() as u64;
+            // SAFETY: `local_sem` is the semaphore's inbound word, alive while `sem` is.
+            assert_eq!(unsafe { qp.wait_semaphore(h.local_sem as *const u64, peer_n) }.unwrap(), peer_n);
+        }
+        let after = conn.qp_handle().unwrap();
+        assert_eq!(after.sq_ci, after.sq_pi, "flushed: every WQEBB retired");
+        assert_eq!(conn.qp().sq_consumed(), after.sq_pi);
+        // Both ranks are done: nothing more arrives.
+        comm.bootstrap().barrier().unwrap();
+        assert_eq!(sem.inbound(), plans[peer as usize].len() as u64, "exact count of the peer's signals");
+        assert_eq!(conn.scratch_value(), n - 1, "the last fetch-add's old value is in the scratch word");
+        assert_same(&contents(&src), &payloads[me], "source untouched (no fetch-add result in it)");
+        let want = expected(LEN, &plans[peer as usize], &payloads[peer as usize]);
+        assert_same(&contents(&landing), &want, "landing buffer");
+        assert_eq!(comm.nic().stats().error_cqes, 0);
+        comm.bootstrap().barrier().unwrap();
+        n
+    });
+    assert!(results.iter().all(|&n| n > 3), "plans too short: {results:?}");
+}
+
+#[test]
+fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
+    const QPS: usize = 4;
+    const PART: u64 = 16 << 10;
+    const LEN: usize = QPS * PART as usize;
+    let mut rng = rng();
+    let payloads = [random_bytes(&mut rng, LEN), random_bytes(&mut rng, LEN)];
+    // plans[rank][qp][channel]: channel 0 fills the first half of the QP's part, channel 1 the second.
+    let plans: Vec<Vec<[Vec<Put>; 2]>> = (0..2)
+        .map(|_| {
+            (0..QPS as u64)
+                .map(|q| {
+                    let (a, m) = (q * PART, q * PART + PART / 2);
+                    [plan(&mut rng, a, m, 600, LEN as u64), plan(&mut rng, m, a + PART, 600, LEN as u64)]
+                })
+                .collect()
+        })
+        .collect();
+    // The smallest SQ, so that every QP's ring wraps several times.
+    let cfg = EndpointConfig { ib: IbConfig { max_send_wr: 16, ..IbConfig::default() }, ..EndpointConfig::default() };
+    let qpns = two_ranks(BOOT_TIMEOUT, |comm, _| {
+        let (me, peer) = (comm.rank() as usize, 1 - comm.rank());
+        let src = register(&comm, LEN);
+        fill(&src, &payloads[me]);
+        let landing = register(&comm, LEN);
+        comm.send_memory(&landing, peer, 0).unwrap();
+        let dst = comm.recv_memory(peer, 0).unwrap();
+        // Four connections on one tag pair up in call order.
+        let conns: Vec<Connection> = (0..QPS).map(|_| comm.connect(&cfg, peer, 1).unwrap()).collect();
+        let sems: Vec<Semaphore> =
+            conns.iter().enumerate().map(|(i, c)| comm.semaphore(c, peer, 10 + i as u32).unwrap()).collect();
+        let chans: Vec<[PortChannel; 2]> = conns
+            .iter()
+            .zip(&sems)
+            .map(|(c, s)| [PortChannel::new(c, s, dst, &src).unwrap(), PortChannel::new(c, s, dst, &src).unwrap()])
+            .collect();
+        let hs: Vec<[PortChannelHandle; 2]> =
+            chans.iter().map(|[a, b]| [a.device_handle(), b.device_handle()]).collect();
+        for (i, [a, b]) in hs.iter().enumerate() {
+            assert_eq!((a.qp, a.shared, a.scratch.addr, a.local_sem), (b.qp, b.shared, b.scratch.addr, b.local_sem));
+            for [c, _] in &hs[i + 1..] {
+                assert!(a.qp != c.qp && a.shared != c.shared && a.scratch.addr != c.scratch.addr, "QP {i}");
+                assert!(a.local_sem != c.local_sem && a.expected != c.expected, "QP {i}");
+            }
+        }
+
+        // One thread per QP (Exclusive), alternating between the QP's two channels.
+        thread::scope(|s| {
+            for (q, h) in hs.iter().enumerate() {
+                let plans = &plans;
+                s.spawn(move || {
+                    // SAFETY: the channels outlive this scope; this thread alone posts to QP `q` (both
+                    // channels' `qp` are the same handle).
+                    let mut qp = unsafe { dev_qp(&h[0]) };
+                    let mine = &plans[me][q];
+                    for k in 0..mine[0].len().max(mine[1].len()) {
+                        for c in 0..2 {
+                            if let Some(p) = mine[c].get(k) {
+                                qp.put(&h[c].dst, p.dst_off, &h[c].src, p.src_off, p.len).unwrap();
+                                let _ = qp.signal(&h[c].remote_sem, 0, &h[c].scratch, 0).unwrap();
+                            }
+                        }
+                    }
+                    qp.flush().unwrap();
+                    let theirs = &plans[peer as usize][q];
+                    let n = (theirs[0].len() + theirs[1].len()) as u64;
+                    // SAFETY: QP `q`'s semaphore word, alive while `sems` is.
+                    assert_eq!(unsafe { qp.wait_semaphore(h[0].local_sem as *const u64, n) }.unwrap(), n);
+                });
+            }
+        });
+        comm.bootstrap().barrier().unwrap();
+        let mut want = vec![0u8; LEN];
+        for q in 0..QPS {
+            let (mine, theirs) = (&plans[me][q], &plans[peer as usize][q]);
+            let sent = (mine[0].len() + mine[1].len()) as u64;
+            assert_eq!(sems[q].inbound(), (theirs[0].len() + theirs[1].len()) as u64, "QP {q}: signals counted");
+            assert_eq!(conns[q].scratch_value(), sent - 1, "QP {q}: last fetch-add's old value");
+            assert_eq!(sems[q].expected().unwrap(), 0, "QP {q}");
+            let qh = conns[q].qp_handle().unwrap();
+            assert!(qh.sq_pi >= 2 * sent && qh.sq_ci == qh.sq_pi, "QP {q}: {qh:?}");
+            assert!(qh.sq_pi > 3 * 16, "QP {q}: the ring of 16 wrapped");
+            for p in theirs.iter().flatten() {
+                let (d, s, n) = (p.dst_off as usize, p.src_off as usize, p.len as usize);
+                want[d..d + n].copy_from_slice(&payloads[peer as usize][s..s + n]);
+            }
+        }
+        assert_same(&contents(&landing), &want, "landing buffer");
+        assert_same(&contents(&src), &payloads[me], "source untouched");
+        assert_eq!(comm.nic().stats().error_cqes, 0);
+        comm.bootstrap().barrier().unwrap();
+        conns.iter().map(|c| (c.qpn(), c.remote_endpoint().qpn)).collect::<Vec<_>>()
+    });
+    for q in 0..QPS {
+        assert_eq!(qpns[0][q].1, qpns[1][q].0, "rank 0's connection {q} goes to rank 1's connection {q}");
+        assert_eq!(qpns[1][q].1, qpns[0][q].0, "rank 1's connection {q} goes to rank 0's connection {q}");
+    }
+}
+
+#[test]
+fn host_modes_are_refused_before_anything_is_sent() {
+    two_ranks(BOOT_TIMEOUT, |comm, _| {
+        let peer = 1 - comm.rank();
+        for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+            let e = comm.connect(&EndpointConfig::with_mode(mode), peer, 7).unwrap_err();
+            assert!(matches!(e, Error::Unavailable(_)), "{mode:?}: {e:?}");
+            let m = message(e);
+            assert!(m.contains(&format!("ib.mode {}", mode.name())) && m.contains("CPU proxy (issue 5)"), "{m}");
+        }
+        let bad =
+            EndpointConfig { ib: IbConfig { max_send_wr: 100, ..IbConfig::default() }, ..EndpointConfig::default() };
+        assert!(message(comm.connect(&bad, peer, 7).unwrap_err()).contains("max_send_wr 100"));
+        // Nothing was queued on tag 7: the first message there is the marker.
+        comm.bootstrap().send(peer, 7, b"marker").unwrap();
+        assert_eq!(comm.bootstrap().recv(peer, 7).unwrap(), b"marker");
+        // And Device mode connects on the same tag.
+        let conn = comm.connect(&EndpointConfig::with_mode(IbMode::Device), peer, 7).unwrap();
+        assert_eq!(conn.qp().state(), QpState::Rts);
+        comm.bootstrap().barrier().unwrap();
+    });
+}
+
+#[test]
+fn calls_that_do_not_pair_up_and_bad_arguments_fail_with_one_line() {
+    two_ranks(BOOT_TIMEOUT, |comm, _| {
+        let (me, peer) = (comm.rank(), 1 - comm.rank());
+        let mem = register(&comm, 256);
+        let cfg = EndpointConfig::default();
+
+        // Peers out of range.
+        let m = message(comm.connect(&cfg, 2, 0).unwrap_err());
+        assert!(m.contains("connect to rank 2 tag 0: peer rank 2 is out of range for world size 2"), "{m}");
+        assert!(message(comm.send_memory(&mem, 5, 0).unwrap_err()).contains("peer rank 5 is out of range"));
+        assert!(message(comm.recv_memory(9, 0).unwrap_err()).contains("peer rank 9 is out of range"));
+
+        // Memory met by a connect, and the connect's endpoint then met by recv_memory: both ranks, tag 3.
+        comm.send_memory(&mem, peer, 3).unwrap();
+        let m = message(comm.connect(&cfg, peer, 3).unwrap_err());
+        assert!(m.contains(&format!("rank {peer} tag 3: expected a connection endpoint")), "{m}");
+        assert!(m.contains("received a registered memory (send_memory)") && m.contains("do not pair up"), "{m}");
+        let m = message(comm.recv_memory(peer, 3).unwrap_err());
+        assert!(m.contains("expected a registered memory") && m.contains("received a connection endpoint"), "{m}");
+
+        // Bytes that are not a channel message, and a channel message of the wrong size.
+        comm.bootstrap().send(peer, 4, b"garbage!").unwrap();
+        let m = message(comm.recv_memory(peer, 4).unwrap_err());
+        assert!(m.contains("8 bytes that are not a gdaki channel message"), "{m}");
+        let mut short = b"GDCH".to_vec();
+        short.extend_from_slice(&1u16.to_le_bytes());
+        short.extend_from_slice(&2u16.to_le_bytes());
+        short.extend_from_slice(&[0; 10]);
+        comm.bootstrap().send(peer, 4, &short).unwrap();
+        let m = message(comm.recv_memory(peer, 4).unwrap_err());
+        assert!(m.contains("received 18 bytes, not 32"), "{m}");
+
+        // Two QPs; semaphores built on connections that are not each other's peers.
+        let c0 = comm.connect(&cfg, peer, 5).unwrap();
+        let c1 = comm.connect(&cfg, peer, 5).unwrap();
+        let m = message(comm.semaphore(&c0, me, 6).unwrap_err());
+        assert!(m.contains(&format!("goes to rank {peer}, not {me}")), "{m}");
+        let mine = if me == 0 { &c0 } else { &c1 };
+        let m = message(comm.semaphore(mine, peer, 6).unwrap_err());
+        assert!(m.contains("built its semaphore on its QP") && m.contains("matching connections"), "{m}");
+        let s0 = comm.semaphore(&c0, peer, 7).unwrap();
+
+        // Channels: a destination of the wrong rank, a semaphore of another connection.
+        comm.send_memory(&mem, peer, 8).unwrap();
+        let dst = comm.recv_memory(peer, 8).unwrap();
+        comm.send_memory(&mem, me, 9).unwrap();
+        let own = comm.recv_memory(me, 9).unwrap();
+        let m = message(PortChannel::new(&c0, &s0, own, &mem).unwrap_err());
+        assert!(m.contains(&format!("the destination is rank {me}'s memory, not the peer's")), "{m}");
+        let m = message(PortChannel::new(&c1, &s0, dst, &mem).unwrap_err());
+        assert!(m.contains("the semaphore was built on another connection"), "{m}");
+        assert!(PortChannel::new(&c0, &s0, dst, &mem).is_ok());
+        comm.bootstrap().barrier().unwrap();
+    });
+}
+
+#[test]
+fn a_peer_that_never_answers_is_a_bootstrap_timeout_naming_the_call() {
+    two_ranks(Duration::from_millis(300), |comm, _| {
+        let peer = 1 - comm.rank();
+        let e = comm.recv_memory(peer, 99).unwrap_err();
+        assert!(matches!(e, Error::Bootstrap(_)), "{e:?}");
+        let m = message(e);
+        assert!(m.starts_with(&format!("recv_memory from rank {peer} tag 99: ")) && m.contains("timed out"), "{m}");
+    });
+}
+
+#[test]
+fn channels_keep_working_after_the_communicator_is_dropped() {
+    const LEN: usize = 4096;
+    let mut rng = rng();
+    let payloads = [random_bytes(&mut rng, LEN), random_bytes(&mut rng, LEN)];
+    two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+        let (me, peer) = (comm.rank() as usize, 1 - comm.rank());
+        let src = register(&comm, LEN);
+        fill(&src, &payloads[me]);
+        let landing = register(&comm, LEN);
+        comm.send_memory(&landing, peer, 0).unwrap();
+        let dst = comm.recv_memory(peer, 0).unwrap();
+        let conn = comm.connect(&EndpointConfig::default(), peer, 1).unwrap();
+        let sem = comm.semaphore(&conn, peer, 2).unwrap();
+        let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();
+        // Only the channel and the landing buffer stay: it holds the connection, semaphore and source.
+        drop((conn, sem, src));
+        comm.bootstrap().barrier().unwrap();
+        drop(comm);
+        let h = chan.device_handle();
+        {
+            // SAFETY: `chan` lives for this block; this thread alone posts to the QP.
+            let mut qp = unsafe { dev_qp(&h) };
+            qp.put(&h.dst, 0, &h.src, 0, LEN as u64).unwrap();
+            let _ = qp.signal(&h.remote_sem, 0, &h.scratch, 0).unwrap();
+            qp.flush().unwrap();
+            // SAFETY: the semaphore's inbound word, alive while `chan` is.
+            assert_eq!(unsafe { qp.wait_semaphore(h.local_sem as *const u64, 1) }.unwrap(), 1);
+        }
+        assert_same(&contents(&landing), &payloads[peer as usize], "landing buffer");
+        assert_eq!(chan.connection().scratch_value(), 0);
+        // Both flushed before either destroys its QP.
+        barrier.wait();
+    });
+}
