@@ -24,7 +24,7 @@ fn two_ranks<T: Send>(kind: ExecutorKind, f: impl Fn(u32, Communicator) -> T + S
     thread::scope(|s| {
         let hs: Vec<_> = (0..2u32)
             .map(|rank| {
-                let launch = Launch { rank, world_size: 2, root: root.clone(), secret: secret.clone(), source: "test" };
+                let launch = Launch { rank, world_size: 2, root: root.clone(), secret, source: "test" };
                 let l = if rank == 0 { listener.take() } else { None };
                 s.spawn(move || {
                     let boot = match l {
