@@ -13,7 +13,7 @@ use gdaki::bootstrap::{Bootstrap, Launch, Secret};
 use gdaki::channel::{
     Communicator, Connection, EndpointConfig, IbConfig, IbMode, PortChannel, RegisteredMemory, Semaphore,
 };
-use gdaki::exec::{DataBuf, Executor};
+use gdaki::exec::{DataBuf, Executor, ExecutorKind};
 use gdaki::nic::emu::{QpState, WireConfig};
 use gdaki::Error;
 use gdaki_device::qp::Qp as DevQp;
@@ -44,6 +44,15 @@ fn random_bytes(rng: &mut SmallRng, n: usize) -> Vec<u8> {
 /// loopback port) and communicator (cpu executor, loopback wire); returns the results by rank. The barrier
 /// synchronizes the two threads without the bootstrap.
 fn two_ranks<T: Send>(boot_timeout: Duration, f: impl Fn(Communicator, &Barrier) -> T + Sync) -> Vec<T> {
+    two_ranks_on(ExecutorKind::Cpu, boot_timeout, f)
+}
+
+/// [`two_ranks`] on executor `kind`.
+fn two_ranks_on<T: Send>(
+    kind: ExecutorKind,
+    boot_timeout: Duration,
+    f: impl Fn(Communicator, &Barrier) -> T + Sync,
+) -> Vec<T> {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let root = listener.local_addr().unwrap().to_string();
     let secret = Secret::random().unwrap();
@@ -64,7 +73,8 @@ fn two_ranks<T: Send>(boot_timeout: Duration, f: impl Fn(Communicator, &Barrier)
                     };
                     let mut boot = boot.unwrap_or_else(|e| panic!("rank {}: {e}", launch.rank));
                     boot.set_timeout(boot_timeout);
-                    let comm = Communicator::new(boot, Executor::Cpu, WireConfig::loopback())
+                    let (exec, _) = Executor::open(Some(kind)).unwrap_or_else(|e| panic!("{e}"));
+                    let comm = Communicator::new(boot, exec, WireConfig::loopback())
                         .unwrap_or_else(|e| panic!("rank {}: {e}", launch.rank));
                     f(comm, barrier)
                 })
@@ -318,9 +328,10 @@ fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
         comm.bootstrap().barrier().unwrap();
         conns.iter().map(|c| (c.qpn(), c.remote_endpoint().qpn)).collect::<Vec<_>>()
     });
-    for q in 0..QPS {
-        assert_eq!(qpns[0][q].1, qpns[1][q].0, "rank 0's connection {q} goes to rank 1's connection {q}");
-        assert_eq!(qpns[1][q].1, qpns[0][q].0, "rank 1's connection {q} goes to rank 0's connection {q}");
+    assert_eq!(qpns[0].len(), QPS);
+    for (q, (r0, r1)) in qpns[0].iter().zip(&qpns[1]).enumerate() {
+        assert_eq!(r0.1, r1.0, "rank 0's connection {q} goes to rank 1's connection {q}");
+        assert_eq!(r1.1, r0.0, "rank 1's connection {q} goes to rank 0's connection {q}");
     }
 }
 
@@ -448,5 +459,37 @@ fn channels_keep_working_after_the_communicator_is_dropped() {
         assert_eq!(chan.connection().scratch_value(), 0);
         // Both flushed before either destroys its QP.
         barrier.wait();
+    });
+}
+
+#[test]
+#[ignore = "needs a GPU (cargo xtask test -- --ignored)"]
+fn gpu_executor_keeps_qp_state_and_expected_counts_in_gpu_memory() {
+    two_ranks_on(ExecutorKind::Gpu, BOOT_TIMEOUT, |comm, _| {
+        let peer = 1 - comm.rank();
+        let src = register(&comm, 4096);
+        assert!(matches!(src.buffer(), Some(DataBuf::Gpu(_))));
+        comm.send_memory(&src, peer, 0).unwrap();
+        let dst = comm.recv_memory(peer, 0).unwrap();
+        let conns: Vec<Connection> =
+            (0..2).map(|_| comm.connect(&EndpointConfig::default(), peer, 1).unwrap()).collect();
+        for c in &conns {
+            let sem = comm.semaphore(c, peer, 2).unwrap();
+            let h = PortChannel::new(c, &sem, dst, &src).unwrap().device_handle();
+            // The handle and shared state were copied into GPU memory; reading them back gives what the NIC's
+            // QP says.
+            let qh = c.qp_handle().unwrap();
+            let want = c.qp().handle();
+            assert_eq!(
+                (qh.sq_buf, qh.dbrec, qh.bf_reg, qh.qpn, qh.wqe_cnt),
+                (want.sq_buf, want.dbrec, want.bf_reg, want.qpn, want.wqe_cnt)
+            );
+            assert_eq!((qh.cq.buf, qh.cq.ncqe, qh.sq_pi), (want.cq.buf, want.cq.ncqe, 0));
+            assert_eq!(bytemuck::bytes_of(&c.shared_state().unwrap()), bytemuck::bytes_of(&SharedQpState::default()));
+            assert!(h.shared.is_multiple_of(64) && h.qp == c.qp_handle_addr());
+            assert_eq!((sem.expected().unwrap(), sem.inbound(), c.scratch_value()), (0, 0, 0));
+            assert_eq!((h.local_sem, h.expected, h.scratch.length), (sem.inbound_addr(), sem.expected_addr(), 8));
+        }
+        comm.bootstrap().barrier().unwrap();
     });
 }
