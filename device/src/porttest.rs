@@ -7,8 +7,9 @@
 //! - `PINGPONG` (channel 0): rank 0 sends, rank 1 checks and answers, `iters` round trips, each timed and each
 //!   payload checked.
 //! - `BW` / `BIBW`: `iters` puts of `size` bytes per channel (split over the team's threads in the shared
-//!   scopes), each followed by a signal; one-way (rank 0 sends) or both ways. The receiver waits for every
-//!   signal and checks the payload.
+//!   scopes), each followed by a signal, then a flush; one-way (rank 0 sends) or both ways. The times add up
+//!   to the whole transfer, until the flush saw it placed. The receiver waits for every signal and checks
+//!   the payload.
 //! - `FLUSH_STRESS`: per channel, `iters` times a put of `size` bytes and a flush.
 //! - `SAME_CHANNEL_FLUSH`: threads 0..4 of channel 0's team each put their quarter of `size` bytes and flush,
 //!   `iters` times, on the one QP (Exclusive: thread 0 puts it all).
@@ -219,6 +220,7 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
         _ if M::SHARED => (team.size(), false),
         _ => (1, false),
     };
+    let start = sync::clock_ns();
     let piece = a.size.div_ceil(posters.max(1) as u64).next_multiple_of(8);
     let mine = (tid as u64 * piece).min(a.size);
     let len = piece.min(a.size - mine);
@@ -262,6 +264,16 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
         }
         Ok(())
     });
+    if timed && a.iters > 0 && !flushes {
+        // The last iteration's time runs to the flush: the times add up to the whole transfer, placed.
+        // SAFETY: `times` holds `iters` words (caller's contract), written above by this thread.
+        unsafe {
+            let t = a.times as *mut u64;
+            let before: u64 = (0..a.iters as usize - 1).map(|k| t.add(k).read_volatile()).sum();
+            let total = sync::clock_ns() - start;
+            t.add(a.iters as usize - 1).write_volatile(total.saturating_sub(before));
+        }
+    }
     if !failed && receiver && posters > 0 {
         let _ = verify(team, a, h, ch, 0);
     }

@@ -8,7 +8,7 @@
 //! follow each other, so make one `PortTest` per mode.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use gdaki_device::channel::{Exclusive, Sharing};
@@ -104,19 +104,19 @@ pub struct PortTest {
     gpu_handles: Option<DeviceBuffer>,
     host_handles: Vec<PortChannelHandle>,
     ctrl: MappedBuf,
-    comm: Communicator,
+    comm: Arc<Communicator>,
     failed: bool,
 }
 
 impl PortTest {
-    /// Sets up `nchannels` channels to the peer (rank `1 - comm.rank()`), each with its own QP of `wqe_cnt`
-    /// WQEBBs, a `2 × max_size` buffer, a semaphore; room for `max_iters` timed iterations. Both ranks call
+    /// Sets up `nchannels` channels to the peer (rank `1 - comm.rank()`), each with its own QP (the default
+    /// [`EndpointConfig`]), a `2 × max_size` buffer, a semaphore; room for `max_iters` timed iterations. Both ranks call
     /// it with the same arguments (the calls pair up through the bootstrap).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a world that is not two ranks, zero sizes or counts; the communicator's
     /// errors.
-    pub fn new(comm: Communicator, mode: Mode, nchannels: u32, max_size: usize, max_iters: usize) -> Result<Self> {
+    pub fn new(comm: Arc<Communicator>, mode: Mode, nchannels: u32, max_size: usize, max_iters: usize) -> Result<Self> {
         if comm.world_size() != 2 || nchannels == 0 || max_size == 0 || max_iters == 0 {
             return Err(Error::InvalidArgument(format!(
                 "port test of {nchannels} channels, {max_size} bytes, {max_iters} iterations, world of {}: needs 2 \

@@ -66,7 +66,7 @@ fn every_op(kind: ExecutorKind, team: u32) {
         for (opc, nch, size, iters) in cases {
             let seed = 0x5eed ^ opc as u64;
             let results = two_ranks(kind, |rank, comm| {
-                let mut t = PortTest::new(comm, mode, nch, size, iters as usize).expect("set up");
+                let mut t = PortTest::new(std::sync::Arc::new(comm), mode, nch, size, iters as usize).expect("set up");
                 let cfg = RunConfig { op: opc, size, iters, team, seed, timeout: TIMEOUT };
                 let r = t.run(&cfg).unwrap_or_else(|e| panic!("{} op {opc} x{nch} rank {rank}: {e}", mode.name()));
                 // A second run on the same channels: semaphore counts carry over, nothing is reset.
