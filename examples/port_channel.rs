@@ -57,6 +57,9 @@ struct Args {
     secret: Option<String>,
 }
 
+/// One rank's tables per mode, payloads checked, failures.
+type RankOutcome = (Vec<(Mode, Vec<(String, Row)>)>, u64, u64);
+
 /// Most bytes one bandwidth row moves per channel.
 const ROW_BUDGET: usize = 512 << 20;
 
@@ -210,7 +213,7 @@ fn main() -> ExitCode {
         if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" }
     );
     // One rank's whole run: one communicator (bootstrap + NIC), every mode in turn, fresh channels per test.
-    let rank_run = |launch: Launch, listener: Option<TcpListener>| -> (Vec<(Mode, Vec<(String, Row)>)>, u64, u64) {
+    let rank_run = |launch: Launch, listener: Option<TcpListener>| -> RankOutcome {
         let timeout = Duration::from_secs(60);
         let mut listener = listener;
         let boot = match listener.take() {
