@@ -88,6 +88,40 @@ pub unsafe extern "ptx-kernel" fn gdaki_port_device(args: *const crate::porttest
     unsafe { port::<crate::scope::Device>(args) }
 }
 
+/// One Exclusive `put` on channel `*h` (thread 0): a kernel of its own so that its SASS is the put path alone
+/// (`cuobjdump -sass`; docs/results count its instructions). Errors are dropped: this is for reading code.
+///
+/// # Safety
+/// `h` must point to a live channel's handle whose QP no other thread uses.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_sass_put(h: *const gdaki_shared::channel::PortChannelHandle, bytes: u64) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let h = &*h;
+        let mut c =
+            crate::channel::PortChannel::new(h, <crate::channel::Exclusive as crate::channel::Sharing>::poster(h));
+        let _ = c.put(0, 0, bytes);
+    }
+}
+
+/// One Exclusive `put_with_signal` on channel `*h`, as [`gdaki_sass_put`].
+///
+/// # Safety
+/// As [`gdaki_sass_put`].
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_sass_put_with_signal(
+    h: *const gdaki_shared::channel::PortChannelHandle,
+    bytes: u64,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let h = &*h;
+        let mut c =
+            crate::channel::PortChannel::new(h, <crate::channel::Exclusive as crate::channel::Sharing>::poster(h));
+        let _ = c.put_with_signal(0, 0, bytes);
+    }
+}
+
 /// Builds [`crate::samples::SAMPLES`] WQEs from `*p` into `out` (one thread; see [`crate::samples::build`]).
 ///
 /// # Safety
