@@ -55,6 +55,12 @@ struct Args {
     /// Session secret, 32 hex digits.
     #[arg(long)]
     secret: Option<String>,
+    /// Payloads up to this many bytes go by BlueFlame in Exclusive sharing (0: never).
+    #[arg(long, default_value_t = 512 << 10)]
+    blue_flame_limit: u64,
+    /// Say on stderr which test each rank starts and ends.
+    #[arg(long)]
+    verbose: bool,
 }
 
 /// One rank's tables per mode, payloads checked, failures.
@@ -84,11 +90,29 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
     let sizes: Vec<usize> = std::iter::successors(Some(1024usize), |s| (*s < args.max_size).then_some(s * 4)).collect();
     let max = *sizes.last().unwrap_or(&1024);
     let cfg = |op, size, iters| RunConfig { op, size, iters, team, seed: 0x5eed_0000 ^ size as u64, timeout };
+    let rank = comm.rank();
+    let trace = |t: &mut PortTest, c: RunConfig| {
+        if args.verbose {
+            eprintln!("rank {rank}: {} op {} size {} x{} ...", mode.name(), c.op, c.size, c.iters);
+        }
+        let r = t.run(&c);
+        if args.verbose {
+            eprintln!(
+                "rank {rank}: {} op {} size {}: {}",
+                mode.name(),
+                c.op,
+                c.size,
+                if r.is_ok() { "ok" } else { "failed" }
+            );
+        }
+        r
+    };
     // Ping-pong, 1 QP.
     {
         let mut t = PortTest::new(comm.clone(), mode, 1, 4096, args.iters as usize)?;
+        t.set_blue_flame_limit(args.blue_flame_limit)?;
         for size in [8usize, 1024, 4096] {
-            let r = t.run(&cfg(op::PINGPONG, size, args.iters))?;
+            let r = trace(&mut t, cfg(op::PINGPONG, size, args.iters))?;
             checked += r.checked;
             if let Some(row) = LatencyRow::from_ns(size as u64, &r.iter_ns) {
                 rows.push(("pingpong".to_string(), Row::Latency(row)));
@@ -100,10 +124,11 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
     for (name, opc, nch) in [("bw 1-QP", op::BW, 1u32), ("bw 4-QP", op::BW, 4), ("bibw 1-QP", op::BIBW, 1)] {
         let per_max = max / nch as usize;
         let mut t = PortTest::new(comm.clone(), mode, nch, per_max.max(8), args.iters as usize)?;
+        t.set_blue_flame_limit(args.blue_flame_limit)?;
         for &total in &sizes {
             let per = (total / nch as usize).max(8);
             let iters = (ROW_BUDGET / per).clamp(3, args.iters as usize) as u32;
-            let r = t.run(&cfg(opc, per, iters))?;
+            let r = trace(&mut t, cfg(opc, per, iters))?;
             checked += r.checked;
             if !r.iter_ns.is_empty() {
                 let ns: u64 = r.iter_ns.iter().sum();
@@ -125,7 +150,8 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
         [("flush stress 4-QP", op::FLUSH_STRESS, 4u32), ("concurrent flush 1-QP", op::SAME_CHANNEL_FLUSH, 1)]
     {
         let mut t = PortTest::new(comm.clone(), mode, nch, 1024, args.iters as usize)?;
-        let r = t.run(&cfg(opc, 1024, args.iters))?;
+        t.set_blue_flame_limit(args.blue_flame_limit)?;
+        let r = trace(&mut t, cfg(opc, 1024, args.iters))?;
         checked += r.checked;
         if !r.iter_ns.is_empty() {
             rows.push((label.to_string(), Row::Flush { label, iters: args.iters, us_per_op: median_us(&r.iter_ns) }));

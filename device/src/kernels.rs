@@ -3,8 +3,60 @@
 use crate::pingpong::{self, PingPongArgs, Team};
 use core::arch::nvptx;
 
-/// The threads of one CTA.
-struct Cta;
+/// The threads of one CTA. Each thread holds its own `Cta` (the round counter of [`Team::sync_or`]).
+struct Cta {
+    round: core::cell::Cell<u32>,
+}
+
+impl Cta {
+    /// Every thread of the CTA calls this first: the flags start cleared.
+    fn new() -> Self {
+        // SAFETY: the shared flag words (`team_flags`); the barrier orders the clearing before any use.
+        unsafe {
+            if nvptx::_thread_idx_x() == 0 {
+                for i in 0..3 {
+                    team_flags().add(i).write_volatile(0);
+                }
+            }
+            nvptx::_syncthreads();
+        }
+        Self { round: core::cell::Cell::new(0) }
+    }
+}
+
+/// Generic address of the three shared flag words.
+fn team_flags() -> *mut u32 {
+    let flags: *mut u32;
+    // SAFETY: `cvta` turns the shared array's address into a generic one; no memory is touched.
+    unsafe {
+        core::arch::asm!("cvta.shared.u64 {p}, gdaki_team_flags;", p = out(reg64) flags, options(nostack, nomem))
+    };
+    flags
+}
+
+/// The barrier of [`Cta::sync_or`], in a function of its own (never inlined) so that every thread of the CTA
+/// waits at the same `bar.sync` instruction: LLVM may copy an inlined barrier into both arms of a branch that
+/// the threads of a warp take differently (`if leader { .. }`), and a warp split across two barrier
+/// instructions, with the compiler's reconvergence point between them, waits forever.
+#[inline(never)]
+fn cta_sync_or(tid: u32, r: u32, flag: bool) -> bool {
+    let flags = team_flags();
+    // SAFETY: three words of this CTA's shared memory, used only here; `bar.sync` orders the accesses of the
+    // CTA's threads (it is a memory barrier among them).
+    unsafe {
+        if tid == 0 {
+            flags.add(((r + 1) % 3) as usize).write_volatile(0);
+        }
+        if flag {
+            flags.add((r % 3) as usize).write_volatile(1);
+        }
+        nvptx::_syncthreads();
+        flags.add((r % 3) as usize).read_volatile() != 0
+    }
+}
+
+// Three flag words in shared memory for `Cta::sync_or`, one per round modulo 3.
+core::arch::global_asm!(".shared .align 4 .b32 gdaki_team_flags[3];");
 
 impl Team for Cta {
     fn tid(&self) -> usize {
@@ -15,19 +67,16 @@ impl Team for Cta {
         // SAFETY: reading a special register.
         unsafe { nvptx::_block_dim_x() as usize }
     }
+    /// An OR over the CTA with one `bar.sync 0` (`__syncthreads`), in [`cta_sync_or`].
+    ///
+    /// Round `r` uses flag `r % 3`: thread 0 clears flag `(r + 1) % 3` before the barrier (everyone read it in
+    /// round `r - 2`, before reaching round `r - 1`'s barrier, which thread 0 has passed), and nobody sets it
+    /// before passing this round's barrier.
     fn sync_or(&self, flag: bool) -> bool {
-        let r: u32;
-        // SAFETY: `bar.red.or.pred` is a CTA barrier every thread of the CTA reaches (the rank loop calls
-        // `sync_or` unconditionally on every path), with a predicate reduction.
-        unsafe {
-            core::arch::asm!(
-                "{{ .reg .pred p, q; setp.ne.u32 p, {f}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
-                f = in(reg32) flag as u32,
-                r = out(reg32) r,
-                options(nostack)
-            )
-        };
-        r != 0
+        let r = self.round.get();
+        self.round.set(r.wrapping_add(1));
+        // SAFETY: reading a special register.
+        cta_sync_or(unsafe { nvptx::_thread_idx_x() }, r, flag)
     }
 }
 
@@ -40,7 +89,7 @@ pub unsafe extern "ptx-kernel" fn gdaki_pingpong(args: *const PingPongArgs) {
     // SAFETY: the host passes one argument block per CTA; `run`'s contract is the host's.
     unsafe {
         let a = &*args.add(nvptx::_block_idx_x() as usize);
-        pingpong::run(&Cta, a)
+        pingpong::run(&Cta::new(), a)
     }
 }
 
@@ -54,7 +103,7 @@ unsafe fn port<M: crate::channel::Sharing>(args: *const crate::porttest::PortTes
     unsafe {
         let b = nvptx::_block_idx_x() as u32;
         let n = (*args).nchannels.max(1);
-        crate::porttest::run::<M>(&Cta, &*args.add((b / n) as usize), b % n)
+        crate::porttest::run::<M>(&Cta::new(), &*args.add((b / n) as usize), b % n)
     }
 }
 

@@ -165,6 +165,20 @@ impl PortTest {
         })
     }
 
+    /// Sets every channel's BlueFlame limit (payloads up to it go by BlueFlame in Exclusive sharing; 0: never).
+    ///
+    /// # Errors
+    /// CUDA errors copying the handles to the GPU.
+    pub fn set_blue_flame_limit(&mut self, bytes: u64) -> Result<()> {
+        for h in &mut self.host_handles {
+            h.blue_flame_limit = bytes;
+        }
+        if let Some(b) = &self.gpu_handles {
+            b.copy_from_host(0, bytemuck::cast_slice(&self.host_handles))?;
+        }
+        Ok(())
+    }
+
     /// The communicator (for its bootstrap and NIC).
     pub fn communicator(&self) -> &Communicator {
         &self.comm
@@ -217,27 +231,37 @@ impl PortTest {
             rank,
             nchannels: self.nchannels,
         };
-        // Both ranks start together, so that neither waits out its bound for a peer still setting up.
-        self.comm.bootstrap().barrier()?;
-        self.failed = true;
-        match (self.comm.executor(), &self.gpu_handles) {
+        // Everything that may block while a kernel runs (module load, copies) happens before the barrier: the
+        // peer may be another rank of this process, whose kernel starts as soon as both pass it.
+        let launch = match (self.comm.executor(), &self.gpu_handles) {
             (Executor::Gpu(g), Some(b)) => {
                 let args_at = std::mem::size_of_val(&self.host_handles[..]);
                 b.copy_from_host(args_at, bytemuck::bytes_of(&args))?;
-                let kernel = g.kernel(crate::ptx::PTX, self.mode.kernel())?;
-                let stream = g.new_stream()?;
+                Some((
+                    g.kernel(crate::ptx::PTX, self.mode.kernel())?,
+                    g.new_stream()?,
+                    b.device_addr() + args_at as u64,
+                ))
+            }
+            _ => None,
+        };
+        // Both ranks start together, so that neither waits out its bound for a peer still setting up.
+        self.comm.bootstrap().barrier()?;
+        self.failed = true;
+        match launch {
+            Some((kernel, stream, args_addr)) => {
                 // SAFETY: the argument block and the handles are in GPU memory and name live channels, buffers
                 // and control words owned by `self`; one CTA per channel keeps every team resident.
                 unsafe {
                     kernel.launch(
                         &stream,
                         &LaunchConfig::linear(self.nchannels, cfg.team),
-                        &[KernelArg::U64(b.device_addr() + args_at as u64)],
+                        &[KernelArg::U64(args_addr)],
                     )?
                 };
                 stream.wait(cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)))?;
             }
-            _ => match self.mode {
+            None => match self.mode {
                 Mode::Exclusive => run_threads::<Exclusive>(&args, self.nchannels, cfg.team),
                 Mode::Block => run_threads::<Block>(&args, self.nchannels, cfg.team),
                 Mode::Device => run_threads::<Device>(&args, self.nchannels, cfg.team),
