@@ -87,7 +87,10 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
     let timeout = Duration::from_millis(args.timeout_ms);
     let mut rows = Vec::new();
     let mut checked = 0;
-    let sizes: Vec<usize> = std::iter::successors(Some(1024usize), |s| (*s < args.max_size).then_some(s * 4)).collect();
+    // 1 KiB, ×4 steps, and `max_size` itself as the last row.
+    let mut sizes: Vec<usize> =
+        std::iter::successors(Some(1024usize), |s| Some(s * 4)).take_while(|s| *s < args.max_size).collect();
+    sizes.push(args.max_size.max(1024));
     let max = *sizes.last().unwrap_or(&1024);
     let cfg = |op, size, iters| RunConfig { op, size, iters, team, seed: 0x5eed_0000 ^ size as u64, timeout };
     let rank = comm.rank();
