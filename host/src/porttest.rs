@@ -117,6 +117,29 @@ impl PortTest {
     /// [`Error::InvalidArgument`] for a world that is not two ranks, zero sizes or counts; the communicator's
     /// errors.
     pub fn new(comm: Arc<Communicator>, mode: Mode, nchannels: u32, max_size: usize, max_iters: usize) -> Result<Self> {
+        Self::with_qps(comm, mode, nchannels, nchannels, max_size, max_iters)
+    }
+
+    /// As [`PortTest::new`], with the channels spread over `qps` connections (channel `c` on QP `c % qps`): with
+    /// one QP, every team posts to the same QP (Device sharing; Block sharing is for one team per QP).
+    ///
+    /// # Errors
+    /// As [`PortTest::new`]; [`Error::InvalidArgument`] for `qps` of 0 or more than `nchannels`, or two teams
+    /// on one QP in Exclusive or Block sharing.
+    pub fn with_qps(
+        comm: Arc<Communicator>,
+        mode: Mode,
+        nchannels: u32,
+        qps: u32,
+        max_size: usize,
+        max_iters: usize,
+    ) -> Result<Self> {
+        if qps == 0 || qps > nchannels || (mode != Mode::Device && qps < nchannels) {
+            return Err(Error::InvalidArgument(format!(
+                "{nchannels} channels on {qps} QPs in {} sharing: 1..=channels QPs, and one team per QP but in Device",
+                mode.name()
+            )));
+        }
         if comm.world_size() != 2 || nchannels == 0 || max_size == 0 || max_iters == 0 {
             return Err(Error::InvalidArgument(format!(
                 "port test of {nchannels} channels, {max_size} bytes, {max_iters} iterations, world of {}: needs 2 \
@@ -127,15 +150,16 @@ impl PortTest {
         let peer = 1 - comm.rank();
         let half = max_size.next_multiple_of(8);
         let cfg = EndpointConfig::default();
+        let conns = (0..qps).map(|q| comm.connect(&cfg, peer, 16 * q + 1)).collect::<Result<Vec<_>>>()?;
         let (mut chans, mut sems, mut mems) = (Vec::new(), Vec::new(), Vec::new());
         for c in 0..nchannels {
             let tag = 16 * c;
             let mem = comm.register_buffer(comm.executor().alloc_data(2 * half)?)?;
             comm.send_memory(&mem, peer, tag)?;
             let dst = comm.recv_memory(peer, tag)?;
-            let conn = comm.connect(&cfg, peer, tag + 1)?;
-            let sem = comm.semaphore(&conn, peer, tag + 2)?;
-            chans.push(PortChannel::new(&conn, &sem, dst, &mem)?);
+            let conn = &conns[(c % qps) as usize];
+            let sem = comm.semaphore(conn, peer, tag + 2)?;
+            chans.push(PortChannel::new(conn, &sem, dst, &mem)?);
             sems.push(sem);
             mems.push(mem);
         }

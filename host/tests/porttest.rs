@@ -94,3 +94,37 @@ fn cpu_every_op_in_every_mode() {
 fn gpu_every_op_in_every_mode() {
     every_op(ExecutorKind::Gpu, 128);
 }
+
+/// Device sharing: four teams (CTAs) post to ONE QP at once, each on its own channel (its own buffer and
+/// semaphore), one-way and both ways; every payload is checked and every semaphore counts exactly its rounds.
+fn four_teams_one_qp(kind: ExecutorKind, team: u32) {
+    for opc in [op::BW, op::BIBW] {
+        let (iters, size) = (50u32, 8192usize);
+        let results = two_ranks(kind, |rank, comm| {
+            let mut t = PortTest::with_qps(std::sync::Arc::new(comm), Mode::Device, 4, 1, size, iters as usize)
+                .expect("set up");
+            let cfg = RunConfig { op: opc, size, iters, team, seed: 0xfeed, timeout: TIMEOUT };
+            let r = t.run(&cfg).unwrap_or_else(|e| panic!("op {opc} rank {rank}: {e}"));
+            // Inbound signals on this rank: `iters` per channel where the peer sends.
+            let inbound: Vec<u64> = t.channels().iter().map(|c| c.semaphore().inbound()).collect();
+            (r.checked, inbound)
+        });
+        for (rank, (checked, inbound)) in results.iter().enumerate() {
+            let receives = opc == op::BIBW || rank == 1;
+            assert_eq!(*checked, if receives { 4 } else { 0 }, "op {opc} rank {rank}");
+            let want = if receives { iters as u64 } else { 0 };
+            assert_eq!(inbound, &vec![want; 4], "op {opc} rank {rank}: one signal per round per channel");
+        }
+    }
+}
+
+#[test]
+fn cpu_four_teams_share_one_qp() {
+    four_teams_one_qp(ExecutorKind::Cpu, 4);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_four_ctas_share_one_qp() {
+    four_teams_one_qp(ExecutorKind::Gpu, 128);
+}
