@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags};
+use gdaki::bootstrap::Bootstrap;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
 use gdaki::perftest::LatencyRow;
@@ -58,20 +58,8 @@ struct Args {
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
-    /// Ranks of a multi-process run (2: one rank per process, over the emulated NIC's wire). Default: from
-    /// mpirun/srun/torchrun's environment, else both ranks in this process.
-    #[arg(long)]
-    world_size: Option<u32>,
-    /// This process's rank in a multi-process run.
-    #[arg(long)]
-    rank: Option<u32>,
-    /// Rank 0's bootstrap address HOST:PORT (default: GDAKI_BOOTSTRAP, MASTER_ADDR:MASTER_PORT, else
-    /// 127.0.0.1:29500). Rank 0 binds exactly this address.
-    #[arg(long)]
-    bootstrap: Option<String>,
-    /// Session secret, 32 hex digits (default: GDAKI_SECRET, else one derived from the bootstrap address).
-    #[arg(long)]
-    secret: Option<String>,
+    #[command(flatten)]
+    launch: gdaki_examples::LaunchArgs,
     /// Run the sizes this many times (a soak), printing this process's memory after each pass.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     repeat: u32,
@@ -146,25 +134,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let flags = LaunchFlags {
-        rank: args.rank,
-        world_size: args.world_size,
-        bootstrap: args.bootstrap.clone(),
-        secret: args.secret.clone(),
-    };
-    let launch = match Launch::resolve_from_process_env(flags) {
-        Ok(l) => l.filter(|l| l.world_size > 1),
+    let launch = match args.launch.two_ranks() {
+        Ok(l) => l,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    if let Some(l) = &launch {
-        if l.world_size != 2 {
-            eprintln!("error: ping-pong takes 2 ranks, the launch ({}) has {}", l.source, l.world_size);
-            return ExitCode::from(2);
-        }
-    }
     let (exec, notice) = match Executor::open(args.executor) {
         Ok(e) => e,
         Err(e) => {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags, Secret};
+use gdaki::bootstrap::{Bootstrap, Launch, Secret};
 use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
@@ -43,18 +43,8 @@ struct Args {
     /// Bound of every device-side wait, ms.
     #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
-    /// Ranks of a multi-process run (2); default: both ranks in this process.
-    #[arg(long)]
-    world_size: Option<u32>,
-    /// This process's rank in a multi-process run.
-    #[arg(long)]
-    rank: Option<u32>,
-    /// Rank 0's bootstrap address HOST:PORT.
-    #[arg(long)]
-    bootstrap: Option<String>,
-    /// Session secret, 32 hex digits.
-    #[arg(long)]
-    secret: Option<String>,
+    #[command(flatten)]
+    launch: gdaki_examples::LaunchArgs,
     /// Payloads up to this many bytes go by BlueFlame in Exclusive sharing (0: never).
     #[arg(long, default_value_t = 512 << 10)]
     blue_flame_limit: u64,
@@ -210,14 +200,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let flags = LaunchFlags {
-        rank: args.rank,
-        world_size: args.world_size,
-        bootstrap: args.bootstrap.clone(),
-        secret: args.secret.clone(),
-    };
-    let launch = match Launch::resolve_from_process_env(flags) {
-        Ok(l) => l.filter(|l| l.world_size > 1),
+    let launch = match args.launch.two_ranks() {
+        Ok(l) => l,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);

@@ -1,1 +1,48 @@
-//! Runnable gdaki examples live beside this crate as `[[example]]` targets.
+//! Runnable gdaki examples live beside this crate as `[[example]]` targets; this library holds what several of
+//! them share.
+
+use gdaki::bootstrap::{Launch, LaunchFlags};
+
+/// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`,
+/// `--secret`); without them, mpirun's, srun's or torchrun's environment decides, and without that both
+/// ranks run in this process.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LaunchArgs {
+    /// Ranks of a multi-process run (2: one rank per process, over the emulated NIC's wire). Default: from
+    /// mpirun/srun/torchrun's environment, else both ranks in this process.
+    #[arg(long)]
+    pub world_size: Option<u32>,
+    /// This process's rank in a multi-process run.
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Rank 0's bootstrap address HOST:PORT (default: GDAKI_BOOTSTRAP, MASTER_ADDR:MASTER_PORT, else
+    /// 127.0.0.1:29500). Rank 0 binds exactly this address.
+    #[arg(long)]
+    pub bootstrap: Option<String>,
+    /// Session secret, 32 hex digits (default: GDAKI_SECRET, else one derived from the bootstrap address).
+    #[arg(long)]
+    pub secret: Option<String>,
+}
+
+impl LaunchArgs {
+    /// This process's place in a two-rank run, or `None` when both ranks run here (no flags, no launcher, or
+    /// a world of one).
+    ///
+    /// # Errors
+    /// A one-line message: what `Launch::resolve` refused, or a world size other than 2 (naming the launcher).
+    pub fn two_ranks(&self) -> Result<Option<Launch>, String> {
+        let flags = LaunchFlags {
+            rank: self.rank,
+            world_size: self.world_size,
+            bootstrap: self.bootstrap.clone(),
+            secret: self.secret.clone(),
+        };
+        match Launch::resolve_from_process_env(flags).map_err(|e| e.to_string())? {
+            Some(l) if l.world_size == 2 => Ok(Some(l)),
+            Some(l) if l.world_size > 2 => {
+                Err(format!("this example takes 2 ranks, the launch ({}) has {}", l.source, l.world_size))
+            }
+            _ => Ok(None),
+        }
+    }
+}
