@@ -2,7 +2,7 @@
 //! `put_with_signal`, `put_with_accumulate`, `flush`, `wait` and `poll`, with every wait bounded.
 //!
 //! A channel posts through a [`Poster`]: an Exclusive [`Qp`] (one thread owns the QP; BlueFlame for small
-//! puts) or a [`SharedQp`] of [`Block`](crate::scope::Block) or [`Device`](crate::scope::Device) scope (any
+//! puts) or a [`SharedQp`] of [`Block`] or [`Device`] scope (any
 //! number of threads, and channels, share the QP). The scope is the poster's type, so it is chosen at compile
 //! time.
 //!
