@@ -128,3 +128,33 @@ fn cpu_four_teams_share_one_qp() {
 fn gpu_four_ctas_share_one_qp() {
     four_teams_one_qp(ExecutorKind::Gpu, 128);
 }
+
+/// More than 65,536 WQEs through one QP (the 16-bit WQE index wraps) from a whole team in Device sharing:
+/// one 8-byte put per thread per round, then a signal.
+fn sq_wraps(kind: ExecutorKind, team: u32, iters: u32) {
+    let size = 8 * team as usize;
+    let results = two_ranks(kind, |rank, comm| {
+        let mut t =
+            PortTest::with_qps(std::sync::Arc::new(comm), Mode::Device, 1, 1, size, iters as usize).expect("set up");
+        let cfg = RunConfig { op: op::BW, size, iters, team, seed: 0x3a9, timeout: TIMEOUT };
+        let r = t.run(&cfg).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        let st = t.channels()[0].connection().shared_state().expect("shared state");
+        (r.checked, st.ready, t.channels()[0].semaphore().inbound())
+    });
+    let (sent, receiver) = (&results[0], &results[1]);
+    // One WQE per thread per round, one signal per round, one closing flush: all through the shared QP.
+    assert!(sent.1 >= (iters as u64) * (team as u64 + 1), "{} WQEBBs", sent.1);
+    assert!(sent.1 > 65_536, "the 16-bit index wrapped: {} WQEBBs", sent.1);
+    assert_eq!((receiver.0, receiver.2), (1, iters as u64), "payload checked, every signal counted");
+}
+
+#[test]
+fn cpu_sq_wraps_past_65536_wqes() {
+    sq_wraps(ExecutorKind::Cpu, 4, 13_200);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_sq_wraps_past_65536_wqes() {
+    sq_wraps(ExecutorKind::Gpu, 128, 520);
+}
