@@ -2,10 +2,11 @@
 //! modes, NVSHMEM IBGDA's shared QPs): reservation by atomic add, in-order publication, the doorbell rung by
 //! each poster in index order, and a CQ polled by whichever waiter holds the poll lock.
 //!
-//! The protocol is in [`SharedQpState`]'s docs. Two choices keep it simple and correct: every WQE asks for a
-//! CQE (no poster has to know whether a later one will), and each poster writes the dbrec and rings its own
-//! doorbell while it holds its turn in the publication order, so dbrec values never go backwards and a
-//! doorbell never announces a WQE that is not complete in the ring.
+//! The protocol is in [`SharedQpState`]'s docs. Every WQE asks for a CQE (no poster has to know whether a later
+//! one will). Doorbells are batched: a poster that publishes while a later one has reserved leaves the doorbell
+//! to it, and every doorbell, rung under a lock with the newest published WQE's ctrl bits, covers all WQEs
+//! published before it; anyone who waits on unrung WQEs rings them, so skipping a doorbell never stalls a
+//! waiter.
 //!
 //! A poster whose wait for room or for its turn times out leaves its reserved WQEBBs unpublished: later posters
 //! then time out too (the QP is stuck), and every one of them reports why.
@@ -76,6 +77,16 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     fn last_start(&self) -> *mut u64 {
         self.field(|s| unsafe { addr_of_mut!((*s).last_start) })
     }
+    fn last_db(&self) -> *mut u64 {
+        self.field(|s| unsafe { addr_of_mut!((*s).last_db) })
+    }
+    fn rung(&self) -> *mut u64 {
+        self.field(|s| unsafe { addr_of_mut!((*s).rung) })
+    }
+    fn db_lock(&self) -> *mut u32 {
+        // SAFETY: as above.
+        unsafe { addr_of_mut!((*self.st).db_lock) }
+    }
     fn err(&self) -> *mut u32 {
         // SAFETY: as above.
         unsafe { addr_of_mut!((*self.st).err) }
@@ -111,6 +122,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 if end - unsafe { S::load_acquire(self.retired()) } <= cnt as u64 {
                     return Ok(Some(()));
                 }
+                // The WQEs this poster waits on may be published but left unrung (their posters saw this one).
+                self.ring_pending();
                 self.progress().map(|_| None)
             },
             || WaitOn::SqSpace { wqebbs: n as u32 },
@@ -125,15 +138,55 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             || Ok((unsafe { S::load_acquire(self.ready()) } == idx).then_some(())),
             || WaitOn::Publish { wqe_index: idx },
         )?;
-        // SAFETY: the dbrec and doorbell register of the QP (contract of `new`). This poster holds its turn:
-        // no other poster writes them until `ready` moves on.
+        // SAFETY: the state's words (contract of `new`). This poster holds its turn: no other poster stores
+        // them until `ready` moves on. `last_db` is released after the WQE's stores, so a thread that rings with
+        // it (acquire) has them ordered before its system-scope fence and doorbell.
         unsafe {
-            db::update_dbrec(self.h.dbrec, end);
-            db::ring_db(self.h.bf_reg, segs[0].0[0]);
             sync::store_volatile(self.last_start(), idx + 1);
+            S::store_release(self.last_db(), segs[0].0[0]);
             S::store_release(self.ready(), end);
         }
+        // A later poster exists: its doorbell (or that of whoever waits on these WQEs) will cover this one.
+        // SAFETY: as above.
+        if unsafe { S::load_acquire(self.resv()) } == end {
+            bounded(
+                self.timeout_ns,
+                || {
+                    self.ring_pending();
+                    // SAFETY: as above.
+                    Ok((unsafe { S::load_acquire(self.rung()) } >= end).then_some(()))
+                },
+                || WaitOn::Publish { wqe_index: idx },
+            )?;
+        }
         Ok(Ticket(idx))
+    }
+
+    /// Rings the doorbell for every published WQE if some are unrung and no other thread is ringing: one
+    /// doorbell with the newest published WQE's ctrl bits covers all of them (the NIC executes the SQ in
+    /// order). The dbrec carries that WQE's end, so it never goes backwards.
+    pub fn ring_pending(&self) {
+        // SAFETY: the state's words and the QP's dbrec and doorbell register (contract of `new`); `rung`,
+        // the dbrec and the doorbell are written only under `db_lock`.
+        unsafe {
+            if S::load_acquire(self.rung()) >= S::load_acquire(self.ready()) || !S::try_lock(self.db_lock()) {
+                return;
+            }
+            let r = S::load_acquire(self.ready());
+            // At least as new as the WQE ending at `r`: a later publisher may have stored its own since.
+            let bits = S::load_acquire(self.last_db());
+            let b = bits.to_ne_bytes();
+            let idx = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) >> 8;
+            let ds = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & 0x3f;
+            let end16 = (idx + wqebbs(ds)) as u16;
+            let pi = r + end16.wrapping_sub(r as u16) as u64;
+            if pi > sync::load_volatile(self.rung()) {
+                db::update_dbrec(self.h.dbrec, pi);
+                db::ring_db(self.h.bf_reg, bits);
+                S::store_release(self.rung(), pi);
+            }
+            S::unlock(self.db_lock());
+        }
     }
 
     /// Polls the CQ if no other thread does (try-lock), retiring WQEs and recording the first error CQE.
@@ -236,6 +289,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 if unsafe { S::load_acquire(self.retired()) } >= target {
                     return Ok(Some(()));
                 }
+                self.ring_pending();
                 self.progress().map(|_| None)
             },
             || WaitOn::Cqe { wqe_index: target.saturating_sub(1) },

@@ -151,6 +151,10 @@ fn many_threads<S: Scope>(wire: bool) {
     let st = unsafe { std::ptr::read_volatile(&*l.state) };
     assert_eq!((st.resv, st.err_idx), (st.ready, 0), "all published, no error: {st:?}");
     assert!(st.retired >= st.last_start, "all retired: {st:?}");
+    assert!(st.rung >= st.ready, "every published WQE rung: {st:?}");
+    let nic = l._nics[0].stats();
+    assert_eq!((nic.dbrec_mismatches, nic.bad_doorbells, nic.error_cqes), (0, 0, 0), "{nic:?}");
+    eprintln!("{} WQEs, {} doorbells", st.ready, nic.doorbells);
 }
 
 #[test]

@@ -12,16 +12,18 @@ use crate::handle::{MrHandle, RemoteMr};
 use bytemuck::{Pod, Zeroable};
 
 /// The counters of a QP posted to by many threads (Block and Device scopes), in memory all of them reach
-/// (GPU memory for the `gpu` executor). 64 bytes, 64-byte aligned; all zero for a new QP whose NIC has
+/// (GPU memory for the `gpu` executor). 128 bytes, 64-byte aligned; all zero for a new QP whose NIC has
 /// consumed nothing (else every index at the NIC's consumer count, as [`QpHandle`](crate::handle::QpHandle)'s
 /// counters are set). Indices are 64-bit WQEBB counts.
 ///
 /// Posting a WQE of `n` WQEBBs: `resv += n` (atomic) reserves `[idx, idx + n)`; the poster waits until
-/// `idx + n - retired <= wqe_cnt`, stores the WQE, waits until `ready == idx`, writes the dbrec (`idx + n`) and
-/// rings the doorbell with its own ctrl segment, then stores `ready = idx + n` (release). So `ready` only moves
-/// over complete WQEs, in order, and dbrec values and doorbells reach the NIC in index order. Every WQE asks
-/// for a CQE. CQEs are polled by whichever waiter holds `poll_lock`, which moves `retired` and `cq_ci` forward
-/// and records the first error CQE.
+/// `idx + n - retired <= wqe_cnt`, stores the WQE, waits until `ready == idx`, stores `last_db` (its ctrl
+/// segment's doorbell bits, release) and `ready = idx + n` (release), so `ready` only moves over complete WQEs,
+/// in order. Doorbells are rung under `db_lock` with the newest `last_db`, which covers every WQE published
+/// before it, so dbrec values never go backwards and one doorbell may cover many WQEs: a poster that sees a
+/// later reservation leaves the doorbell to the later poster; the last one rings, and so does any thread that
+/// waits on unrung WQEs (for room or in `flush`). Every WQE asks for a CQE. CQEs are polled by whichever
+/// waiter holds `poll_lock`, which moves `retired` and `cq_ci` forward and records the first error CQE.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C, align(64))]
 pub struct SharedQpState {
@@ -35,18 +37,24 @@ pub struct SharedQpState {
     pub cq_ci: u64,
     /// WQEBB index + 1 of the first WQE that completed in error, 0 while none has.
     pub err_idx: u64,
+    /// WQEBB index + 1 of the last published WQE (stored before `ready`): `flush` waits until `retired`
+    /// reaches it.
+    pub last_start: u64,
+    /// Doorbell bits (the ctrl segment's first 8 bytes, as stored) of the last published WQE.
+    pub last_db: u64,
+    /// Producer index the last doorbell announced (64-bit; WQEBBs below it are rung).
+    pub rung: u64,
     /// That error CQE, packed `syndrome << 24 | vendor_err_synd << 16 | wqe_counter`.
     pub err: u32,
     /// 1 while a thread polls the CQ, else 0.
     pub poll_lock: u32,
-    /// WQEBB index + 1 of the last published WQE (stored before `ready`): `flush` waits until `retired`
-    /// reaches it.
-    pub last_start: u64,
+    /// 1 while a thread writes the dbrec and rings the doorbell, else 0.
+    pub db_lock: u32,
     /// Padding, zero.
-    pub pad: u64,
+    pub pad: [u32; 13],
 }
 
-const _: () = assert!(core::mem::size_of::<SharedQpState>() == 64);
+const _: () = assert!(core::mem::size_of::<SharedQpState>() == 128);
 
 /// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`, Device mode). 152 bytes,
 /// 8-byte aligned; built by the host's `PortChannel::device_handle`.

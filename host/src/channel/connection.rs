@@ -19,7 +19,7 @@ use super::memory::{addr_of, load_queue_u64, read_words};
 /// 4096-aligned on `cpu`, 256-aligned on `gpu`).
 pub(super) const SHARED_OFF: usize = 0;
 /// Byte offset of the [`QpHandle`] in the state buffer (8-byte aligned).
-pub(super) const QP_HANDLE_OFF: usize = 64;
+pub(super) const QP_HANDLE_OFF: usize = 128;
 /// Bytes of the state buffer.
 pub(super) const STATE_BYTES: usize = 256;
 
@@ -39,7 +39,7 @@ const _: () = assert!(
 /// | what | size | where |
 /// |---|---|---|
 /// | the QP's [`QpHandle`] (ring, dbrec, doorbell register, CQ; the Exclusive scope's counters) | 112 B, 8-aligned | GPU memory (`gpu`), host memory (`cpu`): device code updates it on every post |
-/// | its [`SharedQpState`] (counters of the Block and Device scopes), all zero | 64 B, 64-aligned | same buffer, offset 0 |
+/// | its [`SharedQpState`] (counters of the Block and Device scopes), all zero | 128 B, 64-aligned | same buffer, offset 0 |
 /// | the atomic scratch word: where every fetch-add's old value lands, registered `LOCAL_WRITE` | 8 B, 8-aligned | queue memory (pinned host memory mapped into the GPU on `gpu`) |
 ///
 /// Cloning is cheap and shares the QP. The last clone to go (channels and semaphores hold one) destroys the
