@@ -1,8 +1,8 @@
 //! MSCCL++'s PortChannel device API (GPUNetIO "Device" mode) on a [`PortChannelHandle`]: `put`, `signal`,
 //! `put_with_signal`, `put_with_accumulate`, `flush`, `wait` and `poll`, with every wait bounded.
 //!
-//! A channel posts through a [`Poster`]: an Exclusive [`Qp`] (one thread owns the QP; BlueFlame for small
-//! puts) or a [`SharedQp`] of [`Block`] or [`Device`] scope (any
+//! A channel posts through a [`Poster`]: an [`ExclusiveQp`] (one thread owns the QP; BlueFlame for small
+//! puts, staged in its CTA's shared-memory slots) or a [`SharedQp`] of [`Block`] or [`Device`] scope (any
 //! number of threads, and channels, share the QP). The scope is the poster's type, so it is chosen at compile
 //! time.
 //!
@@ -10,6 +10,7 @@
 //! WRITE of the QP, so a peer that sees the new value sees the data. The fetch-add's old value lands in the
 //! QP's scratch word, never in user memory.
 
+use crate::bf::{BfSlots, DEFAULT_SLOTS};
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::onesided::{atomic_target, local, remote};
 use crate::qp::Qp;
@@ -18,6 +19,7 @@ use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::wait::bounded;
 use crate::wqe::{self, Ctrl, Wqe};
+use bytemuck::Zeroable;
 use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
 use gdaki_shared::handle::QpHandle;
 
@@ -25,7 +27,8 @@ use gdaki_shared::handle::QpHandle;
 /// 2^31, so one less.
 const MAX_WRITE: u64 = i32::MAX as u64;
 
-/// What a channel posts through. Two real implementations: the Exclusive [`Qp`] and the shared [`SharedQp`].
+/// What a channel posts through. Two real implementations: the Exclusive [`ExclusiveQp`] and the shared
+/// [`SharedQp`].
 pub trait Poster {
     /// Posts a WQE that may wait for a later doorbell (Exclusive: until [`Poster::submit`] or a wait; shared
     /// scopes ring at once).
@@ -56,33 +59,46 @@ pub trait Poster {
     fn progress(&mut self) -> Result<()>;
 }
 
-impl Poster for Qp<'_> {
+/// The Exclusive poster: a [`Qp`] owned by one thread, and the BlueFlame slots of its CTA ([`crate::bf`]).
+pub struct ExclusiveQp<'a, const SLOTS: usize> {
+    qp: Qp<'a>,
+    bf: &'a mut BfSlots<SLOTS>,
+}
+
+impl<'a, const SLOTS: usize> ExclusiveQp<'a, SLOTS> {
+    /// The QP, for posts of its own.
+    pub fn qp(&mut self) -> &mut Qp<'a> {
+        &mut self.qp
+    }
+}
+
+impl<const SLOTS: usize> Poster for ExclusiveQp<'_, SLOTS> {
     #[inline(always)]
     fn stage<const DS: usize>(&mut self, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
-        self.post(false, build).map(|_| ())
+        self.qp.post(false, build).map(|_| ())
     }
 
     #[inline(always)]
     fn submit<const DS: usize>(&mut self, bf: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
         if bf && DS <= 4 {
-            return self.post_bf(false, build).map(|_| ());
+            return self.qp.post_bf(self.bf, false, build).map(|_| ());
         }
-        let _unsignaled = self.post(false, build)?;
-        self.ring_db();
+        let _unsignaled = self.qp.post(false, build)?;
+        self.qp.ring_db();
         Ok(())
     }
 
     fn flush(&mut self) -> Result<()> {
-        Qp::flush(self)
+        self.qp.flush()
     }
 
     fn error(&self) -> Option<CqeError> {
-        Qp::error(self)
+        self.qp.error()
     }
 
     fn progress(&mut self) -> Result<()> {
-        self.ring_db();
-        match self.poll_cq() {
+        self.qp.ring_db();
+        match self.qp.poll_cq() {
             Some(Err(e @ Error::UnexpectedCqe(_))) => Err(e),
             // An error CQE is kept by the QP (sticky), where `error` finds it.
             _ => Ok(()),
@@ -119,26 +135,33 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
 pub trait Sharing {
     /// The poster each posting thread uses.
     type Poster<'a>: Poster;
+    /// Memory a poster keeps beside the QP, which the kernel provides per CTA (Exclusive: its BlueFlame slots
+    /// in shared memory; the shared scopes need none). All-zero bytes are its fresh state.
+    type Staging: Zeroable;
     /// Whether every thread may post (Block, Device) rather than one (Exclusive).
     const SHARED: bool;
     /// A poster on `h`'s QP for the calling thread.
     ///
     /// # Safety
-    /// `h` must be a live channel (see [`PortChannel::new`]). Exclusive: no other thread uses the QP while the
-    /// poster lives. Block / Device: every user of the QP is a shared poster of this scope.
-    unsafe fn poster(h: &PortChannelHandle) -> Self::Poster<'_>;
+    /// `h` must be a live channel (see [`PortChannel::new`]). Exclusive: no other thread uses the QP, nor
+    /// `staging`, while the poster lives, and `staging` is valid, zeroed when first used and used with this
+    /// QP only. Block / Device: every user of the QP is a shared poster of this scope (`staging` is unused).
+    unsafe fn poster<'a>(h: &'a PortChannelHandle, staging: *mut Self::Staging) -> Self::Poster<'a>;
 }
 
-/// One thread owns the QP (no atomics on the SQ counters; BlueFlame for small puts).
+/// One thread owns the QP (no atomics on the SQ counters; BlueFlame for puts up to the channel's
+/// `blue_flame_limit`, built in `BF_SLOTS` 64-byte slots of its CTA's shared memory, default 32).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Exclusive;
+pub struct Exclusive<const BF_SLOTS: usize = DEFAULT_SLOTS>;
 
-impl Sharing for Exclusive {
-    type Poster<'a> = Qp<'a>;
+impl<const BF_SLOTS: usize> Sharing for Exclusive<BF_SLOTS> {
+    type Poster<'a> = ExclusiveQp<'a, BF_SLOTS>;
+    type Staging = BfSlots<BF_SLOTS>;
     const SHARED: bool = false;
-    unsafe fn poster(h: &PortChannelHandle) -> Qp<'_> {
-        // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this thread only.
-        unsafe { Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns) }
+    unsafe fn poster<'a>(h: &'a PortChannelHandle, staging: *mut BfSlots<BF_SLOTS>) -> ExclusiveQp<'a, BF_SLOTS> {
+        // SAFETY: the caller's contract: `h.qp` is the QP's handle and `staging` its slots, used by this thread
+        // only.
+        unsafe { ExclusiveQp { qp: Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns), bf: &mut *staging } }
     }
 }
 
@@ -146,8 +169,9 @@ macro_rules! shared_sharing {
     ($t:ty) => {
         impl Sharing for $t {
             type Poster<'a> = SharedQp<'a, $t>;
+            type Staging = ();
             const SHARED: bool = true;
-            unsafe fn poster(h: &PortChannelHandle) -> SharedQp<'_, $t> {
+            unsafe fn poster<'a>(h: &'a PortChannelHandle, _: *mut ()) -> SharedQp<'a, $t> {
                 // SAFETY: the caller's contract: `h.qp` and `h.shared` are the QP's handle and shared state,
                 // used by shared posters of this scope only.
                 unsafe { SharedQp::new(&*(h.qp as *const QpHandle), h.shared as *mut SharedQpState, h.timeout_ns) }

@@ -93,17 +93,46 @@ pub unsafe extern "ptx-kernel" fn gdaki_pingpong(args: *const PingPongArgs) {
     }
 }
 
+/// Generic address of this CTA's staging area for a poster of sharing `M` (the BlueFlame slots of Exclusive
+/// sharing), zeroed by thread 0; every thread must then pass a barrier (`Cta::new`) before using it.
+///
+/// # Safety
+/// Every thread of the CTA calls this at the start of the kernel, before any use of the area.
+unsafe fn staging<M: crate::channel::Sharing>() -> *mut M::Staging {
+    const { assert!(core::mem::size_of::<M::Staging>() <= STAGING_BYTES, "the staging area is too small") };
+    let area: *mut u64;
+    // SAFETY: `cvta` turns the shared array's address into a generic one; no memory is touched.
+    unsafe {
+        core::arch::asm!("cvta.shared.u64 {p}, gdaki_staging;", p = out(reg64) area, options(nostack, nomem));
+        if nvptx::_thread_idx_x() == 0 {
+            for i in 0..core::mem::size_of::<M::Staging>() / 8 {
+                area.add(i).write_volatile(0);
+            }
+        }
+    }
+    area as *mut M::Staging
+}
+
+/// Bytes of a CTA's staging area: the default Exclusive BlueFlame slots.
+const STAGING_BYTES: usize = core::mem::size_of::<crate::bf::BfSlots>();
+
+// The staging area of `staging`, in shared memory, 64-byte aligned like a WQEBB.
+core::arch::global_asm!(".shared .align 64 .b8 gdaki_staging[{n}];", n = const STAGING_BYTES);
+
 /// Port-channel test `op` with sharing `M`: CTA `b` runs channel `b % nchannels` of rank `b / nchannels`,
 /// with `args[b / nchannels]` (launch `ranks × nchannels` CTAs, so that every team is resident at once).
 ///
 /// # Safety
 /// `args` must point to one [`crate::porttest::PortTestArgs`] per rank in the launch, built by the host.
 unsafe fn port<M: crate::channel::Sharing>(args: *const crate::porttest::PortTestArgs) {
-    // SAFETY: the host passes one argument block per rank; `run`'s contract is the host's.
+    // SAFETY: the host passes one argument block per rank; `run`'s contract is the host's; the staging area is
+    // this CTA's, cleared before `Cta::new`'s barrier.
     unsafe {
+        let st = staging::<M>();
+        let team = Cta::new();
         let b = nvptx::_block_idx_x() as u32;
         let n = (*args).nchannels.max(1);
-        crate::porttest::run::<M>(&Cta::new(), &*args.add((b / n) as usize), b % n)
+        crate::porttest::run::<M>(&team, &*args.add((b / n) as usize), b % n, st)
     }
 }
 
@@ -137,38 +166,44 @@ pub unsafe extern "ptx-kernel" fn gdaki_port_device(args: *const crate::porttest
     unsafe { port::<crate::scope::Device>(args) }
 }
 
-/// One Exclusive `put` on channel `*h` (thread 0): a kernel of its own so that its SASS is the put path alone
-/// (`cuobjdump -sass`; docs/results count its instructions). Errors are dropped: this is for reading code.
+/// An Exclusive channel on `*h` for thread 0, with its CTA's BlueFlame slots.
 ///
 /// # Safety
-/// `h` must point to a live channel's handle whose QP no other thread uses.
+/// `h` must point to a live channel's handle whose QP no other thread uses; launched with one thread.
+unsafe fn exclusive(
+    h: *const gdaki_shared::channel::PortChannelHandle,
+) -> crate::channel::PortChannel<'static, crate::channel::ExclusiveQp<'static, { crate::bf::DEFAULT_SLOTS }>> {
+    use crate::channel::{Exclusive, PortChannel, Sharing};
+    // SAFETY: the caller's contract; one thread, so nobody else uses the staging area.
+    unsafe {
+        let st = staging::<Exclusive>();
+        PortChannel::new(&*h, Exclusive::poster(&*h, st))
+    }
+}
+
+/// One Exclusive `put` on channel `*h` (one thread): a kernel of its own so that its SASS is the put path
+/// alone (`cuobjdump -sass`; docs/results count its instructions). Errors are dropped: this is for reading
+/// code.
+///
+/// # Safety
+/// As `exclusive`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn gdaki_sass_put(h: *const gdaki_shared::channel::PortChannelHandle, bytes: u64) {
     // SAFETY: the caller's contract.
-    unsafe {
-        let h = &*h;
-        let mut c =
-            crate::channel::PortChannel::new(h, <crate::channel::Exclusive as crate::channel::Sharing>::poster(h));
-        let _ = c.put(0, 0, bytes);
-    }
+    let _ = unsafe { exclusive(h) }.put(0, 0, bytes);
 }
 
 /// One Exclusive `put_with_signal` on channel `*h`, as [`gdaki_sass_put`].
 ///
 /// # Safety
-/// As [`gdaki_sass_put`].
+/// As `exclusive`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn gdaki_sass_put_with_signal(
     h: *const gdaki_shared::channel::PortChannelHandle,
     bytes: u64,
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        let h = &*h;
-        let mut c =
-            crate::channel::PortChannel::new(h, <crate::channel::Exclusive as crate::channel::Sharing>::poster(h));
-        let _ = c.put_with_signal(0, 0, bytes);
-    }
+    let _ = unsafe { exclusive(h) }.put_with_signal(0, 0, bytes);
 }
 
 /// Builds [`crate::samples::SAMPLES`] WQEs from `*p` into `out` (one thread; see [`crate::samples::build`]).

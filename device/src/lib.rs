@@ -5,7 +5,7 @@
 //! links `std` for a clock and for yielding in spin loops.
 //!
 //! Layers, lowest first (each uses only those above it in this list): [`sync`] (fences, ordered loads and
-//! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) →
+//! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) → [`bf`] (BlueFlame slots) →
 //! [`cq`] (polling) → [`wait`] (bounded waits) → [`qp`] (Exclusive QP: post, ring, retire, flush) →
 //! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop). Shared QPs:
 //! [`scope`] (Block / Device atomics) → [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s
@@ -18,6 +18,7 @@
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+pub mod bf;
 pub mod channel;
 pub mod cq;
 pub mod db;

@@ -143,19 +143,21 @@ fn verify(team: &impl Team, a: &PortTestArgs, h: &PortChannelHandle, ch: u32, it
     failed
 }
 
-/// One rank's part of operation `a.op` on channel `ch` (this team's), with sharing `M`.
+/// One rank's part of operation `a.op` on channel `ch` (this team's), with sharing `M`; `staging` is the
+/// team's [`Sharing::Staging`] (zeroed before the run; the poster of thread 0 uses it in Exclusive sharing).
 ///
 /// # Safety
 /// `a` must come from the host's port-test setup: every address valid for the run, the channel's QP used only
 /// by this team's threads (Exclusive: its thread 0 only; Device: any team of this launch), and both ranks
-/// running at the same time.
-pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
+/// running at the same time; `staging` valid for the run and used by no other team.
+pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32, staging: *mut M::Staging) {
     // SAFETY: `channels` holds `nchannels` handles (caller's contract); `ch` is this team's.
     let h = unsafe { &*(a.channels as *const PortChannelHandle).add(ch as usize) };
     let tid = team.tid();
     let posts = tid == 0 || M::SHARED;
-    // SAFETY: `h` is a live channel (caller's contract); Exclusive: only thread 0 builds a poster.
-    let mut chan = posts.then(|| unsafe { PortChannel::new(h, M::poster(h)) });
+    // SAFETY: `h` is a live channel and `staging` this team's (caller's contract); Exclusive: only thread 0
+    // builds a poster.
+    let mut chan = posts.then(|| unsafe { PortChannel::new(h, M::poster(h, staging)) });
     let sender = a.rank == 0 || a.op == op::BIBW || a.op == op::PINGPONG;
     let receiver = a.rank == 1 || a.op == op::BIBW || a.op == op::PINGPONG;
     let half = a.size.next_multiple_of(8);

@@ -6,6 +6,7 @@
 //! has been posted since the last one, so that the SQ can always be retired (rdma-core leaves this to the
 //! user; NVSHMEM IBGDA and DOCA signal periodically the same way).
 
+use crate::bf::BfSlots;
 use crate::cq::{self, Completion};
 use crate::db;
 use crate::error::{CqeError, Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
@@ -138,24 +139,42 @@ impl<'a> Qp<'a> {
         }
     }
 
-    /// Posts a one-WQEBB WQE and rings by BlueFlame: the WQE goes to the ring and, whole, to the BlueFlame
-    /// register, after the dbrec. Earlier unrung WQEs are covered too (the NIC executes the SQ in order).
+    /// Posts a one-WQEBB WQE and rings by BlueFlame: the WQE goes to the ring and to the next slot of `bf`,
+    /// and from the slot, whole, to the BlueFlame register, after the dbrec. Earlier unrung WQEs are covered
+    /// too (the NIC executes the SQ in order). When the slot's previous WQE has not completed yet, waits for
+    /// it first (see [`crate::bf`]); every `SLOTS / 2`-th BlueFlame WQE asks for a CQE whatever `signaled`
+    /// says.
     ///
     /// # Errors
-    /// As [`Qp::post`].
-    pub fn post_bf<const DS: usize>(&mut self, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
+    /// As [`Qp::post`], and as [`Qp::wait`] for the slot's previous WQE (except its error CQE, which is the
+    /// QP's sticky error and does not keep the slot busy).
+    pub fn post_bf<const DS: usize, const SLOTS: usize>(
+        &mut self,
+        bf: &mut BfSlots<SLOTS>,
+        signaled: bool,
+        build: impl FnOnce(Ctrl) -> Wqe<DS>,
+    ) -> Result<Ticket> {
         const { assert!(DS >= 1 && DS <= 4, "BlueFlame writes one WQEBB") };
+        let previous = bf.next_previous();
+        if previous > self.h.sq_ci {
+            match self.wait(Ticket(previous - 1)) {
+                Ok(()) | Err(Error::Cqe(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let mut bb = [Seg::default(); 4];
-        let t = self.post_segs(signaled, DS as u8, |c| {
+        let t = self.post_segs(signaled || bf.next_signals(), DS as u8, |c| {
             let w = build(c);
             bb[..DS].copy_from_slice(&w.segs);
             w.segs
         })?;
         self.unrung = None;
+        let slot = bf.take(t.0);
+        *slot = bb;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe {
             db::update_dbrec(self.h.dbrec, self.h.sq_pi);
-            db::ring_bf(self.h.bf_reg, &bb);
+            db::ring_bf(self.h.bf_reg, slot);
         }
         Ok(t)
     }

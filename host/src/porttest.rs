@@ -106,6 +106,7 @@ pub struct PortTest {
     ctrl: MappedBuf,
     comm: Arc<Communicator>,
     failed: bool,
+    device_error: Option<gdaki_device::Error>,
 }
 
 impl PortTest {
@@ -186,6 +187,7 @@ impl PortTest {
             ctrl,
             comm,
             failed: false,
+            device_error: None,
         })
     }
 
@@ -194,13 +196,27 @@ impl PortTest {
     /// # Errors
     /// CUDA errors copying the handles to the GPU.
     pub fn set_blue_flame_limit(&mut self, bytes: u64) -> Result<()> {
-        for h in &mut self.host_handles {
-            h.blue_flame_limit = bytes;
+        self.edit_handles(|_, h| h.blue_flame_limit = bytes)
+    }
+
+    /// Lets `edit(channel, handle)` change the device handles the next runs use, e.g. a key, to see what
+    /// device code reports for it ([`PortTest::device_error`]).
+    ///
+    /// # Errors
+    /// CUDA errors copying the handles to the GPU.
+    pub fn edit_handles(&mut self, mut edit: impl FnMut(u32, &mut PortChannelHandle)) -> Result<()> {
+        for (c, h) in self.host_handles.iter_mut().enumerate() {
+            edit(c as u32, h);
         }
         if let Some(b) = &self.gpu_handles {
             b.copy_from_host(0, bytemuck::cast_slice(&self.host_handles))?;
         }
         Ok(())
+    }
+
+    /// What device code reported in the last run, when it failed with [`Error::Device`].
+    pub fn device_error(&self) -> Option<gdaki_device::Error> {
+        self.device_error
     }
 
     /// The communicator (for its bootstrap and NIC).
@@ -294,7 +310,8 @@ impl PortTest {
         // SAFETY: the device code has finished; the words are ours and aligned.
         let (report, checked) =
             unsafe { ((self.word(REPORT) as *const ErrorReport).read_volatile(), self.word(CHECKED).read_volatile()) };
-        if let Some(e) = gdaki_device::Error::from_report(&report) {
+        self.device_error = gdaki_device::Error::from_report(&report);
+        if let Some(e) = self.device_error {
             return Err(Error::Device(format!("rank {rank}: {e} ({checked} payloads checked before)")));
         }
         self.failed = false;
@@ -355,9 +372,12 @@ fn run_threads<M: Sharing>(args: &PortTestArgs, nchannels: u32, team: u32) {
                         let (barrier, any) = (&barrier, &any);
                         t.spawn(move || {
                             let tm = ThreadTeam { tid, size: team as usize, barrier, any };
+                            // Each thread's own (only thread 0 posts in Exclusive sharing): the CTA's shared
+                            // memory of the gpu executor.
+                            let mut staging = <M::Staging as bytemuck::Zeroable>::zeroed();
                             // SAFETY: `args` names this rank's live channels and control words (built by
                             // `PortTest::run`); each channel's team is its own threads, all running at once.
-                            unsafe { porttest::run::<M>(&tm, args, ch) }
+                            unsafe { porttest::run::<M>(&tm, args, ch, &mut staging) }
                         });
                     }
                 });

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use emu_util::{random_bytes, rng, GuardedBuf};
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp, WireConfig};
-use gdaki_device::channel::PortChannel;
-use gdaki_device::qp::Qp as DevQp;
+use gdaki_device::bf::BfSlots;
+use gdaki_device::channel::{Exclusive, PortChannel, Sharing};
 use gdaki_device::scope::{Block, Device, Scope};
 use gdaki_device::shared_qp::SharedQp;
 use gdaki_device::Error;
@@ -226,9 +226,11 @@ fn exclusive_put_with_signal_and_wait() {
     // Split: 1 MiB in WQEs of 100,000 bytes.
     let mut h2 = h;
     h2.max_wqe_bytes = 100_000;
-    // SAFETY: `qh` is a copy of A's handle used by this thread only (no shared poster runs meanwhile); the
-    // link outlives the channel.
-    let mut ch = unsafe { PortChannel::new(&h2, DevQp::new(&mut qh, TIMEOUT_NS)) };
+    h2.qp = &mut qh as *mut _ as u64;
+    let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
+    // SAFETY: `qh` is a copy of A's handle used by this thread only (no shared poster runs meanwhile), and so
+    // are the BlueFlame slots; the link outlives the channel.
+    let mut ch = unsafe { PortChannel::new(&h2, Exclusive::poster(&h2, &mut bf)) };
     ch.put_with_signal(0, 0, 1 << 20).unwrap();
     ch.flush().unwrap();
     assert_eq!(l.dst.read(), data);

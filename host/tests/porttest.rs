@@ -11,6 +11,8 @@ use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
 use gdaki::porttest::{op, Mode, PortTest, RunConfig};
+use gdaki_device::Error as DevError;
+use gdaki_shared::prm::opcode::syndrome;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -157,4 +159,40 @@ fn cpu_sq_wraps_past_65536_wqes() {
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_sq_wraps_past_65536_wqes() {
     sq_wraps(ExecutorKind::Gpu, 128, 520);
+}
+
+/// A put whose rkey is wrong: `flush` on the sender returns the error CQE's syndrome (0x13, remote access),
+/// in every sharing mode; the receiver, whose signal never comes, fails too instead of hanging.
+fn bad_key_flush(kind: ExecutorKind, team: u32) {
+    let timeout = Duration::from_secs(2);
+    for mode in Mode::ALL {
+        let results = two_ranks(kind, |rank, comm| {
+            let mut t = PortTest::new(std::sync::Arc::new(comm), mode, 1, 1024, 4).expect("set up");
+            if rank == 0 {
+                t.edit_handles(|_, h| h.dst.rkey = gdaki_shared::Be32::new(h.dst.rkey.get() ^ 0x100)).unwrap();
+            }
+            let cfg = RunConfig { op: op::FLUSH_STRESS, size: 1024, iters: 4, team, seed: 0xbad, timeout };
+            (t.run(&cfg).map(|r| r.checked), t.device_error())
+        });
+        let (sender, receiver) = (&results[0], &results[1]);
+        assert!(sender.0.is_err() && receiver.0.is_err(), "{}: {results:?}", mode.name());
+        assert!(
+            matches!(sender.1, Some(DevError::Cqe(c)) if c.syndrome == syndrome::REMOTE_ACCESS_ERR),
+            "{}: the sender's flush reported {:?}",
+            mode.name(),
+            sender.1
+        );
+        assert!(receiver.1.is_some(), "{}: the receiver reported nothing", mode.name());
+    }
+}
+
+#[test]
+fn cpu_flush_reports_a_bad_key_in_every_mode() {
+    bad_key_flush(ExecutorKind::Cpu, 4);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_flush_reports_a_bad_key_in_every_mode() {
+    bad_key_flush(ExecutorKind::Gpu, 128);
 }
