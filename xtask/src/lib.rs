@@ -14,6 +14,8 @@
 //! - the `ptxas` module (feature `cli`) finds NVIDIA's assembler (PATH, the wheel `cargo xtask test` installs
 //!   into `target/ptxas-wheel`, or a pip-installed `nvidia-*` wheel),
 //!   assembles the PTX for the target GPU and reports registers and spills per kernel.
+//! - the `sass` module (feature `cli`) disassembles kernels (cuobjdump, nvdisasm) and counts the instructions
+//!   of their fast path (`cargo xtask sass`).
 //!
 //! The nested cargo gets a clean environment ([`build::clean_cargo_env`]) and its own target directory, so that
 //! it neither inherits the outer build's flags nor waits on the outer build's lock.
@@ -24,6 +26,8 @@ pub mod build;
 pub mod prereq;
 #[cfg(feature = "cli")]
 pub mod ptxas;
+#[cfg(feature = "cli")]
+pub mod sass;
 pub mod toolchain;
 pub mod validate;
 #[cfg(feature = "cli")]

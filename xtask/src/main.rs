@@ -1,6 +1,6 @@
 //! `cargo xtask`: gdaki's chores. `cargo xtask build-ptx` builds and checks the device PTX; `cargo xtask test`
 //! is the project's test command (prerequisites, PTX with ptxas, then `cargo test --workspace`); `cargo xtask fuzz`
-//! smoke-runs the cargo-fuzz targets in fuzz/.
+//! smoke-runs the cargo-fuzz targets in fuzz/; `cargo xtask sass` counts the SASS instructions of the put path.
 
 mod fuzz;
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use xtask::workspace::Workspace;
-use xtask::{prereq, ptxas, BuiltPtx, PtxBuild, Result, ARCH, PTX_FILE};
+use xtask::{prereq, ptxas, sass, BuiltPtx, PtxBuild, Result, ARCH, PTX_FILE};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "gdaki's chores", version)]
@@ -47,6 +47,17 @@ enum Task {
         /// Targets to run (default: all, `wqe_parser` and `wire_decoder`).
         targets: Vec<String>,
     },
+    /// Build the PTX, assemble it for sm_90, write the SASS of kernels to target/sass/KERNEL.sass (cuobjdump;
+    /// installs the cuobjdump and nvdisasm wheels when missing) and print, per kernel, its static instruction
+    /// count and the instructions, fences, MMIO stores and loads of its fast path (method: xtask/src/sass.rs).
+    Sass {
+        /// Kernel to analyse, repeatable (default: every gdaki_sass_* kernel).
+        #[arg(long = "kernel", value_name = "NAME")]
+        kernels: Vec<String>,
+        /// Numbers of MMIO stores that define the fast paths: 1 is a doorbell, 8 a BlueFlame write.
+        #[arg(long, value_delimiter = ',', default_values_t = [sass::DOORBELL_STORES, sass::BLUE_FLAME_STORES])]
+        mmio: Vec<u32>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -55,6 +66,7 @@ fn main() -> ExitCode {
         Task::BuildPtx { require_ptxas, time } => build_ptx_task(require_ptxas, time).map(|()| ExitCode::SUCCESS),
         Task::Test { args } => test_task(&args),
         Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets).map(|()| ExitCode::SUCCESS),
+        Task::Sass { kernels, mmio } => sass_task(&kernels, &mmio).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {error:#}");
@@ -153,6 +165,30 @@ fn remove_dir(dir: &PathBuf) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+fn sass_task(kernels: &[String], mmio: &[u32]) -> Result<()> {
+    let workspace = Workspace::current()?;
+    let ptxas = prereq::ensure_ptxas(&workspace.ptxas_wheel_dir())?;
+    build_ptx(&workspace, Some(&ptxas))?;
+    let tool =
+        |name: &str, env: &str, wheel: &str| prereq::ensure_tool(name, env, wheel, &workspace.tool_wheel_dir(name));
+    let cuobjdump = tool("cuobjdump", "CUOBJDUMP", prereq::CUOBJDUMP_WHEEL)?;
+    let nvdisasm = tool("nvdisasm", "NVDISASM", prereq::NVDISASM_WHEEL)?;
+    let cubin = workspace.ptx_dir().join(format!("gdaki_device.{ARCH}.cubin"));
+    let out = workspace.sass_dir();
+    let rows = sass::analyse(&cuobjdump, &nvdisasm, &cubin, kernels, mmio, &out)?;
+    let version = |tool: &Path| ptxas::version(tool).unwrap_or_else(|| "version unknown".into());
+    println!("cuobjdump: {} ({})", cuobjdump.display(), version(&cuobjdump));
+    println!("nvdisasm: {} ({})", nvdisasm.display(), version(&nvdisasm));
+    println!("SASS listings and fast paths: {}", out.display());
+    print!("{}", sass::table(&rows));
+    println!(
+        "fast path: the fewest instructions from entry to EXIT that execute that many MMIO stores and no poll \
+         (.STRONG.SYS load), loops run at most once, branches decided by known constants; read the path listings \
+         before quoting a count (method and assumptions: xtask/src/sass.rs)"
+    );
+    Ok(())
 }
 
 fn test_task(args: &[String]) -> Result<ExitCode> {

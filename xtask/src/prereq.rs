@@ -1,5 +1,6 @@
 //! What the test suite needs from outside cargo, installed when it is missing and we are allowed to:
-//! rdma-core's `infiniband/mlx5dv.h` (the golden layout tests compile C against it) and ptxas (the PTX check).
+//! rdma-core's `infiniband/mlx5dv.h` (the golden layout tests compile C against it), ptxas (the PTX check), and
+//! cuobjdump / nvdisasm (`cargo xtask sass`).
 //!
 //! Installing is done the way a person would on these machines: Debian's `libibverbs-dev` with apt-get when we
 //! are root, and NVIDIA's `nvidia-cuda-nvcc-cu12` wheel with pip (ptxas needs no GPU), into `target/ptxas-wheel`
@@ -21,6 +22,12 @@ pub const MLX5DV_PACKAGE: &str = "libibverbs-dev";
 
 /// PyPI package that ships ptxas for CUDA 12 (`nvidia/cuda_nvcc/bin/ptxas`).
 pub const PTXAS_WHEEL: &str = "nvidia-cuda-nvcc-cu12";
+
+/// PyPI package that ships cuobjdump (`nvidia/cu13/bin/cuobjdump`; CUDA 13 reads sm_90 cubins of ptxas 12).
+pub const CUOBJDUMP_WHEEL: &str = "nvidia-cuda-cuobjdump";
+
+/// PyPI package that ships nvdisasm (`nvidia/cu13/bin/nvdisasm`).
+pub const NVDISASM_WHEEL: &str = "nvidia-cuda-nvdisasm";
 
 /// Debian package that gives the system `python3` its pip (stock Debian and Ubuntu images may lack it).
 pub const PIP_PACKAGE: &str = "python3-pip";
@@ -47,28 +54,37 @@ pub fn ensure_mlx5dv_header() -> Result<()> {
     Ok(())
 }
 
-/// Finds ptxas ([`crate::ptxas::find`]), installing [`PTXAS_WHEEL`] into `wheel_dir` with
-/// `python3 -m pip install --target` if there is none (and pip itself, [`PIP_PACKAGE`], with apt-get if python3
-/// has none and we are root).
-///
-/// `--target`, not a plain install: pip refuses to install into an externally managed Python (PEP 668: Debian
-/// 12's and Ubuntu 23.04+'s system Python, "externally-managed-environment"), but it does not check when given a
-/// folder of our own; and it leaves the user's Python alone on every other system too.
+/// Finds ptxas ([`crate::ptxas::find`]), installing [`PTXAS_WHEEL`] into `wheel_dir` if there is none; see
+/// [`ensure_tool`].
 ///
 /// # Errors
 /// ptxas is missing and pip could not install it, or installed it where it cannot be found.
 pub fn ensure_ptxas(wheel_dir: &Path) -> Result<PathBuf> {
-    if let Some(ptxas) = crate::ptxas::find(wheel_dir) {
-        return Ok(ptxas);
+    ensure_tool("ptxas", crate::ptxas::PTXAS_ENV, PTXAS_WHEEL, wheel_dir)
+}
+
+/// Finds the CUDA binary `tool` ([`crate::ptxas::find_tool`], `$env` first), installing the PyPI package
+/// `wheel` into `wheel_dir` with `python3 -m pip install --target` if there is none (and pip itself,
+/// [`PIP_PACKAGE`], with apt-get if python3 has none and we are root).
+///
+/// `--target`, not a plain install: pip refuses to install into an externally managed Python (PEP 668: Debian
+/// 12's and Ubuntu 23.04+'s system Python, "externally-managed-environment"), but it does not check when given a
+/// folder of our own; and it leaves the user's Python alone on every other system too. One folder per wheel
+/// family: `pip install --target --upgrade` replaces the top-level `nvidia/` folder it finds there.
+///
+/// # Errors
+/// `tool` is missing and pip could not install it, or installed it where it cannot be found.
+pub fn ensure_tool(tool: &str, env: &str, wheel: &str, wheel_dir: &Path) -> Result<PathBuf> {
+    if let Some(path) = crate::ptxas::find_tool(tool, env, wheel_dir) {
+        return Ok(path);
     }
     let hint = format!(
-        "ptxas not found: install it with `python3 -m pip install --target {} {PTXAS_WHEEL}` (cargo xtask looks \
-         there), put CUDA's bin folder on PATH, or set {}=/path/to/ptxas",
+        "{tool} not found: install it with `python3 -m pip install --target {} {wheel}` (cargo xtask looks \
+         there), put CUDA's bin folder on PATH, or set {env}=/path/to/{tool}",
         shell_word(wheel_dir),
-        crate::ptxas::PTXAS_ENV
     );
-    if std::env::var_os(crate::ptxas::PTXAS_ENV).is_some() {
-        bail!("{hint} (${} does not name an executable)", crate::ptxas::PTXAS_ENV);
+    if std::env::var_os(env).is_some() {
+        bail!("{hint} (${env} does not name an executable)");
     }
     if !has_pip() {
         if !can_apt_get() {
@@ -77,18 +93,18 @@ pub fn ensure_ptxas(wheel_dir: &Path) -> Result<PathBuf> {
         eprintln!("xtask: python3 has no pip; installing {PIP_PACKAGE} with apt-get");
         apt_get_install(PIP_PACKAGE).with_context(|| hint.clone())?;
     }
-    eprintln!("xtask: ptxas not found; installing {PTXAS_WHEEL} into {} with pip", wheel_dir.display());
+    eprintln!("xtask: {tool} not found; installing {wheel} into {} with pip", wheel_dir.display());
     let mut pip = Command::new("python3");
     pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input", "--upgrade"])
         .arg("--target")
         .arg(wheel_dir)
-        .arg(PTXAS_WHEEL)
+        .arg(wheel)
         // As root (CI), pip warns that a virtual environment would be better; not for a folder of our own. An
         // environment variable rather than `--root-user-action`, which a pip older than 22.1 would reject.
         .env("PIP_ROOT_USER_ACTION", "ignore");
     run_streamed(&mut pip).with_context(|| hint.clone())?;
-    crate::ptxas::find(wheel_dir)
-        .with_context(|| format!("{hint} (pip installed {PTXAS_WHEEL} but ptxas is still not found)"))
+    crate::ptxas::find_tool(tool, env, wheel_dir)
+        .with_context(|| format!("{hint} (pip installed {wheel} but {tool} is still not found)"))
 }
 
 /// Whether `python3 -m pip` works (stock Debian ships python3 without pip).

@@ -20,17 +20,26 @@ pub const PTXAS_ENV: &str = "PTXAS";
 /// NVIDIA wheels (`nvidia/cuda_nvcc/bin`, `nvidia/cu13/bin`, …, in every site-packages folder that `python3`
 /// reports). `None` if none is found.
 pub fn find(wheel_dir: &Path) -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os(PTXAS_ENV).map(PathBuf::from) {
+    find_tool("ptxas", PTXAS_ENV, wheel_dir)
+}
+
+/// Finds the CUDA binary `tool` (ptxas, cuobjdump, nvdisasm) as [`find`] finds ptxas: the path in the
+/// environment variable `env`, then PATH, then `<wheel_dir>/nvidia/*/bin`, then the NVIDIA wheels of `python3`.
+pub fn find_tool(tool: &str, env: &str, wheel_dir: &Path) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env).map(PathBuf::from) {
         // An explicit choice that does not exist is reported as "not found" rather than silently replaced.
         return is_executable(&path).then_some(path);
     }
-    // Our own folder before Python's: it costs no `python3` run, and it is what `cargo xtask test` installed.
-    which::which("ptxas").ok().or_else(|| ptxas_in_nvidia_dir(&wheel_dir.join("nvidia"))).or_else(find_in_python_wheels)
+    // Our own folder before Python's: it costs no `python3` run, and it is what `cargo xtask` installed.
+    which::which(tool)
+        .ok()
+        .or_else(|| tool_in_nvidia_dir(&wheel_dir.join("nvidia"), tool))
+        .or_else(|| find_in_python_wheels(tool))
 }
 
-/// Searches `<dir>/*/bin/ptxas` in every `nvidia` package folder known to `python3` (the namespace package's
+/// Searches `<dir>/*/bin/<tool>` in every `nvidia` package folder known to `python3` (the namespace package's
 /// `__path__`, plus `nvidia/` in each site-packages and the user site), `cuda_nvcc` first.
-pub fn find_in_python_wheels() -> Option<PathBuf> {
+pub fn find_in_python_wheels(tool: &str) -> Option<PathBuf> {
     // Printed one per line; a missing `nvidia` package is not an error, the site folders are still listed.
     const SCRIPT: &str = "import os, site\n\
         dirs = []\n\
@@ -44,19 +53,19 @@ pub fn find_in_python_wheels() -> Option<PathBuf> {
         return None;
     }
     let text = String::from_utf8_lossy(&output.stdout);
-    text.lines().map(Path::new).find_map(ptxas_in_nvidia_dir)
+    text.lines().find_map(|dir| tool_in_nvidia_dir(Path::new(dir), tool))
 }
 
-/// `<nvidia>/cuda_nvcc/bin/ptxas` if present, else the first `<nvidia>/<package>/bin/ptxas` in name order
-/// (`cu12`, `cu13`, …).
-fn ptxas_in_nvidia_dir(nvidia: &Path) -> Option<PathBuf> {
-    let preferred = nvidia.join("cuda_nvcc/bin/ptxas");
+/// `<nvidia>/cuda_nvcc/bin/<tool>` if present, else the first `<nvidia>/<package>/bin/<tool>` in name order
+/// (`cu12`, `cu13`, `cuda_cuobjdump`, …).
+fn tool_in_nvidia_dir(nvidia: &Path, tool: &str) -> Option<PathBuf> {
+    let preferred = nvidia.join("cuda_nvcc/bin").join(tool);
     if is_executable(&preferred) {
         return Some(preferred);
     }
     let mut packages: Vec<PathBuf> = std::fs::read_dir(nvidia).ok()?.filter_map(|e| e.ok().map(|e| e.path())).collect();
     packages.sort();
-    packages.into_iter().map(|p| p.join("bin/ptxas")).find(|p| is_executable(p))
+    packages.into_iter().map(|p| p.join("bin").join(tool)).find(|p| is_executable(p))
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -245,12 +254,12 @@ ptxas info    : Function properties for helper
         let dir = std::env::temp_dir().join(format!("xtask-ptxas-{}", std::process::id()));
         let bin = dir.join("cu13/bin");
         std::fs::create_dir_all(&bin).expect("temp dir");
-        assert_eq!(ptxas_in_nvidia_dir(&dir), None);
+        assert_eq!(tool_in_nvidia_dir(&dir, "ptxas"), None);
         let ptxas = bin.join("ptxas");
         std::fs::write(&ptxas, "").expect("write");
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&ptxas, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        assert_eq!(ptxas_in_nvidia_dir(&dir), Some(ptxas));
+        assert_eq!(tool_in_nvidia_dir(&dir, "ptxas"), Some(ptxas));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -64,6 +64,17 @@ impl Workspace {
         self.target_dir.join("ptxas-wheel")
     }
 
+    /// `target/<tool>-wheel`: where `cargo xtask sass` installs the wheel of `tool` (cuobjdump, nvdisasm) when
+    /// it is missing, one folder per wheel (see [`crate::prereq::ensure_tool`]).
+    pub fn tool_wheel_dir(&self, tool: &str) -> PathBuf {
+        self.target_dir.join(format!("{tool}-wheel"))
+    }
+
+    /// `target/sass`: where `cargo xtask sass` writes the SASS listings and fast paths.
+    pub fn sass_dir(&self) -> PathBuf {
+        self.target_dir.join("sass")
+    }
+
     /// `target/ptx-build`: the nested cargo's target directory, the same one `host/build.rs` uses for a build in
     /// `target/<profile>`, so that `cargo build` and `cargo xtask build-ptx` share one cache.
     pub fn nested_target_dir(&self) -> PathBuf {
