@@ -28,9 +28,10 @@ struct Args {
     /// cpu or gpu (default: the GPU if there is one).
     #[arg(long)]
     executor: Option<ExecutorKind>,
-    /// Sharing modes to run: exclusive, block, device (comma-separated; default all).
-    #[arg(long, value_delimiter = ',', default_value = "exclusive,block,device")]
-    mode: Vec<String>,
+    /// Modes to run: host, host-no-atomic (the CPU proxy), exclusive, block, device (device code posts;
+    /// comma-separated; default all).
+    #[arg(long, value_delimiter = ',', default_value = "host,host-no-atomic,exclusive,block,device")]
+    mode: Vec<Mode>,
     /// Iterations per row (bandwidth rows use fewer for large sizes: at most 512 MiB per row).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     iters: u32,
@@ -154,7 +155,7 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
 }
 
 fn print_rows(mode: Mode, rows: &[(String, Row)]) {
-    println!("\n## {} sharing", mode.name());
+    println!("\n## {}", mode.title());
     println!("{}  test", LatencyRow::header());
     for (name, r) in rows {
         if let Row::Latency(l) = r {
@@ -183,23 +184,7 @@ fn print_rows(mode: Mode, rows: &[(String, Row)]) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let modes: Vec<Mode> = match args
-        .mode
-        .iter()
-        .map(|m| match m.as_str() {
-            "exclusive" => Ok(Mode::Exclusive),
-            "block" => Ok(Mode::Block),
-            "device" => Ok(Mode::Device),
-            other => Err(other.to_string()),
-        })
-        .collect::<Result<_, _>>()
-    {
-        Ok(m) => m,
-        Err(bad) => {
-            eprintln!("error: --mode {bad}: expected exclusive, block or device");
-            return ExitCode::from(2);
-        }
-    };
+    let modes = args.mode.clone();
     let launch = match args.launch.two_ranks() {
         Ok(l) => l,
         Err(e) => {

@@ -12,6 +12,7 @@
 
 use crate::bf::{BfSlots, DEFAULT_SLOTS};
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
+use crate::fifo;
 use crate::onesided::{atomic_target, local, remote};
 use crate::qp::Qp;
 use crate::scope::{Block, Device, Scope};
@@ -22,6 +23,7 @@ use crate::wqe::{self, Ctrl, Wqe};
 use bytemuck::Zeroable;
 use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
 use gdaki_shared::handle::QpHandle;
+use gdaki_shared::proxy::{mode, Trigger};
 
 /// Largest payload of one RDMA WRITE the device code builds: a data segment's `byte_count` of 0 would mean
 /// 2^31, so one less.
@@ -234,7 +236,50 @@ impl<'h, P: Poster> PortChannel<'h, P> {
     /// [`Error::InvalidArgument`] for a zero length or a range outside either memory (nothing posted);
     /// timeouts and unexpected CQEs of the poster.
     pub fn put(&mut self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
+        if self.proxied() {
+            return self.push_writes(dst_offset, src_offset, bytes, 0);
+        }
         self.writes(dst_offset, src_offset, bytes, true)
+    }
+
+    /// Whether the proxy posts this channel's WQEs (Host and HostNoAtomic modes).
+    #[inline(always)]
+    fn proxied(&self) -> bool {
+        self.h.proxy != mode::DEVICE
+    }
+
+    /// Pushes `t` into the proxy's FIFO.
+    fn push(&self, t: Trigger) -> Result<u64> {
+        // SAFETY: a proxied channel's handle names a live FIFO (contract of `new`).
+        unsafe { fifo::push(&self.h.fifo, t, self.h.timeout_ns) }
+    }
+
+    /// The proxy's first error CQE on this channel's QP, if any.
+    fn proxy_error(&self) -> Option<CqeError> {
+        // SAFETY: a proxied channel's error word (contract of `new`), written by the proxy.
+        let v = unsafe { sync::load_acquire_u64(self.h.proxy_err as *const u64) };
+        (v >> 32 != 0).then(|| CqeError::unpack(v as u32))
+    }
+
+    /// Pushes the `PUT` triggers of `bytes` bytes (pieces of at most 4 GiB − 1, which the proxy splits at
+    /// `max_wqe_bytes`), the last one with `last_ops` too.
+    fn push_writes(&mut self, dst_offset: u64, src_offset: u64, bytes: u64, last_ops: u8) -> Result<()> {
+        remote(&self.h.dst, dst_offset, bytes)?;
+        local_range(&self.h.src, src_offset, bytes)?;
+        // Triggers carry 32-bit offsets (as MSCCL++'s): memory beyond 4 GiB needs Device mode.
+        let limit = Trigger::MAX_FIELD + 1;
+        if dst_offset + bytes > limit || src_offset + bytes > limit {
+            return Err(Error::InvalidArgument(InvalidArgument::Unsupported));
+        }
+        let ch = self.h.channel_id as u16;
+        let mut done = 0;
+        while done < bytes {
+            let n = (bytes - done).min(Trigger::MAX_FIELD);
+            let ops = Trigger::PUT | if done + n == bytes { last_ops } else { 0 };
+            self.push(Trigger::new(ops, ch, dst_offset + done, src_offset + done, n))?;
+            done += n;
+        }
+        Ok(())
     }
 
     /// Adds 1 to the peer's inbound semaphore (RDMA fetch-add, placed after every earlier WRITE of the QP;
@@ -243,6 +288,9 @@ impl<'h, P: Poster> PortChannel<'h, P> {
     /// # Errors
     /// As [`PortChannel::put`].
     pub fn signal(&mut self) -> Result<()> {
+        if self.proxied() {
+            return self.push(Trigger::new(Trigger::SIGNAL, self.h.channel_id as u16, 0, 0, 0)).map(|_| ());
+        }
         self.fetch_add(0, 1, true)
     }
 
@@ -260,6 +308,9 @@ impl<'h, P: Poster> PortChannel<'h, P> {
     /// # Errors
     /// As [`PortChannel::put`]; nothing is posted for a bad range.
     pub fn put_with_signal(&mut self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
+        if self.proxied() {
+            return self.push_writes(dst_offset, src_offset, bytes, Trigger::SIGNAL);
+        }
         atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
         self.writes(dst_offset, src_offset, bytes, false)?;
         self.signal()
@@ -280,6 +331,13 @@ impl<'h, P: Poster> PortChannel<'h, P> {
         add: u64,
     ) -> Result<()> {
         atomic_target(&self.h.dst, acc_offset, &self.h.scratch, 0)?;
+        if self.proxied() {
+            if self.h.proxy == mode::HOST_NO_ATOMIC || acc_offset > Trigger::MAX_FIELD {
+                return Err(Error::InvalidArgument(InvalidArgument::Unsupported));
+            }
+            self.push_writes(dst_offset, src_offset, bytes, 0)?;
+            return self.push(Trigger::accumulate(self.h.channel_id as u16, acc_offset, add)).map(|_| ());
+        }
         self.writes(dst_offset, src_offset, bytes, false)?;
         self.fetch_add(acc_offset, add, false)
     }
@@ -290,6 +348,12 @@ impl<'h, P: Poster> PortChannel<'h, P> {
     /// [`Error::Cqe`] with the QP's first error CQE (e.g. syndrome 0x13 for a bad key), from then on every
     /// time; a timeout; an unexpected CQE.
     pub fn flush(&mut self) -> Result<()> {
+        if self.proxied() {
+            let i = self.push(Trigger::new(Trigger::FLUSH, self.h.channel_id as u16, 0, 0, 0))?;
+            // SAFETY: as in `push`.
+            unsafe { fifo::sync(&self.h.fifo, i, self.h.timeout_ns) }?;
+            return self.proxy_error().map_or(Ok(()), |e| Err(Error::Cqe(e)));
+        }
         self.qp.flush()
     }
 
@@ -316,8 +380,14 @@ impl<'h, P: Poster> PortChannel<'h, P> {
                 }
                 tries = tries.wrapping_add(1);
                 if tries % 8 == 1 {
-                    self.qp.progress()?;
-                    if let Some(e) = self.qp.error() {
+                    // The QP's CQ is the proxy's in the Host modes: its error word tells instead.
+                    let error = if self.proxied() {
+                        self.proxy_error()
+                    } else {
+                        self.qp.progress()?;
+                        self.qp.error()
+                    };
+                    if let Some(e) = error {
                         return Err(Error::Cqe(e));
                     }
                 }

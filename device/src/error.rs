@@ -32,6 +32,18 @@ pub enum WaitOn {
         /// WQEBB index (64-bit) of this poster's WQE.
         wqe_index: u64,
     },
+    /// Room in the proxy FIFO for the trigger at this index (Host modes).
+    FifoSpace {
+        /// The trigger's index (64-bit count of pushes).
+        index: u64,
+    },
+    /// The proxy doing the trigger at `index` (Host modes: `flush`).
+    Proxy {
+        /// The trigger's index.
+        index: u64,
+        /// Triggers the proxy had done when the wait ended.
+        done: u64,
+    },
     /// A semaphore reaching a value.
     Semaphore {
         /// Address of the semaphore.
@@ -110,6 +122,8 @@ pub enum InvalidArgument {
     Ticket = 6,
     /// A QP handle whose SQ is not a power of two of at least 16 WQEBBs.
     Handle = 7,
+    /// An operation the channel's mode cannot do (`put_with_accumulate` in HostNoAtomic mode).
+    Unsupported = 12,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -132,6 +146,10 @@ pub mod kind {
     pub const UNEXPECTED_CQE: u32 = 7;
     /// [`super::Error::Timeout`] on earlier posters' publication; `expected` holds the WQEBB index.
     pub const TIMEOUT_PUBLISH: u32 = 8;
+    /// [`super::Error::Timeout`] on room in the proxy FIFO; `expected` holds the trigger index.
+    pub const TIMEOUT_FIFO_SPACE: u32 = 10;
+    /// [`super::Error::Timeout`] on the proxy; `expected` holds the trigger index, `seen` the proxy's count.
+    pub const TIMEOUT_PROXY: u32 = 11;
 }
 
 impl CqeError {
@@ -171,6 +189,15 @@ impl Error {
                     WaitOn::Publish { wqe_index } => {
                         r.kind = kind::TIMEOUT_PUBLISH;
                         r.expected = wqe_index;
+                    }
+                    WaitOn::FifoSpace { index } => {
+                        r.kind = kind::TIMEOUT_FIFO_SPACE;
+                        r.expected = index;
+                    }
+                    WaitOn::Proxy { index, done } => {
+                        r.kind = kind::TIMEOUT_PROXY;
+                        r.expected = index;
+                        r.seen = done;
                     }
                     WaitOn::Semaphore { addr, expected, seen } => {
                         r.kind = kind::TIMEOUT_SEMAPHORE;
@@ -215,6 +242,8 @@ impl Error {
             kind::TIMEOUT_CQE => timeout(WaitOn::Cqe { wqe_index: r.expected }),
             kind::TIMEOUT_SQ_SPACE => timeout(WaitOn::SqSpace { wqebbs: r.expected as u32 }),
             kind::TIMEOUT_PUBLISH => timeout(WaitOn::Publish { wqe_index: r.expected }),
+            kind::TIMEOUT_FIFO_SPACE => timeout(WaitOn::FifoSpace { index: r.expected }),
+            kind::TIMEOUT_PROXY => timeout(WaitOn::Proxy { index: r.expected, done: r.seen }),
             kind::TIMEOUT_SEMAPHORE => timeout(WaitOn::Semaphore { addr: r.addr, expected: r.expected, seen: r.seen }),
             kind::UNEXPECTED_CQE => {
                 Some(Error::UnexpectedCqe(UnexpectedCqe { qpn: r.addr as u32, wqe_counter: r.wqe_counter }))
@@ -233,6 +262,7 @@ impl Error {
                 5 => InvalidArgument::Length,
                 6 => InvalidArgument::Ticket,
                 7 => InvalidArgument::Handle,
+                12 => InvalidArgument::Unsupported,
                 _ => return None,
             })),
             _ => None,
@@ -260,6 +290,15 @@ impl core::fmt::Display for Error {
                     WaitOn::Publish { wqe_index } => write!(
                         f,
                         "timed out after {ms:.1} ms waiting for earlier posters to publish up to WQE {wqe_index}"
+                    ),
+                    WaitOn::FifoSpace { index } => write!(
+                        f,
+                        "timed out after {ms:.1} ms waiting for room in the proxy FIFO for trigger {index} (is the \
+                         proxy running?)"
+                    ),
+                    WaitOn::Proxy { index, done } => write!(
+                        f,
+                        "timed out after {ms:.1} ms waiting for the proxy to do trigger {index} (it had done {done})"
                     ),
                     WaitOn::Semaphore { addr, expected, seen } => write!(
                         f,

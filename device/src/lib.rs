@@ -23,6 +23,7 @@ pub mod channel;
 pub mod cq;
 pub mod db;
 pub mod error;
+pub mod fifo;
 pub mod onesided;
 pub mod pingpong;
 pub mod porttest;

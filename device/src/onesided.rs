@@ -11,7 +11,7 @@ use crate::wqe::{self, Raddr, Sge};
 use gdaki_shared::handle::{MrHandle, RemoteMr};
 
 /// `len` bytes at `off` of local MR `mr` as an SGE (1 ..= 2^31 - 1 bytes, inside the MR).
-pub(crate) fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
+pub fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
     if len == 0 || len > i32::MAX as u64 {
         return Err(Error::InvalidArgument(InvalidArgument::Length));
     }
@@ -22,7 +22,7 @@ pub(crate) fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
 }
 
 /// `len` bytes at `off` of the peer's MR `mr` as a raddr (inside the MR).
-pub(crate) fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
+pub fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Ok(Raddr { addr, rkey: mr.rkey }),
         _ => Err(Error::InvalidArgument(InvalidArgument::RemoteRange)),
@@ -31,7 +31,7 @@ pub(crate) fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
 
 /// The 8-byte remote word at `sem_off` of `sem` and the 8-byte local result word at `result_off` of `result`,
 /// both 8-byte aligned.
-pub(crate) fn atomic_target(sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<(Raddr, Sge)> {
+pub fn atomic_target(sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<(Raddr, Sge)> {
     let r = remote(sem, sem_off, 8)?;
     let l = local(result, result_off, 8)?;
     if r.addr % 8 != 0 || l.addr % 8 != 0 {

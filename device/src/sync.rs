@@ -77,6 +77,25 @@ pub unsafe fn store_release_u32(p: *mut u32, v: u32) {
     };
 }
 
+/// Stores a `u64` with release semantics at system scope (`st.release.sys.u64`): every store before it is
+/// visible to a host thread (or the NIC) that sees this one.
+///
+/// # Safety
+/// `p` must be valid for writes and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn store_release_u64(p: *mut u64, v: u64) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees `p` is writable and aligned.
+    unsafe {
+        core::arch::asm!("st.release.sys.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
+    unsafe {
+        AtomicU64::from_ptr(p).store(v, Ordering::Release)
+    };
+}
+
 /// Stores a `u32` with no ordering (`st.relaxed.sys.u32`), for words ordered by a later fence.
 ///
 /// # Safety

@@ -18,7 +18,7 @@ use gdaki_device::scope::{Block, Device};
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::ErrorReport;
 
-use crate::channel::{Communicator, EndpointConfig, PortChannel, RegisteredMemory, Semaphore};
+use crate::channel::{Communicator, EndpointConfig, IbMode, PortChannel, RegisteredMemory, Semaphore};
 use crate::cuda::{DeviceBuffer, KernelArg, LaunchConfig};
 use crate::exec::Executor;
 use crate::mem::MappedBuf;
@@ -26,9 +26,14 @@ use crate::{Error, Result};
 
 pub use gdaki_device::porttest::op;
 
-/// How the threads share each channel's QP (the device's [`Sharing`] types, chosen per run at run time here).
+/// Who posts each channel's WQEs: the CPU proxy (Host modes, MSCCL++'s default), or device code, with the
+/// threads sharing the QP as one of the device's [`Sharing`] types (chosen per run at run time here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
+    /// The proxy posts (device code pushes triggers from one thread per channel); signals are fetch-adds.
+    Host,
+    /// As `Host`, with signals written as the semaphore's new value (no atomics).
+    HostNoAtomic,
     /// One thread per QP.
     Exclusive,
     /// The threads of one team (CTA) share its QP.
@@ -38,23 +43,53 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// All three, in the order tables list them.
-    pub const ALL: [Mode; 3] = [Mode::Exclusive, Mode::Block, Mode::Device];
+    /// All five, in the order tables list them: the proxy baseline first.
+    pub const ALL: [Mode; 5] = [Mode::Host, Mode::HostNoAtomic, Mode::Exclusive, Mode::Block, Mode::Device];
 
-    /// "Exclusive", "Block" or "Device".
+    /// The three Device modes (no proxy).
+    pub const DEVICE: [Mode; 3] = [Mode::Exclusive, Mode::Block, Mode::Device];
+
+    /// "Host", "HostNoAtomic", "Exclusive", "Block" or "Device".
     pub fn name(self) -> &'static str {
         match self {
+            Mode::Host => "Host",
+            Mode::HostNoAtomic => "HostNoAtomic",
             Mode::Exclusive => "Exclusive",
             Mode::Block => "Block",
             Mode::Device => "Device",
         }
     }
 
+    /// "Host mode (CPU proxy)", …, "Device mode, Exclusive sharing", …: a table's heading.
+    pub fn title(self) -> String {
+        match self {
+            Mode::Host | Mode::HostNoAtomic => format!("{} mode (CPU proxy)", self.name()),
+            _ => format!("Device mode, {} sharing", self.name()),
+        }
+    }
+
     fn kernel(self) -> &'static str {
         match self {
-            Mode::Exclusive => "gdaki_port_exclusive",
+            // One pushing thread per channel, as MSCCL++'s proxy channels are used.
+            Mode::Host | Mode::HostNoAtomic | Mode::Exclusive => "gdaki_port_exclusive",
             Mode::Block => "gdaki_port_block",
             Mode::Device => "gdaki_port_device",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    /// `host`, `host-no-atomic`, `exclusive`, `block` or `device` (any case).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "host" => Ok(Mode::Host),
+            "host-no-atomic" | "hostnoatomic" => Ok(Mode::HostNoAtomic),
+            "exclusive" => Ok(Mode::Exclusive),
+            "block" => Ok(Mode::Block),
+            "device" => Ok(Mode::Device),
+            other => Err(format!("mode {other:?}: expected host, host-no-atomic, exclusive, block or device")),
         }
     }
 }
@@ -150,7 +185,11 @@ impl PortTest {
         }
         let peer = 1 - comm.rank();
         let half = max_size.next_multiple_of(8);
-        let cfg = EndpointConfig::default();
+        let cfg = EndpointConfig::with_mode(match mode {
+            Mode::Host => IbMode::Host,
+            Mode::HostNoAtomic => IbMode::HostNoAtomic,
+            _ => IbMode::Device,
+        });
         let conns = (0..qps).map(|q| comm.connect(&cfg, peer, 16 * q + 1)).collect::<Result<Vec<_>>>()?;
         let (mut chans, mut sems, mut mems) = (Vec::new(), Vec::new(), Vec::new());
         for c in 0..nchannels {
@@ -302,7 +341,9 @@ impl PortTest {
                 stream.wait(cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)))?;
             }
             None => match self.mode {
-                Mode::Exclusive => run_threads::<Exclusive>(&args, self.nchannels, cfg.team),
+                Mode::Host | Mode::HostNoAtomic | Mode::Exclusive => {
+                    run_threads::<Exclusive>(&args, self.nchannels, cfg.team)
+                }
                 Mode::Block => run_threads::<Block>(&args, self.nchannels, cfg.team),
                 Mode::Device => run_threads::<Device>(&args, self.nchannels, cfg.team),
             },

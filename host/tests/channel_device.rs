@@ -93,6 +93,8 @@ impl Link {
             max_wqe_bytes: 1 << 30,
             timeout_ns: TIMEOUT_NS,
             blue_flame_limit: 512 << 10,
+            // Device mode: no proxy.
+            ..PortChannelHandle::default()
         }
     }
 }

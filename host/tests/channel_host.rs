@@ -16,9 +16,14 @@ use gdaki::channel::{
 use gdaki::exec::{DataBuf, Executor, ExecutorKind};
 use gdaki::nic::emu::{QpState, WireConfig};
 use gdaki::Error;
+use gdaki_device::bf::BfSlots;
+use gdaki_device::channel::{Exclusive, ExclusiveQp, PortChannel as DevChannel, Sharing};
+use gdaki_device::error::InvalidArgument;
 use gdaki_device::qp::Qp as DevQp;
+use gdaki_device::Error as DevError;
 use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
 use gdaki_shared::handle::QpHandle;
+use gdaki_shared::prm::opcode::syndrome;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
@@ -336,24 +341,31 @@ fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
 }
 
 #[test]
-fn host_modes_are_refused_before_anything_is_sent() {
+fn host_modes_connect_through_one_proxy_and_modes_must_match() {
     two_ranks(BOOT_TIMEOUT, |comm, _| {
         let peer = 1 - comm.rank();
-        for mode in [IbMode::Host, IbMode::HostNoAtomic] {
-            let e = comm.connect(&EndpointConfig::with_mode(mode), peer, 7).unwrap_err();
-            assert!(matches!(e, Error::Unavailable(_)), "{mode:?}: {e:?}");
-            let m = message(e);
-            assert!(m.contains(&format!("ib.mode {}", mode.name())) && m.contains("CPU proxy (issue 5)"), "{m}");
-        }
         let bad =
             EndpointConfig { ib: IbConfig { max_send_wr: 100, ..IbConfig::default() }, ..EndpointConfig::default() };
         assert!(message(comm.connect(&bad, peer, 7).unwrap_err()).contains("max_send_wr 100"));
-        // Nothing was queued on tag 7: the first message there is the marker.
+        // Nothing was queued on tag 7 by the refused connect: the first message there is the marker.
         comm.bootstrap().send(peer, 7, b"marker").unwrap();
         assert_eq!(comm.bootstrap().recv(peer, 7).unwrap(), b"marker");
-        // And Device mode connects on the same tag.
-        let conn = comm.connect(&EndpointConfig::with_mode(IbMode::Device), peer, 7).unwrap();
-        assert_eq!(conn.qp().state(), QpState::Rts);
+        let mut proxies = Vec::new();
+        for (tag, mode) in [(7, IbMode::Host), (8, IbMode::HostNoAtomic)] {
+            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, tag).unwrap();
+            assert_eq!(conn.qp().state(), QpState::Rts);
+            proxies.push(conn.proxy().expect("a Host-mode connection has the proxy").clone());
+        }
+        assert!(std::sync::Arc::ptr_eq(&proxies[0], &proxies[1]), "one proxy per communicator");
+        assert_eq!(proxies[0].fifo().size, gdaki::proxy::DEFAULT_FIFO_SIZE);
+        let m = message(comm.start_proxy(64).unwrap_err());
+        assert!(m.contains("already runs with a FIFO of 512 slots, not 64"), "{m}");
+        let device = comm.connect(&EndpointConfig::with_mode(IbMode::Device), peer, 9).unwrap();
+        assert!(device.proxy().is_none());
+        // Both sides must pick the same mode.
+        let mode = if comm.rank() == 0 { IbMode::Host } else { IbMode::Device };
+        let m = message(comm.connect(&EndpointConfig::with_mode(mode), peer, 10).unwrap_err());
+        assert!(m.contains("give both the same EndpointConfig"), "{m}");
         comm.bootstrap().barrier().unwrap();
     });
 }
@@ -492,4 +504,113 @@ fn gpu_executor_keeps_qp_state_and_expected_counts_in_gpu_memory() {
         }
         comm.bootstrap().barrier().unwrap();
     });
+}
+
+/// A device-code channel of the cpu executor on `h`, in Exclusive sharing (one thread; what the proxy modes
+/// use), with its own BlueFlame slots.
+fn exclusive(h: &PortChannelHandle, bf: &mut BfSlots) -> DevChannel<'static, ExclusiveQp<'static, 32>> {
+    // SAFETY: `h` comes from a live channel of the cpu executor, used by this thread only, and `bf` outlives
+    // the channel in every caller (both leak to 'static only in type: callers drop the channel first).
+    unsafe {
+        let h: &'static PortChannelHandle = &*(h as *const PortChannelHandle);
+        let bf: &'static mut BfSlots = &mut *(bf as *mut BfSlots);
+        DevChannel::new(h, Exclusive::poster(h, bf))
+    }
+}
+
+/// Host modes: puts and signals go through the proxy, with a 4-slot FIFO so that pushes wait for room; the
+/// sender never flushes but drops everything, and the proxy's drop drains: every payload and every signal
+/// has landed when the drop returns. `put_with_accumulate` works in Host mode and is refused in HostNoAtomic.
+#[test]
+fn host_modes_deliver_every_trigger_through_a_small_fifo_and_drain_on_drop() {
+    const LEN: usize = 32 << 10;
+    let mut rng = rng();
+    let payload = random_bytes(&mut rng, LEN);
+    let puts = plan(&mut rng, 0, LEN as u64 - 8, 3000, LEN as u64);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let (me, peer) = (comm.rank(), 1 - comm.rank());
+            let proxy = comm.start_proxy(4).unwrap();
+            let src = register(&comm, LEN);
+            if me == 0 {
+                fill(&src, &payload);
+            }
+            let landing = register(&comm, LEN);
+            comm.send_memory(&landing, peer, 0).unwrap();
+            let dst = comm.recv_memory(peer, 0).unwrap();
+            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
+            let sem = comm.semaphore(&conn, peer, 2).unwrap();
+            let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();
+            let h = chan.device_handle();
+            assert_eq!((h.fifo, h.channel_id), (proxy.fifo(), 0), "{mode:?}");
+            assert_ne!(h.proxy_err, 0);
+            if me == 0 {
+                let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
+                let mut ch = exclusive(&h, &mut bf);
+                for p in &puts {
+                    ch.put_with_signal(p.dst_off, p.src_off, p.len).unwrap();
+                }
+                let acc = ch.put_with_accumulate(0, 0, 8, LEN as u64 - 8, 5);
+                match mode {
+                    IbMode::HostNoAtomic => {
+                        assert_eq!(acc, Err(DevError::InvalidArgument(InvalidArgument::Unsupported)))
+                    }
+                    _ => acc.unwrap(),
+                }
+                drop(ch);
+                let pushed = puts.len() as u64 + if mode == IbMode::Host { 2 } else { 0 };
+                drop((chan, sem, conn, comm));
+                assert!(proxy.done() >= pushed, "{mode:?}: the proxy did {} of {pushed} triggers", proxy.done());
+                drop(proxy);
+                barrier.wait();
+                barrier.wait();
+            } else {
+                barrier.wait();
+                // Rank 0's proxy is gone: what it posted has landed.
+                let mut want = expected(LEN, &puts, &payload);
+                if mode == IbMode::Host {
+                    want[..8].copy_from_slice(&payload[..8]);
+                    let acc = u64::from_ne_bytes(want[LEN - 8..].try_into().unwrap()).wrapping_add(5);
+                    want[LEN - 8..].copy_from_slice(&acc.to_ne_bytes());
+                }
+                assert_same(&contents(&landing), &want, &format!("{mode:?}: landing buffer"));
+                assert_eq!(sem.inbound(), puts.len() as u64, "{mode:?}: one signal per put");
+                barrier.wait();
+            }
+        });
+    }
+}
+
+/// Host modes: a put to memory the peer has deregistered fails on the NIC with syndrome 0x13, and the
+/// sender's `flush` (through the proxy's error word) returns it, then keeps returning it.
+#[test]
+fn host_modes_flush_reports_the_error_cqe_of_a_put() {
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let (me, peer) = (comm.rank(), 1 - comm.rank());
+            let src = register(&comm, 4096);
+            let landing = register(&comm, 4096);
+            comm.send_memory(&landing, peer, 0).unwrap();
+            let dst = comm.recv_memory(peer, 0).unwrap();
+            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
+            let sem = comm.semaphore(&conn, peer, 2).unwrap();
+            let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();
+            barrier.wait();
+            drop(landing);
+            barrier.wait();
+            if me == 0 {
+                let h = chan.device_handle();
+                let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
+                let mut ch = exclusive(&h, &mut bf);
+                ch.put(0, 0, 64).unwrap();
+                for _ in 0..2 {
+                    match ch.flush() {
+                        Err(DevError::Cqe(c)) => assert_eq!(c.syndrome, syndrome::REMOTE_ACCESS_ERR, "{mode:?}"),
+                        other => panic!("{mode:?}: flush returned {other:?}"),
+                    }
+                }
+            }
+            barrier.wait();
+        });
+    }
 }

@@ -921,6 +921,8 @@ fn wait_on() -> impl Strategy<Value = WaitOn> {
         any::<u64>().prop_map(|wqe_index| WaitOn::Cqe { wqe_index }),
         any::<u32>().prop_map(|wqebbs| WaitOn::SqSpace { wqebbs }),
         any::<u64>().prop_map(|wqe_index| WaitOn::Publish { wqe_index }),
+        any::<u64>().prop_map(|index| WaitOn::FifoSpace { index }),
+        (any::<u64>(), any::<u64>()).prop_map(|(index, done)| WaitOn::Proxy { index, done }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(addr, expected, seen)| WaitOn::Semaphore {
             addr,
             expected,
@@ -937,6 +939,8 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
         Just(InvalidArgument::AtomicAlignment),
         Just(InvalidArgument::Length),
         Just(InvalidArgument::Ticket),
+        Just(InvalidArgument::Handle),
+        Just(InvalidArgument::Unsupported),
     ]
 }
 
@@ -963,6 +967,8 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Timeout(Timeout { on: WaitOn::SqSpace { .. }, .. }) => kind::TIMEOUT_SQ_SPACE,
         Error::Timeout(Timeout { on: WaitOn::Semaphore { .. }, .. }) => kind::TIMEOUT_SEMAPHORE,
         Error::Timeout(Timeout { on: WaitOn::Publish { .. }, .. }) => kind::TIMEOUT_PUBLISH,
+        Error::Timeout(Timeout { on: WaitOn::FifoSpace { .. }, .. }) => kind::TIMEOUT_FIFO_SPACE,
+        Error::Timeout(Timeout { on: WaitOn::Proxy { .. }, .. }) => kind::TIMEOUT_PROXY,
         Error::Payload(_) => kind::PAYLOAD,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
         Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
@@ -990,6 +996,10 @@ proptest! {
             Error::Timeout(Timeout { on: WaitOn::SqSpace { wqebbs }, .. }) => format!("{wqebbs} free WQEBBs"),
             Error::Timeout(Timeout { on: WaitOn::Semaphore { addr, .. }, .. }) => format!("semaphore {addr:#x}"),
             Error::Timeout(Timeout { on: WaitOn::Publish { wqe_index }, .. }) => format!("up to WQE {wqe_index}"),
+            Error::Timeout(Timeout { on: WaitOn::FifoSpace { index }, .. }) => format!("FIFO for trigger {index}"),
+            Error::Timeout(Timeout { on: WaitOn::Proxy { index, done }, .. }) => {
+                format!("trigger {index} (it had done {done})")
+            }
             Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),

@@ -9,6 +9,7 @@
 //! updates with atomics; the [`QpHandle`](crate::handle::QpHandle)'s counters are then unused.
 
 use crate::handle::{MrHandle, RemoteMr};
+use crate::proxy::FifoHandle;
 use bytemuck::{Pod, Zeroable};
 
 /// The counters of a QP posted to by many threads (Block and Device scopes), in memory all of them reach
@@ -56,7 +57,7 @@ pub struct SharedQpState {
 
 const _: () = assert!(core::mem::size_of::<SharedQpState>() == 128);
 
-/// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`, Device mode). 152 bytes,
+/// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`). 208 bytes,
 /// 8-byte aligned; built by the host's `PortChannel::device_handle`.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
@@ -87,6 +88,16 @@ pub struct PortChannelHandle {
     pub timeout_ns: u64,
     /// Payloads up to this many bytes go by BlueFlame in Exclusive scope (default 512 KiB).
     pub blue_flame_limit: u64,
+    /// The proxy's FIFO (Host and HostNoAtomic modes; all zero in Device mode).
+    pub fifo: FifoHandle,
+    /// Address of the proxy's sticky error word for this channel's QP (8 bytes, pinned host memory): 0 while
+    /// no WQE the proxy posted has failed, else `1 << 32 |` the packed error CQE (`syndrome << 24 |
+    /// vendor_err_synd << 16 | wqe_counter`). 0 in Device mode.
+    pub proxy_err: u64,
+    /// Who posts this channel's WQEs: one of [`crate::proxy::mode`].
+    pub proxy: u32,
+    /// The proxy's number of this channel, carried by its triggers.
+    pub channel_id: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PortChannelHandle>() == 152);
+const _: () = assert!(core::mem::size_of::<PortChannelHandle>() == 208);

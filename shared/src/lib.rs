@@ -11,5 +11,6 @@ pub mod be;
 pub mod channel;
 pub mod handle;
 pub mod prm;
+pub mod proxy;
 
 pub use be::{Be16, Be32, Be64};

@@ -1,7 +1,7 @@
 //! The communicator (MSCCL++ `Communicator`): one rank's NIC, PD and bootstrap, and the calls that register,
 //! exchange and connect.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use gdaki_shared::channel::SharedQpState;
 
@@ -11,11 +11,13 @@ use crate::mem::MemLoc;
 use crate::nic::emu::{Access, EmuConfig, EmuNic, Pd, WireConfig};
 use crate::{Error, Result};
 
-use super::config::{EndpointConfig, Transport};
+use super::config::{EndpointConfig, IbMode, Transport};
 use super::connection::{ConnInner, Connection, QP_HANDLE_OFF, SHARED_OFF, STATE_BYTES};
 use super::memory::{queue_loc, write_words, RegInner, RegisteredMemory, RemoteMemory};
 use super::msg::{self, Kind};
+use super::port::PortChannel;
 use super::semaphore::{SemInner, Semaphore, EXPECTED_BYTES};
+use crate::proxy::{ProxyService, DEFAULT_FIFO_SIZE};
 
 /// What every object a communicator makes shares: the NIC, its PD and the executor. Held by `Arc` by the
 /// communicator and by each connection, registered memory and semaphore, so that the NIC and PD outlive
@@ -45,6 +47,8 @@ pub(super) struct Resources {
 pub struct Communicator {
     res: Arc<Resources>,
     boot: Bootstrap,
+    /// The proxy of the Host modes, started by the first connection that needs it.
+    proxy: Mutex<Option<Arc<ProxyService>>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -71,7 +75,7 @@ impl Communicator {
             EmuNic::open(EmuConfig { queue_mem: exec.queue_memory(), gpu: exec.gpu_copier()?, wire: Some(wire) })?;
         let pd = nic.alloc_pd()?;
         let res = Resources { pd, nic, exec, rank: bootstrap.rank(), world_size: bootstrap.world_size() };
-        Ok(Self { res: Arc::new(res), boot: bootstrap })
+        Ok(Self { res: Arc::new(res), boot: bootstrap, proxy: Mutex::new(None) })
     }
 
     /// This rank, `0..world_size()` (MSCCL++ `bootstrap()->getRank()`).
@@ -204,8 +208,12 @@ impl Communicator {
     /// itself gives a loopback QP.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] (one line, before anything is sent) for [`IbMode::Host`](super::IbMode::Host)
-    /// and [`IbMode::HostNoAtomic`](super::IbMode::HostNoAtomic); [`Error::InvalidArgument`] for sizes out of
+    /// In [`IbMode::Host`](super::IbMode::Host) and [`IbMode::HostNoAtomic`](super::IbMode::HostNoAtomic) the
+    /// connection's WQEs are posted by this communicator's proxy ([`Communicator::proxy`], started here when
+    /// it is not running yet).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for sizes out of
     /// range, a peer out of range, or a peer message that is not an endpoint (calls that do not pair up), has
     /// the wrong size, or another mode; [`Error::Bootstrap`] when the exchange fails or times out; the NIC's
     /// and the executor's allocation errors.
@@ -213,6 +221,10 @@ impl Communicator {
         let what = format!("connect to rank {peer} tag {tag}");
         let (wqe_cnt, ncqe) = cfg.check()?;
         self.check_peer(peer, &what)?;
+        let proxy = match cfg.ib.mode {
+            IbMode::Device => None,
+            IbMode::Host | IbMode::HostNoAtomic => Some(self.proxy()?),
+        };
         let res = &self.res;
         let cq = res.nic.create_cq(ncqe)?;
         let qp = res.nic.create_qp(&res.pd, &cq, wqe_cnt)?;
@@ -250,12 +262,52 @@ impl Communicator {
                 remote,
                 res: res.clone(),
             }),
+            proxy,
         })
+    }
+
+    /// The proxy that posts the WQEs of this communicator's Host-mode connections (MSCCL++ `ProxyService`),
+    /// started with a FIFO of [`DEFAULT_FIFO_SIZE`] slots if it is not running.
+    ///
+    /// # Errors
+    /// As [`ProxyService::start`].
+    pub fn proxy(&self) -> Result<Arc<ProxyService>> {
+        self.running_proxy(None)
+    }
+
+    /// Starts the proxy with a FIFO of `fifo_size` slots (a power of two, 2 ..= 2^20), or returns the running
+    /// one if it has that size. Call it before the first Host-mode [`connect`](Self::connect) to choose the
+    /// size.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the proxy already runs with another FIFO size; as
+    /// [`ProxyService::start`].
+    pub fn start_proxy(&self, fifo_size: u32) -> Result<Arc<ProxyService>> {
+        self.running_proxy(Some(fifo_size))
+    }
+
+    fn running_proxy(&self, fifo_size: Option<u32>) -> Result<Arc<ProxyService>> {
+        let mut p = self.proxy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(p) = &*p {
+            match fifo_size {
+                Some(n) if n != p.fifo().size => {
+                    return Err(Error::InvalidArgument(format!(
+                        "the proxy already runs with a FIFO of {} slots, not {n}",
+                        p.fifo().size
+                    )))
+                }
+                _ => return Ok(p.clone()),
+            }
+        }
+        let fifo_size = fifo_size.unwrap_or(DEFAULT_FIFO_SIZE);
+        let started = Arc::new(ProxyService::start(&self.res.exec, fifo_size, PortChannel::DEFAULT_TIMEOUT)?);
+        *p = Some(started.clone());
+        Ok(started)
     }
 
     /// Builds a device-to-device semaphore on `conn` with `peer` (MSCCL++ `buildSemaphore(connection,
     /// remoteRank, tag)` / `Host2DeviceSemaphore`, Device mode): allocates this side's inbound word (8 bytes,
-    /// queue memory, registered `LOCAL_WRITE | REMOTE_ATOMIC`, initially 0) and expected counter (8 bytes,
+    /// queue memory, registered `LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC` (HostNoAtomic signals write it), initially 0) and expected counter (8 bytes,
     /// where device code keeps state: GPU memory on `gpu`, host memory on `cpu`; initially 0), sends the
     /// inbound word's [`RemoteMr`](gdaki_shared::handle::RemoteMr) to `peer` with `tag` and receives the
     /// peer's. The peer's `signal`s advance this side's inbound word with RDMA fetch-adds through its end of
@@ -280,8 +332,14 @@ impl Communicator {
         let res = &self.res;
         let inbound = res.exec.queue_memory().alloc(8)?;
         // SAFETY: `inbound` moves into the semaphore and is dropped after this MR (field order of `SemInner`).
-        let inbound_mr =
-            unsafe { res.nic.reg_mr(&res.pd, queue_loc(&inbound)?, 8, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC) }?;
+        let inbound_mr = unsafe {
+            res.nic.reg_mr(
+                &res.pd,
+                queue_loc(&inbound)?,
+                8,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            )
+        }?;
         let expected = res.exec.alloc_data(EXPECTED_BYTES)?;
         let theirs = self.exchange(peer, tag, &what, &msg::semaphore(&inbound_mr.remote(), conn.qpn()))?;
         let (remote_inbound, their_qpn) = msg::parse_semaphore(msg::body(&theirs, Kind::Semaphore, peer, tag)?)?;

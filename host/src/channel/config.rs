@@ -17,12 +17,12 @@ pub enum Transport {
 /// Who posts the WQEs of a connection's QP (MSCCL++ `EndpointConfig::Ib::Mode`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum IbMode {
-    /// A CPU proxy thread posts WQEs on behalf of device code, which pushes requests into a FIFO (MSCCL++'s
-    /// default `Host` mode). Needs the proxy service (issue 5): [`connect`](super::Communicator::connect)
-    /// answers [`Error::Unavailable`].
+    /// A CPU proxy thread ([`crate::proxy::ProxyService`], one per communicator) posts WQEs on behalf of device
+    /// code, which pushes 16-byte triggers into a FIFO in pinned host memory (MSCCL++'s default `Host` mode).
+    /// Signals are RDMA fetch-adds, as in Device mode.
     Host,
-    /// As [`IbMode::Host`], with signals sent as RDMA WRITE with immediate instead of atomics, for fabrics
-    /// without RDMA atomics (MSCCL++ `HostNoAtomic`). Not implemented either: [`Error::Unavailable`].
+    /// As [`IbMode::Host`], with signals sent as an RDMA WRITE of the semaphore's new value instead of an
+    /// atomic, for fabrics without RDMA atomics (MSCCL++ `HostNoAtomic`); `put_with_accumulate` is refused.
     HostNoAtomic,
     /// Device code builds WQEs, writes the dbrec, rings the doorbell and polls the CQ itself, with no CPU on
     /// the data path (MSCCL++'s GPUNetIO backend, DOCA GPUNetIO, NVSHMEM IBGDA). The default here, since it is
@@ -55,7 +55,7 @@ impl IbMode {
 /// `maxWrPerSend` belong to the CPU proxy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IbConfig {
-    /// Who posts the WQEs; only [`IbMode::Device`] is implemented.
+    /// Who posts the WQEs.
     pub mode: IbMode,
     /// SQ size in WQEBBs (64-byte basic blocks; an RDMA WRITE or a fetch-add takes one): a power of two in
     /// [`MIN_WQE_CNT`]`..=`[`MAX_WQE_CNT`] (16 ..= 32768). Default [`IbConfig::DEFAULT_MAX_SEND_WR`]. Unlike
@@ -112,17 +112,8 @@ impl EndpointConfig {
         Self { ib: IbConfig { mode, ..IbConfig::default() }, ..Self::default() }
     }
 
-    /// Checks that the mode is implemented and the sizes are valid; returns `(wqe_cnt, ncqe)`.
+    /// Checks the sizes; returns `(wqe_cnt, ncqe)`.
     pub(super) fn check(&self) -> Result<(u32, u32)> {
-        match self.ib.mode {
-            IbMode::Device => {}
-            m @ (IbMode::Host | IbMode::HostNoAtomic) => {
-                return Err(Error::Unavailable(format!(
-                    "ib.mode {} needs the CPU proxy (issue 5); only IbMode::Device is implemented",
-                    m.name()
-                )))
-            }
-        }
         match self.transport {
             Transport::EmuRc => {}
         }
@@ -152,14 +143,9 @@ mod tests {
     }
 
     #[test]
-    fn channel_config_host_modes_are_unavailable() {
-        for m in [IbMode::Host, IbMode::HostNoAtomic] {
-            match EndpointConfig::with_mode(m).check() {
-                Err(Error::Unavailable(msg)) => {
-                    assert!(msg.contains(m.name()) && msg.contains("issue 5") && !msg.contains('\n'), "{msg}")
-                }
-                other => panic!("{m:?}: {other:?}"),
-            }
+    fn channel_config_every_mode_is_accepted() {
+        for m in [IbMode::Host, IbMode::HostNoAtomic, IbMode::Device] {
+            assert_eq!(EndpointConfig::with_mode(m).check().unwrap(), (1024, 1024), "{m:?}");
         }
     }
 }

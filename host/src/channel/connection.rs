@@ -9,6 +9,8 @@ use gdaki_shared::handle::{MrHandle, QpHandle};
 use crate::exec::DataBuf;
 use crate::mem::MappedBuf;
 use crate::nic::emu::{Cq, Endpoint, Mr, Qp};
+use crate::proxy::service::ProxyQp;
+use crate::proxy::ProxyService;
 use crate::Result;
 
 use super::communicator::Resources;
@@ -49,6 +51,9 @@ const _: () = assert!(
 #[derive(Clone, Debug)]
 pub struct Connection {
     pub(super) inner: Arc<ConnInner>,
+    /// The communicator's proxy, in the Host modes (held here, not in `ConnInner`, which the proxy keeps
+    /// alive: no cycle).
+    pub(super) proxy: Option<Arc<ProxyService>>,
 }
 
 /// Field order is drop order: the MR, then the QP (after which the NIC touches nothing), then memory.
@@ -151,5 +156,15 @@ impl Connection {
 
     pub(super) fn same(&self, other: &Connection) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The proxy that posts this connection's WQEs (Host and HostNoAtomic modes), if any.
+    pub fn proxy(&self) -> Option<&Arc<ProxyService>> {
+        self.proxy.as_ref()
+    }
+
+    /// The QP as the proxy drives it: its handle as the NIC made it, and the connection's innards to keep.
+    pub(super) fn proxy_qp(&self) -> ProxyQp {
+        ProxyQp { key: Arc::as_ptr(&self.inner) as usize, handle: self.inner.qp.handle(), _keep: self.inner.clone() }
     }
 }

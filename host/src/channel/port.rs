@@ -3,9 +3,11 @@
 use std::time::Duration;
 
 use gdaki_shared::channel::PortChannelHandle;
+use gdaki_shared::proxy::{mode, FifoHandle};
 
 use crate::{Error, Result};
 
+use super::config::IbMode;
 use super::connection::Connection;
 use super::memory::{RegisteredMemory, RemoteMemory};
 use super::semaphore::Semaphore;
@@ -30,6 +32,17 @@ pub struct PortChannel {
     max_wqe_bytes: u64,
     timeout_ns: u64,
     blue_flame_limit: u64,
+    /// Host modes: the handle's proxy fields, as the proxy registered this channel.
+    proxied: Option<Proxied>,
+}
+
+/// What registering a channel with the proxy gave it.
+#[derive(Clone, Copy, Debug)]
+struct Proxied {
+    fifo: FifoHandle,
+    err: u64,
+    mode: u32,
+    id: u32,
 }
 
 impl PortChannel {
@@ -74,7 +87,7 @@ impl PortChannel {
                 src.inner.res.nic.id()
             )));
         }
-        Ok(Self {
+        Self {
             conn: conn.clone(),
             sem: sem.clone(),
             dst,
@@ -82,7 +95,24 @@ impl PortChannel {
             max_wqe_bytes: Self::DEFAULT_MAX_WQE_BYTES,
             timeout_ns: Self::DEFAULT_TIMEOUT.as_nanos() as u64,
             blue_flame_limit: Self::DEFAULT_BLUE_FLAME_LIMIT,
-        })
+            proxied: None,
+        }
+        .registered()
+    }
+
+    /// In the Host modes, this channel registered with the connection's proxy (again, after a change the
+    /// proxy must know of: it splits puts at `max_wqe_bytes`).
+    fn registered(self) -> Result<Self> {
+        let Some(proxy) = self.conn.proxy() else {
+            return Ok(self);
+        };
+        let mode = match self.conn.config().ib.mode {
+            IbMode::HostNoAtomic => mode::HOST_NO_ATOMIC,
+            _ => mode::HOST,
+        };
+        let h = proxy.register(self.conn.proxy_qp(), self.device_handle(), mode)?;
+        let proxied = Some(Proxied { fifo: h.fifo, err: h.proxy_err, mode, id: h.channel_id });
+        Ok(Self { proxied, ..self })
     }
 
     /// This channel with puts split into RDMA WRITEs of at most `bytes` each.
@@ -96,7 +126,7 @@ impl PortChannel {
                 Self::MAX_WQE_BYTES
             )));
         }
-        Ok(Self { max_wqe_bytes: bytes, ..self })
+        Self { max_wqe_bytes: bytes, ..self }.registered()
     }
 
     /// This channel with every device-side wait bounded by `timeout` (nanoseconds in the handle; longer than
@@ -144,6 +174,7 @@ impl PortChannel {
     /// scratch word), `max_wqe_bytes`, `timeout_ns`, `blue_flame_limit`. Plain data to copy into kernel
     /// arguments or device memory; the addresses in it stay valid while this channel lives.
     pub fn device_handle(&self) -> PortChannelHandle {
+        let p = self.proxied.unwrap_or(Proxied { fifo: FifoHandle::default(), err: 0, mode: mode::DEVICE, id: 0 });
         PortChannelHandle {
             qp: self.conn.qp_handle_addr(),
             shared: self.conn.shared_state_addr(),
@@ -156,6 +187,10 @@ impl PortChannel {
             max_wqe_bytes: self.max_wqe_bytes,
             timeout_ns: self.timeout_ns,
             blue_flame_limit: self.blue_flame_limit,
+            fifo: p.fifo,
+            proxy_err: p.err,
+            proxy: p.mode,
+            channel_id: p.id,
         }
     }
 }

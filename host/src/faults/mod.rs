@@ -70,6 +70,10 @@ pub enum WaitKind {
     Semaphore,
     /// Earlier posters of a shared QP publishing their WQEs (`SharedQp::post`).
     Publish,
+    /// Room in the proxy FIFO (Host modes: every push).
+    FifoSpace,
+    /// The proxy doing a trigger (Host modes: `flush`).
+    Proxy,
 }
 
 /// How a fault ended: what a case expects, and what it observed.

@@ -96,6 +96,8 @@ pub(crate) fn wait_kind(on: &WaitOn) -> WaitKind {
         WaitOn::SqSpace { .. } => WaitKind::SqSpace,
         WaitOn::Semaphore { .. } => WaitKind::Semaphore,
         WaitOn::Publish { .. } => WaitKind::Publish,
+        WaitOn::FifoSpace { .. } => WaitKind::FifoSpace,
+        WaitOn::Proxy { .. } => WaitKind::Proxy,
     }
 }
 

@@ -1,0 +1,103 @@
+//! The host side of the proxy FIFO (MSCCL++ `Fifo`): its memory, the handle device code pushes through, and
+//! popping triggers in order. The protocol is in [`gdaki_shared::proxy`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gdaki_shared::proxy::{FifoHandle, Trigger};
+
+use crate::exec::{DataBuf, Executor};
+use crate::mem::MappedBuf;
+use crate::{Error, Result};
+
+/// Slots of a FIFO when the caller does not choose (MSCCL++'s `DEFAULT_FIFO_SIZE` is 512).
+pub const DEFAULT_FIFO_SIZE: u32 = 512;
+
+/// A FIFO's memory: the ring and `tail` in queue memory (pinned host memory mapped into the GPU on `gpu`),
+/// `head` and `tail_cache` where device code keeps state (GPU memory on `gpu`), all zero at first.
+#[derive(Debug)]
+pub(crate) struct Fifo {
+    ring: MappedBuf,
+    tail_word: MappedBuf,
+    /// `head` at 0, `tail_cache` at 64 (separate lines: pushers add to one and store to the other).
+    device_words: DataBuf,
+    size: u32,
+    /// Triggers popped so far (the proxy's copy of `tail`).
+    tail: u64,
+}
+
+impl Fifo {
+    /// A FIFO of `size` slots for device code of `exec`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `size` is a power of two in 2 ..= 2^20; allocation errors;
+    /// [`Error::Unavailable`] when the queue memory is not at one address for host and device.
+    pub(super) fn new(exec: &Executor, size: u32) -> Result<Self> {
+        if !size.is_power_of_two() || !(2..=1 << 20).contains(&size) {
+            return Err(Error::InvalidArgument(format!(
+                "proxy FIFO size {size} must be a power of two in 2..=1048576"
+            )));
+        }
+        let mem = exec.queue_memory();
+        let ring = mem.alloc(size as usize * size_of::<Trigger>())?;
+        let tail_word = mem.alloc(8)?;
+        for b in [&ring, &tail_word] {
+            // The proxy reads triggers by host address; device code writes them by device address.
+            if b.host_ptr() as u64 != b.device_addr() {
+                return Err(Error::Unavailable(format!(
+                    "queue memory at host {:p} is mapped at device address {:#x}: the proxy needs unified addressing",
+                    b.host_ptr(),
+                    b.device_addr()
+                )));
+            }
+        }
+        let device_words = exec.alloc_data(128)?;
+        Ok(Self { ring, tail_word, device_words, size, tail: 0 })
+    }
+
+    /// The handle device code pushes through.
+    pub(super) fn handle(&self) -> FifoHandle {
+        let words = self.device_words.loc().addr;
+        FifoHandle {
+            triggers: self.ring.device_addr(),
+            head: words,
+            tail: self.tail_word.device_addr(),
+            tail_cache: words + 64,
+            size: self.size,
+            pad: 0,
+        }
+    }
+
+    fn slot(&self, i: u64) -> [&AtomicU64; 2] {
+        let base = (i & (self.size as u64 - 1)) as usize * size_of::<Trigger>();
+        // SAFETY: inside the ring (masked index), 16-byte aligned (4096-aligned buffer); device code stores the
+        // words with single 8-byte stores, the proxy with atomics.
+        unsafe {
+            let p = self.ring.host_ptr().add(base) as *mut u64;
+            [AtomicU64::from_ptr(p), AtomicU64::from_ptr(p.add(1))]
+        }
+    }
+
+    /// The next trigger, if its pusher has stored it (word 1, with the valid bit, read with Acquire: word 0
+    /// and the pusher's earlier stores are then visible).
+    pub(super) fn peek(&self) -> Option<Trigger> {
+        let [w0, w1] = self.slot(self.tail);
+        let second = w1.load(Ordering::Acquire);
+        (second & Trigger::VALID != 0).then(|| Trigger([w0.load(Ordering::Relaxed), second]))
+    }
+
+    /// Retires the trigger [`Fifo::peek`] returned: clears its slot, then counts it in `tail` (Release, so the
+    /// slot is clear before a pusher may reuse it).
+    pub(super) fn pop(&mut self) {
+        let [w0, w1] = self.slot(self.tail);
+        w1.store(0, Ordering::Relaxed);
+        w0.store(0, Ordering::Relaxed);
+        self.tail += 1;
+        // SAFETY: the 8-byte aligned `tail` word; device code only loads it.
+        unsafe { AtomicU64::from_ptr(self.tail_word.host_ptr() as *mut u64) }.store(self.tail, Ordering::Release);
+    }
+
+    /// Triggers popped so far.
+    pub(super) fn popped(&self) -> u64 {
+        self.tail
+    }
+}
