@@ -70,6 +70,8 @@ pub enum WaitKind {
     Semaphore,
     /// Earlier posters of a shared QP publishing their WQEs (`SharedQp::post`).
     Publish,
+    /// An LL packet carrying its round's flag (`Packets::read_packets`).
+    Packet,
 }
 
 /// How a fault ended: what a case expects, and what it observed.

@@ -96,6 +96,7 @@ pub(crate) fn wait_kind(on: &WaitOn) -> WaitKind {
         WaitOn::SqSpace { .. } => WaitKind::SqSpace,
         WaitOn::Semaphore { .. } => WaitKind::Semaphore,
         WaitOn::Publish { .. } => WaitKind::Publish,
+        WaitOn::Packet { .. } => WaitKind::Packet,
     }
 }
 
