@@ -1,5 +1,6 @@
 //! MSCCL++'s one-to-one PortChannel tests (GPUNetIO Device mode) on gdaki's emulated NIC: ping-pong
-//! (`put_with_signal` + `wait` + `flush`), 1-QP and 4-QP bandwidth, bidirectional bandwidth, flush stress
+//! (`put_with_signal` + `wait` + `flush`), PacketPingPong with LL16 and LL8 packets (`put_packets` +
+//! `read_packets`: no signal, no wait), 1-QP and 4-QP bandwidth, bidirectional bandwidth, flush stress
 //! (4 QPs, 1 KiB each) and same-channel concurrent flush (4 threads, 1 QP), each in Exclusive, Block and
 //! Device sharing. Every received payload is checked on the device; the last line is `N passed, M failed`.
 //!
@@ -20,7 +21,7 @@ use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
 use gdaki::perftest::LatencyRow;
-use gdaki::porttest::{op, Mode, PortTest, RunConfig};
+use gdaki::porttest::{max_size_for, op, Mode, PortTest, RunConfig};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "MSCCL++'s one-to-one PortChannel tests on gdaki's emulated NIC")]
@@ -113,6 +114,20 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
             }
         }
     }
+    // PacketPingPong (MSCCL++'s LL protocol), 1 QP: data and flags in one put, the receiver polls the flags.
+    for (name, opc) in
+        [("PacketPingPong (LL16)", op::PACKET_PINGPONG), ("PacketPingPong (LL8)", op::PACKET_PINGPONG_LL8)]
+    {
+        let mut t = PortTest::new(comm.clone(), mode, 1, max_size_for(opc, 4096), args.iters as usize)?;
+        t.set_blue_flame_limit(args.blue_flame_limit)?;
+        for size in [8usize, 1024, 4096] {
+            let r = trace(&mut t, cfg(opc, size, args.iters))?;
+            checked += r.checked;
+            if let Some(row) = LatencyRow::from_ns(size as u64, &r.iter_ns) {
+                rows.push((name.to_string(), Row::Latency(row)));
+            }
+        }
+    }
     // Bandwidth: 1 QP and 4 QPs (the size is the total per iteration, split over the channels), one way and
     // both ways.
     for (name, opc, nch) in [("bw 1-QP", op::BW, 1u32), ("bw 4-QP", op::BW, 4), ("bibw 1-QP", op::BIBW, 1)] {
@@ -156,10 +171,36 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
 
 fn print_rows(mode: Mode, rows: &[(String, Row)]) {
     println!("\n## {}", mode.title());
-    println!("{}  test", LatencyRow::header());
+    // One latency table per test (pingpong, then each PacketPingPong), in the order they ran.
+    let mut tests: Vec<&str> = Vec::new();
     for (name, r) in rows {
-        if let Row::Latency(l) = r {
-            println!("{}  {name}", l.line());
+        if matches!(r, Row::Latency(_)) && !tests.contains(&name.as_str()) {
+            tests.push(name);
+        }
+    }
+    for (i, test) in tests.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        println!("{}  test", LatencyRow::header());
+        for (name, r) in rows {
+            if let Row::Latency(l) = r {
+                if name == test {
+                    println!("{}  {name}", l.line());
+                }
+            }
+        }
+    }
+    // Typical LL latency against the signal-based ping-pong, per size (MSCCL++'s reason for LL).
+    for (name, r) in rows {
+        if let (Row::Latency(l), true) = (r, name.starts_with("PacketPingPong")) {
+            let base = rows.iter().find_map(|(n, r)| match r {
+                Row::Latency(p) if n == "pingpong" && p.bytes == l.bytes => Some(p.t_typical),
+                _ => None,
+            });
+            if let Some(b) = base.filter(|b| *b > 0.0) {
+                println!("{name} {:>6} B: {:.2}x the pingpong's typical latency", l.bytes, l.t_typical / b);
+            }
         }
     }
     println!(

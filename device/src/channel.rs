@@ -202,6 +202,11 @@ impl<'h, P: Poster> PortChannel<'h, P> {
         Self { h, qp }
     }
 
+    /// The channel's handle.
+    pub fn handle(&self) -> &'h PortChannelHandle {
+        self.h
+    }
+
     /// The poster, e.g. to flush the QP once for several channels.
     pub fn poster(&mut self) -> &mut P {
         &mut self.qp

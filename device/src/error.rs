@@ -53,6 +53,15 @@ pub enum WaitOn {
         /// Last value read.
         seen: u64,
     },
+    /// An LL packet carrying the round's flag in every flag word ([`crate::packet`]).
+    Packet {
+        /// Address of the packet.
+        addr: u64,
+        /// Flag awaited.
+        flag: u32,
+        /// The first flag word read that differed, at the last try.
+        seen: u32,
+    },
 }
 
 /// A bounded wait that ran past its limit.
@@ -123,7 +132,11 @@ pub enum InvalidArgument {
     /// A QP handle whose SQ is not a power of two of at least 16 WQEBBs.
     Handle = 7,
     /// An operation the channel's mode cannot do (`put_with_accumulate` in HostNoAtomic mode).
-    Unsupported = 12,
+    Unsupported = 9,
+    /// An LL packet request that breaks the layout ([`crate::packet`]): data not a multiple of the packet's
+    /// data bytes, a data address not aligned to them, a packet address not aligned to the packet, a flag of
+    /// 0, or a thread index not below the thread count.
+    Packet = 8,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -150,6 +163,9 @@ pub mod kind {
     pub const TIMEOUT_FIFO_SPACE: u32 = 10;
     /// [`super::Error::Timeout`] on the proxy; `expected` holds the trigger index, `seen` the proxy's count.
     pub const TIMEOUT_PROXY: u32 = 11;
+    /// [`super::Error::Timeout`] on an LL packet; `addr` holds its address, `expected` the flag awaited,
+    /// `seen` the flag read.
+    pub const TIMEOUT_PACKET: u32 = 9;
 }
 
 impl CqeError {
@@ -205,6 +221,12 @@ impl Error {
                         r.seen = seen;
                         r.addr = addr;
                     }
+                    WaitOn::Packet { addr, flag, seen } => {
+                        r.kind = kind::TIMEOUT_PACKET;
+                        r.expected = flag as u64;
+                        r.seen = seen as u64;
+                        r.addr = addr;
+                    }
                 }
             }
             Error::UnexpectedCqe(u) => {
@@ -245,6 +267,9 @@ impl Error {
             kind::TIMEOUT_FIFO_SPACE => timeout(WaitOn::FifoSpace { index: r.expected }),
             kind::TIMEOUT_PROXY => timeout(WaitOn::Proxy { index: r.expected, done: r.seen }),
             kind::TIMEOUT_SEMAPHORE => timeout(WaitOn::Semaphore { addr: r.addr, expected: r.expected, seen: r.seen }),
+            kind::TIMEOUT_PACKET => {
+                timeout(WaitOn::Packet { addr: r.addr, flag: r.expected as u32, seen: r.seen as u32 })
+            }
             kind::UNEXPECTED_CQE => {
                 Some(Error::UnexpectedCqe(UnexpectedCqe { qpn: r.addr as u32, wqe_counter: r.wqe_counter }))
             }
@@ -262,7 +287,8 @@ impl Error {
                 5 => InvalidArgument::Length,
                 6 => InvalidArgument::Ticket,
                 7 => InvalidArgument::Handle,
-                12 => InvalidArgument::Unsupported,
+                9 => InvalidArgument::Unsupported,
+                8 => InvalidArgument::Packet,
                 _ => return None,
             })),
             _ => None,
@@ -303,6 +329,11 @@ impl core::fmt::Display for Error {
                     WaitOn::Semaphore { addr, expected, seen } => write!(
                         f,
                         "timed out after {ms:.1} ms waiting for semaphore {addr:#x} to reach {expected} (saw {seen})"
+                    ),
+                    WaitOn::Packet { addr, flag, seen } => write!(
+                        f,
+                        "timed out after {ms:.1} ms waiting for the LL packet at {addr:#x} to carry flag {flag} (saw \
+                         {seen})"
                     ),
                 }
             }

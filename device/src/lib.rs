@@ -9,7 +9,8 @@
 //! [`cq`] (polling) → [`wait`] (bounded waits) → [`qp`] (Exclusive QP: post, ring, retire, flush) →
 //! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop). Shared QPs:
 //! [`scope`] (Block / Device atomics) → [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s
-//! PortChannel device API over an Exclusive or a shared QP) → [`porttest`] (MSCCL++'s one-to-one channel
+//! PortChannel device API over an Exclusive or a shared QP) → [`packet`] (MSCCL++'s LL packets on a
+//! channel) → [`porttest`] (MSCCL++'s one-to-one channel
 //! tests). [`samples`] feeds the GPU test of the builders.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
@@ -25,6 +26,7 @@ pub mod db;
 pub mod error;
 pub mod fifo;
 pub mod onesided;
+pub mod packet;
 pub mod pingpong;
 pub mod porttest;
 pub mod qp;

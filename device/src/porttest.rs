@@ -13,18 +13,25 @@
 //! - `FLUSH_STRESS`: per channel, `iters` times a put of `size` bytes and a flush.
 //! - `SAME_CHANNEL_FLUSH`: threads 0..4 of channel 0's team each put their quarter of `size` bytes and flush,
 //!   `iters` times, on the one QP (Exclusive: thread 0 puts it all).
+//! - `PACKET_PINGPONG` / `PACKET_PINGPONG_LL8` (channel 0; MSCCL++'s `PacketPingPong`): ping-pong with LL
+//!   packets ([`crate::packet`]) instead of `put_with_signal` + `wait`: the team writes the packets, the
+//!   leader puts them, the peer's team polls their flags and checks every byte, then answers the same way.
+//!   The buffer holds data, outgoing and incoming packets ([`PacketLayout`]); round `k` carries flag
+//!   [`packet_flag`]`(flag_base, k)`.
 //!
-//! Every operation ends with a signal that the receiver waits for before it checks the data it got.
+//! Every other operation ends with a signal that the receiver waits for before it checks the data it got.
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::channel::{PortChannel, Poster, Sharing};
 use crate::error::{Error, InvalidArgument, PayloadMismatch, Result};
+use crate::packet::{Packet, Packets};
 use crate::pingpong::{payload_word, Team};
 use crate::scope::{Device, Scope};
 use crate::sync;
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::ErrorReport;
+use gdaki_shared::packet::{LL16Packet, LL8Packet};
 
 /// Operation codes of [`PortTestArgs::op`].
 pub mod op {
@@ -38,6 +45,35 @@ pub mod op {
     pub const FLUSH_STRESS: u32 = 4;
     /// Four threads put + flush on channel 0 at once.
     pub const SAME_CHANNEL_FLUSH: u32 = 5;
+    /// Ping-pong with [`LL16Packet`](gdaki_shared::packet::LL16Packet)s on channel 0.
+    pub const PACKET_PINGPONG: u32 = 6;
+    /// Ping-pong with [`LL8Packet`](gdaki_shared::packet::LL8Packet)s on channel 0.
+    pub const PACKET_PINGPONG_LL8: u32 = 7;
+}
+
+/// Where a packet ping-pong of `size` bytes keeps things in a channel's buffer (byte offsets): the data sent
+/// and received at 0, the outgoing packets at `out`, the incoming ones (the peer's put) at `inbound`; `end`
+/// bytes in all, 5 × `size` rounded up to 16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketLayout {
+    /// Outgoing packets.
+    pub out: u64,
+    /// Incoming packets.
+    pub inbound: u64,
+    /// Bytes the layout needs.
+    pub end: u64,
+}
+
+/// The [`PacketLayout`] of a packet ping-pong of `size` bytes.
+pub const fn packet_layout(size: u64) -> PacketLayout {
+    let d = size.next_multiple_of(16);
+    PacketLayout { out: d, inbound: 3 * d, end: 5 * d }
+}
+
+/// The flag of round `k` of a run given `base`: nonzero, and a new value for each of 2^32 - 1 rounds in a row
+/// (the host advances `base` by the rounds of each run, so a later run never matches an earlier one's packets).
+pub const fn packet_flag(base: u32, k: u64) -> u32 {
+    ((base as u64 + k) % u32::MAX as u64) as u32 + 1
 }
 
 /// Threads that flush channel 0 at once in `SAME_CHANNEL_FLUSH`.
@@ -67,9 +103,13 @@ pub struct PortTestArgs {
     pub rank: u32,
     /// Channels (teams).
     pub nchannels: u32,
+    /// Packet operations: the flag base of round 0 ([`packet_flag`]).
+    pub flag_base: u32,
+    /// Padding, zero.
+    pub pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PortTestArgs>() == 64);
+const _: () = assert!(core::mem::size_of::<PortTestArgs>() == 72);
 
 /// Writes `e` to the report unless an earlier error got there first.
 fn report(a: &PortTestArgs, e: Error) {
@@ -99,16 +139,25 @@ fn fill(team: &impl Team, a: &PortTestArgs, h: &PortChannelHandle, ch: u32, iter
     }
 }
 
-/// Checks the receive half of channel `h` against the peer's round `iter` payload (team-strided).
-fn check(team: &impl Team, a: &PortTestArgs, h: &PortChannelHandle, ch: u32, iter: u64) -> Option<PayloadMismatch> {
+/// Checks the `size` bytes at `at` of channel `h`'s buffer against the peer's round `iter` payload
+/// (team-strided).
+fn check(
+    team: &impl Team,
+    a: &PortTestArgs,
+    h: &PortChannelHandle,
+    at: u64,
+    ch: u32,
+    iter: u64,
+) -> Option<PayloadMismatch> {
     let peer = PortTestArgs { rank: a.rank ^ 1, ..*a };
-    let base = (h.src.addr + a.size.next_multiple_of(8)) as *const u64;
+    let base = (h.src.addr + at) as *const u64;
     let mut i = team.tid() as u64;
     while i < a.size.div_ceil(8) {
         let tail = a.size - i * 8;
         let mask = if tail >= 8 { u64::MAX } else { u64::MAX >> (64 - 8 * tail) };
         let expected = word(&peer, ch, iter, i);
-        // SAFETY: the receive half holds `size` bytes rounded up to 8 (host contract); written by the NIC.
+        // SAFETY: `at` holds `size` bytes rounded up to 8 (host contract); written by the NIC, or by this team
+        // before a barrier.
         let seen = unsafe { base.add(i as usize).read_volatile() };
         if (seen ^ expected) & mask != 0 {
             return Some(PayloadMismatch { iter, offset: i * 8, expected: expected & mask, seen: seen & mask });
@@ -129,9 +178,9 @@ fn step(team: &impl Team, a: &PortTestArgs, run: bool, f: impl FnOnce() -> Resul
     team.sync_or(failed)
 }
 
-/// Checks the received payload of round `iter` on every thread and counts it once.
-fn verify(team: &impl Team, a: &PortTestArgs, h: &PortChannelHandle, ch: u32, iter: u64) -> bool {
-    let bad = check(team, a, h, ch, iter);
+/// Checks the received payload of round `iter` at `at` on every thread and counts it once.
+fn verify(team: &impl Team, a: &PortTestArgs, h: &PortChannelHandle, at: u64, ch: u32, iter: u64) -> bool {
+    let bad = check(team, a, h, at, ch, iter);
     if let Some(m) = bad {
         report(a, Error::Payload(m));
     }
@@ -168,6 +217,16 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32, stagi
             unsafe { (a.times as *mut u64).add(k as usize).write_volatile(sync::clock_ns() - t0) };
         }
     };
+    if a.op == op::PACKET_PINGPONG || a.op == op::PACKET_PINGPONG_LL8 {
+        if ch == 0 {
+            if a.op == op::PACKET_PINGPONG {
+                packet_pingpong::<LL16Packet, _>(team, a, h, &mut chan, &clock);
+            } else {
+                packet_pingpong::<LL8Packet, _>(team, a, h, &mut chan, &clock);
+            }
+        }
+        return;
+    }
     if a.op == op::PINGPONG {
         if ch != 0 {
             return;
@@ -188,7 +247,7 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32, stagi
                 }
                 c.wait()
             });
-            if failed || verify(team, a, h, ch, k) {
+            if failed || verify(team, a, h, half, ch, k) {
                 return;
             }
             if a.rank == 1 {
@@ -277,6 +336,47 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32, stagi
         }
     }
     if !failed && receiver && posters > 0 {
-        let _ = verify(team, a, h, ch, 0);
+        let _ = verify(team, a, h, half, ch, 0);
     }
+}
+
+/// `PACKET_PINGPONG` on channel 0 with packets `T`: per round, rank 0's team fills the payload and writes the
+/// packets, the leader puts them ([`PortChannel::put_packets`]); rank 1's team reads them
+/// ([`Packets::read_packets`]) into its data, checks every byte and answers the same way. Ends with a flush.
+fn packet_pingpong<T: Packet, P: Poster>(
+    team: &impl Team,
+    a: &PortTestArgs,
+    h: &PortChannelHandle,
+    chan: &mut Option<PortChannel<'_, P>>,
+    clock: &impl Fn(u64, u64),
+) {
+    let l = packet_layout(a.size);
+    // SAFETY: `h` is a live channel (contract of `run`).
+    let pk = unsafe { Packets::of(h) };
+    let (tid, n) = (team.tid() as u32, team.size() as u32);
+    let send = |k: u64, chan: &mut Option<PortChannel<'_, P>>| {
+        let flag = packet_flag(a.flag_base, k);
+        fill(team, a, h, 0, k);
+        // Every thread's data is stored before it is turned into packets (another thread's share).
+        let _ = team.sync_or(false);
+        // The leader writes its share after the barrier, inside `put_packets`, before the put.
+        let failed = step(team, a, tid != 0, || pk.write_packets::<T>(l.out, 0, a.size, flag, tid, n));
+        failed || step(team, a, tid == 0, || held(chan)?.put_packets::<T>(l.inbound, l.out, 0, a.size, flag, 0, n))
+    };
+    let recv = |k: u64| {
+        let flag = packet_flag(a.flag_base, k);
+        step(team, a, true, || pk.read_packets::<T>(0, l.inbound, a.size, flag, tid, n)) || verify(team, a, h, 0, 0, k)
+    };
+    for k in 0..a.iters as u64 {
+        let t0 = sync::clock_ns();
+        // Rank 0 sends, then receives the answer; rank 1 receives, then answers.
+        let first = a.rank == 0;
+        let failed = (first && send(k, chan)) || recv(k) || (!first && send(k, chan));
+        if failed {
+            return;
+        }
+        clock(k, t0);
+    }
+    // Errors of the unsignaled puts surface here rather than in a later run.
+    let _ = step(team, a, tid == 0, || held(chan)?.flush());
 }

@@ -166,6 +166,92 @@ pub unsafe fn store_seg(p: *mut Seg, s: Seg) {
     };
 }
 
+/// Loads an 8-byte word that the NIC may be writing at this moment (an LL packet word: data next to its
+/// flag), whole and from memory every time. nvptx: `ld.volatile.u64` (never a stale L1 line, as MSCCL++'s
+/// packet reads); host: a relaxed atomic load, since the emulated NIC stores aligned words atomically.
+///
+/// # Safety
+/// `p` must be valid for reads and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_word_u64(p: *const u64) -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let v: u64;
+        // SAFETY: the caller guarantees `p` is readable and aligned; the load does not write memory.
+        unsafe { core::arch::asm!("ld.volatile.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) p, options(nostack)) };
+        v
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
+    unsafe {
+        AtomicU64::from_ptr(p as *mut u64).load(Ordering::Relaxed)
+    }
+}
+
+/// Loads two 8-byte words as [`load_word_u64`] does, with one 16-byte vector load on nvptx
+/// (`ld.volatile.v2.u64`); each word is whole, the pair need not be.
+///
+/// # Safety
+/// `p` must be valid for reads and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_words_v2_u64(p: *const [u64; 2]) -> [u64; 2] {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let (a, b): (u64, u64);
+        // SAFETY: the caller guarantees `p` is readable and 16-byte aligned; the load does not write memory.
+        unsafe {
+            core::arch::asm!("ld.volatile.v2.u64 {{{a}, {b}}}, [{p}];", a = out(reg64) a, b = out(reg64) b, p = in(reg64) p, options(nostack))
+        };
+        [a, b]
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 16-byte aligned, so both words are 8-byte aligned.
+    unsafe {
+        let w = p as *const u64;
+        [load_word_u64(w), load_word_u64(w.add(1))]
+    }
+}
+
+/// Stores an 8-byte word whole (an LL packet word), for the NIC to read after a later release fence.
+/// nvptx: `st.volatile.u64`; host: a relaxed atomic store.
+///
+/// # Safety
+/// `p` must be valid for writes and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn store_word_u64(p: *mut u64, v: u64) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees `p` is writable and aligned.
+    unsafe {
+        core::arch::asm!("st.volatile.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
+    unsafe {
+        AtomicU64::from_ptr(p).store(v, Ordering::Relaxed)
+    };
+}
+
+/// Stores two 8-byte words as [`store_word_u64`] does, with one 16-byte vector store on nvptx
+/// (`st.volatile.v2.u64`).
+///
+/// # Safety
+/// `p` must be valid for writes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store_words_v2_u64(p: *mut [u64; 2], v: [u64; 2]) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees `p` is writable and 16-byte aligned.
+    unsafe {
+        core::arch::asm!("st.volatile.v2.u64 [{p}], {{{a}, {b}}};", p = in(reg64) p, a = in(reg64) v[0], b = in(reg64) v[1], options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 16-byte aligned, so both words are 8-byte aligned.
+    unsafe {
+        let w = p as *mut u64;
+        store_word_u64(w, v[0]);
+        store_word_u64(w.add(1), v[1]);
+    }
+}
+
 /// Nanoseconds from an arbitrary epoch: `%globaltimer` on nvptx, a process-wide monotonic clock on the host.
 #[inline(always)]
 pub fn clock_ns() -> u64 {

@@ -94,12 +94,24 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// The `max_size` a [`PortTest`] needs to run `op` with `size` bytes: `size`, or for the packet ping-pongs
+/// enough for the data, the outgoing and the incoming packets ([`porttest::packet_layout`]).
+pub fn max_size_for(op: u32, size: usize) -> usize {
+    match op {
+        op::PACKET_PINGPONG | op::PACKET_PINGPONG_LL8 => {
+            (porttest::packet_layout(size as u64).end as usize).div_ceil(2)
+        }
+        _ => size,
+    }
+}
+
 /// One run.
 #[derive(Clone, Copy, Debug)]
 pub struct RunConfig {
     /// One of [`op`].
     pub op: u32,
-    /// Bytes per channel per iteration (1 ..= the `max_size` of [`PortTest::new`]).
+    /// Bytes per channel per iteration (1 ..= the `max_size` of [`PortTest::new`]; packet ping-pongs: a multiple
+    /// of 8 (LL16) or 4 (LL8) bytes, with a `max_size` of at least [`max_size_for`]).
     pub size: usize,
     /// Iterations.
     pub iters: u32,
@@ -142,6 +154,8 @@ pub struct PortTest {
     comm: Arc<Communicator>,
     failed: bool,
     device_error: Option<gdaki_device::Error>,
+    /// Packet rounds run so far: the next run's flag base, so that its flags match no earlier packet.
+    packet_rounds: u64,
 }
 
 impl PortTest {
@@ -227,6 +241,7 @@ impl PortTest {
             comm,
             failed: false,
             device_error: None,
+            packet_rounds: 0,
         })
     }
 
@@ -276,8 +291,8 @@ impl PortTest {
     /// Runs `cfg` on this rank (the peer runs the same `cfg` at the same time).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a size or iteration count beyond the setup, a team of 0, or after a
-    /// failed run; [`Error::Device`] when device code reported an error; CUDA and bootstrap errors.
+    /// [`Error::InvalidArgument`] for a size or iteration count beyond the setup (packet ping-pongs: see
+    /// [`RunConfig::size`]), a team of 0, or after a failed run; [`Error::Device`] when device code reported an error; CUDA and bootstrap errors.
     pub fn run(&mut self, cfg: &RunConfig) -> Result<RunResult> {
         if self.failed {
             return Err(Error::InvalidArgument("an earlier run failed: make a new PortTest".into()));
@@ -287,6 +302,22 @@ impl PortTest {
                 "size {} must be 1..={}, iters at most {}, team at least 1",
                 cfg.size, self.max_size, self.max_iters
             )));
+        }
+        let packet = match cfg.op {
+            op::PACKET_PINGPONG => Some(8),
+            op::PACKET_PINGPONG_LL8 => Some(4),
+            _ => None,
+        };
+        if let Some(unit) = packet {
+            let need = porttest::packet_layout(cfg.size as u64).end;
+            let have = 2 * self.max_size.next_multiple_of(8) as u64;
+            if !cfg.size.is_multiple_of(unit) || need > have {
+                return Err(Error::InvalidArgument(format!(
+                    "packet ping-pong of {} bytes: a multiple of {unit} bytes whose data and packets ({need} bytes) \
+                     fit the {have}-byte buffer (max_size of at least 2.5 × size)",
+                    cfg.size
+                )));
+            }
         }
         let rank = self.comm.rank();
         // SAFETY: no device code runs between runs; the words are ours and aligned.
@@ -309,7 +340,12 @@ impl PortTest {
             op: cfg.op,
             rank,
             nchannels: self.nchannels,
+            flag_base: (self.packet_rounds % u32::MAX as u64) as u32,
+            pad: 0,
         };
+        if packet.is_some() {
+            self.packet_rounds += cfg.iters as u64;
+        }
         // Everything that may block while a kernel runs (module load, copies) happens before the barrier: the
         // peer may be another rank of this process, whose kernel starts as soon as both pass it.
         let launch = match (self.comm.executor(), &self.gpu_handles) {

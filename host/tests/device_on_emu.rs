@@ -928,6 +928,7 @@ fn wait_on() -> impl Strategy<Value = WaitOn> {
             expected,
             seen
         }),
+        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, flag, seen)| WaitOn::Packet { addr, flag, seen }),
     ]
 }
 
@@ -941,6 +942,7 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
         Just(InvalidArgument::Ticket),
         Just(InvalidArgument::Handle),
         Just(InvalidArgument::Unsupported),
+        Just(InvalidArgument::Packet),
     ]
 }
 
@@ -969,6 +971,7 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Timeout(Timeout { on: WaitOn::Publish { .. }, .. }) => kind::TIMEOUT_PUBLISH,
         Error::Timeout(Timeout { on: WaitOn::FifoSpace { .. }, .. }) => kind::TIMEOUT_FIFO_SPACE,
         Error::Timeout(Timeout { on: WaitOn::Proxy { .. }, .. }) => kind::TIMEOUT_PROXY,
+        Error::Timeout(Timeout { on: WaitOn::Packet { .. }, .. }) => kind::TIMEOUT_PACKET,
         Error::Payload(_) => kind::PAYLOAD,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
         Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
@@ -1000,6 +1003,9 @@ proptest! {
             Error::Timeout(Timeout { on: WaitOn::Proxy { index, done }, .. }) => {
                 format!("trigger {index} (it had done {done})")
             }
+            Error::Timeout(Timeout { on: WaitOn::Packet { addr, flag, seen }, .. }) => {
+                format!("LL packet at {addr:#x} to carry flag {flag} (saw {seen})")
+            }
             Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
@@ -1008,7 +1014,7 @@ proptest! {
     }
 
     #[test]
-    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 9u32..]) {
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 12u32..]) {
         let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
         prop_assert_eq!(Error::from_report(&r), None);
     }

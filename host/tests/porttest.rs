@@ -10,7 +10,7 @@ use gdaki::bootstrap::{Bootstrap, Launch, Secret};
 use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
-use gdaki::porttest::{op, Mode, PortTest, RunConfig};
+use gdaki::porttest::{max_size_for, op, Mode, PortTest, RunConfig};
 use gdaki_device::Error as DevError;
 use gdaki_shared::prm::opcode::syndrome;
 
@@ -47,7 +47,7 @@ fn two_ranks<T: Send>(kind: ExecutorKind, f: impl Fn(u32, Communicator) -> T + S
 /// Payloads each rank checks in one run of `op` over `nch` channels of `iters` iterations.
 fn expected_checks(op: u32, nch: u32, iters: u32, rank: u32) -> u64 {
     match op {
-        op::PINGPONG => iters as u64,
+        op::PINGPONG | op::PACKET_PINGPONG | op::PACKET_PINGPONG_LL8 => iters as u64,
         op::BIBW => nch as u64,
         op::SAME_CHANNEL_FLUSH if rank == 1 => 1,
         _ if rank == 1 => nch as u64,
@@ -56,8 +56,13 @@ fn expected_checks(op: u32, nch: u32, iters: u32, rank: u32) -> u64 {
 }
 
 fn every_op(kind: ExecutorKind, team: u32) {
-    let cases: [(u32, u32, usize, u32); 6] = [
+    let cases: [(u32, u32, usize, u32); 9] = [
         (op::PINGPONG, 1, 4096, 50),
+        // LL packets: 4 KiB; one packet in one round (run 2 then finds run 1's packets, which carry the flag of
+        // run 1's only round); and (LL8) a size that is not a multiple of 8.
+        (op::PACKET_PINGPONG, 1, 4096, 50),
+        (op::PACKET_PINGPONG, 1, 8, 1),
+        (op::PACKET_PINGPONG_LL8, 1, 1020, 50),
         (op::BW, 1, 64 << 10, 20),
         (op::BW, 4, 4096, 20),
         (op::BIBW, 1, 1024, 20),
@@ -68,11 +73,15 @@ fn every_op(kind: ExecutorKind, team: u32) {
         for (opc, nch, size, iters) in cases {
             let seed = 0x5eed ^ opc as u64;
             let results = two_ranks(kind, |rank, comm| {
-                let mut t = PortTest::new(std::sync::Arc::new(comm), mode, nch, size, iters as usize).expect("set up");
+                let max = max_size_for(opc, size);
+                let mut t = PortTest::new(std::sync::Arc::new(comm), mode, nch, max, iters as usize).expect("set up");
                 let cfg = RunConfig { op: opc, size, iters, team, seed, timeout: TIMEOUT };
                 let r = t.run(&cfg).unwrap_or_else(|e| panic!("{} op {opc} x{nch} rank {rank}: {e}", mode.name()));
-                // A second run on the same channels: semaphore counts carry over, nothing is reset.
-                let r2 = t.run(&cfg).unwrap_or_else(|e| panic!("{} op {opc} rank {rank}, run 2: {e}", mode.name()));
+                // A second run on the same channels, with another payload: semaphore counts and packet flags
+                // carry over, nothing is reset (a packet left by run 1 that matched a flag of run 2 would
+                // fail its check).
+                let cfg2 = RunConfig { seed: !seed, ..cfg };
+                let r2 = t.run(&cfg2).unwrap_or_else(|e| panic!("{} op {opc} rank {rank}, run 2: {e}", mode.name()));
                 (r, r2)
             });
             for (rank, (r, r2)) in results.iter().enumerate() {
@@ -196,4 +205,21 @@ fn cpu_flush_reports_a_bad_key_in_every_mode() {
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_flush_reports_a_bad_key_in_every_mode() {
     bad_key_flush(ExecutorKind::Gpu, 128);
+}
+
+/// Packet ping-pongs of a size that is not whole packets, or whose packets do not fit the buffer, are refused
+/// before anything runs, and the channels stay usable.
+#[test]
+fn cpu_packet_sizes_are_checked_before_running() {
+    let results = two_ranks(ExecutorKind::Cpu, |rank, comm| {
+        let mut t = PortTest::new(std::sync::Arc::new(comm), Mode::Exclusive, 1, 64, 10).expect("set up");
+        let cfg = |op, size| RunConfig { op, size, iters: 10, team: 2, seed: 0x11, timeout: TIMEOUT };
+        for (op, size) in [(op::PACKET_PINGPONG, 12), (op::PACKET_PINGPONG_LL8, 6), (op::PACKET_PINGPONG, 64)] {
+            let e = t.run(&cfg(op, size)).expect_err("a bad packet size ran");
+            assert!(matches!(e, gdaki::Error::InvalidArgument(_)), "rank {rank}, op {op}, {size} B: {e}");
+        }
+        assert_eq!(max_size_for(op::PACKET_PINGPONG, 64), 160);
+        t.run(&cfg(op::PACKET_PINGPONG_LL8, 12)).unwrap_or_else(|e| panic!("rank {rank}: {e}")).checked
+    });
+    assert_eq!(results, vec![10, 10]);
 }

@@ -10,6 +10,7 @@
 pub mod be;
 pub mod channel;
 pub mod handle;
+pub mod packet;
 pub mod prm;
 pub mod proxy;
 

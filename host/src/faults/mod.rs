@@ -74,6 +74,8 @@ pub enum WaitKind {
     FifoSpace,
     /// The proxy doing a trigger (Host modes: `flush`).
     Proxy,
+    /// An LL packet carrying its round's flag (`Packets::read_packets`).
+    Packet,
 }
 
 /// How a fault ended: what a case expects, and what it observed.

@@ -98,6 +98,7 @@ pub(crate) fn wait_kind(on: &WaitOn) -> WaitKind {
         WaitOn::Publish { .. } => WaitKind::Publish,
         WaitOn::FifoSpace { .. } => WaitKind::FifoSpace,
         WaitOn::Proxy { .. } => WaitKind::Proxy,
+        WaitOn::Packet { .. } => WaitKind::Packet,
     }
 }
 
