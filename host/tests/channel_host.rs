@@ -228,7 +228,7 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
         assert_same(&contents(&src), &payloads[me], "source untouched (no fetch-add result in it)");
         let want = expected(LEN, &plans[peer as usize], &payloads[peer as usize]);
         assert_same(&contents(&landing), &want, "landing buffer");
-        assert_eq!(comm.nic().stats().error_cqes, 0);
+        assert_eq!(comm.nic().as_emu().expect("emulated NIC").stats().error_cqes, 0);
         comm.bootstrap().barrier().unwrap();
         n
     });
@@ -324,7 +324,7 @@ fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
         }
         assert_same(&contents(&landing), &want, "landing buffer");
         assert_same(&contents(&src), &payloads[me], "source untouched");
-        assert_eq!(comm.nic().stats().error_cqes, 0);
+        assert_eq!(comm.nic().as_emu().expect("emulated NIC").stats().error_cqes, 0);
         comm.bootstrap().barrier().unwrap();
         conns.iter().map(|c| (c.qpn(), c.remote_endpoint().qpn)).collect::<Vec<_>>()
     });

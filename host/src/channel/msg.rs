@@ -5,7 +5,7 @@
 
 use gdaki_shared::handle::RemoteMr;
 
-use crate::nic::emu::{Endpoint, ENDPOINT_BYTES};
+use crate::nic::{Endpoint, ENDPOINT_BYTES};
 use crate::{Error, Result};
 
 const MAGIC: [u8; 4] = *b"GDCH";

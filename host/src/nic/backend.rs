@@ -315,6 +315,11 @@ impl Mr {
         each!(Mr, self, m => m.rkey())
     }
 
+    /// Where the region starts.
+    pub fn loc(&self) -> MemLoc {
+        each!(Mr, self, m => m.loc())
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         each!(Mr, self, m => m.len())

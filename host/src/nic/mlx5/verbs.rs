@@ -81,8 +81,8 @@ pub(super) struct DeviceList {
 }
 
 /// What the one line says when there is no RDMA device at all.
-pub(super) const NO_DEVICES: &str = "no RDMA devices found: ibv_get_device_list lists none (no ConnectX NIC, or its \
-     kernel modules mlx5_core and mlx5_ib / ib_uverbs are not loaded); use --nic emu, the emulated NIC";
+pub(super) const NO_DEVICES: &str = "no RDMA devices found: ibv_get_device_list found none (no ConnectX NIC here, \
+     or the kernel modules mlx5_core, mlx5_ib and ib_uverbs are not loaded); --nic emu runs on the emulated NIC";
 
 impl DeviceList {
     /// The list; never empty.
