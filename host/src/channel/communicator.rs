@@ -65,7 +65,7 @@ impl Communicator {
     /// joined session. MSCCL++ `Communicator(bootstrap)`.
     ///
     /// # Errors
-    /// What [`EmuNic::open`] returns ([`Error::Emu`] when the wire cannot listen, the address named;
+    /// What [`EmuNic::open`](crate::nic::emu::EmuNic::open) returns ([`Error::Emu`] when the wire cannot listen, the address named;
     /// [`Error::InvalidArgument`] for an unspecified listen address); CUDA errors creating the copier.
     pub fn new(bootstrap: Bootstrap, exec: Executor, wire: WireConfig) -> Result<Self> {
         Self::with_nic(bootstrap, exec, &NicSpec::Emu, wire)
@@ -146,7 +146,7 @@ impl Communicator {
     /// REMOTE_ATOMIC` in this communicator's PD (MSCCL++ `registerMemory(ptr, size, transports)`).
     ///
     /// # Safety
-    /// As [`EmuNic::reg_mr`]: until the returned memory and every clone of it (channels hold one) are dropped,
+    /// As [`EmuNic::reg_mr`](crate::nic::emu::EmuNic::reg_mr): until the returned memory and every clone of it (channels hold one) are dropped,
     /// the NIC reads and writes the range from its thread whenever a WQE names it, so it must stay allocated
     /// (host memory) or a live allocation the executor's GPU copier reaches (GPU memory) for that long.
     ///

@@ -6,7 +6,7 @@
 //! - Queue memory ([`Gpu::alloc_mapped`], [`QueueMemory`](crate::mem::QueueMemory)): pinned host memory mapped into the GPU.
 //! - GPU memory: [`DeviceBuffer`].
 //! - For the real mlx5 backend (feature `mlx5`): host memory and MMIO mapped into the GPU
-//!   ([`Gpu::register_host`]) and dmabufs of GPU memory ([`Gpu::dmabuf_fd`]).
+//!   (`Gpu::register_host`) and dmabufs of GPU memory (`Gpu::dmabuf_fd`).
 //! - The emulated NIC's copies: [`CudaCopier`] ([`crate::mem::GpuCopier`]) on its own non-blocking stream.
 //! - Kernels: [`Gpu::load_module`] (PTX, JIT-compiled by the driver, once per `Gpu`), [`Module::kernel`],
 //!   [`Kernel::launch`] on a [`Stream`], and [`Stream::wait`], a wait with a host-side time limit.

@@ -8,10 +8,10 @@
 //! | concern | file | calls |
 //! |---|---|---|
 //! | errors, device context, device list | `verbs.rs` | `ibv_get_device_list`, `ibv_open_device` |
-//! | devices, ports, GID tables | [`device`] | `ibv_query_device`, `___ibv_query_port`, `ibv_query_gid_table`, `mlx5dv_is_supported` |
-//! | GID choice (pure) | [`gid`] | |
-//! | attribute structs and masks (pure) | [`attr`] | |
-//! | QP info exchanged with peers | [`endpoint`] | |
+//! | devices, ports, GID tables | `device.rs` | `ibv_query_device`, `___ibv_query_port`, `ibv_query_gid_table`, `mlx5dv_is_supported` |
+//! | GID choice (pure) | `gid.rs` | |
+//! | attribute structs and masks (pure) | `attr.rs` | |
+//! | QP info exchanged with peers | `endpoint.rs` | |
 //! | host ranges and UAR → GPU | `map.rs` | `cuMemHostRegister` (`IOMEMORY` for the UAR) |
 //! | PD, MRs | `mr.rs` | `ibv_alloc_pd`, `ibv_reg_mr_iova2`, `ibv_reg_dmabuf_mr` + `cuMemGetHandleForAddressRange` |
 //! | CQs | `cq.rs` | `ibv_create_cq`, `mlx5dv_init_obj(CQ)` |
