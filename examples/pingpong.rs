@@ -16,6 +16,7 @@ use clap::Parser;
 use gdaki::bootstrap::Bootstrap;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
+use gdaki::nic::NicSpec;
 use gdaki::perftest::LatencyRow;
 use gdaki::pingpong::{PingPong, RunConfig};
 
@@ -32,7 +33,7 @@ macro_rules! out {
 const MAX_ALL: usize = 1 << 20;
 
 #[derive(Parser, Debug)]
-#[command(about = "Ping-pong over the emulated mlx5 NIC, driven by gdaki device code")]
+#[command(about = "Ping-pong over the emulated mlx5 NIC (or a real one), driven by gdaki device code")]
 struct Args {
     /// Where device code runs: cpu or gpu (default: the GPU if there is one, else cpu).
     #[arg(long)]
@@ -66,6 +67,10 @@ struct Args {
     /// Address this rank's emulated NIC listens on for its peer (use a routable one across hosts).
     #[arg(long, default_value = "127.0.0.1:0")]
     wire: std::net::SocketAddr,
+    /// NIC: emu (the emulated mlx5 NIC) or an RDMA device, DEVICE[:PORT[:GID_INDEX]] (e.g. mlx5_0; needs a
+    /// build with --features mlx5 and a ConnectX NIC).
+    #[arg(long, default_value = "emu")]
+    nic: NicSpec,
 }
 
 fn parse_seed(s: &str) -> Result<u64, std::num::ParseIntError> {
@@ -93,7 +98,7 @@ struct Report<'a> {
     /// CUDA driver API version, for the gpu executor.
     cuda_driver: Option<String>,
     /// NIC backend.
-    nic: &'a str,
+    nic: String,
     /// One iteration = one round trip (rank 0 → rank 1 → rank 0), not perftest's half round trip.
     iteration: &'a str,
     /// Units of the row times.
@@ -191,8 +196,30 @@ fn main() -> ExitCode {
         ExecutorKind::Cpu => "cpu",
         ExecutorKind::Gpu => "gpu",
     };
+    let max = *sizes.iter().max().unwrap_or(&8);
+    let total = (warmup + args.iters) as usize;
+    let (mut rows, mut passed, mut failed) = (Vec::new(), 0u64, 0u64);
+    let mut rss_kib = Vec::new();
+    let setup = match session {
+        None => PingPong::new_on(&args.nic, exec, max, total),
+        Some((bs, rank)) => {
+            let peer = (1 - rank) as usize;
+            let exchange = Box::new(move |mine: &[u8]| Ok(bs.all_gather(mine)?.swap_remove(peer)));
+            let wire = WireConfig { listen: args.wire, ..WireConfig::loopback() };
+            PingPong::new_rank_on(&args.nic, exec, rank, max, total, wire, exchange)
+        }
+    };
+    // A NIC that is not there (no RDMA device, a build without the mlx5 feature) is one line and exit code 2.
+    if let Err(gdaki::Error::Unavailable(why)) = &setup {
+        eprintln!("error: {why}");
+        return ExitCode::from(2);
+    }
+    let nic = match &args.nic {
+        NicSpec::Emu => "emulated mlx5 NIC".to_string(),
+        real => format!("NIC {real}"),
+    };
     out!(
-        "gdaki pingpong ({}): executor {executor} ({device}), emulated mlx5 NIC, RC RDMA WRITE + ATOMIC fetch-add",
+        "gdaki pingpong ({}): executor {executor} ({device}), {nic}, RC RDMA WRITE + ATOMIC fetch-add",
         env!("GDAKI_COMMIT")
     );
     let layout = match &launch {
@@ -201,19 +228,6 @@ fn main() -> ExitCode {
     };
     out!("{layout}");
     out!("seed {seed:#x}, {warmup} warm-up + {} measured round trips per size; times are full round trips", args.iters);
-    let max = *sizes.iter().max().unwrap_or(&8);
-    let total = (warmup + args.iters) as usize;
-    let (mut rows, mut passed, mut failed) = (Vec::new(), 0u64, 0u64);
-    let mut rss_kib = Vec::new();
-    let setup = match session {
-        None => PingPong::new(exec, max, total),
-        Some((bs, rank)) => {
-            let peer = (1 - rank) as usize;
-            let exchange = Box::new(move |mine: &[u8]| Ok(bs.all_gather(mine)?.swap_remove(peer)));
-            let wire = WireConfig { listen: args.wire, ..WireConfig::loopback() };
-            PingPong::new_rank(exec, rank, max, total, wire, exchange)
-        }
-    };
     let measures = launch.as_ref().is_none_or(|l| l.rank == 0);
     match setup {
         Err(e) => {
@@ -267,7 +281,7 @@ fn main() -> ExitCode {
             executor,
             device,
             cuda_driver,
-            nic: "emu",
+            nic: args.nic.to_string(),
             iteration: "round trip",
             units: "us",
             seed: format!("{seed:#x}"),

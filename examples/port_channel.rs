@@ -20,11 +20,12 @@ use gdaki::bootstrap::{Bootstrap, Launch, Secret};
 use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
+use gdaki::nic::NicSpec;
 use gdaki::perftest::LatencyRow;
 use gdaki::porttest::{max_size_for, op, Mode, PortTest, RunConfig};
 
 #[derive(Parser, Debug, Clone)]
-#[command(about = "MSCCL++'s one-to-one PortChannel tests on gdaki's emulated NIC")]
+#[command(about = "MSCCL++'s one-to-one PortChannel tests on gdaki's emulated NIC (or a real one)")]
 struct Args {
     /// cpu or gpu (default: the GPU if there is one).
     #[arg(long)]
@@ -53,6 +54,10 @@ struct Args {
     /// Say on stderr which test each rank starts and ends.
     #[arg(long)]
     verbose: bool,
+    /// NIC: emu (the emulated mlx5 NIC) or an RDMA device, DEVICE[:PORT[:GID_INDEX]] (e.g. mlx5_0; needs a
+    /// build with --features mlx5 and a ConnectX NIC).
+    #[arg(long, default_value = "emu")]
+    nic: NicSpec,
 }
 
 /// One rank's tables per mode, payloads checked, failures.
@@ -245,9 +250,17 @@ fn main() -> ExitCode {
     }
     let kind = exec.kind();
     drop(exec);
+    if let Err(why) = gdaki_examples::check_nic(&args.nic) {
+        eprintln!("error: {why}");
+        return ExitCode::from(2);
+    }
+    let nic = match &args.nic {
+        NicSpec::Emu => "emulated mlx5 NIC over the wire".to_string(),
+        real => format!("NIC {real}"),
+    };
     let team = args.team.unwrap_or(if kind == ExecutorKind::Gpu { 128 } else { 4 });
     println!(
-        "gdaki port_channel ({}): {} executor, team of {team} threads per channel, emulated mlx5 NIC over the wire",
+        "gdaki port_channel ({}): {} executor, team of {team} threads per channel, {nic}",
         env!("GDAKI_COMMIT"),
         if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" }
     );
@@ -261,7 +274,7 @@ fn main() -> ExitCode {
         };
         let comm = boot.and_then(|b| {
             let (exec, _) = Executor::open(Some(kind))?;
-            Communicator::new(b, exec, WireConfig::loopback())
+            Communicator::with_nic(b, exec, &args.nic, WireConfig::loopback())
         });
         let comm = match comm {
             Ok(c) => Arc::new(c),

@@ -2,6 +2,8 @@
 //! them share.
 
 use gdaki::bootstrap::{Launch, LaunchFlags};
+use gdaki::exec::Executor;
+use gdaki::nic::{Nic, NicSpec};
 
 /// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`,
 /// `--secret`); without them, mpirun's, srun's or torchrun's environment decides, and without that both
@@ -44,5 +46,18 @@ impl LaunchArgs {
             }
             _ => Ok(None),
         }
+    }
+}
+
+/// Checks, before anything is printed, that the NIC `--nic` names can be opened: the emulated NIC always can;
+/// a real one is opened once (for the `cpu` executor: device, port, GID) and closed.
+///
+/// # Errors
+/// The one line to print before exiting with code 2: no RDMA device ("no RDMA devices found: ..."), none of
+/// that name, a port that cannot serve, or a build without the `mlx5` feature.
+pub fn check_nic(spec: &NicSpec) -> Result<(), String> {
+    match spec {
+        NicSpec::Emu => Ok(()),
+        real => Nic::open(real, &Executor::Cpu, None).map(drop).map_err(|e| e.to_string()),
     }
 }

@@ -22,6 +22,15 @@ pub enum Error {
     /// The emulated NIC rejected a request or failed.
     #[error("emulated NIC: {0}")]
     Emu(String),
+    /// An rdma-core call (verbs or mlx5dv) of the mlx5 backend failed: the call (with the step it served, e.g.
+    /// `ibv_modify_qp(INIT→RTR)`) and the errno it left.
+    #[error("{call}: {}", std::io::Error::from_raw_os_error(*errno))]
+    Verbs {
+        /// The C call, and what for.
+        call: String,
+        /// `errno` after the call (or the negative return value of calls that return one, negated).
+        errno: i32,
+    },
     /// Ranks could not find each other, or a peer broke the bootstrap protocol; the message names the rank,
     /// the address and what was wrong.
     #[error("bootstrap: {0}")]

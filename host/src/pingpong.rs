@@ -5,7 +5,6 @@
 //! rank and its peer another process or host, reached over the emulated NIC's wire ([`PingPong::new_rank`]);
 //! the two exchange their QP and MR info through a bootstrap and synchronize before each run.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use gdaki_device::pingpong::{PingPongArgs, Solo};
@@ -14,7 +13,8 @@ use gdaki_shared::handle::{ErrorReport, QpHandle, RemoteMr};
 use crate::cuda::{DeviceBuffer, KernelArg, LaunchConfig};
 use crate::exec::{DataBuf, Executor};
 use crate::mem::{MappedBuf, MemKind, MemLoc};
-use crate::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Mr, Pd, Qp, WireConfig, ENDPOINT_BYTES};
+use crate::nic::emu::WireConfig;
+use crate::nic::{Access, Cq, Endpoint, Mr, Nic, NicSpec, Pd, Qp, ENDPOINT_BYTES};
 use crate::{Error, Result};
 
 /// SQ size of each rank's QP, WQEBBs.
@@ -75,7 +75,7 @@ impl Rank {
     /// Creates the rank's CQ and QP in `pd` and registers its buffers (`buf_len` bytes each) and its control
     /// words (slot `slot` of `ctrl`). Not connected yet.
     fn new(
-        nic: &Arc<EmuNic>,
+        nic: &Nic,
         pd: &Pd,
         exec: &Executor,
         id: u32,
@@ -176,7 +176,7 @@ pub type Exchange = Box<dyn FnMut(&[u8]) -> Result<Vec<u8>> + Send>;
 /// Connected ranks, ready to run ping-pongs of up to `max_size` bytes: both ranks, or this process's one.
 pub struct PingPong {
     exec: Executor,
-    nic: Arc<EmuNic>,
+    nic: Nic,
     _pd: Vec<Pd>,
     /// The ranks that run here (slot `i` of the control buffer is `ranks[i]`).
     ranks: Vec<Rank>,
@@ -202,9 +202,19 @@ impl PingPong {
     /// # Errors
     /// Allocation, registration or CUDA errors; [`Error::InvalidArgument`] for a zero size.
     pub fn new(exec: Executor, max_size: usize, max_iters: usize) -> Result<Self> {
+        Self::new_on(&NicSpec::Emu, exec, max_size, max_iters)
+    }
+
+    /// [`PingPong::new`] on the NIC `nic` names: the emulated NIC, or a real one (both ranks' QPs on its port,
+    /// connected to each other through it).
+    ///
+    /// # Errors
+    /// As [`PingPong::new`]; what [`Nic::open`] returns ([`Error::Unavailable`], one line, for a real NIC that
+    /// is not there or a build without the `mlx5` feature).
+    pub fn new_on(nic: &NicSpec, exec: Executor, max_size: usize, max_iters: usize) -> Result<Self> {
         let (buf_len, times_len) = Self::lengths(max_size, max_iters)?;
         let queue_mem = exec.queue_memory();
-        let nic = EmuNic::open(EmuConfig { queue_mem: queue_mem.clone(), gpu: exec.gpu_copier()?, wire: None })?;
+        let nic = Nic::open(nic, &exec, None)?;
         let ctrl = queue_mem.alloc(2 * CTRL_STRIDE)?;
         let times = queue_mem.alloc(times_len)?;
         let pds = vec![nic.alloc_pd()?, nic.alloc_pd()?];
@@ -232,6 +242,23 @@ impl PingPong {
         max_size: usize,
         max_iters: usize,
         wire: WireConfig,
+        exchange: Exchange,
+    ) -> Result<Self> {
+        Self::new_rank_on(&NicSpec::Emu, exec, rank, max_size, max_iters, wire, exchange)
+    }
+
+    /// [`PingPong::new_rank`] on the NIC `nic` names (`wire` serves the emulated NIC only; real NICs reach
+    /// their peer through the fabric). Both ranks must use the same kind of NIC.
+    ///
+    /// # Errors
+    /// As [`PingPong::new_rank`] and [`Nic::open`].
+    pub fn new_rank_on(
+        nic: &NicSpec,
+        exec: Executor,
+        rank: u32,
+        max_size: usize,
+        max_iters: usize,
+        wire: WireConfig,
         mut exchange: Exchange,
     ) -> Result<Self> {
         if rank > 1 {
@@ -239,8 +266,7 @@ impl PingPong {
         }
         let (buf_len, times_len) = Self::lengths(max_size, max_iters)?;
         let queue_mem = exec.queue_memory();
-        let cfg = EmuConfig { queue_mem: queue_mem.clone(), gpu: exec.gpu_copier()?, wire: Some(wire) };
-        let nic = EmuNic::open(cfg)?;
+        let nic = Nic::open(nic, &exec, Some(wire))?;
         let ctrl = queue_mem.alloc(CTRL_STRIDE)?;
         let times = queue_mem.alloc(times_len)?;
         let pd = nic.alloc_pd()?;
@@ -300,8 +326,8 @@ impl PingPong {
         }
     }
 
-    /// The emulated NIC (for its statistics).
-    pub fn nic(&self) -> &Arc<EmuNic> {
+    /// The NIC ([`Nic::as_emu`] for the emulated NIC's statistics).
+    pub fn nic(&self) -> &Nic {
         &self.nic
     }
 

@@ -225,7 +225,7 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
         }
         let after = conn.qp_handle().unwrap();
         assert_eq!(after.sq_ci, after.sq_pi, "flushed: every WQEBB retired");
-        assert_eq!(conn.qp().sq_consumed(), after.sq_pi);
+        assert_eq!(conn.qp().as_emu().expect("emulated NIC").sq_consumed(), after.sq_pi);
         // Both ranks are done: nothing more arrives.
         comm.bootstrap().barrier().unwrap();
         assert_eq!(sem.inbound(), plans[peer as usize].len() as u64, "exact count of the peer's signals");
@@ -233,7 +233,7 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
         assert_same(&contents(&src), &payloads[me], "source untouched (no fetch-add result in it)");
         let want = expected(LEN, &plans[peer as usize], &payloads[peer as usize]);
         assert_same(&contents(&landing), &want, "landing buffer");
-        assert_eq!(comm.nic().stats().error_cqes, 0);
+        assert_eq!(comm.nic().as_emu().expect("emulated NIC").stats().error_cqes, 0);
         comm.bootstrap().barrier().unwrap();
         n
     });
@@ -329,9 +329,9 @@ fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
         }
         assert_same(&contents(&landing), &want, "landing buffer");
         assert_same(&contents(&src), &payloads[me], "source untouched");
-        assert_eq!(comm.nic().stats().error_cqes, 0);
+        assert_eq!(comm.nic().as_emu().expect("emulated NIC").stats().error_cqes, 0);
         comm.bootstrap().barrier().unwrap();
-        conns.iter().map(|c| (c.qpn(), c.remote_endpoint().qpn)).collect::<Vec<_>>()
+        conns.iter().map(|c| (c.qpn(), c.remote_endpoint().qpn())).collect::<Vec<_>>()
     });
     assert_eq!(qpns[0].len(), QPS);
     for (q, (r0, r1)) in qpns[0].iter().zip(&qpns[1]).enumerate() {

@@ -36,7 +36,7 @@ fn run_sizes(kind: ExecutorKind) {
         assert_eq!(r.round_trip_ns.len(), iters as usize);
         assert!(r.round_trip_ns.iter().all(|&t| t > 0));
     }
-    let s = pp.nic().stats();
+    let s = pp.nic().as_emu().expect("emulated NIC").stats();
     // Each round trip is two put_with_signal (write + fetch-add) and two flushes that need no NOP.
     let per_size = 2 * 2 * (iters + warmup) as u64;
     assert_eq!(s.wqes, per_size * SIZES.len() as u64, "{s:?}");

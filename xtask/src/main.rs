@@ -193,6 +193,7 @@ fn sass_task(kernels: &[String], mmio: &[u32]) -> Result<()> {
 
 fn test_task(args: &[String]) -> Result<ExitCode> {
     prereq::ensure_mlx5dv_header()?;
+    prereq::ensure_libclang()?;
     let workspace = Workspace::current()?;
     let ptxas = prereq::ensure_ptxas(&workspace.ptxas_wheel_dir())?;
     build_ptx(&workspace, Some(&ptxas))?;

@@ -1,6 +1,7 @@
 //! What the test suite needs from outside cargo, installed when it is missing and we are allowed to:
-//! rdma-core's `infiniband/mlx5dv.h` (the golden layout tests compile C against it), ptxas (the PTX check), and
-//! cuobjdump / nvdisasm (`cargo xtask sass`).
+//! rdma-core's `infiniband/mlx5dv.h` (the golden layout tests compile C against it; gdaki-mlx5-sys binds it and
+//! links libibverbs/libmlx5), libclang (bindgen, for gdaki-mlx5-sys), ptxas (the PTX check), and cuobjdump /
+//! nvdisasm (`cargo xtask sass`).
 //!
 //! Installing is done the way a person would on these machines: Debian's `libibverbs-dev` with apt-get when we
 //! are root, and NVIDIA's `nvidia-cuda-nvcc-cu12` wheel with pip (ptxas needs no GPU), into `target/ptxas-wheel`
@@ -52,6 +53,60 @@ pub fn ensure_mlx5dv_header() -> Result<()> {
         bail!("{hint} (apt-get installed {MLX5DV_PACKAGE} but the header is still missing)");
     }
     Ok(())
+}
+
+/// Debian package that ships libclang, which bindgen loads to generate gdaki-mlx5-sys's bindings.
+pub const LIBCLANG_PACKAGE: &str = "libclang-dev";
+
+/// Makes sure bindgen can find a libclang (`$LIBCLANG_PATH`, or `libclang*.so*` where Debian and other
+/// distributions put it), installing [`LIBCLANG_PACKAGE`] with apt-get if we are root. The workspace's
+/// gdaki-mlx5-sys (the mlx5 backend's bindings) needs it to build.
+///
+/// # Errors
+/// No libclang, and it cannot be installed here (not root, no apt-get, or apt-get failed).
+pub fn ensure_libclang() -> Result<()> {
+    if has_libclang() {
+        return Ok(());
+    }
+    let hint = format!(
+        "libclang not found (bindgen needs it for gdaki-mlx5-sys): install Debian's {LIBCLANG_PACKAGE} \
+         (apt-get install {LIBCLANG_PACKAGE}) or set LIBCLANG_PATH"
+    );
+    if !can_apt_get() {
+        bail!("{hint}");
+    }
+    eprintln!("xtask: libclang is missing; installing {LIBCLANG_PACKAGE} with apt-get");
+    apt_get_install(LIBCLANG_PACKAGE).with_context(|| hint.clone())?;
+    if !has_libclang() {
+        bail!("{hint} (apt-get installed {LIBCLANG_PACKAGE} but no libclang*.so is found)");
+    }
+    Ok(())
+}
+
+/// Whether a libclang shared library is where clang-sys looks for one.
+fn has_libclang() -> bool {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("LIBCLANG_PATH").map(PathBuf::from).into_iter().collect();
+    dirs.extend(
+        ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"].map(PathBuf::from),
+    );
+    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("llvm-"))
+                .map(|e| e.path().join("lib")),
+        );
+    }
+    dirs.iter().any(|d| {
+        std::fs::read_dir(d).is_ok_and(|mut entries| {
+            entries.any(|e| {
+                e.is_ok_and(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.starts_with("libclang") && n.contains(".so") && !n.starts_with("libclang-cpp")
+                })
+            })
+        })
+    })
 }
 
 /// Finds ptxas ([`crate::ptxas::find`]), installing [`PTXAS_WHEEL`] into `wheel_dir` if there is none; see

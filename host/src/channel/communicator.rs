@@ -8,7 +8,8 @@ use gdaki_shared::channel::SharedQpState;
 use crate::bootstrap::Bootstrap;
 use crate::exec::{DataBuf, Executor};
 use crate::mem::MemLoc;
-use crate::nic::emu::{Access, EmuConfig, EmuNic, Pd, WireConfig};
+use crate::nic::emu::WireConfig;
+use crate::nic::{Access, Nic, NicSpec, Pd};
 use crate::{Error, Result};
 
 use super::config::{EndpointConfig, IbMode, Transport};
@@ -25,7 +26,7 @@ use crate::proxy::{ProxyService, DEFAULT_FIFO_SIZE};
 #[derive(Debug)]
 pub(super) struct Resources {
     pub(super) pd: Pd,
-    pub(super) nic: Arc<EmuNic>,
+    pub(super) nic: Nic,
     pub(super) exec: Executor,
     pub(super) rank: u32,
     pub(super) world_size: u32,
@@ -68,11 +69,20 @@ impl Communicator {
     /// joined session. MSCCL++ `Communicator(bootstrap)`.
     ///
     /// # Errors
-    /// What [`EmuNic::open`] returns ([`Error::Emu`] when the wire cannot listen, the address named;
+    /// What [`EmuNic::open`](crate::nic::emu::EmuNic::open) returns ([`Error::Emu`] when the wire cannot listen, the address named;
     /// [`Error::InvalidArgument`] for an unspecified listen address); CUDA errors creating the copier.
     pub fn new(bootstrap: Bootstrap, exec: Executor, wire: WireConfig) -> Result<Self> {
-        let nic =
-            EmuNic::open(EmuConfig { queue_mem: exec.queue_memory(), gpu: exec.gpu_copier()?, wire: Some(wire) })?;
+        Self::with_nic(bootstrap, exec, &NicSpec::Emu, wire)
+    }
+
+    /// [`Communicator::new`] on the NIC `nic` names: the emulated NIC (listening on `wire`), or a real mlx5
+    /// NIC (`--nic mlx5_0`, feature `mlx5`; `wire` unused). Every rank must use the same kind of NIC.
+    ///
+    /// # Errors
+    /// What [`Nic::open`] returns ([`Error::Unavailable`], one line, for a real NIC that is not there or a
+    /// build without the `mlx5` feature); as [`Communicator::new`].
+    pub fn with_nic(bootstrap: Bootstrap, exec: Executor, nic: &NicSpec, wire: WireConfig) -> Result<Self> {
+        let nic = Nic::open(nic, &exec, Some(wire))?;
         let pd = nic.alloc_pd()?;
         let res = Resources { pd, nic, exec, rank: bootstrap.rank(), world_size: bootstrap.world_size() };
         Ok(Self { res: Arc::new(res), boot: bootstrap, proxy: Mutex::new(None) })
@@ -88,8 +98,8 @@ impl Communicator {
         self.res.world_size
     }
 
-    /// The emulated NIC (statistics, wire address).
-    pub fn nic(&self) -> &Arc<EmuNic> {
+    /// The NIC ([`Nic::as_emu`]: the emulated NIC's statistics and wire address).
+    pub fn nic(&self) -> &Nic {
         &self.res.nic
     }
 
@@ -116,10 +126,10 @@ impl Communicator {
     fn check_mine(&self, res: &Arc<Resources>, what: &str, thing: &str) -> Result<()> {
         if !Arc::ptr_eq(res, &self.res) {
             return Err(Error::InvalidArgument(format!(
-                "{what}: the {thing} belongs to another communicator (rank {}, NIC {:#x}), not this one (NIC {:#x})",
+                "{what}: the {thing} belongs to another communicator (rank {}, {}), not this one ({})",
                 res.rank,
-                res.nic.id(),
-                self.res.nic.id()
+                res.nic.describe(),
+                self.res.nic.describe()
             )));
         }
         Ok(())
@@ -140,7 +150,7 @@ impl Communicator {
     /// REMOTE_ATOMIC` in this communicator's PD (MSCCL++ `registerMemory(ptr, size, transports)`).
     ///
     /// # Safety
-    /// As [`EmuNic::reg_mr`]: until the returned memory and every clone of it (channels hold one) are dropped,
+    /// As [`EmuNic::reg_mr`](crate::nic::emu::EmuNic::reg_mr): until the returned memory and every clone of it (channels hold one) are dropped,
     /// the NIC reads and writes the range from its thread whenever a WQE names it, so it must stay allocated
     /// (host memory) or a live allocation the executor's GPU copier reaches (GPU memory) for that long.
     ///
@@ -343,7 +353,7 @@ impl Communicator {
         let expected = res.exec.alloc_data(EXPECTED_BYTES)?;
         let theirs = self.exchange(peer, tag, &what, &msg::semaphore(&inbound_mr.remote(), conn.qpn()))?;
         let (remote_inbound, their_qpn) = msg::parse_semaphore(msg::body(&theirs, Kind::Semaphore, peer, tag)?)?;
-        let remote_qpn = conn.remote_endpoint().qpn;
+        let remote_qpn = conn.remote_endpoint().qpn();
         if their_qpn != remote_qpn {
             return Err(Error::InvalidArgument(format!(
                 "{what}: rank {peer} built its semaphore on its QP {their_qpn:#x}, but this connection (QP {:#x}) \

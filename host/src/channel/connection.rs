@@ -8,7 +8,7 @@ use gdaki_shared::handle::{MrHandle, QpHandle};
 
 use crate::exec::DataBuf;
 use crate::mem::MappedBuf;
-use crate::nic::emu::{Cq, Endpoint, Mr, Qp};
+use crate::nic::{Cq, Endpoint, Mr, Qp};
 use crate::proxy::service::ProxyQp;
 use crate::proxy::ProxyService;
 use crate::Result;
@@ -99,7 +99,7 @@ impl Connection {
         self.inner.remote
     }
 
-    /// The emulated NIC's QP (state, WQEBBs consumed).
+    /// The QP (state; [`Qp::as_emu`] for the emulated NIC's WQEBBs consumed).
     pub fn qp(&self) -> &Qp {
         &self.inner.qp
     }

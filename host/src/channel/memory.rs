@@ -8,7 +8,7 @@ use gdaki_shared::handle::{MrHandle, RemoteMr};
 
 use crate::exec::DataBuf;
 use crate::mem::{MappedBuf, MemKind, MemLoc};
-use crate::nic::emu::Mr;
+use crate::nic::Mr;
 use crate::{Error, Result};
 
 use super::communicator::Resources;

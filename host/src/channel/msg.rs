@@ -5,7 +5,7 @@
 
 use gdaki_shared::handle::RemoteMr;
 
-use crate::nic::emu::{Endpoint, ENDPOINT_BYTES};
+use crate::nic::{Endpoint, ENDPOINT_BYTES};
 use crate::{Error, Result};
 
 const MAGIC: [u8; 4] = *b"GDCH";
@@ -150,9 +150,11 @@ mod tests {
 
     #[test]
     fn channel_msg_round_trips() {
-        let ep = Endpoint { nic: 7, qpn: 0x42, psn: 0x12_3456, wire: Some("127.0.0.1:4000".parse().unwrap()) };
+        let wire = Some("127.0.0.1:4000".parse().unwrap());
+        let ep = Endpoint::Emu(crate::nic::emu::Endpoint { nic: 7, qpn: 0x42, psn: 0x12_3456, wire });
         let b = endpoint(0, 3, &ep);
-        assert_eq!(b.len(), 56);
+        // Header (16 bytes) + backend byte + the emulated NIC's 40-byte endpoint.
+        assert_eq!(b.len(), 57);
         assert_eq!(parse_endpoint(body(&b, Kind::Endpoint, 1, 9).unwrap()).unwrap(), (0, 3, ep));
         let b = memory(&mr());
         let got = parse_memory(body(&b, Kind::Memory, 1, 9).unwrap());

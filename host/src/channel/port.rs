@@ -82,9 +82,9 @@ impl PortChannel {
         }
         if !std::sync::Arc::ptr_eq(&src.inner.res, &conn.inner.res) {
             return Err(Error::InvalidArgument(format!(
-                "{what}: the source memory was registered by another communicator (rank {}, NIC {:#x})",
+                "{what}: the source memory was registered by another communicator (rank {}, {})",
                 src.rank(),
-                src.inner.res.nic.id()
+                src.inner.res.nic.describe()
             )));
         }
         Self {

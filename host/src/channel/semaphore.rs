@@ -7,7 +7,7 @@ use gdaki_shared::handle::RemoteMr;
 
 use crate::exec::DataBuf;
 use crate::mem::MappedBuf;
-use crate::nic::emu::Mr;
+use crate::nic::Mr;
 use crate::Result;
 
 use super::connection::Connection;

@@ -53,7 +53,7 @@ fn channel_loopback_put_and_signal_outlive_the_communicator() {
     assert_eq!((dst.rank(), dst.remote().addr, dst.len()), (0, dst_mem.loc().addr, 4096));
     let conn = comm.connect(&EndpointConfig::default(), 0, 1).unwrap();
     assert_eq!(conn.qp().state(), QpState::Rts);
-    assert_eq!(conn.remote_endpoint().qpn, conn.qpn(), "a loopback QP is its own peer");
+    assert_eq!(conn.remote_endpoint().qpn(), conn.qpn(), "a loopback QP is its own peer");
     let sem = comm.semaphore(&conn, 0, 2).unwrap();
     assert_eq!(sem.remote_inbound().addr, sem.inbound_addr(), "a loopback semaphore signals itself");
     let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();

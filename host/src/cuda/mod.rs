@@ -5,6 +5,8 @@
 //!   how we prevent it).
 //! - Queue memory ([`Gpu::alloc_mapped`], [`QueueMemory`](crate::mem::QueueMemory)): pinned host memory mapped into the GPU.
 //! - GPU memory: [`DeviceBuffer`].
+//! - For the real mlx5 backend (feature `mlx5`): host memory and MMIO mapped into the GPU
+//!   (`Gpu::register_host`) and dmabufs of GPU memory (`Gpu::dmabuf_fd`).
 //! - The emulated NIC's copies: [`CudaCopier`] ([`crate::mem::GpuCopier`]) on its own non-blocking stream.
 //! - Kernels: [`Gpu::load_module`] (PTX, JIT-compiled by the driver, once per `Gpu`), [`Module::kernel`],
 //!   [`Kernel::launch`] on a [`Stream`], and [`Stream::wait`], a wait with a host-side time limit.
@@ -29,6 +31,8 @@
 mod copier;
 mod device_buffer;
 mod driver;
+#[cfg(feature = "mlx5")]
+mod host_register;
 mod module;
 mod pinned;
 mod stream;
@@ -43,6 +47,8 @@ use cudarc::driver::{result, sys};
 
 pub use copier::CudaCopier;
 pub use device_buffer::DeviceBuffer;
+#[cfg(feature = "mlx5")]
+pub use host_register::HostRegistration;
 pub use module::{Kernel, KernelArg, LaunchConfig, Module};
 pub use stream::Stream;
 

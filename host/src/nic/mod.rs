@@ -3,5 +3,19 @@
 //! - [`emu`]: the emulated mlx5 NIC, the default backend. It needs no hardware: a host thread reads the same
 //!   queue memory (SQ ring, doorbell record, UAR page, CQ ring) that a ConnectX adapter would read, and
 //!   executes RDMA operations between QPs of the same process.
+//! - [`mlx5`]: a real ConnectX NIC through rdma-core (verbs + mlx5dv), with the cargo feature `mlx5`. Without
+//!   the feature only its [`mlx5::Endpoint`] exists.
+//!
+//! Both make the same device handles ([`gdaki_shared::handle`]), so the same device code drives either.
+//! [`NicSpec`] names one (`--nic emu` or `--nic mlx5_0`), [`Nic::open`] opens it, and [`Nic`], [`Pd`], [`Cq`],
+//! [`Qp`], [`Mr`] and [`Endpoint`] are the objects of either, for code that runs on both (the ping-pong, the
+//! port channels).
 
+mod backend;
 pub mod emu;
+pub mod mlx5;
+mod spec;
+
+pub use backend::{Cq, Endpoint, Mr, Nic, Pd, Qp, ENDPOINT_BYTES};
+pub use emu::Access;
+pub use spec::{Mlx5Spec, NicSpec};

@@ -1,0 +1,201 @@
+//! RC queue pairs on a real NIC: `ibv_create_qp`, `mlx5dv_init_obj` for the SQ ring, doorbell record and
+//! BlueFlame register that device code writes, and the RESET → INIT → RTR → RTS transitions of
+//! `ibv_modify_qp` (attributes from [`super::attr`]).
+
+use std::sync::Arc;
+
+use gdaki_mlx5_sys as sys;
+use gdaki_shared::handle::QpHandle;
+use gdaki_shared::prm::uar::UAR_PAGE_SIZE;
+use gdaki_shared::prm::wqe::WQEBB;
+
+use super::cq::{Cq, CqInner};
+use super::endpoint::Endpoint;
+use super::map::Mapped;
+use super::mr::{Pd, PdInner};
+use super::verbs::{check, nonnull};
+use super::{attr, Mlx5Nic};
+use crate::nic::emu::QpState;
+use crate::{Error, Result};
+
+/// An RC QP. Created by [`Mlx5Nic::create_qp`] in RESET; [`Qp::connect`] brings it to RTS. Destroyed
+/// (`ibv_destroy_qp`) on drop, after the GPU's mappings of its queue memory are undone.
+#[derive(Debug)]
+pub struct Qp {
+    ptr: *mut sys::ibv_qp,
+    nic: Arc<Mlx5Nic>,
+    handle: QpHandle,
+    psn: u32,
+    /// SQ ring, dbrec and UAR page as device code sees them; undone before the QP is destroyed.
+    maps: Vec<Mapped>,
+    /// The CQ and PD outlive the QP.
+    _cq: Arc<CqInner>,
+    _pd: Arc<PdInner>,
+}
+
+// SAFETY: verbs objects may be used from any thread; the pointer is only freed by `Drop`, once.
+unsafe impl Send for Qp {}
+// SAFETY: as above; `connect` and `state` are thread-safe verbs calls.
+unsafe impl Sync for Qp {}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.maps.clear();
+        // SAFETY: `ptr` came from `ibv_create_qp` and is destroyed once.
+        if let Err(e) = check(unsafe { sys::ibv_destroy_qp(self.ptr) }, "ibv_destroy_qp") {
+            tracing::warn!("mlx5: {e}");
+        }
+    }
+}
+
+impl Mlx5Nic {
+    /// Creates an RC QP in `pd` whose SQ holds `wqe_cnt` WQEBBs and completes into `cq`
+    /// ([`attr::qp_init_attr`]), in RESET, and exports it (`mlx5dv_init_obj(MLX5DV_OBJ_QP)`): the SQ ring
+    /// (`sq.buf`, `sq.wqe_cnt` WQEBBs of `sq.stride` = 64 bytes), the doorbell record (`dbrec`, word 1 = SQ)
+    /// and the doorbell/BlueFlame register (`bf.reg`, inside a UAR page mmapped by rdma-core), mapped into the
+    /// GPU for the `gpu` executor (the UAR page with `CU_MEMHOSTREGISTER_IOMEMORY`). The first PSN is random
+    /// (24 bits).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a PD or CQ of another NIC or a size out of range; [`Error::Verbs`] for
+    /// `ibv_create_qp` or `mlx5dv_init_obj`; [`Error::Unavailable`] when rdma-core laid the SQ out otherwise
+    /// than device code expects (stride, size, alignment); the CUDA driver's error mapping it.
+    pub fn create_qp(self: &Arc<Self>, pd: &Pd, cq: &Cq, wqe_cnt: u32) -> Result<Qp> {
+        if !Arc::ptr_eq(&pd.inner.nic, self) || !Arc::ptr_eq(cq.nic(), self) {
+            return Err(Error::InvalidArgument(format!("PD or CQ belongs to another NIC than {}", self.ctx.name)));
+        }
+        if cq.ncqe() < wqe_cnt {
+            return Err(Error::InvalidArgument(format!("CQ of {} entries is smaller than SQ of {wqe_cnt}", cq.ncqe())));
+        }
+        let mut init = attr::qp_init_attr(cq.inner.ptr, wqe_cnt, self.limits.max_qp_wr)?;
+        // SAFETY: `pd` and the CQ are live objects of this context; `init` is zeroed and filled.
+        let ptr = nonnull(unsafe { sys::ibv_create_qp(pd.inner.ptr, &mut init) }, "ibv_create_qp(RC)")?;
+        let mut psn = [0u8; 4];
+        getrandom::fill(&mut psn).map_err(|e| Error::Unavailable(format!("no random PSN: {e}")))?;
+        // SAFETY: `ptr` is the live QP just created.
+        let qpn = unsafe { (*ptr).qp_num };
+        // From here on, dropping `qp` destroys the QP, whatever fails next.
+        let mut qp = Qp {
+            ptr,
+            nic: self.clone(),
+            handle: QpHandle::default(),
+            psn: u32::from_le_bytes(psn) & 0x00ff_ffff,
+            maps: Vec::new(),
+            _cq: cq.inner.clone(),
+            _pd: pd.inner.clone(),
+        };
+        let mut dv = sys::mlx5dv_qp::default();
+        let mut obj = sys::mlx5dv_obj::default();
+        obj.qp.in_ = ptr;
+        obj.qp.out = &mut dv;
+        // SAFETY: `obj.qp` names a live QP of this context and a zeroed `mlx5dv_qp` to fill.
+        check(unsafe { sys::mlx5dv_init_obj(&mut obj, sys::MLX5DV_OBJ_QP as u64) }, "mlx5dv_init_obj(QP)")?;
+        let (sq, n) = (dv.sq.buf as u64, dv.sq.wqe_cnt);
+        if dv.sq.stride as usize != WQEBB || !n.is_power_of_two() || n < wqe_cnt || !sq.is_multiple_of(WQEBB as u64) {
+            return Err(Error::Unavailable(format!(
+                "rdma-core laid out the SQ of QP {qpn:#x} as {n} × {} bytes at {sq:#x}; device code needs a power \
+                 of two ≥ {wqe_cnt} of 64-byte WQEBBs, 64-byte aligned",
+                dv.sq.stride
+            )));
+        }
+        let bf = dv.bf.reg as u64;
+        if bf == 0 {
+            return Err(Error::Unavailable(format!("QP {qpn:#x} has no doorbell register (mlx5dv_qp.bf.reg)")));
+        }
+        let page = UAR_PAGE_SIZE as u64;
+        // SAFETY: the SQ ring and the dbrec are rdma-core's allocations for this QP and the UAR page is its
+        // mmap of the device's doorbell page; all stay mapped until `ibv_destroy_qp`, which `Drop` calls after
+        // dropping the mappings.
+        unsafe {
+            qp.maps.push(self.map.map(sq, u64::from(n) * WQEBB as u64, false)?);
+            qp.maps.push(self.map.map(dv.dbrec as u64, 8, false)?);
+            qp.maps.push(self.map.map(bf & !(page - 1), page, true)?);
+        }
+        qp.handle = QpHandle {
+            sq_buf: qp.maps[0].device_addr,
+            dbrec: qp.maps[1].device_addr,
+            bf_reg: qp.maps[2].device_addr + (bf & (page - 1)),
+            wqe_cnt: n,
+            qpn,
+            cq: cq.handle(),
+            ..QpHandle::default()
+        };
+        Ok(qp)
+    }
+}
+
+impl Qp {
+    /// The QP number (24 bits).
+    pub fn qpn(&self) -> u32 {
+        self.handle.qpn
+    }
+
+    /// SQ size in WQEBBs (rdma-core's, at least what was asked for).
+    pub fn wqe_cnt(&self) -> u32 {
+        self.handle.wqe_cnt
+    }
+
+    /// What a peer passes to its [`Qp::connect`]: this port's link layer, LID, chosen GID and active MTU,
+    /// and the QP's number and first PSN.
+    pub fn endpoint(&self) -> Endpoint {
+        let n = &self.nic;
+        Endpoint {
+            link: n.link,
+            qpn: self.handle.qpn,
+            psn: self.psn,
+            lid: n.lid,
+            gid: n.gid.gid,
+            gid_index: n.gid.index as u8,
+            mtu: n.mtu,
+        }
+    }
+
+    /// The device handle: SQ ring, dbrec and doorbell/BlueFlame register as device code sees them,
+    /// `wqe_cnt`, QPN and the CQ's handle; software counters zero (a handle is taken once, before device code
+    /// posts).
+    pub fn handle(&self) -> QpHandle {
+        self.handle
+    }
+
+    /// Moves the QP RESET → INIT → RTR → RTS towards `remote` ([`attr::init`], [`attr::rtr`], [`attr::rts`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an endpoint with another link layer or LID 0 on InfiniBand;
+    /// [`Error::Verbs`] naming the transition (`ibv_modify_qp(INIT→RTR)`) and errno (e.g. EINVAL for a QP
+    /// not in RESET).
+    pub fn connect(&self, remote: &Endpoint) -> Result<()> {
+        let n = &self.nic;
+        let local = self.endpoint();
+        let (mut init, m0) = attr::init(n.port);
+        let (mut rtr, m1) = attr::rtr(&local, remote, n.port, attr::rd_atomic(n.limits.max_qp_rd_atom))?;
+        let (mut rts, m2) = attr::rts(self.psn, attr::rd_atomic(n.limits.max_qp_init_rd_atom));
+        for (a, mask, step) in [(&mut init, m0, "RESET→INIT"), (&mut rtr, m1, "INIT→RTR"), (&mut rts, m2, "RTR→RTS")]
+        {
+            // SAFETY: `ptr` is a live QP; `a` is a zeroed, filled attribute struct; the mask names the fields set.
+            let ret = unsafe { sys::ibv_modify_qp(self.ptr, a, mask as i32) };
+            check(ret, format!("ibv_modify_qp({step}) of QP {:#x} on {}", self.handle.qpn, n.ctx.name))?;
+        }
+        tracing::debug!(qpn = self.handle.qpn, peer = remote.qpn, "mlx5: QP in RTS");
+        Ok(())
+    }
+
+    /// The QP's state as the NIC reports it (`ibv_query_qp`); SQD, SQE and unknown states read as
+    /// [`QpState::Error`].
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] for `ibv_query_qp`.
+    pub fn state(&self) -> Result<QpState> {
+        let mut a = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        // SAFETY: `ptr` is a live QP; both out-parameters are zeroed structs of the right types.
+        let ret = unsafe { sys::ibv_query_qp(self.ptr, &mut a, sys::IBV_QP_STATE as i32, &mut init) };
+        check(ret, "ibv_query_qp")?;
+        Ok(match a.qp_state {
+            sys::IBV_QPS_RESET => QpState::Reset,
+            sys::IBV_QPS_INIT => QpState::Init,
+            sys::IBV_QPS_RTR => QpState::Rtr,
+            sys::IBV_QPS_RTS => QpState::Rts,
+            _ => QpState::Error,
+        })
+    }
+}

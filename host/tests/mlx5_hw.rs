@@ -1,0 +1,186 @@
+//! The hardware suite of the real mlx5 backend: ping-pong, PortChannel in every sharing mode, and fault cases,
+//! on a ConnectX NIC. Every test is `#[ignore]`d (no machine of this project has a NIC) and skips with a
+//! message when the host has no RDMA device. On a host with one (docs/mlx5.md):
+//!
+//! ```sh
+//! cargo test -p gdaki --features mlx5 --test mlx5_hw -- --ignored --test-threads 1
+//! ```
+//!
+//! `GDAKI_MLX5_NIC` picks the NIC (`DEVICE[:PORT[:GID_INDEX]]`, default `mlx5_0`), `GDAKI_MLX5_EXECUTOR` the
+//! executor (`cpu` or `gpu`; default: the GPU if there is one). Both ranks of each test run in this process,
+//! their QPs on the same port, connected to each other through the NIC (loopback through the HCA).
+#![cfg(feature = "mlx5")]
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use gdaki::bootstrap::{Bootstrap, Launch, Secret};
+use gdaki::channel::Communicator;
+use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::mem::{MemKind, MemLoc};
+use gdaki::nic::emu::{QpState, WireConfig};
+use gdaki::nic::mlx5::{self, LinkLayer};
+use gdaki::nic::{Access, Endpoint, Nic, NicSpec};
+use gdaki::pingpong::{PingPong, RunConfig};
+use gdaki::porttest::{op, Mode, PortTest, RunConfig as PortRun};
+use gdaki::Error;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The NIC under test, or `None` (after saying why) when the host has none: the test then passes as skipped.
+fn nic_spec() -> Option<NicSpec> {
+    let text = std::env::var("GDAKI_MLX5_NIC").unwrap_or_else(|_| "mlx5_0".into());
+    let spec: NicSpec = text.parse().unwrap_or_else(|e| panic!("GDAKI_MLX5_NIC: {e}"));
+    match Nic::open(&spec, &Executor::Cpu, None) {
+        Ok(_) => Some(spec),
+        Err(Error::Unavailable(why)) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+        Err(e) => panic!("opening {spec}: {e}"),
+    }
+}
+
+fn executor() -> Executor {
+    let kind = match std::env::var("GDAKI_MLX5_EXECUTOR").as_deref() {
+        Ok("cpu") => Some(ExecutorKind::Cpu),
+        Ok("gpu") => Some(ExecutorKind::Gpu),
+        _ => None,
+    };
+    let (exec, note) = Executor::open(kind).expect("executor");
+    if let Some(n) = note {
+        eprintln!("note: {n}");
+    }
+    exec
+}
+
+#[test]
+#[ignore = "needs a ConnectX NIC (docs/mlx5.md)"]
+fn mlx5_devices_have_an_active_port_and_a_gid() {
+    let Some(NicSpec::Mlx5(spec)) = nic_spec() else { return };
+    let devices = mlx5::list().expect("list");
+    let d = devices.iter().find(|d| d.name == spec.device).expect("the device is listed");
+    eprint!("{d}");
+    assert!(d.mlx5, "driven by the mlx5 provider");
+    assert!(d.max_qp_wr >= 16 && d.max_cqe >= 16, "limits: {d:?}");
+    let p = d.ports.iter().find(|p| p.num == spec.port).expect("the port is listed");
+    assert_eq!(p.state, mlx5::PortState::Active);
+    let link = p.link.expect("known link layer");
+    let g = mlx5::gid::select(&p.gids, link, spec.gid_index).expect("a usable GID");
+    if link == LinkLayer::InfiniBand {
+        assert_ne!(p.lid, 0, "an active InfiniBand port has a LID");
+    } else {
+        assert_eq!(g.kind, mlx5::GidType::RoceV2);
+    }
+}
+
+/// Ping-pong (RDMA WRITE + fetch-add each way), every payload checked, at a small, a middle and a large size.
+#[test]
+#[ignore = "needs a ConnectX NIC (docs/mlx5.md)"]
+fn mlx5_pingpong_checks_every_payload() {
+    let Some(spec) = nic_spec() else { return };
+    let mut pp = PingPong::new_on(&spec, executor(), 1 << 20, 220).expect("set up");
+    for (i, size) in [8usize, 4096, 1 << 20].into_iter().enumerate() {
+        let cfg = RunConfig { size, iters: 200, warmup: 20, seed: 0x5eed + i as u64, timeout: TIMEOUT };
+        let r = pp.run(&cfg).unwrap_or_else(|e| panic!("{size} bytes: {e}"));
+        assert_eq!(r.checked, 2 * 220, "{size} bytes: both ranks check every payload");
+        assert_eq!(r.round_trip_ns.len(), 200);
+    }
+}
+
+/// Runs `f(rank, communicator)` on two ranks of this process, both on the NIC under test.
+fn two_ranks<T: Send>(spec: &NicSpec, f: impl Fn(u32, Communicator) -> T + Sync) -> Vec<T> {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let root = listener.local_addr().unwrap().to_string();
+    let secret = Secret::random().unwrap();
+    let mut listener = Some(listener);
+    let f = &f;
+    thread::scope(|s| {
+        let hs: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let launch = Launch { rank, world_size: 2, root: root.clone(), secret, source: "test" };
+                let l = if rank == 0 { listener.take() } else { None };
+                s.spawn(move || {
+                    let boot = match l {
+                        Some(l) => Bootstrap::root_on(l, &launch, TIMEOUT),
+                        None => Bootstrap::connect(&launch, TIMEOUT),
+                    }
+                    .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+                    let comm =
+                        Communicator::with_nic(boot, executor(), spec, WireConfig::loopback()).expect("communicator");
+                    f(rank, comm)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    })
+}
+
+/// MSCCL++'s one-to-one PortChannel tests, every operation in Exclusive, Block and Device sharing.
+#[test]
+#[ignore = "needs a ConnectX NIC (docs/mlx5.md)"]
+fn mlx5_port_channel_every_op_every_mode() {
+    let Some(spec) = nic_spec() else { return };
+    let cases = [
+        (op::PINGPONG, 1, 4096, 50),
+        (op::BW, 1, 64 << 10, 20),
+        (op::BW, 4, 4096, 20),
+        (op::BIBW, 1, 1024, 20),
+        (op::FLUSH_STRESS, 4, 1024, 30),
+        (op::SAME_CHANNEL_FLUSH, 1, 1024, 30),
+    ];
+    for mode in Mode::ALL {
+        for (opc, nch, size, iters) in cases {
+            let results = two_ranks(&spec, |rank, comm| {
+                let team = if comm.executor().kind() == ExecutorKind::Gpu { 128 } else { 4 };
+                let mut t = PortTest::new(Arc::new(comm), mode, nch, size, iters as usize).expect("set up");
+                let cfg = PortRun { op: opc, size, iters, team, seed: 0x5eed ^ opc as u64, timeout: TIMEOUT };
+                t.run(&cfg).unwrap_or_else(|e| panic!("{} op {opc} x{nch} rank {rank}: {e}", mode.name()))
+            });
+            let checked: u64 = results.iter().map(|r| r.checked).sum();
+            assert!(checked > 0, "{} op {opc}: payloads checked", mode.name());
+        }
+    }
+}
+
+/// Faults the host side must report, not hide: a second connect of a QP (ibv_modify_qp refuses RESET→INIT
+/// from RTS: EINVAL, named), an endpoint of the other link layer, a GID index that is not in the table, a
+/// zero-length MR.
+#[test]
+#[ignore = "needs a ConnectX NIC (docs/mlx5.md)"]
+fn mlx5_host_faults_are_errors_naming_the_call() {
+    let Some(spec) = nic_spec() else { return };
+    let nic = Nic::open(&spec, &executor(), None).expect("open");
+    let pd = nic.alloc_pd().expect("pd");
+    let cq = nic.create_cq(64).expect("cq");
+    let (a, b) = (nic.create_qp(&pd, &cq, 64).expect("qp a"), nic.create_qp(&pd, &cq, 64).expect("qp b"));
+    assert_eq!(a.state(), QpState::Reset);
+    a.connect(&b.endpoint()).expect("connect a");
+    b.connect(&a.endpoint()).expect("connect b");
+    assert_eq!((a.state(), b.state()), (QpState::Rts, QpState::Rts));
+    match a.connect(&b.endpoint()) {
+        Err(Error::Verbs { call, errno }) => {
+            assert!(call.contains("ibv_modify_qp(RESET→INIT)"), "{call}");
+            assert_ne!(errno, 0);
+        }
+        other => panic!("second connect: {other:?}"),
+    }
+    let Endpoint::Mlx5(mut other) = b.endpoint() else { panic!("an mlx5 endpoint") };
+    other.link = match other.link {
+        LinkLayer::InfiniBand => LinkLayer::Ethernet,
+        LinkLayer::Ethernet => LinkLayer::InfiniBand,
+    };
+    let c = nic.create_qp(&pd, &cq, 64).expect("qp c");
+    assert!(matches!(c.connect(&Endpoint::Mlx5(other)), Err(Error::InvalidArgument(_))));
+    assert_eq!(c.state(), QpState::Reset, "a refused connect changes nothing");
+    let mut buf = vec![0u8; 64];
+    let loc = MemLoc { kind: MemKind::Host, addr: buf.as_mut_ptr() as u64 };
+    // SAFETY: `buf` outlives the (refused) registration.
+    assert!(unsafe { nic.reg_mr(&pd, loc, 0, Access::ALL) }.is_err());
+    if let NicSpec::Mlx5(mut s) = spec {
+        s.gid_index = Some(100_000);
+        assert!(matches!(Nic::open(&NicSpec::Mlx5(s), &Executor::Cpu, None), Err(Error::InvalidArgument(_))));
+    }
+}

@@ -1,0 +1,3 @@
+/* The two rdma-core headers gdaki binds (build.rs runs bindgen over this file). */
+#include <infiniband/verbs.h>
+#include <infiniband/mlx5dv.h>
