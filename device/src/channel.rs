@@ -214,6 +214,7 @@ impl<'h, P: Poster> PortChannel<'h, P> {
 
     /// Stages the RDMA WRITEs of `bytes` bytes from `src + src_offset` to `dst + dst_offset`, split into
     /// WQEs of at most `max_wqe_bytes`; the last one is submitted when `last` is set.
+    #[inline(always)]
     fn writes(&mut self, dst_offset: u64, src_offset: u64, bytes: u64, last: bool) -> Result<()> {
         // Whole range first: nothing is posted for a bad one.
         remote(&self.h.dst, dst_offset, bytes)?;
@@ -240,6 +241,7 @@ impl<'h, P: Poster> PortChannel<'h, P> {
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero length or a range outside either memory (nothing posted);
     /// timeouts and unexpected CQEs of the poster.
+    #[inline(always)]
     pub fn put(&mut self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {
             return self.push_writes(dst_offset, src_offset, bytes, 0);
@@ -312,6 +314,7 @@ impl<'h, P: Poster> PortChannel<'h, P> {
     ///
     /// # Errors
     /// As [`PortChannel::put`]; nothing is posted for a bad range.
+    #[inline(always)]
     pub fn put_with_signal(&mut self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {
             return self.push_writes(dst_offset, src_offset, bytes, Trigger::SIGNAL);

@@ -166,6 +166,22 @@ pub unsafe extern "ptx-kernel" fn gdaki_port_device(args: *const crate::porttest
     unsafe { port::<crate::scope::Device>(args) }
 }
 
+/// The post-rate microbenchmark ([`crate::postrate::run`]): CTA `b` is team `b`, with its shared-memory
+/// BlueFlame slots.
+///
+/// # Safety
+/// `args` must point to a [`crate::postrate::PostRateArgs`] built by the host.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn gdaki_post_rate(args: *const crate::postrate::PostRateArgs) {
+    // SAFETY: the host's arguments; the staging area is this CTA's, cleared before `Cta::new`'s barrier, and
+    // only thread 0 posts with BlueFlame (the Exclusive shape).
+    unsafe {
+        let st = staging::<crate::channel::Exclusive>();
+        let team = Cta::new();
+        crate::postrate::run(&team, &*args, nvptx::_block_idx_x() as u32, &mut *st)
+    }
+}
+
 /// An Exclusive channel on `*h` for thread 0, with its CTA's BlueFlame slots.
 ///
 /// # Safety

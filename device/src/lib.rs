@@ -29,6 +29,7 @@ pub mod onesided;
 pub mod packet;
 pub mod pingpong;
 pub mod porttest;
+pub mod postrate;
 pub mod qp;
 pub mod samples;
 pub mod scope;

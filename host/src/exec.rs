@@ -1,7 +1,10 @@
 //! Executors: where device code runs. `gpu` launches the PTX kernels through the CUDA driver; `cpu` calls the
 //! same `gdaki-device` functions from host threads. Each provides the memory the emulated NIC needs.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+
+use gdaki_device::pingpong::Team;
 
 use crate::cuda::{DeviceBuffer, Gpu};
 use crate::mem::{GpuCopier, HostQueueMemory, MappedBuf, MemKind, MemLoc, QueueMemory};
@@ -126,6 +129,29 @@ impl DataBuf {
         self.len() == 0
     }
 
+    /// Writes `bytes` at byte `off` (host memory: a copy; GPU memory: a synchronous copy). Only while no
+    /// device code uses those bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside the buffer; the CUDA driver's error.
+    pub fn write(&self, off: usize, bytes: &[u8]) -> Result<()> {
+        match self {
+            Self::Host(b) => {
+                if off.checked_add(bytes.len()).is_none_or(|end| end > b.len()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} bytes at {off} do not fit in a buffer of {}",
+                        bytes.len(),
+                        b.len()
+                    )));
+                }
+                // SAFETY: in bounds (checked); nobody else writes these bytes now (the caller's contract).
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.host_ptr().add(off), bytes.len()) };
+                Ok(())
+            }
+            Self::Gpu(b) => b.copy_from_host(off, bytes),
+        }
+    }
+
     /// Copies its bytes out (for checks in tests).
     ///
     /// # Errors
@@ -137,4 +163,54 @@ impl DataBuf {
             Self::Gpu(b) => b.to_vec(),
         }
     }
+}
+
+/// A team of host threads: `size` threads meeting at a barrier that ORs a flag.
+pub(crate) struct ThreadTeam<'b> {
+    tid: usize,
+    size: usize,
+    barrier: &'b Barrier,
+    any: &'b AtomicBool,
+}
+
+impl Team for ThreadTeam<'_> {
+    fn tid(&self) -> usize {
+        self.tid
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn sync_or(&self, flag: bool) -> bool {
+        if flag {
+            self.any.store(true, Ordering::Relaxed);
+        }
+        self.barrier.wait();
+        let r = self.any.load(Ordering::Relaxed);
+        // Everyone has read the flag before it is cleared, and it is cleared before anyone sets it again.
+        self.barrier.wait();
+        if self.tid == 0 {
+            self.any.store(false, Ordering::Relaxed);
+        }
+        self.barrier.wait();
+        r
+    }
+}
+
+/// Runs `f(team, index)` on `nteams` teams of `team` host threads each, all at once (the `cpu` executor's
+/// stand-in for a launch of `nteams` CTAs of `team` threads); returns when every thread has.
+pub(crate) fn run_teams(nteams: u32, team: u32, f: impl Fn(&ThreadTeam, u32) + Sync) {
+    let f = &f;
+    std::thread::scope(|s| {
+        for index in 0..nteams {
+            s.spawn(move || {
+                let (barrier, any) = (Barrier::new(team as usize), AtomicBool::new(false));
+                std::thread::scope(|t| {
+                    for tid in 0..team as usize {
+                        let (barrier, any) = (&barrier, &any);
+                        t.spawn(move || f(&ThreadTeam { tid, size: team as usize, barrier, any }, index));
+                    }
+                });
+            });
+        }
+    });
 }

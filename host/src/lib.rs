@@ -16,6 +16,7 @@ pub mod nic;
 pub mod perftest;
 pub mod pingpong;
 pub mod porttest;
+pub mod postrate;
 pub mod proxy;
 pub mod ptx;
 

@@ -7,12 +7,10 @@
 //! only: the Exclusive counters live in the QP handle, the shared ones in the shared state, and the two do not
 //! follow each other, so make one `PortTest` per mode.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::Duration;
 
 use gdaki_device::channel::{Exclusive, Sharing};
-use gdaki_device::pingpong::Team;
 use gdaki_device::porttest::{self, PortTestArgs};
 use gdaki_device::scope::{Block, Device};
 use gdaki_shared::channel::PortChannelHandle;
@@ -407,58 +405,14 @@ impl PortTest {
     }
 }
 
-/// A team of host threads: `size` threads meeting at a barrier that ORs a flag.
-struct ThreadTeam<'b> {
-    tid: usize,
-    size: usize,
-    barrier: &'b Barrier,
-    any: &'b AtomicBool,
-}
-
-impl Team for ThreadTeam<'_> {
-    fn tid(&self) -> usize {
-        self.tid
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn sync_or(&self, flag: bool) -> bool {
-        if flag {
-            self.any.store(true, Ordering::Relaxed);
-        }
-        self.barrier.wait();
-        let r = self.any.load(Ordering::Relaxed);
-        // Everyone has read the flag before it is cleared, and it is cleared before anyone sets it again.
-        self.barrier.wait();
-        if self.tid == 0 {
-            self.any.store(false, Ordering::Relaxed);
-        }
-        self.barrier.wait();
-        r
-    }
-}
-
 /// Runs `porttest::run` with `team` host threads per channel, all channels at once.
 fn run_threads<M: Sharing>(args: &PortTestArgs, nchannels: u32, team: u32) {
-    std::thread::scope(|s| {
-        for ch in 0..nchannels {
-            let (barrier, any) = (Barrier::new(team as usize), AtomicBool::new(false));
-            s.spawn(move || {
-                std::thread::scope(|t| {
-                    for tid in 0..team as usize {
-                        let (barrier, any) = (&barrier, &any);
-                        t.spawn(move || {
-                            let tm = ThreadTeam { tid, size: team as usize, barrier, any };
-                            // Each thread's own (only thread 0 posts in Exclusive sharing): the CTA's shared
-                            // memory of the gpu executor.
-                            let mut staging = <M::Staging as bytemuck::Zeroable>::zeroed();
-                            // SAFETY: `args` names this rank's live channels and control words (built by
-                            // `PortTest::run`); each channel's team is its own threads, all running at once.
-                            unsafe { porttest::run::<M>(&tm, args, ch, &mut staging) }
-                        });
-                    }
-                });
-            });
-        }
+    crate::exec::run_teams(nchannels, team, |tm, ch| {
+        // Each thread's own (only thread 0 posts in Exclusive sharing): the CTA's shared memory of the gpu
+        // executor.
+        let mut staging = <M::Staging as bytemuck::Zeroable>::zeroed();
+        // SAFETY: `args` names this rank's live channels and control words (built by `PortTest::run`); each
+        // channel's team is its own threads, all running at once.
+        unsafe { porttest::run::<M>(tm, args, ch, &mut staging) }
     });
 }

@@ -557,7 +557,6 @@ fn host_modes_deliver_every_trigger_through_a_small_fifo_and_drain_on_drop() {
                     }
                     _ => acc.unwrap(),
                 }
-                drop(ch);
                 // The last holder of the proxy goes last: its drop drains (no assertion may panic before the
                 // barriers, or rank 1 would wait there forever).
                 drop((chan, sem, conn, comm));

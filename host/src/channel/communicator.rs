@@ -14,7 +14,7 @@ use crate::{Error, Result};
 
 use super::config::{EndpointConfig, IbMode, Transport};
 use super::connection::{ConnInner, Connection, QP_HANDLE_OFF, SHARED_OFF, STATE_BYTES};
-use super::memory::{queue_loc, write_words, RegInner, RegisteredMemory, RemoteMemory};
+use super::memory::{queue_loc, RegInner, RegisteredMemory, RemoteMemory};
 use super::msg::{self, Kind};
 use super::port::PortChannel;
 use super::semaphore::{SemInner, Semaphore, EXPECTED_BYTES};
@@ -257,8 +257,8 @@ impl Communicator {
         }
         qp.connect(&remote)?;
         // A new QP's NIC has consumed nothing: the handle's counters and the shared state start at zero.
-        write_words(&state, QP_HANDLE_OFF, bytemuck::bytes_of(&qp.handle()))?;
-        write_words(&state, SHARED_OFF, bytemuck::bytes_of(&SharedQpState::default()))?;
+        state.write(QP_HANDLE_OFF, bytemuck::bytes_of(&qp.handle()))?;
+        state.write(SHARED_OFF, bytemuck::bytes_of(&SharedQpState::default()))?;
         Ok(Connection {
             inner: Arc::new(ConnInner {
                 scratch_mr,

@@ -131,20 +131,6 @@ pub(super) fn load_queue_u64(buf: &MappedBuf, off: usize) -> u64 {
     unsafe { AtomicU64::from_ptr(buf.host_ptr().add(off).cast()) }.load(Ordering::Acquire)
 }
 
-/// Writes `bytes` at byte `off` of `buf`, a buffer device code uses (host memory on `cpu`, GPU memory on
-/// `gpu`). Only while no device code uses those bytes.
-pub(super) fn write_words(buf: &DataBuf, off: usize, bytes: &[u8]) -> Result<()> {
-    match buf {
-        DataBuf::Host(b) => {
-            check_range(b.len(), off, bytes.len())?;
-            // SAFETY: in bounds (checked); nobody else writes these bytes now (the caller's contract).
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.host_ptr().add(off), bytes.len()) };
-            Ok(())
-        }
-        DataBuf::Gpu(b) => b.copy_from_host(off, bytes),
-    }
-}
-
 /// Reads `len` bytes at byte `off` of `buf` (a snapshot while device code may be writing them).
 pub(super) fn read_words(buf: &DataBuf, off: usize, len: usize) -> Result<Vec<u8>> {
     match buf {

@@ -1,0 +1,100 @@
+//! The device-side post rate: how many 8-byte RDMA WRITE WQEs per second device code builds and submits
+//! (`gdaki::postrate`): one thread per QP on one and on many QPs, ringing the doorbell every post, every 32
+//! posts, or by BlueFlame; and many threads on one QP in Device scope. The emulated NIC consumes the WQEs as
+//! fast as it can meanwhile (loopback QPs writing pinned host memory). Each row gives WQEs/s over the median
+//! round and the median poster's ns per post; the last line is `N passed, M failed` (a row passes when device
+//! code reported no error and the NIC saw no error CQE and no dbrec mismatch).
+//!
+//! `cargo run --release --example post_rate -- --executor cpu`
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::postrate::{PostRate, Shape};
+
+#[derive(Parser, Debug)]
+#[command(about = "WQEs per second that device code builds and submits (8-byte RDMA WRITE)")]
+struct Args {
+    /// cpu or gpu (default: the GPU if there is one).
+    #[arg(long)]
+    executor: Option<ExecutorKind>,
+    /// QPs of the many-QP rows (default: 132 on the GPU, one per SM of an H200; 2 on cpu).
+    #[arg(long)]
+    qps: Option<u32>,
+    /// Posts per thread per round in the one-thread-per-QP rows.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=16_000))]
+    posts: u32,
+    /// Timed rounds per row (after one warm-up round).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    rounds: u32,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let (exec, note) = match Executor::open(args.executor) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    let gpu = exec.kind() == ExecutorKind::Gpu;
+    let many = args.qps.unwrap_or(if gpu { 132 } else { 2 });
+    let (ctas, threads) = if gpu { (132, 32) } else { (1, 4) };
+    let mut rows = Vec::new();
+    for qps in [1, many] {
+        for (db_batch, bf) in [(1, false), (32, false), (1, true)] {
+            rows.push((Shape::Exclusive { qps, db_batch, bf }, args.posts));
+        }
+    }
+    // Many threads on one QP: every post is its own WQE, so a round's posts share the one SQ.
+    let posters = ctas * threads;
+    rows.push((Shape::Shared { ctas, threads }, (8000 / posters).clamp(1, args.posts)));
+    let mut bench = match PostRate::new(exec, many, posters.max(many)) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    println!("{:<40} {:>8} {:>8} {:>7} {:>14} {:>12}", "shape", "posters", "posts", "rounds", "WQEs/s", "ns/post");
+    let (mut passed, mut failed) = (0, 0);
+    for (shape, posts) in rows {
+        let before = bench.nic().stats();
+        match bench.run(shape, posts, args.rounds, Duration::from_secs(10)) {
+            Ok(r) => {
+                let after = bench.nic().stats();
+                let nposters = (r.wqes / (posts as u64 * args.rounds as u64)) as u32;
+                println!(
+                    "{:<40} {nposters:>8} {posts:>8} {:>7} {:>14.0} {:>12.1}",
+                    shape.label(),
+                    args.rounds,
+                    r.wqes_per_s(nposters, posts),
+                    r.median_ns_per_post()
+                );
+                let clean = after.error_cqes == before.error_cqes && after.dbrec_mismatches == before.dbrec_mismatches;
+                if clean {
+                    passed += 1;
+                } else {
+                    eprintln!("error: {}: the NIC saw error CQEs or dbrec mismatches: {after:?}", shape.label());
+                    failed += 1;
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {}: {e}", shape.label());
+                failed += 1;
+            }
+        }
+    }
+    println!("\n{passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

@@ -1,0 +1,253 @@
+//! Host side of the device-side post-rate microbenchmark ([`gdaki_device::postrate`]): how many 8-byte RDMA
+//! WRITE WQEs per second device code builds and submits, one thread per QP on many QPs (Exclusive; doorbell
+//! per post, per 32 posts, or BlueFlame) or many threads on one QP (Device scope), while the emulated NIC
+//! consumes them as fast as it can.
+//!
+//! Every QP is connected to itself (a loopback QP of one emulated NIC) and writes 8 bytes into a pinned host
+//! buffer, so that the NIC's side of each WQE is a plain memory copy: the numbers are the device's posting
+//! cost, not the emulator's GPU copies.
+
+use std::time::Duration;
+
+use gdaki_device::postrate::{shape, PostRateArgs};
+use gdaki_shared::channel::SharedQpState;
+use gdaki_shared::handle::{ErrorReport, QpHandle};
+
+use crate::cuda::{KernelArg, LaunchConfig};
+use crate::exec::Executor;
+use crate::mem::{MappedBuf, MemKind, MemLoc};
+use crate::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp};
+use crate::{Error, Result};
+
+/// SQ size of every QP, WQEBBs (the emulated NIC's largest): a round's WQEs must fit without waiting.
+const WQE_CNT: u32 = 32768;
+
+/// How one run posts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// One thread per QP on `qps` QPs; a doorbell every `db_batch` posts, or BlueFlame on every post.
+    Exclusive {
+        /// QPs (one CTA of one posting thread each).
+        qps: u32,
+        /// Posts per doorbell (ignored with `bf`).
+        db_batch: u32,
+        /// Ring every post by BlueFlame.
+        bf: bool,
+    },
+    /// `ctas × threads` threads on one QP (Device-scope shared QP; every post rings, batched by the QP).
+    Shared {
+        /// CTAs (teams).
+        ctas: u32,
+        /// Threads per CTA.
+        threads: u32,
+    },
+}
+
+impl Shape {
+    /// A row label, e.g. "Exclusive 132 QPs, db/32" or "Device 8x128 thr, 1 QP".
+    pub fn label(&self) -> String {
+        match *self {
+            Shape::Exclusive { qps, bf: true, .. } => format!("Exclusive {qps} QP(s), BlueFlame"),
+            Shape::Exclusive { qps, db_batch, .. } => format!("Exclusive {qps} QP(s), doorbell/{db_batch}"),
+            Shape::Shared { ctas, threads } => format!("Device {ctas}x{threads} threads, 1 QP"),
+        }
+    }
+
+    fn teams(&self) -> (u32, u32, u32) {
+        match *self {
+            Shape::Exclusive { qps, .. } => (qps, 1, 1),
+            Shape::Shared { ctas, threads } => (ctas, threads, threads),
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct RateResult {
+    /// WQEs posted in the timed rounds.
+    pub wqes: u64,
+    /// Per round: from the first poster's start to the last poster's end, ns.
+    pub round_ns: Vec<u64>,
+    /// Per poster and round: its own time per post, ns.
+    pub post_ns: Vec<f64>,
+}
+
+impl RateResult {
+    /// WQEs per second over the median round.
+    pub fn wqes_per_s(&self, posters: u32, posts: u32) -> f64 {
+        let mut r = self.round_ns.clone();
+        r.sort_unstable();
+        let median = r.get(r.len() / 2).copied().unwrap_or(0).max(1);
+        posters as f64 * posts as f64 / (median as f64 * 1e-9)
+    }
+
+    /// Median of the posters' ns per post.
+    pub fn median_ns_per_post(&self) -> f64 {
+        let mut v = self.post_ns.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// The QPs and buffers of the benchmark, on one emulated NIC.
+pub struct PostRate {
+    exec: Executor,
+    /// Field order is drop order: MRs and QPs before the NIC's memory they name.
+    _mrs: (Mr, Mr),
+    qps: Vec<Qp>,
+    _cqs: Vec<Cq>,
+    _pd: Pd,
+    nic: std::sync::Arc<EmuNic>,
+    _src: MappedBuf,
+    _dst: MappedBuf,
+    max_posters: u32,
+}
+
+impl PostRate {
+    /// Opens an emulated NIC for `exec` with `nqps` loopback QPs and room for `max_posters` posting threads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero counts; the NIC's and allocation errors.
+    pub fn new(exec: Executor, nqps: u32, max_posters: u32) -> Result<Self> {
+        if nqps == 0 || max_posters == 0 {
+            return Err(Error::InvalidArgument("post rate: at least one QP and one poster".into()));
+        }
+        let nic = EmuNic::open(EmuConfig { queue_mem: exec.queue_memory(), gpu: exec.gpu_copier()?, wire: None })?;
+        let pd = nic.alloc_pd()?;
+        let (mut cqs, mut qps) = (Vec::new(), Vec::new());
+        for _ in 0..nqps {
+            let cq = nic.create_cq(WQE_CNT)?;
+            let qp = nic.create_qp(&pd, &cq, WQE_CNT)?;
+            qp.connect(&qp.endpoint())?;
+            cqs.push(cq);
+            qps.push(qp);
+        }
+        let mem = exec.queue_memory();
+        let (src, dst) = (mem.alloc(8)?, mem.alloc(8 * max_posters as usize)?);
+        let loc = |b: &MappedBuf| MemLoc { kind: MemKind::Host, addr: b.device_addr() };
+        // SAFETY: both buffers live in `self` and are dropped after the MRs (field order).
+        let mrs = unsafe {
+            (
+                nic.reg_mr(&pd, loc(&src), 8, Access::NONE)?,
+                nic.reg_mr(&pd, loc(&dst), 8 * max_posters as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
+            )
+        };
+        Ok(Self { exec, _mrs: mrs, qps, _cqs: cqs, _pd: pd, nic, _src: src, _dst: dst, max_posters })
+    }
+
+    /// Runs `rounds` rounds of `posts` WRITEs per poster in `shape` (after one untimed warm-up round).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the shape needs more QPs or posters than set up, or a round's WQEs do not
+    /// fit one SQ; [`Error::Device`] for what device code reported; CUDA errors.
+    pub fn run(&mut self, shape: Shape, posts: u32, rounds: u32, timeout: Duration) -> Result<RateResult> {
+        let (teams, team_size, team_posters) = shape.teams();
+        let posters = teams * team_posters;
+        let per_qp = match shape {
+            Shape::Exclusive { .. } => posts as u64,
+            Shape::Shared { .. } => posts as u64 * posters as u64,
+        };
+        let nqps = match shape {
+            Shape::Exclusive { qps, .. } => qps,
+            Shape::Shared { .. } => 1,
+        };
+        if nqps as usize > self.qps.len() || posters > self.max_posters || per_qp + 2 > WQE_CNT as u64 / 2 || posts == 0
+        {
+            return Err(Error::InvalidArgument(format!(
+                "post rate {}: {posters} posters × {posts} posts on {nqps} QPs (set up: {} QPs, {} posters, {} \
+                 WQEBBs per SQ, half of which a round may take)",
+                shape.label(),
+                self.qps.len(),
+                self.max_posters,
+                WQE_CNT
+            )));
+        }
+        // QP handles and the shared state where device code keeps them; fresh ones each run (the NIC has
+        // consumed everything posted before: every round ends with a flush).
+        let handles: Vec<QpHandle> = self.qps[..nqps as usize].iter().map(|q| q.handle()).collect();
+        let hbytes = bytemuck::cast_slice::<QpHandle, u8>(&handles);
+        let state = self.exec.alloc_data(256 + hbytes.len())?;
+        state.write(0, bytemuck::bytes_of(&shared_state(&handles[0])))?;
+        state.write(256, hbytes)?;
+        let total_rounds = rounds + 1;
+        let ctrl = self.exec.queue_memory().alloc(64 + 16 * (total_rounds * posters) as usize)?;
+        let base = state.loc().addr;
+        let (bf, db_batch) = match shape {
+            Shape::Exclusive { bf, db_batch, .. } => (bf as u32, db_batch.max(1)),
+            Shape::Shared { .. } => (0, 1),
+        };
+        let args = PostRateArgs {
+            qps: base + 256,
+            shared: base,
+            dst: self._mrs.1.remote(),
+            src: self._mrs.0.handle(),
+            times: ctrl.device_addr() + 64,
+            report: ctrl.device_addr(),
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            posts,
+            rounds: total_rounds,
+            shape: match shape {
+                Shape::Exclusive { .. } => shape::EXCLUSIVE,
+                Shape::Shared { .. } => shape::SHARED,
+            },
+            db_batch,
+            bf,
+            team_posters,
+            posters,
+            pad: 0,
+        };
+        match &self.exec {
+            Executor::Gpu(g) => {
+                let a = g.alloc_device(size_of::<PostRateArgs>())?;
+                a.copy_from_host(0, bytemuck::bytes_of(&args))?;
+                let kernel = g.kernel(crate::ptx::PTX, "gdaki_post_rate")?;
+                let stream = g.new_stream()?;
+                // SAFETY: the arguments, handles, buffers and control words are live for the launch (owned by
+                // `self` and this frame); one CTA per team.
+                unsafe {
+                    kernel.launch(
+                        &stream,
+                        &LaunchConfig::linear(teams, team_size),
+                        &[KernelArg::U64(a.device_addr())],
+                    )?
+                };
+                stream.wait(timeout.saturating_mul(total_rounds).saturating_add(Duration::from_secs(10)))?;
+            }
+            Executor::Cpu => crate::exec::run_teams(teams, team_size, |t, index| {
+                let mut bf = bytemuck::Zeroable::zeroed();
+                // SAFETY: as above; each team's thread 0 has its own slots.
+                unsafe { gdaki_device::postrate::run(t, &args, index, &mut bf) }
+            }),
+        }
+        // SAFETY: the device code has finished; the report is the first 64 bytes of `ctrl`.
+        let report = unsafe { (ctrl.host_ptr() as *const ErrorReport).read_volatile() };
+        if let Some(e) = gdaki_device::Error::from_report(&report) {
+            return Err(Error::Device(format!("post rate {}: {e}", shape.label())));
+        }
+        // SAFETY: rounds × posters × 2 words after the report, written by the device code, which has finished.
+        let times = unsafe {
+            std::slice::from_raw_parts(ctrl.host_ptr().add(64) as *const u64, (2 * total_rounds * posters) as usize)
+        };
+        let mut result = RateResult { wqes: 0, round_ns: Vec::new(), post_ns: Vec::new() };
+        // Round 0 warms up (module, caches, first touches of the rings).
+        for round in times.chunks(2 * posters as usize).skip(1) {
+            let (starts, ends): (Vec<u64>, Vec<u64>) = round.chunks(2).map(|w| (w[0], w[1])).unzip();
+            let (first, last) = (starts.iter().min().copied().unwrap_or(0), ends.iter().max().copied().unwrap_or(0));
+            result.round_ns.push(last.saturating_sub(first));
+            result.post_ns.extend(starts.iter().zip(&ends).map(|(s, e)| e.saturating_sub(*s) as f64 / posts as f64));
+            result.wqes += posters as u64 * posts as u64;
+        }
+        Ok(result)
+    }
+
+    /// The NIC's counters (doorbells, BlueFlame writes, WQEs).
+    pub fn nic(&self) -> &EmuNic {
+        &self.nic
+    }
+}
+
+/// A shared state whose counters start where the NIC is for the QP of `h` (as `h`'s do).
+fn shared_state(h: &QpHandle) -> SharedQpState {
+    let at = h.sq_pi;
+    SharedQpState { resv: at, ready: at, retired: at, cq_ci: h.cq.cons_index, rung: at, ..SharedQpState::default() }
+}

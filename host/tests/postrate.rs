@@ -1,0 +1,53 @@
+//! The post-rate microbenchmark on the `cpu` executor: every shape runs, reports a time per round and per post,
+//! and every WQE it claims to have posted reached the emulated NIC without an error. The GPU run is
+//! `--ignored`.
+
+use std::time::Duration;
+
+use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::postrate::{PostRate, Shape};
+
+fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
+    let (exec, _) = Executor::open(Some(kind)).expect("executor");
+    let mut b = PostRate::new(exec, qps, (ctas * threads).max(qps)).expect("set up");
+    let (posts, rounds) = (200, 3);
+    let shapes = [
+        Shape::Exclusive { qps, db_batch: 1, bf: false },
+        Shape::Exclusive { qps, db_batch: 32, bf: false },
+        Shape::Exclusive { qps, db_batch: 1, bf: true },
+        Shape::Shared { ctas, threads },
+    ];
+    for shape in shapes {
+        let before = b.nic().stats();
+        let r = b.run(shape, posts, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
+        let after = b.nic().stats();
+        let posters = match shape {
+            Shape::Exclusive { qps, .. } => qps,
+            Shape::Shared { ctas, threads } => ctas * threads,
+        } as u64;
+        assert_eq!(r.wqes, posters * posts as u64 * rounds as u64, "{shape:?}");
+        assert_eq!((r.round_ns.len(), r.post_ns.len()), (rounds as usize, (posters * rounds as u64) as usize));
+        assert!(r.round_ns.iter().all(|&t| t > 0) && r.median_ns_per_post() > 0.0, "{shape:?}: {r:?}");
+        // The warm-up round too, each flush's NOP at most once per poster and round.
+        let posted = posters * posts as u64 * (rounds as u64 + 1);
+        let executed = after.wqes - before.wqes;
+        assert!(executed >= posted && executed <= posted + posters * (rounds as u64 + 1), "{shape:?}: {executed}");
+        assert_eq!((after.error_cqes, after.dbrec_mismatches), (before.error_cqes, before.dbrec_mismatches));
+        if let Shape::Exclusive { bf: true, .. } = shape {
+            assert!(after.blueflame > before.blueflame, "{shape:?}: no BlueFlame write seen: {after:?}");
+        }
+    }
+    // A round that would not fit the SQ is refused before anything runs.
+    assert!(b.run(Shape::Exclusive { qps, db_batch: 1, bf: false }, 20_000, 1, Duration::from_secs(1)).is_err());
+}
+
+#[test]
+fn cpu_post_rate_every_shape() {
+    every_shape(ExecutorKind::Cpu, 2, 1, 4);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_post_rate_every_shape() {
+    every_shape(ExecutorKind::Gpu, 8, 4, 32);
+}
