@@ -10,7 +10,7 @@ use gdaki::postrate::{PostRate, Shape};
 fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     let (exec, _) = Executor::open(Some(kind)).expect("executor");
     let mut b = PostRate::new(exec, qps, (ctas * threads).max(qps)).expect("set up");
-    let (posts, rounds) = (200, 3);
+    let rounds = 3;
     let shapes = [
         Shape::Exclusive { qps, db_batch: 1, bf: false },
         Shape::Exclusive { qps, db_batch: 32, bf: false },
@@ -18,6 +18,11 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         Shape::Shared { ctas, threads },
     ];
     for shape in shapes {
+        // A round's WQEs share the one SQ in the shared shape.
+        let posts = match shape {
+            Shape::Exclusive { .. } => 200,
+            Shape::Shared { ctas, threads } => (8000 / (ctas * threads)).min(200),
+        };
         let before = b.nic().stats();
         let r = b.run(shape, posts, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
         let after = b.nic().stats();
