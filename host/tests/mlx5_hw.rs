@@ -1,4 +1,5 @@
-//! The hardware suite of the real mlx5 backend: ping-pong, PortChannel in every sharing mode, and fault cases,
+//! The hardware suite of the real mlx5 backend: ping-pong, PortChannel in every mode, and fault cases (a bad
+//! rkey seen by device code's `flush`; host-side refusals),
 //! on a ConnectX NIC. Every test is `#[ignore]`d (no machine of this project has a NIC) and skips with a
 //! message when the host has no RDMA device. On a host with one (docs/mlx5.md):
 //!
@@ -142,6 +143,41 @@ fn mlx5_port_channel_every_op_every_mode() {
             let checked: u64 = results.iter().map(|r| r.checked).sum();
             assert!(checked > 0, "{} op {opc}: payloads checked", mode.name());
         }
+    }
+}
+
+/// Device-side faults on the NIC: a put with a wrong rkey completes in error with syndrome 0x13 (remote access
+/// error), and the sender's `flush` returns it, in every Device-mode sharing; the receiver, whose signal never
+/// comes, fails as well instead of hanging. (Host modes: the proxy keeps its own keys, so an edited device
+/// handle does not reach it.)
+#[test]
+#[ignore = "needs a ConnectX NIC (docs/mlx5.md)"]
+fn mlx5_flush_reports_a_bad_rkey_in_every_device_mode() {
+    let Some(spec) = nic_spec() else { return };
+    for mode in Mode::DEVICE {
+        let results = two_ranks(&spec, |rank, comm| {
+            let team = if comm.executor().kind() == ExecutorKind::Gpu { 128 } else { 4 };
+            let mut t = PortTest::new(Arc::new(comm), mode, 1, 1024, 4).expect("set up");
+            if rank == 0 {
+                t.edit_handles(|_, h| h.dst.rkey = gdaki_shared::Be32::new(h.dst.rkey.get() ^ 0x100)).unwrap();
+            }
+            let cfg = PortRun {
+                op: op::FLUSH_STRESS,
+                size: 1024,
+                iters: 4,
+                team,
+                seed: 0xbad,
+                timeout: Duration::from_secs(2),
+            };
+            (t.run(&cfg).is_err(), t.device_error())
+        });
+        assert!(results[0].0 && results[1].0, "{}: both ranks fail: {results:?}", mode.name());
+        assert!(
+            matches!(results[0].1, Some(gdaki_device::Error::Cqe(c)) if c.syndrome == 0x13),
+            "{}: the sender's flush reported {:?}",
+            mode.name(),
+            results[0].1
+        );
     }
 }
 

@@ -18,6 +18,15 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs `f(rank, communicator)` on two ranks at once; returns what each returned.
 fn two_ranks<T: Send>(kind: ExecutorKind, f: impl Fn(u32, Communicator) -> T + Sync) -> Vec<T> {
+    two_ranks_on(kind, None, f)
+}
+
+/// [`two_ranks`] with both ranks on the NIC `shared` when given (one emulated NIC, no wire between them).
+fn two_ranks_on<T: Send>(
+    kind: ExecutorKind,
+    shared: Option<gdaki::nic::Nic>,
+    f: impl Fn(u32, Communicator) -> T + Sync,
+) -> Vec<T> {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let root = listener.local_addr().unwrap().to_string();
     let secret = Secret::random().unwrap();
@@ -28,6 +37,7 @@ fn two_ranks<T: Send>(kind: ExecutorKind, f: impl Fn(u32, Communicator) -> T + S
             .map(|rank| {
                 let launch = Launch { rank, world_size: 2, root: root.clone(), secret, source: "test" };
                 let l = if rank == 0 { listener.take() } else { None };
+                let shared = shared.clone();
                 s.spawn(move || {
                     let boot = match l {
                         Some(l) => Bootstrap::root_on(l, &launch, TIMEOUT),
@@ -35,7 +45,11 @@ fn two_ranks<T: Send>(kind: ExecutorKind, f: impl Fn(u32, Communicator) -> T + S
                     }
                     .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
                     let (exec, _) = Executor::open(Some(kind)).expect("executor");
-                    let comm = Communicator::new(boot, exec, WireConfig::loopback()).expect("communicator");
+                    let comm = match &shared {
+                        Some(nic) => Communicator::on_nic(boot, exec, nic.clone()),
+                        None => Communicator::new(boot, exec, WireConfig::loopback()),
+                    }
+                    .expect("communicator");
                     f(rank, comm)
                 })
             })
@@ -222,4 +236,25 @@ fn cpu_packet_sizes_are_checked_before_running() {
         t.run(&cfg(op::PACKET_PINGPONG_LL8, 12)).unwrap_or_else(|e| panic!("rank {rank}: {e}")).checked
     });
     assert_eq!(results, vec![10, 10]);
+}
+
+/// Both ranks on ONE emulated NIC (`Communicator::on_nic`): their QPs reach each other on the NIC's direct path,
+/// each rank with its own PD; ping-pong, packets and bandwidth pass in every mode.
+#[test]
+fn cpu_two_ranks_share_one_nic() {
+    let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).unwrap();
+    let nic = gdaki::nic::Nic::open(&gdaki::nic::NicSpec::Emu, &exec, None).unwrap();
+    for mode in Mode::ALL {
+        for (opc, size, iters) in [(op::PINGPONG, 4096, 20), (op::PACKET_PINGPONG, 1024, 20), (op::BW, 65536, 10)] {
+            let results = two_ranks_on(ExecutorKind::Cpu, Some(nic.clone()), |rank, comm| {
+                let max = gdaki::porttest::max_size_for(opc, size);
+                let mut t = PortTest::new(std::sync::Arc::new(comm), mode, 1, max, iters as usize).expect("set up");
+                let cfg = RunConfig { op: opc, size, iters, team: 4, seed: 0x0e1c, timeout: TIMEOUT };
+                t.run(&cfg).unwrap_or_else(|e| panic!("{} op {opc} rank {rank}: {e}", mode.name())).checked
+            });
+            assert_eq!(results, vec![expected_checks(opc, 1, iters, 0), expected_checks(opc, 1, iters, 1)]);
+        }
+    }
+    let s = nic.as_emu().expect("emulated").stats();
+    assert_eq!((s.error_cqes, s.dbrec_mismatches), (0, 0), "{s:?}");
 }

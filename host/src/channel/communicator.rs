@@ -83,6 +83,15 @@ impl Communicator {
     /// build without the `mlx5` feature); as [`Communicator::new`].
     pub fn with_nic(bootstrap: Bootstrap, exec: Executor, nic: &NicSpec, wire: WireConfig) -> Result<Self> {
         let nic = Nic::open(nic, &exec, Some(wire))?;
+        Self::on_nic(bootstrap, exec, nic)
+    }
+
+    /// [`Communicator::new`] on an open NIC, which ranks of one process may share (each with its own PD): their
+    /// QPs then reach each other through that one NIC, as two ports of one HCA would, with no wire between them.
+    ///
+    /// # Errors
+    /// The NIC's error allocating the PD.
+    pub fn on_nic(bootstrap: Bootstrap, exec: Executor, nic: Nic) -> Result<Self> {
         let pd = nic.alloc_pd()?;
         let res = Resources { pd, nic, exec, rank: bootstrap.rank(), world_size: bootstrap.world_size() };
         Ok(Self { res: Arc::new(res), boot: bootstrap, proxy: Mutex::new(None) })
