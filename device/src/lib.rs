@@ -37,6 +37,8 @@ pub mod shared_qp;
 pub mod sq;
 pub mod sync;
 pub mod wait;
+#[cfg(target_arch = "nvptx64")]
+pub mod warp;
 pub mod wqe;
 
 #[cfg(target_arch = "nvptx64")]

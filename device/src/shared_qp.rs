@@ -100,10 +100,17 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// doorbell and publishes it. The WQE always asks for a CQE (`signaled` is accepted for symmetry with
     /// [`crate::qp::Qp::post`]).
     ///
+    /// On the GPU the lanes of a warp that call `post` on this QP together are aggregated: the lowest reserves WQEBBs for
+    /// all of them with one atomic add, waits for room and for the warp's turn, and publishes all their WQEs at
+    /// once (every lane stores its own), so the in-order publication costs one hand-off per warp rather than one
+    /// per thread (design.md, "Performance targets": warp aggregation). Lanes that call it together must post
+    /// WQEs of the same size (they do: they run the same call).
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of at least 16 WQEBBs;
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
-    /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE).
+    /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
+    /// lane of an aggregated post gets the leader's error.
     #[inline(always)]
     pub fn post<const DS: usize>(&self, _signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
         const { assert!(DS >= 1 && DS <= MAX_DS, "a WQE has 1 ..= MAX_DS segments") };
@@ -112,14 +119,43 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
         let n = wqebbs(DS as u32) as u64;
-        // SAFETY: the state's words (contract of `new`), used atomically by every poster.
-        let idx = unsafe { S::fetch_add(self.resv(), n) };
-        let end = idx + n;
+        #[cfg(target_arch = "nvptx64")]
+        {
+            // Lanes posting to other QPs at the same time are aggregated among themselves.
+            let w = crate::warp::Lanes::active_with(self.st as u64);
+            let lead = w.lane == w.leader();
+            let total = n * w.count() as u64;
+            // SAFETY: the state's words (contract of `new`), used atomically by every poster.
+            let base = w.shfl(if lead { unsafe { S::fetch_add(self.resv(), total) } } else { 0 }, w.leader());
+            let (idx, end) = (base + w.rank() as u64 * n, base + total);
+            w.share_result(if lead { self.wait_room(end, total) } else { Ok(()) })?;
+            let bits = self.store(idx, build);
+            let last_bits = w.shfl(bits, w.last());
+            // Every lane's WQE is stored before the leader publishes them (bar.warp.sync orders the members'
+            // accesses; the leader's release then covers them).
+            w.sync();
+            w.share_result(if lead { self.publish(base, end, end - n, last_bits) } else { Ok(()) })?;
+            Ok(Ticket(idx))
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            // SAFETY: the state's words (contract of `new`), used atomically by every poster.
+            let idx = unsafe { S::fetch_add(self.resv(), n) };
+            self.wait_room(idx + n, n)?;
+            let bits = self.store(idx, build);
+            self.publish(idx, idx + n, idx, bits)?;
+            Ok(Ticket(idx))
+        }
+    }
+
+    /// Waits until WQEBBs up to `end` (a reservation of `n`) are free in the ring, retiring and ringing meanwhile.
+    fn wait_room(&self, end: u64, n: u64) -> Result<()> {
+        let cnt = self.h.wqe_cnt as u64;
         bounded(
             self.timeout_ns,
             || {
-                // SAFETY: as above.
-                if end - unsafe { S::load_acquire(self.retired()) } <= cnt as u64 {
+                // SAFETY: the state's words (contract of `new`).
+                if end - unsafe { S::load_acquire(self.retired()) } <= cnt {
                     return Ok(Some(()));
                 }
                 // The WQEs this poster waits on may be published but left unrung (their posters saw this one).
@@ -127,26 +163,37 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 self.progress().map(|_| None)
             },
             || WaitOn::SqSpace { wqebbs: n as u32 },
-        )?;
+        )
+    }
+
+    /// Builds the WQE at WQEBB index `idx` and stores it in the ring; returns its doorbell bits.
+    #[inline(always)]
+    fn store<const DS: usize>(&self, idx: u64, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> u64 {
         let segs = build(Ctrl { idx: idx as u16, qpn: self.h.qpn, fm_ce_se: fm_ce_se::CQ_UPDATE }).segs;
-        // SAFETY: a valid ring (contract of `new`); WQEBBs `idx..end` are this poster's (reserved, and retired
-        // by the NIC: the room check above).
-        unsafe { sq::write_segs(self.h.sq_buf, cnt, idx, &segs) };
+        // SAFETY: a valid ring (contract of `new`); WQEBBs from `idx` are this poster's (reserved, and retired by
+        // the NIC: the room check).
+        unsafe { sq::write_segs(self.h.sq_buf, self.h.wqe_cnt, idx, &segs) };
+        segs[0].0[0]
+    }
+
+    /// Waits for the turn of the WQEs `[first, end)` (stored), publishes them (`last` is the last one's index,
+    /// `bits` its doorbell bits), and rings unless a later poster exists (whose doorbell covers them).
+    fn publish(&self, first: u64, end: u64, last: u64, bits: u64) -> Result<()> {
         bounded(
             self.timeout_ns,
-            // SAFETY: as above.
-            || Ok((unsafe { S::load_acquire(self.ready()) } == idx).then_some(())),
-            || WaitOn::Publish { wqe_index: idx },
+            // SAFETY: the state's words (contract of `new`).
+            || Ok((unsafe { S::load_acquire(self.ready()) } == first).then_some(())),
+            || WaitOn::Publish { wqe_index: first },
         )?;
         // SAFETY: the state's words (contract of `new`). This poster holds its turn: no other poster stores
-        // them until `ready` moves on. `last_db` is released after the WQE's stores, so a thread that rings with
+        // them until `ready` moves on. `last_db` is released after the WQEs' stores, so a thread that rings with
         // it (acquire) has them ordered before its system-scope fence and doorbell.
         unsafe {
-            sync::store_volatile(self.last_start(), idx + 1);
-            S::store_release(self.last_db(), segs[0].0[0]);
+            sync::store_volatile(self.last_start(), last + 1);
+            S::store_release(self.last_db(), bits);
             S::store_release(self.ready(), end);
         }
-        // A later poster exists: its doorbell (or that of whoever waits on these WQEs) will cover this one.
+        // A later poster exists: its doorbell (or that of whoever waits on these WQEs) will cover these.
         // SAFETY: as above.
         if unsafe { S::load_acquire(self.resv()) } == end {
             bounded(
@@ -156,10 +203,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                     // SAFETY: as above.
                     Ok((unsafe { S::load_acquire(self.rung()) } >= end).then_some(()))
                 },
-                || WaitOn::Publish { wqe_index: idx },
+                || WaitOn::Publish { wqe_index: first },
             )?;
         }
-        Ok(Ticket(idx))
+        Ok(())
     }
 
     /// Rings the doorbell for every published WQE if some are unrung and no other thread is ringing: one

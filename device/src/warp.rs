@@ -1,0 +1,95 @@
+//! Warp-level primitives for warp-aggregated posting on nvptx (sm_70+ semantics: `shfl.sync` and
+//! `bar.warp.sync` with an explicit member mask, which lanes may reach at different instructions).
+
+use crate::error::Error;
+use gdaki_shared::handle::ErrorReport;
+
+/// The lanes of the calling warp that execute this call together, and the caller's place among them.
+#[derive(Clone, Copy, Debug)]
+pub struct Lanes {
+    /// Member mask (`activemask`).
+    pub mask: u32,
+    /// This lane's index in the warp, 0..32.
+    pub lane: u32,
+}
+
+impl Lanes {
+    /// The lanes executing this call now with the same `key` (e.g. the address of the QP they post to:
+    /// `match.any.sync.b64` within `activemask`).
+    #[inline(always)]
+    pub fn active_with(key: u64) -> Self {
+        let (active, mask, lane): (u32, u32, u32);
+        // SAFETY: reading the active mask and the lane id, and comparing registers among the active lanes,
+        // touches no memory.
+        unsafe {
+            core::arch::asm!("activemask.b32 {m};", m = out(reg32) active, options(nostack, nomem));
+            core::arch::asm!("match.any.sync.b64 {d}, {k}, {m};", d = out(reg32) mask, k = in(reg64) key,
+                m = in(reg32) active, options(nostack, nomem));
+            core::arch::asm!("mov.u32 {l}, %laneid;", l = out(reg32) lane, options(nostack, nomem));
+        }
+        Self { mask, lane }
+    }
+
+    /// The lowest member: the one that reserves and publishes for all.
+    #[inline(always)]
+    pub fn leader(&self) -> u32 {
+        self.mask.trailing_zeros()
+    }
+
+    /// The highest member: the one whose WQE is last.
+    #[inline(always)]
+    pub fn last(&self) -> u32 {
+        31 - self.mask.leading_zeros()
+    }
+
+    /// Members below this lane.
+    #[inline(always)]
+    pub fn rank(&self) -> u32 {
+        (self.mask & ((1u32 << self.lane) - 1)).count_ones()
+    }
+
+    /// Members.
+    #[inline(always)]
+    pub fn count(&self) -> u32 {
+        self.mask.count_ones()
+    }
+
+    /// `v` of lane `src`, to every member.
+    #[inline(always)]
+    pub fn shfl(&self, v: u64, src: u32) -> u64 {
+        let (lo, hi): (u32, u32);
+        // SAFETY: `shfl.sync` among the member lanes; registers only.
+        unsafe {
+            core::arch::asm!("shfl.sync.idx.b32 {d}, {v}, {s}, 31, {m};", d = out(reg32) lo, v = in(reg32) v as u32,
+                s = in(reg32) src, m = in(reg32) self.mask, options(nostack, nomem));
+            core::arch::asm!("shfl.sync.idx.b32 {d}, {v}, {s}, 31, {m};", d = out(reg32) hi,
+                v = in(reg32) (v >> 32) as u32, s = in(reg32) src, m = in(reg32) self.mask, options(nostack, nomem));
+        }
+        (hi as u64) << 32 | lo as u64
+    }
+
+    /// Waits for every member; memory accesses before it are ordered before those after it among them.
+    #[inline(always)]
+    pub fn sync(&self) {
+        // SAFETY: `bar.warp.sync` with the members' own mask; every member calls it.
+        unsafe { core::arch::asm!("bar.warp.sync {m};", m = in(reg32) self.mask, options(nostack)) };
+    }
+
+    /// The leader's result, to every member (errors travel as their [`ErrorReport`]).
+    #[inline(always)]
+    pub fn share_result(&self, r: Result<(), Error>) -> Result<(), Error> {
+        let words: [u64; 5] = bytemuck::cast(match r {
+            Ok(()) => ErrorReport::default(),
+            Err(e) => e.to_report(),
+        });
+        if self.shfl(words[0], self.leader()) as u32 == 0 {
+            return Ok(());
+        }
+        let mut got = [0u64; 5];
+        for (g, w) in got.iter_mut().zip(words) {
+            *g = self.shfl(w, self.leader());
+        }
+        Err(Error::from_report(&bytemuck::cast(got))
+            .unwrap_or(Error::InvalidArgument(crate::error::InvalidArgument::Handle)))
+    }
+}
