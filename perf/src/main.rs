@@ -103,7 +103,11 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
                 match run_test(&comm, mode, *test, test_sizes, &plan, step) {
                     Ok(r) => rows.extend(r),
                     Err(e) => {
-                        eprintln!("error: rank {rank}, {} of {} B in {}: {e}", test.name(), at.get(), mode.label());
+                        let at = match at.get() {
+                            0 => "setting up".to_string(),
+                            b => format!("at {b} B"),
+                        };
+                        eprintln!("error: rank {rank}, {} in {}, {at}: {e}", test.name(), mode.label());
                         return (rows, 1);
                     }
                 }

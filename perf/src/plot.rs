@@ -108,10 +108,10 @@ fn draw_panels(file: &Path, panels: &[Panel], y_desc: &str) -> Result<(), Box<dy
             .build_cartesian_2d(xs.log_scale(), 0.0..(top * 1.15).max(1e-3))?;
         chart
             .configure_mesh()
-            .x_desc("bytes")
+            .x_desc("bytes (k = 1000)")
             .y_desc(y_desc)
-            .x_label_formatter(&|x| human_bytes(*x))
-            .y_label_formatter(&|y| format!("{y}"))
+            .x_label_formatter(&|x| label(*x))
+            .y_label_formatter(&|y| label(*y))
             .label_style(("sans-serif", 13))
             .draw()?;
         for (mode, pts) in &panel.lines {
@@ -134,12 +134,33 @@ fn draw_panels(file: &Path, panels: &[Panel], y_desc: &str) -> Result<(), Box<dy
     Ok(())
 }
 
-/// 1024 → "1K", 4194304 → "4M", 8 → "8" (powers of 1024).
-fn human_bytes(x: f64) -> String {
-    let x = x.round() as u64;
-    match x {
-        x if x >= 1 << 20 && x.is_multiple_of(1 << 20) => format!("{}M", x >> 20),
-        x if x >= 1 << 10 && x.is_multiple_of(1 << 10) => format!("{}K", x >> 10),
-        x => x.to_string(),
+/// An axis label: up to 3 significant digits, no float noise; sizes with k/M/G (powers of 1000, where the log
+/// axis puts its marks).
+fn label(x: f64) -> String {
+    let (v, unit) = match x.abs() {
+        a if a >= 1e9 => (x / 1e9, "G"),
+        a if a >= 1e6 => (x / 1e6, "M"),
+        a if a >= 1e3 => (x / 1e3, "k"),
+        _ => (x, ""),
+    };
+    let digits = if v.abs() >= 100.0 || v == v.trunc() {
+        0
+    } else if v.abs() >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let s = format!("{v:.digits$}");
+    let s = if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.') } else { &s };
+    format!("{s}{unit}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn labels_have_no_float_noise() {
+        let got: Vec<String> =
+            [0.030000000000000002, 1.2, 1000.0, 100_000_000.0, 0.0, 12.5, 1.5e6].map(super::label).into();
+        assert_eq!(got, ["0.03", "1.2", "1k", "100M", "0", "12.5", "1.5M"]);
     }
 }
