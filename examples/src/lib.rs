@@ -1,9 +1,19 @@
 //! Runnable gdaki examples live beside this crate as `[[example]]` targets; this library holds what several of
-//! them share.
+//! them (and `gdaki-perf`) share.
 
-use gdaki::bootstrap::{Launch, LaunchFlags};
-use gdaki::exec::Executor;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags, Secret};
+use gdaki::channel::Communicator;
+use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::nic::emu::WireConfig;
 use gdaki::nic::{Nic, NicSpec};
+
+/// The commit this crate was built from (`git rev-parse --short=12 HEAD`, `-dirty` when the tree had
+/// changes, "unknown" outside a git checkout), so that results name it where no checkout is (the GPU machine).
+pub const COMMIT: &str = env!("GDAKI_COMMIT");
 
 /// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`,
 /// `--secret`); without them, mpirun's, srun's or torchrun's environment decides, and without that both
@@ -60,4 +70,51 @@ pub fn check_nic(spec: &NicSpec) -> Result<(), String> {
         NicSpec::Emu => Ok(()),
         real => Nic::open(real, &Executor::Cpu, None).map(drop).map_err(|e| e.to_string()),
     }
+}
+
+/// Runs `rank_main` on each rank of a two-rank run, each rank with its own communicator (bootstrap endpoint,
+/// executor of `kind`, NIC `nic`, the emulated NIC's wire on loopback): both ranks on threads of this process
+/// when `launch` is `None` (rank 0's bootstrap on an ephemeral loopback port, a fresh secret), else this
+/// process's rank of `launch`. Returns (rank, what `rank_main` returned) per rank here, by rank; a rank whose
+/// communicator could not be set up (bootstrap within 60 s, executor, NIC) has that error instead.
+///
+/// # Errors
+/// A one-line message when the in-process bootstrap cannot start (no loopback listener, no random source).
+pub fn run_ranks<T: Send>(
+    launch: Option<Launch>,
+    kind: ExecutorKind,
+    nic: &NicSpec,
+    rank_main: impl Fn(Arc<Communicator>) -> T + Sync,
+) -> Result<Vec<(u32, gdaki::Result<T>)>, String> {
+    let rank_run = |launch: Launch, listener: Option<TcpListener>| {
+        let timeout = Duration::from_secs(60);
+        let boot = match listener {
+            Some(l) => Bootstrap::root_on(l, &launch, timeout),
+            None => Bootstrap::connect(&launch, timeout),
+        };
+        let comm = boot.and_then(|b| {
+            let (exec, _) = Executor::open(Some(kind))?;
+            Communicator::with_nic(b, exec, nic, WireConfig::loopback())
+        });
+        (launch.rank, comm.map(|c| rank_main(Arc::new(c))))
+    };
+    if let Some(l) = launch {
+        return Ok(vec![rank_run(l, None)]);
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot listen on loopback: {e}"))?;
+    let root = listener.local_addr().map_err(|e| format!("loopback listener: {e}"))?.to_string();
+    let secret = Secret::random().map_err(|e| e.to_string())?;
+    let mut listener = Some(listener);
+    Ok(std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let l = Launch { rank, world_size: 2, root: root.clone(), secret, source: "this process" };
+                let lis = if rank == 0 { listener.take() } else { None };
+                let rank_run = &rank_run;
+                s.spawn(move || rank_run(l, lis))
+            })
+            .collect();
+        // A panic is a bug: let it go on unwinding here.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    }))
 }

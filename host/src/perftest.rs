@@ -1,5 +1,6 @@
 //! Latency statistics in perftest's layout (`ib_write_lat`): one row per message size with t_min, t_max,
-//! t_typical (median), t_avg, t_stdev, 99% and 99.9% percentiles, in µs.
+//! t_typical (median), t_avg, t_stdev, 99% and 99.9% percentiles, in µs; bandwidth rows in perftest's
+//! (`ib_write_bw`) and nccl-tests' layout: bytes, QPs, iterations, time per iteration, algbw.
 
 /// One row of a latency table. Times are µs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -85,6 +86,72 @@ impl LatencyRow {
     }
 }
 
+/// One row of a bandwidth table: `iterations` transfers of `bytes` each (all QPs together), timed back to back.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct BandwidthRow {
+    /// Bytes per iteration, all QPs together, one direction.
+    pub bytes: u64,
+    /// QPs the bytes are split over, evenly.
+    pub qps: u32,
+    /// Directions: 1 (rank 0 sends) or 2 (both ranks send `bytes` at once, perftest's `--bidirectional`).
+    pub directions: u32,
+    /// Iterations measured (warm-up excluded).
+    pub iterations: usize,
+    /// Mean time per iteration, µs (the whole run over the iterations: nccl-tests' "time").
+    pub us_per_iter: f64,
+    /// Median time per iteration, µs.
+    pub us_per_iter_p50: f64,
+    /// Bytes moved per second, all directions, in GB/s (10^9 bytes/s): nccl-tests' algbw (its busbw for a
+    /// point-to-point transfer is the same number).
+    pub gbps: f64,
+}
+
+impl BandwidthRow {
+    /// Summarises `samples_ns` (one per iteration, ns; they add up to the whole transfer) of `bytes` per
+    /// iteration over `qps` QPs in `directions` directions. `None` when there are no samples.
+    pub fn from_ns(bytes: u64, qps: u32, directions: u32, samples_ns: &[u64]) -> Option<Self> {
+        if samples_ns.is_empty() {
+            return None;
+        }
+        let total: u64 = samples_ns.iter().sum();
+        let n = samples_ns.len();
+        let mut sorted = samples_ns.to_vec();
+        sorted.sort_unstable();
+        Some(Self {
+            bytes,
+            qps,
+            directions,
+            iterations: n,
+            us_per_iter: total as f64 / 1e3 / n as f64,
+            us_per_iter_p50: sorted[(n - 1) / 2] as f64 / 1e3,
+            // bytes per ns is GB/s.
+            gbps: (directions as u64 * bytes * n as u64) as f64 / total.max(1) as f64,
+        })
+    }
+
+    /// The table header, aligned with [`BandwidthRow::line`].
+    pub fn header() -> String {
+        format!(
+            "{:>12} {:>5} {:>12} {:>8} {:>12} {:>12} {:>12}",
+            "#bytes", "#QPs", "bytes/QP", "#iters", "us/iter", "p50[us]", "algbw[GB/s]"
+        )
+    }
+
+    /// This row as one table line.
+    pub fn line(&self) -> String {
+        format!(
+            "{:>12} {:>5} {:>12} {:>8} {:>12.2} {:>12.2} {:>12.3}",
+            self.bytes,
+            self.qps,
+            self.bytes / self.qps.max(1) as u64,
+            self.iterations,
+            self.us_per_iter,
+            self.us_per_iter_p50,
+            self.gbps
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +166,18 @@ mod tests {
         assert_eq!((r.p99, r.p99_9), (990.0, 999.0));
         assert!((r.t_stdev - ((1000.0f64 * 1000.0 - 1.0) / 12.0).sqrt()).abs() < 1e-6);
         assert!(LatencyRow::from_ns(8, &[]).is_none());
+    }
+
+    #[test]
+    fn bandwidth_of_known_times() {
+        // 4 iterations of 1 MB in 250, 250, 300, 200 µs: 1 ms in all, so 4 GB/s one way and 8 both ways; mean
+        // 250 µs, median (lower middle) 250 µs.
+        let ns = [250_000, 250_000, 300_000, 200_000];
+        let r = BandwidthRow::from_ns(1_000_000, 4, 1, &ns).unwrap();
+        assert_eq!((r.iterations, r.us_per_iter, r.us_per_iter_p50), (4, 250.0, 250.0));
+        assert!((r.gbps - 4.0).abs() < 1e-12);
+        assert!((BandwidthRow::from_ns(1_000_000, 1, 2, &ns).unwrap().gbps - 8.0).abs() < 1e-12);
+        assert!(r.line().contains(" 250000 "), "bytes/QP column: {}", r.line());
+        assert!(BandwidthRow::from_ns(8, 1, 1, &[]).is_none());
     }
 }

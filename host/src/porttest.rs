@@ -24,6 +24,8 @@ use crate::{Error, Result};
 
 pub use gdaki_device::porttest::op;
 
+pub mod bench;
+
 /// Who posts each channel's WQEs: the CPU proxy (Host modes, MSCCL++'s default), or device code, with the
 /// threads sharing the QP as one of the device's [`Sharing`] types (chosen per run at run time here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,6 +60,18 @@ impl Mode {
         }
     }
 
+    /// MSCCL++'s name of the mode in its GPUNetIO comparison: "Host", "HostNoAtomic", "Device-Exclusive",
+    /// "Device-Block" or "Device-Device" (what `--json` output and tables of `gdaki-perf` say).
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Host => "Host",
+            Mode::HostNoAtomic => "HostNoAtomic",
+            Mode::Exclusive => "Device-Exclusive",
+            Mode::Block => "Device-Block",
+            Mode::Device => "Device-Device",
+        }
+    }
+
     /// "Host mode (CPU proxy)", …, "Device mode, Exclusive sharing", …: a table's heading.
     pub fn title(self) -> String {
         match self {
@@ -73,6 +87,13 @@ impl Mode {
             Mode::Block => "gdaki_port_block",
             Mode::Device => "gdaki_port_device",
         }
+    }
+}
+
+/// Serialises as [`Mode::label`].
+impl serde::Serialize for Mode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.label())
     }
 }
 

@@ -1,0 +1,301 @@
+//! MSCCL++'s PortChannel tests as benchmark rows, shared by `gdaki-perf` and the `port_channel` example: the
+//! tests ([`Test`]), how many iterations a row gets ([`Plan`]), and one rank's run of one test over its sizes
+//! in one mode ([`run_test`]), one [`Row`] per size: perftest's latency statistics ([`LatencyRow`]) or
+//! bandwidth ([`BandwidthRow`]), with the payloads checked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{max_size_for, op, Mode, PortTest, RunConfig};
+use crate::channel::Communicator;
+use crate::perftest::{BandwidthRow, LatencyRow};
+use crate::{Error, Result};
+
+/// One of MSCCL++'s one-to-one PortChannel tests (its GPUNetIO comparison), in the order tables list them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Test {
+    /// Ping-pong on 1 QP: `put_with_signal` + `wait` + `flush` each way ([`op::PINGPONG`]).
+    PingPong,
+    /// PacketPingPong with LL16 packets on 1 QP ([`op::PACKET_PINGPONG`]): sizes are multiples of 8 bytes.
+    PacketLl16,
+    /// PacketPingPong with LL8 packets on 1 QP ([`op::PACKET_PINGPONG_LL8`]): sizes are multiples of 4 bytes.
+    PacketLl8,
+    /// One-way bandwidth on 1 QP ([`op::BW`]).
+    Bw1Qp,
+    /// One-way bandwidth on 4 QPs, the size split evenly over them ([`op::BW`]).
+    Bw4Qp,
+    /// Bidirectional bandwidth on 1 QP ([`op::BIBW`]).
+    Bibw,
+    /// Flush stress: put + flush on each of 4 QPs ([`op::FLUSH_STRESS`]).
+    FlushStress,
+    /// Same-channel concurrent flush: 4 threads put + flush on 1 QP ([`op::SAME_CHANNEL_FLUSH`]).
+    SameChannelFlush,
+}
+
+impl Test {
+    /// All eight, in table order.
+    pub const ALL: [Test; 8] = [
+        Test::PingPong,
+        Test::PacketLl16,
+        Test::PacketLl8,
+        Test::Bw1Qp,
+        Test::Bw4Qp,
+        Test::Bibw,
+        Test::FlushStress,
+        Test::SameChannelFlush,
+    ];
+
+    /// "PingPong", "PacketPingPong (LL16)", "PacketPingPong (LL8)", "bw 1-QP", "bw 4-QP", "bibw 1-QP",
+    /// "flush stress 4-QP" or "concurrent flush 1-QP".
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::PingPong => "PingPong",
+            Test::PacketLl16 => "PacketPingPong (LL16)",
+            Test::PacketLl8 => "PacketPingPong (LL8)",
+            Test::Bw1Qp => "bw 1-QP",
+            Test::Bw4Qp => "bw 4-QP",
+            Test::Bibw => "bibw 1-QP",
+            Test::FlushStress => "flush stress 4-QP",
+            Test::SameChannelFlush => "concurrent flush 1-QP",
+        }
+    }
+
+    /// The device operation ([`op`]).
+    pub fn op(self) -> u32 {
+        match self {
+            Test::PingPong => op::PINGPONG,
+            Test::PacketLl16 => op::PACKET_PINGPONG,
+            Test::PacketLl8 => op::PACKET_PINGPONG_LL8,
+            Test::Bw1Qp | Test::Bw4Qp => op::BW,
+            Test::Bibw => op::BIBW,
+            Test::FlushStress => op::FLUSH_STRESS,
+            Test::SameChannelFlush => op::SAME_CHANNEL_FLUSH,
+        }
+    }
+
+    /// Channels (one QP each).
+    pub fn channels(self) -> u32 {
+        match self {
+            Test::Bw4Qp | Test::FlushStress => 4,
+            _ => 1,
+        }
+    }
+
+    /// Whether rows are bandwidth ([`BandwidthRow`]: a row's bytes are all QPs' per iteration) rather than
+    /// latency ([`LatencyRow`]: a row's bytes are one put's).
+    pub fn is_bandwidth(self) -> bool {
+        matches!(self, Test::Bw1Qp | Test::Bw4Qp | Test::Bibw)
+    }
+
+    /// Bytes each channel puts per iteration for a row of `bytes`.
+    pub fn per_channel(self, bytes: usize) -> usize {
+        if self.is_bandwidth() {
+            bytes / self.channels() as usize
+        } else {
+            bytes
+        }
+    }
+
+    /// Checks that a row of `bytes` can run: at least one byte per channel, a multiple of the QPs for
+    /// bandwidth on several QPs, of 8 (LL16) or 4 (LL8) bytes for packets.
+    ///
+    /// # Errors
+    /// A one-line message naming the test, the size and what it must be.
+    pub fn check_size(self, bytes: usize) -> std::result::Result<(), String> {
+        let unit = match self {
+            Test::PacketLl16 => 8,
+            Test::PacketLl8 => 4,
+            t if t.is_bandwidth() => t.channels() as usize,
+            _ => 1,
+        };
+        if bytes == 0 || !bytes.is_multiple_of(unit) {
+            return Err(format!("{}: {bytes} bytes must be a nonzero multiple of {unit}", self.name()));
+        }
+        Ok(())
+    }
+}
+
+/// Serialises as [`Test::name`].
+impl serde::Serialize for Test {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// How many iterations rows get, and the channels' settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Timed iterations of a latency row; the most a bandwidth row gets.
+    pub iters: u32,
+    /// Untimed iterations before each row: at most this many, and at most a tenth of the row's (at least 1
+    /// unless this is 0).
+    pub warmup: u32,
+    /// Most bytes a bandwidth row moves in its timed iterations (all QPs, one direction): its iterations are
+    /// `byte_budget / bytes`, at least 3 (or `iters` if fewer) and at most `iters`.
+    pub byte_budget: usize,
+    /// Threads per team: a CTA's size on the GPU, host threads per channel on the `cpu` executor.
+    pub team: u32,
+    /// Bound of every device-side wait.
+    pub timeout: Duration,
+    /// Payloads up to this many bytes go by BlueFlame in Exclusive sharing (0: never).
+    pub blue_flame_limit: u64,
+}
+
+impl Plan {
+    /// Timed iterations of `test`'s row of `bytes`.
+    pub fn iters_for(&self, test: Test, bytes: usize) -> u32 {
+        if test.is_bandwidth() {
+            let fit = (self.byte_budget / bytes.max(1)).min(u32::MAX as usize) as u32;
+            fit.max(3).min(self.iters)
+        } else {
+            self.iters
+        }
+    }
+
+    /// Warm-up iterations before a row of `iters` timed ones.
+    pub fn warmup_for(&self, iters: u32) -> u32 {
+        self.warmup.min((iters / 10).max(1))
+    }
+}
+
+/// What one row measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Measure {
+    /// Per-iteration times of a ping-pong (one round trip) or a flush test (one put + flush per channel).
+    Latency(LatencyRow),
+    /// A bandwidth test's time per iteration and throughput.
+    Bandwidth(BandwidthRow),
+}
+
+/// One size of one test in one mode, as one rank saw it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Row {
+    /// The test.
+    pub test: Test,
+    /// Who posted: the CPU proxy or device code, and how device threads shared the QPs.
+    pub mode: Mode,
+    /// Bytes: one put's for latency tests, all QPs' per iteration for bandwidth ([`Test::is_bandwidth`]).
+    pub bytes: usize,
+    /// Untimed iterations run first.
+    pub warmup: u32,
+    /// Payloads this rank received and checked byte for byte (warm-up included).
+    pub checked: u64,
+    /// The times (rank 0; `None` on rank 1, which does not time).
+    pub measure: Option<Measure>,
+}
+
+/// What [`run_test`] is at, for progress reports.
+#[derive(Clone, Copy, Debug)]
+pub enum Step<'a> {
+    /// A row starts: `iters` timed iterations (after its warm-up) of `test` with `bytes` in `mode`.
+    Start {
+        /// The test.
+        test: Test,
+        /// The mode.
+        mode: Mode,
+        /// The row's bytes ([`Row::bytes`]).
+        bytes: usize,
+        /// Timed iterations.
+        iters: u32,
+    },
+    /// A row is done.
+    Done(&'a Row),
+}
+
+/// Runs `test` in `mode` for each of `sizes` (bytes as [`Row::bytes`]) on this rank, on fresh channels to
+/// the peer (one [`PortTest`] sized for the largest); the peer calls it with the same arguments at the same
+/// time. `step` hears of each row's start and end. Returns the rows in `sizes`' order.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a size [`Test::check_size`] refuses; [`PortTest::new`]'s and
+/// [`PortTest::run`]'s errors (a payload that fails its check is [`Error::Device`]).
+pub fn run_test(
+    comm: &Arc<Communicator>,
+    mode: Mode,
+    test: Test,
+    sizes: &[usize],
+    plan: &Plan,
+    mut step: impl FnMut(Step<'_>),
+) -> Result<Vec<Row>> {
+    for &bytes in sizes {
+        test.check_size(bytes).map_err(Error::InvalidArgument)?;
+    }
+    let (Some(max), Some(max_iters)) = (
+        sizes.iter().map(|&b| max_size_for(test.op(), test.per_channel(b))).max(),
+        sizes.iter().map(|&b| plan.iters_for(test, b)).max(),
+    ) else {
+        return Ok(Vec::new());
+    };
+    let mut t = PortTest::new(comm.clone(), mode, test.channels(), max, max_iters as usize)?;
+    t.set_blue_flame_limit(plan.blue_flame_limit)?;
+    let mut rows = Vec::with_capacity(sizes.len());
+    for &bytes in sizes {
+        let iters = plan.iters_for(test, bytes);
+        let warmup = plan.warmup_for(iters);
+        step(Step::Start { test, mode, bytes, iters });
+        let per = test.per_channel(bytes);
+        let cfg = |iters| RunConfig {
+            op: test.op(),
+            size: per,
+            iters,
+            team: plan.team,
+            seed: 0x5eed_0000 ^ bytes as u64 ^ ((test.op() as u64) << 40),
+            timeout: plan.timeout,
+        };
+        let mut checked = 0;
+        if warmup > 0 {
+            checked += t.run(&cfg(warmup))?.checked;
+        }
+        let r = t.run(&cfg(iters))?;
+        checked += r.checked;
+        let measure = if test.is_bandwidth() {
+            let directions = if test == Test::Bibw { 2 } else { 1 };
+            BandwidthRow::from_ns(bytes as u64, test.channels(), directions, &r.iter_ns).map(Measure::Bandwidth)
+        } else {
+            LatencyRow::from_ns(bytes as u64, &r.iter_ns).map(Measure::Latency)
+        };
+        let row = Row { test, mode, bytes, warmup, checked, measure };
+        step(Step::Done(&row));
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bandwidth_iterations_follow_the_budget() {
+        let plan = Plan {
+            iters: 1000,
+            warmup: 100,
+            byte_budget: 512 << 20,
+            team: 4,
+            timeout: Duration::from_secs(1),
+            blue_flame_limit: 0,
+        };
+        // 512 MiB / 1 MiB = 512; 128 MiB fits 4 times; 512 MiB once, raised to the floor of 3; 1 KiB capped at
+        // `iters`; latency rows always get `iters`.
+        assert_eq!(plan.iters_for(Test::Bw1Qp, 1 << 20), 512);
+        assert_eq!(plan.iters_for(Test::Bw1Qp, 128 << 20), 4);
+        assert_eq!(plan.iters_for(Test::Bw4Qp, 512 << 20), 3);
+        assert_eq!(plan.iters_for(Test::Bibw, 1024), 1000);
+        assert_eq!(plan.iters_for(Test::PingPong, 128 << 20), 1000);
+        assert_eq!((plan.warmup_for(1000), plan.warmup_for(4), plan.warmup_for(50)), (100, 1, 5));
+        assert_eq!(Plan { iters: 2, ..plan }.iters_for(Test::Bw1Qp, 512 << 20), 2);
+        assert_eq!(Plan { warmup: 0, ..plan }.warmup_for(1000), 0);
+    }
+
+    #[test]
+    fn sizes_are_checked_per_test() {
+        assert!(Test::PacketLl16.check_size(12).is_err());
+        assert!(Test::PacketLl8.check_size(12).is_ok());
+        assert!(Test::Bw4Qp.check_size(4098).is_err());
+        assert_eq!(Test::Bw4Qp.per_channel(4096), 1024);
+        assert_eq!(Test::FlushStress.per_channel(1024), 1024);
+        assert!(Test::PingPong.check_size(0).is_err());
+        assert!(Test::PingPong.check_size(1).is_ok());
+    }
+}

@@ -1,0 +1,243 @@
+//! `gdaki-perf`: MSCCL++'s one-to-one PortChannel tests, the rows of its GPUNetIO comparison (PingPong,
+//! PacketPingPong LL16/LL8, bidirectional bandwidth, 1-QP and 4-QP bandwidth, flush stress, same-channel
+//! concurrent flush), for Host, HostNoAtomic, Device-Exclusive, Device-Block and Device-Device, in one run on
+//! one NIC. Prints one table per test with every mode side by side and its ratio to Host, a summary of the
+//! Device/Host latency ratios against the targets, and last `N passed, M failed` (payloads checked, rows
+//! failed); exits 1 when a row failed, 2 on bad flags or a missing GPU/NIC. `--json` and `--plot` write the
+//! run down.
+//!
+//! Two ranks in this process (each with its own communicator and NIC, over the emulated NIC's wire), or one
+//! rank per process with `--world-size 2 --rank R --bootstrap HOST:PORT` (or mpirun's environment).
+//!
+//! `cargo run --release -p gdaki-perf -- all --executor cpu`
+
+mod cli;
+mod plot;
+mod report;
+mod suite;
+mod table;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use gdaki::channel::Communicator;
+use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::nic::NicSpec;
+use gdaki::porttest::bench::{run_test, Row, Step, Test};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// One rank's rows, and 1 if it stopped at a failure.
+type RankOutcome = (Vec<Row>, u64);
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let (cmd, opts) = cli.cmd.split();
+    match run(cmd, opts) {
+        Ok(code) => code,
+        Err(why) => {
+            eprintln!("error: {why}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The whole run; `Err` is a one-line reason to exit with code 2 before anything ran.
+fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
+    let tests = suite::tests(cmd);
+    let sizes: Vec<(Test, Vec<usize>)> = tests.iter().map(|&t| (t, suite::sizes(t, opts))).collect();
+    for (t, s) in &sizes {
+        s.iter().try_for_each(|&b| t.check_size(b))?;
+    }
+    let launch = opts.launch.two_ranks()?;
+    let (exec, notice) = Executor::open(opts.executor).map_err(|e| e.to_string())?;
+    if let Some(n) = notice {
+        eprintln!("note: {n}");
+    }
+    let kind = exec.kind();
+    let gpu = report::GpuInfo::of(&exec);
+    drop(exec);
+    gdaki_examples::check_nic(&opts.nic)?;
+    let plan = suite::plan(opts, kind);
+    let executor = if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" };
+    let nic = match &opts.nic {
+        NicSpec::Emu => "emulated mlx5 NIC over the wire".to_string(),
+        real => format!("NIC {real}"),
+    };
+    let prints = launch.as_ref().is_none_or(|l| l.rank == 0);
+    let machine = match &gpu {
+        Some(g) => format!("{} (CUDA {}, driver {})", g.name, g.cuda_driver, g.driver.as_deref().unwrap_or("?")),
+        None => format!("{} host threads", std::thread::available_parallelism().map_or(1, |n| n.get())),
+    };
+    println!(
+        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic}, team of {} threads per channel",
+        gdaki_examples::COMMIT,
+        plan.team
+    );
+    println!(
+        "{} iterations per latency row after up to {} warm-up, bandwidth rows at most {} MiB (3..={} iterations); \
+         every payload checked",
+        plan.iters,
+        plan.warmup,
+        plan.byte_budget >> 20,
+        plan.iters
+    );
+    let total: usize = sizes.iter().map(|(_, s)| s.len()).sum::<usize>() * opts.mode.len();
+    let progress = Progress::new(total as u64, prints);
+    let rank_main = |comm: Arc<Communicator>| -> RankOutcome {
+        let rank = comm.rank();
+        let mut rows = Vec::new();
+        for (test, test_sizes) in &sizes {
+            for &mode in &opts.mode {
+                let at = std::cell::Cell::new(0);
+                let step = |s: Step<'_>| {
+                    if let Step::Start { bytes, .. } = s {
+                        at.set(bytes);
+                    }
+                    if rank == 0 {
+                        progress.step(s)
+                    }
+                };
+                match run_test(&comm, mode, *test, test_sizes, &plan, step) {
+                    Ok(r) => rows.extend(r),
+                    Err(e) => {
+                        let at = match at.get() {
+                            0 => "setting up".to_string(),
+                            b => format!("at {b} B"),
+                        };
+                        eprintln!("error: rank {rank}, {} in {}, {at}: {e}", test.name(), mode.label());
+                        return (rows, 1);
+                    }
+                }
+            }
+        }
+        (rows, 0)
+    };
+    let results = gdaki_examples::run_ranks(launch.clone(), kind, &opts.nic, rank_main)?;
+    progress.finish();
+    let mut failed = 0;
+    let mut per_rank: Vec<(u32, Vec<Row>)> = Vec::new();
+    for (rank, r) in results {
+        match r {
+            Ok((rows, f)) => {
+                failed += f;
+                per_rank.push((rank, rows));
+            }
+            Err(e) => {
+                eprintln!("error: rank {rank}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    let passed: u64 = per_rank.iter().flat_map(|(_, rows)| rows).map(|r| r.checked).sum();
+    if !prints {
+        println!("rank {}: {passed} payloads received and checked", launch.map_or(1, |l| l.rank));
+        println!("\n{passed} passed, {failed} failed");
+        return Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+    }
+    // Rank 0's rows carry the times; each row's count covers the ranks in this process (rows pair up in order).
+    let mut rows = per_rank.iter().find(|(r, _)| *r == 0).map(|(_, rows)| rows.clone()).unwrap_or_default();
+    for (_, other) in per_rank.iter().filter(|(r, _)| *r != 0) {
+        for (row, o) in rows.iter_mut().zip(other) {
+            row.checked += o.checked;
+        }
+    }
+    table::print(&tests, &rows);
+    let summary = table::summary(&rows);
+    table::print_summary(&summary);
+    if let Some(path) = &opts.json {
+        let report = report::Report {
+            program: "gdaki-perf",
+            subcommand: cmd,
+            commit: gdaki_examples::COMMIT,
+            date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            host: report::host_name(),
+            executor,
+            gpu,
+            host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            nic: opts.nic.to_string(),
+            ranks_in_process: per_rank.len() == 2,
+            quick: opts.quick,
+            iters: plan.iters,
+            warmup: plan.warmup,
+            row_bytes: plan.byte_budget,
+            team: plan.team,
+            timeout_ms: plan.timeout.as_millis(),
+            modes: opts.mode.iter().map(|m| m.label()).collect(),
+            units: "latency: us per round trip (PingPong, PacketPingPong) or per put + flush (flush tests); \
+                    bandwidth: us per iteration, GB/s = 1e9 bytes/s",
+            rows: rows.iter().map(|r| report::JsonRow { row: r, vs_host: table::vs_host(&rows, r) }).collect(),
+            summary: &summary,
+            passed,
+            failed,
+        };
+        if let Err(e) = report::write(path, &report) {
+            eprintln!("error: {e}");
+            failed += 1;
+        }
+    }
+    if let Some(path) = &opts.plot {
+        match plot::draw(path, &tests, &rows) {
+            Ok(files) => {
+                for f in files {
+                    eprintln!("wrote {}", f.display());
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed += 1;
+            }
+        }
+    }
+    println!("\n{passed} passed, {failed} failed");
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// A progress bar on stderr that shows itself only after a couple of seconds and only on a terminal.
+struct Progress {
+    bar: ProgressBar,
+    shown: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    /// Rows to go; `active` false: never shown (a rank that does not print).
+    fn new(rows: u64, active: bool) -> Self {
+        let bar = ProgressBar::with_draw_target(Some(rows), ProgressDrawTarget::hidden());
+        if let Ok(style) = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} rows  {msg}") {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        let shown = (active && std::io::stderr().is_terminal()).then(|| {
+            let bar = bar.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                while !bar.is_finished() {
+                    if start.elapsed() >= Duration::from_secs(2) {
+                        bar.set_draw_target(ProgressDrawTarget::stderr());
+                        bar.enable_steady_tick(Duration::from_millis(200));
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        });
+        Self { bar, shown }
+    }
+
+    fn step(&self, s: Step<'_>) {
+        match s {
+            Step::Start { test, mode, bytes, iters } => {
+                self.bar.set_message(format!("{} {bytes} B, {} x{iters}", test.name(), mode.label()))
+            }
+            Step::Done(_) => self.bar.inc(1),
+        }
+    }
+
+    fn finish(self) {
+        self.bar.finish_and_clear();
+        if let Some(h) = self.shown {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! `gdaki-perf all --quick` for one mode on the cpu executor writes the documented JSON: machine, build and
+//! plan fields, one row per test and size with its statistics and payloads checked, and counts that add up.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn all_quick_json_has_every_row_and_field() {
+    let dir = std::env::temp_dir().join(format!("gdaki-perf-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("run.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args(["all", "--quick", "--executor", "cpu", "--mode", "exclusive", "-n", "20", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+
+    assert_eq!(v["program"], "gdaki-perf");
+    assert_eq!(v["subcommand"], "all");
+    assert_eq!(v["executor"], "cpu");
+    assert_eq!(v["nic"], "emu");
+    assert!(v["gpu"].is_null(), "no GPU on the cpu executor: {}", v["gpu"]);
+    assert!(!v["commit"].as_str().unwrap().is_empty());
+    assert!(v["date"].as_str().unwrap().ends_with('Z'), "RFC 3339 UTC: {}", v["date"]);
+    assert_eq!(v["modes"], serde_json::json!(["Device-Exclusive"]));
+    assert_eq!((v["quick"].as_bool(), v["iters"].as_u64()), (Some(true), Some(20)));
+
+    // --quick: latency tests at 8 B, 1-QP bandwidth at 1 KiB and 64 KiB, 4-QP at 4 KiB and 256 KiB, bibw and
+    // both flush tests at 1 KiB.
+    let expected = [
+        ("PingPong", 8, "latency"),
+        ("PacketPingPong (LL16)", 8, "latency"),
+        ("PacketPingPong (LL8)", 8, "latency"),
+        ("bw 1-QP", 1024, "bandwidth"),
+        ("bw 1-QP", 65536, "bandwidth"),
+        ("bw 4-QP", 4096, "bandwidth"),
+        ("bw 4-QP", 262144, "bandwidth"),
+        ("bibw 1-QP", 1024, "bandwidth"),
+        ("flush stress 4-QP", 1024, "latency"),
+        ("concurrent flush 1-QP", 1024, "latency"),
+    ];
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), expected.len(), "{rows:#?}");
+    let mut checked = 0;
+    for (row, (test, bytes, kind)) in rows.iter().zip(expected) {
+        assert_eq!((row["test"].as_str(), row["bytes"].as_u64()), (Some(test), Some(bytes)), "{row}");
+        assert_eq!(row["mode"], "Device-Exclusive");
+        assert!(row["checked"].as_u64().unwrap() > 0, "{row}");
+        checked += row["checked"].as_u64().unwrap();
+        // No Host row to compare with.
+        assert!(row["vs_host"].is_null(), "{row}");
+        let m = &row["measure"][kind];
+        assert_eq!(m["bytes"].as_u64(), Some(bytes), "{row}");
+        if kind == "latency" {
+            assert_eq!(m["iterations"].as_u64(), Some(20), "{row}");
+            let (min, p50, p99, p999, max) = (
+                m["t_min"].as_f64().unwrap(),
+                m["t_typical"].as_f64().unwrap(),
+                m["p99"].as_f64().unwrap(),
+                m["p99_9"].as_f64().unwrap(),
+                m["t_max"].as_f64().unwrap(),
+            );
+            assert!(0.0 < min && min <= p50 && p50 <= p99 && p99 <= p999 && p999 <= max, "{row}");
+        } else {
+            // 16 MiB budget: 20 iterations of these sizes fit.
+            assert_eq!(m["iterations"].as_u64(), Some(20), "{row}");
+            let (us, gbps, qps) =
+                (m["us_per_iter"].as_f64().unwrap(), m["gbps"].as_f64().unwrap(), m["qps"].as_u64().unwrap());
+            assert_eq!(qps, if test == "bw 4-QP" { 4 } else { 1 });
+            let dirs = if test == "bibw 1-QP" { 2.0 } else { 1.0 };
+            // GB/s = bytes per ns, from the mean time per iteration.
+            assert!((gbps - dirs * bytes as f64 / (us * 1e3)).abs() <= 1e-6 * gbps, "{row}");
+        }
+    }
+    // Every payload counted in a row, and the closing line says the same.
+    assert_eq!(v["passed"].as_u64(), Some(checked));
+    assert_eq!(v["failed"].as_u64(), Some(0));
+    assert!(stdout.trim_end().ends_with(&format!("{checked} passed, 0 failed")), "{stdout}");
+    // Without Host there is no ratio to summarise.
+    assert_eq!(v["summary"], serde_json::json!([]));
+}
