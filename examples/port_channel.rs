@@ -193,7 +193,7 @@ fn main() -> ExitCode {
         }
         (out, 0)
     };
-    let results: Vec<RankOutcome> = match gdaki_examples::run_ranks(launch, kind, &args.nic, rank_main) {
+    let results: Vec<RankOutcome> = match gdaki_examples::run_ranks(launch, kind, &args.nic, false, rank_main) {
         Ok(r) => r
             .into_iter()
             .map(|(rank, r)| {

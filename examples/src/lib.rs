@@ -75,8 +75,10 @@ pub fn check_nic(spec: &NicSpec) -> Result<(), String> {
 /// Runs `rank_main` on each rank of a two-rank run, each rank with its own communicator (bootstrap endpoint,
 /// executor of `kind`, NIC `nic`, the emulated NIC's wire on loopback): both ranks on threads of this process
 /// when `launch` is `None` (rank 0's bootstrap on an ephemeral loopback port, a fresh secret), else this
-/// process's rank of `launch`. Returns (rank, what `rank_main` returned) per rank here, by rank; a rank whose
-/// communicator could not be set up (bootstrap within 60 s, executor, NIC) has that error instead.
+/// process's rank of `launch`. With `one_nic` (and both ranks in this process) the two communicators share
+/// one NIC ([`Communicator::on_nic`]): their QPs meet on its direct path, with no wire between them. Returns
+/// (rank, what `rank_main` returned) per rank here, by rank; a rank whose communicator could not be set up
+/// (bootstrap within 60 s, executor, NIC) has that error instead.
 ///
 /// # Errors
 /// A one-line message when the in-process bootstrap cannot start (no loopback listener, no random source).
@@ -84,8 +86,16 @@ pub fn run_ranks<T: Send>(
     launch: Option<Launch>,
     kind: ExecutorKind,
     nic: &NicSpec,
+    one_nic: bool,
     rank_main: impl Fn(Arc<Communicator>) -> T + Sync,
 ) -> Result<Vec<(u32, gdaki::Result<T>)>, String> {
+    let shared = match (one_nic, &launch) {
+        (true, None) => {
+            let (exec, _) = Executor::open(Some(kind)).map_err(|e| e.to_string())?;
+            Some(Nic::open(nic, &exec, None).map_err(|e| e.to_string())?)
+        }
+        _ => None,
+    };
     let rank_run = |launch: Launch, listener: Option<TcpListener>| {
         let timeout = Duration::from_secs(60);
         let boot = match listener {
@@ -94,7 +104,10 @@ pub fn run_ranks<T: Send>(
         };
         let comm = boot.and_then(|b| {
             let (exec, _) = Executor::open(Some(kind))?;
-            Communicator::with_nic(b, exec, nic, WireConfig::loopback())
+            match &shared {
+                Some(n) => Communicator::on_nic(b, exec, n.clone()),
+                None => Communicator::with_nic(b, exec, nic, WireConfig::loopback()),
+            }
         });
         (launch.rank, comm.map(|c| rank_main(Arc::new(c))))
     };

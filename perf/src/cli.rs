@@ -62,6 +62,10 @@ pub struct Opts {
     /// --features mlx5 of gdaki-examples and a ConnectX NIC).
     #[arg(long, default_value = "emu")]
     pub nic: NicSpec,
+    /// Both ranks (in this process) on ONE NIC, whose QPs then meet on its direct path with no wire between
+    /// them: the rows then differ by the posting path more than by the emulated wire.
+    #[arg(long)]
+    pub one_nic: bool,
     /// One size for every row, bytes (bandwidth rows: all QPs together per iteration).
     #[arg(short = 's', long, conflicts_with = "all_sizes")]
     pub size: Option<usize>,

@@ -115,7 +115,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         }
         (rows, 0)
     };
-    let results = gdaki_examples::run_ranks(launch.clone(), kind, &opts.nic, rank_main)?;
+    let results = gdaki_examples::run_ranks(launch.clone(), kind, &opts.nic, opts.one_nic, rank_main)?;
     progress.finish();
     let mut failed = 0;
     let mut per_rank: Vec<(u32, Vec<Row>)> = Vec::new();
@@ -159,6 +159,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
             host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             nic: opts.nic.to_string(),
             ranks_in_process: per_rank.len() == 2,
+            one_nic: opts.one_nic && per_rank.len() == 2,
             quick: opts.quick,
             iters: plan.iters,
             warmup: plan.warmup,

@@ -75,6 +75,8 @@ pub struct Report<'a> {
     pub nic: String,
     /// Whether both ranks ran in this process.
     pub ranks_in_process: bool,
+    /// Whether they shared one NIC (`--one-nic`).
+    pub one_nic: bool,
     /// `--quick`.
     pub quick: bool,
     /// Timed iterations of latency rows (most of bandwidth rows).
