@@ -40,10 +40,12 @@ pub trait Poster {
     fn stage<const DS: usize>(&mut self, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()>;
 
     /// Posts a WQE and rings for it and every staged one; by BlueFlame when `bf` is set and the poster can.
+    /// With `signaled` it asks for a CQE (shared posters always do), so that a later flush need not post a
+    /// NOP to get one.
     ///
     /// # Errors
     /// As [`Poster::stage`].
-    fn submit<const DS: usize>(&mut self, bf: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()>;
+    fn submit<const DS: usize>(&mut self, bf: bool, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()>;
 
     /// Waits until every WQE posted so far has completed.
     ///
@@ -80,14 +82,12 @@ impl<const SLOTS: usize> Poster for ExclusiveQp<'_, SLOTS> {
         self.qp.post(false, build).map(|_| ())
     }
 
-    /// The submitted WQE asks for a CQE: it ends an operation, so a later `flush` waits for it rather than
-    /// posting a NOP to get one (a NOP costs device code a whole post and the NIC a WQE).
     #[inline(always)]
-    fn submit<const DS: usize>(&mut self, bf: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
+    fn submit<const DS: usize>(&mut self, bf: bool, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
         if bf && DS <= 4 {
-            return self.qp.post_bf(self.bf, true, build).map(|_| ());
+            return self.qp.post_bf(self.bf, signaled, build).map(|_| ());
         }
-        let _signaled = self.qp.post(true, build)?;
+        let _ticket = self.qp.post(signaled, build)?;
         self.qp.ring_db();
         Ok(())
     }
@@ -117,7 +117,12 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
     }
 
     #[inline(always)]
-    fn submit<const DS: usize>(&mut self, _bf: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
+    fn submit<const DS: usize>(
+        &mut self,
+        _bf: bool,
+        _signaled: bool,
+        build: impl FnOnce(Ctrl) -> Wqe<DS>,
+    ) -> Result<()> {
         self.post(true, build).map(|_| ())
     }
 
@@ -229,7 +234,9 @@ impl<'h, P: Poster> PortChannel<'h, P> {
             done += n;
             if done == bytes && last {
                 let bf = bytes <= self.h.blue_flame_limit;
-                self.qp.submit(bf, |c| wqe::rdma_write(c, r, l))?;
+                // Unsignaled: a put alone is followed by more puts (LL rounds, bandwidth loops), and a CQE for
+                // each would make the SQ retire one WQE per CQ poll.
+                self.qp.submit(bf, false, |c| wqe::rdma_write(c, r, l))?;
             } else {
                 self.qp.stage(|c| wqe::rdma_write(c, r, l))?;
             }
@@ -308,7 +315,9 @@ impl<'h, P: Poster> PortChannel<'h, P> {
     fn fetch_add(&mut self, sem_offset: u64, add: u64, to_sem: bool) -> Result<()> {
         let target = if to_sem { &self.h.remote_sem } else { &self.h.dst };
         let (r, l) = atomic_target(target, sem_offset, &self.h.scratch, 0)?;
-        self.qp.submit(true, |c| wqe::atomic_fetch_add(c, r, l, add))
+        // Signaled: a signal ends an exchange that a flush usually follows, which then needs no NOP (on the H200
+        // that NOP cost a Device-Exclusive ping-pong 11 µs).
+        self.qp.submit(true, true, |c| wqe::atomic_fetch_add(c, r, l, add))
     }
 
     /// [`PortChannel::put`] then [`PortChannel::signal`], one doorbell (MSCCL++ `putWithSignal`): the peer that

@@ -237,8 +237,8 @@ fn exclusive_put_with_signal_and_wait() {
     ch.flush().unwrap();
     assert_eq!(l.dst.read(), data);
     assert_eq!(l.sem.load_u64(0), 1);
-    // 11 WRITEs (10 of 100,000 bytes and one of 48,576) and the fetch-add reached the NIC; the fetch-add ends
-    // the operation and asks for a CQE, so `flush` needed no NOP.
+    // 11 WRITEs (10 of 100,000 bytes and one of 48,576) and the fetch-add reached the NIC; the fetch-add asks
+    // for a CQE, so `flush` needed no NOP.
     assert_eq!(l.a.sq_consumed(), 12);
 }
 
