@@ -4,12 +4,11 @@
 //! `wait_semaphore`), using only the addresses and keys in each `PortChannelHandle`. Payloads are random
 //! (replay with `GDAKI_TEST_SEED`) and checked byte for byte; every expected value is computed here.
 
-use std::net::TcpListener;
 use std::sync::Barrier;
-use std::thread;
 use std::time::Duration;
 
-use gdaki::bootstrap::{Bootstrap, Launch, Secret};
+mod ranks;
+
 use gdaki::channel::{
     Communicator, Connection, EndpointConfig, IbConfig, IbMode, PortChannel, RegisteredMemory, Semaphore,
 };
@@ -45,9 +44,8 @@ fn random_bytes(rng: &mut SmallRng, n: usize) -> Vec<u8> {
     (0..n).map(|_| rng.random::<u8>()).collect()
 }
 
-/// Runs `f(communicator, barrier)` on two ranks (threads), each with its own bootstrap (rank 0 on a free
-/// loopback port) and communicator (cpu executor, loopback wire); returns the results by rank. The barrier
-/// synchronizes the two threads without the bootstrap.
+/// Runs `f(communicator, barrier)` on two ranks (threads), each with its own communicator (cpu executor, loopback
+/// wire) whose bootstrap calls are bounded by `boot_timeout`; returns the results by rank.
 fn two_ranks<T: Send>(boot_timeout: Duration, f: impl Fn(Communicator, &Barrier) -> T + Sync) -> Vec<T> {
     two_ranks_on(ExecutorKind::Cpu, boot_timeout, f)
 }
@@ -58,35 +56,14 @@ fn two_ranks_on<T: Send>(
     boot_timeout: Duration,
     f: impl Fn(Communicator, &Barrier) -> T + Sync,
 ) -> Vec<T> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let root = listener.local_addr().unwrap().to_string();
-    let secret = Secret::random().unwrap();
-    let launches: Vec<Launch> =
-        (0..2).map(|rank| Launch { rank, world_size: 2, root: root.clone(), secret, source: "test" }).collect();
-    let mut listener = Some(listener);
-    let barrier = Barrier::new(2);
-    let (f, barrier) = (&f, &barrier);
-    thread::scope(|s| {
-        let handles: Vec<_> = launches
-            .iter()
-            .map(|launch| {
-                let listener = if launch.rank == 0 { listener.take() } else { None };
-                s.spawn(move || {
-                    let boot = match listener {
-                        Some(l) => Bootstrap::root_on(l, launch, BOOT_TIMEOUT),
-                        None => Bootstrap::connect(launch, BOOT_TIMEOUT),
-                    };
-                    let mut boot = boot.unwrap_or_else(|e| panic!("rank {}: {e}", launch.rank));
-                    boot.set_timeout(boot_timeout);
-                    let (exec, _) = Executor::open(Some(kind)).unwrap_or_else(|e| panic!("{e}"));
-                    let comm = Communicator::new(boot, exec, WireConfig::loopback())
-                        .unwrap_or_else(|e| panic!("rank {}: {e}", launch.rank));
-                    f(comm, barrier)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    ranks::two_ranks(
+        |mut boot| {
+            boot.set_timeout(boot_timeout);
+            let (exec, _) = Executor::open(Some(kind)).unwrap_or_else(|e| panic!("{e}"));
+            Communicator::new(boot, exec, WireConfig::loopback()).unwrap_or_else(|e| panic!("communicator: {e}"))
+        },
+        |_, comm, barrier| f(comm, barrier),
+    )
 }
 
 /// Registers `len` zeroed bytes of host memory.
@@ -287,7 +264,7 @@ fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
         }
 
         // One thread per QP (Exclusive), alternating between the QP's two channels.
-        thread::scope(|s| {
+        std::thread::scope(|s| {
             for (q, h) in hs.iter().enumerate() {
                 let plans = &plans;
                 s.spawn(move || {

@@ -12,12 +12,11 @@
 //! their QPs on the same port, connected to each other through the NIC (loopback through the HCA).
 #![cfg(feature = "mlx5")]
 
-use std::net::TcpListener;
 use std::sync::Arc;
-use std::thread;
 use std::time::Duration;
 
-use gdaki::bootstrap::{Bootstrap, Launch, Secret};
+mod ranks;
+
 use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::mem::{MemKind, MemLoc};
@@ -93,30 +92,10 @@ fn mlx5_pingpong_checks_every_payload() {
 
 /// Runs `f(rank, communicator)` on two ranks of this process, both on the NIC under test.
 fn two_ranks<T: Send>(spec: &NicSpec, f: impl Fn(u32, Communicator) -> T + Sync) -> Vec<T> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let root = listener.local_addr().unwrap().to_string();
-    let secret = Secret::random().unwrap();
-    let mut listener = Some(listener);
-    let f = &f;
-    thread::scope(|s| {
-        let hs: Vec<_> = (0..2u32)
-            .map(|rank| {
-                let launch = Launch { rank, world_size: 2, root: root.clone(), secret, source: "test" };
-                let l = if rank == 0 { listener.take() } else { None };
-                s.spawn(move || {
-                    let boot = match l {
-                        Some(l) => Bootstrap::root_on(l, &launch, TIMEOUT),
-                        None => Bootstrap::connect(&launch, TIMEOUT),
-                    }
-                    .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-                    let comm =
-                        Communicator::with_nic(boot, executor(), spec, WireConfig::loopback()).expect("communicator");
-                    f(rank, comm)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
-    })
+    ranks::two_ranks(
+        |boot| Communicator::with_nic(boot, executor(), spec, WireConfig::loopback()).expect("communicator"),
+        |rank, comm, _| f(rank, comm),
+    )
 }
 
 /// MSCCL++'s one-to-one PortChannel tests, every operation in Exclusive, Block and Device sharing.

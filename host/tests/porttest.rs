@@ -2,11 +2,10 @@
 //! bootstrap, communicator and emulated NIC, connected over the wire), every operation in every sharing mode,
 //! every received payload checked on the device side and counted here. The GPU runs are `--ignored`.
 
-use std::net::TcpListener;
-use std::thread;
 use std::time::Duration;
 
-use gdaki::bootstrap::{Bootstrap, Launch, Secret};
+mod ranks;
+
 use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
@@ -16,7 +15,8 @@ use gdaki_shared::prm::opcode::syndrome;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Runs `f(rank, communicator)` on two ranks at once; returns what each returned.
+/// Runs `f(rank, communicator)` on two ranks at once, each with its own emulated NIC over the loopback wire;
+/// returns what each returned.
 fn two_ranks<T: Send>(kind: ExecutorKind, f: impl Fn(u32, Communicator) -> T + Sync) -> Vec<T> {
     two_ranks_on(kind, None, f)
 }
@@ -27,35 +27,17 @@ fn two_ranks_on<T: Send>(
     shared: Option<gdaki::nic::Nic>,
     f: impl Fn(u32, Communicator) -> T + Sync,
 ) -> Vec<T> {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let root = listener.local_addr().unwrap().to_string();
-    let secret = Secret::random().unwrap();
-    let mut listener = Some(listener);
-    let f = &f;
-    thread::scope(|s| {
-        let hs: Vec<_> = (0..2u32)
-            .map(|rank| {
-                let launch = Launch { rank, world_size: 2, root: root.clone(), secret, source: "test" };
-                let l = if rank == 0 { listener.take() } else { None };
-                let shared = shared.clone();
-                s.spawn(move || {
-                    let boot = match l {
-                        Some(l) => Bootstrap::root_on(l, &launch, TIMEOUT),
-                        None => Bootstrap::connect(&launch, TIMEOUT),
-                    }
-                    .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-                    let (exec, _) = Executor::open(Some(kind)).expect("executor");
-                    let comm = match &shared {
-                        Some(nic) => Communicator::on_nic(boot, exec, nic.clone()),
-                        None => Communicator::new(boot, exec, WireConfig::loopback()),
-                    }
-                    .expect("communicator");
-                    f(rank, comm)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
-    })
+    ranks::two_ranks(
+        |boot| {
+            let (exec, _) = Executor::open(Some(kind)).expect("executor");
+            match &shared {
+                Some(nic) => Communicator::on_nic(boot, exec, nic.clone()),
+                None => Communicator::new(boot, exec, WireConfig::loopback()),
+            }
+            .expect("communicator")
+        },
+        |rank, comm, _| f(rank, comm),
+    )
 }
 
 /// Payloads each rank checks in one run of `op` over `nch` channels of `iters` iterations.
