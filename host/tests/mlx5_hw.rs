@@ -125,6 +125,33 @@ fn mlx5_port_channel_every_op_every_mode() {
     }
 }
 
+/// The benchmark suite (`gdaki-perf all --quick`'s rows, through the same `porttest::bench` code) on the NIC, every
+/// test in every mode, every payload checked; the tables themselves come from `gdaki-perf all --nic mlx5_0`
+/// (docs/mlx5.md).
+#[test]
+#[ignore = "needs a ConnectX NIC (docs/mlx5.md)"]
+fn mlx5_benchmark_suite_every_test_every_mode() {
+    use gdaki::porttest::bench::{run_test, Plan, Test};
+    let Some(spec) = nic_spec() else { return };
+    let results = two_ranks(&spec, |rank, comm| {
+        let comm = Arc::new(comm);
+        let team = if comm.executor().kind() == ExecutorKind::Gpu { 128 } else { 4 };
+        let plan =
+            Plan { iters: 50, warmup: 5, byte_budget: 16 << 20, team, timeout: TIMEOUT, blue_flame_limit: 512 << 10 };
+        let mut checked = 0;
+        for mode in Mode::ALL {
+            for test in Test::ALL {
+                let size = if test.channels() > 1 { 4096 } else { 1024 };
+                let rows = run_test(&comm, mode, test, &[size], &plan, |_| {})
+                    .unwrap_or_else(|e| panic!("{} {} rank {rank}: {e}", mode.name(), test.name()));
+                checked += rows.iter().map(|r| r.checked).sum::<u64>();
+            }
+        }
+        checked
+    });
+    assert!(results.iter().sum::<u64>() > 0, "payloads checked: {results:?}");
+}
+
 /// Device-side faults on the NIC: a put with a wrong rkey completes in error with syndrome 0x13 (remote access
 /// error), and the sender's `flush` returns it, in every Device-mode sharing; the receiver, whose signal never
 /// comes, fails as well instead of hanging. (Host modes: the proxy keeps its own keys, so an edited device
