@@ -97,16 +97,16 @@ impl Rig {
 
 /// Posts `n` WQEs of `op`, a doorbell every `batch`, then flushes. Returns the elapsed time.
 fn run(rig: &mut Rig, h: &mut QpHandle, op: Op, n: u64, batch: u64) -> Result<Duration, String> {
-    let src = Sge { addr: rig.src_mr.loc().addr, len: 8, lkey: rig.src_mr.handle().lkey };
-    let res = Sge { addr: rig.res_mr.loc().addr, len: 8, lkey: rig.res_mr.handle().lkey };
+    let src = Sge::new(rig.src_mr.loc().addr, 8, rig.src_mr.handle().lkey).map_err(|e| format!("SGE: {e}"))?;
+    let res = Sge::new(rig.res_mr.loc().addr, 8, rig.res_mr.handle().lkey).map_err(|e| format!("SGE: {e}"))?;
     let dst = Raddr { addr: rig.dst_mr.loc().addr, rkey: rig.dst_mr.remote().rkey };
     // SAFETY: `h` is this rig's QP handle, used by this thread only.
     let mut qp = unsafe { DeviceQp::new(h, 10_000_000_000) };
     let t = Instant::now();
     for i in 0..n {
         let posted = match op {
-            Op::Write8 => qp.post(false, |c| wqe::rdma_write(c, dst, src)),
-            Op::FetchAdd => qp.post(false, |c| wqe::atomic_fetch_add(c, dst, res, 1)),
+            Op::Write8 => qp.post(false, wqe::rdma_write(dst, src)),
+            Op::FetchAdd => wqe::atomic_fetch_add(dst, res, 1).and_then(|w| qp.post(false, w)),
         };
         // Unsignaled: the flush below covers them.
         let _ticket = posted.map_err(|e| format!("post {i}: {e}"))?;

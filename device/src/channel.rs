@@ -19,7 +19,7 @@ use crate::scope::{Block, Device, Scope};
 use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::wait::bounded;
-use crate::wqe::{self, Ctrl, Wqe};
+use crate::wqe::{self, Wqe};
 use bytemuck::Zeroable;
 use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
 use gdaki_shared::handle::QpHandle;
@@ -27,7 +27,10 @@ use gdaki_shared::proxy::{mode, Trigger};
 
 /// Largest payload of one RDMA WRITE the device code builds: a data segment's `byte_count` of 0 would mean
 /// 2^31, so one less.
-const MAX_WRITE: u64 = i32::MAX as u64;
+const MAX_WRITE: u64 = wqe::MAX_SGE_LEN as u64;
+
+/// Bytes an RDMA atomic moves: what [`PortChannelHandle::blue_flame_limit`] is compared with for a signal.
+const ATOMIC_BYTES: u64 = 8;
 
 /// What a channel posts through. Two real implementations: the Exclusive [`ExclusiveQp`] and the shared
 /// [`SharedQp`].
@@ -37,7 +40,7 @@ pub trait Poster {
     ///
     /// # Errors
     /// As [`Qp::post`] / [`SharedQp::post`].
-    fn stage<const DS: usize>(&mut self, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()>;
+    fn stage<const N: usize>(&mut self, w: Wqe<N>) -> Result<()>;
 
     /// Posts a WQE and rings for it and every staged one; by BlueFlame when `bf` is set and the poster can.
     /// With `signaled` it asks for a CQE (shared posters always do), so that a later flush need not post a
@@ -45,7 +48,7 @@ pub trait Poster {
     ///
     /// # Errors
     /// As [`Poster::stage`].
-    fn submit<const DS: usize>(&mut self, bf: bool, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()>;
+    fn submit<const N: usize>(&mut self, bf: bool, signaled: bool, w: Wqe<N>) -> Result<()>;
 
     /// Waits until every WQE posted so far has completed.
     ///
@@ -78,16 +81,16 @@ impl<'a, const SLOTS: usize> ExclusiveQp<'a, SLOTS> {
 
 impl<const SLOTS: usize> Poster for ExclusiveQp<'_, SLOTS> {
     #[inline(always)]
-    fn stage<const DS: usize>(&mut self, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
-        self.qp.post(false, build).map(|_| ())
+    fn stage<const N: usize>(&mut self, w: Wqe<N>) -> Result<()> {
+        self.qp.post(false, w).map(|_| ())
     }
 
     #[inline(always)]
-    fn submit<const DS: usize>(&mut self, bf: bool, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
-        if bf && DS <= 4 {
-            return self.qp.post_bf(self.bf, signaled, build).map(|_| ());
+    fn submit<const N: usize>(&mut self, bf: bool, signaled: bool, w: Wqe<N>) -> Result<()> {
+        if bf {
+            return self.qp.post_bf(self.bf, signaled, w).map(|_| ());
         }
-        let _ticket = self.qp.post(signaled, build)?;
+        let _ticket = self.qp.post(signaled, w)?;
         self.qp.ring_db();
         Ok(())
     }
@@ -112,18 +115,13 @@ impl<const SLOTS: usize> Poster for ExclusiveQp<'_, SLOTS> {
 
 impl<S: Scope> Poster for SharedQp<'_, S> {
     #[inline(always)]
-    fn stage<const DS: usize>(&mut self, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<()> {
-        self.post(true, build).map(|_| ())
+    fn stage<const N: usize>(&mut self, w: Wqe<N>) -> Result<()> {
+        self.post(true, w).map(|_| ())
     }
 
     #[inline(always)]
-    fn submit<const DS: usize>(
-        &mut self,
-        _bf: bool,
-        _signaled: bool,
-        build: impl FnOnce(Ctrl) -> Wqe<DS>,
-    ) -> Result<()> {
-        self.post(true, build).map(|_| ())
+    fn submit<const N: usize>(&mut self, _bf: bool, _signaled: bool, w: Wqe<N>) -> Result<()> {
+        self.post(true, w).map(|_| ())
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -236,9 +234,9 @@ impl<'h, P: Poster> PortChannel<'h, P> {
                 let bf = bytes <= self.h.blue_flame_limit;
                 // Unsignaled: a put alone is followed by more puts (LL rounds, bandwidth loops), and a CQE for
                 // each would make the SQ retire one WQE per CQ poll.
-                self.qp.submit(bf, false, |c| wqe::rdma_write(c, r, l))?;
+                self.qp.submit(bf, false, wqe::rdma_write(r, l))?;
             } else {
-                self.qp.stage(|c| wqe::rdma_write(c, r, l))?;
+                self.qp.stage(wqe::rdma_write(r, l))?;
             }
         }
         Ok(())
@@ -316,8 +314,10 @@ impl<'h, P: Poster> PortChannel<'h, P> {
         let target = if to_sem { &self.h.remote_sem } else { &self.h.dst };
         let (r, l) = atomic_target(target, sem_offset, &self.h.scratch, 0)?;
         // Signaled: a signal ends an exchange that a flush usually follows, which then needs no NOP (on the H200
-        // that NOP cost a Device-Exclusive ping-pong 11 µs).
-        self.qp.submit(true, true, |c| wqe::atomic_fetch_add(c, r, l, add))
+        // that NOP cost a Device-Exclusive ping-pong 11 µs). By BlueFlame as a put of its 8 bytes would be, so
+        // that `blue_flame_limit` 0 means no BlueFlame at all.
+        let bf = ATOMIC_BYTES <= self.h.blue_flame_limit;
+        self.qp.submit(bf, true, wqe::atomic_fetch_add(r, l, add)?)
     }
 
     /// [`PortChannel::put`] then [`PortChannel::signal`], one doorbell (MSCCL++ `putWithSignal`): the peer that

@@ -10,18 +10,25 @@ use crate::qp::{Qp, Ticket};
 use crate::wqe::{self, Raddr, Sge};
 use gdaki_shared::handle::{MrHandle, RemoteMr};
 
-/// `len` bytes at `off` of local MR `mr` as an SGE (1 ..= 2^31 - 1 bytes, inside the MR).
+/// `len` bytes at `off` of local MR `mr` as an SGE (1 ..= [`wqe::MAX_SGE_LEN`] bytes, inside the MR).
+///
+/// # Errors
+/// [`InvalidArgument::Length`] for 0 bytes or more than [`wqe::MAX_SGE_LEN`]; [`InvalidArgument::LocalRange`]
+/// for a range outside the MR.
 pub fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
-    if len == 0 || len > i32::MAX as u64 {
+    if len == 0 || len > wqe::MAX_SGE_LEN as u64 {
         return Err(Error::InvalidArgument(InvalidArgument::Length));
     }
     match (off.checked_add(len), mr.addr.checked_add(off)) {
-        (Some(end), Some(addr)) if end <= mr.length => Ok(Sge { addr, len: len as u32, lkey: mr.lkey }),
+        (Some(end), Some(addr)) if end <= mr.length => Sge::new(addr, len as u32, mr.lkey),
         _ => Err(Error::InvalidArgument(InvalidArgument::LocalRange)),
     }
 }
 
 /// `len` bytes at `off` of the peer's MR `mr` as a raddr (inside the MR).
+///
+/// # Errors
+/// [`InvalidArgument::RemoteRange`] for a range outside the MR.
 pub fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Ok(Raddr { addr, rkey: mr.rkey }),
@@ -31,10 +38,13 @@ pub fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
 
 /// The 8-byte remote word at `sem_off` of `sem` and the 8-byte local result word at `result_off` of `result`,
 /// both 8-byte aligned.
+///
+/// # Errors
+/// As [`remote`] and [`local`]; [`InvalidArgument::AtomicAlignment`] for a misaligned word.
 pub fn atomic_target(sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<(Raddr, Sge)> {
     let r = remote(sem, sem_off, 8)?;
     let l = local(result, result_off, 8)?;
-    if r.addr % 8 != 0 || l.addr % 8 != 0 {
+    if r.addr % 8 != 0 || l.addr() % 8 != 0 {
         return Err(Error::InvalidArgument(InvalidArgument::AtomicAlignment));
     }
     Ok((r, l))
@@ -47,7 +57,7 @@ impl Qp<'_> {
     /// [`Error::InvalidArgument`] for a range outside either MR or a zero length; as [`Qp::post`] otherwise.
     pub fn put(&mut self, dst: &RemoteMr, dst_off: u64, src: &MrHandle, src_off: u64, len: u64) -> Result<()> {
         let (r, l) = (remote(dst, dst_off, len)?, local(src, src_off, len)?);
-        let _ = self.post(false, |c| wqe::rdma_write(c, r, l))?;
+        let _ = self.post(false, wqe::rdma_write(r, l))?;
         self.ring_db();
         Ok(())
     }
@@ -60,7 +70,7 @@ impl Qp<'_> {
     /// [`Error::InvalidArgument`] for a range outside either MR or a misaligned address; as [`Qp::post`].
     pub fn signal(&mut self, sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<Ticket> {
         let (r, l) = atomic_target(sem, sem_off, result, result_off)?;
-        let t = self.post(true, |c| wqe::atomic_fetch_add(c, r, l, 1))?;
+        let t = self.post(true, wqe::atomic_fetch_add(r, l, 1)?)?;
         self.ring_db();
         Ok(t)
     }
@@ -84,8 +94,8 @@ impl Qp<'_> {
     ) -> Result<Ticket> {
         let (r, l) = (remote(dst, dst_off, len)?, local(src, src_off, len)?);
         let (sr, sl) = atomic_target(sem, sem_off, result, result_off)?;
-        let _ = self.post(false, |c| wqe::rdma_write(c, r, l))?;
-        let t = self.post(true, |c| wqe::atomic_fetch_add(c, sr, sl, 1))?;
+        let _ = self.post(false, wqe::rdma_write(r, l))?;
+        let t = self.post(true, wqe::atomic_fetch_add(sr, sl, 1)?)?;
         self.ring_db();
         Ok(t)
     }

@@ -133,9 +133,9 @@ fn burst_exclusive(a: &PostRateArgs, qp: &mut Qp, bf: &mut BfSlots, p: u32) -> R
     let t0 = sync::clock_ns();
     for k in 0..a.posts {
         if a.bf != 0 {
-            let _ = qp.post_bf(bf, false, |c| wqe::rdma_write(c, r, l))?;
+            let _ = qp.post_bf(bf, false, wqe::rdma_write(r, l))?;
         } else {
-            let _ = qp.post(false, |c| wqe::rdma_write(c, r, l))?;
+            let _ = qp.post(false, wqe::rdma_write(r, l))?;
             if (k + 1) % batch == 0 || k + 1 == a.posts {
                 qp.ring_db();
             }
@@ -150,7 +150,7 @@ fn burst_shared(a: &PostRateArgs, qp: &SharedQp<Device>, p: u32) -> Result<(u64,
     let (r, l) = target(a, p)?;
     let t0 = sync::clock_ns();
     for _ in 0..a.posts {
-        let _ = qp.post(true, |c| wqe::rdma_write(c, r, l))?;
+        let _ = qp.post(true, wqe::rdma_write(r, l))?;
     }
     let t1 = sync::clock_ns();
     qp.flush()?;

@@ -12,10 +12,10 @@ use crate::db;
 use crate::error::{CqeError, Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
 use crate::sq;
 use crate::wait::bounded;
-use crate::wqe::{self, Ctrl, Raddr, Wqe, MAX_INLINE};
+use crate::wqe::{self, Ctrl, Raddr, Wqe};
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::opcode;
-use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg};
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg, SEGS_PER_WQEBB};
 
 /// A posted WQE that asked for a CQE: its first WQEBB's 64-bit index. Complete once the CQ retires it
 /// ([`Qp::wait`]); DOCA GPUNetIO's `ticket`.
@@ -67,18 +67,44 @@ impl<'a> Qp<'a> {
         )
     }
 
-    /// Reserves room, lets `build` fill the WQE for its index, stores it and advances the producer index.
-    /// Nothing reaches the NIC before [`Qp::ring_db`].
+    /// Reserves `ceil(w.ds() / 4)` WQEBBs, stores `w` there with this QP's WQE index, QPN and completion
+    /// flags, and advances the producer index. Nothing reaches the NIC before [`Qp::ring_db`]. Takes every
+    /// builder of [`crate::wqe`].
     ///
     /// # Errors
     /// [`Error::Timeout`] when no room appears in time; [`Error::UnexpectedCqe`] when retiring earlier WQEs
-    /// met one (error CQEs met there are kept for `wait`/`flush`); [`Error::InvalidArgument`] (`Handle`) for a handle whose SQ is not a
-    /// power of two of at least 16 WQEBBs. Posting to a QP in the error state succeeds: the NIC flushes the
-    /// WQE (syndrome 0x05), as hardware does, and waits report the first error.
+    /// met one (error CQEs met there are kept for `wait`/`flush`); [`Error::InvalidArgument`] (`Handle`) for a
+    /// handle whose SQ is not a power of two of 16 ..= 2^15 WQEBBs. Posting to a QP in the error state succeeds:
+    /// the NIC flushes the WQE (syndrome 0x05), as hardware does, and waits report the first error.
     #[inline(always)]
-    pub fn post<const DS: usize>(&mut self, signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
-        const { assert!(DS >= 1 && DS <= wqe::MAX_DS, "a WQE has 1 ..= MAX_DS segments") };
-        self.post_segs(signaled, DS as u8, |c| build(c).segs)
+    pub fn post<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
+        let ds = w.ds();
+        self.post_segs(signaled, ds, |c| w.encode(c))
+    }
+
+    /// Posts `ds` segments that `build` makes from the ctrl fields this QP would use, unchecked: the way to
+    /// hand a NIC a malformed WQE (a wrong QPN or WQE index, a `ds` the opcode does not take, an inline flag in
+    /// a data segment) to test its checks. Everything else is as [`Qp::post`]: `ceil(ds / 4)` WQEBBs are
+    /// reserved and the first `ds` segments stored.
+    ///
+    /// # Errors
+    /// As [`Qp::post`]; [`InvalidArgument::Length`] for a `ds` of 0 or more than `N`.
+    ///
+    /// # Safety
+    /// Nothing checks the segments. A real NIC executes what they say: a data segment with bit 31 set sends
+    /// the segment's own bytes, a `byte_count` of 0 moves 2^31 bytes, and a ctrl segment whose `ds` differs
+    /// from `ds` makes the NIC parse the next WQE from the wrong place. The caller must mean it (tests of the
+    /// emulated NIC).
+    pub unsafe fn post_raw<const N: usize>(
+        &mut self,
+        signaled: bool,
+        ds: u8,
+        build: impl FnOnce(Ctrl) -> [Seg; N],
+    ) -> Result<Ticket> {
+        if ds == 0 || ds as usize > N {
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
+        self.post_segs(signaled, ds, build)
     }
 
     #[inline(always)]
@@ -90,7 +116,7 @@ impl<'a> Qp<'a> {
     ) -> Result<Ticket> {
         let nbb = wqebbs(ds as u32);
         let cnt = self.h.wqe_cnt;
-        if cnt < 16 || !cnt.is_power_of_two() {
+        if !sq::valid_ring(cnt) {
             // The CQE policy (a CQE every quarter ring) needs room for a 4-WQEBB WQE beside the unsignaled
             // tail; a smaller ring could wait forever for room.
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
@@ -112,19 +138,13 @@ impl<'a> Qp<'a> {
         Ok(Ticket(pi))
     }
 
-    /// Posts an RDMA WRITE whose payload travels inside the WQE (1 ..= [`MAX_INLINE`] bytes).
+    /// Posts an RDMA WRITE whose payload travels inside the WQE (1 ..= [`wqe::MAX_INLINE`] bytes):
+    /// [`wqe::rdma_write_inline`] through [`Qp::post`].
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty or too long payload; as [`Qp::post`] otherwise.
     pub fn post_write_inline(&mut self, signaled: bool, remote: Raddr, data: &[u8]) -> Result<Ticket> {
-        if data.is_empty() {
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
-        }
-        if data.len() > MAX_INLINE {
-            return Err(Error::InvalidArgument(InvalidArgument::InlineTooLong));
-        }
-        let ds = gdaki_shared::prm::wqe::ds::rdma_write_inline(data.len() as u32) as u8;
-        self.post_segs(signaled, ds, |c| wqe::rdma_write_inline(c, remote, data).0.segs)
+        self.post(signaled, wqe::rdma_write_inline(remote, data)?)
     }
 
     /// Rings the doorbell for every WQE posted since the last ring: dbrec, then the 8-byte doorbell carrying
@@ -139,22 +159,27 @@ impl<'a> Qp<'a> {
         }
     }
 
-    /// Posts a one-WQEBB WQE and rings by BlueFlame: the WQE goes to the ring and to the next slot of `bf`,
-    /// and from the slot, whole, to the BlueFlame register, after the dbrec. Earlier unrung WQEs are covered
-    /// too (the NIC executes the SQ in order). When the slot's previous WQE has not completed yet, waits for
-    /// it first (see [`crate::bf`]); every `SLOTS / 2`-th BlueFlame WQE asks for a CQE whatever `signaled`
-    /// says.
+    /// Posts `w` and rings by BlueFlame: the WQE goes to the ring and to the next slot of `bf`, and from the
+    /// slot, whole, to the BlueFlame register, after the dbrec. Earlier unrung WQEs are covered too (the NIC
+    /// executes the SQ in order). When the slot's previous WQE has not completed yet, waits for it first (see
+    /// [`crate::bf`]); every `SLOTS / 2`-th BlueFlame WQE asks for a CQE whatever `signaled` says. A WQE of
+    /// more than one WQEBB (an inline WRITE of more than 28 bytes) cannot go by BlueFlame: it is posted and
+    /// rung by doorbell, as rdma-core does for a WQE larger than the BlueFlame buffer.
     ///
     /// # Errors
     /// As [`Qp::post`], and as [`Qp::wait`] for the slot's previous WQE (except its error CQE, which is the
     /// QP's sticky error and does not keep the slot busy).
-    pub fn post_bf<const DS: usize, const SLOTS: usize>(
+    pub fn post_bf<const N: usize, const SLOTS: usize>(
         &mut self,
         bf: &mut BfSlots<SLOTS>,
         signaled: bool,
-        build: impl FnOnce(Ctrl) -> Wqe<DS>,
+        w: Wqe<N>,
     ) -> Result<Ticket> {
-        const { assert!(DS >= 1 && DS <= 4, "BlueFlame writes one WQEBB") };
+        if w.ds() as usize > SEGS_PER_WQEBB {
+            let t = self.post(signaled, w)?;
+            self.ring_db();
+            return Ok(t);
+        }
         let previous = bf.next_previous();
         if previous > self.h.sq_ci {
             match self.wait(Ticket(previous - 1)) {
@@ -162,11 +187,13 @@ impl<'a> Qp<'a> {
                 Err(e) => return Err(e),
             }
         }
-        let mut bb = [Seg::default(); 4];
-        let t = self.post_segs(signaled || bf.next_signals(), DS as u8, |c| {
-            let w = build(c);
-            bb[..DS].copy_from_slice(&w.segs);
-            w.segs
+        let mut bb = [Seg::default(); SEGS_PER_WQEBB];
+        let ds = w.ds();
+        let t = self.post_segs(signaled || bf.next_signals(), ds, |c| {
+            let segs = w.encode(c);
+            let n = ds as usize;
+            bb[..n].copy_from_slice(&segs[..n]);
+            segs
         })?;
         self.unrung = None;
         let slot = bf.take(t.0);
@@ -201,7 +228,7 @@ impl<'a> Qp<'a> {
         }
         let requester = matches!(c.opcode(), opcode::cqe::REQ | opcode::cqe::REQ_ERR);
         let retired = if requester {
-            match sq::wqe_index_from_counter(self.h.sq_ci, self.h.sq_pi, c.wqe_counter.get()) {
+            match sq::wqe_index_from_counter(self.h.sq_ci, self.h.sq_pi, self.h.wqe_cnt, c.wqe_counter.get()) {
                 Some(w) => Some(w + 1),
                 None => return Some(Err(unexpected)),
             }
@@ -250,7 +277,7 @@ impl<'a> Qp<'a> {
         }
         // An unsignaled WQE is retired only by a later CQE: ask for one when none was requested since `t`.
         if self.h.sq_sig_first <= t.0 {
-            let _ = self.post(true, wqe::nop)?;
+            let _ = self.post(true, wqe::nop())?;
         }
         self.ring_db();
         let timeout = self.timeout_ns;
@@ -331,7 +358,7 @@ impl<'a> Qp<'a> {
             return Err(Error::Cqe(e));
         }
         if self.h.sq_sig_end != self.h.sq_pi {
-            let _ = self.post(true, wqe::nop)?;
+            let _ = self.post(true, wqe::nop())?;
         }
         if self.h.sq_sig_first == 0 {
             return Ok(());

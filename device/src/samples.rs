@@ -38,22 +38,31 @@ pub struct SampleParams {
 pub const SAMPLES: usize = 7;
 
 /// Writes [`SAMPLES`] WQEs, each padded to [`MAX_DS`] segments: NOP, RDMA WRITE, WRITE_IMM, READ, fetch-add,
-/// compare-swap, inline WRITE of 24 bytes; sample `i` has WQE index `idx + i` and alternates `fm_ce_se`
+/// compare-swap (both with an 8-byte result buffer at `laddr`), inline WRITE of 24 bytes (only its `ds` segments); sample `i` has WQE index `idx + i` and alternates `fm_ce_se`
 /// between 0 and CQ_UPDATE.
 pub fn build(p: &SampleParams, out: &mut [[Seg; MAX_DS]; SAMPLES]) {
     let c = |i: u32| Ctrl { idx: (p.idx + i) as u16, qpn: p.qpn, fm_ce_se: if i % 2 == 1 { 0x08 } else { 0 } };
-    let local = Sge { addr: p.laddr, len: p.len, lkey: Be32::new(p.lkey) };
     let remote = Raddr { addr: p.raddr, rkey: Be32::new(p.rkey) };
     let pad = |s: &[Seg]| {
         let mut o = [Seg::default(); MAX_DS];
         o[..s.len()].copy_from_slice(s);
         o
     };
-    out[0] = pad(&wqe::nop(c(0)).segs);
-    out[1] = pad(&wqe::rdma_write(c(1), remote, local).segs);
-    out[2] = pad(&wqe::rdma_write_imm(c(2), remote, local, Be32::from_bits(p.imm)).segs);
-    out[3] = pad(&wqe::rdma_read(c(3), remote, local).segs);
-    out[4] = pad(&wqe::atomic_fetch_add(c(4), remote, local, p.swap_add).segs);
-    out[5] = pad(&wqe::atomic_compare_swap(c(5), remote, local, p.compare, p.swap_add).segs);
-    out[6] = wqe::rdma_write_inline(c(6), remote, &p.inline).0.segs;
+    // A bad length or alignment in `p` leaves that sample all zero: the host's comparison then fails.
+    let Ok(local) = Sge::new(p.laddr, p.len, Be32::new(p.lkey)) else { return };
+    let atomic = Sge::new(p.laddr, 8, Be32::new(p.lkey));
+    out[0] = pad(&wqe::nop().encode(c(0)));
+    out[1] = pad(&wqe::rdma_write(remote, local).encode(c(1)));
+    out[2] = pad(&wqe::rdma_write_imm(remote, local, Be32::from_bits(p.imm)).encode(c(2)));
+    out[3] = pad(&wqe::rdma_read(remote, local).encode(c(3)));
+    if let Ok(w) = atomic.and_then(|r| wqe::atomic_fetch_add(remote, r, p.swap_add)) {
+        out[4] = pad(&w.encode(c(4)));
+    }
+    if let Ok(w) = atomic.and_then(|r| wqe::atomic_compare_swap(remote, r, p.compare, p.swap_add)) {
+        out[5] = pad(&w.encode(c(5)));
+    }
+    if let Ok(w) = wqe::rdma_write_inline(remote, &p.inline) {
+        let ds = w.ds() as usize;
+        out[6] = pad(&w.encode(c(6))[..ds]);
+    }
 }

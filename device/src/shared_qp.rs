@@ -22,7 +22,7 @@ use crate::scope::Scope;
 use crate::sq;
 use crate::sync;
 use crate::wait::bounded;
-use crate::wqe::{Ctrl, Wqe, MAX_DS};
+use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::opcode;
@@ -54,51 +54,61 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         self.h
     }
 
-    fn field(&self, f: fn(*mut SharedQpState) -> *mut u64) -> *mut u64 {
+    /// The address of one word of the state.
+    #[inline(always)]
+    fn word<T>(&self, f: impl FnOnce(*mut SharedQpState) -> *mut T) -> *mut T {
         f(self.st)
     }
 
     fn resv(&self) -> *mut u64 {
-        // SAFETY (of every projection here): `st` is valid (contract of `new`); no reference is formed.
-        self.field(|s| unsafe { addr_of_mut!((*s).resv) })
+        // SAFETY: `st` is valid (contract of `new`); `addr_of_mut!` forms no reference.
+        self.word(|s| unsafe { addr_of_mut!((*s).resv) })
     }
     fn ready(&self) -> *mut u64 {
-        self.field(|s| unsafe { addr_of_mut!((*s).ready) })
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).ready) })
     }
     fn retired(&self) -> *mut u64 {
-        self.field(|s| unsafe { addr_of_mut!((*s).retired) })
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).retired) })
     }
     fn cq_ci(&self) -> *mut u64 {
-        self.field(|s| unsafe { addr_of_mut!((*s).cq_ci) })
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).cq_ci) })
     }
     fn err_idx(&self) -> *mut u64 {
-        self.field(|s| unsafe { addr_of_mut!((*s).err_idx) })
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).err_idx) })
     }
     fn last_start(&self) -> *mut u64 {
-        self.field(|s| unsafe { addr_of_mut!((*s).last_start) })
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).last_start) })
     }
     fn last_db(&self) -> *mut u64 {
-        self.field(|s| unsafe { addr_of_mut!((*s).last_db) })
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).last_db) })
     }
     fn rung(&self) -> *mut u64 {
-        self.field(|s| unsafe { addr_of_mut!((*s).rung) })
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).rung) })
     }
     fn db_lock(&self) -> *mut u32 {
-        // SAFETY: as above.
-        unsafe { addr_of_mut!((*self.st).db_lock) }
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).db_lock) })
     }
     fn err(&self) -> *mut u32 {
-        // SAFETY: as above.
-        unsafe { addr_of_mut!((*self.st).err) }
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).err) })
     }
     fn poll_lock(&self) -> *mut u32 {
-        // SAFETY: as above.
-        unsafe { addr_of_mut!((*self.st).poll_lock) }
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).poll_lock) })
     }
 
-    /// Reserves room, lets `build` fill the WQE for its index, stores it, waits for its turn, rings the
-    /// doorbell and publishes it. The WQE always asks for a CQE (`signaled` is accepted for symmetry with
-    /// [`crate::qp::Qp::post`]).
+    /// Reserves `ceil(wqe.ds() / 4)` WQEBBs, stores `wqe` there with this QP's WQE index and QPN, waits for its
+    /// turn, publishes it and rings the doorbell (or leaves that to a later poster). The WQE always asks for a
+    /// CQE (`signaled` is accepted for symmetry with [`crate::qp::Qp::post`]). Takes every builder of
+    /// [`crate::wqe`].
     ///
     /// On the GPU the lanes of a warp that call `post` on this QP together are aggregated: the lowest reserves WQEBBs for
     /// all of them with one atomic add, waits for room and for the warp's turn, and publishes all their WQEs at
@@ -107,18 +117,16 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// WQEs of the same size (they do: they run the same call).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of at least 16 WQEBBs;
+    /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs;
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
     /// lane of an aggregated post gets the leader's error.
     #[inline(always)]
-    pub fn post<const DS: usize>(&self, _signaled: bool, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> Result<Ticket> {
-        const { assert!(DS >= 1 && DS <= MAX_DS, "a WQE has 1 ..= MAX_DS segments") };
-        let cnt = self.h.wqe_cnt;
-        if cnt < 16 || !cnt.is_power_of_two() {
+    pub fn post<const N: usize>(&self, _signaled: bool, wqe: Wqe<N>) -> Result<Ticket> {
+        if !sq::valid_ring(self.h.wqe_cnt) {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
-        let n = wqebbs(DS as u32) as u64;
+        let n = wqebbs(wqe.ds() as u32) as u64;
         #[cfg(target_arch = "nvptx64")]
         {
             // Lanes posting to other QPs at the same time are aggregated among themselves.
@@ -129,7 +137,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             let base = w.shfl(if lead { unsafe { S::fetch_add(self.resv(), total) } } else { 0 }, w.leader());
             let (idx, end) = (base + w.rank() as u64 * n, base + total);
             w.share_result(if lead { self.wait_room(end, total) } else { Ok(()) })?;
-            let bits = self.store(idx, build);
+            let bits = self.store(idx, &wqe);
             let last_bits = w.shfl(bits, w.last());
             // Every lane's WQE is stored before the leader publishes them (bar.warp.sync orders the members'
             // accesses; the leader's release then covers them).
@@ -142,7 +150,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             // SAFETY: the state's words (contract of `new`), used atomically by every poster.
             let idx = unsafe { S::fetch_add(self.resv(), n) };
             self.wait_room(idx + n, n)?;
-            let bits = self.store(idx, build);
+            let bits = self.store(idx, &wqe);
             self.publish(idx, idx + n, idx, bits)?;
             Ok(Ticket(idx))
         }
@@ -166,13 +174,13 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         )
     }
 
-    /// Builds the WQE at WQEBB index `idx` and stores it in the ring; returns its doorbell bits.
+    /// Stores `w` at WQEBB index `idx` of the ring; returns its doorbell bits.
     #[inline(always)]
-    fn store<const DS: usize>(&self, idx: u64, build: impl FnOnce(Ctrl) -> Wqe<DS>) -> u64 {
-        let segs = build(Ctrl { idx: idx as u16, qpn: self.h.qpn, fm_ce_se: fm_ce_se::CQ_UPDATE }).segs;
+    fn store<const N: usize>(&self, idx: u64, w: &Wqe<N>) -> u64 {
+        let segs = w.encode(Ctrl { idx: idx as u16, qpn: self.h.qpn, fm_ce_se: fm_ce_se::CQ_UPDATE });
         // SAFETY: a valid ring (contract of `new`); WQEBBs from `idx` are this poster's (reserved, and retired by
         // the NIC: the room check).
-        unsafe { sq::write_segs(self.h.sq_buf, self.h.wqe_cnt, idx, &segs) };
+        unsafe { sq::write_segs(self.h.sq_buf, self.h.wqe_cnt, idx, &segs[..w.ds() as usize]) };
         segs[0].0[0]
     }
 
@@ -254,11 +262,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
 
     fn poll_locked(&self) -> Result<()> {
         let mut cq = self.h.cq;
+        let cnt = self.h.wqe_cnt;
         // SAFETY: `cq_ci`, `retired`'s writer and the error words are this lock holder's; the lock's acquire
         // ordered the previous holder's stores before these loads.
-        // The bound of CQEs to expect is `resv`, not `ready`: a poster rings before it publishes, so the NIC may
-        // complete a WQE that `ready` does not cover yet.
-        let (mut retired, reserved) = unsafe {
+        let (mut retired, mut reserved) = unsafe {
             cq.cons_index = sync::load_volatile(self.cq_ci());
             (sync::load_volatile(self.retired()), S::load_acquire(self.resv()))
         };
@@ -272,7 +279,17 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             }
             let requester = matches!(c.opcode(), opcode::cqe::REQ | opcode::cqe::REQ_ERR);
             let w = if requester {
-                match sq::wqe_index_from_counter(retired, reserved, c.wqe_counter.get()) {
+                let counter = c.wqe_counter.get();
+                let w = sq::wqe_index_from_counter(retired, reserved, cnt, counter).or_else(|| {
+                    // The bound of CQEs to expect is `resv`, not `ready` (a ringer may announce a WQE whose
+                    // poster has not moved `ready` yet). This CQE may be of a WQE reserved after the load of
+                    // `resv` above: its reservation happened before the doorbell that announced it, so a load
+                    // made after reading the CQE sees it.
+                    // SAFETY: the state's word (contract of `new`).
+                    reserved = unsafe { S::load_acquire(self.resv()) };
+                    sq::wqe_index_from_counter(retired, reserved, cnt, counter)
+                });
+                match w {
                     Some(w) => Some(w),
                     None => {
                         result = Err(unexpected);

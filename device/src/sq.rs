@@ -22,6 +22,21 @@ pub unsafe fn write_segs(sq_buf: u64, wqe_cnt: u32, pi: u64, segs: &[Seg]) {
     }
 }
 
+/// Smallest SQ device code posts to, WQEBBs: an Exclusive QP asks for a CQE every quarter ring, which must
+/// leave room for a 4-WQEBB WQE.
+pub const MIN_WQE_CNT: u32 = 16;
+
+/// Largest SQ, WQEBBs: 2^15 (ConnectX's `max_qp_wr`). Fewer than 2^16 WQEBBs are then ever in flight, so a
+/// CQE's 16-bit `wqe_counter` names one outstanding WQE and a doorbell's 16-bit index one producer index.
+pub const MAX_WQE_CNT: u32 = 1 << 15;
+
+/// Whether device code can post to an SQ of `wqe_cnt` WQEBBs: a power of two in
+/// [`MIN_WQE_CNT`]`..=`[`MAX_WQE_CNT`].
+#[inline(always)]
+pub const fn valid_ring(wqe_cnt: u32) -> bool {
+    wqe_cnt.is_power_of_two() && wqe_cnt >= MIN_WQE_CNT && wqe_cnt <= MAX_WQE_CNT
+}
+
 /// WQEBBs free in a ring of `wqe_cnt` given the producer and retired indices.
 #[inline(always)]
 pub const fn free_wqebbs(wqe_cnt: u32, pi: u64, ci: u64) -> u64 {
@@ -29,13 +44,19 @@ pub const fn free_wqebbs(wqe_cnt: u32, pi: u64, ci: u64) -> u64 {
     (wqe_cnt as u64).saturating_sub(pi.wrapping_sub(ci))
 }
 
-/// Reconstructs the 64-bit WQEBB index of a 16-bit `wqe_counter` from a CQE, given the retired index `ci` and
-/// the producer index `pi`: the one index `w` with `ci <= w < pi` whose low 16 bits are `wqe_counter` (fewer
-/// than 2^16 WQEBBs are in flight). `None` when no outstanding WQE has that index: a stale CQE, or another QP's.
+/// Reconstructs the 64-bit WQEBB index of a CQE's 16-bit `wqe_counter`, given the retired index `ci`, the
+/// producer (or reserved) index `pi` and the ring size `wqe_cnt`: the index `w` with `ci <= w < pi` and
+/// `w < ci + wqe_cnt` whose low 16 bits are `wqe_counter`. `None` when no outstanding WQE has that index: a
+/// stale CQE, or another QP's.
+///
+/// The answer is unique however far `pi` runs ahead of `ci` (a shared QP's reservations may exceed 2^16 when
+/// that many threads wait for room): every stored WQE lies in `[ci, ci + wqe_cnt)` because a poster stores
+/// only after the room check, and `wqe_cnt` ≤ [`MAX_WQE_CNT`] < 2^16.
 #[inline(always)]
-pub const fn wqe_index_from_counter(ci: u64, pi: u64, wqe_counter: u16) -> Option<u64> {
-    let w = pi.wrapping_sub((pi as u16).wrapping_sub(wqe_counter) as u64);
-    if w >= ci && w < pi {
+pub const fn wqe_index_from_counter(ci: u64, pi: u64, wqe_cnt: u32, wqe_counter: u16) -> Option<u64> {
+    let ahead = wqe_counter.wrapping_sub(ci as u16) as u64;
+    let w = ci + ahead;
+    if ahead < wqe_cnt as u64 && w < pi {
         Some(w)
     } else {
         None
@@ -50,13 +71,33 @@ mod tests {
     #[test]
     fn counter_reconstruction_across_wrap() {
         // pi just past the 16-bit wrap; the completed WQE was the last one before it.
-        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 0xffff), Some(0xffff));
-        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 0x0001), Some(0x1_0001));
-        assert_eq!(wqe_index_from_counter(5, 6, 5), Some(5));
+        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 64, 0xffff), Some(0xffff));
+        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 64, 0x0001), Some(0x1_0001));
+        assert_eq!(wqe_index_from_counter(5, 6, 16, 5), Some(5));
         // Not outstanding: already retired, not yet posted, or beyond a producer index below 2^16.
-        assert_eq!(wqe_index_from_counter(6, 8, 5), None);
-        assert_eq!(wqe_index_from_counter(0, 1, 3), None);
-        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 0x0002), None);
+        assert_eq!(wqe_index_from_counter(6, 8, 16, 5), None);
+        assert_eq!(wqe_index_from_counter(0, 1, 16, 3), None);
+        assert_eq!(wqe_index_from_counter(0xfff0, 0x1_0002, 64, 0x0002), None);
+    }
+
+    #[test]
+    fn counter_reconstruction_with_reservations_far_ahead() {
+        // 200,000 WQEBBs reserved beyond the retired index (threads waiting for room on a 2^15 ring): the CQE
+        // can only be for a WQE inside the ring's window above `ci`, and it is found there.
+        let (ci, pi, cnt) = (3 * 65536 + 100, 3 * 65536 + 100 + 200_000, 1 << 15);
+        assert_eq!(wqe_index_from_counter(ci, pi, cnt, 100), Some(ci));
+        assert_eq!(wqe_index_from_counter(ci, pi, cnt, 100 + 32767), Some(ci + 32767));
+        // One past the window: no stored WQE can be there yet.
+        assert_eq!(wqe_index_from_counter(ci, pi, cnt, 100 + 32768), None);
+        // The WQE just retired (stale).
+        assert_eq!(wqe_index_from_counter(ci, pi, cnt, 99), None);
+        // Exhaustively on a small ring: exactly the counters of [ci, ci + cnt) map, each to its own index.
+        for ci in [0u64, 65_530, 1 << 40] {
+            let hits: Vec<u64> =
+                (0..=u16::MAX).filter_map(|c| wqe_index_from_counter(ci, ci + 1_000_000, 16, c)).collect();
+            assert_eq!(hits.len(), 16);
+            assert!(hits.iter().all(|&w| (ci..ci + 16).contains(&w)));
+        }
     }
 
     #[test]

@@ -138,7 +138,8 @@ pub struct RunConfig {
     pub team: u32,
     /// Seed of the payload generator (both ranks must use the same).
     pub seed: u64,
-    /// Bound of every device-side wait (set when the channels were made; this bounds the launch).
+    /// Bound of every device-side wait of the run (each channel's `timeout_ns`, which [`PortTest::run`] sets);
+    /// the launch as a whole is bounded by 4 × this + 10 s. More than zero.
     pub timeout: Duration,
 }
 
@@ -337,6 +338,13 @@ impl PortTest {
                     cfg.size
                 )));
             }
+        }
+        let timeout_ns = u64::try_from(cfg.timeout.as_nanos()).unwrap_or(u64::MAX);
+        if timeout_ns == 0 {
+            return Err(Error::InvalidArgument("a run's timeout must be more than zero".into()));
+        }
+        if self.host_handles.iter().any(|h| h.timeout_ns != timeout_ns) {
+            self.edit_handles(|_, h| h.timeout_ns = timeout_ns)?;
         }
         let rank = self.comm.rank();
         // SAFETY: no device code runs between runs; the words are ours and aligned.

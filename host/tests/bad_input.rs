@@ -22,10 +22,11 @@ use gdaki::pingpong::{PingPong, RunConfig};
 use gdaki_device::error::{CqeError, InvalidArgument, Timeout, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
 use gdaki_device::wait::semaphore_ge;
-use gdaki_device::wqe::{self, Ctrl, Raddr, Sge};
+use gdaki_device::wqe::{self, Raddr, Sge};
 use gdaki_device::Error;
 use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr};
-use gdaki_shared::prm::opcode::syndrome;
+use gdaki_shared::prm::opcode::{self, syndrome};
+use gdaki_shared::prm::wqe::{fm_ce_se, CtrlSeg, DataSeg, RaddrSeg, Seg};
 use gdaki_shared::Be32;
 
 /// Bound of device-side waits in tests that expect success (a loaded 2-core machine), short enough that a
@@ -759,19 +760,64 @@ fn a_signal_whose_result_cannot_be_written_does_not_touch_the_semaphore() {
 }
 
 #[test]
-fn a_builder_that_ignores_its_ctrl_gets_an_error_cqe_and_nothing_moves() {
+fn a_wqe_with_a_wrong_qpn_or_index_gets_an_error_cqe_and_nothing_moves() {
     with_put_fixture(|qp, l, r, dst, p| {
-        let (raddr, sge) = (Raddr { addr: r.addr, rkey: r.rkey }, Sge { addr: l.addr, len: 64, lkey: l.lkey });
-        // Another QP's number, then a WQE index from the future.
-        let t = qp.post(true, |c| wqe::rdma_write(Ctrl { qpn: c.qpn ^ 1, ..c }, raddr, sge)).unwrap();
-        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, 0)));
-        let t = qp.post(true, |c| wqe::rdma_write(Ctrl { idx: c.idx + 7, ..c }, raddr, sge));
-        // The QP is in error now: whatever comes next is flushed or never acted on, and the wait is bounded.
-        let r = qp.wait(t.unwrap());
-        assert!(matches!(r, Err(Error::Cqe(_) | Error::Timeout(_))), "{r:?}");
+        let raddr: Seg = RaddrSeg::new(r.addr, r.rkey).into();
+        let data: Seg = DataSeg::new(64, l.lkey, l.addr).into();
+        let ctrl = |idx: u16, qpn: u32| -> Seg {
+            CtrlSeg::new(idx, opcode::RDMA_WRITE, 0, qpn, fm_ce_se::CQ_UPDATE, 3, 0, Be32::ZERO).into()
+        };
+        // Another QP's number: the builders cannot say it, `post_raw` can.
+        // SAFETY: malformed on purpose; the emulated NIC must refuse it.
+        let t = unsafe { qp.post_raw(true, 3, |c| [ctrl(c.idx, c.qpn ^ 1), raddr, data]) }.unwrap();
+        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, t.0)));
         assert_eq!(p.a.state(), QpState::Error);
+        // Then a WQE index from the future, on the QP now in the error state: flushed (0x05) at its slot, as
+        // every WQE after an error is, whatever its ctrl segment says. Waiting on it reports the QP's first
+        // error (sticky); the CQ holds the flush.
+        // SAFETY: as above.
+        let first = cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, t.0);
+        let t = unsafe { qp.post_raw(true, 3, |c| [ctrl(c.idx + 7, c.qpn), raddr, data]) }.unwrap();
+        qp.ring_db();
+        assert_eq!(qp.wait(t), Err(first));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let flushed = loop {
+            match qp.poll_cq() {
+                Some(r) => break r,
+                None if Instant::now() < deadline => std::thread::yield_now(),
+                None => panic!("no CQE for the WQE posted after the error"),
+            }
+        };
+        assert_eq!(flushed, Err(cqe(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, t.0)));
         assert!(dst.read().iter().all(|&b| b == 0));
     });
+}
+
+/// A data segment of 2^31 bytes or more cannot be built (bit 31 would mark it inline), nor one of 0 bytes
+/// (which the PRM reads as 2^31), and an atomic's result buffer is 8 bytes, 8-byte aligned.
+#[test]
+fn builders_refuse_what_the_nic_would_misread() {
+    let lkey = Be32::new(0x155);
+    assert_eq!(Sge::new(0x1000, 0, lkey), inval(InvalidArgument::Length));
+    assert_eq!(Sge::new(0x1000, 1 << 31, lkey), inval(InvalidArgument::Length));
+    assert_eq!(Sge::new(0x1000, u32::MAX, lkey), inval(InvalidArgument::Length));
+    let max = Sge::new(0x1000, (1 << 31) - 1, lkey).unwrap();
+    assert_eq!((max.addr(), max.len(), max.lkey()), (0x1000, (1 << 31) - 1, lkey));
+    let remote = Raddr { addr: 0x2000, rkey: Be32::new(0x255) };
+    let result = Sge::new(0x1000, 8, lkey).unwrap();
+    assert_eq!(wqe::atomic_fetch_add(remote, max, 1), inval(InvalidArgument::Length));
+    assert_eq!(
+        wqe::atomic_fetch_add(Raddr { addr: 0x2004, ..remote }, result, 1),
+        inval(InvalidArgument::AtomicAlignment)
+    );
+    let misaligned = Sge::new(0x1004, 8, lkey).unwrap();
+    assert_eq!(wqe::atomic_compare_swap(remote, misaligned, 0, 1), inval(InvalidArgument::AtomicAlignment));
+    assert_eq!(wqe::rdma_write_inline(remote, &[]), inval(InvalidArgument::Length));
+    assert_eq!(wqe::rdma_write_inline(remote, &[0; wqe::MAX_INLINE + 1]), inval(InvalidArgument::InlineTooLong));
+    // An inline WRITE's ds is what its payload needs (2 + ceil((4 + len) / 16)), not the largest WQE.
+    for (len, ds) in [(1, 3), (12, 3), (13, 4), (28, 4), (29, 5), (wqe::MAX_INLINE, 16)] {
+        assert_eq!(wqe::rdma_write_inline(remote, &vec![7; len]).unwrap().ds(), ds, "{len} bytes");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -782,7 +828,7 @@ fn a_builder_that_ignores_its_ctrl_gets_an_error_cqe_and_nothing_moves() {
 fn waiting_twice_on_a_ticket_and_on_old_tickets_is_fine() {
     with_put_fixture(|qp, l, r, dst, p| {
         qp.put(&r, 0, &l, 0, 4096).unwrap();
-        let t = qp.post(true, wqe::nop).unwrap();
+        let t = qp.post(true, wqe::nop()).unwrap();
         qp.wait(t).unwrap();
         qp.wait(t).unwrap();
         qp.wait(Ticket(0)).unwrap();
@@ -856,7 +902,7 @@ fn an_sq_that_never_drains_times_out_naming_the_room_it_wanted() {
     let t0 = Instant::now();
     let mut last = Ok(Ticket(0));
     for _ in 0..17 {
-        last = qp.post(false, wqe::nop);
+        last = qp.post(false, wqe::nop());
         if last.is_err() {
             break;
         }
@@ -882,7 +928,7 @@ fn posting_after_an_error_never_executes_and_every_wait_reports_it() {
         for i in 0..40u64 {
             qp.put(&r, (i * 64) % 4096, &l, 0, 64).unwrap();
             if i % 8 == 0 {
-                let t = qp.post(true, wqe::nop).unwrap();
+                let t = qp.post(true, wqe::nop()).unwrap();
                 let w = qp.wait(t);
                 assert!(is_first(&w), "{w:?}");
             }
@@ -941,9 +987,9 @@ fn qps_sharing_a_cq_never_take_each_others_completions() {
         // B completes two NOPs (one thread, one QP at a time, as Qp::new asks).
         let mut hb = b.handle();
         let mut qb = dev_qp(&mut hb, TIMEOUT_NS);
-        let t = qb.post(true, wqe::nop).unwrap();
+        let t = qb.post(true, wqe::nop()).unwrap();
         qb.wait(t).unwrap();
-        let t = qb.post(true, wqe::nop).unwrap();
+        let t = qb.post(true, wqe::nop()).unwrap();
         qb.wait(t).unwrap();
     }
     let mut ha = a.handle();
@@ -966,9 +1012,9 @@ fn a_cqe_from_beyond_the_producer_index_is_an_error_not_a_panic() {
         let mut qp = dev_qp(&mut h, TIMEOUT_NS);
         // Three unsignaled NOPs and a signaled one: the first CQE in the ring carries wqe_counter 3.
         for _ in 0..3 {
-            let _ = qp.post(false, wqe::nop).unwrap();
+            let _ = qp.post(false, wqe::nop()).unwrap();
         }
-        let t = qp.post(true, wqe::nop).unwrap();
+        let t = qp.post(true, wqe::nop()).unwrap();
         qp.wait(t).unwrap();
     }
     // A forged handle whose counters restart at zero (as if the host had built it from scratch).
@@ -982,7 +1028,7 @@ fn a_cqe_from_beyond_the_producer_index_is_an_error_not_a_panic() {
         ..fresh
     };
     let mut qp = dev_qp(&mut h, SHORT_NS);
-    let t = qp.post(true, wqe::nop).unwrap();
+    let t = qp.post(true, wqe::nop()).unwrap();
     // Ticket 0, producer index 1: CQE slot 0 still holds the old CQE of WQE 3, which is not outstanding.
     let r = qp.wait(t);
     assert!(
@@ -1056,23 +1102,23 @@ fn a_peer_that_never_polls_its_cq_fails_write_imm_with_0x14_and_both_sides_stay_
     let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let (raddr, sge) = (
         Raddr { addr: rmr.remote().addr, rkey: rmr.remote().rkey },
-        Sge { addr: lmr.handle().addr, len: 64, lkey: lmr.handle().lkey },
+        Sge::new(lmr.handle().addr, 64, lmr.handle().lkey).unwrap(),
     );
     let mut ha = p.a.handle();
     let mut a = dev_qp(&mut ha, TIMEOUT_NS);
     // B's CQ has 16 entries and B never polls: the 17th responder completion has nowhere to go.
     for i in 0..16u64 {
-        let t = a.post(true, |c| wqe::rdma_write_imm(c, raddr, sge, Be32::new(i as u32))).unwrap();
+        let t = a.post(true, wqe::rdma_write_imm(raddr, sge, Be32::new(i as u32))).unwrap();
         a.wait(t).unwrap();
     }
-    let t = a.post(true, |c| wqe::rdma_write_imm(c, raddr, sge, Be32::new(16))).unwrap();
+    let t = a.post(true, wqe::rdma_write_imm(raddr, sge, Be32::new(16))).unwrap();
     assert_eq!(a.wait(t), Err(cqe(syndrome::REMOTE_OP_ERR, vendor::RESP_CQ_OVERRUN, 16)));
     assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
     assert!(p.cq_b.is_error());
     // B's own work can complete nowhere: its waits end, bounded, after taking the 16 responder completions.
     let mut hb = p.b.handle();
     let mut b = dev_qp(&mut hb, SHORT_NS);
-    let r = b.flush().and_then(|()| b.post(true, wqe::nop).and_then(|t| b.wait(t)));
+    let r = b.flush().and_then(|()| b.post(true, wqe::nop()).and_then(|t| b.wait(t)));
     assert!(matches!(r, Err(Error::Timeout(_) | Error::Cqe(_))), "{r:?}");
     assert_eq!(b.handle().cq.cons_index, 16);
     assert!(dst.guards_intact());

@@ -279,3 +279,33 @@ fn signal_never_overtakes_the_data() {
         }
     });
 }
+
+/// Exclusive sharing with a BlueFlame limit of 0 never writes the BlueFlame register, for puts and for the
+/// fetch-adds of `signal`, `put_with_signal` and `put_with_accumulate`; with the default limit the same
+/// sequence does (so that the count of 0 is not the emulator failing to notice).
+#[test]
+fn blue_flame_limit_zero_means_no_blue_flame_for_signals_too() {
+    for (limit, expect_bf) in [(0u64, false), (512 << 10, true)] {
+        let l = Link::new(4096, 64, false);
+        l.src.write(0, &[0x5a; 4096]);
+        l.dst.write(1024, &[0; 8]);
+        let mut qh = *l.qp_h;
+        let mut h = l.handle();
+        h.qp = &mut qh as *mut _ as u64;
+        h.blue_flame_limit = limit;
+        let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
+        // SAFETY: `qh` is a copy of A's handle used by this thread only, and so are the slots; the link outlives
+        // the channel.
+        let mut ch = unsafe { PortChannel::new(&h, Exclusive::poster(&h, &mut bf)) };
+        for _ in 0..4 {
+            ch.signal().unwrap();
+            ch.put_with_signal(0, 0, 64).unwrap();
+            ch.put_with_accumulate(64, 64, 64, 1024, 3).unwrap();
+        }
+        ch.flush().unwrap();
+        assert_eq!(l.sem.load_u64(0), 8, "limit {limit}: every signal counted");
+        assert_eq!(l.dst.u64_at(1024), 12, "limit {limit}: every accumulate applied");
+        let s = l._nics[0].stats();
+        assert_eq!(s.blueflame > 0, expect_bf, "limit {limit}: {s:?}");
+    }
+}

@@ -406,9 +406,12 @@ fn calls_that_do_not_pair_up_and_bad_arguments_fail_with_one_line() {
 
 #[test]
 fn a_peer_that_never_answers_is_a_bootstrap_timeout_naming_the_call() {
-    two_ranks(Duration::from_millis(300), |comm, _| {
+    two_ranks(Duration::from_millis(300), |comm, barrier| {
         let peer = 1 - comm.rank();
         let e = comm.recv_memory(peer, 99).unwrap_err();
+        // Neither rank drops its communicator (closing the connection the other is still waiting on, which
+        // would end that wait as a closed connection instead) before both have timed out.
+        barrier.wait();
         assert!(matches!(e, Error::Bootstrap(_)), "{e:?}");
         let m = message(e);
         assert!(m.starts_with(&format!("recv_memory from rank {peer} tag 99: ")) && m.contains("timed out"), "{m}");

@@ -151,7 +151,8 @@ fn ptx_wqe_bytes_equal_host_built_ones() {
     let mut rng = rng();
     for _ in 0..32 {
         let p = SampleParams {
-            laddr: rng.random(),
+            // 8-byte aligned, so that the atomics' result buffer is valid too.
+            laddr: rng.random::<u64>() & !7,
             raddr: rng.random(),
             swap_add: rng.random(),
             compare: rng.random(),
@@ -160,7 +161,7 @@ fn ptx_wqe_bytes_equal_host_built_ones() {
             qpn: rng.random::<u32>() & 0xff_ffff,
             lkey: rng.random(),
             rkey: rng.random(),
-            len: rng.random::<u32>() >> 1,
+            len: (rng.random::<u32>() >> 1).max(1),
             imm: rng.random(),
         };
         let pbuf = gpu.alloc_device(std::mem::size_of::<SampleParams>()).unwrap();

@@ -240,3 +240,35 @@ fn cpu_two_ranks_share_one_nic() {
     let s = nic.as_emu().expect("emulated").stats();
     assert_eq!((s.error_cqes, s.dbrec_mismatches), (0, 0), "{s:?}");
 }
+
+/// A run's timeout bounds the device-side waits, not only the launch: rank 0's signal carries a wrong rkey,
+/// so rank 1's wait for it can only time out, and it does so after the run's 300 ms (the channels were made
+/// with the 5 s default), with what it waited for.
+#[test]
+fn a_runs_timeout_bounds_the_device_waits() {
+    let timeout = Duration::from_millis(300);
+    let results = two_ranks(ExecutorKind::Cpu, |rank, comm| {
+        let mut t = PortTest::new(std::sync::Arc::new(comm), Mode::Exclusive, 1, 1024, 4).expect("set up");
+        if rank == 0 {
+            t.edit_handles(|_, h| h.remote_sem.rkey = gdaki_shared::Be32::new(h.remote_sem.rkey.get() ^ 0x100))
+                .unwrap();
+        }
+        let cfg = RunConfig { op: op::PINGPONG, size: 1024, iters: 1, team: 1, seed: 0x7e, timeout };
+        let start = std::time::Instant::now();
+        let r = t.run(&cfg).map(|r| r.checked);
+        (r.is_err(), t.device_error(), start.elapsed())
+    });
+    let (sender, receiver) = (&results[0], &results[1]);
+    assert!(
+        sender.0 && matches!(sender.1, Some(DevError::Cqe(c)) if c.syndrome == syndrome::REMOTE_ACCESS_ERR),
+        "rank 0: {sender:?}"
+    );
+    match receiver.1 {
+        Some(DevError::Timeout(t)) => {
+            assert!(matches!(t.on, gdaki_device::error::WaitOn::Semaphore { expected: 1, seen: 0, .. }), "{t:?}");
+            assert!((timeout.as_nanos() as u64..2_000_000_000).contains(&t.waited_ns), "waited {} ns", t.waited_ns);
+        }
+        other => panic!("rank 1: expected a semaphore timeout, got {other:?}"),
+    }
+    assert!(receiver.2 < Duration::from_secs(3), "rank 1's run took {:?}", receiver.2);
+}

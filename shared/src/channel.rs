@@ -86,7 +86,8 @@ pub struct PortChannelHandle {
     pub max_wqe_bytes: u64,
     /// Bound of every device-side wait, ns.
     pub timeout_ns: u64,
-    /// Payloads up to this many bytes go by BlueFlame in Exclusive scope (default 512 KiB).
+    /// Payloads up to this many bytes go by BlueFlame in Exclusive scope (default 512 KiB); a signal or an
+    /// accumulate counts as its 8 bytes, so 0 means no BlueFlame at all.
     pub blue_flame_limit: u64,
     /// The proxy's FIFO (Host and HostNoAtomic modes; all zero in Device mode).
     pub fifo: FifoHandle,

@@ -142,7 +142,8 @@ impl PortChannel {
     }
 
     /// This channel with payloads up to `bytes` submitted by BlueFlame in Exclusive scope (larger ones ring
-    /// the regular doorbell; 0 never uses BlueFlame).
+    /// the regular doorbell). The fetch-add of a signal or an accumulate counts as 8 bytes: 0 never uses
+    /// BlueFlame.
     pub fn with_blue_flame_limit(self, bytes: u64) -> Self {
         Self { blue_flame_limit: bytes, ..self }
     }

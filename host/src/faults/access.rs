@@ -10,11 +10,11 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use gdaki_device::qp::{Qp as DevQp, Ticket};
-use gdaki_device::wqe::{self, Ctrl, Raddr, Sge, Wqe};
+use gdaki_device::wqe::{self, Ctrl, Raddr, Sge};
 use gdaki_device::Result as DevResult;
 use gdaki_shared::handle::{MrHandle, RemoteMr};
 use gdaki_shared::prm::opcode::{self, syndrome};
-use gdaki_shared::prm::wqe::{AtomicSeg, CtrlSeg, InlineSeg, RaddrSeg, Seg};
+use gdaki_shared::prm::wqe::{AtomicSeg, CtrlSeg, DataSeg, InlineSeg, RaddrSeg, Seg};
 use gdaki_shared::Be32;
 
 use crate::nic::emu::Access;
@@ -88,7 +88,12 @@ fn raddr(mr: &RemoteMr, off: usize) -> Raddr {
 }
 
 fn sge(mr: &MrHandle, off: usize, len: usize) -> Sge {
-    Sge { addr: mr.addr + off as u64, len: len as u32, lkey: mr.lkey }
+    sge_with_key(mr, off, len, mr.lkey)
+}
+
+/// The catalogue's lengths are constants in 1 ..= 2^31 − 1.
+fn sge_with_key(mr: &MrHandle, off: usize, len: usize, lkey: Be32) -> Sge {
+    Sge::new(mr.addr + off as u64, len as u32, lkey).expect("a catalogue SGE length")
 }
 
 /// What the WQE under test targets.
@@ -98,42 +103,58 @@ struct Targets {
     victim: RemoteMr,
 }
 
-/// Posts the WQE under test (signaled, not rung).
+/// Posts the WQE under test (signaled, not rung). Cases the builders refuse to express (a misaligned
+/// atomic, a malformed ctrl segment) go through `post_raw`, the way to hand the NIC such a WQE.
 fn post_bad(qp: &mut DevQp<'_>, bad: Bad, t: &Targets) -> DevResult<Ticket> {
     let v = t.victim;
+    let write = |r: Raddr, l: Sge| wqe::rdma_write(r, l);
     match bad {
         Bad::Lkey => {
-            let l = Sge { lkey: unused_key(t.src.lkey.get()), ..sge(&t.src, 0, PUT) };
-            qp.post(true, |c| wqe::rdma_write(c, raddr(&v, 0), l))
+            let l = sge_with_key(&t.src, 0, PUT, unused_key(t.src.lkey.get()));
+            qp.post(true, write(raddr(&v, 0), l))
         }
         Bad::Rkey => {
             let r = Raddr { rkey: unused_key(v.rkey.get()), ..raddr(&v, 0) };
-            qp.post(true, |c| wqe::rdma_write(c, r, sge(&t.src, 0, PUT)))
+            qp.post(true, write(r, sge(&t.src, 0, PUT)))
         }
-        Bad::PastEnd => qp.post(true, |c| wqe::rdma_write(c, raddr(&v, LEN - PUT / 2), sge(&t.src, 0, PUT))),
-        Bad::NoRemoteWrite => qp.post(true, |c| wqe::rdma_write(c, raddr(&v, 0), sge(&t.src, 0, PUT))),
-        Bad::NoRemoteRead => qp.post(true, |c| wqe::rdma_read(c, raddr(&v, 0), sge(&t.res, 0, PUT))),
-        Bad::NoRemoteAtomic => qp.post(true, |c| wqe::atomic_fetch_add(c, raddr(&v, 0), sge(&t.res, 0, 8), 1)),
-        Bad::UnalignedAtomic => qp.post(true, |c| wqe::atomic_fetch_add(c, raddr(&v, 4), sge(&t.res, 0, 8), 1)),
-        Bad::ZeroInline => {
-            qp.post(true, |c| Wqe { segs: [ctrl(c, opcode::RDMA_WRITE, c.qpn, 3), raddr_seg(&v, 0), inline_header(0)] })
+        Bad::PastEnd => qp.post(true, write(raddr(&v, LEN - PUT / 2), sge(&t.src, 0, PUT))),
+        Bad::NoRemoteWrite => qp.post(true, write(raddr(&v, 0), sge(&t.src, 0, PUT))),
+        Bad::NoRemoteRead => qp.post(true, wqe::rdma_read(raddr(&v, 0), sge(&t.res, 0, PUT))),
+        Bad::NoRemoteAtomic => qp.post(true, wqe::atomic_fetch_add(raddr(&v, 0), sge(&t.res, 0, 8), 1)?),
+        Bad::UnalignedAtomic => {
+            let (r, l) = (raddr_seg(&v, 4), data_seg(&sge(&t.res, 0, 8)));
+            // SAFETY: a misaligned fetch-add, on purpose: the NIC under test must refuse it.
+            unsafe {
+                qp.post_raw(true, 4, |c| [ctrl(c, opcode::ATOMIC_FA, c.qpn, 4), r, AtomicSeg::fetch_add(1).into(), l])
+            }
         }
-        Bad::ZeroNoData => qp.post(true, |c| Wqe { segs: [ctrl(c, opcode::RDMA_WRITE, c.qpn, 2), raddr_seg(&v, 0)] }),
-        Bad::WrongQpn => qp.post(true, |c| {
-            let mut w = wqe::rdma_write(c, raddr(&v, 0), sge(&t.src, 0, PUT));
+        // SAFETY (of the raw posts below): malformed on purpose; the NIC under test must refuse or no-op them.
+        Bad::ZeroInline => unsafe {
+            qp.post_raw(true, 3, |c| [ctrl(c, opcode::RDMA_WRITE, c.qpn, 3), raddr_seg(&v, 0), inline_header(0)])
+        },
+        Bad::ZeroNoData => unsafe {
+            qp.post_raw(true, 2, |c| [ctrl(c, opcode::RDMA_WRITE, c.qpn, 2), raddr_seg(&v, 0)])
+        },
+        Bad::WrongQpn => {
+            let l = data_seg(&sge(&t.src, 0, PUT));
             // Another QP's number (flip bit 0: a QPN this QP does not have).
-            w.segs[0] = ctrl(c, opcode::RDMA_WRITE, c.qpn ^ 1, 3);
-            w
-        }),
-        Bad::WrongDs => qp.post(true, |c| Wqe {
-            segs: [ctrl(c, opcode::ATOMIC_FA, c.qpn, 3), raddr_seg(&v, 0), AtomicSeg::fetch_add(1).into()],
-        }),
+            unsafe { qp.post_raw(true, 3, |c| [ctrl(c, opcode::RDMA_WRITE, c.qpn ^ 1, 3), raddr_seg(&v, 0), l]) }
+        }
+        Bad::WrongDs => unsafe {
+            qp.post_raw(true, 3, |c| {
+                [ctrl(c, opcode::ATOMIC_FA, c.qpn, 3), raddr_seg(&v, 0), AtomicSeg::fetch_add(1).into()]
+            })
+        },
     }
 }
 
 /// A ctrl segment for `c` with the given opcode, QPN and ds (what the builders would not produce).
 fn ctrl(c: Ctrl, opc: u8, qpn: u32, ds: u8) -> Seg {
     CtrlSeg::new(c.idx, opc, 0, qpn, c.fm_ce_se, ds, 0, Be32::ZERO).into()
+}
+
+fn data_seg(s: &Sge) -> Seg {
+    DataSeg::new(s.len(), s.lkey(), s.addr()).into()
 }
 
 fn raddr_seg(mr: &RemoteMr, off: usize) -> Seg {
@@ -183,7 +204,7 @@ pub(crate) fn run(path: Path, bad: Bad) -> Result<Observed, String> {
     // 3. A good WRITE after it: flushed (0x05) after a failure, completed otherwise.
     let after = step(
         "posting the WRITE after",
-        qp.post(true, |c| wqe::rdma_write(c, raddr(&dst_mr.remote(), AFTER), sge(&t.src, AFTER, PUT))),
+        qp.post(true, wqe::rdma_write(raddr(&dst_mr.remote(), AFTER), sge(&t.src, AFTER, PUT))),
     )?;
     qp.ring_db();
     let next = next_cqe(&mut qp, TIMEOUT);

@@ -209,8 +209,9 @@ fn raddr(mr: &RemoteMr, off: usize) -> Raddr {
     Raddr { addr: mr.addr + off as u64, rkey: mr.rkey }
 }
 
+/// The catalogue's lengths are constants in 1 ..= 2^31 − 1.
 fn sge(mr: &MrHandle, off: usize, len: usize) -> Sge {
-    Sge { addr: mr.addr + off as u64, len: len as u32, lkey: mr.lkey }
+    Sge::new(mr.addr + off as u64, len as u32, mr.lkey).expect("a catalogue SGE length")
 }
 
 /// The peer is killed with SIGKILL in the middle of a 64 MiB transfer (16 signaled 4 MiB RDMA WRITEs and a
@@ -264,14 +265,14 @@ pub(crate) fn peer_killed(ctx: &Ctx) -> std::result::Result<Observed, String> {
             let data = info.data;
             let t0 = step(
                 "the first 4 MiB",
-                d.post(true, |c| wqe::rdma_write(c, raddr(&data, 0), sge(&src_mr.handle(), 0, CHUNK))),
+                d.post(true, wqe::rdma_write(raddr(&data, 0), sge(&src_mr.handle(), 0, CHUNK))),
             )?;
             d.ring_db();
             step("the first 4 MiB completing", d.wait(t0))?;
             doorbells.store(nic.stats().doorbells, Ordering::Release);
             for k in 1..CHUNKS {
                 let (r, l) = (raddr(&data, k * CHUNK), sge(&src_mr.handle(), k * CHUNK, CHUNK));
-                let _ = step("posting a 4 MiB WRITE", d.post(true, |c| wqe::rdma_write(c, r, l)))?;
+                let _ = step("posting a 4 MiB WRITE", d.post(true, wqe::rdma_write(r, l)))?;
             }
             // The signal rings the doorbell for all of them.
             let _ = step("posting the signal", d.signal(&info.sem, 0, &res_mr.handle(), 0))?;

@@ -12,7 +12,7 @@ use gdaki_device::{db, sq, Error as DevError};
 use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr};
 use gdaki_shared::prm::cqe::CQE_SIZE;
 use gdaki_shared::prm::opcode;
-use gdaki_shared::prm::wqe::{fm_ce_se, CtrlSeg, RaddrSeg, SEG, WQEBB};
+use gdaki_shared::prm::wqe::{fm_ce_se, CtrlSeg, RaddrSeg, Seg, SEG, WQEBB};
 use gdaki_shared::Be32;
 
 use crate::nic::emu::{Access, EmuNic, QpState};
@@ -101,9 +101,9 @@ pub(crate) fn sq_full() -> Result<Observed, String> {
     Ok(Observed { outcome: outcome(&r), qp_state, outside_changed: outside, waited, bound: TIMEOUT + SLACK, checks })
 }
 
-/// A NOP asking for a CQE, for WQE index `idx` of the QP behind `h`.
-fn nop(h: &QpHandle, idx: u64) -> wqe::Wqe<1> {
-    wqe::nop(Ctrl { idx: idx as u16, qpn: h.qpn, fm_ce_se: fm_ce_se::CQ_UPDATE })
+/// A NOP asking for a CQE, for WQE index `idx` of the QP behind `h`, as stored.
+fn nop(h: &QpHandle, idx: u64) -> [Seg; 1] {
+    wqe::nop().encode(Ctrl { idx: idx as u16, qpn: h.qpn, fm_ce_se: fm_ce_se::CQ_UPDATE })
 }
 
 /// Stores `w` at WQE index `idx`, publishes producer index `idx + 1` in the dbrec and rings the doorbell.
@@ -114,9 +114,9 @@ unsafe fn post_nop(h: &QpHandle, idx: u64) {
     let w = nop(h, idx);
     // SAFETY: the caller's contract: a live ring, dbrec and doorbell register; slot `idx` is free.
     unsafe {
-        sq::write_segs(h.sq_buf, h.wqe_cnt, idx, &w.segs);
+        sq::write_segs(h.sq_buf, h.wqe_cnt, idx, &w);
         db::update_dbrec(h.dbrec, idx + 1);
-        db::ring_db(h.bf_reg, w.segs[0].0[0]);
+        db::ring_db(h.bf_reg, w[0].0[0]);
     }
 }
 
@@ -189,8 +189,9 @@ fn raddr(mr: &RemoteMr, off: u64) -> Raddr {
     Raddr { addr: mr.addr + off, rkey: mr.rkey }
 }
 
+/// The catalogue's lengths are constants in 1 ..= 2^31 − 1.
 fn sge(mr: &MrHandle, off: u64, len: u32) -> Sge {
-    Sge { addr: mr.addr + off, len, lkey: mr.lkey }
+    Sge::new(mr.addr + off, len, mr.lkey).expect("a catalogue SGE length")
 }
 
 /// A doorbell never rung: device code posts a signaled RDMA WRITE and publishes the dbrec but never writes
@@ -208,7 +209,7 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
         // SAFETY: `h` is `rig.a`'s handle (alive, host memory); only this thread uses it.
         let mut d = unsafe { dev_qp(&mut h, TIMEOUT) };
         let (r, l) = (raddr(&dst_mr.remote(), 0), sge(&src_mr.handle(), 0, 64));
-        let t = step("posting the WRITE", d.post(true, |c| wqe::rdma_write(c, r, l)))?;
+        let t = step("posting the WRITE", d.post(true, wqe::rdma_write(r, l)))?;
         // The dbrec says there is a WQE; the doorbell never comes.
         // SAFETY: `rig.a`'s dbrec, alive.
         unsafe { db::update_dbrec(d.handle().dbrec, d.handle().sq_pi) };
@@ -255,7 +256,7 @@ pub(crate) fn unreachable() -> Result<Observed, String> {
     // SAFETY: `h` is `qp`'s handle (alive, host memory); only this thread uses it.
     let mut d = unsafe { dev_qp(&mut h, TIMEOUT) };
     let (r, l) = (raddr(&NOWHERE, 0), sge(&src_mr.handle(), 0, 64));
-    let t = step("posting the WRITE", d.post(true, |c| wqe::rdma_write(c, r, l)))?;
+    let t = step("posting the WRITE", d.post(true, wqe::rdma_write(r, l)))?;
     let r = d.wait(t);
     let waited = start.elapsed();
     let checks = vec![Check::new(format!("not before the retry timeout ({waited:?} >= {RETRY:?})"), waited >= RETRY)];

@@ -371,14 +371,14 @@ impl Worker {
             while done < bytes {
                 let n = (bytes - done).min(max);
                 let (r, l) = (remote(&h.dst, dst + done, n)?, local(&h.src, src + done, n)?);
-                let _ = lane.qp.post(false, |c| wqe::rdma_write(c, r, l))?;
+                let _ = lane.qp.post(false, wqe::rdma_write(r, l))?;
                 lane.unrung = true;
                 done += n;
             }
         }
         if ops & Trigger::ACCUMULATE != 0 {
             let (r, l) = atomic_target(&h.dst, t.dst_offset(), &h.scratch, 0)?;
-            let _ = lane.qp.post(false, |c| wqe::atomic_fetch_add(c, r, l, t.addend()))?;
+            let _ = lane.qp.post(false, wqe::atomic_fetch_add(r, l, t.addend())?)?;
             lane.unrung = true;
         }
         if ops & Trigger::SIGNAL != 0 {
@@ -390,7 +390,7 @@ impl Worker {
                 let _ = lane.qp.post_write_inline(false, r, &n.to_ne_bytes())?;
             } else {
                 let (r, l) = atomic_target(&h.remote_sem, 0, &h.scratch, 0)?;
-                let _ = lane.qp.post(false, |c| wqe::atomic_fetch_add(c, r, l, 1))?;
+                let _ = lane.qp.post(false, wqe::atomic_fetch_add(r, l, 1)?)?;
             }
             lane.unrung = true;
         }

@@ -217,6 +217,14 @@ macro_rules! seg_from {
 }
 seg_from!(CtrlSeg, RaddrSeg, DataSeg, AtomicSeg);
 
+impl From<Seg> for CtrlSeg {
+    /// Reads a stored segment back as a ctrl segment (the bytes unchanged).
+    #[inline(always)]
+    fn from(s: Seg) -> CtrlSeg {
+        bytemuck::cast(s)
+    }
+}
+
 /// Number of WQEBBs a WQE of `ds` segments occupies: `ceil(ds / 4)`.
 #[inline(always)]
 pub const fn wqebbs(ds: u32) -> u32 {

@@ -360,6 +360,210 @@ mod tests {
         (bytes(&segs), want(op, ds, flags, imm, body))
     }
 
+    /// One output of gdaki-device's builders, by size, and the summary the parser must give for it (with
+    /// `cq_update` false: the poster decides that).
+    #[derive(Clone, Debug)]
+    struct DevWqe {
+        wqe: DevBuilt,
+        want: Wqe,
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum DevBuilt {
+        W1(dev::Wqe<1>),
+        W3(dev::Wqe<3>),
+        W4(dev::Wqe<4>),
+        W16(dev::Wqe<{ dev::MAX_DS }>),
+    }
+
+    /// Calls `$f` with the builder output inside a [`DevBuilt`], whatever its size.
+    macro_rules! with_wqe {
+        ($b:expr, $w:ident => $e:expr) => {
+            match $b {
+                DevBuilt::W1($w) => $e,
+                DevBuilt::W3($w) => $e,
+                DevBuilt::W4($w) => $e,
+                DevBuilt::W16($w) => $e,
+            }
+        };
+    }
+
+    impl DevWqe {
+        fn ds(&self) -> usize {
+            with_wqe!(self.wqe, w => w.ds() as usize)
+        }
+
+        /// The segments as a poster stores them (the first `ds`).
+        fn encode(&self, c: dev::Ctrl) -> Vec<Seg> {
+            with_wqe!(self.wqe, w => w.encode(c).to_vec())
+        }
+    }
+
+    /// Every builder of gdaki-device with random inputs (lengths in 1 ..= 2^31 − 1, atomics 8-byte aligned,
+    /// inline payloads of 1 ..= MAX_INLINE bytes).
+    fn device_wqe() -> impl Strategy<Value = DevWqe> {
+        (
+            0u8..7,
+            (any::<u64>(), any::<u32>()),
+            (1..=dev::MAX_SGE_LEN, any::<u32>(), any::<u64>()),
+            (any::<u64>(), any::<u64>(), any::<u32>()),
+            proptest::collection::vec(any::<u8>(), 1..=dev::MAX_INLINE),
+        )
+            .prop_map(|(kind, (raddr, rkey), (len, lkey, addr), (x, y, imm), inline)| {
+                let remote = dev::Raddr { addr: raddr, rkey: Be32::new(rkey) };
+                let local = dev::Sge::new(addr, len, Be32::new(lkey)).unwrap();
+                let sge = Sge { len: len as u64, lkey, addr };
+                let (raddr8, addr8) = (raddr & !7, addr & !7);
+                let remote8 = dev::Raddr { addr: raddr8, ..remote };
+                let result = dev::Sge::new(addr8, 8, Be32::new(lkey)).unwrap();
+                let result_sge = Sge { len: 8, lkey, addr: addr8 };
+                let write = |imm: Option<u32>, data| WqeOp::Write { raddr, rkey, imm, data };
+                let (wqe, op, body, ctrl_imm) = match kind {
+                    0 => (DevBuilt::W1(dev::nop()), opcode::NOP, WqeOp::Nop, 0),
+                    1 => (
+                        DevBuilt::W3(dev::rdma_write(remote, local)),
+                        opcode::RDMA_WRITE,
+                        write(None, WriteData::Sges(vec![sge])),
+                        0,
+                    ),
+                    2 => (
+                        DevBuilt::W3(dev::rdma_write_imm(remote, local, Be32::new(imm))),
+                        opcode::RDMA_WRITE_IMM,
+                        write(Some(imm), WriteData::Sges(vec![sge])),
+                        imm,
+                    ),
+                    3 => (
+                        DevBuilt::W3(dev::rdma_read(remote, local)),
+                        opcode::RDMA_READ,
+                        WqeOp::Read { raddr, rkey, sges: vec![sge] },
+                        0,
+                    ),
+                    4 => (
+                        DevBuilt::W4(dev::atomic_fetch_add(remote8, result, x).unwrap()),
+                        opcode::ATOMIC_FA,
+                        WqeOp::FetchAdd { raddr: raddr8, rkey, add: x, sge: result_sge },
+                        0,
+                    ),
+                    5 => (
+                        DevBuilt::W4(dev::atomic_compare_swap(remote8, result, x, y).unwrap()),
+                        opcode::ATOMIC_CS,
+                        WqeOp::CompareSwap { raddr: raddr8, rkey, compare: x, swap: y, sge: result_sge },
+                        0,
+                    ),
+                    _ => (
+                        DevBuilt::W16(dev::rdma_write_inline(remote, &inline).unwrap()),
+                        opcode::RDMA_WRITE,
+                        write(None, WriteData::Inline(inline.clone())),
+                        0,
+                    ),
+                };
+                let ds = with_wqe!(wqe, w => w.ds()) as usize;
+                DevWqe { wqe, want: want(op, ds, 0, ctrl_imm, body) }
+            })
+    }
+
+    /// Queue memory of one QP in host memory, as the emulated NIC lays it out for the `cpu` executor: a
+    /// 64-WQEBB SQ, its dbrec, a UAR register, a 64-entry CQ (no CQE ever arrives) and the shared state.
+    #[derive(Clone, Copy, bytemuck::Zeroable)]
+    #[repr(C, align(64))]
+    struct Queues {
+        sq: [[Seg; 4]; 64],
+        bf: [u64; 8],
+        cq: [[u64; 8]; 64],
+        dbrec: [u32; 2],
+        cq_dbrec: [u32; 2],
+        shared: gdaki_shared::channel::SharedQpState,
+    }
+
+    const QPN: u32 = 0x0a_bcde;
+
+    /// Posts `wqes` in order through poster `poster` (0 Exclusive `post` + `ring_db`, 1 Exclusive `post_bf`,
+    /// 2 shared Block, 3 shared Device) on a fresh QP whose counters start at `start`; returns each WQE's
+    /// ticket and what the emulated NIC's parser reads at it. Also checks that the dbrec announces the end of
+    /// the last WQE and, for BlueFlame, that the register holds the ring's copy of the WQE's first WQEBB.
+    fn post_through(poster: u8, start: u64, wqes: &[DevWqe]) -> Vec<(u64, Result<Wqe, WqeError>)> {
+        use gdaki_device::bf::BfSlots;
+        use gdaki_device::scope::{Block, Device};
+        use gdaki_device::shared_qp::SharedQp;
+        use gdaki_shared::handle::{CqHandle, QpHandle};
+
+        let mut q: Box<Queues> = Box::new(bytemuck::Zeroable::zeroed());
+        for c in q.cq.iter_mut() {
+            c[7] = 0xf1u64 << 56; // op_own = 0xF1: invalid, hardware-owned.
+        }
+        q.shared.resv = start;
+        q.shared.ready = start;
+        q.shared.retired = start;
+        q.shared.rung = start;
+        let cq =
+            CqHandle { buf: q.cq.as_ptr() as u64, dbrec: q.cq_dbrec.as_ptr() as u64, ncqe: 64, cqn: 1, cons_index: 0 };
+        let mut h = QpHandle {
+            sq_buf: q.sq.as_ptr() as u64,
+            dbrec: q.dbrec.as_ptr() as u64,
+            bf_reg: q.bf.as_ptr() as u64,
+            wqe_cnt: 64,
+            qpn: QPN,
+            cq,
+            sq_pi: start,
+            sq_ci: start,
+            sq_sig_end: start,
+            ..Default::default()
+        };
+        let shared = &raw mut q.shared;
+        let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
+        let mut tickets = Vec::new();
+        {
+            let hp = &raw mut h;
+            for w in wqes {
+                let t = match poster {
+                    0 | 1 => {
+                        // SAFETY: `h` describes `q`'s queues, used by this thread only.
+                        let mut qp = unsafe { gdaki_device::qp::Qp::new(&mut *hp, 1_000_000_000) };
+                        let t = if poster == 0 {
+                            let t = with_wqe!(w.wqe, x => qp.post(false, x));
+                            qp.ring_db();
+                            t
+                        } else {
+                            with_wqe!(w.wqe, x => qp.post_bf(&mut bf, false, x))
+                        };
+                        t.unwrap().0
+                    }
+                    // SAFETY: as above; the shared state is `q.shared`, used by shared posters only.
+                    2 => {
+                        with_wqe!(w.wqe, x => unsafe { SharedQp::<Block>::new(&*hp, shared, 1_000_000_000) }
+                        .post(true, x))
+                        .unwrap()
+                        .0
+                    }
+                    _ => {
+                        with_wqe!(w.wqe, x => unsafe { SharedQp::<Device>::new(&*hp, shared, 1_000_000_000) }
+                        .post(true, x))
+                        .unwrap()
+                        .0
+                    }
+                };
+                if poster == 1 && w.ds() <= 4 {
+                    let slot = (t % 64) as usize;
+                    let ring: [u64; 8] = bytemuck::cast(q.sq[slot]);
+                    assert_eq!(q.bf, ring, "the BlueFlame register holds the WQE's first WQEBB");
+                }
+                tickets.push(t);
+            }
+        }
+        let end = tickets.last().unwrap() + wqebbs(wqes.last().unwrap().ds() as u32) as u64;
+        assert_eq!(u32::from_be(q.dbrec[1]), end as u32 & 0xffff, "the dbrec announces every WQE");
+        let ring: &[u8] = bytemuck::cast_slice(&q.sq[..]);
+        tickets
+            .iter()
+            .map(|&t| {
+                // The WQE's bytes from its slot on, wrapping at the ring's end (as the NIC reads them).
+                let from = (t % 64) as usize * 64;
+                let bytes: Vec<u8> = ring[from..].iter().chain(&ring[..from]).take(MAX_WQE_BYTES).copied().collect();
+                (t, parse_wqe(&bytes, QPN, 64, t as u16, end - t))
+            })
+            .collect()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2048))]
 
@@ -380,41 +584,34 @@ mod tests {
         /// gdaki-device's builders (what device code posts) → parse → the same fields.
         #[test]
         fn device_builders_round_trip(
-            kind in 0u8..7,
-            (idx, qpn, flags, imm) in ctrl_fields(),
-            (raddr, rkey) in (any::<u64>(), any::<u32>()),
-            (len, lkey, addr) in (1..=(1u32 << 31) - 1, any::<u32>(), any::<u64>()),
-            (x, y) in (any::<u64>(), any::<u64>()),
-            inline in proptest::collection::vec(any::<u8>(), 1..=dev::MAX_INLINE),
+            b in device_wqe(),
+            (idx, qpn, flags, _) in ctrl_fields(),
         ) {
             let c = dev::Ctrl { idx, qpn, fm_ce_se: flags };
-            let remote = dev::Raddr { addr: raddr, rkey: Be32::new(rkey) };
-            let local = dev::Sge { addr, len, lkey: Be32::new(lkey) };
-            let sge = Sge { len: len as u64, lkey, addr };
-            let result = dev::Sge { len: 8, ..local };
-            let result_sge = Sge { len: 8, ..sge };
-            let write = |imm: Option<u32>, data| WqeOp::Write { raddr, rkey, imm, data };
-            let (segs, op, body): (Vec<Seg>, u8, WqeOp) = match kind {
-                0 => (dev::nop(c).segs.to_vec(), opcode::NOP, WqeOp::Nop),
-                1 => (dev::rdma_write(c, remote, local).segs.to_vec(), opcode::RDMA_WRITE,
-                      write(None, WriteData::Sges(vec![sge]))),
-                2 => (dev::rdma_write_imm(c, remote, local, Be32::new(imm)).segs.to_vec(), opcode::RDMA_WRITE_IMM,
-                      write(Some(imm), WriteData::Sges(vec![sge]))),
-                3 => (dev::rdma_read(c, remote, local).segs.to_vec(), opcode::RDMA_READ,
-                      WqeOp::Read { raddr, rkey, sges: vec![sge] }),
-                4 => (dev::atomic_fetch_add(c, remote, result, x).segs.to_vec(), opcode::ATOMIC_FA,
-                      WqeOp::FetchAdd { raddr, rkey, add: x, sge: result_sge }),
-                5 => (dev::atomic_compare_swap(c, remote, result, x, y).segs.to_vec(), opcode::ATOMIC_CS,
-                      WqeOp::CompareSwap { raddr, rkey, compare: x, swap: y, sge: result_sge }),
-                _ => {
-                    let (w, ds) = dev::rdma_write_inline(c, remote, &inline);
-                    (w.segs[..ds as usize].to_vec(), opcode::RDMA_WRITE, write(None, WriteData::Inline(inline.clone())))
-                }
-            };
-            // Only WRITE_IMM carries an immediate; the others' ctrl imm is zero.
-            let ctrl_imm = if op == opcode::RDMA_WRITE_IMM { imm } else { 0 };
-            let want = want(op, segs.len(), flags, ctrl_imm, body);
-            prop_assert_eq!(parse(&bytes(&segs), &[], idx, qpn), Ok(want));
+            let segs = b.encode(c);
+            let want = Wqe { cq_update: flags & fm_ce_se::CQ_UPDATE != 0, ..b.want.clone() };
+            prop_assert_eq!(parse(&bytes(&segs[..b.ds()]), &[], idx, qpn), Ok(want));
+        }
+
+        /// Any sequence of builder outputs, posted through any poster (Exclusive `post`, `post_bf`, shared
+        /// Block and Device `post`), is parsed back from the ring by the emulated NIC with the fields it was
+        /// built with, each WQE at the index its ticket names and occupying exactly the WQEBBs reserved for it
+        /// (the next WQE starts right after it), across the ring's wrap.
+        #[test]
+        fn every_poster_stores_what_the_builders_made(
+            wqes in proptest::collection::vec(device_wqe(), 1..=16),
+            poster in 0u8..4,
+            start in 0u64..64,
+        ) {
+            let got = post_through(poster, start, &wqes);
+            prop_assert_eq!(got.len(), wqes.len());
+            let mut at = start;
+            for (i, (b, (ticket, parsed))) in wqes.iter().zip(got).enumerate() {
+                prop_assert_eq!(ticket, at, "WQE {} starts where the one before it ended", i);
+                // Exclusive posts ask for a CQE only on request (or every quarter ring); shared ones always.
+                prop_assert_eq!(parsed.map(|w| Wqe { cq_update: false, ..w }), Ok(b.want.clone()), "WQE {}", i);
+                at += wqebbs(b.ds() as u32) as u64;
+            }
         }
 
         /// Any bytes, any expectations: a WQE or a fault, never a panic (the entry point's own checks included).
@@ -458,9 +655,9 @@ mod tests {
     fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         let c = dev::Ctrl { idx: 0x1234, qpn: 0x00_0123, fm_ce_se: fm_ce_se::CQ_UPDATE };
         let remote = dev::Raddr { addr: 0x7f00_0000_1000, rkey: Be32::new(0x155) };
-        let local = dev::Sge { addr: 0x7f00_0000_2000, len: 4096, lkey: Be32::new(0x255) };
-        let result = dev::Sge { len: 8, ..local };
-        let (inline, ds) = dev::rdma_write_inline(c, remote, &[0xa5; 40]);
+        let local = dev::Sge::new(0x7f00_0000_2000, 4096, Be32::new(0x255)).unwrap();
+        let result = dev::Sge::new(0x7f00_0000_2000, 8, Be32::new(0x255)).unwrap();
+        let inline = dev::rdma_write_inline(remote, &[0xa5; 40]).unwrap();
         let sges = [data_seg(&Sge { len: 64, lkey: 0x255, addr: 0x2000 }); 5];
         let mut read5 = vec![CtrlSeg::new(c.idx, opcode::RDMA_READ, 0, c.qpn, 0, 7, 0, Be32::ZERO).into()];
         read5.push(RaddrSeg::new(0x1000, Be32::new(0x155)).into());
@@ -471,14 +668,14 @@ mod tests {
         ];
         let wqes: [(&str, Vec<Seg>); 9] = [
             ("write-empty", empty),
-            ("nop", dev::nop(c).segs.to_vec()),
-            ("write", dev::rdma_write(c, remote, local).segs.to_vec()),
-            ("write-imm", dev::rdma_write_imm(c, remote, local, Be32::new(7)).segs.to_vec()),
-            ("write-inline", inline.segs[..ds as usize].to_vec()),
-            ("read", dev::rdma_read(c, remote, local).segs.to_vec()),
+            ("nop", dev::nop().encode(c).to_vec()),
+            ("write", dev::rdma_write(remote, local).encode(c).to_vec()),
+            ("write-imm", dev::rdma_write_imm(remote, local, Be32::new(7)).encode(c).to_vec()),
+            ("write-inline", inline.encode(c)[..inline.ds() as usize].to_vec()),
+            ("read", dev::rdma_read(remote, local).encode(c).to_vec()),
             ("read-5-sges", read5),
-            ("fetch-add", dev::atomic_fetch_add(c, remote, result, 1).segs.to_vec()),
-            ("compare-swap", dev::atomic_compare_swap(c, remote, result, 0, 1).segs.to_vec()),
+            ("fetch-add", dev::atomic_fetch_add(remote, result, 1).unwrap().encode(c).to_vec()),
+            ("compare-swap", dev::atomic_compare_swap(remote, result, 0, 1).unwrap().encode(c).to_vec()),
         ];
         let mut out: Vec<_> = wqes
             .into_iter()
