@@ -1,5 +1,6 @@
 //! Device side of the proxy FIFO (Host and HostNoAtomic modes; MSCCL++ `FifoDeviceHandle::push` / `sync`):
-//! push a [`Trigger`], and wait until the proxy has done one. The protocol is in [`gdaki_shared::proxy`].
+//! push a [`Trigger`], and wait until the proxy has done one; and the proxy's twin of it ([`peek_slot`],
+//! [`retire_slot`]), which the host's proxy thread runs. The protocol is in [`gdaki_shared::proxy`].
 
 use crate::error::{Result, WaitOn};
 use crate::scope::{Device, Scope};
@@ -64,4 +65,37 @@ pub unsafe fn sync(f: &FifoHandle, index: u64, timeout_ns: u64) -> Result<()> {
         },
         || WaitOn::Proxy { index, done: tail.get() },
     )
+}
+
+/// The proxy's side of the protocol (host code; MSCCL++ `Fifo::poll`): the trigger in `slot` if its pusher
+/// has published it. Word 1 (with [`Trigger::VALID`]) is loaded with acquire order, so word 0 and everything
+/// the pusher stored before the push are visible.
+///
+/// # Safety
+/// `slot` must be a 16-byte aligned slot of a live FIFO's ring, readable by the caller.
+#[inline(always)]
+pub unsafe fn peek_slot(slot: *const [u64; 2]) -> Option<Trigger> {
+    let w = slot as *const u64;
+    // SAFETY: the caller's contract; both words are 8-byte aligned.
+    unsafe {
+        let second = sync::load_acquire_u64(w.add(1));
+        (second & Trigger::VALID != 0).then(|| Trigger([sync::load_word_u64(w), second]))
+    }
+}
+
+/// The proxy's side: retires the trigger [`peek_slot`] returned by clearing its slot and then storing
+/// `new_tail` (its index + 1) to `tail` with release order, so that a pusher that sees the new tail may reuse
+/// the slot and its stores follow the clearing.
+///
+/// # Safety
+/// As [`peek_slot`], writable; `tail` the FIFO's 8-byte aligned tail word, written by this caller only.
+#[inline(always)]
+pub unsafe fn retire_slot(slot: *mut [u64; 2], tail: *mut u64, new_tail: u64) {
+    let w = slot as *mut u64;
+    // SAFETY: the caller's contract.
+    unsafe {
+        sync::store_word_u64(w.add(1), 0);
+        sync::store_word_u64(w, 0);
+        sync::store_release_u64(tail, new_tail);
+    }
 }

@@ -19,6 +19,24 @@
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+/// Resets the `loom` model's memory (build with `--cfg loom`): call at the start and end of each
+/// `loom::model` iteration of a test that runs device code under the model checker.
+#[cfg(loom)]
+pub fn loom_reset() {
+    twin::reset();
+}
+
+/// Makes `[addr, addr + len)` memory the `loom` model tracks (build with `--cfg loom`): every word device
+/// code's twins touch must be registered, by the model's main thread before it spawns the others.
+///
+/// # Safety
+/// The range must be readable for the iteration, and `addr` and `len` multiples of 8.
+#[cfg(loom)]
+pub unsafe fn loom_register(addr: *const u8, len: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { twin::register(addr, len) }
+}
+
 pub mod bf;
 pub mod channel;
 pub mod cq;
@@ -36,6 +54,8 @@ pub mod scope;
 pub mod shared_qp;
 pub mod sq;
 pub mod sync;
+#[cfg(not(target_arch = "nvptx64"))]
+mod twin;
 pub mod wait;
 #[cfg(target_arch = "nvptx64")]
 pub mod warp;

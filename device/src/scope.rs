@@ -72,7 +72,7 @@ macro_rules! scope_impl {
                 #[cfg(not(target_arch = "nvptx64"))]
                 // SAFETY: the caller guarantees `p`.
                 unsafe {
-                    core::sync::atomic::AtomicU64::from_ptr(p).fetch_add(v, core::sync::atomic::Ordering::Relaxed)
+                    crate::twin::fetch_add_u64(p, v, core::sync::atomic::Ordering::Relaxed)
                 }
             }
 
@@ -91,7 +91,7 @@ macro_rules! scope_impl {
                 #[cfg(not(target_arch = "nvptx64"))]
                 // SAFETY: the caller guarantees `p`.
                 unsafe {
-                    core::sync::atomic::AtomicU64::from_ptr(p as *mut u64).load(core::sync::atomic::Ordering::Acquire)
+                    crate::twin::load_u64(p, core::sync::atomic::Ordering::Acquire)
                 }
             }
 
@@ -106,7 +106,7 @@ macro_rules! scope_impl {
                 #[cfg(not(target_arch = "nvptx64"))]
                 // SAFETY: the caller guarantees `p`.
                 unsafe {
-                    core::sync::atomic::AtomicU64::from_ptr(p).store(v, core::sync::atomic::Ordering::Release)
+                    crate::twin::store_u64(p, v, core::sync::atomic::Ordering::Release)
                 }
             }
 
@@ -124,12 +124,9 @@ macro_rules! scope_impl {
                     old == 0
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
-                {
-                    use core::sync::atomic::{AtomicU32, Ordering};
-                    // SAFETY: the caller guarantees `p`.
-                    unsafe { AtomicU32::from_ptr(p) }
-                        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                        .is_ok()
+                // SAFETY: the caller guarantees `p`.
+                unsafe {
+                    crate::twin::cas_u32(p, 0, 1, core::sync::atomic::Ordering::Acquire)
                 }
             }
 
@@ -144,7 +141,7 @@ macro_rules! scope_impl {
                 #[cfg(not(target_arch = "nvptx64"))]
                 // SAFETY: the caller guarantees `p`.
                 unsafe {
-                    core::sync::atomic::AtomicU32::from_ptr(p).store(0, core::sync::atomic::Ordering::Release)
+                    crate::twin::store_u32(p, 0, core::sync::atomic::Ordering::Release)
                 }
             }
         }

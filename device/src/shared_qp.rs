@@ -315,10 +315,13 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 }
             }
         }
-        // SAFETY: as above; `retired` is published with release for the posters' acquire loads.
+        // SAFETY: as above; `retired` is published with release for the posters' acquire loads. Nothing is
+        // stored when nothing was consumed (most polls of a waiter find no CQE).
         unsafe {
-            sync::store_volatile(self.cq_ci(), cq.cons_index);
-            S::store_release(self.retired(), retired);
+            if cq.cons_index != sync::load_volatile(self.cq_ci()) {
+                sync::store_volatile(self.cq_ci(), cq.cons_index);
+                S::store_release(self.retired(), retired);
+            }
         }
         result
     }

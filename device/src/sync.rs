@@ -10,7 +10,9 @@
 use gdaki_shared::prm::wqe::Seg;
 
 #[cfg(not(target_arch = "nvptx64"))]
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::twin;
+#[cfg(not(target_arch = "nvptx64"))]
+use core::sync::atomic::Ordering;
 
 /// Release fence at system scope: every store before it is visible to the NIC before any store after it.
 /// nvptx: `fence.acq_rel.sys`; host: `fence(Release)`.
@@ -22,7 +24,7 @@ pub fn fence_release_sys() {
         core::arch::asm!("fence.acq_rel.sys;", options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
-    core::sync::atomic::fence(Ordering::Release);
+    twin::fence(Ordering::Release);
 }
 
 /// Loads a `u64` that the NIC or a peer writes (a semaphore), with acquire semantics at system scope
@@ -44,7 +46,7 @@ pub unsafe fn load_acquire_u64(p: *const u64) -> u64 {
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
     unsafe {
-        AtomicU64::from_ptr(p as *mut u64).load(Ordering::Acquire)
+        twin::load_u64(p, Ordering::Acquire)
     }
 }
 
@@ -55,8 +57,16 @@ pub unsafe fn load_acquire_u64(p: *const u64) -> u64 {
 /// `p` must be valid for reads and aligned.
 #[inline(always)]
 pub unsafe fn load_volatile<T: Copy>(p: *const T) -> T {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller guarantees validity and alignment.
-    unsafe { core::ptr::read_volatile(p) }
+    unsafe {
+        core::ptr::read_volatile(p)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees validity and alignment.
+    unsafe {
+        twin::load_plain(p)
+    }
 }
 
 /// Stores a `u32` with release semantics at system scope (`st.release.sys.u32`): the dbrec update.
@@ -73,7 +83,7 @@ pub unsafe fn store_release_u32(p: *mut u32, v: u32) {
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller guarantees `p` is valid and 4-byte aligned.
     unsafe {
-        AtomicU32::from_ptr(p).store(v, Ordering::Release)
+        twin::store_u32(p, v, Ordering::Release)
     };
 }
 
@@ -92,7 +102,7 @@ pub unsafe fn store_release_u64(p: *mut u64, v: u64) {
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
     unsafe {
-        AtomicU64::from_ptr(p).store(v, Ordering::Release)
+        twin::store_u64(p, v, Ordering::Release)
     };
 }
 
@@ -110,7 +120,7 @@ pub unsafe fn store_relaxed_u32(p: *mut u32, v: u32) {
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller guarantees `p` is valid and 4-byte aligned.
     unsafe {
-        AtomicU32::from_ptr(p).store(v, Ordering::Relaxed)
+        twin::store_u32(p, v, Ordering::Relaxed)
     };
 }
 
@@ -121,8 +131,16 @@ pub unsafe fn store_relaxed_u32(p: *mut u32, v: u32) {
 /// `p` must be valid for writes and aligned.
 #[inline(always)]
 pub unsafe fn store_volatile<T: Copy>(p: *mut T, v: T) {
+    #[cfg(target_arch = "nvptx64")]
     // SAFETY: the caller guarantees validity and alignment.
-    unsafe { core::ptr::write_volatile(p, v) }
+    unsafe {
+        core::ptr::write_volatile(p, v)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees validity and alignment.
+    unsafe {
+        twin::store_plain(p, v)
+    }
 }
 
 /// Stores 8 bytes to a UAR register: the doorbell, or one word of a BlueFlame write.
@@ -143,7 +161,7 @@ pub unsafe fn mmio_store_u64(p: *mut u64, v: u64) {
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
     unsafe {
-        AtomicU64::from_ptr(p).store(v, Ordering::Release)
+        twin::store_u64(p, v, Ordering::Release)
     };
 }
 
@@ -160,9 +178,9 @@ pub unsafe fn store_seg(p: *mut Seg, s: Seg) {
         core::arch::asm!("st.v2.u64 [{p}], {{{a}, {b}}};", p = in(reg64) p, a = in(reg64) s.0[0], b = in(reg64) s.0[1], options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
-    // SAFETY: the caller guarantees `p` is valid and aligned.
+    // SAFETY: the caller guarantees `p` is valid and 16-byte aligned.
     unsafe {
-        core::ptr::write_volatile(p, s)
+        twin::store_pair(p as *mut [u64; 2], s.0, Ordering::Relaxed)
     };
 }
 
@@ -184,7 +202,7 @@ pub unsafe fn load_word_u64(p: *const u64) -> u64 {
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
     unsafe {
-        AtomicU64::from_ptr(p as *mut u64).load(Ordering::Relaxed)
+        twin::load_u64(p, Ordering::Relaxed)
     }
 }
 
@@ -227,7 +245,7 @@ pub unsafe fn store_word_u64(p: *mut u64, v: u64) {
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller guarantees `p` is valid and 8-byte aligned.
     unsafe {
-        AtomicU64::from_ptr(p).store(v, Ordering::Relaxed)
+        twin::store_u64(p, v, Ordering::Relaxed)
     };
 }
 
@@ -263,10 +281,7 @@ pub fn clock_ns() -> u64 {
         t
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    {
-        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
-    }
+    twin::now_ns()
 }
 
 /// Backs off inside a polling loop; `spins` is how often this wait has spun already.
@@ -282,9 +297,5 @@ pub fn backoff(spins: u32) {
         unsafe { core::arch::asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nostack, nomem)) };
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    if spins < 64 {
-        core::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
+    twin::spin(spins);
 }

@@ -1,7 +1,7 @@
 //! The host side of the proxy FIFO (MSCCL++ `Fifo`): its memory, the handle device code pushes through, and
 //! popping triggers in order. The protocol is in [`gdaki_shared::proxy`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use gdaki_device::fifo;
 
 use gdaki_shared::proxy::{FifoHandle, Trigger};
 
@@ -67,33 +67,27 @@ impl Fifo {
         }
     }
 
-    fn slot(&self, i: u64) -> [&AtomicU64; 2] {
+    /// Host address of the slot of trigger `i`.
+    fn slot(&self, i: u64) -> *mut [u64; 2] {
         let base = (i & (self.size as u64 - 1)) as usize * size_of::<Trigger>();
-        // SAFETY: inside the ring (masked index), 16-byte aligned (4096-aligned buffer); device code stores the
-        // words with single 8-byte stores, the proxy with atomics.
-        unsafe {
-            let p = self.ring.host_ptr().add(base) as *mut u64;
-            [AtomicU64::from_ptr(p), AtomicU64::from_ptr(p.add(1))]
-        }
+        // SAFETY: inside the ring (masked index), 16-byte aligned (4096-aligned buffer).
+        unsafe { self.ring.host_ptr().add(base) as *mut [u64; 2] }
     }
 
-    /// The next trigger, if its pusher has stored it (word 1, with the valid bit, read with Acquire: word 0
-    /// and the pusher's earlier stores are then visible).
+    /// The next trigger, if its pusher has stored it ([`fifo::peek_slot`]: word 1 with the valid bit, read
+    /// with Acquire, then word 0).
     pub(super) fn peek(&self) -> Option<Trigger> {
-        let [w0, w1] = self.slot(self.tail);
-        let second = w1.load(Ordering::Acquire);
-        (second & Trigger::VALID != 0).then(|| Trigger([w0.load(Ordering::Relaxed), second]))
+        // SAFETY: a slot of the live ring; device code stores its words whole, 8 bytes at a time.
+        unsafe { fifo::peek_slot(self.slot(self.tail)) }
     }
 
-    /// Retires the trigger [`Fifo::peek`] returned: clears its slot, then counts it in `tail` (Release, so the
-    /// slot is clear before a pusher may reuse it).
+    /// Retires the trigger [`Fifo::peek`] returned ([`fifo::retire_slot`]: clears its slot, then counts it in
+    /// `tail` with Release, so the slot is clear before a pusher may reuse it).
     pub(super) fn pop(&mut self) {
-        let [w0, w1] = self.slot(self.tail);
-        w1.store(0, Ordering::Relaxed);
-        w0.store(0, Ordering::Relaxed);
+        let slot = self.slot(self.tail);
         self.tail += 1;
-        // SAFETY: the 8-byte aligned `tail` word; device code only loads it.
-        unsafe { AtomicU64::from_ptr(self.tail_word.host_ptr() as *mut u64) }.store(self.tail, Ordering::Release);
+        // SAFETY: the live ring's slot and the 8-byte aligned `tail` word, which device code only loads.
+        unsafe { fifo::retire_slot(slot, self.tail_word.host_ptr() as *mut u64, self.tail) };
     }
 
     /// Triggers popped so far.
