@@ -59,28 +59,35 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
 
     fn resv(&self) -> *mut u64 {
-        // SAFETY (of every projection here): `st` is valid (contract of `new`); no reference is formed.
+        // SAFETY: `st` is valid (contract of `new`); no reference is formed. The same for every projection here.
         self.field(|s| unsafe { addr_of_mut!((*s).resv) })
     }
     fn ready(&self) -> *mut u64 {
+        // SAFETY: as above.
         self.field(|s| unsafe { addr_of_mut!((*s).ready) })
     }
     fn retired(&self) -> *mut u64 {
+        // SAFETY: as above.
         self.field(|s| unsafe { addr_of_mut!((*s).retired) })
     }
     fn cq_ci(&self) -> *mut u64 {
+        // SAFETY: as above.
         self.field(|s| unsafe { addr_of_mut!((*s).cq_ci) })
     }
     fn err_idx(&self) -> *mut u64 {
+        // SAFETY: as above.
         self.field(|s| unsafe { addr_of_mut!((*s).err_idx) })
     }
     fn last_start(&self) -> *mut u64 {
+        // SAFETY: as above.
         self.field(|s| unsafe { addr_of_mut!((*s).last_start) })
     }
     fn last_db(&self) -> *mut u64 {
+        // SAFETY: as above.
         self.field(|s| unsafe { addr_of_mut!((*s).last_db) })
     }
     fn rung(&self) -> *mut u64 {
+        // SAFETY: as above.
         self.field(|s| unsafe { addr_of_mut!((*s).rung) })
     }
     fn db_lock(&self) -> *mut u32 {
