@@ -9,15 +9,18 @@
 
 mod emu_util;
 
+use std::collections::VecDeque;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use emu_util::{GuardedBuf, Pair};
+use emu_util::{assert_err, assert_req, random_bytes, rng, CqPoll, GuardedBuf, Pair, Sq, CQE_TIMEOUT, SIGNALED};
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::mem::{MemKind, MemLoc};
-use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, Pd, QpState, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT};
+use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, Pd, QpState, WireConfig, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT};
 use gdaki::pingpong::{PingPong, RunConfig};
 use gdaki_device::error::{CqeError, InvalidArgument, Timeout, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
@@ -25,9 +28,12 @@ use gdaki_device::wait::semaphore_ge;
 use gdaki_device::wqe::{self, Raddr, Sge};
 use gdaki_device::Error;
 use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr};
+use gdaki_shared::prm::cqe::Cqe64;
 use gdaki_shared::prm::opcode::{self, syndrome};
 use gdaki_shared::prm::wqe::{fm_ce_se, CtrlSeg, DataSeg, RaddrSeg, Seg};
 use gdaki_shared::Be32;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 
 /// Bound of device-side waits in tests that expect success (a loaded 2-core machine), short enough that a
 /// hang fails the test rather than the CI job.
@@ -272,12 +278,21 @@ fn executor_data_buffers_of_zero_and_absurd_sizes() {
     let e = Executor::Cpu;
     let b = e.alloc_data(0).unwrap();
     assert!(b.is_empty() && b.to_vec().unwrap().is_empty());
-    for huge in [usize::MAX, usize::MAX / 2, 1 << 62] {
-        match e.alloc_data(huge) {
-            Err(gdaki::Error::InvalidArgument(m)) => one_line(&m),
-            Err(gdaki::Error::OutOfMemory(n)) => assert_eq!(n, huge),
-            other => panic!("{huge} bytes: {other:?}"),
+    // Sizes that no allocation layout can describe (over isize::MAX once rounded up to the 4 KiB alignment)
+    // are argument errors; 2^62 bytes is a valid layout that no 64-bit address space (at most 2^57 bytes) can
+    // hold, so the allocator returns null: out of memory, with the size.
+    for (huge, message) in [
+        (usize::MAX, "invalid argument: queue buffer of 18446744073709551615 bytes is too large"),
+        (usize::MAX / 2, "invalid argument: queue buffer of 9223372036854775807 bytes is too large"),
+        (1 << 62, "out of memory allocating 4611686018427387904 bytes"),
+    ] {
+        let e = e.alloc_data(huge).expect_err("an absurd size was allocated");
+        match e {
+            gdaki::Error::InvalidArgument(_) if huge != 1 << 62 => {}
+            gdaki::Error::OutOfMemory(n) if huge == 1 << 62 => assert_eq!(n, huge),
+            _ => panic!("{huge} bytes: {e:?}"),
         }
+        assert_eq!(e.to_string(), message);
     }
 }
 
@@ -289,18 +304,31 @@ fn executor_data_buffers_of_zero_and_absurd_sizes() {
 fn pingpong_new_rejects_zero_and_huge_sizes() {
     host_inval(PingPong::new(Executor::Cpu, 0, 10).map(|_| ()), &["size"]);
     host_inval(PingPong::new(Executor::Cpu, 8, 0).map(|_| ()), &["iterations"]);
-    for size in [1usize << 62, isize::MAX as usize] {
-        match PingPong::new(Executor::Cpu, size, 1) {
-            Err(gdaki::Error::OutOfMemory(_) | gdaki::Error::InvalidArgument(_)) => {}
-            Err(e) => panic!("{size} bytes: unexpected error {e}"),
-            Ok(_) => panic!("{size} bytes: allocated?"),
+    // 2^62 bytes: the send buffer's allocation fails (no address space holds it). isize::MAX rounds up to
+    // 2^63 bytes (a multiple of 8), which no allocation layout can describe.
+    match PingPong::new(Executor::Cpu, 1 << 62, 1) {
+        Err(gdaki::Error::OutOfMemory(n)) => assert_eq!(n, 1 << 62),
+        Err(e) => panic!("2^62 bytes: expected OutOfMemory, got {e:?}"),
+        Ok(_) => panic!("2^62 bytes: allocated?"),
+    }
+    match PingPong::new(Executor::Cpu, isize::MAX as usize, 1) {
+        Err(e @ gdaki::Error::InvalidArgument(_)) => {
+            assert_eq!(e.to_string(), "invalid argument: queue buffer of 9223372036854775808 bytes is too large")
         }
+        Err(e) => panic!("isize::MAX bytes: expected InvalidArgument, got {e:?}"),
+        Ok(_) => panic!("isize::MAX bytes: allocated?"),
     }
 }
 
 #[test]
 fn pingpong_new_size_that_overflows_rounding_is_an_error() {
-    assert!(PingPong::new(Executor::Cpu, usize::MAX, 1).is_err());
+    match PingPong::new(Executor::Cpu, usize::MAX, 1) {
+        Err(e @ gdaki::Error::InvalidArgument(_)) => {
+            assert_eq!(e.to_string(), "invalid argument: ping-pong of 18446744073709551615 bytes × 1 iterations")
+        }
+        Err(e) => panic!("expected InvalidArgument, got {e:?}"),
+        Ok(_) => panic!("usize::MAX bytes: created?"),
+    }
 }
 
 #[test]
@@ -328,7 +356,13 @@ fn pingpong_run_rejects_bad_configs_and_still_runs_afterwards() {
     // The size rounds up to 8 bytes inside: the whole rounded buffer is usable, one more byte is not.
     let mut pp7 = PingPong::new(Executor::Cpu, 61, 2).unwrap();
     assert_eq!(pp7.run(&RunConfig { size: 64, iters: 2, warmup: 0, ..ok }).unwrap().checked, 4);
-    assert!(pp7.run(&RunConfig { size: 65, iters: 2, warmup: 0, ..ok }).is_err());
+    match pp7.run(&RunConfig { size: 65, iters: 2, warmup: 0, ..ok }) {
+        Err(e @ gdaki::Error::InvalidArgument(_)) => assert_eq!(
+            e.to_string(),
+            "invalid argument: size 65 must be 1..=64 and warmup + iters 2 at most 2 (iters >= 1)"
+        ),
+        other => panic!("size 65 of a 64-byte buffer: {other:?}"),
+    }
     // Rejected configs changed nothing: a good run checks every payload.
     let r = pp.run(&ok).unwrap();
     assert_eq!((r.checked, r.round_trip_ns.len()), (20, 4));
@@ -365,25 +399,31 @@ fn pingpong_with_the_largest_timeout_runs() {
     assert_eq!(pp.run(&cfg).unwrap().checked, 6);
 }
 
+/// A failed run leaves the QPs in the error state, so every later run of that `PingPong` is refused (documented on
+/// `PingPong::run`), good configuration or not, and a new `PingPong` runs fine.
 #[test]
-fn pingpong_run_after_a_failed_run_works_or_says_it_cannot() {
+fn pingpong_run_after_a_failed_run_is_refused_and_a_new_pingpong_runs() {
     const SIZE: usize = 1 << 20;
     let mut pp = PingPong::new(Executor::Cpu, SIZE, 8).unwrap();
-    for round in 0..3u64 {
-        // Fails at once: the NIC is still copying the first ping when both ranks give up.
-        let cfg = RunConfig { size: SIZE, iters: 8, warmup: 0, seed: round, timeout: Duration::ZERO };
-        assert!(matches!(pp.run(&cfg), Err(gdaki::Error::Device(_))));
-        let cfg = RunConfig { timeout: Duration::from_secs(2), seed: 100 + round, ..cfg };
+    // Fails at once: with no time to wait, rank 1 gives up on the first 1 MiB ping before the NIC has copied it
+    // (for this run to pass, each of its 16 waits would have to be satisfied within two polls).
+    let failing = RunConfig { size: SIZE, iters: 8, warmup: 0, seed: 1, timeout: Duration::ZERO };
+    match pp.run(&failing) {
+        Err(gdaki::Error::Device(m)) => assert!(m.contains("timed out"), "{m}"),
+        other => panic!("a zero timeout: {other:?}"),
+    }
+    let good = RunConfig { timeout: Duration::from_secs(10), seed: 2, ..failing };
+    for cfg in [good, failing, good] {
         match pp.run(&cfg) {
-            Ok(r) => assert_eq!(r.checked, 16),
-            // The documented outcome: the PingPong cannot run again, and says so.
-            Err(gdaki::Error::InvalidArgument(m)) => {
-                one_line(&m);
-                return;
+            Err(e @ gdaki::Error::InvalidArgument(_)) => {
+                assert_eq!(e.to_string(), "invalid argument: an earlier run failed: create a new PingPong")
             }
-            Err(e) => panic!("round {round}: the run after a failed one: {e}"),
+            other => panic!("a run after a failed one: {other:?}"),
         }
     }
+    drop(pp);
+    let mut fresh = PingPong::new(Executor::Cpu, SIZE, 8).unwrap();
+    assert_eq!(fresh.run(&good).unwrap().checked, 16);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -717,18 +757,17 @@ fn handles_that_lie_about_their_length_are_stopped_by_the_nic() {
         assert!(dst.read().iter().all(|&b| b == 0));
     });
     // Keys that were never issued (0, all ones, a small integer), one case per healthy QP.
-    for (rk, lk, synd) in [
-        (Some(0), None, syndrome::REMOTE_ACCESS_ERR),
-        (Some(u32::MAX), None, syndrome::REMOTE_ACCESS_ERR),
-        (None, Some(0xff), syndrome::LOCAL_PROT_ERR),
-        (None, Some(0), syndrome::LOCAL_PROT_ERR),
+    for (rk, lk, synd, vendor_synd) in [
+        (Some(0), None, syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY),
+        (Some(u32::MAX), None, syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY),
+        (None, Some(0xff), syndrome::LOCAL_PROT_ERR, vendor::BAD_LKEY),
+        (None, Some(0), syndrome::LOCAL_PROT_ERR, vendor::BAD_LKEY),
     ] {
         with_put_fixture(|qp, l, r, dst, _| {
             let r = RemoteMr { rkey: rk.map_or(r.rkey, Be32::new), ..r };
             let l = MrHandle { lkey: lk.map_or(l.lkey, Be32::new), ..l };
             qp.put(&r, 0, &l, 0, 64).unwrap();
-            let f = qp.flush();
-            assert!(matches!(f, Err(Error::Cqe(c)) if c.syndrome == synd && c.wqe_counter == 0), "{f:?}");
+            assert_eq!(qp.flush(), Err(cqe(synd, vendor_synd, 0)), "rkey {rk:?}, lkey {lk:?}");
             assert!(dst.read().iter().all(|&b| b == 0));
         });
     }
@@ -841,40 +880,54 @@ fn waiting_twice_on_a_ticket_and_on_old_tickets_is_fine() {
 }
 
 #[test]
-fn waiting_on_a_ticket_never_issued_is_bounded() {
+fn waiting_on_a_ticket_never_issued_is_an_argument_error_at_once() {
     with_put_fixture(|_, _, _, _, p| {
         let mut h = p.b.handle();
         let mut qp = dev_qp(&mut h, SHORT_NS);
         let t0 = Instant::now();
-        let r = qp.wait(Ticket(1000));
+        assert_eq!(qp.wait(Ticket(1000)), inval(InvalidArgument::Ticket));
+        assert_eq!(qp.wait(Ticket(0)), inval(InvalidArgument::Ticket), "nothing posted: ticket 0 is no WQE yet");
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-        match r {
-            Err(Error::InvalidArgument(_)) => {}
-            Err(Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index: 1000 }, .. })) => {}
-            other => panic!("{other:?}"),
-        }
     });
 }
 
+/// A zero timeout gives up without losing anything: the WQEs stay posted, and a later owner of the same handle
+/// with time to wait sees them complete. The responder is a QP on another NIC, over the wire, that connects only
+/// after the zero-timeout flush: until then nothing posted can complete (the requester's WQEs wait for the
+/// connection), so that flush times out whatever the scheduling.
+///
+/// The requester is on the NIC with the smaller id, so that it is the side that dials: the responder's NIC
+/// answers the hello only once the responder is in RTR. The other way round is racy: `Qp::connect` starts the
+/// responder's dialer before it moves the QP to RTR, so requests already queued on the other side can reach it
+/// in INIT, go unanswered and fail with 0x15 after the retry timeout (about 1 run in 130 with the CPUs busy).
 #[test]
 fn a_zero_timeout_loses_nothing_and_a_patient_waiter_finishes_the_job() {
-    const LEN: usize = 1 << 20;
+    const LEN: usize = 1 << 16;
+    let wired = || EmuConfig::host().with_wire(WireConfig::loopback());
+    let (x, y) = (EmuNic::open(wired()).unwrap(), EmuNic::open(wired()).unwrap());
+    let (nic_a, nic_b) = if x.id() < y.id() { (x, y) } else { (y, x) };
+    let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (nic_a.create_cq(64).unwrap(), nic_b.create_cq(64).unwrap());
+    let a = nic_a.create_qp(&pd_a, &cq_a, 64).unwrap();
+    let b = nic_b.create_qp(&pd_b, &cq_b, 64).unwrap();
     let (src, dst) = (GuardedBuf::new(LEN, 0x3c), GuardedBuf::new(LEN, 0));
-    let p = Pair::new(64, 64);
-    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
-    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let mut h = p.a.handle();
+    let lmr = src.register(&nic_a, &pd_a, Access::NONE);
+    let rmr = dst.register(&nic_b, &pd_b, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    a.connect(&b.endpoint()).unwrap();
+    let mut h = a.handle();
     {
         let mut qp = dev_qp(&mut h, 0);
         // Posting needs no wait while there is room.
         for k in 0..4u64 {
             qp.put(&rmr.remote(), k * (LEN as u64 / 4), &lmr.handle(), 0, LEN as u64 / 4).unwrap();
         }
-        match qp.flush() {
-            Ok(()) => {}
-            Err(Error::Timeout(Timeout { on: WaitOn::Cqe { .. }, .. })) => {}
-            other => panic!("{other:?}"),
-        }
+        let r = qp.flush();
+        // The flush waits for the CQE of the last WQE posted (the NOP it adds when the last put is unsignaled).
+        let last = qp.handle().sq_pi - 1;
+        assert!(
+            matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index }, .. })) if wqe_index == last),
+            "{r:?} (last WQE {last})"
+        );
         // A satisfied semaphore returns at once even with no time to wait; an unsatisfied one times out.
         let sem = 5u64;
         // SAFETY: `sem` is an aligned local that outlives the wait.
@@ -883,6 +936,8 @@ fn a_zero_timeout_loses_nothing_and_a_patient_waiter_finishes_the_job() {
         let r = unsafe { semaphore_ge(&sem, 6, 0) };
         assert!(matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Semaphore { expected: 6, seen: 5, .. }, .. }))));
     }
+    assert!(dst.read().iter().all(|&b| b == 0), "bytes placed before the responder connected");
+    b.connect(&a.endpoint()).unwrap();
     // The same handle, a new owner with time to wait: everything posted completes.
     let mut qp = dev_qp(&mut h, TIMEOUT_NS);
     qp.flush().unwrap();
@@ -945,63 +1000,165 @@ fn posting_after_an_error_never_executes_and_every_wait_reports_it() {
 // ---------------------------------------------------------------------------------------------------------
 
 #[test]
-fn a_fresh_handle_of_a_used_qp_never_reports_unexecuted_work_as_done() {
+fn a_fresh_handle_of_a_flushed_qp_continues_where_the_nic_is_and_its_work_completes() {
     const LEN: usize = 4096;
     let (src, dst) = (GuardedBuf::new(LEN, 0x11), GuardedBuf::new(LEN, 0));
     let p = Pair::new(64, 64);
     let lmr = src.register(&p.nic, &p.pd, Access::NONE);
     let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    {
+    let first = {
         let mut h = p.a.handle();
         let mut qp = dev_qp(&mut h, TIMEOUT_NS);
         qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 8).unwrap();
         qp.flush().unwrap();
-    }
-    // Later, somewhere else, the same QP's handle is asked for again and used, as the API allows.
+        *qp.handle()
+    };
+    // Later, somewhere else, the same QP's handle is asked for again and used, as the API allows (everything
+    // was flushed and polled). It starts where the NIC is, which is where the first handle's counters ended,
+    // so the put is executed and its completion is the one the flush waits for.
     src.fill(0x22);
     let mut h = p.a.handle();
-    let mut qp = dev_qp(&mut h, SHORT_NS);
+    assert_eq!((h.sq_pi, h.sq_ci, h.cq.cons_index), (first.sq_pi, first.sq_ci, first.cq.cons_index));
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
     qp.put(&rmr.remote(), 0, &lmr.handle(), 0, LEN as u64).unwrap();
-    let r = qp.flush();
-    let placed = dst.read().iter().all(|&b| b == 0x22);
-    // Either the put happened, or the caller is told it did not.
-    assert!(placed || r.is_err(), "flush returned {r:?} but the put was never executed");
+    assert_eq!(qp.flush(), Ok(()));
+    assert!(dst.read().iter().all(|&b| b == 0x22), "flush returned Ok but the put was not executed");
+    assert!(dst.guards_intact());
 }
 
+/// Two QPs on one CQ (verbs allows it), each driven by its own thread that posts RDMA READs and polls the shared
+/// CQ while the other does the same: the NIC executes the two SQs' WQEs interleaved and writes both QPs'
+/// completions into the one ring in the order it runs them. The CQ has one consumer index, so polling it is
+/// serialized (a lock, as `SharedQp`'s poll lock): whichever thread holds the lock takes every ready CQE and
+/// routes it by the QPN the CQE names to that QP's inbox; each thread checks the CQEs of its inbox against its
+/// outstanding WQEs in posting order (opcode, QPN, WQE index, byte count) and then the bytes the READ placed.
+///
+/// Why a mix-up fails: A's READs are 1..=128 bytes and B's 129..=256 (random lengths, random payloads), and a
+/// READ's CQE carries its byte count. A completion of B's that names A's QPN (or the other way round) reaches the
+/// wrong thread and fails the byte count whatever the random draw; a CQE handed to the wrong thread whatever it
+/// names fails the QPN check (a test that routed every 97th CQE to the other inbox failed at once); one that
+/// names the right QP but another of its WQEs fails the WQE index of the oldest outstanding WQE; a CQE that comes
+/// before its data fails the payload check; a lost completion leaves its thread without progress (the deadline
+/// fails it), and a duplicate, or a CQE naming neither QP, fails at once. Each thread must end with exactly its
+/// ROUNDS completions.
+///
+/// That the completions really interleave is checked too: a thread posts its j-th WQE (from 0) only while the
+/// other has completed more than j - LEAD, which bounds every run of one QP's CQEs in the ring's order to
+/// 2 * LEAD. Say A's CQEs k ..= k + r come with no CQE of B's between them. When A posted WQE k + r (before its
+/// CQE), B had completed at least k + r - LEAD + 1, all of whose CQEs precede A's CQE k (none lies in the run). But
+/// B posted each WQE j of those before A's CQE k existed, so with A at most k completions done: j < k + LEAD, at
+/// most k + LEAD CQEs. Hence k + r - LEAD + 1 <= k + LEAD, r <= 2 * LEAD - 1.
 #[test]
 fn qps_sharing_a_cq_never_take_each_others_completions() {
+    const ROUNDS: usize = 400;
+    /// READs in flight per QP, one slot (a local and a remote buffer, each its own MR) each.
+    const WINDOW: usize = 8;
+    const LEAD: usize = 16;
+    const SLOT: usize = 256;
     let nic = EmuNic::open(EmuConfig::host()).unwrap();
     let pd = nic.alloc_pd().unwrap();
-    let (shared, peer_cq) = (nic.create_cq(64).unwrap(), nic.create_cq(64).unwrap());
-    // The API accepts one CQ for two QPs (verbs allows it).
-    let a = nic.create_qp(&pd, &shared, 16).unwrap();
-    let b = nic.create_qp(&pd, &shared, 16).unwrap();
-    let peer = nic.create_qp(&pd, &peer_cq, 16).unwrap();
-    a.connect(&peer.endpoint()).unwrap();
-    peer.connect(&a.endpoint()).unwrap();
-    b.connect(&b.endpoint()).unwrap();
-    let (src, dst) = (GuardedBuf::new(64, 0x11), GuardedBuf::new(64, 0));
-    let lmr = src.register(&nic, &pd, Access::NONE);
-    let rmr = dst.register(&nic, &pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    {
-        // B completes two NOPs (one thread, one QP at a time, as Qp::new asks).
-        let mut hb = b.handle();
-        let mut qb = dev_qp(&mut hb, TIMEOUT_NS);
-        let t = qb.post(true, wqe::nop()).unwrap();
-        qb.wait(t).unwrap();
-        let t = qb.post(true, wqe::nop()).unwrap();
-        qb.wait(t).unwrap();
+    // At most 2 * WINDOW CQEs unpolled: the shared CQ cannot overrun.
+    let shared = nic.create_cq(64).unwrap();
+    let (peer_cq_a, peer_cq_b) = (nic.create_cq(16).unwrap(), nic.create_cq(16).unwrap());
+    let a = nic.create_qp(&pd, &shared, 64).unwrap();
+    let b = nic.create_qp(&pd, &shared, 64).unwrap();
+    let (pa, pb) = (nic.create_qp(&pd, &peer_cq_a, 16).unwrap(), nic.create_qp(&pd, &peer_cq_b, 16).unwrap());
+    for (x, y) in [(&a, &pa), (&pa, &a), (&b, &pb), (&pb, &b)] {
+        x.connect(&y.endpoint()).unwrap();
     }
-    let mut ha = a.handle();
-    let mut qa = dev_qp(&mut ha, SHORT_NS);
-    // A put with a bad rkey: it must fail.
-    let bad = RemoteMr { rkey: Be32::new(rmr.rkey() ^ 0x40), ..rmr.remote() };
-    qa.put(&bad, 0, &lmr.handle(), 0, 64).unwrap();
-    let r = qa.flush();
-    assert!(
-        matches!(r, Err(Error::Cqe(c)) if c.syndrome == syndrome::REMOTE_ACCESS_ERR),
-        "flush returned {r:?} for a put that failed with an error CQE"
-    );
+    let qpns = [a.qpn(), b.qpn()];
+    let lens: [RangeInclusive<usize>; 2] = [1..=128, 129..=SLOT];
+    let local: Vec<Vec<GuardedBuf>> = (0..2).map(|_| (0..WINDOW).map(|_| GuardedBuf::new(SLOT, 0)).collect()).collect();
+    let remote: Vec<Vec<GuardedBuf>> =
+        (0..2).map(|_| (0..WINDOW).map(|_| GuardedBuf::new(SLOT, 0)).collect()).collect();
+    let lmrs: Vec<Vec<_>> =
+        local.iter().map(|q| q.iter().map(|g| g.register(&nic, &pd, Access::LOCAL_WRITE)).collect()).collect();
+    let rmrs: Vec<Vec<_>> =
+        remote.iter().map(|q| q.iter().map(|g| g.register(&nic, &pd, Access::REMOTE_READ)).collect()).collect();
+    // (lkey, rkey) of each slot.
+    let keys: Vec<Vec<(u32, u32)>> =
+        (0..2).map(|q| (0..WINDOW).map(|i| (lmrs[q][i].lkey(), rmrs[q][i].rkey())).collect()).collect();
+    let mut seeds = rng();
+    let seeds = [seeds.random::<u64>(), seeds.random::<u64>()];
+    // The CQ's one consumer, and the QPN of every CQE in the ring's order.
+    let poller = Mutex::new((CqPoll::new(&shared), Vec::with_capacity(2 * ROUNDS)));
+    let inboxes: [Mutex<VecDeque<Cqe64>>; 2] = Default::default();
+    let done = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    let route = || {
+        let mut guard = poller.lock().unwrap();
+        let (cq, order) = &mut *guard;
+        while let Some(c) = cq.poll() {
+            let q = qpns.iter().position(|&n| n == c.qpn()).unwrap_or_else(|| panic!("a CQE naming neither QP: {c:?}"));
+            order.push(q);
+            inboxes[q].lock().unwrap().push_back(c);
+        }
+    };
+    let run = |me: usize, mut sq: Sq| {
+        let mut rng = SmallRng::seed_from_u64(seeds[me]);
+        let mut free: Vec<usize> = (0..WINDOW).collect();
+        // (WQE index, slot, payload), oldest first.
+        let mut outstanding: VecDeque<(u64, usize, Vec<u8>)> = VecDeque::new();
+        let mut posted = 0;
+        let mut last_progress = Instant::now();
+        while done[me].load(Ordering::Acquire) < ROUNDS {
+            let allowed = (done[1 - me].load(Ordering::Acquire) + LEAD).min(ROUNDS).saturating_sub(posted);
+            let n = rng.random_range(0..=free.len().min(allowed));
+            for _ in 0..n {
+                let slot = free.swap_remove(rng.random_range(0..free.len()));
+                let len = rng.random_range(lens[me].clone());
+                let payload = random_bytes(&mut rng, len);
+                remote[me][slot].write(0, &payload);
+                local[me][slot].fill(0);
+                let (lkey, rkey) = keys[me][slot];
+                let wqe = sq.read(SIGNALED, (lkey, local[me][slot].addr(), len as u32), remote[me][slot].addr(), rkey);
+                let at = sq.post(&wqe);
+                outstanding.push_back((at, slot, payload));
+                posted += 1;
+            }
+            route();
+            let mine: Vec<Cqe64> = inboxes[me].lock().unwrap().drain(..).collect();
+            if mine.is_empty() {
+                assert!(
+                    last_progress.elapsed() < CQE_TIMEOUT,
+                    "QP {:#x}: no completion within {CQE_TIMEOUT:?} ({} of {ROUNDS} done, {} outstanding)",
+                    qpns[me],
+                    done[me].load(Ordering::Relaxed),
+                    outstanding.len()
+                );
+                std::thread::yield_now();
+                continue;
+            }
+            last_progress = Instant::now();
+            for c in mine {
+                let (at, slot, payload) = outstanding
+                    .pop_front()
+                    .unwrap_or_else(|| panic!("QP {:#x}: a CQE with nothing outstanding: {c:?}", qpns[me]));
+                assert_req(&c, opcode::RDMA_READ, qpns[me], at, payload.len() as u32);
+                assert_eq!(local[me][slot].read()[..payload.len()], payload[..], "QP {:#x}, WQE {at}", qpns[me]);
+                free.push(slot);
+                done[me].fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        assert!(outstanding.is_empty() && posted == ROUNDS);
+    };
+    let (sq_a, sq_b) = (Sq::new(&a), Sq::new(&b));
+    std::thread::scope(|s| {
+        let ta = s.spawn(|| run(0, sq_a));
+        let tb = s.spawn(|| run(1, sq_b));
+        ta.join().unwrap();
+        tb.join().unwrap();
+    });
+    let (cq, order) = &*poller.lock().unwrap();
+    assert_eq!(cq.ci, 2 * ROUNDS as u64, "CQEs taken from the shared CQ");
+    assert_eq!(order.iter().filter(|&&q| q == 0).count(), ROUNDS);
+    let longest_run = order.chunk_by(|x, y| x == y).map(<[usize]>::len).max().unwrap();
+    assert!(longest_run <= 2 * LEAD, "the two QPs' completions did not interleave: a run of {longest_run}");
+    assert!(inboxes.iter().all(|i| i.lock().unwrap().is_empty()));
+    assert_eq!(shared.produced(), 2 * ROUNDS as u64);
+    let s = nic.stats();
+    assert_eq!((s.error_cqes, s.cq_overruns, s.bad_doorbells), (0, 0, 0), "{s:?}");
+    assert!(local.iter().chain(&remote).flatten().all(GuardedBuf::guards_intact));
+    drop((lmrs, rmrs));
 }
 
 #[test]
@@ -1089,8 +1246,23 @@ fn rdma_writes_into_a_peers_queues_and_doorbell_never_stop_the_nic() {
     qp.put(&dmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
     qp.flush().unwrap();
     assert_eq!(dst.read(), noise[..64]);
-    // The victim's doorbell was garbage: it failed or ignored it, but it is watched no less.
-    assert!(matches!(victim.state(), QpState::Rts | QpState::Error));
+    // The victim's doorbell register got noise: each round's 8 doorbell bytes (noise[64 r..64 r + 8]) announce a
+    // WQE whose end lies far outside the victim's 16-WQEBB ring (checked here from the bytes), so the NIC counts
+    // four bad doorbells and fails the victim on the first one (0x02, BAD_DOORBELL, at WQE 0, with the opcode
+    // byte of the noise); its CQ holds exactly that error CQE.
+    for r in 0..4 {
+        let db = &noise[64 * r..64 * r + 8];
+        let end = u16::from_be_bytes([db[1], db[2]]).wrapping_add(u16::from(db[7] & 0x3f).div_ceil(4));
+        assert!(end > 16 && 0u16.wrapping_sub(end) > 16, "round {r}: doorbell {db:x?} is not a bad one");
+    }
+    assert_eq!(victim.state(), QpState::Error);
+    let s = p.nic.stats();
+    assert_eq!((s.bad_doorbells, s.error_cqes), (4, 1), "{s:?}");
+    let mut vcq = CqPoll::new(&victim_cq);
+    let c = vcq.poll().expect("the victim's error CQE");
+    assert_err(&c, syndrome::LOCAL_QP_OP_ERR, noise[3], victim.qpn(), 0);
+    assert_eq!(c.as_err().vendor_err_synd, vendor::BAD_DOORBELL);
+    assert!(vcq.poll().is_none(), "a second CQE on the victim's CQ");
     drop(mrs);
 }
 
@@ -1115,11 +1287,17 @@ fn a_peer_that_never_polls_its_cq_fails_write_imm_with_0x14_and_both_sides_stay_
     assert_eq!(a.wait(t), Err(cqe(syndrome::REMOTE_OP_ERR, vendor::RESP_CQ_OVERRUN, 16)));
     assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
     assert!(p.cq_b.is_error());
-    // B's own work can complete nowhere: its waits end, bounded, after taking the 16 responder completions.
+    // B's own work can complete nowhere: B's handle starts after the 16 CQEs its CQ holds, B has posted nothing
+    // (flush has nothing to wait for), and the NOP it posts is flushed into a CQ that overran and takes no more
+    // CQEs, so the wait on it times out, bounded, naming that WQE.
     let mut hb = p.b.handle();
+    assert_eq!((hb.cq.cons_index, hb.sq_pi), (16, 0));
     let mut b = dev_qp(&mut hb, SHORT_NS);
-    let r = b.flush().and_then(|()| b.post(true, wqe::nop()).and_then(|t| b.wait(t)));
-    assert!(matches!(r, Err(Error::Timeout(_) | Error::Cqe(_))), "{r:?}");
+    assert_eq!(b.flush(), Ok(()));
+    let t = b.post(true, wqe::nop()).unwrap();
+    assert_eq!(t, Ticket(0));
+    let r = b.wait(t);
+    assert!(matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index: 0 }, .. }))), "{r:?}");
     assert_eq!(b.handle().cq.cons_index, 16);
     assert!(dst.guards_intact());
 }

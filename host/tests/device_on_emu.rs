@@ -1031,16 +1031,47 @@ proptest! {
 
 #[test]
 fn invalid_argument_codes_are_the_documented_ones() {
-    // The host decodes `expected` of an INVALID_ARGUMENT report with these numbers.
-    for (a, code) in [
-        (InvalidArgument::LocalRange, 1u64),
-        (InvalidArgument::RemoteRange, 2),
-        (InvalidArgument::InlineTooLong, 3),
-        (InvalidArgument::AtomicAlignment, 4),
-        (InvalidArgument::Length, 5),
-        (InvalidArgument::Ticket, 6),
-    ] {
+    // Every variant with the code the host decodes `expected` of an INVALID_ARGUMENT report (kind 6) with,
+    // and its message: a literal table, not derived from the enum. The match in the loop is exhaustive, so a
+    // variant added to `InvalidArgument` does not compile until it is listed there, next to this table.
+    let table = [
+        (InvalidArgument::LocalRange, 1u64, "invalid argument: LocalRange"),
+        (InvalidArgument::RemoteRange, 2, "invalid argument: RemoteRange"),
+        (InvalidArgument::InlineTooLong, 3, "invalid argument: InlineTooLong"),
+        (InvalidArgument::AtomicAlignment, 4, "invalid argument: AtomicAlignment"),
+        (InvalidArgument::Length, 5, "invalid argument: Length"),
+        (InvalidArgument::Ticket, 6, "invalid argument: Ticket"),
+        (InvalidArgument::Handle, 7, "invalid argument: Handle"),
+        (InvalidArgument::Packet, 8, "invalid argument: Packet"),
+        (InvalidArgument::Unsupported, 9, "invalid argument: Unsupported"),
+    ];
+    assert_eq!(kind::INVALID_ARGUMENT, 6);
+    for (a, code, message) in table {
+        match a {
+            InvalidArgument::LocalRange
+            | InvalidArgument::RemoteRange
+            | InvalidArgument::InlineTooLong
+            | InvalidArgument::AtomicAlignment
+            | InvalidArgument::Length
+            | InvalidArgument::Ticket
+            | InvalidArgument::Handle
+            | InvalidArgument::Packet
+            | InvalidArgument::Unsupported => {}
+        }
+        // Packing: the report the device writes.
         let r = Error::InvalidArgument(a).to_report();
-        assert_eq!((r.kind, r.expected), (kind::INVALID_ARGUMENT, code));
+        assert_eq!(r, ErrorReport { kind: 6, expected: code, ..ErrorReport::default() }, "{a:?}");
+        // Unpacking: a report built here from the literal code, as the host reads it.
+        let from_host = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
+        assert_eq!(Error::from_report(&from_host), Some(Error::InvalidArgument(a)), "code {code}");
+        assert_eq!(Error::InvalidArgument(a).to_string(), message);
+    }
+    // The nine codes are 1..=9, each once; the codes around them decode to nothing.
+    let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
+    codes.sort_unstable();
+    assert_eq!(codes, (1..=9).collect::<Vec<u64>>());
+    for code in [0u64, 10, 11, u32::MAX as u64, u64::MAX] {
+        let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
+        assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }
 }

@@ -780,23 +780,41 @@ fn atomic_after_a_hostile_write_storm_still_sees_every_write_placed() {
 
 // ---- 6. odd retry timeouts ----
 
-/// `WireConfig::retry_timeout` is user input: `Duration::MAX` (a "never time out" a user might try) must
-/// give an error or work, not a panic on a wire thread that leaves the QP connecting forever.
+/// `WireConfig::retry_timeout` is user input: `Duration::MAX` (a "never time out" a user might try) is refused
+/// by `EmuNic::open` with `InvalidArgument` naming the value and the limit (`WireConfig::MAX_RETRY_TIMEOUT`, a
+/// day), and so is a day and a nanosecond; before the limit it panicked a wire thread and left the QP
+/// connecting forever.
 #[test]
-fn huge_retry_timeout_is_refused_or_works() {
-    let cfg = EmuConfig::host().with_wire(WireConfig { retry_timeout: Duration::MAX, ..WireConfig::loopback() });
-    let nic = match EmuNic::open(cfg) {
-        Ok(nic) => nic,
-        Err(e) => return eprintln!("refused at open: {e}"),
-    };
+fn retry_timeout_over_a_day_is_refused_at_open_naming_value_and_limit() {
+    for (timeout, message) in [
+        (Duration::MAX, "invalid argument: wire retry timeout 18446744073709551615.999999999s is over 86400s"),
+        (
+            Duration::from_secs(86_400) + Duration::from_nanos(1),
+            "invalid argument: wire retry timeout 86400.000000001s is over 86400s",
+        ),
+    ] {
+        let cfg = EmuConfig::host().with_wire(WireConfig { retry_timeout: timeout, ..WireConfig::loopback() });
+        match EmuNic::open(cfg) {
+            Err(e @ gdaki::Error::InvalidArgument(_)) => assert_eq!(e.to_string(), message),
+            Err(e) => panic!("{timeout:?}: expected InvalidArgument, got {e:?}"),
+            Ok(_) => panic!("{timeout:?}: a retry timeout over a day was accepted"),
+        }
+    }
+}
+
+/// The longest retry timeout accepted, exactly a day, works: the NIC opens, connects and dials its peer (no
+/// overflow in the deadline arithmetic of the dialer thread).
+#[test]
+fn retry_timeout_of_exactly_a_day_is_accepted_and_the_nic_dials() {
+    let cfg = EmuConfig::host()
+        .with_wire(WireConfig { retry_timeout: Duration::from_secs(86_400), ..WireConfig::loopback() });
+    let nic = EmuNic::open(cfg).expect("a retry timeout of exactly a day is within the limit");
     let (pd, cq) = (nic.alloc_pd().unwrap(), nic.create_cq(64).unwrap());
     let qp = nic.create_qp(&pd, &cq, 64).unwrap();
     // A peer with a larger NIC id: this NIC dials it.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = Endpoint { nic: LARGE_NIC, qpn: FAKE_QPN, psn: FAKE_PSN, wire: Some(l.local_addr().unwrap()) };
-    if let Err(e) = qp.connect(&ep) {
-        return eprintln!("refused at connect: {e}");
-    }
+    qp.connect(&ep).unwrap();
     l.set_nonblocking(true).unwrap();
     let t = Instant::now();
     loop {

@@ -13,6 +13,10 @@
 //!
 //! Linking: `-lmlx5 -libverbs` (Debian `libibverbs-dev`; at run time `libibverbs1` and `ibverbs-providers`).
 #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, missing_docs, clippy::all)]
+// The workspace's SAFETY lints (root Cargo.toml) do not apply to this library: nearly all of it is bindgen's
+// output, included from OUT_DIR, whose unsafe blocks (bitfield and union accessors, the static-inline wrappers)
+// and unsafe fns carry no `// SAFETY:` comments and cannot be edited. The crate's tests are linted as usual.
+#![allow(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 /// The control segment that starts every mlx5 send WQE (`struct mlx5_wqe_ctrl_seg` of `mlx5dv.h`: 16 bytes,
 /// 4-byte aligned, every multi-byte field big-endian). Defined by hand because the C struct is `packed` and

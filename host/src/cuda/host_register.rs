@@ -84,8 +84,8 @@ impl Gpu {
         check(unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) }, what)?;
         // From here on, dropping `reg` unregisters the range, whatever fails next.
         let mut reg = HostRegistration { shared: self.shared.clone(), host: host.cast(), device_addr: 0, len };
-        // SAFETY: `host` is registered with DEVICEMAP; the call writes one address.
         check(
+            // SAFETY: `host` is registered with DEVICEMAP; the call writes one address.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut reg.device_addr, host.cast(), 0) },
             "cuMemHostGetDevicePointer",
         )?;
