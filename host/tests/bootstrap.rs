@@ -249,8 +249,9 @@ fn wrong_secret_is_rejected_and_the_session_completes() {
     assert_eq!(
         e,
         format!(
-            "rank 1: rejected by root {root}: wrong session secret (give every rank the same --secret/GDAKI_SECRET, \
-             or the same --bootstrap spelling when none is given)"
+            "rank 1: rejected by root {root}: wrong session secret (give every rank the same secret: --secret, \
+             --secret-file, GDAKI_SECRET or GDAKI_SECRET_FILE; without one, on loopback, the same --bootstrap \
+             spelling)"
         )
     );
 }

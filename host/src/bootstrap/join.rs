@@ -185,8 +185,8 @@ fn admit(
         Ok(Greeting::OtherVersion(v)) => format!("protocol version {v}, the root speaks version {VERSION}"),
         // The secret first: a peer without it learns nothing about the session.
         Ok(Greeting::Hello(h)) if Secret::from_bytes(h.secret) != launch.secret => {
-            "wrong session secret (give every rank the same --secret/GDAKI_SECRET, or the same --bootstrap \
-             spelling when none is given)"
+            "wrong session secret (give every rank the same secret: --secret, --secret-file, GDAKI_SECRET or \
+             GDAKI_SECRET_FILE; without one, on loopback, the same --bootstrap spelling)"
                 .to_string()
         }
         Ok(Greeting::Hello(h)) if h.world_size != n => {
