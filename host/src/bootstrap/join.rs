@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::launch::{Launch, Secret};
-use super::session::{serve_peer, serve_root, Bootstrap, Link, Mailbox, Shared};
+use super::session::{duration_ns, serve_peer, serve_root, Bootstrap, Link, Mailbox, Shared};
 use super::wire::{self, one_line, Fields, Greeting, Hello, Kind, WireError, HELLO_LEN, MAX_FRAME, VERSION};
 use crate::{Error, Result};
 
@@ -320,6 +320,7 @@ fn assemble(launch: &Launch, root: String, timeout: Duration, streams: Vec<Optio
         arrived: Condvar::new(),
         closing: AtomicBool::new(false),
         aborted: AtomicBool::new(false),
+        stall_ns: AtomicU64::new(duration_ns(timeout)),
     });
     let mut boot = Bootstrap {
         rank,
