@@ -15,9 +15,9 @@ use gdaki::nic::{Nic, NicSpec};
 /// changes, "unknown" outside a git checkout), so that results name it where no checkout is (the GPU machine).
 pub const COMMIT: &str = env!("GDAKI_COMMIT");
 
-/// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`,
-/// `--secret`, `--secret-file`); without them, mpirun's, srun's or torchrun's environment decides, and without that both
-/// ranks run in this process.
+/// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`, `--secret`,
+/// `--secret-file`); without them, mpirun's, srun's or torchrun's environment decides, and without that both ranks run
+/// in this process.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LaunchArgs {
     /// Ranks of a multi-process run (2: one rank per process, over the emulated NIC's wire). Default: from

@@ -729,7 +729,7 @@ fn assert_named_rank_2(outcomes: &[Outcome], root: &str, what: &str, stall: &str
     for (rank, (e, after)) in outcomes.iter().enumerate() {
         let why = if rank == 0 { stall.to_string() } else { format!("{stall} (reported by the root at {root})") };
         assert_eq!(*e, format!("rank {rank}: {what}: {why}"));
-        assert!(*after >= timeout && *after < timeout + Duration::from_secs(2), "rank {rank} gave up after {after:?}");
+        assert!(*after >= timeout && *after < timeout + Duration::from_secs(3), "rank {rank} gave up after {after:?}");
     }
 }
 
@@ -883,8 +883,9 @@ fn silent_rank_in_all_gather_is_named_on_every_rank() {
         let why = "rank 0: all_gather #0: timed out after 1s waiting for ranks [2]";
         assert_eq!(got[0].0, why);
         assert_eq!(got[1].0, format!("rank 1: all_gather #0: {why} (reported by the root at {})", launches[0].root));
-        for (rank, (_, t)) in got.iter().enumerate() {
-            assert!(*t >= timeout && *t < timeout + Duration::from_millis(900), "rank {rank} after {t:?}");
-        }
+        // The root waits its timeout; rank 1 (which may have begun a little before or after it) no longer than
+        // that and its grace.
+        assert!(got[0].1 >= timeout && got[0].1 < timeout + Duration::from_secs(2), "root after {:?}", got[0].1);
+        assert!(got[1].1 < timeout + Duration::from_secs(2), "rank 1 after {:?}", got[1].1);
     });
 }

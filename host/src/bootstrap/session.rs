@@ -39,11 +39,11 @@ use crate::{Error, Result};
 /// everything, once it leaves no call that needs the network succeeds: end with a [`barrier`](Self::barrier)
 /// so that it leaves last.
 ///
-/// When a rank's connection ends without a goodbye (its process died) or breaks, or the rank stops in the
-/// middle of a frame for longer than the timeout (a half-open connection: its host vanished, or it hangs
-/// mid-write), the root tells every other rank, and every pending or later call on every rank fails with an
-/// error naming that rank (messages that arrived before are still delivered). The same happens when the root dies, and when one
-/// of the root's collectives fails. After an error, drop the bootstrap.
+/// When a rank's connection ends without a goodbye (its process died) or breaks, or the rank stops in the middle of a
+/// frame for longer than the timeout (a half-open connection: its host vanished, or it hangs mid-write), the root tells
+/// every other rank, and every pending or later call on every rank fails with an error naming that rank (messages that
+/// arrived before are still delivered). The same happens when the root dies, and when one of the root's collectives
+/// fails. After an error, drop the bootstrap.
 pub struct Bootstrap {
     pub(super) rank: u32,
     pub(super) world_size: u32,
