@@ -39,8 +39,10 @@
 //!   connection per QP pair carrying RC requests and ACK/NAK/READ/atomic responses; see `wire`). Over the
 //!   wire the responder validates rkey, bounds and rights and NAKs a violation (0x13, 0x12), a WRITE's
 //!   requester CQE waits for the responder's ACK, and a lost connection or a peer silent for
-//!   [`WireConfig::retry_timeout`] fails the oldest outstanding WQE with 0x15 and flushes the rest. PSNs number
-//!   messages rather than packets, and nothing is retransmitted (TCP is reliable).
+//!   [`WireConfig::retry_timeout`] (no answer, no byte taken, or a frame left half-sent) fails the oldest
+//!   outstanding WQE with 0x15 and flushes the rest ([`Qp::wire_error`] says why). PSNs number messages rather
+//!   than packets, and nothing is retransmitted (TCP is reliable). A peer faster than this NIC is held back
+//!   by TCP's flow control: at most [`WireConfig::inbound_bytes`] of its frames wait for the executor.
 //! - **CQ overrun**: a CQE due for an entry software has not released through the CQ dbrec moves the CQ to
 //!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
