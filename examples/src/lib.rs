@@ -15,9 +15,9 @@ use gdaki::nic::{Nic, NicSpec};
 /// changes, "unknown" outside a git checkout), so that results name it where no checkout is (the GPU machine).
 pub const COMMIT: &str = env!("GDAKI_COMMIT");
 
-/// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`,
-/// `--secret`); without them, mpirun's, srun's or torchrun's environment decides, and without that both
-/// ranks run in this process.
+/// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`, `--secret`,
+/// `--secret-file`); without them, mpirun's, srun's or torchrun's environment decides, and without that both ranks run
+/// in this process.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LaunchArgs {
     /// Ranks of a multi-process run (2: one rank per process, over the emulated NIC's wire). Default: from
@@ -31,9 +31,14 @@ pub struct LaunchArgs {
     /// 127.0.0.1:29500). Rank 0 binds exactly this address.
     #[arg(long)]
     pub bootstrap: Option<String>,
-    /// Session secret, 32 hex digits (default: GDAKI_SECRET, else one derived from the bootstrap address).
+    /// Session secret, 32 hex digits, e.g. from `openssl rand -hex 16` (default: --secret-file, GDAKI_SECRET,
+    /// GDAKI_SECRET_FILE; without any, one derived from the bootstrap address, which only a loopback address
+    /// may use).
     #[arg(long)]
     pub secret: Option<String>,
+    /// File holding the session secret (32 hex digits), accessible by its owner only (chmod 600).
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: Option<std::path::PathBuf>,
 }
 
 impl LaunchArgs {
@@ -48,6 +53,7 @@ impl LaunchArgs {
             world_size: self.world_size,
             bootstrap: self.bootstrap.clone(),
             secret: self.secret.clone(),
+            secret_file: self.secret_file.clone(),
         };
         match Launch::resolve_from_process_env(flags).map_err(|e| e.to_string())? {
             Some(l) if l.world_size == 2 => Ok(Some(l)),

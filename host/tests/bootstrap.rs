@@ -249,8 +249,9 @@ fn wrong_secret_is_rejected_and_the_session_completes() {
     assert_eq!(
         e,
         format!(
-            "rank 1: rejected by root {root}: wrong session secret (give every rank the same --secret/GDAKI_SECRET, \
-             or the same --bootstrap spelling when none is given)"
+            "rank 1: rejected by root {root}: wrong session secret (give every rank the same secret: --secret, \
+             --secret-file, GDAKI_SECRET or GDAKI_SECRET_FILE; without one, on loopback, the same --bootstrap \
+             spelling)"
         )
     );
 }
@@ -673,4 +674,218 @@ fn bad_frames_after_the_handshake_break_the_session_naming_the_rank() {
     forged.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     let e = root_error_after_raw_rank_sends(&forged);
     assert_eq!(e, "rank 0: recv from rank 1 tag 0: rank 1 broke the protocol: a message claims to come from rank 0");
+}
+
+// ---- a rank that stops in the middle of a frame (half-open connection) ----
+
+/// What each real rank's call returned and how long after the stall began it returned.
+type Outcome = (String, Duration);
+
+/// A session of three: ranks 0 and 1 real, rank 2 joined by hand. Once all joined, rank 2 writes `partial` (the
+/// start of a frame) and then nothing, keeping its connection open; 200 ms later ranks 0 and 1 run `call`.
+/// Returns each real rank's error and when it came (from the stall's start), and the root's address.
+fn stalled_rank_2(
+    timeout: Duration,
+    partial: &[u8],
+    call: impl Fn(&Bootstrap) -> Error + Sync,
+) -> (Vec<Outcome>, String) {
+    let (listener, launches) = session(3);
+    let launches = &launches;
+    let (call, mut listener) = (&call, Some(listener));
+    let outcomes = thread::scope(|s| {
+        let (txs, ranks): (Vec<_>, Vec<_>) = (0..2)
+            .map(|rank| {
+                let (tx, rx) = mpsc::channel::<Instant>();
+                let listener = if rank == 0 { listener.take() } else { None };
+                let h = s.spawn(move || {
+                    let b = match listener {
+                        Some(l) => Bootstrap::root_on(l, &launches[0], timeout).unwrap(),
+                        None => Bootstrap::connect(&launches[rank], timeout).unwrap(),
+                    };
+                    let stalled_at = rx.recv().unwrap();
+                    thread::sleep(Duration::from_millis(200));
+                    let e = message(call(&b));
+                    (e, stalled_at.elapsed())
+                });
+                (tx, h)
+            })
+            .unzip();
+        let mut raw = raw_rank(&launches[2]);
+        let t = Instant::now();
+        raw.write_all(partial).unwrap();
+        for tx in txs {
+            tx.send(t).unwrap();
+        }
+        let outcomes: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        drop(raw);
+        outcomes
+    });
+    (outcomes, launches[0].root.clone())
+}
+
+/// Checks that each rank's error is `what` followed by rank 2's stall (`stall`, as the root saw it; the others
+/// hear it from the root), and that it came within the bound: the timeout after the stall began, plus slack.
+fn assert_named_rank_2(outcomes: &[Outcome], root: &str, what: &str, stall: &str, timeout: Duration) {
+    for (rank, (e, after)) in outcomes.iter().enumerate() {
+        let why = if rank == 0 { stall.to_string() } else { format!("{stall} (reported by the root at {root})") };
+        assert_eq!(*e, format!("rank {rank}: {what}: {why}"));
+        assert!(*after >= timeout && *after < timeout + Duration::from_secs(3), "rank {rank} gave up after {after:?}");
+    }
+}
+
+/// The first `n` bytes of a frame of kind `kind` whose payload is `payload_len` bytes.
+fn frame_start(kind: u32, payload_len: u32, n: usize) -> Vec<u8> {
+    let mut f = (payload_len + 4).to_le_bytes().to_vec();
+    f.extend_from_slice(&kind.to_le_bytes());
+    f.resize(8 + payload_len as usize, 0xab);
+    f.truncate(n);
+    f
+}
+
+#[test]
+fn rank_stalled_mid_frame_fails_every_ranks_all_gather_naming_it() {
+    let timeout = Duration::from_secs(1);
+    // A Gather (kind 4) of sequence number 0 and 4 bytes: 20 bytes in all, of which 9 come.
+    let (outcomes, root) = stalled_rank_2(timeout, &frame_start(4, 12, 9), |b| b.all_gather(b"mine").unwrap_err());
+    let stall = "rank 2 stalled mid-frame: sent 9 of the 20 bytes of a frame, and the rest did not come within 1s (a \
+                 half-open connection?)";
+    assert_named_rank_2(&outcomes, &root, "all_gather #0", stall, timeout);
+}
+
+#[test]
+fn rank_stalled_mid_header_fails_every_ranks_barrier_naming_it() {
+    let timeout = Duration::from_secs(1);
+    let (outcomes, root) = stalled_rank_2(timeout, &frame_start(4, 8, 3), |b| b.barrier().unwrap_err());
+    let stall = "rank 2 stalled mid-frame: sent 3 of the 8 bytes of a frame header, and the rest did not come within \
+                 1s (a half-open connection?)";
+    assert_named_rank_2(&outcomes, &root, "all_gather #0", stall, timeout);
+}
+
+#[test]
+fn rank_stalled_mid_message_fails_recv_and_later_sends_naming_it() {
+    let timeout = Duration::from_secs(1);
+    // A P2p (kind 6) from rank 2 to rank 1, tag 7, of 100 data bytes, cut after 30 of its 120 bytes.
+    let mut start = frame_start(6, 112, 30);
+    start[8..20].copy_from_slice(&[2, 0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0]);
+    let (outcomes, root) = stalled_rank_2(timeout, &start, |b| {
+        let e = b.recv(2, 7).unwrap_err();
+        // Nothing works any more, and later calls say why.
+        let later = message(b.send(1 - b.rank(), 1, b"x").unwrap_err());
+        let stall = "rank 2 stalled mid-frame: sent 30 of the 120 bytes of a frame, and the rest did not come within \
+                     1s (a half-open connection?)";
+        let why =
+            if b.rank() == 0 { stall.to_string() } else { format!("{stall} (reported by the root at {})", b.root()) };
+        assert_eq!(later, format!("rank {}: send to rank {} tag 1: {why}", b.rank(), 1 - b.rank()));
+        e
+    });
+    let stall = "rank 2 stalled mid-frame: sent 30 of the 120 bytes of a frame, and the rest did not come within 1s \
+                 (a half-open connection?)";
+    assert_named_rank_2(&outcomes, &root, "recv from rank 2 tag 7", stall, timeout);
+}
+
+#[test]
+fn rank_trickling_a_frame_is_stalled_at_the_bound_however_slowly_bytes_come() {
+    let timeout = Duration::from_secs(1);
+    let (listener, launches) = session(2);
+    thread::scope(|s| {
+        let root = s.spawn(|| {
+            let b = Bootstrap::root_on(listener, &launches[0], timeout).unwrap();
+            // The frame begins before the recv does: the stall, not the recv's own timeout, ends it.
+            thread::sleep(Duration::from_millis(200));
+            message(b.recv(1, 0).unwrap_err())
+        });
+        let mut raw = raw_rank(&launches[1]);
+        // A P2p frame of 112 bytes (120 with its length field): the header at once, then a byte every 100 ms.
+        let frame = frame_start(6, 112, 120);
+        raw.write_all(&frame[..8]).unwrap();
+        let t = Instant::now();
+        let mut sent = 8;
+        while !root.is_finished() && sent < frame.len() {
+            thread::sleep(Duration::from_millis(100));
+            if raw.write_all(&frame[sent..sent + 1]).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        let e = root.join().unwrap();
+        let elapsed = t.elapsed();
+        assert!(elapsed >= timeout && elapsed < timeout + Duration::from_secs(1), "gave up after {elapsed:?}");
+        let rest = e
+            .strip_prefix("rank 0: recv from rank 1 tag 0: rank 1 stalled mid-frame: sent ")
+            .and_then(|r| {
+                r.strip_suffix(
+                    " of the 120 bytes of a frame, and the rest did not come within 1s (a half-open connection?)",
+                )
+            })
+            .unwrap_or_else(|| panic!("{e}"));
+        let got: usize = rest.parse().unwrap();
+        // About 10 bytes came in that second, more than the header; far fewer than the frame.
+        assert!((9..=sent).contains(&got) && got < 30, "{got} of {sent}");
+    });
+}
+
+#[test]
+fn root_stalled_mid_frame_fails_the_other_rank_naming_it() {
+    let timeout = Duration::from_millis(500);
+    let (listener, launches) = session(2);
+    thread::scope(|s| {
+        let one = s.spawn(|| {
+            let b = Bootstrap::connect(&launches[1], timeout).unwrap();
+            thread::sleep(Duration::from_millis(100));
+            let t = Instant::now();
+            let e = message(b.recv(0, 1).unwrap_err());
+            (e, t.elapsed())
+        });
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 44];
+        conn.read_exact(&mut hello).unwrap();
+        // The welcome, then 5 bytes of the next frame's 8-byte header, then silence with the connection open.
+        conn.write_all(&[12, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 40, 0, 0, 0, 6]).unwrap();
+        let (e, after) = one.join().unwrap();
+        assert_eq!(
+            e,
+            format!(
+                "rank 1: recv from rank 0 tag 1: the root (rank 0) at {} stalled mid-frame: sent 5 of the 8 bytes of \
+                 a frame header, and the rest did not come within 500ms (a half-open connection?)",
+                launches[0].root
+            )
+        );
+        assert!(after < timeout, "{after:?}");
+        drop(conn);
+    });
+}
+
+#[test]
+fn silent_rank_in_all_gather_is_named_on_every_rank() {
+    // Rank 2 joins and then says nothing at all (no frame begins): the root gives up at its timeout naming it,
+    // and rank 1, which waits a little longer for the root's verdict, gets the same reason.
+    let timeout = Duration::from_secs(1);
+    let (listener, launches) = session(3);
+    let launches = &launches;
+    thread::scope(|s| {
+        let ranks: Vec<_> = [Some(listener), None]
+            .into_iter()
+            .enumerate()
+            .map(|(rank, listener)| {
+                s.spawn(move || {
+                    let b = match listener {
+                        Some(l) => Bootstrap::root_on(l, &launches[0], timeout).unwrap(),
+                        None => Bootstrap::connect(&launches[rank], timeout).unwrap(),
+                    };
+                    let t = Instant::now();
+                    (message(b.all_gather(b"x").unwrap_err()), t.elapsed())
+                })
+            })
+            .collect();
+        let raw = raw_rank(&launches[2]);
+        let got: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        drop(raw);
+        let why = "rank 0: all_gather #0: timed out after 1s waiting for ranks [2]";
+        assert_eq!(got[0].0, why);
+        assert_eq!(got[1].0, format!("rank 1: all_gather #0: {why} (reported by the root at {})", launches[0].root));
+        // The root waits its timeout; rank 1 (which may have begun a little before or after it) no longer than
+        // that and its grace.
+        assert!(got[0].1 >= timeout && got[0].1 < timeout + Duration::from_secs(2), "root after {:?}", got[0].1);
+        assert!(got[1].1 < timeout + Duration::from_secs(2), "rank 1 after {:?}", got[1].1);
+    });
 }

@@ -31,7 +31,12 @@ fn wired(retry: Duration) -> EmuConfig {
 
 impl WirePair {
     fn new(retry: Duration) -> Self {
-        let (nic_a, nic_b) = (EmuNic::open(wired(retry)).unwrap(), EmuNic::open(wired(retry)).unwrap());
+        Self::with(wired(retry), wired(retry))
+    }
+
+    /// NIC a opened with `a`, NIC b with `b`.
+    fn with(a: EmuConfig, b: EmuConfig) -> Self {
+        let (nic_a, nic_b) = (EmuNic::open(a).unwrap(), EmuNic::open(b).unwrap());
         let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
         let (cq_a, cq_b) = (nic_a.create_cq(64).unwrap(), nic_b.create_cq(64).unwrap());
         let a = nic_a.create_qp(&pd_a, &cq_a, 64).unwrap();
@@ -182,4 +187,92 @@ fn zero_length_read_checks_no_key_and_completes() {
         assert_req(&cqp.wait(), opcode::RDMA_READ, sq.qpn(), at, 0);
         assert_eq!(qp.state(), QpState::Rts);
     }
+}
+
+/// Both NICs stream large WRITEs and READs to each other at once, each far more than both sockets' buffers
+/// hold, through inbound queues of 64 KiB (a few frames), so that each side's readers keep waiting for room
+/// while its peer has bytes to send. Had an executor waited on its socket while its own readers waited on it,
+/// the two would block each other until the retry timeout (0x15). Everything completes, every byte in place,
+/// and neither queue ever held more than its bound (and one frame: an empty queue always takes one).
+#[test]
+fn large_writes_and_reads_both_ways_at_once_complete_with_bounded_queues() {
+    let mut rng = rng();
+    let inbound = 64 << 10;
+    let cfg = || {
+        EmuConfig::host().with_wire(WireConfig {
+            retry_timeout: Duration::from_secs(20),
+            inbound_bytes: inbound,
+            ..WireConfig::loopback()
+        })
+    };
+    let p = WirePair::with(cfg(), cfg());
+    let n = 32 << 20;
+    let side = |nic: &Arc<EmuNic>, pd: &Pd, rng: &mut rand::rngs::SmallRng| {
+        // Random 64 KiB blocks, each stamped with its number, so that a misplaced block shows.
+        let block = random_bytes(rng, 64 << 10);
+        let mut data = Vec::with_capacity(n);
+        for i in 0..n / block.len() {
+            data.extend_from_slice(&block);
+            let at = data.len() - block.len();
+            data[at..at + 8].copy_from_slice(&(i as u64).to_le_bytes());
+        }
+        let mine = GuardedBuf::new(n, 0);
+        mine.copy_in(&data);
+        let (written, read_back) = (GuardedBuf::new(n, 0), GuardedBuf::new(n, 0));
+        let mrs = (
+            mine.register(nic, pd, Access::ALL),
+            written.register(nic, pd, Access::ALL),
+            read_back.register(nic, pd, Access::LOCAL_WRITE),
+        );
+        (data, mine, written, read_back, mrs)
+    };
+    let (data_a, mine_a, written_a, back_a, mrs_a) = side(&p.nic_a, &p.pd_a, &mut rng);
+    let (data_b, mine_b, written_b, back_b, mrs_b) = side(&p.nic_b, &p.pd_b, &mut rng);
+    let (mut sq_a, mut sq_b) = (Sq::new(&p.a), Sq::new(&p.b));
+    // Each side: WRITE its data into the other's `written`, then READ the other's data into `read_back`.
+    type Local<'a> = (&'a GuardedBuf, u32);
+    let post = |sq: &mut Sq, mine: Local, back: Local, peer_w: (u64, u32), peer_r: (u64, u32)| {
+        let w = sq.put(&sq.write(SIGNALED, (mine.1, mine.0.addr(), n as u32), peer_w.0, peer_w.1));
+        let r = sq.put(&sq.read(SIGNALED, (back.1, back.0.addr(), n as u32), peer_r.0, peer_r.1));
+        sq.dbrec();
+        (w, r)
+    };
+    let (wa, ra) = post(
+        &mut sq_a,
+        (&mine_a, mrs_a.0.lkey()),
+        (&back_a, mrs_a.2.lkey()),
+        (written_b.addr(), mrs_b.1.rkey()),
+        (mine_b.addr(), mrs_b.0.rkey()),
+    );
+    let (wb, rb) = post(
+        &mut sq_b,
+        (&mine_b, mrs_b.0.lkey()),
+        (&back_b, mrs_b.2.lkey()),
+        (written_a.addr(), mrs_a.1.rkey()),
+        (mine_a.addr(), mrs_a.0.rkey()),
+    );
+    let t = Instant::now();
+    sq_a.doorbell(ra);
+    sq_b.doorbell(rb);
+    let (mut cq_a, mut cq_b) = (CqPoll::new(&p.cq_a), CqPoll::new(&p.cq_b));
+    assert_req(&cq_a.wait(), opcode::RDMA_WRITE, sq_a.qpn(), wa, 0);
+    assert_req(&cq_b.wait(), opcode::RDMA_WRITE, sq_b.qpn(), wb, 0);
+    assert_req(&cq_a.wait(), opcode::RDMA_READ, sq_a.qpn(), ra, n as u32);
+    assert_req(&cq_b.wait(), opcode::RDMA_READ, sq_b.qpn(), rb, n as u32);
+    eprintln!("4 × {} MiB across the wire, both ways at once: {:?}", n >> 20, t.elapsed());
+    assert!(written_b.copy_out() == data_a && back_a.copy_out() == data_b, "a's WRITE or READ");
+    assert!(written_a.copy_out() == data_b && back_b.copy_out() == data_a, "b's WRITE or READ");
+    // As the NIC counts a frame: its length plus 64; the largest is a header and 256 KiB.
+    let one_frame = (40 + (256 << 10) + 64) as u64;
+    for (name, nic) in [("a", &p.nic_a), ("b", &p.nic_b)] {
+        let st = nic.stats();
+        eprintln!("NIC {name}: inbound peak {} bytes, {} waits for room", st.inbound_peak, st.inbound_waits);
+        assert!(st.inbound_peak <= one_frame.max(inbound as u64), "NIC {name}: {st:?}");
+        assert!(st.inbound_waits > 0, "NIC {name}'s readers never waited: nothing was tested ({st:?})");
+        assert_eq!(st.inbound_queued, 0, "NIC {name}");
+    }
+    for b in [&mine_a, &written_a, &back_a, &mine_b, &written_b, &back_b] {
+        assert!(b.guards_intact());
+    }
+    drop((mrs_a, mrs_b));
 }

@@ -4,11 +4,14 @@
 //! asked, WRITEs outside their MR or into another PD's MR. The NIC under test must answer with a reject, a
 //! NAK or a link-down (0x15 on its outstanding WQEs), never panic, never write outside a registered region,
 //! and its other QPs must keep working. Also: QPs and MRs dropped while a large WRITE is in flight, odd retry
-//! timeouts, a peer that stops reading, a peer that connects late.
+//! timeouts, a peer that stops reading, a peer that connects late, a peer that floods the NIC faster than it
+//! handles frames (bounded inbound queue), a peer that stops in the middle of a frame, and the requester's
+//! rules (READs and atomics a responder holds unanswered, a WRITE after a READ).
 //!
-//! Four of these reproduced bugs that are fixed: a peer that stops reading hung the executor (now the socket's
-//! write timeout fails the link), a `Duration::MAX` retry timeout panicked a thread (now refused), a peer that
-//! connects late killed the link (now the dialer retries), and a NAK's syndrome was trusted (now checked).
+//! Four of these reproduced bugs that are fixed: a peer that stops reading hung the executor (now the executor
+//! never waits on a socket, and a peer that takes nothing for the retry timeout fails the link), a
+//! `Duration::MAX` retry timeout panicked a thread (now refused), a peer that connects late killed the link
+//! (now the dialer retries), and a NAK's syndrome was trusted (now checked).
 
 mod emu_util;
 
@@ -20,6 +23,7 @@ use std::time::{Duration, Instant};
 use emu_util::*;
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, WireConfig};
 use gdaki_shared::prm::opcode::{self, syndrome};
+use gdaki_shared::prm::wqe::AtomicSeg;
 
 // ---- the frame layout of packet.rs, by hand ----
 
@@ -476,10 +480,23 @@ struct Requester {
 
 impl Requester {
     fn new(retry: Duration) -> Self {
-        let v = Victim::new(retry);
-        let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+        Self::with_sq(retry, 64)
+    }
+
+    /// With an SQ of `wqe_cnt` WQEBBs.
+    fn with_sq(retry: Duration, wqe_cnt: u32) -> Self {
+        let mut v = Victim::new(retry);
+        if wqe_cnt > 256 {
+            v.cq = v.nic.create_cq(wqe_cnt).unwrap();
+        }
+        let qp = v.nic.create_qp(&v.pd, &v.cq, wqe_cnt).unwrap();
         let s = nic_dials(&qp);
         Self { v, qp, s }
+    }
+
+    /// "peer QP 0xabcdef at ADDR", as the NIC names the fake in its messages.
+    fn peer(&self) -> String {
+        format!("peer QP {FAKE_QPN:#x} at {}", self.s.local_addr().unwrap())
     }
 }
 
@@ -886,4 +903,330 @@ fn late_peer_that_dials_connects_fine() {
     let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
     assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
     assert!(dst.read().iter().all(|&b| b == 1));
+}
+
+// ---- 8. a peer faster than the NIC: the bounded inbound queue ----
+
+/// The name the NIC under test gives a fake peer that dialed it (its endpoint's made-up address).
+const FAKE_DIALER: &str = "peer QP 0xabcdef at 127.0.0.1:9";
+
+/// ACKs arrive with increasing PSNs until the one of `last`; returns how many came.
+fn acks_until(s: &mut TcpStream, first: u32, last: u32) -> usize {
+    let (mut n, mut prev) = (0, first.wrapping_sub(1) & 0xff_ffff);
+    loop {
+        let (h, _) = read_frame(s).expect("an ACK");
+        assert_eq!(h.kind, kind::ACK, "{h:?}");
+        let step = h.w1.wrapping_sub(prev) & 0xff_ffff;
+        assert!(step > 0 && step <= 0x80_0000, "ACK of {:#x} after {prev:#x}", h.w1);
+        prev = h.w1;
+        n += 1;
+        if h.w1 == last {
+            return n;
+        }
+    }
+}
+
+#[test]
+fn a_flood_fills_the_inbound_queue_to_its_bound_then_the_peer_waits_and_every_frame_lands_in_order() {
+    let v = Victim::new(Duration::from_secs(30));
+    let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+    let chunk = 256 * 1024;
+    let buf = GuardedBuf::new(chunk, 0);
+    let mr = buf.register(&v.nic, &v.pd, Access::ALL);
+    let mut s = fake_dials(&v, &qp);
+    // The NIC falls behind: its executor takes nothing while the peer writes 160 one-packet WRITEs of 256 KiB
+    // (40 MiB, more than the queue and both sockets' buffers hold). Frame i fills the MR with i (its first 8
+    // bytes: i as u64).
+    v.nic.hold_executor(true);
+    let frames = 160u32;
+    let (rkey, addr) = (mr.rkey(), buf.addr());
+    let mut out = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        for i in 0..frames {
+            let mut data = vec![i as u8; chunk];
+            data[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            out.write_all(&write_pkt((FAKE_PSN + i) & 0xff_ffff, rkey, addr, chunk as u64, 0, &data)).unwrap();
+        }
+    });
+    // As the NIC counts a queued frame: its length (header and data) plus 64.
+    let cost = (HEADER + chunk + 64) as u64;
+    let full = WireConfig::INBOUND_BYTES as u64 / cost * cost;
+    wait_until("the inbound queue to fill", || v.nic.stats().inbound_queued == full);
+    std::thread::sleep(Duration::from_millis(300));
+    let st = v.nic.stats();
+    assert_eq!((st.inbound_queued, st.inbound_peak), (full, full), "the queue grew past its bound");
+    assert!(st.inbound_waits >= 1, "{st:?}");
+    assert!(!writer.is_finished(), "the peer wrote all 40 MiB: nothing pushed back");
+    // Caught up, the NIC takes everything, in order: one WRITE after the other, ACKed up to the last.
+    v.nic.hold_executor(false);
+    let last = (FAKE_PSN + frames - 1) & 0xff_ffff;
+    acks_until(&mut s, FAKE_PSN, last);
+    writer.join().unwrap();
+    let got = buf.read();
+    assert_eq!(u64::from_le_bytes(got[..8].try_into().unwrap()), u64::from(frames - 1));
+    assert!(got[8..].iter().all(|&b| b == (frames - 1) as u8));
+    assert!(buf.guards_intact());
+    let st = v.nic.stats();
+    assert_eq!((st.inbound_queued, st.inbound_peak), (0, full));
+    assert_eq!(qp.state(), QpState::Rts);
+    drop(mr);
+}
+
+// ---- 9. a peer that stops in the middle of a frame (half-open connection) ----
+
+#[test]
+fn peer_stalled_mid_frame_takes_the_idle_link_down_naming_it() {
+    let retry = Duration::from_millis(500);
+    let v = Victim::new(retry);
+    let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+    let mut s = fake_dials(&v, &qp);
+    // 30 of the 144 bytes of a WRITE frame (4 + 40 + 100), then nothing, the connection left open.
+    let t = Instant::now();
+    s.write_all(&write_pkt(FAKE_PSN, 1, 0x1000, 100, 0, &[7; 100])[..30]).unwrap();
+    wait_until("the link to go down", || qp.wire_error().is_some());
+    let after = t.elapsed();
+    assert!(after >= retry && after < retry + Duration::from_secs(3), "{after:?}");
+    assert_eq!(
+        qp.wire_error().unwrap(),
+        format!(
+            "{FAKE_DIALER} stalled mid-frame: sent 30 of the 144 bytes of a frame, and the rest did not come within \
+             500ms (a half-open connection?)"
+        )
+    );
+    assert_closed(&mut s, "stalled mid-frame");
+    // Its next request fails at once.
+    let src = GuardedBuf::new(64, 1);
+    let lmr = src.register(&v.nic, &v.pd, Access::NONE);
+    let (mut sq, mut cq) = (Sq::new(&qp), CqPoll::new(&v.cq));
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 1));
+    assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+}
+
+#[test]
+fn outstanding_write_fails_within_the_retry_timeout_when_the_peer_stalls_mid_frame() {
+    let retry = Duration::from_millis(500);
+    let mut r = Requester::new(retry);
+    let src = GuardedBuf::new(64, 0x11);
+    let lmr = src.register(&r.v.nic, &r.v.pd, Access::NONE);
+    let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+    let t = Instant::now();
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 0x4242));
+    let (h, _) = read_frame(&mut r.s).expect("the WRITE");
+    assert_eq!(h.kind, kind::WRITE);
+    // Half an ACK, then silence: the WRITE's wait ends at its bound, naming the peer.
+    std::thread::sleep(Duration::from_millis(100));
+    let ack = frame(H { kind: kind::ACK, w1: h.w1, ..H::default() }, &[]);
+    r.s.write_all(&ack[..20]).unwrap();
+    assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    let after = t.elapsed();
+    assert!(after >= retry && after < retry + Duration::from_secs(3), "{after:?}");
+    assert_eq!(r.qp.wire_error().unwrap(), format!("no response from {} within 500ms", r.peer()));
+    assert_closed(&mut r.s, "stalled mid-ACK");
+}
+
+// ---- 10. the executor never waits on a peer ----
+
+/// Posts a WRITE of `n` bytes from a leaked buffer; returns the WQE index and the MR.
+fn post_big_write(r: &Requester, sq: &mut Sq, n: usize) -> (u64, gdaki::nic::emu::Mr) {
+    let src = Box::leak(Box::new(GuardedBuf::new(n, 0x11)));
+    let lmr = src.register(&r.v.nic, &r.v.pd, Access::NONE);
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), n as u32), 0x1000, 0x4242));
+    (at, lmr)
+}
+
+#[test]
+fn a_peer_that_stops_reading_stalls_only_its_own_qp() {
+    let retry = Duration::from_secs(2);
+    let r = Requester::new(retry);
+    let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+    let t = Instant::now();
+    let (at, lmr) = post_big_write(&r, &mut sq, 32 << 20);
+    std::thread::sleep(Duration::from_millis(200));
+    // Meanwhile another QP of the same NIC works at full speed.
+    let other = Instant::now();
+    let peer_nic = EmuNic::open(wired(retry)).unwrap();
+    assert_legit_pair_works(&peer_nic, &r.v.nic);
+    assert!(other.elapsed() < Duration::from_millis(800), "the other QP waited {:?}", other.elapsed());
+    // The stuck QP fails at its retry timeout, its WRITE unanswered (and unsent).
+    assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    assert!(t.elapsed() >= retry && t.elapsed() < retry + Duration::from_secs(3), "{:?}", t.elapsed());
+    let e = r.qp.wire_error().unwrap();
+    let prefix = format!("no response from {} within 2s (", r.peer());
+    let n: usize = e
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix(" bytes still wait for its socket)"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{e}"));
+    // What waited: at least one packet, at most the outbox's high-water mark and one packet.
+    assert!((256 * 1024..=(1 << 20) + 256 * 1024 + 44).contains(&n), "{n}");
+    let dropped = Instant::now();
+    drop(lmr);
+    assert!(dropped.elapsed() < Duration::from_millis(500));
+}
+
+#[test]
+fn a_peer_that_stops_reading_read_responses_loses_the_link_at_the_retry_timeout() {
+    let retry = Duration::from_secs(1);
+    let v = Victim::new(retry);
+    let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+    let n = 32 << 20;
+    let buf = GuardedBuf::new(n, 0x5a);
+    let mr = buf.register(&v.nic, &v.pd, Access::ALL);
+    let mut s = fake_dials(&v, &qp);
+    // A READ of 32 MiB whose answer the fake never reads: the NIC has nothing outstanding of its own, and its
+    // socket stops taking bytes.
+    let h = H { kind: kind::READ, w1: FAKE_PSN, w2: mr.rkey(), q2: buf.addr(), q3: n as u64, ..H::default() };
+    let t = Instant::now();
+    s.write_all(&frame(h, &[])).unwrap();
+    wait_until("the link to go down", || qp.wire_error().is_some());
+    assert!(t.elapsed() >= retry && t.elapsed() < retry + Duration::from_secs(3), "{:?}", t.elapsed());
+    let e = qp.wire_error().unwrap();
+    let waiting: usize = e
+        .strip_prefix(&format!("{FAKE_DIALER} stopped reading: its socket took none of "))
+        .and_then(|rest| rest.strip_suffix(" bytes within 1s"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{e}"));
+    assert!((1..=(1 << 20) + 256 * 1024 + 44).contains(&waiting), "{waiting}");
+    assert_closed(&mut s, "stopped reading");
+    assert!(v.nic.executor_alive() && buf.guards_intact());
+    drop(mr);
+}
+
+#[test]
+fn local_mr_dropped_while_its_write_waits_for_the_peer_fails_the_write() {
+    let mut r = Requester::new(Duration::from_secs(10));
+    let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+    let (at, lmr) = post_big_write(&r, &mut sq, 32 << 20);
+    std::thread::sleep(Duration::from_millis(200));
+    // The WRITE is part-way, its sender waiting for the peer: deregistering its source does not wait for it.
+    let t = Instant::now();
+    drop(lmr);
+    assert!(t.elapsed() < Duration::from_millis(500), "deregistration waited {:?}", t.elapsed());
+    // The peer reads again: the WRITE cannot go on without its memory, and the half-sent message ends the link.
+    assert_closed(&mut r.s, "a WRITE without its MR");
+    let e = assert_err(&cq.wait(), syndrome::LOCAL_PROT_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    assert_eq!(
+        r.qp.wire_error().unwrap(),
+        format!("a WRITE to {} lost its local memory mid-message (syndrome 0x{:x})", r.peer(), e.syndrome)
+    );
+}
+
+// ---- 11. what a requester may have outstanding ----
+
+#[test]
+fn reads_pipeline_and_a_write_after_them_waits_for_the_last_answer() {
+    let mut r = Requester::with_sq(Duration::from_secs(10), 1024);
+    let n = 300u32;
+    let local = GuardedBuf::new(8 * n as usize + 8, 0);
+    let lmr = local.register(&r.v.nic, &r.v.pd, Access::LOCAL_WRITE);
+    let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+    let mut last_read = 0;
+    for i in 0..n {
+        let fm = if i == n - 1 { SIGNALED } else { 0 };
+        let raddr = 0x1000 + 8 * i as u64;
+        last_read = sq.put(&sq.read(fm, (lmr.lkey(), local.addr() + 8 * i as u64, 8), raddr, 0x4242));
+    }
+    let wr = sq.put(&sq.write(SIGNALED, (lmr.lkey(), local.addr() + 8 * n as u64, 8), 0x9000, 0x4242));
+    sq.dbrec();
+    sq.doorbell(wr);
+    let psn0 = r.qp.endpoint().psn;
+    // Every frame that comes within 300 ms of the last.
+    let take = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        std::iter::from_fn(|| read_frame(s)).collect::<Vec<_>>()
+    };
+    let reads = take(&mut r.s);
+    assert_eq!(reads.len(), n as usize, "all READs go out without waiting for answers");
+    for (i, (h, _)) in reads.iter().enumerate() {
+        let want = (kind::READ, (psn0 + i as u32) & 0xff_ffff, 0x1000 + 8 * i as u64, 8);
+        assert_eq!((h.kind, h.w1, h.q2, h.q3), want, "request {i}");
+    }
+    let answer = |s: &mut TcpStream, h: &H| {
+        let f = frame(H { kind: kind::READ_RESP, flags: FLAG_LAST, w1: h.w1, ..H::default() }, &h.q2.to_le_bytes());
+        s.write_all(&f).unwrap();
+    };
+    // The WRITE waits for the last of them.
+    for (h, _) in &reads[..n as usize - 1] {
+        answer(&mut r.s, h);
+    }
+    assert!(take(&mut r.s).is_empty(), "the WRITE went out while a READ before it was unanswered");
+    answer(&mut r.s, &reads[n as usize - 1].0);
+    r.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (h, data) = read_frame(&mut r.s).expect("the WRITE");
+    assert_eq!((h.kind, h.w1, h.q2, data), (kind::WRITE, (psn0 + n) & 0xff_ffff, 0x9000, vec![0; 8]));
+    r.s.write_all(&frame(H { kind: kind::ACK, w1: h.w1, ..H::default() }, &[])).unwrap();
+    assert_req(&cq.wait(), opcode::RDMA_READ, sq.qpn(), last_read, 8);
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), wr, 0);
+    let got = local.read();
+    for i in 0..n as usize {
+        assert_eq!(u64::from_le_bytes(got[8 * i..8 * i + 8].try_into().unwrap()), 0x1000 + 8 * i as u64);
+    }
+}
+
+#[test]
+fn write_and_atomic_after_a_read_wait_for_its_response() {
+    let mut r = Requester::new(Duration::from_secs(10));
+    let local = GuardedBuf::new(64, 0x11);
+    let lmr = local.register(&r.v.nic, &r.v.pd, Access::LOCAL_WRITE);
+    let (mut sq, mut cq) = (Sq::new(&r.qp), CqPoll::new(&r.v.cq));
+    let psn = r.qp.endpoint().psn;
+    let rd = sq.put(&sq.read(SIGNALED, (lmr.lkey(), local.addr(), 8), 0x1000, 0x4242));
+    let wr = sq.put(&sq.write(SIGNALED, (lmr.lkey(), local.addr() + 8, 8), 0x1000, 0x4242));
+    let fa = sq.put(&sq.atomic(
+        opcode::ATOMIC_FA,
+        SIGNALED,
+        AtomicSeg::fetch_add(1),
+        (lmr.lkey(), local.addr() + 16),
+        0x1008,
+        0x4242,
+    ));
+    sq.dbrec();
+    sq.doorbell(fa);
+    let (h, _) = read_frame(&mut r.s).expect("the READ");
+    assert_eq!((h.kind, h.w1), (kind::READ, psn));
+    // Nothing else while the READ is unanswered: its data must not see the WRITE.
+    r.s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    assert!(read_frame(&mut r.s).is_none(), "a request went out while the READ before it was unanswered");
+    r.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    r.s.write_all(&frame(H { kind: kind::READ_RESP, flags: FLAG_LAST, w1: psn, ..H::default() }, &[0x22; 8])).unwrap();
+    let (h, data) = read_frame(&mut r.s).expect("the WRITE");
+    assert_eq!((h.kind, h.w1, data), (kind::WRITE, (psn + 1) & 0xff_ffff, vec![0x11; 8]));
+    let (h, _) = read_frame(&mut r.s).expect("the fetch-add");
+    assert_eq!((h.kind, h.w1), (kind::FETCH_ADD, (psn + 2) & 0xff_ffff));
+    r.s.write_all(&frame(H { kind: kind::ACK, w1: (psn + 1) & 0xff_ffff, ..H::default() }, &[])).unwrap();
+    r.s.write_all(&frame(H { kind: kind::ATOMIC_RESP, w1: (psn + 2) & 0xff_ffff, q3: 41, ..H::default() }, &[]))
+        .unwrap();
+    assert_req(&cq.wait(), opcode::RDMA_READ, sq.qpn(), rd, 8);
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), wr, 0);
+    assert_req(&cq.wait(), opcode::ATOMIC_FA, sq.qpn(), fa, 8);
+    assert_eq!((local.u64_at(0), local.u64_at(16)), (u64::from_ne_bytes([0x22; 8]), 41));
+}
+
+#[test]
+fn responder_refuses_more_unanswered_reads_than_the_deepest_sq_holds() {
+    let v = Victim::new(Duration::from_secs(10));
+    let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+    let buf = GuardedBuf::new(256 * 1024, 0x5a);
+    let mr = buf.register(&v.nic, &v.pd, Access::ALL);
+    let mut s = fake_dials(&v, &qp);
+    // More READs of 256 KiB than an SQ of MAX_WQE_CNT WQEBBs can have outstanding, and the fake reads none of
+    // the answers: they wait in the responder, which holds as many as that and no more.
+    let max = gdaki::nic::emu::MAX_WQE_CNT;
+    let mut reads = Vec::new();
+    for i in 0..max + 1000 {
+        let psn = (FAKE_PSN + i) & 0xff_ffff;
+        reads.extend(frame(
+            H { kind: kind::READ, w1: psn, w2: mr.rkey(), q2: buf.addr(), q3: 256 * 1024, ..H::default() },
+            &[],
+        ));
+    }
+    s.write_all(&reads).unwrap();
+    wait_until("the link to go down", || qp.wire_error().is_some());
+    assert_eq!(
+        qp.wire_error().unwrap(),
+        format!("{FAKE_DIALER} broke the protocol: more than {max} READs and atomics outstanding")
+    );
+    assert_closed(&mut s, "too many READs");
+    assert!(v.nic.executor_alive() && buf.guards_intact());
+    drop(mr);
 }

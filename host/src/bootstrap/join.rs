@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::launch::{Launch, Secret};
-use super::session::{serve_peer, serve_root, Bootstrap, Link, Mailbox, Shared};
+use super::session::{duration_ns, serve_peer, serve_root, Bootstrap, Link, Mailbox, Shared};
 use super::wire::{self, one_line, Fields, Greeting, Hello, Kind, WireError, HELLO_LEN, MAX_FRAME, VERSION};
 use crate::{Error, Result};
 
@@ -185,8 +185,8 @@ fn admit(
         Ok(Greeting::OtherVersion(v)) => format!("protocol version {v}, the root speaks version {VERSION}"),
         // The secret first: a peer without it learns nothing about the session.
         Ok(Greeting::Hello(h)) if Secret::from_bytes(h.secret) != launch.secret => {
-            "wrong session secret (give every rank the same --secret/GDAKI_SECRET, or the same --bootstrap \
-             spelling when none is given)"
+            "wrong session secret (give every rank the same secret: --secret, --secret-file, GDAKI_SECRET or \
+             GDAKI_SECRET_FILE; without one, on loopback, the same --bootstrap spelling)"
                 .to_string()
         }
         Ok(Greeting::Hello(h)) if h.world_size != n => {
@@ -320,6 +320,7 @@ fn assemble(launch: &Launch, root: String, timeout: Duration, streams: Vec<Optio
         arrived: Condvar::new(),
         closing: AtomicBool::new(false),
         aborted: AtomicBool::new(false),
+        stall_ns: AtomicU64::new(duration_ns(timeout)),
     });
     let mut boot = Bootstrap {
         rank,

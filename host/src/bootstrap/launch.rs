@@ -1,6 +1,10 @@
-//! Who am I, how many are we, where is the root: from flags or from the launcher's environment.
+//! Who am I, how many are we, where is the root, and the session secret: from flags or from the launcher's
+//! environment.
 
 use std::fmt;
+use std::io::Read;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
 
@@ -42,7 +46,9 @@ impl Secret {
     /// different ports or of different sizes do not join each other by mistake.
     ///
     /// It separates sessions; it does not authenticate: anyone who knows the root address and world size can
-    /// compute it. Ranks must spell the root identically (`localhost:29500` and `127.0.0.1:29500` give
+    /// compute it. So [`Launch::resolve`] uses it only for a root on a loopback address (where only this
+    /// host's processes can connect), and refuses a launch with any other root that has no secret. Ranks must
+    /// spell the root identically (`localhost:29500` and `127.0.0.1:29500` give
     /// different ids). The hash is our own (FNV-1a 64, twice with different offset bases, each through
     /// splitmix64's finalizer), not std's `DefaultHasher`, so it is the same in every build and Rust version;
     /// a unit test pins its value.
@@ -110,7 +116,7 @@ fn parse_hex(s: &str) -> Result<[u8; 16], String> {
 }
 
 /// What the command line said; each field overrides the environment. Mirrors the flags `--rank`,
-/// `--world-size`, `--bootstrap HOST:PORT` and `--secret HEX` of the examples.
+/// `--world-size`, `--bootstrap HOST:PORT`, `--secret HEX` and `--secret-file PATH` of the examples.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LaunchFlags {
     /// `--rank`: this process's rank, 0-based.
@@ -121,6 +127,10 @@ pub struct LaunchFlags {
     pub bootstrap: Option<String>,
     /// `--secret`: the session secret as 32 hex digits ([`Secret::to_hex`]).
     pub secret: Option<String>,
+    /// `--secret-file PATH`: a file holding the session secret as 32 hex digits (surrounding whitespace, such
+    /// as a final newline, is ignored). Like an ssh private key, it must not be accessible by group or others
+    /// (`chmod 600`).
+    pub secret_file: Option<PathBuf>,
 }
 
 /// Where this process stands in a multi-rank launch: its rank, the world size, the root's address and the
@@ -156,6 +166,10 @@ const LAUNCHERS: [(&str, &str, &str); 4] = [
 /// The root address when nothing names one: loopback, on torchrun's default port.
 pub const DEFAULT_ROOT: &str = "127.0.0.1:29500";
 
+/// Longest secret file read, in bytes: 32 hex digits and some whitespace fit many times over, and a path that
+/// names something endless (`/dev/zero`) is not read forever.
+const SECRET_FILE_MAX: u64 = 4096;
+
 impl Launch {
     /// Resolves the launch from `flags` and the environment `env` (a lookup, so tests pass a map).
     ///
@@ -164,7 +178,12 @@ impl Launch {
     ///   `SLURM_PROCID`/`SLURM_NTASKS`, then `RANK`/`WORLD_SIZE`.
     /// - Root address: `--bootstrap`; else `GDAKI_BOOTSTRAP`; else `MASTER_ADDR:MASTER_PORT` when either is set
     ///   (torchrun's defaults `127.0.0.1` and `29500` fill the other); else [`DEFAULT_ROOT`].
-    /// - Secret: `--secret`; else `GDAKI_SECRET`; else [`Secret::derived`] from the root address and world size.
+    /// - Secret: `--secret`; else `--secret-file`; else `GDAKI_SECRET`; else the file `GDAKI_SECRET_FILE`
+    ///   names; else, only when the root's host is a loopback address (`127.0.0.0/8`, `::1`, or the name
+    ///   `localhost`), [`Secret::derived`] from the root address and world size. A root bound anywhere else
+    ///   could be reached by other hosts, and a derived secret authenticates nothing, so such a launch without
+    ///   a secret is refused. Other names are not resolved (no DNS lookup here): they count as not loopback.
+    ///   A secret file must hold 32 hex digits and must not be accessible by group or others.
     ///
     /// Empty variables count as unset. Note that a Slurm batch script runs with `SLURM_PROCID`/`SLURM_NTASKS`
     /// set: pass the flags to override them.
@@ -174,8 +193,9 @@ impl Launch {
     /// # Errors
     /// [`Error::Bootstrap`], naming the flag or variable, for: a rank without a world size or the reverse, a
     /// value that is not a number, a world size of 0, a rank ≥ the world size, a root address that is not
-    /// `HOST:PORT` with a port in 1..=65535, a secret that is not 32 hex digits, and `--bootstrap`/`--secret`
-    /// given without any rank and world size.
+    /// `HOST:PORT` with a port in 1..=65535, a secret that is not 32 hex digits, a secret file that cannot be
+    /// read or that group or others may access, no secret for a root that is not on a loopback address, and
+    /// `--bootstrap`/`--secret`/`--secret-file` given without any rank and world size.
     pub fn resolve(flags: LaunchFlags, env: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
         let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         let (rank, world_size, source) = match (flags.rank, flags.world_size) {
@@ -197,10 +217,10 @@ impl Launch {
                 }
                 match found {
                     Some(found) => found,
-                    None if flags.bootstrap.is_some() || flags.secret.is_some() => {
-                        return Err(bad(
-                            "--bootstrap or --secret given, but no rank and world size (flags or launcher)".into(),
-                        ))
+                    None if flags.bootstrap.is_some() || flags.secret.is_some() || flags.secret_file.is_some() => {
+                        return Err(bad("--bootstrap, --secret or --secret-file given, but no rank and world size \
+                                        (flags or launcher)"
+                            .into()))
                     }
                     None => return Ok(None),
                 }
@@ -235,10 +255,21 @@ impl Launch {
 
         let secret = if let Some(hex) = flags.secret {
             Secret(parse_hex(&hex).map_err(|why| bad(format!("--secret: {why}")))?)
+        } else if let Some(path) = flags.secret_file {
+            read_secret_file(&path).map_err(|why| bad(format!("--secret-file {}: {why}", path.display())))?
         } else if let Some(hex) = get("GDAKI_SECRET") {
             Secret(parse_hex(&hex).map_err(|why| bad(format!("GDAKI_SECRET: {why}")))?)
-        } else {
+        } else if let Some(path) = get("GDAKI_SECRET_FILE") {
+            let path = PathBuf::from(path.trim());
+            read_secret_file(&path).map_err(|why| bad(format!("GDAKI_SECRET_FILE={}: {why}", path.display())))?
+        } else if is_loopback_host(&root) {
             Secret::derived(&root, world_size)
+        } else {
+            return Err(bad(format!(
+                "root {root} (from {root_source}) is not a loopback address: pass a session secret with --secret \
+                 HEX, --secret-file PATH, GDAKI_SECRET=HEX or GDAKI_SECRET_FILE=PATH (32 hex digits, e.g. from \
+                 `openssl rand -hex 16`); mpirun -x GDAKI_SECRET / srun --export / torchrun pass the environment on"
+            )));
         };
         Ok(Some(Launch { rank, world_size, root, secret, source }))
     }
@@ -258,6 +289,42 @@ fn bad(msg: String) -> Error {
 
 fn parse_u32(var: &str, value: &str) -> Result<u32> {
     value.trim().parse().map_err(|_| bad(format!("{var}={value:?} is not a number in 0..=4294967295")))
+}
+
+/// Whether the host of `root` (`HOST:PORT`, checked by [`check_host_port`]) is a loopback address: an IPv4
+/// literal in `127.0.0.0/8`, `::1` (also as `::ffff:127.x.y.z`), or the name `localhost` (any case, with or
+/// without a final dot), which RFC 6761 reserves for loopback. Any other name counts as not loopback: it is
+/// not resolved, so neither DNS nor a hosts file can make a reachable root pass for a private one.
+fn is_loopback_host(root: &str) -> bool {
+    let Some((host, _port)) = root.rsplit_once(':') else { return false };
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(v4)) => v4.is_loopback(),
+        Ok(IpAddr::V6(v6)) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        Err(_) => host.strip_suffix('.').unwrap_or(host).eq_ignore_ascii_case("localhost"),
+    }
+}
+
+/// Reads a secret file: refused when group or others have any access to it (as ssh refuses such a private
+/// key), else its first [`SECRET_FILE_MAX`] bytes must be 32 hex digits and whitespace.
+fn read_secret_file(path: &Path) -> Result<Secret, String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
+    // The mode of what was opened (after symlinks), not of a path that may have changed since.
+    let meta = file.metadata().map_err(|e| format!("cannot stat it: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "permissions {mode:04o} are too open: group or others may access it (run `chmod 600 {}`)",
+            path.display()
+        ));
+    }
+    let mut text = String::new();
+    (&mut file).take(SECRET_FILE_MAX).read_to_string(&mut text).map_err(|e| format!("cannot read it: {e}"))?;
+    parse_hex(&text).map(Secret)
 }
 
 /// `HOST:PORT` with a non-empty host (bracketed when it is an IPv6 literal) and a port in 1..=65535. The host
@@ -342,14 +409,20 @@ mod tests {
 
     #[test]
     fn torchrun_with_master_addr_and_port() {
-        let vars = [("RANK", "2"), ("WORLD_SIZE", "3"), ("MASTER_ADDR", "node7"), ("MASTER_PORT", "1234")];
+        let vars = [
+            ("RANK", "2"),
+            ("WORLD_SIZE", "3"),
+            ("MASTER_ADDR", "node7"),
+            ("MASTER_PORT", "1234"),
+            ("GDAKI_SECRET", HEX),
+        ];
         let l = ok(LaunchFlags::default(), &vars);
         assert_eq!((l.rank, l.world_size, l.source), (2, 3, "torchrun"));
         assert_eq!(l.root, "node7:1234");
-        assert_eq!(l.secret, Secret::derived("node7:1234", 3));
+        assert_eq!(l.secret.to_hex(), HEX);
         // torchrun's defaults fill a missing half; IPv6 literals get brackets.
         assert_eq!(
-            ok(LaunchFlags::default(), &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]).root,
+            ok(LaunchFlags::default(), &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), vars[4]]).root,
             "h:29500"
         );
         let v6 = ok(
@@ -357,8 +430,9 @@ mod tests {
             &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "::1"), ("MASTER_PORT", "9")],
         );
         assert_eq!(v6.root, "[::1]:9");
+        assert_eq!(v6.secret, Secret::derived("[::1]:9", 2));
         // GDAKI_BOOTSTRAP wins over MASTER_*.
-        let l = ok(LaunchFlags::default(), &[vars[0], vars[1], vars[2], vars[3], ("GDAKI_BOOTSTRAP", "a:1")]);
+        let l = ok(LaunchFlags::default(), &[vars[0], vars[1], vars[2], vars[3], vars[4], ("GDAKI_BOOTSTRAP", "a:1")]);
         assert_eq!(l.root, "a:1");
     }
 
@@ -442,10 +516,180 @@ mod tests {
             err(LaunchFlags { bootstrap: Some("::1:5".into()), ..flags(0, 2) }, &[]),
             "bad bootstrap address \"::1:5\" from --bootstrap: IPv6 hosts need brackets, e.g. [::1]:29500"
         );
+        let alone = "--bootstrap, --secret or --secret-file given, but no rank and world size (flags or launcher)";
+        assert_eq!(err(LaunchFlags { bootstrap: Some("h:1".into()), ..LaunchFlags::default() }, &[]), alone);
+        assert_eq!(err(LaunchFlags { secret_file: Some("/x".into()), ..LaunchFlags::default() }, &[]), alone);
+    }
+
+    /// The refusal for a root that is not on loopback and has no secret, as `resolve` words it.
+    fn not_loopback(root: &str, source: &str) -> String {
+        format!(
+            "root {root} (from {source}) is not a loopback address: pass a session secret with --secret HEX, \
+             --secret-file PATH, GDAKI_SECRET=HEX or GDAKI_SECRET_FILE=PATH (32 hex digits, e.g. from `openssl \
+             rand -hex 16`); mpirun -x GDAKI_SECRET / srun --export / torchrun pass the environment on"
+        )
+    }
+
+    #[test]
+    fn loopback_roots_derive_the_secret() {
+        for root in
+            ["127.0.0.1:29500", "127.255.3.9:2", "[::1]:3", "localhost:4", "LocalHost.:5", "[::ffff:127.0.0.7]:6"]
+        {
+            let l = ok(LaunchFlags { bootstrap: Some(root.into()), ..flags(1, 2) }, &[]);
+            assert_eq!(l.secret, Secret::derived(root, 2), "{root}");
+        }
+        // The default root is loopback too, and so is a MASTER_ADDR of localhost.
+        assert_eq!(ok(flags(0, 3), &[]).secret, Secret::derived(DEFAULT_ROOT, 3));
+        let l = ok(LaunchFlags::default(), &[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "localhost")]);
+        assert_eq!(l.secret, Secret::derived("localhost:29500", 2));
+    }
+
+    #[test]
+    fn other_roots_without_a_secret_are_refused_in_one_line() {
+        let m = err(LaunchFlags { bootstrap: Some("10.0.0.5:29500".into()), ..flags(0, 2) }, &[]);
         assert_eq!(
-            err(LaunchFlags { bootstrap: Some("h:1".into()), ..LaunchFlags::default() }, &[]),
-            "--bootstrap or --secret given, but no rank and world size (flags or launcher)"
+            m,
+            "root 10.0.0.5:29500 (from --bootstrap) is not a loopback address: pass a session secret with --secret \
+             HEX, --secret-file PATH, GDAKI_SECRET=HEX or GDAKI_SECRET_FILE=PATH (32 hex digits, e.g. from \
+             `openssl rand -hex 16`); mpirun -x GDAKI_SECRET / srun --export / torchrun pass the environment on"
         );
+        assert!(!m.contains('\n'));
+        // Names other than localhost are not resolved: they count as reachable, whatever they resolve to.
+        for root in [
+            "0.0.0.0:1",
+            "[::]:1",
+            "[fe80::1]:1",
+            "192.168.1.2:1",
+            "128.0.0.1:1",
+            "node7:1",
+            "127.0.0.1.example.com:1",
+            "localhost.localdomain:1",
+            "my-localhost:1",
+            "127.1:1",
+        ] {
+            assert_eq!(
+                err(LaunchFlags { bootstrap: Some(root.into()), ..flags(1, 2) }, &[]),
+                not_loopback(root, "--bootstrap")
+            );
+        }
+        let torchrun = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "node7"), ("MASTER_PORT", "5")];
+        assert_eq!(err(LaunchFlags::default(), &torchrun), not_loopback("node7:5", "MASTER_ADDR/MASTER_PORT"));
+        assert_eq!(
+            err(
+                LaunchFlags::default(),
+                &[("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("GDAKI_BOOTSTRAP", "[2001:db8::1]:7")]
+            ),
+            not_loopback("[2001:db8::1]:7", "GDAKI_BOOTSTRAP")
+        );
+    }
+
+    /// A file in the temp directory holding `text`, with permissions `mode`; removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(text: &str, mode: u32) -> TempFile {
+            use std::io::Write;
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let n = N.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!("gdaki-secret-test-{}-{n}", std::process::id()));
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).unwrap();
+            f.write_all(text.as_bytes()).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            TempFile(path)
+        }
+        fn path(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn secret_file_from_the_flag_or_the_environment() {
+        let root = Some("10.0.0.5:29500".to_string());
+        let file = TempFile::new(&format!("{HEX}\n"), 0o600);
+        let by_flag = LaunchFlags { bootstrap: root.clone(), secret_file: Some(file.0.clone()), ..flags(0, 2) };
+        assert_eq!(ok(by_flag, &[]).secret.to_hex(), HEX);
+        let by_env = ok(LaunchFlags { bootstrap: root.clone(), ..flags(1, 2) }, &[("GDAKI_SECRET_FILE", file.path())]);
+        assert_eq!(by_env.secret.to_hex(), HEX);
+        // Owner read-only is fine too.
+        let ro = TempFile::new(HEX, 0o400);
+        assert_eq!(
+            ok(LaunchFlags { bootstrap: root.clone(), ..flags(1, 2) }, &[("GDAKI_SECRET_FILE", ro.path())])
+                .secret
+                .to_hex(),
+            HEX
+        );
+    }
+
+    #[test]
+    fn secret_file_open_to_group_or_others_is_refused() {
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o602, 0o666] {
+            let file = TempFile::new(HEX, mode);
+            let path = file.path();
+            let m = err(LaunchFlags { secret_file: Some(file.0.clone()), ..flags(0, 2) }, &[]);
+            assert_eq!(
+                m,
+                format!(
+                    "--secret-file {path}: permissions {mode:04o} are too open: group or others may access it (run \
+                     `chmod 600 {path}`)"
+                )
+            );
+            let m = err(flags(0, 2), &[("GDAKI_SECRET_FILE", path)]);
+            assert_eq!(
+                m,
+                format!(
+                    "GDAKI_SECRET_FILE={path}: permissions {mode:04o} are too open: group or others may access it \
+                     (run `chmod 600 {path}`)"
+                )
+            );
+        }
+        let missing = std::env::temp_dir().join(format!("gdaki-secret-test-{}-missing", std::process::id()));
+        assert_eq!(
+            err(LaunchFlags { secret_file: Some(missing.clone()), ..flags(0, 2) }, &[]),
+            format!("--secret-file {}: cannot open it: No such file or directory (os error 2)", missing.display())
+        );
+        let short = TempFile::new("abc\n", 0o600);
+        assert_eq!(
+            err(flags(0, 2), &[("GDAKI_SECRET_FILE", short.path())]),
+            format!("GDAKI_SECRET_FILE={}: session secret must be 32 hex digits, got 3 characters", short.path())
+        );
+        let dir = std::env::temp_dir();
+        assert_eq!(
+            err(LaunchFlags { secret_file: Some(dir.clone()), ..flags(0, 2) }, &[]),
+            format!("--secret-file {}: not a regular file", dir.display())
+        );
+    }
+
+    #[test]
+    fn secret_precedence_flag_file_flag_env_env_file_derived() {
+        let hexes = [
+            "11111111111111111111111111111111",
+            "22222222222222222222222222222222",
+            "33333333333333333333333333333333",
+            "44444444444444444444444444444444",
+        ];
+        let (f2, f4) = (TempFile::new(hexes[1], 0o600), TempFile::new(hexes[3], 0o600));
+        let mut f = LaunchFlags { secret: Some(hexes[0].into()), secret_file: Some(f2.0.clone()), ..flags(0, 2) };
+        let mut vars = vec![("GDAKI_SECRET", hexes[2]), ("GDAKI_SECRET_FILE", f4.path())];
+        assert_eq!(ok(f.clone(), &vars).secret.to_hex(), hexes[0]);
+        f.secret = None;
+        assert_eq!(ok(f.clone(), &vars).secret.to_hex(), hexes[1]);
+        f.secret_file = None;
+        assert_eq!(ok(f.clone(), &vars).secret.to_hex(), hexes[2]);
+        vars.remove(0);
+        assert_eq!(ok(f.clone(), &vars).secret.to_hex(), hexes[3]);
+        vars.clear();
+        assert_eq!(ok(f.clone(), &vars).secret, Secret::derived(DEFAULT_ROOT, 2));
+        // A bad secret where a good one would win is an error, not a fall-through to the next source.
+        let bad = LaunchFlags { secret: Some("xyz".into()), secret_file: Some(f2.0.clone()), ..flags(0, 2) };
+        assert_eq!(err(bad, &[]), "--secret: session secret must be 32 hex digits, got 3 characters");
     }
 
     #[test]

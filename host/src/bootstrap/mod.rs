@@ -4,7 +4,10 @@
 //! `TcpBootstrap`.
 //!
 //! 1. [`Launch::resolve`] reads rank, world size, the root's `HOST:PORT` and the session [`Secret`] from flags
-//!    or from the environment of mpirun, srun or torchrun.
+//!    or from the environment of mpirun, srun or torchrun. The secret comes from `--secret`, `--secret-file`,
+//!    `GDAKI_SECRET` or `GDAKI_SECRET_FILE`; without one, a root on a loopback address derives it from its
+//!    address ([`Secret::derived`], which separates sessions but authenticates nothing), and a root on any
+//!    other address refuses to start, saying how to pass one.
 //! 2. [`Bootstrap::connect`] joins the session: rank 0 (the root) listens on exactly that address (loopback
 //!    unless told otherwise) and checks each rank's hello (magic, version, secret, rank, world size); the
 //!    others dial it.

@@ -1,7 +1,6 @@
 //! A joined session: the collectives, and the reader threads that fill each rank's mailbox.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::BufReader;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 
-use super::wire::{self, one_line, Fields, Kind, WireError, MAX_FRAME};
+use super::wire::{self, one_line, Fields, FrameReader, Kind, WireError, MAX_FRAME};
 use crate::{Error, Result};
 
 /// The ranks of one session, connected as a TCP star through the root (rank 0), as MSCCL++'s
@@ -25,7 +24,10 @@ use crate::{Error, Result};
 /// root). A reader moves every arriving frame into the rank's mailbox, so a sender never waits for the
 /// receiver to call [`recv`](Self::recv). The root's readers relay point-to-point frames to their
 /// destination themselves, whatever the root's own thread is doing. Calls wait on the mailbox for at most
-/// [`timeout`](Self::timeout); writes use it as the socket write timeout. [`send`](Self::send) and
+/// [`timeout`](Self::timeout), except that a rank other than the root waits for a collective's result a
+/// quarter of it longer (at most 1 s more): the root gives up first, and its reason, naming the ranks it
+/// waited for, reaches every rank. Writes use the timeout as the socket write timeout, and a frame that has
+/// begun must be complete within it. [`send`](Self::send) and
 /// [`recv`](Self::recv) may be called from several threads at once; collectives
 /// ([`all_gather`](Self::all_gather), [`barrier`](Self::barrier)) must be called in the same order on every
 /// rank, from one thread at a time, as MPI's and NCCL's are.
@@ -37,10 +39,11 @@ use crate::{Error, Result};
 /// everything, once it leaves no call that needs the network succeeds: end with a [`barrier`](Self::barrier)
 /// so that it leaves last.
 ///
-/// When a rank's connection ends without a goodbye (its process died) or breaks, the root tells every
-/// other rank, and every pending or later call on every rank fails with an error naming that rank
-/// (messages that arrived before are still delivered). The same happens when the root dies, and when one
-/// of the root's collectives fails. After an error, drop the bootstrap.
+/// When a rank's connection ends without a goodbye (its process died) or breaks, or the rank stops in the middle of a
+/// frame for longer than the timeout (a half-open connection: its host vanished, or it hangs mid-write), the root tells
+/// every other rank, and every pending or later call on every rank fails with an error naming that rank (messages that
+/// arrived before are still delivered). The same happens when the root dies, and when one of the root's collectives
+/// fails. After an error, drop the bootstrap.
 pub struct Bootstrap {
     pub(super) rank: u32,
     pub(super) world_size: u32,
@@ -65,6 +68,9 @@ pub(super) struct Shared {
     pub(super) closing: AtomicBool,
     /// Root: whether an abort was sent already (only the first cause is).
     pub(super) aborted: AtomicBool,
+    /// The session's [`timeout`](Bootstrap::timeout) in nanoseconds: also how long a frame may take from its
+    /// first byte to its last before its sender counts as stalled.
+    pub(super) stall_ns: AtomicU64,
 }
 
 /// One TCP connection of the star.
@@ -110,6 +116,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     fn world_size(&self) -> u32 {
         self.links.len() as u32
+    }
+
+    /// How long a frame may take from its first byte to its last.
+    fn stall(&self) -> Duration {
+        Duration::from_nanos(self.stall_ns.load(Ordering::Relaxed))
     }
 
     /// Waits until `take` finds what it needs in the mailbox (`Ok(Some)`) or says it never will (`Err`, e.g.
@@ -274,9 +285,9 @@ impl Shared {
 
 /// Root's reader for rank `peer`.
 pub(super) fn serve_peer(shared: Arc<Shared>, peer: u32, stream: TcpStream) {
-    let mut reader = BufReader::new(stream);
+    let mut reader = FrameReader::new(stream);
     let why = loop {
-        match wire::read_frame(&mut reader, MAX_FRAME) {
+        match reader.next(MAX_FRAME, shared.stall()) {
             Ok((Kind::Goodbye, _)) => return shared.peer_left(peer),
             Ok((kind, payload)) => {
                 if let Err(e) = shared.on_peer_frame(peer, kind, payload) {
@@ -287,6 +298,7 @@ pub(super) fn serve_peer(shared: Arc<Shared>, peer: u32, stream: TcpStream) {
                 break format!("rank {peer} closed its connection without leaving the session (did it die?)")
             }
             Err(WireError::Malformed(e)) => break format!("rank {peer} sent a bad frame: {e}"),
+            Err(e @ WireError::Stalled { .. }) => break format!("rank {peer} {e}"),
             Err(e) => break format!("rank {peer}: connection failed: {e}"),
         }
     };
@@ -295,10 +307,10 @@ pub(super) fn serve_peer(shared: Arc<Shared>, peer: u32, stream: TcpStream) {
 
 /// A non-root rank's reader for its connection to the root.
 pub(super) fn serve_root(shared: Arc<Shared>, stream: TcpStream) {
-    let mut reader = BufReader::new(stream);
+    let mut reader = FrameReader::new(stream);
     let root = &shared.root;
     let why = loop {
-        match wire::read_frame(&mut reader, MAX_FRAME) {
+        match reader.next(MAX_FRAME, shared.stall()) {
             Ok((Kind::Goodbye, _)) => break format!("the root (rank 0) at {root} left the session"),
             Ok((kind, payload)) => {
                 if let Err(e) = shared.on_root_frame(kind, &payload) {
@@ -311,6 +323,7 @@ pub(super) fn serve_root(shared: Arc<Shared>, stream: TcpStream) {
                 )
             }
             Err(WireError::Malformed(e)) => break format!("the root (rank 0) at {root} sent a bad frame: {e}"),
+            Err(e @ WireError::Stalled { .. }) => break format!("the root (rank 0) at {root} {e}"),
             Err(e) => break format!("the connection to the root (rank 0) at {root} failed: {e}"),
         }
     };
@@ -344,6 +357,7 @@ impl Bootstrap {
     /// 1 ms count as 1 ms).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout.max(Duration::from_millis(1));
+        self.shared.stall_ns.store(duration_ns(self.timeout), Ordering::Relaxed);
         for link in self.shared.links.iter().flatten() {
             let _ = lock(&link.writer).set_write_timeout(Some(self.timeout));
         }
@@ -377,7 +391,8 @@ impl Bootstrap {
     ///
     /// # Errors
     /// [`Error::Bootstrap`] when the session is broken (naming the rank at fault), when it takes longer than
-    /// [`timeout`](Self::timeout) (the root names the ranks it waited for), or when the result is too large.
+    /// [`timeout`](Self::timeout) (the root names the ranks it waited for, and tells the others; they wait for
+    /// that up to a quarter of the timeout longer, at most 1 s), or when the result is too large.
     pub fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let what = format!("all_gather #{seq}");
@@ -392,6 +407,8 @@ impl Bootstrap {
             self.shared
                 .write(0, Kind::Gather, &[&seq.to_le_bytes(), mine])
                 .map_err(|e| self.err(&what, format!("sending to the root at {root}: {e}")))?;
+            // The root's verdict, when it gives up at its own deadline, is worth the wait.
+            let deadline = deadline + verdict_grace(self.timeout);
             let parts = self.shared.wait(deadline, |mb| Ok(mb.gathered.remove(&seq))).map_err(|e| match e {
                 WaitError::TimedOut => self.err(
                     &what,
@@ -545,6 +562,16 @@ impl Bootstrap {
         }
         Ok(bytemuck::pod_read_unaligned(bytes))
     }
+}
+
+/// How much longer than the root a rank waits for a collective's result: a quarter of the timeout, at most 1 s.
+fn verdict_grace(timeout: Duration) -> Duration {
+    (timeout / 4).min(Duration::from_secs(1))
+}
+
+/// `d` in nanoseconds, saturating (a timeout of centuries is as good as none).
+pub(super) fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Drop for Bootstrap {

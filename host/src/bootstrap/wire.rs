@@ -3,9 +3,16 @@
 //! A frame is `len: u32 LE` (bytes after this field: the kind and the payload), `kind: u32 LE`, payload.
 //! Integers inside payloads are little-endian too. The announced length is checked against [`MAX_FRAME`]
 //! before anything is allocated, so a stray peer cannot make us reserve gigabytes.
+//!
+//! After the handshake, [`FrameReader`] reads a connection's frames: it waits as long as it takes for a frame
+//! to begin (a rank may compute for hours between two calls), but once a frame's first byte is in, the whole
+//! frame must follow within a bound. A peer that stops in the middle of a frame (a half-open connection: its
+//! host went away without closing, or it hangs) is then reported as such instead of holding the reader forever.
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 /// Largest frame the bootstrap sends or accepts, in bytes, counted as the frame's length field does (the
 /// 4-byte kind plus the payload): 16 MiB. A peer announcing more is dropped before anything is allocated.
@@ -71,6 +78,9 @@ pub(crate) enum WireError {
     Io(io::Error),
     /// The bytes are not a frame we accept.
     Malformed(String),
+    /// A frame began but was not complete within the bound: `got` bytes of a frame of `of` bytes (length
+    /// field included; `None` while the length field itself was incomplete) arrived within `within`.
+    Stalled { got: usize, of: Option<usize>, within: Duration },
 }
 
 impl fmt::Display for WireError {
@@ -83,6 +93,16 @@ impl fmt::Display for WireError {
             WireError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => f.write_str("truncated frame"),
             WireError::Io(e) => write!(f, "{e}"),
             WireError::Malformed(m) => f.write_str(m),
+            WireError::Stalled { got, of: Some(of), within } => write!(
+                f,
+                "stalled mid-frame: sent {got} of the {of} bytes of a frame, and the rest did not come within \
+                 {within:?} (a half-open connection?)"
+            ),
+            WireError::Stalled { got, of: None, within } => write!(
+                f,
+                "stalled mid-frame: sent {got} of the 8 bytes of a frame header, and the rest did not come within \
+                 {within:?} (a half-open connection?)"
+            ),
         }
     }
 }
@@ -126,6 +146,97 @@ pub(crate) fn read_frame(r: &mut impl Read, limit: u32) -> Result<(Kind, Vec<u8>
     r.read_exact(&mut header[first..]).map_err(WireError::Io)?;
     let len = u32::from_le_bytes(header[0..4].try_into().unwrap());
     let kind = u32::from_le_bytes(header[4..8].try_into().unwrap());
+    let (kind, payload_len) = check_header(len, kind, limit)?;
+    let mut payload = vec![0u8; payload_len];
+    r.read_exact(&mut payload).map_err(WireError::Io)?;
+    Ok((kind, payload))
+}
+
+/// Reads the frames of one connection after the handshake, bounding the time from a frame's first byte to its
+/// last (see the module docs). Silence between frames is not bounded: the socket has no read timeout then.
+pub(crate) struct FrameReader {
+    inner: BufReader<TcpStream>,
+    /// Whether the socket has a read timeout set (mid-frame), to clear before waiting for the next frame.
+    timed: bool,
+}
+
+impl FrameReader {
+    pub(crate) fn new(stream: TcpStream) -> FrameReader {
+        FrameReader { inner: BufReader::new(stream), timed: false }
+    }
+
+    /// Reads the next frame, of a length field of at most `limit`. Waits for its first byte without a bound,
+    /// then for the rest until `stall` has passed since that byte ([`WireError::Stalled`] after that, however
+    /// slowly bytes still trickle in).
+    pub(crate) fn next(&mut self, limit: u32, stall: Duration) -> Result<(Kind, Vec<u8>), WireError> {
+        if self.inner.buffer().is_empty() && self.timed {
+            self.inner.get_ref().set_read_timeout(None).map_err(WireError::Io)?;
+            self.timed = false;
+        }
+        // The first byte: a clean close here is between frames.
+        loop {
+            match self.inner.fill_buf() {
+                Ok([]) => return Err(WireError::Closed),
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(WireError::Io(e)),
+            }
+        }
+        let deadline = Instant::now() + stall;
+        let mut header = [0u8; 8];
+        self.fill(&mut header, 0, None, deadline, stall)?;
+        let len = u32::from_le_bytes(header[0..4].try_into().unwrap());
+        let kind = u32::from_le_bytes(header[4..8].try_into().unwrap());
+        let (kind, payload_len) = check_header(len, kind, limit)?;
+        let mut payload = vec![0u8; payload_len];
+        self.fill(&mut payload, 8, Some(8 + payload_len), deadline, stall)?;
+        Ok((kind, payload))
+    }
+
+    /// Fills `buf` by `deadline`; `before` bytes of the frame (of `of` in all) came before `buf`, for the
+    /// stall report.
+    fn fill(
+        &mut self,
+        buf: &mut [u8],
+        before: usize,
+        of: Option<usize>,
+        deadline: Instant,
+        stall: Duration,
+    ) -> Result<(), WireError> {
+        let mut done = 0;
+        while done < buf.len() {
+            if self.inner.buffer().is_empty() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(WireError::Stalled { got: before + done, of, within: stall });
+                }
+                // At least 1 ms: a zero timeout means "none" to the OS.
+                self.inner
+                    .get_ref()
+                    .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                    .map_err(WireError::Io)?;
+                self.timed = true;
+            }
+            let available = match self.inner.fill_buf() {
+                Ok([]) => return Err(WireError::Io(io::ErrorKind::UnexpectedEof.into())),
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // The OS's timer may end a little early: the loop's deadline check decides.
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => continue,
+                Err(e) => return Err(WireError::Io(e)),
+            };
+            let n = available.len().min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&available[..n]);
+            self.inner.consume(n);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a frame header (length field `len`, kind `kind`) against `limit`; returns the kind and the payload's
+/// length.
+fn check_header(len: u32, kind: u32, limit: u32) -> Result<(Kind, usize), WireError> {
     if len > limit {
         let name = if limit == MAX_FRAME { " (MAX_FRAME)" } else { "" };
         return Err(WireError::Malformed(format!(
@@ -136,9 +247,7 @@ pub(crate) fn read_frame(r: &mut impl Read, limit: u32) -> Result<(Kind, Vec<u8>
         return Err(WireError::Malformed(format!("frame length {len} is shorter than its 4-byte kind")));
     }
     let kind = Kind::from_u32(kind).ok_or_else(|| WireError::Malformed(format!("unknown frame kind {kind}")))?;
-    let mut payload = vec![0u8; len as usize - 4];
-    r.read_exact(&mut payload).map_err(WireError::Io)?;
-    Ok((kind, payload))
+    Ok((kind, len as usize - 4))
 }
 
 /// Little-endian reader over a payload; every getter fails (with the field's name) instead of panicking.

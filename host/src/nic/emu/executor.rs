@@ -23,6 +23,7 @@ use std::sync::mpsc::Receiver;
 use super::access::DataPath;
 use super::fabric::{read, Fabric};
 use super::sq::{self, Engine, Watched};
+use super::wire::link::Inflow;
 use super::wire::{packet, requester, responder, Inbound, WireConfig};
 
 /// How long the thread keeps yielding after its last work before it starts sleeping.
@@ -33,10 +34,17 @@ const SLEEP: Duration = Duration::from_micros(50);
 /// Inbound wire messages handled per pass at most, so that doorbells are not starved by a busy link.
 const INBOUND_PER_PASS: usize = 256;
 
-/// Starts the executor thread of `fab`; it takes the wire's inbound messages from `inbound`.
-pub(crate) fn spawn(fab: Arc<Fabric>, inbound: Receiver<Inbound>) -> std::io::Result<thread::JoinHandle<()>> {
+/// Starts the executor thread of `fab`; it takes the wire's inbound messages from `inbound`, and gives back
+/// their room in `inflow` once each is handled.
+pub(crate) fn spawn(
+    fab: Arc<Fabric>,
+    inbound: Receiver<Inbound>,
+    inflow: Arc<Inflow>,
+) -> std::io::Result<thread::JoinHandle<()>> {
     thread::Builder::new().name(format!("emu-nic-{:x}", fab.id & 0xffff)).spawn(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&fab, &inbound)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&fab, &inbound, &inflow)));
+        // Readers waiting for room stop waiting: nothing will take from the queue any more.
+        inflow.stop();
         fab.running.store(false, Ordering::Release);
         if r.is_err() {
             tracing::error!("emulated NIC {}: executor thread panicked; the NIC stopped", fab.id);
@@ -100,17 +108,28 @@ impl List {
     }
 }
 
-fn run(fab: &Fabric, inbound: &Receiver<Inbound>) {
+fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
     let mut eng = Engine::new(DataPath::new(fab.gpu.clone()));
     let mut list = List { qps: Vec::new(), gen: u64::MAX, unacked: false };
     let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
     let mut idle = Idle { backoff: Backoff::new(), since: None };
     while !fab.stop.load(Ordering::Acquire) {
+        if fab.held.load(Ordering::Acquire) {
+            thread::park_timeout(SLEEP);
+            continue;
+        }
         list.sync(fab);
         let mut worked = false;
+        let mut handled = 0;
         for m in inbound.try_iter().take(INBOUND_PER_PASS) {
+            handled += m.cost();
             deliver(fab, &mut list, &mut eng, m);
             worked = true;
+        }
+        // Once per batch (one write to the line the readers share, not one per frame), after the frames'
+        // bytes are dropped: the bound counts what is really held.
+        if handled > 0 {
+            inflow.release(handled);
         }
         for w in &mut list.qps {
             worked |= sq::poll(fab, w, &mut eng);

@@ -44,6 +44,8 @@ pub(crate) struct Fabric {
     pub stats: Counters,
     /// Set by the NIC's drop: the executor thread exits.
     pub stop: AtomicBool,
+    /// Set by [`EmuNic::hold_executor`](super::EmuNic::hold_executor) (tests): the executor runs no passes.
+    pub held: AtomicBool,
     /// Cleared when the executor thread exits (normally or by a panic).
     pub running: AtomicBool,
     /// Zero of CQE timestamps: the emulator writes nanoseconds since the NIC was opened.
@@ -75,6 +77,7 @@ impl Fabric {
             next_pdn: AtomicU32::new(1),
             stats: Counters::default(),
             stop: AtomicBool::new(false),
+            held: AtomicBool::new(false),
             running: AtomicBool::new(true),
             epoch: Instant::now(),
         }

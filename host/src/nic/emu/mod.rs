@@ -39,8 +39,10 @@
 //!   connection per QP pair carrying RC requests and ACK/NAK/READ/atomic responses; see `wire`). Over the
 //!   wire the responder validates rkey, bounds and rights and NAKs a violation (0x13, 0x12), a WRITE's
 //!   requester CQE waits for the responder's ACK, and a lost connection or a peer silent for
-//!   [`WireConfig::retry_timeout`] fails the oldest outstanding WQE with 0x15 and flushes the rest. PSNs number
-//!   messages rather than packets, and nothing is retransmitted (TCP is reliable).
+//!   [`WireConfig::retry_timeout`] (no answer, no byte taken, or a frame left half-sent) fails the oldest
+//!   outstanding WQE with 0x15 and flushes the rest ([`Qp::wire_error`] says why). PSNs number messages rather
+//!   than packets, and nothing is retransmitted (TCP is reliable). A peer faster than this NIC is held back
+//!   by TCP's flow control: at most [`WireConfig::inbound_bytes`] of its frames wait for the executor.
 //! - **CQ overrun**: a CQE due for an entry software has not released through the CQ dbrec moves the CQ to
 //!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
@@ -201,9 +203,12 @@ impl EmuNic {
             _ => None,
         };
         let fab = Arc::new(Fabric::new(id, cfg.queue_mem, cfg.gpu, wire));
+        // Unbounded as a channel, bounded by `inflow`, which counts bytes (frames differ in size by 6000×).
         let (tx, rx) = std::sync::mpsc::channel();
-        let thread = executor::spawn(fab.clone(), rx).map_err(|e| Error::Emu(format!("executor thread: {e}")))?;
-        let mailbox = wire::link::Mailbox { tx, executor: thread.thread().clone() };
+        let inflow = Arc::new(wire::link::Inflow::new(wire.map_or(WireConfig::INBOUND_BYTES, |w| w.inbound_bytes)));
+        let thread = executor::spawn(fab.clone(), rx, inflow.clone())
+            .map_err(|e| Error::Emu(format!("executor thread: {e}")))?;
+        let mailbox = wire::link::Mailbox { tx, executor: thread.thread().clone(), inflow };
         let _ = fab.mailbox.set(mailbox.clone());
         let nic = Arc::new(EmuNic { fab, thread: Mutex::new(Some(thread)), acceptor: Mutex::new(None) });
         if let (Some(l), Some(w)) = (listener, wire) {
@@ -236,7 +241,25 @@ impl EmuNic {
 
     /// Counters since the NIC was opened.
     pub fn stats(&self) -> Stats {
-        self.fab.stats.snapshot()
+        let mut s = self.fab.stats.snapshot();
+        if let Some(mb) = self.fab.mailbox.get() {
+            let (queued, peak, waits) = mb.inflow.levels();
+            (s.inbound_queued, s.inbound_peak, s.inbound_waits) = (queued as u64, peak as u64, waits);
+        }
+        s
+    }
+
+    /// Stops (`true`) or resumes (`false`) the executor thread between two passes, for tests that need the NIC
+    /// to fall behind its wire (e.g. to watch the inbound queue fill and its readers wait): while held, no
+    /// doorbell, WQE or inbound frame is handled. Dropping a QP waits for the executor, so resume it first.
+    #[doc(hidden)]
+    pub fn hold_executor(&self, held: bool) {
+        self.fab.held.store(held, Ordering::Release);
+        if !held {
+            if let Some(t) = lock(&self.thread).as_ref() {
+                t.thread().unpark();
+            }
+        }
     }
 
     /// Whether the executor thread runs (false only if it panicked, which is a bug of the emulator).

@@ -240,6 +240,14 @@ impl Qp {
         self.inner.state()
     }
 
+    /// Why this QP's wire connection went down, once it did, naming the peer QP and its address (e.g. `peer QP
+    /// 0x1a2 at 10.0.0.2:40123 stalled mid-frame: ...`, `no response from peer QP ... within 4s`); `None` while
+    /// it is up or connecting, and for a QP whose peer is on the same NIC. The error CQEs of the QP's WQEs
+    /// carry only the syndrome (0x15); this says what happened.
+    pub fn wire_error(&self) -> Option<String> {
+        self.inner.link.get()?.error()
+    }
+
     /// SQ size in WQEBBs.
     pub fn wqe_cnt(&self) -> u32 {
         self.inner.wqe_cnt

@@ -63,6 +63,9 @@ pub(crate) struct Watched {
     /// Requester and responder state of a QP connected across the wire, made when the executor first sees
     /// the QP's link.
     pub wire: Option<WireSq>,
+    /// The producer index of a doorbell whose WQEs are not all taken: the wire's requester had no room for
+    /// the next one (see [`WireSq::accepts`]). `poll` goes on from the consumer index up to it.
+    resume: Option<u64>,
 }
 
 impl Watched {
@@ -71,7 +74,7 @@ impl Watched {
         // A QP the executor has not seen yet has had no doorbell acted on, so this is 0; read rather than
         // assumed, as it is what the lock-free comparison in `poll` must agree with.
         let last_db = lock(&qp.progress).last_db;
-        Self { qp, last_db, last_bf: [0; BF_TAIL_WORDS], peer: None, wire: None }
+        Self { qp, last_db, last_bf: [0; BF_TAIL_WORDS], peer: None, wire: None, resume: None }
     }
 
     /// The QP and its wire state, made when the QP has a link (once `Qp::connect` has run); `None` for a QP
@@ -132,7 +135,7 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     let qp = &*w.qp;
     let db = qp.doorbell();
     // The common case on a sweep: nothing new on this QP. Decided without the lock or any shared write.
-    if db == w.last_db {
+    if db == w.last_db && w.resume.is_none() {
         return false;
     }
     let mut p = lock(&qp.progress);
@@ -143,7 +146,9 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     }
     w.last_db = db;
     if db == p.last_db {
-        return false;
+        // No new doorbell; WQEs of an earlier one may still wait for room on the wire.
+        let Some(pi) = w.resume else { return false };
+        return take(fab, qp, (&mut w.peer, w.wire.as_mut(), &mut w.resume), eng, &mut p, pi);
     }
     p.last_db = db;
     bump(&fab.stats.doorbells);
@@ -174,11 +179,33 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     let pi = p.consumed + ahead;
     check_dbrec(fab, qp, pi);
     check_blueflame(fab, qp, &mut w.last_bf, db, ctrl.wqe_index());
+    take(fab, qp, (&mut w.peer, w.wire.as_mut(), &mut w.resume), eng, &mut p, pi);
+    true
+}
+
+/// Takes the WQEs from the consumer index up to `pi`, or up to the first one the wire's requester has no room
+/// for (then `w.resume` remembers `pi`). Returns whether it took any.
+/// `w` is the watched QP's cached peer, wire state and resume index.
+fn take(
+    fab: &Fabric,
+    qp: &QpInner,
+    w: (&mut Option<Arc<QpInner>>, Option<&mut WireSq>, &mut Option<u64>),
+    eng: &mut Engine,
+    p: &mut SqProgress,
+    pi: u64,
+) -> bool {
+    let (peer, mut wire, resume) = w;
+    let start = p.consumed;
+    *resume = None;
     while p.consumed < pi {
-        let n = step(fab, qp, &mut w.peer, w.wire.as_mut(), eng, p.consumed, pi);
+        let n = step(fab, qp, peer, wire.as_deref_mut(), eng, p.consumed, pi);
+        if n == 0 {
+            *resume = Some(pi);
+            break;
+        }
         p.consumed += n;
     }
-    true
+    p.consumed != start
 }
 
 /// Records a mismatch when dbrec word 1 (SQ counter) is behind the doorbell's producer index. It may be
@@ -222,7 +249,8 @@ fn check_blueflame(fab: &Fabric, qp: &QpInner, last: &mut [u64; BF_TAIL_WORDS], 
     }
 }
 
-/// Consumes the WQE at consumer index `idx` (producer index `pi`); returns the WQEBBs it took (≥ 1).
+/// Consumes the WQE at consumer index `idx` (producer index `pi`); returns the WQEBBs it took (≥ 1), or 0 when
+/// the wire's requester cannot take it yet ([`WireSq::accepts`]): it stays in the ring, untouched.
 #[allow(clippy::too_many_arguments)]
 fn step(
     fab: &Fabric,
@@ -270,6 +298,10 @@ fn step(
         }
     };
     if let Some(ws) = wire {
+        if !ws.accepts(&op) {
+            // Taken later, once the outbox has room (or the READs it must wait for are answered).
+            return 0;
+        }
         requester::post(fab, qp, ws, &mut eng.data, idx, &h, &op);
         return h.wqebbs as u64;
     }

@@ -31,6 +31,13 @@ pub struct Stats {
     pub flush_cqes: u64,
     /// CQ overruns: a CQE was due but software had not consumed the entry (the CQ and QP moved to error).
     pub cq_overruns: u64,
+    /// Bytes the wire's inbound queue (reader threads → executor) holds now, each frame counted as its length
+    /// plus 64; at most [`WireConfig::inbound_bytes`](super::WireConfig::inbound_bytes) (or one frame).
+    pub inbound_queued: u64,
+    /// Most bytes the inbound queue held at once (as [`Stats::inbound_queued`]).
+    pub inbound_peak: u64,
+    /// Times a reader thread found the inbound queue full and waited, leaving its peer's bytes in the socket.
+    pub inbound_waits: u64,
 }
 
 /// The live counters behind [`Stats`].
@@ -66,6 +73,9 @@ impl Counters {
             error_cqes: self.error_cqes.load(Relaxed),
             flush_cqes: self.flush_cqes.load(Relaxed),
             cq_overruns: self.cq_overruns.load(Relaxed),
+            inbound_queued: 0,
+            inbound_peak: 0,
+            inbound_waits: 0,
         }
     }
 }

@@ -9,8 +9,16 @@
 //!
 //! Faults map as on hardware: a responder that refuses a request answers with a NAK, which becomes the
 //! requester's error CQE (0x13 remote access, 0x12 remote invalid request); a peer whose connection breaks
-//! (process killed, host gone) or that does not answer within [`WireConfig::retry_timeout`] fails the oldest
-//! outstanding WQE with 0x15 (transport retry exceeded) and flushes the rest with 0x05.
+//! (process killed, host gone), that does not answer within [`WireConfig::retry_timeout`], that takes none of
+//! this NIC's bytes for that long (it stopped reading), or that stops for that long in the middle of a frame (a
+//! half-open connection) fails the oldest outstanding WQE with 0x15 (transport retry exceeded) and flushes the
+//! rest with 0x05; [`Qp::wire_error`](super::Qp::wire_error) tells which, naming the peer QP and its address.
+//!
+//! Memory stays bounded whatever a peer sends: the reader threads queue at most
+//! [`WireConfig::inbound_bytes`] for the executor and otherwise leave the bytes in the socket (TCP
+//! backpressure); each QP's outbox holds about [`requester::OUTBOX_HIGH`] bytes at most, and its responder at
+//! most [`packet::MAX_RD_ATOMIC`] unanswered READs and atomics. [`link`] explains why none of these waits can
+//! deadlock.
 
 pub(crate) mod link;
 pub(crate) mod packet;
@@ -32,8 +40,16 @@ pub struct WireConfig {
     pub listen: SocketAddr,
     /// How long a requester waits for its peer without any progress (no connection yet, or no response to an
     /// outstanding request) before it fails the oldest outstanding WQE with syndrome 0x15 (transport retry
-    /// exceeded): the emulator's `timeout` × `retry_cnt` of `ibv_modify_qp`.
+    /// exceeded): the emulator's `timeout` × `retry_cnt` of `ibv_modify_qp`. Also how long a peer may take to
+    /// finish a frame it began, and to take any byte this NIC has for it, before its connection fails.
     pub retry_timeout: Duration,
+    /// Most bytes of inbound frames the NIC's reader threads queue for its executor, each frame counted as its
+    /// length plus 64 bytes; default [`WireConfig::INBOUND_BYTES`]. A reader whose frame does not fit waits,
+    /// reading nothing more from its socket, so that a peer faster than this NIC is slowed down by TCP's flow
+    /// control instead of growing this NIC's memory ([`Stats::inbound_waits`](super::Stats::inbound_waits)
+    /// counts the waits). One frame is always taken into an empty queue, so any value works; small ones cost
+    /// throughput.
+    pub inbound_bytes: usize,
 }
 
 impl WireConfig {
@@ -43,6 +59,10 @@ impl WireConfig {
 
     /// Longest [`WireConfig::retry_timeout`]: a day.
     pub const MAX_RETRY_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+    /// Default of [`WireConfig::inbound_bytes`]: 16 MiB (63 frames of the largest size, or some 150 000
+    /// ACKs).
+    pub const INBOUND_BYTES: usize = 16 << 20;
 
     /// Refuses what cannot work: an unspecified listening address (the NIC tells peers the address it listens
     /// on, and 0.0.0.0 would send them to themselves) and a retry timeout over [`Self::MAX_RETRY_TIMEOUT`].
@@ -63,8 +83,12 @@ impl WireConfig {
         Ok(())
     }
 
-    /// Listens on `127.0.0.1`, on a free port, with the default retry timeout.
+    /// Listens on `127.0.0.1`, on a free port, with the default retry timeout and inbound queue.
     pub fn loopback() -> Self {
-        Self { listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0), retry_timeout: Self::DEFAULT_RETRY_TIMEOUT }
+        Self {
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            retry_timeout: Self::DEFAULT_RETRY_TIMEOUT,
+            inbound_bytes: Self::INBOUND_BYTES,
+        }
     }
 }

@@ -26,6 +26,15 @@ use crate::nic::emu::access::AtomicOp;
 /// Header bytes after the length prefix.
 pub(crate) const HEADER: usize = 40;
 
+/// Most READ and atomic requests a requester keeps outstanding on one QP, and that a responder takes without
+/// having answered them (InfiniBand's `max_rd_atomic` and `max_dest_rd_atomic`; ConnectX allows 16). The
+/// responder holds a record of some 40 bytes per unanswered request until its answer has room in the outbox
+/// (a READ's data is read then), so the bound caps what a requester can make it hold (about 1.3 MiB per QP).
+/// It equals the deepest SQ ([`MAX_WQE_CNT`](crate::nic::emu::MAX_WQE_CNT) WQEBBs, a READ or atomic taking
+/// at least one), so that it never slows a pipeline of atomics from a well-behaved requester. Part of wire
+/// [`VERSION`] 1: a requester with more outstanding breaks the protocol.
+pub(crate) const MAX_RD_ATOMIC: usize = crate::nic::emu::MAX_WQE_CNT as usize;
+
 /// Largest payload of one packet, bytes (256 KiB: a frame is read into one buffer before it is decoded).
 pub(crate) const MAX_CHUNK: usize = 256 * 1024;
 

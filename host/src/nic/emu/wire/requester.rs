@@ -7,27 +7,43 @@
 //! [`WireConfig::retry_timeout`](super::WireConfig::retry_timeout) without progress fails the oldest
 //! outstanding WQE with 0x15 (transport retry exceeded). After a failure the QP is in the error state and every
 //! other outstanding or later WQE completes with 0x05 (flushed).
+//!
+//! Sending never waits (see [`super::link`]): frames go into the QP's outbox, which is written as far as the
+//! socket takes it. Once [`OUTBOX_HIGH`] bytes wait there, the QP produces nothing more until they are taken:
+//! the executor takes no further WQE from its SQ (the WQEs wait in the ring, as on a congested NIC), a long
+//! WRITE sends its next chunk later ([`WriteStream`]), READ responses wait in the responder's queue. Two rules
+//! keep the responder able to take every request at once, without room to answer: at most
+//! [`MAX_RD_ATOMIC`] READs and atomics are outstanding, and a WRITE or atomic waits until no READ of the QP is
+//! outstanding (an implicit fence: the responder reads a READ's data when its response goes out, which must
+//! not see a later request's writes). A peer whose socket takes nothing for the retry timeout fails the QP
+//! (0x15), as one that does not answer.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::link::Link;
-use super::packet::{self, Packet, MAX_CHUNK, PSN_MASK};
+use super::link::{peer_name, Link};
+use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
 use crate::mem::MemLoc;
 use crate::nic::emu::access::DataPath;
-use crate::nic::emu::exec::{self, at};
+use crate::nic::emu::exec::{self, at as at_loc};
 use crate::nic::emu::fabric::{read, Fabric};
 use crate::nic::emu::fault::Fault;
+use crate::nic::emu::mr::MrTable;
 use crate::nic::emu::qp::{QpInner, QpState};
 use crate::nic::emu::sq::{complete, fail};
 use crate::nic::emu::stats::bump;
 use crate::nic::emu::wqe::{Header, Op, Payload, Sge};
 
-use super::responder::RespState;
+use super::responder::{self, RespState};
 
-/// Outbox bytes after which frames are written at once rather than at the end of the executor's pass.
-pub(crate) const FLUSH_AT: usize = 1 << 20;
+/// Unsent outbox bytes at which a QP stops producing frames until the socket has taken some: its outbox holds
+/// at most this plus one frame (and a few small responses).
+pub(crate) const OUTBOX_HIGH: usize = 1 << 20;
+
+/// Most bytes one QP produces in one pass of the executor, so that a long READ response or WRITE to a fast
+/// peer leaves the other QPs their turn.
+const PASS_BUDGET: usize = 4 * OUTBOX_HIGH;
 
 /// Where an outstanding WQE stands.
 #[derive(Debug)]
@@ -55,6 +71,63 @@ struct Pending {
     state: State,
 }
 
+/// A WRITE whose packets are not all in the outbox yet: the rest follow as the outbox has room. Its local
+/// SGEs are resolved again for every later batch of packets (an MR may be deregistered in between).
+#[derive(Debug)]
+struct WriteStream {
+    msg: WriteMsg,
+    at: Cursor,
+    sges: Vec<Sge>,
+}
+
+/// The fields every packet of one WRITE carries.
+#[derive(Clone, Copy, Debug)]
+struct WriteMsg {
+    psn: u32,
+    rkey: u32,
+    raddr: u64,
+    total: u64,
+    imm: Option<u32>,
+}
+
+/// How far a WRITE's packets have got: bytes of the message in the outbox, and where in its SGEs the next
+/// byte comes from.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cursor {
+    offset: u64,
+    sge: usize,
+    in_sge: u64,
+}
+
+/// How many outstanding WQEs wait for a READ response or an atomic response.
+#[derive(Debug, Default)]
+struct Outstanding {
+    reads: usize,
+    atomics: usize,
+}
+
+impl Outstanding {
+    fn count(&mut self, s: &State, up: bool) {
+        let n = match s {
+            State::Read { .. } => &mut self.reads,
+            State::Atomic { .. } => &mut self.atomics,
+            _ => return,
+        };
+        if up {
+            *n += 1;
+        } else {
+            *n -= 1;
+        }
+    }
+}
+
+/// Moves `q` to `state`, keeping `out` in step.
+fn set_state(out: &mut Outstanding, q: &mut Pending, state: State) {
+    out.count(&q.state, false);
+    out.count(&state, true);
+    q.state = state;
+}
+
 /// Executor-side state of a QP connected across the wire, as requester and as responder.
 #[derive(Debug)]
 pub(crate) struct WireSq {
@@ -63,8 +136,20 @@ pub(crate) struct WireSq {
     next_psn: u32,
     /// WQEs consumed from the SQ whose CQE is not written yet, oldest first.
     pending: VecDeque<Pending>,
-    /// Encoded frames not written yet (requests and responses), sent when the link is up.
+    /// READs and atomics among `pending` still waiting for their response.
+    out: Outstanding,
+    /// Encoded frames (requests and responses), written as far as the socket takes them once the link is up;
+    /// `outbox[..sent]` is written already.
     pub outbox: Vec<u8>,
+    sent: usize,
+    /// Since when unsent bytes wait on an up link without the socket taking any.
+    stuck_since: Option<Instant>,
+    /// The WRITE still being put into the outbox, if any: no other WQE is taken meanwhile.
+    stream: Option<WriteStream>,
+    /// The SGE list of the last finished stream, kept for the next (no allocation per WRITE).
+    spare_sges: Vec<Sge>,
+    /// A WRITE's local ranges, resolved when it is taken from the SQ.
+    scratch: Vec<(MemLoc, u64)>,
     /// Last time a request was first outstanding or a response arrived.
     last_progress: Instant,
     /// A WQE failed before its request left: later WQEs are flushed, not sent.
@@ -73,8 +158,6 @@ pub(crate) struct WireSq {
     down: Option<String>,
     /// Gathers a WRITE's local bytes into packets, and a READ's remote bytes into responses.
     pub gather: Vec<u8>,
-    /// A WRITE's local ranges, resolved.
-    scratch: Vec<(MemLoc, u64)>,
     /// The responder side.
     pub resp: RespState,
 }
@@ -86,12 +169,17 @@ impl WireSq {
             link,
             next_psn: sq_psn & PSN_MASK,
             pending: VecDeque::new(),
+            out: Outstanding::default(),
             outbox: Vec::new(),
+            sent: 0,
+            stuck_since: None,
+            stream: None,
+            spare_sges: Vec::new(),
+            scratch: Vec::new(),
             last_progress: Instant::now(),
             failing: false,
             down: None,
             gather: Vec::new(),
-            scratch: Vec::new(),
             resp: RespState::new(rq_psn),
         }
     }
@@ -100,25 +188,90 @@ impl WireSq {
         if !self.pending.iter().any(|q| is_waiting(&q.state)) && is_waiting(&p.state) {
             self.last_progress = Instant::now();
         }
+        self.out.count(&p.state, true);
         self.pending.push_back(p);
     }
 
-    /// Writes the outbox if the link is up; a failed write takes the link down.
-    ///
-    /// A send blocks for the retry timeout at most (the socket's write timeout): a peer that stops reading
-    /// fails the link rather than hanging the executor. A failed send may have left part of a frame on the
-    /// stream, so the link is closed at once and nothing more is written to it.
-    pub(crate) fn flush(&mut self) -> Result<(), String> {
-        self.resp.put_ack(&mut self.outbox);
-        if self.outbox.is_empty() || !self.link.is_up() {
-            return Ok(());
+    /// Outbox bytes not written yet.
+    fn unsent(&self) -> usize {
+        self.outbox.len() - self.sent
+    }
+
+    /// Whether the QP may put more frames into its outbox (fewer than [`OUTBOX_HIGH`] bytes wait).
+    pub(crate) fn has_room(&self) -> bool {
+        self.unsent() < OUTBOX_HIGH
+    }
+
+    /// Whether the requester takes `op` from the SQ now (see the module docs): it produces frames only while
+    /// the outbox has room and no WRITE is still streaming; a READ or atomic only below [`MAX_RD_ATOMIC`]
+    /// outstanding; a WRITE or atomic only while no READ is outstanding. A WQE that sends nothing (a NOP, or any
+    /// WQE once the QP fails or the link is down) is always taken.
+    pub(crate) fn accepts(&self, op: &Op<'_>) -> bool {
+        if self.failing || self.down.is_some() || matches!(op, Op::Nop) {
+            return true;
         }
-        let r = self.link.send(&self.outbox);
+        if self.stream.is_some() || !self.has_room() {
+            return false;
+        }
+        let rd_atomic = self.out.reads + self.out.atomics;
+        match op {
+            Op::Nop => true,
+            Op::Read { .. } => rd_atomic < MAX_RD_ATOMIC,
+            Op::Atomic { .. } => self.out.reads == 0 && rd_atomic < MAX_RD_ATOMIC,
+            Op::Write { .. } => self.out.reads == 0,
+        }
+    }
+
+    /// Writes as much of the outbox as the socket takes now, if the link is up; never waits. Returns whether
+    /// any byte went out. A failed write takes the link down: it may have left part of a frame on the stream,
+    /// so the link is closed at once and nothing more is written to it.
+    pub(crate) fn flush(&mut self) -> Result<bool, String> {
+        if self.has_room() {
+            self.resp.put_ack(&mut self.outbox);
+        }
+        if self.unsent() == 0 || !self.link.is_up() {
+            return Ok(false);
+        }
+        let mut wrote = false;
+        while self.unsent() > 0 {
+            match self.link.try_send(&self.outbox[self.sent..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.sent += n;
+                    wrote = true;
+                }
+                Err(e) => {
+                    self.link.close();
+                    return Err(format!("sending to {} failed: {e}", peer_name(&self.link)));
+                }
+            }
+        }
+        if self.unsent() == 0 {
+            self.outbox.clear();
+            self.sent = 0;
+            self.stuck_since = None;
+            return Ok(wrote);
+        }
+        if wrote || self.stuck_since.is_none() {
+            self.stuck_since = Some(Instant::now());
+        }
+        // Keep the outbox from growing by what was written already: move the rest to the front once that
+        // is at least a high-water mark's worth (amortized: one copy of at most the unsent bytes per
+        // OUTBOX_HIGH written).
+        if self.sent >= OUTBOX_HIGH {
+            self.outbox.drain(..self.sent);
+            self.sent = 0;
+        }
+        Ok(wrote)
+    }
+
+    /// Forgets everything not sent yet (the link is down).
+    fn discard(&mut self) {
         self.outbox.clear();
-        r.map_err(|e| {
-            self.link.close();
-            format!("sending to peer QP {:#x} failed: {e}", self.link.remote.qpn)
-        })
+        self.sent = 0;
+        self.stuck_since = None;
+        self.stream = None;
+        self.resp.discard();
     }
 }
 
@@ -149,7 +302,8 @@ pub(crate) fn post(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
         }
     }
     ws.push(p);
-    if ws.outbox.len() >= FLUSH_AT {
+    if !ws.has_room() {
+        // Write what the socket takes now, so that the next WQE of a batch may still be taken.
         if let Err(reason) = ws.flush() {
             link_down(fab, qp, ws, dp, reason);
         }
@@ -203,14 +357,36 @@ fn send_request(
                 }
                 Payload::Sges(list) => {
                     let total = list.total();
+                    // Checked and resolved all at once (0x04 before anything leaves); the first packets are
+                    // read from what was resolved, under the same read lock.
                     let mrs = read(&fab.mrs);
-                    ws.scratch.clear();
+                    let mut ranges = std::mem::take(&mut ws.scratch);
+                    ranges.clear();
                     if total > 0 {
                         for s in list.iter() {
-                            ws.scratch.push((exec::local(&mrs, qp.pdn, s, false)?, s.len));
+                            match exec::local(&mrs, qp.pdn, s, false) {
+                                Ok(loc) => ranges.push((loc, s.len)),
+                                Err(f) => {
+                                    ws.scratch = ranges;
+                                    return Err(f);
+                                }
+                            }
                         }
                     }
-                    write_packets(ws, dp, psn, remote.addr, remote.rkey, total, imm)?;
+                    let msg = WriteMsg { psn, rkey: remote.rkey, raddr: remote.addr, total, imm };
+                    let mut at = Cursor::default();
+                    let put = put_write_packets(ws, dp, msg, &mut at, |i| Ok(ranges[i]));
+                    ws.scratch = ranges;
+                    // Only a failed copy out of local memory can fail here (the ranges were just resolved), and
+                    // only before the message's first packet was complete: nothing left.
+                    put?;
+                    if at.offset < total {
+                        // The outbox is full: the rest follows as it empties, the SGEs resolved again then.
+                        let mut sges = std::mem::take(&mut ws.spare_sges);
+                        sges.clear();
+                        sges.extend(list.iter());
+                        ws.stream = Some(WriteStream { msg, at, sges });
+                    }
                 }
             }
             State::Sent
@@ -229,49 +405,88 @@ fn send_request(
     Ok((psn, state))
 }
 
-/// Gathers the WRITE's resolved local ranges (`ws.scratch`, `total` bytes) into packets of at most
-/// [`MAX_CHUNK`] bytes. The caller holds the MR table's read lock.
-fn write_packets(
+/// Puts packets of the WRITE `msg` into the outbox from `at` on while it has room, or until its last packet
+/// is in; `range(i)` is SGE `i`'s local memory and length. Returns whether it put anything.
+fn put_write_packets(
     ws: &mut WireSq,
     dp: &mut DataPath,
-    psn: u32,
-    raddr: u64,
-    rkey: u32,
-    total: u64,
-    imm: Option<u32>,
-) -> Result<(), Fault> {
-    let (mut sge, mut in_sge, mut offset) = (0usize, 0u64, 0u64);
-    loop {
-        let n = (total - offset).min(MAX_CHUNK as u64) as usize;
+    msg: WriteMsg,
+    at: &mut Cursor,
+    mut range: impl FnMut(usize) -> Result<(MemLoc, u64), Fault>,
+) -> Result<bool, Fault> {
+    let mut put = false;
+    while ws.has_room() {
+        let n = (msg.total - at.offset).min(MAX_CHUNK as u64) as usize;
         ws.gather.resize(n, 0);
         let mut filled = 0;
         while filled < n {
-            let (loc, len) = ws.scratch[sge];
-            let take = ((len - in_sge) as usize).min(n - filled);
-            // SAFETY: `loc` was resolved inside a registered MR (`len` bytes) and the caller holds the MR
-            // table's read lock, so the MR stays registered while its bytes are read.
-            unsafe { dp.read_bytes(at(loc, in_sge), &mut ws.gather[filled..filled + take]) }?;
+            let (loc, len) = range(at.sge)?;
+            let take = ((len - at.in_sge) as usize).min(n - filled);
+            // SAFETY: `loc` was resolved inside a registered MR (`len` bytes, `in_sge + take <= len`) under the
+            // MR table's read lock, which the caller holds still, so the MR stays registered while its bytes
+            // are read.
+            unsafe { dp.read_bytes(at_loc(loc, at.in_sge), &mut ws.gather[filled..filled + take]) }?;
             filled += take;
-            in_sge += take as u64;
-            if in_sge == len {
-                sge += 1;
-                in_sge = 0;
+            at.in_sge += take as u64;
+            if at.in_sge == len {
+                at.sge += 1;
+                at.in_sge = 0;
             }
         }
-        let last = offset + n as u64 == total;
-        let w = Packet::Write { psn, rkey, raddr, total, offset, imm, last, data: &ws.gather };
+        let last = at.offset + n as u64 == msg.total;
+        let w = Packet::Write {
+            psn: msg.psn,
+            rkey: msg.rkey,
+            raddr: msg.raddr,
+            total: msg.total,
+            offset: at.offset,
+            imm: msg.imm,
+            last,
+            data: &ws.gather,
+        };
         packet::encode(&w, &mut ws.outbox);
-        offset += n as u64;
+        at.offset += n as u64;
+        put = true;
         if last {
-            return Ok(());
-        }
-        if ws.outbox.len() >= FLUSH_AT {
-            // A long WRITE streams out while it is read, rather than piling up in the outbox.
-            if ws.flush().is_err() {
-                return Err(Fault::retry_exceeded());
-            }
+            break;
         }
     }
+    Ok(put)
+}
+
+/// Puts the next packets of the streaming WRITE (`ws.stream`) into the outbox while it has room, resolving
+/// each local SGE again in `mrs` (the MR table, read-locked by the caller). Clears the stream once its last
+/// packet is in. Returns whether it put anything.
+///
+/// # Errors
+/// The fault when a local SGE no longer resolves (its MR was deregistered) or its memory cannot be read: the
+/// message cannot be finished.
+fn pump_write(mrs: &MrTable, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath) -> Result<bool, Fault> {
+    let Some(mut st) = ws.stream.take() else { return Ok(false) };
+    let sges = std::mem::take(&mut st.sges);
+    let put = put_write_packets(ws, dp, st.msg, &mut st.at, |i| {
+        let s = sges[i];
+        Ok((exec::local(mrs, qp.pdn, s, false)?, s.len))
+    })?;
+    if st.at.offset < st.msg.total {
+        st.sges = sges;
+        ws.stream = Some(st);
+    } else {
+        ws.spare_sges = sges;
+    }
+    Ok(put)
+}
+
+/// The streaming WRITE could not be finished (`f`): its WQE fails with `f`, and the link goes down, since its
+/// peer holds part of a message that no packet will complete.
+fn stream_failed(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, psn: u32, f: Fault) {
+    if let Some(q) = ws.pending.iter_mut().find(|q| q.psn == Some(psn)) {
+        set_state(&mut ws.out, q, State::Failed(f));
+    }
+    ws.failing = true;
+    let reason =
+        format!("a WRITE to {} lost its local memory mid-message (syndrome {:#x})", peer_name(&ws.link), f.syndrome);
+    link_down(fab, qp, ws, dp, reason);
 }
 
 /// Handles a response for `qp`. A response that matches no outstanding request breaks the protocol: the
@@ -287,8 +502,8 @@ pub(crate) fn on_response(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut 
     drain(fab, qp, ws, dp);
 }
 
-fn waiting_for(ws: &mut WireSq, psn: u32) -> Option<&mut Pending> {
-    ws.pending.iter_mut().find(|p| p.psn == Some(psn) && is_waiting(&p.state))
+fn waiting_for(pending: &mut VecDeque<Pending>, psn: u32) -> Option<&mut Pending> {
+    pending.iter_mut().find(|p| p.psn == Some(psn) && is_waiting(&p.state))
 }
 
 fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Packet<'_>) -> Result<(), &'static str> {
@@ -308,7 +523,7 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
                     break;
                 }
                 if matches!(q.state, State::Sent) {
-                    q.state = State::Done { byte_cnt: 0 };
+                    set_state(&mut ws.out, q, State::Done { byte_cnt: 0 });
                     hit = true;
                 }
             }
@@ -320,27 +535,28 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
             if ![s::REMOTE_INVAL_REQ_ERR, s::REMOTE_ACCESS_ERR, s::REMOTE_OP_ERR].contains(&syndrome) {
                 return Err("NAK with a syndrome no responder gives");
             }
-            let q = waiting_for(ws, psn).ok_or("NAK of nothing outstanding")?;
-            q.state = State::Failed(Fault { syndrome, vendor });
+            let q = waiting_for(&mut ws.pending, psn).ok_or("NAK of nothing outstanding")?;
+            set_state(&mut ws.out, q, State::Failed(Fault { syndrome, vendor }));
             Ok(())
         }
         Packet::ReadResp { psn, offset, last, data } => {
-            let q = waiting_for(ws, psn).ok_or("READ response of nothing outstanding")?;
+            let q = waiting_for(&mut ws.pending, psn).ok_or("READ response of nothing outstanding")?;
             let State::Read { sges, got, total } = &mut q.state else { return Err("READ response to another request") };
             if offset != *got || offset + data.len() as u64 > *total || last != (offset + data.len() as u64 == *total) {
                 return Err("READ response out of order");
             }
             let placed = place_read(fab, qp, dp, sges, offset, data);
             *got += data.len() as u64;
-            q.state = match placed {
+            let state = match placed {
                 Err(f) => State::Failed(f),
                 Ok(()) if last => State::Done { byte_cnt: *total as u32 },
                 Ok(()) => return Ok(()),
             };
+            set_state(&mut ws.out, q, state);
             Ok(())
         }
         Packet::AtomicResp { psn, old } => {
-            let q = waiting_for(ws, psn).ok_or("atomic response of nothing outstanding")?;
+            let q = waiting_for(&mut ws.pending, psn).ok_or("atomic response of nothing outstanding")?;
             let State::Atomic { sge } = q.state else { return Err("atomic response to another request") };
             let mrs = read(&fab.mrs);
             let placed = exec::local(&mrs, qp.pdn, sge, true).and_then(|loc| {
@@ -348,10 +564,11 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
                 // SAFETY: `loc` is a registered 8-byte range with LOCAL_WRITE; the MR read lock is held.
                 unsafe { dp.write_bytes(loc, &old.to_ne_bytes()) }
             });
-            q.state = match placed {
+            let state = match placed {
                 Ok(()) => State::Done { byte_cnt: 8 },
                 Err(f) => State::Failed(f),
             };
+            set_state(&mut ws.out, q, state);
             Ok(())
         }
         _ => Err("a request or hello where a response was due"),
@@ -378,7 +595,7 @@ fn place_read(
             let n = ((s.len - from) as usize).min(data.len() - done);
             // SAFETY: `loc` is a registered range of `s.len` bytes with LOCAL_WRITE and `from + n <= s.len`;
             // the MR read lock is held.
-            unsafe { dp.write_bytes(at(loc, from), &data[done..done + n]) }?;
+            unsafe { dp.write_bytes(at_loc(loc, from), &data[done..done + n]) }?;
             done += n;
         }
         start = end;
@@ -401,7 +618,9 @@ fn drain(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath) {
             }
             _ => return,
         }
-        ws.pending.pop_front();
+        if let Some(q) = ws.pending.pop_front() {
+            ws.out.count(&q.state, false);
+        }
     }
 }
 
@@ -413,34 +632,82 @@ pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut Da
     ws.link.close();
     if ws.down.is_none() {
         tracing::warn!(qpn = qp.qpn, "emulated NIC: link down: {reason}; QP moves to the error state");
+        ws.link.set_error(&reason);
         ws.down = Some(reason);
     }
-    ws.outbox.clear();
+    ws.discard();
     if let Some(q) = ws.pending.iter_mut().find(|q| is_waiting(&q.state)) {
-        q.state = State::Failed(Fault::retry_exceeded());
+        set_state(&mut ws.out, q, State::Failed(Fault::retry_exceeded()));
     }
     drain(fab, qp, ws, dp);
 }
 
-/// Per-pass upkeep: writes the outbox, and fails the QP when its peer made no progress for `timeout` while
-/// something was outstanding. Returns whether it did anything.
+/// Per-pass upkeep: writes the outbox and produces what waits for room in it (the responder's answers, the
+/// rest of a streaming WRITE), at most [`PASS_BUDGET`] bytes; then fails the QP when its peer made no
+/// progress for `timeout` while something was outstanding, or its socket took nothing for `timeout` while
+/// bytes waited. Returns whether it did anything.
 pub(crate) fn tick(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, timeout: Duration) -> bool {
-    let had = !ws.outbox.is_empty() && ws.link.is_up();
-    if let Err(reason) = ws.flush() {
-        link_down(fab, qp, ws, dp, reason);
-        return true;
+    let mut worked = false;
+    let mut produced = 0;
+    loop {
+        match ws.flush() {
+            Ok(wrote) => worked |= wrote,
+            Err(reason) => {
+                link_down(fab, qp, ws, dp, reason);
+                return true;
+            }
+        }
+        if !ws.has_room() || produced >= PASS_BUDGET || ws.down.is_some() {
+            break;
+        }
+        let before = ws.outbox.len();
+        // Answers first: they let the peer's requester go on.
+        responder::pump(fab, qp, ws, dp);
+        if ws.down.is_some() {
+            return true;
+        }
+        if let Some(psn) = ws.stream.as_ref().map(|st| st.msg.psn) {
+            let mrs = read(&fab.mrs);
+            if let Err(f) = pump_write(&mrs, qp, ws, dp) {
+                drop(mrs);
+                stream_failed(fab, qp, ws, dp, psn, f);
+                return true;
+            }
+        }
+        // The outbox only grows here (flush compacts it, but not in between).
+        let made = ws.outbox.len() - before;
+        if made == 0 {
+            break;
+        }
+        produced += made;
+        worked = true;
     }
     if ws.down.is_none() && ws.link.is_down() {
-        // Closed after a failed send elsewhere in this pass (a long WRITE's or READ response's streaming).
-        let reason = format!("the connection to peer QP {:#x} broke while sending", ws.link.remote.qpn);
+        // Closed after a failed send elsewhere in this pass (while posting a batch of WQEs).
+        let reason = format!("the connection to {} broke while sending", peer_name(&ws.link));
         link_down(fab, qp, ws, dp, reason);
         return true;
+    }
+    if let Some(since) = ws.stuck_since {
+        if ws.down.is_none() && since.elapsed() > timeout {
+            let reason = format!(
+                "{} stopped reading: its socket took none of {} bytes within {timeout:?}",
+                peer_name(&ws.link),
+                ws.unsent()
+            );
+            link_down(fab, qp, ws, dp, reason);
+            return true;
+        }
     }
     if ws.down.is_none() && ws.pending.iter().any(|q| is_waiting(&q.state)) && ws.last_progress.elapsed() > timeout {
-        let what = if ws.link.is_up() { "no response" } else { "no connection" };
-        let reason = format!("{what} from peer QP {:#x} within {timeout:?}", ws.link.remote.qpn);
+        let peer = peer_name(&ws.link);
+        let reason = match (ws.link.is_up(), ws.unsent()) {
+            (false, _) => format!("no connection to {peer} within {timeout:?}"),
+            (true, 0) => format!("no response from {peer} within {timeout:?}"),
+            (true, n) => format!("no response from {peer} within {timeout:?} ({n} bytes still wait for its socket)"),
+        };
         link_down(fab, qp, ws, dp, reason);
         return true;
     }
-    had
+    worked
 }

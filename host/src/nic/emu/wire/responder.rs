@@ -6,10 +6,19 @@
 //! after every earlier WRITE of the QP is placed (GPU copies are fenced first), and a WRITE is acknowledged
 //! only after its data is placed. After a NAK the responder ignores the rest of the connection's requests: the
 //! requester has moved to the error state and flushes them itself.
+//!
+//! Every request is taken at once, whether or not the outbox has room to answer it (see [`super::link`] for
+//! why that matters): a WRITE is placed, an atomic is applied, and what a READ or an atomic must send back
+//! becomes a record in the responder's queue, turned into packets as the outbox has room ([`pump`]); a READ's
+//! data is read then. The queue holds at most [`MAX_RD_ATOMIC`] records: a requester that has more READs and
+//! atomics outstanding breaks the protocol (the link goes down). An honest requester sends a WRITE or atomic
+//! only once its earlier READs are answered, so a READ never sees a later request's data.
 
-use super::packet::{self, Packet, MAX_CHUNK, PSN_MASK};
-use super::requester::{link_down, WireSq, FLUSH_AT};
-use crate::mem::{MemKind, MemLoc};
+use std::collections::VecDeque;
+
+use super::link::peer_name;
+use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
+use super::requester::{link_down, WireSq};
 use crate::nic::emu::access::DataPath;
 use crate::nic::emu::exec::{self, at};
 use crate::nic::emu::fabric::{read, Fabric};
@@ -30,11 +39,24 @@ pub(crate) struct RespState {
     /// The last WRITE placed and not acknowledged yet: one cumulative ACK covers every WRITE of a batch of
     /// inbound requests (InfiniBand's ACK coalescing).
     ack_due: Option<u32>,
+    /// Answers not in the outbox yet, in PSN order.
+    queue: VecDeque<Answer>,
+}
+
+/// An answer the responder owes, until its packets are in the outbox.
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    /// A READ of `len` bytes at `raddr` (checked when it came); `offset` bytes of it are sent.
+    Read { psn: u32, rkey: u32, raddr: u64, len: u64, offset: u64 },
+    /// An atomic, applied when it came, and the old value it found.
+    Atomic { psn: u32, old: u64 },
+    /// A refusal: the last answer (the responder ignores the rest of the connection's requests).
+    Nak { psn: u32, syndrome: u8, vendor: u8 },
 }
 
 impl RespState {
     pub(crate) fn new(rq_psn: u32) -> Self {
-        Self { expected: rq_psn & PSN_MASK, broken: false, ack_due: None }
+        Self { expected: rq_psn & PSN_MASK, broken: false, ack_due: None, queue: VecDeque::new() }
     }
 
     /// Encodes the due ACK, if any, into `out`: before any other response, and when the outbox is written.
@@ -42,6 +64,12 @@ impl RespState {
         if let Some(psn) = self.ack_due.take() {
             packet::encode(&Packet::Ack { psn }, out);
         }
+    }
+
+    /// Forgets the answers still owed (the link is down).
+    pub(crate) fn discard(&mut self) {
+        self.ack_due = None;
+        self.queue.clear();
     }
 }
 
@@ -58,7 +86,16 @@ pub(crate) fn on_request(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut D
     if psn != ws.resp.expected {
         let reason = format!("request PSN {psn:#x} where {:#x} was due", ws.resp.expected);
         ws.link.close();
-        link_down(fab, qp, ws, dp, format!("peer QP {:#x} broke the protocol: {reason}", ws.link.remote.qpn));
+        link_down(fab, qp, ws, dp, format!("{} broke the protocol: {reason}", peer_name(&ws.link)));
+        return;
+    }
+    if matches!(p, Packet::Read { .. } | Packet::Atomic { .. }) && ws.resp.queue.len() >= MAX_RD_ATOMIC {
+        let reason = format!(
+            "{} broke the protocol: more than {MAX_RD_ATOMIC} READs and atomics outstanding",
+            peer_name(&ws.link)
+        );
+        ws.link.close();
+        link_down(fab, qp, ws, dp, reason);
         return;
     }
     match execute(fab, qp, ws, dp, p) {
@@ -73,8 +110,57 @@ pub(crate) fn on_request(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut D
                 "emulated NIC: responder refused a request (NAK)"
             );
             ws.resp.broken = true;
-            ws.resp.put_ack(&mut ws.outbox);
-            packet::encode(&Packet::Nak { psn, syndrome: f.syndrome, vendor: f.vendor }, &mut ws.outbox);
+            ws.resp.queue.push_back(Answer::Nak { psn, syndrome: f.syndrome, vendor: f.vendor });
+        }
+    }
+}
+
+/// Puts owed answers into the outbox, in order, while it has room (the due ACK first, before any other
+/// answer, as one packet of a READ response goes in at a time). A READ's data is read now, from its range
+/// checked again: an MR deregistered since the READ came is refused with a NAK (0x13) after what was sent.
+pub(crate) fn pump(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath) {
+    while ws.has_room() {
+        let Some(&answer) = ws.resp.queue.front() else { return };
+        ws.resp.put_ack(&mut ws.outbox);
+        match answer {
+            Answer::Atomic { psn, old } => {
+                packet::encode(&Packet::AtomicResp { psn, old }, &mut ws.outbox);
+                ws.resp.queue.pop_front();
+            }
+            Answer::Nak { psn, syndrome, vendor } => {
+                packet::encode(&Packet::Nak { psn, syndrome, vendor }, &mut ws.outbox);
+                ws.resp.queue.clear();
+            }
+            Answer::Read { psn, rkey, raddr, len, offset } => {
+                let n = (len - offset).min(MAX_CHUNK as u64) as usize;
+                ws.gather.resize(n, 0);
+                if n > 0 {
+                    let mrs = read(&fab.mrs);
+                    let got = exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)
+                        .and_then(|src| {
+                            // SAFETY: inside `src`, a registered range of `len` bytes (`offset + n <= len`);
+                            // the MR read lock is held. Earlier writes of this QP are placed first (read_bytes
+                            // fences pending GPU copies).
+                            unsafe { dp.read_bytes(at(src, offset), &mut ws.gather) }
+                        });
+                    if let Err(f) = got {
+                        drop(mrs);
+                        tracing::warn!(qpn = qp.qpn, psn, "emulated NIC: READ source gone mid-response (NAK)");
+                        ws.resp.broken = true;
+                        packet::encode(&Packet::Nak { psn, syndrome: f.syndrome, vendor: f.vendor }, &mut ws.outbox);
+                        ws.resp.queue.clear();
+                        continue;
+                    }
+                }
+                let last = offset + n as u64 == len;
+                packet::encode(&Packet::ReadResp { psn, offset, last, data: &ws.gather }, &mut ws.outbox);
+                match ws.resp.queue.front_mut() {
+                    Some(Answer::Read { offset: o, .. }) if !last => *o += n as u64,
+                    _ => {
+                        ws.resp.queue.pop_front();
+                    }
+                }
+            }
         }
     }
 }
@@ -102,31 +188,13 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             ws.resp.ack_due = Some(psn);
         }
         Packet::Read { psn, rkey, raddr, len } => {
-            let mrs = read(&fab.mrs);
             // A zero-length READ checks no key (as a zero-length WRITE); it is answered with one empty packet.
-            let src = match len {
-                0 => MemLoc { kind: MemKind::Host, addr: 0 },
-                _ => exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)?,
-            };
-            ws.resp.put_ack(&mut ws.outbox);
-            let mut offset = 0;
-            loop {
-                let n = (len - offset).min(MAX_CHUNK as u64) as usize;
-                ws.gather.resize(n, 0);
-                // SAFETY: inside `src`, a registered range of `len` bytes; the MR read lock is held. Earlier
-                // writes of this QP are placed first (read_bytes fences pending GPU copies).
-                unsafe { dp.read_bytes(at(src, offset), &mut ws.gather) }?;
-                let last = offset + n as u64 == len;
-                packet::encode(&Packet::ReadResp { psn, offset, last, data: &ws.gather }, &mut ws.outbox);
-                offset += n as u64;
-                if last {
-                    break;
-                }
-                // A long response streams out while it is read, rather than piling up in the outbox.
-                if ws.outbox.len() >= FLUSH_AT && ws.flush().is_err() {
-                    return Err(Fault::retry_exceeded());
-                }
+            if len > 0 {
+                let mrs = read(&fab.mrs);
+                exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)?;
             }
+            // The data is read when the response goes out (`pump`).
+            ws.resp.queue.push_back(Answer::Read { psn, rkey, raddr, len, offset: 0 });
         }
         Packet::Atomic { psn, rkey, raddr, op } => {
             if !raddr.is_multiple_of(8) {
@@ -137,8 +205,7 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             // SAFETY: a registered, 8-aligned 8-byte range; the MR read lock is held. `atomic` fences earlier
             // placements first.
             let old = unsafe { dp.atomic(word, op) }?;
-            ws.resp.put_ack(&mut ws.outbox);
-            packet::encode(&Packet::AtomicResp { psn, old }, &mut ws.outbox);
+            ws.resp.queue.push_back(Answer::Atomic { psn, old });
         }
         _ => return Ok(false),
     }
