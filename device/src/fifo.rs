@@ -25,13 +25,17 @@ pub unsafe fn push(f: &FifoHandle, t: Trigger, timeout_ns: u64) -> Result<u64> {
     unsafe {
         let i = Device::fetch_add(f.head as *mut u64, 1);
         let cache = f.tail_cache as *mut u64;
-        if i >= sync::load_volatile(cache) + size {
+        // The cache is read with acquire and written with release (GPU scope): a pusher that trusts another's
+        // copy of `tail` must also see the proxy's clearing of the slot it reuses, which happened before that
+        // `tail` (a relaxed cache let this pusher's trigger be overwritten by the clearing; the loom model of
+        // the FIFO found it).
+        if i >= Device::load_acquire(cache) + size {
             bounded(
                 timeout_ns,
                 || {
                     let tail = sync::load_acquire_u64(f.tail as *const u64);
                     // A lower bound of `tail` whichever pusher stores last: `tail` only grows.
-                    sync::store_volatile(cache, tail);
+                    Device::store_release(cache, tail);
                     Ok((i < tail + size).then_some(()))
                 },
                 || WaitOn::FifoSpace { index: i },

@@ -110,8 +110,8 @@ mod backend {
 mod backend {
     use core::sync::atomic::Ordering;
     use loom::sync::atomic::AtomicU64;
-    use std::collections::HashMap;
     use std::cell::RefCell;
+    use std::collections::HashMap;
     use std::sync::Arc;
 
     std::thread_local! {
@@ -138,7 +138,7 @@ mod backend {
     /// # Safety
     /// The range must be readable, and `addr` and `len` multiples of 8.
     pub unsafe fn register(addr: *const u8, len: usize) {
-        assert!(addr as usize % 8 == 0 && len % 8 == 0, "loom model: register whole 8-byte words");
+        assert!((addr as usize).is_multiple_of(8) && len.is_multiple_of(8), "loom model: register whole 8-byte words");
         with_cells(|c| {
             for off in (0..len).step_by(8) {
                 // SAFETY: the caller's contract.
@@ -156,7 +156,7 @@ mod backend {
     /// The u32 at `p` as (its 8-byte word, shift of its half).
     fn half(p: *const u32) -> (Arc<AtomicU64>, u32) {
         // Little-endian host: the lower address is the low half.
-        (cell(p as usize), if p as usize % 8 == 0 { 0 } else { 32 })
+        (cell(p as usize), if (p as usize).is_multiple_of(8) { 0 } else { 32 })
     }
 
     /// # Safety

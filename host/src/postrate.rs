@@ -141,6 +141,31 @@ impl PostRate {
     /// [`Error::InvalidArgument`] when the shape needs more QPs or posters than set up, or a round's WQEs do not
     /// fit one SQ; [`Error::Device`] for what device code reported; CUDA errors.
     pub fn run(&mut self, shape: Shape, posts: u32, rounds: u32, timeout: Duration) -> Result<RateResult> {
+        self.launch(shape, posts, rounds + 1, timeout, true)
+    }
+
+    /// `ctas × threads` threads post `posts` WRITEs each to the one Device-scope QP in a single round, however
+    /// far that oversubscribes its SQ: posters wait for room, and reservations may run more than 2^16 WQEBBs
+    /// ahead of the retired ones (a full H200 grid has 270,336 threads). Not a rate: a correctness run, whose
+    /// result says how many WQEs device code claims to have posted; [`PostRate::nic`]'s counters say how many
+    /// the NIC executed.
+    ///
+    /// # Errors
+    /// As [`PostRate::run`], except that the round need not fit the SQ.
+    pub fn flood(&mut self, ctas: u32, threads: u32, posts: u32, timeout: Duration) -> Result<RateResult> {
+        self.launch(Shape::Shared { ctas, threads }, posts, 1, timeout, false)
+    }
+
+    /// Runs `total_rounds` rounds (the first untimed when more than one); with `fit`, refuses a round that does
+    /// not fit the SQ.
+    fn launch(
+        &mut self,
+        shape: Shape,
+        posts: u32,
+        total_rounds: u32,
+        timeout: Duration,
+        fit: bool,
+    ) -> Result<RateResult> {
         let (teams, team_size, team_posters) = shape.teams();
         let posters = teams * team_posters;
         let per_qp = match shape {
@@ -151,8 +176,8 @@ impl PostRate {
             Shape::Exclusive { qps, .. } => qps,
             Shape::Shared { .. } => 1,
         };
-        if nqps as usize > self.qps.len() || posters > self.max_posters || per_qp + 2 > WQE_CNT as u64 / 2 || posts == 0
-        {
+        let too_many = fit && per_qp + 2 > WQE_CNT as u64 / 2;
+        if nqps as usize > self.qps.len() || posters > self.max_posters || too_many || posts == 0 || total_rounds == 0 {
             return Err(Error::InvalidArgument(format!(
                 "post rate {}: {posters} posters × {posts} posts on {nqps} QPs (set up: {} QPs, {} posters, {} \
                  WQEBBs per SQ, half of which a round may take)",
@@ -169,7 +194,6 @@ impl PostRate {
         let state = self.exec.alloc_data(256 + hbytes.len())?;
         state.write(0, bytemuck::bytes_of(&shared_state(&handles[0])))?;
         state.write(256, hbytes)?;
-        let total_rounds = rounds + 1;
         let ctrl = self.exec.queue_memory().alloc(64 + 16 * (total_rounds * posters) as usize)?;
         let base = state.loc().addr;
         let (bf, db_batch) = match shape {
@@ -229,8 +253,9 @@ impl PostRate {
             std::slice::from_raw_parts(ctrl.host_ptr().add(64) as *const u64, (2 * total_rounds * posters) as usize)
         };
         let mut result = RateResult { wqes: 0, round_ns: Vec::new(), post_ns: Vec::new() };
-        // Round 0 warms up (module, caches, first touches of the rings).
-        for round in times.chunks(2 * posters as usize).skip(1) {
+        // Round 0 warms up (module, caches, first touches of the rings) when there are more.
+        let warmup = usize::from(total_rounds > 1);
+        for round in times.chunks(2 * posters as usize).skip(warmup) {
             let (starts, ends): (Vec<u64>, Vec<u64>) = round.chunks(2).map(|w| (w[0], w[1])).unzip();
             let (first, last) = (starts.iter().min().copied().unwrap_or(0), ends.iter().max().copied().unwrap_or(0));
             result.round_ns.push(last.saturating_sub(first));

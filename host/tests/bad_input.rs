@@ -814,8 +814,8 @@ fn a_wqe_with_a_wrong_qpn_or_index_gets_an_error_cqe_and_nothing_moves() {
         // Then a WQE index from the future, on the QP now in the error state: flushed (0x05) at its slot, as
         // every WQE after an error is, whatever its ctrl segment says. Waiting on it reports the QP's first
         // error (sticky); the CQ holds the flush.
-        // SAFETY: as above.
         let first = cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, t.0);
+        // SAFETY: as above.
         let t = unsafe { qp.post_raw(true, 3, |c| [ctrl(c.idx + 7, c.qpn), raddr, data]) }.unwrap();
         qp.ring_db();
         assert_eq!(qp.wait(t), Err(first));

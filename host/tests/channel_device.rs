@@ -12,7 +12,7 @@ use std::sync::Arc;
 use emu_util::{random_bytes, rng, GuardedBuf};
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp, WireConfig};
 use gdaki_device::bf::BfSlots;
-use gdaki_device::channel::{Exclusive, PortChannel, Sharing};
+use gdaki_device::channel::{Exclusive, PortChannel, Poster, Sharing};
 use gdaki_device::scope::{Block, Device, Scope};
 use gdaki_device::shared_qp::SharedQp;
 use gdaki_device::Error;
@@ -308,4 +308,74 @@ fn blue_flame_limit_zero_means_no_blue_flame_for_signals_too() {
         let s = l._nics[0].stats();
         assert_eq!(s.blueflame > 0, expect_bf, "limit {limit}: {s:?}");
     }
+}
+
+/// Randomized stress of the shared-QP protocol, the shape that once made `progress` call a legitimate CQE
+/// unexpected: four threads put (random sizes, random payloads, each into its own slots, each put signalled)
+/// on one Device-scope QP of a 16-WQEBB ring, each flushing before it reuses its source bytes, while a fifth
+/// thread calls `progress` in a loop, for `GDAKI_STRESS_SECS` seconds (default 5; CI runs it longer). Any
+/// error is a failure; at the end every slot holds the last payload put there and the semaphore counts every
+/// signal.
+#[test]
+fn shared_qp_posters_and_pollers_stress() {
+    use std::sync::atomic::{AtomicBool, AtomicU64 as StdU64, Ordering::Relaxed};
+    let secs: u64 = std::env::var("GDAKI_STRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let (posters, slots, slot) = (4usize, 16usize, 256usize);
+    let region = slots * slot;
+    let l = Link::new(posters * region, 16, false);
+    let h = l.handle();
+    let stop = AtomicBool::new(false);
+    let signals = StdU64::new(0);
+    let seed = rng().random::<u64>();
+    let last: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..posters)
+            .map(|p| {
+                let (h, stop, signals, l) = (&h, &stop, &signals, &l);
+                s.spawn(move || {
+                    let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(seed ^ p as u64);
+                    let mut ch = shared::<Device>(h);
+                    let mut last = vec![Vec::new(); slots];
+                    while !stop.load(Relaxed) {
+                        let k = rng.random_range(0..slots);
+                        let len = rng.random_range(1..=slot);
+                        let off = p * region + k * slot;
+                        let data = random_bytes(&mut rng, len);
+                        // The previous put from this slot must be done before its source bytes change.
+                        ch.flush().unwrap_or_else(|e| panic!("poster {p}: flush: {e}"));
+                        l.src.write(off, &data);
+                        ch.put_with_signal(off as u64, off as u64, len as u64)
+                            .unwrap_or_else(|e| panic!("poster {p}: put_with_signal: {e}"));
+                        signals.fetch_add(1, Relaxed);
+                        last[k] = data;
+                    }
+                    ch.flush().unwrap_or_else(|e| panic!("poster {p}: last flush: {e}"));
+                    last
+                })
+            })
+            .collect();
+        let (h2, stop2) = (&h, &stop);
+        s.spawn(move || {
+            let mut ch = shared::<Device>(h2);
+            let mut polls = 0u64;
+            while !stop2.load(Relaxed) {
+                ch.poster().progress().unwrap_or_else(|e| panic!("progress after {polls} polls: {e}"));
+                polls += 1;
+                std::hint::spin_loop();
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        stop.store(true, Relaxed);
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let got = l.dst.read();
+    for (p, slots_of) in last.iter().enumerate() {
+        for (k, data) in slots_of.iter().enumerate() {
+            let off = p * region + k * slot;
+            assert_eq!(&got[off..off + data.len()], &data[..], "poster {p} slot {k}");
+        }
+    }
+    assert_eq!(l.sem.load_u64(0), signals.load(Relaxed), "every signal counted once");
+    let nic = l._nics[0].stats();
+    assert_eq!((nic.dbrec_mismatches, nic.bad_doorbells, nic.error_cqes), (0, 0, 0), "{nic:?}");
+    eprintln!("{} puts with signal in {secs} s", signals.load(Relaxed));
 }

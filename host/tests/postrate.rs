@@ -56,3 +56,35 @@ fn cpu_post_rate_every_shape() {
 fn gpu_post_rate_every_shape() {
     every_shape(ExecutorKind::Gpu, 8, 4, 32);
 }
+
+/// `ctas × threads` threads post `posts` WRITEs each to one Device-scope QP of 32,768 WQEBBs in one round,
+/// oversubscribing it: posters wait for room, and on the GPU (a grid of 2^17 + 2^12 threads) reservations run
+/// more than 65,536 WQEBBs ahead of the retired ones, beyond what the 16-bit `wqe_counter` spans. No poller
+/// may misread a CQE and nothing may be lost: the NIC executes every WRITE (plus the flushes' NOPs, at most
+/// one per thread), with no error.
+fn flood(kind: ExecutorKind, ctas: u32, threads: u32, posts: u32) {
+    let (exec, _) = Executor::open(Some(kind)).expect("executor");
+    let posters = ctas * threads;
+    let mut b = PostRate::new(exec, 1, posters).expect("set up");
+    let before = b.nic().stats();
+    let r = b.flood(ctas, threads, posts, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
+    let after = b.nic().stats();
+    let want = posters as u64 * posts as u64;
+    assert_eq!(r.wqes, want);
+    let executed = after.wqes - before.wqes;
+    assert!((want..=want + posters as u64).contains(&executed), "{executed} WQEs for {want} posts");
+    assert_eq!((after.error_cqes, after.dbrec_mismatches, after.bad_doorbells), (0, 0, 0), "{after:?}");
+    println!("{posters} posters x {posts}: {executed} WQEs in {:.1} ms", r.round_ns[0] as f64 / 1e6);
+}
+
+#[test]
+fn cpu_shared_qp_oversubscribed_loses_nothing() {
+    // 64 threads × 600 posts = 38,400 WQEs through a 32,768-WQEBB SQ in one round.
+    flood(ExecutorKind::Cpu, 4, 16, 600);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_shared_qp_takes_2_17_posting_threads() {
+    flood(ExecutorKind::Gpu, 528, 256, 1);
+}

@@ -1,6 +1,7 @@
 //! `cargo xtask`: gdaki's chores. `cargo xtask build-ptx` builds and checks the device PTX; `cargo xtask test`
 //! is the project's test command (prerequisites, PTX with ptxas, then `cargo test --workspace`); `cargo xtask fuzz`
-//! smoke-runs the cargo-fuzz targets in fuzz/; `cargo xtask sass` counts the SASS instructions of the put path.
+//! smoke-runs the cargo-fuzz targets in fuzz/; `cargo xtask sass` counts the SASS instructions of the put path;
+//! `cargo xtask loom` model-checks device code's concurrent protocols on their host twins.
 
 mod fuzz;
 
@@ -47,6 +48,14 @@ enum Task {
         /// Targets to run (default: all, `wqe_parser` and `wire_decoder`).
         targets: Vec<String>,
     },
+    /// Model-check device code's shared-QP and proxy-FIFO protocols with loom on their host twins
+    /// (device/tests/loom.rs): `cargo test -p gdaki-device --test loom --release` with `--cfg loom`, in
+    /// target/loom. Extra ARGS go to the test binary (after `--`), e.g. a test name or `--nocapture`.
+    Loom {
+        /// Arguments for the test binary.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Build the PTX, assemble it for sm_90, write the SASS of kernels to target/sass/KERNEL.sass (cuobjdump;
     /// installs the cuobjdump and nvdisasm wheels when missing) and print, per kernel, its static instruction
     /// count and the instructions, fences, MMIO stores and loads of its fast path (method: xtask/src/sass.rs).
@@ -67,6 +76,7 @@ fn main() -> ExitCode {
         Task::Test { args } => test_task(&args),
         Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets).map(|()| ExitCode::SUCCESS),
         Task::Sass { kernels, mmio } => sass_task(&kernels, &mmio).map(|()| ExitCode::SUCCESS),
+        Task::Loom { args } => loom_task(&args),
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {error:#}");
@@ -189,6 +199,26 @@ fn sass_task(kernels: &[String], mmio: &[u32]) -> Result<()> {
          before quoting a count (method and assumptions: xtask/src/sass.rs)"
     );
     Ok(())
+}
+
+fn loom_task(args: &[String]) -> Result<ExitCode> {
+    let workspace = Workspace::current()?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("xtask: RUSTFLAGS=\"--cfg loom\" cargo test -p gdaki-device --test loom --release -- {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .current_dir(&workspace.root)
+        // Its own target directory: `--cfg loom` rebuilds every crate, and would otherwise evict the main build.
+        .env("CARGO_TARGET_DIR", workspace.root.join("target/loom"))
+        .env("RUSTFLAGS", "--cfg loom")
+        .args(["test", "-p", "gdaki-device", "--test", "loom", "--release", "--", "--nocapture"])
+        .args(args)
+        .status()
+        .context("cannot run `cargo test` for the loom models")?;
+    match status.code() {
+        Some(0) => Ok(ExitCode::SUCCESS),
+        Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
+        None => bail!("the loom models were killed ({status})"),
+    }
 }
 
 fn test_task(args: &[String]) -> Result<ExitCode> {

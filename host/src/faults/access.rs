@@ -128,23 +128,30 @@ fn post_bad(qp: &mut DevQp<'_>, bad: Bad, t: &Targets) -> DevResult<Ticket> {
                 qp.post_raw(true, 4, |c| [ctrl(c, opcode::ATOMIC_FA, c.qpn, 4), r, AtomicSeg::fetch_add(1).into(), l])
             }
         }
-        // SAFETY (of the raw posts below): malformed on purpose; the NIC under test must refuse or no-op them.
-        Bad::ZeroInline => unsafe {
-            qp.post_raw(true, 3, |c| [ctrl(c, opcode::RDMA_WRITE, c.qpn, 3), raddr_seg(&v, 0), inline_header(0)])
-        },
-        Bad::ZeroNoData => unsafe {
-            qp.post_raw(true, 2, |c| [ctrl(c, opcode::RDMA_WRITE, c.qpn, 2), raddr_seg(&v, 0)])
-        },
+        Bad::ZeroInline => {
+            // SAFETY: an inline header of 0 bytes, on purpose: the NIC under test must treat it as no data.
+            unsafe {
+                qp.post_raw(true, 3, |c| [ctrl(c, opcode::RDMA_WRITE, c.qpn, 3), raddr_seg(&v, 0), inline_header(0)])
+            }
+        }
+        Bad::ZeroNoData => {
+            // SAFETY: a WRITE without a data segment (ds 2), on purpose: the NIC under test must no-op it.
+            unsafe { qp.post_raw(true, 2, |c| [ctrl(c, opcode::RDMA_WRITE, c.qpn, 2), raddr_seg(&v, 0)]) }
+        }
         Bad::WrongQpn => {
             let l = data_seg(&sge(&t.src, 0, PUT));
             // Another QP's number (flip bit 0: a QPN this QP does not have).
+            // SAFETY: malformed on purpose: the NIC under test must refuse it.
             unsafe { qp.post_raw(true, 3, |c| [ctrl(c, opcode::RDMA_WRITE, c.qpn ^ 1, 3), raddr_seg(&v, 0), l]) }
         }
-        Bad::WrongDs => unsafe {
-            qp.post_raw(true, 3, |c| {
-                [ctrl(c, opcode::ATOMIC_FA, c.qpn, 3), raddr_seg(&v, 0), AtomicSeg::fetch_add(1).into()]
-            })
-        },
+        Bad::WrongDs => {
+            // SAFETY: an atomic of ds 3, on purpose: the NIC under test must refuse it.
+            unsafe {
+                qp.post_raw(true, 3, |c| {
+                    [ctrl(c, opcode::ATOMIC_FA, c.qpn, 3), raddr_seg(&v, 0), AtomicSeg::fetch_add(1).into()]
+                })
+            }
+        }
     }
 }
 

@@ -528,18 +528,15 @@ mod tests {
                         };
                         t.unwrap().0
                     }
-                    // SAFETY: as above; the shared state is `q.shared`, used by shared posters only.
                     2 => {
-                        with_wqe!(w.wqe, x => unsafe { SharedQp::<Block>::new(&*hp, shared, 1_000_000_000) }
-                        .post(true, x))
-                        .unwrap()
-                        .0
+                        // SAFETY: as above; the shared state is `q.shared`, used by shared posters only.
+                        let qp = unsafe { SharedQp::<Block>::new(&*hp, shared, 1_000_000_000) };
+                        with_wqe!(w.wqe, x => qp.post(true, x)).unwrap().0
                     }
                     _ => {
-                        with_wqe!(w.wqe, x => unsafe { SharedQp::<Device>::new(&*hp, shared, 1_000_000_000) }
-                        .post(true, x))
-                        .unwrap()
-                        .0
+                        // SAFETY: as above.
+                        let qp = unsafe { SharedQp::<Device>::new(&*hp, shared, 1_000_000_000) };
+                        with_wqe!(w.wqe, x => qp.post(true, x)).unwrap().0
                     }
                 };
                 if poster == 1 && w.ds() <= 4 {

@@ -339,19 +339,16 @@ impl Qp {
                 ))
             })?;
         // Only the RESET → INIT winner gets here, so the peer (or link) is set once.
-        match link {
+        let dialer = match link {
             Some(link) => {
                 let _ = q.link.set(link.clone());
-                if link.dials() {
-                    let timeout = self.nic.retry_timeout();
-                    link::spawn_dialer(link, self.nic.mailbox()?, timeout)
-                        .map_err(|e| Error::Emu(format!("wire thread for QP {:#x}: {e}", q.qpn)))?;
-                }
+                link.dials().then_some(link)
             }
             None => {
                 let _ = q.peer.set(remote.qpn);
+                None
             }
-        }
+        };
         q.set_state(QpState::Rtr);
         {
             // Doorbells written before RTS are ignored: the register is cleared (software never reads a UAR,
@@ -363,6 +360,13 @@ impl Qp {
             p.last_db = 0;
         }
         q.set_state(QpState::Rts);
+        // The dialer starts in RTS: frames it reads from the peer (requests already queued there) would be
+        // dropped by a QP still in INIT, failing them with 0x15 after the retry timeout.
+        if let Some(link) = dialer {
+            let timeout = self.nic.retry_timeout();
+            link::spawn_dialer(link, self.nic.mailbox()?, timeout)
+                .map_err(|e| Error::Emu(format!("wire thread for QP {:#x}: {e}", q.qpn)))?;
+        }
         tracing::debug!(qpn = q.qpn, peer = remote.qpn, "emulated NIC: QP in RTS");
         Ok(())
     }

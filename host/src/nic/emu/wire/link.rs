@@ -521,8 +521,11 @@ fn read_loop(stream: TcpStream, link: Arc<Link>, mb: Mailbox, stall: Duration) {
         }
     };
     if !link.is_closed() {
-        link.set_down();
         let reason = if reason.starts_with("peer QP") { reason } else { format!("{reason} ({})", peer_name(&link)) };
+        // The reason first: the executor may see the link down (a send failing) before it takes the message,
+        // and the first reason recorded is the one `Qp::wire_error` gives.
+        link.set_error(&reason);
+        link.set_down();
         mb.post(Inbound::Down { qpn, reason });
     }
 }
@@ -546,6 +549,7 @@ pub(crate) fn spawn_dialer(link: Arc<Link>, mb: Mailbox, timeout: Duration) -> i
         match dial(&link, timeout) {
             Ok(stream) => read_loop(stream, link, mb, socket_timeout(timeout)),
             Err(reason) if !link.is_closed() && !link.is_down() => {
+                link.set_error(&reason);
                 link.set_down();
                 mb.post(Inbound::Down { qpn, reason });
             }
