@@ -18,8 +18,8 @@ impl Cta {
                     team_flags().add(i).write_volatile(0);
                 }
             }
-            nvptx::_syncthreads();
         }
+        crate::sync::cta_barrier();
         Self { round: core::cell::Cell::new(0) }
     }
 }
@@ -34,14 +34,13 @@ fn team_flags() -> *mut u32 {
     flags
 }
 
-/// The barrier of [`Cta::sync_or`], in a function of its own (never inlined) so that every thread of the CTA
-/// waits at the same `bar.sync` instruction: LLVM may copy an inlined barrier into both arms of a branch that
-/// the threads of a warp take differently (`if leader { .. }`), and a warp split across two barrier
-/// instructions, with the compiler's reconvergence point between them, waits forever.
+/// The barrier of [`Cta::sync_or`]: the non-aligned [`crate::sync::cta_barrier`], since the threads of a warp
+/// arrive diverged (the leader from posting, the others from waiting for it). In a function of its own (never
+/// inlined), so that there is one barrier instruction for every caller.
 #[inline(never)]
 fn cta_sync_or(tid: u32, r: u32, flag: bool) -> bool {
     let flags = team_flags();
-    // SAFETY: three words of this CTA's shared memory, used only here; `bar.sync` orders the accesses of the
+    // SAFETY: three words of this CTA's shared memory, used only here; the barrier orders the accesses of the
     // CTA's threads (it is a memory barrier among them).
     unsafe {
         if tid == 0 {
@@ -50,9 +49,10 @@ fn cta_sync_or(tid: u32, r: u32, flag: bool) -> bool {
         if flag {
             flags.add((r % 3) as usize).write_volatile(1);
         }
-        nvptx::_syncthreads();
-        flags.add((r % 3) as usize).read_volatile() != 0
     }
+    crate::sync::cta_barrier();
+    // SAFETY: as above.
+    unsafe { flags.add((r % 3) as usize).read_volatile() != 0 }
 }
 
 // Three flag words in shared memory for `Cta::sync_or`, one per round modulo 3.
@@ -67,7 +67,7 @@ impl Team for Cta {
         // SAFETY: reading a special register.
         unsafe { nvptx::_block_dim_x() as usize }
     }
-    /// An OR over the CTA with one `bar.sync 0` (`__syncthreads`), in [`cta_sync_or`].
+    /// An OR over the CTA with one `barrier.sync 0` (`__syncthreads`), in [`cta_sync_or`].
     ///
     /// Round `r` uses flag `r % 3`: thread 0 clears flag `(r + 1) % 3` before the barrier (everyone read it in
     /// round `r - 2`, before reaching round `r - 1`'s barrier, which thread 0 has passed), and nobody sets it

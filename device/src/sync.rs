@@ -270,6 +270,17 @@ pub unsafe fn store_words_v2_u64(p: *mut [u64; 2], v: [u64; 2]) {
     }
 }
 
+/// The CTA barrier (`__syncthreads`) in its non-aligned form, `barrier.sync 0` (PTX ISA 6.0, sm_70+): the
+/// threads of a warp may reach it diverged, at different instructions (one lane posting while the others
+/// wait), which `bar.sync` (= `barrier.sync.aligned`) forbids and compute-sanitizer's synccheck reports.
+/// Also a memory barrier among the CTA's threads. nvptx only: host teams synchronize with `std::sync::Barrier`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn cta_barrier() {
+    // SAFETY: a barrier has no operands; every thread of the CTA reaches it (the callers' protocol).
+    unsafe { core::arch::asm!("barrier.sync 0;", options(nostack)) };
+}
+
 /// Nanoseconds from an arbitrary epoch: `%globaltimer` on nvptx, a process-wide monotonic clock on the host.
 #[inline(always)]
 pub fn clock_ns() -> u64 {

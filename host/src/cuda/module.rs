@@ -24,6 +24,8 @@ const JIT_LOG: usize = 16 * 1024;
 pub struct Module {
     shared: Arc<Shared>,
     raw: sys::CUmodule,
+    /// Parameter counts of the module's kernels, by name, read from the PTX text's `.entry` declarations.
+    param_counts: Vec<(String, usize)>,
 }
 
 // SAFETY: a `CUmodule` handle may be used from any thread (the driver API is thread-safe); every use binds the
@@ -83,7 +85,7 @@ impl Gpu {
                 e => e,
             });
         }
-        let module = Arc::new(Module { shared: Arc::clone(&self.shared), raw });
+        let module = Arc::new(Module { shared: Arc::clone(&self.shared), raw, param_counts: entry_param_counts(ptx) });
         modules.push((ptx.to_owned(), Arc::clone(&module)));
         Ok(module)
     }
@@ -117,7 +119,11 @@ impl Module {
             return Err(Error::InvalidArgument(format!("no kernel `{name}` in the PTX module")));
         }
         check(status, "cuModuleGetFunction")?;
-        let param_sizes = if self.shared.lib.has_param_info { param_sizes(raw) } else { None };
+        let count = self.param_counts.iter().find(|(n, _)| n == name).map(|&(_, c)| c);
+        let param_sizes = match count {
+            Some(count) if self.shared.lib.has_param_info => param_sizes(raw, count),
+            _ => None,
+        };
         Ok(Kernel {
             module: Arc::clone(self),
             raw,
@@ -128,21 +134,52 @@ impl Module {
     }
 }
 
-/// Parameter sizes of `f` in bytes, in order (`cuFuncGetParamInfo` until it answers `CUDA_ERROR_INVALID_VALUE`
-/// past the last one); `None` if the driver answers anything else.
-fn param_sizes(f: sys::CUfunction) -> Option<Vec<usize>> {
-    let mut sizes = Vec::new();
-    // PTX allows at most a few thousand parameter bytes; the bound only guards against a misbehaving driver.
-    for index in 0..4096 {
+/// Parameter sizes of `f` in bytes, in order, for its `count` parameters (`cuFuncGetParamInfo` for each);
+/// `None` if the driver answers anything but success. The count comes from the PTX text, so that no call is
+/// made past the last parameter (the driver would answer `CUDA_ERROR_INVALID_VALUE`, which compute-sanitizer
+/// reports as an API error).
+fn param_sizes(f: sys::CUfunction, count: usize) -> Option<Vec<usize>> {
+    let mut sizes = Vec::with_capacity(count);
+    for index in 0..count {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: `f` is a live function handle (the caller's context is bound); the call writes two words.
         match unsafe { sys::cuFuncGetParamInfo(f, index, &mut offset, &mut size) } {
             sys::CUresult::CUDA_SUCCESS => sizes.push(size),
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
             _ => return None,
         }
     }
-    None
+    Some(sizes)
+}
+
+/// The kernels of a PTX text and how many parameters each declares: for every `.entry NAME(`, the `.param`
+/// directives up to the closing parenthesis (PTX ISA, "Kernel Function Parameters").
+fn entry_param_counts(ptx: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let mut rest = ptx;
+    while let Some(at) = rest.find(".entry ") {
+        rest = &rest[at + ".entry ".len()..];
+        let Some(open) = rest.find('(') else { break };
+        let name = rest[..open].trim().to_string();
+        let Some(close) = rest[open..].find(')') else { break };
+        let params = &rest[open + 1..open + close];
+        out.push((name, params.matches(".param").count()));
+        rest = &rest[open + close..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn entry_param_counts_reads_each_kernels_parameters() {
+        let ptx = "// a comment\n.visible .entry a(\n\t.param .u64 .ptr .align 1 a_param_0\n)\n{\n}\n\
+                   .func f(.param .b64 x)\n.visible .entry b(\n\t.param .u64 b_param_0,\n\t.param .u32 b_param_1\n)\n\
+                   .visible .entry c()\n{\n}\n";
+        assert_eq!(super::entry_param_counts(ptx), [("a".to_string(), 1), ("b".to_string(), 2), ("c".to_string(), 0)]);
+        // The embedded PTX: the ping-pong kernel takes one pointer.
+        let counts = super::entry_param_counts(crate::ptx::PTX);
+        assert!(counts.contains(&("gdaki_pingpong".to_string(), 1)), "{counts:?}");
+    }
 }
 
 /// One kernel argument, passed by value as the kernel's parameter of the same size.
