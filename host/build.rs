@@ -1,10 +1,11 @@
 //! Builds gdaki-device to PTX for `src/ptx.rs`, so that a plain `cargo build` needs no manual step.
 //!
-//! The build is `xtask`'s ([`xtask::PtxBuild`]): a nested `cargo rustc` for `nvptx64-nvidia-cuda` with its own
-//! target directory (`<target>/ptx-build`, shared by every outer profile and by `cargo xtask build-ptx`: the outer
-//! cargo's lock is on `<target>/<profile>`, so the nested one never waits for it) and an environment cleaned of
-//! the outer build's flags. The PTX is validated (target, version, `.entry`, no `.extern`) and copied to
-//! `OUT_DIR`. ptxas is not needed here; `cargo xtask build-ptx` and `cargo xtask test` run it.
+//! The build is `gdaki-build`'s ([`gdaki_build::PtxBuilder`], as any user's build script runs it): a nested
+//! `cargo rustc` for `nvptx64-nvidia-cuda` with its own target directory (`<target>/ptx-build`, shared by every
+//! outer profile: the outer cargo's lock is on `<target>/<profile>`, so the nested one never waits for it) and an
+//! environment cleaned of the outer build's flags. The PTX is validated (target, version, `.entry`, no
+//! `.extern`) and written to `OUT_DIR`. ptxas is not needed here; `cargo xtask build-ptx` and `cargo xtask test`
+//! run it.
 //!
 //! If the active toolchain lacks a component the nvptx build needs (`rust-src`, `llvm-tools`,
 //! `llvm-bitcode-linker`: rustup installs those of `rust-toolchain.toml` only with the toolchain itself), the build
@@ -17,8 +18,11 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use xtask::anyhow::Context;
-use xtask::{PtxBuild, Result, ARCH, PTX_FILE, PTX_ISA};
+use gdaki_build::anyhow::Context;
+use gdaki_build::{PtxBuilder, Result, ARCH, PTX_ISA};
+
+/// File name of the module in `OUT_DIR` (the device crate's library name).
+const PTX_FILE: &str = "gdaki_device.ptx";
 
 /// Overrides the nested build with a prebuilt PTX file.
 const PTX_OVERRIDE_ENV: &str = "GDAKI_PTX";
@@ -40,15 +44,6 @@ fn run() -> Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("cargo did not set OUT_DIR")?);
     let root = manifest_dir.parent().context("the host crate has no parent folder")?;
 
-    // Everything the PTX depends on: the device and shared crates (folders are scanned recursively), the workspace
-    // manifest (profile `ptx`), the lock file, the toolchain pin and cargo's config.
-    // A path that does not exist would make cargo rerun this script on every build, hence the filter.
-    for path in ["device", "shared", "Cargo.toml", "Cargo.lock", "rust-toolchain.toml", ".cargo/config.toml"] {
-        let path = root.join(path);
-        if path.exists() {
-            println!("cargo:rerun-if-changed={}", path.display());
-        }
-    }
     println!("cargo:rerun-if-env-changed={PTX_OVERRIDE_ENV}");
 
     let dest = out_dir.join(PTX_FILE);
@@ -58,21 +53,13 @@ fn run() -> Result<()> {
             println!("cargo:rerun-if-changed={}", path.display());
             let ptx = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read ${PTX_OVERRIDE_ENV} ({})", path.display()))?;
-            let info = xtask::validate(&ptx, ARCH, PTX_ISA)?;
-            xtask::build::write_atomically(&dest, ptx.as_bytes())?;
+            let info = gdaki_build::validate(&ptx, ARCH, PTX_ISA)?;
+            gdaki_build::builder::write_atomically(&dest, ptx.as_bytes())?;
             info.entries
         }
-        None => {
-            let mut build = PtxBuild::new(root, xtask::build::nested_target_dir(&out_dir));
-            // A build script must not rewrite Cargo.lock; the outer cargo has already brought it up to date.
-            build.locked = true;
-            build.jobs = env::var("NUM_JOBS").ok().and_then(|n| n.parse().ok());
-            // Warnings about nvptx-only device code would otherwise stay in this script's hidden stderr.
-            build.cargo_warnings = true;
-            let built = build.build()?;
-            built.write_to(&dest)?;
-            built.info.entries
-        }
+        // Writes OUT_DIR/gdaki_device.ptx and tells cargo when to rerun (the device and shared crates, the lock
+        // file, the toolchain pin).
+        None => PtxBuilder::new(root.join("device")).build()?.info.entries,
     };
     write_entries(&out_dir, &entries)
 }
@@ -81,5 +68,5 @@ fn run() -> Result<()> {
 fn write_entries(out_dir: &Path, entries: &[String]) -> Result<()> {
     // `{:?}` quotes and escapes each name; PTX identifiers need no escaping anyway.
     let text = format!("&{entries:?}\n");
-    xtask::build::write_atomically(&out_dir.join("gdaki_device_entries.rs"), text.as_bytes())
+    gdaki_build::builder::write_atomically(&out_dir.join("gdaki_device_entries.rs"), text.as_bytes())
 }

@@ -1,16 +1,14 @@
 //! MSCCL++'s PortChannel device API (GPUNetIO "Device" mode) on a [`PortChannelHandle`]: `put`, `signal`,
 //! `put_with_signal`, `put_with_accumulate`, `flush`, `wait` and `poll`, with every wait bounded.
 //!
-//! A channel posts through a [`Poster`]: an [`ExclusiveQp`] (one thread owns the QP; BlueFlame for small
-//! puts, staged in its CTA's shared-memory slots) or a [`SharedQp`] of [`Block`] or [`Device`] scope (any
-//! number of threads, and channels, share the QP). The scope is the poster's type, so it is chosen at compile
-//! time.
+//! A channel posts through a [`Poster`]: a [`Qp`] (Exclusive: one thread owns the QP; BlueFlame for small
+//! puts) or a [`SharedQp`] of [`Block`] or [`Device`] scope (any number of threads, and channels, share the
+//! QP). The scope is the poster's type, so it is chosen at compile time: `PortChannel::<Exclusive>::new(h)`.
 //!
 //! Signals are RDMA fetch-adds of 1 on the peer's inbound semaphore; the NIC applies them after every earlier
 //! WRITE of the QP, so a peer that sees the new value sees the data. The fetch-add's old value lands in the
 //! QP's scratch word, never in user memory.
 
-use crate::bf::{BfSlots, DEFAULT_SLOTS};
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::fifo;
 use crate::onesided::{atomic_target, local, remote};
@@ -20,7 +18,6 @@ use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::wait::bounded;
 use crate::wqe::{self, Wqe};
-use bytemuck::Zeroable;
 use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::proxy::{mode, Trigger};
@@ -32,8 +29,7 @@ const MAX_WRITE: u64 = wqe::MAX_SGE_LEN as u64;
 /// Bytes an RDMA atomic moves: what [`PortChannelHandle::blue_flame_limit`] is compared with for a signal.
 const ATOMIC_BYTES: u64 = 8;
 
-/// What a channel posts through. Two real implementations: the Exclusive [`ExclusiveQp`] and the shared
-/// [`SharedQp`].
+/// What a channel posts through. Two real implementations: the Exclusive [`Qp`] and the shared [`SharedQp`].
 pub trait Poster {
     /// Posts a WQE that may wait for a later doorbell (Exclusive: until [`Poster::submit`] or a wait; shared
     /// scopes ring at once).
@@ -66,46 +62,33 @@ pub trait Poster {
     fn progress(&mut self) -> Result<()>;
 }
 
-/// The Exclusive poster: a [`Qp`] owned by one thread, and the BlueFlame slots of its CTA ([`crate::bf`]).
-pub struct ExclusiveQp<'a, const SLOTS: usize> {
-    qp: Qp<'a>,
-    bf: &'a mut BfSlots<SLOTS>,
-}
-
-impl<'a, const SLOTS: usize> ExclusiveQp<'a, SLOTS> {
-    /// The QP, for posts of its own.
-    pub fn qp(&mut self) -> &mut Qp<'a> {
-        &mut self.qp
-    }
-}
-
-impl<const SLOTS: usize> Poster for ExclusiveQp<'_, SLOTS> {
+impl Poster for Qp<'_> {
     #[inline(always)]
     fn stage<const N: usize>(&mut self, w: Wqe<N>) -> Result<()> {
-        self.qp.post(false, w).map(|_| ())
+        self.post(false, w).map(|_| ())
     }
 
     #[inline(always)]
     fn submit<const N: usize>(&mut self, bf: bool, signaled: bool, w: Wqe<N>) -> Result<()> {
         if bf {
-            return self.qp.post_bf(self.bf, signaled, w).map(|_| ());
+            return self.post_bf(signaled, w).map(|_| ());
         }
-        let _ticket = self.qp.post(signaled, w)?;
-        self.qp.ring_db();
+        let _ticket = self.post(signaled, w)?;
+        self.ring_db();
         Ok(())
     }
 
     fn flush(&mut self) -> Result<()> {
-        self.qp.flush()
+        Qp::flush(self)
     }
 
     fn error(&self) -> Option<CqeError> {
-        self.qp.error()
+        Qp::error(self)
     }
 
     fn progress(&mut self) -> Result<()> {
-        self.qp.ring_db();
-        match self.qp.poll_cq() {
+        self.ring_db();
+        match self.poll_cq() {
             Some(Err(e @ Error::UnexpectedCqe(_))) => Err(e),
             // An error CQE is kept by the QP (sticky), where `error` finds it.
             _ => Ok(()),
@@ -138,37 +121,39 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
 }
 
 /// How the threads of a launch share a channel's QP, chosen at compile time: [`Exclusive`] (one thread per QP),
-/// [`Block`] (the threads of one CTA) or [`Device`] (any thread). Three real implementations.
-pub trait Sharing {
+/// [`Block`] (the threads of one CTA) or [`Device`] (any thread). Three real implementations; sealed.
+pub trait Sharing: sealed::Sealed {
     /// The poster each posting thread uses.
     type Poster<'a>: Poster;
-    /// Memory a poster keeps beside the QP, which the kernel provides per CTA (Exclusive: its BlueFlame slots
-    /// in shared memory; the shared scopes need none). All-zero bytes are its fresh state.
-    type Staging: Zeroable;
     /// Whether every thread may post (Block, Device) rather than one (Exclusive).
     const SHARED: bool;
     /// A poster on `h`'s QP for the calling thread.
     ///
     /// # Safety
-    /// `h` must be a live channel (see [`PortChannel::new`]). Exclusive: no other thread uses the QP, nor
-    /// `staging`, while the poster lives, and `staging` is valid, zeroed when first used and used with this
-    /// QP only. Block / Device: every user of the QP is a shared poster of this scope (`staging` is unused).
-    unsafe fn poster<'a>(h: &'a PortChannelHandle, staging: *mut Self::Staging) -> Self::Poster<'a>;
+    /// `h` must be a live channel (see [`PortChannel::new`]). Exclusive: no other thread uses the QP while the
+    /// poster lives. Block / Device: every user of the QP is a shared poster of this scope.
+    unsafe fn poster<'a>(h: &'a PortChannelHandle) -> Self::Poster<'a>;
 }
 
-/// One thread owns the QP (no atomics on the SQ counters; BlueFlame for puts up to the channel's
-/// `blue_flame_limit`, built in `BF_SLOTS` 64-byte slots of its CTA's shared memory, default 32).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Exclusive<const BF_SLOTS: usize = DEFAULT_SLOTS>;
+mod sealed {
+    /// Only this crate's sharing modes implement [`super::Sharing`].
+    pub trait Sealed {}
+    impl Sealed for super::Exclusive {}
+    impl Sealed for super::Block {}
+    impl Sealed for super::Device {}
+}
 
-impl<const BF_SLOTS: usize> Sharing for Exclusive<BF_SLOTS> {
-    type Poster<'a> = ExclusiveQp<'a, BF_SLOTS>;
-    type Staging = BfSlots<BF_SLOTS>;
+/// One thread owns the QP: no atomics on the SQ counters, BlueFlame for puts up to the channel's
+/// `blue_flame_limit`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Exclusive;
+
+impl Sharing for Exclusive {
+    type Poster<'a> = Qp<'a>;
     const SHARED: bool = false;
-    unsafe fn poster<'a>(h: &'a PortChannelHandle, staging: *mut BfSlots<BF_SLOTS>) -> ExclusiveQp<'a, BF_SLOTS> {
-        // SAFETY: the caller's contract: `h.qp` is the QP's handle and `staging` its slots, used by this thread
-        // only.
-        unsafe { ExclusiveQp { qp: Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns), bf: &mut *staging } }
+    unsafe fn poster<'a>(h: &'a PortChannelHandle) -> Qp<'a> {
+        // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this thread only.
+        unsafe { Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns) }
     }
 }
 
@@ -176,9 +161,8 @@ macro_rules! shared_sharing {
     ($t:ty) => {
         impl Sharing for $t {
             type Poster<'a> = SharedQp<'a, $t>;
-            type Staging = ();
             const SHARED: bool = true;
-            unsafe fn poster<'a>(h: &'a PortChannelHandle, _: *mut ()) -> SharedQp<'a, $t> {
+            unsafe fn poster<'a>(h: &'a PortChannelHandle) -> SharedQp<'a, $t> {
                 // SAFETY: the caller's contract: `h.qp` and `h.shared` are the QP's handle and shared state,
                 // used by shared posters of this scope only.
                 unsafe { SharedQp::new(&*(h.qp as *const QpHandle), h.shared as *mut SharedQpState, h.timeout_ns) }
@@ -190,21 +174,25 @@ macro_rules! shared_sharing {
 shared_sharing!(Block);
 shared_sharing!(Device);
 
-/// One port channel, used by one thread at a time through `P` (several threads may each hold a
-/// `PortChannel` of the same handle when `P` is a shared QP).
-pub struct PortChannel<'h, P: Poster> {
+/// One port channel in sharing mode `M`, used by one thread at a time (in Block and Device sharing, several
+/// threads may each hold a `PortChannel` of the same handle).
+pub struct PortChannel<'h, M: Sharing> {
     h: &'h PortChannelHandle,
-    qp: P,
+    qp: M::Poster<'h>,
 }
 
-impl<'h, P: Poster> PortChannel<'h, P> {
-    /// The channel `h`, posting through `qp` (which must be the QP `h.qp` names).
+impl<'h, M: Sharing> PortChannel<'h, M> {
+    /// The channel `h` for the calling thread: `let mut ch = unsafe { PortChannel::<Exclusive>::new(h) };`.
     ///
     /// # Safety
-    /// `h` must come from the host's `PortChannel::device_handle` for a live channel: its memory handles, the
-    /// semaphore words and the `expected` word valid for `'h`; `qp` built from the same QP.
-    pub unsafe fn new(h: &'h PortChannelHandle, qp: P) -> Self {
-        Self { h, qp }
+    /// `h` must come from the host's `PortChannel::device_handle` for a live channel (its QP, memory handles,
+    /// semaphore words and `expected` word valid for `'h`), set up for this sharing mode: in Exclusive sharing
+    /// no other thread uses the QP while this channel lives; in Block / Device sharing every user of the QP is
+    /// a channel (or [`SharedQp`]) of this scope.
+    #[inline(always)]
+    pub unsafe fn new(h: &'h PortChannelHandle) -> Self {
+        // SAFETY: the caller's contract is the poster's.
+        Self { h, qp: unsafe { M::poster(h) } }
     }
 
     /// The channel's handle.
@@ -213,7 +201,7 @@ impl<'h, P: Poster> PortChannel<'h, P> {
     }
 
     /// The poster, e.g. to flush the QP once for several channels.
-    pub fn poster(&mut self) -> &mut P {
+    pub fn poster(&mut self) -> &mut M::Poster<'h> {
         &mut self.qp
     }
 

@@ -93,46 +93,18 @@ pub unsafe extern "ptx-kernel" fn gdaki_pingpong(args: *const PingPongArgs) {
     }
 }
 
-/// Generic address of this CTA's staging area for a poster of sharing `M` (the BlueFlame slots of Exclusive
-/// sharing), zeroed by thread 0; every thread must then pass a barrier (`Cta::new`) before using it.
-///
-/// # Safety
-/// Every thread of the CTA calls this at the start of the kernel, before any use of the area.
-unsafe fn staging<M: crate::channel::Sharing>() -> *mut M::Staging {
-    const { assert!(core::mem::size_of::<M::Staging>() <= STAGING_BYTES, "the staging area is too small") };
-    let area: *mut u64;
-    // SAFETY: `cvta` turns the shared array's address into a generic one; no memory is touched.
-    unsafe {
-        core::arch::asm!("cvta.shared.u64 {p}, gdaki_staging;", p = out(reg64) area, options(nostack, nomem));
-        if nvptx::_thread_idx_x() == 0 {
-            for i in 0..core::mem::size_of::<M::Staging>() / 8 {
-                area.add(i).write_volatile(0);
-            }
-        }
-    }
-    area as *mut M::Staging
-}
-
-/// Bytes of a CTA's staging area: the default Exclusive BlueFlame slots.
-const STAGING_BYTES: usize = core::mem::size_of::<crate::bf::BfSlots>();
-
-// The staging area of `staging`, in shared memory, 64-byte aligned like a WQEBB.
-core::arch::global_asm!(".shared .align 64 .b8 gdaki_staging[{n}];", n = const STAGING_BYTES);
-
 /// Port-channel test `op` with sharing `M`: CTA `b` runs channel `b % nchannels` of rank `b / nchannels`,
 /// with `args[b / nchannels]` (launch `ranks × nchannels` CTAs, so that every team is resident at once).
 ///
 /// # Safety
 /// `args` must point to one [`crate::porttest::PortTestArgs`] per rank in the launch, built by the host.
 unsafe fn port<M: crate::channel::Sharing>(args: *const crate::porttest::PortTestArgs) {
-    // SAFETY: the host passes one argument block per rank; `run`'s contract is the host's; the staging area is
-    // this CTA's, cleared before `Cta::new`'s barrier.
+    // SAFETY: the host passes one argument block per rank; `run`'s contract is the host's.
     unsafe {
-        let st = staging::<M>();
         let team = Cta::new();
         let b = nvptx::_block_idx_x() as u32;
         let n = (*args).nchannels.max(1);
-        crate::porttest::run::<M>(&team, &*args.add((b / n) as usize), b % n, st)
+        crate::porttest::run::<M>(&team, &*args.add((b / n) as usize), b % n)
     }
 }
 
@@ -166,35 +138,25 @@ pub unsafe extern "ptx-kernel" fn gdaki_port_device(args: *const crate::porttest
     unsafe { port::<crate::scope::Device>(args) }
 }
 
-/// The post-rate microbenchmark ([`crate::postrate::run`]): CTA `b` is team `b`, with its shared-memory
-/// BlueFlame slots.
+/// The post-rate microbenchmark ([`crate::postrate::run`]): CTA `b` is team `b`.
 ///
 /// # Safety
 /// `args` must point to a [`crate::postrate::PostRateArgs`] built by the host.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn gdaki_post_rate(args: *const crate::postrate::PostRateArgs) {
-    // SAFETY: the host's arguments; the staging area is this CTA's, cleared before `Cta::new`'s barrier, and
-    // only thread 0 posts with BlueFlame (the Exclusive shape).
-    unsafe {
-        let st = staging::<crate::channel::Exclusive>();
-        let team = Cta::new();
-        crate::postrate::run(&team, &*args, nvptx::_block_idx_x() as u32, &mut *st)
-    }
+    // SAFETY: the host's arguments (`run`'s contract).
+    unsafe { crate::postrate::run(&Cta::new(), &*args, nvptx::_block_idx_x() as u32) }
 }
 
-/// An Exclusive channel on `*h` for thread 0, with its CTA's BlueFlame slots.
+/// An Exclusive channel on `*h` for thread 0.
 ///
 /// # Safety
 /// `h` must point to a live channel's handle whose QP no other thread uses; launched with one thread.
 unsafe fn exclusive(
     h: *const gdaki_shared::channel::PortChannelHandle,
-) -> crate::channel::PortChannel<'static, crate::channel::ExclusiveQp<'static, { crate::bf::DEFAULT_SLOTS }>> {
-    use crate::channel::{Exclusive, PortChannel, Sharing};
-    // SAFETY: the caller's contract; one thread, so nobody else uses the staging area.
-    unsafe {
-        let st = staging::<Exclusive>();
-        PortChannel::new(&*h, Exclusive::poster(&*h, st))
-    }
+) -> crate::channel::PortChannel<'static, crate::channel::Exclusive> {
+    // SAFETY: the caller's contract.
+    unsafe { crate::channel::PortChannel::new(&*h) }
 }
 
 /// One Exclusive `put` on channel `*h` (one thread): a kernel of its own so that its SASS is the put path

@@ -5,7 +5,7 @@
 //! links `std` for a clock and for yielding in spin loops.
 //!
 //! Layers, lowest first (each uses only those above it in this list): [`sync`] (fences, ordered loads and
-//! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) → [`bf`] (BlueFlame slots) →
+//! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) →
 //! [`cq`] (polling) → [`wait`] (bounded waits) → [`qp`] (Exclusive QP: post, ring, retire, flush) →
 //! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop). Shared QPs:
 //! [`scope`] (Block / Device atomics) → [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s
@@ -37,7 +37,6 @@ pub unsafe fn loom_register(addr: *const u8, len: usize) {
     unsafe { twin::register(addr, len) }
 }
 
-pub mod bf;
 pub mod channel;
 pub mod cq;
 pub mod db;

@@ -20,7 +20,7 @@
 //! Both calls split their packets over `threads` threads (packet `i` goes to thread `i % threads`), as
 //! MSCCL++'s `threadId` / `numThreads`; one thread alone passes `0, 1`.
 
-use crate::channel::{PortChannel, Poster};
+use crate::channel::{PortChannel, Sharing};
 use crate::error::{Error, InvalidArgument, Result, WaitOn};
 use crate::sync;
 use crate::wait::bounded;
@@ -247,7 +247,7 @@ impl<'h> Packets<'h> {
     }
 }
 
-impl<'h, P: Poster> PortChannel<'h, P> {
+impl<'h, M: Sharing> PortChannel<'h, M> {
     /// The channel's local memory as packets see it ([`Packets::of`]).
     pub fn packets(&self) -> Packets<'h> {
         // SAFETY: the channel is live (contract of `PortChannel::new`).

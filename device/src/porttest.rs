@@ -23,7 +23,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::channel::{PortChannel, Poster, Sharing};
+use crate::channel::{PortChannel, Sharing};
 use crate::error::{Error, InvalidArgument, PayloadMismatch, Result};
 use crate::packet::{Packet, Packets};
 use crate::pingpong::{payload_word, Team};
@@ -168,7 +168,7 @@ fn check(
 }
 
 /// The channel of a thread that posts (every thread that `run` lets post has one).
-fn held<'c, 'h, P: Poster>(c: &'c mut Option<PortChannel<'h, P>>) -> Result<&'c mut PortChannel<'h, P>> {
+fn held<'c, 'h, M: Sharing>(c: &'c mut Option<PortChannel<'h, M>>) -> Result<&'c mut PortChannel<'h, M>> {
     c.as_mut().ok_or(Error::InvalidArgument(InvalidArgument::Handle))
 }
 
@@ -192,21 +192,19 @@ fn verify(team: &impl Team, a: &PortTestArgs, h: &PortChannelHandle, at: u64, ch
     failed
 }
 
-/// One rank's part of operation `a.op` on channel `ch` (this team's), with sharing `M`; `staging` is the
-/// team's [`Sharing::Staging`] (zeroed before the run; the poster of thread 0 uses it in Exclusive sharing).
+/// One rank's part of operation `a.op` on channel `ch` (this team's), with sharing `M`.
 ///
 /// # Safety
 /// `a` must come from the host's port-test setup: every address valid for the run, the channel's QP used only
 /// by this team's threads (Exclusive: its thread 0 only; Device: any team of this launch), and both ranks
-/// running at the same time; `staging` valid for the run and used by no other team.
-pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32, staging: *mut M::Staging) {
+/// running at the same time.
+pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
     // SAFETY: `channels` holds `nchannels` handles (caller's contract); `ch` is this team's.
     let h = unsafe { &*(a.channels as *const PortChannelHandle).add(ch as usize) };
     let tid = team.tid();
     let posts = tid == 0 || M::SHARED;
-    // SAFETY: `h` is a live channel and `staging` this team's (caller's contract); Exclusive: only thread 0
-    // builds a poster.
-    let mut chan = posts.then(|| unsafe { PortChannel::new(h, M::poster(h, staging)) });
+    // SAFETY: `h` is a live channel (caller's contract); Exclusive: only thread 0 builds a channel.
+    let mut chan = posts.then(|| unsafe { PortChannel::<M>::new(h) });
     let sender = a.rank == 0 || a.op == op::BIBW || a.op == op::PINGPONG;
     let receiver = a.rank == 1 || a.op == op::BIBW || a.op == op::PINGPONG;
     let half = a.size.next_multiple_of(8);
@@ -343,18 +341,18 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32, stagi
 /// `PACKET_PINGPONG` on channel 0 with packets `T`: per round, rank 0's team fills the payload and writes the
 /// packets, the leader puts them ([`PortChannel::put_packets`]); rank 1's team reads them
 /// ([`Packets::read_packets`]) into its data, checks every byte and answers the same way. Ends with a flush.
-fn packet_pingpong<T: Packet, P: Poster>(
+fn packet_pingpong<T: Packet, M: Sharing>(
     team: &impl Team,
     a: &PortTestArgs,
     h: &PortChannelHandle,
-    chan: &mut Option<PortChannel<'_, P>>,
+    chan: &mut Option<PortChannel<'_, M>>,
     clock: &impl Fn(u64, u64),
 ) {
     let l = packet_layout(a.size);
     // SAFETY: `h` is a live channel (contract of `run`).
     let pk = unsafe { Packets::of(h) };
     let (tid, n) = (team.tid() as u32, team.size() as u32);
-    let send = |k: u64, chan: &mut Option<PortChannel<'_, P>>| {
+    let send = |k: u64, chan: &mut Option<PortChannel<'_, M>>| {
         let flag = packet_flag(a.flag_base, k);
         fill(team, a, h, 0, k);
         // Every thread's data is stored before it is turned into packets (another thread's share).

@@ -11,7 +11,6 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::bf::BfSlots;
 use crate::error::{Error, Result};
 use crate::onesided::{local, remote};
 use crate::pingpong::Team;
@@ -83,8 +82,8 @@ fn report(a: &PostRateArgs, e: Error) {
 ///
 /// # Safety
 /// `a` must come from the host's post-rate setup (every address valid, QP `team_index` used by this team only in
-/// the Exclusive shape; `bf` this team's zeroed slots).
-pub unsafe fn run(team: &impl Team, a: &PostRateArgs, team_index: u32, bf: &mut BfSlots) {
+/// the Exclusive shape).
+pub unsafe fn run(team: &impl Team, a: &PostRateArgs, team_index: u32) {
     let poster = team_index * a.team_posters + team.tid() as u32;
     let posts = team.tid() < a.team_posters as usize;
     for round in 0..a.rounds {
@@ -97,7 +96,7 @@ pub unsafe fn run(team: &impl Team, a: &PostRateArgs, team_index: u32, bf: &mut 
         } else {
             // SAFETY: this team's QP (caller's contract), used by this thread only.
             let mut qp = unsafe { Qp::new(&mut *(a.qps as *mut QpHandle).add(team_index as usize), a.timeout_ns) };
-            burst_exclusive(a, &mut qp, bf, poster)
+            burst_exclusive(a, &mut qp, poster)
         };
         let failed = match r {
             Ok((t0, t1)) => {
@@ -127,13 +126,13 @@ fn target(a: &PostRateArgs, p: u32) -> Result<(wqe::Raddr, wqe::Sge)> {
     Ok((remote(&a.dst, 8 * p as u64, 8)?, local(&a.src, 0, 8)?))
 }
 
-fn burst_exclusive(a: &PostRateArgs, qp: &mut Qp, bf: &mut BfSlots, p: u32) -> Result<(u64, u64)> {
+fn burst_exclusive(a: &PostRateArgs, qp: &mut Qp, p: u32) -> Result<(u64, u64)> {
     let (r, l) = target(a, p)?;
     let batch = a.db_batch.max(1);
     let t0 = sync::clock_ns();
     for k in 0..a.posts {
         if a.bf != 0 {
-            let _ = qp.post_bf(bf, false, wqe::rdma_write(r, l))?;
+            let _ = qp.post_bf(false, wqe::rdma_write(r, l))?;
         } else {
             let _ = qp.post(false, wqe::rdma_write(r, l))?;
             if (k + 1) % batch == 0 || k + 1 == a.posts {

@@ -6,7 +6,6 @@
 //! has been posted since the last one, so that the SQ can always be retired (rdma-core leaves this to the
 //! user; NVSHMEM IBGDA and DOCA signal periodically the same way).
 
-use crate::bf::BfSlots;
 use crate::cq::{self, Completion};
 use crate::db;
 use crate::error::{CqeError, Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
@@ -159,49 +158,33 @@ impl<'a> Qp<'a> {
         }
     }
 
-    /// Posts `w` and rings by BlueFlame: the WQE goes to the ring and to the next slot of `bf`, and from the
-    /// slot, whole, to the BlueFlame register, after the dbrec. Earlier unrung WQEs are covered too (the NIC
-    /// executes the SQ in order). When the slot's previous WQE has not completed yet, waits for it first (see
-    /// [`crate::bf`]); every `SLOTS / 2`-th BlueFlame WQE asks for a CQE whatever `signaled` says. A WQE of
-    /// more than one WQEBB (an inline WRITE of more than 28 bytes) cannot go by BlueFlame: it is posted and
-    /// rung by doorbell, as rdma-core does for a WQE larger than the BlueFlame buffer.
+    /// Posts `w` and rings by BlueFlame: after the dbrec, the WQE's first WQEBB goes, whole, from registers to
+    /// the BlueFlame register (as eight 8-byte MMIO stores; the WQE is also in the ring, where the NIC may fetch
+    /// it). Earlier unrung WQEs are covered too (the NIC executes the SQ in order). A WQE of more than one
+    /// WQEBB (an inline WRITE of more than 28 bytes) does not fit the register: it is posted and rung by
+    /// doorbell, as rdma-core does for a WQE larger than the BlueFlame buffer.
     ///
     /// # Errors
-    /// As [`Qp::post`], and as [`Qp::wait`] for the slot's previous WQE (except its error CQE, which is the
-    /// QP's sticky error and does not keep the slot busy).
-    pub fn post_bf<const N: usize, const SLOTS: usize>(
-        &mut self,
-        bf: &mut BfSlots<SLOTS>,
-        signaled: bool,
-        w: Wqe<N>,
-    ) -> Result<Ticket> {
-        if w.ds() as usize > SEGS_PER_WQEBB {
+    /// As [`Qp::post`].
+    pub fn post_bf<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
+        let ds = w.ds();
+        if ds as usize > SEGS_PER_WQEBB {
             let t = self.post(signaled, w)?;
             self.ring_db();
             return Ok(t);
         }
-        let previous = bf.next_previous();
-        if previous > self.h.sq_ci {
-            match self.wait(Ticket(previous - 1)) {
-                Ok(()) | Err(Error::Cqe(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let mut bb = [Seg::default(); SEGS_PER_WQEBB];
-        let ds = w.ds();
-        let t = self.post_segs(signaled || bf.next_signals(), ds, |c| {
+        let mut first = [Seg::default(); SEGS_PER_WQEBB];
+        let t = self.post_segs(signaled, ds, |c| {
             let segs = w.encode(c);
             let n = ds as usize;
-            bb[..n].copy_from_slice(&segs[..n]);
+            first[..n].copy_from_slice(&segs[..n]);
             segs
         })?;
         self.unrung = None;
-        let slot = bf.take(t.0);
-        *slot = bb;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe {
             db::update_dbrec(self.h.dbrec, self.h.sq_pi);
-            db::ring_bf(self.h.bf_reg, slot);
+            db::ring_bf(self.h.bf_reg, &first);
         }
         Ok(t)
     }

@@ -437,11 +437,8 @@ impl PortTest {
 /// Runs `porttest::run` with `team` host threads per channel, all channels at once.
 fn run_threads<M: Sharing>(args: &PortTestArgs, nchannels: u32, team: u32) {
     crate::exec::run_teams(nchannels, team, |tm, ch| {
-        // Each thread's own (only thread 0 posts in Exclusive sharing): the CTA's shared memory of the gpu
-        // executor.
-        let mut staging = <M::Staging as bytemuck::Zeroable>::zeroed();
         // SAFETY: `args` names this rank's live channels and control words (built by `PortTest::run`); each
         // channel's team is its own threads, all running at once.
-        unsafe { porttest::run::<M>(tm, args, ch, &mut staging) }
+        unsafe { porttest::run::<M>(tm, args, ch) }
     });
 }

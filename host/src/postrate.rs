@@ -238,9 +238,8 @@ impl PostRate {
                 stream.wait(timeout.saturating_mul(total_rounds).saturating_add(Duration::from_secs(10)))?;
             }
             Executor::Cpu => crate::exec::run_teams(teams, team_size, |t, index| {
-                let mut bf = bytemuck::Zeroable::zeroed();
-                // SAFETY: as above; each team's thread 0 has its own slots.
-                unsafe { gdaki_device::postrate::run(t, &args, index, &mut bf) }
+                // SAFETY: as above.
+                unsafe { gdaki_device::postrate::run(t, &args, index) }
             }),
         }
         // SAFETY: the device code has finished; the report is the first 64 bytes of `ctrl`.

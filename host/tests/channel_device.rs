@@ -11,10 +11,9 @@ use std::sync::Arc;
 
 use emu_util::{random_bytes, rng, GuardedBuf};
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp, WireConfig};
-use gdaki_device::bf::BfSlots;
-use gdaki_device::channel::{Exclusive, PortChannel, Poster, Sharing};
-use gdaki_device::scope::{Block, Device, Scope};
-use gdaki_device::shared_qp::SharedQp;
+use gdaki_device::channel::Sharing;
+use gdaki_device::channel::{Exclusive, PortChannel, Poster};
+use gdaki_device::scope::{Block, Device};
 use gdaki_device::Error;
 use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
 use gdaki_shared::handle::QpHandle;
@@ -100,18 +99,15 @@ impl Link {
 }
 
 /// A shared-QP channel of scope `S` on `h`, for one thread.
-fn shared<S: Scope>(h: &PortChannelHandle) -> PortChannel<'_, SharedQp<'_, S>> {
-    // SAFETY: `h` names the live link's QP handle and state (host memory, the `cpu` executor); only
-    // `SharedQp`s of one scope post to that QP during a test.
-    unsafe {
-        let qp = SharedQp::new(&*(h.qp as *const QpHandle), h.shared as *mut SharedQpState, h.timeout_ns);
-        PortChannel::new(h, qp)
-    }
+fn shared<S: Sharing>(h: &PortChannelHandle) -> PortChannel<'_, S> {
+    // SAFETY: `h` names the live link's QP handle and state (host memory, the `cpu` executor); only channels
+    // of one scope post to that QP during a test.
+    unsafe { PortChannel::new(h) }
 }
 
 /// Threads × puts of random payloads into disjoint slots, each followed by a signal; then every payload,
 /// the exact semaphore count and the untouched scratch-free user memory are checked.
-fn many_threads<S: Scope>(wire: bool) {
+fn many_threads<S: Sharing>(wire: bool) {
     let mut rng = rng();
     let (threads, puts, slot) = (8usize, 400usize, 64usize);
     let l = Link::new(threads * puts * slot, 64, wire);
@@ -229,10 +225,9 @@ fn exclusive_put_with_signal_and_wait() {
     let mut h2 = h;
     h2.max_wqe_bytes = 100_000;
     h2.qp = &mut qh as *mut _ as u64;
-    let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
-    // SAFETY: `qh` is a copy of A's handle used by this thread only (no shared poster runs meanwhile), and so
-    // are the BlueFlame slots; the link outlives the channel.
-    let mut ch = unsafe { PortChannel::new(&h2, Exclusive::poster(&h2, &mut bf)) };
+    // SAFETY: `qh` is a copy of A's handle used by this thread only (no shared poster runs meanwhile); the
+    // link outlives the channel.
+    let mut ch = unsafe { PortChannel::<Exclusive>::new(&h2) };
     ch.put_with_signal(0, 0, 1 << 20).unwrap();
     ch.flush().unwrap();
     assert_eq!(l.dst.read(), data);
@@ -293,10 +288,8 @@ fn blue_flame_limit_zero_means_no_blue_flame_for_signals_too() {
         let mut h = l.handle();
         h.qp = &mut qh as *mut _ as u64;
         h.blue_flame_limit = limit;
-        let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
-        // SAFETY: `qh` is a copy of A's handle used by this thread only, and so are the slots; the link outlives
-        // the channel.
-        let mut ch = unsafe { PortChannel::new(&h, Exclusive::poster(&h, &mut bf)) };
+        // SAFETY: `qh` is a copy of A's handle used by this thread only; the link outlives the channel.
+        let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
         for _ in 0..4 {
             ch.signal().unwrap();
             ch.put_with_signal(0, 0, 64).unwrap();

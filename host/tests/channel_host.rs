@@ -15,8 +15,7 @@ use gdaki::channel::{
 use gdaki::exec::{DataBuf, Executor, ExecutorKind};
 use gdaki::nic::emu::{QpState, WireConfig};
 use gdaki::Error;
-use gdaki_device::bf::BfSlots;
-use gdaki_device::channel::{Exclusive, ExclusiveQp, PortChannel as DevChannel, Sharing};
+use gdaki_device::channel::{Exclusive, PortChannel as DevChannel};
 use gdaki_device::error::InvalidArgument;
 use gdaki_device::qp::Qp as DevQp;
 use gdaki_device::Error as DevError;
@@ -487,15 +486,10 @@ fn gpu_executor_keeps_qp_state_and_expected_counts_in_gpu_memory() {
 }
 
 /// A device-code channel of the cpu executor on `h`, in Exclusive sharing (one thread; what the proxy modes
-/// use), with its own BlueFlame slots.
-fn exclusive(h: &PortChannelHandle, bf: &mut BfSlots) -> DevChannel<'static, ExclusiveQp<'static, 32>> {
-    // SAFETY: `h` comes from a live channel of the cpu executor, used by this thread only, and `bf` outlives
-    // the channel in every caller (both leak to 'static only in type: callers drop the channel first).
-    unsafe {
-        let h: &'static PortChannelHandle = &*(h as *const PortChannelHandle);
-        let bf: &'static mut BfSlots = &mut *(bf as *mut BfSlots);
-        DevChannel::new(h, Exclusive::poster(h, bf))
-    }
+/// use).
+fn exclusive(h: &PortChannelHandle) -> DevChannel<'_, Exclusive> {
+    // SAFETY: `h` comes from a live channel of the cpu executor, used by this thread only.
+    unsafe { DevChannel::new(h) }
 }
 
 /// Host modes: puts and signals go through the proxy, with a 4-slot FIFO so that pushes wait for room; the
@@ -525,8 +519,7 @@ fn host_modes_deliver_every_trigger_through_a_small_fifo_and_drain_on_drop() {
             assert_eq!((h.fifo, h.channel_id), (proxy.fifo(), 0), "{mode:?}");
             assert_ne!(h.proxy_err, 0);
             if me == 0 {
-                let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
-                let mut ch = exclusive(&h, &mut bf);
+                let mut ch = exclusive(&h);
                 for p in &puts {
                     ch.put_with_signal(p.dst_off, p.src_off, p.len).unwrap();
                 }
@@ -579,8 +572,7 @@ fn host_modes_flush_reports_the_error_cqe_of_a_put() {
             barrier.wait();
             if me == 0 {
                 let h = chan.device_handle();
-                let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
-                let mut ch = exclusive(&h, &mut bf);
+                let mut ch = exclusive(&h);
                 ch.put(0, 0, 64).unwrap();
                 for _ in 0..2 {
                     match ch.flush() {

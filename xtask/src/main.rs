@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use xtask::workspace::Workspace;
-use xtask::{prereq, ptxas, sass, BuiltPtx, PtxBuild, Result, ARCH, PTX_FILE};
+use xtask::{prereq, ptxas, sass, BuiltPtx, PtxBuilder, Result, ARCH, KERNELS_CRATE, PTX_FILE};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "gdaki's chores", version)]
@@ -100,7 +100,8 @@ fn build_ptx_task(require_ptxas: bool, time: bool) -> Result<()> {
 
 /// Builds, validates, writes `target/ptx/gdaki_device.ptx`, and assembles it with `ptxas` if given.
 fn build_ptx(workspace: &Workspace, ptxas: Option<&Path>) -> Result<BuiltPtx> {
-    let built = PtxBuild::new(&workspace.root, workspace.nested_target_dir()).build()?;
+    let built =
+        PtxBuilder::new(workspace.root.join(KERNELS_CRATE)).target_dir(workspace.nested_target_dir()).build()?;
     let dest = workspace.ptx_dir().join(PTX_FILE);
     built.write_to(&dest)?;
     let info = &built.info;
@@ -132,8 +133,8 @@ fn build_ptx(workspace: &Workspace, ptxas: Option<&Path>) -> Result<BuiltPtx> {
 fn measure(workspace: &Workspace) -> Result<()> {
     let dir = workspace.target_dir.join("ptx-time");
     remove_dir(&dir)?;
-    let build = PtxBuild { quiet: true, ..PtxBuild::new(&workspace.root, &dir) };
-    let touched = workspace.root.join("device/src/lib.rs");
+    let build = PtxBuilder::new(workspace.root.join(KERNELS_CRATE)).target_dir(&dir).quiet(true);
+    let touched = workspace.root.join(KERNELS_CRATE).join("src/lib.rs");
 
     let cold = timed(|| build.build())?;
     touch(&touched)?;

@@ -482,7 +482,6 @@ mod tests {
     /// ticket and what the emulated NIC's parser reads at it. Also checks that the dbrec announces the end of
     /// the last WQE and, for BlueFlame, that the register holds the ring's copy of the WQE's first WQEBB.
     fn post_through(poster: u8, start: u64, wqes: &[DevWqe]) -> Vec<(u64, Result<Wqe, WqeError>)> {
-        use gdaki_device::bf::BfSlots;
         use gdaki_device::scope::{Block, Device};
         use gdaki_device::shared_qp::SharedQp;
         use gdaki_shared::handle::{CqHandle, QpHandle};
@@ -510,7 +509,6 @@ mod tests {
             ..Default::default()
         };
         let shared = &raw mut q.shared;
-        let mut bf: BfSlots = bytemuck::Zeroable::zeroed();
         let mut tickets = Vec::new();
         {
             let hp = &raw mut h;
@@ -524,7 +522,7 @@ mod tests {
                             qp.ring_db();
                             t
                         } else {
-                            with_wqe!(w.wqe, x => qp.post_bf(&mut bf, false, x))
+                            with_wqe!(w.wqe, x => qp.post_bf(false, x))
                         };
                         t.unwrap().0
                     }

@@ -1,11 +1,12 @@
-//! The nested cargo build of `gdaki-device` to one PTX module.
+//! The nested cargo build of one `no_std` device crate to one PTX module.
 //!
-//! Route: `cargo rustc -p gdaki-device --lib --crate-type cdylib --target nvptx64-nvidia-cuda -Zbuild-std=core
-//! --profile ptx`, with `-Ctarget-cpu=sm_90 -Ctarget-feature=+ptx82` for every crate (`core` included). For a
-//! `cdylib` on this target rustc links with `llvm-bitcode-linker` (rustup component of the same name), which
-//! links all the crates' bitcode, internalizes everything but the exported kernels, and writes one `.ptx`. This
-//! is sturdier than `--emit=asm` on the rlib: that emits only the crate's own functions and leaves every
-//! non-inlined `core` function as an `.extern`.
+//! Route: `cargo rustc --manifest-path CRATE/Cargo.toml --lib --crate-type cdylib --target nvptx64-nvidia-cuda
+//! -Zbuild-std=core --release`, with the release profile overridden to fat LTO, one codegen unit,
+//! `panic = "abort"` and no debug info, and `-Ctarget-cpu=sm_90 -Ctarget-feature=+ptx82` for every crate (`core`
+//! included). For a `cdylib` on this target rustc links with `llvm-bitcode-linker` (rustup component of the same
+//! name), which links all the crates' bitcode, internalizes everything but the exported kernels, and writes one
+//! `.ptx`. This is sturdier than `--emit=asm` on the rlib: that emits only the crate's own functions and leaves
+//! every non-inlined `core` function as an `.extern`.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -16,58 +17,113 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context};
 
 use crate::validate::{validate, PtxInfo};
-use crate::{Result, ARCH, DEVICE_PACKAGE, PROFILE, PTX_ISA, TARGET_TRIPLE};
+use crate::{Result, ARCH, PTX_ISA, TARGET_TRIPLE};
 
-/// A configured PTX build; [`PtxBuild::build`] runs it.
+/// A configured PTX build of one device crate (like `cuda_builder::CudaBuilder`); [`PtxBuilder::build`] runs
+/// it. In a build script it also tells cargo when to run again and writes the PTX to `OUT_DIR`.
 #[derive(Debug, Clone)]
-pub struct PtxBuild {
-    /// Root of the gdaki workspace (the folder of the workspace `Cargo.toml`).
-    pub workspace_root: PathBuf,
-    /// `--target-dir` of the nested cargo. Give it a folder of its own (e.g. `target/ptx-build`): a build script
-    /// that ran a nested cargo on the outer build's target directory would wait on the outer cargo's lock.
-    pub target_dir: PathBuf,
-    /// The cargo to run: `$CARGO` (set by cargo for build scripts and `cargo run`), else `cargo` from PATH.
-    pub cargo: PathBuf,
-    /// GPU architecture, e.g. [`ARCH`].
-    pub arch: String,
-    /// PTX ISA version to emit at least, e.g. [`PTX_ISA`].
-    pub ptx_isa: (u32, u32),
-    /// Pass `--locked`: the build must not touch `Cargo.lock` (a build script must not write to the sources).
-    pub locked: bool,
-    /// Pass `--jobs`; `None` lets the nested cargo use all cores.
-    pub jobs: Option<u32>,
-    /// Pass `--quiet`: no `Compiling …` lines, only errors and warnings.
-    pub quiet: bool,
-    /// Also print each warning about a workspace crate as one `cargo:warning=` line on stdout. For build
-    /// scripts: cargo hides their stderr unless they fail, and warnings about nvptx-only code would go unseen.
-    pub cargo_warnings: bool,
+pub struct PtxBuilder {
+    crate_dir: PathBuf,
+    target_dir: Option<PathBuf>,
+    cargo: PathBuf,
+    arch: String,
+    ptx_isa: (u32, u32),
+    locked: bool,
+    jobs: Option<u32>,
+    quiet: bool,
+    build_script: bool,
 }
 
 /// A built and validated PTX module.
 #[derive(Debug, Clone)]
 pub struct BuiltPtx {
-    /// Where cargo wrote it (inside [`PtxBuild::target_dir`]).
+    /// Where it was written: `OUT_DIR/<lib name>.ptx` in a build script (for
+    /// `include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"))` when the crate's library is `kernels`), else
+    /// where cargo wrote it (inside the nested target directory).
     pub path: PathBuf,
+    /// The device crate's library name (its package name with `-` as `_`, unless `[lib] name` says otherwise).
+    pub lib_name: String,
     /// The module's text.
     pub ptx: String,
     /// What validation learned: version, target, kernel names.
     pub info: PtxInfo,
 }
 
-impl PtxBuild {
-    /// A build of the workspace at `workspace_root` into the nested target directory `target_dir`, with this
-    /// crate's defaults: [`ARCH`], [`PTX_ISA`], not locked, all cores, not quiet, no `cargo:warning` lines.
-    pub fn new(workspace_root: impl Into<PathBuf>, target_dir: impl Into<PathBuf>) -> Self {
-        PtxBuild {
-            workspace_root: workspace_root.into(),
-            target_dir: target_dir.into(),
+impl PtxBuilder {
+    /// A build of the device crate in `crate_dir` (the folder of its `Cargo.toml`; relative to the calling
+    /// package's folder in a build script, else to the current folder), for [`ARCH`] and PTX ISA [`PTX_ISA`].
+    ///
+    /// In a build script (cargo set `OUT_DIR`), the nested build goes to `<target>/ptx-build`, one folder shared
+    /// by every profile of the outer build, and [`PtxBuilder::build`] prints `cargo:rerun-if-changed` for the
+    /// device crate and every path dependency it builds, so that cargo reruns it only when one changed.
+    pub fn new(crate_dir: impl AsRef<Path>) -> Self {
+        let crate_dir = crate_dir.as_ref();
+        let base = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+        let crate_dir = match (&base, crate_dir.is_relative()) {
+            (Some(base), true) => base.join(crate_dir),
+            _ => crate_dir.to_path_buf(),
+        };
+        let build_script = std::env::var_os("OUT_DIR").is_some() && base.is_some();
+        PtxBuilder {
+            crate_dir,
+            target_dir: None,
             cargo: std::env::var_os("CARGO").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("cargo")),
             arch: ARCH.to_string(),
             ptx_isa: PTX_ISA,
-            locked: false,
-            jobs: None,
+            // A build script must not rewrite Cargo.lock; the outer cargo has already brought it up to date.
+            locked: build_script,
+            jobs: std::env::var("NUM_JOBS").ok().and_then(|n| n.parse().ok()).filter(|_| build_script),
             quiet: false,
-            cargo_warnings: false,
+            build_script,
+        }
+    }
+
+    /// The GPU architecture to generate for (`-Ctarget-cpu`), `sm_90` by default. The driver JIT-compiles
+    /// the PTX for newer GPUs; older ones cannot load it.
+    pub fn arch(mut self, arch: impl Into<String>) -> Self {
+        self.arch = arch.into();
+        self
+    }
+
+    /// The oldest PTX ISA version to emit (`-Ctarget-feature=+ptxMN`), 8.2 by default (the first with
+    /// `st.mmio`, which the doorbell write uses).
+    pub fn ptx_isa(mut self, major: u32, minor: u32) -> Self {
+        self.ptx_isa = (major, minor);
+        self
+    }
+
+    /// The nested build's `--target-dir`. Give it a folder of its own: a build script that ran a nested cargo
+    /// on the outer build's target directory would wait on the outer cargo's lock.
+    pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.target_dir = Some(dir.into());
+        self
+    }
+
+    /// Pass `--locked`: the nested build must not touch `Cargo.lock` (the default in build scripts).
+    pub fn locked(mut self, locked: bool) -> Self {
+        self.locked = locked;
+        self
+    }
+
+    /// Pass `--quiet`: no `Compiling …` lines, only errors and warnings.
+    pub fn quiet(mut self, quiet: bool) -> Self {
+        self.quiet = quiet;
+        self
+    }
+
+    /// The device crate's folder.
+    pub fn crate_dir(&self) -> &Path {
+        &self.crate_dir
+    }
+
+    /// The nested build's target directory (see [`PtxBuilder::target_dir`] and [`nested_target_dir`]).
+    pub fn resolved_target_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.target_dir {
+            return dir.clone();
+        }
+        match std::env::var_os("OUT_DIR").filter(|_| self.build_script) {
+            Some(out) => nested_target_dir(Path::new(&out)),
+            None => self.crate_dir.join("target/ptx-build"),
         }
     }
 
@@ -76,16 +132,16 @@ impl PtxBuild {
         let mut cmd = Command::new(&self.cargo);
         clean_cargo_env(&mut cmd);
         let color = std::io::stderr().is_terminal();
-        cmd.current_dir(&self.workspace_root)
+        cmd.current_dir(&self.crate_dir)
             .arg("rustc")
             .arg("--manifest-path")
-            .arg(self.workspace_root.join("Cargo.toml"))
-            .args(["--package", DEVICE_PACKAGE, "--lib", "--crate-type", "cdylib"])
-            .args(["--target", TARGET_TRIPLE, "-Zbuild-std=core", "--profile", PROFILE])
+            .arg(self.crate_dir.join("Cargo.toml"))
+            .args(["--lib", "--crate-type", "cdylib", "--release"])
+            .args(["--target", TARGET_TRIPLE, "-Zbuild-std=core"])
             .arg("--target-dir")
-            .arg(&self.target_dir)
-            // JSON on stdout: we find the artifact by name, and render the diagnostics ourselves so that we can drop
-            // the one known-noise warning (see `is_known_noise`).
+            .arg(self.resolved_target_dir())
+            // JSON on stdout: we find the artifact by package, and render the diagnostics ourselves so that we can
+            // drop the one known-noise warning (see `is_known_noise`).
             .arg(if color { "--message-format=json-diagnostic-rendered-ansi" } else { "--message-format=json" })
             .arg(if color { "--color=always" } else { "--color=never" })
             // `-Zbuild-std` is unstable; the pinned stable toolchain allows it under RUSTC_BOOTSTRAP=1.
@@ -93,6 +149,14 @@ impl PtxBuild {
             // Highest-precedence rustflags, so that neither the outer build's nor a user's config leaks in. With
             // `--target`, they apply to the nvptx crates (core included), not to build scripts or proc-macros.
             .env("CARGO_ENCODED_RUSTFLAGS", self.rustflags().join("\x1f"))
+            // The release profile as one self-contained module needs it, whatever the workspace's Cargo.toml says
+            // (these variables take precedence over it): one codegen unit, fat LTO, abort on panic.
+            .env("CARGO_PROFILE_RELEASE_LTO", "fat")
+            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
+            .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+            .env("CARGO_PROFILE_RELEASE_INCREMENTAL", "false")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -118,25 +182,40 @@ impl PtxBuild {
 
     /// Makes sure the toolchain has the components the build needs ([`crate::toolchain::ensure_components`],
     /// which may run `rustup component add`), runs the nested cargo, then reads and validates the PTX it wrote.
-    /// Compiler diagnostics go to stderr.
+    /// Compiler diagnostics go to stderr. In a build script, also writes the PTX to `OUT_DIR/<lib name>.ptx`,
+    /// prints `cargo:rerun-if-changed` lines (see [`PtxBuilder::new`]) and each warning about a path crate as
+    /// one `cargo:warning` (cargo hides a build script's stderr unless it fails).
     ///
     /// # Errors
-    /// A toolchain component is missing and cannot be added, cargo cannot be started or fails (its errors are on stderr), no `.ptx` artifact is reported, or the
-    /// module fails [`validate`].
+    /// The device crate's `Cargo.toml` is missing; a toolchain component is missing and cannot be added (the
+    /// error names the `rustup` command); cargo cannot be started or fails (its errors are on stderr); no
+    /// `.ptx` artifact is reported (the crate has no `[lib]`); or the module fails [`validate`] (for instance an
+    /// `.extern` left by a function that was not linked in).
     pub fn build(&self) -> Result<BuiltPtx> {
-        // Before cargo: a missing component would otherwise surface as an obscure error deep in the nested build.
-        crate::toolchain::ensure_components(&self.workspace_root, |line| {
-            if self.cargo_warnings {
+        let manifest = self.crate_dir.join("Cargo.toml");
+        if !manifest.is_file() {
+            bail!(
+                "no device crate at {}: PtxBuilder::new takes the folder of a no_std crate's Cargo.toml (relative to \
+                 the package whose build script calls it)",
+                self.crate_dir.display()
+            );
+        }
+        let manifest = manifest.canonicalize().with_context(|| format!("cannot resolve {}", manifest.display()))?;
+        let emit = |line: &str| {
+            if self.build_script {
                 println!("cargo:warning={line}");
             } else {
-                eprintln!("xtask: {line}");
+                eprintln!("gdaki-build: {line}");
             }
-        })?;
+        };
+        // Before cargo: a missing component would otherwise surface as an obscure error deep in the nested build.
+        crate::toolchain::ensure_components(&self.crate_dir, emit)?;
         let mut cmd = self.command();
         let mut child = cmd.spawn().with_context(|| format!("cannot run `{}`", self.cargo.display()))?;
         let stdout = child.stdout.take().context("cargo's stdout was not captured")?;
 
         let mut artifact = None;
+        let mut path_crates = Vec::new();
         let mut stderr = std::io::stderr().lock();
         for line in BufReader::new(stdout).lines() {
             let line = line.context("reading cargo's output")?;
@@ -152,17 +231,24 @@ impl PtxBuild {
                         if let Some(rendered) = diagnostic["rendered"].as_str() {
                             let _ = write!(stderr, "{rendered}");
                         }
-                        if self.cargo_warnings {
+                        if self.build_script {
                             if let Some(summary) = workspace_warning(&message) {
                                 println!("cargo:warning={summary}");
                             }
                         }
                     }
                 }
-                Some("compiler-artifact") if message["target"]["name"] == DEVICE_PACKAGE.replace('-', "_") => {
-                    let files = message["filenames"].as_array().into_iter().flatten();
-                    if let Some(ptx) = files.filter_map(|f| f.as_str()).find(|f| f.ends_with(".ptx")) {
-                        artifact = Some(PathBuf::from(ptx));
+                Some("compiler-artifact") => {
+                    if let Some(dir) = message["package_id"].as_str().and_then(path_package_dir) {
+                        path_crates.push(dir);
+                    }
+                    let ours = message["manifest_path"].as_str().map(Path::new).and_then(|p| p.canonicalize().ok());
+                    if ours.as_deref() == Some(manifest.as_path()) {
+                        let files = message["filenames"].as_array().into_iter().flatten();
+                        if let Some(ptx) = files.filter_map(|f| f.as_str()).find(|f| f.ends_with(".ptx")) {
+                            let name = message["target"]["name"].as_str().unwrap_or("kernels").replace('-', "_");
+                            artifact = Some((PathBuf::from(ptx), name));
+                        }
                     }
                 }
                 _ => {}
@@ -170,16 +256,66 @@ impl PtxBuild {
         }
         drop(stderr);
         let status = child.wait().context("waiting for cargo")?;
-        if !status.success() {
-            bail!("building {DEVICE_PACKAGE} for {TARGET_TRIPLE} failed ({status}); cargo's errors are above");
+        if self.build_script {
+            self.print_rerun_lines(&path_crates);
         }
-        let Some(path) = artifact else {
-            bail!("cargo built {DEVICE_PACKAGE} for {TARGET_TRIPLE} but reported no .ptx artifact");
+        if !status.success() {
+            bail!(
+                "building {} for {TARGET_TRIPLE} failed ({status}); cargo's errors are above",
+                self.crate_dir.display()
+            );
+        }
+        let Some((path, lib_name)) = artifact else {
+            bail!(
+                "cargo built {} for {TARGET_TRIPLE} but reported no .ptx artifact (does the crate have a library?)",
+                self.crate_dir.display()
+            );
         };
         let ptx = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let info = validate(&ptx, &self.arch, self.ptx_isa).with_context(|| format!("{}", path.display()))?;
-        Ok(BuiltPtx { path, ptx, info })
+        let mut built = BuiltPtx { path, lib_name, ptx, info };
+        if let Some(out) = std::env::var_os("OUT_DIR").filter(|_| self.build_script) {
+            let dest = Path::new(&out).join(format!("{}.ptx", built.lib_name));
+            write_atomically(&dest, built.ptx.as_bytes())?;
+            built.path = dest;
+        }
+        Ok(built)
     }
+
+    /// `cargo:rerun-if-changed` for the device crate, each path crate it built, and the files that change what
+    /// the nested build does (lock file, toolchain pin, cargo config) up the device crate's folders.
+    fn print_rerun_lines(&self, path_crates: &[PathBuf]) {
+        let mut dirs: Vec<PathBuf> = vec![self.crate_dir.clone()];
+        dirs.extend(path_crates.iter().cloned());
+        dirs.sort();
+        dirs.dedup();
+        for dir in &dirs {
+            // Folders are scanned recursively by cargo; the manifest and sources are what matter, so the two are
+            // named, not the whole folder (which may hold a target directory).
+            for part in ["Cargo.toml", "src", "build.rs"] {
+                let p = dir.join(part);
+                if p.exists() {
+                    println!("cargo:rerun-if-changed={}", p.display());
+                }
+            }
+        }
+        for ancestor in self.crate_dir.ancestors() {
+            for file in ["Cargo.lock", "Cargo.toml", "rust-toolchain.toml", "rust-toolchain", ".cargo/config.toml"] {
+                let p = ancestor.join(file);
+                if p.is_file() {
+                    println!("cargo:rerun-if-changed={}", p.display());
+                }
+            }
+        }
+    }
+}
+
+/// The folder of a path package from its cargo package id (`path+file:///w/device#gdaki-device@0.1.0`);
+/// `None` for registry and git packages.
+fn path_package_dir(package_id: &str) -> Option<PathBuf> {
+    let rest = package_id.strip_prefix("path+file://")?;
+    let dir = rest.split('#').next()?;
+    Some(PathBuf::from(dir))
 }
 
 impl BuiltPtx {
@@ -208,8 +344,8 @@ pub fn write_atomically(dest: &Path, bytes: &[u8]) -> Result<()> {
     fs::rename(&tmp, dest).with_context(|| format!("cannot rename {} to {}", tmp.display(), dest.display()))
 }
 
-/// `gdaki-device (nvptx64-nvidia-cuda): <message> at <file>:<line>:<column>` for a warning about a workspace
-/// (path) crate; `None` for other diagnostics and for dependencies'. Cargo prefixes it with `warning:`.
+/// `gdaki-device (nvptx64-nvidia-cuda): <message> at <file>:<line>:<column>` for a warning about a path crate;
+/// `None` for other diagnostics and for dependencies'. Cargo prefixes it with `warning:`.
 fn workspace_warning(message: &serde_json::Value) -> Option<String> {
     let diagnostic = &message["message"];
     let package_id = message["package_id"].as_str()?;
@@ -337,6 +473,13 @@ mod tests {
         ] {
             assert!(!should_remove(OsStr::new(kept)), "{kept}");
         }
+    }
+
+    #[test]
+    fn path_packages_and_their_folders() {
+        assert_eq!(path_package_dir("path+file:///w/device#gdaki-device@0.1.0"), Some(PathBuf::from("/w/device")));
+        assert_eq!(path_package_dir("path+file:///w/kernels#0.1.0"), Some(PathBuf::from("/w/kernels")));
+        assert_eq!(path_package_dir("registry+https://github.com/rust-lang/crates.io-index#bytemuck@1.25.2"), None);
     }
 
     #[test]
