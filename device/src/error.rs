@@ -352,5 +352,7 @@ impl core::fmt::Display for Error {
     }
 }
 
+impl core::error::Error for Error {}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = core::result::Result<T, E>;

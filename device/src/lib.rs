@@ -42,6 +42,7 @@ pub mod cq;
 pub mod db;
 pub mod error;
 pub mod fifo;
+pub mod launch;
 pub mod onesided;
 pub mod packet;
 pub mod pingpong;
@@ -53,6 +54,7 @@ pub mod scope;
 pub mod shared_qp;
 pub mod sq;
 pub mod sync;
+pub mod thread;
 #[cfg(not(target_arch = "nvptx64"))]
 mod twin;
 pub mod wait;
@@ -64,6 +66,9 @@ pub mod wqe;
 pub mod kernels;
 
 pub use error::{Error, Result};
+pub use gdaki_macros::kernel;
+pub use launch::{DevPtr, DeviceRepr};
+pub use thread::{Dim3, Thread};
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

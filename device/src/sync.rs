@@ -281,6 +281,24 @@ pub fn cta_barrier() {
     unsafe { core::arch::asm!("barrier.sync 0;", options(nostack)) };
 }
 
+/// [`cta_barrier`] that also ORs a flag over the CTA (`__syncthreads_or`): `barrier.red.or.pred`, non-aligned
+/// like it. nvptx only.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn cta_barrier_or(flag: bool) -> bool {
+    let any: u32;
+    // SAFETY: a reduction barrier on registers; every thread of the CTA reaches it (the callers' protocol).
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred %f, %r; setp.ne.u32 %f, {flag}, 0; barrier.red.or.pred %r, 0, %f; selp.u32 {any}, 1, 0, %r; }}",
+            flag = in(reg32) flag as u32,
+            any = out(reg32) any,
+            options(nostack)
+        )
+    };
+    any != 0
+}
+
 /// Nanoseconds from an arbitrary epoch: `%globaltimer` on nvptx, a process-wide monotonic clock on the host.
 #[inline(always)]
 pub fn clock_ns() -> u64 {

@@ -16,9 +16,23 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA: {0}")]
     Cuda(String),
-    /// Device code reported an error (error CQE, timed-out wait, payload mismatch).
+    /// Device code reported an error (error CQE, timed-out wait, payload mismatch), or a kernel outlived its
+    /// bound; the message says which and where.
     #[error("device code failed: {0}")]
     Device(String),
+    /// A kernel returned this error (the first of its launch), as a value: its error CQE's syndrome, the wait
+    /// that ran out, the argument it refused.
+    #[error("kernel `{kernel}` failed: {error}")]
+    Kernel {
+        /// The kernel's name.
+        kernel: &'static str,
+        /// What its device code returned.
+        error: gdaki_device::Error,
+    },
+    /// Device code called on the host (the `cpu` executor, or host code using `gdaki_device` directly)
+    /// returned this error.
+    #[error("device code failed: {0}")]
+    DeviceCode(#[from] gdaki_device::Error),
     /// The emulated NIC rejected a request or failed.
     #[error("emulated NIC: {0}")]
     Emu(String),

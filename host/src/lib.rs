@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod error;
 pub mod exec;
 pub mod faults;
+pub mod launch;
 pub mod mem;
 pub mod nic;
 pub mod perftest;

@@ -1,0 +1,319 @@
+//! What a `#[kernel]` function's launch needs on both sides: the types its parameters may have
+//! ([`DeviceRepr`], [`DevPtr`]), how its result becomes an [`ErrorReport`] the host reads ([`KernelReturn`]),
+//! and, on the host, the kernel's descriptor ([`KernelFn`]) and the `cpu` executor's launcher
+//! ([`run_on_host`]).
+//!
+//! The ABI of a kernel `#[kernel] fn name(t: &Thread, p0: T0, .., pn: Tn)`: a PTX `.entry name` whose
+//! parameters are the `Ti` by value (a reference or raw pointer parameter is a [`DevPtr`], one `.u64` device
+//! address) followed by one hidden `.u64`, the address of an [`ErrorReport`] (0: none) where the kernel's
+//! first error goes. The host's `gdaki::launch` passes exactly that.
+
+use crate::error::Error;
+use crate::scope::{Device, Scope};
+use gdaki_shared::handle::ErrorReport;
+
+/// A value that can be passed to a kernel by value: `#[repr(C)]` (or a primitive), `Copy`, no padding bytes,
+/// no references, and meaningful on the device (addresses are device addresses). As cudarc's `DeviceRepr`.
+///
+/// # Safety
+/// Implement it only for types whose every byte is initialized (no padding), which hold no host-only
+/// pointers or references, and whose layout is the same on the host and on nvptx64 (both 64-bit
+/// little-endian): the launch copies the value's bytes into the kernel's parameter.
+pub unsafe trait DeviceRepr: Copy + Send + Sync + 'static {}
+
+macro_rules! device_repr {
+    ($($t:ty),*) => {$(
+        // SAFETY: a primitive (or a `Pod` handle of gdaki-shared, whose size asserts rule out padding).
+        unsafe impl DeviceRepr for $t {}
+    )*};
+}
+device_repr!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64);
+device_repr!(
+    gdaki_shared::channel::PortChannelHandle,
+    gdaki_shared::channel::SharedQpState,
+    gdaki_shared::handle::QpHandle,
+    gdaki_shared::handle::CqHandle,
+    gdaki_shared::handle::MrHandle,
+    gdaki_shared::handle::RemoteMr,
+    gdaki_shared::proxy::FifoHandle
+);
+
+/// A device address of a `T` (or of the first of several): what a `&T` or `*const T`/`*mut T` parameter of a
+/// kernel is at launch, one 8-byte word. On the `cpu` executor device addresses are host addresses.
+#[repr(transparent)]
+pub struct DevPtr<T> {
+    addr: u64,
+    _t: core::marker::PhantomData<*const T>,
+}
+
+impl<T> DevPtr<T> {
+    /// The address `addr` (a device address of memory holding `T`s: a GPU allocation, pinned host memory
+    /// mapped into the GPU, or host memory on the `cpu` executor).
+    pub const fn new(addr: u64) -> Self {
+        DevPtr { addr, _t: core::marker::PhantomData }
+    }
+
+    /// The address.
+    pub const fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
+impl<T> Clone for DevPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevPtr<T> {}
+impl<T> core::fmt::Debug for DevPtr<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "DevPtr({:#x})", self.addr)
+    }
+}
+// SAFETY: an address is a number; what it points to is the kernel's contract.
+unsafe impl<T> Send for DevPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for DevPtr<T> {}
+// SAFETY: one initialized `u64` (`repr(transparent)`), a device address.
+unsafe impl<T: 'static> DeviceRepr for DevPtr<T> {}
+
+/// What a kernel function may return: `()`, or `Result<(), E>` with `E: Into<Error>`, whose error becomes the
+/// launch's [`ErrorReport`] (the first one of the launch wins) and, on the host, a `gdaki::Error`.
+pub trait KernelReturn {
+    /// Records `self` in the report at `report` (an [`ErrorReport`]'s address; 0: nowhere).
+    fn report(self, report: u64);
+}
+
+impl KernelReturn for () {
+    #[inline(always)]
+    fn report(self, _: u64) {}
+}
+
+impl<E: Into<Error>> KernelReturn for Result<(), E> {
+    #[inline(always)]
+    fn report(self, report: u64) {
+        if let Err(e) = self {
+            report_error(report, e.into());
+        }
+    }
+}
+
+/// Writes `e` to the report at `report` unless an earlier error of the launch got there first (a CAS on its
+/// `kind` word claims it).
+pub fn report_error(report: u64, e: Error) {
+    if report == 0 {
+        return;
+    }
+    let r = report as *mut ErrorReport;
+    // SAFETY: the launch's report (the host allocated it and passed its address); one thread wins the CAS on its
+    // first word and is then the only one to write it.
+    unsafe {
+        if Device::try_lock(r as *mut u32) {
+            r.write_volatile(e.to_report());
+        }
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host_side::*;
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod host_side {
+    use super::DeviceRepr;
+    use crate::thread::{host, Dim3, Thread};
+    use std::format;
+    use std::string::String;
+    use std::vec::Vec;
+
+    /// A `#[kernel]` function as the host launches it: its PTX entry's name and, for the `cpu` executor, the
+    /// same function called on host threads. `A` is the tuple of its parameters at launch (references and raw
+    /// pointers as [`super::DevPtr`]). `#[kernel] fn ping(..)` defines `PING: KernelFn<..>` beside `ping`.
+    pub struct KernelFn<A: LaunchArgs> {
+        /// The PTX `.entry` name (the function's name).
+        pub name: &'static str,
+        /// Runs the kernel body for one thread: `(thread, arguments, report address)`.
+        pub host: fn(&Thread, &A, u64),
+    }
+
+    /// The arguments of a launch: a tuple of up to 8 [`DeviceRepr`] values, in parameter order.
+    pub trait LaunchArgs: Copy + Send + Sync + 'static {
+        /// Calls `f` with each argument's bytes, in order.
+        fn for_each(&self, f: &mut dyn FnMut(&[u8]));
+    }
+
+    /// The bytes of a [`DeviceRepr`] value.
+    fn bytes_of<T: DeviceRepr>(v: &T) -> &[u8] {
+        // SAFETY: `DeviceRepr` promises every byte of `T` is initialized; the slice borrows `v`.
+        unsafe { core::slice::from_raw_parts(v as *const T as *const u8, size_of::<T>()) }
+    }
+
+    macro_rules! launch_args {
+        ($($n:tt $t:ident),*) => {
+            impl<$($t: DeviceRepr),*> LaunchArgs for ($($t,)*) {
+                #[allow(unused_variables)]
+                fn for_each(&self, f: &mut dyn FnMut(&[u8])) {
+                    $(f(bytes_of(&self.$n));)*
+                }
+            }
+        };
+    }
+    launch_args!();
+    launch_args!(0 A);
+    launch_args!(0 A, 1 B);
+    launch_args!(0 A, 1 B, 2 C);
+    launch_args!(0 A, 1 B, 2 C, 3 D);
+    launch_args!(0 A, 1 B, 2 C, 3 D, 4 E);
+    launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F);
+    launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G);
+    launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H);
+
+    /// Most threads a `cpu` launch runs (each is a host thread, all at once).
+    pub const MAX_HOST_THREADS: u64 = 8192;
+
+    /// Runs `k` on host threads in the shape `grid × block`, every thread at once (one host thread per GPU
+    /// thread: kernels may wait on each other, as two ranks' CTAs do), and returns when all have returned. A
+    /// panic of a kernel thread is passed on after the others have finished.
+    ///
+    /// # Errors
+    /// A message when a dimension is 0, the block has more than 1024 threads, or the launch more than
+    /// [`MAX_HOST_THREADS`].
+    ///
+    /// # Safety
+    /// `args` must be what the kernel's contract asks for (its pointers valid host memory for the run);
+    /// `report` 0 or the address of a writable [`crate::ErrorReport`](gdaki_shared::handle::ErrorReport).
+    pub unsafe fn run_on_host<A: LaunchArgs>(
+        k: &KernelFn<A>,
+        grid: Dim3,
+        block: Dim3,
+        args: A,
+        report: u64,
+    ) -> Result<(), String> {
+        let (blocks, threads) = (grid.count(), block.count());
+        if blocks == 0 || threads == 0 {
+            return Err(format!("launch of `{}` with grid {grid:?} and block {block:?}: a dimension is 0", k.name));
+        }
+        if threads > 1024 || blocks * threads > MAX_HOST_THREADS {
+            return Err(format!(
+                "launch of `{}` with {blocks} block(s) of {threads} threads: the cpu executor runs at most 1024 \
+                 threads per block and {MAX_HOST_THREADS} in all",
+                k.name
+            ));
+        }
+        let host_fn = k.host;
+        std::thread::scope(|s| {
+            let mut handles = Vec::with_capacity((blocks * threads) as usize);
+            for b in 0..blocks {
+                let barrier = std::sync::Arc::new(host::BlockBarrier::new(threads as u32));
+                let block_idx = unlinear(grid, b);
+                for t in 0..threads {
+                    let ctx = host::Context {
+                        thread_idx: unlinear(block, t),
+                        block_idx,
+                        block_dim: block,
+                        grid_dim: grid,
+                        block: barrier.clone(),
+                    };
+                    let args = &args;
+                    handles.push(s.spawn(move || {
+                        let thread = Thread::on_host(ctx);
+                        host_fn(&thread, args, report)
+                    }));
+                }
+            }
+            let mut panic = None;
+            for h in handles {
+                if let Err(p) = h.join() {
+                    panic.get_or_insert(p);
+                }
+            }
+            if let Some(p) = panic {
+                std::panic::resume_unwind(p);
+            }
+        });
+        Ok(())
+    }
+
+    /// The index of linear number `i` in a box of size `d`.
+    fn unlinear(d: Dim3, i: u64) -> Dim3 {
+        let (x, y) = (d.x as u64, d.y as u64);
+        Dim3::new((i % x) as u32, ((i / x) % y) as u32, (i / (x * y)) as u32)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::launch::{report_error, DevPtr, KernelReturn};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::vec::Vec;
+
+        fn sum_kernel(t: &Thread, a: &(DevPtr<AtomicU64>, u64), report: u64) {
+            // SAFETY: the test passes the address of a live atomic.
+            let total = unsafe { &*(a.0.addr() as *const AtomicU64) };
+            total.fetch_add(t.global_id() + a.1, Ordering::Relaxed);
+            // Every thread of the block sees the others' adds after the barrier, and the OR of "am I thread 1".
+            let any = t.sync_threads_or(t.tid() == 1);
+            let r: Result<(), crate::Error> =
+                if any { Ok(()) } else { Err(crate::Error::InvalidArgument(crate::error::InvalidArgument::Handle)) };
+            r.report(report);
+        }
+
+        #[test]
+        fn every_thread_runs_once_with_its_indices_and_the_barrier_ors() {
+            let total = AtomicU64::new(0);
+            let k = KernelFn { name: "sum", host: sum_kernel };
+            let args = (DevPtr::new(&total as *const AtomicU64 as u64), 1000);
+            let mut report = gdaki_shared::handle::ErrorReport::default();
+            // SAFETY: `total` and `report` outlive the run.
+            unsafe { run_on_host(&k, Dim3::new(3, 2, 1), Dim3::new(4, 2, 1), args, &mut report as *mut _ as u64) }
+                .unwrap();
+            // 48 threads: global ids 0..48, each adds its id + 1000.
+            assert_eq!(total.load(Ordering::Relaxed), (0..48).sum::<u64>() + 48 * 1000);
+            assert_eq!(report.kind, 0, "every block has a thread 1");
+            // One thread per block: nobody is thread 1, every thread reports, the first wins.
+            // SAFETY: as above.
+            unsafe { run_on_host(&k, Dim3::x(2), Dim3::x(1), args, &mut report as *mut _ as u64) }.unwrap();
+            assert_eq!(
+                crate::Error::from_report(&report),
+                Some(crate::Error::InvalidArgument(crate::error::InvalidArgument::Handle))
+            );
+            let _ = report_error;
+        }
+
+        #[test]
+        fn shapes_the_cpu_executor_refuses() {
+            let k = KernelFn { name: "k", host: |_: &Thread, _: &(), _| {} };
+            // SAFETY: the kernel touches nothing.
+            unsafe {
+                assert!(run_on_host(&k, Dim3::x(0), Dim3::x(1), (), 0).unwrap_err().contains("a dimension is 0"));
+                assert!(run_on_host(&k, Dim3::x(1), Dim3::x(1025), (), 0).unwrap_err().contains("1024 threads"));
+                assert!(run_on_host(&k, Dim3::x(9), Dim3::x(1024), (), 0).unwrap_err().contains("8192 in all"));
+            }
+        }
+
+        #[test]
+        fn a_thread_that_returns_early_does_not_stall_the_barrier() {
+            let k = KernelFn {
+                name: "early",
+                host: |t: &Thread, _: &(), _| {
+                    if t.tid() == 0 {
+                        return;
+                    }
+                    t.sync_threads();
+                    t.sync_threads();
+                },
+            };
+            // SAFETY: the kernel touches nothing.
+            unsafe { run_on_host(&k, Dim3::x(2), Dim3::x(8), (), 0) }.unwrap();
+        }
+
+        #[test]
+        fn launch_args_are_their_bytes_in_order() {
+            let mut seen = Vec::new();
+            (7u32, DevPtr::<u8>::new(0x1122), -1i64).for_each(&mut |b| seen.push(b.to_vec()));
+            assert_eq!(
+                seen,
+                [7u32.to_ne_bytes().to_vec(), 0x1122u64.to_ne_bytes().to_vec(), (-1i64).to_ne_bytes().to_vec()]
+            );
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The calling thread of a kernel: its indices in the launch's grid, and the CTA barrier. What
+//! `#[kernel]` functions take as their first argument (`t: &Thread`), on both executors: on the GPU it reads the
+//! special registers (`%tid`, `%ctaid`, `%ntid`, `%nctaid`) and synchronizes with `barrier.sync`; on the `cpu`
+//! executor every thread of the launch is a host thread, and the block's threads share a barrier.
+//!
+//! Indices follow CUDA: `thread_idx` within the block, `block_idx` within the grid, each a [`Dim3`]; the linear
+//! thread number within the block is `x + y·dim.x + z·dim.x·dim.y` ([`Thread::tid`]), and lanes and warps are
+//! counted from it (32 lanes per warp).
+
+use crate::pingpong::Team;
+
+/// A three-component size or index (CUDA's `dim3`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Dim3 {
+    /// First component.
+    pub x: u32,
+    /// Second component.
+    pub y: u32,
+    /// Third component.
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// `(x, y, z)`.
+    pub const fn new(x: u32, y: u32, z: u32) -> Self {
+        Dim3 { x, y, z }
+    }
+
+    /// `(x, 1, 1)`.
+    pub const fn x(x: u32) -> Self {
+        Dim3 { x, y: 1, z: 1 }
+    }
+
+    /// `x · y · z`, as a `u64` (no overflow).
+    pub const fn count(&self) -> u64 {
+        self.x as u64 * self.y as u64 * self.z as u64
+    }
+
+    /// The linear number of index `i` in a box of this size: `i.x + i.y·x + i.z·x·y`.
+    pub const fn linear(&self, i: Dim3) -> u64 {
+        i.x as u64 + i.y as u64 * self.x as u64 + i.z as u64 * self.x as u64 * self.y as u64
+    }
+}
+
+/// Lanes per warp.
+pub const WARP_SIZE: u32 = 32;
+
+/// The thread running a kernel (see the module docs). Made by the launch (the `#[kernel]` entry on the GPU,
+/// the host launcher on the `cpu` executor), never by user code; valid for the kernel's run.
+pub struct Thread {
+    #[cfg(not(target_arch = "nvptx64"))]
+    host: host::Context,
+    /// `Thread` is neither `Send` nor `Sync`: it is the calling thread's.
+    _not_send: core::marker::PhantomData<*const ()>,
+}
+
+impl Thread {
+    /// The thread's index in its block.
+    #[inline(always)]
+    pub fn thread_idx(&self) -> Dim3 {
+        #[cfg(target_arch = "nvptx64")]
+        // SAFETY: reading special registers has no memory effects.
+        unsafe {
+            use core::arch::nvptx::*;
+            Dim3::new(_thread_idx_x() as u32, _thread_idx_y() as u32, _thread_idx_z() as u32)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.host.thread_idx
+    }
+
+    /// The block's index in the grid.
+    #[inline(always)]
+    pub fn block_idx(&self) -> Dim3 {
+        #[cfg(target_arch = "nvptx64")]
+        // SAFETY: as above.
+        unsafe {
+            use core::arch::nvptx::*;
+            Dim3::new(_block_idx_x() as u32, _block_idx_y() as u32, _block_idx_z() as u32)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.host.block_idx
+    }
+
+    /// Threads per block.
+    #[inline(always)]
+    pub fn block_dim(&self) -> Dim3 {
+        #[cfg(target_arch = "nvptx64")]
+        // SAFETY: as above.
+        unsafe {
+            use core::arch::nvptx::*;
+            Dim3::new(_block_dim_x() as u32, _block_dim_y() as u32, _block_dim_z() as u32)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.host.block_dim
+    }
+
+    /// Blocks in the grid.
+    #[inline(always)]
+    pub fn grid_dim(&self) -> Dim3 {
+        #[cfg(target_arch = "nvptx64")]
+        // SAFETY: as above.
+        unsafe {
+            use core::arch::nvptx::*;
+            Dim3::new(_grid_dim_x() as u32, _grid_dim_y() as u32, _grid_dim_z() as u32)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.host.grid_dim
+    }
+
+    /// The linear thread number within the block (`0 .. block_size()`).
+    #[inline(always)]
+    pub fn tid(&self) -> u32 {
+        self.block_dim().linear(self.thread_idx()) as u32
+    }
+
+    /// Threads per block (at most 1024).
+    #[inline(always)]
+    pub fn block_size(&self) -> u32 {
+        self.block_dim().count() as u32
+    }
+
+    /// The linear block number within the grid.
+    #[inline(always)]
+    pub fn block(&self) -> u64 {
+        self.grid_dim().linear(self.block_idx())
+    }
+
+    /// Blocks in the grid.
+    #[inline(always)]
+    pub fn blocks(&self) -> u64 {
+        self.grid_dim().count()
+    }
+
+    /// The linear thread number in the whole grid: `block() · block_size() + tid()`.
+    #[inline(always)]
+    pub fn global_id(&self) -> u64 {
+        self.block() * self.block_size() as u64 + self.tid() as u64
+    }
+
+    /// The lane within the warp (`tid() % 32`).
+    #[inline(always)]
+    pub fn lane(&self) -> u32 {
+        self.tid() % WARP_SIZE
+    }
+
+    /// The warp within the block (`tid() / 32`).
+    #[inline(always)]
+    pub fn warp(&self) -> u32 {
+        self.tid() / WARP_SIZE
+    }
+
+    /// Waits until every thread of the block that has not returned reaches this barrier (`__syncthreads`);
+    /// memory accesses before it are visible to the block's threads after it. The threads of a warp may arrive
+    /// diverged (the non-aligned `barrier.sync`).
+    #[inline(always)]
+    pub fn sync_threads(&self) {
+        let _ = self.sync_threads_or(false);
+    }
+
+    /// [`Thread::sync_threads`] that also returns whether any thread of the block passed `true`
+    /// (`__syncthreads_or`; PTX `barrier.red.or.pred`).
+    #[inline(always)]
+    pub fn sync_threads_or(&self, flag: bool) -> bool {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            crate::sync::cta_barrier_or(flag)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.host.block.sync_or(flag)
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl Thread {
+    /// The calling GPU thread (for the `#[kernel]` entry).
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn current() -> Thread {
+        Thread { _not_send: core::marker::PhantomData }
+    }
+}
+
+/// A block is a team: the harnesses written against [`Team`] run on a `Thread`.
+impl Team for Thread {
+    fn tid(&self) -> usize {
+        Thread::tid(self) as usize
+    }
+    fn size(&self) -> usize {
+        self.block_size() as usize
+    }
+    fn sync_or(&self, flag: bool) -> bool {
+        self.sync_threads_or(flag)
+    }
+}
+
+/// The `cpu` executor's side: a launch's threads as host threads.
+#[cfg(not(target_arch = "nvptx64"))]
+pub(crate) mod host {
+    use super::{Dim3, Thread};
+    use std::sync::{Condvar, Mutex};
+
+    /// What a host thread of a launch knows about itself.
+    pub(crate) struct Context {
+        pub(crate) thread_idx: Dim3,
+        pub(crate) block_idx: Dim3,
+        pub(crate) block_dim: Dim3,
+        pub(crate) grid_dim: Dim3,
+        pub(crate) block: std::sync::Arc<BlockBarrier>,
+    }
+
+    /// The barrier of one block: as `barrier.sync` on the GPU, it counts the threads that have not returned,
+    /// so a thread that leaves the kernel early does not stall the others.
+    pub(crate) struct BlockBarrier {
+        state: Mutex<State>,
+        changed: Condvar,
+    }
+
+    struct State {
+        /// Threads of the block still in the kernel.
+        live: u32,
+        /// Threads waiting at the barrier now.
+        arrived: u32,
+        /// OR of the flags of this round so far.
+        or: bool,
+        /// Rounds completed; a waiter leaves when it changes.
+        round: u64,
+        /// The OR of the last completed round.
+        last_or: bool,
+    }
+
+    impl BlockBarrier {
+        pub(crate) fn new(threads: u32) -> Self {
+            BlockBarrier {
+                state: Mutex::new(State { live: threads, arrived: 0, or: false, round: 0, last_or: false }),
+                changed: Condvar::new(),
+            }
+        }
+
+        fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+            self.state.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Ends the round when every live thread has arrived.
+        fn complete_if_full(&self, s: &mut State) {
+            if s.arrived > 0 && s.arrived >= s.live {
+                s.last_or = s.or;
+                s.or = false;
+                s.arrived = 0;
+                s.round += 1;
+                self.changed.notify_all();
+            }
+        }
+
+        pub(crate) fn sync_or(&self, flag: bool) -> bool {
+            let mut s = self.lock();
+            s.or |= flag;
+            s.arrived += 1;
+            let round = s.round;
+            self.complete_if_full(&mut s);
+            while s.round == round {
+                s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+            s.last_or
+        }
+
+        /// A thread of the block returned from the kernel.
+        pub(crate) fn leave(&self) {
+            let mut s = self.lock();
+            s.live -= 1;
+            self.complete_if_full(&mut s);
+        }
+    }
+
+    impl Thread {
+        pub(crate) fn on_host(ctx: Context) -> Thread {
+            Thread { host: ctx, _not_send: core::marker::PhantomData }
+        }
+    }
+
+    impl Drop for Thread {
+        fn drop(&mut self) {
+            self.host.block.leave();
+        }
+    }
+}
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dims_count_and_linearize() {
+        let d = Dim3::new(4, 3, 2);
+        assert_eq!(d.count(), 24);
+        assert_eq!(d.linear(Dim3::new(1, 2, 1)), 1 + 2 * 4 + 12);
+        assert_eq!(Dim3::x(7), Dim3::new(7, 1, 1));
+    }
+}

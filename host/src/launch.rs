@@ -1,0 +1,214 @@
+//! Launching `#[kernel]` functions on either executor: [`Module::load`] takes the PTX a build script made with
+//! `gdaki-build`, [`Module::kernel`] finds a kernel by its descriptor (the `NAME` static `#[kernel] fn name`
+//! defines), and [`Kernel::start`] / [`Kernel::launch`] run it: on the `gpu` executor through the CUDA driver,
+//! on the `cpu` executor as host threads in the same grid and block shape
+//! ([`gdaki_device::launch::run_on_host`]). The first error a kernel returns comes back as
+//! [`Error::Kernel`], a value.
+//!
+//! ```ignore
+//! const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+//! let module = Module::load(&exec, PTX)?;
+//! let ping = module.kernel(&kernels::PING)?;
+//! // SAFETY: the handle is a live channel's, in memory the executor's threads reach.
+//! unsafe { ping.launch(&LaunchConfig::linear(1, 1), (DevPtr::new(h.device_addr()), 100), TIMEOUT)? };
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gdaki_device::launch::{KernelFn, LaunchArgs};
+use gdaki_device::Dim3;
+use gdaki_shared::handle::ErrorReport;
+
+use crate::cuda::{self, KernelArg};
+use crate::exec::Executor;
+use crate::mem::MappedBuf;
+use crate::{Error, Result};
+
+/// A launch's shape: blocks in the grid, threads per block, dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks (CTAs) in x, y, z; each at least 1.
+    pub grid: Dim3,
+    /// Threads per block in x, y, z; each at least 1, at most 1024 in all.
+    pub block: Dim3,
+    /// Dynamic shared memory per block, bytes (GPU only; the `cpu` executor has none).
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// `blocks` blocks of `threads` threads, one-dimensional, no dynamic shared memory.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        LaunchConfig { grid: Dim3::x(blocks), block: Dim3::x(threads), shared_mem_bytes: 0 }
+    }
+}
+
+/// A module of kernels for one executor: on the `gpu` executor the loaded PTX, on the `cpu` executor nothing
+/// (the kernels' host twins are compiled in).
+#[derive(Clone)]
+pub struct Module {
+    exec: Executor,
+    gpu: Option<Arc<cuda::Module>>,
+}
+
+impl Module {
+    /// Loads `ptx` for `exec` (on the `cpu` executor only checks that it is a module: the kernels run from
+    /// their host build). Loading a module waits for running kernels (a CUDA rule): load before starting
+    /// kernels that wait on each other.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] when the driver refuses the PTX (its JIT log's first lines in the message).
+    pub fn load(exec: &Executor, ptx: &str) -> Result<Module> {
+        let gpu = match exec {
+            Executor::Gpu(g) => Some(g.load_module(ptx)?),
+            Executor::Cpu => None,
+        };
+        Ok(Module { exec: exec.clone(), gpu })
+    }
+
+    /// The kernel `k` (the static `#[kernel]` made for it) of this module.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the PTX has no entry of that name; on the GPU, [`Error::Cuda`].
+    pub fn kernel<A: LaunchArgs>(&self, k: &'static KernelFn<A>) -> Result<Kernel<A>> {
+        let gpu = match &self.gpu {
+            Some(m) => Some(m.kernel(k.name)?),
+            None => None,
+        };
+        Ok(Kernel { k, exec: self.exec.clone(), gpu })
+    }
+}
+
+/// One kernel of a [`Module`], with its parameter tuple `A`.
+pub struct Kernel<A: LaunchArgs> {
+    k: &'static KernelFn<A>,
+    exec: Executor,
+    gpu: Option<cuda::Kernel>,
+}
+
+impl<A: LaunchArgs> Kernel<A> {
+    /// The kernel's name.
+    pub fn name(&self) -> &'static str {
+        self.k.name
+    }
+
+    /// Starts the kernel with `args` in the shape `cfg` and returns at once; [`Running::wait`] ends it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a shape the executor cannot run (a zero dimension, more than 1024 threads
+    /// per block; on the `cpu` executor more than 8192 threads in all) or, on the GPU, arguments whose sizes
+    /// differ from the PTX's parameters; [`Error::Cuda`].
+    ///
+    /// # Safety
+    /// `args` must be what the kernel's contract asks for: its pointers device addresses of live memory of the
+    /// right types (GPU or mapped memory on the `gpu` executor, host memory on the `cpu` executor) for the
+    /// whole run, and no other code may use that memory in ways the kernel's contract forbids.
+    pub unsafe fn start(&self, cfg: &LaunchConfig, args: A) -> Result<Running> {
+        let report = Arc::new(self.exec.queue_memory().alloc(size_of::<ErrorReport>())?);
+        let at = report.device_addr();
+        let run = match (&self.exec, &self.gpu) {
+            (Executor::Gpu(g), Some(kernel)) => {
+                let mut bytes: Vec<Vec<u8>> = Vec::new();
+                args.for_each(&mut |b| bytes.push(b.to_vec()));
+                let mut params: Vec<KernelArg<'_>> = bytes.iter().map(|b| KernelArg::Bytes(b)).collect();
+                params.push(KernelArg::U64(at));
+                let stream = g.new_stream()?;
+                let c = cuda::LaunchConfig {
+                    grid: [cfg.grid.x, cfg.grid.y, cfg.grid.z],
+                    block: [cfg.block.x, cfg.block.y, cfg.block.z],
+                    shared_mem_bytes: cfg.shared_mem_bytes,
+                };
+                // SAFETY: the caller's contract covers the arguments; the report is live until `Running` ends.
+                unsafe { kernel.launch(&stream, &c, &params)? };
+                Run::Gpu(stream)
+            }
+            _ => {
+                let (k, grid, block, report) = (self.k, cfg.grid, cfg.block, report.clone());
+                let name = self.k.name;
+                let handle = std::thread::Builder::new()
+                    .name(format!("kernel {name}"))
+                    .spawn(move || {
+                        // SAFETY: the caller's contract covers the arguments; `report` (held by this thread) is
+                        // the launch's report.
+                        unsafe { gdaki_device::launch::run_on_host(k, grid, block, args, report.device_addr()) }
+                    })
+                    .map_err(|e| Error::Unavailable(format!("cannot start the threads of kernel `{name}`: {e}")))?;
+                Run::Cpu(handle)
+            }
+        };
+        Ok(Running { name: self.k.name, report, run: Some(run) })
+    }
+
+    /// [`Kernel::start`] then [`Running::wait`] with `timeout`.
+    ///
+    /// # Errors
+    /// As both.
+    ///
+    /// # Safety
+    /// As [`Kernel::start`].
+    pub unsafe fn launch(&self, cfg: &LaunchConfig, args: A, timeout: Duration) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.start(cfg, args) }?.wait(timeout)
+    }
+}
+
+enum Run {
+    Gpu(cuda::Stream),
+    Cpu(std::thread::JoinHandle<std::result::Result<(), String>>),
+}
+
+/// A started kernel: [`Running::wait`] for its end and its error. Dropped without waiting, a GPU launch's
+/// report memory is leaked rather than freed (a free would wait for the kernel).
+pub struct Running {
+    name: &'static str,
+    report: Arc<MappedBuf>,
+    run: Option<Run>,
+}
+
+impl Running {
+    /// Waits at most `timeout` for the kernel to end, then reads its report.
+    ///
+    /// # Errors
+    /// [`Error::Kernel`] with the first error a thread of the kernel returned; [`Error::Device`] when
+    /// `timeout` passed first (on the GPU the kernel cannot be stopped, see [`cuda::Stream::wait`]);
+    /// [`Error::InvalidArgument`] for a shape the `cpu` executor refused; [`Error::Cuda`].
+    pub fn wait(mut self, timeout: Duration) -> Result<()> {
+        match self.run.take() {
+            Some(Run::Gpu(stream)) => stream.wait(timeout)?,
+            Some(Run::Cpu(handle)) => {
+                let start = Instant::now();
+                while !handle.is_finished() {
+                    if start.elapsed() >= timeout {
+                        return Err(Error::Device(format!(
+                            "kernel `{}` still running on the cpu executor after {:.3} s (its threads go on)",
+                            self.name,
+                            timeout.as_secs_f64()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                match handle.join() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(shape)) => return Err(Error::InvalidArgument(shape)),
+                    Err(p) => std::panic::resume_unwind(p),
+                }
+            }
+            None => {}
+        }
+        // SAFETY: the kernel has ended; the report is an `ErrorReport` of this launch.
+        let report = unsafe { (self.report.host_ptr() as *const ErrorReport).read_volatile() };
+        match gdaki_device::Error::from_report(&report) {
+            Some(error) => Err(Error::Kernel { kernel: self.name, error }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(Run::Gpu(_)) = &self.run {
+            // The kernel may still write the report: keep its memory.
+            std::mem::forget(Arc::clone(&self.report));
+        }
+    }
+}

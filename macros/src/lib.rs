@@ -1,0 +1,163 @@
+//! `#[kernel]` (re-exported as `gdaki_device::kernel`): makes a Rust function a kernel that both executors can
+//! launch, as Rust-CUDA's `cuda_std::kernel` does for the GPU alone.
+//!
+//! ```ignore
+//! #[kernel]
+//! pub fn ping(t: &Thread, ch: &PortChannelHandle, n: u64) -> Result<()> { .. }
+//! ```
+//! keeps `ping` as it is (an ordinary function, callable from other device code) and adds:
+//! - on `nvptx64`: the PTX entry `ping`, an `extern "ptx-kernel"` function taking the parameters after the
+//!   `&Thread` at their launch types (a `&T`, `*const T` or `*mut T` is a `DevPtr<T>`: one device address)
+//!   and one hidden last `u64`, the address of the launch's `ErrorReport`; it calls `ping` with the calling
+//!   thread and records what it returns;
+//! - on the host: `pub static PING: gdaki_device::launch::KernelFn<(DevPtr<PortChannelHandle>, u64)>`, the
+//!   kernel's name and the same call for the `cpu` executor's host threads, which `gdaki::launch` launches.
+//!
+//! Rules, checked at compile time: the first parameter is a `&Thread`; the others are plain identifiers whose
+//! types are references (`&T`, not `&mut T`: many threads hold it), raw pointers, or `DeviceRepr` values; no
+//! generics, no `async`; the return type is `()` or a `Result<(), E>` with `E: Into<gdaki_device::Error>`.
+//! The crate that uses it needs `#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]` for the entry's ABI.
+
+use proc_macro::TokenStream;
+use proc_macro2::Span;
+use quote::{format_ident, quote};
+use syn::{parse_macro_input, spanned::Spanned, FnArg, ItemFn, Pat, Type};
+
+/// How a parameter crosses the launch.
+enum Param {
+    /// `&T` or `*const T` / `*mut T`: a `DevPtr<T>` at launch, turned back into the parameter's type.
+    Pointer { elem: Type, reference: bool, mutable: bool },
+    /// Any other type, by value.
+    Value(Type),
+}
+
+/// Makes the function a kernel (see the crate docs).
+#[proc_macro_attribute]
+pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    if !attr.is_empty() {
+        return syn::Error::new(Span::call_site(), "#[kernel] takes no arguments").to_compile_error().into();
+    }
+    let f = parse_macro_input!(item as ItemFn);
+    match expand(&f) {
+        Ok(t) => t.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand(f: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
+    let sig = &f.sig;
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        return Err(syn::Error::new(sig.generics.span(), "a kernel cannot be generic: its entry has one PTX name"));
+    }
+    if let Some(a) = &sig.asyncness {
+        return Err(syn::Error::new(a.span(), "a kernel cannot be async"));
+    }
+    if let Some(v) = &sig.variadic {
+        return Err(syn::Error::new(v.span(), "a kernel cannot be variadic"));
+    }
+    let mut inputs = sig.inputs.iter();
+    match inputs.next() {
+        Some(FnArg::Typed(t)) if is_thread_ref(&t.ty) => {}
+        Some(other) => return Err(syn::Error::new(other.span(), "a kernel's first parameter is `t: &Thread`")),
+        None => return Err(syn::Error::new(sig.span(), "a kernel's first parameter is `t: &Thread`")),
+    }
+    let mut params = Vec::new();
+    for input in inputs {
+        let FnArg::Typed(t) = input else {
+            return Err(syn::Error::new(input.span(), "a kernel is a free function"));
+        };
+        if !matches!(&*t.pat, Pat::Ident(_)) {
+            return Err(syn::Error::new(t.pat.span(), "a kernel's parameters are plain names"));
+        }
+        params.push(classify(&t.ty)?);
+    }
+
+    let name = &sig.ident;
+    let name_str = name.to_string();
+    let entry = format_ident!("__gdaki_kernel_{}", name);
+    let host = format_ident!("__gdaki_host_{}", name);
+    let upper = format_ident!("{}", name_str.to_uppercase());
+    let abi: Vec<proc_macro2::TokenStream> = params
+        .iter()
+        .map(|p| match p {
+            Param::Pointer { elem, .. } => quote!(::gdaki_device::launch::DevPtr<#elem>),
+            Param::Value(ty) => quote!(#ty),
+        })
+        .collect();
+    let args: Vec<_> = (0..params.len()).map(|i| format_ident!("a{}", i)).collect();
+    // Turns the launch value `v` of parameter `p` back into the function's parameter.
+    let back = |p: &Param, v: proc_macro2::TokenStream| match p {
+        Param::Pointer { elem, reference: true, .. } => quote!(unsafe { &*((#v).addr() as *const #elem) }),
+        Param::Pointer { elem, mutable: true, .. } => quote!(((#v).addr() as *mut #elem)),
+        Param::Pointer { elem, .. } => quote!(((#v).addr() as *const #elem)),
+        Param::Value(_) => v,
+    };
+    let entry_calls: Vec<_> = params.iter().zip(&args).map(|(p, a)| back(p, quote!(#a))).collect();
+    let host_calls: Vec<_> = params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let i = syn::Index::from(i);
+            back(p, quote!(args.#i))
+        })
+        .collect();
+    let doc = format!(
+        "The kernel [`{name_str}`] as the host launches it (`gdaki::launch`): its PTX entry and its host twin."
+    );
+    Ok(quote! {
+        // A kernel's pointer parameters are the launch's (which is `unsafe`), so dereferencing them in a safe
+        // function is the kernel's contract, not a hidden unsafety.
+        #[allow(clippy::not_unsafe_ptr_arg_deref)]
+        #f
+
+        #[cfg(target_arch = "nvptx64")]
+        #[doc(hidden)]
+        #[unsafe(export_name = #name_str)]
+        pub unsafe extern "ptx-kernel" fn #entry(#(#args: #abi,)* __gdaki_report: u64) {
+            let __gdaki_thread = ::gdaki_device::thread::Thread::current();
+            // SAFETY (of the pointer parameters): the launch passed device addresses that the kernel's contract
+            // makes valid for its run (`gdaki::launch::Kernel::launch` is `unsafe` for that reason).
+            #[allow(clippy::undocumented_unsafe_blocks)]
+            let __gdaki_ret = #name(&__gdaki_thread, #(#entry_calls),*);
+            ::gdaki_device::launch::KernelReturn::report(__gdaki_ret, __gdaki_report);
+        }
+
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[doc(hidden)]
+        fn #host(t: &::gdaki_device::thread::Thread, args: &(#(#abi,)*), report: u64) {
+            // SAFETY: as the entry's.
+            #[allow(clippy::undocumented_unsafe_blocks, unused_variables)]
+            let __gdaki_ret = #name(t, #(#host_calls),*);
+            ::gdaki_device::launch::KernelReturn::report(__gdaki_ret, report);
+        }
+
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[doc = #doc]
+        pub static #upper: ::gdaki_device::launch::KernelFn<(#(#abi,)*)> =
+            ::gdaki_device::launch::KernelFn { name: #name_str, host: #host };
+    })
+}
+
+/// Whether `ty` is `&Thread` (any path ending in `Thread`).
+fn is_thread_ref(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(r) if r.mutability.is_none() => {
+            matches!(&*r.elem, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Thread"))
+        }
+        _ => false,
+    }
+}
+
+fn classify(ty: &Type) -> syn::Result<Param> {
+    Ok(match ty {
+        Type::Reference(r) if r.mutability.is_some() => {
+            return Err(syn::Error::new(
+                r.span(),
+                "a kernel parameter cannot be `&mut T`: every thread of the launch gets it; take `*mut T`",
+            ))
+        }
+        Type::Reference(r) => Param::Pointer { elem: (*r.elem).clone(), reference: true, mutable: false },
+        Type::Ptr(p) => Param::Pointer { elem: (*p.elem).clone(), reference: false, mutable: p.mutability.is_some() },
+        other => Param::Value(other.clone()),
+    })
+}
