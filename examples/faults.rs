@@ -1,4 +1,4 @@
-//! Runs every fault of `gdaki::faults` (bad keys, bounds, rights, alignment, zero-byte WRITEs, SQ full, CQ
+//! Runs every fault of `gdaki_testkit::faults` (bad keys, bounds, rights, alignment, zero-byte WRITEs, SQ full, CQ
 //! overrun, a doorbell never rung, malformed WQEs, a peer process killed with SIGKILL mid-transfer, an
 //! unreachable peer, an error CQE during a semaphore wait) on the emulated NIC with device code on host threads
 //! (the `cpu` executor), and prints one row per fault: expected and observed outcome (syndrome and the
@@ -13,7 +13,7 @@
 use std::io::Write;
 use std::process::{Command, ExitCode};
 
-use gdaki::faults::{self, Ctx, Report};
+use gdaki_testkit::faults::{self, Ctx, Report};
 
 /// The hidden argument that makes this program the SIGKILL case's peer.
 const PEER_ARG: &str = "--peer";

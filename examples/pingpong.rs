@@ -17,8 +17,8 @@ use gdaki::bootstrap::Bootstrap;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
 use gdaki::nic::NicSpec;
-use gdaki::perftest::LatencyRow;
-use gdaki::pingpong::{PingPong, RunConfig};
+use gdaki_testkit::perftest::LatencyRow;
+use gdaki_testkit::pingpong::{PingPong, RunConfig};
 
 /// Prints a line to stdout, ignoring errors: a closed stdout (`| head`) must neither stop the run nor lose the
 /// JSON file.

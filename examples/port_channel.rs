@@ -18,9 +18,9 @@ use clap::Parser;
 use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::NicSpec;
-use gdaki::perftest::{BandwidthRow, LatencyRow};
-use gdaki::porttest::bench::{run_test, Measure, Plan, Row, Step, Test};
-use gdaki::porttest::Mode;
+use gdaki_testkit::perftest::{BandwidthRow, LatencyRow};
+use gdaki_testkit::porttest::bench::{run_test, Measure, Plan, Row, Step, Test};
+use gdaki_testkit::porttest::Mode;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "MSCCL++'s one-to-one PortChannel tests on gdaki's emulated NIC (or a real one)")]

@@ -1,5 +1,5 @@
 //! The device-side post rate: how many 8-byte RDMA WRITE WQEs per second device code builds and submits
-//! (`gdaki::postrate`): one thread per QP on one and on many QPs, ringing the doorbell every post, every 32
+//! (`gdaki_testkit::postrate`): one thread per QP on one and on many QPs, ringing the doorbell every post, every 32
 //! posts, or by BlueFlame; and many threads on one QP in Device scope. The emulated NIC consumes the WQEs as
 //! fast as it can meanwhile (loopback QPs writing pinned host memory). Each row gives WQEs/s over the median
 //! round and the median poster's ns per post; the last line is `N passed, M failed` (a row passes when device
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use gdaki::exec::{Executor, ExecutorKind};
-use gdaki::postrate::{PostRate, Shape};
+use gdaki_testkit::postrate::{PostRate, Shape};
 
 #[derive(Parser, Debug)]
 #[command(about = "WQEs per second that device code builds and submits (8-byte RDMA WRITE)")]

@@ -7,11 +7,12 @@
 //! Layers, lowest first (each uses only those above it in this list): [`sync`] (fences, ordered loads and
 //! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) →
 //! [`cq`] (polling) → [`wait`] (bounded waits) → [`qp`] (Exclusive QP: post, ring, retire, flush) →
-//! [`onesided`] (put / signal / put_with_signal) → [`pingpong`] (the example's rank loop). Shared QPs:
-//! [`scope`] (Block / Device atomics) → [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s
-//! PortChannel device API over an Exclusive or a shared QP) → [`packet`] (MSCCL++'s LL packets on a
-//! channel) → [`porttest`] (MSCCL++'s one-to-one channel
-//! tests). [`samples`] feeds the GPU test of the builders.
+//! [`onesided`] (put / signal / put_with_signal). Shared QPs: [`scope`] (Block / Device atomics) →
+//! [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s PortChannel device API over an Exclusive
+//! or a shared QP) → [`packet`] (MSCCL++'s LL packets on a channel). Kernels: [`thread`] (the calling thread,
+//! its indices and the CTA barrier) and [`launch`] (parameter types, error reports, the `cpu` executor's
+//! launcher) with the [`kernel`] attribute, which makes a function of a user's device crate a kernel of both
+//! executors. The crate has no kernels of its own: a user's crate (built with `gdaki-build`) has them.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 #![deny(missing_docs)]
@@ -45,11 +46,7 @@ pub mod fifo;
 pub mod launch;
 pub mod onesided;
 pub mod packet;
-pub mod pingpong;
-pub mod porttest;
-pub mod postrate;
 pub mod qp;
-pub mod samples;
 pub mod scope;
 pub mod shared_qp;
 pub mod sq;
@@ -61,9 +58,6 @@ pub mod wait;
 #[cfg(target_arch = "nvptx64")]
 pub mod warp;
 pub mod wqe;
-
-#[cfg(target_arch = "nvptx64")]
-pub mod kernels;
 
 pub use error::{Error, Result};
 pub use gdaki_macros::kernel;

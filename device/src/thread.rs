@@ -7,8 +7,6 @@
 //! thread number within the block is `x + y·dim.x + z·dim.x·dim.y` ([`Thread::tid`]), and lanes and warps are
 //! counted from it (32 lanes per warp).
 
-use crate::pingpong::Team;
-
 /// A three-component size or index (CUDA's `dim3`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Dim3 {
@@ -177,19 +175,6 @@ impl Thread {
     #[inline(always)]
     pub fn current() -> Thread {
         Thread { _not_send: core::marker::PhantomData }
-    }
-}
-
-/// A block is a team: the harnesses written against [`Team`] run on a `Thread`.
-impl Team for Thread {
-    fn tid(&self) -> usize {
-        Thread::tid(self) as usize
-    }
-    fn size(&self) -> usize {
-        self.block_size() as usize
-    }
-    fn sync_or(&self, flag: bool) -> bool {
-        self.sync_threads_or(flag)
     }
 }
 

@@ -1,10 +1,7 @@
-//! Executors: where device code runs. `gpu` launches the PTX kernels through the CUDA driver; `cpu` calls the
-//! same `gdaki-device` functions from host threads. Each provides the memory the emulated NIC needs.
+//! Executors: where device code runs. `gpu` launches PTX kernels through the CUDA driver; `cpu` runs the same
+//! kernels' host builds on host threads ([`crate::launch`]). Each provides the memory the emulated NIC needs.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
-
-use gdaki_device::pingpong::Team;
+use std::sync::Arc;
 
 use crate::cuda::{DeviceBuffer, Gpu};
 use crate::mem::{GpuCopier, HostQueueMemory, MappedBuf, MemKind, MemLoc, QueueMemory};
@@ -163,54 +160,4 @@ impl DataBuf {
             Self::Gpu(b) => b.to_vec(),
         }
     }
-}
-
-/// A team of host threads: `size` threads meeting at a barrier that ORs a flag.
-pub(crate) struct ThreadTeam<'b> {
-    tid: usize,
-    size: usize,
-    barrier: &'b Barrier,
-    any: &'b AtomicBool,
-}
-
-impl Team for ThreadTeam<'_> {
-    fn tid(&self) -> usize {
-        self.tid
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn sync_or(&self, flag: bool) -> bool {
-        if flag {
-            self.any.store(true, Ordering::Relaxed);
-        }
-        self.barrier.wait();
-        let r = self.any.load(Ordering::Relaxed);
-        // Everyone has read the flag before it is cleared, and it is cleared before anyone sets it again.
-        self.barrier.wait();
-        if self.tid == 0 {
-            self.any.store(false, Ordering::Relaxed);
-        }
-        self.barrier.wait();
-        r
-    }
-}
-
-/// Runs `f(team, index)` on `nteams` teams of `team` host threads each, all at once (the `cpu` executor's
-/// stand-in for a launch of `nteams` CTAs of `team` threads); returns when every thread has.
-pub(crate) fn run_teams(nteams: u32, team: u32, f: impl Fn(&ThreadTeam, u32) + Sync) {
-    let f = &f;
-    std::thread::scope(|s| {
-        for index in 0..nteams {
-            s.spawn(move || {
-                let (barrier, any) = (Barrier::new(team as usize), AtomicBool::new(false));
-                std::thread::scope(|t| {
-                    for tid in 0..team as usize {
-                        let (barrier, any) = (&barrier, &any);
-                        t.spawn(move || f(&ThreadTeam { tid, size: team as usize, barrier, any }, index));
-                    }
-                });
-            });
-        }
-    });
 }

@@ -10,15 +10,9 @@ pub mod channel;
 pub mod cuda;
 pub mod error;
 pub mod exec;
-pub mod faults;
 pub mod launch;
 pub mod mem;
 pub mod nic;
-pub mod perftest;
-pub mod pingpong;
-pub mod porttest;
-pub mod postrate;
 pub mod proxy;
-pub mod ptx;
 
 pub use error::{Error, Result};

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use gdaki::exec::ExecutorKind;
 use gdaki::nic::NicSpec;
-use gdaki::porttest::Mode;
+use gdaki_testkit::porttest::Mode;
 
 /// gdaki-perf: MSCCL++'s PortChannel tests (its GPUNetIO comparison) in Host, HostNoAtomic and Device modes,
 /// side by side in one run on one NIC; ratios against Host; every payload checked.

@@ -26,7 +26,7 @@ use clap::Parser;
 use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::NicSpec;
-use gdaki::porttest::bench::{run_test, Row, Step, Test};
+use gdaki_testkit::porttest::bench::{run_test, Row, Step, Test};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// One rank's rows, and 1 if it stopped at a failure.

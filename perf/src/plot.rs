@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use gdaki::porttest::bench::{Measure, Row, Test};
-use gdaki::porttest::Mode;
+use gdaki_testkit::porttest::bench::{Measure, Row, Test};
+use gdaki_testkit::porttest::Mode;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 

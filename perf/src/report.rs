@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use gdaki::exec::Executor;
-use gdaki::porttest::bench::Row;
+use gdaki_testkit::porttest::bench::Row;
 
 use crate::table::Ratio;
 

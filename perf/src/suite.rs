@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use gdaki::exec::ExecutorKind;
-use gdaki::porttest::bench::{Plan, Test};
+use gdaki_testkit::porttest::bench::{Plan, Test};
 
 use crate::cli::Opts;
 

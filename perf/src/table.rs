@@ -1,9 +1,9 @@
 //! The printed tables (one per test, every mode side by side, a ratio column against Host), the ratios
 //! themselves and the summary of the Device/Host latency ratios against the project's targets.
 
-use gdaki::perftest::{BandwidthRow, LatencyRow};
-use gdaki::porttest::bench::{Measure, Row, Test};
-use gdaki::porttest::Mode;
+use gdaki_testkit::perftest::{BandwidthRow, LatencyRow};
+use gdaki_testkit::porttest::bench::{Measure, Row, Test};
+use gdaki_testkit::porttest::Mode;
 
 /// A row against Host's row of the same test and size: latency rows t_typical / Host's (below 1: faster than
 /// Host), bandwidth rows algbw / Host's (above 1: faster). `None` without a Host row or a time.
@@ -110,7 +110,7 @@ mod tests {
     fn row(test: Test, mode: Mode, us: u64) -> Row {
         let measure = if test.is_bandwidth() {
             // 1 MB in `us` µs.
-            gdaki::perftest::BandwidthRow::from_ns(1_000_000, 1, 1, &[us * 1000]).map(Measure::Bandwidth)
+            gdaki_testkit::perftest::BandwidthRow::from_ns(1_000_000, 1, 1, &[us * 1000]).map(Measure::Bandwidth)
         } else {
             LatencyRow::from_ns(8, &[us * 1000]).map(Measure::Latency)
         };

@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use xtask::build::clean_cargo_env;
 use xtask::workspace::Workspace;
-use xtask::{Result, PTX_FILE};
+use xtask::Result;
 
 /// The cargo-fuzz installed when `cargo fuzz` is missing (checked with the pinned toolchain).
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
@@ -32,9 +32,6 @@ pub fn run(seconds: u32, targets: &[String]) -> Result<()> {
         if targets.is_empty() { TARGETS.to_vec() } else { targets.iter().map(String::as_str).collect() };
     ensure_cargo_fuzz(&workspace.root)?;
 
-    // The PTX that `cargo xtask test`/`build-ptx` left, if any: the fuzz build embeds it instead of building the
-    // device crate again in its own target folder (host/build.rs's GDAKI_PTX). The parsers do not use it.
-    let ptx = workspace.ptx_dir().join(PTX_FILE);
     let cargo_fuzz = |args: &[&str]| {
         let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
         clean_cargo_env(&mut cmd);
@@ -47,9 +44,6 @@ pub fn run(seconds: u32, targets: &[String]) -> Result<()> {
             .arg("--target-dir")
             .arg(fuzz_dir.join("target"))
             .stdin(Stdio::null());
-        if ptx.is_file() {
-            cmd.env("GDAKI_PTX", &ptx);
-        }
         cmd
     };
 

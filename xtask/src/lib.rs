@@ -26,7 +26,7 @@ pub type Result<T, E = anyhow::Error> = std::result::Result<T, E>;
 
 /// The project's own kernels crate (relative to the workspace root), which `cargo xtask build-ptx`, `test` and
 /// `sass` build, check with ptxas and disassemble.
-pub const KERNELS_CRATE: &str = "device";
+pub const KERNELS_CRATE: &str = "testkit/kernels";
 
 /// File name of the project's PTX module in `target/ptx/` (`cargo xtask build-ptx`).
-pub const PTX_FILE: &str = "gdaki_device.ptx";
+pub const PTX_FILE: &str = "gdaki_testkit_kernels.ptx";

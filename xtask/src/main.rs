@@ -23,7 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Build gdaki-device to target/ptx/gdaki_device.ptx, validate it, and assemble it with ptxas if found.
+    /// Build the project's kernels (testkit/kernels) to target/ptx/gdaki_testkit_kernels.ptx with gdaki-build,
+    /// validate it, and assemble it with ptxas if found.
     BuildPtx {
         /// Fail if ptxas is not found (instead of skipping the assembly).
         #[arg(long)]
@@ -98,7 +99,7 @@ fn build_ptx_task(require_ptxas: bool, time: bool) -> Result<()> {
     Ok(())
 }
 
-/// Builds, validates, writes `target/ptx/gdaki_device.ptx`, and assembles it with `ptxas` if given.
+/// Builds, validates, writes `target/ptx/gdaki_testkit_kernels.ptx`, and assembles it with `ptxas` if given.
 fn build_ptx(workspace: &Workspace, ptxas: Option<&Path>) -> Result<BuiltPtx> {
     let built =
         PtxBuilder::new(workspace.root.join(KERNELS_CRATE)).target_dir(workspace.nested_target_dir()).build()?;
@@ -117,7 +118,7 @@ fn build_ptx(workspace: &Workspace, ptxas: Option<&Path>) -> Result<BuiltPtx> {
     );
     match ptxas {
         Some(ptxas_path) => {
-            let cubin = workspace.ptx_dir().join(format!("gdaki_device.{ARCH}.cubin"));
+            let cubin = workspace.ptx_dir().join(format!("gdaki_testkit_kernels.{ARCH}.cubin"));
             let report = ptxas::assemble(ptxas_path, &dest, ARCH, &cubin)?;
             let version = ptxas::version(ptxas_path).unwrap_or_else(|| "version unknown".into());
             println!("ptxas: {} ({version}) -> {}", ptxas_path.display(), cubin.display());
@@ -129,7 +130,7 @@ fn build_ptx(workspace: &Workspace, ptxas: Option<&Path>) -> Result<BuiltPtx> {
 }
 
 /// Times three PTX builds: cold (empty `target/ptx-time`, `core` included), incremental (a device source's
-/// modification time set to now), and no-op (nothing changed: what every `cargo build` pays in host/build.rs).
+/// modification time set to now), and no-op (nothing changed: what every `cargo build` pays in testkit/build.rs).
 fn measure(workspace: &Workspace) -> Result<()> {
     let dir = workspace.target_dir.join("ptx-time");
     remove_dir(&dir)?;
@@ -186,7 +187,7 @@ fn sass_task(kernels: &[String], mmio: &[u32]) -> Result<()> {
         |name: &str, env: &str, wheel: &str| prereq::ensure_tool(name, env, wheel, &workspace.tool_wheel_dir(name));
     let cuobjdump = tool("cuobjdump", "CUOBJDUMP", prereq::CUOBJDUMP_WHEEL)?;
     let nvdisasm = tool("nvdisasm", "NVDISASM", prereq::NVDISASM_WHEEL)?;
-    let cubin = workspace.ptx_dir().join(format!("gdaki_device.{ARCH}.cubin"));
+    let cubin = workspace.ptx_dir().join(format!("gdaki_testkit_kernels.{ARCH}.cubin"));
     let out = workspace.sass_dir();
     let rows = sass::analyse(&cuobjdump, &nvdisasm, &cubin, kernels, mmio, &out)?;
     let version = |tool: &Path| ptxas::version(tool).unwrap_or_else(|| "version unknown".into());

@@ -6,10 +6,10 @@
 //! reach `k + 1`; the time between is one round trip. Rank 1 waits for its semaphore, checks every byte of the
 //! payload, and answers the same way (its answer is filled before the ping arrives). Both ranks check what they receive and flush before reusing buffers.
 
-use crate::error::{Error, PayloadMismatch, Result};
-use crate::qp::Qp;
-use crate::sync;
 use bytemuck::{Pod, Zeroable};
+use gdaki_device::error::{Error, PayloadMismatch, Result};
+use gdaki_device::qp::Qp;
+use gdaki_device::sync;
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
 
 /// Arguments of one rank, built by the host (`#[repr(C)]`, passed by pointer). 192 bytes.
@@ -50,8 +50,8 @@ pub struct PingPongArgs {
 
 const _: () = assert!(core::mem::size_of::<PingPongArgs>() == 192);
 
-/// The threads that run one rank: a CTA on the GPU, one thread on the host. Thread 0 drives the QP; all
-/// threads fill and check payloads.
+/// The threads that run one rank: a block of the launch ([`gdaki_device::Thread`] is one). Thread 0 drives the
+/// QP; all threads fill and check payloads.
 pub trait Team {
     /// This thread's index in the team.
     fn tid(&self) -> usize;
@@ -59,21 +59,6 @@ pub trait Team {
     fn size(&self) -> usize;
     /// Barrier over the team that returns whether any thread passed `true` (`bar.red.or.pred`).
     fn sync_or(&self, flag: bool) -> bool;
-}
-
-/// A team of one host thread (the `cpu` executor).
-pub struct Solo;
-
-impl Team for Solo {
-    fn tid(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        1
-    }
-    fn sync_or(&self, flag: bool) -> bool {
-        flag
-    }
 }
 
 /// Payload word `i` of the message that `rank` sends in iteration `iter` (splitmix64 of the four).

@@ -1,4 +1,4 @@
-//! Host side of the device-side post-rate microbenchmark ([`gdaki_device::postrate`]): how many 8-byte RDMA
+//! Host side of the device-side post-rate microbenchmark ([`gdaki_testkit_kernels::postrate`]): how many 8-byte RDMA
 //! WRITE WQEs per second device code builds and submits, one thread per QP on many QPs (Exclusive; doorbell
 //! per post, per 32 posts, or BlueFlame) or many threads on one QP (Device scope), while the emulated NIC
 //! consumes them as fast as it can.
@@ -9,15 +9,17 @@
 
 use std::time::Duration;
 
-use gdaki_device::postrate::{shape, PostRateArgs};
+use gdaki_device::launch::DevPtr;
 use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::{ErrorReport, QpHandle};
+use gdaki_testkit_kernels::entries;
+use gdaki_testkit_kernels::postrate::{shape, PostRateArgs};
 
-use crate::cuda::{KernelArg, LaunchConfig};
-use crate::exec::Executor;
-use crate::mem::{MappedBuf, MemKind, MemLoc};
-use crate::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp};
-use crate::{Error, Result};
+use gdaki::exec::Executor;
+use gdaki::launch::{LaunchConfig, Module};
+use gdaki::mem::{MappedBuf, MemKind, MemLoc};
+use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp};
+use gdaki::{Error, Result};
 
 /// SQ size of every QP, WQEBBs (the emulated NIC's largest): a round's WQEs must fit without waiting.
 const WQE_CNT: u32 = 32768;
@@ -220,28 +222,26 @@ impl PostRate {
             posters,
             pad: 0,
         };
-        match &self.exec {
+        let args_at = match &self.exec {
             Executor::Gpu(g) => {
                 let a = g.alloc_device(size_of::<PostRateArgs>())?;
                 a.copy_from_host(0, bytemuck::bytes_of(&args))?;
-                let kernel = g.kernel(crate::ptx::PTX, "gdaki_post_rate")?;
-                let stream = g.new_stream()?;
-                // SAFETY: the arguments, handles, buffers and control words are live for the launch (owned by
-                // `self` and this frame); one CTA per team.
-                unsafe {
-                    kernel.launch(
-                        &stream,
-                        &LaunchConfig::linear(teams, team_size),
-                        &[KernelArg::U64(a.device_addr())],
-                    )?
-                };
-                stream.wait(timeout.saturating_mul(total_rounds).saturating_add(Duration::from_secs(10)))?;
+                let addr = a.device_addr();
+                (Some(a), addr)
             }
-            Executor::Cpu => crate::exec::run_teams(teams, team_size, |t, index| {
-                // SAFETY: as above.
-                unsafe { gdaki_device::postrate::run(t, &args, index) }
-            }),
-        }
+            Executor::Cpu => (None, &args as *const PostRateArgs as u64),
+        };
+        let kernel = Module::load(&self.exec, crate::ptx::PTX)?.kernel(&entries::GDAKI_POST_RATE)?;
+        // SAFETY: the arguments, handles, buffers and control words are live for the launch (owned by `self` and
+        // this frame, the GPU copy of the arguments by `args_at`); one block per team; the launch is waited for.
+        unsafe {
+            kernel.launch(
+                &LaunchConfig::linear(teams, team_size),
+                (DevPtr::new(args_at.1),),
+                timeout.saturating_mul(total_rounds).saturating_add(Duration::from_secs(10)),
+            )?
+        };
+        drop(args_at);
         // SAFETY: the device code has finished; the report is the first 64 bytes of `ctrl`.
         let report = unsafe { (ctrl.host_ptr() as *const ErrorReport).read_volatile() };
         if let Some(e) = gdaki_device::Error::from_report(&report) {

@@ -15,7 +15,7 @@ use gdaki_shared::prm::opcode;
 use gdaki_shared::prm::wqe::{fm_ce_se, CtrlSeg, RaddrSeg, Seg, SEG, WQEBB};
 use gdaki_shared::Be32;
 
-use crate::nic::emu::{Access, EmuNic, QpState};
+use gdaki::nic::emu::{Access, EmuNic, QpState};
 
 use super::guard::{Guarded, WORD0};
 use super::rig::{dev_qp, ghost_endpoint, outcome, setup, step, via_bytes, wait_until, wired, Path, Rig};

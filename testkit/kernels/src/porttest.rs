@@ -14,7 +14,7 @@
 //! - `SAME_CHANNEL_FLUSH`: threads 0..4 of channel 0's team each put their quarter of `size` bytes and flush,
 //!   `iters` times, on the one QP (Exclusive: thread 0 puts it all).
 //! - `PACKET_PINGPONG` / `PACKET_PINGPONG_LL8` (channel 0; MSCCL++'s `PacketPingPong`): ping-pong with LL
-//!   packets ([`crate::packet`]) instead of `put_with_signal` + `wait`: the team writes the packets, the
+//!   packets ([`gdaki_device::packet`]) instead of `put_with_signal` + `wait`: the team writes the packets, the
 //!   leader puts them, the peer's team polls their flags and checks every byte, then answers the same way.
 //!   The buffer holds data, outgoing and incoming packets ([`PacketLayout`]); round `k` carries flag
 //!   [`packet_flag`]`(flag_base, k)`.
@@ -23,12 +23,12 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::channel::{PortChannel, Sharing};
-use crate::error::{Error, InvalidArgument, PayloadMismatch, Result};
-use crate::packet::{Packet, Packets};
 use crate::pingpong::{payload_word, Team};
-use crate::scope::{Device, Scope};
-use crate::sync;
+use gdaki_device::channel::{PortChannel, Sharing};
+use gdaki_device::error::{Error, InvalidArgument, PayloadMismatch, Result};
+use gdaki_device::packet::{Packet, Packets};
+use gdaki_device::scope::{Device, Scope};
+use gdaki_device::sync;
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::ErrorReport;
 use gdaki_shared::packet::{LL16Packet, LL8Packet};

@@ -17,9 +17,9 @@ use gdaki_shared::handle::{MrHandle, RemoteMr};
 use gdaki_shared::prm::opcode::syndrome;
 use gdaki_shared::Be32;
 
-use crate::mem::{MemKind, MemLoc};
-use crate::nic::emu::{Access, EmuConfig, EmuNic, Endpoint, WireConfig, ENDPOINT_BYTES};
-use crate::{Error, Result};
+use gdaki::mem::{MemKind, MemLoc};
+use gdaki::nic::emu::{Access, EmuConfig, EmuNic, Endpoint, WireConfig, ENDPOINT_BYTES};
+use gdaki::{Error, Result};
 
 use super::guard::{Guarded, WORD0};
 use super::rig::{dev_qp, next_cqe, outcome, setup, step, wired};

@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
-use crate::mem::{MemKind, MemLoc};
-use crate::nic::emu::{Access, EmuNic, Mr, Pd};
+use gdaki::mem::{MemKind, MemLoc};
+use gdaki::nic::emu::{Access, EmuNic, Mr, Pd};
 
 /// Guard bytes on each side of the registered middle (a multiple of 8, so the middle stays 8-byte aligned).
 pub(crate) const GUARD: usize = 64;
@@ -117,7 +117,7 @@ impl Guarded {
     }
 
     /// Registers the middle with `nic` in `pd` with `access`. The registration cannot outlive the buffer.
-    pub(crate) fn register<'a>(&'a self, nic: &Arc<EmuNic>, pd: &Pd, access: Access) -> crate::Result<Reg<'a>> {
+    pub(crate) fn register<'a>(&'a self, nic: &Arc<EmuNic>, pd: &Pd, access: Access) -> gdaki::Result<Reg<'a>> {
         let loc = MemLoc { kind: MemKind::Host, addr: self.addr() };
         // SAFETY: the middle is `len` bytes of this allocation, which stays allocated and in place for `'a`;
         // the returned `Reg` borrows `self` for `'a`, so the MR is dropped (deregistered) before the buffer.

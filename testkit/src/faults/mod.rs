@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use gdaki_shared::prm::opcode::syndrome;
 
-use crate::nic::emu::{vendor, QpState};
+use gdaki::nic::emu::{vendor, QpState};
 
 use access::Bad;
 use rig::Path;

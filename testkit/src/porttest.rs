@@ -1,5 +1,5 @@
 //! Host side of MSCCL++'s one-to-one PortChannel tests (the `port_channel` example and its tests): one rank's
-//! channels to its peer, and runs of `gdaki_device::porttest` on the GPU (kernels
+//! channels to its peer, and runs of `gdaki_testkit_kernels::porttest` on the GPU (kernels
 //! `gdaki_port_{exclusive,block,device}`) or on host threads (a team of threads per channel).
 //!
 //! A [`PortTest`] owns `nchannels` connections (one QP each), a buffer of `2 × max_size` bytes per channel
@@ -10,19 +10,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gdaki_device::channel::{Exclusive, Sharing};
-use gdaki_device::porttest::{self, PortTestArgs};
-use gdaki_device::scope::{Block, Device};
+use gdaki_device::launch::{DevPtr, KernelFn};
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::ErrorReport;
+use gdaki_testkit_kernels::entries;
+use gdaki_testkit_kernels::porttest::{self, PortTestArgs};
 
-use crate::channel::{Communicator, EndpointConfig, IbMode, PortChannel, RegisteredMemory, Semaphore};
-use crate::cuda::{DeviceBuffer, KernelArg, LaunchConfig};
-use crate::exec::Executor;
-use crate::mem::MappedBuf;
-use crate::{Error, Result};
+use gdaki::channel::{Communicator, EndpointConfig, IbMode, PortChannel, RegisteredMemory, Semaphore};
+use gdaki::cuda::DeviceBuffer;
+use gdaki::exec::Executor;
+use gdaki::launch::{LaunchConfig, Module};
+use gdaki::mem::MappedBuf;
+use gdaki::{Error, Result};
 
-pub use gdaki_device::porttest::op;
+pub use gdaki_testkit_kernels::porttest::op;
 
 pub mod bench;
 
@@ -80,12 +81,12 @@ impl Mode {
         }
     }
 
-    fn kernel(self) -> &'static str {
+    fn kernel(self) -> &'static KernelFn<(DevPtr<PortTestArgs>,)> {
         match self {
             // One pushing thread per channel, as MSCCL++'s proxy channels are used.
-            Mode::Host | Mode::HostNoAtomic | Mode::Exclusive => "gdaki_port_exclusive",
-            Mode::Block => "gdaki_port_block",
-            Mode::Device => "gdaki_port_device",
+            Mode::Host | Mode::HostNoAtomic | Mode::Exclusive => &entries::GDAKI_PORT_EXCLUSIVE,
+            Mode::Block => &entries::GDAKI_PORT_BLOCK,
+            Mode::Device => &entries::GDAKI_PORT_DEVICE,
         }
     }
 }
@@ -375,42 +376,28 @@ impl PortTest {
         }
         // Everything that may block while a kernel runs (module load, copies) happens before the barrier: the
         // peer may be another rank of this process, whose kernel starts as soon as both pass it.
-        let launch = match (self.comm.executor(), &self.gpu_handles) {
-            (Executor::Gpu(g), Some(b)) => {
+        let args_addr = match &self.gpu_handles {
+            Some(b) => {
                 let args_at = std::mem::size_of_val(&self.host_handles[..]);
                 b.copy_from_host(args_at, bytemuck::bytes_of(&args))?;
-                Some((
-                    g.kernel(crate::ptx::PTX, self.mode.kernel())?,
-                    g.new_stream()?,
-                    b.device_addr() + args_at as u64,
-                ))
+                b.device_addr() + args_at as u64
             }
-            _ => None,
+            None => &args as *const PortTestArgs as u64,
         };
+        let kernel = Module::load(self.comm.executor(), crate::ptx::PTX)?.kernel(self.mode.kernel())?;
         // Both ranks start together, so that neither waits out its bound for a peer still setting up.
         self.comm.bootstrap().barrier()?;
         self.failed = true;
-        match launch {
-            Some((kernel, stream, args_addr)) => {
-                // SAFETY: the argument block and the handles are in GPU memory and name live channels, buffers
-                // and control words owned by `self`; one CTA per channel keeps every team resident.
-                unsafe {
-                    kernel.launch(
-                        &stream,
-                        &LaunchConfig::linear(self.nchannels, cfg.team),
-                        &[KernelArg::U64(args_addr)],
-                    )?
-                };
-                stream.wait(cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)))?;
-            }
-            None => match self.mode {
-                Mode::Host | Mode::HostNoAtomic | Mode::Exclusive => {
-                    run_threads::<Exclusive>(&args, self.nchannels, cfg.team)
-                }
-                Mode::Block => run_threads::<Block>(&args, self.nchannels, cfg.team),
-                Mode::Device => run_threads::<Device>(&args, self.nchannels, cfg.team),
-            },
-        }
+        // SAFETY: the argument block and the handles are in memory the executor reaches (GPU memory, or this
+        // frame and `self` on the cpu executor) and name live channels, buffers and control words owned by
+        // `self`; one block per channel keeps every team running at once; the launch is waited for here.
+        unsafe {
+            kernel.launch(
+                &LaunchConfig::linear(self.nchannels, cfg.team),
+                (DevPtr::new(args_addr),),
+                cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)),
+            )?
+        };
         // SAFETY: the device code has finished; the words are ours and aligned.
         let (report, checked) =
             unsafe { ((self.word(REPORT) as *const ErrorReport).read_volatile(), self.word(CHECKED).read_volatile()) };
@@ -432,13 +419,4 @@ impl PortTest {
     pub fn channels(&self) -> &[PortChannel] {
         &self.chans
     }
-}
-
-/// Runs `porttest::run` with `team` host threads per channel, all channels at once.
-fn run_threads<M: Sharing>(args: &PortTestArgs, nchannels: u32, team: u32) {
-    crate::exec::run_teams(nchannels, team, |tm, ch| {
-        // SAFETY: `args` names this rank's live channels and control words (built by `PortTest::run`); each
-        // channel's team is its own threads, all running at once.
-        unsafe { porttest::run::<M>(tm, args, ch) }
-    });
 }

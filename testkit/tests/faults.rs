@@ -1,4 +1,4 @@
-//! Faults on the emulated NIC (issue items 4 and 5): one test per case of `gdaki::faults::catalogue()`, each
+//! Faults on the emulated NIC (issue items 4 and 5): one test per case of `gdaki_testkit::faults::catalogue()`, each
 //! asserting the exact outcome device code sees (syndrome and vendor syndrome of the error CQE, or the
 //! completion, timeout or overrun), the QP state, that no byte outside the permitted range changed, and that
 //! the waiter returned within its bound. The expected outcomes are written here a second time, from the PRM
@@ -10,9 +10,9 @@
 use std::process::Command;
 use std::sync::Mutex;
 
-use gdaki::faults::{self, Ctx, Outcome, WaitKind};
 use gdaki::nic::emu::{vendor, QpState};
 use gdaki_shared::prm::opcode::syndrome::*;
+use gdaki_testkit::faults::{self, Ctx, Outcome, WaitKind};
 
 /// Set in the peer process's environment.
 const PEER_ENV: &str = "GDAKI_FAULTS_PEER";

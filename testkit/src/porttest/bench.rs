@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{max_size_for, op, Mode, PortTest, RunConfig};
-use crate::channel::Communicator;
 use crate::perftest::{BandwidthRow, LatencyRow};
-use crate::{Error, Result};
+use gdaki::channel::Communicator;
+use gdaki::{Error, Result};
 
 /// One of MSCCL++'s one-to-one PortChannel tests (its GPUNetIO comparison), in the order tables list them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -11,7 +11,7 @@ use gdaki_device::qp::Qp as DevQp;
 use gdaki_device::Error as DevError;
 use gdaki_shared::handle::QpHandle;
 
-use crate::nic::emu::{Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, WireConfig};
+use gdaki::nic::emu::{Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, WireConfig};
 
 use super::{Outcome, WaitKind};
 
@@ -30,7 +30,7 @@ pub(crate) fn wired(retry: Duration) -> EmuConfig {
 }
 
 /// An endpoint bytes round trip, as through a bootstrap.
-pub(crate) fn via_bytes(e: &Endpoint) -> crate::Result<Endpoint> {
+pub(crate) fn via_bytes(e: &Endpoint) -> gdaki::Result<Endpoint> {
     Endpoint::from_bytes(&e.to_bytes())
 }
 
@@ -51,7 +51,7 @@ pub(crate) struct Rig {
 impl Rig {
     /// QPs of `wqe_cnt` WQEBBs completing into CQs of `ncqe` entries, each QP in its own PD, connected over
     /// `path`; `retry` is the wire's retry timeout.
-    pub(crate) fn new(path: Path, wqe_cnt: u32, ncqe: u32, retry: Duration) -> crate::Result<Rig> {
+    pub(crate) fn new(path: Path, wqe_cnt: u32, ncqe: u32, retry: Duration) -> gdaki::Result<Rig> {
         let nic_a = EmuNic::open(match path {
             Path::Wire => wired(retry),
             Path::Direct => EmuConfig::host(),
@@ -72,10 +72,10 @@ impl Rig {
 
 /// An endpoint on a NIC that does not exist, at a loopback port where nothing listens (bound, then closed),
 /// with a NIC identifier above every real one so that our QP is the one that dials.
-pub(crate) fn ghost_endpoint() -> crate::Result<Endpoint> {
+pub(crate) fn ghost_endpoint() -> gdaki::Result<Endpoint> {
     let addr: SocketAddr = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .map_err(|e| crate::Error::Emu(format!("no free loopback port: {e}")))?;
+        .map_err(|e| gdaki::Error::Emu(format!("no free loopback port: {e}")))?;
     Ok(Endpoint { nic: u64::MAX, qpn: 0x100, psn: 0, wire: Some(addr) })
 }
 
@@ -113,7 +113,7 @@ pub(crate) fn outcome<T>(r: &Result<T, DevError>) -> Outcome {
 }
 
 /// A host-library result as a setup step: errors become a message.
-pub(crate) fn setup<T>(r: crate::Result<T>) -> Result<T, String> {
+pub(crate) fn setup<T>(r: gdaki::Result<T>) -> Result<T, String> {
     r.map_err(|e| format!("setup: {e}"))
 }
 

@@ -4,7 +4,7 @@
 //! message when the host has no RDMA device. On a host with one (docs/mlx5.md):
 //!
 //! ```sh
-//! cargo test -p gdaki --features mlx5 --test mlx5_hw -- --ignored --test-threads 1
+//! cargo test -p gdaki-testkit --features mlx5 --test mlx5_hw -- --ignored --test-threads 1
 //! ```
 //!
 //! `GDAKI_MLX5_NIC` picks the NIC (`DEVICE[:PORT[:GID_INDEX]]`, default `mlx5_0`), `GDAKI_MLX5_EXECUTOR` the
@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "../../host/tests/ranks/mod.rs"]
 mod ranks;
 
 use gdaki::channel::Communicator;
@@ -23,9 +24,9 @@ use gdaki::mem::{MemKind, MemLoc};
 use gdaki::nic::emu::{QpState, WireConfig};
 use gdaki::nic::mlx5::{self, LinkLayer};
 use gdaki::nic::{Access, Endpoint, Nic, NicSpec};
-use gdaki::pingpong::{PingPong, RunConfig};
-use gdaki::porttest::{op, Mode, PortTest, RunConfig as PortRun};
 use gdaki::Error;
+use gdaki_testkit::pingpong::{PingPong, RunConfig};
+use gdaki_testkit::porttest::{op, Mode, PortTest, RunConfig as PortRun};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -131,7 +132,7 @@ fn mlx5_port_channel_every_op_every_mode() {
 #[test]
 #[ignore = "needs a ConnectX NIC (docs/mlx5.md)"]
 fn mlx5_benchmark_suite_every_test_every_mode() {
-    use gdaki::porttest::bench::{run_test, Plan, Test};
+    use gdaki_testkit::porttest::bench::{run_test, Plan, Test};
     let Some(spec) = nic_spec() else { return };
     let results = two_ranks(&spec, |rank, comm| {
         let comm = Arc::new(comm);

@@ -17,7 +17,7 @@ use gdaki_shared::prm::opcode::{self, syndrome};
 use gdaki_shared::prm::wqe::{AtomicSeg, CtrlSeg, DataSeg, InlineSeg, RaddrSeg, Seg};
 use gdaki_shared::Be32;
 
-use crate::nic::emu::Access;
+use gdaki::nic::emu::Access;
 
 use super::guard::Guarded;
 use super::rig::{dev_qp, next_cqe, outcome, setup, step, Path, Rig};

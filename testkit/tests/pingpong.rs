@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
-use gdaki::cuda::{Gpu, KernelArg, LaunchConfig};
+use gdaki::cuda::Gpu;
 use gdaki::exec::{Executor, ExecutorKind};
-use gdaki::pingpong::{PingPong, RunConfig};
-use gdaki_device::samples::{self, SampleParams, SAMPLES};
+use gdaki::launch::{LaunchConfig, Module};
+use gdaki_device::launch::DevPtr;
 use gdaki_device::wqe::MAX_DS;
 use gdaki_shared::prm::wqe::Seg;
+use gdaki_testkit::pingpong::{PingPong, RunConfig};
+use gdaki_testkit_kernels::samples::{self, SampleParams, SAMPLES};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
@@ -51,16 +53,17 @@ fn cpu_pingpong_checks_every_payload() {
 
 /// An exchange between two threads standing in for two processes: each call sends this rank's bytes and
 /// returns the peer's.
-fn thread_exchange() -> (gdaki::pingpong::Exchange, gdaki::pingpong::Exchange) {
+fn thread_exchange() -> (gdaki_testkit::pingpong::Exchange, gdaki_testkit::pingpong::Exchange) {
     let (tx0, rx1) = std::sync::mpsc::channel::<Vec<u8>>();
     let (tx1, rx0) = std::sync::mpsc::channel::<Vec<u8>>();
-    let end =
-        |tx: std::sync::mpsc::Sender<Vec<u8>>, rx: std::sync::mpsc::Receiver<Vec<u8>>| -> gdaki::pingpong::Exchange {
-            Box::new(move |mine: &[u8]| {
-                tx.send(mine.to_vec()).map_err(|_| gdaki::Error::Bootstrap("peer gone".into()))?;
-                rx.recv_timeout(Duration::from_secs(10)).map_err(|e| gdaki::Error::Bootstrap(format!("peer: {e}")))
-            })
-        };
+    let end = |tx: std::sync::mpsc::Sender<Vec<u8>>,
+               rx: std::sync::mpsc::Receiver<Vec<u8>>|
+     -> gdaki_testkit::pingpong::Exchange {
+        Box::new(move |mine: &[u8]| {
+            tx.send(mine.to_vec()).map_err(|_| gdaki::Error::Bootstrap("peer gone".into()))?;
+            rx.recv_timeout(Duration::from_secs(10)).map_err(|e| gdaki::Error::Bootstrap(format!("peer: {e}")))
+        })
+    };
     (end(tx0, rx0), end(tx1, rx1))
 }
 
@@ -146,8 +149,9 @@ fn gpu_pingpong_checks_every_payload() {
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn ptx_wqe_bytes_equal_host_built_ones() {
     let gpu = Gpu::open(0).expect("GPU");
-    let kernel = gpu.kernel(gdaki::ptx::PTX, "gdaki_wqe_samples").expect("kernel");
-    let stream = gpu.new_stream().unwrap();
+    let exec = Executor::Gpu(gpu.clone());
+    let module = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("module");
+    let kernel = module.kernel(&gdaki_testkit_kernels::entries::GDAKI_WQE_SAMPLES).expect("kernel");
     let mut rng = rng();
     for _ in 0..32 {
         let p = SampleParams {
@@ -169,15 +173,13 @@ fn ptx_wqe_bytes_equal_host_built_ones() {
         let out = gpu.alloc_device(std::mem::size_of::<[[Seg; MAX_DS]; SAMPLES]>()).unwrap();
         // SAFETY: both buffers are live GPU allocations of the sizes the kernel uses.
         unsafe {
-            kernel
-                .launch(
-                    &stream,
-                    &LaunchConfig::linear(1, 1),
-                    &[KernelArg::U64(pbuf.device_addr()), KernelArg::U64(out.device_addr())],
-                )
-                .unwrap()
-        };
-        stream.wait(Duration::from_secs(10)).unwrap();
+            kernel.launch(
+                &LaunchConfig::linear(1, 1),
+                (DevPtr::new(pbuf.device_addr()), DevPtr::new(out.device_addr())),
+                Duration::from_secs(10),
+            )
+        }
+        .unwrap();
         let mut host = [[Seg::default(); MAX_DS]; SAMPLES];
         samples::build(&p, &mut host);
         let gpu_bytes = out.to_vec().unwrap();

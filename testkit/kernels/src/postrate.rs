@@ -11,14 +11,14 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::error::{Error, Result};
-use crate::onesided::{local, remote};
 use crate::pingpong::Team;
-use crate::qp::Qp;
-use crate::scope::Device;
-use crate::shared_qp::SharedQp;
-use crate::sync;
-use crate::wqe;
+use gdaki_device::error::{Error, Result};
+use gdaki_device::onesided::{local, remote};
+use gdaki_device::qp::Qp;
+use gdaki_device::scope::Device;
+use gdaki_device::shared_qp::SharedQp;
+use gdaki_device::sync;
+use gdaki_device::wqe;
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
 
 /// Values of [`PostRateArgs::shape`].
@@ -72,7 +72,7 @@ fn report(a: &PostRateArgs, e: Error) {
     let r = a.report as *mut ErrorReport;
     // SAFETY: the report (host contract); one error wins the CAS on its kind word.
     unsafe {
-        if <Device as crate::scope::Scope>::try_lock(r as *mut u32) {
+        if <Device as gdaki_device::scope::Scope>::try_lock(r as *mut u32) {
             r.write_volatile(e.to_report());
         }
     }

@@ -4,6 +4,7 @@
 //! `read_packets` time out naming that packet, and bad requests write nothing. The packet ping-pongs over the
 //! emulated NIC are in tests/porttest.rs.
 
+#[path = "../../host/tests/emu_util/mod.rs"]
 mod emu_util;
 
 use std::time::Duration;
@@ -11,10 +12,10 @@ use std::time::Duration;
 use emu_util::{random_bytes, rng, GuardedBuf};
 use gdaki_device::error::{InvalidArgument, Timeout, WaitOn};
 use gdaki_device::packet::{packet_bytes, Packet, Packets};
-use gdaki_device::porttest::packet_flag;
 use gdaki_device::Error;
 use gdaki_shared::handle::MrHandle;
 use gdaki_shared::packet::{LL16Packet, LL8Packet};
+use gdaki_testkit_kernels::porttest::packet_flag;
 use proptest::prelude::*;
 
 /// Bound of the waits that are meant to time out.

@@ -1,5 +1,5 @@
 //! Host side of the ping-pong (the `pingpong` example and the GPU tests): two ranks, one RC QP each, connected
-//! to each other; the rank loop is `gdaki_device::pingpong::run`, on GPU CTAs or host threads.
+//! to each other; the rank loop is `gdaki_testkit_kernels::pingpong::run`, on GPU CTAs or host threads.
 //!
 //! Either both ranks live in this process, on one emulated NIC ([`PingPong::new`]), or this process is one
 //! rank and its peer another process or host, reached over the emulated NIC's wire ([`PingPong::new_rank`]);
@@ -7,15 +7,18 @@
 
 use std::time::Duration;
 
-use gdaki_device::pingpong::{PingPongArgs, Solo};
+use gdaki_device::launch::DevPtr;
 use gdaki_shared::handle::{ErrorReport, QpHandle, RemoteMr};
+use gdaki_testkit_kernels::entries;
+use gdaki_testkit_kernels::pingpong::PingPongArgs;
 
-use crate::cuda::{DeviceBuffer, KernelArg, LaunchConfig};
-use crate::exec::{DataBuf, Executor};
-use crate::mem::{MappedBuf, MemKind, MemLoc};
-use crate::nic::emu::WireConfig;
-use crate::nic::{Access, Cq, Endpoint, Mr, Nic, NicSpec, Pd, Qp, ENDPOINT_BYTES};
-use crate::{Error, Result};
+use gdaki::cuda::DeviceBuffer;
+use gdaki::exec::{DataBuf, Executor};
+use gdaki::launch::{LaunchConfig, Module};
+use gdaki::mem::{MappedBuf, MemKind, MemLoc};
+use gdaki::nic::emu::WireConfig;
+use gdaki::nic::{Access, Cq, Endpoint, Mr, Nic, NicSpec, Pd, Qp, ENDPOINT_BYTES};
+use gdaki::{Error, Result};
 
 /// SQ size of each rank's QP, WQEBBs.
 const WQE_CNT: u32 = 64;
@@ -414,31 +417,26 @@ impl PingPong {
             }
         }
         let args = self.args(cfg);
-        match (&self.exec, &self.gpu_state) {
-            (Executor::Gpu(g), Some(state)) => {
+        // One block per local rank, so that both ranks run at once: a CTA of `CTA_THREADS` on the GPU (they fill
+        // and check payloads together), one host thread on the cpu executor.
+        let (args_addr, threads) = match (&self.exec, &self.gpu_state) {
+            (Executor::Gpu(_), Some(state)) => {
                 state.copy_from_host(GPU_ARGS, bytemuck::cast_slice(&args))?;
-                let kernel = g.kernel(crate::ptx::PTX, "gdaki_pingpong")?;
-                let stream = g.new_stream()?;
-                // SAFETY: the argument blocks are in GPU memory and name live buffers, handles and control
-                // words owned by `self`; one CTA per local rank keeps both ranks resident at once.
-                unsafe {
-                    kernel.launch(
-                        &stream,
-                        &LaunchConfig::linear(args.len() as u32, CTA_THREADS),
-                        &[KernelArg::U64(state.device_addr() + GPU_ARGS as u64)],
-                    )?
-                };
-                // Device waits are bounded by `cfg.timeout` each; a kernel that outlives many of them is hung.
-                stream.wait(cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)))?;
+                (state.device_addr() + GPU_ARGS as u64, CTA_THREADS)
             }
-            _ => std::thread::scope(|s| {
-                for a in &args {
-                    // SAFETY: `a` names live buffers, handles and control words owned by `self`; the ranks here
-                    // run on threads of their own at once (the peer of a single rank runs in its process).
-                    s.spawn(move || unsafe { gdaki_device::pingpong::run(&Solo, a) });
-                }
-            }),
-        }
+            _ => (args.as_ptr() as u64, 1),
+        };
+        let kernel = Module::load(&self.exec, crate::ptx::PTX)?.kernel(&entries::GDAKI_PINGPONG)?;
+        // SAFETY: the argument blocks (GPU memory, or `args` here) name live buffers, handles and control words
+        // owned by `self`; the peer of a single rank runs in its process; the launch is waited for. Device waits
+        // are bounded by `cfg.timeout` each; a kernel that outlives many of them is hung.
+        unsafe {
+            kernel.launch(
+                &LaunchConfig::linear(args.len() as u32, threads),
+                (DevPtr::new(args_addr),),
+                cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)),
+            )?
+        };
         let mut errors = Vec::new();
         let mut checked = 0;
         for r in 0..self.ranks.len() {

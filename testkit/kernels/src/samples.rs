@@ -1,8 +1,8 @@
 //! One WQE of every kind the builders make, from one parameter block: the GPU test compares what the PTX
 //! kernel `gdaki_wqe_samples` builds with what the host build of the same builders gives.
 
-use crate::wqe::{self, Ctrl, Raddr, Sge, MAX_DS};
 use bytemuck::{Pod, Zeroable};
+use gdaki_device::wqe::{self, Ctrl, Raddr, Sge, MAX_DS};
 use gdaki_shared::prm::wqe::Seg;
 use gdaki_shared::Be32;
 

@@ -4,14 +4,15 @@
 
 use std::time::Duration;
 
+#[path = "../../host/tests/ranks/mod.rs"]
 mod ranks;
 
 use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::emu::WireConfig;
-use gdaki::porttest::{max_size_for, op, Mode, PortTest, RunConfig};
 use gdaki_device::Error as DevError;
 use gdaki_shared::prm::opcode::syndrome;
+use gdaki_testkit::porttest::{max_size_for, op, Mode, PortTest, RunConfig};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -229,7 +230,7 @@ fn cpu_two_ranks_share_one_nic() {
     for mode in Mode::ALL {
         for (opc, size, iters) in [(op::PINGPONG, 4096, 20), (op::PACKET_PINGPONG, 1024, 20), (op::BW, 65536, 10)] {
             let results = two_ranks_on(ExecutorKind::Cpu, Some(nic.clone()), |rank, comm| {
-                let max = gdaki::porttest::max_size_for(opc, size);
+                let max = gdaki_testkit::porttest::max_size_for(opc, size);
                 let mut t = PortTest::new(std::sync::Arc::new(comm), mode, 1, max, iters as usize).expect("set up");
                 let cfg = RunConfig { op: opc, size, iters, team: 4, seed: 0x0e1c, timeout: TIMEOUT };
                 t.run(&cfg).unwrap_or_else(|e| panic!("{} op {opc} rank {rank}: {e}", mode.name())).checked

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gdaki::exec::{Executor, ExecutorKind};
-use gdaki::postrate::{PostRate, Shape};
+use gdaki_testkit::postrate::{PostRate, Shape};
 
 fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     let (exec, _) = Executor::open(Some(kind)).expect("executor");

@@ -1,0 +1,105 @@
+//! The project's kernels, written as a user writes theirs: `#[kernel]` functions of a device crate, built to
+//! PTX by `gdaki-build` (testkit's build.rs) and launched on either executor by `gdaki::launch`.
+
+use gdaki_device::channel::{Exclusive, PortChannel};
+use gdaki_device::scope::{Block, Device};
+use gdaki_device::{kernel, Thread};
+use gdaki_shared::channel::PortChannelHandle;
+use gdaki_shared::prm::wqe::Seg;
+
+use crate::pingpong::{self, PingPongArgs, Team};
+use crate::porttest::{self, PortTestArgs};
+use crate::postrate::{self, PostRateArgs};
+use crate::samples::{self, SampleParams, SAMPLES};
+
+/// A block is a team: thread 0 drives the QP, every thread fills and checks payloads.
+impl Team for Thread {
+    fn tid(&self) -> usize {
+        Thread::tid(self) as usize
+    }
+    fn size(&self) -> usize {
+        self.block_size() as usize
+    }
+    fn sync_or(&self, flag: bool) -> bool {
+        self.sync_threads_or(flag)
+    }
+}
+
+/// Ping-pong: block `b` runs rank `b` with `args[b]` (launch 2 blocks, so that both ranks run at once).
+/// `args` points to two [`PingPongArgs`] built by the host (see [`pingpong::run`]).
+#[kernel]
+pub fn gdaki_pingpong(t: &Thread, args: *const PingPongArgs) {
+    // SAFETY: the host passes one argument block per block of the launch; `run`'s contract is the host's.
+    unsafe { pingpong::run(t, &*args.add(t.block() as usize)) }
+}
+
+/// Port-channel test with sharing `M`: block `b` runs channel `b % nchannels` of the launch's rank.
+///
+/// # Safety
+/// `args` must point to the [`PortTestArgs`] the host built for this launch.
+unsafe fn port<M: gdaki_device::channel::Sharing>(t: &Thread, args: *const PortTestArgs) {
+    // SAFETY: the caller's contract; `run`'s is the host's.
+    unsafe {
+        let n = (*args).nchannels.max(1) as u64;
+        porttest::run::<M>(t, &*args, (t.block() % n) as u32)
+    }
+}
+
+/// [`porttest::run`] in Exclusive sharing (thread 0 of each block owns its channel's QP); `args` as `port`.
+#[kernel]
+pub fn gdaki_port_exclusive(t: &Thread, args: *const PortTestArgs) {
+    // SAFETY: the launch's contract.
+    unsafe { port::<Exclusive>(t, args) }
+}
+
+/// [`porttest::run`] in Block sharing (the threads of a block share its channel's QP).
+#[kernel]
+pub fn gdaki_port_block(t: &Thread, args: *const PortTestArgs) {
+    // SAFETY: the launch's contract.
+    unsafe { port::<Block>(t, args) }
+}
+
+/// [`porttest::run`] in Device sharing (GPU-scope atomics on the QPs).
+#[kernel]
+pub fn gdaki_port_device(t: &Thread, args: *const PortTestArgs) {
+    // SAFETY: the launch's contract.
+    unsafe { port::<Device>(t, args) }
+}
+
+/// The post-rate microbenchmark ([`postrate::run`]): block `b` is team `b`.
+#[kernel]
+pub fn gdaki_post_rate(t: &Thread, args: &PostRateArgs) {
+    // SAFETY: the host's arguments (`run`'s contract).
+    unsafe { postrate::run(t, args, t.block() as u32) }
+}
+
+/// One Exclusive `put` on channel `h` (one thread): a kernel of its own so that its SASS is the put path alone
+/// (`cargo xtask sass`). Errors are dropped: this is for reading code.
+#[kernel]
+pub fn gdaki_sass_put(_t: &Thread, h: &PortChannelHandle, bytes: u64) {
+    // SAFETY: the launch's contract: a live channel whose QP this one thread uses.
+    let _ = unsafe { PortChannel::<Exclusive>::new(h) }.put(0, 0, bytes);
+}
+
+/// One Exclusive `put_with_signal` on channel `h`, as [`gdaki_sass_put`].
+#[kernel]
+pub fn gdaki_sass_put_with_signal(_t: &Thread, h: &PortChannelHandle, bytes: u64) {
+    // SAFETY: as in `gdaki_sass_put`.
+    let _ = unsafe { PortChannel::<Exclusive>::new(h) }.put_with_signal(0, 0, bytes);
+}
+
+/// Builds [`SAMPLES`] WQEs from `*p` into `out` (one thread; see [`samples::build`]).
+#[kernel]
+pub fn gdaki_wqe_samples(_t: &Thread, p: &SampleParams, out: *mut [[Seg; gdaki_device::wqe::MAX_DS]; SAMPLES]) {
+    // SAFETY: the launch passes room for every sample.
+    unsafe { samples::build(p, &mut *out) }
+}
+
+/// Writes 1 to `*flag` from thread 0: proves a module loads and a kernel runs.
+#[kernel]
+pub fn gdaki_smoke(t: &Thread, flag: *mut u32) {
+    if t.tid() == 0 {
+        // SAFETY: the launch passes a writable `u32`.
+        unsafe { core::ptr::write_volatile(flag, 1) }
+    }
+}

@@ -1,0 +1,31 @@
+//! The project's kernels as PTX, built by `build.rs` with `gdaki-build` from the `gdaki-testkit-kernels`
+//! crate: one self-contained module for sm_90 (PTX ISA 8.2 or newer), validated at build time (at least one
+//! `.entry`, no `.extern`). Load it with `gdaki::launch::Module::load`.
+
+/// The PTX module's text.
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gdaki_testkit_kernels.ptx"));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_has_every_kernel_of_the_crate() {
+        assert!(PTX.lines().any(|l| l.trim() == ".target sm_90"));
+        for name in [
+            "gdaki_pingpong",
+            "gdaki_port_exclusive",
+            "gdaki_port_block",
+            "gdaki_port_device",
+            "gdaki_post_rate",
+            "gdaki_sass_put",
+            "gdaki_sass_put_with_signal",
+            "gdaki_wqe_samples",
+            "gdaki_smoke",
+        ] {
+            assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
+        }
+        // gdaki-device itself exports no kernel: every entry is one of this crate's.
+        assert_eq!(PTX.matches(".entry ").count(), 9);
+    }
+}
