@@ -7,20 +7,52 @@
 //! the last line is `N passed, M failed`, and the exit code is 1 when any case failed.
 //!
 //! `cargo run --example faults` (all cases), `cargo run --example faults -- wire` (cases whose name contains
-//! `wire`), `-v` to list every case's checks under its row. The SIGKILL case starts this program again as its
-//! peer, with the hidden argument `--peer`.
+//! `wire`), `-v` to list every case's checks under its row, `--help` for the flags. Exit code 2 for bad
+//! arguments or a filter no case name matches. The SIGKILL case starts this program again as its peer, with the
+//! hidden flag `--peer`.
 
 use std::io::Write;
 use std::process::{Command, ExitCode};
 
+use clap::Parser;
 use gdaki_testkit::faults::{self, Ctx, Report};
 
-/// The hidden argument that makes this program the SIGKILL case's peer.
-const PEER_ARG: &str = "--peer";
+/// The hidden flag (`--peer`) that makes this program the SIGKILL case's peer.
+const PEER_FLAG: &str = "peer";
+
+/// The command line.
+#[derive(Parser, Debug)]
+#[command(
+    about = "Runs every fault of gdaki's emulated mlx5 NIC (cpu executor) and prints expected and observed \
+             outcomes per case",
+    long_about = "Runs every fault of gdaki's emulated mlx5 NIC with device code on host threads (bad keys, \
+                  bounds, rights, alignment, SQ full, CQ overrun, a doorbell never rung, malformed WQEs, a peer \
+                  killed with SIGKILL mid-transfer, an unreachable peer, ...) and prints one row per case: \
+                  expected and observed outcome, QP state, bytes changed outside the permitted range, how long \
+                  the waiter waited and its bound, and the result. The last line is `N passed, M failed`.\n\n\
+                  Exit codes: 0 when every case passed, 1 when one failed, 2 for bad arguments or a NAME-SUBSTRING \
+                  that no case name contains.",
+    after_help = "Examples: `faults` (every case), `faults wire` (the cases whose name contains `wire`), \
+                  `faults -v \"SQ full\"`, `faults --list`."
+)]
+struct Args {
+    /// List every check of each case under its row.
+    #[arg(short, long)]
+    verbose: bool,
+    /// Print the names of the cases (those NAME-SUBSTRING selects) instead of running them.
+    #[arg(long)]
+    list: bool,
+    /// Run only the cases whose name contains this (default: all).
+    #[arg(value_name = "NAME-SUBSTRING")]
+    filter: Option<String>,
+    /// Be the SIGKILL case's peer (this program, started again by that case; not for interactive use).
+    #[arg(long = PEER_FLAG, hide = true)]
+    peer: bool,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some(PEER_ARG) {
+    let args = Args::parse();
+    if args.peer {
         return match faults::run_peer(std::io::stdin().lock(), std::io::stdout()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -29,18 +61,18 @@ fn main() -> ExitCode {
             }
         };
     }
-    let verbose = args.iter().any(|a| a == "-v" || a == "--verbose");
-    let rest: Vec<&String> = args.iter().filter(|a| *a != "-v" && *a != "--verbose").collect();
-    if rest.len() > 1 || rest.first().is_some_and(|a| a.starts_with('-')) {
-        eprintln!("usage: faults [-v] [NAME-SUBSTRING]");
-        eprintln!("  runs the cases whose name contains NAME-SUBSTRING (all without one); -v lists every check");
-        return ExitCode::from(2);
-    }
-    let filter = rest.first().map(|s| s.to_string()).unwrap_or_default();
+    let verbose = args.verbose;
+    let filter = args.filter.unwrap_or_default();
     let cases: Vec<_> = faults::catalogue().into_iter().filter(|c| c.name.contains(filter.as_str())).collect();
     if cases.is_empty() {
-        eprintln!("no case name contains {filter:?}");
+        eprintln!("no case name contains {filter:?} (`faults --list` prints the names)");
         return ExitCode::from(2);
+    }
+    if args.list {
+        for c in &cases {
+            println!("{}", c.name);
+        }
+        return ExitCode::SUCCESS;
     }
     let exe = match std::env::current_exe() {
         Ok(p) => p,
@@ -51,7 +83,7 @@ fn main() -> ExitCode {
     };
     let ctx = Ctx::new(move || {
         let mut c = Command::new(&exe);
-        c.arg(PEER_ARG);
+        c.arg(format!("--{PEER_FLAG}"));
         c
     });
 

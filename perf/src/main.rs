@@ -61,11 +61,16 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
     drop(exec);
     gdaki_examples::check_nic(&opts.nic)?;
     let plan = suite::plan(opts, kind);
+    // What the rows will run: each row's warm-up is the plan's, capped by a tenth of the row's iterations.
+    let warmup =
+        sizes.iter().flat_map(|(t, s)| s.iter().map(|&b| plan.warmup_for(plan.iters_for(*t, b)))).max().unwrap_or(0);
     let executor = if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" };
-    let nic = match &opts.nic {
-        NicSpec::Emu => "emulated mlx5 NIC over the wire".to_string(),
-        real => format!("NIC {real}"),
-    };
+    // `--one-nic` shares a NIC between the two ranks of this process; ranks in two processes each have their own.
+    let one_nic = opts.one_nic && launch.is_none();
+    if opts.one_nic && !one_nic {
+        eprintln!("note: --one-nic has no effect with one rank per process: each process has its own NIC");
+    }
+    let nic = nic_description(&opts.nic, one_nic, launch.is_some());
     let prints = launch.as_ref().is_none_or(|l| l.rank == 0);
     let machine = match &gpu {
         Some(g) => format!("{} (CUDA {}, driver {})", g.name, g.cuda_driver, g.driver.as_deref().unwrap_or("?")),
@@ -77,10 +82,9 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         plan.team
     );
     println!(
-        "{} iterations per latency row after up to {} warm-up, bandwidth rows at most {} MiB (3..={} iterations); \
-         every payload checked",
+        "{} iterations per latency row after up to {warmup} warm-up, bandwidth rows at most {} MiB (3..={} \
+         iterations); every payload checked",
         plan.iters,
-        plan.warmup,
         plan.byte_budget >> 20,
         plan.iters
     );
@@ -159,10 +163,11 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
             host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             nic: opts.nic.to_string(),
             ranks_in_process: per_rank.len() == 2,
-            one_nic: opts.one_nic && per_rank.len() == 2,
+            one_nic,
             quick: opts.quick,
             iters: plan.iters,
-            warmup: plan.warmup,
+            warmup: rows.iter().map(|r| r.warmup).max().unwrap_or(0),
+            warmup_cap: plan.warmup,
             row_bytes: plan.byte_budget,
             team: plan.team,
             timeout_ms: plan.timeout.as_millis(),
@@ -194,6 +199,18 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
     }
     println!("\n{passed} passed, {failed} failed");
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The NIC part of the header line: the emulated NIC shared by both ranks (`one_nic`), one per rank over the
+/// wire (`processes`: one rank per process), or the RDMA device.
+fn nic_description(spec: &NicSpec, one_nic: bool, processes: bool) -> String {
+    match (spec, one_nic) {
+        (NicSpec::Emu, true) => "one emulated mlx5 NIC shared by both ranks (no wire)".to_string(),
+        (NicSpec::Emu, false) if processes => "an emulated mlx5 NIC per process, over the wire".to_string(),
+        (NicSpec::Emu, false) => "an emulated mlx5 NIC per rank, over the wire (loopback TCP)".to_string(),
+        (real, true) => format!("NIC {real} shared by both ranks"),
+        (real, false) => format!("NIC {real}"),
+    }
 }
 
 /// A progress bar on stderr that shows itself only after a couple of seconds and only on a terminal.

@@ -75,14 +75,17 @@ pub struct Report<'a> {
     pub nic: String,
     /// Whether both ranks ran in this process.
     pub ranks_in_process: bool,
-    /// Whether they shared one NIC (`--one-nic`).
+    /// Whether they shared one NIC (`--one-nic`, with both ranks in this process).
     pub one_nic: bool,
     /// `--quick`.
     pub quick: bool,
     /// Timed iterations of latency rows (most of bandwidth rows).
     pub iters: u32,
-    /// Most warm-up iterations per row.
+    /// The most warm-up iterations a row ran (each row's own count is its `warmup`): `warmup_cap`, or a
+    /// tenth of the row's iterations if that is less (at least 1 unless `warmup_cap` is 0).
     pub warmup: u32,
+    /// `--warmup`: the most warm-up iterations a row may run.
+    pub warmup_cap: u32,
     /// Most bytes a bandwidth row moves.
     pub row_bytes: usize,
     /// Threads per team.

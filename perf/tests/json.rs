@@ -1,5 +1,6 @@
 //! `gdaki-perf all --quick` for one mode on the cpu executor writes the documented JSON: machine, build and
-//! plan fields, one row per test and size with its statistics and payloads checked, and counts that add up.
+//! plan fields, one row per test and size with its statistics and payloads checked, and counts that add up;
+//! the header line and the JSON say what ran (the NICs, the wire or none, the warm-up).
 
 use std::process::Command;
 
@@ -29,6 +30,9 @@ fn all_quick_json_has_every_row_and_field() {
     assert!(v["date"].as_str().unwrap().ends_with('Z'), "RFC 3339 UTC: {}", v["date"]);
     assert_eq!(v["modes"], serde_json::json!(["Device-Exclusive"]));
     assert_eq!((v["quick"].as_bool(), v["iters"].as_u64()), (Some(true), Some(20)));
+    // The warm-up that ran: --warmup's 100 capped by a tenth of each row's 20 iterations.
+    assert_eq!((v["warmup"].as_u64(), v["warmup_cap"].as_u64()), (Some(2), Some(100)));
+    assert_eq!(v["one_nic"], false);
 
     // --quick: latency tests at 8 B, 1-QP bandwidth at 1 KiB and 64 KiB, 4-QP at 4 KiB and 256 KiB, bibw and
     // both flush tests at 1 KiB.
@@ -50,6 +54,7 @@ fn all_quick_json_has_every_row_and_field() {
     for (row, (test, bytes, kind)) in rows.iter().zip(expected) {
         assert_eq!((row["test"].as_str(), row["bytes"].as_u64()), (Some(test), Some(bytes)), "{row}");
         assert_eq!(row["mode"], "Device-Exclusive");
+        assert_eq!(row["warmup"].as_u64(), Some(2), "{row}");
         assert!(row["checked"].as_u64().unwrap() > 0, "{row}");
         checked += row["checked"].as_u64().unwrap();
         // No Host row to compare with.
@@ -72,6 +77,8 @@ fn all_quick_json_has_every_row_and_field() {
             let (us, gbps, qps) =
                 (m["us_per_iter"].as_f64().unwrap(), m["gbps"].as_f64().unwrap(), m["qps"].as_u64().unwrap());
             assert_eq!(qps, if test == "bw 4-QP" { 4 } else { 1 });
+            // Only the mean time per iteration: the pipelined iterations have no transfer time of their own.
+            assert!(m.get("us_per_iter_p50").is_none(), "{row}");
             let dirs = if test == "bibw 1-QP" { 2.0 } else { 1.0 };
             // GB/s = bytes per ns, from the mean time per iteration.
             assert!((gbps - dirs * bytes as f64 / (us * 1e3)).abs() <= 1e-6 * gbps, "{row}");
@@ -81,6 +88,34 @@ fn all_quick_json_has_every_row_and_field() {
     assert_eq!(v["passed"].as_u64(), Some(checked));
     assert_eq!(v["failed"].as_u64(), Some(0));
     assert!(stdout.trim_end().ends_with(&format!("{checked} passed, 0 failed")), "{stdout}");
+    // The header names what ran: a NIC per rank with the wire between them, and the warm-up of the rows.
+    let mut lines = stdout.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(header.contains(", an emulated mlx5 NIC per rank, over the wire (loopback TCP),"), "{header}");
+    let plan = lines.next().unwrap_or_default();
+    assert!(plan.starts_with("20 iterations per latency row after up to 2 warm-up,"), "{plan}");
     // Without Host there is no ratio to summarise.
     assert_eq!(v["summary"], serde_json::json!([]));
+}
+
+#[test]
+fn one_nic_header_and_json_say_no_wire() {
+    let dir = std::env::temp_dir().join(format!("gdaki-perf-one-nic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("run.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args(["pingpong", "--one-nic", "--quick", "--executor", "cpu", "--mode", "exclusive", "-n", "5", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let header = stdout.lines().next().unwrap_or_default();
+    assert!(header.contains(", one emulated mlx5 NIC shared by both ranks (no wire),"), "{header}");
+    assert!(!header.contains("over the wire"), "{header}");
+    assert_eq!(v["one_nic"], true);
+    // 5 iterations: a warm-up of 1 (a tenth, at least 1).
+    assert_eq!(v["warmup"].as_u64(), Some(1));
 }

@@ -97,10 +97,11 @@ pub struct BandwidthRow {
     pub directions: u32,
     /// Iterations measured (warm-up excluded).
     pub iterations: usize,
-    /// Mean time per iteration, µs (the whole run over the iterations: nccl-tests' "time").
+    /// Mean time per iteration, µs: the whole timed run, up to the last transfer's completion, over the
+    /// iterations (nccl-tests' "time"). The iterations are pipelined (each is posted without waiting for the
+    /// one before to complete), so a single iteration's time is how long its posting took, not its transfer:
+    /// no per-iteration percentile is kept, since it would not be a transfer time.
     pub us_per_iter: f64,
-    /// Median time per iteration, µs.
-    pub us_per_iter_p50: f64,
     /// Bytes moved per second, all directions, in GB/s (10^9 bytes/s): nccl-tests' algbw (its busbw for a
     /// point-to-point transfer is the same number).
     pub gbps: f64,
@@ -108,22 +109,20 @@ pub struct BandwidthRow {
 
 impl BandwidthRow {
     /// Summarises `samples_ns` (one per iteration, ns; they add up to the whole transfer) of `bytes` per
-    /// iteration over `qps` QPs in `directions` directions. `None` when there are no samples.
+    /// iteration over `qps` QPs in `directions` directions. Only their sum is used (see
+    /// [`BandwidthRow::us_per_iter`]). `None` when there are no samples.
     pub fn from_ns(bytes: u64, qps: u32, directions: u32, samples_ns: &[u64]) -> Option<Self> {
         if samples_ns.is_empty() {
             return None;
         }
         let total: u64 = samples_ns.iter().sum();
         let n = samples_ns.len();
-        let mut sorted = samples_ns.to_vec();
-        sorted.sort_unstable();
         Some(Self {
             bytes,
             qps,
             directions,
             iterations: n,
             us_per_iter: total as f64 / 1e3 / n as f64,
-            us_per_iter_p50: sorted[(n - 1) / 2] as f64 / 1e3,
             // bytes per ns is GB/s.
             gbps: (directions as u64 * bytes * n as u64) as f64 / total.max(1) as f64,
         })
@@ -132,21 +131,20 @@ impl BandwidthRow {
     /// The table header, aligned with [`BandwidthRow::line`].
     pub fn header() -> String {
         format!(
-            "{:>12} {:>5} {:>12} {:>8} {:>12} {:>12} {:>12}",
-            "#bytes", "#QPs", "bytes/QP", "#iters", "us/iter", "p50[us]", "algbw[GB/s]"
+            "{:>12} {:>5} {:>12} {:>8} {:>12} {:>12}",
+            "#bytes", "#QPs", "bytes/QP", "#iters", "us/iter", "algbw[GB/s]"
         )
     }
 
     /// This row as one table line.
     pub fn line(&self) -> String {
         format!(
-            "{:>12} {:>5} {:>12} {:>8} {:>12.2} {:>12.2} {:>12.3}",
+            "{:>12} {:>5} {:>12} {:>8} {:>12.2} {:>12.3}",
             self.bytes,
             self.qps,
             self.bytes / self.qps.max(1) as u64,
             self.iterations,
             self.us_per_iter,
-            self.us_per_iter_p50,
             self.gbps
         )
     }
@@ -170,11 +168,11 @@ mod tests {
 
     #[test]
     fn bandwidth_of_known_times() {
-        // 4 iterations of 1 MB in 250, 250, 300, 200 µs: 1 ms in all, so 4 GB/s one way and 8 both ways; mean
-        // 250 µs, median (lower middle) 250 µs.
-        let ns = [250_000, 250_000, 300_000, 200_000];
+        // 4 iterations of 1 MB in 100, 100, 100, 700 µs (pipelined posts, the last one running to the
+        // completion): 1 ms in all, so 4 GB/s one way and 8 both ways; mean 250 µs.
+        let ns = [100_000, 100_000, 100_000, 700_000];
         let r = BandwidthRow::from_ns(1_000_000, 4, 1, &ns).unwrap();
-        assert_eq!((r.iterations, r.us_per_iter, r.us_per_iter_p50), (4, 250.0, 250.0));
+        assert_eq!((r.iterations, r.us_per_iter), (4, 250.0));
         assert!((r.gbps - 4.0).abs() < 1e-12);
         assert!((BandwidthRow::from_ns(1_000_000, 1, 2, &ns).unwrap().gbps - 8.0).abs() < 1e-12);
         assert!(r.line().contains(" 250000 "), "bytes/QP column: {}", r.line());

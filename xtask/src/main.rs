@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use xtask::prereq::Installer;
 use xtask::workspace::Workspace;
 use xtask::{prereq, ptxas, sass, BuiltPtx, PtxBuilder, Result, ARCH, KERNELS_CRATE, PTX_FILE};
 
@@ -89,7 +90,10 @@ fn build_ptx_task(require_ptxas: bool, time: bool) -> Result<()> {
     let workspace = Workspace::current()?;
     let ptxas = match ptxas::find(&workspace.ptxas_wheel_dir()) {
         Some(path) => Some(path),
-        None if require_ptxas => Some(prereq::ensure_ptxas(&workspace.ptxas_wheel_dir())?),
+        None if require_ptxas => {
+            let mut installer = Installer::new(workspace.install_log());
+            Some(prereq::ensure_ptxas(&mut installer, &workspace.ptxas_wheel_dir())?)
+        }
         None => None,
     };
     build_ptx(&workspace, ptxas.as_deref())?;
@@ -181,10 +185,12 @@ fn remove_dir(dir: &PathBuf) -> Result<()> {
 
 fn sass_task(kernels: &[String], mmio: &[u32]) -> Result<()> {
     let workspace = Workspace::current()?;
-    let ptxas = prereq::ensure_ptxas(&workspace.ptxas_wheel_dir())?;
+    let mut installer = Installer::new(workspace.install_log());
+    let ptxas = prereq::ensure_ptxas(&mut installer, &workspace.ptxas_wheel_dir())?;
     build_ptx(&workspace, Some(&ptxas))?;
-    let tool =
-        |name: &str, env: &str, wheel: &str| prereq::ensure_tool(name, env, wheel, &workspace.tool_wheel_dir(name));
+    let mut tool = |name: &str, env: &str, wheel: &str| {
+        prereq::ensure_tool(&mut installer, name, env, wheel, &workspace.tool_wheel_dir(name))
+    };
     let cuobjdump = tool("cuobjdump", "CUOBJDUMP", prereq::CUOBJDUMP_WHEEL)?;
     let nvdisasm = tool("nvdisasm", "NVDISASM", prereq::NVDISASM_WHEEL)?;
     let cubin = workspace.ptx_dir().join(format!("gdaki_testkit_kernels.{ARCH}.cubin"));
@@ -224,10 +230,12 @@ fn loom_task(args: &[String]) -> Result<ExitCode> {
 }
 
 fn test_task(args: &[String]) -> Result<ExitCode> {
-    prereq::ensure_mlx5dv_header()?;
-    prereq::ensure_libclang()?;
     let workspace = Workspace::current()?;
-    let ptxas = prereq::ensure_ptxas(&workspace.ptxas_wheel_dir())?;
+    // Each install is one line here; apt-get's and pip's own output goes to the log.
+    let mut installer = Installer::new(workspace.install_log());
+    prereq::ensure_mlx5dv_header(&mut installer)?;
+    prereq::ensure_libclang(&mut installer)?;
+    let ptxas = prereq::ensure_ptxas(&mut installer, &workspace.ptxas_wheel_dir())?;
     build_ptx(&workspace, Some(&ptxas))?;
 
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());

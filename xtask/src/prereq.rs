@@ -7,9 +7,16 @@
 //! are root, and NVIDIA's `nvidia-cuda-nvcc-cu12` wheel with pip (ptxas needs no GPU), into `target/ptxas-wheel`
 //! rather than into the system's Python, which may be externally managed. When a step fails, the error is one
 //! line saying what to install.
+//!
+//! An [`Installer`] runs the installs of one `cargo xtask` run: apt-get's and pip's output goes to one log file
+//! under the target directory (not to the terminal), each install prints one line on stderr (what, with which
+//! tool, about how long it takes, then how long it took), a failure names the log and quotes its last lines, and
+//! `apt-get update` runs at most once.
 
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 
@@ -37,7 +44,7 @@ pub const PIP_PACKAGE: &str = "python3-pip";
 ///
 /// # Errors
 /// The header is missing and cannot be installed here (not root, no apt-get, or apt-get failed).
-pub fn ensure_mlx5dv_header() -> Result<()> {
+pub fn ensure_mlx5dv_header(installer: &mut Installer) -> Result<()> {
     let header = Path::new(MLX5DV_HEADER);
     if header.exists() {
         return Ok(());
@@ -47,8 +54,7 @@ pub fn ensure_mlx5dv_header() -> Result<()> {
     if !can_apt_get() {
         bail!("{hint}");
     }
-    eprintln!("xtask: {MLX5DV_HEADER} is missing; installing {MLX5DV_PACKAGE} with apt-get");
-    apt_get_install(MLX5DV_PACKAGE).with_context(|| hint.clone())?;
+    installer.apt_get_install(MLX5DV_PACKAGE, "for infiniband/mlx5dv.h").with_context(|| hint.clone())?;
     if !header.exists() {
         bail!("{hint} (apt-get installed {MLX5DV_PACKAGE} but the header is still missing)");
     }
@@ -64,7 +70,7 @@ pub const LIBCLANG_PACKAGE: &str = "libclang-dev";
 ///
 /// # Errors
 /// No libclang, and it cannot be installed here (not root, no apt-get, or apt-get failed).
-pub fn ensure_libclang() -> Result<()> {
+pub fn ensure_libclang(installer: &mut Installer) -> Result<()> {
     if has_libclang() {
         return Ok(());
     }
@@ -75,8 +81,7 @@ pub fn ensure_libclang() -> Result<()> {
     if !can_apt_get() {
         bail!("{hint}");
     }
-    eprintln!("xtask: libclang is missing; installing {LIBCLANG_PACKAGE} with apt-get");
-    apt_get_install(LIBCLANG_PACKAGE).with_context(|| hint.clone())?;
+    installer.apt_get_install(LIBCLANG_PACKAGE, "for bindgen").with_context(|| hint.clone())?;
     if !has_libclang() {
         bail!("{hint} (apt-get installed {LIBCLANG_PACKAGE} but no libclang*.so is found)");
     }
@@ -114,8 +119,8 @@ fn has_libclang() -> bool {
 ///
 /// # Errors
 /// ptxas is missing and pip could not install it, or installed it where it cannot be found.
-pub fn ensure_ptxas(wheel_dir: &Path) -> Result<PathBuf> {
-    ensure_tool("ptxas", crate::ptxas::PTXAS_ENV, PTXAS_WHEEL, wheel_dir)
+pub fn ensure_ptxas(installer: &mut Installer, wheel_dir: &Path) -> Result<PathBuf> {
+    ensure_tool(installer, "ptxas", crate::ptxas::PTXAS_ENV, PTXAS_WHEEL, wheel_dir)
 }
 
 /// Finds the CUDA binary `tool` ([`crate::ptxas::find_tool`], `$env` first), installing the PyPI package
@@ -129,7 +134,7 @@ pub fn ensure_ptxas(wheel_dir: &Path) -> Result<PathBuf> {
 ///
 /// # Errors
 /// `tool` is missing and pip could not install it, or installed it where it cannot be found.
-pub fn ensure_tool(tool: &str, env: &str, wheel: &str, wheel_dir: &Path) -> Result<PathBuf> {
+pub fn ensure_tool(installer: &mut Installer, tool: &str, env: &str, wheel: &str, wheel_dir: &Path) -> Result<PathBuf> {
     if let Some(path) = crate::ptxas::find_tool(tool, env, wheel_dir) {
         return Ok(path);
     }
@@ -145,19 +150,27 @@ pub fn ensure_tool(tool: &str, env: &str, wheel: &str, wheel_dir: &Path) -> Resu
         if !can_apt_get() {
             bail!("{hint} (python3 has no pip: install Debian's {PIP_PACKAGE} first)");
         }
-        eprintln!("xtask: python3 has no pip; installing {PIP_PACKAGE} with apt-get");
-        apt_get_install(PIP_PACKAGE).with_context(|| hint.clone())?;
+        installer.apt_get_install(PIP_PACKAGE, "python3 has no pip").with_context(|| hint.clone())?;
     }
-    eprintln!("xtask: {tool} not found; installing {wheel} into {} with pip", wheel_dir.display());
     let mut pip = Command::new("python3");
-    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input", "--upgrade"])
-        .arg("--target")
-        .arg(wheel_dir)
-        .arg(wheel)
-        // As root (CI), pip warns that a virtual environment would be better; not for a folder of our own. An
-        // environment variable rather than `--root-user-action`, which a pip older than 22.1 would reject.
-        .env("PIP_ROOT_USER_ACTION", "ignore");
-    run_streamed(&mut pip).with_context(|| hint.clone())?;
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        "--upgrade",
+    ])
+    .arg("--target")
+    .arg(wheel_dir)
+    .arg(wheel)
+    // As root (CI), pip warns that a virtual environment would be better; not for a folder of our own. An
+    // environment variable rather than `--root-user-action`, which a pip older than 22.1 would reject.
+    .env("PIP_ROOT_USER_ACTION", "ignore");
+    let what = format!("{wheel} into {} for {tool}", wheel_dir.display());
+    installer.step(&what, "pip", expected_time(wheel), &mut pip).with_context(|| hint.clone())?;
     crate::ptxas::find_tool(tool, env, wheel_dir)
         .with_context(|| format!("{hint} (pip installed {wheel} but {tool} is still not found)"))
 }
@@ -178,13 +191,131 @@ fn can_apt_get() -> bool {
     is_root() && which::which("apt-get").is_ok()
 }
 
-/// `apt-get update`, then installs `package` without questions or recommended packages.
-fn apt_get_install(package: &str) -> Result<()> {
-    run_streamed(Command::new("apt-get").args(["update", "-q"]))?;
-    // Non-interactive: CI has no standard input, and a configuration prompt would hang the run.
-    let mut install = Command::new("apt-get");
-    install.env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "-q", "--no-install-recommends"]);
-    run_streamed(install.arg(package))
+/// About how long installing `package` takes on a CI machine with a fresh image (2 cores, a fast mirror):
+/// what the step's line announces.
+fn expected_time(package: &str) -> &'static str {
+    match package {
+        "update" => "about 10 s",
+        MLX5DV_PACKAGE => "about 15 s",
+        // It pulls in LLVM's and clang's libraries, about 100 MB.
+        LIBCLANG_PACKAGE => "about 1 min",
+        PIP_PACKAGE => "about 20 s",
+        // A wheel of about 40 MB.
+        PTXAS_WHEEL => "about 30 s",
+        _ => "about 15 s",
+    }
+}
+
+/// The installs of one `cargo xtask` run: each is one line on stderr, its output goes to [`Installer::log`],
+/// and `apt-get update` runs before the first apt-get install and not again.
+#[derive(Debug)]
+pub struct Installer {
+    log: PathBuf,
+    /// Whether the log was started (emptied) by this run.
+    started: bool,
+    /// Whether `apt-get update` ran (successfully) in this run.
+    apt_updated: bool,
+}
+
+impl Installer {
+    /// An installer writing the output of what it runs to `log` (emptied at the first install of the run, its
+    /// folder created then).
+    pub fn new(log: PathBuf) -> Self {
+        Self { log, started: false, apt_updated: false }
+    }
+
+    /// The log file of the installs' output.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// `apt-get update` (the first time only), then installs `package` without questions or recommended
+    /// packages; `why` says what needs it.
+    fn apt_get_install(&mut self, package: &str, why: &str) -> Result<()> {
+        if !self.apt_updated {
+            let mut update = Command::new("apt-get");
+            update.args(["update", "-q"]);
+            self.step("the package lists (apt-get update)", "apt-get", expected_time("update"), &mut update)?;
+            self.apt_updated = true;
+        }
+        // Non-interactive: CI has no standard input, and a configuration prompt would hang the run.
+        let mut install = Command::new("apt-get");
+        install.env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "-q", "--no-install-recommends"]);
+        self.step(&format!("{package} ({why})"), "apt-get", expected_time(package), install.arg(package))
+    }
+
+    /// Runs `cmd` with its output appended to the log, announced as one line on stderr: "xtask: installing
+    /// WHAT (TOOL, EXPECTED)..." and, when it ends, "done in N s" or "failed after N s".
+    ///
+    /// # Errors
+    /// The log cannot be written, `cmd` cannot be started, or it exits with a failure: the error names the log
+    /// and quotes its last lines.
+    fn step(&mut self, what: &str, tool: &str, expected: &str, cmd: &mut Command) -> Result<()> {
+        let log = self.open_log()?;
+        eprint!("xtask: installing {what} ({tool}, {expected})... ");
+        let _ = std::io::stderr().flush();
+        let start = Instant::now();
+        let result = self.run_logged(log, cmd);
+        let secs = start.elapsed().as_secs_f64();
+        match &result {
+            Ok(()) => eprintln!("done in {secs:.0} s"),
+            Err(_) => eprintln!("failed after {secs:.0} s"),
+        }
+        result
+    }
+
+    /// The log, emptied the first time in this run and appended to after that.
+    fn open_log(&mut self) -> Result<std::fs::File> {
+        if let Some(dir) = self.log.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let file = std::fs::File::options()
+            .create(true)
+            .write(true)
+            .append(self.started)
+            .truncate(!self.started)
+            .open(&self.log)
+            .with_context(|| format!("cannot write {}", self.log.display()))?;
+        self.started = true;
+        Ok(file)
+    }
+
+    /// Runs `cmd` with standard output and error going to `log` (after a line with the command).
+    fn run_logged(&self, mut log: std::fs::File, cmd: &mut Command) -> Result<()> {
+        let line = std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let cannot_write = || format!("cannot write {}", self.log.display());
+        writeln!(log, "$ {line}").with_context(cannot_write)?;
+        let err = log.try_clone().with_context(cannot_write)?;
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .status()
+            .with_context(|| format!("cannot run `{line}`"))?;
+        if !status.success() {
+            bail!(
+                "`{line}` failed ({status}); its output is in {}, which ends:\n{}",
+                self.log.display(),
+                tail(&self.log, 15)
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The last `n` lines of `file`, indented, or why they cannot be read.
+fn tail(file: &Path, n: usize) -> String {
+    match std::fs::File::open(file) {
+        Ok(f) => {
+            let lines: Vec<String> = std::io::BufReader::new(f).lines().map_while(std::result::Result::ok).collect();
+            lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+        }
+        Err(e) => format!("    (cannot read it: {e})"),
+    }
 }
 
 /// `path` as one shell word, for a command in a hint that a person copies: quoted if it needs to be.
@@ -195,21 +326,6 @@ fn shell_word(path: &Path) -> String {
     } else {
         format!("'{}'", text.replace('\'', r"'\''"))
     }
-}
-
-/// Runs `cmd` with its output shown as it comes; fails on a non-zero exit.
-fn run_streamed(cmd: &mut Command) -> Result<()> {
-    let program = cmd.get_program().to_string_lossy().into_owned();
-    let status = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .status()
-        .with_context(|| format!("cannot run {program}"))?;
-    if !status.success() {
-        bail!("`{program}` failed ({status})");
-    }
-    Ok(())
 }
 
 /// Whether this process runs as root (`id -u` prints 0).
@@ -224,6 +340,44 @@ fn is_root() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steps_log_their_output_and_a_failure_quotes_it() {
+        let dir = std::env::temp_dir().join(format!("xtask-installer-{}", std::process::id()));
+        let log = dir.join("sub/install.log");
+        std::fs::remove_dir_all(&dir).ok();
+        let mut installer = Installer::new(log.clone());
+        let sh = |script: &str| {
+            let mut c = Command::new("sh");
+            c.args(["-c", script]);
+            c
+        };
+        installer.step("one", "sh", "about 0 s", &mut sh("echo first-out; echo first-err >&2")).unwrap();
+        let err = installer.step("two", "sh", "about 0 s", &mut sh("echo second-out; exit 3")).unwrap_err();
+        let text = std::fs::read_to_string(&log).unwrap();
+        // Both steps' output, stdout and stderr, in order, after the command line.
+        assert!(text.starts_with("$ sh -c echo first-out"), "{text}");
+        for (a, b) in [("first-out", "first-err"), ("first-err", "second-out")] {
+            assert!(text.find(a).unwrap() < text.find(b).unwrap(), "{text}");
+        }
+        let err = format!("{err:#}");
+        assert!(err.contains(&log.display().to_string()) && err.contains("    second-out"), "{err}");
+        // A new run empties the log.
+        let mut again = Installer::new(log.clone());
+        again.step("three", "sh", "about 0 s", &mut sh("echo third")).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "$ sh -c echo third\nthird\n");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_tail_is_the_last_lines() {
+        let file = std::env::temp_dir().join(format!("xtask-tail-{}", std::process::id()));
+        std::fs::write(&file, "a\nb\nc\n").unwrap();
+        assert_eq!(tail(&file, 2), "    b\n    c");
+        assert_eq!(tail(&file, 5), "    a\n    b\n    c");
+        std::fs::remove_file(&file).ok();
+        assert!(tail(&file, 2).contains("cannot read it"));
+    }
 
     #[test]
     fn shell_words() {

@@ -70,6 +70,12 @@ impl Workspace {
         self.target_dir.join(format!("{tool}-wheel"))
     }
 
+    /// `target/xtask-install.log`: the output of the apt-get and pip runs that install missing prerequisites
+    /// ([`crate::prereq::Installer`]), the last run's only.
+    pub fn install_log(&self) -> PathBuf {
+        self.target_dir.join("xtask-install.log")
+    }
+
     /// `target/sass`: where `cargo xtask sass` writes the SASS listings and fast paths.
     pub fn sass_dir(&self) -> PathBuf {
         self.target_dir.join("sass")

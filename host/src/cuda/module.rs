@@ -51,7 +51,8 @@ impl Drop for Module {
 
 impl Gpu {
     /// Loads a PTX module (`cuModuleLoadDataEx`, JIT-compiled by the driver for this GPU), once per `Gpu`:
-    /// loading the same text again returns the module loaded the first time. Typically `gdaki::ptx::PTX`.
+    /// loading the same text again returns the module loaded the first time (the PTX a build script made with
+    /// `gdaki-build`).
     ///
     /// The first load of a PTX text waits for every running kernel of the device (measured): load modules
     /// before launching kernels that spin.
