@@ -1,13 +1,17 @@
-//! MSCCL++'s PortChannel device API (GPUNetIO "Device" mode) on a [`PortChannelHandle`]: `put`, `signal`,
-//! `put_with_signal`, `put_with_accumulate`, `flush`, `wait` and `poll`, with every wait bounded.
+//! MSCCL++'s PortChannel device API on a [`PortChannelHandle`]: `put`, `signal`, `put_with_signal`,
+//! `put_with_accumulate`, `flush`, `wait` and `poll`, with every wait bounded.
 //!
-//! A channel posts through a [`Poster`]: a [`Qp`] (Exclusive: one thread owns the QP; BlueFlame for small
-//! puts) or a [`SharedQp`] of [`Block`] or [`Device`] scope (any number of threads, and channels, share the
-//! QP). The scope is the poster's type, so it is chosen at compile time: `PortChannel::<Exclusive>::new(h)`.
+//! In Device mode (MSCCL++'s GPUNetIO backend) a channel posts through a [`Poster`]: a [`Qp`] (Exclusive: one
+//! thread owns the QP; BlueFlame, from registers, for puts up to the handle's `blue_flame_limit`) or a
+//! [`SharedQp`] of [`Block`] or [`Device`] scope (any number of threads, and channels, share the QP). The
+//! sharing mode is the poster's type, so it is chosen at compile time: `PortChannel::<Exclusive>::new(h)`. In
+//! the Host modes (the handle's `proxy` field) the same calls push triggers into the proxy's FIFO instead
+//! ([`crate::fifo`]), and `flush` waits for the proxy.
 //!
 //! Signals are RDMA fetch-adds of 1 on the peer's inbound semaphore; the NIC applies them after every earlier
 //! WRITE of the QP, so a peer that sees the new value sees the data. The fetch-add's old value lands in the
-//! QP's scratch word, never in user memory.
+//! QP's scratch word, never in user memory. (In HostNoAtomic the proxy sends a signal as an RDMA WRITE of the
+//! new count instead.)
 
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::fifo;

@@ -1,5 +1,7 @@
-//! Port channels (MSCCL++'s `PortChannel` in its GPUNetIO "Device" mode): what the host builds so that device
-//! code can `put`, `signal`, `flush` and `wait` on a connection with no proxy thread.
+//! Port channels (MSCCL++'s `PortChannel`): what the host builds so that device code can `put`, `signal`,
+//! `flush` and `wait` on a connection. In Device mode (MSCCL++'s GPUNetIO backend) device code posts the WQEs
+//! itself, with no proxy thread; in the Host modes the handle also names the CPU proxy's FIFO
+//! ([`PortChannelHandle::fifo`]), and device code pushes triggers there instead.
 //!
 //! A channel names a QP (shared by any number of channels), the peer's memory and the local memory it moves
 //! data between, the peer's inbound semaphore it signals and its own inbound semaphore it waits on. Device code
@@ -71,8 +73,9 @@ pub struct PortChannelHandle {
     pub dst: RemoteMr,
     /// The local memory that `put` reads from (`src_offset` counts from its start).
     pub src: MrHandle,
-    /// The peer's inbound semaphore for this channel: one 8-byte word, advanced by `signal` with an RDMA
-    /// fetch-add of 1 (host order, as the emulated NIC's atomics).
+    /// The peer's inbound semaphore for this channel: one 8-byte host-order word, advanced by `signal` with
+    /// an RDMA fetch-add of 1 (host-endian atomics: the emulated NIC's, and ConnectX's in the mode mlx5_core
+    /// enables), or in HostNoAtomic by the proxy's RDMA WRITE of the new count.
     pub remote_sem: RemoteMr,
     /// Address of this side's inbound semaphore (the word the peer's `signal` advances), 8-byte aligned.
     pub local_sem: u64,
@@ -86,8 +89,10 @@ pub struct PortChannelHandle {
     pub max_wqe_bytes: u64,
     /// Bound of every device-side wait, ns.
     pub timeout_ns: u64,
-    /// Payloads up to this many bytes go by BlueFlame in Exclusive scope (default 512 KiB); a signal or an
-    /// accumulate counts as its 8 bytes, so 0 means no BlueFlame at all.
+    /// Puts of up to this many bytes ring by BlueFlame in Device mode with Exclusive sharing (default
+    /// 512 KiB): their last WQE's one WQEBB is written to the BlueFlame register (the payload is read from
+    /// memory as for any WRITE). A signal or an accumulate counts as its 8 bytes, so 0 means no BlueFlame at
+    /// all. Unused by Block and Device sharing and by the proxy.
     pub blue_flame_limit: u64,
     /// The proxy's FIFO (Host and HostNoAtomic modes; all zero in Device mode).
     pub fifo: FifoHandle,

@@ -33,8 +33,10 @@ pub(super) struct Resources {
 }
 
 /// One rank's view of a job for port channels (MSCCL++ `Communicator`): its [`Bootstrap`], its executor and
-/// its own emulated NIC (one PD), opened with a wire so that peers in other processes, on other hosts, or on
-/// other threads with their own communicator connect to it.
+/// its NIC (one PD): by default its own emulated NIC, opened with a wire so that peers in other processes, on
+/// other hosts, or on other threads with their own communicator connect to it
+/// ([`new`](Self::new)); or a ConnectX ([`with_nic`](Self::with_nic)), or a NIC shared with other ranks of
+/// this process ([`on_nic`](Self::on_nic)).
 ///
 /// Setup calls come in pairs, one on each rank, matched by peer and tag: [`send_memory`](Self::send_memory)
 /// with [`recv_memory`](Self::recv_memory), [`connect`](Self::connect) with `connect`,
@@ -226,16 +228,15 @@ impl Communicator {
     /// (multi-QP); the peer's `n` calls with the same tag pair with them in order. Connecting to this rank
     /// itself gives a loopback QP.
     ///
-    /// # Errors
     /// In [`IbMode::Host`](super::IbMode::Host) and [`IbMode::HostNoAtomic`](super::IbMode::HostNoAtomic) the
     /// connection's WQEs are posted by this communicator's proxy ([`Communicator::proxy`], started here when
     /// it is not running yet).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for sizes out of
-    /// range, a peer out of range, or a peer message that is not an endpoint (calls that do not pair up), has
-    /// the wrong size, or another mode; [`Error::Bootstrap`] when the exchange fails or times out; the NIC's
-    /// and the executor's allocation errors.
+    /// [`Error::InvalidArgument`] for sizes out of range, a peer out of range, or a peer message that is not
+    /// an endpoint (calls that do not pair up), has the wrong size, or another mode; [`Error::Bootstrap`]
+    /// when the exchange fails or times out; the NIC's and the executor's allocation errors; in the Host
+    /// modes, what starting the proxy returns (as [`Communicator::proxy`]).
     pub fn connect(&self, cfg: &EndpointConfig, peer: u32, tag: u32) -> Result<Connection> {
         let what = format!("connect to rank {peer} tag {tag}");
         let (wqe_cnt, ncqe) = cfg.check()?;
@@ -324,13 +325,13 @@ impl Communicator {
         Ok(started)
     }
 
-    /// Builds a device-to-device semaphore on `conn` with `peer` (MSCCL++ `buildSemaphore(connection,
-    /// remoteRank, tag)` / `Host2DeviceSemaphore`, Device mode): allocates this side's inbound word (8 bytes,
-    /// queue memory, registered `LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC` (HostNoAtomic signals write it), initially 0) and expected counter (8 bytes,
-    /// where device code keeps state: GPU memory on `gpu`, host memory on `cpu`; initially 0), sends the
-    /// inbound word's [`RemoteMr`](gdaki_shared::handle::RemoteMr) to `peer` with `tag` and receives the
-    /// peer's. The peer's `signal`s advance this side's inbound word with RDMA fetch-adds through its end of
-    /// `conn`; this side's advance the peer's through `conn`.
+    /// Builds a semaphore on `conn` with `peer` (MSCCL++ `buildSemaphore(connection, remoteRank, tag)`):
+    /// allocates this side's inbound word (8 bytes, queue memory, registered `LOCAL_WRITE | REMOTE_WRITE |
+    /// REMOTE_ATOMIC` (HostNoAtomic signals write it), initially 0) and expected counter (8 bytes, where device
+    /// code keeps state: GPU memory on `gpu`, host memory on `cpu`; initially 0), sends the inbound word's
+    /// [`RemoteMr`](gdaki_shared::handle::RemoteMr) to `peer` with `tag` and receives the peer's. The peer's
+    /// `signal`s advance this side's inbound word through its end of `conn` (RDMA fetch-adds; in
+    /// HostNoAtomic, RDMA WRITEs of the new count); this side's advance the peer's through `conn`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `conn` belongs to another communicator or goes to another rank than

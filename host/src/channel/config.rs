@@ -7,9 +7,11 @@ use crate::{Error, Result};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Transport {
-    /// An RC QP of the communicator's emulated mlx5 NIC ([`crate::nic::emu`]): peers in this process are
-    /// reached directly, peers in other processes or hosts over the NIC's wire. The only transport so far
-    /// (the real mlx5 NIC comes with issue 6).
+    /// An RC QP on the communicator's NIC, which is chosen when the communicator is made
+    /// ([`Communicator::with_nic`](super::Communicator::with_nic)): the emulated mlx5 NIC ([`crate::nic::emu`];
+    /// peers in this process are reached directly, peers in other processes or hosts over the NIC's wire) or
+    /// a ConnectX through [`crate::nic`]'s `mlx5` backend (the name is older than that backend). The only
+    /// transport: a connection's NIC is always its communicator's.
     #[default]
     EmuRc,
 }
@@ -25,8 +27,8 @@ pub enum IbMode {
     /// atomic, for fabrics without RDMA atomics (MSCCL++ `HostNoAtomic`); `put_with_accumulate` is refused.
     HostNoAtomic,
     /// Device code builds WQEs, writes the dbrec, rings the doorbell and polls the CQ itself, with no CPU on
-    /// the data path (MSCCL++'s GPUNetIO backend, DOCA GPUNetIO, NVSHMEM IBGDA). The default here, since it is
-    /// the mode this crate implements.
+    /// the data path (MSCCL++'s GPUNetIO backend, DOCA GPUNetIO, NVSHMEM IBGDA). The default here (MSCCL++'s
+    /// default is `Host`), since GPU-initiated posting is what this crate is for.
     #[default]
     Device,
 }
@@ -51,8 +53,9 @@ impl IbMode {
 }
 
 /// The IB part of an [`EndpointConfig`] (MSCCL++ `EndpointConfig::Ib`). MSCCL++'s `deviceIndex`, `port` and
-/// `gidIndex` have no meaning for the emulated NIC and come with the real mlx5 backend; `maxCqPollNum` and
-/// `maxWrPerSend` belong to the CPU proxy.
+/// `gidIndex` are not here: the device, port and GID index are the communicator's NIC's
+/// ([`NicSpec`](crate::nic::NicSpec), `--nic mlx5_0:PORT:GID_INDEX`). `maxCqPollNum` and `maxWrPerSend` belong
+/// to the CPU proxy, which has no such settings here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IbConfig {
     /// Who posts the WQEs.

@@ -1,11 +1,12 @@
 //! Port channels, host side: MSCCL++'s host API (`Communicator`, `RegisteredMemory`, `connect`,
-//! `Semaphore`, `PortChannel`) in Rust names, for its Device mode (the GPUNetIO backend): device code posts
-//! the WQEs itself, no proxy thread. The host builds what the handle of
-//! [`gdaki_shared::channel::PortChannelHandle`] names; device code (`gdaki_device`) does the rest.
+//! `Semaphore`, `PortChannel`) in Rust names, in its three modes ([`IbMode`]): Device (the GPUNetIO backend,
+//! the default: device code posts the WQEs itself, no proxy thread), Host and HostNoAtomic (device code pushes
+//! triggers, the communicator's CPU proxy, [`crate::proxy`], posts the WQEs). The host builds what the handle
+//! of [`gdaki_shared::channel::PortChannelHandle`] names; device code (`gdaki_device`) does the rest.
 //!
 //! | MSCCL++ | here |
 //! |---|---|
-//! | `Communicator(bootstrap)` | [`Communicator::new`]`(bootstrap, executor, wire)` (opens its own emulated NIC) |
+//! | `Communicator(bootstrap)` | [`Communicator::new`]`(bootstrap, executor, wire)` (opens its own emulated NIC), [`Communicator::with_nic`] (any NIC) |
 //! | `registerMemory(ptr, size, transports)` | [`Communicator::register_memory`] (unsafe), [`Communicator::register_buffer`] |
 //! | `sendMemory` / `recvMemory` | [`Communicator::send_memory`] / [`Communicator::recv_memory`] → [`RemoteMemory`] |
 //! | `EndpointConfig{transport, ib{mode, maxSendWr, maxCqSize}}` | [`EndpointConfig`], [`Transport`], [`IbConfig`], [`IbMode`] |

@@ -1,4 +1,4 @@
-//! Port channels (MSCCL++ `PortChannel`, Device mode): what a channel binds together, and its device handle.
+//! Port channels (MSCCL++ `PortChannel`): what a channel binds together, and its device handle.
 
 use std::time::Duration;
 
@@ -12,10 +12,12 @@ use super::connection::Connection;
 use super::memory::{RegisteredMemory, RemoteMemory};
 use super::semaphore::Semaphore;
 
-/// A port channel (MSCCL++ `PortChannel` with its GPUNetIO backend, Device mode: no proxy): a connection's QP,
-/// a semaphore on it, the peer's memory `put` writes into and the local memory it reads from. Device code gets
-/// it as a [`PortChannelHandle`] ([`device_handle`](Self::device_handle)) and calls `put`, `signal`,
-/// `flush`, `wait` on it.
+/// A port channel (MSCCL++ `PortChannel`): a connection's QP, a semaphore on it, the peer's memory `put`
+/// writes into and the local memory it reads from. Device code gets it as a [`PortChannelHandle`]
+/// ([`device_handle`](Self::device_handle)) and calls `put`, `signal`, `flush`, `wait` on it. On a
+/// connection in [`IbMode::Device`] device code posts the WQEs itself (MSCCL++'s GPUNetIO backend); in the
+/// Host modes the channel is registered with the connection's proxy, and device code pushes triggers that the
+/// proxy turns into WQEs.
 ///
 /// Several channels may share one connection (one QP, one scratch word, one set of counters); a channel is
 /// bound to the connection it is made with, so with several connections to one peer (multi-QP) the caller
@@ -52,19 +54,22 @@ impl PortChannel {
     pub const MAX_WQE_BYTES: u64 = 1 << 31;
     /// Default bound of every device-side wait: 5 s.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-    /// Default BlueFlame limit: payloads up to 512 KiB are submitted by BlueFlame in Exclusive scope.
+    /// Default BlueFlame limit: in Device mode with Exclusive sharing, puts of up to 512 KiB are rung by
+    /// BlueFlame (see [`with_blue_flame_limit`](Self::with_blue_flame_limit)).
     pub const DEFAULT_BLUE_FLAME_LIMIT: u64 = 512 << 10;
 
     /// Binds `conn`'s QP, `sem` (built on `conn`), the peer's memory `dst` (received from `conn`'s peer) and
     /// the local memory `src` (registered on `conn`'s communicator) into a channel (MSCCL++
-    /// `PortChannel(semaphoreId, semaphore, proxy, dst, src)`, without the proxy). Limits start at
+    /// `PortChannel(semaphoreId, semaphore, proxy, dst, src)`; the proxy, in the Host modes, is the
+    /// connection's, which this registers the channel with). Limits start at
     /// [`DEFAULT_MAX_WQE_BYTES`](Self::DEFAULT_MAX_WQE_BYTES), [`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT) and
     /// [`DEFAULT_BLUE_FLAME_LIMIT`](Self::DEFAULT_BLUE_FLAME_LIMIT).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `sem` was built on another connection (its signals would not be ordered
     /// after this channel's puts), `dst` is another rank's memory than `conn`'s peer's, or `src` was
-    /// registered by another communicator (its key means nothing to this QP's NIC).
+    /// registered by another communicator (its key means nothing to this QP's NIC); in the Host modes,
+    /// [`Error::InvalidArgument`] past the proxy's 65,536 channels, and allocation errors.
     pub fn new(conn: &Connection, sem: &Semaphore, dst: RemoteMemory, src: &RegisteredMemory) -> Result<Self> {
         let what = format!("port channel on QP {:#x} to rank {}", conn.qpn(), conn.peer());
         if !sem.connection().same(conn) {
@@ -141,9 +146,12 @@ impl PortChannel {
         Ok(Self { timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX), ..self })
     }
 
-    /// This channel with payloads up to `bytes` submitted by BlueFlame in Exclusive scope (larger ones ring
-    /// the regular doorbell). The fetch-add of a signal or an accumulate counts as 8 bytes: 0 never uses
-    /// BlueFlame.
+    /// This channel with puts of up to `bytes` bytes rung by BlueFlame, in Device mode with Exclusive sharing:
+    /// the put's last WQE (one WQEBB: ctrl, remote address and data segments) is written whole to the
+    /// BlueFlame register, from registers, after being stored to the ring; the payload itself is read by the
+    /// NIC from memory as for any WRITE. Larger puts ring the 8-byte doorbell. The fetch-add of a signal or an
+    /// accumulate counts as 8 bytes, so 0 never uses BlueFlame. Block and Device sharing and the Host modes
+    /// always ring the doorbell, whatever the limit.
     pub fn with_blue_flame_limit(self, bytes: u64) -> Self {
         Self { blue_flame_limit: bytes, ..self }
     }

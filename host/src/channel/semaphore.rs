@@ -1,5 +1,6 @@
-//! Device-to-device semaphores (MSCCL++ `Semaphore` / `Host2DeviceSemaphore` in Device mode): an inbound
-//! word that the peer advances with RDMA fetch-adds, and the count this side expects.
+//! Port-channel semaphores (MSCCL++ `Semaphore` / `Host2DeviceSemaphore`): an inbound word that the peer
+//! advances through the connection (RDMA fetch-adds; in HostNoAtomic, RDMA WRITEs of the new count), and the
+//! count this side expects.
 
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ pub(super) const EXPECTED_BYTES: usize = 8;
 ///
 /// | word | size | where | who writes it |
 /// |---|---|---|---|
-/// | inbound | 8 B, 8-aligned, host-order `u64`, initially 0 | queue memory (pinned host memory mapped into the GPU on `gpu`), registered `LOCAL_WRITE \| REMOTE_ATOMIC` | the peer's `signal` (RDMA fetch-add of 1) |
+/// | inbound | 8 B, 8-aligned, host-order `u64`, initially 0 | queue memory (pinned host memory mapped into the GPU on `gpu`), registered `LOCAL_WRITE \| REMOTE_WRITE \| REMOTE_ATOMIC` | the peer's `signal` (RDMA fetch-add of 1; in HostNoAtomic, the peer's proxy's RDMA WRITE of the new count) |
 /// | expected | 8 B, 8-aligned, initially 0 | GPU memory (`gpu`), host memory (`cpu`) | this side's `wait` (adds 1, then waits until inbound reaches it) |
 ///
 /// It also knows the peer's inbound word ([`remote_inbound`](Self::remote_inbound)), which this side's

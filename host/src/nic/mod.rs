@@ -2,7 +2,8 @@
 //!
 //! - [`emu`]: the emulated mlx5 NIC, the default backend. It needs no hardware: a host thread reads the same
 //!   queue memory (SQ ring, doorbell record, UAR page, CQ ring) that a ConnectX adapter would read, and
-//!   executes RDMA operations between QPs of the same process.
+//!   executes RDMA operations between its own QPs, or with QPs of other emulated NICs (in this process,
+//!   another process or another host) over its wire.
 //! - [`mlx5`]: a real ConnectX NIC through rdma-core (verbs + mlx5dv), with the cargo feature `mlx5`. Without
 //!   the feature only its [`mlx5::Endpoint`] exists.
 //!

@@ -18,13 +18,13 @@
 //! | QPs | `qp.rs` | `ibv_create_qp`, `mlx5dv_init_obj(QP)`, `ibv_modify_qp` ×3, `ibv_query_qp` |
 //!
 //! # Where the queues live
-//! This is the portable path of design.md: rdma-core allocates the SQ and CQ rings and doorbell records in
-//! host memory, and for the `gpu` executor they are registered with the GPU (`cuMemHostRegister`), as the
-//! emulated NIC's queues are pinned host memory mapped into the GPU. The doorbell/BlueFlame register
-//! (`mlx5dv_qp.bf.reg`) is in a UAR page rdma-core mmapped from the device; the GPU reaches it through
-//! `cuMemHostRegister(..., CU_MEMHOSTREGISTER_IOMEMORY)` (PCIe peer-to-peer stores to the NIC's BAR).
-//! The faster layout, rings in GPU memory through DevX objects over a umem registered from a dmabuf
-//! (`mlx5dv_devx_umem_reg_ex`, `mlx5dv_devx_obj_create` with PRM `CREATE_QP`/`CREATE_CQ`), is not built yet.
+//! The portable layout: rdma-core allocates the SQ and CQ rings and doorbell records in host memory, and for
+//! the `gpu` executor they are registered with the GPU (`cuMemHostRegister`), as the emulated NIC's queues are
+//! pinned host memory mapped into the GPU. The doorbell/BlueFlame register (`mlx5dv_qp.bf.reg`) is in a UAR
+//! page rdma-core mmapped from the device; the GPU reaches it through `cuMemHostRegister(...,
+//! CU_MEMHOSTREGISTER_IOMEMORY)` (PCIe peer-to-peer stores to the NIC's BAR). The faster layout, rings in GPU
+//! memory through DevX objects over a umem registered from a dmabuf (`mlx5dv_devx_umem_reg_ex`,
+//! `mlx5dv_devx_obj_create` with PRM `CREATE_QP`/`CREATE_CQ`), is not built yet.
 //!
 //! # What has been tested
 //! No machine of this project has an RDMA NIC. The pure parts (attributes, masks, GID choice, sizes,
