@@ -514,7 +514,7 @@ fn blueflame_posts_a_write_and_an_atomic() {
     assert_eq!(s.doorbells, 2 * ROUNDS + 1, "{s:?}");
     // The register held whole WQEBBs equal to the ring's. (The emulator compares them when it sees word 0
     // change, and `ring_bf` stores word 0 first, so a single write may be missed; all 17 cannot.)
-    assert!(s.blueflame > 0, "no BlueFlame write matched its WQE: {s:?}");
+    assert!(s.blueflame > 0, "no BlueFlame write seen: {s:?}");
     assert_eq!((s.wqes, s.error_cqes, s.dbrec_mismatches), (2 * ROUNDS + 2, 0, 0), "{s:?}");
 }
 

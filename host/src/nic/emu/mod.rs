@@ -48,10 +48,10 @@
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
 //! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies are enqueued and synchronized before
 //!   anything ordered after them. An atomic on GPU memory is atomic towards this NIC's operations only.
-//! - **BlueFlame** is detected heuristically for [`Stats::blueflame`] only: a doorbell whose register's
-//!   bytes 8..64 changed since the QP's previous doorbell and whose 64 bytes equal the WQE's first WQEBB in
-//!   the ring counts as one. A plain doorbell never counts; a BlueFlame write whose bytes 8..64 equal the
-//!   previous one's is missed, and so is one whose doorbell word the NIC sees before its other words.
+//! - **BlueFlame** is detected for [`Stats::blueflame`] only: the WQE is always read from the ring. A
+//!   doorbell the NIC acts on counts as a BlueFlame write when the register's bytes 8..64 are not all zero
+//!   (a plain doorbell writes bytes 0..8 only); the NIC then clears them. Several BlueFlame writes between
+//!   two doorbells the NIC acts on count once.
 //! - **CQE timestamps** are nanoseconds since the NIC was opened, not device clock ticks.
 //! - **Destroying a QP** ([`Qp`]'s drop) waits for the executor thread to let go of it, so that no WQE of it
 //!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor.

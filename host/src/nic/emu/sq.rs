@@ -33,9 +33,6 @@ use super::wqe::{self, Expect, Op, MAX_WQE_BYTES};
 /// Byte offset of the SQ counter (word 1) in the QP's doorbell record.
 const DBREC_SQ_COUNTER: usize = offset_of!(QpDbrec, snd_counter);
 
-/// Words of the BlueFlame register after the doorbell word (bytes 8..64).
-const BF_TAIL_WORDS: usize = WQEBB / 8 - 1;
-
 /// Executor-side state of one SQ, shared with the QP's owner (behind `QpInner::progress`).
 #[derive(Debug, Default)]
 pub(crate) struct SqProgress {
@@ -54,8 +51,6 @@ pub(crate) struct Watched {
     /// `progress` lock by [`poll`], and `Qp::connect` (the only other writer) runs before the QP reaches RTS,
     /// when `poll` does not look at it. So a register equal to this value is no new doorbell.
     last_db: u64,
-    /// Words 1..8 of the BlueFlame register when last acted on (see [`check_blueflame`]).
-    last_bf: [u64; BF_TAIL_WORDS],
     /// The connected peer, looked up in the NIC's QP map when first needed. The executor drops it at its
     /// next refresh of the QP list, which `Qp::drop` of the peer waits for, so that this reference is never
     /// the last one.
@@ -74,7 +69,7 @@ impl Watched {
         // A QP the executor has not seen yet has had no doorbell acted on, so this is 0; read rather than
         // assumed, as it is what the lock-free comparison in `poll` must agree with.
         let last_db = lock(&qp.progress).last_db;
-        Self { qp, last_db, last_bf: [0; BF_TAIL_WORDS], peer: None, wire: None, resume: None }
+        Self { qp, last_db, peer: None, wire: None, resume: None }
     }
 
     /// The QP and its wire state, made when the QP has a link (once `Qp::connect` has run); `None` for a QP
@@ -178,7 +173,7 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     }
     let pi = p.consumed + ahead;
     check_dbrec(fab, qp, pi);
-    check_blueflame(fab, qp, &mut w.last_bf, db, ctrl.wqe_index());
+    check_blueflame(fab, qp);
     take(fab, qp, (&mut w.peer, w.wire.as_mut(), &mut w.resume), eng, &mut p, pi);
     true
 }
@@ -224,27 +219,20 @@ fn check_dbrec(fab: &Fabric, qp: &QpInner, pi: u64) {
     }
 }
 
-/// Counts a BlueFlame write when the register's words 1..8 changed since the QP's last doorbell and the
-/// register's 64 bytes equal the first WQEBB of the doorbell's WQE in the ring. The WQE itself is always read
-/// from the ring, as software must write it there too.
-///
-/// The seven register loads hit the cache line the doorbell word was just loaded from; the ring is read only
-/// when they changed, which an 8-byte doorbell never does. So a plain doorbell after a BlueFlame write is
-/// never counted, and a BlueFlame write whose bytes 8..64 equal the previous one's is not counted either.
-fn check_blueflame(fab: &Fabric, qp: &QpInner, last: &mut [u64; BF_TAIL_WORDS], db: u64, wqe_index: u16) {
-    let mut reg = [0u64; BF_TAIL_WORDS];
-    for (i, r) in reg.iter_mut().enumerate() {
-        *r = qmem::load_u64(&qp.uar, BF_OFFSET + 8 * (i + 1), Ordering::Relaxed);
+/// Counts a BlueFlame write when the register's words 1..8 are not all zero, then clears them: a plain
+/// doorbell writes word 0 only, so non-zero words 1..8 mean at least one BlueFlame write since the previous
+/// doorbell the NIC acted on (a poster faster than the NIC may have made several: one is counted). The WQE
+/// itself is always read from the ring, as software must write it there too. Clearing is safe because
+/// software never reads a UAR.
+fn check_blueflame(fab: &Fabric, qp: &QpInner) {
+    let mut seen = false;
+    for i in 1..WQEBB / 8 {
+        seen |= qmem::load_u64(&qp.uar, BF_OFFSET + 8 * i, Ordering::Relaxed) != 0;
     }
-    if reg == *last {
-        return;
-    }
-    *last = reg;
-    let mut ring = [0u8; WQEBB];
-    let slot = (wqe_index as u32 & (qp.wqe_cnt - 1)) as usize;
-    qmem::read_wrapping(&qp.sq, slot * WQEBB, &mut ring);
-    let same = reg.iter().enumerate().all(|(i, r)| r.to_ne_bytes()[..] == ring[(i + 1) * 8..(i + 2) * 8]);
-    if same && db.to_ne_bytes()[..] == ring[..8] {
+    if seen {
+        for i in 1..WQEBB / 8 {
+            qmem::store_u64(&qp.uar, BF_OFFSET + 8 * i, 0, Ordering::Relaxed);
+        }
         bump(&fab.stats.blueflame);
     }
 }

@@ -9,9 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub struct Stats {
     /// Doorbell register changes acted on (8-byte doorbells and BlueFlame writes alike).
     pub doorbells: u64,
-    /// Doorbells whose BlueFlame register's bytes 8..64 changed since the QP's previous doorbell and whose
-    /// 64 bytes equal the WQE's first WQEBB in the ring (counted as BlueFlame writes; a heuristic, see the
-    /// [`emu`](super) module docs).
+    /// Doorbells acted on that followed at least one BlueFlame write (the register's bytes 8..64 written since
+    /// the previous one; see the [`emu`](super) module docs).
     pub blueflame: u64,
     /// Doorbells whose producer index was behind the NIC's (e.g. two posters' doorbells landing out of order);
     /// ignored, as hardware ignores them.
