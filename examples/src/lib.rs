@@ -1,14 +1,11 @@
 //! Runnable gdaki examples live beside this crate as `[[example]]` targets; this library holds what several of
 //! them (and `gdaki-perf`) share.
 
-use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Duration;
 
-use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags, Secret};
-use gdaki::channel::Communicator;
+use gdaki::bootstrap::{Launch, LaunchFlags};
+use gdaki::channel::{Communicator, RankSetup};
 use gdaki::exec::{Executor, ExecutorKind};
-use gdaki::nic::emu::WireConfig;
 use gdaki::nic::{Nic, NicSpec};
 
 /// The commit this crate was built from (`git rev-parse --short=12 HEAD`, `-dirty` when the tree had
@@ -78,16 +75,12 @@ pub fn check_nic(spec: &NicSpec) -> Result<(), String> {
     }
 }
 
-/// Runs `rank_main` on each rank of a two-rank run, each rank with its own communicator (bootstrap endpoint,
-/// executor of `kind`, NIC `nic`, the emulated NIC's wire on loopback): both ranks on threads of this process
-/// when `launch` is `None` (rank 0's bootstrap on an ephemeral loopback port, a fresh secret), else this
-/// process's rank of `launch`. With `one_nic` (and both ranks in this process) the two communicators share
-/// one NIC ([`Communicator::on_nic`]): their QPs meet on its direct path, with no wire between them. Returns
-/// (rank, what `rank_main` returned) per rank here, by rank; a rank whose communicator could not be set up
-/// (bootstrap within 60 s, executor, NIC) has that error instead.
+/// Runs `rank_main` on each rank of a two-rank run through the library's [`gdaki::channel::run_ranks`]: both
+/// ranks on threads of this process when `launch` is `None`, else this process's rank of `launch`; with
+/// `one_nic` (both ranks here) on one shared NIC. Returns (rank, what `rank_main` returned) per rank here.
 ///
 /// # Errors
-/// A one-line message when the in-process bootstrap cannot start (no loopback listener, no random source).
+/// A one-line message when the in-process bootstrap cannot start.
 pub fn run_ranks<T: Send>(
     launch: Option<Launch>,
     kind: ExecutorKind,
@@ -95,45 +88,6 @@ pub fn run_ranks<T: Send>(
     one_nic: bool,
     rank_main: impl Fn(Arc<Communicator>) -> T + Sync,
 ) -> Result<Vec<(u32, gdaki::Result<T>)>, String> {
-    let shared = match (one_nic, &launch) {
-        (true, None) => {
-            let (exec, _) = Executor::open(Some(kind)).map_err(|e| e.to_string())?;
-            Some(Nic::open(nic, &exec, None).map_err(|e| e.to_string())?)
-        }
-        _ => None,
-    };
-    let rank_run = |launch: Launch, listener: Option<TcpListener>| {
-        let timeout = Duration::from_secs(60);
-        let boot = match listener {
-            Some(l) => Bootstrap::root_on(l, &launch, timeout),
-            None => Bootstrap::connect(&launch, timeout),
-        };
-        let comm = boot.and_then(|b| {
-            let (exec, _) = Executor::open(Some(kind))?;
-            match &shared {
-                Some(n) => Communicator::on_nic(b, exec, n.clone()),
-                None => Communicator::with_nic(b, exec, nic, WireConfig::loopback()),
-            }
-        });
-        (launch.rank, comm.map(|c| rank_main(Arc::new(c))))
-    };
-    if let Some(l) = launch {
-        return Ok(vec![rank_run(l, None)]);
-    }
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot listen on loopback: {e}"))?;
-    let root = listener.local_addr().map_err(|e| format!("loopback listener: {e}"))?.to_string();
-    let secret = Secret::random().map_err(|e| e.to_string())?;
-    let mut listener = Some(listener);
-    Ok(std::thread::scope(|s| {
-        let handles: Vec<_> = (0..2u32)
-            .map(|rank| {
-                let l = Launch { rank, world_size: 2, root: root.clone(), secret, source: "this process" };
-                let lis = if rank == 0 { listener.take() } else { None };
-                let rank_run = &rank_run;
-                s.spawn(move || rank_run(l, lis))
-            })
-            .collect();
-        // A panic is a bug: let it go on unwinding here.
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-    }))
+    let setup = RankSetup { launch, nic: nic.clone(), one_nic, ..RankSetup::local(2, kind) };
+    gdaki::channel::run_ranks(&setup, rank_main).map_err(|e| e.to_string())
 }

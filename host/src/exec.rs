@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use gdaki_device::launch::{DevPtr, DeviceRepr};
+
 use crate::cuda::{DeviceBuffer, Gpu};
 use crate::mem::{GpuCopier, HostQueueMemory, MappedBuf, MemKind, MemLoc, QueueMemory};
 use crate::{Error, Result};
@@ -93,6 +95,19 @@ impl Executor {
             Self::Gpu(g) => Ok(DataBuf::Gpu(g.alloc_device(len)?)),
         }
     }
+
+    /// A data buffer holding `value`, for a kernel parameter that points to it (`&T` in the kernel,
+    /// [`DataBuf::dev_ptr`] at launch): e.g. a channel's `PortChannelHandle`.
+    ///
+    /// # Errors
+    /// As [`Executor::alloc_data`].
+    pub fn upload<T: DeviceRepr>(&self, value: &T) -> Result<DataBuf> {
+        let b = self.alloc_data(size_of::<T>())?;
+        // SAFETY: `DeviceRepr` promises every byte of `T` is initialized.
+        let bytes = unsafe { std::slice::from_raw_parts(value as *const T as *const u8, size_of::<T>()) };
+        b.write(0, bytes)?;
+        Ok(b)
+    }
 }
 
 /// A data buffer of either executor.
@@ -147,6 +162,11 @@ impl DataBuf {
             }
             Self::Gpu(b) => b.copy_from_host(off, bytes),
         }
+    }
+
+    /// The buffer's start as a kernel parameter pointing to `T`s (see [`Executor::upload`]).
+    pub fn dev_ptr<T>(&self) -> DevPtr<T> {
+        DevPtr::new(self.loc().addr)
     }
 
     /// Copies its bytes out (for checks in tests).

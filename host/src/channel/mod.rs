@@ -61,6 +61,7 @@ mod connection;
 mod memory;
 mod msg;
 mod port;
+pub mod ranks;
 mod semaphore;
 
 pub use communicator::Communicator;
@@ -68,6 +69,7 @@ pub use config::{EndpointConfig, IbConfig, IbMode, Transport};
 pub use connection::Connection;
 pub use memory::{RegisteredMemory, RemoteMemory};
 pub use port::PortChannel;
+pub use ranks::{run_ranks, RankSetup};
 pub use semaphore::Semaphore;
 
 #[cfg(test)]

@@ -1,0 +1,107 @@
+//! N ranks of one program: every rank's [`Communicator`] set up and handed to the rank's function, either all
+//! ranks on threads of this process (a loopback bootstrap with a fresh secret) or this process's one rank of a
+//! multi-process launch (mpirun, srun, torchrun or flags: [`Launch`]). The two-rank examples, the benchmarks and
+//! a user's first program start here.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bootstrap::{Bootstrap, Launch, Secret};
+use crate::channel::Communicator;
+use crate::exec::{Executor, ExecutorKind};
+use crate::nic::emu::WireConfig;
+use crate::nic::{Nic, NicSpec};
+use crate::{Error, Result};
+
+/// How to set the ranks up.
+#[derive(Clone, Debug)]
+pub struct RankSetup {
+    /// Ranks in this process (ignored with [`RankSetup::launch`]: one rank, the launch's).
+    pub ranks: u32,
+    /// This process's rank of a multi-process launch, or `None` for all ranks in this process.
+    pub launch: Option<Launch>,
+    /// The executor every rank opens.
+    pub executor: ExecutorKind,
+    /// The NIC every rank opens (the emulated one by default).
+    pub nic: NicSpec,
+    /// With all ranks in this process: one NIC shared by every rank ([`Communicator::on_nic`]: their QPs meet on
+    /// its direct path, no wire); else each rank its own NIC, connected over the wire on loopback.
+    pub one_nic: bool,
+    /// Bound of each rank's bootstrap setup.
+    pub timeout: Duration,
+}
+
+impl RankSetup {
+    /// `ranks` ranks in this process on `executor`, each with its own emulated NIC over the loopback wire.
+    pub fn local(ranks: u32, executor: ExecutorKind) -> Self {
+        RankSetup {
+            ranks,
+            launch: None,
+            executor,
+            nic: NicSpec::Emu,
+            one_nic: false,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Runs `rank_main` on every rank of `setup` at once (a thread each in this process) and returns, by rank, what
+/// each returned; a rank whose communicator could not be set up (bootstrap, executor, NIC) has that error
+/// instead, and its function does not run.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for 0 ranks; [`Error::Unavailable`] when the in-process bootstrap cannot start
+/// (no loopback listener) or the shared NIC cannot be opened; [`Error::Bootstrap`] without a random source.
+pub fn run_ranks<T: Send>(
+    setup: &RankSetup,
+    rank_main: impl Fn(Arc<Communicator>) -> T + Sync,
+) -> Result<Vec<(u32, Result<T>)>> {
+    if setup.launch.is_none() && setup.ranks == 0 {
+        return Err(Error::InvalidArgument("run_ranks with 0 ranks".into()));
+    }
+    let shared = match (setup.one_nic, &setup.launch) {
+        (true, None) => {
+            let (exec, _) = Executor::open(Some(setup.executor))?;
+            Some(Nic::open(&setup.nic, &exec, None)?)
+        }
+        _ => None,
+    };
+    let rank_run = |launch: Launch, listener: Option<TcpListener>| {
+        let boot = match listener {
+            Some(l) => Bootstrap::root_on(l, &launch, setup.timeout),
+            None => Bootstrap::connect(&launch, setup.timeout),
+        };
+        let comm = boot.and_then(|b| {
+            let (exec, _) = Executor::open(Some(setup.executor))?;
+            match &shared {
+                Some(n) => Communicator::on_nic(b, exec, n.clone()),
+                None => Communicator::with_nic(b, exec, &setup.nic, WireConfig::loopback()),
+            }
+        });
+        (launch.rank, comm.map(|c| rank_main(Arc::new(c))))
+    };
+    if let Some(l) = &setup.launch {
+        return Ok(vec![rank_run(l.clone(), None)]);
+    }
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::Unavailable(format!("cannot listen on loopback for the ranks' bootstrap: {e}")))?;
+    let root = listener
+        .local_addr()
+        .map_err(|e| Error::Unavailable(format!("loopback listener of the ranks' bootstrap: {e}")))?
+        .to_string();
+    let secret = Secret::random()?;
+    let mut listener = Some(listener);
+    Ok(std::thread::scope(|s| {
+        let handles: Vec<_> = (0..setup.ranks)
+            .map(|rank| {
+                let l = Launch { rank, world_size: setup.ranks, root: root.clone(), secret, source: "this process" };
+                let lis = if rank == 0 { listener.take() } else { None };
+                let rank_run = &rank_run;
+                s.spawn(move || rank_run(l, lis))
+            })
+            .collect();
+        // A panic of a rank is a bug: let it go on unwinding here.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    }))
+}
