@@ -2,7 +2,7 @@
 //! wrappers of their `static inline` functions and the C layout reference with cc, and links libibverbs and
 //! libmlx5.
 //!
-//! The three pitfalls of these headers (design.md, "Toolchain"):
+//! The three pitfalls of these headers (docs/architecture.md, "Toolchain"):
 //! 1. Many entry points are `static inline` (`___ibv_query_port`, `ibv_query_gid_table`, `mlx5dv_init_obj`'s
 //!    helpers...): no symbol exists to link to. `wrap_static_fns` makes bindgen write a C file with one
 //!    exported wrapper per such function (`<name>__extern`), which cc compiles here.

@@ -22,7 +22,8 @@ use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::wait::bounded;
 use crate::wqe::{self, Wqe};
-use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
+pub use gdaki_shared::channel::PortChannelHandle;
+use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::proxy::{mode, Trigger};
 

@@ -113,7 +113,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// On the GPU the lanes of a warp that call `post` on this QP together are aggregated: the lowest reserves WQEBBs for
     /// all of them with one atomic add, waits for room and for the warp's turn, and publishes all their WQEs at
     /// once (every lane stores its own), so the in-order publication costs one hand-off per warp rather than one
-    /// per thread (design.md, "Performance targets": warp aggregation). Lanes that call it together must post
+    /// per thread (docs/architecture.md, "Posting: who owns the QP"). Lanes that call it together must post
     /// WQEs of the same size (they do: they run the same call).
     ///
     /// # Errors

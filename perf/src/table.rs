@@ -46,8 +46,8 @@ pub fn print(tests: &[Test], rows: &[Row]) {
     }
 }
 
-/// The project's targets on the emulated NIC: Device-Exclusive's typical latency at most this fraction of
-/// Host's (issue 5): PingPong 0.75, LL (PacketPingPong) 0.7.
+/// The project's targets on the emulated NIC (docs/architecture.md, "Performance targets"): Device-Exclusive's
+/// typical latency at most this fraction of Host's: PingPong 0.75, LL (PacketPingPong) 0.7.
 fn target(test: Test) -> Option<f64> {
     match test {
         Test::PingPong => Some(0.75),

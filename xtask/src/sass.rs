@@ -33,12 +33,11 @@
 //! Assumptions, to be checked on each listing (`target/sass/<kernel>.path-<k>.sass`, one instruction a line,
 //! function changes marked): (a) what the search does not know can still combine branch outcomes that no run
 //! combines (two tests of one loaded value), so a path that stores no WQE, or skips a check the source always
-//! makes, is wrong and its count with it; the `stores` column (ring stores, counters, dbrec, slots) is there to
+//! makes, is wrong and its count with it; the `stores` column (ring stores, counters, dbrec) is there to
 //! make that visible; (b) optional work that a real run sometimes does (a CQE requested every quarter ring or
-//! every 16th BlueFlame post, a slot whose previous WQE is still running) is left out: the path is the common
-//! run; (c) the kernel's own preamble (parameters, stack frame, the call) is included, and work that thread 0
-//! does once per kernel behind a `tid == 0` test (clearing the BlueFlame slots) is not, because the
-//! `tid != 0` arm is shorter.
+//! waiting for room) is left out: the path is the common run; (c) the kernel's own preamble (parameters, stack
+//! frame, the call) is included, and work that thread 0 does once per kernel behind a `tid == 0` test is not,
+//! because the `tid != 0` arm is shorter.
 //!
 //! Besides instructions, the table counts on the path: fences (`MEMBAR`, each the head of a `fence.*`'s
 //! sequence `MEMBAR; ERRBAR; CGAERRBAR; CCTL.IVALL`), MMIO stores, loads from global memory through generic or
@@ -235,7 +234,7 @@ pub struct Counts {
     pub loads: usize,
     /// Of `loads`, the volatile/acquire ones at system scope.
     pub ordered_loads: usize,
-    /// Stores other than MMIO and local ones: the WQE to the ring, the dbrec, counters, BlueFlame slots.
+    /// Stores other than MMIO and local ones: the WQE to the ring, the dbrec, counters.
     pub stores: usize,
     /// Local-memory loads and stores.
     pub local: usize,

@@ -81,7 +81,7 @@ impl Workspace {
         self.target_dir.join("sass")
     }
 
-    /// `target/ptx-build`: the nested cargo's target directory, the same one `host/build.rs` uses for a build in
+    /// `target/ptx-build`: the nested cargo's target directory, the same one gdaki-build uses from a build script (testkit/build.rs) for a build in
     /// `target/<profile>`, so that `cargo build` and `cargo xtask build-ptx` share one cache.
     pub fn nested_target_dir(&self) -> PathBuf {
         self.target_dir.join("ptx-build")

@@ -1,5 +1,5 @@
-//! The device-side post-rate microbenchmark: how fast device code builds and submits 8-byte RDMA WRITE WQEs,
-//! the way design.md's DOCA GPUNetIO anchor was measured. Each posting thread posts `posts` unsignaled WRITEs
+//! The device-side post-rate microbenchmark: how fast device code builds and submits 8-byte RDMA WRITE WQEs
+//! (the figure to set against DOCA GPUNetIO's cost per post). Each posting thread posts `posts` unsignaled WRITEs
 //! back to back per round and times them (first post to last doorbell); then the round's WQEs are flushed,
 //! untimed, so that the next round starts with an empty SQ and never waits for room: the time is the cost of
 //! posting, while the NIC consumes the WQEs as fast as it can.

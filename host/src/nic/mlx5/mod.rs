@@ -30,7 +30,7 @@
 //! No machine of this project has an RDMA NIC. The pure parts (attributes, masks, GID choice, sizes,
 //! endpoint bytes, layouts against the C compiler's) are unit-tested; the "no device" path is tested; the code
 //! that talks to hardware compiles and was reviewed against rdma-core's man pages and `mlx5dv.h`, but has
-//! never run. `host/tests/mlx5_hw.rs` is the hardware suite (docs/mlx5.md says how to run it).
+//! never run. `testkit/tests/mlx5_hw.rs` is the hardware suite (docs/mlx5.md says how to run it).
 //!
 //! # Atomics
 //! Device code reads semaphores as host-endian `u64`s (the emulated NIC's model). ConnectX adapters run 8-byte
