@@ -137,6 +137,8 @@ mod host_side {
 
     /// The arguments of a launch: a tuple of up to 8 [`DeviceRepr`] values, in parameter order.
     pub trait LaunchArgs: Copy + Send + Sync + 'static {
+        /// The number of arguments (the kernel's PTX entry has one parameter more: the report address).
+        const COUNT: usize;
         /// Calls `f` with each argument's bytes, in order.
         fn for_each(&self, f: &mut dyn FnMut(&[u8]));
     }
@@ -150,6 +152,7 @@ mod host_side {
     macro_rules! launch_args {
         ($($n:tt $t:ident),*) => {
             impl<$($t: DeviceRepr),*> LaunchArgs for ($($t,)*) {
+                const COUNT: usize = <[&str]>::len(&[$(stringify!($t)),*]);
                 #[allow(unused_variables)]
                 fn for_each(&self, f: &mut dyn FnMut(&[u8])) {
                     $(f(bytes_of(&self.$n));)*

@@ -13,9 +13,15 @@ pub enum Error {
     /// The requested executor or device is not available here (no GPU, no libcuda, no NIC); one line.
     #[error("{0}")]
     Unavailable(String),
-    /// A CUDA driver call failed.
-    #[error("CUDA: {0}")]
-    Cuda(String),
+    /// A CUDA driver call failed, or returned what the driver's contract rules out.
+    #[error("CUDA: {message}")]
+    Cuda {
+        /// The call and what for, with the status's name and text (and a JIT log's first lines).
+        message: String,
+        /// The driver's status (e.g. `CUDA_ERROR_OUT_OF_MEMORY`), `None` when the call succeeded but its
+        /// result was unusable (a null or unaligned pointer).
+        status: Option<crate::cuda::CUresult>,
+    },
     /// Device code reported an error (error CQE, timed-out wait, payload mismatch), or a kernel outlived its
     /// bound; the message says which and where.
     #[error("device code failed: {0}")]
@@ -33,9 +39,9 @@ pub enum Error {
     /// returned this error.
     #[error("device code failed: {0}")]
     DeviceCode(#[from] gdaki_device::Error),
-    /// The emulated NIC rejected a request or failed.
+    /// The emulated NIC could not do what was asked.
     #[error("emulated NIC: {0}")]
-    Emu(String),
+    Emu(#[from] EmuError),
     /// An rdma-core call (verbs or mlx5dv) of the mlx5 backend failed: the call (with the step it served, e.g.
     /// `ibv_modify_qp(INIT→RTR)`) and the errno it left.
     #[error("{call}: {}", std::io::Error::from_raw_os_error(*errno))]
@@ -49,6 +55,37 @@ pub enum Error {
     /// the address and what was wrong.
     #[error("bootstrap: {0}")]
     Bootstrap(String),
+}
+
+/// What the emulated NIC could not do (inside [`Error::Emu`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EmuError {
+    /// A number space or table of the NIC is full; the value names it ("PD numbers", "MR keys", ...).
+    #[error("out of {0}")]
+    Exhausted(&'static str),
+    /// An operating-system call failed: starting a thread, binding the wire's listener, the random source.
+    #[error("{what}: {source}")]
+    Os {
+        /// What it was for, e.g. `cannot listen on 127.0.0.1:29510 for the wire`.
+        what: String,
+        /// The OS's error.
+        source: std::io::Error,
+    },
+    /// The NIC's executor thread is gone (it panicked: a bug of the emulator, logged when it happened).
+    #[error("the executor thread is gone")]
+    NoExecutor,
+    /// The executor thread did not acknowledge a QP's removal within this time (a QP's drop waits for it, so
+    /// that the QP's queue memory is freed by the dropping thread); it may free that memory itself.
+    #[error("the executor did not acknowledge a QP's removal within {0:?}; it may free the QP's queue memory")]
+    Unresponsive(std::time::Duration),
+}
+
+impl EmuError {
+    /// An [`EmuError::Os`] for `what`.
+    pub(crate) fn os(what: impl Into<String>, source: impl Into<std::io::Error>) -> Error {
+        Error::Emu(EmuError::Os { what: what.into(), source: source.into() })
+    }
 }
 
 /// `Result` with [`Error`].

@@ -5,12 +5,14 @@
 //! ([`gdaki_device::launch::run_on_host`]). The first error a kernel returns comes back as
 //! [`Error::Kernel`], a value.
 //!
+//! The whole of a two-rank program is gdaki's `templates/app/`; its launch, in short:
+//!
 //! ```ignore
-//! const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
-//! let module = Module::load(&exec, PTX)?;
-//! let ping = module.kernel(&kernels::PING)?;
-//! // SAFETY: the handle is a live channel's, in memory the executor's threads reach.
-//! unsafe { ping.launch(&LaunchConfig::linear(1, 1), (DevPtr::new(h.device_addr()), 100), TIMEOUT)? };
+//! const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx")); // written by gdaki-build
+//! let exchange = Module::load(&exec, PTX)?.kernel(&kernels::EXCHANGE)?;
+//! let handle = exec.upload(&chan.device_handle())?; // a PortChannelHandle where the executor reaches it
+//! // SAFETY: the handle is a live channel's; its QP is used by this kernel only, until the launch ends.
+//! unsafe { exchange.launch(&LaunchConfig::linear(1, 32), (handle.dev_ptr(), bytes, rank), TIMEOUT)? };
 //! ```
 
 use std::sync::Arc;
@@ -43,34 +45,61 @@ impl LaunchConfig {
     }
 }
 
-/// A module of kernels for one executor: on the `gpu` executor the loaded PTX, on the `cpu` executor nothing
-/// (the kernels' host twins are compiled in).
+/// A module of kernels for one executor: on the `gpu` executor the loaded PTX; on the `cpu` executor the PTX's
+/// entry names and parameter counts, checked against the host build of each kernel taken from it (the kernels
+/// run from their host build).
 #[derive(Clone)]
 pub struct Module {
     exec: Executor,
     gpu: Option<Arc<cuda::Module>>,
+    entries: Arc<Vec<(String, usize)>>,
 }
 
 impl Module {
-    /// Loads `ptx` for `exec` (on the `cpu` executor only checks that it is a module: the kernels run from
-    /// their host build). Loading a module waits for running kernels (a CUDA rule): load before starting
-    /// kernels that wait on each other.
+    /// Loads `ptx` (the text `gdaki-build` wrote, usually through `include_str!`) for `exec`. On the `gpu`
+    /// executor the driver JIT-compiles it; loading a module waits for running kernels (a CUDA rule), so load
+    /// before starting kernels that wait on each other. On the `cpu` executor only its entries are read.
     ///
     /// # Errors
-    /// [`Error::Cuda`] when the driver refuses the PTX (its JIT log's first lines in the message).
+    /// [`Error::InvalidArgument`] for text with no `.entry` (not a PTX module); [`Error::Cuda`] when the driver
+    /// refuses the PTX (its JIT log's first lines in the message).
     pub fn load(exec: &Executor, ptx: &str) -> Result<Module> {
+        let entries = cuda::entry_param_counts(ptx);
+        if entries.is_empty() {
+            return Err(Error::InvalidArgument("Module::load: the text has no .entry: not a PTX module of kernels".into()));
+        }
         let gpu = match exec {
             Executor::Gpu(g) => Some(g.load_module(ptx)?),
             Executor::Cpu => None,
         };
-        Ok(Module { exec: exec.clone(), gpu })
+        Ok(Module { exec: exec.clone(), gpu, entries: Arc::new(entries) })
     }
 
-    /// The kernel `k` (the static `#[kernel]` made for it) of this module.
+    /// The kernel `k` (the static `#[kernel]` made for it) of this module, on either executor.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the PTX has no entry of that name; on the GPU, [`Error::Cuda`].
+    /// [`Error::InvalidArgument`] when the PTX has no entry of that name, or one whose parameter count is not
+    /// the host build's (the PTX was built from other sources than the host code: rebuild both); on the GPU,
+    /// [`Error::Cuda`].
     pub fn kernel<A: LaunchArgs>(&self, k: &'static KernelFn<A>) -> Result<Kernel<A>> {
+        match self.entries.iter().find(|(n, _)| n == k.name) {
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "the PTX module has no kernel `{}` (is it the PTX of the crate that defines it?)",
+                    k.name
+                )))
+            }
+            // The PTX entry has one hidden parameter more: the error report's address.
+            Some(&(_, n)) if n != A::COUNT + 1 => {
+                return Err(Error::InvalidArgument(format!(
+                    "kernel `{}`: the PTX entry has {n} parameters, the host build {} and the report address: \
+                     the PTX is stale, rebuild it",
+                    k.name,
+                    A::COUNT
+                )))
+            }
+            Some(_) => {}
+        }
         let gpu = match &self.gpu {
             Some(m) => Some(m.kernel(k.name)?),
             None => None,

@@ -164,7 +164,7 @@ fn mapped_memory_is_shared_between_host_and_kernel() {
         stream.wait(LIMIT).unwrap();
         assert_eq!(word(&buf, 2 * i + 1).load(Ordering::Acquire), value.wrapping_add(1));
     }
-    assert_eq!(gpu.take_deferred_error(), None);
+    assert!(gpu.take_drop_error().is_none(), "a drop failed");
 }
 
 #[test]
@@ -211,7 +211,7 @@ fn device_buffer_round_trip() {
     }
     let empty = gpu.alloc_device(0).unwrap();
     assert!(empty.is_empty() && empty.to_vec().unwrap().is_empty());
-    assert_eq!(gpu.take_deferred_error(), None);
+    assert!(gpu.take_drop_error().is_none(), "a drop failed");
 }
 
 #[test]
@@ -257,7 +257,7 @@ fn copier_copies_htod_dtod_dtoh() {
     // SAFETY: a null address is rejected before any copy.
     let bad = unsafe { copier.copy_async(d1.loc(), host_loc(std::ptr::null()), 8) };
     assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
-    assert_eq!(gpu.take_deferred_error(), None);
+    assert!(gpu.take_drop_error().is_none(), "a drop failed");
 }
 
 /// The hazard of docs/guide.md, "GPU hazards": copies made while a kernel spins must not wait for it.
@@ -379,10 +379,13 @@ fn bad_launches_and_modules_are_errors() {
     }
     // SAFETY: as above: the driver rejects 2048 threads per block before running anything.
     let too_big = unsafe { echo.launch(&stream, &LaunchConfig::linear(1, 2048), &[a.into(), a.into()]) };
-    assert!(matches!(too_big, Err(Error::Cuda(_))), "{too_big:?}");
+    assert!(matches!(too_big, Err(Error::Cuda { status: Some(_), .. })), "{too_big:?}");
     assert!(matches!(gpu.kernel(TEST_PTX, "no_such_kernel"), Err(Error::InvalidArgument(_))));
     match gpu.load_module(".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry broken() { bogus; }\n") {
-        Err(Error::Cuda(msg)) => assert!(msg.contains("cuModuleLoadDataEx"), "{msg}"),
+        Err(Error::Cuda { message, status }) => {
+            assert!(message.contains("cuModuleLoadDataEx"), "{message}");
+            assert_eq!(status, Some(gdaki::cuda::CUresult::CUDA_ERROR_INVALID_PTX), "{message}");
+        }
         other => panic!("expected a JIT error, got {other:?}"),
     }
     assert!(matches!(gpu.load_module("a\0b"), Err(Error::InvalidArgument(_))));

@@ -31,7 +31,10 @@ struct DeferredCopier {
 impl GpuCopier for DeferredCopier {
     unsafe fn copy_async(&self, dst: MemLoc, src: MemLoc, len: usize) -> gdaki::Result<()> {
         if self.broken {
-            return Err(gdaki::Error::Cuda("CUDA_ERROR_ILLEGAL_ADDRESS (test)".into()));
+            return Err(gdaki::Error::Cuda {
+                message: "CUDA_ERROR_ILLEGAL_ADDRESS (test)".into(),
+                status: Some(gdaki::cuda::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
+            });
         }
         assert!(dst.kind == MemKind::Gpu || src.kind == MemKind::Gpu, "a copier copy without GPU memory");
         self.queue.lock().unwrap().push((dst, src, len));

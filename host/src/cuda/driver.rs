@@ -112,11 +112,16 @@ pub(crate) fn describe(err: DriverError) -> String {
 impl From<DriverError> for Error {
     /// Any driver status as [`Error::Cuda`] with its name and description.
     fn from(err: DriverError) -> Self {
-        Error::Cuda(describe(err))
+        Error::Cuda { message: describe(err), status: Some(err.0) }
     }
+}
+
+/// [`Error::Cuda`] for a failed call: `call: NAME (text)`, and the status.
+pub(crate) fn failed(call: &str, e: DriverError) -> Error {
+    Error::Cuda { message: format!("{call}: {}", describe(e)), status: Some(e.0) }
 }
 
 /// Turns a driver status into `Ok` or [`Error::Cuda`] naming the call that failed (`call: NAME (text)`).
 pub(crate) fn check(status: sys::CUresult, call: &str) -> Result<()> {
-    status.result().map_err(|e| Error::Cuda(format!("{call}: {}", describe(e))))
+    status.result().map_err(|e| failed(call, e))
 }

@@ -49,9 +49,13 @@ pub use copier::CudaCopier;
 pub use device_buffer::DeviceBuffer;
 #[cfg(feature = "mlx5")]
 pub use host_register::HostRegistration;
+pub(crate) use module::entry_param_counts;
 pub use module::{Kernel, KernelArg, LaunchConfig, Module};
 pub use stream::Stream;
+/// The CUDA driver's status codes (`CUresult`, cudarc's binding of `cuda.h`), as [`Error::Cuda`] carries them.
+pub use cudarc::driver::sys::CUresult;
 
+use crate::drop_errors::DropErrors;
 use crate::{Error, Result};
 
 use driver::{check, DriverLibrary};
@@ -60,8 +64,8 @@ use driver::{check, DriverLibrary};
 pub(crate) struct Shared {
     ctx: Arc<CudaContext>,
     lib: DriverLibrary,
-    /// The first error a `Drop` met (drops cannot return errors); see [`Gpu::take_deferred_error`].
-    deferred: Mutex<Option<String>>,
+    /// Failures of this GPU's objects' drops; see [`Gpu::take_drop_error`].
+    drops: DropErrors,
     /// Set when a bounded wait timed out: a kernel may still run, so drops leak instead of freeing.
     hung: AtomicBool,
 }
@@ -71,7 +75,7 @@ impl Shared {
     /// another context is current). Every call into the driver does this first: the emulated NIC's thread and
     /// user threads all use the same objects.
     pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| Error::Cuda(format!("cuCtxSetCurrent: {}", driver::describe(e))))
+        self.ctx.bind_to_thread().map_err(|e| driver::failed("cuCtxSetCurrent", e))
     }
 
     /// Runs a free from a `Drop`: binds the context and calls `free` unless the GPU is marked hung (then the
@@ -82,14 +86,7 @@ impl Shared {
         }
         let result = self.bind().and_then(|()| check(free(), what));
         if let Err(e) = result {
-            self.record(e.to_string());
-        }
-    }
-
-    /// Records an error that could not be returned (the first one is kept).
-    pub(crate) fn record(&self, message: String) {
-        if let Ok(mut slot) = self.deferred.lock() {
-            slot.get_or_insert(message);
+            self.drops.record(what, e);
         }
     }
 
@@ -158,7 +155,7 @@ impl Gpu {
             }));
         }
         let ctx = CudaContext::new(ordinal)
-            .map_err(|e| Error::Cuda(format!("opening GPU {ordinal}: {}", driver::describe(e))))?;
+            .map_err(|e| driver::failed(&format!("opening GPU {ordinal}"), e))?;
         let dev = ctx.cu_device();
         let attr = |a: sys::CUdevice_attribute| -> Result<u32> {
             // SAFETY: `dev` came from `cuDeviceGet` (inside `CudaContext::new`); the call only writes an int.
@@ -182,7 +179,7 @@ impl Gpu {
         // SAFETY: the call writes one int through a valid pointer.
         check(unsafe { sys::cuDriverGetVersion(&mut version) }, "cuDriverGetVersion")?;
         let version = u32::try_from(version).unwrap_or(0);
-        let shared = Arc::new(Shared { ctx, lib, deferred: Mutex::new(None), hung: AtomicBool::new(false) });
+        let shared = Arc::new(Shared { ctx, lib, drops: DropErrors::default(), hung: AtomicBool::new(false) });
         let util = Arc::new(Stream::new(&shared)?);
         Ok(Arc::new(Gpu {
             shared,
@@ -239,9 +236,10 @@ impl Gpu {
         self.shared.hung.load(Ordering::Acquire)
     }
 
-    /// Takes the first error that a `Drop` of an object of this GPU met (a free that failed), if any. Drops
-    /// never panic and cannot return errors, so they record them here.
-    pub fn take_deferred_error(&self) -> Option<String> {
-        self.shared.deferred.lock().ok().and_then(|mut slot| slot.take())
+    /// Takes the first error that a `Drop` of an object of this GPU met (a free that failed) since the last
+    /// call, if any. Drops never panic and cannot return errors: they log each failure with `tracing` and keep
+    /// the first here, as every backend's drops do.
+    pub fn take_drop_error(&self) -> Option<Error> {
+        self.shared.drops.take()
     }
 }

@@ -61,7 +61,8 @@ impl Gpu {
     /// [`Error::InvalidArgument`] when `ptx` contains a NUL byte; [`Error::Cuda`] when the driver rejects the
     /// PTX, with the first lines of the JIT error log (e.g. an unsupported `.version` or `.target`).
     pub fn load_module(&self, ptx: &str) -> Result<Arc<Module>> {
-        let mut modules = self.modules.lock().map_err(|_| Error::Cuda("module cache poisoned".into()))?;
+        // A panic while the lock was held leaves a valid cache (entries are pushed whole).
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, m)) = modules.iter().find(|(text, _)| text == ptx) {
             return Ok(Arc::clone(m));
         }
@@ -82,7 +83,9 @@ impl Gpu {
             let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())]);
             let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).take(4).collect();
             return Err(match e {
-                Error::Cuda(msg) if !lines.is_empty() => Error::Cuda(format!("{msg}: {}", lines.join("; "))),
+                Error::Cuda { message, status } if !lines.is_empty() => {
+                    Error::Cuda { message: format!("{message}: {}", lines.join("; ")), status }
+                }
                 e => e,
             });
         }
@@ -154,7 +157,7 @@ fn param_sizes(f: sys::CUfunction, count: usize) -> Option<Vec<usize>> {
 
 /// The kernels of a PTX text and how many parameters each declares: for every `.entry NAME(`, the `.param`
 /// directives up to the closing parenthesis (PTX ISA, "Kernel Function Parameters").
-fn entry_param_counts(ptx: &str) -> Vec<(String, usize)> {
+pub(crate) fn entry_param_counts(ptx: &str) -> Vec<(String, usize)> {
     let mut out = Vec::new();
     let mut rest = ptx;
     while let Some(at) = rest.find(".entry ") {
@@ -385,7 +388,7 @@ impl Kernel {
             )
         };
         check(status, "cuLaunchKernel").map_err(|e| match e {
-            Error::Cuda(msg) => Error::Cuda(format!("launching `{}`: {msg}", self.name)),
+            Error::Cuda { message, status } => Error::Cuda { message: format!("launching `{}`: {message}", self.name), status },
             other => other,
         })
     }

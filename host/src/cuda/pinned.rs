@@ -75,7 +75,10 @@ impl Gpu {
         unsafe { std::ptr::write_bytes(host_ptr, 0, size) };
         let device_addr = dev + offset as u64;
         if !device_addr.is_multiple_of(PAGE as u64) {
-            return Err(Error::Cuda(format!("mapped address {device_addr:#x} of pinned memory is not page aligned")));
+            return Err(Error::Cuda {
+                message: format!("mapped address {device_addr:#x} of pinned memory is not page aligned"),
+                status: None,
+            });
         }
         // SAFETY: `host_ptr` is `len <= size` zeroed bytes, 4096-aligned, valid until `alloc` (the owner) drops;
         // `device_addr` is the same bytes' mapped address in this GPU's context (unified addressing).
@@ -94,7 +97,7 @@ fn pin(shared: &Arc<Shared>, size: usize, len: usize) -> Result<PinnedAlloc> {
     }
     check(status, "cuMemHostAlloc")?;
     if base.is_null() {
-        return Err(Error::Cuda("cuMemHostAlloc returned a null pointer".into()));
+        return Err(Error::Cuda { message: "cuMemHostAlloc returned a null pointer".into(), status: None });
     }
     Ok(PinnedAlloc { shared: Arc::clone(shared), base })
 }

@@ -153,6 +153,17 @@ impl Nic {
         }
     }
 
+    /// Takes the first failure the drops of this NIC's resources met since the last call, if any: each backend
+    /// logs such a failure with `tracing` when it happens and keeps the first ([`EmuNic::take_drop_error`],
+    /// the mlx5 NIC's `take_drop_error`), as the GPU's objects do (`Gpu::take_drop_error`).
+    pub fn take_drop_error(&self) -> Option<crate::Error> {
+        match self {
+            Nic::Emu(n) => n.take_drop_error(),
+            #[cfg(feature = "mlx5")]
+            Nic::Mlx5(n) => n.take_drop_error(),
+        }
+    }
+
     /// Whether `self` and `other` are the same NIC.
     pub fn same(&self, other: &Nic) -> bool {
         match (self, other) {

@@ -75,7 +75,7 @@ impl Rig {
 pub(crate) fn ghost_endpoint() -> gdaki::Result<Endpoint> {
     let addr: SocketAddr = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .map_err(|e| gdaki::Error::Emu(format!("no free loopback port: {e}")))?;
+        .map_err(|e| gdaki::Error::Unavailable(format!("no free loopback port: {e}")))?;
     Ok(Endpoint { nic: u64::MAX, qpn: 0x100, psn: 0, wire: Some(addr) })
 }
 

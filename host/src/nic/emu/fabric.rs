@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
+use crate::drop_errors::DropErrors;
 use crate::mem::{GpuCopier, QueueMemory};
 
 use super::mr::MrTable;
@@ -50,6 +51,8 @@ pub(crate) struct Fabric {
     pub running: AtomicBool,
     /// Zero of CQE timestamps: the emulator writes nanoseconds since the NIC was opened.
     pub epoch: Instant,
+    /// Failures of the drops of this NIC's QPs; see [`super::EmuNic::take_drop_error`].
+    pub drops: DropErrors,
 }
 
 /// First QPN handed out (small QPNs are reserved on hardware; a zeroed handle's QPN is never valid).
@@ -73,6 +76,7 @@ impl Fabric {
             acked_gen: AtomicU64::new(0),
             mrs: RwLock::new(MrTable::default()),
             next_qpn: AtomicU32::new(FIRST_QPN),
+            drops: DropErrors::default(),
             next_cqn: AtomicU32::new(1),
             next_pdn: AtomicU32::new(1),
             stats: Counters::default(),

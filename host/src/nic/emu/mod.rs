@@ -109,7 +109,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::Backoff;
 
 use crate::mem::{GpuCopier, HostQueueMemory, MemLoc, QueueMemory};
-use crate::{Error, Result};
+use crate::{EmuError, Error, Result};
 
 pub use cq::{Cq, MAX_CQE};
 pub use fault::vendor;
@@ -182,7 +182,7 @@ impl EmuNic {
         let mut id = 0u64;
         while id == 0 {
             let mut b = [0u8; 8];
-            getrandom::fill(&mut b).map_err(|e| Error::Emu(format!("no random NIC identifier: {e}")))?;
+            getrandom::fill(&mut b).map_err(|e| EmuError::os("no random NIC identifier", e))?;
             id = u64::from_ne_bytes(b);
         }
         if let Some(w) = cfg.wire {
@@ -191,13 +191,13 @@ impl EmuNic {
         let listener = match cfg.wire {
             Some(w) => Some(
                 wire::link::bind(w.listen)
-                    .map_err(|e| Error::Emu(format!("cannot listen on {} for the wire: {e}", w.listen)))?,
+                    .map_err(|e| EmuError::os(format!("cannot listen on {} for the wire", w.listen), e))?,
             ),
             None => None,
         };
         let wire = match (&listener, cfg.wire) {
             (Some(l), Some(w)) => Some(WireConfig {
-                listen: l.local_addr().map_err(|e| Error::Emu(format!("wire listener address: {e}")))?,
+                listen: l.local_addr().map_err(|e| EmuError::os("wire listener address", e))?,
                 ..w
             }),
             _ => None,
@@ -207,13 +207,13 @@ impl EmuNic {
         let (tx, rx) = std::sync::mpsc::channel();
         let inflow = Arc::new(wire::link::Inflow::new(wire.map_or(WireConfig::INBOUND_BYTES, |w| w.inbound_bytes)));
         let thread = executor::spawn(fab.clone(), rx, inflow.clone())
-            .map_err(|e| Error::Emu(format!("executor thread: {e}")))?;
+            .map_err(|e| EmuError::os("starting the executor thread", e))?;
         let mailbox = wire::link::Mailbox { tx, executor: thread.thread().clone(), inflow };
         let _ = fab.mailbox.set(mailbox.clone());
         let nic = Arc::new(EmuNic { fab, thread: Mutex::new(Some(thread)), acceptor: Mutex::new(None) });
         if let (Some(l), Some(w)) = (listener, wire) {
             let t = wire::link::spawn_acceptor(l, Arc::downgrade(&nic.fab), mailbox, w.retry_timeout)
-                .map_err(|e| Error::Emu(format!("wire listener thread: {e}")))?;
+                .map_err(|e| EmuError::os("starting the wire listener thread", e))?;
             *lock(&nic.acceptor) = Some(t);
         }
         Ok(nic)
@@ -236,7 +236,14 @@ impl EmuNic {
 
     pub(crate) fn mailbox(&self) -> Result<wire::link::Mailbox> {
         // Set in `open` before the NIC is returned.
-        self.fab.mailbox.get().cloned().ok_or_else(|| Error::Emu("NIC has no executor mailbox".into()))
+        self.fab.mailbox.get().cloned().ok_or(Error::Emu(EmuError::NoExecutor))
+    }
+
+    /// Takes the first failure a drop of this NIC's QPs met since the last call (the executor did not let go
+    /// of a QP in time: [`EmuError::Unresponsive`]); each was logged with `tracing` when it happened, as every
+    /// backend's drops do.
+    pub fn take_drop_error(&self) -> Option<Error> {
+        self.fab.drops.take()
     }
 
     /// Counters since the NIC was opened.
@@ -280,7 +287,7 @@ impl EmuNic {
     /// # Errors
     /// [`Error::Emu`] when all 2^24 PD numbers are used.
     pub fn alloc_pd(self: &Arc<Self>) -> Result<Pd> {
-        let pdn = self.fab.alloc_pdn().ok_or_else(|| Error::Emu("out of PD numbers".into()))?;
+        let pdn = self.fab.alloc_pdn().ok_or(Error::Emu(EmuError::Exhausted("PD numbers")))?;
         Ok(Pd { nic: self.clone(), pdn })
     }
 
@@ -301,7 +308,7 @@ impl EmuNic {
         self.check_parent(&pd.nic, "PD")?;
         mr::check_reg(loc, len, access, self.fab.gpu.is_some()).map_err(Error::InvalidArgument)?;
         let entry = MrEntry { pdn: pd.pdn, loc, len, access };
-        let key = write(&self.fab.mrs).insert(entry).ok_or_else(|| Error::Emu("MR key table is full".into()))?;
+        let key = write(&self.fab.mrs).insert(entry).ok_or(Error::Emu(EmuError::Exhausted("MR keys")))?;
         Ok(Mr { nic: self.clone(), key, loc, len })
     }
 
@@ -327,7 +334,7 @@ impl EmuNic {
         if !ncqe.is_power_of_two() || ncqe > MAX_CQE {
             return Err(Error::InvalidArgument(format!("ncqe {ncqe} must be a power of two <= {MAX_CQE}")));
         }
-        let cqn = self.fab.alloc_cqn().ok_or_else(|| Error::Emu("out of CQ numbers".into()))?;
+        let cqn = self.fab.alloc_cqn().ok_or(Error::Emu(EmuError::Exhausted("CQ numbers")))?;
         let inner = cq::CqInner::new(&*self.fab.queue_mem, cqn, ncqe)?;
         Ok(Cq { nic: self.clone(), inner: Arc::new(inner) })
     }
@@ -353,10 +360,10 @@ impl EmuNic {
         let sq = mem.alloc(wqe_cnt as usize * gdaki_shared::prm::wqe::WQEBB)?;
         let dbrec = mem.alloc(64)?;
         let uar = mem.alloc(gdaki_shared::prm::uar::UAR_PAGE_SIZE)?;
-        let qpn = self.fab.alloc_qpn().ok_or_else(|| Error::Emu("out of QP numbers".into()))?;
+        let qpn = self.fab.alloc_qpn().ok_or(Error::Emu(EmuError::Exhausted("QP numbers")))?;
         // A random first PSN, as rdma-core's examples and NCCL pick one (24 bits).
         let mut psn = [0u8; 4];
-        getrandom::fill(&mut psn).map_err(|e| Error::Emu(format!("no random PSN: {e}")))?;
+        getrandom::fill(&mut psn).map_err(|e| EmuError::os("no random PSN", e))?;
         let psn = u32::from_le_bytes(psn) & 0x00ff_ffff;
         let inner = Arc::new(QpInner::new(qpn, psn, pd.pdn, wqe_cnt, sq, dbrec, uar, cq.inner.clone()));
         write(&self.fab.qps).insert(qpn, inner.clone());
@@ -395,11 +402,7 @@ impl EmuNic {
                 return;
             }
             if start.elapsed() > EXECUTOR_SYNC_TIMEOUT {
-                tracing::warn!(
-                    nic = self.fab.id,
-                    "emulated NIC: executor did not acknowledge a QP removal within {EXECUTOR_SYNC_TIMEOUT:?}; \
-                     it may free the QP's queue memory itself"
-                );
+                self.fab.drops.record("an emulated QP", Error::Emu(EmuError::Unresponsive(EXECUTOR_SYNC_TIMEOUT)));
                 return;
             }
             if backoff.is_completed() {

@@ -15,7 +15,7 @@ use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::uar::{BF_OFFSET, BF_WRITE_SIZE};
 
 use crate::mem::MappedBuf;
-use crate::{Error, Result};
+use crate::{EmuError, Error, Result};
 
 use super::cq::CqInner;
 use super::sq::SqProgress;
@@ -365,7 +365,7 @@ impl Qp {
         if let Some(link) = dialer {
             let timeout = self.nic.retry_timeout();
             link::spawn_dialer(link, self.nic.mailbox()?, timeout)
-                .map_err(|e| Error::Emu(format!("wire thread for QP {:#x}: {e}", q.qpn)))?;
+                .map_err(|e| EmuError::os(format!("starting the wire thread of QP {:#x}", q.qpn), e))?;
         }
         tracing::debug!(qpn = q.qpn, peer = remote.qpn, "emulated NIC: QP in RTS");
         Ok(())

@@ -8,6 +8,7 @@ use super::endpoint::{LinkLayer, Mtu};
 use super::gid::{self, GidEntry};
 use super::map;
 use super::verbs::Context;
+use crate::drop_errors::DropErrors;
 use crate::cuda::Gpu;
 use crate::nic::Mlx5Spec;
 use crate::{Error, Result};
@@ -33,9 +34,18 @@ pub struct Mlx5Nic {
     pub(super) gid: GidEntry,
     pub(super) limits: Limits,
     pub(super) map: map::Mapper,
+    /// Failures of the drops of this NIC's PDs, MRs, CQs and QPs; see [`Mlx5Nic::take_drop_error`].
+    pub(super) drops: DropErrors,
 }
 
 impl Mlx5Nic {
+    /// Takes the first failure a drop of this NIC's PDs, MRs, CQs or QPs met (an `ibv_destroy_*` or
+    /// `ibv_dereg_mr` that failed) since the last call; each was logged with `tracing` when it happened, as
+    /// every backend's drops do. The device's own close, when the NIC is dropped, is only logged.
+    pub fn take_drop_error(&self) -> Option<Error> {
+        self.drops.take()
+    }
+
     /// Opens port `spec.port` of device `spec.device` for device code on `gpu` (`None`: the `cpu` executor):
     /// checks that rdma-core's mlx5 provider drives it, that the port is ACTIVE with a known link layer and
     /// MTU, and that the device has RDMA atomics; picks the GID QPs send from ([`gid::select`], or
@@ -79,7 +89,7 @@ impl Mlx5Nic {
             max_qp_init_rd_atom: info.max_qp_init_rd_atom,
         };
         let lid = port.lid;
-        Ok(Arc::new(Self { ctx, port: spec.port, link, lid, mtu, gid, limits, map: map::Mapper::new(gpu) }))
+        Ok(Arc::new(Self { ctx, port: spec.port, link, lid, mtu, gid, limits, map: map::Mapper::new(gpu), drops: DropErrors::default() }))
     }
 
     /// The device's name (`mlx5_0`).

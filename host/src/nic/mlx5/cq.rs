@@ -41,7 +41,7 @@ impl Drop for CqInner {
         // SAFETY: `ptr` came from `ibv_create_cq`; QPs that complete into it hold this value, so none is left.
         let ret = unsafe { sys::ibv_destroy_cq(self.ptr) };
         if let Err(e) = check(ret, "ibv_destroy_cq") {
-            tracing::warn!("mlx5: {e}");
+            self.nic.drops.record("an mlx5 CQ", e);
         }
     }
 }

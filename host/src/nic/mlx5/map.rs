@@ -63,7 +63,8 @@ impl Mapper {
         };
         let (start, bytes) =
             page_span(addr, len).ok_or_else(|| Error::InvalidArgument(format!("range {addr:#x}+{len} wraps")))?;
-        let mut regs = self.regs.lock().map_err(|_| Error::Cuda("host-registration table poisoned".into()))?;
+        // A panic while the lock was held leaves a valid table (entries are inserted whole).
+        let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
         let key = (start, bytes, io);
         let reg = match regs.get(&key).and_then(Weak::upgrade) {
             Some(r) => r,

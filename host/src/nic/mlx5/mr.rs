@@ -38,7 +38,7 @@ impl Drop for PdInner {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from `ibv_alloc_pd`; MRs and QPs of it hold this value, so none is left.
         if let Err(e) = check(unsafe { sys::ibv_dealloc_pd(self.ptr) }, "ibv_dealloc_pd") {
-            tracing::warn!("mlx5: {e}");
+            self.nic.drops.record("an mlx5 PD", e);
         }
     }
 }
@@ -58,7 +58,7 @@ pub enum MrPath {
 #[derive(Debug)]
 pub struct Mr {
     /// Keeps the PD (and the NIC) alive while the MR is registered in it.
-    _pd: Arc<PdInner>,
+    pd: Arc<PdInner>,
     ptr: *mut sys::ibv_mr,
     loc: MemLoc,
     len: u64,
@@ -76,7 +76,7 @@ impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from a registration call and is deregistered once.
         if let Err(e) = check(unsafe { sys::ibv_dereg_mr(self.ptr) }, "ibv_dereg_mr") {
-            tracing::warn!("mlx5: {e}");
+            self.pd.nic.drops.record("an mlx5 MR", e);
         }
     }
 }
@@ -155,7 +155,7 @@ impl Mlx5Nic {
         };
         // SAFETY: `ptr` is a live MR returned just now.
         let (lkey, rkey) = unsafe { ((*ptr).lkey, (*ptr).rkey) };
-        Ok(Mr { _pd: pd.inner.clone(), ptr, loc, len, lkey, rkey, path })
+        Ok(Mr { pd: pd.inner.clone(), ptr, loc, len, lkey, rkey, path })
     }
 }
 

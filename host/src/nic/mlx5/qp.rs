@@ -43,7 +43,7 @@ impl Drop for Qp {
         self.maps.clear();
         // SAFETY: `ptr` came from `ibv_create_qp` and is destroyed once.
         if let Err(e) = check(unsafe { sys::ibv_destroy_qp(self.ptr) }, "ibv_destroy_qp") {
-            tracing::warn!("mlx5: {e}");
+            self.nic.drops.record("an mlx5 QP", e);
         }
     }
 }

@@ -69,7 +69,8 @@ impl Drop for Context {
         // SAFETY: `ptr` came from `ibv_open_device`; every child holds an `Arc` of the owner, so none is left.
         let ret = unsafe { sys::ibv_close_device(self.ptr) };
         if let Err(e) = check(ret, "ibv_close_device") {
-            tracing::warn!("mlx5: {e}");
+            // The NIC itself is going: nobody is left to take the error, so it is only logged.
+            tracing::warn!("dropping an mlx5 device context: {e}");
         }
     }
 }

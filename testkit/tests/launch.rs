@@ -1,0 +1,48 @@
+//! The launch API's checks, the same on both executors (on the `cpu` executor no driver checks anything): a
+//! kernel must be in the PTX module it is taken from, with the parameter count of its host build, and text
+//! without kernels is no module; a real kernel then runs in the launch's shape. The kernels are
+//! gdaki-testkit-kernels', built by testkit's build script. The GPU run is `--ignored`.
+
+use std::time::Duration;
+
+use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::launch::{LaunchConfig, Module};
+use gdaki::Error;
+use gdaki_device::launch::{DevPtr, KernelFn};
+use gdaki_testkit_kernels::entries::GDAKI_SMOKE;
+
+/// A descriptor whose name is not in the PTX.
+static ABSENT: KernelFn<(u64,)> = KernelFn { name: "no_such_kernel", host: |_, _, _| {} };
+/// `gdaki_smoke`'s name with one parameter more than its PTX entry.
+static STALE: KernelFn<(DevPtr<u32>, u64)> = KernelFn { name: "gdaki_smoke", host: |_, _, _| {} };
+
+fn module_checks_kernels_against_the_ptx(kind: ExecutorKind) {
+    let (exec, _) = Executor::open(Some(kind)).expect("executor");
+    let m = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("the testkit's PTX loads");
+    match m.kernel(&ABSENT) {
+        Err(Error::InvalidArgument(msg)) => assert!(msg.contains("no kernel `no_such_kernel`"), "{msg}"),
+        other => panic!("absent kernel: {:?}", other.err()),
+    }
+    match m.kernel(&STALE) {
+        Err(Error::InvalidArgument(msg)) => assert!(msg.contains("2 parameters, the host build 2 and the report"), "{msg}"),
+        other => panic!("stale kernel: {:?}", other.err()),
+    }
+    assert!(matches!(Module::load(&exec, "not ptx"), Err(Error::InvalidArgument(_))));
+    // The real descriptor passes and runs on host threads.
+    let flag = exec.alloc_data(4).expect("buffer");
+    let k = m.kernel(&GDAKI_SMOKE).expect("gdaki_smoke is in the PTX");
+    // SAFETY: `flag` is a live 4-byte host buffer for the whole launch.
+    unsafe { k.launch(&LaunchConfig::linear(2, 4), (flag.dev_ptr::<u32>(),), Duration::from_secs(10)) }.expect("runs");
+    assert_eq!(flag.to_vec().expect("read back"), 1u32.to_ne_bytes());
+}
+
+#[test]
+fn cpu_module_checks_kernels_against_the_ptx() {
+    module_checks_kernels_against_the_ptx(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_module_checks_kernels_against_the_ptx() {
+    module_checks_kernels_against_the_ptx(ExecutorKind::Gpu);
+}
