@@ -66,7 +66,9 @@ impl Module {
     pub fn load(exec: &Executor, ptx: &str) -> Result<Module> {
         let entries = cuda::entry_param_counts(ptx);
         if entries.is_empty() {
-            return Err(Error::InvalidArgument("Module::load: the text has no .entry: not a PTX module of kernels".into()));
+            return Err(Error::InvalidArgument(
+                "Module::load: the text has no .entry: not a PTX module of kernels".into(),
+            ));
         }
         let gpu = match exec {
             Executor::Gpu(g) => Some(g.load_module(ptx)?),

@@ -24,7 +24,9 @@ fn module_checks_kernels_against_the_ptx(kind: ExecutorKind) {
         other => panic!("absent kernel: {:?}", other.err()),
     }
     match m.kernel(&STALE) {
-        Err(Error::InvalidArgument(msg)) => assert!(msg.contains("2 parameters, the host build 2 and the report"), "{msg}"),
+        Err(Error::InvalidArgument(msg)) => {
+            assert!(msg.contains("2 parameters, the host build 2 and the report"), "{msg}")
+        }
         other => panic!("stale kernel: {:?}", other.err()),
     }
     assert!(matches!(Module::load(&exec, "not ptx"), Err(Error::InvalidArgument(_))));

@@ -35,14 +35,7 @@ pub struct RankSetup {
 impl RankSetup {
     /// `ranks` ranks in this process on `executor`, each with its own emulated NIC over the loopback wire.
     pub fn local(ranks: u32, executor: ExecutorKind) -> Self {
-        RankSetup {
-            ranks,
-            launch: None,
-            executor,
-            nic: NicSpec::Emu,
-            one_nic: false,
-            timeout: Duration::from_secs(60),
-        }
+        RankSetup { ranks, launch: None, executor, nic: NicSpec::Emu, one_nic: false, timeout: Duration::from_secs(60) }
     }
 }
 

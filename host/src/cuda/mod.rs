@@ -46,14 +46,14 @@ use cudarc::driver::safe::CudaContext;
 use cudarc::driver::{result, sys};
 
 pub use copier::CudaCopier;
+/// The CUDA driver's status codes (`CUresult`, cudarc's binding of `cuda.h`), as [`Error::Cuda`] carries them.
+pub use cudarc::driver::sys::CUresult;
 pub use device_buffer::DeviceBuffer;
 #[cfg(feature = "mlx5")]
 pub use host_register::HostRegistration;
 pub(crate) use module::entry_param_counts;
 pub use module::{Kernel, KernelArg, LaunchConfig, Module};
 pub use stream::Stream;
-/// The CUDA driver's status codes (`CUresult`, cudarc's binding of `cuda.h`), as [`Error::Cuda`] carries them.
-pub use cudarc::driver::sys::CUresult;
 
 use crate::drop_errors::DropErrors;
 use crate::{Error, Result};
@@ -154,8 +154,7 @@ impl Gpu {
                 n => format!("no GPU {ordinal}: the CUDA driver sees {n} device(s)"),
             }));
         }
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| driver::failed(&format!("opening GPU {ordinal}"), e))?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver::failed(&format!("opening GPU {ordinal}"), e))?;
         let dev = ctx.cu_device();
         let attr = |a: sys::CUdevice_attribute| -> Result<u32> {
             // SAFETY: `dev` came from `cuDeviceGet` (inside `CudaContext::new`); the call only writes an int.

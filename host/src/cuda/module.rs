@@ -388,7 +388,9 @@ impl Kernel {
             )
         };
         check(status, "cuLaunchKernel").map_err(|e| match e {
-            Error::Cuda { message, status } => Error::Cuda { message: format!("launching `{}`: {message}", self.name), status },
+            Error::Cuda { message, status } => {
+                Error::Cuda { message: format!("launching `{}`: {message}", self.name), status }
+            }
             other => other,
         })
     }

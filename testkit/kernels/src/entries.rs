@@ -103,3 +103,21 @@ pub fn gdaki_smoke(t: &Thread, flag: *mut u32) {
         unsafe { core::ptr::write_volatile(flag, 1) }
     }
 }
+
+/// The platform floor of every emulated-NIC path: thread 0 answers `iters` pings through host-visible memory.
+/// `flags[0]` is the ping the host raises to `k`, `flags[1]` the pong thread 0 then sets to `k`, for
+/// `k = 1..=iters`; each wait is bounded by `timeout_ns`.
+#[kernel]
+pub fn gdaki_flag_echo(t: &Thread, flags: *mut u64, iters: u32, timeout_ns: u64) -> gdaki_device::Result<()> {
+    if t.global_id() != 0 {
+        return Ok(());
+    }
+    for k in 1..=iters as u64 {
+        // SAFETY: the launch passes two 8-byte-aligned words of mapped memory that live for the whole launch.
+        unsafe {
+            gdaki_device::wait::semaphore_ge(flags, k, timeout_ns)?;
+            gdaki_device::sync::store_release_u64(flags.add(1), k);
+        }
+    }
+    Ok(())
+}

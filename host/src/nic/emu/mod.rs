@@ -196,10 +196,9 @@ impl EmuNic {
             None => None,
         };
         let wire = match (&listener, cfg.wire) {
-            (Some(l), Some(w)) => Some(WireConfig {
-                listen: l.local_addr().map_err(|e| EmuError::os("wire listener address", e))?,
-                ..w
-            }),
+            (Some(l), Some(w)) => {
+                Some(WireConfig { listen: l.local_addr().map_err(|e| EmuError::os("wire listener address", e))?, ..w })
+            }
             _ => None,
         };
         let fab = Arc::new(Fabric::new(id, cfg.queue_mem, cfg.gpu, wire));

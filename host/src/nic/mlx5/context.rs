@@ -8,8 +8,8 @@ use super::endpoint::{LinkLayer, Mtu};
 use super::gid::{self, GidEntry};
 use super::map;
 use super::verbs::Context;
-use crate::drop_errors::DropErrors;
 use crate::cuda::Gpu;
+use crate::drop_errors::DropErrors;
 use crate::nic::Mlx5Spec;
 use crate::{Error, Result};
 
@@ -89,7 +89,17 @@ impl Mlx5Nic {
             max_qp_init_rd_atom: info.max_qp_init_rd_atom,
         };
         let lid = port.lid;
-        Ok(Arc::new(Self { ctx, port: spec.port, link, lid, mtu, gid, limits, map: map::Mapper::new(gpu), drops: DropErrors::default() }))
+        Ok(Arc::new(Self {
+            ctx,
+            port: spec.port,
+            link,
+            lid,
+            mtu,
+            gid,
+            limits,
+            map: map::Mapper::new(gpu),
+            drops: DropErrors::default(),
+        }))
     }
 
     /// The device's name (`mlx5_0`).

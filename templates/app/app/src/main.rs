@@ -55,7 +55,11 @@ fn rank_main(comm: &Communicator) -> gdaki::Result<Tally> {
             // SAFETY: `handle` holds a live channel's handle in memory the executor reaches; the channel's QP
             // is used by this kernel's thread 0 only; everything outlives the launch, which is waited for.
             unsafe {
-                exchange.launch(&LaunchConfig::linear(1, 32), (handle.dev_ptr(), len as u64, rank), Duration::from_secs(30))?
+                exchange.launch(
+                    &LaunchConfig::linear(1, 32),
+                    (handle.dev_ptr(), len as u64, rank),
+                    Duration::from_secs(30),
+                )?
             };
             if rank == 1 {
                 let got = buf.to_vec()?;
