@@ -1111,6 +1111,86 @@ fn local_mr_dropped_while_its_write_waits_for_the_peer_fails_the_write() {
     );
 }
 
+/// Every frame of `bytes` (a stream as the NIC wrote it), a partial one at the end left out.
+fn frames_in(bytes: &[u8]) -> Vec<H> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 4 + HEADER <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        if at + 4 + len > bytes.len() {
+            break;
+        }
+        let b = &bytes[at + 4..at + 4 + len];
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        out.push(H {
+            kind: b[0],
+            flags: b[1],
+            w1: u32_at(4),
+            w2: u32_at(8),
+            w3: u32_at(12),
+            q2: u64_at(16),
+            q3: u64_at(24),
+            q4: u64_at(32),
+        });
+        at += 4 + len;
+    }
+    out
+}
+
+/// Appends to `got` what `s` delivers until nothing comes for `quiet`, or the connection ends (then returns
+/// true).
+fn read_until_quiet(s: &mut TcpStream, got: &mut Vec<u8>, quiet: Duration) -> bool {
+    s.set_read_timeout(Some(quiet)).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return false
+            }
+            Err(e) => panic!("reading from the NIC: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_qp_destroyed_right_after_a_peer_request_took_effect_still_sends_its_answer() {
+    // A process that sees the effect of its peer's last request (the semaphore a fetch-add advanced) and tears
+    // its QP down at once must not cut that request off: on hardware its answer left with the effect. Here the
+    // answer is owed still when the QP goes: it waits behind a WRITE the fake has not read, and the executor is
+    // held while the fake catches up, so that only the teardown can send it.
+    let r = Requester::new(Duration::from_secs(30));
+    let word = GuardedBuf::new(8, 0);
+    let wmr = word.register(&r.v.nic, &r.v.pd, Access::ALL);
+    let mut sq = Sq::new(&r.qp);
+    let (_, lmr) = post_big_write(&r, &mut sq, 32 << 20);
+    // The WRITE fills the socket and the outbox: the answer to the fetch-add cannot go out after it yet.
+    std::thread::sleep(Duration::from_millis(300));
+    let Requester { v, qp, mut s } = r;
+    let fa = H { kind: kind::FETCH_ADD, w1: FAKE_PSN, w2: wmr.rkey(), q2: word.addr(), q3: 5, ..H::default() };
+    s.write_all(&frame(fa, &[])).unwrap();
+    wait_until("the fetch-add to take effect", || word.u64_at(0) == 5);
+    v.nic.hold_executor(true);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut got = Vec::new();
+    assert!(!read_until_quiet(&mut s, &mut got, Duration::from_millis(300)), "the connection ended early");
+    assert!(!frames_in(&got).iter().any(|h| h.kind == kind::ATOMIC_RESP), "the answer came before the teardown");
+    // The teardown, while the executor is held: it acts on it once it runs again.
+    let dropper = std::thread::spawn(move || drop(qp));
+    std::thread::sleep(Duration::from_millis(200));
+    v.nic.hold_executor(false);
+    dropper.join().unwrap();
+    assert!(read_until_quiet(&mut s, &mut got, Duration::from_secs(5)), "the connection did not end");
+    let answers: Vec<H> = frames_in(&got).into_iter().filter(|h| h.kind != kind::WRITE).collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!((answers[0].kind, answers[0].w1, answers[0].q3), (kind::ATOMIC_RESP, FAKE_PSN, 0), "{answers:?}");
+    assert!(v.nic.executor_alive() && word.guards_intact());
+    drop((lmr, wmr));
+}
+
 // ---- 11. what a requester may have outstanding ----
 
 #[test]

@@ -181,7 +181,8 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
 
 /// Rebuilds `qps` from the NIC's QP map, keeping the executor-side state of QPs that stay and forgetting
 /// every cached peer (a peer may be among the removed QPs). The entries of removed QPs are dropped here,
-/// while their `Qp::drop` still holds a reference and waits for this refresh to be acknowledged.
+/// while their `Qp::drop` still holds a reference and waits for this refresh to be acknowledged; a removed
+/// QP's connection ends here too, once what it owes its peer is sent ([`requester::farewell`]).
 fn refresh(fab: &Fabric, qps: &mut Vec<Watched>) {
     let live: Vec<_> = read(&fab.qps).values().cloned().collect();
     let mut old: HashMap<u32, Watched> = qps.drain(..).map(|w| (w.qp.qpn, w)).collect();
@@ -197,4 +198,8 @@ fn refresh(fab: &Fabric, qps: &mut Vec<Watched>) {
     }
     // A stable order (by QPN) rather than the map's: sweeps visit QPs in creation order.
     qps.sort_unstable_by_key(|w| w.qp.qpn);
+    let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
+    for ws in old.into_values().filter_map(|w| w.wire) {
+        requester::farewell(ws, timeout);
+    }
 }

@@ -54,7 +54,9 @@
 //!   two doorbells the NIC acts on count once.
 //! - **CQE timestamps** are nanoseconds since the NIC was opened, not device clock ticks.
 //! - **Destroying a QP** ([`Qp`]'s drop) waits for the executor thread to let go of it, so that no WQE of it
-//!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor.
+//!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor. Over the
+//!   wire its connection then ends, but only after the answers owed for requests it already executed (the
+//!   ACK of a placed WRITE, an applied atomic's old value), as hardware sends them with the effect.
 //!
 //! # Use
 //! ```

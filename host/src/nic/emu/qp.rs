@@ -375,11 +375,6 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         self.inner.destroyed.store(true, Ordering::Release);
-        // The peer across the wire sees the connection end (its outstanding WQEs fail), and the link's threads
-        // stop.
-        if let Some(link) = self.inner.link.get() {
-            link.close();
-        }
         // The executor checks `destroyed` again under the progress lock: taking the lock here waits for a
         // batch it is running, and every later poll sees the flag. So no WQE of this QP starts after this
         // point, even if the wait for the executor below gives up.
@@ -388,5 +383,12 @@ impl Drop for Qp {
         // Until the executor has swept with a list that no longer holds this QP, it may still hold an
         // `Arc` of it (in its list, or as a peer it cached): wait, so that `self.inner` is the last one.
         self.nic.wait_for_executor(gen);
+        // The peer across the wire sees the connection end (its outstanding WQEs fail), and the link's threads
+        // stop. The executor's refresh has done so already, after sending what this QP owed the peer for
+        // requests it executed (`requester::farewell`); this is for a link the executor never took up, or an
+        // executor that did not answer.
+        if let Some(link) = self.inner.link.get() {
+            link.close();
+        }
     }
 }

@@ -184,6 +184,36 @@ impl Link {
         self.closed.store(true, Ordering::Release);
         self.set_down();
     }
+
+    /// Closes the connection for good once `rest` (what the socket did not take of the QP's last frames) is
+    /// written: a thread of its own writes it, waiting up to `timeout` for the peer to take it (a peer that
+    /// takes nothing for that long is dead by the wire's rule), then ends the connection as [`Link::close`]
+    /// does. The executor hands its last bytes over instead of writing them itself, as it never waits for a
+    /// peer (see the module docs). The link counts as closed at once: nothing else writes to it.
+    pub(crate) fn close_after(&self, rest: Vec<u8>, timeout: Duration) {
+        let stream = {
+            let mut s = lock(&self.stream);
+            self.closed.store(true, Ordering::Release);
+            self.state.store(DOWN, Ordering::Release);
+            s.take()
+        };
+        let Some(stream) = stream else { return };
+        // A second handle for the thread: if it cannot start, this one still ends the connection (dropping a
+        // handle alone would not, as the reader thread holds another).
+        let spawned = stream.try_clone().is_ok_and(|mut w| {
+            let name = format!("emu-wire-last-{:x}", self.local.qpn);
+            thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    let _ = w.set_write_timeout(Some(socket_timeout(timeout))).and_then(|()| w.write_all(&rest));
+                    let _ = w.shutdown(Shutdown::Both);
+                })
+                .is_ok()
+        });
+        if !spawned {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
 }
 
 /// Where reader threads deliver, and how they wake the executor.

@@ -642,6 +642,33 @@ pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut Da
     drain(fab, qp, ws, dp);
 }
 
+/// The QP was destroyed (the executor drops its state now): ends its connection, but only after what is owed
+/// to the peer for requests already executed here. On hardware a responder's ACK or atomic response leaves
+/// with the effect it answers, long before the process that sees the effect (the semaphore a fetch-add
+/// advanced, the data a WRITE placed) can destroy the QP; here the executor writes answers a little after it
+/// placed the data (later in its pass, or much later when it is preempted), and a process that watched the
+/// memory and tore down at once would cut the peer's last request off, failing it with 0x15 although it took
+/// place. So the outbox (whole frames, requests included) and those answers ([`RespState::put_executed`]) go
+/// out first: what the socket takes now, the rest by [`Link::close_after`], within `timeout`. Nothing new is
+/// produced: no further packet of a streaming WRITE, no READ data.
+pub(crate) fn farewell(mut ws: WireSq, timeout: Duration) {
+    if ws.down.is_some() || !ws.link.is_up() {
+        ws.link.close();
+        return;
+    }
+    ws.resp.put_executed(&mut ws.outbox);
+    if ws.flush().is_err() {
+        // The link is closed already.
+        return;
+    }
+    if ws.unsent() == 0 {
+        ws.link.close();
+    } else {
+        let rest = ws.outbox.split_off(ws.sent);
+        ws.link.close_after(rest, timeout);
+    }
+}
+
 /// Per-pass upkeep: writes the outbox and produces what waits for room in it (the responder's answers, the
 /// rest of a streaming WRITE), at most [`PASS_BUDGET`] bytes; then fails the QP when its peer made no
 /// progress for `timeout` while something was outstanding, or its socket took nothing for `timeout` while

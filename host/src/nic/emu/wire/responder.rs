@@ -66,6 +66,26 @@ impl RespState {
         }
     }
 
+    /// Encodes into `out`, whatever room it has, the answers owed for requests whose effect already took place:
+    /// the due ACK (WRITEs placed), atomic responses (applied) and a NAK, in order, up to the first READ (whose
+    /// data is not read any more: the QP is destroyed). For [`super::requester::farewell`]; bounded, as the
+    /// queue is ([`MAX_RD_ATOMIC`]).
+    pub(crate) fn put_executed(&mut self, out: &mut Vec<u8>) {
+        self.put_ack(out);
+        while let Some(&answer) = self.queue.front() {
+            match answer {
+                Answer::Atomic { psn, old } => packet::encode(&Packet::AtomicResp { psn, old }, out),
+                Answer::Nak { psn, syndrome, vendor } => {
+                    packet::encode(&Packet::Nak { psn, syndrome, vendor }, out);
+                    self.queue.clear();
+                    return;
+                }
+                Answer::Read { .. } => return,
+            }
+            self.queue.pop_front();
+        }
+    }
+
     /// Forgets the answers still owed (the link is down).
     pub(crate) fn discard(&mut self) {
         self.ack_due = None;
