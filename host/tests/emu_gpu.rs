@@ -1,6 +1,6 @@
 //! MRs in GPU memory: the emulated NIC reaches them only through its `GpuCopier`, and synchronizes the copier
-//! before anything that must be ordered after the copies (a CQE, an atomic or READ, a host-memory write, MR
-//! deregistration).
+//! before anything that must be ordered after the copies (a CQE, an atomic's old value, a READ, a host-memory
+//! write, an atomic response over the wire, MR deregistration), and no more often.
 //!
 //! The copier here is a stand-in whose "GPU memory" is host memory and whose copies happen only at
 //! `synchronize()`: a NIC that forgot to synchronize shows stale bytes, and one that freed a copy's source
@@ -160,6 +160,45 @@ fn read_and_atomic_on_gpu_memory() {
     assert_eq!(local.u64_at(1000), init);
     assert_eq!(remote.u64_at(0), init.wrapping_add(add));
     assert!(local.guards_intact() && remote.guards_intact());
+}
+
+/// One ping-pong leg in GPU memory (an unsignaled WRITE, then a signaled fetch-add on the peer's semaphore with
+/// its result in GPU memory, one doorbell) costs two synchronizes: the atomic's read, which follows the WRITE on
+/// the copier's stream, and the CQE, which waits for the atomic's write-back and result. Everything is placed
+/// when the CQE is seen.
+#[test]
+fn a_gpu_memory_leg_synchronizes_twice() {
+    let mut rng = rng();
+    let copier = Arc::new(DeferredCopier::default());
+    let p = pair(&copier);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let (src, dst) = (GuardedBuf::new(4096, 0), GuardedBuf::new(4096, 0));
+    let (sem, res) = (GuardedBuf::new(8, 0), GuardedBuf::new(8, 0));
+    let lmr = src.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let smr = sem.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let xmr = res.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::LOCAL_WRITE);
+    for round in 0..5u64 {
+        let data = random_bytes(&mut rng, 4096);
+        src.write(0, &data);
+        let before = copier.syncs.load(Ordering::Relaxed);
+        sq.put(&sq.write(0, (lmr.lkey(), src.addr(), 4096), dst.addr(), rmr.rkey()));
+        let at = sq.put(&sq.atomic(
+            opcode::ATOMIC_FA,
+            SIGNALED,
+            AtomicSeg::fetch_add(1),
+            (xmr.lkey(), res.addr()),
+            sem.addr(),
+            smr.rkey(),
+        ));
+        sq.dbrec();
+        sq.doorbell(at);
+        assert_req(&cq.wait(), opcode::ATOMIC_FA, sq.qpn(), at, 8);
+        assert_eq!(copier.syncs.load(Ordering::Relaxed) - before, 2, "round {round}");
+        assert_eq!(dst.read(), data, "round {round}");
+        assert_eq!((sem.u64_at(0), res.u64_at(0)), (round + 1, round), "round {round}");
+    }
+    assert!([&src, &dst, &sem, &res].iter().all(|b| b.guards_intact()));
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! The executor's data path: moves bytes between resolved MR ranges, in host memory directly and in GPU
 //! memory through the configured [`GpuCopier`], and keeps the PRM's ordering across the two.
 //!
-//! GPU copies are enqueued (asynchronous, on the copier's own non-blocking stream) and only waited for when
-//! something must be ordered after them: a direct host access (which would otherwise overtake them), an
-//! atomic or RDMA READ of the same QP, and every CQE. Call [`DataPath::fence`] before those; the helpers here
+//! GPU copies are enqueued (asynchronous, on the copier's own non-blocking stream, which runs them in order)
+//! and only waited for when something must be ordered after them: a direct host access (which would otherwise
+//! overtake them), an RDMA READ of the same QP, the old value of an atomic on GPU memory (its read follows the
+//! earlier copies on the stream; its write-back is left pending), and every CQE. Call [`DataPath::fence`] before those; the helpers here
 //! call it themselves before any direct host access.
 
 use std::sync::Arc;
@@ -262,14 +263,16 @@ impl DataPath {
     /// Applies `op` to the 8-byte, 8-byte-aligned word at `at` and returns the old value (host order).
     ///
     /// Earlier writes of this executor are placed first. In host memory the operation is a real atomic
-    /// (SeqCst), atomic also towards device code on host threads. In GPU memory it is a read, a synchronize
-    /// and a write through the copier: atomic towards other operations of this NIC only.
+    /// (SeqCst), atomic also towards device code on host threads. In GPU memory it is a read through the
+    /// copier's stream (so after every copy enqueued before it), one synchronize, and a write-back enqueued
+    /// behind it, which later copies follow on the same stream and the next [`DataPath::fence`] (every CQE's)
+    /// waits for: atomic towards other operations of this NIC only.
     ///
     /// # Safety
     /// As [`DataPath::copy`] for `at` and 8 bytes; `at.addr` is 8-byte aligned.
     pub(crate) unsafe fn atomic(&mut self, at: MemLoc, op: AtomicOp) -> Result<u64, Fault> {
-        self.fence()?;
         if at.kind == MemKind::Host {
+            self.fence()?;
             use std::sync::atomic::Ordering::SeqCst;
             // SAFETY: registered, aligned host word (caller's contract).
             let word = unsafe { hostmem::atomic_u64(at.addr) };
@@ -285,7 +288,7 @@ impl DataPath {
         let off = self.stage(8)?;
         let host = self.staging.loc(off);
         // SAFETY: `at` as the caller promises; the slot lives as long as `self` and is reserved until the
-        // fence below.
+        // fence below. The stream runs copies in order: this read sees every earlier copy's bytes.
         unsafe { g.copy_async(host, at, 8) }.map_err(|_| Fault::gpu_copy())?;
         self.pending = true;
         self.fence()?;
@@ -294,10 +297,9 @@ impl DataPath {
         let off = self.stage(8)?;
         self.staging.set_word(off, op.apply(old));
         let host = self.staging.loc(off);
-        // SAFETY: as above.
+        // SAFETY: as above; the slot stays reserved until the next fence, which the write-back precedes.
         unsafe { g.copy_async(at, host, 8) }.map_err(|_| Fault::gpu_copy())?;
         self.pending = true;
-        self.fence()?;
         Ok(old)
     }
 }

@@ -222,9 +222,11 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             }
             let mrs = read(&fab.mrs);
             let word = exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, 8, Access::REMOTE_ATOMIC)?;
-            // SAFETY: a registered, 8-aligned 8-byte range; the MR read lock is held. `atomic` fences earlier
-            // placements first.
+            // SAFETY: a registered, 8-aligned 8-byte range; the MR read lock is held. `atomic` orders itself
+            // after earlier placements.
             let old = unsafe { dp.atomic(word, op) }?;
+            // Its write-back is placed before the response tells the requester it was applied.
+            dp.fence()?;
             ws.resp.queue.push_back(Answer::Atomic { psn, old });
         }
         _ => return Ok(false),
