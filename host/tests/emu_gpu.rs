@@ -26,6 +26,8 @@ struct DeferredCopier {
     copies: AtomicU64,
     /// Fail every copy (to check the error path).
     broken: bool,
+    /// Take copies, but fail every synchronize that has any to run (a copy that faulted on the GPU).
+    faulting: bool,
 }
 
 impl GpuCopier for DeferredCopier {
@@ -44,6 +46,13 @@ impl GpuCopier for DeferredCopier {
 
     fn synchronize(&self) -> gdaki::Result<()> {
         let mut q = self.queue.lock().unwrap();
+        if self.faulting && !q.is_empty() {
+            q.clear();
+            return Err(gdaki::Error::Cuda {
+                message: "CUDA_ERROR_ILLEGAL_ADDRESS (test)".into(),
+                status: Some(gdaki::cuda::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
+            });
+        }
         if !q.is_empty() {
             // Like a real GPU, take a while: a NIC that let something overtake the copies gets caught.
             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -201,6 +210,40 @@ fn a_gpu_memory_leg_synchronizes_twice() {
     assert!([&src, &dst, &sem, &res].iter().all(|b| b.guards_intact()));
 }
 
+/// A doorbell batch of signaled WRITEs into GPU memory costs one synchronize, not one per CQE: the success
+/// CQEs wait, in order, until the batch's copies are placed, and every CQE seen has its data in place.
+#[test]
+fn a_batch_of_signaled_gpu_writes_synchronizes_once() {
+    let mut rng = rng();
+    let copier = Arc::new(DeferredCopier::default());
+    let p = pair(&copier);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let n = 16;
+    let (src, dst) = (GuardedBuf::new(n * 512, 0), GuardedBuf::new(n * 512, 0));
+    let lmr = src.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    for round in 0..3 {
+        let data = random_bytes(&mut rng, n * 512);
+        src.write(0, &data);
+        let before = copier.syncs.load(Ordering::Relaxed);
+        let mut last = 0;
+        for i in 0..n {
+            let off = (i * 512) as u64;
+            last = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr() + off, 512), dst.addr() + off, rmr.rkey()));
+        }
+        sq.dbrec();
+        sq.doorbell(last);
+        for i in 0..n as u64 {
+            assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), last + 1 - n as u64 + i, 0);
+            let at = i as usize * 512;
+            assert_eq!(&dst.read()[at..at + 512], &data[at..at + 512], "WRITE {i} placed before its CQE");
+        }
+        assert_eq!(dst.read(), data, "round {round}");
+        assert_eq!(copier.syncs.load(Ordering::Relaxed) - before, 1, "round {round}");
+    }
+    assert!(src.guards_intact() && dst.guards_intact());
+}
+
 #[test]
 fn mr_drop_waits_for_pending_gpu_copies() {
     let mut rng = rng();
@@ -285,4 +328,26 @@ fn gpu_memory_across_the_wire() {
     assert_eq!(back.read(), data);
     assert!(ca.copies.load(Ordering::Relaxed) > 0 && cb.copies.load(Ordering::Relaxed) > 0, "both copiers used");
     assert!([&src, &dst, &back, &sem, &res].iter().all(|b| b.guards_intact()));
+}
+
+/// A batch whose copies fault when synchronized: the first held WQE fails with the copy's local access error
+/// and the QP moves to the error state, the others of the batch are flushed, in order.
+#[test]
+fn a_faulting_batch_fails_its_first_wqe_and_flushes_the_rest() {
+    let copier = Arc::new(DeferredCopier { faulting: true, ..Default::default() });
+    let p = pair(&copier);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let (src, dst) = (GuardedBuf::new(3 * 64, 0), GuardedBuf::new(3 * 64, 0));
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let mut last = 0;
+    for i in 0..3u64 {
+        last = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr() + 64 * i, 64), dst.addr() + 64 * i, rmr.rkey()));
+    }
+    sq.dbrec();
+    sq.doorbell(last);
+    let e = assert_err(&cq.wait(), syndrome::LOCAL_ACCESS_ERR, opcode::RDMA_WRITE, sq.qpn(), last - 2);
+    assert_eq!(e.vendor_err_synd, vendor::GPU_COPY);
+    assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), last - 1);
+    assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), last);
 }

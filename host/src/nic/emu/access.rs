@@ -126,6 +126,20 @@ pub(crate) struct DataPath {
     staging: Staging,
     /// Bytes at the start of `staging` that pending copies use; what follows is free.
     staged: usize,
+    /// While a doorbell batch of one QP is taken: success CQEs of its WQEs whose data is still in flight,
+    /// written in order after one synchronize when the batch ends (or before any other CQE of the QP), so
+    /// that a batch costs one synchronize however many WQEs it signals.
+    pub(crate) held: Vec<HeldCqe>,
+    /// Whether a batch is being taken (success CQEs may be held).
+    pub(crate) holding: bool,
+}
+
+/// A success CQE held until the copies of its WQE are placed: the WQE's 64-bit index, opcode and byte count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeldCqe {
+    pub idx: u64,
+    pub op: u8,
+    pub byte_cnt: u32,
 }
 
 impl DataPath {
@@ -133,7 +147,12 @@ impl DataPath {
     pub(crate) fn new(gpu: Option<Arc<dyn GpuCopier>>) -> Self {
         // Only GPU copies stage anything: without a copier the buffer would never be used.
         let words = if gpu.is_some() { STAGING_BYTES / 8 } else { 0 };
-        Self { gpu, pending: false, staging: Staging::new(words), staged: 0 }
+        Self { gpu, pending: false, staging: Staging::new(words), staged: 0, held: Vec::new(), holding: false }
+    }
+
+    /// Whether GPU copies are enqueued and not yet waited for.
+    pub(crate) fn pending(&self) -> bool {
+        self.pending
     }
 
     /// Waits for every enqueued GPU copy. Cheap when none is pending.

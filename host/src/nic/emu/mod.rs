@@ -46,8 +46,10 @@
 //! - **CQ overrun**: a CQE due for an entry software has not released through the CQ dbrec moves the CQ to
 //!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
-//! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies are enqueued and synchronized before
-//!   anything ordered after them. An atomic on GPU memory is atomic towards this NIC's operations only.
+//! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies are enqueued on its in-order stream and
+//!   synchronized before anything ordered after them; the success CQEs of one doorbell batch wait for one
+//!   synchronize at its end, however many WQEs it signals. An atomic on GPU memory (one synchronize, for its
+//!   old value) is atomic towards this NIC's operations only.
 //! - **BlueFlame** is detected for [`Stats::blueflame`] only: the WQE is always read from the ring. A
 //!   doorbell the NIC acts on counts as a BlueFlame write when the register's bytes 8..64 are not all zero
 //!   (a plain doorbell writes bytes 0..8 only); the NIC then clears them. Several BlueFlame writes between

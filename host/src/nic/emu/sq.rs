@@ -20,7 +20,7 @@ use gdaki_shared::{Be16, Be32, Be64};
 
 use crate::mem::MemLoc;
 
-use super::access::DataPath;
+use super::access::{DataPath, HeldCqe};
 use super::exec::{self, Pds};
 use super::fabric::{lock, read, Fabric};
 use super::fault::{vendor, Fault};
@@ -192,6 +192,8 @@ fn take(
     let (peer, mut wire, resume) = w;
     let start = p.consumed;
     *resume = None;
+    // The batch's success CQEs wait for one synchronize at its end (see `DataPath::held`).
+    eng.data.holding = true;
     while p.consumed < pi {
         let n = step(fab, qp, peer, wire.as_deref_mut(), eng, p.consumed, pi);
         if n == 0 {
@@ -200,6 +202,8 @@ fn take(
         }
         p.consumed += n;
     }
+    release_held(fab, qp, &mut eng.data);
+    eng.data.holding = false;
     p.consumed != start
 }
 
@@ -380,12 +384,43 @@ pub(crate) fn push_resp_imm(
     Ok(())
 }
 
-/// The requester's success CQE (opcode REQ), after every earlier placement.
+/// The requester's success CQE (opcode REQ), after every earlier placement: held while a batch is taken and
+/// GPU copies are in flight (written after the batch's one synchronize), else written now, after the held ones.
 pub(crate) fn complete(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, byte_cnt: u32) {
+    if data.holding && data.pending() {
+        data.held.push(HeldCqe { idx, op, byte_cnt });
+        return;
+    }
+    release_held(fab, qp, data);
     if let Err(f) = data.fence() {
         fail(fab, qp, data, idx, op, f);
         return;
     }
+    push_req(fab, qp, idx, op, byte_cnt);
+}
+
+/// Writes the held success CQEs of `qp` after one synchronize. When the synchronize fails, the first held
+/// WQE fails with that fault (the QP moves to the error state) and the others are flushed.
+fn release_held(fab: &Fabric, qp: &QpInner, data: &mut DataPath) {
+    if data.held.is_empty() {
+        return;
+    }
+    let held = std::mem::take(&mut data.held);
+    let mut failed = data.fence().err();
+    for h in &held {
+        match failed.take() {
+            None if qp.state() != QpState::Error => push_req(fab, qp, h.idx, h.op, h.byte_cnt),
+            None => push_err(fab, qp, h.idx, h.op, Fault::flushed()),
+            Some(f) => push_err(fab, qp, h.idx, h.op, f),
+        }
+    }
+    // Keep the allocation for the next batch.
+    data.held = held;
+    data.held.clear();
+}
+
+/// Writes a success CQE for the WQE at `idx`.
+fn push_req(fab: &Fabric, qp: &QpInner, idx: u64, op: u8, byte_cnt: u32) {
     let mut c = Cqe64::INVALID;
     c.byte_cnt = Be32::new(byte_cnt);
     // ns since the NIC opened: see `timestamp`.
@@ -403,8 +438,15 @@ pub(crate) fn complete(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64
 /// An error CQE (opcode REQ_ERR) for the WQE at `idx`, written whatever its `fm_ce_se` asked, and the QP
 /// moves to the error state.
 pub(crate) fn fail(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, f: Fault) {
-    // Earlier placements still precede this completion; a copy failure here changes nothing more.
+    // Earlier WQEs' CQEs come first; earlier placements still precede this completion, and a copy failure
+    // here changes nothing more.
+    release_held(fab, qp, data);
     let _ = data.fence();
+    push_err(fab, qp, idx, op, f);
+}
+
+/// Writes an error CQE for the WQE at `idx` and moves the QP to the error state.
+fn push_err(fab: &Fabric, qp: &QpInner, idx: u64, op: u8, f: Fault) {
     let flushed = f == Fault::flushed();
     if !flushed {
         tracing::warn!(
