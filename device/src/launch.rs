@@ -203,9 +203,17 @@ mod host_side {
             ));
         }
         let host_fn = k.host;
+        // Every thread waits at this gate until all are spawned (GATE_SHUT): if one cannot be, none runs the
+        // kernel (a block whose threads are not all there would wait forever in its barrier). Threads park
+        // rather than share a mutex, so that thousands of them start without contending.
+        const GATE_SHUT: u8 = 0;
+        const GATE_RUN: u8 = 1;
+        const GATE_ABORT: u8 = 2;
+        let gate = std::sync::atomic::AtomicU8::new(GATE_SHUT);
+        let mut failed = None;
         std::thread::scope(|s| {
             let mut handles = Vec::with_capacity((blocks * threads) as usize);
-            for b in 0..blocks {
+            'spawn: for b in 0..blocks {
                 let barrier = std::sync::Arc::new(host::BlockBarrier::new(threads as u32));
                 let block_idx = unlinear(grid, b);
                 for t in 0..threads {
@@ -216,12 +224,37 @@ mod host_side {
                         grid_dim: grid,
                         block: barrier.clone(),
                     };
-                    let args = &args;
-                    handles.push(s.spawn(move || {
+                    let (args, gate) = (&args, &gate);
+                    let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
                         let thread = Thread::on_host(ctx);
-                        host_fn(&thread, args, report)
-                    }));
+                        let mut state = gate.load(std::sync::atomic::Ordering::Acquire);
+                        while state == GATE_SHUT {
+                            // Woken by the spawner's unpark (or spuriously: the loop checks again).
+                            std::thread::park();
+                            state = gate.load(std::sync::atomic::Ordering::Acquire);
+                        }
+                        if state == GATE_RUN {
+                            host_fn(&thread, args, report)
+                        }
+                    });
+                    match spawned {
+                        Ok(h) => handles.push(h),
+                        Err(e) => {
+                            failed = Some(format!(
+                                "launch of `{}`: cannot start host thread {} of {}: {e}",
+                                k.name,
+                                b * threads + t,
+                                blocks * threads
+                            ));
+                            break 'spawn;
+                        }
+                    }
                 }
+            }
+            let open = if failed.is_none() { GATE_RUN } else { GATE_ABORT };
+            gate.store(open, std::sync::atomic::Ordering::Release);
+            for h in &handles {
+                h.thread().unpark();
             }
             let mut panic = None;
             for h in handles {
@@ -233,6 +266,9 @@ mod host_side {
                 std::panic::resume_unwind(p);
             }
         });
+        if let Some(f) = failed {
+            return Err(f);
+        }
         Ok(())
     }
 

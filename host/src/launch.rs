@@ -221,7 +221,17 @@ impl Running {
                 match handle.join() {
                     Ok(Ok(())) => {}
                     Ok(Err(shape)) => return Err(Error::InvalidArgument(shape)),
-                    Err(p) => std::panic::resume_unwind(p),
+                    Err(p) => {
+                        let why = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic".into());
+                        return Err(Error::Device(format!(
+                            "kernel `{}` panicked on the cpu executor: {why}",
+                            self.name
+                        )));
+                    }
                 }
             }
             None => {}

@@ -22,10 +22,11 @@ mod tests {
             "gdaki_sass_put_with_signal",
             "gdaki_wqe_samples",
             "gdaki_smoke",
+            "gdaki_flag_echo",
         ] {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 9);
+        assert_eq!(PTX.matches(".entry ").count(), 10);
     }
 }

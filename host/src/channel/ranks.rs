@@ -41,7 +41,8 @@ impl RankSetup {
 
 /// Runs `rank_main` on every rank of `setup` at once (a thread each in this process) and returns, by rank, what
 /// each returned; a rank whose communicator could not be set up (bootstrap, executor, NIC) has that error
-/// instead, and its function does not run.
+/// instead, and its function does not run. A rank that panics is a bug of the caller's: the other ranks see
+/// it leave (their bootstrap calls fail), and the panic goes on unwinding in the caller once all have ended.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for 0 ranks; [`Error::Unavailable`] when the in-process bootstrap cannot start

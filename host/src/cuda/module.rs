@@ -158,8 +158,10 @@ fn param_sizes(f: sys::CUfunction, count: usize) -> Option<Vec<usize>> {
 /// The kernels of a PTX text and how many parameters each declares: for every `.entry NAME(`, the `.param`
 /// directives up to the closing parenthesis (PTX ISA, "Kernel Function Parameters").
 pub(crate) fn entry_param_counts(ptx: &str) -> Vec<(String, usize)> {
+    // `//` comments are not code: an `.entry` inside one declares nothing.
+    let code: String = ptx.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
     let mut out = Vec::new();
-    let mut rest = ptx;
+    let mut rest = code.as_str();
     while let Some(at) = rest.find(".entry ") {
         rest = &rest[at + ".entry ".len()..];
         let Some(open) = rest.find('(') else { break };
@@ -176,7 +178,7 @@ pub(crate) fn entry_param_counts(ptx: &str) -> Vec<(String, usize)> {
 mod tests {
     #[test]
     fn entry_param_counts_reads_each_kernels_parameters() {
-        let ptx = "// a comment\n.visible .entry a(\n\t.param .u64 .ptr .align 1 a_param_0\n)\n{\n}\n\
+        let ptx = "// a comment: .entry z(.param .u64 q)\n.visible .entry a(\n\t.param .u64 .ptr .align 1 a_param_0\n)\n{\n}\n\
                    .func f(.param .b64 x)\n.visible .entry b(\n\t.param .u64 b_param_0,\n\t.param .u32 b_param_1\n)\n\
                    .visible .entry c()\n{\n}\n";
         assert_eq!(super::entry_param_counts(ptx), [("a".to_string(), 1), ("b".to_string(), 2), ("c".to_string(), 0)]);

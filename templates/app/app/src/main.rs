@@ -104,7 +104,7 @@ fn main() -> ExitCode {
     let mut kinds = vec![ExecutorKind::Cpu];
     match Executor::open(Some(ExecutorKind::Gpu)) {
         Ok(_) => kinds.push(ExecutorKind::Gpu),
-        Err(e) => println!("not on the GPU: {e}"),
+        Err(e) => println!("{e}: the GPU run is skipped"),
     }
     let mut total = Tally::default();
     for &kind in &kinds {
