@@ -28,6 +28,8 @@ struct DeferredCopier {
     broken: bool,
     /// Take copies, but fail every synchronize that has any to run (a copy that faulted on the GPU).
     faulting: bool,
+    /// Run once, at the first copy (on the NIC's thread, in the middle of a batch).
+    at_first_copy: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl GpuCopier for DeferredCopier {
@@ -39,6 +41,9 @@ impl GpuCopier for DeferredCopier {
             });
         }
         assert!(dst.kind == MemKind::Gpu || src.kind == MemKind::Gpu, "a copier copy without GPU memory");
+        if let Some(f) = self.at_first_copy.lock().unwrap().take() {
+            f();
+        }
         self.queue.lock().unwrap().push((dst, src, len));
         self.copies.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -350,4 +355,37 @@ fn a_faulting_batch_fails_its_first_wqe_and_flushes_the_rest() {
     assert_eq!(e.vendor_err_synd, vendor::GPU_COPY);
     assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), last - 1);
     assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), last);
+}
+
+/// A doorbell rung while the NIC takes an earlier one joins that batch: its WQEs run and its success CQEs are
+/// written after the same one synchronize (posters that each ring their own doorbell, as in Block and Device
+/// sharing, share it). Deterministic: the second doorbell rings from inside the NIC's first copy.
+#[test]
+fn a_doorbell_rung_during_a_batch_joins_it() {
+    let mut rng = rng();
+    let copier = Arc::new(DeferredCopier::default());
+    let p = pair(&copier);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let (src, dst) = (GuardedBuf::new(16 * 256, 0), GuardedBuf::new(16 * 256, 0));
+    let lmr = src.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let data = random_bytes(&mut rng, 16 * 256);
+    src.write(0, &data);
+    let idx: Vec<u64> = (0..16u64)
+        .map(|i| sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr() + 256 * i, 256), dst.addr() + 256 * i, rmr.rkey())))
+        .collect();
+    sq.dbrec();
+    let (reg, second) = (sq.h.bf_reg, sq.ctrl_bits(idx[15]));
+    *copier.at_first_copy.lock().unwrap() = Some(Box::new(move || {
+        // SAFETY: the QP's BlueFlame register, 8-aligned, alive while the QP is (the test holds it).
+        unsafe { AtomicU64::from_ptr(reg as *mut u64) }.store(second, Ordering::Release);
+    }));
+    let before = copier.syncs.load(Ordering::Relaxed);
+    sq.doorbell(idx[7]);
+    for &at in &idx {
+        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    }
+    assert_eq!(dst.read(), data);
+    assert_eq!(copier.syncs.load(Ordering::Relaxed) - before, 1, "both doorbells in one batch");
+    assert!(src.guards_intact() && dst.guards_intact());
 }

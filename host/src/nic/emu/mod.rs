@@ -47,8 +47,9 @@
 //!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
 //! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies are enqueued on its in-order stream and
-//!   synchronized before anything ordered after them; the success CQEs of one doorbell batch wait for one
-//!   synchronize at its end, however many WQEs it signals. An atomic on GPU memory (one synchronize, for its
+//!   synchronized before anything ordered after them; the success CQEs of one doorbell batch (with the
+//!   doorbells of the QP rung while it is taken, up to 64) wait for one synchronize at its end, however many
+//!   WQEs it signals. An atomic on GPU memory (one synchronize, for its
 //!   old value) is atomic towards this NIC's operations only.
 //! - **BlueFlame** is detected for [`Stats::blueflame`] only: the WQE is always read from the ring. A
 //!   doorbell the NIC acts on counts as a BlueFlame write when the register's bytes 8..64 are not all zero

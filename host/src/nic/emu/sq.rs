@@ -139,11 +139,45 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     if qp.is_destroyed() {
         return false;
     }
-    w.last_db = db;
+    // The batch's success CQEs wait for one synchronize at its end (see `DataPath::held`). Doorbells rung
+    // while one is taken join its batch, so that posters that each ring their own (Block and Device sharing)
+    // share one synchronize rather than pay one each; at most MAX_DOORBELLS_PER_BATCH, for fairness.
+    eng.data.holding = true;
+    let mut busy = false;
+    let mut db = db;
+    for _ in 0..MAX_DOORBELLS_PER_BATCH {
+        w.last_db = db;
+        busy |= act(fab, qp, (&mut w.peer, w.wire.as_mut(), &mut w.resume), eng, &mut p, db);
+        if w.resume.is_some() || qp.state() != QpState::Rts {
+            break;
+        }
+        db = qp.doorbell();
+        if db == p.last_db {
+            break;
+        }
+    }
+    release_held(fab, qp, &mut eng.data);
+    eng.data.holding = false;
+    busy
+}
+
+/// Doorbells one [`poll`] takes in one batch at most.
+const MAX_DOORBELLS_PER_BATCH: usize = 64;
+
+/// Acts on doorbell value `db` of `qp` (or, when it is the one already acted on, resumes WQEs the wire had no
+/// room for). Returns whether there was anything to do.
+fn act(
+    fab: &Fabric,
+    qp: &QpInner,
+    w: (&mut Option<Arc<QpInner>>, Option<&mut WireSq>, &mut Option<u64>),
+    eng: &mut Engine,
+    p: &mut SqProgress,
+    db: u64,
+) -> bool {
     if db == p.last_db {
         // No new doorbell; WQEs of an earlier one may still wait for room on the wire.
-        let Some(pi) = w.resume else { return false };
-        return take(fab, qp, (&mut w.peer, w.wire.as_mut(), &mut w.resume), eng, &mut p, pi);
+        let Some(pi) = *w.2 else { return false };
+        return take(fab, qp, w, eng, p, pi);
     }
     p.last_db = db;
     bump(&fab.stats.doorbells);
@@ -174,7 +208,7 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     let pi = p.consumed + ahead;
     check_dbrec(fab, qp, pi);
     check_blueflame(fab, qp);
-    take(fab, qp, (&mut w.peer, w.wire.as_mut(), &mut w.resume), eng, &mut p, pi);
+    take(fab, qp, w, eng, p, pi);
     true
 }
 
@@ -192,8 +226,6 @@ fn take(
     let (peer, mut wire, resume) = w;
     let start = p.consumed;
     *resume = None;
-    // The batch's success CQEs wait for one synchronize at its end (see `DataPath::held`).
-    eng.data.holding = true;
     while p.consumed < pi {
         let n = step(fab, qp, peer, wire.as_deref_mut(), eng, p.consumed, pi);
         if n == 0 {
@@ -202,8 +234,6 @@ fn take(
         }
         p.consumed += n;
     }
-    release_held(fab, qp, &mut eng.data);
-    eng.data.holding = false;
     p.consumed != start
 }
 
