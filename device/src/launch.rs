@@ -191,17 +191,8 @@ mod host_side {
         args: A,
         report: u64,
     ) -> Result<(), String> {
+        check_host_shape(k.name, grid, block)?;
         let (blocks, threads) = (grid.count(), block.count());
-        if blocks == 0 || threads == 0 {
-            return Err(format!("launch of `{}` with grid {grid:?} and block {block:?}: a dimension is 0", k.name));
-        }
-        if threads > 1024 || blocks * threads > MAX_HOST_THREADS {
-            return Err(format!(
-                "launch of `{}` with {blocks} block(s) of {threads} threads: the cpu executor runs at most 1024 \
-                 threads per block and {MAX_HOST_THREADS} in all",
-                k.name
-            ));
-        }
         let host_fn = k.host;
         // Every thread waits at this gate until all are spawned (GATE_SHUT): if one cannot be, none runs the
         // kernel (a block whose threads are not all there would wait forever in its barrier). Threads park
@@ -268,6 +259,25 @@ mod host_side {
         });
         if let Some(f) = failed {
             return Err(f);
+        }
+        Ok(())
+    }
+
+    /// Whether [`run_on_host`] runs kernel `name` in this shape: no dimension 0, at most 1024 threads per block
+    /// and [`MAX_HOST_THREADS`] in all.
+    ///
+    /// # Errors
+    /// A message naming the kernel, the shape and the limit it breaks.
+    pub fn check_host_shape(name: &str, grid: Dim3, block: Dim3) -> Result<(), String> {
+        let (blocks, threads) = (grid.count(), block.count());
+        if blocks == 0 || threads == 0 {
+            return Err(format!("launch of `{name}` with grid {grid:?} and block {block:?}: a dimension is 0"));
+        }
+        if threads > 1024 || blocks * threads > MAX_HOST_THREADS {
+            return Err(format!(
+                "launch of `{name}` with {blocks} block(s) of {threads} threads: the cpu executor runs at most 1024 \
+                 threads per block and {MAX_HOST_THREADS} in all"
+            ));
         }
         Ok(())
     }

@@ -154,6 +154,9 @@ impl<A: LaunchArgs> Kernel<A> {
                 Run::Gpu(stream)
             }
             _ => {
+                // Refused here rather than at `wait`, as on the GPU, where the driver refuses it at launch.
+                gdaki_device::launch::check_host_shape(self.k.name, cfg.grid, cfg.block)
+                    .map_err(Error::InvalidArgument)?;
                 let (k, grid, block, report) = (self.k, cfg.grid, cfg.block, report.clone());
                 let name = self.k.name;
                 let handle = std::thread::Builder::new()

@@ -30,7 +30,14 @@ fn module_checks_kernels_against_the_ptx(kind: ExecutorKind) {
         other => panic!("stale kernel: {:?}", other.err()),
     }
     assert!(matches!(Module::load(&exec, "not ptx"), Err(Error::InvalidArgument(_))));
-    // The real descriptor passes and runs on host threads.
+    // A shape no executor runs is refused when the kernel is started, not when it is waited for.
+    let k = m.kernel(&GDAKI_SMOKE).expect("gdaki_smoke is in the PTX");
+    let flag = exec.alloc_data(4).expect("buffer");
+    // SAFETY: refused before anything runs.
+    let zero = unsafe { k.start(&LaunchConfig::linear(0, 4), (flag.dev_ptr::<u32>(),)) };
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{:?}", zero.err());
+    drop(flag);
+    // The real descriptor passes and runs.
     let flag = exec.alloc_data(4).expect("buffer");
     let k = m.kernel(&GDAKI_SMOKE).expect("gdaki_smoke is in the PTX");
     // SAFETY: `flag` is a live 4-byte host buffer for the whole launch.
