@@ -96,6 +96,15 @@ pub struct PayloadMismatch {
     pub seen: u64,
 }
 
+/// A failure of the application's own kernel code, in its own terms: gdaki only carries it to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppError {
+    /// What failed, in the application's numbering.
+    pub code: u32,
+    /// A value that goes with it (an index, a count, the word seen).
+    pub value: u64,
+}
+
 /// Everything device code can fail with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
@@ -111,6 +120,8 @@ pub enum Error {
     /// An argument was out of range (e.g. a length beyond the MR, or an inline payload too large); the code
     /// names which.
     InvalidArgument(InvalidArgument),
+    /// The application's kernel code failed ([`AppError`]): what a user's kernel returns for its own checks.
+    App(AppError),
 }
 
 /// Which argument device code rejected before posting anything.
@@ -166,6 +177,8 @@ pub mod kind {
     /// [`super::Error::Timeout`] on an LL packet; `addr` holds its address, `expected` the flag awaited,
     /// `seen` the flag read.
     pub const TIMEOUT_PACKET: u32 = 9;
+    /// [`super::Error::App`]; `expected` holds the code, `seen` the value.
+    pub const APP: u32 = 12;
 }
 
 impl CqeError {
@@ -245,6 +258,11 @@ impl Error {
                 r.kind = kind::INVALID_ARGUMENT;
                 r.expected = a as u32 as u64;
             }
+            Error::App(a) => {
+                r.kind = kind::APP;
+                r.expected = a.code as u64;
+                r.seen = a.value;
+            }
         }
         r
     }
@@ -279,6 +297,7 @@ impl Error {
                 expected: r.expected,
                 seen: r.seen,
             })),
+            kind::APP => Some(Error::App(AppError { code: r.expected as u32, value: r.seen })),
             kind::INVALID_ARGUMENT => Some(Error::InvalidArgument(match r.expected {
                 1 => InvalidArgument::LocalRange,
                 2 => InvalidArgument::RemoteRange,
@@ -337,6 +356,7 @@ impl core::fmt::Display for Error {
                     ),
                 }
             }
+            Error::App(a) => write!(f, "application error {} (value {})", a.code, a.value),
             Error::UnexpectedCqe(u) => write!(
                 f,
                 "unexpected CQE for QPN {:#x}, WQE index {} (a CQ shared between QPs, or a stale completion)",

@@ -59,7 +59,7 @@ pub mod wait;
 pub mod warp;
 pub mod wqe;
 
-pub use error::{Error, Result};
+pub use error::{AppError, Error, Result};
 pub use gdaki_macros::kernel;
 pub use launch::{DevPtr, DeviceRepr};
 pub use thread::{Dim3, Thread};

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use emu_util::{random_bytes, rng, GuardedBuf, Pair};
 use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, QpState};
 use gdaki_device::cq::Completion;
-use gdaki_device::error::{kind, CqeError, InvalidArgument, PayloadMismatch, Timeout, UnexpectedCqe, WaitOn};
+use gdaki_device::error::{kind, AppError, CqeError, InvalidArgument, PayloadMismatch, Timeout, UnexpectedCqe, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
 use gdaki_device::wait::semaphore_ge;
 use gdaki_device::wqe::{self, Raddr, Sge, MAX_INLINE};
@@ -922,6 +922,7 @@ fn any_error() -> impl Strategy<Value = Error> {
         invalid_argument().prop_map(Error::InvalidArgument),
         (any::<u32>().prop_map(|q| q & 0xff_ffff), any::<u16>())
             .prop_map(|(qpn, wqe_counter)| Error::UnexpectedCqe(UnexpectedCqe { qpn, wqe_counter })),
+        (any::<u32>(), any::<u64>()).prop_map(|(code, value)| Error::App(AppError { code, value })),
     ]
 }
 
@@ -939,6 +940,7 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Payload(_) => kind::PAYLOAD,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
         Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
+        Error::App(_) => 12,
     }
 }
 
@@ -973,12 +975,13 @@ proptest! {
             Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
+            Error::App(a) => format!("application error {} (value {})", a.code, a.value),
         };
         prop_assert!(text.contains(&part), "{:?} lacks {:?}", text, part);
     }
 
     #[test]
-    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 12u32..]) {
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 13u32..]) {
         let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
         prop_assert_eq!(Error::from_report(&r), None);
     }
