@@ -38,6 +38,10 @@ struct Args {
     /// Where device code runs: cpu or gpu (default: the GPU if there is one, else cpu).
     #[arg(long)]
     executor: Option<ExecutorKind>,
+    /// Where the emulated NIC keeps its SQ/CQ rings and dbrecs: gpu (default on the gpu executor) or host
+    /// (pinned host memory); sets GDAKI_QUEUES.
+    #[arg(long, value_enum)]
+    queues: Option<gdaki_examples::Queues>,
     /// Payload bytes per message.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1u64 << 30))]
     size: u64,
@@ -93,6 +97,8 @@ struct Report<'a> {
     host: String,
     /// "cpu" or "gpu".
     executor: &'a str,
+    /// Where the emulated NIC's queues were: "gpu", "host" or "gpu (simulated)".
+    queues: &'a str,
     /// The GPU's name, or the host's thread count.
     device: String,
     /// CUDA driver API version, for the gpu executor.
@@ -131,6 +137,7 @@ fn memory_kib() -> (u64, u64) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    gdaki_examples::apply_queues(args.queues);
     // Create the JSON file first: a path that cannot be written is an error before the run, not after it.
     let json = match args.json.as_ref().map(|p| std::fs::File::create(p).map_err(|e| (p, e))).transpose() {
         Ok(f) => f,
@@ -192,6 +199,7 @@ fn main() -> ExitCode {
         Executor::Cpu => None,
         Executor::Gpu(g) => Some(format!("{}.{}", g.driver_version().0, g.driver_version().1)),
     };
+    let exec_kind = exec.kind();
     let executor = match exec.kind() {
         ExecutorKind::Cpu => "cpu",
         ExecutorKind::Gpu => "gpu",
@@ -219,8 +227,10 @@ fn main() -> ExitCode {
         real => format!("NIC {real}"),
     };
     out!(
-        "gdaki pingpong ({}): executor {executor} ({device}), {nic}, RC RDMA WRITE + ATOMIC fetch-add",
-        env!("GDAKI_COMMIT")
+        "gdaki pingpong ({}): executor {executor} ({device}), {nic} (queues in {} memory), RC RDMA WRITE + ATOMIC \
+         fetch-add",
+        env!("GDAKI_COMMIT"),
+        gdaki_examples::queues_label(exec_kind)
     );
     let layout = match &launch {
         Some(l) => format!("rank {} of 2 in this process ({}), peer over the wire", l.rank, l.source),
@@ -279,6 +289,7 @@ fn main() -> ExitCode {
             host: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map_or_else(|_| "unknown".into(), |h| h.trim().into()),
             executor,
+            queues: gdaki_examples::queues_label(exec_kind),
             device,
             cuda_driver,
             nic: args.nic.to_string(),

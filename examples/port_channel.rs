@@ -28,6 +28,10 @@ struct Args {
     /// cpu or gpu (default: the GPU if there is one).
     #[arg(long)]
     executor: Option<ExecutorKind>,
+    /// Where the emulated NIC keeps its SQ/CQ rings and dbrecs: gpu (default on the gpu executor) or host
+    /// (pinned host memory); sets GDAKI_QUEUES.
+    #[arg(long, value_enum)]
+    queues: Option<gdaki_examples::Queues>,
     /// Modes to run: host, host-no-atomic (the CPU proxy), exclusive, block, device (device code posts;
     /// comma-separated; default all).
     #[arg(long, value_delimiter = ',', default_value = "host,host-no-atomic,exclusive,block,device")]
@@ -145,6 +149,7 @@ fn print_rows(mode: Mode, rows: &[Row]) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    gdaki_examples::apply_queues(args.queues);
     let modes = args.mode.clone();
     let launch = match args.launch.two_ranks() {
         Ok(l) => l,
@@ -175,9 +180,10 @@ fn main() -> ExitCode {
     };
     let team = args.team.unwrap_or(if kind == ExecutorKind::Gpu { 128 } else { 4 });
     println!(
-        "gdaki port_channel ({}): {} executor, team of {team} threads per channel, {nic}",
+        "gdaki port_channel ({}): {} executor, team of {team} threads per channel, {nic} (queues in {} memory)",
         gdaki_examples::COMMIT,
-        if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" }
+        if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" },
+        gdaki_examples::queues_label(kind)
     );
     // One rank's whole run: one communicator (bootstrap + NIC), every mode in turn, fresh channels per test.
     let rank_main = |comm: Arc<Communicator>| -> RankOutcome {

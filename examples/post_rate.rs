@@ -20,6 +20,10 @@ struct Args {
     /// cpu or gpu (default: the GPU if there is one).
     #[arg(long)]
     executor: Option<ExecutorKind>,
+    /// Where the emulated NIC keeps its SQ/CQ rings and dbrecs: gpu (default on the gpu executor) or host
+    /// (pinned host memory); sets GDAKI_QUEUES.
+    #[arg(long, value_enum)]
+    queues: Option<gdaki_examples::Queues>,
     /// QPs of the many-QP rows (default: 132 on the GPU, one per SM of an H200; 2 on cpu).
     #[arg(long)]
     qps: Option<u32>,
@@ -33,6 +37,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    gdaki_examples::apply_queues(args.queues);
     let (exec, note) = match Executor::open(args.executor) {
         Ok(e) => e,
         Err(e) => {
@@ -43,7 +48,8 @@ fn main() -> ExitCode {
     if let Some(n) = note {
         eprintln!("{n}");
     }
-    let gpu = exec.kind() == ExecutorKind::Gpu;
+    let exec_kind = exec.kind();
+    let gpu = exec_kind == ExecutorKind::Gpu;
     let many = args.qps.unwrap_or(if gpu { 132 } else { 2 });
     let (ctas, threads) = if gpu { (132, 32) } else { (1, 4) };
     let mut rows = Vec::new();
@@ -62,6 +68,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    println!("queues in {} memory", gdaki_examples::queues_label(exec_kind));
     println!("{:<40} {:>8} {:>8} {:>7} {:>14} {:>12}", "shape", "posters", "posts", "rounds", "WQEs/s", "ns/post");
     let (mut passed, mut failed) = (0, 0);
     for (shape, posts) in rows {

@@ -118,6 +118,7 @@ impl Queues {
                 ncqe: NCQE,
                 cqn: 1,
                 cons_index: 0,
+                ..Default::default()
             },
             ..Default::default()
         };

@@ -91,3 +91,37 @@ pub fn run_ranks<T: Send>(
     let setup = RankSetup { launch, nic: nic.clone(), one_nic, ..RankSetup::local(2, kind) };
     gdaki::channel::run_ranks(&setup, rank_main).map_err(|e| e.to_string())
 }
+
+/// Where the emulated NIC keeps its SQ rings, CQ rings and dbrecs: the programs' `--queues` flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Queues {
+    /// GPU memory (the default on the `gpu` executor, as DOCA GPUNetIO and NVSHMEM IBGDA place them).
+    Gpu,
+    /// Pinned host memory mapped into the GPU (NVSHMEM's `IBGDA_FORCE_NIC_BUF_MEMTYPE=hostmem`).
+    Host,
+}
+
+/// Applies `--queues`: sets [`gdaki::nic::emu::QUEUES_ENV`] for this process and the ranks it launches, which
+/// every emulated NIC it opens then follows. Without the flag the variable is left as it is (unset: GPU
+/// memory on the `gpu` executor, host memory on `cpu`). Call it first in `main`, before any thread starts.
+pub fn apply_queues(q: Option<Queues>) {
+    if let Some(q) = q {
+        let v = match q {
+            Queues::Gpu => "gpu",
+            Queues::Host => "host",
+        };
+        std::env::set_var(gdaki::nic::emu::QUEUES_ENV, v);
+    }
+}
+
+/// The placement the emulated NIC's queues get on executor `kind` (for the programs' headers): `gpu`, `host`, or
+/// `gpu (simulated)` for `GDAKI_QUEUES=gpu` on the `cpu` executor.
+pub fn queues_label(kind: ExecutorKind) -> &'static str {
+    let asked = std::env::var(gdaki::nic::emu::QUEUES_ENV).ok();
+    match (kind, asked.as_deref()) {
+        (ExecutorKind::Gpu, Some("host")) => "host",
+        (ExecutorKind::Gpu, _) => "gpu",
+        (ExecutorKind::Cpu, Some("gpu")) => "gpu (simulated)",
+        (ExecutorKind::Cpu, _) => "host",
+    }
+}

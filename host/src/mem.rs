@@ -107,6 +107,55 @@ pub trait GpuCopier: Send + Sync {
     /// # Errors
     /// The CUDA driver's error (e.g. a copy faulted).
     fn synchronize(&self) -> Result<()>;
+
+    /// Allocates `len` zeroed bytes of GPU memory (at least 256-byte aligned), for queues the emulated NIC
+    /// keeps in GPU memory ([`EmuConfig::queues`](crate::nic::emu::EmuConfig::queues)); freed when the
+    /// result is dropped.
+    ///
+    /// # Errors
+    /// Out of memory, or the CUDA driver's error.
+    fn alloc(&self, len: usize) -> Result<GpuMem>;
+}
+
+/// A buffer of GPU memory from [`GpuCopier::alloc`]: an address that device code uses and the copier copies
+/// to and from, never dereferenced by host code. Freed when dropped (by `owner`).
+pub struct GpuMem {
+    addr: u64,
+    len: usize,
+    _owner: Box<dyn Any + Send + Sync>,
+}
+
+impl GpuMem {
+    /// Wraps an allocation of `len` bytes at GPU address `addr`, which `owner` frees when dropped.
+    pub fn new(addr: u64, len: usize, owner: Box<dyn Any + Send + Sync>) -> Self {
+        Self { addr, len, _owner: owner }
+    }
+
+    /// The GPU address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The byte at offset `off` as the copier addresses it.
+    pub fn loc(&self, off: usize) -> MemLoc {
+        MemLoc { kind: MemKind::Gpu, addr: self.addr + off as u64 }
+    }
+}
+
+impl std::fmt::Debug for GpuMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuMem").field("addr", &format_args!("{:#x}", self.addr)).field("len", &self.len).finish()
+    }
 }
 
 /// Queue memory from the global allocator, for the `cpu` executor (device code runs on host threads).

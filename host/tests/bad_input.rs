@@ -125,6 +125,7 @@ fn executor_data_buffers_of_zero_and_absurd_sizes() {
 
 #[test]
 fn reg_mr_rejects_zero_null_wrapping_and_rightless_ranges() {
+    // Host queues whatever GDAKI_QUEUES says: without a GPU copier, a GPU-memory MR must be refused.
     let nic = EmuNic::open(EmuConfig::host()).unwrap();
     let other = EmuNic::open(EmuConfig::host()).unwrap();
     let pd = nic.alloc_pd().unwrap();
@@ -204,8 +205,8 @@ fn stale_keys_stay_dead_across_many_re_registrations() {
 
 #[test]
 fn queues_of_bad_sizes_are_refused_with_the_limits_named() {
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
-    let other = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
+    let other = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     for n in [0, 3, 48, MAX_CQE + 1, MAX_CQE * 2, u32::MAX, 1 << 31] {
         host_inval(nic.create_cq(n).map(|_| ()), &[&n.to_string(), "power of two"]);
@@ -229,8 +230,8 @@ fn queues_of_bad_sizes_are_refused_with_the_limits_named() {
 
 #[test]
 fn connect_misuse_is_refused_and_leaves_the_qp_usable() {
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
-    let other = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
+    let other = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(16).unwrap();
     let (a, b) = (nic.create_qp(&pd, &cq, 16).unwrap(), nic.create_qp(&pd, &cq, 16).unwrap());
@@ -257,7 +258,7 @@ fn connect_misuse_is_refused_and_leaves_the_qp_usable() {
 #[test]
 fn a_qp_connected_to_itself_writes_into_its_own_nic_memory() {
     let (src, dst) = (GuardedBuf::new(100, 0x6b), GuardedBuf::new(100, 0));
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(16).unwrap();
     let q = nic.create_qp(&pd, &cq, 16).unwrap();
@@ -596,7 +597,7 @@ fn waiting_on_a_ticket_never_issued_is_an_argument_error_at_once() {
 #[test]
 fn a_zero_timeout_loses_nothing_and_a_patient_waiter_finishes_the_job() {
     const LEN: usize = 1 << 16;
-    let wired = || EmuConfig::host().with_wire(WireConfig::loopback());
+    let wired = || EmuConfig::host_or_env().unwrap().with_wire(WireConfig::loopback());
     let (x, y) = (EmuNic::open(wired()).unwrap(), EmuNic::open(wired()).unwrap());
     let (nic_a, nic_b) = if x.id() < y.id() { (x, y) } else { (y, x) };
     let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
@@ -641,7 +642,7 @@ fn a_zero_timeout_loses_nothing_and_a_patient_waiter_finishes_the_job() {
 #[test]
 fn an_sq_that_never_drains_times_out_naming_the_room_it_wanted() {
     // A QP never connected: the NIC ignores its doorbells (as hardware does in RESET), so nothing retires.
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(16).unwrap();
     let q = nic.create_qp(&pd, &cq, 16).unwrap();
@@ -748,7 +749,7 @@ fn qps_sharing_a_cq_never_take_each_others_completions() {
     const WINDOW: usize = 8;
     const LEAD: usize = 16;
     const SLOT: usize = 256;
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     // At most 2 * WINDOW CQEs unpolled: the shared CQ cannot overrun.
     let shared = nic.create_cq(64).unwrap();

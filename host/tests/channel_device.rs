@@ -47,7 +47,13 @@ struct Link {
 impl Link {
     /// `len` bytes of source and destination; QPs of `wqe_cnt` WQEBBs; over the wire when `wire`.
     fn new(len: usize, wqe_cnt: u32, wire: bool) -> Self {
-        let cfg = || if wire { EmuConfig::host().with_wire(WireConfig::loopback()) } else { EmuConfig::host() };
+        let cfg = || {
+            if wire {
+                EmuConfig::host_or_env().unwrap().with_wire(WireConfig::loopback())
+            } else {
+                EmuConfig::host_or_env().unwrap()
+            }
+        };
         let na = EmuNic::open(cfg()).unwrap();
         let nb = if wire { EmuNic::open(cfg()).unwrap() } else { na.clone() };
         let (pa, pb) = (na.alloc_pd().unwrap(), nb.alloc_pd().unwrap());

@@ -794,7 +794,7 @@ fn out_of_range_arguments_are_rejected_before_anything_is_posted() {
 #[test]
 fn put_to_a_peer_that_did_not_connect_back_fails_with_0x15() {
     let (src, dst) = (GuardedBuf::new(64, 1), GuardedBuf::new(64, 0));
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let (cq_a, cq_b) = (nic.create_cq(16).unwrap(), nic.create_cq(16).unwrap());
     let a = nic.create_qp(&pd, &cq_a, 16).unwrap();
@@ -842,7 +842,7 @@ fn semaphore_wait_times_out_naming_the_semaphore() {
 #[test]
 fn waiting_on_a_qp_the_nic_never_runs_times_out_naming_the_cqe() {
     // A QP left in RESET: the NIC ignores its doorbells, as hardware does, so no CQE ever comes.
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(16).unwrap();
     let qp_emu = nic.create_qp(&pd, &cq, 16).unwrap();

@@ -110,7 +110,7 @@ fn doorbell_beyond_the_ring_fails_the_qp() {
 
 #[test]
 fn doorbells_before_connect_are_ignored() {
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(64).unwrap();
     let (a, b) = (nic.create_qp(&pd, &cq, 64).unwrap(), nic.create_qp(&pd, &cq, 64).unwrap());
@@ -135,7 +135,7 @@ fn doorbells_before_connect_are_ignored() {
 
 #[test]
 fn nic_drop_stops_the_executor_thread() {
-    let nic = EmuNic::open(EmuConfig::host()).unwrap();
+    let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     assert!(nic.executor_alive());
     // The executor thread is named `emu-nic-<low 16 bits of the id, hex>` (short enough for /proc's 15-byte comm).
     let name = format!("emu-nic-{:x}", nic.id() & 0xffff);

@@ -49,6 +49,11 @@ impl GpuCopier for DeferredCopier {
         Ok(())
     }
 
+    fn alloc(&self, _len: usize) -> gdaki::Result<gdaki::mem::GpuMem> {
+        // These tests keep queues in host memory: only MRs are "GPU memory" here.
+        Err(gdaki::Error::InvalidArgument("DeferredCopier allocates nothing".into()))
+    }
+
     fn synchronize(&self) -> gdaki::Result<()> {
         let mut q = self.queue.lock().unwrap();
         if self.faulting && !q.is_empty() {
@@ -73,7 +78,12 @@ impl GpuCopier for DeferredCopier {
 }
 
 fn pair(copier: &Arc<DeferredCopier>) -> Pair {
-    let cfg = EmuConfig { queue_mem: Arc::new(HostQueueMemory), gpu: Some(copier.clone()), wire: None };
+    let cfg = EmuConfig {
+        queue_mem: Arc::new(HostQueueMemory),
+        gpu: Some(copier.clone()),
+        queues: MemKind::Host,
+        wire: None,
+    };
     Pair::with_config(cfg, 64, 64)
 }
 
@@ -294,7 +304,12 @@ fn gpu_memory_across_the_wire() {
     let (ca, cb) = (Arc::new(DeferredCopier::default()), Arc::new(DeferredCopier::default()));
     let cfg = |c: &Arc<DeferredCopier>| {
         let gpu: Arc<dyn GpuCopier> = c.clone();
-        EmuConfig { queue_mem: Arc::new(HostQueueMemory), gpu: Some(gpu), wire: Some(WireConfig::loopback()) }
+        EmuConfig {
+            queue_mem: Arc::new(HostQueueMemory),
+            gpu: Some(gpu),
+            queues: MemKind::Host,
+            wire: Some(WireConfig::loopback()),
+        }
     };
     let (na, nb) = (EmuNic::open(cfg(&ca)).unwrap(), EmuNic::open(cfg(&cb)).unwrap());
     let (pa, pb) = (na.alloc_pd().unwrap(), nb.alloc_pd().unwrap());

@@ -26,7 +26,7 @@ struct WirePair {
 }
 
 fn wired(retry: Duration) -> EmuConfig {
-    EmuConfig::host().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
+    EmuConfig::host_or_env().unwrap().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
 }
 
 impl WirePair {
@@ -199,7 +199,7 @@ fn large_writes_and_reads_both_ways_at_once_complete_with_bounded_queues() {
     let mut rng = rng();
     let inbound = 64 << 10;
     let cfg = || {
-        EmuConfig::host().with_wire(WireConfig {
+        EmuConfig::host_or_env().unwrap().with_wire(WireConfig {
             retry_timeout: Duration::from_secs(20),
             inbound_bytes: inbound,
             ..WireConfig::loopback()

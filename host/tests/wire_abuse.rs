@@ -145,7 +145,7 @@ fn assert_closed(s: &mut TcpStream, what: &str) {
 }
 
 fn wired(retry: Duration) -> EmuConfig {
-    EmuConfig::host().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
+    EmuConfig::host_or_env().unwrap().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
 }
 
 /// A NIC under test, with a PD, a CQ, and a second PD for cross-PD checks.
@@ -810,7 +810,9 @@ fn retry_timeout_over_a_day_is_refused_at_open_naming_value_and_limit() {
             "invalid argument: wire retry timeout 86400.000000001s is over 86400s",
         ),
     ] {
-        let cfg = EmuConfig::host().with_wire(WireConfig { retry_timeout: timeout, ..WireConfig::loopback() });
+        let cfg = EmuConfig::host_or_env()
+            .unwrap()
+            .with_wire(WireConfig { retry_timeout: timeout, ..WireConfig::loopback() });
         match EmuNic::open(cfg) {
             Err(e @ gdaki::Error::InvalidArgument(_)) => assert_eq!(e.to_string(), message),
             Err(e) => panic!("{timeout:?}: expected InvalidArgument, got {e:?}"),
@@ -823,7 +825,8 @@ fn retry_timeout_over_a_day_is_refused_at_open_naming_value_and_limit() {
 /// overflow in the deadline arithmetic of the dialer thread).
 #[test]
 fn retry_timeout_of_exactly_a_day_is_accepted_and_the_nic_dials() {
-    let cfg = EmuConfig::host()
+    let cfg = EmuConfig::host_or_env()
+        .unwrap()
         .with_wire(WireConfig { retry_timeout: Duration::from_secs(86_400), ..WireConfig::loopback() });
     let nic = EmuNic::open(cfg).expect("a retry timeout of exactly a day is within the limit");
     let (pd, cq) = (nic.alloc_pd().unwrap(), nic.create_cq(64).unwrap());

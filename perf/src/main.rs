@@ -46,6 +46,7 @@ fn main() -> ExitCode {
 
 /// The whole run; `Err` is a one-line reason to exit with code 2 before anything ran.
 fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
+    gdaki_examples::apply_queues(opts.queues);
     let tests = suite::tests(cmd);
     let sizes: Vec<(Test, Vec<usize>)> = tests.iter().map(|&t| (t, suite::sizes(t, opts))).collect();
     for (t, s) in &sizes {
@@ -77,8 +78,10 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         None => format!("{} host threads", std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
     println!(
-        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic}, team of {} threads per channel",
+        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic} (queues in {} memory), team of {} threads \
+         per channel",
         gdaki_examples::COMMIT,
+        gdaki_examples::queues_label(kind),
         plan.team
     );
     println!(
@@ -159,6 +162,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
             date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             host: report::host_name(),
             executor,
+            queues: gdaki_examples::queues_label(kind),
             gpu,
             host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             nic: opts.nic.to_string(),

@@ -67,6 +67,8 @@ pub struct Report<'a> {
     pub host: String,
     /// "cpu" or "gpu".
     pub executor: &'a str,
+    /// Where the emulated NIC's queues were: "gpu", "host" or "gpu (simulated)".
+    pub queues: &'a str,
     /// The GPU, for the gpu executor.
     pub gpu: Option<GpuInfo>,
     /// Host threads available to the process.

@@ -7,7 +7,29 @@
 use crate::be::Be32;
 use bytemuck::{Pod, Zeroable};
 
-/// A completion queue as device code polls it (`mlx5dv_cq` plus the software consumer index). 32 bytes.
+/// Where a NIC queue's memory (SQ ring, CQ ring, doorbell records) lives, as the host placed it: device code
+/// chooses its fence scope from it. Host memory (pinned, mapped into the GPU) is read by the NIC over PCIe and
+/// needs system-scope ordering before the doorbell; GPU memory (DOCA GPUNetIO's and NVSHMEM IBGDA's default)
+/// is ordered with GPU-scope fences, the doorbell being the only store that leaves the GPU. The UAR page
+/// (doorbell and BlueFlame register) is never GPU memory. A `u32` newtype, so that handles stay plain data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+#[repr(transparent)]
+pub struct Placement(pub u32);
+
+impl Placement {
+    /// Host memory: plain host memory for the `cpu` executor, pinned host memory mapped into the GPU for
+    /// the `gpu` executor.
+    pub const HOST: Placement = Placement(0);
+    /// GPU memory (the `gpu` executor only).
+    pub const GPU: Placement = Placement(1);
+
+    /// Whether the queues are in GPU memory.
+    pub const fn is_gpu(self) -> bool {
+        self.0 == Self::GPU.0
+    }
+}
+
+/// A completion queue as device code polls it (`mlx5dv_cq` plus the software consumer index). 40 bytes.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct CqHandle {
@@ -21,9 +43,13 @@ pub struct CqHandle {
     pub cqn: u32,
     /// Software state: CQEs consumed so far (64-bit; the dbrec carries the low 24 bits).
     pub cons_index: u64,
+    /// Where the ring and the dbrec are.
+    pub placement: Placement,
+    /// Padding, zero.
+    pub pad: u32,
 }
 
-/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 112 bytes.
+/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 120 bytes.
 ///
 /// Software state (`sq_*` counters, the sticky error, `cq.cons_index`) is written by the one thread that owns
 /// the handle (Exclusive mode); the host sets it where the NIC is when it builds the handle (zero for a new
@@ -59,8 +85,8 @@ pub struct QpHandle {
     pub sq_err_idx: u64,
     /// Software state: that error CQE, packed `syndrome << 24 | vendor_err_synd << 16 | wqe_counter`.
     pub sq_err: u32,
-    /// Padding, zero.
-    pub pad: u32,
+    /// Where the SQ ring and the dbrec are (the doorbell register is always in the UAR page).
+    pub placement: Placement,
 }
 
 /// A local memory region as device code names it in data segments. 24 bytes.
@@ -116,10 +142,10 @@ pub struct ErrorReport {
 
 const _: () = {
     use core::mem::{offset_of, size_of};
-    assert!(size_of::<CqHandle>() == 32);
-    assert!(size_of::<QpHandle>() == 112);
+    assert!(size_of::<CqHandle>() == 40);
+    assert!(size_of::<QpHandle>() == 120);
     assert!(offset_of!(QpHandle, cq) == 32);
-    assert!(offset_of!(QpHandle, sq_pi) == 64);
+    assert!(offset_of!(QpHandle, sq_pi) == 72);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);

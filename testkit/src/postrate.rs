@@ -114,7 +114,7 @@ impl PostRate {
         if nqps == 0 || max_posters == 0 {
             return Err(Error::InvalidArgument("post rate: at least one QP and one poster".into()));
         }
-        let nic = EmuNic::open(EmuConfig { queue_mem: exec.queue_memory(), gpu: exec.gpu_copier()?, wire: None })?;
+        let nic = EmuNic::open(EmuConfig::for_executor(&exec)?)?;
         let pd = nic.alloc_pd()?;
         let (mut cqs, mut qps) = (Vec::new(), Vec::new());
         for _ in 0..nqps {

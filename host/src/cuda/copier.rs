@@ -1,12 +1,14 @@
 //! The emulated NIC's copies into and out of GPU memory.
 
 use std::fmt;
+use std::sync::Arc;
 
 use cudarc::driver::sys;
 
 use super::driver::check;
 use super::stream::Stream;
-use crate::mem::{GpuCopier, MemKind, MemLoc};
+use super::DeviceBuffer;
+use crate::mem::{GpuCopier, GpuMem, MemKind, MemLoc};
 use crate::{Error, Result};
 
 /// [`GpuCopier`] on its own `CU_STREAM_NON_BLOCKING` stream ([`super::Gpu::copier`]): the emulated NIC's thread
@@ -20,7 +22,7 @@ use crate::{Error, Result};
 /// buffers, so the call may return only after the copy (from host memory: once staged; to host memory: once
 /// complete); it is still correct and still does not wait for kernels on other streams.
 pub struct CudaCopier {
-    stream: Stream,
+    stream: Arc<Stream>,
 }
 
 impl fmt::Debug for CudaCopier {
@@ -31,7 +33,7 @@ impl fmt::Debug for CudaCopier {
 
 impl CudaCopier {
     pub(crate) fn new(stream: Stream) -> Self {
-        CudaCopier { stream }
+        CudaCopier { stream: Arc::new(stream) }
     }
 
     /// The copier's stream, e.g. to wait for its copies with a time limit ([`Stream::wait`]).
@@ -100,5 +102,15 @@ impl GpuCopier for CudaCopier {
     /// The driver's error as [`Error::Cuda`] (e.g. a copy faulted).
     fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()
+    }
+
+    /// `cuMemAlloc`, zeroed with `cuMemsetD8Async` on the copier's stream and waited for (so before any
+    /// copy enqueued later); freed with `cuMemFree` when dropped ([`DeviceBuffer`]).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`], or the driver's error as [`Error::Cuda`].
+    fn alloc(&self, len: usize) -> Result<GpuMem> {
+        let buf = DeviceBuffer::alloc(&self.stream, len)?;
+        Ok(GpuMem::new(buf.device_addr(), len, Box::new(buf)))
     }
 }

@@ -41,7 +41,14 @@ impl Gpu {
     /// # Errors
     /// [`Error::OutOfMemory`] when the GPU has not that much free, [`Error::Cuda`] for other driver errors.
     pub fn alloc_device(&self, len: usize) -> Result<DeviceBuffer> {
-        self.shared.bind()?;
+        DeviceBuffer::alloc(&self.util, len)
+    }
+}
+
+impl DeviceBuffer {
+    /// [`Gpu::alloc_device`], zeroing on (and later copying through) `stream`.
+    pub(crate) fn alloc(stream: &Arc<Stream>, len: usize) -> Result<DeviceBuffer> {
+        stream.shared.bind()?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: the context is bound; the call writes one address through a valid pointer.
         let status = unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) };
@@ -49,15 +56,13 @@ impl Gpu {
             return Err(Error::OutOfMemory(len));
         }
         check(status, "cuMemAlloc")?;
-        let buf = DeviceBuffer { ptr, len, stream: Arc::clone(&self.util) };
+        let buf = DeviceBuffer { ptr, len, stream: Arc::clone(stream) };
         // SAFETY: `ptr` is `len.max(1)` bytes of GPU memory of this context, owned by `buf`.
         check(unsafe { sys::cuMemsetD8Async(ptr, 0, len.max(1), buf.stream.raw) }, "cuMemsetD8Async")?;
         buf.stream.synchronize()?;
         Ok(buf)
     }
-}
 
-impl DeviceBuffer {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

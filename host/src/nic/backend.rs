@@ -104,8 +104,9 @@ fn mixed(what: &str) -> Error {
 }
 
 impl Nic {
-    /// Opens the NIC `spec` names for `exec`: the emulated NIC with the executor's queue memory and GPU
-    /// copier (and `wire`, for peers in other processes), or a real mlx5 NIC (queues mapped into the GPU for
+    /// Opens the NIC `spec` names for `exec`: the emulated NIC as [`EmuConfig::for_executor`] configures it
+    /// (queues in GPU memory on the `gpu` executor unless `GDAKI_QUEUES=host`), with `wire` for peers in other
+    /// processes, or a real mlx5 NIC (queues mapped into the GPU for
     /// the `gpu` executor; `wire` is not used: peers are reached through the fabric).
     ///
     /// # Errors
@@ -115,7 +116,7 @@ impl Nic {
     pub fn open(spec: &NicSpec, exec: &Executor, wire: Option<WireConfig>) -> Result<Nic> {
         match spec {
             NicSpec::Emu => {
-                let cfg = EmuConfig { queue_mem: exec.queue_memory(), gpu: exec.gpu_copier()?, wire };
+                let cfg = EmuConfig { wire, ..EmuConfig::for_executor(exec)? };
                 Ok(Nic::Emu(EmuNic::open(cfg)?))
             }
             #[cfg(feature = "mlx5")]

@@ -442,7 +442,7 @@ pub struct Pair {
 impl Pair {
     /// `wqe_cnt` WQEBBs per SQ, `ncqe` entries per CQ.
     pub fn new(wqe_cnt: u32, ncqe: u32) -> Self {
-        Self::with_config(EmuConfig::host(), wqe_cnt, ncqe)
+        Self::with_config(EmuConfig::host_or_env().unwrap(), wqe_cnt, ncqe)
     }
 
     /// As [`Pair::new`], on a NIC opened with `cfg`.

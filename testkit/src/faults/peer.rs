@@ -110,7 +110,7 @@ pub fn run_peer(input: impl BufRead, mut output: impl Write) -> Result<()> {
         std::process::exit(2);
     });
     let io_err = |e: io::Error| Error::Bootstrap(format!("faults peer: {e}"));
-    let nic = EmuNic::open(EmuConfig::host().with_wire(WireConfig::loopback()))?;
+    let nic = EmuNic::open(EmuConfig::host_or_env()?.with_wire(WireConfig::loopback()))?;
     let pd = nic.alloc_pd()?;
     let cq = nic.create_cq(64)?;
     let qp = nic.create_qp(&pd, &cq, 64)?;
@@ -227,7 +227,7 @@ pub(crate) fn peer_killed(ctx: &Ctx) -> std::result::Result<Observed, String> {
     let mut peer = Peer::spawn(ctx.peer_command())?;
     let line = peer.line()?;
     let info = PeerInfo::decode(line.strip_prefix("info ").ok_or_else(|| format!("peer said {line:?}"))?)?;
-    let nic = setup(EmuNic::open(wired(RETRY)))?;
+    let nic = setup(wired(RETRY).and_then(EmuNic::open))?;
     let pd = setup(nic.alloc_pd())?;
     let cq = setup(nic.create_cq(64))?;
     let qp = setup(nic.create_qp(&pd, &cq, 64))?;

@@ -48,7 +48,7 @@ pub(crate) fn sq_full() -> Result<Observed, String> {
     const WQE_CNT: u32 = 16;
     const TIMEOUT: Duration = Duration::from_millis(300);
     // The peer stays silent far longer than the wait: the ring cannot drain.
-    let nic = setup(EmuNic::open(wired(Duration::from_secs(10))))?;
+    let nic = setup(wired(Duration::from_secs(10)).and_then(EmuNic::open))?;
     let pd = setup(nic.alloc_pd())?;
     let cq = setup(nic.create_cq(WQE_CNT))?;
     let qp = setup(nic.create_qp(&pd, &cq, WQE_CNT))?;
@@ -243,7 +243,7 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
 pub(crate) fn unreachable() -> Result<Observed, String> {
     const RETRY: Duration = Duration::from_millis(300);
     const TIMEOUT: Duration = Duration::from_secs(3);
-    let nic = setup(EmuNic::open(wired(RETRY)))?;
+    let nic = setup(wired(RETRY).and_then(EmuNic::open))?;
     let pd = setup(nic.alloc_pd())?;
     let cq = setup(nic.create_cq(64))?;
     let qp = setup(nic.create_qp(&pd, &cq, 64))?;
@@ -274,7 +274,7 @@ pub(crate) fn semaphore_other_qp() -> Result<Observed, String> {
     const TIMEOUT: Duration = Duration::from_secs(2);
     const QP2_WRITE: Range<usize> = 128..192;
     let retry = Duration::from_secs(5);
-    let (nic_a, nic_b) = (setup(EmuNic::open(wired(retry)))?, setup(EmuNic::open(wired(retry)))?);
+    let (nic_a, nic_b) = (setup(wired(retry).and_then(EmuNic::open))?, setup(wired(retry).and_then(EmuNic::open))?);
     let (pd_a, pd_b) = (setup(nic_a.alloc_pd())?, setup(nic_b.alloc_pd())?);
     let cq = |nic: &Arc<EmuNic>| setup(nic.create_cq(64));
     let (cq1, cq2, cqp1, cqp2) = (cq(&nic_a)?, cq(&nic_a)?, cq(&nic_b)?, cq(&nic_b)?);

@@ -25,8 +25,9 @@ pub(crate) enum Path {
 }
 
 /// A NIC configuration with a loopback wire whose retry timeout is `retry`.
-pub(crate) fn wired(retry: Duration) -> EmuConfig {
-    EmuConfig::host().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
+/// Queues in host memory, or where `GDAKI_QUEUES` says ([`EmuConfig::host_or_env`]).
+pub(crate) fn wired(retry: Duration) -> gdaki::Result<EmuConfig> {
+    Ok(EmuConfig::host_or_env()?.with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() }))
 }
 
 /// An endpoint bytes round trip, as through a bootstrap.
@@ -53,11 +54,11 @@ impl Rig {
     /// `path`; `retry` is the wire's retry timeout.
     pub(crate) fn new(path: Path, wqe_cnt: u32, ncqe: u32, retry: Duration) -> gdaki::Result<Rig> {
         let nic_a = EmuNic::open(match path {
-            Path::Wire => wired(retry),
-            Path::Direct => EmuConfig::host(),
+            Path::Wire => wired(retry)?,
+            Path::Direct => EmuConfig::host_or_env()?,
         })?;
         let nic_b = match path {
-            Path::Wire => EmuNic::open(wired(retry))?,
+            Path::Wire => EmuNic::open(wired(retry)?)?,
             Path::Direct => nic_a.clone(),
         };
         let (pd_a, pd_b) = (nic_a.alloc_pd()?, nic_b.alloc_pd()?);

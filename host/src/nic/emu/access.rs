@@ -279,6 +279,27 @@ impl DataPath {
         Ok(())
     }
 
+    /// Reads queue memory in GPU memory (a ring range, a dbrec word) into each `out` buffer: one copy per
+    /// buffer straight into it, then one synchronize for all of them (which also completes every copy
+    /// enqueued before). Device code wrote these bytes before it rang the doorbell the caller acts on, so no
+    /// earlier copy of this executor needs to precede them.
+    ///
+    /// Queue memory is owned by the QP or CQ the executor holds while it runs, so it outlives the copies.
+    pub(crate) fn fetch(&mut self, reads: &mut [(MemLoc, &mut [u8])]) -> Result<(), Fault> {
+        let g = self.copier()?.clone();
+        for (src, out) in reads.iter_mut() {
+            if out.is_empty() {
+                continue;
+            }
+            let dst = MemLoc { kind: MemKind::Host, addr: out.as_mut_ptr() as u64 };
+            // SAFETY: `src` is queue memory the executor's QP or CQ keeps alive; `out` is a buffer this call
+            // borrows exclusively until the synchronize below, and nothing reads it before then.
+            unsafe { g.copy_async(dst, *src, out.len()) }.map_err(|_| Fault::gpu_copy())?;
+            self.pending = true;
+        }
+        self.fence()
+    }
+
     /// Applies `op` to the 8-byte, 8-byte-aligned word at `at` and returns the old value (host order).
     ///
     /// Earlier writes of this executor are placed first. In host memory the operation is a real atomic

@@ -4,9 +4,13 @@
 //! so that zeroed memory never looks valid. The executor thread is the only producer; software (device code)
 //! consumes and reports its consumer index in dbrec word 0 (24 bits). A CQE is written only into an entry
 //! software has consumed; otherwise the CQ overruns, as on hardware (the CQ then stops taking CQEs).
+//!
+//! A CQ in GPU memory is written through the data path's copies, in the copier's stream order (after the
+//! data its CQEs report, with no wait); its consumer index is read through a copy only when the index last
+//! read says the ring is full.
 
 use std::mem::offset_of;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use gdaki_shared::handle::CqHandle;
@@ -14,10 +18,12 @@ use gdaki_shared::prm::cqe::{Cqe64, CQE_SIZE, OP_OWN_INVALID};
 use gdaki_shared::prm::dbrec::{CqDbrec, CQ_CI_MASK};
 use gdaki_shared::Be32;
 
-use crate::mem::{MappedBuf, QueueMemory};
+use crate::mem::{MemKind, MemLoc};
 use crate::Result;
 
-use super::qmem;
+use super::access::DataPath;
+use super::fabric::Fabric;
+use super::qmem::{self, QBuf};
 use super::stats::{bump, Counters};
 use super::EmuNic;
 
@@ -81,8 +87,10 @@ impl Cq {
 pub(crate) struct CqInner {
     pub cqn: u32,
     pub ncqe: u32,
-    ring: MappedBuf,
-    dbrec: MappedBuf,
+    ring: QBuf,
+    dbrec: QBuf,
+    /// For a CQ in GPU memory: the dbrec's consumer index (24 bits) as last read.
+    ci_seen: AtomicU32,
     /// CQEs written so far; only the executor thread stores it.
     produced: AtomicU64,
     /// Set on overrun; no CQE is written after it.
@@ -95,16 +103,34 @@ pub(crate) struct CqFull;
 
 impl CqInner {
     /// Allocates a ring of `ncqe` CQEs (a power of two, `1..=MAX_CQE`, checked by the caller) and a dbrec.
-    pub(crate) fn new(mem: &dyn QueueMemory, cqn: u32, ncqe: u32) -> Result<Self> {
-        let ring = mem.alloc(ncqe as usize * CQE_SIZE)?;
-        let dbrec = mem.alloc(64)?;
-        for i in 0..ncqe as usize {
-            // op_own is a byte of the last word; native-endian bytes keep memory order.
-            let mut last = [0u8; 8];
-            last[OP_OWN_BYTE] = OP_OWN_INVALID;
-            qmem::store_u64(&ring, i * CQE_SIZE + LAST_WORD, u64::from_ne_bytes(last), Ordering::Relaxed);
+    pub(crate) fn new(fab: &Fabric, cqn: u32, ncqe: u32) -> Result<Self> {
+        let ring = fab.alloc_queue(ncqe as usize * CQE_SIZE)?;
+        let dbrec = fab.alloc_queue(64)?;
+        // op_own is a byte of the last word; native-endian bytes keep memory order.
+        let mut last = [0u8; 8];
+        last[OP_OWN_BYTE] = OP_OWN_INVALID;
+        let last = u64::from_ne_bytes(last);
+        match (&ring, &fab.gpu) {
+            (QBuf::Host(r), _) => {
+                for i in 0..ncqe as usize {
+                    qmem::store_u64(r, i * CQE_SIZE + LAST_WORD, last, Ordering::Relaxed);
+                }
+            }
+            (QBuf::Gpu(g), Some(copier)) => {
+                let mut image = vec![0u64; ncqe as usize * CQE_SIZE / 8];
+                for e in image.chunks_exact_mut(CQE_SIZE / 8) {
+                    e[LAST_WORD / 8] = last;
+                }
+                let src = MemLoc { kind: MemKind::Host, addr: image.as_ptr() as u64 };
+                // SAFETY: `g` is the whole ring and `image` as long; `image` lives until the synchronize below.
+                unsafe { copier.copy_async(g.loc(0), src, g.len())? };
+                copier.synchronize()?;
+            }
+            // `Fabric::alloc_queue` makes GPU buffers only with a copier.
+            (QBuf::Gpu(_), None) => unreachable!("GPU queue memory without a copier"),
         }
-        Ok(Self { cqn, ncqe, ring, dbrec, produced: AtomicU64::new(0), error: AtomicBool::new(false) })
+        let ci_seen = AtomicU32::new(0);
+        Ok(Self { cqn, ncqe, ring, dbrec, ci_seen, produced: AtomicU64::new(0), error: AtomicBool::new(false) })
     }
 
     pub(crate) fn handle(&self) -> CqHandle {
@@ -115,26 +141,55 @@ impl CqInner {
             cqn: self.cqn,
             // Where the NIC is: a new CQ's handle starts at 0, a later one after every CQE written so far.
             cons_index: self.produced.load(Ordering::Acquire),
+            placement: self.ring.placement(),
+            pad: 0,
+        }
+    }
+
+    /// Whether the ring is in GPU memory (its CQEs follow the data path's copies in stream order).
+    pub(crate) fn in_gpu(&self) -> bool {
+        matches!(self.ring, QBuf::Gpu(_))
+    }
+
+    /// The consumer index software last reported (24 bits): read from host memory, or for a GPU dbrec the
+    /// value last read, read again through a copy when `refresh`.
+    fn consumer_index(&self, data: &mut DataPath, refresh: bool) -> u32 {
+        match &self.dbrec {
+            QBuf::Host(d) => Be32::from_bits(qmem::load_u32(d, SET_CI, Ordering::Acquire)).get() & CQ_CI_MASK,
+            QBuf::Gpu(_) if !refresh => self.ci_seen.load(Ordering::Relaxed),
+            QBuf::Gpu(_) => {
+                let mut b = [0u8; 4];
+                // A failed read keeps the last value (the CQ then overruns, as it would on a dead GPU).
+                if data.fetch(&mut [(self.dbrec.loc(SET_CI), &mut b[..])]).is_ok() {
+                    let ci = Be32::from_bits(u32::from_ne_bytes(b)).get() & CQ_CI_MASK;
+                    self.ci_seen.store(ci, Ordering::Relaxed);
+                }
+                self.ci_seen.load(Ordering::Relaxed)
+            }
         }
     }
 
     /// Writes `cqe` (owner bit clear) into the next entry, setting the owner bit to the lap parity of the
     /// producer index. Bytes 0..56 go first (relaxed), then the last 8 bytes (`sop_drop_qpn`, `wqe_counter`,
     /// `signature`, `op_own`) in one Release store, so that a reader who sees the new `op_own` with Acquire
-    /// sees the whole entry.
+    /// sees the whole entry. In GPU memory the two parts are two copies enqueued on `data`'s stream, which
+    /// runs them in order after every copy enqueued before (the data the CQE reports).
     ///
     /// # Errors
     /// [`CqFull`] when software has not consumed the entry (overrun: the CQ moves to error and the caller
     /// moves its QP to error) or the CQ already overran.
-    pub(crate) fn push(&self, cqe: &Cqe64, counters: &Counters) -> Result<(), CqFull> {
+    pub(crate) fn push(&self, cqe: &Cqe64, counters: &Counters, data: &mut DataPath) -> Result<(), CqFull> {
         if self.error.load(Ordering::Relaxed) {
             return Err(CqFull);
         }
         let pi = self.produced.load(Ordering::Relaxed);
-        let ci = Be32::from_bits(qmem::load_u32(&self.dbrec, SET_CI, Ordering::Acquire)).get() & CQ_CI_MASK;
         // Entries software has not consumed yet, from the 24-bit CI (a CI "ahead" of the PI reads as huge).
-        let outstanding = (pi as u32).wrapping_sub(ci) & CQ_CI_MASK;
-        if outstanding >= self.ncqe {
+        let outstanding = |ci: u32| (pi as u32).wrapping_sub(ci) & CQ_CI_MASK;
+        let mut ci = self.consumer_index(data, false);
+        if outstanding(ci) >= self.ncqe && self.in_gpu() {
+            ci = self.consumer_index(data, true);
+        }
+        if outstanding(ci) >= self.ncqe {
             self.error.store(true, Ordering::Release);
             bump(&counters.cq_overruns);
             tracing::warn!(cqn = self.cqn, pi, ci, "emulated NIC: CQ overrun (software has not consumed the entry)");
@@ -146,10 +201,26 @@ impl CqInner {
         let mut last = words[LAST_WORD / 8].to_ne_bytes();
         last[OP_OWN_BYTE] = (last[OP_OWN_BYTE] & !1) | owner;
         let base = (pi & (self.ncqe as u64 - 1)) as usize * CQE_SIZE;
-        for (i, w) in words.iter().enumerate().take(LAST_WORD / 8) {
-            qmem::store_u64(&self.ring, base + i * 8, *w, Ordering::Relaxed);
+        match &self.ring {
+            QBuf::Host(r) => {
+                for (i, w) in words.iter().enumerate().take(LAST_WORD / 8) {
+                    qmem::store_u64(r, base + i * 8, *w, Ordering::Relaxed);
+                }
+                qmem::store_u64(r, base + LAST_WORD, u64::from_ne_bytes(last), Ordering::Release);
+            }
+            QBuf::Gpu(g) => {
+                let body: &[u8] = bytemuck::cast_slice(&words[..LAST_WORD / 8]);
+                // SAFETY: the entry lies inside the ring, which this CQ keeps alive while the executor uses it.
+                let r = unsafe { data.write_bytes(g.loc(base), body) }
+                    // SAFETY: as above, for the entry's last 8 bytes.
+                    .and_then(|()| unsafe { data.write_bytes(g.loc(base + LAST_WORD), &last) });
+                if r.is_err() {
+                    // The GPU is unusable (its copies fail): nothing more reaches this CQ.
+                    self.error.store(true, Ordering::Release);
+                    return Err(CqFull);
+                }
+            }
         }
-        qmem::store_u64(&self.ring, base + LAST_WORD, u64::from_ne_bytes(last), Ordering::Release);
         self.produced.store(pi + 1, Ordering::Release);
         Ok(())
     }

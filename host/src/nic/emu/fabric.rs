@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 use std::time::Instant;
 
 use crate::drop_errors::DropErrors;
-use crate::mem::{GpuCopier, QueueMemory};
+use crate::mem::{GpuCopier, MemKind, QueueMemory};
+use crate::Result;
+
+use super::qmem::QBuf;
 
 use super::mr::MrTable;
 use super::qp::QpInner;
@@ -27,6 +30,12 @@ pub(crate) struct Fabric {
     pub mailbox: OnceLock<Mailbox>,
     pub queue_mem: Arc<dyn QueueMemory>,
     pub gpu: Option<Arc<dyn GpuCopier>>,
+    /// Where SQ rings, dbrecs and CQ rings go ([`EmuConfig::queues`](super::EmuConfig::queues)); `Gpu` only
+    /// with `gpu`.
+    pub queues: MemKind,
+    /// What the NIC leaves in words 1..8 of each BlueFlame register after acting on a doorbell (random,
+    /// never zero): a word that differs was written by a BlueFlame write since (see `sq::take_blueflame`).
+    pub bf_sentinel: u64,
     /// Live QPs by QPN.
     pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
     /// Bumped whenever `qps` changes (after the change), so the executor refreshes its list only then.
@@ -63,6 +72,7 @@ impl Fabric {
         id: u64,
         queue_mem: Arc<dyn QueueMemory>,
         gpu: Option<Arc<dyn GpuCopier>>,
+        queues: MemKind,
         wire: Option<WireConfig>,
     ) -> Self {
         Self {
@@ -71,6 +81,9 @@ impl Fabric {
             mailbox: OnceLock::new(),
             queue_mem,
             gpu,
+            queues,
+            // Derived from the random identifier: any value works, a fixed one might be some WQE's word.
+            bf_sentinel: id.rotate_left(29) ^ 0x5bd1_e995_a5a5_c3c3 | 1,
             qps: RwLock::new(HashMap::new()),
             qp_gen: AtomicU64::new(0),
             acked_gen: AtomicU64::new(0),
@@ -84,6 +97,15 @@ impl Fabric {
             held: AtomicBool::new(false),
             running: AtomicBool::new(true),
             epoch: Instant::now(),
+        }
+    }
+
+    /// Allocates `len` zeroed bytes of queue memory where [`Fabric::queues`] says.
+    pub(crate) fn alloc_queue(&self, len: usize) -> Result<QBuf> {
+        match (self.queues, &self.gpu) {
+            (MemKind::Gpu, Some(g)) => Ok(QBuf::Gpu(g.alloc(len)?)),
+            // `EmuNic::open` refuses GPU queues without a copier.
+            _ => Ok(QBuf::Host(self.queue_mem.alloc(len)?)),
         }
     }
 

@@ -494,8 +494,14 @@ mod tests {
         q.shared.ready = start;
         q.shared.retired = start;
         q.shared.rung = start;
-        let cq =
-            CqHandle { buf: q.cq.as_ptr() as u64, dbrec: q.cq_dbrec.as_ptr() as u64, ncqe: 64, cqn: 1, cons_index: 0 };
+        let cq = CqHandle {
+            buf: q.cq.as_ptr() as u64,
+            dbrec: q.cq_dbrec.as_ptr() as u64,
+            ncqe: 64,
+            cqn: 1,
+            cons_index: 0,
+            ..Default::default()
+        };
         let mut h = QpHandle {
             sq_buf: q.sq.as_ptr() as u64,
             dbrec: q.dbrec.as_ptr() as u64,

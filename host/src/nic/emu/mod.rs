@@ -95,6 +95,7 @@ mod hostmem;
 mod mr;
 mod qmem;
 mod qp;
+mod sim_gpu;
 mod sq;
 mod stats;
 mod wire;
@@ -113,7 +114,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 
-use crate::mem::{GpuCopier, HostQueueMemory, MemLoc, QueueMemory};
+use crate::mem::{GpuCopier, HostQueueMemory, MemKind, MemLoc, QueueMemory};
 use crate::{EmuError, Error, Result};
 
 pub use cq::{Cq, MAX_CQE};
@@ -121,6 +122,7 @@ pub use fault::vendor;
 pub use mr::{Access, Mr, Pd};
 pub use qp::ENDPOINT_BYTES;
 pub use qp::{Endpoint, Qp, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
+pub use sim_gpu::SimGpu;
 pub use stats::Stats;
 pub use wire::WireConfig;
 
@@ -134,8 +136,14 @@ pub struct EmuConfig {
     /// Where queue memory (SQ rings, dbrecs, UAR pages, CQ rings) comes from: [`HostQueueMemory`] for the
     /// `cpu` executor, pinned host memory mapped into the GPU for the `gpu` executor.
     pub queue_mem: Arc<dyn QueueMemory>,
-    /// How to reach MRs in GPU memory; `None`: only host-memory MRs can be registered.
+    /// How to reach MRs in GPU memory (and queues in GPU memory); `None`: only host-memory MRs can be
+    /// registered.
     pub gpu: Option<Arc<dyn GpuCopier>>,
+    /// Where SQ rings, their dbrecs, CQ rings and their dbrecs go: [`MemKind::Host`] (from `queue_mem`) or
+    /// [`MemKind::Gpu`] (from `gpu`, which it needs), as DOCA GPUNetIO and NVSHMEM IBGDA place them by
+    /// default. UAR pages (doorbell and BlueFlame register) are always from `queue_mem`: device code writes
+    /// them as MMIO. The QP and CQ handles record the choice ([`Placement`](gdaki_shared::handle::Placement)).
+    pub queues: MemKind,
     /// How to reach QPs of other NICs (other processes or hosts); `None`: only QPs of this NIC connect.
     pub wire: Option<WireConfig>,
 }
@@ -143,7 +151,37 @@ pub struct EmuConfig {
 impl EmuConfig {
     /// Host queue memory, no GPU, no wire: everything for the `cpu` executor in one process.
     pub fn host() -> Self {
-        Self { queue_mem: Arc::new(HostQueueMemory), gpu: None, wire: None }
+        Self { queue_mem: Arc::new(HostQueueMemory), gpu: None, queues: MemKind::Host, wire: None }
+    }
+
+    /// The configuration for executor `exec`: its queue memory and GPU copier, no wire, and the queues where
+    /// the environment variable [`QUEUES_ENV`] says (`gpu` or `host`). Unset, they are in GPU memory on the
+    /// `gpu` executor and in host memory on the `cpu` executor. `GDAKI_QUEUES=gpu` on the `cpu` executor
+    /// puts them in a [`SimGpu`]'s simulated GPU memory, which the NIC reaches only through copies, as on a
+    /// GPU: the GPU-memory path, tested without one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a [`QUEUES_ENV`] other than `gpu` or `host`; the CUDA driver's error
+    /// creating the copier's stream; [`Error::Emu`] when the simulator's thread cannot start.
+    pub fn for_executor(exec: &crate::exec::Executor) -> Result<Self> {
+        let asked = queues_from_env()?;
+        let (gpu, queues): (Option<Arc<dyn GpuCopier>>, MemKind) = match (exec.gpu_copier()?, asked) {
+            (None, Some(MemKind::Gpu)) => (Some(Arc::new(SimGpu::new()?)), MemKind::Gpu),
+            (None, _) => (None, MemKind::Host),
+            (Some(g), Some(k)) => (Some(g), k),
+            (Some(g), None) => (Some(g), MemKind::Gpu),
+        };
+        Ok(Self { queue_mem: exec.queue_memory(), gpu, queues, wire: None })
+    }
+
+    /// [`EmuConfig::host`], or with [`QUEUES_ENV`]`=gpu` its queues in a [`SimGpu`]'s simulated GPU memory
+    /// (as [`EmuConfig::for_executor`] on the `cpu` executor): how the project's tests run every emulated-NIC
+    /// test with both placements.
+    ///
+    /// # Errors
+    /// As [`EmuConfig::for_executor`].
+    pub fn host_or_env() -> Result<Self> {
+        Self::for_executor(&crate::exec::Executor::Cpu)
     }
 
     /// This configuration with a wire.
@@ -154,7 +192,28 @@ impl EmuConfig {
 
 impl std::fmt::Debug for EmuConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmuConfig").field("gpu", &self.gpu.is_some()).field("wire", &self.wire).finish_non_exhaustive()
+        f.debug_struct("EmuConfig")
+            .field("gpu", &self.gpu.is_some())
+            .field("queues", &self.queues)
+            .field("wire", &self.wire)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The environment variable that places the emulated NIC's queues on the `gpu` executor, like NVSHMEM's
+/// `IBGDA_FORCE_NIC_BUF_MEMTYPE`: `gpu` (the default) or `host`. Read by [`EmuConfig::for_executor`]; the
+/// programs' `--queues` flag sets it.
+pub const QUEUES_ENV: &str = "GDAKI_QUEUES";
+
+/// The placement [`QUEUES_ENV`] asks for, if set.
+fn queues_from_env() -> Result<Option<MemKind>> {
+    match std::env::var(QUEUES_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => match v.as_str() {
+            "gpu" => Ok(Some(MemKind::Gpu)),
+            "host" => Ok(Some(MemKind::Host)),
+            _ => Err(Error::InvalidArgument(format!("{QUEUES_ENV}={v:?}: queues must be gpu or host"))),
+        },
     }
 }
 
@@ -193,6 +252,12 @@ impl EmuNic {
         if let Some(w) = cfg.wire {
             w.check()?;
         }
+        if cfg.queues == MemKind::Gpu && cfg.gpu.is_none() {
+            return Err(Error::InvalidArgument(
+                "queues in GPU memory need a GPU copier (EmuConfig::gpu): the cpu executor keeps them in host memory"
+                    .into(),
+            ));
+        }
         let listener = match cfg.wire {
             Some(w) => Some(
                 wire::link::bind(w.listen)
@@ -206,7 +271,7 @@ impl EmuNic {
             }
             _ => None,
         };
-        let fab = Arc::new(Fabric::new(id, cfg.queue_mem, cfg.gpu, wire));
+        let fab = Arc::new(Fabric::new(id, cfg.queue_mem, cfg.gpu, cfg.queues, wire));
         // Unbounded as a channel, bounded by `inflow`, which counts bytes (frames differ in size by 6000×).
         let (tx, rx) = std::sync::mpsc::channel();
         let inflow = Arc::new(wire::link::Inflow::new(wire.map_or(WireConfig::INBOUND_BYTES, |w| w.inbound_bytes)));
@@ -339,7 +404,7 @@ impl EmuNic {
             return Err(Error::InvalidArgument(format!("ncqe {ncqe} must be a power of two <= {MAX_CQE}")));
         }
         let cqn = self.fab.alloc_cqn().ok_or(Error::Emu(EmuError::Exhausted("CQ numbers")))?;
-        let inner = cq::CqInner::new(&*self.fab.queue_mem, cqn, ncqe)?;
+        let inner = cq::CqInner::new(&self.fab, cqn, ncqe)?;
         Ok(Cq { nic: self.clone(), inner: Arc::new(inner) })
     }
 
@@ -360,10 +425,10 @@ impl EmuNic {
         if cq.ncqe() < wqe_cnt {
             return Err(Error::InvalidArgument(format!("CQ of {} entries is smaller than SQ of {wqe_cnt}", cq.ncqe())));
         }
-        let mem = &*self.fab.queue_mem;
-        let sq = mem.alloc(wqe_cnt as usize * gdaki_shared::prm::wqe::WQEBB)?;
-        let dbrec = mem.alloc(64)?;
-        let uar = mem.alloc(gdaki_shared::prm::uar::UAR_PAGE_SIZE)?;
+        let sq = self.fab.alloc_queue(wqe_cnt as usize * gdaki_shared::prm::wqe::WQEBB)?;
+        let dbrec = self.fab.alloc_queue(64)?;
+        let uar = self.fab.queue_mem.alloc(gdaki_shared::prm::uar::UAR_PAGE_SIZE)?;
+        qp::clear_blueflame(&uar, self.fab.bf_sentinel);
         let qpn = self.fab.alloc_qpn().ok_or(Error::Emu(EmuError::Exhausted("QP numbers")))?;
         // A random first PSN, as rdma-core's examples and NCCL pick one (24 bits).
         let mut psn = [0u8; 4];

@@ -10,7 +10,9 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::mem::MappedBuf;
+use gdaki_shared::handle::Placement;
+
+use crate::mem::{GpuMem, MappedBuf, MemKind, MemLoc};
 
 fn word_ptr(buf: &MappedBuf, off: usize, size: usize) -> Option<*mut u8> {
     let ok = off.is_multiple_of(size) && off.checked_add(size).is_some_and(|end| end <= buf.len());
@@ -57,5 +59,45 @@ pub(crate) fn read_wrapping(buf: &MappedBuf, off: usize, out: &mut [u8]) {
     for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
         let at = (off + i * 8) % len;
         chunk.copy_from_slice(&load_u64(buf, at, Ordering::Relaxed).to_ne_bytes());
+    }
+}
+
+/// A buffer of queue memory (SQ ring, dbrec, CQ ring) where the NIC's [`EmuConfig::queues`] put it: host memory
+/// that the executor thread reads and writes with the functions above, or GPU memory that it reaches only
+/// through the data path's copies (`DataPath::fetch`, `DataPath::write_bytes`). The UAR page is always host
+/// memory ([`MappedBuf`]).
+///
+/// [`EmuConfig::queues`]: super::EmuConfig::queues
+#[derive(Debug)]
+pub(crate) enum QBuf {
+    /// Host memory (pinned and mapped into the GPU for the `gpu` executor).
+    Host(MappedBuf),
+    /// GPU memory.
+    Gpu(GpuMem),
+}
+
+impl QBuf {
+    /// The address device code uses.
+    pub(crate) fn device_addr(&self) -> u64 {
+        match self {
+            QBuf::Host(b) => b.device_addr(),
+            QBuf::Gpu(g) => g.addr(),
+        }
+    }
+
+    /// Where it is, as the QP and CQ handles record it.
+    pub(crate) fn placement(&self) -> Placement {
+        match self {
+            QBuf::Host(_) => Placement::HOST,
+            QBuf::Gpu(_) => Placement::GPU,
+        }
+    }
+
+    /// The byte at offset `off` as the data path addresses it.
+    pub(crate) fn loc(&self, off: usize) -> MemLoc {
+        match self {
+            QBuf::Host(b) => MemLoc { kind: MemKind::Host, addr: b.host_ptr() as u64 + off as u64 },
+            QBuf::Gpu(g) => g.loc(off),
+        }
     }
 }

@@ -15,6 +15,8 @@ use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::uar::{BF_OFFSET, BF_WRITE_SIZE};
 
 use crate::mem::MappedBuf;
+
+use super::qmem::QBuf;
 use crate::{EmuError, Error, Result};
 
 use super::cq::CqInner;
@@ -152,8 +154,8 @@ pub(crate) struct QpInner {
     pub qpn: u32,
     pub pdn: u32,
     pub wqe_cnt: u32,
-    pub sq: MappedBuf,
-    pub dbrec: MappedBuf,
+    pub sq: QBuf,
+    pub dbrec: QBuf,
     pub uar: MappedBuf,
     pub cq: Arc<CqInner>,
     state: AtomicU8,
@@ -178,8 +180,8 @@ impl QpInner {
         psn: u32,
         pdn: u32,
         wqe_cnt: u32,
-        sq: MappedBuf,
-        dbrec: MappedBuf,
+        sq: QBuf,
+        dbrec: QBuf,
         uar: MappedBuf,
         cq: Arc<CqInner>,
     ) -> Self {
@@ -280,6 +282,7 @@ impl Qp {
             sq_ci: consumed,
             sq_sig_first: consumed,
             sq_sig_end: consumed,
+            placement: q.sq.placement(),
             // A new handle knows of no error yet; the NIC still flushes WQEs of a QP in the error state.
             ..QpHandle::default()
         }
@@ -354,9 +357,8 @@ impl Qp {
             // Doorbells written before RTS are ignored: the register is cleared (software never reads a UAR,
             // so only the NIC sees this), and the next write, even of the same value, is a change.
             let mut p = lock(&q.progress);
-            for w in 0..BF_WRITE_SIZE / 8 {
-                qmem::store_u64(&q.uar, BF_OFFSET + 8 * w, 0, Ordering::Relaxed);
-            }
+            qmem::store_u64(&q.uar, BF_OFFSET, 0, Ordering::Relaxed);
+            clear_blueflame(&q.uar, self.nic.fab.bf_sentinel);
             p.last_db = 0;
         }
         q.set_state(QpState::Rts);
@@ -390,5 +392,13 @@ impl Drop for Qp {
         if let Some(link) = self.inner.link.get() {
             link.close();
         }
+    }
+}
+
+/// Fills words 1..8 of the BlueFlame register in `uar` with `sentinel`: what the NIC leaves there after each
+/// doorbell it acts on, so that words a later BlueFlame write stored are told apart from stale ones.
+pub(crate) fn clear_blueflame(uar: &MappedBuf, sentinel: u64) {
+    for w in 1..BF_WRITE_SIZE / 8 {
+        qmem::store_u64(uar, BF_OFFSET + 8 * w, sentinel, Ordering::Relaxed);
     }
 }

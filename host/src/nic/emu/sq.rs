@@ -10,6 +10,7 @@
 use std::mem::offset_of;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gdaki_shared::prm::cqe::{Cqe64, ErrCqe};
 use gdaki_shared::prm::dbrec::{QpDbrec, SQ_COUNTER_MASK};
@@ -24,7 +25,7 @@ use super::access::{DataPath, HeldCqe};
 use super::exec::{self, Pds};
 use super::fabric::{lock, read, Fabric};
 use super::fault::{vendor, Fault};
-use super::qmem;
+use super::qmem::{self, QBuf};
 use super::qp::{QpInner, QpState};
 use super::stats::bump;
 use super::wire::{requester, WireSq};
@@ -105,11 +106,17 @@ pub(crate) struct Engine {
     pub data: DataPath,
     pub scratch: Vec<(MemLoc, u64)>,
     wqe: Box<[u8; MAX_WQE_BYTES]>,
+    /// The host copy of the WQEBBs fetched from an SQ ring in GPU memory, at their offsets in the ring
+    /// (valid for the QP and range of the current [`take`] only).
+    mirror: Vec<u8>,
+    /// The WQE taken from the BlueFlame register for the doorbell being acted on: QPN, 64-bit WQE index and
+    /// its one WQEBB.
+    bf: Option<(u32, u64, [u8; WQEBB])>,
 }
 
 impl Engine {
     pub(crate) fn new(data: DataPath) -> Self {
-        Self { data, scratch: Vec::new(), wqe: Box::new([0; MAX_WQE_BYTES]) }
+        Self { data, scratch: Vec::new(), wqe: Box::new([0; MAX_WQE_BYTES]), mirror: Vec::new(), bf: None }
     }
 }
 
@@ -158,6 +165,7 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     }
     release_held(fab, qp, &mut eng.data);
     eng.data.holding = false;
+    eng.bf = None;
     busy
 }
 
@@ -174,6 +182,7 @@ fn act(
     p: &mut SqProgress,
     db: u64,
 ) -> bool {
+    eng.bf = None;
     if db == p.last_db {
         // No new doorbell; WQEs of an earlier one may still wait for room on the wire.
         let Some(pi) = *w.2 else { return false };
@@ -206,8 +215,11 @@ fn act(
         return true;
     }
     let pi = p.consumed + ahead;
-    check_dbrec(fab, qp, pi);
-    check_blueflame(fab, qp);
+    if let QBuf::Host(d) = &qp.dbrec {
+        check_dbrec(fab, qp, qmem::load_u32(d, DBREC_SQ_COUNTER, Ordering::Acquire), pi);
+    }
+    let last = (wqebbs(ctrl.ds() as u32) == 1).then(|| pi - 1);
+    take_blueflame(fab, qp, eng, db, last);
     take(fab, qp, w, eng, p, pi);
     true
 }
@@ -226,6 +238,7 @@ fn take(
     let (peer, mut wire, resume) = w;
     let start = p.consumed;
     *resume = None;
+    load_ring(fab, qp, eng, p.consumed, pi);
     while p.consumed < pi {
         let n = step(fab, qp, peer, wire.as_deref_mut(), eng, p.consumed, pi);
         if n == 0 {
@@ -237,10 +250,11 @@ fn take(
     p.consumed != start
 }
 
-/// Records a mismatch when dbrec word 1 (SQ counter) is behind the doorbell's producer index. It may be
-/// ahead: another poster may have updated it already for WQEs whose doorbell is still to come.
-fn check_dbrec(fab: &Fabric, qp: &QpInner, pi: u64) {
-    let dbrec = Be32::from_bits(qmem::load_u32(&qp.dbrec, DBREC_SQ_COUNTER, Ordering::Acquire)).get() & SQ_COUNTER_MASK;
+/// Records a mismatch when dbrec word 1 (SQ counter, `word` as stored) is behind the doorbell's producer
+/// index. It may be ahead: another poster may have updated it already for WQEs whose doorbell is still to
+/// come.
+fn check_dbrec(fab: &Fabric, qp: &QpInner, word: u32, pi: u64) {
+    let dbrec = Be32::from_bits(word).get() & SQ_COUNTER_MASK;
     let ahead = (dbrec as u16).wrapping_sub(pi as u16) as u64;
     if ahead > qp.wqe_cnt as u64 {
         bump(&fab.stats.dbrec_mismatches);
@@ -253,21 +267,108 @@ fn check_dbrec(fab: &Fabric, qp: &QpInner, pi: u64) {
     }
 }
 
-/// Counts a BlueFlame write when the register's words 1..8 are not all zero, then clears them: a plain
-/// doorbell writes word 0 only, so non-zero words 1..8 mean at least one BlueFlame write since the previous
-/// doorbell the NIC acted on (a poster faster than the NIC may have made several: one is counted). The WQE
-/// itself is always read from the ring, as software must write it there too. Clearing is safe because
-/// software never reads a UAR.
-fn check_blueflame(fab: &Fabric, qp: &QpInner) {
-    let mut seen = false;
-    for i in 1..WQEBB / 8 {
-        seen |= qmem::load_u64(&qp.uar, BF_OFFSET + 8 * i, Ordering::Relaxed) != 0;
-    }
-    if seen {
-        for i in 1..WQEBB / 8 {
-            qmem::store_u64(&qp.uar, BF_OFFSET + 8 * i, 0, Ordering::Relaxed);
+/// How long the NIC waits for the rest of a BlueFlame write whose first word (the doorbell) it has seen,
+/// before it fetches the WQE from the ring instead.
+const BF_ARRIVAL: Duration = Duration::from_micros(2);
+
+/// Looks at the BlueFlame register after doorbell `db`: counts a BlueFlame write when words 1..8 are not all
+/// [`Fabric::bf_sentinel`] (what the NIC leaves there; a plain doorbell writes word 0 only, and a poster faster
+/// than the NIC may have made several BlueFlame writes: one is counted), and takes the WQE from the register
+/// (`eng.bf`) when the doorbell announced a one-WQEBB WQE at 64-bit index `last` and the write carrying it
+/// has arrived: every word its `ds` covers differs from the sentinel, and word 0 still equals `db`. Then
+/// refills words 1..8 with the sentinel (software never reads a UAR).
+///
+/// Device code stores the ctrl segment's word 0 first (as the PRM lays out the WQEBB), so the NIC may see
+/// the doorbell before the rest: it waits [`BF_ARRIVAL`] at most for it. A later write changes word 0 before
+/// it changes any other word, so a WQE whose word 0 is unchanged after its words were read is the one `db`
+/// announced. When anything is missing, the WQE is read from the ring, where software wrote it too.
+fn take_blueflame(fab: &Fabric, qp: &QpInner, eng: &mut Engine, db: u64, last: Option<u64>) {
+    let sentinel = fab.bf_sentinel;
+    let read = |w: &mut [u64; WQEBB / 8]| {
+        for (i, x) in w.iter_mut().enumerate().skip(1) {
+            *x = qmem::load_u64(&qp.uar, BF_OFFSET + 8 * i, Ordering::Acquire);
         }
+    };
+    let mut words = [0u64; WQEBB / 8];
+    read(&mut words);
+    let written = |w: &[u64; WQEBB / 8]| w[1..].iter().any(|x| *x != sentinel);
+    if written(&words) {
         bump(&fab.stats.blueflame);
+    }
+    if let Some(idx) = last {
+        // ds of the announced WQE (at most 4 here): the words its segments cover.
+        let need = 2 * ctrl_of_doorbell(db).ds() as usize;
+        let arrived = |w: &[u64; WQEBB / 8]| w[1..need.max(1)].iter().all(|x| *x != sentinel);
+        let start = Instant::now();
+        while written(&words) && !arrived(&words) && start.elapsed() < BF_ARRIVAL {
+            std::hint::spin_loop();
+            read(&mut words);
+        }
+        if written(&words) && arrived(&words) && qp.doorbell() == db {
+            words[0] = db;
+            let mut wqebb = [0u8; WQEBB];
+            wqebb.copy_from_slice(bytemuck::cast_slice(&words));
+            eng.bf = Some((qp.qpn, idx, wqebb));
+            bump(&fab.stats.blueflame_wqes);
+        }
+    }
+    if written(&words) {
+        super::qp::clear_blueflame(&qp.uar, sentinel);
+    }
+}
+
+/// Fetches WQEBBs `from..to` of an SQ ring in GPU memory into the engine's mirror, with dbrec word 1 (one
+/// synchronize for both), and cross-checks the dbrec. A WQE taken from the BlueFlame register at the end of
+/// the range is not fetched: a doorbell whose only new WQE came by BlueFlame costs no copy. Nothing to do for
+/// a ring in host memory (read in place). A failed fetch moves the QP to the error state.
+fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
+    let QBuf::Gpu(ring) = &qp.sq else { return };
+    let end = match eng.bf {
+        Some((qpn, idx, _)) if qpn == qp.qpn && idx + 1 == to => idx,
+        _ => to,
+    };
+    if end <= from {
+        return;
+    }
+    let len = ring.len();
+    eng.mirror.resize(len, 0);
+    let mask = qp.wqe_cnt as u64 - 1;
+    let start = ((from & mask) as usize) * WQEBB;
+    let n = (((end - from) as usize) * WQEBB).min(len);
+    let first = n.min(len - start);
+    let (head, tail) = eng.mirror.split_at_mut(start);
+    let mut word = [0u8; 4];
+    let mut reads = [
+        (ring.loc(start), &mut tail[..first]),
+        (ring.loc(0), &mut head[..n - first]),
+        (qp.dbrec.loc(DBREC_SQ_COUNTER), &mut word[..]),
+    ];
+    bump(&fab.stats.ring_fetches);
+    match eng.data.fetch(&mut reads) {
+        Ok(()) => check_dbrec(fab, qp, u32::from_ne_bytes(word), to),
+        Err(f) => fail(fab, qp, &mut eng.data, from, 0, f),
+    }
+}
+
+/// Reads `out.len()` bytes (a multiple of 8) of the WQE at 64-bit index `idx`, from byte `at` of the WQE on:
+/// from the BlueFlame register's copy when the WQE came that way, else from the ring (in place, or the
+/// mirror of a ring in GPU memory), wrapping past the ring's end.
+fn wqe_bytes(qp: &QpInner, bf: &Option<(u32, u64, [u8; WQEBB])>, mirror: &[u8], idx: u64, at: usize, out: &mut [u8]) {
+    if let Some((qpn, i, wqebb)) = bf {
+        if *qpn == qp.qpn && *i == idx && at + out.len() <= WQEBB {
+            out.copy_from_slice(&wqebb[at..at + out.len()]);
+            return;
+        }
+    }
+    let off = ((idx & (qp.wqe_cnt as u64 - 1)) as usize) * WQEBB + at;
+    match &qp.sq {
+        QBuf::Host(b) => qmem::read_wrapping(b, off, out),
+        QBuf::Gpu(_) => {
+            let len = mirror.len();
+            for (i, b) in out.iter_mut().enumerate() {
+                *b = if len == 0 { 0 } else { mirror[(off + i) % len] };
+            }
+        }
     }
 }
 
@@ -283,11 +384,9 @@ fn step(
     idx: u64,
     pi: u64,
 ) -> u64 {
-    let mask = qp.wqe_cnt as u64 - 1;
-    let off = ((idx & mask) as usize) * WQEBB;
     let avail = pi - idx;
     // The ctrl segment goes where the whole WQE will be, so that the body is read after it and nothing twice.
-    qmem::read_wrapping(&qp.sq, off, &mut eng.wqe[..SEG]);
+    wqe_bytes(qp, &eng.bf, &eng.mirror, idx, 0, &mut eng.wqe[..SEG]);
     let ctrl: CtrlSeg = bytemuck::pod_read_unaligned(&eng.wqe[..SEG]);
     // Size to skip when the WQE is not executed: its own ds when sane, at least one WQEBB, never past pi.
     let skip = (wqebbs(ctrl.ds() as u32) as u64).clamp(1, avail);
@@ -311,7 +410,7 @@ fn step(
     // parse_ctrl bounds ds to 63 segments: `len` fits `eng.wqe`, and the body starts inside the ring (read
     // with wrap, as the WQE may continue at slot 0).
     let len = h.ds as usize * SEG;
-    qmem::read_wrapping(&qp.sq, off + SEG, &mut eng.wqe[SEG..len]);
+    wqe_bytes(qp, &eng.bf, &eng.mirror, idx, SEG, &mut eng.wqe[SEG..len]);
     let op = match wqe::parse_body(&h, &eng.wqe[..len]) {
         Ok(op) => op,
         Err(f) => {
@@ -396,7 +495,10 @@ pub(crate) fn push_resp_imm(
     imm: Be32,
     placed: u32,
 ) -> Result<(), Fault> {
-    data.fence()?;
+    // A CQ in GPU memory follows the data on the copier's stream; one in host memory waits for it here.
+    if !peer.cq.in_gpu() {
+        data.fence()?;
+    }
     let n = peer.resp_count.fetch_add(1, Ordering::Relaxed);
     let mut c = Cqe64::INVALID;
     c.imm_inval_pkey = imm;
@@ -406,7 +508,7 @@ pub(crate) fn push_resp_imm(
     c.sop_drop_qpn = Be32::new(peer.qpn & 0x00ff_ffff);
     c.wqe_counter = Be16::new(n as u16);
     c.op_own = opcode::cqe::RESP_WR_IMM << 4;
-    if peer.cq.push(&c, &fab.stats).is_err() {
+    if peer.cq.push(&c, &fab.stats, data).is_err() {
         peer.set_state(QpState::Error);
         return Err(Fault::remote_op(vendor::RESP_CQ_OVERRUN));
     }
@@ -414,9 +516,15 @@ pub(crate) fn push_resp_imm(
     Ok(())
 }
 
-/// The requester's success CQE (opcode REQ), after every earlier placement: held while a batch is taken and
-/// GPU copies are in flight (written after the batch's one synchronize), else written now, after the held ones.
+/// The requester's success CQE (opcode REQ), after every earlier placement. Into a CQ in GPU memory it goes
+/// at once, on the copier's stream behind the copies it reports. Into a CQ in host memory it is held while
+/// a batch is taken and GPU copies are in flight (written after the batch's one synchronize), else written
+/// now, after the held ones.
 pub(crate) fn complete(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, byte_cnt: u32) {
+    if qp.cq.in_gpu() {
+        push_req(fab, qp, data, idx, op, byte_cnt);
+        return;
+    }
     if data.holding && data.pending() {
         data.held.push(HeldCqe { idx, op, byte_cnt });
         return;
@@ -426,7 +534,7 @@ pub(crate) fn complete(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64
         fail(fab, qp, data, idx, op, f);
         return;
     }
-    push_req(fab, qp, idx, op, byte_cnt);
+    push_req(fab, qp, data, idx, op, byte_cnt);
 }
 
 /// Writes the held success CQEs of `qp` after one synchronize. When the synchronize fails, the first held
@@ -439,9 +547,9 @@ fn release_held(fab: &Fabric, qp: &QpInner, data: &mut DataPath) {
     let mut failed = data.fence().err();
     for h in &held {
         match failed.take() {
-            None if qp.state() != QpState::Error => push_req(fab, qp, h.idx, h.op, h.byte_cnt),
-            None => push_err(fab, qp, h.idx, h.op, Fault::flushed()),
-            Some(f) => push_err(fab, qp, h.idx, h.op, f),
+            None if qp.state() != QpState::Error => push_req(fab, qp, data, h.idx, h.op, h.byte_cnt),
+            None => push_err(fab, qp, data, h.idx, h.op, Fault::flushed()),
+            Some(f) => push_err(fab, qp, data, h.idx, h.op, f),
         }
     }
     // Keep the allocation for the next batch.
@@ -450,7 +558,7 @@ fn release_held(fab: &Fabric, qp: &QpInner, data: &mut DataPath) {
 }
 
 /// Writes a success CQE for the WQE at `idx`.
-fn push_req(fab: &Fabric, qp: &QpInner, idx: u64, op: u8, byte_cnt: u32) {
+fn push_req(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, byte_cnt: u32) {
     let mut c = Cqe64::INVALID;
     c.byte_cnt = Be32::new(byte_cnt);
     // ns since the NIC opened: see `timestamp`.
@@ -458,7 +566,7 @@ fn push_req(fab: &Fabric, qp: &QpInner, idx: u64, op: u8, byte_cnt: u32) {
     c.sop_drop_qpn = Be32::new((op as u32) << 24 | (qp.qpn & 0x00ff_ffff));
     c.wqe_counter = Be16::new(idx as u16);
     c.op_own = opcode::cqe::REQ << 4;
-    if qp.cq.push(&c, &fab.stats).is_err() {
+    if qp.cq.push(&c, &fab.stats, data).is_err() {
         qp.set_state(QpState::Error);
     } else {
         bump(&fab.stats.cqes);
@@ -472,11 +580,11 @@ pub(crate) fn fail(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op
     // here changes nothing more.
     release_held(fab, qp, data);
     let _ = data.fence();
-    push_err(fab, qp, idx, op, f);
+    push_err(fab, qp, data, idx, op, f);
 }
 
 /// Writes an error CQE for the WQE at `idx` and moves the QP to the error state.
-fn push_err(fab: &Fabric, qp: &QpInner, idx: u64, op: u8, f: Fault) {
+fn push_err(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, f: Fault) {
     let flushed = f == Fault::flushed();
     if !flushed {
         tracing::warn!(
@@ -495,7 +603,7 @@ fn push_err(fab: &Fabric, qp: &QpInner, idx: u64, op: u8, f: Fault) {
     c.s_wqe_opcode_qpn = Be32::new((op as u32) << 24 | (qp.qpn & 0x00ff_ffff));
     c.wqe_counter = Be16::new(idx as u16);
     c.op_own = opcode::cqe::REQ_ERR << 4;
-    if qp.cq.push(c.as_cqe(), &fab.stats).is_ok() {
+    if qp.cq.push(c.as_cqe(), &fab.stats, data).is_ok() {
         bump(if flushed { &fab.stats.flush_cqes } else { &fab.stats.error_cqes });
     }
 }

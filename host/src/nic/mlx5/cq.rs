@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use gdaki_mlx5_sys as sys;
-use gdaki_shared::handle::CqHandle;
+use gdaki_shared::handle::{CqHandle, Placement};
 use gdaki_shared::prm::cqe::CQE_SIZE;
 
 use super::attr;
@@ -89,6 +89,9 @@ impl Mlx5Nic {
             ncqe,
             cqn: dv.cqn,
             cons_index: 0,
+            // The fallback path: rings in host memory mapped into the GPU.
+            placement: Placement::HOST,
+            pad: 0,
         };
         Ok(Cq { inner: Arc::new(inner) })
     }

@@ -1,0 +1,193 @@
+//! Where the emulated NIC keeps its queues (host or GPU memory, here GPU memory simulated by `SimGpu`), and
+//! BlueFlame WQEs taken from the register itself.
+
+mod emu_util;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use emu_util::*;
+use gdaki::mem::{HostQueueMemory, MemKind};
+use gdaki::nic::emu::{Access, EmuConfig, EmuNic, SimGpu};
+use gdaki_shared::handle::Placement;
+use gdaki_shared::prm::opcode;
+
+fn config(queues: MemKind) -> EmuConfig {
+    match queues {
+        MemKind::Host => EmuConfig::host(),
+        MemKind::Gpu => EmuConfig {
+            queue_mem: Arc::new(HostQueueMemory),
+            gpu: Some(Arc::new(SimGpu::new().unwrap())),
+            queues: MemKind::Gpu,
+            wire: None,
+        },
+    }
+}
+
+const BOTH: [MemKind; 2] = [MemKind::Host, MemKind::Gpu];
+
+#[test]
+fn handles_record_the_placement() {
+    for (kind, placement) in [(MemKind::Host, Placement::HOST), (MemKind::Gpu, Placement::GPU)] {
+        let p = Pair::with_config(config(kind), 64, 64);
+        let h = p.a.handle();
+        assert_eq!((h.placement, h.cq.placement), (placement, placement), "{kind:?}");
+    }
+}
+
+#[test]
+fn gpu_queues_need_a_copier() {
+    let cfg = EmuConfig { queues: MemKind::Gpu, ..EmuConfig::host() };
+    let e = EmuNic::open(cfg).unwrap_err().to_string();
+    assert!(e.contains("GPU copier"), "{e}");
+}
+
+#[test]
+fn gpu_queues_fetch_the_ring_once_per_doorbell() {
+    let mut rng = rng();
+    let p = Pair::with_config(config(MemKind::Gpu), 64, 64);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let src = GuardedBuf::new(4096, 0);
+    let dst = GuardedBuf::new(4096, 0);
+    let (lmr, rmr) = (src.register(&p.nic, &p.pd, Access::NONE), dst.register(&p.nic, &p.pd, Access::ALL));
+    let data = random_bytes(&mut rng, 4096);
+    src.write(0, &data);
+    // Eight WRITEs of 512 bytes under one doorbell: one fetch of the ring, eight CQEs written by copies.
+    let mut last = 0;
+    for i in 0..8u64 {
+        let w = sq.write(SIGNALED, (lmr.lkey(), src.addr() + 512 * i, 512), dst.addr() + 512 * i, rmr.rkey());
+        last = sq.put(&w);
+    }
+    sq.dbrec();
+    sq.doorbell(last);
+    for i in 0..8 {
+        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), i, 0);
+    }
+    assert_eq!(dst.read(), data);
+    let s = p.nic.stats();
+    assert_eq!((s.doorbells, s.ring_fetches, s.cqes, s.dbrec_mismatches), (1, 1, 8, 0));
+}
+
+#[test]
+fn a_gpu_cq_still_overruns_when_software_does_not_consume() {
+    // 16 CQEs fit; the 17th finds the (cached, then re-read) consumer index still at 0.
+    let p = Pair::with_config(config(MemKind::Gpu), 16, 16);
+    let mut sq = Sq::new(&p.a);
+    for _ in 0..17 {
+        let at = sq.put(&sq.nop(SIGNALED));
+        sq.dbrec();
+        sq.doorbell(at);
+        wait_until("the NOP", || p.a.sq_consumed() > at);
+    }
+    wait_until("the overrun", || p.nic.stats().cq_overruns == 1);
+    assert!(p.cq_a.is_error());
+}
+
+#[test]
+fn a_gpu_cq_takes_more_cqes_than_it_holds_once_consumed() {
+    let p = Pair::with_config(config(MemKind::Gpu), 16, 16);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    for _ in 0..100 {
+        let at = sq.post(&sq.nop(SIGNALED));
+        assert_req(&cq.wait(), opcode::NOP, sq.qpn(), at, 0);
+    }
+    assert_eq!(p.nic.stats().cq_overruns, 0);
+}
+
+/// Posts a signaled WRITE by BlueFlame while the executor is held, then spoils the ring's copy of the WQE:
+/// the NIC must execute the register's.
+#[test]
+fn blueflame_wqes_come_from_the_register() {
+    for kind in BOTH {
+        let mut rng = rng();
+        let p = Pair::with_config(config(kind), 64, 64);
+        let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+        let src = GuardedBuf::new(256, 0);
+        let dst = GuardedBuf::new(256, 0);
+        let (lmr, rmr) = (src.register(&p.nic, &p.pd, Access::NONE), dst.register(&p.nic, &p.pd, Access::ALL));
+        let data = random_bytes(&mut rng, 256);
+        src.write(0, &data);
+        p.nic.hold_executor(true);
+        let at = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 256), dst.addr(), rmr.rkey()));
+        sq.dbrec();
+        sq.blueflame(at);
+        // A ctrl segment with a wrong opcode and WQE index in the ring: executed from there, the WQE would
+        // fail with 0x02.
+        for w in 0..8 {
+            ring_store(&p.a, at, w, if w == 0 { 0xdead_beef } else { 0 });
+        }
+        p.nic.hold_executor(false);
+        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+        assert_eq!(dst.read(), data, "{kind:?}");
+        let s = p.nic.stats();
+        assert_eq!((s.blueflame, s.blueflame_wqes, s.ring_fetches), (1, 1, 0), "{kind:?}");
+    }
+}
+
+/// Stores word `w` of WQEBB `at` of `qp`'s ring.
+fn ring_store(qp: &gdaki::nic::emu::Qp, at: u64, w: usize, v: u64) {
+    let h = qp.handle();
+    let off = (at as usize % h.wqe_cnt as usize) * 64 + 8 * w;
+    // SAFETY: inside the SQ ring (host memory in these tests), 8-aligned.
+    unsafe { AtomicU64::from_ptr((h.sq_buf + off as u64) as *mut u64) }.store(v, Ordering::Relaxed);
+}
+
+/// Stores word `w` of `qp`'s BlueFlame register.
+fn bf_store(qp: &gdaki::nic::emu::Qp, w: usize, v: u64) {
+    let h = qp.handle();
+    // SAFETY: the 64-byte register inside the UAR page, 8-aligned.
+    unsafe { AtomicU64::from_ptr((h.bf_reg + 8 * w as u64) as *mut u64) }.store(v, Ordering::Release);
+}
+
+#[test]
+fn a_blueflame_write_that_never_completes_falls_back_to_the_ring() {
+    for kind in BOTH {
+        let mut rng = rng();
+        let p = Pair::with_config(config(kind), 64, 64);
+        let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+        let src = GuardedBuf::new(64, 0);
+        let dst = GuardedBuf::new(64, 0);
+        let (lmr, rmr) = (src.register(&p.nic, &p.pd, Access::NONE), dst.register(&p.nic, &p.pd, Access::ALL));
+        let data = random_bytes(&mut rng, 64);
+        src.write(0, &data);
+        let at = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+        sq.dbrec();
+        // Word 1 of the WQE (not the rest) and then the doorbell: a torn BlueFlame write.
+        bf_store(&p.a, 1, 0x1234_5678);
+        sq.doorbell(at);
+        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+        assert_eq!(dst.read(), data, "{kind:?}");
+        let s = p.nic.stats();
+        assert_eq!((s.blueflame, s.blueflame_wqes), (1, 0), "{kind:?}");
+        let fetched = if kind == MemKind::Gpu { 1 } else { 0 };
+        assert_eq!(s.ring_fetches, fetched, "{kind:?}");
+    }
+}
+
+#[test]
+fn an_old_blueflame_write_is_not_taken_for_a_later_doorbell() {
+    for kind in BOTH {
+        let mut rng = rng();
+        let p = Pair::with_config(config(kind), 64, 64);
+        let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+        let src = GuardedBuf::new(128, 0);
+        let dst = GuardedBuf::new(128, 0);
+        let (lmr, rmr) = (src.register(&p.nic, &p.pd, Access::NONE), dst.register(&p.nic, &p.pd, Access::ALL));
+        let data = random_bytes(&mut rng, 128);
+        src.write(0, &data);
+        let a = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+        sq.dbrec();
+        sq.blueflame(a);
+        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), a, 0);
+        // The second WQE (another range) by plain doorbell: the register still holds words of the first
+        // write unless the NIC cleared them; executed from the register, the second range stays zero.
+        let b = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr() + 64, 64), dst.addr() + 64, rmr.rkey()));
+        sq.dbrec();
+        sq.doorbell(b);
+        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), b, 0);
+        assert_eq!(dst.read(), data, "{kind:?}");
+        assert_eq!(p.nic.stats().blueflame_wqes, 1, "{kind:?}");
+        cq.assert_none_for(Duration::from_millis(20));
+    }
+}
