@@ -246,8 +246,9 @@ impl Communicator {
             IbMode::Host | IbMode::HostNoAtomic => Some(self.proxy()?),
         };
         let res = &self.res;
-        let cq = res.nic.create_cq(ncqe)?;
-        let qp = res.nic.create_qp(&res.pd, &cq, wqe_cnt)?;
+        // The proxy's QPs are posted to and polled by a host thread: their queues stay in host memory.
+        let cq = res.nic.create_cq_for(ncqe, proxy.is_some())?;
+        let qp = res.nic.create_qp_for(&res.pd, &cq, wqe_cnt, proxy.is_some())?;
         let scratch = res.exec.queue_memory().alloc(8)?;
         // SAFETY: `scratch` moves into the connection and is dropped after this MR (field order of `ConnInner`).
         let scratch_mr = unsafe { res.nic.reg_mr(&res.pd, queue_loc(&scratch)?, 8, Access::LOCAL_WRITE) }?;

@@ -205,7 +205,31 @@ impl Nic {
     /// # Errors
     /// [`Error::InvalidArgument`] for a PD or CQ of the other backend; the backend's.
     pub fn create_qp(&self, pd: &Pd, cq: &Cq, wqe_cnt: u32) -> Result<Qp> {
+        self.create_qp_for(pd, cq, wqe_cnt, false)
+    }
+
+    /// [`Nic::create_cq`], with the ring in host memory when `host_polled` (host code polls it: the proxy of
+    /// the Host modes), whatever the emulated NIC's queue placement; a real NIC's rings are in host memory.
+    ///
+    /// # Errors
+    /// As [`Nic::create_cq`].
+    pub fn create_cq_for(&self, ncqe: u32, host_polled: bool) -> Result<Cq> {
+        match self {
+            Nic::Emu(n) if host_polled => n.create_cq_in(ncqe, crate::mem::MemKind::Host).map(Cq::Emu),
+            _ => self.create_cq(ncqe),
+        }
+    }
+
+    /// [`Nic::create_qp`], with the SQ in host memory when `host_posted` (host code posts to it: the proxy of
+    /// the Host modes), whatever the emulated NIC's queue placement.
+    ///
+    /// # Errors
+    /// As [`Nic::create_qp`].
+    pub fn create_qp_for(&self, pd: &Pd, cq: &Cq, wqe_cnt: u32, host_posted: bool) -> Result<Qp> {
         match (self, pd, cq) {
+            (Nic::Emu(n), Pd::Emu(p), Cq::Emu(c)) if host_posted => {
+                n.create_qp_in(p, c, wqe_cnt, crate::mem::MemKind::Host).map(Qp::Emu)
+            }
             (Nic::Emu(n), Pd::Emu(p), Cq::Emu(c)) => n.create_qp(p, c, wqe_cnt).map(Qp::Emu),
             #[cfg(feature = "mlx5")]
             (Nic::Mlx5(n), Pd::Mlx5(p), Cq::Mlx5(c)) => n.create_qp(p, c, wqe_cnt).map(Qp::Mlx5),

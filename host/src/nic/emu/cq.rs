@@ -103,9 +103,9 @@ pub(crate) struct CqFull;
 
 impl CqInner {
     /// Allocates a ring of `ncqe` CQEs (a power of two, `1..=MAX_CQE`, checked by the caller) and a dbrec.
-    pub(crate) fn new(fab: &Fabric, cqn: u32, ncqe: u32) -> Result<Self> {
-        let ring = fab.alloc_queue(ncqe as usize * CQE_SIZE)?;
-        let dbrec = fab.alloc_queue(64)?;
+    pub(crate) fn new(fab: &Fabric, cqn: u32, ncqe: u32, kind: MemKind) -> Result<Self> {
+        let ring = fab.alloc_queue(ncqe as usize * CQE_SIZE, kind)?;
+        let dbrec = fab.alloc_queue(64, kind)?;
         // op_own is a byte of the last word; native-endian bytes keep memory order.
         let mut last = [0u8; 8];
         last[OP_OWN_BYTE] = OP_OWN_INVALID;

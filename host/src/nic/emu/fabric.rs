@@ -100,9 +100,9 @@ impl Fabric {
         }
     }
 
-    /// Allocates `len` zeroed bytes of queue memory where [`Fabric::queues`] says.
-    pub(crate) fn alloc_queue(&self, len: usize) -> Result<QBuf> {
-        match (self.queues, &self.gpu) {
+    /// Allocates `len` zeroed bytes of queue memory in `kind` of memory (GPU memory only with a copier).
+    pub(crate) fn alloc_queue(&self, len: usize, kind: MemKind) -> Result<QBuf> {
+        match (kind, &self.gpu) {
             (MemKind::Gpu, Some(g)) => Ok(QBuf::Gpu(g.alloc(len)?)),
             // `EmuNic::open` refuses GPU queues without a copier.
             _ => Ok(QBuf::Host(self.queue_mem.alloc(len)?)),

@@ -1,16 +1,34 @@
 //! The emulated mlx5 NIC: a software model of a ConnectX HCA that reads the same memory hardware would read.
 //!
 //! # What it models
-//! - **Queues** in queue memory from the configured [`QueueMemory`]: per QP an SQ ring (`wqe_cnt` × 64-byte
-//!   WQEBBs), a [`QpDbrec`] (word 1 = SQ counter) and a 4096-byte UAR page with the doorbell/BlueFlame
-//!   register at `UAR + 0x800`; per CQ a ring of 64-byte CQEs pre-filled with `op_own = 0xF1` and a
-//!   [`CqDbrec`] (word 0 = consumer index, 24 bits).
+//! - **Queues** where [`EmuConfig::queues`] puts them: per QP an SQ ring (`wqe_cnt` × 64-byte WQEBBs) and a
+//!   [`QpDbrec`] (word 1 = SQ counter), per CQ a ring of 64-byte CQEs pre-filled with `op_own = 0xF1` and a
+//!   [`CqDbrec`] (word 0 = consumer index, 24 bits), in host memory from the configured [`QueueMemory`] or in
+//!   GPU memory (the default on the `gpu` executor, as DOCA GPUNetIO and NVSHMEM IBGDA place them); per QP a
+//!   4096-byte UAR page with the doorbell/BlueFlame register at `UAR + 0x800`, always host memory that device
+//!   code writes as MMIO. The handles record the placement ([`Placement`](gdaki_shared::handle::Placement)).
 //! - **Doorbells**: one executor thread per NIC watches every RTS (or error-state) QP's doorbell register (8
 //!   bytes: `opmod_idx_opcode`, `qpn_ds` of the last posted WQE, big-endian). A change is a doorbell; a
-//!   BlueFlame write (the whole 64-byte WQEBB at 0x800) is one too, and the WQE is read from the ring, which
-//!   software must fill as well. The new producer index is `wqe_idx + ceil(ds / 4)`; dbrec word 1 is
-//!   cross-checked against it ([`Stats::dbrec_mismatches`]). A WQE whose doorbell never comes is never
-//!   executed, whatever the dbrec says.
+//!   BlueFlame write (the whole 64-byte WQEBB at 0x800) is one too. The new producer index is
+//!   `wqe_idx + ceil(ds / 4)`; dbrec word 1 is cross-checked against it ([`Stats::dbrec_mismatches`]). A WQE
+//!   whose doorbell never comes is never executed, whatever the dbrec says.
+//! - **BlueFlame** WQEs are read from the ring, where software must write them too, not from the register as
+//!   hardware does. Taking them from the register (with a sentinel the NIC leaves in words 1..8, waiting for
+//!   every word the WQE's `ds` covers and checking that word 0 still held the doorbell) lost WQEs in the
+//!   BlueFlame rows of `post_rate` and in Exclusive port channels, on the H200 and on host threads alike: a
+//!   plain doorbell rung after a BlueFlame write that the NIC has not acted on yet leaves that write's words
+//!   1..8 in the register, so the register looks like a complete BlueFlame write of the new WQE. Hardware
+//!   tells the two apart by the size of the write; a NIC that watches memory cannot, unless device code
+//!   marks its plain doorbells too. [`Stats::blueflame`] counts doorbells after which the register's words 1..8 had been written
+//!   since the NIC last refilled them with its random sentinel (several writes between two doorbells count
+//!   once).
+//! - **Queues in GPU memory** are reached through the [`GpuCopier`] only: on a doorbell the NIC fetches the
+//!   announced WQEBBs of the SQ ring with dbrec word 1 (one copy each and one synchronize,
+//!   [`Stats::ring_fetches`]); CQEs are two copies on
+//!   the copier's stream (bytes 0..56, then the word with `op_own`), which runs them after the copies of the
+//!   data they report, so they need no synchronize; the CQ's consumer index is re-read through a copy only
+//!   when the index last read says the ring is full. On the `cpu` executor `GDAKI_QUEUES=gpu` puts them in a
+//!   [`SimGpu`]'s simulated GPU memory, to test this path without a GPU.
 //! - **Validation** of every WQE as the PRM lays it out: opcode (NOP, RDMA_WRITE, RDMA_WRITE_IMM, RDMA_READ,
 //!   ATOMIC_CS, ATOMIC_FA), opmod, `ds` against the opcode's shape and the ring, QPN, WQE index, `fm_ce_se`
 //!   reserved bits (all → syndrome 0x02), message length (0x01), lkey / local bounds / `LOCAL_WRITE` (0x04),
@@ -47,14 +65,10 @@
 //!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
 //! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies are enqueued on its in-order stream and
-//!   synchronized before anything ordered after them; the success CQEs of one doorbell batch (with the
-//!   doorbells of the QP rung while it is taken, up to 64) wait for one synchronize at its end, however many
-//!   WQEs it signals. An atomic on GPU memory (one synchronize, for its
+//!   synchronized before anything ordered after them; with the CQ in host memory, the success CQEs of one
+//!   doorbell batch (with the doorbells of the QP rung while it is taken, up to 64) wait for one synchronize
+//!   at its end, however many WQEs it signals (a CQ in GPU memory follows the copies on the stream instead). An atomic on GPU memory (one synchronize, for its
 //!   old value) is atomic towards this NIC's operations only.
-//! - **BlueFlame** is detected for [`Stats::blueflame`] only: the WQE is always read from the ring. A
-//!   doorbell the NIC acts on counts as a BlueFlame write when the register's bytes 8..64 are not all zero
-//!   (a plain doorbell writes bytes 0..8 only); the NIC then clears them. Several BlueFlame writes between
-//!   two doorbells the NIC acts on count once.
 //! - **CQE timestamps** are nanoseconds since the NIC was opened, not device clock ticks.
 //! - **Destroying a QP** ([`Qp`]'s drop) waits for the executor thread to let go of it, so that no WQE of it
 //!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor. Over the
@@ -400,11 +414,21 @@ impl EmuNic {
     /// [`Error::InvalidArgument`] unless `ncqe` is a power of two in `1..=`[`MAX_CQE`]; the queue memory's
     /// allocation error.
     pub fn create_cq(self: &Arc<Self>, ncqe: u32) -> Result<Cq> {
+        self.create_cq_in(ncqe, self.fab.queues)
+    }
+
+    /// [`EmuNic::create_cq`] with the ring and dbrec in `kind` of memory, whatever [`EmuConfig::queues`] says:
+    /// [`MemKind::Host`] for a CQ that host code polls (the proxy of the Host modes).
+    ///
+    /// # Errors
+    /// As [`EmuNic::create_cq`]; [`Error::InvalidArgument`] for GPU memory on a NIC without a GPU copier.
+    pub fn create_cq_in(self: &Arc<Self>, ncqe: u32, kind: MemKind) -> Result<Cq> {
         if !ncqe.is_power_of_two() || ncqe > MAX_CQE {
             return Err(Error::InvalidArgument(format!("ncqe {ncqe} must be a power of two <= {MAX_CQE}")));
         }
+        self.check_queues(kind)?;
         let cqn = self.fab.alloc_cqn().ok_or(Error::Emu(EmuError::Exhausted("CQ numbers")))?;
-        let inner = cq::CqInner::new(&self.fab, cqn, ncqe)?;
+        let inner = cq::CqInner::new(&self.fab, cqn, ncqe, kind)?;
         Ok(Cq { nic: self.clone(), inner: Arc::new(inner) })
     }
 
@@ -415,6 +439,16 @@ impl EmuNic {
     /// [`MIN_WQE_CNT`]`..=`[`MAX_WQE_CNT`], or a CQ smaller than the SQ (`ncqe < wqe_cnt`: every WQEBB could need a CQE).
     /// The queue memory's allocation error.
     pub fn create_qp(self: &Arc<Self>, pd: &Pd, cq: &Cq, wqe_cnt: u32) -> Result<Qp> {
+        self.create_qp_in(pd, cq, wqe_cnt, self.fab.queues)
+    }
+
+    /// [`EmuNic::create_qp`] with the SQ ring and dbrec in `kind` of memory, whatever [`EmuConfig::queues`]
+    /// says: [`MemKind::Host`] for a QP that host code posts to (the proxy of the Host modes).
+    ///
+    /// # Errors
+    /// As [`EmuNic::create_qp`]; [`Error::InvalidArgument`] for GPU memory on a NIC without a GPU copier.
+    pub fn create_qp_in(self: &Arc<Self>, pd: &Pd, cq: &Cq, wqe_cnt: u32, kind: MemKind) -> Result<Qp> {
+        self.check_queues(kind)?;
         self.check_parent(&pd.nic, "PD")?;
         self.check_parent(&cq.nic, "CQ")?;
         if !wqe_cnt.is_power_of_two() || !(MIN_WQE_CNT..=MAX_WQE_CNT).contains(&wqe_cnt) {
@@ -425,8 +459,8 @@ impl EmuNic {
         if cq.ncqe() < wqe_cnt {
             return Err(Error::InvalidArgument(format!("CQ of {} entries is smaller than SQ of {wqe_cnt}", cq.ncqe())));
         }
-        let sq = self.fab.alloc_queue(wqe_cnt as usize * gdaki_shared::prm::wqe::WQEBB)?;
-        let dbrec = self.fab.alloc_queue(64)?;
+        let sq = self.fab.alloc_queue(wqe_cnt as usize * gdaki_shared::prm::wqe::WQEBB, kind)?;
+        let dbrec = self.fab.alloc_queue(64, kind)?;
         let uar = self.fab.queue_mem.alloc(gdaki_shared::prm::uar::UAR_PAGE_SIZE)?;
         qp::clear_blueflame(&uar, self.fab.bf_sentinel);
         let qpn = self.fab.alloc_qpn().ok_or(Error::Emu(EmuError::Exhausted("QP numbers")))?;
@@ -438,6 +472,14 @@ impl EmuNic {
         write(&self.fab.qps).insert(qpn, inner.clone());
         self.fab.qp_gen.fetch_add(1, Ordering::Release);
         Ok(Qp { nic: self.clone(), inner })
+    }
+
+    /// Refuses GPU-memory queues on a NIC without a GPU copier.
+    fn check_queues(&self, kind: MemKind) -> Result<()> {
+        if kind == MemKind::Gpu && self.fab.gpu.is_none() {
+            return Err(Error::InvalidArgument("queues in GPU memory need a GPU copier (EmuConfig::gpu)".into()));
+        }
+        Ok(())
     }
 
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {

@@ -10,7 +10,6 @@
 use std::mem::offset_of;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use gdaki_shared::prm::cqe::{Cqe64, ErrCqe};
 use gdaki_shared::prm::dbrec::{QpDbrec, SQ_COUNTER_MASK};
@@ -109,14 +108,11 @@ pub(crate) struct Engine {
     /// The host copy of the WQEBBs fetched from an SQ ring in GPU memory, at their offsets in the ring
     /// (valid for the QP and range of the current [`take`] only).
     mirror: Vec<u8>,
-    /// The WQE taken from the BlueFlame register for the doorbell being acted on: QPN, 64-bit WQE index and
-    /// its one WQEBB.
-    bf: Option<(u32, u64, [u8; WQEBB])>,
 }
 
 impl Engine {
     pub(crate) fn new(data: DataPath) -> Self {
-        Self { data, scratch: Vec::new(), wqe: Box::new([0; MAX_WQE_BYTES]), mirror: Vec::new(), bf: None }
+        Self { data, scratch: Vec::new(), wqe: Box::new([0; MAX_WQE_BYTES]), mirror: Vec::new() }
     }
 }
 
@@ -165,7 +161,6 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     }
     release_held(fab, qp, &mut eng.data);
     eng.data.holding = false;
-    eng.bf = None;
     busy
 }
 
@@ -182,7 +177,6 @@ fn act(
     p: &mut SqProgress,
     db: u64,
 ) -> bool {
-    eng.bf = None;
     if db == p.last_db {
         // No new doorbell; WQEs of an earlier one may still wait for room on the wire.
         let Some(pi) = *w.2 else { return false };
@@ -218,8 +212,7 @@ fn act(
     if let QBuf::Host(d) = &qp.dbrec {
         check_dbrec(fab, qp, qmem::load_u32(d, DBREC_SQ_COUNTER, Ordering::Acquire), pi);
     }
-    let last = (wqebbs(ctrl.ds() as u32) == 1).then(|| pi - 1);
-    take_blueflame(fab, qp, eng, db, last);
+    check_blueflame(fab, qp);
     take(fab, qp, w, eng, p, pi);
     true
 }
@@ -267,74 +260,33 @@ fn check_dbrec(fab: &Fabric, qp: &QpInner, word: u32, pi: u64) {
     }
 }
 
-/// How long the NIC waits for the rest of a BlueFlame write whose first word (the doorbell) it has seen,
-/// before it fetches the WQE from the ring instead.
-const BF_ARRIVAL: Duration = Duration::from_micros(2);
-
-/// Looks at the BlueFlame register after doorbell `db`: counts a BlueFlame write when words 1..8 are not all
-/// [`Fabric::bf_sentinel`] (what the NIC leaves there; a plain doorbell writes word 0 only, and a poster faster
-/// than the NIC may have made several BlueFlame writes: one is counted), and takes the WQE from the register
-/// (`eng.bf`) when the doorbell announced a one-WQEBB WQE at 64-bit index `last` and the write carrying it
-/// has arrived: every word its `ds` covers differs from the sentinel, and word 0 still equals `db`. Then
-/// refills words 1..8 with the sentinel (software never reads a UAR).
-///
-/// Device code stores the ctrl segment's word 0 first (as the PRM lays out the WQEBB), so the NIC may see
-/// the doorbell before the rest: it waits [`BF_ARRIVAL`] at most for it. A later write changes word 0 before
-/// it changes any other word, so a WQE whose word 0 is unchanged after its words were read is the one `db`
-/// announced. When anything is missing, the WQE is read from the ring, where software wrote it too.
-fn take_blueflame(fab: &Fabric, qp: &QpInner, eng: &mut Engine, db: u64, last: Option<u64>) {
+/// Counts a BlueFlame write when the register's words 1..8 are not all [`Fabric::bf_sentinel`] (what the
+/// NIC leaves there after each doorbell; a plain doorbell writes word 0 only, and a poster faster than the NIC
+/// may have made several BlueFlame writes: one is counted), then refills them with the sentinel (software
+/// never reads a UAR). The WQE itself is read from the ring: taking it from the register lost WQEs on the
+/// H200 (see the module docs).
+fn check_blueflame(fab: &Fabric, qp: &QpInner) {
     let sentinel = fab.bf_sentinel;
-    let read = |w: &mut [u64; WQEBB / 8]| {
-        for (i, x) in w.iter_mut().enumerate().skip(1) {
-            *x = qmem::load_u64(&qp.uar, BF_OFFSET + 8 * i, Ordering::Acquire);
-        }
-    };
-    let mut words = [0u64; WQEBB / 8];
-    read(&mut words);
-    let written = |w: &[u64; WQEBB / 8]| w[1..].iter().any(|x| *x != sentinel);
-    if written(&words) {
+    let written = (1..WQEBB / 8).any(|i| qmem::load_u64(&qp.uar, BF_OFFSET + 8 * i, Ordering::Relaxed) != sentinel);
+    if written {
         bump(&fab.stats.blueflame);
-    }
-    if let Some(idx) = last {
-        // ds of the announced WQE (at most 4 here): the words its segments cover.
-        let need = 2 * ctrl_of_doorbell(db).ds() as usize;
-        let arrived = |w: &[u64; WQEBB / 8]| w[1..need.max(1)].iter().all(|x| *x != sentinel);
-        let start = Instant::now();
-        while written(&words) && !arrived(&words) && start.elapsed() < BF_ARRIVAL {
-            std::hint::spin_loop();
-            read(&mut words);
-        }
-        if written(&words) && arrived(&words) && qp.doorbell() == db {
-            words[0] = db;
-            let mut wqebb = [0u8; WQEBB];
-            wqebb.copy_from_slice(bytemuck::cast_slice(&words));
-            eng.bf = Some((qp.qpn, idx, wqebb));
-            bump(&fab.stats.blueflame_wqes);
-        }
-    }
-    if written(&words) {
         super::qp::clear_blueflame(&qp.uar, sentinel);
     }
 }
 
 /// Fetches WQEBBs `from..to` of an SQ ring in GPU memory into the engine's mirror, with dbrec word 1 (one
-/// synchronize for both), and cross-checks the dbrec. A WQE taken from the BlueFlame register at the end of
-/// the range is not fetched: a doorbell whose only new WQE came by BlueFlame costs no copy. Nothing to do for
-/// a ring in host memory (read in place). A failed fetch moves the QP to the error state.
+/// synchronize for both), and cross-checks the dbrec. Nothing to do for a ring in host memory (read in
+/// place). A failed fetch moves the QP to the error state.
 fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
     let QBuf::Gpu(ring) = &qp.sq else { return };
-    let end = match eng.bf {
-        Some((qpn, idx, _)) if qpn == qp.qpn && idx + 1 == to => idx,
-        _ => to,
-    };
-    if end <= from {
+    if to <= from {
         return;
     }
     let len = ring.len();
     eng.mirror.resize(len, 0);
     let mask = qp.wqe_cnt as u64 - 1;
     let start = ((from & mask) as usize) * WQEBB;
-    let n = (((end - from) as usize) * WQEBB).min(len);
+    let n = (((to - from) as usize) * WQEBB).min(len);
     let first = n.min(len - start);
     let (head, tail) = eng.mirror.split_at_mut(start);
     let mut word = [0u8; 4];
@@ -350,16 +302,9 @@ fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
     }
 }
 
-/// Reads `out.len()` bytes (a multiple of 8) of the WQE at 64-bit index `idx`, from byte `at` of the WQE on:
-/// from the BlueFlame register's copy when the WQE came that way, else from the ring (in place, or the
-/// mirror of a ring in GPU memory), wrapping past the ring's end.
-fn wqe_bytes(qp: &QpInner, bf: &Option<(u32, u64, [u8; WQEBB])>, mirror: &[u8], idx: u64, at: usize, out: &mut [u8]) {
-    if let Some((qpn, i, wqebb)) = bf {
-        if *qpn == qp.qpn && *i == idx && at + out.len() <= WQEBB {
-            out.copy_from_slice(&wqebb[at..at + out.len()]);
-            return;
-        }
-    }
+/// Reads `out.len()` bytes (a multiple of 8) of the WQE at 64-bit index `idx`, from byte `at` of the WQE on,
+/// from the ring (in place, or the mirror of a ring in GPU memory), wrapping past the ring's end.
+fn wqe_bytes(qp: &QpInner, mirror: &[u8], idx: u64, at: usize, out: &mut [u8]) {
     let off = ((idx & (qp.wqe_cnt as u64 - 1)) as usize) * WQEBB + at;
     match &qp.sq {
         QBuf::Host(b) => qmem::read_wrapping(b, off, out),
@@ -386,7 +331,7 @@ fn step(
 ) -> u64 {
     let avail = pi - idx;
     // The ctrl segment goes where the whole WQE will be, so that the body is read after it and nothing twice.
-    wqe_bytes(qp, &eng.bf, &eng.mirror, idx, 0, &mut eng.wqe[..SEG]);
+    wqe_bytes(qp, &eng.mirror, idx, 0, &mut eng.wqe[..SEG]);
     let ctrl: CtrlSeg = bytemuck::pod_read_unaligned(&eng.wqe[..SEG]);
     // Size to skip when the WQE is not executed: its own ds when sane, at least one WQEBB, never past pi.
     let skip = (wqebbs(ctrl.ds() as u32) as u64).clamp(1, avail);
@@ -410,7 +355,7 @@ fn step(
     // parse_ctrl bounds ds to 63 segments: `len` fits `eng.wqe`, and the body starts inside the ring (read
     // with wrap, as the WQE may continue at slot 0).
     let len = h.ds as usize * SEG;
-    wqe_bytes(qp, &eng.bf, &eng.mirror, idx, SEG, &mut eng.wqe[SEG..len]);
+    wqe_bytes(qp, &eng.mirror, idx, SEG, &mut eng.wqe[SEG..len]);
     let op = match wqe::parse_body(&h, &eng.wqe[..len]) {
         Ok(op) => op,
         Err(f) => {

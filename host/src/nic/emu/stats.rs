@@ -12,11 +12,8 @@ pub struct Stats {
     /// Doorbells acted on that followed at least one BlueFlame write (the register's bytes 8..64 written since
     /// the previous one; see the [`emu`](super) module docs).
     pub blueflame: u64,
-    /// WQEs taken from the BlueFlame register itself rather than fetched from the SQ ring (a BlueFlame write
-    /// of a one-WQEBB WQE that had fully arrived when the NIC acted on it).
-    pub blueflame_wqes: u64,
     /// Times the NIC fetched a range of an SQ ring in GPU memory (one copy and one synchronize each, with the
-    /// dbrec); WQEs taken from the BlueFlame register need none.
+    /// dbrec).
     pub ring_fetches: u64,
     /// Doorbells whose producer index was behind the NIC's (e.g. two posters' doorbells landing out of order);
     /// ignored, as hardware ignores them.
@@ -50,7 +47,6 @@ pub struct Stats {
 pub(crate) struct Counters {
     pub doorbells: AtomicU64,
     pub blueflame: AtomicU64,
-    pub blueflame_wqes: AtomicU64,
     pub ring_fetches: AtomicU64,
     pub stale_doorbells: AtomicU64,
     pub bad_doorbells: AtomicU64,
@@ -72,7 +68,6 @@ impl Counters {
         Stats {
             doorbells: self.doorbells.load(Relaxed),
             blueflame: self.blueflame.load(Relaxed),
-            blueflame_wqes: self.blueflame_wqes.load(Relaxed),
             ring_fetches: self.ring_fetches.load(Relaxed),
             stale_doorbells: self.stale_doorbells.load(Relaxed),
             bad_doorbells: self.bad_doorbells.load(Relaxed),
