@@ -101,10 +101,22 @@ pub enum Queues {
     Host,
 }
 
+/// Prints the library's `tracing` events to stderr as `RUST_LOG` selects them (e.g. `RUST_LOG=gdaki=warn`: the
+/// emulated NIC's warnings about failed WQEs, CQ overruns or dbrec mismatches); nothing when it is unset.
+pub fn init_tracing() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
 /// Applies `--queues`: sets [`gdaki::nic::emu::QUEUES_ENV`] for this process and the ranks it launches, which
 /// every emulated NIC it opens then follows. Without the flag the variable is left as it is (unset: GPU
 /// memory on the `gpu` executor, host memory on `cpu`). Call it first in `main`, before any thread starts.
 pub fn apply_queues(q: Option<Queues>) {
+    init_tracing();
     if let Some(q) = q {
         let v = match q {
             Queues::Gpu => "gpu",

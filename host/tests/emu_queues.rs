@@ -153,3 +153,33 @@ fn an_old_blueflame_write_is_not_taken_for_a_later_doorbell() {
         cq.assert_none_for(Duration::from_millis(20));
     }
 }
+
+/// Freeing GPU memory waits for every running kernel, so a destroyed QP's or CQ's GPU memory goes back to the
+/// NIC, zeroed before its next use, and is freed only with the NIC.
+#[test]
+fn gpu_queue_memory_of_a_destroyed_qp_is_reused_zeroed() {
+    let nic = EmuNic::open(config(MemKind::Gpu)).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let (ring, cq_ring) = {
+        let cq = nic.create_cq(64).unwrap();
+        let qp = nic.create_qp(&pd, &cq, 64).unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        let mut sq = Sq::new(&qp);
+        let mut poll = CqPoll::new(&cq);
+        for _ in 0..3 {
+            let at = sq.post(&sq.nop(SIGNALED));
+            assert_req(&poll.wait(), opcode::NOP, sq.qpn(), at, 0);
+        }
+        (qp.handle().sq_buf, cq.handle().buf)
+    };
+    let cq = nic.create_cq(64).unwrap();
+    let qp = nic.create_qp(&pd, &cq, 64).unwrap();
+    assert_eq!((qp.handle().sq_buf, cq.handle().buf), (ring, cq_ring), "the same buffers, from the NIC's pool");
+    // SAFETY: the ring (simulated GPU memory: host memory here) is 64 WQEBBs; nothing else writes it now.
+    let bytes = unsafe { std::slice::from_raw_parts(ring as *const u8, 64 * 64) };
+    assert!(bytes.iter().all(|&b| b == 0), "a reused ring starts zeroed");
+    qp.connect(&qp.endpoint()).unwrap();
+    let (mut sq, mut poll) = (Sq::new(&qp), CqPoll::new(&cq));
+    let at = sq.post(&sq.nop(SIGNALED));
+    assert_req(&poll.wait(), opcode::NOP, sq.qpn(), at, 0);
+}

@@ -78,11 +78,11 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         None => format!("{} host threads", std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
     println!(
-        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic} (queues in {} memory), team of {} threads \
-         per channel",
+        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic}, team of {} threads per channel, queues in \
+         {} memory",
         gdaki_examples::COMMIT,
-        gdaki_examples::queues_label(kind),
-        plan.team
+        plan.team,
+        gdaki_examples::queues_label(kind)
     );
     println!(
         "{} iterations per latency row after up to {warmup} warm-up, bandwidth rows at most {} MiB (3..={} \

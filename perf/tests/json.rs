@@ -114,6 +114,10 @@ fn one_nic_header_and_json_say_no_wire() {
     std::fs::remove_dir_all(&dir).ok();
     let header = stdout.lines().next().unwrap_or_default();
     assert!(header.contains(", one emulated mlx5 NIC shared by both ranks (no wire),"), "{header}");
+    // The cpu executor keeps the queues in host memory unless GDAKI_QUEUES says gpu (simulated).
+    let queues = if std::env::var("GDAKI_QUEUES").as_deref() == Ok("gpu") { "gpu (simulated)" } else { "host" };
+    assert!(header.ends_with(&format!(", queues in {queues} memory")), "{header}");
+    assert_eq!(v["queues"], queues);
     assert!(!header.contains("over the wire"), "{header}");
     assert_eq!(v["one_nic"], true);
     // 5 iterations: a warm-up of 1 (a tenth, at least 1).

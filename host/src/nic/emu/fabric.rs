@@ -12,7 +12,7 @@ use crate::drop_errors::DropErrors;
 use crate::mem::{GpuCopier, MemKind, QueueMemory};
 use crate::Result;
 
-use super::qmem::QBuf;
+use super::qmem::{GpuPool, PooledGpuMem, QBuf};
 
 use super::mr::MrTable;
 use super::qp::QpInner;
@@ -33,6 +33,8 @@ pub(crate) struct Fabric {
     /// Where SQ rings, dbrecs and CQ rings go ([`EmuConfig::queues`](super::EmuConfig::queues)); `Gpu` only
     /// with `gpu`.
     pub queues: MemKind,
+    /// GPU queue memory of destroyed QPs and CQs, for later ones (freed with the NIC).
+    pub gpu_pool: Arc<GpuPool>,
     /// What the NIC leaves in words 1..8 of each BlueFlame register after acting on a doorbell (random,
     /// never zero): a word that differs was written by a BlueFlame write since (see `sq::take_blueflame`).
     pub bf_sentinel: u64,
@@ -82,6 +84,7 @@ impl Fabric {
             queue_mem,
             gpu,
             queues,
+            gpu_pool: Arc::default(),
             // Derived from the random identifier: any value works, a fixed one might be some WQE's word.
             bf_sentinel: id.rotate_left(29) ^ 0x5bd1_e995_a5a5_c3c3 | 1,
             qps: RwLock::new(HashMap::new()),
@@ -100,10 +103,26 @@ impl Fabric {
         }
     }
 
-    /// Allocates `len` zeroed bytes of queue memory in `kind` of memory (GPU memory only with a copier).
+    /// Allocates `len` zeroed bytes of queue memory in `kind` of memory (GPU memory only with a copier): GPU
+    /// memory from the NIC's pool when it has a buffer of that size (zeroed by a copy, waited for), else new.
     pub(crate) fn alloc_queue(&self, len: usize, kind: MemKind) -> Result<QBuf> {
         match (kind, &self.gpu) {
-            (MemKind::Gpu, Some(g)) => Ok(QBuf::Gpu(g.alloc(len)?)),
+            (MemKind::Gpu, Some(g)) => {
+                let mem = match self.gpu_pool.take(len) {
+                    Some(m) => {
+                        let zeros = vec![0u64; len.div_ceil(8)];
+                        let src = crate::mem::MemLoc { kind: MemKind::Host, addr: zeros.as_ptr() as u64 };
+                        // SAFETY: `m` is `len` bytes of GPU memory no QP or CQ uses any more (it was given back);
+                        // `zeros` is as long and lives until the synchronize below. The copy follows, on the
+                        // copier's stream, any copy its last user left in flight.
+                        unsafe { g.copy_async(m.loc(0), src, len)? };
+                        g.synchronize()?;
+                        m
+                    }
+                    None => g.alloc(len)?,
+                };
+                Ok(QBuf::Gpu(PooledGpuMem::new(mem, self.gpu_pool.clone())))
+            }
             // `EmuNic::open` refuses GPU queues without a copier.
             _ => Ok(QBuf::Host(self.queue_mem.alloc(len)?)),
         }

@@ -8,11 +8,15 @@
 //! it trips a `debug_assert!` in tests and is answered with 0 (loads) or ignored (stores) in release builds
 //! rather than touching memory outside the buffer.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use gdaki_shared::handle::Placement;
 
 use crate::mem::{GpuMem, MappedBuf, MemKind, MemLoc};
+
+use super::fabric::lock;
 
 fn word_ptr(buf: &MappedBuf, off: usize, size: usize) -> Option<*mut u8> {
     let ok = off.is_multiple_of(size) && off.checked_add(size).is_some_and(|end| end <= buf.len());
@@ -72,8 +76,8 @@ pub(crate) fn read_wrapping(buf: &MappedBuf, off: usize, out: &mut [u8]) {
 pub(crate) enum QBuf {
     /// Host memory (pinned and mapped into the GPU for the `gpu` executor).
     Host(MappedBuf),
-    /// GPU memory.
-    Gpu(GpuMem),
+    /// GPU memory (back to the NIC's pool when dropped).
+    Gpu(PooledGpuMem),
 }
 
 impl QBuf {
@@ -99,5 +103,62 @@ impl QBuf {
             QBuf::Host(b) => MemLoc { kind: MemKind::Host, addr: b.host_ptr() as u64 + off as u64 },
             QBuf::Gpu(g) => g.loc(off),
         }
+    }
+}
+
+/// GPU queue memory the NIC's destroyed QPs and CQs gave back, kept for later ones and freed only with the
+/// NIC: freeing GPU memory (`cuMemFree`) waits for every running kernel of the device, so a QP destroyed
+/// while another rank's kernel spins on its own QP would hang the dropping thread until that kernel's waits
+/// time out. Buffers are kept by size (rings are powers of two, dbrecs 64 bytes), so the pool holds at most
+/// what the NIC once held at a time.
+#[derive(Default)]
+pub(crate) struct GpuPool {
+    free: Mutex<HashMap<usize, Vec<GpuMem>>>,
+}
+
+impl GpuPool {
+    /// A buffer of `len` bytes given back earlier, if any (its bytes are what its last user left).
+    pub(crate) fn take(&self, len: usize) -> Option<GpuMem> {
+        lock(&self.free).get_mut(&len)?.pop()
+    }
+
+    /// Keeps `mem` for a later [`GpuPool::take`].
+    fn give_back(&self, mem: GpuMem) {
+        lock(&self.free).entry(mem.len()).or_default().push(mem);
+    }
+}
+
+/// GPU queue memory that goes back to its NIC's [`GpuPool`] when dropped.
+#[derive(Debug)]
+pub(crate) struct PooledGpuMem {
+    mem: Option<GpuMem>,
+    pool: Arc<GpuPool>,
+}
+
+impl PooledGpuMem {
+    pub(crate) fn new(mem: GpuMem, pool: Arc<GpuPool>) -> Self {
+        Self { mem: Some(mem), pool }
+    }
+}
+
+impl std::ops::Deref for PooledGpuMem {
+    type Target = GpuMem;
+    fn deref(&self) -> &GpuMem {
+        // Only `drop` takes it out.
+        self.mem.as_ref().expect("pooled GPU memory used after drop")
+    }
+}
+
+impl Drop for PooledGpuMem {
+    fn drop(&mut self) {
+        if let Some(m) = self.mem.take() {
+            self.pool.give_back(m);
+        }
+    }
+}
+
+impl std::fmt::Debug for GpuPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuPool").finish_non_exhaustive()
     }
 }
