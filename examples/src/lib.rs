@@ -95,9 +95,10 @@ pub fn run_ranks<T: Send>(
 /// Where the emulated NIC keeps its SQ rings, CQ rings and dbrecs: the programs' `--queues` flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Queues {
-    /// GPU memory (the default on the `gpu` executor, as DOCA GPUNetIO and NVSHMEM IBGDA place them).
+    /// GPU memory, as DOCA GPUNetIO and NVSHMEM IBGDA place them (simulated on the `cpu` executor).
     Gpu,
-    /// Pinned host memory mapped into the GPU (NVSHMEM's `IBGDA_FORCE_NIC_BUF_MEMTYPE=hostmem`).
+    /// Host memory: pinned and mapped into the GPU on the `gpu` executor (NVSHMEM's
+    /// `IBGDA_FORCE_NIC_BUF_MEMTYPE=hostmem`). The default.
     Host,
 }
 
@@ -113,8 +114,8 @@ pub fn init_tracing() {
 }
 
 /// Applies `--queues`: sets [`gdaki::nic::emu::QUEUES_ENV`] for this process and the ranks it launches, which
-/// every emulated NIC it opens then follows. Without the flag the variable is left as it is (unset: GPU
-/// memory on the `gpu` executor, host memory on `cpu`). Call it first in `main`, before any thread starts.
+/// every emulated NIC it opens then follows, and starts [`init_tracing`]. Without the flag the variable is
+/// left as it is (unset: host memory). Call it first in `main`, before any thread starts.
 pub fn apply_queues(q: Option<Queues>) {
     init_tracing();
     if let Some(q) = q {
@@ -131,9 +132,8 @@ pub fn apply_queues(q: Option<Queues>) {
 pub fn queues_label(kind: ExecutorKind) -> &'static str {
     let asked = std::env::var(gdaki::nic::emu::QUEUES_ENV).ok();
     match (kind, asked.as_deref()) {
-        (ExecutorKind::Gpu, Some("host")) => "host",
-        (ExecutorKind::Gpu, _) => "gpu",
+        (ExecutorKind::Gpu, Some("gpu")) => "gpu",
         (ExecutorKind::Cpu, Some("gpu")) => "gpu (simulated)",
-        (ExecutorKind::Cpu, _) => "host",
+        _ => "host",
     }
 }

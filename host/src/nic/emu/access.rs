@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::mem::{GpuCopier, MemKind, MemLoc};
+use crate::mem::{GpuCopier, HostQueueMemory, MappedBuf, MemKind, MemLoc, QueueMemory};
 
 use super::fault::Fault;
 use super::hostmem;
@@ -43,19 +43,24 @@ impl AtomicOp {
 /// between two synchronizes (a full buffer synchronizes first).
 const STAGING_BYTES: usize = 64 * 1024;
 
-/// The host side of GPU copies: one heap buffer of 8-byte words, touched only through the raw pointer taken
-/// at allocation (copies read and write it behind Rust's back, so no reference to it is formed afterwards).
-/// Accessors check bounds and do nothing (or read 0) outside the buffer: callers stay inside what
-/// [`DataPath::stage`] reserved, so that never happens.
+/// The host side of GPU copies: one buffer of queue memory (pinned host memory on the `gpu` executor, so that
+/// copies from it are asynchronous DMA: from pageable memory CUDA synchronizes the stream before each one),
+/// touched only through the raw pointer taken at allocation (copies read and write it behind Rust's back, so
+/// no reference to it is formed afterwards). Accessors check bounds and do nothing (or read 0) outside the
+/// buffer: callers stay inside what [`DataPath::stage`] reserved, so that never happens.
 struct Staging {
     ptr: *mut u64,
     words: usize,
+    /// Owns the memory (none without a GPU copier: nothing is staged then).
+    _buf: Option<MappedBuf>,
 }
 
 impl Staging {
-    fn new(words: usize) -> Self {
-        let b: Box<[u64]> = vec![0u64; words].into_boxed_slice();
-        Self { words: b.len(), ptr: Box::into_raw(b) as *mut u64 }
+    fn new(buf: Option<MappedBuf>) -> Self {
+        match buf {
+            Some(b) => Self { ptr: b.host_ptr().cast(), words: b.len() / 8, _buf: Some(b) },
+            None => Self { ptr: std::ptr::NonNull::dangling().as_ptr(), words: 0, _buf: None },
+        }
     }
 
     /// Length in bytes.
@@ -108,13 +113,6 @@ impl Staging {
     }
 }
 
-impl Drop for Staging {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` and `words` came from `Box::into_raw` of a `[u64]` of `words` elements, freed once.
-        unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words))) }
-    }
-}
-
 /// Moves data for the executor thread. Not shared: one per executor.
 pub(crate) struct DataPath {
     gpu: Option<Arc<dyn GpuCopier>>,
@@ -143,11 +141,17 @@ pub(crate) struct HeldCqe {
 }
 
 impl DataPath {
-    /// A data path that reaches GPU memory through `gpu`, if any.
-    pub(crate) fn new(gpu: Option<Arc<dyn GpuCopier>>) -> Self {
+    /// A data path that reaches GPU memory through `gpu`, if any, staging through a buffer from `mem`.
+    pub(crate) fn new(gpu: Option<Arc<dyn GpuCopier>>, mem: &dyn QueueMemory) -> Self {
         // Only GPU copies stage anything: without a copier the buffer would never be used.
-        let words = if gpu.is_some() { STAGING_BYTES / 8 } else { 0 };
-        Self { gpu, pending: false, staging: Staging::new(words), staged: 0, held: Vec::new(), holding: false }
+        let buf = gpu.as_ref().map(|_| {
+            mem.alloc(STAGING_BYTES).or_else(|e| {
+                tracing::warn!("emulated NIC: no pinned staging buffer ({e}); copies stage through the heap");
+                HostQueueMemory.alloc(STAGING_BYTES)
+            })
+        });
+        let staging = Staging::new(buf.and_then(|b| b.ok()));
+        Self { gpu, pending: false, staging, staged: 0, held: Vec::new(), holding: false }
     }
 
     /// Whether GPU copies are enqueued and not yet waited for.

@@ -109,7 +109,7 @@ impl List {
 }
 
 fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
-    let mut eng = Engine::new(DataPath::new(fab.gpu.clone()));
+    let mut eng = Engine::new(DataPath::new(fab.gpu.clone(), &*fab.queue_mem));
     let mut list = List { qps: Vec::new(), gen: u64::MAX, unacked: false };
     let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
     let mut idle = Idle { backoff: Backoff::new(), since: None };
