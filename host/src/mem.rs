@@ -90,19 +90,81 @@ pub trait QueueMemory: Send + Sync {
     fn alloc(&self, len: usize) -> Result<MappedBuf>;
 }
 
-/// The copies the emulated NIC makes when an MR is in GPU memory. They go on the copier's own non-blocking
-/// CUDA stream, so that they never wait for a kernel that spins on NIC-written memory.
+/// An RDMA atomic on an 8-byte word, as the emulated NIC executes it (the word in host byte order: the NIC
+/// runs in host-endianness atomic mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Fetch-and-add of the addend.
+    FetchAdd(u64),
+    /// Compare-and-swap: if the word equals `compare`, write `swap`.
+    CompareSwap {
+        /// Value compared with.
+        compare: u64,
+        /// Value written on a match.
+        swap: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The value the operation leaves behind when it finds `old`.
+    pub fn apply(self, old: u64) -> u64 {
+        match self {
+            AtomicOp::FetchAdd(add) => old.wrapping_add(add),
+            AtomicOp::CompareSwap { compare, swap } if old == compare => swap,
+            AtomicOp::CompareSwap { .. } => old,
+        }
+    }
+}
+
+/// Bytes one [`GpuCopier::write_async`] takes at most: one CQE.
+pub const WRITE_ASYNC_MAX: usize = 64;
+
+/// How the emulated NIC reaches GPU memory: copies, small writes and atomics, run later but in the order they
+/// were enqueued (each one's bytes are in place before the next one starts), without waiting for kernels
+/// that spin on what they write. Two implementations: CUDA ([`crate::cuda::CudaCopier`]: a resident engine
+/// kernel for small operations and the copy engines for large copies) and the simulated GPU of the `cpu`
+/// executor ([`crate::nic::emu::SimGpu`]).
 pub trait GpuCopier: Send + Sync {
     /// Enqueues a copy of `len` bytes from `src` to `dst` (at least one of them GPU memory).
     ///
+    /// Bytes a copy reads from host memory into GPU memory are taken when it is enqueued: the source may be
+    /// reused as soon as the call returns, and must not be the destination of an earlier copy still pending.
+    ///
     /// # Safety
-    /// Both ranges must be valid for `len` bytes until [`GpuCopier::synchronize`] returns.
+    /// Both ranges must be valid for `len` bytes until [`GpuCopier::synchronize`] returns (a host source only
+    /// until this call returns).
     ///
     /// # Errors
     /// The CUDA driver's error.
     unsafe fn copy_async(&self, dst: MemLoc, src: MemLoc, len: usize) -> Result<()>;
 
-    /// Waits until every enqueued copy has completed.
+    /// Enqueues a write of `data` (at most [`WRITE_ASYNC_MAX`] bytes, taken now) to GPU memory at `dst`.
+    ///
+    /// With `publish`, the last 8 bytes (8-byte aligned in memory) are stored in one piece, after the
+    /// others and after every earlier operation's bytes are visible to device code at system scope: how a
+    /// CQE's last word (with the owner bit) makes the entry valid.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `data.len()` bytes until [`GpuCopier::synchronize`] returns.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for more than [`WRITE_ASYNC_MAX`] bytes, host memory at `dst`, or a
+    /// `publish` whose last word is not 8-byte aligned; the CUDA driver's error.
+    unsafe fn write_async(&self, dst: MemLoc, data: &[u8], publish: bool) -> Result<()>;
+
+    /// Enqueues `op` on the 8-byte, 8-byte-aligned word of GPU memory at `at`, after every earlier
+    /// operation's bytes are visible to device code; the old value goes to the 8 bytes of GPU memory at
+    /// `result`. Atomic towards device code's atomics on the same word (a real GPU atomic, or an atomic host
+    /// access on the simulated GPU).
+    ///
+    /// # Safety
+    /// Both must be valid for 8 bytes until [`GpuCopier::synchronize`] returns.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for host memory or a misaligned `at`; the CUDA driver's error.
+    unsafe fn atomic_async(&self, at: MemLoc, op: AtomicOp, result: MemLoc) -> Result<()>;
+
+    /// Waits until every enqueued operation has completed.
     ///
     /// # Errors
     /// The CUDA driver's error (e.g. a copy faulted).
@@ -115,6 +177,34 @@ pub trait GpuCopier: Send + Sync {
     /// # Errors
     /// Out of memory, or the CUDA driver's error.
     fn alloc(&self, len: usize) -> Result<GpuMem>;
+}
+
+/// The argument checks of [`GpuCopier::write_async`], shared by both implementations.
+pub(crate) fn check_write(dst: MemLoc, len: usize, publish: bool) -> Result<()> {
+    if len > WRITE_ASYNC_MAX || dst.kind != MemKind::Gpu {
+        return Err(crate::Error::InvalidArgument(format!(
+            "write of {len} bytes to {:?} memory at {:#x}: at most {WRITE_ASYNC_MAX} bytes, to GPU memory",
+            dst.kind, dst.addr
+        )));
+    }
+    if publish && (len < 8 || !(dst.addr + len as u64 - 8).is_multiple_of(8)) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "published write of {len} bytes at {:#x}: its last 8 bytes must be one aligned word",
+            dst.addr
+        )));
+    }
+    Ok(())
+}
+
+/// The argument checks of [`GpuCopier::atomic_async`], shared by both implementations.
+pub(crate) fn check_atomic(at: MemLoc, result: MemLoc) -> Result<()> {
+    if at.kind != MemKind::Gpu || result.kind != MemKind::Gpu || !at.addr.is_multiple_of(8) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "atomic on {:?} memory at {:#x} (result to {:?} memory): both in GPU memory, the word 8-byte aligned",
+            at.kind, at.addr, result.kind
+        )));
+    }
+    Ok(())
 }
 
 /// A buffer of GPU memory from [`GpuCopier::alloc`]: an address that device code uses and the copier copies

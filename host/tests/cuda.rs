@@ -391,3 +391,175 @@ fn bad_launches_and_modules_are_errors() {
     assert!(matches!(gpu.load_module("a\0b"), Err(Error::InvalidArgument(_))));
     stream.wait(LIMIT).unwrap();
 }
+
+fn gpu_loc(addr: u64) -> MemLoc {
+    MemLoc { kind: MemKind::Gpu, addr }
+}
+
+/// The copier's two ways to GPU memory (engine commands for small operations, the copy-engine stream for
+/// large copies) keep one order: each step below reads what the step before wrote, switching ways at every
+/// step, at aligned and unaligned offsets and lengths (the engine's 16-byte, 8-byte and byte paths).
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_keeps_one_order_across_the_engine_and_the_stream() {
+    let _serial = serial();
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    let n = 1 << 20;
+    let (a, b, c) = (gpu.alloc_device(n).unwrap(), gpu.alloc_device(n).unwrap(), gpu.alloc_device(n).unwrap());
+    // Every shape several times over: the engine takes up to eight commands at once, so a switch between
+    // the two ways lands at different places within its batches.
+    let shapes = [(0usize, 64usize), (3, 13), (8, 200), (16, 4096 + 16), (5, 16 * 1024), (0, 300_000)];
+    for (round, &(off, len)) in shapes.iter().cycle().take(6 * shapes.len()).enumerate() {
+        let data = random_bytes(100 + round as u64, len);
+        let small = random_bytes(200 + round as u64, 40);
+        let mut back = vec![0u8; len];
+        let mut tail = vec![0u8; 40];
+        // SAFETY: every range is inside its buffer (1 MiB each) and outlives the synchronize below; no host
+        // source is written by an earlier pending copy.
+        unsafe {
+            copier.copy_async(gpu_loc(a.device_addr() + off as u64), host_loc(data.as_ptr()), len).unwrap();
+            // Small engine writes over the first 40 bytes of what was just uploaded.
+            for (i, chunk) in small.chunks(16).enumerate() {
+                copier.write_async(gpu_loc(a.device_addr() + (off + i * 16) as u64), chunk, false).unwrap();
+            }
+            // A large stream copy (or an engine copy for the short lengths) of the result, then its reverse way.
+            copier.copy_async(gpu_loc(b.device_addr() + 1), gpu_loc(a.device_addr() + off as u64), len).unwrap();
+            copier.copy_async(gpu_loc(c.device_addr() + off as u64), gpu_loc(b.device_addr() + 1), len).unwrap();
+            copier.copy_async(host_loc(back.as_mut_ptr()), gpu_loc(c.device_addr() + off as u64), len).unwrap();
+            copier.copy_async(host_loc(tail.as_mut_ptr()), gpu_loc(c.device_addr() + off as u64), 40).unwrap();
+        }
+        copier.synchronize().unwrap();
+        let mut want = data.clone();
+        let k = len.min(40);
+        want[..k].copy_from_slice(&small[..k]);
+        assert!(back == want, "round {round}: offset {off}, {len} bytes");
+        assert_eq!(&tail[..k], &want[..k], "round {round}");
+    }
+    assert!(gpu.take_drop_error().is_none(), "a drop failed");
+}
+
+/// Engine atomics: fetch-adds and compare-and-swaps on GPU memory, old values written to GPU memory (aligned
+/// and not), each after the writes enqueued before it; a published write puts its last word after the rest.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_atomics_and_published_writes() {
+    use gdaki::mem::AtomicOp;
+    let _serial = serial();
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    let dev = gpu.alloc_device(4096).unwrap();
+    let (word, results) = (dev.device_addr(), dev.device_addr() + 1024);
+    let start = 0x1234_5678_9abc_def0u64;
+    let mut olds = vec![0u8; 8 * 100 + 1];
+    // SAFETY: every address is inside `dev` (4 KiB) or `olds`, alive until the synchronize below.
+    unsafe {
+        copier.write_async(gpu_loc(word), &start.to_ne_bytes(), false).unwrap();
+        for i in 0..100u64 {
+            copier.atomic_async(gpu_loc(word), AtomicOp::FetchAdd(i), gpu_loc(results + 1 + 8 * i)).unwrap();
+        }
+        copier.copy_async(host_loc(olds.as_mut_ptr()), gpu_loc(results), olds.len()).unwrap();
+    }
+    copier.synchronize().unwrap();
+    let mut expect = start;
+    for i in 0..100u64 {
+        let at = 1 + 8 * i as usize;
+        assert_eq!(u64::from_ne_bytes(olds[at..at + 8].try_into().unwrap()), expect, "fetch-add {i}");
+        expect = expect.wrapping_add(i);
+    }
+    let mut got = [0u8; 24];
+    // SAFETY: as above.
+    unsafe {
+        let miss = AtomicOp::CompareSwap { compare: 1, swap: 2 };
+        copier.atomic_async(gpu_loc(word), miss, gpu_loc(results)).unwrap();
+        let hit = AtomicOp::CompareSwap { compare: expect, swap: 77 };
+        copier.atomic_async(gpu_loc(word), hit, gpu_loc(results + 8)).unwrap();
+        copier.copy_async(host_loc(got.as_mut_ptr()), gpu_loc(word), 8).unwrap();
+        copier.copy_async(host_loc(got.as_mut_ptr().add(8)), gpu_loc(results), 16).unwrap();
+    }
+    copier.synchronize().unwrap();
+    let w = |i: usize| u64::from_ne_bytes(got[i * 8..i * 8 + 8].try_into().unwrap());
+    assert_eq!((w(0), w(1), w(2)), (77, expect, expect));
+    // A published 64-byte write, then its bytes read back.
+    let cqe = random_bytes(5, 64);
+    let mut seen = [0u8; 64];
+    // SAFETY: as above.
+    unsafe {
+        copier.write_async(gpu_loc(dev.device_addr() + 2048), &cqe, true).unwrap();
+        copier.copy_async(host_loc(seen.as_mut_ptr()), gpu_loc(dev.device_addr() + 2048), 64).unwrap();
+    }
+    copier.synchronize().unwrap();
+    assert_eq!(&seen[..], &cqe[..]);
+    // SAFETY: rejected before anything is enqueued.
+    unsafe {
+        assert!(matches!(copier.write_async(gpu_loc(word), &[0; 65], false), Err(Error::InvalidArgument(_))));
+        assert!(matches!(copier.write_async(gpu_loc(word + 1), &[0; 16], true), Err(Error::InvalidArgument(_))));
+        let bad = copier.atomic_async(gpu_loc(word + 4), AtomicOp::FetchAdd(1), gpu_loc(results));
+        assert!(matches!(bad, Err(Error::InvalidArgument(_))));
+    }
+}
+
+/// The engine leaves the GPU after a few idle milliseconds, so that a call that waits for every running
+/// kernel (`cuMemFree`) returns soon while the copier is open, and comes back for the next operation.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_engine_leaves_when_idle_and_comes_back() {
+    let _serial = serial();
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    let dev = gpu.alloc_device(4096).unwrap();
+    for round in 0..3u8 {
+        let mut back = [0u8; 16];
+        // SAFETY: inside `dev`; `back` outlives the synchronize.
+        unsafe {
+            copier.write_async(dev.loc(), &[round; 16], false).unwrap();
+            copier.copy_async(host_loc(back.as_mut_ptr()), dev.loc(), 16).unwrap();
+        }
+        copier.synchronize().unwrap();
+        assert_eq!(back, [round; 16]);
+        // The engine is still resident here: freeing GPU memory waits for it to leave, a few ms at most.
+        let other = gpu.alloc_device(1 << 20).unwrap();
+        let start = Instant::now();
+        drop(other);
+        let took = start.elapsed();
+        assert!(took < Duration::from_millis(500), "cuMemFree took {took:?} with the copier open");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(gpu.take_drop_error().is_none(), "a drop failed");
+}
+
+/// A grid that takes every SM and spins leaves the engine no room: the copier's synchronize fails within its
+/// bound, saying so, instead of hanging; once the grid ends the engine runs what it was given.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_says_so_when_kernels_take_every_sm() {
+    let _serial = serial();
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    let flags = gpu.alloc_mapped(4096).unwrap();
+    let dev = gpu.alloc_device(4096).unwrap();
+    let spin = gpu.kernel(TEST_PTX, "gdaki_test_spin").unwrap();
+    let stream = gpu.new_stream().unwrap();
+    let (flag, ack) = (flags.device_addr(), flags.device_addr() + 4);
+    // Far more 1024-thread blocks than fit at once: every SM is full of spinning threads.
+    // SAFETY: both addresses are inside `flags`, alive until the kernel ends (released and waited for below).
+    unsafe { spin.launch(&stream, &LaunchConfig::linear(4096, 1024), &[flag.into(), ack.into()]) }.unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut back = [0u8; 8];
+    // SAFETY: inside `dev`; `back` outlives the synchronizes below.
+    unsafe {
+        copier.write_async(dev.loc(), &[9; 8], false).unwrap();
+        copier.copy_async(host_loc(back.as_mut_ptr()), dev.loc(), 8).unwrap();
+    }
+    let start = Instant::now();
+    let r = copier.synchronize();
+    word(&flags, 0).store(1, Ordering::Release);
+    match r {
+        Err(Error::Device(msg)) => assert!(msg.contains("leave one SM free"), "{msg}"),
+        other => panic!("expected the engine to be refused an SM, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+    stream.wait(Duration::from_secs(30)).unwrap();
+    copier.synchronize().unwrap();
+    assert_eq!(back, [9; 8]);
+}

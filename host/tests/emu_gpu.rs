@@ -1,10 +1,12 @@
 //! MRs in GPU memory: the emulated NIC reaches them only through its `GpuCopier`, and synchronizes the copier
-//! before anything that must be ordered after the copies (a CQE, an atomic's old value, a READ, a host-memory
-//! write, an atomic response over the wire, MR deregistration), and no more often.
+//! before anything that must be ordered after its operations and does not go through it (a CQE in host
+//! memory, a READ, a host-memory write, an atomic response over the wire, MR deregistration), and no more
+//! often.
 //!
-//! The copier here is a stand-in whose "GPU memory" is host memory and whose copies happen only at
-//! `synchronize()`: a NIC that forgot to synchronize shows stale bytes, and one that freed a copy's source
-//! before the synchronize copies garbage.
+//! The copier here is a stand-in whose "GPU memory" is host memory and whose operations happen only at
+//! `synchronize()` (bytes from host memory taken when enqueued, as the trait says): a NIC that forgot to
+//! synchronize shows stale bytes, and one that freed a copy's GPU-side source or host destination before the
+//! synchronize copies garbage.
 
 mod emu_util;
 
@@ -12,16 +14,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use emu_util::*;
-use gdaki::mem::{GpuCopier, HostQueueMemory, MemKind, MemLoc};
+use gdaki::mem::{AtomicOp, GpuCopier, HostQueueMemory, MemKind, MemLoc, QueueMemory};
 use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic};
 use gdaki_shared::prm::opcode::{self, syndrome};
 use gdaki_shared::prm::wqe::AtomicSeg;
 use rand::RngExt;
 
-/// Copies enqueued by `copy_async` run only at `synchronize`.
+/// One deferred operation.
+enum Deferred {
+    Copy(MemLoc, MemLoc, usize),
+    Write(MemLoc, Vec<u8>),
+    Atomic(MemLoc, AtomicOp, MemLoc),
+}
+
+/// Operations enqueued by `copy_async`, `write_async` and `atomic_async` run only at `synchronize`.
 #[derive(Default)]
 struct DeferredCopier {
-    queue: Mutex<Vec<(MemLoc, MemLoc, usize)>>,
+    queue: Mutex<Vec<Deferred>>,
     syncs: AtomicU64,
     copies: AtomicU64,
     /// Fail every copy (to check the error path).
@@ -30,6 +39,24 @@ struct DeferredCopier {
     faulting: bool,
     /// Run once, at the first copy (on the NIC's thread, in the middle of a batch).
     at_first_copy: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl DeferredCopier {
+    fn enqueue(&self, kind: MemKind, op: Deferred) -> gdaki::Result<()> {
+        if self.broken {
+            return Err(gdaki::Error::Cuda {
+                message: "CUDA_ERROR_ILLEGAL_ADDRESS (test)".into(),
+                status: Some(gdaki::cuda::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
+            });
+        }
+        assert_eq!(kind, MemKind::Gpu, "a copier write outside GPU memory");
+        if let Some(f) = self.at_first_copy.lock().unwrap().take() {
+            f();
+        }
+        self.queue.lock().unwrap().push(op);
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 impl GpuCopier for DeferredCopier {
@@ -44,14 +71,32 @@ impl GpuCopier for DeferredCopier {
         if let Some(f) = self.at_first_copy.lock().unwrap().take() {
             f();
         }
-        self.queue.lock().unwrap().push((dst, src, len));
+        // Bytes copied from host memory are taken now, as the trait says.
+        let op = if src.kind == MemKind::Host && dst.kind == MemKind::Gpu {
+            // SAFETY: the NIC promised `src` valid for `len` bytes during this call.
+            Deferred::Write(dst, unsafe { std::slice::from_raw_parts(src.addr as *const u8, len) }.to_vec())
+        } else {
+            Deferred::Copy(dst, src, len)
+        };
+        self.queue.lock().unwrap().push(op);
         self.copies.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    fn alloc(&self, _len: usize) -> gdaki::Result<gdaki::mem::GpuMem> {
-        // These tests keep queues in host memory: only MRs are "GPU memory" here.
-        Err(gdaki::Error::InvalidArgument("DeferredCopier allocates nothing".into()))
+    unsafe fn write_async(&self, dst: MemLoc, data: &[u8], _publish: bool) -> gdaki::Result<()> {
+        self.enqueue(dst.kind, Deferred::Write(dst, data.to_vec()))
+    }
+
+    unsafe fn atomic_async(&self, at: MemLoc, op: AtomicOp, result: MemLoc) -> gdaki::Result<()> {
+        assert_eq!((at.kind, result.kind), (MemKind::Gpu, MemKind::Gpu), "a copier atomic outside GPU memory");
+        self.enqueue(at.kind, Deferred::Atomic(at, op, result))
+    }
+
+    fn alloc(&self, len: usize) -> gdaki::Result<gdaki::mem::GpuMem> {
+        // These tests keep queues in host memory; the NIC's own GPU words (the scratch word of atomics
+        // answered over the wire) are host memory standing for GPU memory, like the MRs.
+        let buf = HostQueueMemory.alloc(len)?;
+        Ok(gdaki::mem::GpuMem::new(buf.host_ptr() as u64, len, Box::new(buf)))
     }
 
     fn synchronize(&self) -> gdaki::Result<()> {
@@ -67,10 +112,25 @@ impl GpuCopier for DeferredCopier {
             // Like a real GPU, take a while: a NIC that let something overtake the copies gets caught.
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
-        for (dst, src, len) in q.drain(..) {
-            // SAFETY: the NIC promised both ranges valid until this synchronize returns; the "GPU" side is
-            // host memory in this test.
-            unsafe { std::ptr::copy(src.addr as *const u8, dst.addr as *mut u8, len) };
+        for op in q.drain(..) {
+            // The NIC promised every range valid until this synchronize returns; the "GPU" side is host memory
+            // in this test, and an atomic's word is 8-byte aligned.
+            match op {
+                // SAFETY: as said above.
+                Deferred::Copy(dst, src, len) => unsafe {
+                    std::ptr::copy(src.addr as *const u8, dst.addr as *mut u8, len)
+                },
+                // SAFETY: as said above.
+                Deferred::Write(dst, d) => unsafe { std::ptr::copy(d.as_ptr(), dst.addr as *mut u8, d.len()) },
+                Deferred::Atomic(at, op, result) => {
+                    // SAFETY: as said above.
+                    let old = unsafe { (at.addr as *const u64).read() };
+                    // SAFETY: as said above.
+                    unsafe { (at.addr as *mut u64).write(op.apply(old)) };
+                    // SAFETY: as said above.
+                    unsafe { std::ptr::copy(old.to_ne_bytes().as_ptr(), result.addr as *mut u8, 8) };
+                }
+            }
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -113,7 +173,7 @@ fn write_into_gpu_memory_is_placed_before_its_cqe() {
     assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
     assert_eq!(dst.read(), data);
     assert_eq!(copier.copies.load(Ordering::Relaxed), 1);
-    // Inline data into GPU memory goes through a staging buffer that must outlive the copy.
+    // Inline data into GPU memory goes through the copier's writes, its bytes taken when they are enqueued.
     let small = random_bytes(&mut rng, 100);
     let at = sq.post_bytes(&sq.inline_write(opcode::RDMA_WRITE, SIGNALED, &small, dst.addr() + 7, rmr.rkey(), 0));
     assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
@@ -187,11 +247,11 @@ fn read_and_atomic_on_gpu_memory() {
 }
 
 /// One ping-pong leg in GPU memory (an unsignaled WRITE, then a signaled fetch-add on the peer's semaphore with
-/// its result in GPU memory, one doorbell) costs two synchronizes: the atomic's read, which follows the WRITE on
-/// the copier's stream, and the CQE, which waits for the atomic's write-back and result. Everything is placed
+/// its result in GPU memory, one doorbell) costs one synchronize, the CQE's (its CQ is in host memory): the
+/// atomic and its result are the copier's own operations, behind the WRITE, with no wait. Everything is placed
 /// when the CQE is seen.
 #[test]
-fn a_gpu_memory_leg_synchronizes_twice() {
+fn a_gpu_memory_leg_synchronizes_once() {
     let mut rng = rng();
     let copier = Arc::new(DeferredCopier::default());
     let p = pair(&copier);
@@ -218,7 +278,7 @@ fn a_gpu_memory_leg_synchronizes_twice() {
         sq.dbrec();
         sq.doorbell(at);
         assert_req(&cq.wait(), opcode::ATOMIC_FA, sq.qpn(), at, 8);
-        assert_eq!(copier.syncs.load(Ordering::Relaxed) - before, 2, "round {round}");
+        assert_eq!(copier.syncs.load(Ordering::Relaxed) - before, 1, "round {round}");
         assert_eq!(dst.read(), data, "round {round}");
         assert_eq!((sem.u64_at(0), res.u64_at(0)), (round + 1, round), "round {round}");
     }

@@ -403,7 +403,13 @@ impl PortTest {
             unsafe { ((self.word(REPORT) as *const ErrorReport).read_volatile(), self.word(CHECKED).read_volatile()) };
         self.device_error = gdaki_device::Error::from_report(&report);
         if let Some(e) = self.device_error {
-            return Err(Error::Device(format!("rank {rank}: {e} ({checked} payloads checked before)")));
+            // The emulated NIC's counters say what the NIC saw (overruns, error CQEs, doorbells).
+            let nic = match self.comm.nic() {
+                gdaki::nic::Nic::Emu(n) => format!("; emulated NIC: {:?}", n.stats()),
+                #[allow(unreachable_patterns)]
+                _ => String::new(),
+            };
+            return Err(Error::Device(format!("rank {rank}: {e} ({checked} payloads checked before{nic})")));
         }
         self.failed = false;
         let iter_ns = if rank == 0 {

@@ -1,72 +1,173 @@
-//! The emulated NIC's copies into and out of GPU memory.
+//! The emulated NIC's operations on GPU memory: small ones on the engine warp, large copies on the copy
+//! engines, in one order.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cudarc::driver::sys;
 
 use super::driver::check;
+use super::engine::{Cmd, Engine, Op, FLAG_PUBLISH};
 use super::stream::Stream;
-use super::DeviceBuffer;
-use crate::mem::{GpuCopier, GpuMem, MemKind, MemLoc};
+use super::{DeviceBuffer, Gpu};
+use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, MemKind, MemLoc};
 use crate::{Error, Result};
 
-/// [`GpuCopier`] on its own `CU_STREAM_NON_BLOCKING` stream ([`super::Gpu::copier`]): the emulated NIC's thread
-/// enqueues copies with [`GpuCopier::copy_async`] and waits for them with [`GpuCopier::synchronize`]. The
-/// copies run in the order they were enqueued, and concurrently with kernels on other streams, so they never
-/// wait for a kernel that spins on NIC-written memory (nothing goes to the legacy default stream, and no
-/// synchronous `cuMemcpy` is used).
+/// Copies of at most this many bytes between GPU memories, or from GPU memory into host memory, run on the
+/// engine warp; longer ones on the copy engines (a CUDA copy costs microseconds of host time and latency
+/// whatever its size; one warp copies more slowly than a copy engine once the copy is long).
+const ENGINE_COPY_MAX: usize = 16 * 1024;
+/// Copies from host memory of at most this many bytes become engine writes, their bytes taken at once.
+const ENGINE_UPLOAD_MAX: usize = 256;
+/// Bytes of the pinned bounce buffer that engine copies into host memory land in until the synchronize.
+const BOUNCE_BYTES: usize = 64 * 1024;
+/// Bytes of the pinned buffer that longer copies from host memory are taken into before the stream copies
+/// them (a full buffer synchronizes first).
+const UPLOAD_BYTES: usize = 1 << 20;
+/// How long a synchronize waits for the copy-engine stream.
+const STREAM_LIMIT: Duration = Duration::from_secs(20);
+
+/// [`GpuCopier`] of the `gpu` executor ([`super::Gpu::copier`]). Two ways to reach GPU memory, kept in one
+/// order:
+/// - the engine: one warp of a small kernel, resident while there is work, for writes, CQEs, atomics and
+///   copies up to 16 KiB: no CUDA call, no host wait, about a PCIe round trip of latency;
+/// - the copier's own `CU_STREAM_NON_BLOCKING` stream (copy engines) for longer copies.
 ///
-/// Host memory in a copy should be pinned ([`super::Gpu::alloc_mapped`]): then the copy is asynchronous and
-/// `copy_async` returns at once. With pageable host memory the driver stages the bytes through its own pinned
-/// buffers, so the call may return only after the copy (from host memory: once staged; to host memory: once
-/// complete); it is still correct and still does not wait for kernels on other streams.
+/// When the order switches from one to the other, the second waits for the first without the host: after
+/// engine commands the stream waits (`cuStreamWaitValue32`) until the engine's executed count has reached
+/// them; after stream copies the stream writes a flag (`cuStreamWriteValue32`) that the engine waits for.
+/// Nothing goes to the legacy default stream and no synchronous `cuMemcpy` is used, so no operation waits
+/// for a user kernel.
+///
+/// Host memory in a stream copy should be pinned ([`super::Gpu::alloc_mapped`]): then the copy is
+/// asynchronous. With pageable host memory the driver stages the bytes through its own pinned buffers, so the
+/// call may return only after the copy; it is still correct and still does not wait for kernels.
 pub struct CudaCopier {
     stream: Arc<Stream>,
+    state: Mutex<State>,
+}
+
+struct State {
+    engine: Engine,
+    /// Which way the last operation went.
+    last: Last,
+    /// The last value the stream wrote into the engine's copy-engine flag.
+    ce_seq: u32,
+    /// Whether stream work was enqueued since the last synchronize.
+    stream_dirty: bool,
+    /// Pinned memory engine copies into host memory land in: `(offset, host destination, length)` of each
+    /// pending one, copied out by the synchronize.
+    bounce: crate::mem::MappedBuf,
+    bounced: Vec<(usize, u64, usize)>,
+    bounce_used: usize,
+    /// Pinned memory host bytes of longer copies are taken into; the first `upload_used` bytes are in use
+    /// until the synchronize.
+    upload: crate::mem::MappedBuf,
+    upload_used: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Last {
+    None,
+    Engine,
+    Stream,
 }
 
 impl fmt::Debug for CudaCopier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaCopier").field("stream", &self.stream).finish()
+        f.debug_struct("CudaCopier").field("stream", &self.stream).finish_non_exhaustive()
     }
 }
 
 impl CudaCopier {
-    pub(crate) fn new(stream: Stream) -> Self {
-        CudaCopier { stream: Arc::new(stream) }
+    pub(crate) fn new(gpu: &Gpu, stream: Stream) -> Result<Self> {
+        let engine = Engine::new(gpu)?;
+        let bounce = gpu.alloc_mapped(BOUNCE_BYTES)?;
+        let upload = gpu.alloc_mapped(UPLOAD_BYTES)?;
+        let state = State {
+            engine,
+            last: Last::None,
+            ce_seq: 0,
+            stream_dirty: false,
+            bounce,
+            bounced: Vec::new(),
+            bounce_used: 0,
+            upload,
+            upload_used: 0,
+        };
+        Ok(CudaCopier { stream: Arc::new(stream), state: Mutex::new(state) })
     }
 
     /// The copier's stream, e.g. to wait for its copies with a time limit ([`Stream::wait`]).
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
-}
 
-fn check_range(loc: MemLoc, len: usize, side: &str) -> Result<()> {
-    if loc.addr == 0 || loc.addr.checked_add(len as u64).is_none() {
-        return Err(Error::InvalidArgument(format!(
-            "copy {side} {:?} address {:#x} for {len} bytes",
-            loc.kind, loc.addr
-        )));
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-    Ok(())
-}
 
-impl GpuCopier for CudaCopier {
-    /// Enqueues `len` bytes from `src` to `dst` on the copier's stream, by kind: host→GPU
-    /// `cuMemcpyHtoDAsync`, GPU→host `cuMemcpyDtoHAsync`, GPU→GPU `cuMemcpyDtoDAsync`, host→host
-    /// `cuMemcpyAsync` (unified addressing; stream-ordered with the others). A `len` of 0 enqueues nothing.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a null address or an address range that wraps; the driver's error as
-    /// [`Error::Cuda`] (e.g. an address that is not GPU memory of this context).
-    unsafe fn copy_async(&self, dst: MemLoc, src: MemLoc, len: usize) -> Result<()> {
-        if len == 0 {
-            return Ok(());
+    /// Puts `cmd` on the engine, after the stream's earlier copies.
+    fn engine(&self, st: &mut State, cmd: &Cmd) -> Result<()> {
+        if st.last == Last::Stream {
+            st.ce_seq = st.ce_seq.wrapping_add(1);
+            let flag = st.engine.ce_flag_addr();
+            self.stream.shared.bind()?;
+            // SAFETY: `flag` is a word of the engine's pinned, mapped control block, alive as long as the
+            // copier; the stream is live. DEFAULT flags: the write follows the stream's earlier work, fenced.
+            let status = unsafe { sys::cuStreamWriteValue32_v2(self.stream.raw, flag, st.ce_seq, 0) };
+            check(status, "cuStreamWriteValue32")?;
+            let mut w = Cmd::new(Op::Wait);
+            w.dst = flag;
+            w.a = u64::from(st.ce_seq);
+            st.engine.push(&w)?;
         }
-        check_range(dst, len, "to")?;
-        check_range(src, len, "from")?;
+        st.engine.push(cmd)?;
+        st.last = Last::Engine;
+        Ok(())
+    }
+
+    /// Readies the stream for a copy: after the engine's earlier commands.
+    fn stream_turn(&self, st: &mut State) -> Result<()> {
         self.stream.shared.bind()?;
+        if st.last == Last::Engine {
+            let done = st.engine.done_addr();
+            let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+            // SAFETY: `done` is a word of the engine's pinned, mapped control block, alive as long as the
+            // copier; the stream is live. GEQ compares wrapping 32-bit values.
+            let status = unsafe { sys::cuStreamWaitValue32_v2(self.stream.raw, done, st.engine.head() as u32, flags) };
+            check(status, "cuStreamWaitValue32")?;
+        }
+        st.last = Last::Stream;
+        st.stream_dirty = true;
+        Ok(())
+    }
+
+    fn synchronize_locked(&self, st: &mut State) -> Result<()> {
+        let head = st.engine.head();
+        st.engine.wait(head)?;
+        if st.stream_dirty {
+            self.stream.wait(STREAM_LIMIT)?;
+            st.stream_dirty = false;
+        }
+        for &(off, dst, len) in &st.bounced {
+            // SAFETY: the engine has executed the copy into the bounce buffer (waited for above); `dst` is the
+            // host range the caller of `copy_async` keeps valid until this synchronize returns.
+            unsafe { std::ptr::copy_nonoverlapping(st.bounce.host_ptr().add(off), dst as *mut u8, len) };
+        }
+        st.bounced.clear();
+        st.bounce_used = 0;
+        st.upload_used = 0;
+        Ok(())
+    }
+
+    /// Enqueues a copy on the stream (after the engine's earlier commands).
+    ///
+    /// # Safety
+    /// As [`GpuCopier::copy_async`].
+    unsafe fn stream_copy(&self, st: &mut State, dst: MemLoc, src: MemLoc, len: usize) -> Result<()> {
+        self.stream_turn(st)?;
         let s = self.stream.raw;
         // The caller guarantees both ranges are valid for `len` bytes until `synchronize` returns, and `s` is a
         // live stream of the bound context: that is all each call below needs.
@@ -94,14 +195,139 @@ impl GpuCopier for CudaCopier {
         };
         check(status, call)
     }
+}
 
-    /// Waits until every copy enqueued so far has completed (`cuStreamSynchronize` on the copier's stream
-    /// only: it does not wait for kernels).
+fn check_range(loc: MemLoc, len: usize, side: &str) -> Result<()> {
+    if loc.addr == 0 || loc.addr.checked_add(len as u64).is_none() {
+        return Err(Error::InvalidArgument(format!(
+            "copy {side} {:?} address {:#x} for {len} bytes",
+            loc.kind, loc.addr
+        )));
+    }
+    Ok(())
+}
+
+impl GpuCopier for CudaCopier {
+    /// Enqueues `len` bytes from `src` to `dst`. Up to 16 KiB GPU to GPU, or GPU to host (through a pinned
+    /// bounce buffer, copied out by the synchronize), and up to 256 bytes host to GPU (the bytes taken now):
+    /// engine commands. Otherwise on the stream, by kind: `cuMemcpyHtoDAsync` (from a pinned buffer the host
+    /// bytes are taken into now), `cuMemcpyDtoHAsync`, `cuMemcpyDtoDAsync`, or `cuMemcpyAsync` host to host.
+    /// A `len` of 0 enqueues nothing.
     ///
     /// # Errors
-    /// The driver's error as [`Error::Cuda`] (e.g. a copy faulted).
+    /// [`Error::InvalidArgument`] for a null address or an address range that wraps; the driver's error as
+    /// [`Error::Cuda`] (e.g. an address that is not GPU memory of this context); the engine's as
+    /// [`Error::Device`].
+    unsafe fn copy_async(&self, dst: MemLoc, src: MemLoc, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        check_range(dst, len, "to")?;
+        check_range(src, len, "from")?;
+        let mut st = self.lock();
+        match (dst.kind, src.kind) {
+            (MemKind::Gpu, MemKind::Gpu) if len <= ENGINE_COPY_MAX => {
+                let mut c = Cmd::new(Op::Copy);
+                (c.dst, c.src, c.len) = (dst.addr, src.addr, len as u64);
+                self.engine(&mut st, &c)
+            }
+            (MemKind::Host, MemKind::Gpu) if len <= ENGINE_COPY_MAX => {
+                if st.bounce_used + len > BOUNCE_BYTES {
+                    self.synchronize_locked(&mut st)?;
+                }
+                let off = st.bounce_used;
+                st.bounce_used = (off + len).next_multiple_of(16);
+                st.bounced.push((off, dst.addr, len));
+                let mut c = Cmd::new(Op::Copy);
+                (c.dst, c.src, c.len) = (st.bounce.device_addr() + off as u64, src.addr, len as u64);
+                self.engine(&mut st, &c)
+            }
+            (MemKind::Gpu, MemKind::Host) if len <= ENGINE_UPLOAD_MAX => {
+                let mut bytes = vec![0u8; len];
+                // SAFETY: `src` is valid for `len` bytes (the caller's contract), and no earlier pending copy
+                // writes it (the trait's contract), so its bytes now are the bytes the copy would read.
+                unsafe { std::ptr::copy_nonoverlapping(src.addr as *const u8, bytes.as_mut_ptr(), len) };
+                drop(st);
+                for (i, chunk) in bytes.chunks(crate::mem::WRITE_ASYNC_MAX).enumerate() {
+                    let to = MemLoc { kind: MemKind::Gpu, addr: dst.addr + (i * crate::mem::WRITE_ASYNC_MAX) as u64 };
+                    // SAFETY: inside `dst`, which the caller keeps valid.
+                    unsafe { self.write_async(to, chunk, false) }?;
+                }
+                Ok(())
+            }
+            (MemKind::Gpu, MemKind::Host) => {
+                // Taken into pinned memory now, then copied by the stream, piece by piece.
+                let mut done = 0;
+                while done < len {
+                    if st.upload_used == UPLOAD_BYTES {
+                        self.synchronize_locked(&mut st)?;
+                    }
+                    let off = st.upload_used;
+                    let n = (len - done).min(UPLOAD_BYTES - off);
+                    // SAFETY: `src` is valid for `len` bytes (the caller's contract); the upload buffer has `n`
+                    // bytes free at `off` (nothing pending reads them: they are past `upload_used`).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            (src.addr as *const u8).add(done),
+                            st.upload.host_ptr().add(off),
+                            n,
+                        )
+                    };
+                    st.upload_used = (off + n).next_multiple_of(16).min(UPLOAD_BYTES);
+                    let from = MemLoc { kind: MemKind::Host, addr: st.upload.host_ptr() as u64 + off as u64 };
+                    let to = MemLoc { kind: MemKind::Gpu, addr: dst.addr + done as u64 };
+                    // SAFETY: `to` is inside `dst`; `from` stays untouched until the synchronize.
+                    unsafe { self.stream_copy(&mut st, to, from, n) }?;
+                    done += n;
+                }
+                Ok(())
+            }
+            // SAFETY: the caller's contract.
+            _ => unsafe { self.stream_copy(&mut st, dst, src, len) },
+        }
+    }
+
+    /// Enqueues an engine write with the bytes in the command.
+    ///
+    /// # Errors
+    /// As the trait says; the engine's as [`Error::Device`].
+    unsafe fn write_async(&self, dst: MemLoc, data: &[u8], publish: bool) -> Result<()> {
+        check_write(dst, data.len(), publish)?;
+        let mut c = Cmd::new(Op::Write);
+        (c.dst, c.len) = (dst.addr, data.len() as u64);
+        if publish {
+            c.flags = FLAG_PUBLISH;
+        }
+        bytemuck::bytes_of_mut(&mut c.payload)[..data.len()].copy_from_slice(data);
+        let mut st = self.lock();
+        self.engine(&mut st, &c)
+    }
+
+    /// Enqueues an engine atomic (`atom.sys.global`, so atomic towards device code's atomics too).
+    ///
+    /// # Errors
+    /// As the trait says; the engine's as [`Error::Device`].
+    unsafe fn atomic_async(&self, at: MemLoc, op: AtomicOp, result: MemLoc) -> Result<()> {
+        check_atomic(at, result)?;
+        let mut c = match op {
+            AtomicOp::FetchAdd(add) => Cmd { a: add, ..Cmd::new(Op::FetchAdd) },
+            AtomicOp::CompareSwap { compare, swap } => Cmd { a: compare, b: swap, ..Cmd::new(Op::CompareSwap) },
+        };
+        (c.dst, c.result) = (at.addr, result.addr);
+        let mut st = self.lock();
+        self.engine(&mut st, &c)
+    }
+
+    /// Waits until every operation enqueued so far has completed: the engine's (bounded spin on its executed
+    /// count), then the stream's (bounded [`Stream::wait`]), then copies engine reads out of the bounce
+    /// buffer into their host destinations.
+    ///
+    /// # Errors
+    /// The engine's failure as [`Error::Device`] (it could not start, or did not finish in time); the
+    /// driver's error as [`Error::Cuda`] (e.g. a copy faulted).
     fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize()
+        let mut st = self.lock();
+        self.synchronize_locked(&mut st)
     }
 
     /// `cuMemAlloc`, zeroed with `cuMemsetD8Async` on the copier's stream and waited for (so before any

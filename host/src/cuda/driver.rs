@@ -49,6 +49,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamDestroy_v2",
     "cuStreamQuery",
     "cuStreamSynchronize",
+    "cuStreamWaitValue32_v2",
+    "cuStreamWriteValue32_v2",
     "cuModuleLoadDataEx",
     "cuModuleGetFunction",
     "cuModuleUnload",

@@ -31,6 +31,7 @@
 mod copier;
 mod device_buffer;
 mod driver;
+mod engine;
 #[cfg(feature = "mlx5")]
 mod host_register;
 mod module;
@@ -226,7 +227,7 @@ impl Gpu {
     /// # Errors
     /// The driver's error, as [`Error::Cuda`].
     pub fn copier(&self) -> Result<CudaCopier> {
-        Ok(CudaCopier::new(Stream::new(&self.shared)?))
+        CudaCopier::new(self, Stream::new(&self.shared)?)
     }
 
     /// Whether a bounded wait on this GPU timed out ([`Stream::wait`]): a kernel may still be running, drops

@@ -5,9 +5,9 @@
 //! consumes and reports its consumer index in dbrec word 0 (24 bits). A CQE is written only into an entry
 //! software has consumed; otherwise the CQ overruns, as on hardware (the CQ then stops taking CQEs).
 //!
-//! A CQ in GPU memory is written through the data path's copies, in the copier's stream order (after the
-//! data its CQEs report, with no wait); its consumer index is read through a copy only when the index last
-//! read says the ring is full.
+//! A CQ in GPU memory is written through the copier, one published write per CQE, in the copier's order
+//! (after the data its CQEs report, with no wait); its consumer index is read through a copy only when the
+//! index last read says the ring is full.
 
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -172,8 +172,9 @@ impl CqInner {
     /// Writes `cqe` (owner bit clear) into the next entry, setting the owner bit to the lap parity of the
     /// producer index. Bytes 0..56 go first (relaxed), then the last 8 bytes (`sop_drop_qpn`, `wqe_counter`,
     /// `signature`, `op_own`) in one Release store, so that a reader who sees the new `op_own` with Acquire
-    /// sees the whole entry. In GPU memory the two parts are two copies enqueued on `data`'s stream, which
-    /// runs them in order after every copy enqueued before (the data the CQE reports).
+    /// sees the whole entry. In GPU memory the entry is one published write of the copier
+    /// ([`DataPath::publish`]), which stores the last word in the same way, after every operation enqueued
+    /// before (the data the CQE reports).
     ///
     /// # Errors
     /// [`CqFull`] when software has not consumed the entry (overrun: the CQ moves to error and the caller
@@ -209,13 +210,11 @@ impl CqInner {
                 qmem::store_u64(r, base + LAST_WORD, u64::from_ne_bytes(last), Ordering::Release);
             }
             QBuf::Gpu(g) => {
-                let body: &[u8] = bytemuck::cast_slice(&words[..LAST_WORD / 8]);
+                let mut entry = words;
+                entry[LAST_WORD / 8] = u64::from_ne_bytes(last);
                 // SAFETY: the entry lies inside the ring, which this CQ keeps alive while the executor uses it.
-                let r = unsafe { data.write_bytes(g.loc(base), body) }
-                    // SAFETY: as above, for the entry's last 8 bytes.
-                    .and_then(|()| unsafe { data.write_bytes(g.loc(base + LAST_WORD), &last) });
-                if r.is_err() {
-                    // The GPU is unusable (its copies fail): nothing more reaches this CQ.
+                if unsafe { data.publish(g.loc(base), bytemuck::bytes_of(&entry)) }.is_err() {
+                    // The GPU is unusable (its operations fail): nothing more reaches this CQ.
                     self.error.store(true, Ordering::Release);
                     return Err(CqFull);
                 }

@@ -141,11 +141,10 @@ pub(crate) fn execute(
             }
             let target = remote(mrs, pds.remote, r, 8, Access::REMOTE_ATOMIC)?;
             let result = local(mrs, pds.local, sge, true)?;
-            // SAFETY: `target` is a registered, 8-aligned 8-byte range; the caller holds the MR lock.
-            let old = unsafe { data.atomic(target, op) }?;
             // The old value lands in host order (the NIC runs in host-endianness atomic mode).
-            // SAFETY: `result` is a registered 8-byte range with LOCAL_WRITE.
-            unsafe { data.write_bytes(result, &old.to_ne_bytes()) }?;
+            // SAFETY: `target` is a registered, 8-aligned 8-byte range and `result` a registered 8-byte range
+            // with LOCAL_WRITE; the caller holds the MR lock.
+            unsafe { data.atomic_into(target, op, result) }?;
             Ok(Outcome { byte_cnt: 8, resp_imm: None })
         }
     }

@@ -25,6 +25,7 @@ use super::fabric::{read, Fabric};
 use super::sq::{self, Engine, Watched};
 use super::wire::link::Inflow;
 use super::wire::{packet, requester, responder, Inbound, WireConfig};
+use crate::mem::MemKind;
 
 /// How long the thread keeps yielding after its last work before it starts sleeping.
 const YIELD_FOR: Duration = Duration::from_micros(200);
@@ -109,7 +110,9 @@ impl List {
 }
 
 fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
-    let mut eng = Engine::new(DataPath::new(fab.gpu.clone(), &*fab.queue_mem));
+    // A failed allocation leaves atomics answered over the wire on GPU memory failing (local QP error).
+    let scratch = fab.gpu.as_ref().and_then(|_| fab.alloc_queue(64, MemKind::Gpu).ok());
+    let mut eng = Engine::new(DataPath::new(fab.gpu.clone(), scratch));
     let mut list = List { qps: Vec::new(), gen: u64::MAX, unacked: false };
     let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
     let mut idle = Idle { backoff: Backoff::new(), since: None };

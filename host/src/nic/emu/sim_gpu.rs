@@ -5,15 +5,19 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use crate::mem::{GpuCopier, GpuMem, HostQueueMemory, MappedBuf, MemLoc, QueueMemory};
+use std::sync::atomic::{fence, Ordering};
+
+use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, HostQueueMemory, MappedBuf, MemKind, MemLoc};
+use crate::mem::{QueueMemory, WRITE_ASYNC_MAX};
 use crate::{EmuError, Result};
 
 use super::fabric::lock;
 use super::hostmem;
 
 /// A [`GpuCopier`] whose "GPU memory" is host memory: [`GpuCopier::alloc`] returns zeroed host memory, and
-/// copies run later, in the order they were enqueued, on a thread of its own, as a CUDA stream runs them
-/// after `copy_async` has returned. [`GpuCopier::synchronize`] waits for every copy enqueued before it.
+/// copies, writes and atomics run later, in the order they were enqueued, on a thread of its own, as the CUDA
+/// copier runs them after the call has returned. [`GpuCopier::synchronize`] waits for every operation
+/// enqueued before it.
 ///
 /// It lets the `cpu` executor keep the emulated NIC's queues "in GPU memory" (`GDAKI_QUEUES=gpu`, see
 /// [`EmuConfig::for_executor`](super::EmuConfig::for_executor)), so that the NIC reaches them only through
@@ -30,13 +34,81 @@ struct Inner {
     state: Mutex<State>,
     /// Signalled when a copy is enqueued or the simulator stops (the worker waits on it).
     work: Condvar,
-    /// Signalled when the worker finished a copy (synchronizers wait on it).
+    /// Signalled when the worker finished an operation (synchronizers wait on it).
     done: Condvar,
+}
+
+/// One enqueued operation.
+enum Op {
+    Copy {
+        dst: MemLoc,
+        src: MemLoc,
+        len: usize,
+    },
+    /// A copy from host memory, its bytes taken when it was enqueued.
+    Upload {
+        dst: MemLoc,
+        data: Vec<u8>,
+    },
+    Write {
+        dst: MemLoc,
+        data: [u8; WRITE_ASYNC_MAX],
+        len: usize,
+        publish: bool,
+    },
+    Atomic {
+        at: MemLoc,
+        op: AtomicOp,
+        result: MemLoc,
+    },
+}
+
+impl Op {
+    /// Runs the operation.
+    ///
+    /// # Safety
+    /// The contracts of [`GpuCopier::copy_async`], [`GpuCopier::write_async`] and [`GpuCopier::atomic_async`]
+    /// (checked where they were enqueued): every range is valid until a synchronize returns, and none returns
+    /// before this operation is counted.
+    unsafe fn run(&self) {
+        match *self {
+            // SAFETY: the caller's contract.
+            Op::Copy { dst, src, len } => unsafe { hostmem::copy(dst.addr, src.addr, len as u64) },
+            // SAFETY: the caller's contract.
+            Op::Upload { dst, ref data } => unsafe { hostmem::write(dst.addr, data) },
+            Op::Write { dst, ref data, len, publish } => {
+                let (body, last) = if publish { data[..len].split_at(len - 8) } else { (&data[..len], &[][..]) };
+                // SAFETY: the caller's contract.
+                unsafe { hostmem::write(dst.addr, body) };
+                if publish {
+                    let w = u64::from_ne_bytes(last.try_into().unwrap_or([0; 8]));
+                    // SAFETY: the caller's contract; `write_async` checked that the last word is aligned.
+                    unsafe { hostmem::atomic_u64(dst.addr + body.len() as u64) }.store(w, Ordering::Release);
+                }
+            }
+            Op::Atomic { at, op, result } => {
+                // Earlier operations' bytes are visible before the atomic, as on the GPU.
+                fence(Ordering::Release);
+                // SAFETY: the caller's contract; `atomic_async` checked alignment.
+                let word = unsafe { hostmem::atomic_u64(at.addr) };
+                let old = match op {
+                    AtomicOp::FetchAdd(add) => word.fetch_add(add, Ordering::SeqCst),
+                    AtomicOp::CompareSwap { compare, swap } => {
+                        match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                            Ok(v) | Err(v) => v,
+                        }
+                    }
+                };
+                // SAFETY: the caller's contract.
+                unsafe { hostmem::write(result.addr, &old.to_ne_bytes()) };
+            }
+        }
+    }
 }
 
 #[derive(Default)]
 struct State {
-    queue: VecDeque<(MemLoc, MemLoc, usize)>,
+    queue: VecDeque<Op>,
     /// Copies enqueued so far.
     enqueued: u64,
     /// Copies completed so far.
@@ -56,11 +128,11 @@ impl Inner {
     fn run(&self) {
         let mut s = lock(&self.state);
         loop {
-            if let Some((dst, src, len)) = s.queue.pop_front() {
+            if let Some(op) = s.queue.pop_front() {
                 drop(s);
-                // SAFETY: `copy_async`'s contract: both ranges stay valid until a synchronize returns, and
-                // no synchronize returns before this copy is counted below.
-                unsafe { hostmem::copy(dst.addr, src.addr, len as u64) };
+                // SAFETY: the enqueuing call's contract: every range stays valid until a synchronize returns,
+                // and no synchronize returns before this operation is counted below.
+                unsafe { op.run() };
                 s = lock(&self.state);
                 s.completed += 1;
                 self.done.notify_all();
@@ -119,6 +191,15 @@ impl Drop for SimAlloc {
     }
 }
 
+impl SimGpu {
+    fn enqueue(&self, op: Op) {
+        let mut s = lock(&self.inner.state);
+        s.queue.push_back(op);
+        s.enqueued += 1;
+        self.inner.work.notify_one();
+    }
+}
+
 impl GpuCopier for SimGpu {
     /// Enqueues the copy for the simulator's thread. Either side may be host or simulated GPU memory.
     ///
@@ -128,14 +209,41 @@ impl GpuCopier for SimGpu {
         if len == 0 {
             return Ok(());
         }
-        let mut s = lock(&self.inner.state);
-        s.queue.push_back((dst, src, len));
-        s.enqueued += 1;
-        self.inner.work.notify_one();
+        if src.kind == MemKind::Host && dst.kind == MemKind::Gpu {
+            let mut data = vec![0u8; len];
+            // SAFETY: `src` is valid for `len` bytes during this call (the caller's contract).
+            unsafe { hostmem::read(src.addr, &mut data) };
+            self.enqueue(Op::Upload { dst, data });
+        } else {
+            self.enqueue(Op::Copy { dst, src, len });
+        }
         Ok(())
     }
 
-    /// Waits until every copy enqueued so far has run.
+    /// Enqueues the write, with the bytes copied now.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] as the trait says.
+    unsafe fn write_async(&self, dst: MemLoc, data: &[u8], publish: bool) -> Result<()> {
+        check_write(dst, data.len(), publish)?;
+        let mut bytes = [0u8; WRITE_ASYNC_MAX];
+        bytes[..data.len()].copy_from_slice(data);
+        self.enqueue(Op::Write { dst, data: bytes, len: data.len(), publish });
+        Ok(())
+    }
+
+    /// Enqueues the atomic; on the simulator's thread it is a SeqCst host atomic, so atomic towards device
+    /// code on host threads too.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] as the trait says.
+    unsafe fn atomic_async(&self, at: MemLoc, op: AtomicOp, result: MemLoc) -> Result<()> {
+        check_atomic(at, result)?;
+        self.enqueue(Op::Atomic { at, op, result });
+        Ok(())
+    }
+
+    /// Waits until every operation enqueued so far has run.
     ///
     /// # Errors
     /// None.

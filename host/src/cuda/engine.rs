@@ -1,0 +1,386 @@
+//! The emulated NIC's engine on the GPU: one warp (`engine.ptx`) that runs the NIC's small operations on GPU
+//! memory (copies, writes, CQEs, atomics) in the order the NIC's thread enqueues them, so that none of them
+//! costs a CUDA call or a host synchronize.
+//!
+//! The host writes 128-byte commands ([`Cmd`]) into a ring in pinned host memory and advances `HEAD`; the
+//! warp polls `HEAD` over PCIe, executes up to eight commands per round trip and stores `DONE`. The engine
+//! leaves the GPU after [`IDLE`] without work (so that calls which wait for every running kernel, such as
+//! `cuMemFree`, wait at most that long for it) and is launched again by the next command. Leaving and
+//! relaunching race only through two words: the engine stores `STATE = EXITING`, fences, and reads `HEAD`
+//! once more; the host stores `HEAD`, fences, and reads `STATE`. One of the two sees the other's store, so no
+//! command is left without a running engine.
+//!
+//! Hazard: when every SM is taken by kernels that spin (waiting on this NIC), a relaunched engine cannot
+//! start. [`Engine::wait`] then fails after [`START_LIMIT`] with a message that says so, instead of hanging.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{Gpu, Kernel, KernelArg, LaunchConfig, Stream};
+use crate::mem::MappedBuf;
+use crate::{Error, Result};
+
+/// Commands in the ring (a power of two).
+const SLOTS: u64 = 256;
+/// Bytes per command.
+const CMD_BYTES: usize = 128;
+/// How long the engine stays on the GPU without work before it exits.
+pub(crate) const IDLE: Duration = Duration::from_millis(5);
+/// How long a relaunched engine may take to start before [`Engine::wait`] says the GPU has no room for it.
+const START_LIMIT: Duration = Duration::from_secs(2);
+/// How long [`Engine::wait`] waits for the engine to execute what it was given.
+const WAIT_LIMIT: Duration = Duration::from_secs(20);
+/// How long the engine waits for a copy-engine flag ([`Op::Wait`]) before it fails.
+const FLAG_LIMIT: Duration = Duration::from_secs(10);
+
+/// Byte offsets of the control words, each a `u64` in pinned host memory.
+mod ctrl {
+    /// Commands the host has published (host writes).
+    pub const HEAD: usize = 0;
+    /// Commands the engine has executed (engine writes; its low 32 bits are what copy-engine streams wait on).
+    pub const DONE: usize = 64;
+    /// [`super::STOPPED`], [`super::RUNNING`] or [`super::EXITING`].
+    pub const STATE: usize = 128;
+    /// The launch generation the running engine was started with (engine writes when it starts).
+    pub const STARTED: usize = 192;
+    /// Set by the host to make the engine exit once it has run every published command.
+    pub const STOP: usize = 256;
+    /// Why the engine stopped on its own (engine writes): 0 none, [`super::ERR_WAIT`].
+    pub const ERROR: usize = 320;
+    /// A 32-bit flag the copy-engine stream writes (`cuStreamWriteValue32`) for [`super::Op::Wait`].
+    pub const CE_FLAG: usize = 384;
+    /// Bytes of the control block.
+    pub const BYTES: usize = 448;
+}
+
+const STOPPED: u64 = 0;
+const RUNNING: u64 = 1;
+const EXITING: u64 = 2;
+/// [`ctrl::ERROR`]: a copy-engine flag did not arrive within [`FLAG_LIMIT`].
+const ERR_WAIT: u64 = 1;
+
+/// What a command does (word 0, low half).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum Op {
+    /// `len` bytes from `src` to `dst`, both device-addressable.
+    Copy = 1,
+    /// `len` (at most 64) payload bytes to `dst`; [`FLAG_PUBLISH`]: the last word after the rest, fenced.
+    Write = 2,
+    /// `*dst += a` (64-bit, system scope); the old value to `result`.
+    FetchAdd = 3,
+    /// `*dst = (*dst == a) ? b : *dst`; the old value to `result`.
+    CompareSwap = 4,
+    /// Waits until the 32-bit word at `dst` reaches `a` (wrapping compare).
+    Wait = 5,
+}
+
+/// [`Op::Write`]: store the last 8 bytes after the others and a system-scope fence.
+pub(crate) const FLAG_PUBLISH: u32 = 1;
+
+/// One command, as the engine reads it: lane `4j + k` of the warp loads bytes `32k..32k + 32` of command `j`.
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub(crate) struct Cmd {
+    pub op: u32,
+    pub flags: u32,
+    pub len: u64,
+    pub dst: u64,
+    pub src: u64,
+    pub a: u64,
+    pub b: u64,
+    pub result: u64,
+    pub reserved: u64,
+    pub payload: [u64; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<Cmd>() == CMD_BYTES);
+
+impl Cmd {
+    pub(crate) fn new(op: Op) -> Self {
+        Cmd { op: op as u32, ..bytemuck::Zeroable::zeroed() }
+    }
+}
+
+/// The engine's PTX, with its constants filled in from this file and each `@SHFL64 dst, src, lane@` line
+/// expanded into the two 32-bit shuffles of a 64-bit register.
+pub(crate) fn ptx() -> String {
+    let subs: [(&str, String); 16] = [
+        ("@HEAD@", ctrl::HEAD.to_string()),
+        ("@DONE@", ctrl::DONE.to_string()),
+        ("@STATE@", ctrl::STATE.to_string()),
+        ("@STARTED@", ctrl::STARTED.to_string()),
+        ("@STOP@", ctrl::STOP.to_string()),
+        ("@ERROR@", ctrl::ERROR.to_string()),
+        ("@STOPPED@", STOPPED.to_string()),
+        ("@RUNNING@", RUNNING.to_string()),
+        ("@EXITING@", EXITING.to_string()),
+        ("@ERR_WAIT@", ERR_WAIT.to_string()),
+        ("@WAIT_NS@", FLAG_LIMIT.as_nanos().to_string()),
+        ("@OP_COPY@", (Op::Copy as u32).to_string()),
+        ("@OP_WRITE@", (Op::Write as u32).to_string()),
+        ("@OP_FETCH_ADD@", (Op::FetchAdd as u32).to_string()),
+        ("@OP_COMPARE_SWAP@", (Op::CompareSwap as u32).to_string()),
+        ("@OP_WAIT@", (Op::Wait as u32).to_string()),
+    ];
+    let mut out = String::new();
+    for line in include_str!("engine.ptx").lines() {
+        let t = line.trim();
+        if let Some(args) = t.strip_prefix("@SHFL64 ").and_then(|r| r.strip_suffix('@')) {
+            let a: Vec<&str> = args.split(',').map(str::trim).collect();
+            let (dst, src, lane) = (a[0], a[1], a[2]);
+            out.push_str(&format!(
+                "\tmov.b64 {{%r32, %r33}}, {src};\n\
+                 \tshfl.sync.idx.b32 %r32, %r32, {lane}, 31, 0xffffffff;\n\
+                 \tshfl.sync.idx.b32 %r33, %r33, {lane}, 31, 0xffffffff;\n\
+                 \tmov.b64 {dst}, {{%r32, %r33}};\n"
+            ));
+            continue;
+        }
+        let mut l = line.replace("@FLAG_PUBLISH@", &FLAG_PUBLISH.to_string());
+        for (k, v) in &subs {
+            l = l.replace(k, v);
+        }
+        out.push_str(&l);
+        out.push('\n');
+    }
+    out
+}
+
+/// The host side of one engine: its ring, control words, kernel and stream. Not shared: its owner
+/// ([`super::CudaCopier`]) serializes every call.
+pub(crate) struct Engine {
+    kernel: Kernel,
+    stream: Stream,
+    ring: MappedBuf,
+    ctrl: MappedBuf,
+    /// Commands published so far.
+    head: u64,
+    /// Launches so far (the generation the last launch was given).
+    gen: u64,
+    /// When the last launch was made, until the engine says it started.
+    launched: Option<Instant>,
+}
+
+impl Engine {
+    /// Loads the engine's module on `gpu` (once per GPU) and allocates its ring and control words. The
+    /// engine is launched by the first command.
+    ///
+    /// # Errors
+    /// The driver's error loading the PTX, creating the stream or pinning the memory.
+    pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
+        let kernel = gpu.kernel(&ptx(), "gdaki_emu_engine")?;
+        let stream = gpu.new_stream()?;
+        let ring = gpu.alloc_mapped(SLOTS as usize * CMD_BYTES)?;
+        let ctrl = gpu.alloc_mapped(ctrl::BYTES)?;
+        Ok(Engine { kernel, stream, ring, ctrl, head: 0, gen: 0, launched: None })
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= ctrl::BYTES && off.is_multiple_of(8));
+        // SAFETY: an aligned word inside the control block (4096-byte aligned, `ctrl::BYTES` long), which
+        // lives as long as `self`; the engine and this thread access it only atomically.
+        unsafe { AtomicU64::from_ptr(self.ctrl.host_ptr().add(off).cast()) }
+    }
+
+    /// Device address of control word `off` (for stream memory operations and [`Op::Wait`]).
+    pub(crate) fn ctrl_device_addr(&self, off: usize) -> u64 {
+        self.ctrl.device_addr() + off as u64
+    }
+
+    /// Device address of the flag the copy-engine stream writes for [`Op::Wait`].
+    pub(crate) fn ce_flag_addr(&self) -> u64 {
+        self.ctrl_device_addr(ctrl::CE_FLAG)
+    }
+
+    /// Device address of `DONE` (its low 32 bits are the executed-command count modulo 2^32).
+    pub(crate) fn done_addr(&self) -> u64 {
+        self.ctrl_device_addr(ctrl::DONE)
+    }
+
+    /// Commands published so far.
+    pub(crate) fn head(&self) -> u64 {
+        self.head
+    }
+
+    fn done(&self) -> u64 {
+        self.word(ctrl::DONE).load(Ordering::Acquire)
+    }
+
+    /// Publishes `cmd` (after waiting for a free slot) and makes sure an engine runs to execute it.
+    ///
+    /// # Errors
+    /// As [`Engine::wait`], when the ring stays full; the driver's error when a launch fails.
+    pub(crate) fn push(&mut self, cmd: &Cmd) -> Result<()> {
+        if self.head - self.done() >= SLOTS {
+            self.wait(self.head - SLOTS + 1)?;
+        }
+        let slot = (self.head & (SLOTS - 1)) as usize * CMD_BYTES;
+        // SAFETY: the slot lies inside the ring; the engine has executed whatever it held (checked above)
+        // and reads it only after the Release store of HEAD below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytemuck::bytes_of(cmd).as_ptr(), self.ring.host_ptr().add(slot), CMD_BYTES)
+        };
+        self.head += 1;
+        self.word(ctrl::HEAD).store(self.head, Ordering::Release);
+        self.ensure_running()
+    }
+
+    /// Launches the engine if it has left (or is leaving) the GPU; see the module docs for the race.
+    fn ensure_running(&mut self) -> Result<()> {
+        fence(Ordering::SeqCst);
+        let start = Instant::now();
+        loop {
+            match self.word(ctrl::STATE).load(Ordering::Acquire) {
+                RUNNING => return Ok(()),
+                EXITING if start.elapsed() < START_LIMIT => std::hint::spin_loop(),
+                EXITING => {
+                    return Err(Error::Device(
+                        "the emulated NIC's GPU engine neither left nor went on within 2 s".into(),
+                    ))
+                }
+                _ => return self.launch(),
+            }
+        }
+    }
+
+    fn launch(&mut self) -> Result<()> {
+        if self.word(ctrl::ERROR).load(Ordering::Acquire) != 0 {
+            return Err(self.failed());
+        }
+        // The engine that left stored DONE before STATE: the new one starts where it stopped.
+        let tail = self.done();
+        self.word(ctrl::STATE).store(RUNNING, Ordering::Release);
+        self.gen += 1;
+        let args = [
+            KernelArg::U64(self.ring.device_addr()),
+            KernelArg::U64(self.ctrl.device_addr()),
+            KernelArg::U64(SLOTS - 1),
+            KernelArg::U64(IDLE.as_nanos() as u64),
+            KernelArg::U64(tail),
+            KernelArg::U64(self.gen),
+        ];
+        // SAFETY: the ring and control block are pinned, mapped and live until `Drop` has seen the engine
+        // leave; the arguments are the six the kernel declares, in order.
+        let r = unsafe { self.kernel.launch(&self.stream, &LaunchConfig::linear(1, 32), &args) };
+        if r.is_err() {
+            self.word(ctrl::STATE).store(STOPPED, Ordering::Release);
+        }
+        self.launched = Some(Instant::now());
+        r
+    }
+
+    fn failed(&self) -> Error {
+        Error::Device(format!(
+            "the emulated NIC's GPU engine stopped: a copy it had to follow did not finish within {} s",
+            FLAG_LIMIT.as_secs()
+        ))
+    }
+
+    /// Waits until the engine has executed the first `target` commands: spins, then yields, for at most
+    /// [`WAIT_LIMIT`].
+    ///
+    /// # Errors
+    /// [`Error::Device`] when the engine did not start within [`START_LIMIT`] of its launch (every SM is
+    /// busy: leave one free for it), stopped on an error, or did not finish in time.
+    pub(crate) fn wait(&mut self, target: u64) -> Result<()> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while self.done() < target {
+            if self.word(ctrl::ERROR).load(Ordering::Acquire) != 0 {
+                return Err(self.failed());
+            }
+            if self.word(ctrl::STATE).load(Ordering::Acquire) == STOPPED {
+                // Left between a push's check and now with work pending cannot happen (see the module
+                // docs), but a failed launch can: try once more.
+                self.launch()?;
+            }
+            if let Some(at) = self.launched {
+                if self.word(ctrl::STARTED).load(Ordering::Acquire) == self.gen {
+                    self.launched = None;
+                } else if at.elapsed() > START_LIMIT {
+                    return Err(Error::Device(format!(
+                        "the emulated NIC's GPU engine could not start within {} s: kernels occupy every SM \
+                         (leave one SM free for the engine, a single warp)",
+                        START_LIMIT.as_secs()
+                    )));
+                }
+            }
+            if start.elapsed() > WAIT_LIMIT {
+                return Err(Error::Device(format!(
+                    "the emulated NIC's GPU engine executed {} of {target} commands in {} s",
+                    self.done(),
+                    WAIT_LIMIT.as_secs()
+                )));
+            }
+            spins += 1;
+            if spins < 4096 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    /// Tells the engine to leave and waits (bounded) until it has, so that its memory is freed only when
+    /// no kernel reads it; if it does not leave in time, the memory is leaked instead.
+    fn drop(&mut self) {
+        self.word(ctrl::STOP).store(1, Ordering::Release);
+        let start = Instant::now();
+        let mut left = self.word(ctrl::STATE).load(Ordering::Acquire) == STOPPED && self.launched.is_none();
+        while !left && start.elapsed() < START_LIMIT {
+            left = self.stream.is_idle().unwrap_or(false);
+            std::thread::yield_now();
+        }
+        if !left {
+            tracing::warn!("emulated NIC: the GPU engine did not leave; its memory is leaked");
+            std::mem::forget(std::mem::replace(&mut self.ring, dummy()));
+            std::mem::forget(std::mem::replace(&mut self.ctrl, dummy()));
+        }
+    }
+}
+
+/// An empty buffer that frees nothing, to stand in for one that is leaked.
+fn dummy() -> MappedBuf {
+    // SAFETY: zero bytes at a dangling, aligned address that nothing dereferences; the owner frees nothing.
+    unsafe { MappedBuf::from_raw(std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), 0, 0, Box::new(())) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// The PTX reads the command's fields by lane and register: lane 4j holds words 0..4 (op and flags,
+    /// len, dst, src), lane 4j + 1 words 4..8 (a, b, result), lanes 4j + 2 and 4j + 3 the payload.
+    #[test]
+    fn command_fields_sit_where_the_engine_reads_them() {
+        assert_eq!(offset_of!(Cmd, op), 0);
+        assert_eq!(offset_of!(Cmd, flags), 4);
+        assert_eq!(offset_of!(Cmd, len), 8);
+        assert_eq!(offset_of!(Cmd, dst), 16);
+        assert_eq!(offset_of!(Cmd, src), 24);
+        assert_eq!(offset_of!(Cmd, a), 32);
+        assert_eq!(offset_of!(Cmd, b), 40);
+        assert_eq!(offset_of!(Cmd, result), 48);
+        assert_eq!(offset_of!(Cmd, payload), 64);
+    }
+
+    #[test]
+    fn ptx_has_every_constant_filled_in_and_every_shuffle_expanded() {
+        let p = ptx();
+        // An at-sign is left only as a predicate guard at the start of an instruction.
+        for l in p.lines() {
+            let code = l.split("//").next().unwrap_or("").trim_start();
+            let guard = code.starts_with("@%p") || code.starts_with("@!%p");
+            assert_eq!(code.matches('@').count(), usize::from(guard), "unfilled name in `{l}`");
+        }
+        assert!(!p.contains("SHFL64"));
+        assert_eq!(p.matches(".entry gdaki_emu_engine").count(), 1);
+        // 15 64-bit shuffles in the command decoder and the write path, 3 in the polling loop.
+        assert_eq!(p.matches("shfl.sync.idx.b32 %r32").count(), 18);
+    }
+}
