@@ -38,8 +38,8 @@ struct Args {
     /// Where device code runs: cpu or gpu (default: the GPU if there is one, else cpu).
     #[arg(long)]
     executor: Option<ExecutorKind>,
-    /// Where the emulated NIC keeps its SQ/CQ rings and dbrecs: host (pinned host memory, the default) or gpu
-    /// (GPU memory; simulated on the cpu executor); sets GDAKI_QUEUES.
+    /// Where the emulated NIC keeps its SQ/CQ rings and dbrecs: gpu (GPU memory, the default on the gpu
+    /// executor; simulated on the cpu executor) or host (pinned host memory); sets GDAKI_QUEUES.
     #[arg(long, value_enum)]
     queues: Option<gdaki_examples::Queues>,
     /// Payload bytes per message.

@@ -95,10 +95,11 @@ pub fn run_ranks<T: Send>(
 /// Where the emulated NIC keeps its SQ rings, CQ rings and dbrecs: the programs' `--queues` flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Queues {
-    /// GPU memory, as DOCA GPUNetIO and NVSHMEM IBGDA place them (simulated on the `cpu` executor).
+    /// GPU memory, as DOCA GPUNetIO and NVSHMEM IBGDA place them: the default on the `gpu` executor
+    /// (simulated on the `cpu` executor).
     Gpu,
     /// Host memory: pinned and mapped into the GPU on the `gpu` executor (NVSHMEM's
-    /// `IBGDA_FORCE_NIC_BUF_MEMTYPE=hostmem`). The default.
+    /// `IBGDA_FORCE_NIC_BUF_MEMTYPE=hostmem`); the default on the `cpu` executor.
     Host,
 }
 
@@ -115,7 +116,7 @@ pub fn init_tracing() {
 
 /// Applies `--queues`: sets [`gdaki::nic::emu::QUEUES_ENV`] for this process and the ranks it launches, which
 /// every emulated NIC it opens then follows, and starts [`init_tracing`]. Without the flag the variable is
-/// left as it is (unset: host memory). Call it first in `main`, before any thread starts.
+/// left as it is (unset: GPU memory on the `gpu` executor, host memory on the `cpu` executor). Call it first in `main`, before any thread starts.
 pub fn apply_queues(q: Option<Queues>) {
     init_tracing();
     if let Some(q) = q {

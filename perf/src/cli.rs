@@ -58,8 +58,8 @@ pub struct Opts {
     /// cpu or gpu (default: the GPU if there is one, else cpu with a note).
     #[arg(long)]
     pub executor: Option<ExecutorKind>,
-    /// Where the emulated NIC keeps its SQ/CQ rings and dbrecs: host (pinned host memory, the default) or gpu
-    /// (GPU memory; simulated on the cpu executor); sets GDAKI_QUEUES.
+    /// Where the emulated NIC keeps its SQ/CQ rings and dbrecs: gpu (GPU memory, the default on the gpu
+    /// executor; simulated on the cpu executor) or host (pinned host memory); sets GDAKI_QUEUES.
     #[arg(long, value_enum)]
     pub queues: Option<gdaki_examples::Queues>,
     /// NIC: emu (the emulated mlx5 NIC) or an RDMA device, DEVICE[:PORT[:GID_INDEX]] (a build with

@@ -105,7 +105,8 @@ fn mixed(what: &str) -> Error {
 
 impl Nic {
     /// Opens the NIC `spec` names for `exec`: the emulated NIC as [`EmuConfig::for_executor`] configures it
-    /// (queues in host memory unless `GDAKI_QUEUES=gpu`), with `wire` for peers in other
+    /// (queues in GPU memory on the `gpu` executor and in host memory on the `cpu` executor unless
+    /// `GDAKI_QUEUES` says otherwise), with `wire` for peers in other
     /// processes, or a real mlx5 NIC (queues mapped into the GPU for
     /// the `gpu` executor; `wire` is not used: peers are reached through the fabric).
     ///

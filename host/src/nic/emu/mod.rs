@@ -3,11 +3,11 @@
 //! # What it models
 //! - **Queues** where [`EmuConfig::queues`] puts them: per QP an SQ ring (`wqe_cnt` × 64-byte WQEBBs) and a
 //!   [`QpDbrec`] (word 1 = SQ counter), per CQ a ring of 64-byte CQEs pre-filled with `op_own = 0xF1` and a
-//!   [`CqDbrec`] (word 0 = consumer index, 24 bits), in host memory from the configured [`QueueMemory`] (the
-//!   default) or in GPU memory (as DOCA GPUNetIO and NVSHMEM IBGDA place them; see below for what fails
-//!   there still); per QP a
-//!   4096-byte UAR page with the doorbell/BlueFlame register at `UAR + 0x800`, always host memory that device
-//!   code writes as MMIO. The handles record the placement ([`Placement`](gdaki_shared::handle::Placement)).
+//!   [`CqDbrec`] (word 0 = consumer index, 24 bits), in GPU memory (as DOCA GPUNetIO and NVSHMEM IBGDA place
+//!   them; the default on the `gpu` executor) or in host memory from the configured [`QueueMemory`]; per QP
+//!   a 4096-byte UAR page with the doorbell/BlueFlame register at `UAR + 0x800`, always host memory that
+//!   device code writes as MMIO. The handles record the placement
+//!   ([`Placement`](gdaki_shared::handle::Placement)).
 //! - **Doorbells**: one executor thread per NIC watches every RTS (or error-state) QP's doorbell register (8
 //!   bytes: `opmod_idx_opcode`, `qpn_ds` of the last posted WQE, big-endian). A change is a doorbell; a
 //!   BlueFlame write (the whole 64-byte WQEBB at 0x800) is one too. The new producer index is
@@ -24,18 +24,14 @@
 //!   since the NIC last refilled them with its random sentinel (several writes between two doorbells count
 //!   once).
 //! - **Queues in GPU memory** are reached through the [`GpuCopier`] only: on a doorbell the NIC fetches the
-//!   announced WQEBBs of the SQ ring with dbrec word 1 (one copy each and one synchronize,
-//!   [`Stats::ring_fetches`]); CQEs are two copies on
-//!   the copier's stream (bytes 0..56, then the word with `op_own`), which runs them after the copies of the
-//!   data they report, so they need no synchronize; the CQ's consumer index is re-read through a copy only
+//!   announced WQEBBs of the SQ ring with dbrec word 1 (one read and one synchronize,
+//!   [`Stats::ring_fetches`]); each CQE is one published write of the copier (bytes 0..56, then the word
+//!   with `op_own`, after the data it reports), with no synchronize; the CQ's consumer index is re-read only
 //!   when the index last read says the ring is full. Their memory goes back to the NIC when a QP or CQ is
-//!   destroyed and is freed with the NIC (`cuMemFree` waits for every running kernel). On the `cpu` executor
-//!   `GDAKI_QUEUES=gpu` puts them in a [`SimGpu`]'s simulated GPU memory, to test this path without a GPU.
-//!   **Open defect**: on the H200, port channels between two NICs of one process (the `port_channel`
-//!   example, the port tests) lose a CQE with queues in GPU memory: the NIC writes it (its copies are
-//!   enqueued without error) and device code never sees it, until its wait times out. Ping-pong and every
-//!   `gdaki-perf --one-nic` row pass, and so does everything with host-memory queues; the cause is not found
-//!   yet. That is why host memory stays the default.
+//!   destroyed and is freed with the NIC (`cuMemFree` waits for every running kernel). On the `gpu` executor
+//!   the copier runs small operations on a resident engine warp and long copies on the copy engines
+//!   ([`CudaCopier`](crate::cuda::CudaCopier)); on the `cpu` executor `GDAKI_QUEUES=gpu` puts the queues in a
+//!   [`SimGpu`]'s simulated GPU memory, to test this path without a GPU.
 //! - **Validation** of every WQE as the PRM lays it out: opcode (NOP, RDMA_WRITE, RDMA_WRITE_IMM, RDMA_READ,
 //!   ATOMIC_CS, ATOMIC_FA), opmod, `ds` against the opcode's shape and the ring, QPN, WQE index, `fm_ce_se`
 //!   reserved bits (all → syndrome 0x02), message length (0x01), lkey / local bounds / `LOCAL_WRITE` (0x04),
@@ -162,8 +158,9 @@ pub struct EmuConfig {
     pub gpu: Option<Arc<dyn GpuCopier>>,
     /// Where SQ rings, their dbrecs, CQ rings and their dbrecs go: [`MemKind::Host`] (from `queue_mem`) or
     /// [`MemKind::Gpu`] (from `gpu`, which it needs), as DOCA GPUNetIO and NVSHMEM IBGDA place them by
-    /// default (not yet the default here: see the module docs). UAR pages (doorbell and BlueFlame register) are always from `queue_mem`: device code writes
-    /// them as MMIO. The QP and CQ handles record the choice ([`Placement`](gdaki_shared::handle::Placement)).
+    /// default ([`EmuConfig::for_executor`] does too on the `gpu` executor). UAR pages (doorbell and
+    /// BlueFlame register) are always from `queue_mem`: device code writes them as MMIO. The QP and CQ
+    /// handles record the choice ([`Placement`](gdaki_shared::handle::Placement)).
     pub queues: MemKind,
     /// How to reach QPs of other NICs (other processes or hosts); `None`: only QPs of this NIC connect.
     pub wire: Option<WireConfig>,
@@ -176,8 +173,10 @@ impl EmuConfig {
     }
 
     /// The configuration for executor `exec`: its queue memory and GPU copier, no wire, and the queues where
-    /// the environment variable [`QUEUES_ENV`] says (`gpu` or `host`). Unset, they are in host memory (pinned
-    /// host memory mapped into the GPU on the `gpu` executor). `GDAKI_QUEUES=gpu` on the `cpu` executor puts
+    /// the environment variable [`QUEUES_ENV`] says (`gpu` or `host`). Unset, they are in GPU memory on the
+    /// `gpu` executor (as the hardware stacks place them) and in host memory on the `cpu` executor;
+    /// `GDAKI_QUEUES=host` on the `gpu` executor puts them in pinned host memory mapped into the GPU, and
+    /// `GDAKI_QUEUES=gpu` on the `cpu` executor puts
     /// them in a [`SimGpu`]'s simulated GPU memory, which the NIC reaches only through copies, as on a GPU:
     /// the GPU-memory path, tested without one.
     ///
@@ -190,7 +189,7 @@ impl EmuConfig {
             (None, Some(MemKind::Gpu)) => (Some(Arc::new(SimGpu::new()?)), MemKind::Gpu),
             (None, _) => (None, MemKind::Host),
             (Some(g), Some(k)) => (Some(g), k),
-            (Some(g), None) => (Some(g), MemKind::Host),
+            (Some(g), None) => (Some(g), MemKind::Gpu),
         };
         Ok(Self { queue_mem: exec.queue_memory(), gpu, queues, wire: None })
     }
@@ -221,9 +220,9 @@ impl std::fmt::Debug for EmuConfig {
     }
 }
 
-/// The environment variable that places the emulated NIC's queues on the `gpu` executor, like NVSHMEM's
-/// `IBGDA_FORCE_NIC_BUF_MEMTYPE`: `host` (the default) or `gpu`. Read by [`EmuConfig::for_executor`]; the
-/// programs' `--queues` flag sets it.
+/// The environment variable that places the emulated NIC's queues, like NVSHMEM's
+/// `IBGDA_FORCE_NIC_BUF_MEMTYPE`: `gpu` (the default on the `gpu` executor) or `host` (the default on the
+/// `cpu` executor). Read by [`EmuConfig::for_executor`]; the programs' `--queues` flag sets it.
 pub const QUEUES_ENV: &str = "GDAKI_QUEUES";
 
 /// The placement [`QUEUES_ENV`] asks for, if set.
