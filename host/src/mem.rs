@@ -138,7 +138,9 @@ pub trait GpuCopier: Send + Sync {
     /// The CUDA driver's error.
     unsafe fn copy_async(&self, dst: MemLoc, src: MemLoc, len: usize) -> Result<()>;
 
-    /// Enqueues a write of `data` (at most [`WRITE_ASYNC_MAX`] bytes, taken now) to GPU memory at `dst`.
+    /// Enqueues a write of `data` (at most [`WRITE_ASYNC_MAX`] bytes, taken now) to `dst`: GPU memory, or
+    /// queue memory mapped into the GPU named by its device address ([`MappedBuf::device_addr`], given as
+    /// [`MemKind::Gpu`]: the emulated NIC writes CQEs into host-memory CQs this way behind pending copies).
     ///
     /// With `publish`, the last 8 bytes (8-byte aligned in memory) are stored in one piece, after the
     /// others and after every earlier operation's bytes are visible to device code at system scope: how a

@@ -3,10 +3,11 @@
 //!
 //! GPU operations are enqueued (the copier runs them in order, without waiting for kernels) and only waited
 //! for when something must be ordered after them that does not go through the copier: a direct host access
-//! (which would otherwise overtake them), the old value of an atomic that must go back over the wire, and a
-//! CQE in host memory. A CQE in GPU memory and an atomic whose word and result are in GPU memory go through
-//! the copier behind the operations they follow, with no wait. Call [`DataPath::fence`] before the others;
-//! the helpers here call it themselves before any direct host access.
+//! (which would otherwise overtake them) and the old value of an atomic that must go back over the wire. A
+//! CQE in GPU memory and an atomic whose word and result are in GPU memory go through
+//! the copier behind the operations they follow, with no wait; so does a CQE into a CQ in host memory while
+//! operations are pending (the copier writes it through the memory's device address). Call
+//! [`DataPath::fence`] before the others; the helpers here call it themselves before any direct host access.
 
 use std::sync::Arc;
 
@@ -25,27 +26,13 @@ pub(crate) struct DataPath {
     /// A word of GPU memory for the old value of an atomic that goes back over the wire (see
     /// [`DataPath::atomic`]); none without a copier.
     scratch: Option<QBuf>,
-    /// While a doorbell batch of one QP is taken: success CQEs of its WQEs whose data is still in flight,
-    /// written in order after one synchronize when the batch ends (or before any other CQE of the QP), so
-    /// that a batch costs one synchronize however many WQEs it signals.
-    pub(crate) held: Vec<HeldCqe>,
-    /// Whether a batch is being taken (success CQEs may be held).
-    pub(crate) holding: bool,
-}
-
-/// A success CQE held until the copies of its WQE are placed: the WQE's 64-bit index, opcode and byte count.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HeldCqe {
-    pub idx: u64,
-    pub op: u8,
-    pub byte_cnt: u32,
 }
 
 impl DataPath {
     /// A data path that reaches GPU memory through `gpu`, if any, with `scratch` (at least 8 bytes of GPU
     /// memory) for atomics whose old value is read back.
     pub(crate) fn new(gpu: Option<Arc<dyn GpuCopier>>, scratch: Option<QBuf>) -> Self {
-        Self { gpu, pending: false, scratch, held: Vec::new(), holding: false }
+        Self { gpu, pending: false, scratch }
     }
 
     /// Whether GPU copies are enqueued and not yet waited for.

@@ -7,7 +7,8 @@
 //!
 //! A CQ in GPU memory is written through the copier, one published write per CQE, in the copier's order
 //! (after the data its CQEs report, with no wait); its consumer index is read through a copy only when the
-//! index last read says the ring is full.
+//! index last read says the ring is full. A CQE into a CQ in host memory goes the same way while copier
+//! operations are pending (through the ring's device address), else it is stored directly.
 
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -203,6 +204,18 @@ impl CqInner {
         last[OP_OWN_BYTE] = (last[OP_OWN_BYTE] & !1) | owner;
         let base = (pi & (self.ncqe as u64 - 1)) as usize * CQE_SIZE;
         match &self.ring {
+            QBuf::Host(r) if data.pending() => {
+                // Behind pending copier operations (the data this CQE reports): written by the copier too,
+                // through the ring's device address, so that the NIC need not wait for them.
+                let mut entry = words;
+                entry[LAST_WORD / 8] = u64::from_ne_bytes(last);
+                let at = MemLoc { kind: MemKind::Gpu, addr: r.device_addr() + base as u64 };
+                // SAFETY: the entry lies inside the ring, which this CQ keeps alive while the executor uses it.
+                if unsafe { data.publish(at, bytemuck::bytes_of(&entry)) }.is_err() {
+                    self.error.store(true, Ordering::Release);
+                    return Err(CqFull);
+                }
+            }
             QBuf::Host(r) => {
                 for (i, w) in words.iter().enumerate().take(LAST_WORD / 8) {
                     qmem::store_u64(r, base + i * 8, *w, Ordering::Relaxed);

@@ -20,7 +20,7 @@ use gdaki_shared::{Be16, Be32, Be64};
 
 use crate::mem::MemLoc;
 
-use super::access::{DataPath, HeldCqe};
+use super::access::DataPath;
 use super::exec::{self, Pds};
 use super::fabric::{lock, read, Fabric};
 use super::fault::{vendor, Fault};
@@ -142,10 +142,8 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     if qp.is_destroyed() {
         return false;
     }
-    // The batch's success CQEs wait for one synchronize at its end (see `DataPath::held`). Doorbells rung
-    // while one is taken join its batch, so that posters that each ring their own (Block and Device sharing)
-    // share one synchronize rather than pay one each; at most MAX_DOORBELLS_PER_BATCH, for fairness.
-    eng.data.holding = true;
+    // Doorbells rung while one is taken join its batch (at most MAX_DOORBELLS_PER_BATCH, for fairness):
+    // posters that each ring their own (Block and Device sharing) are taken in one pass.
     let mut busy = false;
     let mut db = db;
     for _ in 0..MAX_DOORBELLS_PER_BATCH {
@@ -159,8 +157,6 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
             break;
         }
     }
-    release_held(fab, qp, &mut eng.data);
-    eng.data.holding = false;
     busy
 }
 
@@ -440,10 +436,6 @@ pub(crate) fn push_resp_imm(
     imm: Be32,
     placed: u32,
 ) -> Result<(), Fault> {
-    // A CQ in GPU memory follows the data on the copier's stream; one in host memory waits for it here.
-    if !peer.cq.in_gpu() {
-        data.fence()?;
-    }
     let n = peer.resp_count.fetch_add(1, Ordering::Relaxed);
     let mut c = Cqe64::INVALID;
     c.imm_inval_pkey = imm;
@@ -461,45 +453,12 @@ pub(crate) fn push_resp_imm(
     Ok(())
 }
 
-/// The requester's success CQE (opcode REQ), after every earlier placement. Into a CQ in GPU memory it goes
-/// at once, on the copier's stream behind the copies it reports. Into a CQ in host memory it is held while
-/// a batch is taken and GPU copies are in flight (written after the batch's one synchronize), else written
-/// now, after the held ones.
+/// The requester's success CQE (opcode REQ), after every earlier placement: [`CqInner::push`] writes it
+/// through the copier, behind the operations it reports, while any are pending.
+///
+/// [`CqInner::push`]: super::cq::CqInner::push
 pub(crate) fn complete(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, byte_cnt: u32) {
-    if qp.cq.in_gpu() {
-        push_req(fab, qp, data, idx, op, byte_cnt);
-        return;
-    }
-    if data.holding && data.pending() {
-        data.held.push(HeldCqe { idx, op, byte_cnt });
-        return;
-    }
-    release_held(fab, qp, data);
-    if let Err(f) = data.fence() {
-        fail(fab, qp, data, idx, op, f);
-        return;
-    }
     push_req(fab, qp, data, idx, op, byte_cnt);
-}
-
-/// Writes the held success CQEs of `qp` after one synchronize. When the synchronize fails, the first held
-/// WQE fails with that fault (the QP moves to the error state) and the others are flushed.
-fn release_held(fab: &Fabric, qp: &QpInner, data: &mut DataPath) {
-    if data.held.is_empty() {
-        return;
-    }
-    let held = std::mem::take(&mut data.held);
-    let mut failed = data.fence().err();
-    for h in &held {
-        match failed.take() {
-            None if qp.state() != QpState::Error => push_req(fab, qp, data, h.idx, h.op, h.byte_cnt),
-            None => push_err(fab, qp, data, h.idx, h.op, Fault::flushed()),
-            Some(f) => push_err(fab, qp, data, h.idx, h.op, f),
-        }
-    }
-    // Keep the allocation for the next batch.
-    data.held = held;
-    data.held.clear();
 }
 
 /// Writes a success CQE for the WQE at `idx`.
@@ -521,9 +480,7 @@ fn push_req(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, b
 /// An error CQE (opcode REQ_ERR) for the WQE at `idx`, written whatever its `fm_ce_se` asked, and the QP
 /// moves to the error state.
 pub(crate) fn fail(fab: &Fabric, qp: &QpInner, data: &mut DataPath, idx: u64, op: u8, f: Fault) {
-    // Earlier WQEs' CQEs come first; earlier placements still precede this completion, and a copy failure
-    // here changes nothing more.
-    release_held(fab, qp, data);
+    // Earlier placements precede this completion; a copy failure here changes nothing more.
     let _ = data.fence();
     push_err(fab, qp, data, idx, op, f);
 }
