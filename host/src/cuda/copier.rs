@@ -159,6 +159,33 @@ impl CudaCopier {
         st.bounced.clear();
         st.bounce_used = 0;
         st.upload_used = 0;
+        st.last = Last::None;
+        Ok(())
+    }
+
+    /// Takes `len` bytes at host address `src` into the pinned upload buffer now and enqueues their copy to
+    /// `dst` on the stream, piece by piece (a full buffer synchronizes first).
+    ///
+    /// # Safety
+    /// `src` valid for `len` bytes during the call; `dst` GPU memory valid for them until the synchronize.
+    unsafe fn stream_upload(&self, st: &mut State, dst: MemLoc, src: *const u8, len: usize) -> Result<()> {
+        let mut done = 0;
+        while done < len {
+            if st.upload_used == UPLOAD_BYTES {
+                self.synchronize_locked(st)?;
+            }
+            let off = st.upload_used;
+            let n = (len - done).min(UPLOAD_BYTES - off);
+            // SAFETY: `src` is valid for `len` bytes (the caller's contract); the upload buffer has `n` bytes
+            // free at `off` (no pending copy reads them: they are past `upload_used`).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), st.upload.host_ptr().add(off), n) };
+            st.upload_used = (off + n).next_multiple_of(16).min(UPLOAD_BYTES);
+            let from = MemLoc { kind: MemKind::Host, addr: st.upload.host_ptr() as u64 + off as u64 };
+            let to = MemLoc { kind: MemKind::Gpu, addr: dst.addr + done as u64 };
+            // SAFETY: `to` is inside `dst`; `from` stays untouched until the synchronize.
+            unsafe { self.stream_copy(st, to, from, n) }?;
+            done += n;
+        }
         Ok(())
     }
 
@@ -210,7 +237,8 @@ fn check_range(loc: MemLoc, len: usize, side: &str) -> Result<()> {
 impl GpuCopier for CudaCopier {
     /// Enqueues `len` bytes from `src` to `dst`. Up to 16 KiB GPU to GPU, or GPU to host (through a pinned
     /// bounce buffer, copied out by the synchronize), and up to 256 bytes host to GPU (the bytes taken now):
-    /// engine commands. Otherwise on the stream, by kind: `cuMemcpyHtoDAsync` (from a pinned buffer the host
+    /// engine commands, unless the last operation went to the stream (then they follow it there; writes
+    /// too). Otherwise on the stream, by kind: `cuMemcpyHtoDAsync` (from a pinned buffer the host
     /// bytes are taken into now), `cuMemcpyDtoHAsync`, `cuMemcpyDtoDAsync`, or `cuMemcpyAsync` host to host.
     /// A `len` of 0 enqueues nothing.
     ///
@@ -226,12 +254,14 @@ impl GpuCopier for CudaCopier {
         check_range(src, len, "from")?;
         let mut st = self.lock();
         match (dst.kind, src.kind) {
-            (MemKind::Gpu, MemKind::Gpu) if len <= ENGINE_COPY_MAX => {
+            // Small operations follow the stream while it is the way in use, so that a batch of long copies
+            // and the CQEs behind them do not switch ways (a round trip each) at every WQE.
+            (MemKind::Gpu, MemKind::Gpu) if len <= ENGINE_COPY_MAX && st.last != Last::Stream => {
                 let mut c = Cmd::new(Op::Copy);
                 (c.dst, c.src, c.len) = (dst.addr, src.addr, len as u64);
                 self.engine(&mut st, &c)
             }
-            (MemKind::Host, MemKind::Gpu) if len <= ENGINE_COPY_MAX => {
+            (MemKind::Host, MemKind::Gpu) if len <= ENGINE_COPY_MAX && st.last != Last::Stream => {
                 if st.bounce_used + len > BOUNCE_BYTES {
                     self.synchronize_locked(&mut st)?;
                 }
@@ -255,33 +285,8 @@ impl GpuCopier for CudaCopier {
                 }
                 Ok(())
             }
-            (MemKind::Gpu, MemKind::Host) => {
-                // Taken into pinned memory now, then copied by the stream, piece by piece.
-                let mut done = 0;
-                while done < len {
-                    if st.upload_used == UPLOAD_BYTES {
-                        self.synchronize_locked(&mut st)?;
-                    }
-                    let off = st.upload_used;
-                    let n = (len - done).min(UPLOAD_BYTES - off);
-                    // SAFETY: `src` is valid for `len` bytes (the caller's contract); the upload buffer has `n`
-                    // bytes free at `off` (nothing pending reads them: they are past `upload_used`).
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            (src.addr as *const u8).add(done),
-                            st.upload.host_ptr().add(off),
-                            n,
-                        )
-                    };
-                    st.upload_used = (off + n).next_multiple_of(16).min(UPLOAD_BYTES);
-                    let from = MemLoc { kind: MemKind::Host, addr: st.upload.host_ptr() as u64 + off as u64 };
-                    let to = MemLoc { kind: MemKind::Gpu, addr: dst.addr + done as u64 };
-                    // SAFETY: `to` is inside `dst`; `from` stays untouched until the synchronize.
-                    unsafe { self.stream_copy(&mut st, to, from, n) }?;
-                    done += n;
-                }
-                Ok(())
-            }
+            // SAFETY: `src` is valid for `len` bytes during this call (the caller's contract).
+            (MemKind::Gpu, MemKind::Host) => unsafe { self.stream_upload(&mut st, dst, src.addr as *const u8, len) },
             // SAFETY: the caller's contract.
             _ => unsafe { self.stream_copy(&mut st, dst, src, len) },
         }
@@ -300,6 +305,17 @@ impl GpuCopier for CudaCopier {
         }
         bytemuck::bytes_of_mut(&mut c.payload)[..data.len()].copy_from_slice(data);
         let mut st = self.lock();
+        if st.last == Last::Stream {
+            // Behind stream copies: two stream copies (the rest, then the last word), which the stream runs
+            // one after the other.
+            let (body, last) = data.split_at(if publish { data.len() - 8 } else { data.len() });
+            // SAFETY: both parts are inside `dst` (the caller's contract) and `data` lives during the call.
+            unsafe {
+                self.stream_upload(&mut st, dst, body.as_ptr(), body.len())?;
+                let at = MemLoc { kind: MemKind::Gpu, addr: dst.addr + body.len() as u64 };
+                return self.stream_upload(&mut st, at, last.as_ptr(), last.len());
+            }
+        }
         self.engine(&mut st, &c)
     }
 
