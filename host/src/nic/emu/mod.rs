@@ -67,11 +67,11 @@
 //! - **CQ overrun**: a CQE due for an entry software has not released through the CQ dbrec moves the CQ to
 //!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
-//! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies are enqueued on its in-order stream and
-//!   synchronized before anything ordered after them; with the CQ in host memory, the success CQEs of one
-//!   doorbell batch (with the doorbells of the QP rung while it is taken, up to 64) wait for one synchronize
-//!   at its end, however many WQEs it signals (a CQ in GPU memory follows the copies on the stream instead). An atomic on GPU memory (one synchronize, for its
-//!   old value) is atomic towards this NIC's operations only.
+//! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies, writes and atomics are enqueued in one
+//!   order and waited for only before what does not go through it (a direct host access, an atomic's old
+//!   value sent over the wire, a READ); a CQE behind pending operations goes through the copier too,
+//!   whichever memory its CQ is in. An atomic on GPU memory is the copier's (a GPU atomic on the `gpu`
+//!   executor, atomic towards device code's atomics too).
 //! - **CQE timestamps** are nanoseconds since the NIC was opened, not device clock ticks.
 //! - **Destroying a QP** ([`Qp`]'s drop) waits for the executor thread to let go of it, so that no WQE of it
 //!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor. Over the
