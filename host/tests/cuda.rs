@@ -517,22 +517,32 @@ fn copier_engine_leaves_when_idle_and_comes_back() {
         }
         copier.synchronize().unwrap();
         assert_eq!(back, [round; 16]);
-        // The engine is still resident here: freeing GPU memory waits for it to leave, a few ms at most.
+        // The engine is still resident here: freeing GPU memory, and loading a module (a new one each
+        // round), wait for it to leave, a few ms at most.
         let other = gpu.alloc_device(1 << 20).unwrap();
         let start = Instant::now();
         drop(other);
         let took = start.elapsed();
         assert!(took < Duration::from_millis(500), "cuMemFree took {took:?} with the copier open");
+        // SAFETY: the same bytes as the copy above (the engine's write has been waited for).
+        unsafe { copier.write_async(dev.loc(), &[round; 16], false) }.unwrap();
+        let start = Instant::now();
+        gpu.load_module(&format!("{TEST_PTX}\n// round {round}\n")).unwrap();
+        let took = start.elapsed();
+        assert!(took < Duration::from_millis(500), "a module load took {took:?} with the copier open");
+        copier.synchronize().unwrap();
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(gpu.take_drop_error().is_none(), "a drop failed");
 }
 
-/// A grid that takes every SM and spins leaves the engine no room: the copier's synchronize fails within its
-/// bound, saying so, instead of hanging; once the grid ends the engine runs what it was given.
+/// A grid that takes every SM and spins leaves the engine no room: the copier finds out within its short
+/// wait for the engine to start and runs writes, copies and atomics on the copy engines instead, while the
+/// grid still spins; once the grid ends the engine comes back.
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
-fn copier_says_so_when_kernels_take_every_sm() {
+fn copier_works_when_kernels_take_every_sm() {
+    use gdaki::mem::AtomicOp;
     let _serial = serial();
     let gpu = gpu();
     let copier = gpu.copier().unwrap();
@@ -545,21 +555,66 @@ fn copier_says_so_when_kernels_take_every_sm() {
     // SAFETY: both addresses are inside `flags`, alive until the kernel ends (released and waited for below).
     unsafe { spin.launch(&stream, &LaunchConfig::linear(4096, 1024), &[flag.into(), ack.into()]) }.unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    let mut back = [0u8; 8];
-    // SAFETY: inside `dev`; `back` outlives the synchronizes below.
+    let (word_at, result_at) = (gpu_loc(dev.device_addr() + 64), gpu_loc(dev.device_addr() + 128));
+    let mut back = [0u8; 24];
+    let start = Instant::now();
+    // SAFETY: inside `dev`; `back` outlives the synchronize below.
+    let r = unsafe {
+        copier
+            .write_async(dev.loc(), &[9; 8], false)
+            .and_then(|()| copier.write_async(word_at, &40u64.to_ne_bytes(), false))
+            .and_then(|()| copier.atomic_async(word_at, AtomicOp::FetchAdd(2), result_at))
+            .and_then(|()| copier.copy_async(host_loc(back.as_mut_ptr()), dev.loc(), 8))
+            .and_then(|()| copier.copy_async(host_loc(back.as_mut_ptr().add(8)), word_at, 8))
+            .and_then(|()| copier.copy_async(host_loc(back.as_mut_ptr().add(16)), result_at, 8))
+    }
+    .and_then(|()| copier.synchronize());
+    let took = start.elapsed();
+    let still_spinning = word(&flags, 1).load(Ordering::Acquire) == 0;
+    word(&flags, 0).store(1, Ordering::Release);
+    r.unwrap();
+    assert!(still_spinning, "the grid ended before the copier's work was done");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let w = |i: usize| u64::from_ne_bytes(back[i * 8..i * 8 + 8].try_into().unwrap());
+    assert_eq!((w(0), w(1), w(2)), (u64::from_ne_bytes([9; 8]), 42, 40));
+    stream.wait(Duration::from_secs(30)).unwrap();
+    // The engine comes back once the grid has ended.
+    let mut again = [0u8; 8];
+    // SAFETY: as above.
     unsafe {
-        copier.write_async(dev.loc(), &[9; 8], false).unwrap();
-        copier.copy_async(host_loc(back.as_mut_ptr()), dev.loc(), 8).unwrap();
+        copier.write_async(dev.loc(), &[7; 8], false).unwrap();
+        copier.copy_async(host_loc(again.as_mut_ptr()), dev.loc(), 8).unwrap();
+    }
+    copier.synchronize().unwrap();
+    assert_eq!(again, [7; 8]);
+}
+
+/// A copier dropped while its engine runs: the drop lets the engine run what it was given, waits for it to
+/// leave (bounded), and only then frees its memory.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_dropped_while_its_engine_runs() {
+    let _serial = serial();
+    let gpu = gpu();
+    let dev = gpu.alloc_device(4096).unwrap();
+    let copier = gpu.copier().unwrap();
+    for i in 0..2000u32 {
+        let v = [(i % 251) as u8; 64];
+        // SAFETY: inside `dev`, which outlives the copier.
+        unsafe {
+            copier.write_async(MemLoc { kind: MemKind::Gpu, addr: dev.device_addr() + 64 * (i % 64) as u64 }, &v, false)
+        }
+        .unwrap();
     }
     let start = Instant::now();
-    let r = copier.synchronize();
-    word(&flags, 0).store(1, Ordering::Release);
-    match r {
-        Err(Error::Device(msg)) => assert!(msg.contains("leave one SM free"), "{msg}"),
-        other => panic!("expected the engine to be refused an SM, got {other:?}"),
+    drop(copier);
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "the drop took {took:?}");
+    // Every write ran before the engine left: slot k holds the last value written to it.
+    let got = dev.to_vec().unwrap();
+    for k in 0..64usize {
+        let last = (0..2000u32).rev().find(|i| (i % 64) as usize == k).unwrap();
+        assert!(got[64 * k..64 * k + 64].iter().all(|&b| b == (last % 251) as u8), "slot {k}");
     }
-    assert!(start.elapsed() < Duration::from_secs(5));
-    stream.wait(Duration::from_secs(30)).unwrap();
-    copier.synchronize().unwrap();
-    assert_eq!(back, [9; 8]);
+    assert!(gpu.take_drop_error().is_none(), "a drop failed");
 }

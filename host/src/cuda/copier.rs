@@ -108,6 +108,13 @@ impl CudaCopier {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a small operation goes to the engine: not while the stream is the way in use (so that long
+    /// copies and the small operations behind them do not switch ways at every WQE), nor while the engine
+    /// cannot start (every SM taken: the copy engines need none).
+    fn engine_turn(&self, st: &mut State) -> Result<bool> {
+        Ok(st.last != Last::Stream && st.engine.available()?)
+    }
+
     /// Puts `cmd` on the engine, after the stream's earlier copies.
     fn engine(&self, st: &mut State, cmd: &Cmd) -> Result<()> {
         if st.last == Last::Stream {
@@ -256,12 +263,12 @@ impl GpuCopier for CudaCopier {
         match (dst.kind, src.kind) {
             // Small operations follow the stream while it is the way in use, so that a batch of long copies
             // and the CQEs behind them do not switch ways (a round trip each) at every WQE.
-            (MemKind::Gpu, MemKind::Gpu) if len <= ENGINE_COPY_MAX && st.last != Last::Stream => {
+            (MemKind::Gpu, MemKind::Gpu) if len <= ENGINE_COPY_MAX && self.engine_turn(&mut st)? => {
                 let mut c = Cmd::new(Op::Copy);
                 (c.dst, c.src, c.len) = (dst.addr, src.addr, len as u64);
                 self.engine(&mut st, &c)
             }
-            (MemKind::Host, MemKind::Gpu) if len <= ENGINE_COPY_MAX && st.last != Last::Stream => {
+            (MemKind::Host, MemKind::Gpu) if len <= ENGINE_COPY_MAX && self.engine_turn(&mut st)? => {
                 if st.bounce_used + len > BOUNCE_BYTES {
                     self.synchronize_locked(&mut st)?;
                 }
@@ -305,9 +312,9 @@ impl GpuCopier for CudaCopier {
         }
         bytemuck::bytes_of_mut(&mut c.payload)[..data.len()].copy_from_slice(data);
         let mut st = self.lock();
-        if st.last == Last::Stream {
-            // Behind stream copies: two stream copies (the rest, then the last word), which the stream runs
-            // one after the other.
+        if !self.engine_turn(&mut st)? {
+            // Behind stream copies, or with no engine: two stream copies (the rest, then the last word),
+            // which the stream runs one after the other.
             let (body, last) = data.split_at(if publish { data.len() - 8 } else { data.len() });
             // SAFETY: both parts are inside `dst` (the caller's contract) and `data` lives during the call.
             unsafe {
@@ -331,7 +338,21 @@ impl GpuCopier for CudaCopier {
         };
         (c.dst, c.result) = (at.addr, result.addr);
         let mut st = self.lock();
-        self.engine(&mut st, &c)
+        if st.engine.available()? {
+            return self.engine(&mut st, &c);
+        }
+        // No engine (every SM taken): the old value read after the stream's earlier copies, the new one and
+        // the result written behind it. Atomic towards this NIC's operations only, not device code's.
+        let mut old = [0u8; 8];
+        // SAFETY: `at` is valid for 8 bytes (the caller's contract); `old` outlives the synchronize below.
+        unsafe { self.stream_copy(&mut st, MemLoc { kind: MemKind::Host, addr: old.as_mut_ptr() as u64 }, at, 8) }?;
+        self.synchronize_locked(&mut st)?;
+        let new = op.apply(u64::from_ne_bytes(old)).to_ne_bytes();
+        // SAFETY: both are valid for 8 bytes (the caller's contract); the bytes are taken now.
+        unsafe {
+            self.stream_upload(&mut st, at, new.as_ptr(), 8)?;
+            self.stream_upload(&mut st, result, old.as_ptr(), 8)
+        }
     }
 
     /// Waits until every operation enqueued so far has completed: the engine's (bounded spin on its executed

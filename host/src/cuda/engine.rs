@@ -11,7 +11,10 @@
 //! command is left without a running engine.
 //!
 //! Hazard: when every SM is taken by kernels that spin (waiting on this NIC), a relaunched engine cannot
-//! start. [`Engine::wait`] then fails after [`START_LIMIT`] with a message that says so, instead of hanging.
+//! start. [`Engine::available`] says so within [`START_WAIT`], before anything is given to it, and the
+//! copier takes the copy engines instead; a command given just as an idle engine left (the only other way
+//! to meet an engine that cannot start) fails [`Engine::wait`] after [`START_LIMIT`] with a message that
+//! says so, instead of hanging.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -28,6 +31,9 @@ const CMD_BYTES: usize = 128;
 pub(crate) const IDLE: Duration = Duration::from_millis(5);
 /// How long a relaunched engine may take to start before [`Engine::wait`] says the GPU has no room for it.
 const START_LIMIT: Duration = Duration::from_secs(2);
+/// How long [`Engine::available`] waits for a launched engine to start (a start takes a few µs when an SM
+/// has room) before its caller takes another way.
+const START_WAIT: Duration = Duration::from_micros(200);
 /// How long [`Engine::wait`] waits for the engine to execute what it was given.
 const WAIT_LIMIT: Duration = Duration::from_secs(20);
 /// How long the engine waits for a copy-engine flag ([`Op::Wait`]) before it fails.
@@ -224,6 +230,29 @@ impl Engine {
         self.head += 1;
         self.word(ctrl::HEAD).store(self.head, Ordering::Release);
         self.ensure_running()
+    }
+
+    /// Whether commands given now run: the engine runs, or starts within [`START_WAIT`] of a launch made or
+    /// found pending here. `false` while a launched engine cannot start (every SM taken); nothing is given
+    /// to it then, and it leaves again, idle, once it does start.
+    ///
+    /// # Errors
+    /// As [`Engine::push`].
+    pub(crate) fn available(&mut self) -> Result<bool> {
+        if self.word(ctrl::STATE).load(Ordering::Acquire) != RUNNING {
+            self.ensure_running()?;
+        }
+        let Some(at) = self.launched else { return Ok(true) };
+        loop {
+            if self.word(ctrl::STARTED).load(Ordering::Acquire) == self.gen {
+                self.launched = None;
+                return Ok(true);
+            }
+            if at.elapsed() > START_WAIT {
+                return Ok(false);
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Launches the engine if it has left (or is leaving) the GPU; see the module docs for the race.
