@@ -84,11 +84,23 @@ fn main() -> ExitCode {
                     r.wqes_per_s(nposters, posts),
                     r.median_ns_per_post()
                 );
-                let clean = after.error_cqes == before.error_cqes && after.dbrec_mismatches == before.dbrec_mismatches;
+                if let Shape::Exclusive { bf: true, .. } = shape {
+                    println!(
+                        "  BlueFlame: {} WQEs taken from the register, {} writes read from the ring (a poster ahead of the NIC)",
+                        after.blueflame - before.blueflame,
+                        after.blueflame_fallbacks - before.blueflame_fallbacks
+                    );
+                }
+                let clean = after.error_cqes == before.error_cqes
+                    && after.dbrec_mismatches == before.dbrec_mismatches
+                    && after.blueflame_mismatches == before.blueflame_mismatches;
                 if clean {
                     passed += 1;
                 } else {
-                    eprintln!("error: {}: the NIC saw error CQEs or dbrec mismatches: {after:?}", shape.label());
+                    eprintln!(
+                        "error: {}: the NIC saw error CQEs, dbrec mismatches or BlueFlame WQEs unlike the ring's: {after:?}",
+                        shape.label()
+                    );
                     failed += 1;
                 }
             }

@@ -7,6 +7,7 @@
 
 use crate::sync;
 use gdaki_shared::prm::dbrec::{QpDbrec, SQ_COUNTER_MASK};
+use gdaki_shared::prm::uar::blueflame_word1;
 use gdaki_shared::prm::wqe::Seg;
 use gdaki_shared::Be32;
 
@@ -36,9 +37,13 @@ pub unsafe fn ring_db(bf_reg: u64, ctrl_bits: u64) {
     unsafe { sync::mmio_store_u64(bf_reg as *mut u64, ctrl_bits) };
 }
 
-/// Rings by BlueFlame: after a release fence at system scope (`fence.acq_rel.sys`), writes the whole first WQEBB of the WQE (`wqebb`, 4 segments;
-/// the ctrl segment first) to the BlueFlame register as eight 8-byte MMIO stores. The WQE must also be in the
-/// ring (the NIC may fetch it from there), and must fit one WQEBB.
+/// Rings by BlueFlame: after a release fence at system scope (`fence.acq_rel.sys`), writes the whole first WQEBB
+/// of the WQE (`wqebb`, 4 segments; the ctrl segment first) to the BlueFlame register as eight 8-byte MMIO
+/// stores: words 1..8 first, word 1 carrying the WQE's tag ([`blueflame_word1`]), then word 0 (the doorbell
+/// value) last. Hardware takes the 64 bytes in any order; the order and the tag let a NIC that watches memory
+/// (the emulated one) tell a complete write of this WQE from stale or torn words, so that it too can take the
+/// WQE from the register. The WQE must also be in the ring (the NIC may fetch it from there), and must fit one
+/// WQEBB.
 ///
 /// # Safety
 /// `bf_reg` must be the QP's 64-byte BlueFlame register, and the dbrec must already carry the producer index.
@@ -46,11 +51,16 @@ pub unsafe fn ring_db(bf_reg: u64, ctrl_bits: u64) {
 pub unsafe fn ring_bf(bf_reg: u64, wqebb: &[Seg; 4]) {
     sync::fence_release_sys();
     let reg = bf_reg as *mut u64;
-    for (i, s) in wqebb.iter().enumerate() {
-        // SAFETY: words 0..8 of the 64-byte register; the caller guarantees the register.
+    let word0 = wqebb[0].0[0];
+    // SAFETY: word 1 of the 64-byte register; the caller guarantees the register.
+    unsafe { sync::mmio_store_u64(reg.add(1), blueflame_word1(word0, wqebb[0].0[1])) };
+    for (i, s) in wqebb.iter().enumerate().skip(1) {
+        // SAFETY: words 2..8 of the register.
         unsafe {
             sync::mmio_store_u64(reg.add(2 * i), s.0[0]);
             sync::mmio_store_u64(reg.add(2 * i + 1), s.0[1]);
         }
     }
+    // SAFETY: word 0 of the register.
+    unsafe { sync::mmio_store_u64(reg, word0) };
 }

@@ -159,16 +159,16 @@ impl<'a> Qp<'a> {
     }
 
     /// Posts `w` and rings by BlueFlame: after the dbrec, the WQE's first WQEBB goes, whole, from registers to
-    /// the BlueFlame register (as eight 8-byte MMIO stores; the WQE is also in the ring, where the NIC may fetch
-    /// it). Earlier unrung WQEs are covered too (the NIC executes the SQ in order). A WQE of more than one
-    /// WQEBB (an inline WRITE of more than 28 bytes) does not fit the register: it is posted and rung by
-    /// doorbell, as rdma-core does for a WQE larger than the BlueFlame buffer.
+    /// the BlueFlame register ([`db::ring_bf`]; the WQE is also in the ring, where the NIC may fetch it). As
+    /// rdma-core's mlx5 provider does, BlueFlame carries a doorbell's only WQE: a WQE of more than one WQEBB
+    /// (an inline WRITE of more than 28 bytes), or one behind earlier unrung WQEs, is posted and rung by
+    /// doorbell instead (the doorbell covers the unrung ones).
     ///
     /// # Errors
     /// As [`Qp::post`].
     pub fn post_bf<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let ds = w.ds();
-        if ds as usize > SEGS_PER_WQEBB {
+        if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() {
             let t = self.post(signaled, w)?;
             self.ring_db();
             return Ok(t);

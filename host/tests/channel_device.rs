@@ -305,7 +305,8 @@ fn blue_flame_limit_zero_means_no_blue_flame_for_signals_too() {
         assert_eq!(l.sem.load_u64(0), 8, "limit {limit}: every signal counted");
         assert_eq!(l.dst.u64_at(1024), 12, "limit {limit}: every accumulate applied");
         let s = l._nics[0].stats();
-        assert_eq!(s.blueflame > 0, expect_bf, "limit {limit}: {s:?}");
+        // Taken from the register or not (the poster may overtake the NIC): a BlueFlame write seen.
+        assert_eq!(s.blueflame + s.blueflame_fallbacks > 0, expect_bf, "limit {limit}: {s:?}");
     }
 }
 

@@ -3,15 +3,16 @@
 
 mod emu_util;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use emu_util::*;
 use gdaki::mem::{HostQueueMemory, MemKind};
-use gdaki::nic::emu::{Access, EmuConfig, EmuNic, SimGpu};
+use gdaki::nic::emu::{Access, EmuConfig, EmuNic, Mr, SimGpu};
 use gdaki_shared::handle::Placement;
 use gdaki_shared::prm::opcode;
+use gdaki_shared::prm::uar::blueflame_word1;
+use gdaki_shared::prm::wqe::Seg;
 
 fn config(queues: MemKind) -> EmuConfig {
     match queues {
@@ -95,62 +96,157 @@ fn a_gpu_cq_takes_more_cqes_than_it_holds_once_consumed() {
     assert_eq!(p.nic.stats().cq_overruns, 0);
 }
 
-/// Stores word `w` of `qp`'s BlueFlame register.
-fn bf_store(qp: &gdaki::nic::emu::Qp, w: usize, v: u64) {
-    let h = qp.handle();
-    // SAFETY: the 64-byte register inside the UAR page, 8-aligned.
-    unsafe { AtomicU64::from_ptr((h.bf_reg + 8 * w as u64) as *mut u64) }.store(v, Ordering::Release);
+/// A QP with queues of `kind`, a 128-byte source of random bytes and a 128-byte destination, for the
+/// BlueFlame tests. Fields drop in order: the MRs before their buffers, the NIC last.
+struct Ranges {
+    lmr: Mr,
+    rmr: Mr,
+    src: GuardedBuf,
+    dst: GuardedBuf,
+    data: Vec<u8>,
+    sq: Sq,
+    cq: CqPoll,
+    p: Pair,
 }
 
-#[test]
-fn a_torn_blueflame_write_is_counted_and_the_wqe_read_from_the_ring() {
-    for kind in BOTH {
-        let mut rng = rng();
+impl Ranges {
+    fn new(kind: MemKind) -> Self {
         let p = Pair::with_config(config(kind), 64, 64);
-        let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
-        let src = GuardedBuf::new(64, 0);
-        let dst = GuardedBuf::new(64, 0);
+        let (sq, cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+        let (src, dst) = (GuardedBuf::new(128, 0), GuardedBuf::new(128, 0));
         let (lmr, rmr) = (src.register(&p.nic, &p.pd, Access::NONE), dst.register(&p.nic, &p.pd, Access::ALL));
-        let data = random_bytes(&mut rng, 64);
+        let data = random_bytes(&mut rng(), 128);
         src.write(0, &data);
-        let at = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
-        sq.dbrec();
-        // Word 1 of the WQE (not the rest) and then the doorbell: a torn BlueFlame write.
-        bf_store(&p.a, 1, 0x1234_5678);
-        sq.doorbell(at);
-        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
-        assert_eq!(dst.read(), data, "{kind:?}");
-        let s = p.nic.stats();
-        assert_eq!(s.blueflame, 1, "{kind:?}");
-        let fetched = if kind == MemKind::Gpu { 1 } else { 0 };
-        assert_eq!(s.ring_fetches, fetched, "{kind:?}");
+        Self { lmr, rmr, src, dst, data, sq, cq, p }
+    }
+
+    /// A signaled RDMA WRITE of the 64 source bytes at `off` (0 or 64) to the same offset of the destination,
+    /// built for the SQ's next index.
+    fn write(&self, off: u64) -> [Seg; 3] {
+        let local = (self.lmr.lkey(), self.src.addr() + off, 64);
+        self.sq.write(SIGNALED, local, self.dst.addr() + off, self.rmr.rkey())
+    }
+
+    /// Waits for the WRITE CQE of the WQE at `at`.
+    fn completes(&mut self, at: u64) {
+        assert_req(&self.cq.wait(), opcode::RDMA_WRITE, self.sq.qpn(), at, 0);
     }
 }
 
 #[test]
 fn an_old_blueflame_write_is_not_taken_for_a_later_doorbell() {
     for kind in BOTH {
-        let mut rng = rng();
-        let p = Pair::with_config(config(kind), 64, 64);
-        let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
-        let src = GuardedBuf::new(128, 0);
-        let dst = GuardedBuf::new(128, 0);
-        let (lmr, rmr) = (src.register(&p.nic, &p.pd, Access::NONE), dst.register(&p.nic, &p.pd, Access::ALL));
-        let data = random_bytes(&mut rng, 128);
-        src.write(0, &data);
-        let a = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
-        sq.dbrec();
-        sq.blueflame(a);
-        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), a, 0);
+        let mut r = Ranges::new(kind);
+        let a = r.sq.put(&r.write(0));
+        r.sq.dbrec();
+        r.sq.blueflame(a);
+        r.completes(a);
         // The second WQE (another range) by plain doorbell: the register still holds words of the first
         // write unless the NIC cleared them; executed from the register, the second range stays zero.
-        let b = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr() + 64, 64), dst.addr() + 64, rmr.rkey()));
-        sq.dbrec();
-        sq.doorbell(b);
-        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), b, 0);
-        assert_eq!(dst.read(), data, "{kind:?}");
-        assert_eq!(p.nic.stats().blueflame, 1, "{kind:?}");
-        cq.assert_none_for(Duration::from_millis(20));
+        let b = r.sq.put(&r.write(64));
+        r.sq.dbrec();
+        r.sq.doorbell(b);
+        r.completes(b);
+        assert_eq!(r.dst.read(), r.data, "{kind:?}");
+        assert_eq!(r.p.nic.stats().blueflame, 1, "{kind:?}");
+        r.cq.assert_none_for(Duration::from_millis(20));
+    }
+}
+
+/// The first WQEBB of `segs` as the eight words of a whole, tagged BlueFlame write.
+fn blueflame_words(segs: &[Seg]) -> [u64; 8] {
+    let mut words = [0u64; 8];
+    for (i, s) in segs.iter().take(4).enumerate() {
+        words[2 * i..2 * i + 2].copy_from_slice(&s.0);
+    }
+    words[1] = blueflame_word1(words[0], words[1]);
+    words
+}
+
+#[test]
+fn a_blueflame_wqe_is_taken_from_the_register_not_the_ring() {
+    for kind in BOTH {
+        let mut r = Ranges::new(kind);
+        // Two WQEs for the same slot: the ring gets the first (bytes 0..64), the register the second (64..128).
+        let (in_ring, in_register) = (r.write(0), r.write(64));
+        let at = r.sq.put(&in_ring);
+        r.sq.dbrec();
+        r.sq.blueflame_words(&blueflame_words(&in_register), (1..8).chain([0]));
+        r.completes(at);
+        let got = r.dst.read();
+        assert_eq!((&got[..64], &got[64..]), (&[0u8; 64][..], &r.data[64..]), "{kind:?}: the register's WQE ran");
+        let s = r.p.nic.stats();
+        // A ring in GPU memory is not fetched at all; one in host memory is compared, and differs here.
+        let mismatches = if kind == MemKind::Gpu { 0 } else { 1 };
+        assert_eq!(
+            (s.blueflame, s.blueflame_fallbacks, s.ring_fetches, s.blueflame_mismatches),
+            (1, 0, 0, mismatches),
+            "{kind:?}"
+        );
+    }
+}
+
+/// Writes that are not a whole, tagged write of the announced WQE: its words are not used, the WQE is read
+/// from the ring.
+#[test]
+fn a_blueflame_write_that_is_not_whole_is_read_from_the_ring() {
+    type Shape = fn(&mut [u64; 8]) -> Vec<usize>;
+    let shapes: [(&str, Shape); 3] = [
+        ("untagged", |w| {
+            w[1] &= !0xff;
+            (1..8).chain([0]).collect()
+        }),
+        ("word 2 missing", |_| [1, 3, 4, 5, 6, 7, 0].into()),
+        ("word 1 of another WQE", |w| {
+            w[1] ^= 0x01;
+            (1..8).chain([0]).collect()
+        }),
+    ];
+    for kind in BOTH {
+        for (name, shape) in shapes {
+            let mut r = Ranges::new(kind);
+            // A NOP first, so that the WQE's index (1) is not what an untagged word 1 (signature 0) says.
+            let at = r.sq.post(&r.sq.nop(SIGNALED));
+            assert_req(&r.cq.wait(), opcode::NOP, r.sq.qpn(), at, 0);
+            let wqe = r.write(0);
+            // The register's copy would fail (a zero-length SGE is a length error): only the ring's copy
+            // completes the WRITE.
+            let mut bad = wqe;
+            bad[2].0[0] &= !0xffff_ffff;
+            let at = r.sq.put(&wqe);
+            r.sq.dbrec();
+            let mut words = blueflame_words(&bad);
+            let order = shape(&mut words);
+            r.sq.blueflame_words(&words, order);
+            r.completes(at);
+            assert_eq!(&r.dst.read()[..64], &r.data[..64], "{kind:?} {name}");
+            let s = r.p.nic.stats();
+            let fetches = if kind == MemKind::Gpu { 2 } else { 0 };
+            assert_eq!(
+                (s.blueflame, s.blueflame_fallbacks, s.error_cqes, s.ring_fetches),
+                (0, 1, 0, fetches),
+                "{kind:?} {name}"
+            );
+        }
+    }
+}
+
+/// A BlueFlame write for a WQE behind others that were never rung covers them, as a doorbell does; its
+/// words are not the next WQE's, so every WQE is read from the ring.
+#[test]
+fn a_blueflame_write_behind_unrung_wqes_reads_them_all_from_the_ring() {
+    for kind in BOTH {
+        let mut r = Ranges::new(kind);
+        let a = r.sq.put(&r.write(0));
+        let b = r.sq.put(&r.write(64));
+        r.sq.dbrec();
+        r.sq.blueflame(b);
+        r.completes(a);
+        r.completes(b);
+        assert_eq!(r.dst.read(), r.data, "{kind:?}");
+        let s = r.p.nic.stats();
+        let fetches = if kind == MemKind::Gpu { 1 } else { 0 };
+        assert_eq!((s.blueflame, s.blueflame_fallbacks, s.ring_fetches), (0, 1, fetches), "{kind:?}");
     }
 }
 

@@ -270,15 +270,30 @@ impl Sq {
         unsafe { AtomicU64::from_ptr((self.h.sq_buf + off as u64) as *mut u64) }.load(Ordering::Relaxed)
     }
 
-    /// BlueFlame: writes the WQE's first WQEBB (from the ring, where it was put) to the register, words 7..1
-    /// first and word 0 (the doorbell) last.
+    /// BlueFlame: writes the WQE's first WQEBB (from the ring, where it was put) to the register as device code
+    /// does (`gdaki_device::db::ring_bf`): word 1 first, tagged with the WQE index
+    /// ([`blueflame_word1`](gdaki_shared::prm::uar::blueflame_word1)), then words 2..8, and word 0 (the
+    /// doorbell) last.
     pub fn blueflame(&self, at: u64) {
+        let mut words = self.ring_words(at);
+        words[1] = gdaki_shared::prm::uar::blueflame_word1(words[0], words[1]);
+        self.blueflame_words(&words, (1..8).chain([0]));
+    }
+
+    /// Stores `words` to the BlueFlame register in the order `order` gives (word indices), after a release
+    /// fence: for tests of writes that are not whole.
+    pub fn blueflame_words(&self, words: &[u64; 8], order: impl IntoIterator<Item = usize>) {
         fence(Ordering::Release);
-        for w in (0..8).rev() {
-            let v = self.ring_word(at, w);
+        for w in order {
             // SAFETY: the BlueFlame register is 64 bytes inside the UAR page, 64-aligned.
-            unsafe { AtomicU64::from_ptr((self.h.bf_reg + 8 * w as u64) as *mut u64) }.store(v, Ordering::Release);
+            unsafe { AtomicU64::from_ptr((self.h.bf_reg + 8 * w as u64) as *mut u64) }
+                .store(words[w], Ordering::Release);
         }
+    }
+
+    /// The WQE's first WQEBB as the ring holds it, as eight words.
+    pub fn ring_words(&self, at: u64) -> [u64; 8] {
+        std::array::from_fn(|w| self.ring_word(at, w))
     }
 
     /// Puts `segs`, then dbrec and doorbell. Returns the WQE's 64-bit index.

@@ -545,7 +545,9 @@ mod tests {
                 };
                 if poster == 1 && w.ds() <= 4 {
                     let slot = (t % 64) as usize;
-                    let ring: [u64; 8] = bytemuck::cast(q.sq[slot]);
+                    let mut ring: [u64; 8] = bytemuck::cast(q.sq[slot]);
+                    // Word 1 as `ring_bf` tags it (the WQE index in the signature byte).
+                    ring[1] = gdaki_shared::prm::uar::blueflame_word1(ring[0], ring[1]);
                     assert_eq!(q.bf, ring, "the BlueFlame register holds the WQE's first WQEBB");
                 }
                 tickets.push(t);

@@ -13,23 +13,20 @@
 //!   BlueFlame write (the whole 64-byte WQEBB at 0x800) is one too. The new producer index is
 //!   `wqe_idx + ceil(ds / 4)`; dbrec word 1 is cross-checked against it ([`Stats::dbrec_mismatches`]). A WQE
 //!   whose doorbell never comes is never executed, whatever the dbrec says.
-//! - **BlueFlame** WQEs are read from the ring, where software must write them too, not from the register as
-//!   hardware does. Taking them from the register (with a sentinel the NIC leaves in words 1..8, waiting for
-//!   every word the WQE's `ds` covers and checking that word 0 still held the doorbell) lost WQEs in the
-//!   BlueFlame rows of `post_rate` and in Exclusive port channels, on the H200 and on host threads alike: a
-//!   plain doorbell rung after a BlueFlame write that the NIC has not acted on yet leaves that write's words
-//!   1..8 in the register, so the register looks like a complete BlueFlame write of the new WQE. Hardware
-//!   tells the two apart by the size of the write; a NIC that watches memory cannot, unless device code
-//!   marks its plain doorbells too. [`Stats::blueflame`] counts doorbells after which the register's words 1..8 had been written
-//!   since the NIC last refilled them with its random sentinel (several writes between two doorbells count
-//!   once).
+//! - **BlueFlame** WQEs are taken from the register, as hardware takes them, when the NIC can prove that the
+//!   register's 64 bytes are one whole write of the WQE that word 0 announces: device code stores word 1 first,
+//!   tagged with the WQE index ([`blueflame_word1`](gdaki_shared::prm::uar::blueflame_word1)), and word 0 last;
+//!   the NIC leaves a random sentinel in words 1..8 after each doorbell and swaps them back as it reads them,
+//!   word 1 last. Otherwise (a poster that overtook the NIC, a torn or untagged write, a WQE behind unrung ones)
+//!   the WQEs are read from the ring, where software must write them too ([`Stats::blueflame_fallbacks`]). With a
+//!   ring in host memory the register's WQE is compared with the ring's ([`Stats::blueflame_mismatches`]).
 //! - **Queues in GPU memory** are reached through the [`GpuCopier`] only: on a doorbell the NIC fetches the
-//!   announced WQEBBs of the SQ ring with dbrec word 1 (one read and one synchronize,
-//!   [`Stats::ring_fetches`]); each CQE is one published write of the copier (bytes 0..56, then the word
-//!   with `op_own`, after the data it reports), with no synchronize; the CQ's consumer index is re-read only
-//!   when the index last read says the ring is full. Their memory goes back to the NIC when a QP or CQ is
-//!   destroyed and is freed with the NIC (`cuMemFree` waits for every running kernel). On the `gpu` executor
-//!   the copier runs small operations on a resident engine warp and long copies on the copy engines
+//!   announced WQEBBs of the SQ ring with dbrec word 1 (one read and one synchronize, [`Stats::ring_fetches`];
+//!   none for a BlueFlame WQE taken from the register); each CQE is one published write of the copier (bytes
+//!   0..56, then the word with `op_own`, after the data it reports), with no synchronize; the CQ's consumer index
+//!   is re-read only when the index last read says the ring is full. Their memory goes back to the NIC when a QP
+//!   or CQ is destroyed and is freed with the NIC (`cuMemFree` waits for every running kernel). On the `gpu`
+//!   executor the copier runs small operations on a resident engine warp and long copies on the copy engines
 //!   ([`CudaCopier`](crate::cuda::CudaCopier)); on the `cpu` executor `GDAKI_QUEUES=gpu` puts the queues in a
 //!   [`SimGpu`]'s simulated GPU memory, to test this path without a GPU.
 //! - **Validation** of every WQE as the PRM lays it out: opcode (NOP, RDMA_WRITE, RDMA_WRITE_IMM, RDMA_READ,

@@ -52,6 +52,16 @@ pub(crate) fn store_u64(buf: &MappedBuf, off: usize, v: u64, ord: Ordering) {
     }
 }
 
+/// Swaps the 8-byte word at byte offset `off` (8-byte aligned) for `v` with ordering `ord`; returns the old
+/// word (0 for an offset outside the buffer, which is an emulator bug).
+pub(crate) fn swap_u64(buf: &MappedBuf, off: usize, v: u64, ord: Ordering) -> u64 {
+    match word_ptr(buf, off, 8) {
+        // SAFETY: as in `load_u64`.
+        Some(p) => unsafe { AtomicU64::from_ptr(p.cast()) }.swap(v, ord),
+        None => 0,
+    }
+}
+
 /// Reads `out.len()` bytes (a multiple of 8) starting at `off` (8-byte aligned) with relaxed word loads,
 /// wrapping from the end of the buffer to its start (SQ ring semantics: a WQE's segments past the last slot
 /// continue at slot 0). The caller orders these loads after an Acquire load of the doorbell.

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use gdaki_shared::prm::cqe::{Cqe64, ErrCqe};
 use gdaki_shared::prm::dbrec::{QpDbrec, SQ_COUNTER_MASK};
 use gdaki_shared::prm::opcode;
-use gdaki_shared::prm::uar::BF_OFFSET;
-use gdaki_shared::prm::wqe::{wqebbs, CtrlSeg, SEG, WQEBB};
+use gdaki_shared::prm::uar::{blueflame_tagged, BF_OFFSET};
+use gdaki_shared::prm::wqe::{wqebbs, CtrlSeg, SEG, SEGS_PER_WQEBB, WQEBB};
 use gdaki_shared::{Be16, Be32, Be64};
 
 use crate::mem::MemLoc;
@@ -105,15 +105,24 @@ pub(crate) struct Engine {
     pub data: DataPath,
     pub scratch: Vec<(MemLoc, u64)>,
     wqe: Box<[u8; MAX_WQE_BYTES]>,
-    /// The host copy of the WQEBBs fetched from an SQ ring in GPU memory, at their offsets in the ring
-    /// (valid for the QP and range of the current [`take`] only).
-    mirror: Vec<u8>,
+    fetched: Fetched,
 }
 
 impl Engine {
     pub(crate) fn new(data: DataPath) -> Self {
-        Self { data, scratch: Vec::new(), wqe: Box::new([0; MAX_WQE_BYTES]), mirror: Vec::new() }
+        Self { data, scratch: Vec::new(), wqe: Box::new([0; MAX_WQE_BYTES]), fetched: Fetched::default() }
     }
+}
+
+/// Where the WQE bytes of the current [`take`] come from, besides an SQ ring in host memory (read in place);
+/// valid for that QP and range only.
+#[derive(Debug, Default)]
+struct Fetched {
+    /// The host copy of the WQEBBs fetched from an SQ ring in GPU memory, at their offsets in the ring.
+    mirror: Vec<u8>,
+    /// The WQE a BlueFlame write carried (its 64-bit index and the register's 64 bytes, `signature` byte as
+    /// the ring's copy has it), taken in place of the ring's copy, as hardware does.
+    blueflame: Option<(u64, [u8; WQEBB])>,
 }
 
 /// The ctrl segment whose first 8 bytes are the doorbell value `db` (as stored in memory).
@@ -208,8 +217,13 @@ fn act(
     if let QBuf::Host(d) = &qp.dbrec {
         check_dbrec(fab, qp, qmem::load_u32(d, DBREC_SQ_COUNTER, Ordering::Acquire), pi);
     }
-    check_blueflame(fab, qp);
+    let bf = take_blueflame(fab, qp, db, p.consumed);
+    if let Some(b) = &bf {
+        compare_blueflame(fab, qp, p.consumed, b);
+    }
+    eng.fetched.blueflame = bf.map(|b| (p.consumed, b));
     take(fab, qp, w, eng, p, pi);
+    eng.fetched.blueflame = None;
     true
 }
 
@@ -227,7 +241,10 @@ fn take(
     let (peer, mut wire, resume) = w;
     let start = p.consumed;
     *resume = None;
-    load_ring(fab, qp, eng, p.consumed, pi);
+    // A BlueFlame WQE is the doorbell's only one (see `take_blueflame`): nothing to fetch from the ring.
+    if eng.fetched.blueflame.is_none() {
+        load_ring(fab, qp, eng, p.consumed, pi);
+    }
     while p.consumed < pi {
         let n = step(fab, qp, peer, wire.as_deref_mut(), eng, p.consumed, pi);
         if n == 0 {
@@ -256,17 +273,69 @@ fn check_dbrec(fab: &Fabric, qp: &QpInner, word: u32, pi: u64) {
     }
 }
 
-/// Counts a BlueFlame write when the register's words 1..8 are not all [`Fabric::bf_sentinel`] (what the
-/// NIC leaves there after each doorbell; a plain doorbell writes word 0 only, and a poster faster than the NIC
-/// may have made several BlueFlame writes: one is counted), then refills them with the sentinel (software
-/// never reads a UAR). The WQE itself is read from the ring: taking it from the register lost WQEs on the
-/// H200 (see the module docs).
-fn check_blueflame(fab: &Fabric, qp: &QpInner) {
+/// Takes the WQE of a BlueFlame write from the register, for doorbell value `db` (word 0, already read)
+/// when the NIC has consumed `consumed` WQEBBs: words 7..1 are swapped for [`Fabric::bf_sentinel`] (what the
+/// NIC leaves in them, so that a word that differs was stored since), word 1 last. Returns the register's 64
+/// bytes when they are a whole write of the WQE `db` announces, as [`blueflame_word1`] describes it: word 0
+/// names the next WQE (`consumed`; a later index means doorbells the NIC never saw, whose words may still be
+/// in the register), the WQE fits the register (`ds` 1..=4), every word its `ds` covers was stored, and word 1
+/// carries its tag. Then the `signature` byte is given back the ring copy's value (zero, as gdaki and rdma-core
+/// build WQEs). Otherwise `None`, and the WQEs are read from the ring, where software must have written them
+/// too (hardware falls back to the ring the same way; [`Stats::blueflame_fallbacks`] counts the register's
+/// words that were written but not used).
+///
+/// [`Stats::blueflame_fallbacks`]: super::Stats::blueflame_fallbacks
+fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Option<[u8; WQEBB]> {
     let sentinel = fab.bf_sentinel;
-    let written = (1..WQEBB / 8).any(|i| qmem::load_u64(&qp.uar, BF_OFFSET + 8 * i, Ordering::Relaxed) != sentinel);
-    if written {
-        bump(&fab.stats.blueflame);
-        super::qp::clear_blueflame(&qp.uar, sentinel);
+    let mut words = [db; WQEBB / 8];
+    for i in (1..WQEBB / 8).rev() {
+        words[i] = qmem::swap_u64(&qp.uar, BF_OFFSET + 8 * i, sentinel, Ordering::AcqRel);
+    }
+    if words[1..].iter().all(|&v| v == sentinel) {
+        return None;
+    }
+    let ctrl = ctrl_of_doorbell(db);
+    let covered = 2 * ctrl.ds() as usize;
+    let whole = ctrl.wqe_index() == consumed as u16
+        && (1..=SEGS_PER_WQEBB as u8).contains(&ctrl.ds())
+        && words[1..covered].iter().all(|&v| v != sentinel)
+        && blueflame_tagged(db, words[1]);
+    if !whole {
+        bump(&fab.stats.blueflame_fallbacks);
+        tracing::debug!(
+            qpn = qp.qpn,
+            consumed,
+            "emulated NIC: BlueFlame words not a whole write; WQE read from the ring"
+        );
+        return None;
+    }
+    bump(&fab.stats.blueflame);
+    let mut b = [0u8; WQEBB];
+    for (chunk, w) in b.chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&w.to_ne_bytes());
+    }
+    b[offset_of!(CtrlSeg, signature)] = 0;
+    Some(b)
+}
+
+/// Compares the WQE a BlueFlame write carried (`bf`, at WQEBB index `idx`) with the ring's copy when the ring
+/// is in host memory (for a ring in GPU memory that would cost the fetch BlueFlame saves) and counts a
+/// difference in [`Stats::blueflame_mismatches`](super::Stats::blueflame_mismatches): software that writes
+/// one WQE to the ring and another to the register has a bug that hardware shows only when it falls back to
+/// the ring. The register's copy is the one executed, as on hardware.
+fn compare_blueflame(fab: &Fabric, qp: &QpInner, idx: u64, bf: &[u8; WQEBB]) {
+    let QBuf::Host(ring) = &qp.sq else { return };
+    let mut r = [0u8; WQEBB];
+    let off = ((idx & (qp.wqe_cnt as u64 - 1)) as usize) * WQEBB;
+    qmem::read_wrapping(ring, off, &mut r);
+    let n = SEG * bytemuck::pod_read_unaligned::<CtrlSeg>(&bf[..SEG]).ds() as usize;
+    if r[..n] != bf[..n] {
+        bump(&fab.stats.blueflame_mismatches);
+        tracing::warn!(
+            qpn = qp.qpn,
+            wqe_counter = idx as u16,
+            "emulated NIC: BlueFlame write differs from the WQE in the ring"
+        );
     }
 }
 
@@ -279,12 +348,12 @@ fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
         return;
     }
     let len = ring.len();
-    eng.mirror.resize(len, 0);
+    eng.fetched.mirror.resize(len, 0);
     let mask = qp.wqe_cnt as u64 - 1;
     let start = ((from & mask) as usize) * WQEBB;
     let n = (((to - from) as usize) * WQEBB).min(len);
     let first = n.min(len - start);
-    let (head, tail) = eng.mirror.split_at_mut(start);
+    let (head, tail) = eng.fetched.mirror.split_at_mut(start);
     let mut word = [0u8; 4];
     let mut reads = [
         (ring.loc(start), &mut tail[..first]),
@@ -298,13 +367,24 @@ fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
     }
 }
 
-/// Reads `out.len()` bytes (a multiple of 8) of the WQE at 64-bit index `idx`, from byte `at` of the WQE on,
-/// from the ring (in place, or the mirror of a ring in GPU memory), wrapping past the ring's end.
-fn wqe_bytes(qp: &QpInner, mirror: &[u8], idx: u64, at: usize, out: &mut [u8]) {
+/// Reads `out.len()` bytes (a multiple of 8) of the WQE at 64-bit index `idx`, from byte `at` of the WQE on:
+/// from the BlueFlame write that carried it, or from the ring (in place, or the mirror of a ring in GPU
+/// memory), wrapping past the ring's end.
+fn wqe_bytes(qp: &QpInner, fetched: &Fetched, idx: u64, at: usize, out: &mut [u8]) {
+    if let Some((i, b)) = &fetched.blueflame {
+        if *i == idx {
+            // `parse_ctrl` bounds the WQE to the one WQEBB the doorbell announced: inside `b`.
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = b.get(at + k).copied().unwrap_or(0);
+            }
+            return;
+        }
+    }
     let off = ((idx & (qp.wqe_cnt as u64 - 1)) as usize) * WQEBB + at;
     match &qp.sq {
         QBuf::Host(b) => qmem::read_wrapping(b, off, out),
         QBuf::Gpu(_) => {
+            let mirror = &fetched.mirror;
             let len = mirror.len();
             for (i, b) in out.iter_mut().enumerate() {
                 *b = if len == 0 { 0 } else { mirror[(off + i) % len] };
@@ -327,7 +407,7 @@ fn step(
 ) -> u64 {
     let avail = pi - idx;
     // The ctrl segment goes where the whole WQE will be, so that the body is read after it and nothing twice.
-    wqe_bytes(qp, &eng.mirror, idx, 0, &mut eng.wqe[..SEG]);
+    wqe_bytes(qp, &eng.fetched, idx, 0, &mut eng.wqe[..SEG]);
     let ctrl: CtrlSeg = bytemuck::pod_read_unaligned(&eng.wqe[..SEG]);
     // Size to skip when the WQE is not executed: its own ds when sane, at least one WQEBB, never past pi.
     let skip = (wqebbs(ctrl.ds() as u32) as u64).clamp(1, avail);
@@ -351,7 +431,7 @@ fn step(
     // parse_ctrl bounds ds to 63 segments: `len` fits `eng.wqe`, and the body starts inside the ring (read
     // with wrap, as the WQE may continue at slot 0).
     let len = h.ds as usize * SEG;
-    wqe_bytes(qp, &eng.mirror, idx, SEG, &mut eng.wqe[SEG..len]);
+    wqe_bytes(qp, &eng.fetched, idx, SEG, &mut eng.wqe[SEG..len]);
     let op = match wqe::parse_body(&h, &eng.wqe[..len]) {
         Ok(op) => op,
         Err(f) => {

@@ -9,9 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub struct Stats {
     /// Doorbell register changes acted on (8-byte doorbells and BlueFlame writes alike).
     pub doorbells: u64,
-    /// Doorbells acted on that followed at least one BlueFlame write (the register's bytes 8..64 written since
-    /// the previous one; see the [`emu`](super) module docs).
+    /// BlueFlame writes whose WQE the NIC took from the register (see the [`emu`](super) module docs).
     pub blueflame: u64,
+    /// Doorbells after which the BlueFlame register held words written since the NIC last looked that were
+    /// not a whole write of the announced WQE (a torn write, words a later doorbell overtook, an untagged
+    /// write): the WQEs were read from the ring.
+    pub blueflame_fallbacks: u64,
+    /// BlueFlame WQEs that differed from the ring's copy (compared for rings in host memory only); the
+    /// register's was executed, as on hardware.
+    pub blueflame_mismatches: u64,
     /// Times the NIC fetched a range of an SQ ring in GPU memory (one copy and one synchronize each, with the
     /// dbrec).
     pub ring_fetches: u64,
@@ -47,6 +53,8 @@ pub struct Stats {
 pub(crate) struct Counters {
     pub doorbells: AtomicU64,
     pub blueflame: AtomicU64,
+    pub blueflame_fallbacks: AtomicU64,
+    pub blueflame_mismatches: AtomicU64,
     pub ring_fetches: AtomicU64,
     pub stale_doorbells: AtomicU64,
     pub bad_doorbells: AtomicU64,
@@ -68,6 +76,8 @@ impl Counters {
         Stats {
             doorbells: self.doorbells.load(Relaxed),
             blueflame: self.blueflame.load(Relaxed),
+            blueflame_fallbacks: self.blueflame_fallbacks.load(Relaxed),
+            blueflame_mismatches: self.blueflame_mismatches.load(Relaxed),
             ring_fetches: self.ring_fetches.load(Relaxed),
             stale_doorbells: self.stale_doorbells.load(Relaxed),
             bad_doorbells: self.bad_doorbells.load(Relaxed),
