@@ -1,4 +1,4 @@
-//! Compiles `c/mlx5dv_ref.c` against the system's `<infiniband/mlx5dv.h>` (rdma-core, Debian
+//! Compiles `c/mlx5dv_ref.c` and `c/ifc.c` against the system's `<infiniband/mlx5dv.h>` (rdma-core, Debian
 //! `libibverbs-dev`).
 //!
 //! Before that it probes the header: if it cannot be included, the build stops with one line that says what to
@@ -26,6 +26,7 @@ const OPTIONAL: &[(&str, &str)] = &[
 
 fn main() {
     println!("cargo::rerun-if-changed=c/mlx5dv_ref.c");
+    println!("cargo::rerun-if-changed=c/ifc.c");
     println!("cargo::rerun-if-changed=build.rs");
     // The header can appear or change (apt-get install/upgrade) without any file of ours changing.
     println!("cargo::rerun-if-changed=/usr/include/infiniband/mlx5dv.h");
@@ -51,7 +52,7 @@ fn main() {
     );
 
     let mut build = cc::Build::new();
-    build.file("c/mlx5dv_ref.c").warnings(true);
+    build.file("c/mlx5dv_ref.c").file("c/ifc.c").warnings(true);
     for (i, (define, statement)) in OPTIONAL.iter().enumerate() {
         if has_item(&out, &format!("opt{i}"), statement) {
             build.define(define, None);

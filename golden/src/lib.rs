@@ -6,11 +6,16 @@
 //! helpers (`mlx5dv_set_ctrl_seg`, `mlx5dv_set_data_seg`, `mlx5dv_get_cqe_*`). This crate turns them into safe
 //! Rust; the tests in `tests/` compare them with gdaki-shared.
 //!
+//! `c/ifc.c` declares the PRM firmware command layouts (`mlx5_ifc_*_bits`) that gdaki-shared's `prm::cmd` names,
+//! and exports each member's bit offset and width and rdma-core's `DEVX_SET`/`DEVX_GET` of each field ([`ifc`]).
+//!
 //! Items that the installed header lacks (some live only in rdma-core's private provider headers or the kernel's,
 //! some only in newer releases) are absent from the tables: the lookups return `None`, and the tests then check
 //! gdaki-shared against the value those other headers give (copied into the test) rather than skip the check.
 
 #![deny(missing_docs)]
+
+pub mod ifc;
 
 use std::ffi::{c_char, CStr};
 use std::sync::OnceLock;

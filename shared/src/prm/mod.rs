@@ -2,6 +2,7 @@
 //!
 //! All multi-byte fields are big-endian. Segments are 16 bytes; a WQE basic block (WQEBB) is 64 bytes.
 
+pub mod cmd;
 pub mod cqe;
 pub mod dbrec;
 pub mod opcode;
