@@ -2,7 +2,7 @@
 //!
 //! Route: `cargo rustc --manifest-path CRATE/Cargo.toml --lib --crate-type cdylib --target nvptx64-nvidia-cuda
 //! -Zbuild-std=core --release`, with the release profile overridden to fat LTO, one codegen unit,
-//! `panic = "abort"` and no debug info, and `-Ctarget-cpu=sm_90 -Ctarget-feature=+ptx82` for every crate (`core`
+//! `panic = "abort"` and no debug info, and `-Ctarget-cpu=sm_90 -Ctarget-feature=+ptx86` for every crate (`core`
 //! included). For a `cdylib` on this target rustc links with `llvm-bitcode-linker` (rustup component of the same
 //! name), which links all the crates' bitcode, internalizes everything but the exported kernels, and writes one
 //! `.ptx`. This is sturdier than `--emit=asm` on the rlib: that emits only the crate's own functions and leaves
@@ -364,8 +364,8 @@ fn workspace_warning(message: &serde_json::Value) -> Option<String> {
     Some(format!("{package} ({TARGET_TRIPLE}): {text}{}", location.unwrap_or_default()))
 }
 
-/// `rustc` warns once per crate that `+ptx82` is not a stable target feature; we know, and it is the documented
-/// way to ask LLVM for PTX 8.2, so it would only bury real warnings.
+/// `rustc` warns once per crate that `+ptx86` is not a stable target feature; we know, and it is the documented
+/// way to ask LLVM for PTX 8.6, so it would only bury real warnings.
 fn is_known_noise(diagnostic: &serde_json::Value) -> bool {
     let text = diagnostic["message"].as_str().unwrap_or_default();
     diagnostic["level"] == "warning"
@@ -522,7 +522,7 @@ mod tests {
     fn noise_filter_is_narrow() {
         let noise = serde_json::json!({
             "level": "warning",
-            "message": "unstable feature specified for `-Ctarget-feature`: `ptx82`",
+            "message": "unstable feature specified for `-Ctarget-feature`: `ptx86`",
         });
         assert!(is_known_noise(&noise));
         let other = serde_json::json!({ "level": "warning", "message": "unused variable: `x`" });

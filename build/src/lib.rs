@@ -18,7 +18,7 @@
 //!   `rust-toolchain.toml` to a toolchain that is already installed), and says so in one line;
 //! - a nested `cargo rustc` builds the crate as a `cdylib` for `nvptx64-nvidia-cuda` with `-Zbuild-std=core`
 //!   (under `RUSTC_BOOTSTRAP=1`: rustup ships no prebuilt `core` for that target), fat LTO, one codegen unit
-//!   and `panic = "abort"`, `-Ctarget-cpu=sm_90 -Ctarget-feature=+ptx82` ([`PtxBuilder::arch`],
+//!   and `panic = "abort"`, `-Ctarget-cpu=sm_90 -Ctarget-feature=+ptx86` ([`PtxBuilder::arch`],
 //!   [`PtxBuilder::ptx_isa`]), in a target directory of its own and an environment cleaned of the outer build's
 //!   flags ([`builder::clean_cargo_env`]); rustc's `llvm-bitcode-linker` links every crate's bitcode into one
 //!   `.ptx`;
@@ -50,6 +50,7 @@ pub const TARGET_TRIPLE: &str = "nvptx64-nvidia-cuda";
 /// GPU architecture the PTX is generated for by default (H100/H200).
 pub const ARCH: &str = "sm_90";
 
-/// Oldest PTX ISA version the device code is emitted as by default: 8.2 is the first with `st.mmio`, which the
-/// doorbell write uses.
-pub const PTX_ISA: (u32, u32) = (8, 2);
+/// Oldest PTX ISA version the device code is emitted as by default: 8.6, the first with `fence.release` (a
+/// release fence without the L1 invalidate of `fence.acq_rel`), which every doorbell post uses; `st.mmio` (the
+/// doorbell store) needs 8.2. A driver of CUDA 12.8 (r570) or newer loads it.
+pub const PTX_ISA: (u32, u32) = (8, 6);

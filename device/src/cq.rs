@@ -54,8 +54,9 @@ pub unsafe fn peek(cq: &CqHandle) -> Option<Cqe64> {
 }
 
 /// Consumes the CQE [`peek`] returned: advances `cq.cons_index` and writes the CQ dbrec's consumer index
-/// (word 0, low 24 bits) with a release store at system scope (`st.release.sys.u32`), so that our reads of
-/// the entry precede its reuse by the NIC.
+/// (word 0, low 24 bits) with a release store, so that our reads of the entry precede its reuse by the NIC:
+/// at GPU scope for a CQ in GPU memory (`st.release.gpu.u32`), at system scope for one in host memory
+/// (`st.release.sys.u32`), as for the SQ's dbrec (see `db`).
 ///
 /// # Safety
 /// As [`peek`], which must have returned `Some` for the current consumer index.
@@ -63,8 +64,15 @@ pub unsafe fn peek(cq: &CqHandle) -> Option<Cqe64> {
 pub unsafe fn pop(cq: &mut CqHandle) {
     cq.cons_index += 1;
     let ci = Be32::new(cq.cons_index as u32 & CQ_CI_MASK).to_bits();
+    let p = cq.dbrec as *mut u32;
     // SAFETY: word 0 of the CQ dbrec (`set_ci`), 4-byte aligned (caller's contract).
-    unsafe { sync::store_release_u32(cq.dbrec as *mut u32, ci) };
+    unsafe {
+        if cq.placement.is_gpu() {
+            sync::store_release_gpu_u32(p, ci)
+        } else {
+            sync::store_release_u32(p, ci)
+        }
+    }
 }
 
 /// What a CQE reports: a completion, or an error CQE's syndromes.

@@ -152,8 +152,8 @@ impl<'a> Qp<'a> {
         if let Some(bits) = self.unrung.take() {
             // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
             unsafe {
-                db::update_dbrec(self.h.dbrec, self.h.sq_pi);
-                db::ring_db(self.h.bf_reg, bits);
+                db::update_dbrec(self.h.dbrec, self.h.sq_pi, self.h.placement);
+                db::ring_db(self.h.bf_reg, bits, self.h.placement);
             }
         }
     }
@@ -183,8 +183,8 @@ impl<'a> Qp<'a> {
         self.unrung = None;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe {
-            db::update_dbrec(self.h.dbrec, self.h.sq_pi);
-            db::ring_bf(self.h.bf_reg, &first);
+            db::update_dbrec(self.h.dbrec, self.h.sq_pi, self.h.placement);
+            db::ring_bf(self.h.bf_reg, &first, self.h.placement);
         }
         Ok(t)
     }

@@ -236,8 +236,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             let end16 = (idx + wqebbs(ds)) as u16;
             let pi = r + end16.wrapping_sub(r as u16) as u64;
             if pi > sync::load_volatile(self.rung()) {
-                db::update_dbrec(self.h.dbrec, pi);
-                db::ring_db(self.h.bf_reg, bits);
+                db::update_dbrec(self.h.dbrec, pi, self.h.placement);
+                db::ring_db(self.h.bf_reg, bits, self.h.placement);
                 S::store_release(self.rung(), pi);
             }
             S::unlock(self.db_lock());

@@ -1,8 +1,12 @@
 //! Memory-ordering primitives and MMIO stores, one implementation per executor.
 //!
 //! On nvptx every ordered access is inline PTX: `core::sync::atomic` read-modify-writes lose their ordering
-//! there (docs/guide.md, "Toolchain"), and the NIC is a system-scope observer, so fences are `.sys`. On the host the
-//! same functions map to `core::sync::atomic`, whose Acquire/Release pair with the emulated NIC's thread.
+//! there (docs/guide.md, "Toolchain"). The NIC is a system-scope observer of host memory, so what it reads
+//! there is ordered at `.sys` scope; what it reads from GPU memory (queues placed there) is ordered at `.gpu`
+//! scope, as the hardware stacks do (see `db`). Release fences are `fence.release` (PTX 8.6), not
+//! `fence.acq_rel`: a post needs no acquire, and the acquire half costs an L1 invalidate (`CCTL.IVALL`) on
+//! sm_90. On the host the same functions map to `core::sync::atomic`, whose Acquire/Release pair with the
+//! emulated NIC's thread.
 //!
 //! All pointers are generic addresses of naturally aligned values in memory the NIC may read or write (pinned
 //! host memory mapped into the GPU, GPU memory, or plain host memory for the `cpu` executor).
@@ -14,14 +18,29 @@ use crate::twin;
 #[cfg(not(target_arch = "nvptx64"))]
 use core::sync::atomic::Ordering;
 
-/// Release fence at system scope: every store before it is visible to the NIC before any store after it.
-/// nvptx: `fence.acq_rel.sys`; host: `fence(Release)`.
+/// Release fence at system scope: every memory access before it is performed for every observer (the NIC
+/// reading host memory, host threads) before any store after it. nvptx: `fence.release.sys` (`MEMBAR.ALL.SYS`
+/// on sm_90, no L1 invalidate); host: `fence(Release)`.
 #[inline(always)]
 pub fn fence_release_sys() {
     #[cfg(target_arch = "nvptx64")]
     // SAFETY: a fence has no operands and no memory effects besides ordering.
     unsafe {
-        core::arch::asm!("fence.acq_rel.sys;", options(nostack))
+        core::arch::asm!("fence.release.sys;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    twin::fence(Ordering::Release);
+}
+
+/// Release fence at GPU scope: every memory access before it is performed in the GPU's memory (its L2, where
+/// a NIC's PCIe reads of GPU memory are served) before any store after it, the MMIO doorbell included.
+/// nvptx: `fence.release.gpu` (`MEMBAR.ALL.GPU`); host: `fence(Release)`.
+#[inline(always)]
+pub fn fence_release_gpu() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence has no operands and no memory effects besides ordering.
+    unsafe {
+        core::arch::asm!("fence.release.gpu;", options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
     twin::fence(Ordering::Release);
@@ -69,7 +88,7 @@ pub unsafe fn load_volatile<T: Copy>(p: *const T) -> T {
     }
 }
 
-/// Stores a `u32` with release semantics at system scope (`st.release.sys.u32`): the dbrec update.
+/// Stores a `u32` with release semantics at system scope (`st.release.sys.u32`): a dbrec in host memory.
 ///
 /// # Safety
 /// `p` must be valid for writes and 4-byte aligned.
@@ -79,6 +98,24 @@ pub unsafe fn store_release_u32(p: *mut u32, v: u32) {
     // SAFETY: the caller guarantees `p` is writable and aligned.
     unsafe {
         core::arch::asm!("st.release.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees `p` is valid and 4-byte aligned.
+    unsafe {
+        twin::store_u32(p, v, Ordering::Release)
+    };
+}
+
+/// Stores a `u32` with release semantics at GPU scope (`st.release.gpu.u32`): a dbrec in GPU memory.
+///
+/// # Safety
+/// `p` must be valid for writes and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn store_release_gpu_u32(p: *mut u32, v: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees `p` is writable and aligned.
+    unsafe {
+        core::arch::asm!("st.release.gpu.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
     // SAFETY: the caller guarantees `p` is valid and 4-byte aligned.

@@ -115,8 +115,8 @@ unsafe fn post_nop(h: &QpHandle, idx: u64) {
     // SAFETY: the caller's contract: a live ring, dbrec and doorbell register; slot `idx` is free.
     unsafe {
         sq::write_segs(h.sq_buf, h.wqe_cnt, idx, &w);
-        db::update_dbrec(h.dbrec, idx + 1);
-        db::ring_db(h.bf_reg, w[0].0[0]);
+        db::update_dbrec(h.dbrec, idx + 1, h.placement);
+        db::ring_db(h.bf_reg, w[0].0[0], h.placement);
     }
 }
 
@@ -212,7 +212,7 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
         let t = step("posting the WRITE", d.post(true, wqe::rdma_write(r, l)))?;
         // The dbrec says there is a WQE; the doorbell never comes.
         // SAFETY: `rig.a`'s dbrec, alive.
-        unsafe { db::update_dbrec(d.handle().dbrec, d.handle().sq_pi) };
+        unsafe { db::update_dbrec(d.handle().dbrec, d.handle().sq_pi, d.handle().placement) };
         t
     };
     // SAFETY: as above; the previous `Qp` over `h` is gone.
