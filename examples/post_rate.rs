@@ -61,7 +61,12 @@ fn main() -> ExitCode {
     // Many threads on one QP: every post is its own WQE, so a round's posts share the one SQ.
     let posters = ctas * threads;
     rows.push((Shape::Shared { ctas, threads }, (8000 / posters).clamp(1, args.posts)));
-    let mut bench = match PostRate::new(exec, many, posters.max(many)) {
+    // One warp per QP, a WQE per lane and one doorbell per post (a host thread is a warp of one lane).
+    let lanes = if gpu { 32 } else { 1 };
+    for qps in [1, many] {
+        rows.push((Shape::Warp { qps, lanes }, args.posts.min(16_000 / lanes)));
+    }
+    let mut bench = match PostRate::new(exec, many, posters.max(many * lanes)) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");

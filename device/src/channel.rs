@@ -21,6 +21,7 @@ use crate::scope::{Block, Device, Scope};
 use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::wait::bounded;
+use crate::warp_qp::WarpQp;
 use crate::wqe::{self, Wqe};
 pub use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::channel::SharedQpState;
@@ -92,12 +93,33 @@ impl Poster for Qp<'_> {
     }
 
     fn progress(&mut self) -> Result<()> {
-        self.ring_db();
-        match self.poll_cq() {
-            Some(Err(e @ Error::UnexpectedCqe(_))) => Err(e),
-            // An error CQE is kept by the QP (sticky), where `error` finds it.
-            _ => Ok(()),
-        }
+        Qp::progress(self)
+    }
+}
+
+/// A warp's poster: every call posts one WQE per calling lane and rings once ([`WarpQp::post`]); nothing is
+/// staged across calls, and never by BlueFlame (a doorbell's single WQE only).
+impl Poster for WarpQp<'_> {
+    #[inline(always)]
+    fn stage<const N: usize>(&mut self, w: Wqe<N>) -> Result<()> {
+        self.post(false, w).map(|_| ())
+    }
+
+    #[inline(always)]
+    fn submit<const N: usize>(&mut self, _bf: bool, signaled: bool, w: Wqe<N>) -> Result<()> {
+        self.post(signaled, w).map(|_| ())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        WarpQp::flush(self)
+    }
+
+    fn error(&self) -> Option<CqeError> {
+        WarpQp::error(self)
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        WarpQp::progress(self)
     }
 }
 
@@ -126,11 +148,12 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
 }
 
 /// How the threads of a launch share a channel's QP, chosen at compile time: [`Exclusive`] (one thread per QP),
-/// [`Block`] (the threads of one CTA) or [`Device`] (any thread). Three real implementations; sealed.
+/// [`Warp`] (the lanes of one warp, together), [`Block`] (the threads of one CTA) or [`Device`] (any thread).
+/// Four real implementations; sealed.
 pub trait Sharing: sealed::Sealed {
     /// The poster each posting thread uses.
     type Poster<'a>: Poster;
-    /// Whether every thread may post (Block, Device) rather than one (Exclusive).
+    /// Whether several threads post (Warp, Block, Device) rather than one (Exclusive).
     const SHARED: bool;
     /// A poster on `h`'s QP for the calling thread.
     ///
@@ -144,6 +167,7 @@ mod sealed {
     /// Only this crate's sharing modes implement [`super::Sharing`].
     pub trait Sealed {}
     impl Sealed for super::Exclusive {}
+    impl Sealed for super::Warp {}
     impl Sealed for super::Block {}
     impl Sealed for super::Device {}
 }
@@ -159,6 +183,22 @@ impl Sharing for Exclusive {
     unsafe fn poster<'a>(h: &'a PortChannelHandle) -> Qp<'a> {
         // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this thread only.
         unsafe { Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns) }
+    }
+}
+
+/// One warp owns the QP (DOCA GPUNetIO's `put_warp` on an EXCLUSIVE QP): the lanes that call a channel
+/// operation together post one WQE each and ring one doorbell; no atomics, no BlueFlame. Every lane of the
+/// warp makes its own `PortChannel::<Warp>` of the handle, and the lanes make each call together (see
+/// [`WarpQp::new`]). On the host a thread is a warp of one lane.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Warp;
+
+impl Sharing for Warp {
+    type Poster<'a> = WarpQp<'a>;
+    const SHARED: bool = true;
+    unsafe fn poster<'a>(h: &'a PortChannelHandle) -> WarpQp<'a> {
+        // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this warp's lanes only, together.
+        unsafe { WarpQp::new(h.qp as *mut QpHandle, h.timeout_ns) }
     }
 }
 

@@ -136,7 +136,8 @@ pub enum InvalidArgument {
     InlineTooLong = 3,
     /// An atomic target or result is not 8-byte aligned.
     AtomicAlignment = 4,
-    /// A length of zero bytes, one that does not fit 31 bits, or a WQE larger than the ring.
+    /// A length of zero bytes, one that does not fit 31 bits, a WQE larger than the ring, or a warp's batch
+    /// ([`crate::warp_qp`]) larger than half the ring or of WQEs of different sizes.
     Length = 5,
     /// A ticket beyond every WQE posted on this QP.
     Ticket = 6,

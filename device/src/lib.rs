@@ -7,7 +7,8 @@
 //! Layers, lowest first (each uses only those above it in this list): [`sync`] (fences, ordered loads and
 //! stores, MMIO) → [`wqe`] (builders) → [`sq`] (ring stores) → [`db`] (dbrec, doorbell, BlueFlame) →
 //! [`cq`] (polling) → [`wait`] (bounded waits) → [`qp`] (Exclusive QP: post, ring, retire, flush) →
-//! [`onesided`] (put / signal / put_with_signal). Shared QPs: [`scope`] (Block / Device atomics) →
+//! [`onesided`] (put / signal / put_with_signal); [`warp`] (lanes, shuffles, votes) → [`warp_qp`] (a QP owned
+//! by one warp: one WQE per lane, one doorbell). Shared QPs: [`scope`] (Block / Device atomics) →
 //! [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s PortChannel device API over an Exclusive
 //! or a shared QP) → [`packet`] (MSCCL++'s LL packets on a channel). Kernels: [`thread`] (the calling thread,
 //! its indices and the CTA barrier) and [`launch`] (parameter types, error reports, the `cpu` executor's
@@ -55,8 +56,8 @@ pub mod thread;
 #[cfg(not(target_arch = "nvptx64"))]
 mod twin;
 pub mod wait;
-#[cfg(target_arch = "nvptx64")]
 pub mod warp;
+pub mod warp_qp;
 pub mod wqe;
 
 pub use error::{AppError, Error, Result};

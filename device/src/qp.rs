@@ -114,6 +114,25 @@ impl<'a> Qp<'a> {
         build: impl FnOnce(Ctrl) -> [Seg; N],
     ) -> Result<Ticket> {
         let nbb = wqebbs(ds as u32);
+        let (pi, signaled) = self.reserve_batch(nbb, signaled)?;
+        let end = pi + nbb as u64;
+        let flags = if signaled { fm_ce_se::CQ_UPDATE } else { 0 };
+        let segs = build(Ctrl { idx: pi as u16, qpn: self.h.qpn, fm_ce_se: flags });
+        // SAFETY: `Qp::new`'s contract gives a valid ring; `reserve_batch` made WQEBBs `pi..end` ours.
+        unsafe { sq::write_segs(self.h.sq_buf, self.h.wqe_cnt, pi, &segs[..ds as usize]) };
+        // The ctrl segment's first 8 bytes as stored are the doorbell value (`CtrlSeg::doorbell_bits`).
+        self.commit(pi, end, signaled, segs[0].0[0]);
+        Ok(Ticket(pi))
+    }
+
+    /// Reserves `nbb` WQEBBs for WQEs stored next (one WQE, or a warp's batch), waiting for room; returns the
+    /// first one's index and whether the last WQE of them asks for a CQE: when `signaled`, or when a quarter
+    /// of the ring has been posted since the last one that did.
+    ///
+    /// # Errors
+    /// As [`Qp::post`].
+    #[inline(always)]
+    pub(crate) fn reserve_batch(&mut self, nbb: u32, signaled: bool) -> Result<(u64, bool)> {
         let cnt = self.h.wqe_cnt;
         if !sq::valid_ring(cnt) {
             // The CQE policy (a CQE every quarter ring) needs room for a 4-WQEBB WQE beside the unsignaled
@@ -122,19 +141,19 @@ impl<'a> Qp<'a> {
         }
         let pi = self.reserve(nbb)?;
         let end = pi + nbb as u64;
-        let signaled = signaled || end.wrapping_sub(self.h.sq_sig_end) >= (cnt / 4) as u64;
-        let flags = if signaled { fm_ce_se::CQ_UPDATE } else { 0 };
-        let segs = build(Ctrl { idx: pi as u16, qpn: self.h.qpn, fm_ce_se: flags });
-        // SAFETY: `Qp::new`'s contract gives a valid ring; `reserve` made WQEBBs `pi..end` ours.
-        unsafe { sq::write_segs(self.h.sq_buf, self.h.wqe_cnt, pi, &segs[..ds as usize]) };
+        Ok((pi, signaled || end.wrapping_sub(self.h.sq_sig_end) >= (cnt / 4) as u64))
+    }
+
+    /// Records WQEs stored in the WQEBBs reserved up to `end`, the last of which starts at `last`, asked for a
+    /// CQE when `signaled`, and has the doorbell bits `bits` (rung by the next [`Qp::ring_db`]).
+    #[inline(always)]
+    pub(crate) fn commit(&mut self, last: u64, end: u64, signaled: bool, bits: u64) {
         self.h.sq_pi = end;
         if signaled {
-            self.h.sq_sig_first = pi + 1;
+            self.h.sq_sig_first = last + 1;
             self.h.sq_sig_end = end;
         }
-        // The ctrl segment's first 8 bytes as stored are the doorbell value (`CtrlSeg::doorbell_bits`).
-        self.unrung = Some(segs[0].0[0]);
-        Ok(Ticket(pi))
+        self.unrung = Some(bits);
     }
 
     /// Posts an RDMA WRITE whose payload travels inside the WQE (1 ..= [`wqe::MAX_INLINE`] bytes):
@@ -229,6 +248,19 @@ impl<'a> Qp<'a> {
             }
         }
         Some(r.map_err(Error::Cqe))
+    }
+
+    /// Rings anything unrung and looks at the CQ once without waiting, so that an error CQE becomes visible
+    /// to [`Qp::error`] (an error CQE is kept, sticky, not returned).
+    ///
+    /// # Errors
+    /// [`Error::UnexpectedCqe`].
+    pub fn progress(&mut self) -> Result<()> {
+        self.ring_db();
+        match self.poll_cq() {
+            Some(Err(e @ Error::UnexpectedCqe(_))) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// The first error CQE of this QP's WQEs, if one completed in error (the QP is then in the error state).

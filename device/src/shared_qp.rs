@@ -22,6 +22,7 @@ use crate::scope::Scope;
 use crate::sq;
 use crate::sync;
 use crate::wait::bounded;
+use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::QpHandle;
@@ -127,33 +128,22 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
         let n = wqebbs(wqe.ds() as u32) as u64;
-        #[cfg(target_arch = "nvptx64")]
-        {
-            // Lanes posting to other QPs at the same time are aggregated among themselves.
-            let w = crate::warp::Lanes::active_with(self.st as u64);
-            let lead = w.lane == w.leader();
-            let total = n * w.count() as u64;
-            // SAFETY: the state's words (contract of `new`), used atomically by every poster.
-            let base = w.shfl(if lead { unsafe { S::fetch_add(self.resv(), total) } } else { 0 }, w.leader());
-            let (idx, end) = (base + w.rank() as u64 * n, base + total);
-            w.share_result(if lead { self.wait_room(end, total) } else { Ok(()) })?;
-            let bits = self.store(idx, &wqe);
-            let last_bits = w.shfl(bits, w.last());
-            // Every lane's WQE is stored before the leader publishes them (bar.warp.sync orders the members'
-            // accesses; the leader's release then covers them).
-            w.sync();
-            w.share_result(if lead { self.publish(base, end, end - n, last_bits) } else { Ok(()) })?;
-            Ok(Ticket(idx))
-        }
-        #[cfg(not(target_arch = "nvptx64"))]
-        {
-            // SAFETY: the state's words (contract of `new`), used atomically by every poster.
-            let idx = unsafe { S::fetch_add(self.resv(), n) };
-            self.wait_room(idx + n, n)?;
-            let bits = self.store(idx, &wqe);
-            self.publish(idx, idx + n, idx, bits)?;
-            Ok(Ticket(idx))
-        }
+        // Lanes posting to other QPs at the same time are aggregated among themselves (on the host each
+        // thread is a warp of one lane).
+        let w = Lanes::active_with(self.st as u64);
+        let lead = w.lane == w.leader();
+        let total = n * w.count() as u64;
+        // SAFETY: the state's words (contract of `new`), used atomically by every poster.
+        let base = w.shfl(if lead { unsafe { S::fetch_add(self.resv(), total) } } else { 0 }, w.leader());
+        let (idx, end) = (base + w.rank() as u64 * n, base + total);
+        w.share_result(if lead { self.wait_room(end, total) } else { Ok(()) })?;
+        let bits = self.store(idx, &wqe);
+        let last_bits = w.shfl(bits, w.last());
+        // Every lane's WQE is stored before the leader publishes them (bar.warp.sync orders the members'
+        // accesses; the leader's release then covers them).
+        w.sync();
+        w.share_result(if lead { self.publish(base, end, end - n, last_bits) } else { Ok(()) })?;
+        Ok(Ticket(idx))
     }
 
     /// Waits until WQEBBs up to `end` (a reservation of `n`) are free in the ring, retiring and ringing meanwhile.
@@ -235,7 +225,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             let ds = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & 0x3f;
             let end16 = (idx + wqebbs(ds)) as u16;
             let pi = r + end16.wrapping_sub(r as u16) as u64;
-            if pi > sync::load_volatile(self.rung()) {
+            if pi > S::load_acquire(self.rung()) {
                 db::update_dbrec(self.h.dbrec, pi, self.h.placement);
                 db::ring_db(self.h.bf_reg, bits, self.h.placement);
                 S::store_release(self.rung(), pi);

@@ -1,5 +1,9 @@
-//! Warp-level primitives for warp-aggregated posting on nvptx (sm_70+ semantics: `shfl.sync` and
-//! `bar.warp.sync` with an explicit member mask, which lanes may reach at different instructions).
+//! Warp-level primitives for warp-aggregated posting (sm_70+ semantics on nvptx: `shfl.sync`, `vote.sync`
+//! and `bar.warp.sync` with an explicit member mask, which lanes may reach at different instructions).
+//!
+//! On the host (the `cpu` executor) a thread is a warp of one lane: the members are the caller alone, a
+//! shuffle returns the caller's own value and a vote its own predicate, so that code written for a warp runs
+//! unchanged, each thread posting for itself.
 
 use crate::error::Error;
 use gdaki_shared::handle::ErrorReport;
@@ -17,6 +21,15 @@ impl Lanes {
     /// The lanes executing this call now with the same `key` (e.g. the address of the QP they post to:
     /// `match.any.sync.b64` within `activemask`).
     #[inline(always)]
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn active_with(_key: u64) -> Self {
+        Self { mask: 1, lane: 0 }
+    }
+
+    /// The lanes executing this call now with the same `key` (e.g. the address of the QP they post to:
+    /// `match.any.sync.b64` within `activemask`).
+    #[inline(always)]
+    #[cfg(target_arch = "nvptx64")]
     pub fn active_with(key: u64) -> Self {
         let (active, mask, lane): (u32, u32, u32);
         // SAFETY: reading the active mask and the lane id, and comparing registers among the active lanes,
@@ -56,6 +69,14 @@ impl Lanes {
 
     /// `v` of lane `src`, to every member.
     #[inline(always)]
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn shfl(&self, v: u64, _src: u32) -> u64 {
+        v
+    }
+
+    /// `v` of lane `src`, to every member.
+    #[inline(always)]
+    #[cfg(target_arch = "nvptx64")]
     pub fn shfl(&self, v: u64, src: u32) -> u64 {
         let (lo, hi): (u32, u32);
         // SAFETY: `shfl.sync` among the member lanes; registers only.
@@ -68,11 +89,37 @@ impl Lanes {
         (hi as u64) << 32 | lo as u64
     }
 
+    /// Whether `p` holds for any member (`vote.sync.any.pred`).
+    #[inline(always)]
+    pub fn any(&self, p: bool) -> bool {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let r: u32;
+            // SAFETY: a vote among the member lanes; registers only.
+            unsafe {
+                core::arch::asm!("{{ .reg .pred a, r; setp.ne.u32 a, {p}, 0; vote.sync.any.pred r, a, {m}; selp.u32 {r}, 1, 0, r; }}",
+                    r = out(reg32) r, p = in(reg32) p as u32, m = in(reg32) self.mask, options(nostack, nomem));
+            }
+            r != 0
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        p
+    }
+
+    /// Whether `p` holds for every member (`vote.sync.all.pred`).
+    #[inline(always)]
+    pub fn all(&self, p: bool) -> bool {
+        !self.any(!p)
+    }
+
     /// Waits for every member; memory accesses before it are ordered before those after it among them.
     #[inline(always)]
     pub fn sync(&self) {
+        #[cfg(target_arch = "nvptx64")]
         // SAFETY: `bar.warp.sync` with the members' own mask; every member calls it.
-        unsafe { core::arch::asm!("bar.warp.sync {m};", m = in(reg32) self.mask, options(nostack)) };
+        unsafe {
+            core::arch::asm!("bar.warp.sync {m};", m = in(reg32) self.mask, options(nostack))
+        };
     }
 
     /// The leader's result, to every member (errors travel as their [`ErrorReport`]).

@@ -243,6 +243,32 @@ fn exclusive_put_with_signal_and_wait() {
     assert_eq!(l.a.sq_consumed(), 12);
 }
 
+/// Warp sharing on the host: a thread is a warp of one lane, so each call is its own batch of one WQE and one
+/// doorbell (no staging, no BlueFlame).
+#[test]
+fn warp_put_with_signal_and_flush() {
+    let mut rng = rng();
+    let l = Link::new(1 << 16, 64, false);
+    let data = random_bytes(&mut rng, 1 << 16);
+    l.src.write(0, &data);
+    let mut qh = *l.qp_h;
+    let mut h = l.handle();
+    h.max_wqe_bytes = 10_000;
+    h.qp = &mut qh as *mut _ as u64;
+    // SAFETY: `qh` is a copy of A's handle used by this thread (a warp of one lane) only; the link outlives
+    // the channel.
+    let mut ch = unsafe { PortChannel::<gdaki_device::channel::Warp>::new(&h) };
+    ch.put_with_signal(0, 0, 1 << 16).unwrap();
+    ch.signal().unwrap();
+    ch.flush().unwrap();
+    assert_eq!(l.dst.read(), data);
+    assert_eq!(l.sem.load_u64(0), 2);
+    let s = l._nics[0].stats();
+    // 7 WRITEs (6 of 10,000 bytes, one of 5,536) and two fetch-adds, none by BlueFlame; the fetch-adds asked
+    // for CQEs, so `flush` needed no NOP.
+    assert_eq!((l.a.sq_consumed(), qh.sq_pi, s.blueflame + s.blueflame_fallbacks), (9, 9, 0), "{s:?}");
+}
+
 #[test]
 fn signal_never_overtakes_the_data() {
     let mut rng = rng();

@@ -1033,3 +1033,46 @@ fn invalid_argument_codes_are_the_documented_ones() {
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// A QP owned by a warp (on the host a thread is a warp of one lane: each post is its own batch)
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn a_warp_qp_posts_rings_once_per_batch_and_reports_errors() {
+    use gdaki_device::warp_qp::WarpQp;
+    const SLOT: usize = 512;
+    const POSTS: usize = 200;
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(SLOT * 8, 0), GuardedBuf::new(SLOT * 8, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    // SAFETY: `p.a`'s handle, alive for the test; this thread is the warp that owns it.
+    let mut qp = unsafe { WarpQp::new(&mut h, TIMEOUT_NS) };
+    let mut want = vec![0u8; SLOT * 8];
+    // More posts than the ring holds, so the batches wrap it and retire through the quarter-ring CQEs.
+    for k in 0..POSTS {
+        let (slot, len) = (k % 8, rng.random_range(1..=SLOT));
+        let data = random_bytes(&mut rng, len);
+        src.write(slot * SLOT, &data);
+        want[slot * SLOT..slot * SLOT + len].copy_from_slice(&data);
+        let off = (slot * SLOT) as u64;
+        let t = qp.post(true, wqe::rdma_write(raddr(&rmr.remote(), off), sge(&lmr.handle(), off, len as u32)));
+        qp.wait(t.unwrap()).unwrap();
+        assert_eq!(&dst.read()[slot * SLOT..slot * SLOT + len], &data[..], "post {k}");
+    }
+    qp.flush().unwrap();
+    assert_eq!(dst.read(), want);
+    let s = p.nic.stats();
+    assert_eq!((s.doorbells, s.wqes, s.error_cqes), (POSTS as u64, POSTS as u64, 0), "one doorbell per batch: {s:?}");
+    // A bad rkey: the error CQE reaches `flush` and `error`, and stays.
+    let mut bad = rmr.remote();
+    bad.rkey = Be32::new(bad.rkey.get() ^ 0x100);
+    let _ = qp.post(false, wqe::rdma_write(raddr(&bad, 0), sge(&lmr.handle(), 0, 8))).unwrap();
+    let e = qp.flush().unwrap_err();
+    assert!(matches!(e, Error::Cqe(c) if c.syndrome == syndrome::REMOTE_ACCESS_ERR), "{e:?}");
+    assert_eq!(qp.error().map(|c| c.syndrome), Some(syndrome::REMOTE_ACCESS_ERR));
+    assert!(matches!(qp.flush(), Err(Error::Cqe(_))), "sticky");
+}

@@ -43,6 +43,14 @@ pub enum Shape {
         /// Threads per CTA.
         threads: u32,
     },
+    /// One warp per QP on `qps` QPs, `lanes` lanes posting together (a WQE each, one doorbell per post): 32 on
+    /// the GPU; 1 on host threads, where a thread is a warp of one lane.
+    Warp {
+        /// QPs (one CTA of one warp each).
+        qps: u32,
+        /// Posting lanes per warp, 1 ..= 32.
+        lanes: u32,
+    },
 }
 
 impl Shape {
@@ -52,6 +60,7 @@ impl Shape {
             Shape::Exclusive { qps, bf: true, .. } => format!("Exclusive {qps} QP(s), BlueFlame"),
             Shape::Exclusive { qps, db_batch, .. } => format!("Exclusive {qps} QP(s), doorbell/{db_batch}"),
             Shape::Shared { ctas, threads } => format!("Device {ctas}x{threads} threads, 1 QP"),
+            Shape::Warp { qps, lanes } => format!("Warp {qps} QP(s), {lanes} lanes"),
         }
     }
 
@@ -59,6 +68,7 @@ impl Shape {
         match *self {
             Shape::Exclusive { qps, .. } => (qps, 1, 1),
             Shape::Shared { ctas, threads } => (ctas, threads, threads),
+            Shape::Warp { qps, lanes } => (qps, lanes, lanes),
         }
     }
 }
@@ -173,16 +183,24 @@ impl PostRate {
         let per_qp = match shape {
             Shape::Exclusive { .. } => posts as u64,
             Shape::Shared { .. } => posts as u64 * posters as u64,
+            Shape::Warp { .. } => posts as u64 * team_posters as u64,
         };
         let nqps = match shape {
-            Shape::Exclusive { qps, .. } => qps,
+            Shape::Exclusive { qps, .. } | Shape::Warp { qps, .. } => qps,
             Shape::Shared { .. } => 1,
         };
+        let lanes_ok = match shape {
+            Shape::Warp { lanes, .. } => {
+                (1..=32).contains(&lanes) && (lanes == 1 || matches!(self.exec, Executor::Gpu(_)))
+            }
+            _ => true,
+        };
         let too_many = fit && per_qp + 2 > WQE_CNT as u64 / 2;
-        if nqps as usize > self.qps.len() || posters > self.max_posters || too_many || posts == 0 || total_rounds == 0 {
+        let fits = nqps as usize <= self.qps.len() && posters <= self.max_posters && !too_many;
+        if !fits || !lanes_ok || posts == 0 || total_rounds == 0 {
             return Err(Error::InvalidArgument(format!(
                 "post rate {}: {posters} posters × {posts} posts on {nqps} QPs (set up: {} QPs, {} posters, {} \
-                 WQEBBs per SQ, half of which a round may take)",
+                 WQEBBs per SQ, half of which a round may take; a warp has 1 ..= 32 lanes, 1 on host threads)",
                 shape.label(),
                 self.qps.len(),
                 self.max_posters,
@@ -200,7 +218,7 @@ impl PostRate {
         let base = state.loc().addr;
         let (bf, db_batch) = match shape {
             Shape::Exclusive { bf, db_batch, .. } => (bf as u32, db_batch.max(1)),
-            Shape::Shared { .. } => (0, 1),
+            Shape::Shared { .. } | Shape::Warp { .. } => (0, 1),
         };
         let args = PostRateArgs {
             qps: base + 256,
@@ -215,6 +233,7 @@ impl PostRate {
             shape: match shape {
                 Shape::Exclusive { .. } => shape::EXCLUSIVE,
                 Shape::Shared { .. } => shape::SHARED,
+                Shape::Warp { .. } => shape::WARP,
             },
             db_batch,
             bf,

@@ -9,18 +9,21 @@ use gdaki_testkit::postrate::{PostRate, Shape};
 
 fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     let (exec, _) = Executor::open(Some(kind)).expect("executor");
-    let mut b = PostRate::new(exec, qps, (ctas * threads).max(qps)).expect("set up");
+    // A warp has 32 lanes on the GPU; a host thread is a warp of one.
+    let lanes = if kind == ExecutorKind::Gpu { 32 } else { 1 };
+    let mut b = PostRate::new(exec, qps, (ctas * threads).max(qps * lanes)).expect("set up");
     let rounds = 3;
     let shapes = [
         Shape::Exclusive { qps, db_batch: 1, bf: false },
         Shape::Exclusive { qps, db_batch: 32, bf: false },
         Shape::Exclusive { qps, db_batch: 1, bf: true },
         Shape::Shared { ctas, threads },
+        Shape::Warp { qps, lanes },
     ];
     for shape in shapes {
         // A round's WQEs share the one SQ in the shared shape.
         let posts = match shape {
-            Shape::Exclusive { .. } => 200,
+            Shape::Exclusive { .. } | Shape::Warp { .. } => 200,
             Shape::Shared { ctas, threads } => (8000 / (ctas * threads)).min(200),
         };
         let before = b.nic().stats();
@@ -29,6 +32,7 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         let posters = match shape {
             Shape::Exclusive { qps, .. } => qps,
             Shape::Shared { ctas, threads } => ctas * threads,
+            Shape::Warp { qps, lanes } => qps * lanes,
         } as u64;
         assert_eq!(r.wqes, posters * posts as u64 * rounds as u64, "{shape:?}");
         assert_eq!((r.round_ns.len(), r.post_ns.len()), (rounds as usize, (posters * rounds as u64) as usize));
@@ -45,8 +49,9 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
             assert_eq!(after.blueflame_mismatches, before.blueflame_mismatches, "{shape:?}: {after:?}");
         }
     }
-    // A round that would not fit the SQ is refused before anything runs.
+    // A round that would not fit the SQ is refused before anything runs, and so is a warp the executor has not.
     assert!(b.run(Shape::Exclusive { qps, db_batch: 1, bf: false }, 20_000, 1, Duration::from_secs(1)).is_err());
+    assert!(b.run(Shape::Warp { qps, lanes: 33 }, 1, 1, Duration::from_secs(1)).is_err());
 }
 
 #[test]

@@ -12,8 +12,9 @@
 //! The search:
 //! 1. Inlines every `CALL.REL` (one copy of the callee per call site, `RET` back to the call's successor), so
 //!    the kernel is one graph of instructions. Edges: fall-through; a `BRA`'s target (and its fall-through when
-//!    guarded); `EXIT` ends the path (guarded: may end it); `BPT.TRAP` ends nothing, so panics drop out.
-//!    Indirect branches and recursion are refused.
+//!    guarded); `EXIT` ends the path (guarded: may end it); `BPT.TRAP` ends nothing, so panics drop out. An
+//!    indirect branch that nvdisasm annotates with its `BRANCH_TARGETS` (a jump table) goes to each of them;
+//!    other indirect branches and recursion are refused.
 //! 2. Cuts the back edges of a depth-first search from the entry (each loop of the reducible graphs that
 //!    structured Rust gives has one): a path runs a loop body at most once, so it never waits or retries.
 //! 3. Forbids polls: a load with `.STRONG.SYS` (a volatile or acquire load of memory the NIC writes: a CQE, a
@@ -327,6 +328,22 @@ impl Flat {
                 }
                 "RET" => ret.map(|r| (r, taken)).into_iter().chain(fall).collect(),
                 "BPT" | "KILL" => fall.into_iter().collect(),
+                // A jump table (a `match` ptxas lowered to one) lists its targets: each is a successor.
+                "BRX" | "JMX" if insn.text.contains("BRANCH_TARGETS") => {
+                    let list = insn.text.split("BRANCH_TARGETS").nth(1).unwrap_or_default();
+                    let labels =
+                        list.split(|c: char| c == ',' || c == '"' || c == '*' || c == ')' || c.is_whitespace());
+                    let mut succ = Vec::new();
+                    for label in labels.filter(|l| !l.is_empty()) {
+                        let to = *func.labels.get(label).with_context(|| format!("{}: no label {label}", at()))?;
+                        succ.push((base + to, Edge::Taken));
+                    }
+                    if succ.is_empty() {
+                        bail!("{}: indirect branch `{}` lists no target", at(), insn.text);
+                    }
+                    succ.extend(fall);
+                    succ
+                }
                 "BRX" | "JMX" | "JMP" | "RTT" => bail!("{}: indirect branch `{}` cannot be followed", at(), insn.text),
                 "CALL" => {
                     let name = insn.target.as_deref().unwrap_or_default();
@@ -1137,6 +1154,18 @@ $k$f:
             "/*0000*/ LDL R6, [R1+0x28] ;",
         ]);
         assert_eq!(k.value("R6"), None);
+    }
+
+    #[test]
+    fn a_jump_table_goes_to_each_of_its_targets() {
+        // The same graph as the listing's guarded branch, as a one-entry jump table: the same fast path.
+        let text = LISTING.replace("@P0 BRA `(.L_x_2)", "@P0 BRX R4 -0x10 (*\"BRANCH_TARGETS .L_x_2\"*)");
+        let (bra, brx) = (&parse_nvdisasm(LISTING).expect("parses")[0], &parse_nvdisasm(&text).expect("parses")[0]);
+        let with_bra = fast_path(bra, 1).expect("followed").expect("a path");
+        let with_brx = fast_path(brx, 1).expect("followed").expect("a path");
+        assert_eq!(count(brx, &with_brx), count(bra, &with_bra));
+        let unknown = text.replace("BRANCH_TARGETS .L_x_2", "BRANCH_TARGETS .L_x_77");
+        assert!(fast_path(&parse_nvdisasm(&unknown).expect("parses")[0], 1).is_err(), "a target that is no label");
     }
 
     #[test]

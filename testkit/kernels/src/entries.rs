@@ -2,10 +2,16 @@
 //! PTX by `gdaki-build` (testkit's build.rs) and launched on either executor by `gdaki::launch`.
 
 use gdaki_device::channel::{Exclusive, PortChannel};
+use gdaki_device::qp::Qp;
 use gdaki_device::scope::{Block, Device};
+use gdaki_device::shared_qp::SharedQp;
+use gdaki_device::warp_qp::WarpQp;
+use gdaki_device::wqe::{self, Raddr, Sge, Wqe};
 use gdaki_device::{kernel, Thread};
-use gdaki_shared::channel::PortChannelHandle;
+use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
+use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::wqe::Seg;
+use gdaki_shared::Be32;
 
 use crate::pingpong::{self, PingPongArgs, Team};
 use crate::porttest::{self, PortTestArgs};
@@ -86,6 +92,63 @@ pub fn gdaki_sass_put(_t: &Thread, h: &PortChannelHandle, bytes: u64) {
 pub fn gdaki_sass_put_with_signal(_t: &Thread, h: &PortChannelHandle, bytes: u64) {
     // SAFETY: as in `gdaki_sass_put`.
     let _ = unsafe { PortChannel::<Exclusive>::new(h) }.put_with_signal(0, 0, bytes);
+}
+
+/// The remote and local buffers of the `gdaki_sass_*_post` kernels' 8-byte RDMA WRITE: addresses and keys
+/// (as the handles store them, big-endian).
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct SassWrite {
+    /// Remote address.
+    pub raddr: u64,
+    /// Local address.
+    pub laddr: u64,
+    /// Remote key.
+    pub rkey: Be32,
+    /// Local key.
+    pub lkey: Be32,
+}
+
+/// The WQE of `a`.
+fn sass_write(a: &SassWrite) -> Option<Wqe<3>> {
+    let r = Raddr { addr: a.raddr, rkey: a.rkey };
+    Some(wqe::rdma_write(r, Sge::new(a.laddr, 8, a.lkey).ok()?))
+}
+
+/// One Exclusive [`Qp::post`] of an 8-byte RDMA WRITE and its [`Qp::ring_db`] on the QP `h` (one thread), as
+/// [`gdaki_sass_put`]: the raw post path, without the channel's checks.
+#[kernel]
+pub fn gdaki_sass_qp_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
+    let Some(w) = sass_write(a) else { return };
+    // SAFETY: the launch's contract: a live QP that this one thread uses.
+    let mut qp = unsafe { Qp::new(&mut *h, 1 << 30) };
+    let _ = qp.post(false, w);
+    qp.ring_db();
+}
+
+/// One Exclusive [`Qp::post_bf`] of an 8-byte RDMA WRITE on the QP `h`, as [`gdaki_sass_qp_post`].
+#[kernel]
+pub fn gdaki_sass_qp_post_bf(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
+    let Some(w) = sass_write(a) else { return };
+    // SAFETY: as in `gdaki_sass_qp_post`.
+    let _ = unsafe { Qp::new(&mut *h, 1 << 30) }.post_bf(false, w);
+}
+
+/// One [`WarpQp::post`] of an 8-byte RDMA WRITE per lane on the QP `h` (one warp), as [`gdaki_sass_qp_post`].
+#[kernel]
+pub fn gdaki_sass_warp_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
+    let Some(w) = sass_write(a) else { return };
+    // SAFETY: the launch's contract: a live QP that this one warp uses, its lanes together.
+    let _ = unsafe { WarpQp::new(h, 1 << 30) }.post(false, w);
+}
+
+/// One Device-scope [`SharedQp::post`] of an 8-byte RDMA WRITE on the QP `h` with shared state `st`, as
+/// [`gdaki_sass_qp_post`].
+#[kernel]
+pub fn gdaki_sass_shared_post(_t: &Thread, h: *const QpHandle, st: *mut SharedQpState, a: &SassWrite) {
+    let Some(w) = sass_write(a) else { return };
+    // SAFETY: the launch's contract: a live QP whose every poster is a Device-scope shared poster of `st`.
+    let _ = unsafe { SharedQp::<Device>::new(&*h, st, 1 << 30) }.post(true, w);
 }
 
 /// Builds [`SAMPLES`] WQEs from `*p` into `out` (one thread; see [`samples::build`]).

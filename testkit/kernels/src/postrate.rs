@@ -8,6 +8,8 @@
 //! - [`shape::EXCLUSIVE`]: thread 0 of CTA `b` owns QP `b` (one thread per QP, many QPs), rings the doorbell
 //!   every `db_batch` posts, or by BlueFlame on every post (`bf`).
 //! - [`shape::SHARED`]: every thread of every CTA posts to QP 0 through a Device-scope [`SharedQp`].
+//! - [`shape::WARP`]: the threads of CTA `b` (one warp on the GPU, one thread on the host) own QP `b` as a
+//!   [`WarpQp`]: each post is one WQE per lane and one doorbell.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -18,6 +20,7 @@ use gdaki_device::qp::Qp;
 use gdaki_device::scope::Device;
 use gdaki_device::shared_qp::SharedQp;
 use gdaki_device::sync;
+use gdaki_device::warp_qp::WarpQp;
 use gdaki_device::wqe;
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
 
@@ -27,6 +30,8 @@ pub mod shape {
     pub const EXCLUSIVE: u32 = 0;
     /// Every thread posts to one QP, Device scope.
     pub const SHARED: u32 = 1;
+    /// The lanes of one warp per QP post together ([`gdaki_device::warp_qp::WarpQp`]).
+    pub const WARP: u32 = 2;
 }
 
 /// Arguments of one launch (`#[repr(C)]`, built by the host): 120 bytes.
@@ -93,6 +98,10 @@ pub unsafe fn run(team: &impl Team, a: &PostRateArgs, team_index: u32) {
             // SAFETY: QP 0's handle and shared state (caller's contract), shared by every poster.
             let qp = unsafe { SharedQp::<Device>::new(&*(a.qps as *const QpHandle), a.shared as *mut _, a.timeout_ns) };
             burst_shared(a, &qp, poster)
+        } else if a.shape == shape::WARP {
+            // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
+            let mut qp = unsafe { WarpQp::new((a.qps as *mut QpHandle).add(team_index as usize), a.timeout_ns) };
+            burst_warp(a, &mut qp, poster)
         } else {
             // SAFETY: this team's QP (caller's contract), used by this thread only.
             let mut qp = unsafe { Qp::new(&mut *(a.qps as *mut QpHandle).add(team_index as usize), a.timeout_ns) };
@@ -139,6 +148,17 @@ fn burst_exclusive(a: &PostRateArgs, qp: &mut Qp, p: u32) -> Result<(u64, u64)> 
                 qp.ring_db();
             }
         }
+    }
+    let t1 = sync::clock_ns();
+    qp.flush()?;
+    Ok((t0, t1))
+}
+
+fn burst_warp(a: &PostRateArgs, qp: &mut WarpQp, p: u32) -> Result<(u64, u64)> {
+    let (r, l) = target(a, p)?;
+    let t0 = sync::clock_ns();
+    for _ in 0..a.posts {
+        let _ = qp.post(false, wqe::rdma_write(r, l))?;
     }
     let t1 = sync::clock_ns();
     qp.flush()?;
