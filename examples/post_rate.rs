@@ -1,11 +1,15 @@
 //! The device-side post rate: how many 8-byte RDMA WRITE WQEs per second device code builds and submits
 //! (`gdaki_testkit::postrate`): one thread per QP on one and on many QPs, ringing the doorbell every post, every 32
-//! posts, or by BlueFlame; and many threads on one QP in Device scope. The emulated NIC consumes the WQEs as
-//! fast as it can meanwhile (loopback QPs writing pinned host memory). Each row gives WQEs/s over the median
-//! round and the median poster's ns per post; the last line is `N passed, M failed` (a row passes when device
-//! code reported no error and the NIC saw no error CQE and no dbrec mismatch).
+//! posts, or by BlueFlame; one warp per QP (a WQE per lane, one doorbell); and many threads on one QP in
+//! Device scope. The emulated NIC consumes the WQEs as fast as it can meanwhile (loopback QPs writing pinned
+//! host memory), or, with `--no-consumer`, nothing consumes them (the QPs are not connected; one launch per
+//! round on fresh counters, at least 11): the post path alone, the shapes of DOCA GPUNetIO's comparison.
+//! Each row gives WQEs/s over the median round, the ns per WQE that makes, and the median poster's ns per
+//! post (per warp post for the warp rows); the last line is `N passed, M failed` (a row passes when device
+//! code reported no error and the NIC saw no error CQE and no dbrec mismatch, or, without a consumer, no
+//! doorbell at all).
 //!
-//! `cargo run --release --example post_rate -- --executor cpu`
+//! `cargo run --release --example post_rate -- --executor cpu [--no-consumer]`
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -27,6 +31,9 @@ struct Args {
     /// QPs of the many-QP rows (default: 132 on the GPU, one per SM of an H200; 2 on cpu).
     #[arg(long)]
     qps: Option<u32>,
+    /// Nothing consumes the rings: the post path alone (one launch per round, at least 11 rounds).
+    #[arg(long)]
+    no_consumer: bool,
     /// Posts per thread per round in the one-thread-per-QP rows.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=16_000))]
     posts: u32,
@@ -61,12 +68,15 @@ fn main() -> ExitCode {
     // Many threads on one QP: every post is its own WQE, so a round's posts share the one SQ.
     let posters = ctas * threads;
     rows.push((Shape::Shared { ctas, threads }, (8000 / posters).clamp(1, args.posts)));
-    // One warp per QP, a WQE per lane and one doorbell per post (a host thread is a warp of one lane).
+    // One warp per QP, a WQE per lane and one doorbell per post (a host thread is a warp of one lane), on one
+    // QP and on two per SM.
     let lanes = if gpu { 32 } else { 1 };
-    for qps in [1, many] {
+    for qps in [1, 2 * many] {
         rows.push((Shape::Warp { qps, lanes }, args.posts.min(16_000 / lanes)));
     }
-    let mut bench = match PostRate::new(exec, many, posters.max(many * lanes)) {
+    let rounds = if args.no_consumer { args.rounds.max(11) } else { args.rounds };
+    let open = if args.no_consumer { PostRate::without_consumer } else { PostRate::new };
+    let mut bench = match open(exec, 2 * many, posters.max(2 * many * lanes)) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");
@@ -74,21 +84,36 @@ fn main() -> ExitCode {
         }
     };
     println!("queues in {} memory", gdaki_examples::queues_label(exec_kind));
-    println!("{:<40} {:>8} {:>8} {:>7} {:>14} {:>12}", "shape", "posters", "posts", "rounds", "WQEs/s", "ns/post");
+    if args.no_consumer {
+        println!("nothing consumes the rings: one launch per round, medians of {rounds} launches");
+    }
+    println!(
+        "{:<40} {:>8} {:>8} {:>7} {:>14} {:>10} {:>12}",
+        "shape", "posters", "posts", "rounds", "WQEs/s", "ns/WQE", "ns/post"
+    );
     let (mut passed, mut failed) = (0, 0);
     for (shape, posts) in rows {
         let before = bench.nic().stats();
-        match bench.run(shape, posts, args.rounds, Duration::from_secs(10)) {
+        match bench.run(shape, posts, rounds, Duration::from_secs(10)) {
             Ok(r) => {
                 let after = bench.nic().stats();
-                let nposters = (r.wqes / (posts as u64 * args.rounds as u64)) as u32;
+                let nposters = (r.wqes / (posts as u64 * rounds as u64)) as u32;
+                let rate = r.wqes_per_s(nposters, posts);
                 println!(
-                    "{:<40} {nposters:>8} {posts:>8} {:>7} {:>14.0} {:>12.1}",
+                    "{:<40} {nposters:>8} {posts:>8} {rounds:>7} {rate:>14.0} {:>10.2} {:>12.1}",
                     shape.label(),
-                    args.rounds,
-                    r.wqes_per_s(nposters, posts),
+                    1e9 / rate.max(1.0),
                     r.median_ns_per_post()
                 );
+                if args.no_consumer {
+                    if (after.doorbells, after.wqes) == (before.doorbells, before.wqes) {
+                        passed += 1;
+                    } else {
+                        eprintln!("error: {}: the NIC consumed WQEs of unconnected QPs: {after:?}", shape.label());
+                        failed += 1;
+                    }
+                    continue;
+                }
                 if let Shape::Exclusive { bf: true, .. } = shape {
                     println!(
                         "  BlueFlame: {} WQEs taken from the register, {} writes read from the ring (a poster ahead of the NIC)",

@@ -1,11 +1,12 @@
 //! Host side of the device-side post-rate microbenchmark ([`gdaki_testkit_kernels::postrate`]): how many 8-byte RDMA
 //! WRITE WQEs per second device code builds and submits, one thread per QP on many QPs (Exclusive; doorbell
-//! per post, per 32 posts, or BlueFlame) or many threads on one QP (Device scope), while the emulated NIC
-//! consumes them as fast as it can.
+//! per post, per 32 posts, or BlueFlame), one warp per QP, or many threads on one QP (Device scope), while
+//! the emulated NIC consumes them as fast as it can ([`PostRate::new`]) or with nothing consuming them
+//! ([`PostRate::without_consumer`]: the post path alone, the figure to set against DOCA GPUNetIO's).
 //!
 //! Every QP is connected to itself (a loopback QP of one emulated NIC) and writes 8 bytes into a pinned host
 //! buffer, so that the NIC's side of each WQE is a plain memory copy: the numbers are the device's posting
-//! cost, not the emulator's GPU copies.
+//! cost, not the emulator's GPU copies. Without a consumer the QPs stay unconnected.
 
 use std::time::Duration;
 
@@ -113,6 +114,8 @@ pub struct PostRate {
     _src: MappedBuf,
     _dst: MappedBuf,
     max_posters: u32,
+    /// Whether the NIC consumes the rings (its QPs are connected); see [`PostRate::without_consumer`].
+    consumer: bool,
 }
 
 impl PostRate {
@@ -121,6 +124,20 @@ impl PostRate {
     /// # Errors
     /// [`Error::InvalidArgument`] for zero counts; the NIC's and allocation errors.
     pub fn new(exec: Executor, nqps: u32, max_posters: u32) -> Result<Self> {
+        Self::open(exec, nqps, max_posters, true)
+    }
+
+    /// As [`PostRate::new`], with nothing consuming the rings: the QPs are never connected, so the NIC never
+    /// looks at their doorbells (DOCA GPUNetIO's post path is measured this way). Each timed round is a launch
+    /// of its own on fresh counters (the rings are never retired), and nothing is flushed.
+    ///
+    /// # Errors
+    /// As [`PostRate::new`].
+    pub fn without_consumer(exec: Executor, nqps: u32, max_posters: u32) -> Result<Self> {
+        Self::open(exec, nqps, max_posters, false)
+    }
+
+    fn open(exec: Executor, nqps: u32, max_posters: u32, consumer: bool) -> Result<Self> {
         if nqps == 0 || max_posters == 0 {
             return Err(Error::InvalidArgument("post rate: at least one QP and one poster".into()));
         }
@@ -130,7 +147,9 @@ impl PostRate {
         for _ in 0..nqps {
             let cq = nic.create_cq(WQE_CNT)?;
             let qp = nic.create_qp(&pd, &cq, WQE_CNT)?;
-            qp.connect(&qp.endpoint())?;
+            if consumer {
+                qp.connect(&qp.endpoint())?;
+            }
             cqs.push(cq);
             qps.push(qp);
         }
@@ -144,16 +163,28 @@ impl PostRate {
                 nic.reg_mr(&pd, loc(&dst), 8 * max_posters as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
             )
         };
-        Ok(Self { exec, _mrs: mrs, qps, _cqs: cqs, _pd: pd, nic, _src: src, _dst: dst, max_posters })
+        Ok(Self { exec, _mrs: mrs, qps, _cqs: cqs, _pd: pd, nic, _src: src, _dst: dst, max_posters, consumer })
     }
 
-    /// Runs `rounds` rounds of `posts` WRITEs per poster in `shape` (after one untimed warm-up round).
+    /// Runs `rounds` rounds of `posts` WRITEs per poster in `shape` (after one untimed warm-up round): in one
+    /// launch while the NIC consumes, or one launch per round (and one to warm up) without a consumer.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the shape needs more QPs or posters than set up, or a round's WQEs do not
     /// fit one SQ; [`Error::Device`] for what device code reported; CUDA errors.
     pub fn run(&mut self, shape: Shape, posts: u32, rounds: u32, timeout: Duration) -> Result<RateResult> {
-        self.launch(shape, posts, rounds + 1, timeout, true)
+        if self.consumer {
+            return self.launch(shape, posts, rounds + 1, timeout, true);
+        }
+        self.launch(shape, posts, 1, timeout, true)?;
+        let mut all = RateResult { wqes: 0, round_ns: Vec::new(), post_ns: Vec::new() };
+        for _ in 0..rounds {
+            let r = self.launch(shape, posts, 1, timeout, true)?;
+            all.wqes += r.wqes;
+            all.round_ns.extend(r.round_ns);
+            all.post_ns.extend(r.post_ns);
+        }
+        Ok(all)
     }
 
     /// `ctas × threads` threads post `posts` WRITEs each to the one Device-scope QP in a single round, however
@@ -163,8 +194,12 @@ impl PostRate {
     /// the NIC executed.
     ///
     /// # Errors
-    /// As [`PostRate::run`], except that the round need not fit the SQ.
+    /// As [`PostRate::run`], except that the round need not fit the SQ; [`Error::InvalidArgument`] without a
+    /// consumer (the posters would wait for room forever).
     pub fn flood(&mut self, ctas: u32, threads: u32, posts: u32, timeout: Duration) -> Result<RateResult> {
+        if !self.consumer {
+            return Err(Error::InvalidArgument("post rate: a flood needs a NIC that consumes".into()));
+        }
         self.launch(Shape::Shared { ctas, threads }, posts, 1, timeout, false)
     }
 
@@ -239,7 +274,7 @@ impl PostRate {
             bf,
             team_posters,
             posters,
-            pad: 0,
+            no_consumer: u32::from(!self.consumer),
         };
         let args_at = match &self.exec {
             Executor::Gpu(g) => {

@@ -96,3 +96,37 @@ fn cpu_shared_qp_oversubscribed_loses_nothing() {
 fn gpu_shared_qp_takes_2_17_posting_threads() {
     flood(ExecutorKind::Gpu, 528, 256, 1);
 }
+
+/// Without a consumer every shape posts into rings nobody reads: one launch per round on fresh counters, no
+/// flush, and the NIC sees no doorbell at all.
+fn every_shape_without_consumer(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
+    let (exec, _) = Executor::open(Some(kind)).expect("executor");
+    let lanes = if kind == ExecutorKind::Gpu { 32 } else { 1 };
+    let mut b = PostRate::without_consumer(exec, qps, (ctas * threads).max(qps * lanes)).expect("set up");
+    let rounds = 11;
+    let before = b.nic().stats();
+    for shape in [
+        Shape::Exclusive { qps, db_batch: 1, bf: false },
+        Shape::Exclusive { qps, db_batch: 32, bf: true },
+        Shape::Shared { ctas, threads },
+        Shape::Warp { qps, lanes },
+    ] {
+        let r = b.run(shape, 100, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{shape:?}: {e}"));
+        assert_eq!(r.round_ns.len(), rounds as usize, "{shape:?}: one round per launch");
+        assert!(r.round_ns.iter().all(|&t| t > 0) && r.median_ns_per_post() > 0.0, "{shape:?}: {r:?}");
+    }
+    let after = b.nic().stats();
+    assert_eq!((after.doorbells, after.wqes), (before.doorbells, before.wqes), "nothing consumed: {after:?}");
+    assert!(b.flood(ctas, threads, 1, Duration::from_secs(1)).is_err(), "a flood needs a consumer");
+}
+
+#[test]
+fn cpu_post_rate_without_consumer() {
+    every_shape_without_consumer(ExecutorKind::Cpu, 2, 1, 4);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_post_rate_without_consumer() {
+    every_shape_without_consumer(ExecutorKind::Gpu, 8, 4, 32);
+}

@@ -2,7 +2,9 @@
 //! (the figure to set against DOCA GPUNetIO's cost per post). Each posting thread posts `posts` unsignaled WRITEs
 //! back to back per round and times them (first post to last doorbell); then the round's WQEs are flushed,
 //! untimed, so that the next round starts with an empty SQ and never waits for room: the time is the cost of
-//! posting, while the NIC consumes the WQEs as fast as it can.
+//! posting, while the NIC consumes the WQEs as fast as it can. With [`PostRateArgs::no_consumer`] nothing
+//! consumes them (the QPs are not connected, so the NIC never looks at their doorbells): nothing is flushed,
+//! and the host gives every launch fresh counters, as DOCA GPUNetIO's post path is measured.
 //!
 //! Shapes ([`PostRateArgs::shape`]):
 //! - [`shape::EXCLUSIVE`]: thread 0 of CTA `b` owns QP `b` (one thread per QP, many QPs), rings the doorbell
@@ -66,8 +68,8 @@ pub struct PostRateArgs {
     pub team_posters: u32,
     /// Posting threads in the launch (teams × `team_posters`): the row length of `times`.
     pub posters: u32,
-    /// Zero.
-    pub pad: u32,
+    /// 1 when nothing consumes the rings: the rounds are not flushed (nothing would ever complete).
+    pub no_consumer: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<PostRateArgs>() == 120);
@@ -150,7 +152,9 @@ fn burst_exclusive(a: &PostRateArgs, qp: &mut Qp, p: u32) -> Result<(u64, u64)> 
         }
     }
     let t1 = sync::clock_ns();
-    qp.flush()?;
+    if a.no_consumer == 0 {
+        qp.flush()?;
+    }
     Ok((t0, t1))
 }
 
@@ -161,7 +165,9 @@ fn burst_warp(a: &PostRateArgs, qp: &mut WarpQp, p: u32) -> Result<(u64, u64)> {
         let _ = qp.post(false, wqe::rdma_write(r, l))?;
     }
     let t1 = sync::clock_ns();
-    qp.flush()?;
+    if a.no_consumer == 0 {
+        qp.flush()?;
+    }
     Ok((t0, t1))
 }
 
@@ -172,6 +178,8 @@ fn burst_shared(a: &PostRateArgs, qp: &SharedQp<Device>, p: u32) -> Result<(u64,
         let _ = qp.post(true, wqe::rdma_write(r, l))?;
     }
     let t1 = sync::clock_ns();
-    qp.flush()?;
+    if a.no_consumer == 0 {
+        qp.flush()?;
+    }
     Ok((t0, t1))
 }
