@@ -94,6 +94,24 @@ pub mod opcode {
     pub const QP_2ERR: u16 = 0x507;
     /// `MLX5_CMD_OP_QUERY_QP` ([`query_qp_in`](super::query_qp_in)).
     pub const QUERY_QP: u16 = 0x50b;
+
+    /// The name of command `op` (the suffix of its `MLX5_CMD_OP_*`, as the constants here spell it), or
+    /// `None` for an opcode this module does not define.
+    pub const fn name(op: u16) -> Option<&'static str> {
+        Some(match op {
+            QUERY_HCA_CAP => "QUERY_HCA_CAP",
+            CREATE_CQ => "CREATE_CQ",
+            DESTROY_CQ => "DESTROY_CQ",
+            CREATE_QP => "CREATE_QP",
+            DESTROY_QP => "DESTROY_QP",
+            RST2INIT_QP => "RST2INIT_QP",
+            INIT2RTR_QP => "INIT2RTR_QP",
+            RTR2RTS_QP => "RTR2RTS_QP",
+            QP_2ERR => "2ERR_QP",
+            QUERY_QP => "QUERY_QP",
+            _ => return None,
+        })
+    }
 }
 
 /// Command completion status: the `status` byte of every command output (`MLX5_CMD_STAT_*` in mlx5_ifc.h).
@@ -291,6 +309,13 @@ mod tests {
         assert_eq!(buf[..8], [0x05, 0x00, 0x12, 0x34, 0x00, 0x00, 0x00, 0x05]);
         assert!(buf[8..].iter().all(|&b| b == 0));
         assert_eq!(mbox_in::start(&mut buf[..7], 1, 0, 0), Err(FieldError::ShortBuffer { needed: 8, len: 7 }));
+    }
+
+    #[test]
+    fn opcodes_have_their_mlx5_ifc_names() {
+        assert_eq!(opcode::name(opcode::CREATE_QP), Some("CREATE_QP"));
+        assert_eq!(opcode::name(opcode::QP_2ERR), Some("2ERR_QP"));
+        assert_eq!(opcode::name(0x50a), None);
     }
 
     #[test]
