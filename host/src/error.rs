@@ -51,10 +51,36 @@ pub enum Error {
         /// `errno` after the call (or the negative return value of calls that return one, negated).
         errno: i32,
     },
+    /// A firmware command (a DevX mailbox, `gdaki_shared::prm::cmd`) completed with a status other than OK:
+    /// the command, the status and the syndrome from its output mailbox, and for the emulated NIC what the
+    /// syndrome means (`nic::emu::cmd_syndrome`; ConnectX syndromes are undocumented).
+    #[error("{}", devx_cmd_text(*opcode, *status, *syndrome, *detail))]
+    DevxCmd {
+        /// The command's opcode (`mbox_in.opcode`).
+        opcode: u16,
+        /// `mbox_out.status` (`prm::cmd::status`).
+        status: u8,
+        /// `mbox_out.syndrome`.
+        syndrome: u32,
+        /// What the syndrome means, where the NIC documents it.
+        detail: Option<&'static str>,
+    },
     /// Ranks could not find each other, or a peer broke the bootstrap protocol; the message names the rank,
     /// the address and what was wrong.
     #[error("bootstrap: {0}")]
     Bootstrap(String),
+}
+
+/// The text of [`Error::DevxCmd`]: `CREATE_QP failed: status BAD_RES (0x5), syndrome 0x40006 (cqn_snd names no
+/// CQ)`.
+fn devx_cmd_text(opcode: u16, status: u8, syndrome: u32, detail: Option<&str>) -> String {
+    use gdaki_shared::prm::cmd;
+    let command = cmd::opcode::name(opcode).map_or_else(|| format!("command {opcode:#x}"), str::to_string);
+    let status = cmd::status::name(status).map_or_else(|| format!("{status:#x}"), |n| format!("{n} ({status:#x})"));
+    match detail {
+        Some(d) => format!("{command} failed: status {status}, syndrome {syndrome:#x} ({d})"),
+        None => format!("{command} failed: status {status}, syndrome {syndrome:#x}"),
+    }
 }
 
 /// What the emulated NIC could not do (inside [`Error::Emu`]).

@@ -1,7 +1,8 @@
 //! Completion queues and the CQE writer.
 //!
-//! The ring is `ncqe` 64-byte CQEs in queue memory, pre-filled with `op_own = 0xF1` (opcode INVALID, owner 1)
-//! so that zeroed memory never looks valid. The executor thread is the only producer; software (device code)
+//! The ring is `ncqe` 64-byte CQEs in the umem CREATE_CQ named; software fills it before with `op_own = 0xF1`
+//! (opcode INVALID, owner 1; [`fill_invalid`] for gdaki's own CQs) so that zeroed memory never looks valid.
+//! The executor thread is the only producer; software (device code)
 //! consumes and reports its consumer index in dbrec word 0 (24 bits). A CQE is written only into an entry
 //! software has consumed; otherwise the CQ overruns, as on hardware (the CQ then stops taking CQEs).
 //!
@@ -19,12 +20,11 @@ use gdaki_shared::prm::cqe::{Cqe64, CQE_SIZE, OP_OWN_INVALID};
 use gdaki_shared::prm::dbrec::{CqDbrec, CQ_CI_MASK};
 use gdaki_shared::Be32;
 
-use crate::mem::{MemKind, MemLoc};
-use crate::Result;
+use crate::mem::{GpuCopier, MemKind, MemLoc};
+use crate::{Error, Result};
 
 use super::access::DataPath;
-use super::fabric::Fabric;
-use super::qmem::{self, QBuf};
+use super::qmem::{self, QBuf, QMem};
 use super::stats::{bump, Counters};
 use super::EmuNic;
 
@@ -44,7 +44,8 @@ const SET_CI: usize = offset_of!(CqDbrec, set_ci);
 // `push` stores the entry as eight words, the last one after the others.
 const _: () = assert!(LAST_WORD == CQE_SIZE - 8 && OP_OWN_BYTE == 7);
 
-/// A completion queue. Created by [`EmuNic::create_cq`]; QPs keep its memory alive while they use it.
+/// A completion queue. Created by [`EmuNic::create_cq`] (CREATE_CQ); the QPs that complete into it keep it
+/// alive, and it is destroyed (DESTROY_CQ) when the last of it and its QPs is dropped.
 ///
 /// The executor reaches a CQ only through a QP that completes into it, never holding a CQ of its own, and
 /// `Qp::drop` makes sure the executor never holds a QP's last reference; so a CQ's memory is freed by whoever
@@ -53,6 +54,8 @@ const _: () = assert!(LAST_WORD == CQE_SIZE - 8 && OP_OWN_BYTE == 7);
 pub struct Cq {
     pub(crate) nic: Arc<EmuNic>,
     pub(crate) inner: Arc<CqInner>,
+    /// The firmware CQ, shared with the QPs that complete into it.
+    pub(crate) obj: Arc<super::verbs::CqObject>,
 }
 
 impl Cq {
@@ -98,40 +101,62 @@ pub(crate) struct CqInner {
     error: AtomicBool,
 }
 
+/// Fills the `ncqe` entries of a CQ ring at byte `off` of `mem` with `op_own = 0xF1` (opcode INVALID, owner 1)
+/// and zeroes, as software prepares a ring before CREATE_CQ (rdma-core's provider writes 0xF0), so that no
+/// entry looks valid before the NIC writes it: in host memory with word stores, in GPU memory with one copy
+/// through `gpu`, waited for.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when the ring does not fit `mem` at `off` or is not 8-byte aligned; the copier's
+/// error.
+pub(crate) fn fill_invalid(mem: &QMem, gpu: Option<&Arc<dyn GpuCopier>>, off: usize, ncqe: u32) -> Result<()> {
+    let len = ncqe as usize * CQE_SIZE;
+    let bad =
+        || Error::InvalidArgument(format!("CQ ring of {len} bytes at offset {off} of a {}-byte buffer", mem.len()));
+    if !off.is_multiple_of(8) || off.checked_add(len).is_none_or(|end| end > mem.len()) {
+        return Err(bad());
+    }
+    // op_own is a byte of the last word; native-endian bytes keep memory order.
+    let mut last = [0u8; 8];
+    last[OP_OWN_BYTE] = OP_OWN_INVALID;
+    let last = u64::from_ne_bytes(last);
+    let mut image = vec![0u64; len / 8];
+    for e in image.chunks_exact_mut(CQE_SIZE / 8) {
+        e[LAST_WORD / 8] = last;
+    }
+    match (mem, gpu) {
+        (QMem::Host(b), _) => {
+            let host = b.host_ptr();
+            for (i, w) in image.iter().enumerate() {
+                // SAFETY: `off + len <= mem.len()` (checked above) and `off` is 8-aligned in a 4096-aligned
+                // buffer, so every word is inside and aligned; no CQ uses the ring yet, so nothing else writes
+                // it, and device code reads it only with atomic or volatile loads.
+                unsafe { AtomicU64::from_ptr(host.add(off + i * 8).cast()) }.store(*w, Ordering::Relaxed);
+            }
+            std::sync::atomic::fence(Ordering::Release);
+            Ok(())
+        }
+        (QMem::Gpu(g), Some(copier)) => {
+            let src = MemLoc { kind: MemKind::Host, addr: image.as_ptr() as u64 };
+            // SAFETY: the ring is `len` bytes inside `g` (checked above), `image` as long; `image` lives until
+            // the synchronize below.
+            unsafe { copier.copy_async(g.loc(off), src, len)? };
+            copier.synchronize()
+        }
+        (QMem::Gpu(_), None) => Err(Error::InvalidArgument("a CQ ring in GPU memory needs a GPU copier".into())),
+    }
+}
+
 /// Why a CQE could not be written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct CqFull;
 
 impl CqInner {
-    /// Allocates a ring of `ncqe` CQEs (a power of two, `1..=MAX_CQE`, checked by the caller) and a dbrec.
-    pub(crate) fn new(fab: &Fabric, cqn: u32, ncqe: u32, kind: MemKind) -> Result<Self> {
-        let ring = fab.alloc_queue(ncqe as usize * CQE_SIZE, kind)?;
-        let dbrec = fab.alloc_queue(64, kind)?;
-        // op_own is a byte of the last word; native-endian bytes keep memory order.
-        let mut last = [0u8; 8];
-        last[OP_OWN_BYTE] = OP_OWN_INVALID;
-        let last = u64::from_ne_bytes(last);
-        match (&ring, &fab.gpu) {
-            (QBuf::Host(r), _) => {
-                for i in 0..ncqe as usize {
-                    qmem::store_u64(r, i * CQE_SIZE + LAST_WORD, last, Ordering::Relaxed);
-                }
-            }
-            (QBuf::Gpu(g), Some(copier)) => {
-                let mut image = vec![0u64; ncqe as usize * CQE_SIZE / 8];
-                for e in image.chunks_exact_mut(CQE_SIZE / 8) {
-                    e[LAST_WORD / 8] = last;
-                }
-                let src = MemLoc { kind: MemKind::Host, addr: image.as_ptr() as u64 };
-                // SAFETY: `g` is the whole ring and `image` as long; `image` lives until the synchronize below.
-                unsafe { copier.copy_async(g.loc(0), src, g.len())? };
-                copier.synchronize()?;
-            }
-            // `Fabric::alloc_queue` makes GPU buffers only with a copier.
-            (QBuf::Gpu(_), None) => unreachable!("GPU queue memory without a copier"),
-        }
+    /// The CQ `cqn` over a ring of `ncqe` CQEs (a power of two, `1..=MAX_CQE`) and a dbrec, both checked by
+    /// CREATE_CQ. The NIC does not touch the ring here: software fills it first ([`fill_invalid`]).
+    pub(crate) fn new(cqn: u32, ncqe: u32, ring: QBuf, dbrec: QBuf) -> Self {
         let ci_seen = AtomicU32::new(0);
-        Ok(Self { cqn, ncqe, ring, dbrec, ci_seen, produced: AtomicU64::new(0), error: AtomicBool::new(false) })
+        Self { cqn, ncqe, ring, dbrec, ci_seen, produced: AtomicU64::new(0), error: AtomicBool::new(false) }
     }
 
     pub(crate) fn handle(&self) -> CqHandle {

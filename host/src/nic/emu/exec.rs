@@ -5,7 +5,8 @@
 //! the requester reads its buffers first), then the remote key, PD, bounds and rights (0x13). RDMA READ and
 //! atomics: (atomics) remote alignment (0x12), remote key, PD, bounds and rights (0x13), then the local keys,
 //! PD, bounds and `LOCAL_WRITE` (0x04, when the response arrives). A zero-length RDMA WRITE or READ checks no
-//! key, as the IB spec says, so a WRITE_IMM with no data may carry rkey 0.
+//! key, as the IB spec says, so a WRITE_IMM with no data may carry rkey 0. Remote checks start with the
+//! responder QP's own rights (`qpc.rre`/`rwe`/`rae`, from RST2INIT).
 
 use crate::mem::MemLoc;
 
@@ -25,13 +26,23 @@ pub(crate) struct Outcome {
     pub resp_imm: Option<(Be32, u32)>,
 }
 
+/// What a responder QP checks a remote access against: its PD (rkeys) and the remote rights its RST2INIT
+/// enabled (`qpc.rre`, `rwe`, `rae` as [`Access`] bits).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Responder {
+    /// The responder QP's PD.
+    pub pdn: u32,
+    /// `REMOTE_READ`, `REMOTE_WRITE` and `REMOTE_ATOMIC` as the QP allows them.
+    pub rights: Access,
+}
+
 /// The PDs a WQE is checked against.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pds {
     /// The requester QP's PD (lkeys).
     pub local: u32,
-    /// The responder QP's PD (rkeys).
-    pub remote: u32,
+    /// The responder QP (rkeys, remote rights).
+    pub remote: Responder,
 }
 
 /// Resolves local SGE `s` of a QP in PD `pdn` (0x04 when the lkey, PD, bounds or `LOCAL_WRITE` fail).
@@ -47,11 +58,14 @@ pub(crate) fn local(mrs: &MrTable, pdn: u32, s: Sge, write: bool) -> Result<MemL
     Ok(loc)
 }
 
-/// Resolves `len` bytes at `r` for a responder QP in PD `pdn` needing `right` (0x13 when the rkey, PD,
-/// bounds or right fail).
-pub(crate) fn remote(mrs: &MrTable, pdn: u32, r: Remote, len: u64, right: Access) -> Result<MemLoc, Fault> {
+/// Resolves `len` bytes at `r` for responder QP `resp` needing `right` (0x13 when the QP does not enable the
+/// right, or the rkey, PD, bounds or the MR's right fail).
+pub(crate) fn remote(mrs: &MrTable, resp: Responder, r: Remote, len: u64, right: Access) -> Result<MemLoc, Fault> {
+    if !resp.rights.contains(right) {
+        return Err(Fault::remote_access(vendor::QP_ACCESS));
+    }
     let e = mrs.get(r.rkey).ok_or(Fault::remote_access(vendor::BAD_RKEY))?;
-    if e.pdn != pdn {
+    if e.pdn != resp.pdn {
         return Err(Fault::remote_access(vendor::RKEY_PD));
     }
     let loc = e.range(r.addr, len).ok_or(Fault::remote_access(vendor::REMOTE_BOUNDS))?;

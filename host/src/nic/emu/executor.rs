@@ -111,7 +111,7 @@ impl List {
 
 fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
     // A failed allocation leaves atomics answered over the wire on GPU memory failing (local QP error).
-    let scratch = fab.gpu.as_ref().and_then(|_| fab.alloc_queue(64, MemKind::Gpu).ok());
+    let scratch = fab.gpu.as_ref().and_then(|_| fab.alloc_queue(64, MemKind::Gpu).ok()).and_then(|m| m.into_view());
     let mut eng = Engine::new(DataPath::new(fab.gpu.clone(), scratch));
     let mut list = List { qps: Vec::new(), gen: u64::MAX, unacked: false };
     let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);

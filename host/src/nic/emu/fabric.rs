@@ -10,9 +10,10 @@ use std::time::Instant;
 
 use crate::drop_errors::DropErrors;
 use crate::mem::{GpuCopier, MemKind, QueueMemory};
-use crate::Result;
+use crate::{Error, Result};
 
-use super::qmem::{GpuPool, PooledGpuMem, QBuf};
+use super::fw::Firmware;
+use super::qmem::{GpuPool, PooledGpuMem, QMem};
 
 use super::mr::MrTable;
 use super::qp::QpInner;
@@ -53,6 +54,9 @@ pub(crate) struct Fabric {
     next_qpn: AtomicU32,
     next_cqn: AtomicU32,
     next_pdn: AtomicU32,
+    /// What the NIC's firmware commands create and check against (umems, UAR pages, CQs, PDs, the QPs'
+    /// resources); one command at a time holds it, as a firmware command queue runs them.
+    pub fw: Mutex<Firmware>,
     pub stats: Counters,
     /// Set by the NIC's drop: the executor thread exits.
     pub stop: AtomicBool,
@@ -95,6 +99,7 @@ impl Fabric {
             drops: DropErrors::default(),
             next_cqn: AtomicU32::new(1),
             next_pdn: AtomicU32::new(1),
+            fw: Mutex::new(Firmware::default()),
             stats: Counters::default(),
             stop: AtomicBool::new(false),
             held: AtomicBool::new(false),
@@ -103,9 +108,13 @@ impl Fabric {
         }
     }
 
-    /// Allocates `len` zeroed bytes of queue memory in `kind` of memory (GPU memory only with a copier): GPU
-    /// memory from the NIC's pool when it has a buffer of that size (zeroed by a copy, waited for), else new.
-    pub(crate) fn alloc_queue(&self, len: usize, kind: MemKind) -> Result<QBuf> {
+    /// Allocates `len` zeroed bytes of queue memory in `kind` of memory: host memory from the configured
+    /// queue memory; GPU memory from the NIC's pool when it has a buffer of that size (zeroed by a copy, waited
+    /// for), else new from the copier, and back to the pool when dropped.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for GPU memory on a NIC without a GPU copier; the allocation's error.
+    pub(crate) fn alloc_queue(&self, len: usize, kind: MemKind) -> Result<QMem> {
         match (kind, &self.gpu) {
             (MemKind::Gpu, Some(g)) => {
                 let mem = match self.gpu_pool.take(len) {
@@ -121,10 +130,12 @@ impl Fabric {
                     }
                     None => g.alloc(len)?,
                 };
-                Ok(QBuf::Gpu(PooledGpuMem::new(mem, self.gpu_pool.clone())))
+                Ok(QMem::Gpu(PooledGpuMem::new(mem, Some(self.gpu_pool.clone()))))
             }
-            // `EmuNic::open` refuses GPU queues without a copier.
-            _ => Ok(QBuf::Host(self.queue_mem.alloc(len)?)),
+            (MemKind::Gpu, None) => {
+                Err(Error::InvalidArgument("queues in GPU memory need a GPU copier (EmuConfig::gpu)".into()))
+            }
+            (MemKind::Host, _) => Ok(QMem::Host(self.queue_mem.alloc(len)?)),
         }
     }
 

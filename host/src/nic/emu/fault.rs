@@ -27,7 +27,8 @@ pub mod vendor {
     pub const BAD_INLINE: u8 = 0x08;
     /// The doorbell announced more WQEBBs than the ring holds (syndrome `LOCAL_QP_OP_ERR`).
     pub const BAD_DOORBELL: u8 = 0x09;
-    /// The message is longer than 2^31 bytes (syndrome `LOCAL_LENGTH_ERR`).
+    /// The message is longer than 2^31 bytes, or than the QP's `qpc.log_msg_max` allows (syndrome
+    /// `LOCAL_LENGTH_ERR`).
     pub const MSG_TOO_LONG: u8 = 0x10;
     /// An atomic's local SGE is not exactly 8 bytes (syndrome `LOCAL_LENGTH_ERR`).
     pub const ATOMIC_SGE_LEN: u8 = 0x11;
@@ -47,6 +48,9 @@ pub mod vendor {
     pub const REMOTE_BOUNDS: u8 = 0x32;
     /// The remote MR lacks the right the operation needs (syndrome `REMOTE_ACCESS_ERR`).
     pub const REMOTE_ACCESS: u8 = 0x33;
+    /// The responder QP does not enable the operation: its RST2INIT left `qpc.rre`, `rwe` or `rae` clear
+    /// (syndrome `REMOTE_ACCESS_ERR`).
+    pub const QP_ACCESS: u8 = 0x34;
     /// An atomic's remote address is not 8-byte aligned (syndrome `REMOTE_INVAL_REQ_ERR`).
     pub const ATOMIC_ALIGN: u8 = 0x40;
     /// The responder QP is gone, not connected back to this QP, or not in RTR/RTS (syndrome

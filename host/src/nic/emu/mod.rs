@@ -1,13 +1,30 @@
 //! The emulated mlx5 NIC: a software model of a ConnectX HCA that reads the same memory hardware would read.
 //!
 //! # What it models
-//! - **Queues** where [`EmuConfig::queues`] puts them: per QP an SQ ring (`wqe_cnt` × 64-byte WQEBBs) and a
-//!   [`QpDbrec`] (word 1 = SQ counter), per CQ a ring of 64-byte CQEs pre-filled with `op_own = 0xF1` and a
-//!   [`CqDbrec`] (word 0 = consumer index, 24 bits), in GPU memory (as DOCA GPUNetIO and NVSHMEM IBGDA place
-//!   them; the default on the `gpu` executor) or in host memory from the configured [`QueueMemory`]; per QP
-//!   a 4096-byte UAR page with the doorbell/BlueFlame register at `UAR + 0x800`, always host memory that
-//!   device code writes as MMIO. The handles record the placement
+//! - **Firmware commands**: CQs and QPs are made, connected, queried and destroyed only by the PRM's commands
+//!   in DevX mailboxes ([`EmuNic::devx_cmd`]: QUERY_HCA_CAP, CREATE_CQ/DESTROY_CQ, CREATE_QP/DESTROY_QP,
+//!   RST2INIT, INIT2RTR, RTR2RTS, 2ERR, QUERY_QP), over what DevX gets from the kernel: umems
+//!   ([`EmuNic::devx_umem_reg`]), UAR pages ([`EmuNic::devx_alloc_uar`]) and PDs ([`EmuNic::alloc_pd`]).
+//!   Every command is validated before it changes anything: lengths, opcode, `op_mod`, every bit outside the
+//!   fields it takes zero (reserved bits, and fields it does not take or the emulator does not model), sizes
+//!   within the emulator's limits, umem ids and ranges, alignments, UAR page, CQs, PD, `st` RC, `pm_state`
+//!   MIGRATED, legal state transitions only, the address path. A refused command answers with the PRM's
+//!   status and a [`cmd_syndrome`] of its own and changes nothing. [`EmuNic::create_cq`],
+//!   [`EmuNic::create_qp`] and [`Qp::connect`] are built of these commands ([`crate::nic::devx`]), so there is
+//!   one model of a QP and a CQ.
+//! - **Queues** in the umems the commands name, where the user (or [`EmuConfig::queues`], for gdaki's own)
+//!   put them: per QP a work queue (an optional receive queue, then the SQ ring of `wqe_cnt` × 64-byte
+//!   WQEBBs) and a [`QpDbrec`] (word 1 = SQ counter), per CQ a ring of 64-byte CQEs and a [`CqDbrec`] (word 0
+//!   = consumer index, 24 bits), in GPU memory (as DOCA GPUNetIO and NVSHMEM IBGDA place them; the default
+//!   on the `gpu` executor) or in host memory from the configured [`QueueMemory`]; per QP a 4096-byte UAR
+//!   page of its own with the doorbell/BlueFlame register at `UAR + 0x800`, always host memory that device
+//!   code writes as MMIO. The NIC never writes a CQ ring before its first CQE: software fills it (gdaki's
+//!   [`EmuNic::create_cq`] with `op_own = 0xF1`). The handles record the placement
 //!   ([`Placement`](gdaki_shared::handle::Placement)).
+//! - **A RoCE port**: port 1 with one GID, `fe80::` and the NIC's identifier ([`EmuNic::gid`]); INIT2RTR's
+//!   path names the peer's NIC by its GID, and a NIC reached over the wire by the address its neighbour
+//!   table holds for that GID ([`EmuNic::add_neighbor`]; [`Qp::connect`] fills it from the peer's
+//!   [`Endpoint`]).
 //! - **Doorbells**: one executor thread per NIC watches every RTS (or error-state) QP's doorbell register (8
 //!   bytes: `opmod_idx_opcode`, `qpn_ds` of the last posted WQE, big-endian). A change is a doorbell; a
 //!   BlueFlame write (the whole 64-byte WQEBB at 0x800) is one too. The new producer index is
@@ -37,8 +54,10 @@
 //!   or not it asked for one; the QP moves to [`QpState::Error`] and every later WQE completes with a flush
 //!   error (0x05). Nothing outside a registered region is ever written, and no byte pattern in the ring makes
 //!   the NIC panic or hang.
-//! - **Execution**, in order per QP, against the connected peer QP's registered memory: RDMA WRITE (SGE list
-//!   or inline), WRITE with immediate (data, then a RESP_WR_IMM CQE with the immediate on the peer's CQ),
+//! - **Execution**, in order per QP, against the connected peer QP's registered memory, within the rights the
+//!   peer's RST2INIT enabled (`rre`, `rwe`, `rae`: else 0x13) and the QP's `log_msg_max` (else 0x01): RDMA
+//!   WRITE (SGE list or inline), WRITE with immediate (data, then a RESP_WR_IMM CQE with the immediate on the
+//!   peer's receive CQ, `cqn_rcv`),
 //!   RDMA READ, ATOMIC_FA and ATOMIC_CS on an 8-byte aligned remote word. A READ or atomic runs only after
 //!   the QP's earlier writes are placed; a requester CQE (REQ, for WQEs with `CQ_UPDATE`) is written only
 //!   after the data is placed. CQEs are written bytes first, the last 8 bytes (with `op_own`) last with
@@ -49,8 +68,15 @@
 //! - **Atomics are host-endian**: the remote word is a host-order `u64` in memory (the "host-endianness
 //!   atomic mode" of ConnectX), and the old value lands in the local SGE in host order. The WQE's atomic
 //!   segment is big-endian, as on hardware.
-//! - **No receive queue yet**: an inbound WRITE_IMM completes on the responder's CQ without consuming a
-//!   receive WQE; its `wqe_counter` counts such completions. Hardware needs a posted receive (else RNR).
+//! - **No receive queue yet**: an inbound WRITE_IMM completes on the responder's receive CQ without consuming
+//!   a receive WQE; its `wqe_counter` counts such completions. Hardware needs a posted receive (else RNR). A
+//!   QP's receive queue (`rq_type` NON_ZERO) takes its place in the work queue and is never read.
+//! - **Firmware** takes rings only in umems (no page lists, no doorbell records at device addresses), 64-byte
+//!   CQEs only, one QP per UAR page, RC QPs with one path (`pm_state` MIGRATED), no optional parameters
+//!   (`opt_param_mask` 0); it raises no completion events (`c_eqn` and the moderation fields are taken and
+//!   ignored), and the retry attributes of RTR2RTS are not used ([`WireConfig::retry_timeout`] is the NIC's).
+//!   Its syndromes are its own ([`cmd_syndrome`]). `mlx5dv_devx_umem_reg` takes an address; the emulated NIC
+//!   takes the buffer ([`UmemBuf`]), to reach it as the hardware would.
 //! - **Peers** are QPs of the same [`EmuNic`] (reached directly; a peer that is destroyed, not in RTR/RTS, or
 //!   not connected back makes the requester's WQE fail with 0x15 at once, without a timeout) or QPs of
 //!   another NIC, in this process, another process or another host, reached over the **wire** (a TCP
@@ -83,6 +109,7 @@
 //!
 //! let nic = EmuNic::open(EmuConfig::host()).unwrap();
 //! let pd = nic.alloc_pd().unwrap();
+//! // CREATE_CQ and CREATE_QP, then RST2INIT, INIT2RTR and RTR2RTS in `connect`.
 //! let cq = nic.create_cq(64).unwrap();
 //! let (a, b) = (nic.create_qp(&pd, &cq, 64).unwrap(), nic.create_qp(&pd, &cq, 64).unwrap());
 //! a.connect(&b.endpoint()).unwrap();
@@ -105,6 +132,7 @@ mod exec;
 mod executor;
 mod fabric;
 mod fault;
+mod fw;
 mod hostmem;
 mod mr;
 mod qmem;
@@ -112,6 +140,7 @@ mod qp;
 mod sim_gpu;
 mod sq;
 mod stats;
+mod verbs;
 mod wire;
 mod wqe;
 
@@ -133,6 +162,7 @@ use crate::{EmuError, Error, Result};
 
 pub use cq::{Cq, MAX_CQE};
 pub use fault::vendor;
+pub use fw::{cmd_syndrome, gid_of, nic_of_gid, DevxUar, UmemBuf};
 pub use mr::{Access, Mr, Pd};
 pub use qp::ENDPOINT_BYTES;
 pub use qp::{Endpoint, Qp, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
@@ -243,6 +273,8 @@ pub struct EmuNic {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The wire's listener thread, if any.
     acceptor: Mutex<Option<JoinHandle<()>>>,
+    /// The UAR page the CQs of [`EmuNic::create_cq`] name, once allocated.
+    cq_uar: Mutex<Option<u32>>,
 }
 
 impl std::fmt::Debug for EmuNic {
@@ -296,7 +328,12 @@ impl EmuNic {
             .map_err(|e| EmuError::os("starting the executor thread", e))?;
         let mailbox = wire::link::Mailbox { tx, executor: thread.thread().clone(), inflow };
         let _ = fab.mailbox.set(mailbox.clone());
-        let nic = Arc::new(EmuNic { fab, thread: Mutex::new(Some(thread)), acceptor: Mutex::new(None) });
+        let nic = Arc::new(EmuNic {
+            fab,
+            thread: Mutex::new(Some(thread)),
+            acceptor: Mutex::new(None),
+            cq_uar: Mutex::new(None),
+        });
         if let (Some(l), Some(w)) = (listener, wire) {
             let t = wire::link::spawn_acceptor(l, Arc::downgrade(&nic.fab), mailbox, w.retry_timeout)
                 .map_err(|e| EmuError::os("starting the wire listener thread", e))?;
@@ -368,15 +405,6 @@ impl EmuNic {
         }
     }
 
-    /// Allocates a protection domain.
-    ///
-    /// # Errors
-    /// [`Error::Emu`] when all 2^24 PD numbers are used.
-    pub fn alloc_pd(self: &Arc<Self>) -> Result<Pd> {
-        let pdn = self.fab.alloc_pdn().ok_or(Error::Emu(EmuError::Exhausted("PD numbers")))?;
-        Ok(Pd { nic: self.clone(), pdn })
-    }
-
     /// Registers `len` bytes at `loc` in `pd` with rights `access` (`ibv_reg_mr`). The MR's lkey and rkey are
     /// one key, laid out as an mlx5 mkey (`index << 8 | variant`).
     ///
@@ -409,80 +437,6 @@ impl EmuNic {
                 }
             }
         }
-    }
-
-    /// Creates a CQ of `ncqe` 64-byte entries, pre-filled with `op_own = 0xF1` (invalid, owner 1).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] unless `ncqe` is a power of two in `1..=`[`MAX_CQE`]; the queue memory's
-    /// allocation error.
-    pub fn create_cq(self: &Arc<Self>, ncqe: u32) -> Result<Cq> {
-        self.create_cq_in(ncqe, self.fab.queues)
-    }
-
-    /// [`EmuNic::create_cq`] with the ring and dbrec in `kind` of memory, whatever [`EmuConfig::queues`] says:
-    /// [`MemKind::Host`] for a CQ that host code polls (the proxy of the Host modes).
-    ///
-    /// # Errors
-    /// As [`EmuNic::create_cq`]; [`Error::InvalidArgument`] for GPU memory on a NIC without a GPU copier.
-    pub fn create_cq_in(self: &Arc<Self>, ncqe: u32, kind: MemKind) -> Result<Cq> {
-        if !ncqe.is_power_of_two() || ncqe > MAX_CQE {
-            return Err(Error::InvalidArgument(format!("ncqe {ncqe} must be a power of two <= {MAX_CQE}")));
-        }
-        self.check_queues(kind)?;
-        let cqn = self.fab.alloc_cqn().ok_or(Error::Emu(EmuError::Exhausted("CQ numbers")))?;
-        let inner = cq::CqInner::new(&self.fab, cqn, ncqe, kind)?;
-        Ok(Cq { nic: self.clone(), inner: Arc::new(inner) })
-    }
-
-    /// Creates an RC QP in `pd` whose SQ holds `wqe_cnt` WQEBBs and completes into `cq`, in the RESET state.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`]: `pd` or `cq` of another NIC, `wqe_cnt` not a power of two in
-    /// [`MIN_WQE_CNT`]`..=`[`MAX_WQE_CNT`], or a CQ smaller than the SQ (`ncqe < wqe_cnt`: every WQEBB could need a CQE).
-    /// The queue memory's allocation error.
-    pub fn create_qp(self: &Arc<Self>, pd: &Pd, cq: &Cq, wqe_cnt: u32) -> Result<Qp> {
-        self.create_qp_in(pd, cq, wqe_cnt, self.fab.queues)
-    }
-
-    /// [`EmuNic::create_qp`] with the SQ ring and dbrec in `kind` of memory, whatever [`EmuConfig::queues`]
-    /// says: [`MemKind::Host`] for a QP that host code posts to (the proxy of the Host modes).
-    ///
-    /// # Errors
-    /// As [`EmuNic::create_qp`]; [`Error::InvalidArgument`] for GPU memory on a NIC without a GPU copier.
-    pub fn create_qp_in(self: &Arc<Self>, pd: &Pd, cq: &Cq, wqe_cnt: u32, kind: MemKind) -> Result<Qp> {
-        self.check_queues(kind)?;
-        self.check_parent(&pd.nic, "PD")?;
-        self.check_parent(&cq.nic, "CQ")?;
-        if !wqe_cnt.is_power_of_two() || !(MIN_WQE_CNT..=MAX_WQE_CNT).contains(&wqe_cnt) {
-            return Err(Error::InvalidArgument(format!(
-                "wqe_cnt {wqe_cnt} must be a power of two in {MIN_WQE_CNT}..={MAX_WQE_CNT}"
-            )));
-        }
-        if cq.ncqe() < wqe_cnt {
-            return Err(Error::InvalidArgument(format!("CQ of {} entries is smaller than SQ of {wqe_cnt}", cq.ncqe())));
-        }
-        let sq = self.fab.alloc_queue(wqe_cnt as usize * gdaki_shared::prm::wqe::WQEBB, kind)?;
-        let dbrec = self.fab.alloc_queue(64, kind)?;
-        let uar = self.fab.queue_mem.alloc(gdaki_shared::prm::uar::UAR_PAGE_SIZE)?;
-        qp::clear_blueflame(&uar, self.fab.bf_sentinel);
-        let qpn = self.fab.alloc_qpn().ok_or(Error::Emu(EmuError::Exhausted("QP numbers")))?;
-        // A random first PSN, as rdma-core's examples and NCCL pick one (24 bits).
-        let mut psn = [0u8; 4];
-        getrandom::fill(&mut psn).map_err(|e| EmuError::os("no random PSN", e))?;
-        let psn = u32::from_le_bytes(psn) & 0x00ff_ffff;
-        let inner = Arc::new(QpInner::new(qpn, psn, pd.pdn, wqe_cnt, sq, dbrec, uar, cq.inner.clone()));
-        write(&self.fab.qps).insert(qpn, inner.clone());
-        self.fab.qp_gen.fetch_add(1, Ordering::Release);
-        Ok(Qp { nic: self.clone(), inner })
-    }
-
-    /// Refuses GPU-memory queues on a NIC without a GPU copier.
-    fn check_queues(&self, kind: MemKind) -> Result<()> {
-        if kind == MemKind::Gpu && self.fab.gpu.is_none() {
-            return Err(Error::InvalidArgument("queues in GPU memory need a GPU copier (EmuConfig::gpu)".into()));
-        }
-        Ok(())
     }
 
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
@@ -542,6 +496,13 @@ impl Drop for EmuNic {
             t.thread().unpark();
             // A panicked executor was already reported by its thread.
             let _ = t.join();
+        }
+        // QPs made by commands and never destroyed: their peers across the wire see the connections end, and
+        // the links' threads stop.
+        for qp in fabric::read(&self.fab.qps).values() {
+            if let Some(link) = qp.link.get() {
+                link.close();
+            }
         }
     }
 }

@@ -36,6 +36,11 @@ impl Access {
         self.0
     }
 
+    /// The rights of raw `IBV_ACCESS_*` bits `b` (the four above; other bits are dropped).
+    pub(crate) const fn from_bits(b: u32) -> Access {
+        Access(b & Access::ALL.0)
+    }
+
     /// Whether every right in `other` is in `self`.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0

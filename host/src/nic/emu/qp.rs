@@ -1,27 +1,30 @@
-//! RC queue pairs: their queue memory, state machine and connection to a peer QP.
+//! RC queue pairs as the executor uses them: their queues, state and connection to a peer QP, made and moved
+//! by the firmware's commands (`fw`); and the host API's [`Qp`] over one.
 //!
-//! Each QP owns, in queue memory: the SQ ring (`wqe_cnt` × 64-byte WQEBBs), a doorbell record ([`QpDbrec`],
-//! word 1 = SQ counter) and one 4096-byte UAR page whose doorbell/BlueFlame register is at offset 0x800.
-//! There is no receive queue yet: inbound RDMA WRITE with immediate completes on the QP's CQ without
-//! consuming a receive WQE (hardware would need one posted, and would NAK with RNR without it).
+//! Each QP uses, in the umems CREATE_QP named: the SQ ring (`wqe_cnt` × 64-byte WQEBBs) and a doorbell record
+//! ([`QpDbrec`], word 1 = SQ counter); and one 4096-byte UAR page whose doorbell/BlueFlame register is at
+//! offset 0x800. There is no receive queue yet: inbound RDMA WRITE with immediate completes on the QP's
+//! receive CQ without consuming a receive WQE (hardware would need one posted, and would NAK with RNR
+//! without it).
 //!
 //! [`QpDbrec`]: gdaki_shared::prm::dbrec::QpDbrec
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use gdaki_shared::handle::QpHandle;
+use gdaki_shared::prm::cmd::qpc;
 use gdaki_shared::prm::uar::{BF_OFFSET, BF_WRITE_SIZE};
 
-use crate::mem::MappedBuf;
-
-use super::qmem::QBuf;
-use crate::{EmuError, Error, Result};
+use crate::{Error, Result};
 
 use super::cq::CqInner;
+use super::exec::Responder;
+use super::mr::Access;
+use super::qmem::{HostView, QBuf};
 use super::sq::SqProgress;
-use super::wire::{link, Link};
+use super::wire::Link;
 use super::{lock, qmem, EmuNic};
 
 /// Smallest SQ, in WQEBBs ([`QpHandle::wqe_cnt`] promises device code at least this many).
@@ -48,7 +51,18 @@ pub enum QpState {
 }
 
 impl QpState {
-    fn from_u8(v: u8) -> QpState {
+    /// The state as the PRM encodes it (`qpc.state`, [`qpc::state`]).
+    pub(crate) fn prm(self) -> u8 {
+        match self {
+            QpState::Reset => qpc::state::RST,
+            QpState::Init => qpc::state::INIT,
+            QpState::Rtr => qpc::state::RTR,
+            QpState::Rts => qpc::state::RTS,
+            QpState::Error => qpc::state::ERR,
+        }
+    }
+
+    pub(crate) fn from_u8(v: u8) -> QpState {
         match v {
             0 => QpState::Reset,
             1 => QpState::Init,
@@ -78,6 +92,12 @@ pub struct Endpoint {
 pub const ENDPOINT_BYTES: usize = 40;
 
 impl Endpoint {
+    /// The GID of the endpoint's NIC ([`gid_of`](super::gid_of)): where an INIT2RTR's path leads to reach
+    /// this QP.
+    pub fn gid(&self) -> [u8; 16] {
+        super::gid_of(self.nic)
+    }
+
     /// A fixed 40-byte encoding (little-endian numbers; IPv4 or IPv6 address and port), for exchange through a
     /// bootstrap.
     pub fn to_bytes(&self) -> [u8; ENDPOINT_BYTES] {
@@ -134,8 +154,8 @@ impl Endpoint {
 }
 
 /// An RC queue pair. Created by [`EmuNic::create_qp`] in the RESET state; [`Qp::connect`] brings it to RTS.
-/// Dropping it destroys it: the NIC stops watching its doorbell, and peers' WQEs to it fail with syndrome
-/// 0x15 (transport retry exceeded), as when a remote QP goes away.
+/// Dropping it destroys it (DESTROY_QP): the NIC stops watching its doorbell, and peers' WQEs to it fail with
+/// syndrome 0x15 (transport retry exceeded), as when a remote QP goes away.
 ///
 /// Drop is synchronous with the NIC's executor thread (as `ibv_destroy_qp` is with the HCA): once it
 /// returns, no WQE of this QP runs, no CQE for it is written (its own, or a responder CQE of a peer's WRITE
@@ -146,6 +166,25 @@ impl Endpoint {
 pub struct Qp {
     pub(crate) nic: Arc<EmuNic>,
     pub(crate) inner: Arc<QpInner>,
+    /// The PSN this QP's requests start at (RTR2RTS's `next_send_psn`), chosen when it was created.
+    pub(crate) psn: u32,
+    /// The umem, UAR page and CQs behind it, released after DESTROY_QP.
+    pub(crate) res: super::verbs::QpResources,
+}
+
+/// What CREATE_QP makes a QP of, checked.
+pub(crate) struct QpRes {
+    pub qpn: u32,
+    pub pdn: u32,
+    pub wqe_cnt: u32,
+    pub sq: QBuf,
+    pub dbrec: QBuf,
+    pub uar: HostView,
+    pub cq: Arc<CqInner>,
+    pub rcq: Arc<CqInner>,
+    pub log_msg_max: u8,
+    /// The `qpc` of the CREATE_QP command.
+    pub qpc: [u8; qpc::SIZE],
 }
 
 /// The QP as the executor uses it.
@@ -156,8 +195,11 @@ pub(crate) struct QpInner {
     pub wqe_cnt: u32,
     pub sq: QBuf,
     pub dbrec: QBuf,
-    pub uar: MappedBuf,
+    pub uar: HostView,
+    /// The send CQ (`qpc.cqn_snd`).
     pub cq: Arc<CqInner>,
+    /// The receive CQ (`qpc.cqn_rcv`): responder CQEs (RESP_WR_IMM).
+    pub rcq: Arc<CqInner>,
     state: AtomicU8,
     destroyed: AtomicBool,
     /// The connected peer's QPN. The executor looks the peer up in the NIC's QP map, so that it never holds
@@ -167,39 +209,39 @@ pub(crate) struct QpInner {
     pub progress: Mutex<SqProgress>,
     /// Responder CQEs written for this QP: their `wqe_counter` (there is no RQ to index).
     pub resp_count: AtomicU64,
-    /// First PSN of this QP's requests (24 bits, random).
-    pub psn: u32,
-    /// The connection to a peer on another NIC, set once by `Qp::connect`.
+    /// First PSN of this QP's requests (24 bits), from RTR2RTS.
+    sq_psn: AtomicU32,
+    /// The remote rights RST2INIT enabled (`rre`, `rwe`, `rae`), as [`Access`] bits.
+    rights: AtomicU32,
+    /// log2 of the longest message (`qpc.log_msg_max`).
+    log_msg_max: AtomicU8,
+    /// The connection to a peer on another NIC, set once by INIT2RTR.
     pub link: OnceLock<Arc<Link>>,
+    /// The `qpc` as the QP's commands set it (QUERY_QP's answer, with the state and counters filled in then).
+    pub qpc: Mutex<[u8; qpc::SIZE]>,
 }
 
 impl QpInner {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        qpn: u32,
-        psn: u32,
-        pdn: u32,
-        wqe_cnt: u32,
-        sq: QBuf,
-        dbrec: QBuf,
-        uar: MappedBuf,
-        cq: Arc<CqInner>,
-    ) -> Self {
+    pub(crate) fn new(r: QpRes) -> Self {
         Self {
-            qpn,
-            pdn,
-            wqe_cnt,
-            sq,
-            dbrec,
-            uar,
-            cq,
+            qpn: r.qpn,
+            pdn: r.pdn,
+            wqe_cnt: r.wqe_cnt,
+            sq: r.sq,
+            dbrec: r.dbrec,
+            uar: r.uar,
+            cq: r.cq,
+            rcq: r.rcq,
             state: AtomicU8::new(QpState::Reset as u8),
             destroyed: AtomicBool::new(false),
             peer: OnceLock::new(),
             progress: Mutex::new(SqProgress::default()),
             resp_count: AtomicU64::new(0),
-            psn,
+            sq_psn: AtomicU32::new(0),
+            rights: AtomicU32::new(0),
+            log_msg_max: AtomicU8::new(r.log_msg_max),
             link: OnceLock::new(),
+            qpc: Mutex::new(r.qpc),
         }
     }
 
@@ -207,12 +249,27 @@ impl QpInner {
         QpState::from_u8(self.state.load(Ordering::Acquire))
     }
 
+    /// Moves the QP to `s` whatever its state (the executor's moves to the error state, 2ERR).
     pub(crate) fn set_state(&self, s: QpState) {
         self.state.store(s as u8, Ordering::Release);
     }
 
+    /// Moves the QP from `from` to `to`, if it is still in `from` (the executor may have moved it to the
+    /// error state meanwhile); returns whether it did.
+    pub(crate) fn transition(&self, from: QpState, to: QpState) -> bool {
+        self.state.compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
     pub(crate) fn is_destroyed(&self) -> bool {
         self.destroyed.load(Ordering::Acquire)
+    }
+
+    /// Marks the QP destroyed (DESTROY_QP). The executor checks the flag again under the progress lock:
+    /// taking the lock here waits for a batch it is running, and every later poll sees the flag, so no WQE of
+    /// this QP starts after this returns.
+    pub(crate) fn mark_destroyed(&self) {
+        self.destroyed.store(true, Ordering::Release);
+        drop(lock(&self.progress));
     }
 
     /// Whether the QP answers requests from QP `from`: alive, connected back to `from`, in RTR or RTS.
@@ -220,9 +277,48 @@ impl QpInner {
         !self.is_destroyed() && matches!(self.state(), QpState::Rtr | QpState::Rts) && self.peer.get() == Some(&from)
     }
 
+    /// What requests to this QP are checked against: its PD and remote rights.
+    pub(crate) fn responder(&self) -> Responder {
+        Responder { pdn: self.pdn, rights: Access::from_bits(self.rights.load(Ordering::Acquire)) }
+    }
+
+    /// Sets the remote rights (RST2INIT).
+    pub(crate) fn set_rights(&self, a: Access) {
+        self.rights.store(a.bits(), Ordering::Release);
+    }
+
+    /// The first PSN of this QP's requests (RTR2RTS's `next_send_psn`; 0 before).
+    pub(crate) fn sq_psn(&self) -> u32 {
+        self.sq_psn.load(Ordering::Acquire)
+    }
+
+    /// Sets the first PSN of this QP's requests (RTR2RTS, before the QP reaches RTS).
+    pub(crate) fn set_sq_psn(&self, psn: u32) {
+        self.sq_psn.store(psn & 0x00ff_ffff, Ordering::Release);
+    }
+
+    /// The longest message in bytes (`2^log_msg_max`).
+    pub(crate) fn max_msg(&self) -> u64 {
+        1u64 << self.log_msg_max.load(Ordering::Acquire)
+    }
+
+    /// Sets `log_msg_max` (INIT2RTR).
+    pub(crate) fn set_log_msg_max(&self, log: u8) {
+        self.log_msg_max.store(log.min(31), Ordering::Release);
+    }
+
     /// The current value of the doorbell register (UAR + 0x800), as stored (big-endian fields).
     pub(crate) fn doorbell(&self) -> u64 {
         qmem::load_u64(&self.uar, BF_OFFSET, Ordering::Acquire)
+    }
+
+    /// Forgets doorbells written so far, before the executor starts watching the QP (RTR2RTS, 2ERR): the
+    /// register is cleared (software never reads a UAR, so only the NIC sees this) and the BlueFlame words
+    /// get the sentinel, so that the next write, even of the same value, is a change.
+    pub(crate) fn reset_doorbell(&self, sentinel: u64) {
+        let mut p = lock(&self.progress);
+        clear_doorbell(&self.uar, sentinel);
+        p.last_db = 0;
     }
 }
 
@@ -234,7 +330,7 @@ impl Qp {
 
     /// What a peer passes to its [`Qp::connect`].
     pub fn endpoint(&self) -> Endpoint {
-        Endpoint { nic: self.nic.id(), qpn: self.inner.qpn, psn: self.inner.psn, wire: self.nic.wire_addr() }
+        Endpoint { nic: self.nic.id(), qpn: self.inner.qpn, psn: self.psn, wire: self.nic.wire_addr() }
     }
 
     /// Current state.
@@ -287,118 +383,19 @@ impl Qp {
             ..QpHandle::default()
         }
     }
-
-    /// Connects this QP to `remote` and moves it RESET → INIT → RTR → RTS, as `ibv_modify_qp` with the
-    /// attributes of an RC QP whose peer is `remote`. All remote access rights are enabled on the responder
-    /// side; MR rights still apply.
-    ///
-    /// A peer on the same [`EmuNic`] (possibly this QP) is reached directly. A peer on another NIC, in this
-    /// process or another one, is reached over the wire: both NICs need a [`WireConfig`](super::WireConfig),
-    /// the QP with the smaller `(nic, qpn)` dials the other's listener, and WQEs posted before the connection
-    /// is up wait for it (for the retry timeout at most; then they fail with 0x15).
-    ///
-    /// The peer must connect back to this QP (RC checks the source QPN): WQEs sent to a peer that is not
-    /// connected to this QP, not in RTR/RTS or destroyed fail with syndrome 0x15 (retry exceeded).
-    ///
-    /// Doorbells written before this call are ignored (hardware ignores doorbells in RESET); the first WQE
-    /// posted after it must carry index 0.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when `remote` names no live QP of this NIC, is on another NIC while this NIC
-    /// or the remote one has no wire, has a QPN or PSN over 24 bits, or this QP is not in RESET (connect
-    /// once). [`Error::Emu`] when the dialing thread cannot be started.
-    pub fn connect(&self, remote: &Endpoint) -> Result<()> {
-        let local = self.endpoint();
-        if remote.qpn > 0x00ff_ffff || remote.psn > 0x00ff_ffff {
-            return Err(Error::InvalidArgument(format!(
-                "endpoint QPN {:#x} or PSN {:#x} over 24 bits",
-                remote.qpn, remote.psn
-            )));
-        }
-        let link = if remote.nic == self.nic.id() {
-            if self.nic.qp(remote.qpn).is_none() {
-                return Err(Error::InvalidArgument(format!("no QP {:#x} on this NIC", remote.qpn)));
-            }
-            None
-        } else {
-            let (Some(_), Some(_)) = (local.wire, remote.wire) else {
-                return Err(Error::InvalidArgument(format!(
-                    "endpoint of NIC {:#x} cannot be reached from NIC {:#x}: both NICs need a wire (EmuConfig::wire) \
-                     to connect across NICs",
-                    remote.nic,
-                    self.nic.id()
-                )));
-            };
-            Some(Arc::new(Link::new(local, *remote)))
-        };
-        let q = &self.inner;
-        q.state
-            .compare_exchange(QpState::Reset as u8, QpState::Init as u8, Ordering::AcqRel, Ordering::Acquire)
-            .map_err(|s| {
-                Error::InvalidArgument(format!(
-                    "QP {:#x} is in state {:?}; connect needs RESET",
-                    q.qpn,
-                    QpState::from_u8(s)
-                ))
-            })?;
-        // Only the RESET → INIT winner gets here, so the peer (or link) is set once.
-        let dialer = match link {
-            Some(link) => {
-                let _ = q.link.set(link.clone());
-                link.dials().then_some(link)
-            }
-            None => {
-                let _ = q.peer.set(remote.qpn);
-                None
-            }
-        };
-        q.set_state(QpState::Rtr);
-        {
-            // Doorbells written before RTS are ignored: the register is cleared (software never reads a UAR,
-            // so only the NIC sees this), and the next write, even of the same value, is a change.
-            let mut p = lock(&q.progress);
-            qmem::store_u64(&q.uar, BF_OFFSET, 0, Ordering::Relaxed);
-            clear_blueflame(&q.uar, self.nic.fab.bf_sentinel);
-            p.last_db = 0;
-        }
-        q.set_state(QpState::Rts);
-        // The dialer starts in RTS: frames it reads from the peer (requests already queued there) would be
-        // dropped by a QP still in INIT, failing them with 0x15 after the retry timeout.
-        if let Some(link) = dialer {
-            let timeout = self.nic.retry_timeout();
-            link::spawn_dialer(link, self.nic.mailbox()?, timeout)
-                .map_err(|e| EmuError::os(format!("starting the wire thread of QP {:#x}", q.qpn), e))?;
-        }
-        tracing::debug!(qpn = q.qpn, peer = remote.qpn, "emulated NIC: QP in RTS");
-        Ok(())
-    }
-}
-
-impl Drop for Qp {
-    fn drop(&mut self) {
-        self.inner.destroyed.store(true, Ordering::Release);
-        // The executor checks `destroyed` again under the progress lock: taking the lock here waits for a
-        // batch it is running, and every later poll sees the flag. So no WQE of this QP starts after this
-        // point, even if the wait for the executor below gives up.
-        drop(lock(&self.inner.progress));
-        let gen = self.nic.remove_qp(self.inner.qpn);
-        // Until the executor has swept with a list that no longer holds this QP, it may still hold an
-        // `Arc` of it (in its list, or as a peer it cached): wait, so that `self.inner` is the last one.
-        self.nic.wait_for_executor(gen);
-        // The peer across the wire sees the connection end (its outstanding WQEs fail), and the link's threads
-        // stop. The executor's refresh has done so already, after sending what this QP owed the peer for
-        // requests it executed (`requester::farewell`); this is for a link the executor never took up, or an
-        // executor that did not answer.
-        if let Some(link) = self.inner.link.get() {
-            link.close();
-        }
-    }
 }
 
 /// Fills words 1..8 of the BlueFlame register in `uar` with `sentinel`: what the NIC leaves there after each
 /// doorbell it acts on, so that words a later BlueFlame write stored are told apart from stale ones.
-pub(crate) fn clear_blueflame(uar: &MappedBuf, sentinel: u64) {
+pub(crate) fn clear_blueflame(uar: &HostView, sentinel: u64) {
     for w in 1..BF_WRITE_SIZE / 8 {
         qmem::store_u64(uar, BF_OFFSET + 8 * w, sentinel, Ordering::Relaxed);
     }
+}
+
+/// Clears the doorbell register in `uar` (word 0) and fills its BlueFlame words with `sentinel`, as a new UAR
+/// page or a new QP's page starts.
+pub(crate) fn clear_doorbell(uar: &HostView, sentinel: u64) {
+    qmem::store_u64(uar, BF_OFFSET, 0, Ordering::Relaxed);
+    clear_blueflame(uar, sentinel);
 }

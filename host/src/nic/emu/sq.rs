@@ -38,7 +38,7 @@ const DBREC_SQ_COUNTER: usize = offset_of!(QpDbrec, snd_counter);
 pub(crate) struct SqProgress {
     /// WQEBBs consumed (executed, failed or flushed), 64-bit.
     pub consumed: u64,
-    /// The doorbell register's value when last acted on. `Qp::connect` resets it (with the register).
+    /// The doorbell register's value when last acted on. RTR2RTS and 2ERR reset it (with the register).
     pub last_db: u64,
 }
 
@@ -48,8 +48,9 @@ pub(crate) struct SqProgress {
 pub(crate) struct Watched {
     pub qp: Arc<QpInner>,
     /// A copy of [`SqProgress::last_db`] that needs no lock: the two are written together under the
-    /// `progress` lock by [`poll`], and `Qp::connect` (the only other writer) runs before the QP reaches RTS,
-    /// when `poll` does not look at it. So a register equal to this value is no new doorbell.
+    /// `progress` lock by [`poll`], and RTR2RTS or 2ERR (the only other writers) run before the executor
+    /// watches the QP (in RTS or ERR), when `poll` does not look at it. So a register equal to this value is no
+    /// new doorbell.
     last_db: u64,
     /// The connected peer, looked up in the NIC's QP map when first needed. The executor drops it at its
     /// next refresh of the QP list, which `Qp::drop` of the peer waits for, so that this reference is never
@@ -72,8 +73,8 @@ impl Watched {
         Self { qp, last_db, peer: None, wire: None, resume: None }
     }
 
-    /// The QP and its wire state, made when the QP has a link (once `Qp::connect` has run); `None` for a QP
-    /// without a link or a destroyed one.
+    /// The QP and its wire state, made when the QP has a link (from its INIT2RTR on); `None` for a QP without
+    /// a link or a destroyed one. From RTS on, the state's requests start at the QP's `next_send_psn`.
     pub(crate) fn wire(&mut self) -> Option<(&QpInner, &mut WireSq)> {
         if self.qp.is_destroyed() {
             return None;
@@ -81,7 +82,12 @@ impl Watched {
         if self.wire.is_none() {
             self.wire = Some(WireSq::new(self.qp.link.get()?.clone()));
         }
-        Some((&self.qp, self.wire.as_mut()?))
+        let ws = self.wire.as_mut()?;
+        // The executor's requester runs in RTS (and flushes in ERR, which follows RTS or sends nothing).
+        if matches!(self.qp.state(), QpState::Rts | QpState::Error) {
+            ws.start_sending(self.qp.sq_psn());
+        }
+        Some((&self.qp, ws))
     }
 
     /// Forgets the cached peer (the executor refreshed its QP list: the peer may be gone).
@@ -433,6 +439,10 @@ fn step(
     let len = h.ds as usize * SEG;
     wqe_bytes(qp, &eng.fetched, idx, SEG, &mut eng.wqe[SEG..len]);
     let op = match wqe::parse_body(&h, &eng.wqe[..len]) {
+        Ok(op) if op.len() > qp.max_msg() => {
+            settle(wire.as_deref_mut(), eng, h.opcode, Fault::length(vendor::MSG_TOO_LONG));
+            return h.wqebbs as u64;
+        }
         Ok(op) => op,
         Err(f) => {
             settle(wire.as_deref_mut(), eng, h.opcode, f);
@@ -474,15 +484,15 @@ fn run(
     data: &mut DataPath,
     scratch: &mut Vec<(MemLoc, u64)>,
 ) -> Result<exec::Outcome, Fault> {
-    let remote_pd = match op {
-        Op::Nop => qp.pdn,
+    let remote = match op {
+        Op::Nop => qp.responder(),
         _ => match peer(fab, qp, peer_cache) {
-            Some(peer) if peer.responds_to(qp.qpn) => peer.pdn,
+            Some(peer) if peer.responds_to(qp.qpn) => peer.responder(),
             _ => return Err(Fault::retry_exceeded()),
         },
     };
     let mrs = read(&fab.mrs);
-    exec::execute(op, Pds { local: qp.pdn, remote: remote_pd }, &mrs, data, scratch)
+    exec::execute(op, Pds { local: qp.pdn, remote }, &mrs, data, scratch)
 }
 
 /// The CQE timestamp the emulator writes: nanoseconds since the NIC was opened (`Fabric::epoch`), not a
@@ -525,7 +535,7 @@ pub(crate) fn push_resp_imm(
     c.sop_drop_qpn = Be32::new(peer.qpn & 0x00ff_ffff);
     c.wqe_counter = Be16::new(n as u16);
     c.op_own = opcode::cqe::RESP_WR_IMM << 4;
-    if peer.cq.push(&c, &fab.stats, data).is_err() {
+    if peer.rcq.push(&c, &fab.stats, data).is_err() {
         peer.set_state(QpState::Error);
         return Err(Fault::remote_op(vendor::RESP_CQ_OVERRUN));
     }

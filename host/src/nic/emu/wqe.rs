@@ -107,6 +107,20 @@ pub(crate) enum Op<'a> {
     Atomic { remote: Remote, op: AtomicOp, sge: Sge },
 }
 
+impl Op<'_> {
+    /// The message's length in bytes, as the QP's `log_msg_max` bounds it: the data of a WRITE or READ, 8 for
+    /// an atomic, 0 for a NOP.
+    pub(crate) fn len(&self) -> u64 {
+        match *self {
+            Op::Nop => 0,
+            Op::Write { payload: Payload::Inline(d), .. } => d.len() as u64,
+            Op::Write { payload: Payload::Sges(l), .. } => l.total(),
+            Op::Read { sges, .. } => sges.total(),
+            Op::Atomic { .. } => 8,
+        }
+    }
+}
+
 /// Checks the ctrl segment: QPN, WQE index, opcode, opmod, `fm_ce_se`, and `ds` against the opcode's shape,
 /// the ring and the doorbell. Every failure is `LOCAL_QP_OP_ERR` (0x02).
 pub(crate) fn parse_ctrl(ctrl: &CtrlSeg, e: &Expect) -> Result<Header, Fault> {

@@ -778,7 +778,7 @@ fn accept(mut stream: TcpStream, from: SocketAddr, fab: Weak<Fabric>, mb: Mailbo
 }
 
 /// The link of local QP `dst_qpn` if it is connected to `src_qpn` of NIC `src_nic` and not up yet, waiting
-/// up to `timeout` for `Qp::connect` to run.
+/// up to `timeout` for its INIT2RTR to run.
 fn find_link(
     fab: &Weak<Fabric>,
     src_nic: u64,
@@ -794,7 +794,7 @@ fn find_link(
             return Err(reject::WRONG_NIC);
         }
         let qp = read(&fab.qps).get(&dst_qpn).cloned().ok_or(reject::NO_QP)?;
-        // `connect` sets the link before RTR: answer only once the QP takes requests.
+        // INIT2RTR sets the link before RTR: answer only once the QP takes requests.
         let ready = matches!(qp.state(), QpState::Rtr | QpState::Rts);
         if let (Some(link), true) = (qp.link.get(), ready) {
             if (link.remote.nic, link.remote.qpn) != (src_nic, src_qpn) {

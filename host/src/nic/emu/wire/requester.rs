@@ -132,8 +132,11 @@ fn set_state(out: &mut Outstanding, q: &mut Pending, state: State) {
 #[derive(Debug)]
 pub(crate) struct WireSq {
     pub link: Arc<Link>,
-    /// PSN of the next request.
+    /// PSN of the next request: the QP's `next_send_psn` once it reached RTS ([`WireSq::start_sending`]); the
+    /// responder side works before that, from RTR on.
     next_psn: u32,
+    /// Whether `next_psn` was set from the QP's RTR2RTS.
+    sending: bool,
     /// WQEs consumed from the SQ whose CQE is not written yet, oldest first.
     pending: VecDeque<Pending>,
     /// READs and atomics among `pending` still waiting for their response.
@@ -163,11 +166,14 @@ pub(crate) struct WireSq {
 }
 
 impl WireSq {
+    /// The state of a QP in RTR or RTS connected over `link`, whose peer's requests start at `link.remote.psn`
+    /// (the QP's `next_rcv_psn`).
     pub(crate) fn new(link: Arc<Link>) -> Self {
-        let (sq_psn, rq_psn) = (link.local.psn, link.remote.psn);
+        let rq_psn = link.remote.psn;
         Self {
             link,
-            next_psn: sq_psn & PSN_MASK,
+            next_psn: 0,
+            sending: false,
             pending: VecDeque::new(),
             out: Outstanding::default(),
             outbox: Vec::new(),
@@ -181,6 +187,15 @@ impl WireSq {
             down: None,
             gather: Vec::new(),
             resp: RespState::new(rq_psn),
+        }
+    }
+
+    /// Sets the PSN of the first request (the QP's `next_send_psn`, from RTR2RTS) once, when the QP is in RTS:
+    /// the state may have been made in RTR, when requests from the peer arrived first.
+    pub(crate) fn start_sending(&mut self, sq_psn: u32) {
+        if !self.sending {
+            self.next_psn = sq_psn & PSN_MASK;
+            self.sending = true;
         }
     }
 

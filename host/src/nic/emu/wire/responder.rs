@@ -156,13 +156,14 @@ pub(crate) fn pump(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
                 ws.gather.resize(n, 0);
                 if n > 0 {
                     let mrs = read(&fab.mrs);
-                    let got = exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)
-                        .and_then(|src| {
-                            // SAFETY: inside `src`, a registered range of `len` bytes (`offset + n <= len`);
-                            // the MR read lock is held. Earlier writes of this QP are placed first (read_bytes
-                            // fences pending GPU copies).
-                            unsafe { dp.read_bytes(at(src, offset), &mut ws.gather) }
-                        });
+                    let got =
+                        exec::remote(&mrs, qp.responder(), Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)
+                            .and_then(|src| {
+                                // SAFETY: inside `src`, a registered range of `len` bytes (`offset + n <= len`);
+                                // the MR read lock is held. Earlier writes of this QP are placed first (read_bytes
+                                // fences pending GPU copies).
+                                unsafe { dp.read_bytes(at(src, offset), &mut ws.gather) }
+                            });
                     if let Err(f) = got {
                         drop(mrs);
                         tracing::warn!(qpn = qp.qpn, psn, "emulated NIC: READ source gone mid-response (NAK)");
@@ -192,7 +193,8 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             // A zero-length WRITE checks no key (IB spec), so a WRITE_IMM with no data may carry rkey 0.
             if total > 0 {
                 let mrs = read(&fab.mrs);
-                let dst = exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, total, Access::REMOTE_WRITE)?;
+                let dst =
+                    exec::remote(&mrs, qp.responder(), Remote { addr: raddr, rkey }, total, Access::REMOTE_WRITE)?;
                 // SAFETY: `dst` is a registered range of `total` bytes and `offset + data.len() <= total`
                 // (checked by the decoder); the MR read lock is held while the bytes move.
                 unsafe { dp.write_bytes(at(dst, offset), data) }?;
@@ -211,7 +213,7 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             // A zero-length READ checks no key (as a zero-length WRITE); it is answered with one empty packet.
             if len > 0 {
                 let mrs = read(&fab.mrs);
-                exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)?;
+                exec::remote(&mrs, qp.responder(), Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)?;
             }
             // The data is read when the response goes out (`pump`).
             ws.resp.queue.push_back(Answer::Read { psn, rkey, raddr, len, offset: 0 });
@@ -221,7 +223,7 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
                 return Err(Fault::remote_inval(vendor::ATOMIC_ALIGN));
             }
             let mrs = read(&fab.mrs);
-            let word = exec::remote(&mrs, qp.pdn, Remote { addr: raddr, rkey }, 8, Access::REMOTE_ATOMIC)?;
+            let word = exec::remote(&mrs, qp.responder(), Remote { addr: raddr, rkey }, 8, Access::REMOTE_ATOMIC)?;
             // SAFETY: a registered, 8-aligned 8-byte range; the MR read lock is held. `atomic` orders itself
             // after earlier placements.
             let old = unsafe { dp.atomic(word, op) }?;
