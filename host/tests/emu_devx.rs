@@ -813,3 +813,57 @@ fn the_host_api_goes_through_the_same_commands() {
     );
     assert!(nic.take_drop_error().is_none());
 }
+
+/// Every opcode the firmware executes, and one it does not.
+const OPCODES: [u16; 11] = [
+    opcode::QUERY_HCA_CAP,
+    opcode::CREATE_CQ,
+    opcode::DESTROY_CQ,
+    opcode::CREATE_QP,
+    opcode::DESTROY_QP,
+    opcode::RST2INIT_QP,
+    opcode::INIT2RTR_QP,
+    opcode::RTR2RTS_QP,
+    opcode::QP_2ERR,
+    opcode::QUERY_QP,
+    0x0801,
+];
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// Any bytes under any opcode, of any length, with any output length, against a NIC that has a QP in
+    /// RTS: the firmware answers (never panics), a failure is a `DevxCmd` whose output (when it holds 8
+    /// bytes) carries the same status and syndrome, and the QP is still in RTS and still queried.
+    #[test]
+    fn any_mailbox_is_answered_and_a_refused_one_changes_nothing(
+        op in 0..OPCODES.len(),
+        body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+        out_len in 0usize..4200,
+        qpn_hit in proptest::prelude::any::<bool>(),
+    ) {
+        let t = OneQp::new();
+        let nic = &t.nic;
+        connect(nic, t.qpn, &all_rights(), &rtr(t.qpn, 0, nic.gid()), 0);
+        let mut inbox = body;
+        if inbox.len() >= 2 {
+            inbox[..2].copy_from_slice(&OPCODES[op].to_be_bytes());
+        }
+        if qpn_hit && inbox.len() >= 12 {
+            // Name the live QP, so that the commands on it get past the lookup.
+            inbox[9..12].copy_from_slice(&t.qpn.to_be_bytes()[1..]);
+        }
+        let mut out = vec![0u8; out_len];
+        match nic.devx_cmd(&inbox, &mut out) {
+            Ok(()) => {}
+            Err(Error::DevxCmd { status: s, syndrome: y, .. }) => {
+                proptest::prop_assert_ne!(s, status::OK);
+                if out_len >= 8 {
+                    proptest::prop_assert_eq!(mbox_out::check(&out), Ok(Err(mbox_out::CmdError { status: s, syndrome: y })));
+                }
+                proptest::prop_assert_eq!(state(nic, t.qpn), qpc::state::RTS);
+            }
+            Err(e) => proptest::prop_assert!(false, "not a command error: {e}"),
+        }
+    }
+}
