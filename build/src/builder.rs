@@ -85,8 +85,8 @@ impl PtxBuilder {
         self
     }
 
-    /// The oldest PTX ISA version to emit (`-Ctarget-feature=+ptxMN`), 8.2 by default (the first with
-    /// `st.mmio`, which the doorbell write uses).
+    /// The oldest PTX ISA version to emit (`-Ctarget-feature=+ptxMN`), [`PTX_ISA`] (8.6) by default: the first
+    /// with `fence.release`, which every doorbell post uses.
     pub fn ptx_isa(mut self, major: u32, minor: u32) -> Self {
         self.ptx_isa = (major, minor);
         self

@@ -1,7 +1,8 @@
 //! Polling the CQ: find the next CQE by its owner bit, read it, hand back its WQE index or its error, and
 //! tell the NIC how far software consumed (CQ dbrec word 0). rdma-core's `get_sw_cqe` + `update_cons_index`.
 
-use crate::error::CqeError;
+use crate::error::{CqeError, UnexpectedCqe};
+use crate::sq;
 use crate::sync;
 use gdaki_shared::handle::CqHandle;
 use gdaki_shared::prm::cqe::{is_sw_owned, Cqe64, ErrCqe, CQE_SIZE};
@@ -53,16 +54,66 @@ pub unsafe fn peek(cq: &CqHandle) -> Option<Cqe64> {
     Some(bytemuck::cast(words))
 }
 
-/// Consumes the CQE [`peek`] returned: advances `cq.cons_index` and writes the CQ dbrec's consumer index
-/// (word 0, low 24 bits) with a release store, so that our reads of the entry precede its reuse by the NIC:
-/// at GPU scope for a CQ in GPU memory (`st.release.gpu.u32`), at system scope for one in host memory
-/// (`st.release.sys.u32`), as for the SQ's dbrec (see `db`).
+/// A CQE that [`take`] consumed: what it reports, and for a requester CQE the WQE it completes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Taken {
+    /// The completion, or the error CQE's syndromes.
+    pub completion: Result<Completion, CqeError>,
+    /// The 64-bit WQEBB index of the WQE a requester CQE completes (it retires the SQ up to `wqe + 1`);
+    /// `None` for a responder completion (an inbound WRITE with immediate).
+    pub wqe: Option<u64>,
+}
+
+/// Takes the next CQE of `cq` for the send queue of QP `qpn` (`wqe_cnt` WQEBBs, retired up to `ci`, WQEs
+/// posted below the bound `pi` gives): the one completion path of every poster, Exclusive or shared. A
+/// requester CQE's 16-bit `wqe_counter` becomes a 64-bit index in `[ci, pi)` (`pi` is asked again once when
+/// the first bound does not cover it: a shared QP's reservations run ahead of what its poller loaded).
+/// Advances `cq.cons_index` but does not tell the NIC: [`publish_ci`] does, once per batch of takes.
+///
+/// Returns `None` when software owns no CQE, and [`UnexpectedCqe`] (the CQE left in the CQ) for a CQE of
+/// another QP or of no posted WQE.
 ///
 /// # Safety
-/// As [`peek`], which must have returned `Some` for the current consumer index.
+/// As [`peek`].
 #[inline(always)]
-pub unsafe fn pop(cq: &mut CqHandle) {
+pub unsafe fn take(
+    cq: &mut CqHandle,
+    qpn: u32,
+    wqe_cnt: u32,
+    ci: u64,
+    mut pi: impl FnMut() -> u64,
+) -> Option<Result<Taken, UnexpectedCqe>> {
+    // SAFETY: the caller's contract.
+    let c = unsafe { peek(cq) }?;
+    let unexpected = UnexpectedCqe { qpn: c.qpn(), wqe_counter: c.wqe_counter.get() };
+    // Requester CQEs and error CQEs carry the QPN at the same place (`sop_drop_qpn`, `s_wqe_opcode_qpn`).
+    if c.qpn() != qpn {
+        return Some(Err(unexpected));
+    }
+    let wqe = if matches!(c.opcode(), opcode::cqe::REQ | opcode::cqe::REQ_ERR) {
+        let counter = c.wqe_counter.get();
+        let w = sq::wqe_index_from_counter(ci, pi(), wqe_cnt, counter)
+            .or_else(|| sq::wqe_index_from_counter(ci, pi(), wqe_cnt, counter));
+        match w {
+            Some(w) => Some(w),
+            None => return Some(Err(unexpected)),
+        }
+    } else {
+        None
+    };
     cq.cons_index += 1;
+    Some(Ok(Taken { completion: decode(&c), wqe }))
+}
+
+/// Tells the NIC how far software consumed: writes the CQ dbrec's consumer index (word 0, low 24 bits of
+/// `cq.cons_index`) with a release store, so that the reads of the entries precede their reuse by the NIC:
+/// at GPU scope for a CQ in GPU memory (`st.release.gpu.u32`), at system scope for one in host memory
+/// (`st.release.sys.u32`), as for the SQ's dbrec (see `db`). Once per batch of [`take`]s.
+///
+/// # Safety
+/// As [`peek`].
+#[inline(always)]
+pub unsafe fn publish_ci(cq: &CqHandle) {
     let ci = Be32::new(cq.cons_index as u32 & CQ_CI_MASK).to_bits();
     let p = cq.dbrec as *mut u32;
     // SAFETY: word 0 of the CQ dbrec (`set_ci`), 4-byte aligned (caller's contract).

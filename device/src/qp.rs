@@ -8,12 +8,11 @@
 
 use crate::cq::{self, Completion};
 use crate::db;
-use crate::error::{CqeError, Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
+use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::sq;
-use crate::wait::bounded;
+use crate::wait::{bounded, bounded_steps, Step};
 use crate::wqe::{self, Ctrl, Raddr, Wqe};
 use gdaki_shared::handle::QpHandle;
-use gdaki_shared::prm::opcode;
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg, SEGS_PER_WQEBB};
 
 /// A posted WQE that asked for a CQE: its first WQEBB's 64-bit index. Complete once the CQ retires it
@@ -48,19 +47,16 @@ impl<'a> Qp<'a> {
     /// Waits until `n` WQEBBs are free, polling the CQ to retire earlier WQEs.
     fn reserve(&mut self, n: u32) -> Result<u64> {
         let timeout = self.timeout_ns;
-        bounded(
+        bounded_steps(
             timeout,
             || {
                 if sq::free_wqebbs(self.h.wqe_cnt, self.h.sq_pi, self.h.sq_ci) >= n as u64 {
-                    return Ok(Some(self.h.sq_pi));
+                    return Ok(Step::Done(self.h.sq_pi));
                 }
                 // WQEs that were posted but not rung can never complete: ring them before waiting on them.
                 self.ring_db();
-                match self.poll_cq() {
-                    // An error CQE is recorded (sticky) and reported by `wait`/`flush`; it still frees room.
-                    Some(Err(Error::Cqe(_))) | Some(Ok(_)) | None => Ok(None),
-                    Some(Err(e)) => Err(e),
-                }
+                // An error CQE is recorded (sticky) and reported by `wait`/`flush`; it still frees room.
+                Ok(if self.drain()? { Step::Progress } else { Step::Idle })
             },
             || WaitOn::SqSpace { wqebbs: n },
         )
@@ -221,33 +217,57 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::Cqe`] for an error CQE (the QP is then in the error state); [`Error::UnexpectedCqe`].
     pub fn poll_cq(&mut self) -> Option<Result<Completion>> {
+        let t = self.take()?;
         // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
-        let c = unsafe { cq::peek(&self.h.cq) }?;
-        let unexpected = Error::UnexpectedCqe(UnexpectedCqe { qpn: c.qpn(), wqe_counter: c.wqe_counter.get() });
-        // Requester CQEs and error CQEs carry the QPN at the same place (`sop_drop_qpn`, `s_wqe_opcode_qpn`).
-        if c.qpn() != self.h.qpn {
-            return Some(Err(unexpected));
-        }
-        let requester = matches!(c.opcode(), opcode::cqe::REQ | opcode::cqe::REQ_ERR);
-        let retired = if requester {
-            match sq::wqe_index_from_counter(self.h.sq_ci, self.h.sq_pi, self.h.wqe_cnt, c.wqe_counter.get()) {
-                Some(w) => Some(w + 1),
-                None => return Some(Err(unexpected)),
-            }
-        } else {
-            None
+        unsafe { cq::publish_ci(&self.h.cq) };
+        Some(t.map(|t| t.completion).and_then(|c| c.map_err(Error::Cqe)))
+    }
+
+    /// Takes one CQE ([`cq::take`]) and retires the SQ up to it, recording the first error CQE (sticky); the
+    /// consumer index is left for the caller to publish.
+    fn take(&mut self) -> Option<Result<cq::Taken>> {
+        let pi = self.h.sq_pi;
+        // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
+        let t = match unsafe { cq::take(&mut self.h.cq, self.h.qpn, self.h.wqe_cnt, self.h.sq_ci, || pi) }? {
+            Ok(t) => t,
+            Err(u) => return Some(Err(Error::UnexpectedCqe(u))),
         };
-        // SAFETY: `peek` returned this entry.
-        unsafe { cq::pop(&mut self.h.cq) };
-        let r = cq::decode(&c);
-        if let Some(ci) = retired {
-            self.h.sq_ci = ci;
-            if let (Err(e), 0) = (r, self.h.sq_err_idx) {
-                self.h.sq_err_idx = ci;
+        if let Some(w) = t.wqe {
+            self.h.sq_ci = w + 1;
+            if let (Err(e), 0) = (t.completion, self.h.sq_err_idx) {
+                self.h.sq_err_idx = w + 1;
                 self.h.sq_err = e.pack();
             }
         }
-        Some(r.map_err(Error::Cqe))
+        Some(Ok(t))
+    }
+
+    /// Takes the CQEs software owns now, retiring the SQ and recording the first error CQE (sticky; error CQEs
+    /// and responder completions are not returned), up to and including the first error CQE (the flushes
+    /// behind it stay for [`Qp::poll_cq`]), and tells the NIC the consumer index once. Returns whether it took
+    /// any.
+    ///
+    /// # Errors
+    /// [`Error::UnexpectedCqe`] (left in the CQ; those before it are taken).
+    fn drain(&mut self) -> Result<bool> {
+        let mut took = false;
+        let r = loop {
+            match self.take() {
+                None => break Ok(took),
+                Some(Ok(t)) => {
+                    took = true;
+                    if t.completion.is_err() {
+                        break Ok(true);
+                    }
+                }
+                Some(Err(e)) => break Err(e),
+            }
+        };
+        if took {
+            // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
+            unsafe { cq::publish_ci(&self.h.cq) };
+        }
+        r
     }
 
     /// Rings anything unrung and looks at the CQ once without waiting, so that an error CQE becomes visible
@@ -257,10 +277,7 @@ impl<'a> Qp<'a> {
     /// [`Error::UnexpectedCqe`].
     pub fn progress(&mut self) -> Result<()> {
         self.ring_db();
-        match self.poll_cq() {
-            Some(Err(e @ Error::UnexpectedCqe(_))) => Err(e),
-            _ => Ok(()),
-        }
+        self.drain().map(|_| ())
     }
 
     /// The first error CQE of this QP's WQEs, if one completed in error (the QP is then in the error state).
@@ -296,21 +313,18 @@ impl<'a> Qp<'a> {
         }
         self.ring_db();
         let timeout = self.timeout_ns;
-        bounded(
+        bounded_steps(
             timeout,
             || {
-                let polled = self.poll_cq();
+                let polled = self.drain();
                 if let Some(e) = self.error_at_or_before(t.0) {
                     return Err(e);
                 }
                 if self.h.sq_ci > t.0 {
                     // Done, even if a later WQE failed: its error belongs to its own waiters.
-                    return Ok(Some(()));
+                    return Ok(Step::Done(()));
                 }
-                match polled {
-                    Some(Err(e)) => Err(e),
-                    _ => Ok(None),
-                }
+                Ok(if polled? { Step::Progress } else { Step::Idle })
             },
             || WaitOn::Cqe { wqe_index: t.0 },
         )
@@ -350,14 +364,11 @@ impl<'a> Qp<'a> {
                 if tries % 8 != 1 {
                     return Ok(None);
                 }
-                let polled = self.poll_cq();
+                let polled = self.drain();
                 if let Some(e) = self.error() {
                     return Err(Error::Cqe(e));
                 }
-                match polled {
-                    Some(Err(e)) => Err(e),
-                    _ => Ok(None),
-                }
+                polled.map(|_| None)
             },
             || WaitOn::Semaphore { addr: sem as u64, expected, seen: seen.get() },
         )

@@ -8,8 +8,9 @@
 //! (docs/guide.md, "Toolchain"). On the host (the `cpu` executor) both scopes are `core::sync::atomic` with the
 //! same orderings.
 
-/// The atomics a shared QP's posters and CQ poller use, at one scope.
-pub trait Scope {
+/// The atomics a shared QP's posters and CQ poller use, at one scope. Two real implementations, [`Block`] and
+/// [`Device`]; sealed, since the shared-QP protocol is proven for these orderings only.
+pub trait Scope: sealed::Sealed {
     /// The PTX scope qualifier (`cta` or `gpu`), for messages and docs.
     const PTX: &'static str;
 
@@ -42,6 +43,13 @@ pub trait Scope {
     /// # Safety
     /// As [`Scope::try_lock`], held by the caller.
     unsafe fn unlock(p: *mut u32);
+}
+
+mod sealed {
+    /// Only this crate's scopes implement [`super::Scope`].
+    pub trait Sealed {}
+    impl Sealed for super::Block {}
+    impl Sealed for super::Device {}
 }
 
 /// The threads of one CTA share the QP (block-scope atomics).

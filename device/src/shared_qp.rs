@@ -16,17 +16,16 @@ use core::ptr::addr_of_mut;
 
 use crate::cq;
 use crate::db;
-use crate::error::{CqeError, Error, InvalidArgument, Result, UnexpectedCqe, WaitOn};
+use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::qp::Ticket;
 use crate::scope::Scope;
 use crate::sq;
 use crate::sync;
-use crate::wait::bounded;
+use crate::wait::{bounded, bounded_steps, Step};
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::QpHandle;
-use gdaki_shared::prm::opcode;
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs};
 
 /// A QP shared by the threads of scope `S`. Cheap to make: every thread that posts builds its own from the
@@ -149,16 +148,21 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// Waits until WQEBBs up to `end` (a reservation of `n`) are free in the ring, retiring and ringing meanwhile.
     fn wait_room(&self, end: u64, n: u64) -> Result<()> {
         let cnt = self.h.wqe_cnt as u64;
-        bounded(
+        bounded_steps(
             self.timeout_ns,
             || {
                 // SAFETY: the state's words (contract of `new`).
-                if end - unsafe { S::load_acquire(self.retired()) } <= cnt {
-                    return Ok(Some(()));
+                let retired = unsafe { S::load_acquire(self.retired()) };
+                if end - retired <= cnt {
+                    return Ok(Step::Done(()));
                 }
                 // The WQEs this poster waits on may be published but left unrung (their posters saw this one).
                 self.ring_pending();
-                self.progress().map(|_| None)
+                self.progress()?;
+                // Room appeared, if not yet enough: back off from the start again.
+                // SAFETY: as above.
+                let moved = unsafe { S::load_acquire(self.retired()) } != retired;
+                Ok(if moved { Step::Progress } else { Step::Idle })
             },
             || WaitOn::SqSpace { wqebbs: n as u32 },
         )
@@ -260,41 +264,35 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             (sync::load_volatile(self.retired()), S::load_acquire(self.resv()))
         };
         let mut result = Ok(());
-        // SAFETY: a valid CQ (contract of `new`) polled only under the lock.
-        while let Some(c) = unsafe { cq::peek(&cq) } {
-            let unexpected = Error::UnexpectedCqe(UnexpectedCqe { qpn: c.qpn(), wqe_counter: c.wqe_counter.get() });
-            if c.qpn() != self.h.qpn {
-                result = Err(unexpected);
-                break;
-            }
-            let requester = matches!(c.opcode(), opcode::cqe::REQ | opcode::cqe::REQ_ERR);
-            let w = if requester {
-                let counter = c.wqe_counter.get();
-                let w = sq::wqe_index_from_counter(retired, reserved, cnt, counter).or_else(|| {
-                    // The bound of CQEs to expect is `resv`, not `ready` (a ringer may announce a WQE whose
-                    // poster has not moved `ready` yet). This CQE may be of a WQE reserved after the load of
-                    // `resv` above: its reservation happened before the doorbell that announced it, so a load
-                    // made after reading the CQE sees it.
-                    // SAFETY: the state's word (contract of `new`).
-                    reserved = unsafe { S::load_acquire(self.resv()) };
-                    sq::wqe_index_from_counter(retired, reserved, cnt, counter)
-                });
-                match w {
-                    Some(w) => Some(w),
-                    None => {
-                        result = Err(unexpected);
-                        break;
+        loop {
+            // The bound of CQEs to expect is `resv`, not `ready` (a ringer may announce a WQE whose poster has
+            // not moved `ready` yet). A CQE may be of a WQE reserved after the load of `resv` above: its
+            // reservation happened before the doorbell that announced it, so a load made after reading the CQE
+            // (`take` asks again when the first bound falls short) sees it.
+            let mut reloaded = false;
+            // SAFETY: a valid CQ (contract of `new`) polled only under the lock; the state's word.
+            let t = unsafe {
+                cq::take(&mut cq, self.h.qpn, cnt, retired, || {
+                    if reloaded {
+                        reserved = S::load_acquire(self.resv());
                     }
-                }
-            } else {
-                // A responder completion (an inbound WRITE with immediate): channels do not use them.
-                None
+                    reloaded = true;
+                    reserved
+                })
             };
-            // SAFETY: `peek` returned this entry.
-            unsafe { cq::pop(&mut cq) };
-            if let Some(w) = w {
+            let t = match t {
+                None => break,
+                Some(Ok(t)) => t,
+                Some(Err(u)) => {
+                    result = Err(Error::UnexpectedCqe(u));
+                    break;
+                }
+            };
+            // A responder completion (an inbound WRITE with immediate) retires nothing: channels do not use
+            // them.
+            if let Some(w) = t.wqe {
                 retired = w + 1;
-                if let Err(e) = cq::decode(&c) {
+                if let Err(e) = t.completion {
                     // SAFETY: the error words are the lock holder's to write; published by the release below.
                     unsafe {
                         if sync::load_volatile(self.err_idx()) == 0 {
@@ -305,10 +303,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 }
             }
         }
-        // SAFETY: as above; `retired` is published with release for the posters' acquire loads. Nothing is
-        // stored when nothing was consumed (most polls of a waiter find no CQE).
+        // SAFETY: as above; `retired` is published with release for the posters' acquire loads, and the NIC is
+        // told the consumer index once for the batch. Nothing is stored when nothing was consumed (most polls
+        // of a waiter find no CQE).
         unsafe {
             if cq.cons_index != sync::load_volatile(self.cq_ci()) {
+                cq::publish_ci(&cq);
                 sync::store_volatile(self.cq_ci(), cq.cons_index);
                 S::store_release(self.retired(), retired);
             }

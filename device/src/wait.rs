@@ -4,6 +4,18 @@
 use crate::error::{Error, Result, Timeout, WaitOn};
 use crate::sync;
 
+/// What one step of a [`bounded_steps`] wait found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step<T> {
+    /// The wait is over, with this value.
+    Done(T),
+    /// Not yet, but something moved (e.g. CQEs were retired): the back-off starts again from its shortest
+    /// pause, so that a wait that makes progress keeps up with it.
+    Progress,
+    /// Nothing moved: the back-off grows.
+    Idle,
+}
+
 /// Calls `step` until it returns `Some` (done) or an error, backing off between calls; after `timeout_ns`
 /// nanoseconds returns [`Error::Timeout`] with the [`WaitOn`] that `on` describes at that moment.
 #[inline(always)]
@@ -12,7 +24,19 @@ pub fn bounded<T>(
     mut step: impl FnMut() -> Result<Option<T>>,
     on: impl FnOnce() -> WaitOn,
 ) -> Result<T> {
-    if let Some(v) = step()? {
+    bounded_steps(timeout_ns, || Ok(step()?.map_or(Step::Idle, Step::Done)), on)
+}
+
+/// As [`bounded`], for a `step` that also says when it made progress without finishing ([`Step::Progress`]):
+/// the back-off then starts again from its shortest pause. The timeout counts from the first call whatever
+/// progress is made, so the wait stays bounded.
+#[inline(always)]
+pub fn bounded_steps<T>(
+    timeout_ns: u64,
+    mut step: impl FnMut() -> Result<Step<T>>,
+    on: impl FnOnce() -> WaitOn,
+) -> Result<T> {
+    if let Step::Done(v) = step()? {
         return Ok(v);
     }
     let start = sync::clock_ns();
@@ -20,8 +44,10 @@ pub fn bounded<T>(
     loop {
         sync::backoff(spins);
         spins = spins.saturating_add(1);
-        if let Some(v) = step()? {
-            return Ok(v);
+        match step()? {
+            Step::Done(v) => return Ok(v),
+            Step::Progress => spins = 0,
+            Step::Idle => {}
         }
         let waited = sync::clock_ns().wrapping_sub(start);
         if waited > timeout_ns {

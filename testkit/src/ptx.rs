@@ -1,5 +1,5 @@
 //! The project's kernels as PTX, built by `build.rs` with `gdaki-build` from the `gdaki-testkit-kernels`
-//! crate: one self-contained module for sm_90 (PTX ISA 8.2 or newer), validated at build time (at least one
+//! crate: one self-contained module for sm_90 (PTX ISA 8.6 or newer), validated at build time (at least one
 //! `.entry`, no `.extern`). Load it with `gdaki::launch::Module::load`.
 
 /// The PTX module's text.
@@ -20,6 +20,10 @@ mod tests {
             "gdaki_post_rate",
             "gdaki_sass_put",
             "gdaki_sass_put_with_signal",
+            "gdaki_sass_qp_post",
+            "gdaki_sass_qp_post_bf",
+            "gdaki_sass_warp_post",
+            "gdaki_sass_shared_post",
             "gdaki_wqe_samples",
             "gdaki_smoke",
             "gdaki_flag_echo",
@@ -27,6 +31,6 @@ mod tests {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 10);
+        assert_eq!(PTX.matches(".entry ").count(), 14);
     }
 }
