@@ -13,7 +13,7 @@ use crate::sq;
 use crate::wait::{bounded, bounded_steps, Step};
 use crate::wqe::{self, Ctrl, Raddr, Wqe};
 use gdaki_shared::handle::QpHandle;
-use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg, SEGS_PER_WQEBB};
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg, SEGS_PER_WQEBB, WQEBB};
 
 /// A posted WQE that asked for a CQE: its first WQEBB's 64-bit index. Complete once the CQ retires it
 /// ([`Qp::wait`]); DOCA GPUNetIO's `ticket`.
@@ -175,15 +175,16 @@ impl<'a> Qp<'a> {
 
     /// Posts `w` and rings by BlueFlame: after the dbrec, the WQE's first WQEBB goes, whole, from registers to
     /// the BlueFlame register ([`db::ring_bf`]; the WQE is also in the ring, where the NIC may fetch it). As
-    /// rdma-core's mlx5 provider does, BlueFlame carries a doorbell's only WQE: a WQE of more than one WQEBB
-    /// (an inline WRITE of more than 28 bytes), or one behind earlier unrung WQEs, is posted and rung by
-    /// doorbell instead (the doorbell covers the unrung ones).
+    /// rdma-core's mlx5 provider does, BlueFlame carries a doorbell's only WQE and only where the UAR has a
+    /// BlueFlame buffer that takes it: a WQE of more than one WQEBB (an inline WRITE of more than 28 bytes),
+    /// one behind earlier unrung WQEs, or any WQE on a QP whose handle says `bf_size` < 64 (a doorbell-only
+    /// UAR) is posted and rung by doorbell instead (the doorbell covers the unrung ones).
     ///
     /// # Errors
     /// As [`Qp::post`].
     pub fn post_bf<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let ds = w.ds();
-        if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() {
+        if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() || (self.h.bf_size as usize) < WQEBB {
             let t = self.post(signaled, w)?;
             self.ring_db();
             return Ok(t);

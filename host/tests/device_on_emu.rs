@@ -1076,3 +1076,24 @@ fn a_warp_qp_posts_rings_once_per_batch_and_reports_errors() {
     assert_eq!(qp.error().map(|c| c.syndrome), Some(syndrome::REMOTE_ACCESS_ERR));
     assert!(matches!(qp.flush(), Err(Error::Cqe(_))), "sticky");
 }
+
+#[test]
+fn blueflame_on_a_doorbell_only_uar_rings_by_doorbell() {
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(64, 0), GuardedBuf::new(64, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    assert_eq!(h.bf_size, 64, "the emulated register takes one WQEBB");
+    // As `mlx5dv_qp.bf.size` says of a UAR without BlueFlame.
+    h.bf_size = 0;
+    let mut qp = dev_qp(&mut h);
+    let data = random_bytes(&mut rng, 64);
+    src.write(0, &data);
+    let t = qp.post_bf(true, wqe::rdma_write(raddr(&rmr.remote(), 0), sge(&lmr.handle(), 0, 64)));
+    qp.wait(t.unwrap()).unwrap();
+    assert_eq!(dst.read(), data);
+    let s = p.nic.stats();
+    assert_eq!((s.doorbells, s.blueflame, s.blueflame_fallbacks), (1, 0, 0), "an 8-byte doorbell: {s:?}");
+}

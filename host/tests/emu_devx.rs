@@ -113,6 +113,7 @@ fn qp_handle(m: &QpMem, uar: &DevxUar, qpn: u32, cq: CqHandle) -> QpHandle {
         sq_buf: m.addr,
         dbrec: m.addr + m.wqe_cnt as u64 * 64,
         bf_reg: uar.reg_addr(),
+        bf_size: gdaki_shared::prm::uar::BF_WRITE_SIZE as u32,
         wqe_cnt: m.wqe_cnt,
         qpn,
         cq,

@@ -49,7 +49,7 @@ pub struct CqHandle {
     pub pad: u32,
 }
 
-/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 120 bytes.
+/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 128 bytes.
 ///
 /// Software state (`sq_*` counters, the sticky error, `cq.cons_index`) is written by the one thread that owns
 /// the handle (Exclusive mode); the host sets it where the NIC is when it builds the handle (zero for a new
@@ -87,6 +87,12 @@ pub struct QpHandle {
     pub sq_err: u32,
     /// Where the SQ ring and the dbrec are (the doorbell register is always in the UAR page).
     pub placement: Placement,
+    /// Bytes one BlueFlame write may carry to `bf_reg` (`mlx5dv_qp.bf.size`; rdma-core uses BlueFlame only
+    /// for a WQE no larger): 0 for a doorbell-only UAR, where device code rings by doorbell whatever it is
+    /// asked. The emulated NIC's register takes one WQEBB ([`crate::prm::uar::BF_WRITE_SIZE`]).
+    pub bf_size: u32,
+    /// Padding, zero.
+    pub pad: u32,
 }
 
 /// A local memory region as device code names it in data segments. 24 bytes.
@@ -143,7 +149,7 @@ pub struct ErrorReport {
 const _: () = {
     use core::mem::{offset_of, size_of};
     assert!(size_of::<CqHandle>() == 40);
-    assert!(size_of::<QpHandle>() == 120);
+    assert!(size_of::<QpHandle>() == 128);
     assert!(offset_of!(QpHandle, cq) == 32);
     assert!(offset_of!(QpHandle, sq_pi) == 72);
     assert!(size_of::<MrHandle>() == 24);

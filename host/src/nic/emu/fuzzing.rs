@@ -506,6 +506,7 @@ mod tests {
             sq_buf: q.sq.as_ptr() as u64,
             dbrec: q.dbrec.as_ptr() as u64,
             bf_reg: q.bf.as_ptr() as u64,
+            bf_size: gdaki_shared::prm::uar::BF_WRITE_SIZE as u32,
             wqe_cnt: 64,
             qpn: QPN,
             cq,

@@ -379,6 +379,8 @@ impl Qp {
             sq_sig_first: consumed,
             sq_sig_end: consumed,
             placement: q.sq.placement(),
+            // The register takes one WQEBB.
+            bf_size: BF_WRITE_SIZE as u32,
             // A new handle knows of no error yet; the NIC still flushes WQEs of a QP in the error state.
             ..QpHandle::default()
         }

@@ -115,6 +115,8 @@ impl Mlx5Nic {
             sq_buf: qp.maps[0].device_addr,
             dbrec: qp.maps[1].device_addr,
             bf_reg: qp.maps[2].device_addr + (bf & (page - 1)),
+            // 0 on a UAR without BlueFlame: device code then rings by doorbell.
+            bf_size: dv.bf.size,
             wqe_cnt: n,
             qpn,
             cq: cq.handle(),
