@@ -250,6 +250,31 @@ fn a_blueflame_write_behind_unrung_wqes_reads_them_all_from_the_ring() {
     }
 }
 
+/// A BlueFlame write of two WQEBBs on a register of one (the handle's `bf_size`): the QP fails with
+/// LOCAL_QP_OP_ERR and nothing of the WQE runs.
+#[test]
+fn a_blueflame_write_larger_than_the_register_fails_the_qp() {
+    for kind in BOTH {
+        let mut r = Ranges::new(kind);
+        assert_eq!(r.p.a.handle().bf_size, 64, "{kind:?}");
+        let at = r.sq.put(&r.write(0));
+        r.sq.dbrec();
+        let bf_reg = r.sq.h.bf_reg;
+        for w in 8..16u64 {
+            // SAFETY: inside the UAR page (the BlueFlame buffer's first 256 bytes), 8-aligned.
+            unsafe { std::sync::atomic::AtomicU64::from_ptr((bf_reg + 8 * w) as *mut u64) }
+                .store(w, std::sync::atomic::Ordering::Release);
+        }
+        r.sq.blueflame(at);
+        let c = r.cq.wait();
+        assert_eq!(c.opcode(), opcode::cqe::REQ_ERR, "{kind:?}: {c:?}");
+        let e = c.as_err();
+        assert_eq!((e.syndrome, e.vendor_err_synd), (0x02, gdaki::nic::emu::vendor::BLUEFLAME_TOO_LARGE), "{kind:?}");
+        assert!(r.dst.read().iter().all(|&b| b == 0), "{kind:?}: nothing placed");
+        assert_eq!(r.p.a.state(), gdaki::nic::emu::QpState::Error, "{kind:?}");
+    }
+}
+
 /// Freeing GPU memory waits for every running kernel, so a destroyed QP's or CQ's GPU memory goes back to the
 /// NIC, zeroed before its next use, and is freed only with the NIC.
 #[test]

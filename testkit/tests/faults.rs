@@ -1,8 +1,8 @@
-//! Faults on the emulated NIC (issue items 4 and 5): one test per case of `gdaki_testkit::faults::catalogue()`, each
+//! Faults on the emulated NIC: one test per case of `gdaki_testkit::faults::catalogue()`, each
 //! asserting the exact outcome device code sees (syndrome and vendor syndrome of the error CQE, or the
 //! completion, timeout or overrun), the QP state, that no byte outside the permitted range changed, and that
 //! the waiter returned within its bound. The expected outcomes are written here a second time, from the PRM
-//! syndromes, so that the catalogue cannot drift from what the issue demands.
+//! syndromes, so that the catalogue cannot drift from what the PRM says.
 //!
 //! The SIGKILL case runs its peer in a child process: this test binary again, running only the ignored test
 //! `peer_child`, which is the peer's body when `GDAKI_FAULTS_PEER` is set and returns at once otherwise.

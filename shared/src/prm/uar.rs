@@ -10,7 +10,11 @@ pub const BF_OFFSET: usize = 0x800;
 /// Bytes of one BlueFlame write: one whole WQEBB.
 pub const BF_WRITE_SIZE: usize = 64;
 
-const _: () = assert!(BF_OFFSET + BF_WRITE_SIZE <= UAR_PAGE_SIZE);
+/// Bytes of one half of a QP's BlueFlame buffer on a ConnectX (`bf_reg_size` 512 split in two, as rdma-core's
+/// mlx5 provider sets `bf->buf_size`): the most a BlueFlame write at [`BF_OFFSET`] can reach.
+pub const BF_BUF_SIZE: usize = 256;
+
+const _: () = assert!(BF_OFFSET + BF_BUF_SIZE <= UAR_PAGE_SIZE && BF_WRITE_SIZE <= BF_BUF_SIZE);
 
 /// Word 1 (WQE bytes 8..16) of a BlueFlame write as gdaki's device code stores it: the WQE's own word 1 with
 /// the ctrl segment's `signature` byte (WQE byte 8) replaced by the low 8 bits of the WQE index, taken from

@@ -27,6 +27,9 @@ pub mod vendor {
     pub const BAD_INLINE: u8 = 0x08;
     /// The doorbell announced more WQEBBs than the ring holds (syndrome `LOCAL_QP_OP_ERR`).
     pub const BAD_DOORBELL: u8 = 0x09;
+    /// A BlueFlame write larger than the register's one WQEBB (the handle's `bf_size`): words past it were
+    /// stored (syndrome `LOCAL_QP_OP_ERR`; the PRM defines no outcome, so the emulator fails the QP).
+    pub const BLUEFLAME_TOO_LARGE: u8 = 0x0a;
     /// The message is longer than 2^31 bytes, or than the QP's `qpc.log_msg_max` allows (syndrome
     /// `LOCAL_LENGTH_ERR`).
     pub const MSG_TOO_LONG: u8 = 0x10;

@@ -37,6 +37,8 @@
 //!   word 1 last. Otherwise (a poster that overtook the NIC, a torn or untagged write, a WQE behind unrung ones)
 //!   the WQEs are read from the ring, where software must write them too ([`Stats::blueflame_fallbacks`]). With a
 //!   ring in host memory the register's WQE is compared with the ring's ([`Stats::blueflame_mismatches`]).
+//!   A write that reaches past the 64-byte register (the handles' `bf_size`) fails the QP (`LOCAL_QP_OP_ERR`,
+//!   [`vendor::BLUEFLAME_TOO_LARGE`]).
 //! - **Queues in GPU memory** are reached through the [`GpuCopier`] only: on a doorbell the NIC fetches the
 //!   announced WQEBBs of the SQ ring with dbrec word 1 (one read and one synchronize, [`Stats::ring_fetches`];
 //!   none for a BlueFlame WQE taken from the register); each CQE is one published write of the copier (bytes

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::cmd::qpc;
-use gdaki_shared::prm::uar::{BF_OFFSET, BF_WRITE_SIZE};
+use gdaki_shared::prm::uar::{BF_BUF_SIZE, BF_OFFSET, BF_WRITE_SIZE};
 
 use crate::{Error, Result};
 
@@ -387,10 +387,11 @@ impl Qp {
     }
 }
 
-/// Fills words 1..8 of the BlueFlame register in `uar` with `sentinel`: what the NIC leaves there after each
-/// doorbell it acts on, so that words a later BlueFlame write stored are told apart from stale ones.
+/// Fills words 1..32 of the BlueFlame buffer in `uar` (the 64-byte register and what a larger write would reach)
+/// with `sentinel`: what the NIC leaves there after each doorbell it acts on, so that words a later BlueFlame
+/// write stored are told apart from stale ones.
 pub(crate) fn clear_blueflame(uar: &HostView, sentinel: u64) {
-    for w in 1..BF_WRITE_SIZE / 8 {
+    for w in 1..BF_BUF_SIZE / 8 {
         qmem::store_u64(uar, BF_OFFSET + 8 * w, sentinel, Ordering::Relaxed);
     }
 }

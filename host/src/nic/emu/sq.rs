@@ -14,7 +14,7 @@ use std::sync::Arc;
 use gdaki_shared::prm::cqe::{Cqe64, ErrCqe};
 use gdaki_shared::prm::dbrec::{QpDbrec, SQ_COUNTER_MASK};
 use gdaki_shared::prm::opcode;
-use gdaki_shared::prm::uar::{blueflame_tagged, BF_OFFSET};
+use gdaki_shared::prm::uar::{blueflame_tagged, BF_BUF_SIZE, BF_OFFSET};
 use gdaki_shared::prm::wqe::{wqebbs, CtrlSeg, SEG, SEGS_PER_WQEBB, WQEBB};
 use gdaki_shared::{Be16, Be32, Be64};
 
@@ -223,7 +223,15 @@ fn act(
     if let QBuf::Host(d) = &qp.dbrec {
         check_dbrec(fab, qp, qmem::load_u32(d, DBREC_SQ_COUNTER, Ordering::Acquire), pi);
     }
-    let bf = take_blueflame(fab, qp, db, p.consumed);
+    let bf = match take_blueflame(fab, qp, db, p.consumed) {
+        Ok(bf) => bf,
+        Err(f) => {
+            if qp.state() != QpState::Error {
+                fail(fab, qp, &mut eng.data, p.consumed, ctrl.opcode(), f);
+            }
+            return true;
+        }
+    };
     if let Some(b) = &bf {
         compare_blueflame(fab, qp, p.consumed, b);
     }
@@ -290,15 +298,27 @@ fn check_dbrec(fab: &Fabric, qp: &QpInner, word: u32, pi: u64) {
 /// too (hardware falls back to the ring the same way; [`Stats::blueflame_fallbacks`] counts the register's
 /// words that were written but not used).
 ///
+/// A write that stored words past the register (the handle's `bf_size` is one WQEBB) fails the QP instead:
+/// `Err` with [`vendor::BLUEFLAME_TOO_LARGE`].
+///
 /// [`Stats::blueflame_fallbacks`]: super::Stats::blueflame_fallbacks
-fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Option<[u8; WQEBB]> {
+fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Result<Option<[u8; WQEBB]>, Fault> {
     let sentinel = fab.bf_sentinel;
     let mut words = [db; WQEBB / 8];
     for i in (1..WQEBB / 8).rev() {
         words[i] = qmem::swap_u64(&qp.uar, BF_OFFSET + 8 * i, sentinel, Ordering::AcqRel);
     }
     if words[1..].iter().all(|&v| v == sentinel) {
-        return None;
+        return Ok(None);
+    }
+    // Looked at only after a write to the register: a plain doorbell costs nothing more.
+    let mut past = false;
+    for i in WQEBB / 8..BF_BUF_SIZE / 8 {
+        past |= qmem::swap_u64(&qp.uar, BF_OFFSET + 8 * i, sentinel, Ordering::AcqRel) != sentinel;
+    }
+    if past {
+        tracing::warn!(qpn = qp.qpn, consumed, "emulated NIC: a BlueFlame write larger than the 64-byte register");
+        return Err(Fault::qp_op(vendor::BLUEFLAME_TOO_LARGE));
     }
     let ctrl = ctrl_of_doorbell(db);
     let covered = 2 * ctrl.ds() as usize;
@@ -313,7 +333,7 @@ fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Option<
             consumed,
             "emulated NIC: BlueFlame words not a whole write; WQE read from the ring"
         );
-        return None;
+        return Ok(None);
     }
     bump(&fab.stats.blueflame);
     let mut b = [0u8; WQEBB];
@@ -321,7 +341,7 @@ fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Option<
         chunk.copy_from_slice(&w.to_ne_bytes());
     }
     b[offset_of!(CtrlSeg, signature)] = 0;
-    Some(b)
+    Ok(Some(b))
 }
 
 /// Compares the WQE a BlueFlame write carried (`bf`, at WQEBB index `idx`) with the ring's copy when the ring
