@@ -250,6 +250,10 @@ impl<'a> Qp<'a> {
     ///
     /// # Errors
     /// [`Error::UnexpectedCqe`] (left in the CQ; those before it are taken).
+    // Out of line and cold: polling is the slow path of every post (the ring is full) and of the waits, and
+    // inlined into them it made the post path keep its state on the stack.
+    #[cold]
+    #[inline(never)]
     fn drain(&mut self) -> Result<bool> {
         let mut took = false;
         let r = loop {
