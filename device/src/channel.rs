@@ -15,14 +15,14 @@
 
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::fifo;
-use crate::onesided::{atomic_target, local, remote};
+use crate::onesided::{atomic_target, remote};
 use crate::qp::Qp;
 use crate::scope::{Block, Device, Scope};
 use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::wait::bounded;
 use crate::warp_qp::WarpQp;
-use crate::wqe::{self, Wqe};
+use crate::wqe::{self, Raddr, Sge, Wqe};
 pub use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::QpHandle;
@@ -252,27 +252,44 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
 
     /// Stages the RDMA WRITEs of `bytes` bytes from `src + src_offset` to `dst + dst_offset`, split into
     /// WQEs of at most `max_wqe_bytes`; the last one is submitted when `last` is set.
+    ///
+    /// The whole range is checked once, before anything is posted: every piece lies inside it, so none is
+    /// checked again, and a put that fits one WQE (the common case) builds it directly.
     #[inline(always)]
     fn writes(&mut self, dst_offset: u64, src_offset: u64, bytes: u64, last: bool) -> Result<()> {
-        // Whole range first: nothing is posted for a bad one.
-        remote(&self.h.dst, dst_offset, bytes)?;
-        local_range(&self.h.src, src_offset, bytes)?;
-        let max = self.h.max_wqe_bytes.clamp(1, MAX_WRITE);
+        let r = remote(&self.h.dst, dst_offset, bytes)?;
+        let src = local_range(&self.h.src, src_offset, bytes)?;
+        let lkey = self.h.src.lkey;
+        let max = self.h.max_wqe_bytes;
+        if bytes <= max && bytes <= MAX_WRITE {
+            return self.write(r, Sge::new(src, bytes as u32, lkey)?, bytes, last);
+        }
+        let max = max.clamp(1, MAX_WRITE);
         let mut done = 0;
         while done < bytes {
             let n = (bytes - done).min(max);
-            let (r, l) = (remote(&self.h.dst, dst_offset + done, n)?, local(&self.h.src, src_offset + done, n)?);
+            let piece = Raddr { addr: r.addr + done, rkey: r.rkey };
+            let l = Sge::new(src + done, n as u32, lkey)?;
             done += n;
-            if done == bytes && last {
-                let bf = bytes <= self.h.blue_flame_limit;
-                // Unsignaled: a put alone is followed by more puts (LL rounds, bandwidth loops), and a CQE for
-                // each would make the SQ retire one WQE per CQ poll.
-                self.qp.submit(bf, false, wqe::rdma_write(r, l))?;
-            } else {
-                self.qp.stage(wqe::rdma_write(r, l))?;
+            if done == bytes {
+                return self.write(piece, l, bytes, last);
             }
+            self.qp.stage(wqe::rdma_write(piece, l))?;
         }
         Ok(())
+    }
+
+    /// Stages the last WRITE of a put of `bytes` bytes, or submits it when the put is `last` (by BlueFlame up
+    /// to the channel's `blue_flame_limit`).
+    #[inline(always)]
+    fn write(&mut self, r: Raddr, l: Sge, bytes: u64, last: bool) -> Result<()> {
+        let w = wqe::rdma_write(r, l);
+        if !last {
+            return self.qp.stage(w);
+        }
+        // Unsignaled: a put alone is followed by more puts (LL rounds, bandwidth loops), and a CQE for each
+        // would make the SQ retire one WQE per CQ poll.
+        self.qp.submit(bytes <= self.h.blue_flame_limit, false, w)
     }
 
     /// RDMA WRITE of `bytes` bytes from the local memory at `src_offset` to the peer's memory at
@@ -338,14 +355,14 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         if self.proxied() {
             return self.push(Trigger::new(Trigger::SIGNAL, self.h.channel_id as u16, 0, 0, 0)).map(|_| ());
         }
-        self.fetch_add(0, 1, true)
+        let (r, l) = atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
+        self.fetch_add(r, l, 1)
     }
 
-    /// Fetch-add of `add` on the 8-byte word at `sem_offset` of the peer's semaphore region, result to the
-    /// QP's scratch word.
-    fn fetch_add(&mut self, sem_offset: u64, add: u64, to_sem: bool) -> Result<()> {
-        let target = if to_sem { &self.h.remote_sem } else { &self.h.dst };
-        let (r, l) = atomic_target(target, sem_offset, &self.h.scratch, 0)?;
+    /// Fetch-add of `add` on the checked remote word `r`, its old value to the checked local word `l` (the
+    /// QP's scratch word).
+    #[inline(always)]
+    fn fetch_add(&mut self, r: Raddr, l: Sge, add: u64) -> Result<()> {
         // Signaled: a signal ends an exchange that a flush usually follows, which then needs no NOP (on the H200
         // that NOP cost a Device-Exclusive ping-pong 11 µs). By BlueFlame as a put of its 8 bytes would be, so
         // that `blue_flame_limit` 0 means no BlueFlame at all.
@@ -363,9 +380,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         if self.proxied() {
             return self.push_writes(dst_offset, src_offset, bytes, Trigger::SIGNAL);
         }
-        atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
+        let (r, l) = atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
         self.writes(dst_offset, src_offset, bytes, false)?;
-        self.signal()
+        self.fetch_add(r, l, 1)
     }
 
     /// [`PortChannel::put`] then an RDMA fetch-add of `add` on the 8-byte word at `acc_offset` of the peer's
@@ -382,7 +399,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         acc_offset: u64,
         add: u64,
     ) -> Result<()> {
-        atomic_target(&self.h.dst, acc_offset, &self.h.scratch, 0)?;
+        let (r, l) = atomic_target(&self.h.dst, acc_offset, &self.h.scratch, 0)?;
         if self.proxied() {
             if self.h.proxy == mode::HOST_NO_ATOMIC || acc_offset > Trigger::MAX_FIELD {
                 return Err(Error::InvalidArgument(InvalidArgument::Unsupported));
@@ -391,7 +408,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             return self.push(Trigger::accumulate(self.h.channel_id as u16, acc_offset, add)).map(|_| ());
         }
         self.writes(dst_offset, src_offset, bytes, false)?;
-        self.fetch_add(acc_offset, add, false)
+        self.fetch_add(r, l, add)
     }
 
     /// Waits until everything posted on the QP so far has completed (MSCCL++ `flush`).
@@ -465,14 +482,15 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     }
 }
 
-/// Checks a local range for a put (the whole of it; `local` checks each WQE's piece, which may be shorter
-/// than 2^31).
-fn local_range(mr: &gdaki_shared::handle::MrHandle, off: u64, len: u64) -> Result<()> {
+/// Checks a local range for a put (the whole of it, which may be longer than one WQE takes) and returns its
+/// device address.
+#[inline(always)]
+fn local_range(mr: &gdaki_shared::handle::MrHandle, off: u64, len: u64) -> Result<u64> {
     if len == 0 {
         return Err(Error::InvalidArgument(InvalidArgument::Length));
     }
-    match off.checked_add(len) {
-        Some(end) if end <= mr.length => Ok(()),
+    match (off.checked_add(len), mr.addr.checked_add(off)) {
+        (Some(end), Some(addr)) if end <= mr.length => Ok(addr),
         _ => Err(Error::InvalidArgument(InvalidArgument::LocalRange)),
     }
 }

@@ -12,7 +12,7 @@ use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::sq;
 use crate::wait::{bounded, bounded_steps, Step};
 use crate::wqe::{self, Ctrl, Raddr, Wqe};
-use gdaki_shared::handle::QpHandle;
+use gdaki_shared::handle::{Placement, QpHandle};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg, SEGS_PER_WQEBB, WQEBB};
 
 /// A posted WQE that asked for a CQE: its first WQEBB's 64-bit index. Complete once the CQ retires it
@@ -22,36 +22,145 @@ use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg, SEGS_PER_WQEBB, WQEBB};
 pub struct Ticket(pub u64);
 
 /// Exclusive access to one QP's send side, for the lifetime of the borrow.
+///
+/// The handle's fixed fields and its counters are read once, by [`Qp::new`], and kept in this value (in
+/// registers, while device code keeps the `Qp` across its posts): a post reads nothing from memory but its
+/// WQE's inputs, and the fences around the doorbell do not force the counters out to memory and back. The
+/// counters go back to the handle when the `Qp` is dropped, where the next `Qp` of the handle (or the host)
+/// finds them. The sticky error and the CQ's consumer index stay in the handle: only the slow paths (CQ
+/// polling) touch them.
 pub struct Qp<'a> {
     h: &'a mut QpHandle,
+    sq: Sq,
     /// Doorbell bits of the last WQE posted and not yet rung, if any.
     unrung: Option<u64>,
     timeout_ns: u64,
 }
 
+/// What a post needs of the handle, read once ([`Sq::load`]), and the send-queue counters.
+#[derive(Clone, Copy)]
+struct Sq {
+    buf: u64,
+    dbrec: u64,
+    bf_reg: u64,
+    /// WQEBBs in the ring: the handle's size, or [`sq::MIN_WQE_CNT`] for a size device code cannot post to
+    /// (then `room` is 0 and no WQE is ever stored).
+    cnt: u32,
+    qpn: u32,
+    placement: Placement,
+    /// Whether the UAR's BlueFlame buffer takes a whole WQEBB (`bf_size` >= 64).
+    blueflame: bool,
+    /// WQEBBs free for posting without looking at the CQ: `cnt - (pi - ci)`, less as posts take them, more as
+    /// the CQ retires them. 0 for a handle device code cannot post to, so that every post takes the slow
+    /// path, which reports it.
+    room: u32,
+    /// WQEBBs that may still be posted before a WQE must ask for a CQE (the quarter-ring policy, kept as a
+    /// countdown so that the fast path decides it in 32 bits).
+    until_cqe: u32,
+    pi: u64,
+    ci: u64,
+    sig_first: u64,
+    sig_end: u64,
+}
+
+impl Sq {
+    /// Reads `h` once.
+    #[inline(always)]
+    fn load(h: &QpHandle) -> Sq {
+        let cnt = h.wqe_cnt;
+        let (pi, ci, sig_end) = (h.sq_pi, h.sq_ci, h.sq_sig_end);
+        let valid = sq::valid_ring(cnt);
+        let cnt = if valid { cnt } else { sq::MIN_WQE_CNT };
+        Sq {
+            buf: h.sq_buf,
+            dbrec: h.dbrec,
+            bf_reg: h.bf_reg,
+            cnt,
+            qpn: h.qpn,
+            placement: h.placement,
+            blueflame: h.bf_size as usize >= WQEBB,
+            room: if valid { sq::free_wqebbs(cnt, pi, ci) as u32 } else { 0 },
+            until_cqe: until_cqe(cnt, pi, sig_end),
+            pi,
+            ci,
+            sig_first: h.sq_sig_first,
+            sig_end,
+        }
+    }
+
+    /// Writes the counters back to `h`.
+    #[inline(always)]
+    fn store(&self, h: &mut QpHandle) {
+        h.sq_pi = self.pi;
+        h.sq_ci = self.ci;
+        h.sq_sig_first = self.sig_first;
+        h.sq_sig_end = self.sig_end;
+    }
+}
+
+/// WQEBBs that may be posted after producer index `pi` before a WQE must ask for a CQE, given the end of the
+/// last one that did (`sig_end`): a quarter of the ring after it, at least 0.
+#[inline(always)]
+fn until_cqe(cnt: u32, pi: u64, sig_end: u64) -> u32 {
+    let since = pi.wrapping_sub(sig_end).min(u32::MAX as u64) as u32;
+    (cnt / 4).saturating_sub(since)
+}
+
+impl Drop for Qp<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.sq.store(self.h);
+    }
+}
+
 impl<'a> Qp<'a> {
-    /// Takes the QP described by `h`; bounded waits give up after `timeout_ns` nanoseconds.
+    /// Takes the QP described by `h`; bounded waits give up after `timeout_ns` nanoseconds. Reads the handle
+    /// once; the counters go back to it when the `Qp` is dropped.
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP: its ring, dbrec, UAR register and CQ
     /// addresses valid for the borrow, and no other thread posting to it or polling its CQ meanwhile.
+    #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
-        Self { h, unrung: None, timeout_ns }
+        Self { sq: Sq::load(h), h, unrung: None, timeout_ns }
     }
 
-    /// The handle (counters included).
-    pub fn handle(&self) -> &QpHandle {
-        self.h
+    /// The handle as it stands now: its fixed fields with this `Qp`'s counters (the handle in memory gets
+    /// them when the `Qp` is dropped).
+    pub fn handle(&self) -> QpHandle {
+        let mut h = *self.h;
+        self.sq.store(&mut h);
+        h
     }
 
-    /// Waits until `n` WQEBBs are free, polling the CQ to retire earlier WQEs.
-    fn reserve(&mut self, n: u32) -> Result<u64> {
+    /// Runs a slow path (`f`: polling the CQ, waiting for room) out of line, on a copy of this `Qp` passed by
+    /// value, and takes its state back. A call that took `&mut self` out of line would make every caller keep
+    /// the `Qp` in memory (its address escapes), and every fence would then store and reload the counters.
+    #[inline(always)]
+    fn cold<R>(&mut self, f: impl FnOnce(&mut Qp<'_>) -> R) -> R {
+        let copy = Qp { h: &mut *self.h, sq: self.sq, unrung: self.unrung, timeout_ns: self.timeout_ns };
+        let (sq, unrung, r) = out_of_line(copy, f);
+        self.sq = sq;
+        self.unrung = unrung;
+        r
+    }
+
+    /// The slow path of a post: waits until `n` WQEBBs are free, polling the CQ to retire earlier WQEs.
+    ///
+    /// # Errors
+    /// As [`Qp::post`]: an invalid ring size, a timeout, an unexpected CQE.
+    fn reserve_slow(&mut self, n: u32) -> Result<()> {
+        if !sq::valid_ring(self.h.wqe_cnt) {
+            // The CQE policy (a CQE every quarter ring) needs room for a 4-WQEBB WQE beside the unsignaled
+            // tail; a smaller ring could wait forever for room.
+            return Err(Error::InvalidArgument(InvalidArgument::Handle));
+        }
         let timeout = self.timeout_ns;
         bounded_steps(
             timeout,
             || {
-                if sq::free_wqebbs(self.h.wqe_cnt, self.h.sq_pi, self.h.sq_ci) >= n as u64 {
-                    return Ok(Step::Done(self.h.sq_pi));
+                if self.sq.room >= n {
+                    return Ok(Step::Done(()));
                 }
                 // WQEs that were posted but not rung can never complete: ring them before waiting on them.
                 self.ring_db();
@@ -111,13 +220,12 @@ impl<'a> Qp<'a> {
     ) -> Result<Ticket> {
         let nbb = wqebbs(ds as u32);
         let (pi, signaled) = self.reserve_batch(nbb, signaled)?;
-        let end = pi + nbb as u64;
         let flags = if signaled { fm_ce_se::CQ_UPDATE } else { 0 };
-        let segs = build(Ctrl { idx: pi as u16, qpn: self.h.qpn, fm_ce_se: flags });
-        // SAFETY: `Qp::new`'s contract gives a valid ring; `reserve_batch` made WQEBBs `pi..end` ours.
-        unsafe { sq::write_segs(self.h.sq_buf, self.h.wqe_cnt, pi, &segs[..ds as usize]) };
+        let segs = build(Ctrl { idx: pi as u16, qpn: self.sq.qpn, fm_ce_se: flags });
+        // SAFETY: `Qp::new`'s contract gives a valid ring; `reserve_batch` made WQEBBs `pi..pi + nbb` ours.
+        unsafe { sq::write_segs(self.sq.buf, self.sq.cnt, pi, &segs[..ds as usize]) };
         // The ctrl segment's first 8 bytes as stored are the doorbell value (`CtrlSeg::doorbell_bits`).
-        self.commit(pi, end, signaled, segs[0].0[0]);
+        self.commit(pi, nbb, signaled, segs[0].0[0]);
         Ok(Ticket(pi))
     }
 
@@ -129,25 +237,24 @@ impl<'a> Qp<'a> {
     /// As [`Qp::post`].
     #[inline(always)]
     pub(crate) fn reserve_batch(&mut self, nbb: u32, signaled: bool) -> Result<(u64, bool)> {
-        let cnt = self.h.wqe_cnt;
-        if !sq::valid_ring(cnt) {
-            // The CQE policy (a CQE every quarter ring) needs room for a 4-WQEBB WQE beside the unsignaled
-            // tail; a smaller ring could wait forever for room.
-            return Err(Error::InvalidArgument(InvalidArgument::Handle));
+        if nbb > self.sq.room {
+            self.cold(|q| q.reserve_slow(nbb))?;
         }
-        let pi = self.reserve(nbb)?;
-        let end = pi + nbb as u64;
-        Ok((pi, signaled || end.wrapping_sub(self.h.sq_sig_end) >= (cnt / 4) as u64))
+        Ok((self.sq.pi, signaled || nbb >= self.sq.until_cqe))
     }
 
-    /// Records WQEs stored in the WQEBBs reserved up to `end`, the last of which starts at `last`, asked for a
+    /// Records WQEs stored in the `nbb` WQEBBs just reserved, the last of which starts at `last`, asked for a
     /// CQE when `signaled`, and has the doorbell bits `bits` (rung by the next [`Qp::ring_db`]).
     #[inline(always)]
-    pub(crate) fn commit(&mut self, last: u64, end: u64, signaled: bool, bits: u64) {
-        self.h.sq_pi = end;
+    pub(crate) fn commit(&mut self, last: u64, nbb: u32, signaled: bool, bits: u64) {
+        self.sq.room -= nbb;
+        self.sq.pi += nbb as u64;
         if signaled {
-            self.h.sq_sig_first = last + 1;
-            self.h.sq_sig_end = end;
+            self.sq.sig_first = last + 1;
+            self.sq.sig_end = self.sq.pi;
+            self.sq.until_cqe = self.sq.cnt / 4;
+        } else {
+            self.sq.until_cqe -= nbb;
         }
         self.unrung = Some(bits);
     }
@@ -163,12 +270,13 @@ impl<'a> Qp<'a> {
 
     /// Rings the doorbell for every WQE posted since the last ring: dbrec, then the 8-byte doorbell carrying
     /// the last WQE's ctrl words. Does nothing when nothing is pending.
+    #[inline(always)]
     pub fn ring_db(&mut self) {
         if let Some(bits) = self.unrung.take() {
             // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
             unsafe {
-                db::update_dbrec(self.h.dbrec, self.h.sq_pi, self.h.placement);
-                db::ring_db(self.h.bf_reg, bits, self.h.placement);
+                db::update_dbrec(self.sq.dbrec, self.sq.pi, self.sq.placement);
+                db::ring_db(self.sq.bf_reg, bits, self.sq.placement);
             }
         }
     }
@@ -182,9 +290,10 @@ impl<'a> Qp<'a> {
     ///
     /// # Errors
     /// As [`Qp::post`].
+    #[inline(always)]
     pub fn post_bf<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let ds = w.ds();
-        if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() || (self.h.bf_size as usize) < WQEBB {
+        if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() || !self.sq.blueflame {
             let t = self.post(signaled, w)?;
             self.ring_db();
             return Ok(t);
@@ -199,8 +308,8 @@ impl<'a> Qp<'a> {
         self.unrung = None;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe {
-            db::update_dbrec(self.h.dbrec, self.h.sq_pi, self.h.placement);
-            db::ring_bf(self.h.bf_reg, &first, self.h.placement);
+            db::update_dbrec(self.sq.dbrec, self.sq.pi, self.sq.placement);
+            db::ring_bf(self.sq.bf_reg, &first, self.sq.placement);
         }
         Ok(t)
     }
@@ -218,23 +327,27 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::Cqe`] for an error CQE (the QP is then in the error state); [`Error::UnexpectedCqe`].
     pub fn poll_cq(&mut self) -> Option<Result<Completion>> {
-        let t = self.take()?;
-        // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
-        unsafe { cq::publish_ci(&self.h.cq) };
-        Some(t.map(|t| t.completion).and_then(|c| c.map_err(Error::Cqe)))
+        self.cold(|q| {
+            let t = q.take()?;
+            // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
+            unsafe { cq::publish_ci(&q.h.cq) };
+            Some(t.map(|t| t.completion).and_then(|c| c.map_err(Error::Cqe)))
+        })
     }
 
     /// Takes one CQE ([`cq::take`]) and retires the SQ up to it, recording the first error CQE (sticky); the
     /// consumer index is left for the caller to publish.
     fn take(&mut self) -> Option<Result<cq::Taken>> {
-        let pi = self.h.sq_pi;
+        let pi = self.sq.pi;
         // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
-        let t = match unsafe { cq::take(&mut self.h.cq, self.h.qpn, self.h.wqe_cnt, self.h.sq_ci, || pi) }? {
+        let t = match unsafe { cq::take(&mut self.h.cq, self.sq.qpn, self.sq.cnt, self.sq.ci, || pi) }? {
             Ok(t) => t,
             Err(u) => return Some(Err(Error::UnexpectedCqe(u))),
         };
         if let Some(w) = t.wqe {
-            self.h.sq_ci = w + 1;
+            // The room grows by what this CQE retired.
+            self.sq.room += (w + 1 - self.sq.ci) as u32;
+            self.sq.ci = w + 1;
             if let (Err(e), 0) = (t.completion, self.h.sq_err_idx) {
                 self.h.sq_err_idx = w + 1;
                 self.h.sq_err = e.pack();
@@ -250,10 +363,6 @@ impl<'a> Qp<'a> {
     ///
     /// # Errors
     /// [`Error::UnexpectedCqe`] (left in the CQ; those before it are taken).
-    // Out of line and cold: polling is the slow path of every post (the ring is full) and of the waits, and
-    // inlined into them it made the post path keep its state on the stack.
-    #[cold]
-    #[inline(never)]
     fn drain(&mut self) -> Result<bool> {
         let mut took = false;
         let r = loop {
@@ -281,8 +390,10 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::UnexpectedCqe`].
     pub fn progress(&mut self) -> Result<()> {
-        self.ring_db();
-        self.drain().map(|_| ())
+        self.cold(|q| {
+            q.ring_db();
+            q.drain().map(|_| ())
+        })
     }
 
     /// The first error CQE of this QP's WQEs, if one completed in error (the QP is then in the error state).
@@ -302,37 +413,39 @@ impl<'a> Qp<'a> {
     /// asked and whoever polled it (the error is sticky); [`Error::Timeout`] after the QP's timeout;
     /// [`Error::UnexpectedCqe`]; [`Error::InvalidArgument`] (`Ticket`) for a ticket this QP never issued.
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
-        if t.0 >= self.h.sq_pi {
-            // Not a WQE of this QP (yet): nothing could ever complete it.
-            return Err(Error::InvalidArgument(InvalidArgument::Ticket));
-        }
-        if let Some(e) = self.error_at_or_before(t.0) {
-            return Err(e);
-        }
-        if self.h.sq_ci > t.0 {
-            return Ok(());
-        }
-        // An unsignaled WQE is retired only by a later CQE: ask for one when none was requested since `t`.
-        if self.h.sq_sig_first <= t.0 {
-            let _ = self.post(true, wqe::nop())?;
-        }
-        self.ring_db();
-        let timeout = self.timeout_ns;
-        bounded_steps(
-            timeout,
-            || {
-                let polled = self.drain();
-                if let Some(e) = self.error_at_or_before(t.0) {
-                    return Err(e);
-                }
-                if self.h.sq_ci > t.0 {
-                    // Done, even if a later WQE failed: its error belongs to its own waiters.
-                    return Ok(Step::Done(()));
-                }
-                Ok(if polled? { Step::Progress } else { Step::Idle })
-            },
-            || WaitOn::Cqe { wqe_index: t.0 },
-        )
+        self.cold(|q| {
+            if t.0 >= q.sq.pi {
+                // Not a WQE of this QP (yet): nothing could ever complete it.
+                return Err(Error::InvalidArgument(InvalidArgument::Ticket));
+            }
+            if let Some(e) = q.error_at_or_before(t.0) {
+                return Err(e);
+            }
+            if q.sq.ci > t.0 {
+                return Ok(());
+            }
+            // An unsignaled WQE is retired only by a later CQE: ask for one when none was requested since `t`.
+            if q.sq.sig_first <= t.0 {
+                let _ = q.post(true, wqe::nop())?;
+            }
+            q.ring_db();
+            let timeout = q.timeout_ns;
+            bounded_steps(
+                timeout,
+                || {
+                    let polled = q.drain();
+                    if let Some(e) = q.error_at_or_before(t.0) {
+                        return Err(e);
+                    }
+                    if q.sq.ci > t.0 {
+                        // Done, even if a later WQE failed: its error belongs to its own waiters.
+                        return Ok(Step::Done(()));
+                    }
+                    Ok(if polled? { Step::Progress } else { Step::Idle })
+                },
+                || WaitOn::Cqe { wqe_index: t.0 },
+            )
+        })
     }
 
     /// Waits until the 8-byte semaphore at `sem` (host-order `u64`, advanced by a peer's atomics) is at least
@@ -351,32 +464,34 @@ impl<'a> Qp<'a> {
     /// # Safety
     /// `sem` must be valid for reads and 8-byte aligned for the whole wait.
     pub unsafe fn wait_semaphore(&mut self, sem: *const u64, expected: u64) -> Result<u64> {
-        let seen = core::cell::Cell::new(0);
-        let mut tries = 0u32;
-        // Anything still unrung would never complete, and its CQE is what reports a dead peer.
-        self.ring_db();
-        bounded(
-            self.timeout_ns,
-            || {
-                // SAFETY: the caller guarantees `sem`.
-                seen.set(unsafe { crate::sync::load_acquire_u64(sem) });
-                if seen.get() >= expected {
-                    return Ok(Some(seen.get()));
-                }
-                // The CQ is looked at on every 8th try only: on the GPU each look is a read across PCIe, and
-                // the semaphore is what the wait is for; an error still ends it within a few backoff steps.
-                tries = tries.wrapping_add(1);
-                if tries % 8 != 1 {
-                    return Ok(None);
-                }
-                let polled = self.drain();
-                if let Some(e) = self.error() {
-                    return Err(Error::Cqe(e));
-                }
-                polled.map(|_| None)
-            },
-            || WaitOn::Semaphore { addr: sem as u64, expected, seen: seen.get() },
-        )
+        self.cold(|q| {
+            let seen = core::cell::Cell::new(0);
+            let mut tries = 0u32;
+            // Anything still unrung would never complete, and its CQE is what reports a dead peer.
+            q.ring_db();
+            bounded(
+                q.timeout_ns,
+                || {
+                    // SAFETY: the caller guarantees `sem`.
+                    seen.set(unsafe { crate::sync::load_acquire_u64(sem) });
+                    if seen.get() >= expected {
+                        return Ok(Some(seen.get()));
+                    }
+                    // The CQ is looked at on every 8th try only: on the GPU each look is a read across PCIe, and
+                    // the semaphore is what the wait is for; an error still ends it within a few backoff steps.
+                    tries = tries.wrapping_add(1);
+                    if tries % 8 != 1 {
+                        return Ok(None);
+                    }
+                    let polled = q.drain();
+                    if let Some(e) = q.error() {
+                        return Err(Error::Cqe(e));
+                    }
+                    polled.map(|_| None)
+                },
+                || WaitOn::Semaphore { addr: sem as u64, expected, seen: seen.get() },
+            )
+        })
     }
 
     /// Waits until every WQE posted so far has completed (MSCCL++ `flush`): rings pending WQEs, asks for a
@@ -385,15 +500,26 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// As [`Qp::wait`]: once any WQE of this QP has completed in error, every flush returns that first error.
     pub fn flush(&mut self) -> Result<()> {
-        if let Some(e) = self.error() {
-            return Err(Error::Cqe(e));
-        }
-        if self.h.sq_sig_end != self.h.sq_pi {
-            let _ = self.post(true, wqe::nop())?;
-        }
-        if self.h.sq_sig_first == 0 {
-            return Ok(());
-        }
-        self.wait(Ticket(self.h.sq_sig_first - 1))
+        self.cold(|q| {
+            if let Some(e) = q.error() {
+                return Err(Error::Cqe(e));
+            }
+            if q.sq.sig_end != q.sq.pi {
+                let _ = q.post(true, wqe::nop())?;
+            }
+            if q.sq.sig_first == 0 {
+                return Ok(());
+            }
+            q.wait(Ticket(q.sq.sig_first - 1))
+        })
     }
+}
+
+/// The out-of-line half of [`Qp::cold`]: runs `f` on `q` and returns `q`'s state with the result (`q`'s drop
+/// then writes the counters to the handle, as the caller's will again later).
+#[cold]
+#[inline(never)]
+fn out_of_line<R>(mut q: Qp<'_>, f: impl FnOnce(&mut Qp<'_>) -> R) -> (Sq, Option<u64>, R) {
+    let r = f(&mut q);
+    (q.sq, q.unrung, r)
 }

@@ -8,17 +8,21 @@ use gdaki_shared::prm::wqe::{Seg, SEGS_PER_WQEBB};
 /// Stores `segs` into the ring at `sq_buf` (`wqe_cnt` WQEBBs) starting at WQEBB index `pi`, wrapping at the
 /// ring's end. Unordered stores: publish with a release fence before the dbrec.
 ///
+/// A WQE wraps only between WQEBBs, so the address is computed once per WQEBB (from the 32-bit index: the
+/// ring has at most 2^15 WQEBBs) and the segments of one WQEBB go to consecutive 16-byte slots.
+///
 /// # Safety
 /// `sq_buf` must be the 64-byte aligned SQ ring of `wqe_cnt` (a power of two) WQEBBs, writable, and the
 /// WQEBBs `pi .. pi + ceil(segs.len() / 4)` must be reserved by the caller.
 #[inline(always)]
 pub unsafe fn write_segs(sq_buf: u64, wqe_cnt: u32, pi: u64, segs: &[Seg]) {
-    let mask = (wqe_cnt as u64 * SEGS_PER_WQEBB as u64) - 1;
-    let first = pi * SEGS_PER_WQEBB as u64;
+    let mask = wqe_cnt.wrapping_sub(1);
     for (i, s) in segs.iter().enumerate() {
-        let slot = (first + i as u64) & mask;
-        // SAFETY: `slot` is inside the ring (masked), the ring is 16-byte aligned, and the caller reserved it.
-        unsafe { sync::store_seg((sq_buf as *mut Seg).add(slot as usize), *s) };
+        let wqebb = (pi as u32).wrapping_add((i / SEGS_PER_WQEBB) as u32) & mask;
+        let slot = wqebb as usize * SEGS_PER_WQEBB + i % SEGS_PER_WQEBB;
+        // SAFETY: `slot` is inside the ring (masked WQEBB, slot within it), the ring is 16-byte aligned, and
+        // the caller reserved it.
+        unsafe { sync::store_seg((sq_buf as *mut Seg).add(slot), *s) };
     }
 }
 

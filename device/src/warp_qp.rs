@@ -91,7 +91,7 @@ impl<'a> WarpQp<'a> {
         if lead {
             // SAFETY: this is the leader; the other lanes are past their last read of the handle.
             let mut qp = unsafe { self.leader_qp() };
-            qp.commit(last, base + total as u64, sig, bits);
+            qp.commit(last, total, sig, bits);
             qp.ring_db();
         }
         Ok(Ticket(if signaled && sig { last } else { idx }))

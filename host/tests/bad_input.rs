@@ -705,7 +705,7 @@ fn a_fresh_handle_of_a_flushed_qp_continues_where_the_nic_is_and_its_work_comple
         let mut qp = dev_qp(&mut h, TIMEOUT_NS);
         qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 8).unwrap();
         qp.flush().unwrap();
-        *qp.handle()
+        qp.handle()
     };
     // Later, somewhere else, the same QP's handle is asked for again and used, as the API allows (everything
     // was flushed and polled). It starts where the NIC is, which is where the first handle's counters ended,

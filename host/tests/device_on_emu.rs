@@ -570,7 +570,7 @@ fn sq_wqe_counter_and_cq_wrap_over_seventy_thousand_wqebbs() {
         flushes += 1;
         assert!(dst.read() == want, "after flush {flushes} (sq_pi {}): destination differs", qp.handle().sq_pi);
     }
-    let hd = *qp.handle();
+    let hd = qp.handle();
     assert!(hd.sq_pi >= TARGET, "sq_pi {}", hd.sq_pi);
     // After the last flush the NIC consumed exactly what the device produced, the device retired it all, and
     // the device consumed every CQE the NIC wrote, many laps of the 16-entry CQ.
@@ -776,7 +776,7 @@ fn out_of_range_arguments_are_rejected_before_anything_is_posted() {
     // A valid put with a bad signal: the put is not posted either.
     assert_eq!(qp.put_with_signal(&r, 0, &l, 0, 8, &s, 3, &res, 0), inval(InvalidArgument::AtomicAlignment));
     assert_eq!(qp.put_with_signal(&r, 1, &l, 0, LEN, &s, 0, &res, 0), inval(InvalidArgument::RemoteRange));
-    let hd = *qp.handle();
+    let hd = qp.handle();
     assert_eq!((hd.sq_pi, hd.sq_sig_end, hd.sq_sig_first), (0, 0, 0), "a rejected call took SQ room");
     qp.ring_db();
     std::thread::sleep(Duration::from_millis(5));
