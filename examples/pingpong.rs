@@ -252,11 +252,16 @@ fn main() -> ExitCode {
                 for &size in &sizes {
                     let seed = seed ^ size as u64 ^ (rep as u64) << 32;
                     let cfg = RunConfig { size, iters: args.iters, warmup, seed, timeout };
+                    let before = emu_stats(pp.nic());
                     match pp.run(&cfg) {
                         Ok(r) => {
                             passed += r.checked;
                             if let Some(row) = LatencyRow::from_ns(size as u64, &r.round_trip_ns) {
                                 out!("{}", row.line());
+                                if let (Some(b), Some(a)) = (before, emu_stats(pp.nic())) {
+                                    let trips = (cfg.warmup + cfg.iters) as u64;
+                                    out!("{}", gdaki_examples::emu_waits(&b, &a, trips, "round trip"));
+                                }
                                 rows.push(row);
                             } else if !measures {
                                 out!("{size:>10} bytes: {} payloads received and checked", r.checked);
@@ -314,5 +319,14 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// The emulated NIC's counters, if the ping-pong runs on one.
+fn emu_stats(nic: &gdaki::nic::Nic) -> Option<gdaki::nic::emu::Stats> {
+    match nic {
+        gdaki::nic::Nic::Emu(n) => Some(n.stats()),
+        #[allow(unreachable_patterns)]
+        _ => None,
     }
 }

@@ -10,6 +10,7 @@
 //! [`DataPath::fence`] before the others; the helpers here call it themselves before any direct host access.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 pub(crate) use crate::mem::AtomicOp;
 use crate::mem::{GpuCopier, MemKind, MemLoc, WRITE_ASYNC_MAX};
@@ -19,10 +20,24 @@ use super::hostmem;
 use super::qmem::QBuf;
 
 /// Moves data for the executor thread. Not shared: one per executor.
+/// The host's waits on the GPU: what the emulated NIC's thread spent not executing WQEs (see
+/// [`Stats::host_syncs`](super::Stats::host_syncs)).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Waits {
+    /// Synchronizes with the copier (each waits for every operation enqueued before it).
+    pub syncs: u64,
+    /// Nanoseconds spent in them.
+    pub sync_ns: u64,
+    /// Nanoseconds spent fetching SQ ranges in GPU memory (their synchronize included).
+    pub fetch_ns: u64,
+}
+
 pub(crate) struct DataPath {
     gpu: Option<Arc<dyn GpuCopier>>,
     /// GPU operations were enqueued since the last synchronize.
     pending: bool,
+    /// What the host has waited for so far ([`Waits`]).
+    waits: Waits,
     /// A word of GPU memory for the old value of an atomic that goes back over the wire (see
     /// [`DataPath::atomic`]); none without a copier.
     scratch: Option<QBuf>,
@@ -32,7 +47,12 @@ impl DataPath {
     /// A data path that reaches GPU memory through `gpu`, if any, with `scratch` (at least 8 bytes of GPU
     /// memory) for atomics whose old value is read back.
     pub(crate) fn new(gpu: Option<Arc<dyn GpuCopier>>, scratch: Option<QBuf>) -> Self {
-        Self { gpu, pending: false, scratch }
+        Self { gpu, pending: false, scratch, waits: Waits::default() }
+    }
+
+    /// What the host has waited for so far.
+    pub(crate) fn waits(&self) -> Waits {
+        self.waits
     }
 
     /// Whether GPU copies are enqueued and not yet waited for.
@@ -46,10 +66,13 @@ impl DataPath {
             return Ok(());
         }
         self.pending = false;
+        let t0 = Instant::now();
         let r = match &self.gpu {
             Some(g) => g.synchronize(),
             None => Ok(()),
         };
+        self.waits.syncs += 1;
+        self.waits.sync_ns += t0.elapsed().as_nanos() as u64;
         r.map_err(|e| {
             tracing::warn!("emulated NIC: GPU copy failed: {e}");
             Fault::gpu_copy()
@@ -160,6 +183,13 @@ impl DataPath {
     ///
     /// Queue memory is owned by the QP or CQ the executor holds while it runs, so it outlives the copies.
     pub(crate) fn fetch(&mut self, reads: &mut [(MemLoc, &mut [u8])]) -> Result<(), Fault> {
+        let t0 = Instant::now();
+        let r = self.fetch_into(reads);
+        self.waits.fetch_ns += t0.elapsed().as_nanos() as u64;
+        r
+    }
+
+    fn fetch_into(&mut self, reads: &mut [(MemLoc, &mut [u8])]) -> Result<(), Fault> {
         let g = self.copier()?.clone();
         for (src, out) in reads.iter_mut() {
             if out.is_empty() {

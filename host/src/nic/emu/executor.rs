@@ -20,7 +20,7 @@ use crossbeam_utils::Backoff;
 
 use std::sync::mpsc::Receiver;
 
-use super::access::DataPath;
+use super::access::{DataPath, Waits};
 use super::fabric::{read, Fabric};
 use super::sq::{self, Engine, Watched};
 use super::wire::link::Inflow;
@@ -146,6 +146,7 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
             list.unacked = false;
         }
         if worked {
+            publish_waits(fab, eng.data.waits());
             idle.reset();
         } else {
             idle.wait();
@@ -153,6 +154,14 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
     }
     // Let enqueued GPU copies finish before the NIC (and the memory its MRs name) goes away.
     let _ = eng.data.fence();
+}
+
+/// Makes the data path's wait tallies visible in the NIC's [`Stats`](super::Stats) (the executor is their
+/// only writer, so plain stores of the running totals).
+fn publish_waits(fab: &Fabric, w: Waits) {
+    fab.stats.host_syncs.store(w.syncs, Ordering::Relaxed);
+    fab.stats.host_sync_ns.store(w.sync_ns, Ordering::Relaxed);
+    fab.stats.ring_fetch_ns.store(w.fetch_ns, Ordering::Relaxed);
 }
 
 /// Hands one wire message to the requester or responder side of its QP.

@@ -21,6 +21,14 @@ pub struct Stats {
     /// Times the NIC fetched a range of an SQ ring in GPU memory (one copy and one synchronize each, with the
     /// dbrec).
     pub ring_fetches: u64,
+    /// Nanoseconds the NIC's thread spent in those fetches, waiting for the GPU.
+    pub ring_fetch_ns: u64,
+    /// Times the NIC's thread waited for every GPU operation it had enqueued (a ring fetch, an atomic whose
+    /// old value it needs, a READ, an access to host memory behind GPU writes of the same QP): on the `gpu`
+    /// executor, the host synchronizes of the emulated data path. 0 with no GPU.
+    pub host_syncs: u64,
+    /// Nanoseconds spent in those waits (ring fetches included).
+    pub host_sync_ns: u64,
     /// Doorbells whose producer index was behind the NIC's (e.g. two posters' doorbells landing out of order);
     /// ignored, as hardware ignores them.
     pub stale_doorbells: u64,
@@ -56,6 +64,9 @@ pub(crate) struct Counters {
     pub blueflame_fallbacks: AtomicU64,
     pub blueflame_mismatches: AtomicU64,
     pub ring_fetches: AtomicU64,
+    pub ring_fetch_ns: AtomicU64,
+    pub host_syncs: AtomicU64,
+    pub host_sync_ns: AtomicU64,
     pub stale_doorbells: AtomicU64,
     pub bad_doorbells: AtomicU64,
     pub dbrec_mismatches: AtomicU64,
@@ -79,6 +90,9 @@ impl Counters {
             blueflame_fallbacks: self.blueflame_fallbacks.load(Relaxed),
             blueflame_mismatches: self.blueflame_mismatches.load(Relaxed),
             ring_fetches: self.ring_fetches.load(Relaxed),
+            ring_fetch_ns: self.ring_fetch_ns.load(Relaxed),
+            host_syncs: self.host_syncs.load(Relaxed),
+            host_sync_ns: self.host_sync_ns.load(Relaxed),
             stale_doorbells: self.stale_doorbells.load(Relaxed),
             bad_doorbells: self.bad_doorbells.load(Relaxed),
             dbrec_mismatches: self.dbrec_mismatches.load(Relaxed),
