@@ -89,7 +89,11 @@ fn main() -> ExitCode {
 
     let name_w = cases.iter().map(|c| c.name.len()).max().unwrap_or(5).max(5);
     let out_w = 38;
-    println!("# gdaki faults on the emulated NIC, cpu executor (commit {})", env!("GDAKI_COMMIT"));
+    println!(
+        "# gdaki faults on the emulated NIC, cpu executor, queues in {} memory (GDAKI_QUEUES; commit {})",
+        gdaki_examples::queues_label(gdaki::exec::ExecutorKind::Cpu),
+        env!("GDAKI_COMMIT")
+    );
     println!(
         "{:<name_w$}  {:<out_w$}  {:<out_w$}  {:<5}  {:>7}  {:>10}  {:>8}  result",
         "fault", "expected", "observed", "QP", "outside", "waited ms", "bound ms"
