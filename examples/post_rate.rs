@@ -4,10 +4,14 @@
 //! Device scope. The emulated NIC consumes the WQEs as fast as it can meanwhile (loopback QPs writing pinned
 //! host memory), or, with `--no-consumer`, nothing consumes them (the QPs are not connected; one launch per
 //! round on fresh counters, at least 11): the post path alone, the shapes of DOCA GPUNetIO's comparison.
-//! Each row gives WQEs/s over the median round, the ns per WQE that makes, and the median poster's ns per
-//! post (per warp post for the warp rows); the last line is `N passed, M failed` (a row passes when device
-//! code reported no error and the NIC saw no error CQE and no dbrec mismatch, or, without a consumer, no
-//! doorbell at all).
+//! Every round starts at a grid-wide barrier, so the posters post at the same time. Each row gives WQEs/s over
+//! the median round (all posters' WQEs over the earliest start to the latest end, `%globaltimer`), the ns per
+//! WQE that makes, and the median poster's ns per post (per warp post for the warp rows); with
+//! `--no-consumer` also the median launch's time over the posts per poster ("event ns/post": CUDA events
+//! around each launch on the GPU, wall time on the cpu executor, so launch and start-up included, as DOCA
+//! GPUNetIO's post path is measured). The last line is `N passed, M failed` (a row passes when device code
+//! reported no error and the NIC saw no error CQE and no dbrec mismatch, or, without a consumer, no doorbell
+//! at all).
 //!
 //! `cargo run --release --example post_rate -- --executor cpu [--no-consumer]`
 
@@ -87,8 +91,11 @@ fn main() -> ExitCode {
     if args.no_consumer {
         println!("nothing consumes the rings: one launch per round, medians of {rounds} launches");
     }
+    // The event-timed column is the no-consumer mode's: with a consumer one launch holds every round and
+    // the flushes, so its time is no cost per post.
+    let event_col = if args.no_consumer { format!(" {:>16}", "event ns/post") } else { String::new() };
     println!(
-        "{:<40} {:>8} {:>8} {:>7} {:>14} {:>10} {:>12}",
+        "{:<40} {:>8} {:>8} {:>7} {:>14} {:>10} {:>12}{event_col}",
         "shape", "posters", "posts", "rounds", "WQEs/s", "ns/WQE", "ns/post"
     );
     let (mut passed, mut failed) = (0, 0);
@@ -99,8 +106,13 @@ fn main() -> ExitCode {
                 let after = bench.nic().stats();
                 let nposters = (r.wqes / (posts as u64 * rounds as u64)) as u32;
                 let rate = r.wqes_per_s(nposters, posts);
+                let event = if args.no_consumer {
+                    format!(" {:>16.1}", r.median_launch_ns() as f64 / posts as f64)
+                } else {
+                    String::new()
+                };
                 println!(
-                    "{:<40} {nposters:>8} {posts:>8} {rounds:>7} {rate:>14.0} {:>10.2} {:>12.1}",
+                    "{:<40} {nposters:>8} {posts:>8} {rounds:>7} {rate:>14.0} {:>10.2} {:>12.1}{event}",
                     shape.label(),
                     1e9 / rate.max(1.0),
                     r.median_ns_per_post()

@@ -135,9 +135,21 @@ impl<A: LaunchArgs> Kernel<A> {
     /// right types (GPU or mapped memory on the `gpu` executor, host memory on the `cpu` executor) for the
     /// whole run, and no other code may use that memory in ways the kernel's contract forbids.
     pub unsafe fn start(&self, cfg: &LaunchConfig, args: A) -> Result<Running> {
+        // SAFETY: the caller's contract.
+        unsafe { self.start_with(cfg, args, false) }
+    }
+
+    /// [`Kernel::start`], with CUDA events recorded on the launch's stream right before and after the kernel
+    /// when `timed` (on the GPU).
+    ///
+    /// # Safety
+    /// As [`Kernel::start`].
+    unsafe fn start_with(&self, cfg: &LaunchConfig, args: A, timed: bool) -> Result<Running> {
         let report = Arc::new(self.exec.queue_memory().alloc(size_of::<ErrorReport>())?);
         let at = report.device_addr();
-        let run = match (&self.exec, &self.gpu) {
+        // Until `run` is set nothing runs, and a drop frees the report; from then on `Running` keeps it alive.
+        let mut running = Running { name: self.k.name, report, run: None };
+        match (&self.exec, &self.gpu) {
             (Executor::Gpu(g), Some(kernel)) => {
                 let mut bytes: Vec<Vec<u8>> = Vec::new();
                 args.for_each(&mut |b| bytes.push(b.to_vec()));
@@ -149,28 +161,39 @@ impl<A: LaunchArgs> Kernel<A> {
                     block: [cfg.block.x, cfg.block.y, cfg.block.z],
                     shared_mem_bytes: cfg.shared_mem_bytes,
                 };
+                // Both events are made before the launch, so that after it only the end's record can fail.
+                let events = if timed { Some((g.new_event()?, g.new_event()?)) } else { None };
+                if let Some((start, _)) = &events {
+                    start.record(&stream)?;
+                }
                 // SAFETY: the caller's contract covers the arguments; the report is live until `Running` ends.
                 unsafe { kernel.launch(&stream, &c, &params)? };
-                Run::Gpu(stream)
+                let end = events.as_ref().map(|(_, end)| end.record(&stream));
+                // Set before the end's error returns: the dropped `Running` then leaks the report the kernel
+                // still writes instead of freeing it.
+                running.run = Some(Run::Gpu { stream, events });
+                end.transpose()?;
             }
             _ => {
                 // Refused here rather than at `wait`, as on the GPU, where the driver refuses it at launch.
                 gdaki_device::launch::check_host_shape(self.k.name, cfg.grid, cfg.block)
                     .map_err(Error::InvalidArgument)?;
-                let (k, grid, block, report) = (self.k, cfg.grid, cfg.block, report.clone());
+                let (k, grid, block, report) = (self.k, cfg.grid, cfg.block, running.report.clone());
                 let name = self.k.name;
                 let handle = std::thread::Builder::new()
                     .name(format!("kernel {name}"))
                     .spawn(move || {
+                        let t0 = Instant::now();
                         // SAFETY: the caller's contract covers the arguments; `report` (held by this thread) is
                         // the launch's report.
                         unsafe { gdaki_device::launch::run_on_host(k, grid, block, args, report.device_addr()) }
+                            .map(|()| t0.elapsed())
                     })
                     .map_err(|e| Error::Unavailable(format!("cannot start the threads of kernel `{name}`: {e}")))?;
-                Run::Cpu(handle)
+                running.run = Some(Run::Cpu(handle));
             }
-        };
-        Ok(Running { name: self.k.name, report, run: Some(run) })
+        }
+        Ok(running)
     }
 
     /// [`Kernel::start`] then [`Running::wait`] with `timeout`.
@@ -184,11 +207,34 @@ impl<A: LaunchArgs> Kernel<A> {
         // SAFETY: the caller's contract.
         unsafe { self.start(cfg, args) }?.wait(timeout)
     }
+
+    /// [`Kernel::launch`], timed: returns the launch's time. On the GPU that is the time between two CUDA events
+    /// recorded on the launch's stream right before and after the kernel (`cuEventElapsedTime`, a resolution
+    /// of about 0.5 µs), the kernel's time on the GPU with its start-up there and without the host's launch
+    /// call; on the `cpu` executor it is the wall time from starting the kernel's host threads to the last
+    /// one's end.
+    ///
+    /// # Errors
+    /// As [`Kernel::launch`] (the kernel's error first); [`Error::Cuda`] when an event cannot be made,
+    /// recorded or read.
+    ///
+    /// # Safety
+    /// As [`Kernel::start`].
+    pub unsafe fn launch_timed(&self, cfg: &LaunchConfig, args: A, timeout: Duration) -> Result<Duration> {
+        // SAFETY: the caller's contract.
+        let elapsed = unsafe { self.start_with(cfg, args, true) }?.finish(timeout)?;
+        elapsed.ok_or_else(|| Error::Cuda {
+            message: format!("kernel `{}`: no events timed its launch", self.k.name),
+            status: None,
+        })
+    }
 }
 
 enum Run {
-    Gpu(cuda::Stream),
-    Cpu(std::thread::JoinHandle<std::result::Result<(), String>>),
+    /// The launch's stream, and the events recorded before and after the kernel when it is timed.
+    Gpu { stream: cuda::Stream, events: Option<(cuda::Event, cuda::Event)> },
+    /// The thread that runs the kernel's host threads; it returns their wall time.
+    Cpu(std::thread::JoinHandle<std::result::Result<Duration, String>>),
 }
 
 /// A started kernel: [`Running::wait`] for its end and its error. Dropped without waiting, a GPU launch's
@@ -206,9 +252,19 @@ impl Running {
     /// [`Error::Kernel`] with the first error a thread of the kernel returned; [`Error::Device`] when
     /// `timeout` passed first (on the GPU the kernel cannot be stopped, see [`cuda::Stream::wait`]);
     /// [`Error::InvalidArgument`] for a shape the `cpu` executor refused; [`Error::Cuda`].
-    pub fn wait(mut self, timeout: Duration) -> Result<()> {
-        match self.run.take() {
-            Some(Run::Gpu(stream)) => stream.wait(timeout)?,
+    pub fn wait(self, timeout: Duration) -> Result<()> {
+        self.finish(timeout).map(|_| ())
+    }
+
+    /// [`Running::wait`], returning the launch's time when it was taken: the events' on the GPU (a timed
+    /// launch), the host threads' wall time on the `cpu` executor.
+    fn finish(mut self, timeout: Duration) -> Result<Option<Duration>> {
+        // Read after the report: the kernel's own error comes first.
+        let elapsed = match self.run.take() {
+            Some(Run::Gpu { stream, events }) => {
+                stream.wait(timeout)?;
+                events.map(|(start, end)| end.elapsed_since(&start)).transpose()
+            }
             Some(Run::Cpu(handle)) => {
                 let start = Instant::now();
                 while !handle.is_finished() {
@@ -222,7 +278,7 @@ impl Running {
                     std::thread::sleep(Duration::from_micros(200));
                 }
                 match handle.join() {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(wall)) => Ok(Some(wall)),
                     Ok(Err(shape)) => return Err(Error::InvalidArgument(shape)),
                     Err(p) => {
                         let why = p
@@ -237,20 +293,20 @@ impl Running {
                     }
                 }
             }
-            None => {}
-        }
+            None => Ok(None),
+        };
         // SAFETY: the kernel has ended; the report is an `ErrorReport` of this launch.
         let report = unsafe { (self.report.host_ptr() as *const ErrorReport).read_volatile() };
         match gdaki_device::Error::from_report(&report) {
             Some(error) => Err(Error::Kernel { kernel: self.name, error }),
-            None => Ok(()),
+            None => elapsed,
         }
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(Run::Gpu(_)) = &self.run {
+        if let Some(Run::Gpu { .. }) = &self.run {
             // The kernel may still write the report: keep its memory.
             std::mem::forget(Arc::clone(&self.report));
         }

@@ -7,6 +7,12 @@
 //! Every QP is connected to itself (a loopback QP of one emulated NIC) and writes 8 bytes into a pinned host
 //! buffer, so that the NIC's side of each WQE is a plain memory copy: the numbers are the device's posting
 //! cost, not the emulator's GPU copies. Without a consumer the QPs stay unconnected.
+//!
+//! Every round of a rate run starts at a grid-wide barrier, so that a round's span (first poster's start to
+//! last poster's end) is the time of all posters posting at once rather than of when the NIC let each one
+//! leave the previous round's flush. Each launch is also timed as a whole
+//! ([`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed): CUDA events on the GPU, wall time on the
+//! `cpu` executor), DOCA GPUNetIO's measure of its post path.
 
 use std::time::Duration;
 
@@ -24,6 +30,11 @@ use gdaki::{Error, Result};
 
 /// SQ size of every QP, WQEBBs (the emulated NIC's largest): a round's WQEs must fit without waiting.
 const WQE_CNT: u32 = 32768;
+
+/// Offset in a launch's control buffer of the barrier's counter: after the 64-byte report.
+const BARRIER_AT: u64 = 64;
+/// Offset of the times: the next 64-byte line, so that stores of times never share the polled counter's line.
+const TIMES_AT: usize = 128;
 
 /// How one run posts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,10 +90,17 @@ impl Shape {
 pub struct RateResult {
     /// WQEs posted in the timed rounds.
     pub wqes: u64,
-    /// Per round: from the first poster's start to the last poster's end, ns.
+    /// Per round: from the first poster's start to the last poster's end (`%globaltimer` on the GPU), ns. In a
+    /// rate run ([`PostRate::run`]) the posters start together (a grid-wide barrier), so this is the span of
+    /// all of them posting at once.
     pub round_ns: Vec<u64>,
     /// Per poster and round: its own time per post, ns.
     pub post_ns: Vec<f64>,
+    /// Per launch: its time, ns ([`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed): between CUDA
+    /// events on the GPU, wall time on the `cpu` executor). Without a consumer one launch per timed round (the
+    /// warm-up launch is left out); with one, the single launch of every round, the warm-up round and the
+    /// untimed flushes included.
+    pub launch_ns: Vec<u64>,
 }
 
 impl RateResult {
@@ -99,6 +117,13 @@ impl RateResult {
         let mut v = self.post_ns.clone();
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Median of the launches' times ([`RateResult::launch_ns`]), ns; 0 without a launch.
+    pub fn median_launch_ns(&self) -> u64 {
+        let mut v = self.launch_ns.clone();
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
     }
 }
 
@@ -167,22 +192,26 @@ impl PostRate {
     }
 
     /// Runs `rounds` rounds of `posts` WRITEs per poster in `shape` (after one untimed warm-up round): in one
-    /// launch while the NIC consumes, or one launch per round (and one to warm up) without a consumer.
+    /// launch while the NIC consumes, or one launch per round (and one to warm up) without a consumer. Every
+    /// round starts at a grid-wide barrier, so on the GPU the shape's CTAs must all be resident at once (as in
+    /// every shape the `post_rate` program and the tests run: at most 264 CTAs of 32 threads).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the shape needs more QPs or posters than set up, or a round's WQEs do not
-    /// fit one SQ; [`Error::Device`] for what device code reported; CUDA errors.
+    /// fit one SQ; [`Error::Device`] for what device code reported (a barrier that timed out, with a grid too
+    /// large to be resident, among them); CUDA errors.
     pub fn run(&mut self, shape: Shape, posts: u32, rounds: u32, timeout: Duration) -> Result<RateResult> {
         if self.consumer {
             return self.launch(shape, posts, rounds + 1, timeout, true);
         }
         self.launch(shape, posts, 1, timeout, true)?;
-        let mut all = RateResult { wqes: 0, round_ns: Vec::new(), post_ns: Vec::new() };
+        let mut all = RateResult { wqes: 0, round_ns: Vec::new(), post_ns: Vec::new(), launch_ns: Vec::new() };
         for _ in 0..rounds {
             let r = self.launch(shape, posts, 1, timeout, true)?;
             all.wqes += r.wqes;
             all.round_ns.extend(r.round_ns);
             all.post_ns.extend(r.post_ns);
+            all.launch_ns.extend(r.launch_ns);
         }
         Ok(all)
     }
@@ -191,7 +220,7 @@ impl PostRate {
     /// far that oversubscribes its SQ: posters wait for room, and reservations may run more than 2^16 WQEBBs
     /// ahead of the retired ones (a full H200 grid has 270,336 threads). Not a rate: a correctness run, whose
     /// result says how many WQEs device code claims to have posted; [`PostRate::nic`]'s counters say how many
-    /// the NIC executed.
+    /// the NIC executed. No barrier starts the round, so the grid need not be resident at once.
     ///
     /// # Errors
     /// As [`PostRate::run`], except that the round need not fit the SQ; [`Error::InvalidArgument`] without a
@@ -203,15 +232,15 @@ impl PostRate {
         self.launch(Shape::Shared { ctas, threads }, posts, 1, timeout, false)
     }
 
-    /// Runs `total_rounds` rounds (the first untimed when more than one); with `fit`, refuses a round that does
-    /// not fit the SQ.
+    /// Runs `total_rounds` rounds (the first untimed when more than one); with `rate`, a rate run: refuses a
+    /// round that does not fit the SQ and starts every round at the grid-wide barrier.
     fn launch(
         &mut self,
         shape: Shape,
         posts: u32,
         total_rounds: u32,
         timeout: Duration,
-        fit: bool,
+        rate: bool,
     ) -> Result<RateResult> {
         let (teams, team_size, team_posters) = shape.teams();
         let posters = teams * team_posters;
@@ -230,7 +259,7 @@ impl PostRate {
             }
             _ => true,
         };
-        let too_many = fit && per_qp + 2 > WQE_CNT as u64 / 2;
+        let too_many = rate && per_qp + 2 > WQE_CNT as u64 / 2;
         let fits = nqps as usize <= self.qps.len() && posters <= self.max_posters && !too_many;
         if !fits || !lanes_ok || posts == 0 || total_rounds == 0 {
             return Err(Error::InvalidArgument(format!(
@@ -249,7 +278,9 @@ impl PostRate {
         let state = self.exec.alloc_data(256 + hbytes.len())?;
         state.write(0, bytemuck::bytes_of(&shared_state(&handles[0])))?;
         state.write(256, hbytes)?;
-        let ctrl = self.exec.queue_memory().alloc(64 + 16 * (total_rounds * posters) as usize)?;
+        // The report (64 bytes), the barrier's counter on a line of its own (the teams poll it), then the times;
+        // all zeroed by the allocation.
+        let ctrl = self.exec.queue_memory().alloc(TIMES_AT + 16 * (total_rounds * posters) as usize)?;
         let base = state.loc().addr;
         let (bf, db_batch) = match shape {
             Shape::Exclusive { bf, db_batch, .. } => (bf as u32, db_batch.max(1)),
@@ -260,8 +291,9 @@ impl PostRate {
             shared: base,
             dst: self._mrs.1.remote(),
             src: self._mrs.0.handle(),
-            times: ctrl.device_addr() + 64,
+            times: ctrl.device_addr() + TIMES_AT as u64,
             report: ctrl.device_addr(),
+            barrier: if rate { ctrl.device_addr() + BARRIER_AT } else { 0 },
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             posts,
             rounds: total_rounds,
@@ -275,6 +307,8 @@ impl PostRate {
             team_posters,
             posters,
             no_consumer: u32::from(!self.consumer),
+            teams,
+            pad: 0,
         };
         let args_at = match &self.exec {
             Executor::Gpu(g) => {
@@ -286,26 +320,28 @@ impl PostRate {
             Executor::Cpu => (None, &args as *const PostRateArgs as u64),
         };
         let kernel = Module::load(&self.exec, crate::ptx::PTX)?.kernel(&entries::GDAKI_POST_RATE)?;
+        // Each round may wait out one bound (a flush); a barrier that runs out ends the launch, so it adds at
+        // most one more.
+        let bound = timeout.saturating_mul(total_rounds.saturating_add(1)).saturating_add(Duration::from_secs(10));
         // SAFETY: the arguments, handles, buffers and control words are live for the launch (owned by `self` and
         // this frame, the GPU copy of the arguments by `args_at`); one block per team; the launch is waited for.
-        unsafe {
-            kernel.launch(
-                &LaunchConfig::linear(teams, team_size),
-                (DevPtr::new(args_at.1),),
-                timeout.saturating_mul(total_rounds).saturating_add(Duration::from_secs(10)),
-            )?
-        };
+        let elapsed =
+            unsafe { kernel.launch_timed(&LaunchConfig::linear(teams, team_size), (DevPtr::new(args_at.1),), bound)? };
         drop(args_at);
         // SAFETY: the device code has finished; the report is the first 64 bytes of `ctrl`.
         let report = unsafe { (ctrl.host_ptr() as *const ErrorReport).read_volatile() };
         if let Some(e) = gdaki_device::Error::from_report(&report) {
             return Err(Error::Device(format!("post rate {}: {e}", shape.label())));
         }
-        // SAFETY: rounds × posters × 2 words after the report, written by the device code, which has finished.
+        // SAFETY: rounds × posters × 2 words at `TIMES_AT`, written by the device code, which has finished.
         let times = unsafe {
-            std::slice::from_raw_parts(ctrl.host_ptr().add(64) as *const u64, (2 * total_rounds * posters) as usize)
+            std::slice::from_raw_parts(
+                ctrl.host_ptr().add(TIMES_AT) as *const u64,
+                (2 * total_rounds * posters) as usize,
+            )
         };
-        let mut result = RateResult { wqes: 0, round_ns: Vec::new(), post_ns: Vec::new() };
+        let launch_ns = vec![u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)];
+        let mut result = RateResult { wqes: 0, round_ns: Vec::new(), post_ns: Vec::new(), launch_ns };
         // Round 0 warms up (module, caches, first touches of the rings) when there are more.
         let warmup = usize::from(total_rounds > 1);
         for round in times.chunks(2 * posters as usize).skip(warmup) {

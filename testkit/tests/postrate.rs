@@ -1,6 +1,6 @@
-//! The post-rate microbenchmark on the `cpu` executor: every shape runs, reports a time per round and per post,
-//! and every WQE it claims to have posted reached the emulated NIC without an error. The GPU run is
-//! `--ignored`.
+//! The post-rate microbenchmark on the `cpu` executor: every shape runs (each round started at a grid-wide
+//! barrier), reports a time per round, per post and per launch, and every WQE it claims to have posted reached
+//! the emulated NIC without an error. The GPU run is `--ignored`.
 
 use std::time::Duration;
 
@@ -37,6 +37,9 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         assert_eq!(r.wqes, posters * posts as u64 * rounds as u64, "{shape:?}");
         assert_eq!((r.round_ns.len(), r.post_ns.len()), (rounds as usize, (posters * rounds as u64) as usize));
         assert!(r.round_ns.iter().all(|&t| t > 0) && r.median_ns_per_post() > 0.0, "{shape:?}: {r:?}");
+        // One launch runs every round; it takes at least the timed rounds' spans.
+        assert_eq!(r.launch_ns.len(), 1, "{shape:?}: {r:?}");
+        assert!(r.median_launch_ns() >= r.round_ns.iter().sum::<u64>(), "{shape:?}: {r:?}");
         // The warm-up round too, each flush's NOP at most once per poster and round.
         let posted = posters * posts as u64 * (rounds as u64 + 1);
         let executed = after.wqes - before.wqes;
@@ -114,6 +117,9 @@ fn every_shape_without_consumer(kind: ExecutorKind, qps: u32, ctas: u32, threads
         let r = b.run(shape, 100, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{shape:?}: {e}"));
         assert_eq!(r.round_ns.len(), rounds as usize, "{shape:?}: one round per launch");
         assert!(r.round_ns.iter().all(|&t| t > 0) && r.median_ns_per_post() > 0.0, "{shape:?}: {r:?}");
+        // Each launch timed as a whole, its one round inside it.
+        assert_eq!(r.launch_ns.len(), rounds as usize, "{shape:?}: one time per launch");
+        assert!(r.launch_ns.iter().zip(&r.round_ns).all(|(l, t)| l >= t), "{shape:?}: {r:?}");
     }
     let after = b.nic().stats();
     assert_eq!((after.doorbells, after.wqes), (before.doorbells, before.wqes), "nothing consumed: {after:?}");

@@ -9,7 +9,8 @@
 //!   (`Gpu::register_host`) and dmabufs of GPU memory (`Gpu::dmabuf_fd`).
 //! - The emulated NIC's copies: [`CudaCopier`] ([`crate::mem::GpuCopier`]) on its own non-blocking stream.
 //! - Kernels: [`Gpu::load_module`] (PTX, JIT-compiled by the driver, once per `Gpu`), [`Module::kernel`],
-//!   [`Kernel::launch`] on a [`Stream`], and [`Stream::wait`], a wait with a host-side time limit.
+//!   [`Kernel::launch`] on a [`Stream`], and [`Stream::wait`], a wait with a host-side time limit; CUDA events
+//!   around a launch give its GPU time ([`crate::launch::Kernel::launch_timed`]).
 //!
 //! # Hazards this layer is built around
 //! - A kernel that spins on memory that a host thread updates with CUDA copies deadlocks if those copies go to
@@ -32,6 +33,7 @@ mod copier;
 mod device_buffer;
 mod driver;
 mod engine;
+mod event;
 #[cfg(feature = "mlx5")]
 mod host_register;
 mod module;
@@ -50,6 +52,7 @@ pub use copier::CudaCopier;
 /// The CUDA driver's status codes (`CUresult`, cudarc's binding of `cuda.h`), as [`Error::Cuda`] carries them.
 pub use cudarc::driver::sys::CUresult;
 pub use device_buffer::DeviceBuffer;
+pub(crate) use event::Event;
 #[cfg(feature = "mlx5")]
 pub use host_register::HostRegistration;
 pub(crate) use module::entry_param_counts;
@@ -220,6 +223,14 @@ impl Gpu {
     /// The driver's error, as [`Error::Cuda`].
     pub fn new_stream(&self) -> Result<Stream> {
         Stream::new(&self.shared)
+    }
+
+    /// Creates a CUDA event with timing on, for timing work on this GPU's streams.
+    ///
+    /// # Errors
+    /// The driver's error, as [`Error::Cuda`].
+    pub(crate) fn new_event(&self) -> Result<Event> {
+        Event::new(&self.shared)
     }
 
     /// Creates the emulated NIC's copier, with its own non-blocking stream. See [`CudaCopier`].

@@ -1,10 +1,18 @@
 //! The device-side post-rate microbenchmark: how fast device code builds and submits 8-byte RDMA WRITE WQEs
-//! (the figure to set against DOCA GPUNetIO's cost per post). Each posting thread posts `posts` unsignaled WRITEs
-//! back to back per round and times them (first post to last doorbell); then the round's WQEs are flushed,
-//! untimed, so that the next round starts with an empty SQ and never waits for room: the time is the cost of
-//! posting, while the NIC consumes the WQEs as fast as it can. With [`PostRateArgs::no_consumer`] nothing
-//! consumes them (the QPs are not connected, so the NIC never looks at their doorbells): nothing is flushed,
-//! and the host gives every launch fresh counters, as DOCA GPUNetIO's post path is measured.
+//! (the figure to set against DOCA GPUNetIO's cost per post). Each round starts with a grid-wide barrier
+//! (every team of the launch arrives, bounded by the timeout), so that the posters start their bursts
+//! together (on the GPU within about a microsecond, the waits' longest back-off pause); then each posting
+//! thread posts `posts` unsignaled WRITEs back to back and times them (first post to last doorbell); then the
+//! round's WQEs are flushed, untimed, so that the next round starts with an empty SQ and never waits for room:
+//! the time is the cost of posting, while the NIC consumes the WQEs as fast as it can. With
+//! [`PostRateArgs::no_consumer`] nothing consumes them (the QPs are not connected, so the NIC never looks at
+//! their doorbells): nothing is flushed, and the host gives every launch fresh counters, as DOCA GPUNetIO's
+//! post path is measured.
+//!
+//! The barrier is what makes a round's span (the earliest poster's start to the latest poster's end) a rate of
+//! the posters running together: without it, with a consumer, the NIC retires the previous round's QPs one
+//! after the other, each poster leaves its flush at a different time, and the span measures that skew, not
+//! the posting.
 //!
 //! Shapes ([`PostRateArgs::shape`]):
 //! - [`shape::EXCLUSIVE`]: thread 0 of CTA `b` owns QP `b` (one thread per QP, many QPs), rings the doorbell
@@ -16,12 +24,13 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::pingpong::Team;
-use gdaki_device::error::{Error, Result};
+use gdaki_device::error::{Error, Result, WaitOn};
 use gdaki_device::onesided::{local, remote};
 use gdaki_device::qp::Qp;
-use gdaki_device::scope::Device;
+use gdaki_device::scope::{Device, Scope};
 use gdaki_device::shared_qp::SharedQp;
 use gdaki_device::sync;
+use gdaki_device::wait;
 use gdaki_device::warp_qp::WarpQp;
 use gdaki_device::wqe;
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
@@ -36,7 +45,7 @@ pub mod shape {
     pub const WARP: u32 = 2;
 }
 
-/// Arguments of one launch (`#[repr(C)]`, built by the host): 120 bytes.
+/// Arguments of one launch (`#[repr(C)]`, built by the host): 136 bytes.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct PostRateArgs {
@@ -52,6 +61,10 @@ pub struct PostRateArgs {
     pub times: u64,
     /// Address of the first error's [`ErrorReport`].
     pub report: u64,
+    /// Address of the grid-wide barrier's counter, a `u64` the host zeroes: each team adds 1 per round and
+    /// waits for `teams × (round + 1)`. 0 for no barrier: a correctness run whose grid need not be
+    /// co-resident (the host's flood).
+    pub barrier: u64,
     /// Bound of every wait, ns.
     pub timeout_ns: u64,
     /// WRITEs per poster per round.
@@ -70,9 +83,13 @@ pub struct PostRateArgs {
     pub posters: u32,
     /// 1 when nothing consumes the rings: the rounds are not flushed (nothing would ever complete).
     pub no_consumer: u32,
+    /// Teams (CTAs) in the launch, all of which arrive at the barrier; on the GPU they must be co-resident.
+    pub teams: u32,
+    /// Zero: keeps the struct free of padding bytes (it is `Pod`).
+    pub pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PostRateArgs>() == 120);
+const _: () = assert!(core::mem::size_of::<PostRateArgs>() == 136);
 
 /// Writes `e` to the report unless an earlier error got there first.
 fn report(a: &PostRateArgs, e: Error) {
@@ -85,15 +102,57 @@ fn report(a: &PostRateArgs, e: Error) {
     }
 }
 
+/// Grid-wide barrier `round` (0-based), for thread 0 of a team: adds this team's arrival to the counter and
+/// waits until every team of the launch has arrived at this round's barrier. Returns `false` when the round
+/// must not start: the wait ran out (reported), or another team reported an error (it has left, so the rest
+/// stop instead of waiting out the bound).
+///
+/// # Safety
+/// `a.barrier` must be the launch's counter (host contract), accessed only through this function meanwhile.
+unsafe fn grid_barrier(a: &PostRateArgs, round: u32) -> bool {
+    let count = a.barrier as *mut u64;
+    let expected = a.teams as u64 * (round as u64 + 1);
+    // The barrier orders the posters' start times, not data: no team reads what another wrote before it, so a
+    // relaxed arrival is enough. GPU scope: the teams are CTAs anywhere on the device.
+    // SAFETY: the counter (caller's contract), 8-byte aligned, only accessed atomically during the launch.
+    unsafe { Device::fetch_add(count, 1) };
+    let seen = core::cell::Cell::new(0);
+    let arrived = wait::bounded(
+        a.timeout_ns,
+        || {
+            // SAFETY: as above.
+            seen.set(unsafe { Device::load_acquire(count) });
+            if seen.get() >= expected {
+                return Ok(Some(true));
+            }
+            // SAFETY: the report (host contract); its kind word is nonzero once an error is being written.
+            let kind = unsafe { sync::load_volatile(core::ptr::addr_of!((*(a.report as *const ErrorReport)).kind)) };
+            Ok((kind != 0).then_some(false))
+        },
+        || WaitOn::Semaphore { addr: a.barrier, expected, seen: seen.get() },
+    );
+    arrived.unwrap_or_else(|e| {
+        report(a, e);
+        false
+    })
+}
+
 /// One team's part of the benchmark: `team_index` is the CTA (or host team) number.
 ///
 /// # Safety
 /// `a` must come from the host's post-rate setup (every address valid, QP `team_index` used by this team only in
-/// the Exclusive shape).
+/// the Exclusive shape, `a.teams` teams running at the same time).
 pub unsafe fn run(team: &impl Team, a: &PostRateArgs, team_index: u32) {
     let poster = team_index * a.team_posters + team.tid() as u32;
     let posts = team.tid() < a.team_posters as usize;
     for round in 0..a.rounds {
+        // Thread 0 stands for its team at the grid-wide barrier; the team's sync holds the others until it is
+        // through.
+        // SAFETY: the barrier counter (caller's contract), used by thread 0 of each team only.
+        let through = team.tid() != 0 || a.barrier == 0 || unsafe { grid_barrier(a, round) };
+        if team.sync_or(!through) {
+            return;
+        }
         let r = if !posts {
             Ok((0, 0))
         } else if a.shape == shape::SHARED {
@@ -140,14 +199,19 @@ fn target(a: &PostRateArgs, p: u32) -> Result<(wqe::Raddr, wqe::Sge)> {
 fn burst_exclusive(a: &PostRateArgs, qp: &mut Qp, p: u32) -> Result<(u64, u64)> {
     let (r, l) = target(a, p)?;
     let batch = a.db_batch.max(1);
+    // Posts left until the next doorbell: a countdown, not `(k + 1) % batch`, whose 32-bit division would be
+    // part of every post's time.
+    let mut left = batch;
     let t0 = sync::clock_ns();
     for k in 0..a.posts {
         if a.bf != 0 {
             let _ = qp.post_bf(false, wqe::rdma_write(r, l))?;
         } else {
             let _ = qp.post(false, wqe::rdma_write(r, l))?;
-            if (k + 1) % batch == 0 || k + 1 == a.posts {
+            left -= 1;
+            if left == 0 || k + 1 == a.posts {
                 qp.ring_db();
+                left = batch;
             }
         }
     }
