@@ -319,7 +319,12 @@ impl PostRate {
             }
             Executor::Cpu => (None, &args as *const PostRateArgs as u64),
         };
-        let kernel = Module::load(&self.exec, crate::ptx::PTX)?.kernel(&entries::GDAKI_POST_RATE)?;
+        let entry = match shape {
+            Shape::Exclusive { .. } => &entries::GDAKI_POST_RATE_EXCLUSIVE,
+            Shape::Shared { .. } => &entries::GDAKI_POST_RATE_SHARED,
+            Shape::Warp { .. } => &entries::GDAKI_POST_RATE_WARP,
+        };
+        let kernel = Module::load(&self.exec, crate::ptx::PTX)?.kernel(entry)?;
         // Each round may wait out one bound (a flush); a barrier that runs out ends the launch, so it adds at
         // most one more.
         let bound = timeout.saturating_mul(total_rounds.saturating_add(1)).saturating_add(Duration::from_secs(10));

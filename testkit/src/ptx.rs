@@ -17,10 +17,13 @@ mod tests {
             "gdaki_port_exclusive",
             "gdaki_port_block",
             "gdaki_port_device",
-            "gdaki_post_rate",
+            "gdaki_post_rate_exclusive",
+            "gdaki_post_rate_shared",
+            "gdaki_post_rate_warp",
             "gdaki_sass_put",
             "gdaki_sass_put_with_signal",
             "gdaki_sass_qp_post",
+            "gdaki_sass_qp_post_loop",
             "gdaki_sass_qp_post_bf",
             "gdaki_sass_warp_post",
             "gdaki_sass_shared_post",
@@ -31,6 +34,6 @@ mod tests {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 14);
+        assert_eq!(PTX.matches(".entry ").count(), 17);
     }
 }

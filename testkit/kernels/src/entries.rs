@@ -72,11 +72,25 @@ pub fn gdaki_port_device(t: &Thread, args: *const PortTestArgs) {
     unsafe { port::<Device>(t, args) }
 }
 
-/// The post-rate microbenchmark ([`postrate::run`]): block `b` is team `b`.
+/// The post-rate microbenchmark ([`postrate::run`]) in the Exclusive shape: block `b` is team `b`.
 #[kernel]
-pub fn gdaki_post_rate(t: &Thread, args: &PostRateArgs) {
+pub fn gdaki_post_rate_exclusive(t: &Thread, args: &PostRateArgs) {
     // SAFETY: the host's arguments (`run`'s contract).
-    unsafe { postrate::run(t, args, t.block() as u32) }
+    unsafe { postrate::run::<{ postrate::shape::EXCLUSIVE }>(t, args, t.block() as u32) }
+}
+
+/// [`gdaki_post_rate_exclusive`] in the shared shape (one Device-scope QP).
+#[kernel]
+pub fn gdaki_post_rate_shared(t: &Thread, args: &PostRateArgs) {
+    // SAFETY: as in `gdaki_post_rate_exclusive`.
+    unsafe { postrate::run::<{ postrate::shape::SHARED }>(t, args, t.block() as u32) }
+}
+
+/// [`gdaki_post_rate_exclusive`] in the Warp shape (one warp per QP).
+#[kernel]
+pub fn gdaki_post_rate_warp(t: &Thread, args: &PostRateArgs) {
+    // SAFETY: as in `gdaki_post_rate_exclusive`.
+    unsafe { postrate::run::<{ postrate::shape::WARP }>(t, args, t.block() as u32) }
 }
 
 /// One Exclusive `put` on channel `h` (one thread): a kernel of its own so that its SASS is the put path alone
@@ -124,6 +138,22 @@ pub fn gdaki_sass_qp_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
     let mut qp = unsafe { Qp::new(&mut *h, 1 << 30) };
     let _ = qp.post(false, w);
     qp.ring_db();
+}
+
+/// `n` Exclusive [`Qp::post`]s of an 8-byte RDMA WRITE on the QP `h`, each rung by [`Qp::ring_db`], from one
+/// `Qp`: the loop a user's kernel runs, whose body is the cost of one post in steady state (the counters in
+/// registers, the handle read once before it and written once after it).
+#[kernel]
+pub fn gdaki_sass_qp_post_loop(_t: &Thread, h: *mut QpHandle, a: &SassWrite, n: u32) {
+    let Some(w) = sass_write(a) else { return };
+    // SAFETY: as in `gdaki_sass_qp_post`.
+    let mut qp = unsafe { Qp::new(&mut *h, 1 << 30) };
+    for _ in 0..n {
+        if qp.post(false, w).is_err() {
+            return;
+        }
+        qp.ring_db();
+    }
 }
 
 /// One Exclusive [`Qp::post_bf`] of an 8-byte RDMA WRITE on the QP `h`, as [`gdaki_sass_qp_post`].

@@ -24,7 +24,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::pingpong::Team;
-use gdaki_device::error::{Error, Result, WaitOn};
+use gdaki_device::error::{Error, InvalidArgument, Result, WaitOn};
 use gdaki_device::onesided::{local, remote};
 use gdaki_device::qp::Qp;
 use gdaki_device::scope::{Device, Scope};
@@ -71,7 +71,8 @@ pub struct PostRateArgs {
     pub posts: u32,
     /// Rounds.
     pub rounds: u32,
-    /// One of [`shape`].
+    /// One of [`shape`]: the shape of the kernel launched (each shape is a kernel of its own, see [`run`]),
+    /// which checks it.
     pub shape: u32,
     /// Exclusive: ring the doorbell once per this many posts (1: every post).
     pub db_batch: u32,
@@ -137,12 +138,21 @@ unsafe fn grid_barrier(a: &PostRateArgs, round: u32) -> bool {
     })
 }
 
-/// One team's part of the benchmark: `team_index` is the CTA (or host team) number.
+/// One team's part of the benchmark in shape `SHAPE` (one of [`shape`]): `team_index` is the CTA (or host
+/// team) number. Each shape is a kernel of its own, so that ptxas allocates registers for its loop alone (one
+/// kernel of all three needed more than 255 and spilled the posters' state to local memory). Arguments made
+/// for another shape are reported as [`InvalidArgument::Handle`].
 ///
 /// # Safety
 /// `a` must come from the host's post-rate setup (every address valid, QP `team_index` used by this team only in
 /// the Exclusive shape, `a.teams` teams running at the same time).
-pub unsafe fn run(team: &impl Team, a: &PostRateArgs, team_index: u32) {
+pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_index: u32) {
+    if a.shape != SHAPE {
+        if team.tid() == 0 {
+            report(a, Error::InvalidArgument(InvalidArgument::Handle));
+        }
+        return;
+    }
     let poster = team_index * a.team_posters + team.tid() as u32;
     let posts = team.tid() < a.team_posters as usize;
     for round in 0..a.rounds {
@@ -155,18 +165,15 @@ pub unsafe fn run(team: &impl Team, a: &PostRateArgs, team_index: u32) {
         }
         let r = if !posts {
             Ok((0, 0))
-        } else if a.shape == shape::SHARED {
+        } else if SHAPE == shape::SHARED {
             // SAFETY: QP 0's handle and shared state (caller's contract), shared by every poster.
-            let qp = unsafe { SharedQp::<Device>::new(&*(a.qps as *const QpHandle), a.shared as *mut _, a.timeout_ns) };
-            burst_shared(a, &qp, poster)
-        } else if a.shape == shape::WARP {
+            unsafe { burst_shared(a, poster) }
+        } else if SHAPE == shape::WARP {
             // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
-            let mut qp = unsafe { WarpQp::new((a.qps as *mut QpHandle).add(team_index as usize), a.timeout_ns) };
-            burst_warp(a, &mut qp, poster)
+            unsafe { burst_warp(a, (a.qps as *mut QpHandle).add(team_index as usize), poster) }
         } else {
             // SAFETY: this team's QP (caller's contract), used by this thread only.
-            let mut qp = unsafe { Qp::new(&mut *(a.qps as *mut QpHandle).add(team_index as usize), a.timeout_ns) };
-            burst_exclusive(a, &mut qp, poster)
+            unsafe { burst_exclusive(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
         };
         let failed = match r {
             Ok((t0, t1)) => {
@@ -196,33 +203,67 @@ fn target(a: &PostRateArgs, p: u32) -> Result<(wqe::Raddr, wqe::Sge)> {
     Ok((remote(&a.dst, 8 * p as u64, 8)?, local(&a.src, 0, 8)?))
 }
 
-fn burst_exclusive(a: &PostRateArgs, qp: &mut Qp, p: u32) -> Result<(u64, u64)> {
+// Each burst is a function of its own, out of line, that makes its poster itself: so that the register
+// allocator treats its loop alone (the three shapes inlined into one kernel needed more than 255 registers and
+// spilled the poster's state to local memory), and so that the poster, never passed by reference, stays in
+// registers across the posts. This is how a user's kernel should be shaped too.
+
+/// The Exclusive shape: `posts` WRITEs on the QP of `h`, a doorbell every `db_batch` (or each by BlueFlame).
+///
+/// # Safety
+/// `h` is this thread's QP (caller's contract).
+#[inline(never)]
+unsafe fn burst_exclusive(a: &PostRateArgs, h: &mut QpHandle, p: u32) -> Result<(u64, u64)> {
     let (r, l) = target(a, p)?;
-    let batch = a.db_batch.max(1);
-    // Posts left until the next doorbell: a countdown, not `(k + 1) % batch`, whose 32-bit division would be
-    // part of every post's time.
-    let mut left = batch;
+    // SAFETY: the caller's contract.
+    let mut qp = unsafe { Qp::new(h, a.timeout_ns) };
+    let w = wqe::rdma_write(r, l);
     let t0 = sync::clock_ns();
-    for k in 0..a.posts {
-        if a.bf != 0 {
-            let _ = qp.post_bf(false, wqe::rdma_write(r, l))?;
-        } else {
-            let _ = qp.post(false, wqe::rdma_write(r, l))?;
-            left -= 1;
-            if left == 0 || k + 1 == a.posts {
-                qp.ring_db();
-                left = batch;
-            }
-        }
-    }
+    let posted = if a.bf != 0 { posts_bf(&mut qp, w, a.posts) } else { posts_db(&mut qp, w, a.posts, a.db_batch) };
     let t1 = sync::clock_ns();
+    posted?;
     if a.no_consumer == 0 {
         qp.flush()?;
     }
     Ok((t0, t1))
 }
 
-fn burst_warp(a: &PostRateArgs, qp: &mut WarpQp, p: u32) -> Result<(u64, u64)> {
+/// `posts` posts of `w`, a doorbell every `batch` of them and after the last.
+#[inline(always)]
+fn posts_db(qp: &mut Qp, w: wqe::Wqe<3>, posts: u32, batch: u32) -> Result<()> {
+    let batch = batch.max(1);
+    // Posts left until the next doorbell: a countdown, not `(k + 1) % batch`, whose 32-bit division would be
+    // part of every post's time.
+    let mut left = batch;
+    for k in 0..posts {
+        let _ = qp.post(false, w)?;
+        left -= 1;
+        if left == 0 || k + 1 == posts {
+            qp.ring_db();
+            left = batch;
+        }
+    }
+    Ok(())
+}
+
+/// `posts` posts of `w`, each by BlueFlame.
+#[inline(always)]
+fn posts_bf(qp: &mut Qp, w: wqe::Wqe<3>, posts: u32) -> Result<()> {
+    for _ in 0..posts {
+        let _ = qp.post_bf(false, w)?;
+    }
+    Ok(())
+}
+
+/// The Warp shape: `posts` times one WRITE per lane on the QP of `h`, one doorbell each.
+///
+/// # Safety
+/// `h` is this team's QP, used by its one warp only, its lanes together (caller's contract).
+#[inline(never)]
+unsafe fn burst_warp(a: &PostRateArgs, h: *mut QpHandle, p: u32) -> Result<(u64, u64)> {
+    // SAFETY: the caller's contract.
+    let mut qp = unsafe { WarpQp::new(h, a.timeout_ns) };
+    let qp = &mut qp;
     let (r, l) = target(a, p)?;
     let t0 = sync::clock_ns();
     for _ in 0..a.posts {
@@ -235,7 +276,14 @@ fn burst_warp(a: &PostRateArgs, qp: &mut WarpQp, p: u32) -> Result<(u64, u64)> {
     Ok((t0, t1))
 }
 
-fn burst_shared(a: &PostRateArgs, qp: &SharedQp<Device>, p: u32) -> Result<(u64, u64)> {
+/// The shared shape: `posts` WRITEs on QP 0 through a Device-scope [`SharedQp`].
+///
+/// # Safety
+/// QP 0's handle and shared state, shared by every poster (caller's contract).
+#[inline(never)]
+unsafe fn burst_shared(a: &PostRateArgs, p: u32) -> Result<(u64, u64)> {
+    // SAFETY: the caller's contract.
+    let qp = unsafe { SharedQp::<Device>::new(&*(a.qps as *const QpHandle), a.shared as *mut _, a.timeout_ns) };
     let (r, l) = target(a, p)?;
     let t0 = sync::clock_ns();
     for _ in 0..a.posts {
