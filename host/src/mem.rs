@@ -172,6 +172,16 @@ pub trait GpuCopier: Send + Sync {
     /// The CUDA driver's error (e.g. a copy faulted).
     fn synchronize(&self) -> Result<()>;
 
+    /// The address at which this copier's operations reach the `len` bytes of host memory at `addr`, given as
+    /// [`MemKind::Gpu`], when that memory is pinned and mapped into the GPU (`cuMemHostGetDevicePointer`):
+    /// so that the emulated NIC can run its atomics on such memory on the GPU, in order behind its other GPU
+    /// operations, instead of waiting for them on the host. `None` for memory the GPU cannot reach (pageable
+    /// host memory), the default.
+    fn device_view(&self, addr: u64, len: u64) -> Option<u64> {
+        let _ = (addr, len);
+        None
+    }
+
     /// Allocates `len` zeroed bytes of GPU memory (at least 256-byte aligned), for queues the emulated NIC
     /// keeps in GPU memory ([`EmuConfig::queues`](crate::nic::emu::EmuConfig::queues)); freed when the
     /// result is dropped.

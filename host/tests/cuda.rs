@@ -439,6 +439,45 @@ fn copier_keeps_one_order_across_the_engine_and_the_stream() {
     assert!(gpu.take_drop_error().is_none(), "a drop failed");
 }
 
+/// The copier reaches pinned host memory mapped into the GPU (`device_view`: the device address of the range,
+/// here the same as the host address under unified addressing) and not pageable memory; fetch-adds on such a
+/// word through the view are the GPU's, in order, and their old values land in pinned memory too.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_runs_atomics_on_mapped_host_memory() {
+    use gdaki::mem::AtomicOp;
+    let _serial = serial();
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    let pinned = gpu.alloc_mapped(4096).unwrap();
+    let pageable = vec![0u64; 512];
+    assert_eq!(copier.device_view(pageable.as_ptr() as u64, 8), None, "pageable memory is not the GPU's");
+    let host = pinned.host_ptr() as u64;
+    let view = copier.device_view(host + 64, 8 * 101).expect("pinned mapped memory has a device view");
+    assert_eq!(view, pinned.device_addr() + 64);
+    assert_eq!(copier.device_view(host + 4000, 200), None, "a range past the allocation's end");
+    let start = 0x0fed_cba9_8765_4321u64;
+    // SAFETY: `pinned` is ours and not otherwise accessed until the synchronize.
+    unsafe { (pinned.host_ptr().add(64) as *mut u64).write_volatile(start) };
+    // SAFETY: the word and the results are inside `pinned` (4 KiB), alive until the synchronize below.
+    unsafe {
+        for i in 0..100u64 {
+            copier.atomic_async(gpu_loc(view), AtomicOp::FetchAdd(i + 1), gpu_loc(view + 8 + 8 * i)).unwrap();
+        }
+    }
+    copier.synchronize().unwrap();
+    let read = |i: usize| {
+        // SAFETY: inside `pinned`; the GPU's operations are complete.
+        unsafe { (pinned.host_ptr().add(64 + 8 * i) as *const u64).read_volatile() }
+    };
+    let mut expect = start;
+    for i in 0..100u64 {
+        assert_eq!(read(1 + i as usize), expect, "old value of fetch-add {i}");
+        expect = expect.wrapping_add(i + 1);
+    }
+    assert_eq!(read(0), expect, "the word after 100 fetch-adds");
+}
+
 /// Engine atomics: fetch-adds and compare-and-swaps on GPU memory, old values written to GPU memory (aligned
 /// and not), each after the writes enqueued before it; a published write puts its last word after the rest.
 #[test]

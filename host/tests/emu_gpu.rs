@@ -75,6 +75,9 @@ struct DeferredCopier {
     copies: AtomicU64,
     /// Fail every copy (to check the error path).
     broken: bool,
+    /// Say that it reaches host memory (as pinned memory mapped into a GPU is reached): the NIC then runs
+    /// its atomics on host MRs here too.
+    maps_host: bool,
     /// Take operations, but drop them when they would run, and fail the next synchronize (operations that
     /// faulted on the GPU).
     faulting: bool,
@@ -159,6 +162,10 @@ impl GpuCopier for DeferredCopier {
         self.check(at.kind)?;
         self.enqueue(Deferred::Atomic(at, op, result));
         Ok(())
+    }
+
+    fn device_view(&self, addr: u64, _len: u64) -> Option<u64> {
+        self.maps_host.then_some(addr)
     }
 
     fn alloc(&self, len: usize) -> gdaki::Result<gdaki::mem::GpuMem> {
@@ -264,6 +271,45 @@ fn atomic_on_host_memory_waits_for_earlier_gpu_writes() {
         wait_until("semaphore", || sem.load_u64(0) == round);
         assert_eq!(dst.read(), data, "payload placed before the semaphore moved (round {round})");
     }
+}
+
+/// With a copier that reaches host memory (pinned memory mapped into the GPU), an atomic on a host MR behind
+/// a WRITE into GPU memory runs on the copier, in order behind the WRITE, and the leg costs no synchronize;
+/// the semaphore still moves only after the payload is placed, and the old value lands in host memory.
+#[test]
+fn atomic_on_mapped_host_memory_runs_on_the_copier() {
+    let mut rng = rng();
+    let copier = DeferredCopier { maps_host: true, ..DeferredCopier::default() }.start();
+    let p = pair(&copier);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let (src, dst) = (GuardedBuf::new(4096, 0), GuardedBuf::new(4096, 0));
+    let (sem, res) = (GuardedBuf::new(8, 0), GuardedBuf::new(8, 0));
+    let lmr = src.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register_as(MemKind::Gpu, &p.nic, &p.pd, Access::ALL);
+    let smr = sem.register(&p.nic, &p.pd, Access::ALL);
+    let xmr = res.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    for round in 0..5u64 {
+        let data = random_bytes(&mut rng, 4096);
+        src.write(0, &data);
+        let before = copier.syncs.load(Ordering::Relaxed);
+        sq.put(&sq.write(0, (lmr.lkey(), src.addr(), 4096), dst.addr(), rmr.rkey()));
+        let at = sq.put(&sq.atomic(
+            opcode::ATOMIC_FA,
+            SIGNALED,
+            AtomicSeg::fetch_add(3),
+            (xmr.lkey(), res.addr()),
+            sem.addr(),
+            smr.rkey(),
+        ));
+        sq.dbrec();
+        sq.doorbell(at);
+        wait_until("semaphore", || sem.load_u64(0) == 3 * (round + 1));
+        assert_eq!(dst.read(), data, "payload placed before the semaphore moved (round {round})");
+        assert_req(&cq.wait(), opcode::ATOMIC_FA, sq.qpn(), at, 8);
+        assert_eq!(copier.syncs.load(Ordering::Relaxed) - before, 0, "round {round}: the NIC waited on the host");
+        assert_eq!(res.u64_at(0), 3 * round, "round {round}: the old value");
+    }
+    assert!([&src, &dst, &sem, &res].iter().all(|b| b.guards_intact()));
 }
 
 #[test]

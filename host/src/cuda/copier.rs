@@ -372,6 +372,21 @@ impl GpuCopier for CudaCopier {
     ///
     /// # Errors
     /// [`Error::OutOfMemory`], or the driver's error as [`Error::Cuda`].
+    /// `cuMemHostGetDevicePointer` of the range's first and last byte: both must map, contiguously (one
+    /// pinned allocation or registration).
+    fn device_view(&self, addr: u64, len: u64) -> Option<u64> {
+        let last = addr.checked_add(len.checked_sub(1)?)?;
+        self.stream.shared.bind().ok()?;
+        let view = |a: u64| {
+            let mut dev: sys::CUdeviceptr = 0;
+            // SAFETY: the call looks the address up and writes one word; it touches no memory at `a`.
+            let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, a as *mut std::ffi::c_void, 0) };
+            (r == sys::CUresult::CUDA_SUCCESS).then_some(dev)
+        };
+        let (first, end) = (view(addr)?, view(last)?);
+        (end.checked_sub(first) == Some(last - addr)).then_some(first)
+    }
+
     fn alloc(&self, len: usize) -> Result<GpuMem> {
         let buf = DeviceBuffer::alloc(&self.stream, len)?;
         Ok(GpuMem::new(buf.device_addr(), len, Box::new(buf)))

@@ -75,6 +75,13 @@ pub(crate) fn remote(mrs: &MrTable, resp: Responder, r: Remote, len: u64, right:
     Ok(loc)
 }
 
+/// The target word of an atomic at `r` (8 bytes) for responder QP `resp`, checked as [`remote`] checks it,
+/// where the atomic runs ([`MrEntry::atomic_view`](super::mr::MrEntry::atomic_view)).
+pub(crate) fn remote_atomic(mrs: &MrTable, resp: Responder, r: Remote) -> Result<MemLoc, Fault> {
+    let loc = remote(mrs, resp, r, 8, Access::REMOTE_ATOMIC)?;
+    Ok(mrs.get(r.rkey).map_or(loc, |e| e.atomic_view(loc)))
+}
+
 /// `base` moved `off` bytes on.
 pub(crate) fn at(base: MemLoc, off: u64) -> MemLoc {
     MemLoc { kind: base.kind, addr: base.addr + off }
@@ -153,8 +160,10 @@ pub(crate) fn execute(
             if !r.addr.is_multiple_of(8) {
                 return Err(Fault::remote_inval(vendor::ATOMIC_ALIGN));
             }
-            let target = remote(mrs, pds.remote, r, 8, Access::REMOTE_ATOMIC)?;
+            let target = remote_atomic(mrs, pds.remote, r)?;
             let result = local(mrs, pds.local, sge, true)?;
+            // The old value goes where the atomic's GPU operation can write it, when it runs on the GPU.
+            let result = mrs.get(sge.lkey).map_or(result, |e| e.atomic_view(result));
             // The old value lands in host order (the NIC runs in host-endianness atomic mode).
             // SAFETY: `target` is a registered, 8-aligned 8-byte range and `result` a registered 8-byte range
             // with LOCAL_WRITE; the caller holds the MR lock.

@@ -96,7 +96,10 @@
 //!   order and waited for only before what does not go through it (a direct host access, an atomic's old
 //!   value sent over the wire, a READ); a CQE behind pending operations goes through the copier too,
 //!   whichever memory its CQ is in. An atomic on GPU memory is the copier's (a GPU atomic on the `gpu`
-//!   executor, atomic towards device code's atomics too).
+//!   executor, atomic towards device code's atomics too), and so is an atomic on host memory the copier
+//!   reaches (pinned and mapped into the GPU, [`GpuCopier::device_view`], looked up when the MR is
+//!   registered): it runs behind the QP's earlier GPU writes without a host wait, and every atomic of the
+//!   NIC on that word is the GPU's. Only pageable host memory takes the NIC's atomics on the host.
 //! - **CQE timestamps** are nanoseconds since the NIC was opened, not device clock ticks.
 //! - **Destroying a QP** ([`Qp`]'s drop) waits for the executor thread to let go of it, so that no WQE of it
 //!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor. Over the
@@ -423,7 +426,12 @@ impl EmuNic {
     pub unsafe fn reg_mr(self: &Arc<Self>, pd: &Pd, loc: MemLoc, len: u64, access: Access) -> Result<Mr> {
         self.check_parent(&pd.nic, "PD")?;
         mr::check_reg(loc, len, access, self.fab.gpu.is_some()).map_err(Error::InvalidArgument)?;
-        let entry = MrEntry { pdn: pd.pdn, loc, len, access };
+        // Host memory the copier reaches takes the NIC's atomics on the GPU (`MrEntry::atomic_view`).
+        let gpu_view = match (&self.fab.gpu, loc.kind) {
+            (Some(g), crate::mem::MemKind::Host) => g.device_view(loc.addr, len),
+            _ => None,
+        };
+        let entry = MrEntry { pdn: pd.pdn, loc, len, access, gpu_view };
         let key = write(&self.fab.mrs).insert(entry).ok_or(Error::Emu(EmuError::Exhausted("MR keys")))?;
         Ok(Mr { nic: self.clone(), key, loc, len })
     }

@@ -131,6 +131,9 @@ pub(crate) struct MrEntry {
     pub loc: MemLoc,
     pub len: u64,
     pub access: Access,
+    /// For host memory that the NIC's GPU copier reaches (pinned and mapped into the GPU): the address at
+    /// which it does, for `loc.addr` ([`GpuCopier::device_view`](crate::mem::GpuCopier::device_view)).
+    pub gpu_view: Option<u64>,
 }
 
 impl MrEntry {
@@ -140,6 +143,19 @@ impl MrEntry {
         let end = start.checked_add(self.len)?;
         let last = addr.checked_add(len)?;
         (addr >= start && last <= end).then_some(MemLoc { kind: self.loc.kind, addr })
+    }
+
+    /// Where an atomic on `loc` (inside this MR) runs: on the GPU for GPU memory and for host memory the GPU
+    /// reaches (as [`MemKind::Gpu`] at its GPU address), so that every atomic of the NIC on such a word is
+    /// the GPU's (atomic towards each other and towards device code's, and ordered behind the NIC's earlier
+    /// GPU operations without a host wait); on the host for host memory the GPU cannot reach.
+    pub(crate) fn atomic_view(&self, loc: MemLoc) -> MemLoc {
+        match self.gpu_view {
+            Some(base) if loc.kind == MemKind::Host => {
+                MemLoc { kind: MemKind::Gpu, addr: base + (loc.addr - self.loc.addr) }
+            }
+            _ => loc,
+        }
     }
 }
 
@@ -237,7 +253,7 @@ mod tests {
     use super::*;
 
     fn entry(addr: u64, len: u64) -> MrEntry {
-        MrEntry { pdn: 1, loc: MemLoc { kind: MemKind::Host, addr }, len, access: Access::ALL }
+        MrEntry { pdn: 1, loc: MemLoc { kind: MemKind::Host, addr }, len, access: Access::ALL, gpu_view: None }
     }
 
     #[test]

@@ -256,6 +256,11 @@ impl GpuCopier for SimGpu {
     ///
     /// # Errors
     /// Out of memory.
+    /// Host memory is the simulator's memory: its operations reach any of it at its own address.
+    fn device_view(&self, addr: u64, _len: u64) -> Option<u64> {
+        Some(addr)
+    }
+
     fn alloc(&self, len: usize) -> Result<GpuMem> {
         let buf = HostQueueMemory.alloc(len)?;
         let addr = buf.host_ptr() as u64;

@@ -223,7 +223,7 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
                 return Err(Fault::remote_inval(vendor::ATOMIC_ALIGN));
             }
             let mrs = read(&fab.mrs);
-            let word = exec::remote(&mrs, qp.responder(), Remote { addr: raddr, rkey }, 8, Access::REMOTE_ATOMIC)?;
+            let word = exec::remote_atomic(&mrs, qp.responder(), Remote { addr: raddr, rkey })?;
             // SAFETY: a registered, 8-aligned 8-byte range; the MR read lock is held. `atomic` orders itself
             // after earlier placements.
             let old = unsafe { dp.atomic(word, op) }?;
