@@ -4,7 +4,10 @@
 //! In Device mode (MSCCL++'s GPUNetIO backend) a channel posts through a [`Poster`]: a [`Qp`] (Exclusive: one
 //! thread owns the QP; BlueFlame, from registers, for puts up to the handle's `blue_flame_limit`) or a
 //! [`SharedQp`] of [`Block`] or [`Device`] scope (any number of threads, and channels, share the QP). The
-//! sharing mode is the poster's type, so it is chosen at compile time: `PortChannel::<Exclusive>::new(h)`. In
+//! sharing mode is the poster's type, so it is chosen at compile time: `PortChannel::<Exclusive>::new(h)`. A
+//! QP keeps one mode for its whole life, whichever channels and kernels use it: the Exclusive and Warp posters
+//! keep the counters in the QP's handle, Block and Device in its shared state, so after posts of one, a
+//! channel of the other fails with [`InvalidArgument::Sharing`] and posts nothing (see [`Sharing`]). In
 //! the Host modes (the handle's `proxy` field) the same calls push triggers into the proxy's FIFO instead
 //! ([`crate::fifo`]), and `flush` waits for the proxy.
 //!
@@ -150,6 +153,13 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
 /// How the threads of a launch share a channel's QP, chosen at compile time: [`Exclusive`] (one thread per QP),
 /// [`Warp`] (the lanes of one warp, together), [`Block`] (the threads of one CTA) or [`Device`] (any thread).
 /// Four real implementations; sealed.
+///
+/// One QP, one mode, for the QP's whole life. [`Exclusive`] and [`Warp`] keep the SQ counters in the QP's
+/// handle, [`Block`] and [`Device`] in its [`SharedQpState`], and neither follows the other: the first post
+/// claims the QP for its side ([`QpHandle::sharing`]), and every post, flush, wait or poll of the other side
+/// then returns [`InvalidArgument::Sharing`] without posting (a channel of the other side in a later kernel on
+/// the same connection, say). Modes of one side may follow each other kernel after kernel (Exclusive then
+/// Warp, Block then Device), never run at the same time.
 pub trait Sharing: sealed::Sealed {
     /// The poster each posting thread uses.
     type Poster<'a>: Poster;
@@ -159,7 +169,7 @@ pub trait Sharing: sealed::Sealed {
     ///
     /// # Safety
     /// `h` must be a live channel (see [`PortChannel::new`]). Exclusive: no other thread uses the QP while the
-    /// poster lives. Block / Device: every user of the QP is a shared poster of this scope.
+    /// poster lives. Block / Device: every user of the QP meanwhile is a shared poster of this scope.
     unsafe fn poster<'a>(h: &'a PortChannelHandle) -> Self::Poster<'a>;
 }
 
@@ -210,7 +220,7 @@ macro_rules! shared_sharing {
             unsafe fn poster<'a>(h: &'a PortChannelHandle) -> SharedQp<'a, $t> {
                 // SAFETY: the caller's contract: `h.qp` and `h.shared` are the QP's handle and shared state,
                 // used by shared posters of this scope only.
-                unsafe { SharedQp::new(&*(h.qp as *const QpHandle), h.shared as *mut SharedQpState, h.timeout_ns) }
+                unsafe { SharedQp::new(h.qp as *mut QpHandle, h.shared as *mut SharedQpState, h.timeout_ns) }
             }
         }
     };
@@ -229,11 +239,15 @@ pub struct PortChannel<'h, M: Sharing> {
 impl<'h, M: Sharing> PortChannel<'h, M> {
     /// The channel `h` for the calling thread: `let mut ch = unsafe { PortChannel::<Exclusive>::new(h) };`.
     ///
+    /// Every channel of the QP uses one side of [`Sharing`] for the QP's whole life: a channel on a QP that
+    /// the other side has posted to (Exclusive or Warp against Block or Device) fails its posts, flushes and
+    /// waits with [`InvalidArgument::Sharing`] and posts nothing.
+    ///
     /// # Safety
     /// `h` must come from the host's `PortChannel::device_handle` for a live channel (its QP, memory handles,
     /// semaphore words and `expected` word valid for `'h`), set up for this sharing mode: in Exclusive sharing
-    /// no other thread uses the QP while this channel lives; in Block / Device sharing every user of the QP is
-    /// a channel (or [`SharedQp`]) of this scope.
+    /// no other thread uses the QP while this channel lives; in Block / Device sharing every user of the QP
+    /// meanwhile is a channel (or [`SharedQp`]) of this scope.
     #[inline(always)]
     pub unsafe fn new(h: &'h PortChannelHandle) -> Self {
         // SAFETY: the caller's contract is the poster's.

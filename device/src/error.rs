@@ -149,6 +149,13 @@ pub enum InvalidArgument {
     /// data bytes, a data address not aligned to them, a packet address not aligned to the packet, a flag of
     /// 0, or a thread index not below the thread count.
     Packet = 8,
+    /// A QP that posters of the other sharing mode have posted to ([`QpHandle::sharing`]): an Exclusive
+    /// poster ([`crate::qp::Qp`], [`crate::warp_qp::WarpQp`]) on a QP that a Block or Device
+    /// [`crate::shared_qp::SharedQp`] posted to, or the reverse. The two keep their counters apart, so the
+    /// second would overwrite WQEs in flight: it posts nothing, and waits and polls on it fail the same way.
+    ///
+    /// [`QpHandle::sharing`]: gdaki_shared::handle::QpHandle::sharing
+    Sharing = 10,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -309,6 +316,7 @@ impl Error {
                 7 => InvalidArgument::Handle,
                 9 => InvalidArgument::Unsupported,
                 8 => InvalidArgument::Packet,
+                10 => InvalidArgument::Sharing,
                 _ => return None,
             })),
             _ => None,
@@ -367,6 +375,11 @@ impl core::fmt::Display for Error {
                 f,
                 "payload mismatch in iteration {} at byte {}: expected {:#018x}, saw {:#018x}",
                 p.iter, p.offset, p.expected, p.seen
+            ),
+            Error::InvalidArgument(InvalidArgument::Sharing) => write!(
+                f,
+                "invalid argument: Sharing (the QP was used by posters of another sharing mode, Exclusive vs \
+                 Block/Device: one QP, one mode)"
             ),
             Error::InvalidArgument(a) => write!(f, "invalid argument: {a:?}"),
         }

@@ -10,6 +10,10 @@
 //!
 //! A poster whose wait for room or for its turn times out leaves its reserved WQEBBs unpublished: later posters
 //! then time out too (the QP is stuck), and every one of them reports why.
+//!
+//! One QP, one sharing mode: the first shared post claims the QP ([`QpHandle::sharing`]), and a QP that an
+//! Exclusive poster ([`crate::qp::Qp`], [`crate::warp_qp::WarpQp`]) has posted to, whose counters are the
+//! handle's and not the state's, is refused with [`InvalidArgument::Sharing`] before anything is reserved.
 
 use core::marker::PhantomData;
 use core::ptr::addr_of_mut;
@@ -25,33 +29,85 @@ use crate::wait::{bounded, bounded_steps, Step};
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::channel::SharedQpState;
-use gdaki_shared::handle::QpHandle;
+use gdaki_shared::handle::{sharing, QpHandle};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs};
 
 /// A QP shared by the threads of scope `S`. Cheap to make: every thread that posts builds its own from the
 /// same handle and state.
 pub struct SharedQp<'a, S: Scope> {
-    /// Read only: ring, dbrec, doorbell register, CQ (its `cons_index` is unused: the state's `cq_ci` counts).
-    h: &'a QpHandle,
+    /// Ring, dbrec, doorbell register, CQ (its `cons_index` is unused: the state's `cq_ci` counts), read only;
+    /// and the [`QpHandle::sharing`] word, which posters store. A pointer, not a reference: a `&QpHandle`
+    /// would promise that no byte of it changes while it lives.
+    h: *mut QpHandle,
     st: *mut SharedQpState,
     timeout_ns: u64,
+    /// The handle and state are borrowed for `'a`, shared with the QP's other posters.
+    _borrow: PhantomData<&'a QpHandle>,
     _scope: PhantomData<S>,
 }
 
 impl<'a, S: Scope> SharedQp<'a, S> {
     /// The QP of handle `h` with counters `st`; bounded waits give up after `timeout_ns` nanoseconds.
     ///
+    /// The QP must be used by shared posters only (`SharedQp`s, of Block or Device scope), kernel after
+    /// kernel: the first post claims it ([`QpHandle::sharing`]), and on a QP that an Exclusive poster
+    /// ([`crate::qp::Qp`], [`crate::warp_qp::WarpQp`]) has posted to, every post, flush and poll of this
+    /// `SharedQp` returns [`InvalidArgument::Sharing`] and posts nothing.
+    ///
     /// # Safety
-    /// `h` must describe a live, connected QP whose ring, dbrec, doorbell register and CQ are valid for `'a`;
-    /// `st` must be its [`SharedQpState`] (64-byte aligned, valid for `'a`), used only through `SharedQp`s of
-    /// scope `S` (or narrower) and only by threads of that scope; no Exclusive [`crate::qp::Qp`] may use the QP.
-    pub unsafe fn new(h: &'a QpHandle, st: *mut SharedQpState, timeout_ns: u64) -> Self {
-        Self { h, st, timeout_ns, _scope: PhantomData }
+    /// `h` must describe a live, connected QP whose ring, dbrec, doorbell register and CQ are valid for `'a`,
+    /// and be valid for reads and writes for `'a` (posters store its `sharing` word); `st` must be its
+    /// [`SharedQpState`] (64-byte aligned, valid for `'a`), used only through `SharedQp`s of scope `S` (or
+    /// narrower) and only by threads of that scope. No Exclusive poster may use the QP at the same time (one
+    /// that posted before is detected, one that runs meanwhile is not).
+    pub unsafe fn new(h: *mut QpHandle, st: *mut SharedQpState, timeout_ns: u64) -> Self {
+        Self { h, st, timeout_ns, _borrow: PhantomData, _scope: PhantomData }
     }
 
-    /// The QP's static description.
-    pub fn handle(&self) -> &QpHandle {
-        self.h
+    /// The handle's SQ size in WQEBBs.
+    #[inline(always)]
+    fn wqe_cnt(&self) -> u32 {
+        // SAFETY: `h` is valid (contract of `new`); only the host writes the field, before the QP is used.
+        unsafe { (*self.h).wqe_cnt }
+    }
+
+    /// The handle's [`QpHandle::sharing`] word.
+    fn sharing(&self) -> *mut u32 {
+        // SAFETY: `h` is valid (contract of `new`); `addr_of_mut!` forms no reference.
+        unsafe { addr_of_mut!((*self.h).sharing) }
+    }
+
+    /// Claims the QP for shared posters at its first post, or refuses it when Exclusive posters have posted to
+    /// it: their counters are the handle's, which this protocol never reads, so its WQEs would overwrite
+    /// theirs. Later posts find the claim and store nothing.
+    ///
+    /// # Errors
+    /// [`InvalidArgument::Sharing`] unless [`QpHandle::sharing`] says nobody or shared posters.
+    #[inline(always)]
+    fn claim(&self) -> Result<()> {
+        // SAFETY: the claim word (contract of `new`), accessed atomically by every shared poster; an Exclusive
+        // poster stored it in an earlier kernel, if at all.
+        let seen = unsafe { sync::load_relaxed_gpu_u32(self.sharing()) };
+        if seen != sharing::SHARED {
+            if seen != sharing::NONE {
+                return Err(Error::InvalidArgument(InvalidArgument::Sharing));
+            }
+            // SAFETY: as above. First posters that race here all store the same value.
+            unsafe { sync::store_relaxed_u32(self.sharing(), sharing::SHARED) };
+        }
+        Ok(())
+    }
+
+    /// Refuses a QP that Exclusive posters have posted to, as [`SharedQp::claim`] does, without claiming it.
+    ///
+    /// # Errors
+    /// [`InvalidArgument::Sharing`].
+    fn own_mode(&self) -> Result<()> {
+        // SAFETY: as in `claim`.
+        match unsafe { sync::load_relaxed_gpu_u32(self.sharing()) } {
+            sharing::NONE | sharing::SHARED => Ok(()),
+            _ => Err(Error::InvalidArgument(InvalidArgument::Sharing)),
+        }
     }
 
     /// The address of one word of the state.
@@ -117,15 +173,18 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// WQEs of the same size (they do: they run the same call).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs;
+    /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs,
+    /// ([`InvalidArgument::Sharing`]) for a QP that Exclusive posters have posted to (nothing is reserved);
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
     /// lane of an aggregated post gets the leader's error.
     #[inline(always)]
     pub fn post<const N: usize>(&self, _signaled: bool, wqe: Wqe<N>) -> Result<Ticket> {
-        if !sq::valid_ring(self.h.wqe_cnt) {
+        if !sq::valid_ring(self.wqe_cnt()) {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
+        // Before the reservation: a refused post must leave no WQEBBs reserved that it never publishes.
+        self.claim()?;
         let n = wqebbs(wqe.ds() as u32) as u64;
         // Lanes posting to other QPs at the same time are aggregated among themselves (on the host each
         // thread is a warp of one lane).
@@ -147,7 +206,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
 
     /// Waits until WQEBBs up to `end` (a reservation of `n`) are free in the ring, retiring and ringing meanwhile.
     fn wait_room(&self, end: u64, n: u64) -> Result<()> {
-        let cnt = self.h.wqe_cnt as u64;
+        let cnt = self.wqe_cnt() as u64;
         bounded_steps(
             self.timeout_ns,
             || {
@@ -158,7 +217,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 }
                 // The WQEs this poster waits on may be published but left unrung (their posters saw this one).
                 self.ring_pending();
-                self.progress()?;
+                self.poll()?;
                 // Room appeared, if not yet enough: back off from the start again.
                 // SAFETY: as above.
                 let moved = unsafe { S::load_acquire(self.retired()) } != retired;
@@ -171,10 +230,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// Stores `w` at WQEBB index `idx` of the ring; returns its doorbell bits.
     #[inline(always)]
     fn store<const N: usize>(&self, idx: u64, w: &Wqe<N>) -> u64 {
-        let segs = w.encode(Ctrl { idx: idx as u16, qpn: self.h.qpn, fm_ce_se: fm_ce_se::CQ_UPDATE });
+        // SAFETY: fields of a valid handle that only the host writes (contract of `new`).
+        let (qpn, buf) = unsafe { ((*self.h).qpn, (*self.h).sq_buf) };
+        let segs = w.encode(Ctrl { idx: idx as u16, qpn, fm_ce_se: fm_ce_se::CQ_UPDATE });
         // SAFETY: a valid ring (contract of `new`); WQEBBs from `idx` are this poster's (reserved, and retired by
         // the NIC: the room check).
-        unsafe { sq::write_segs(self.h.sq_buf, self.h.wqe_cnt, idx, &segs[..w.ds() as usize]) };
+        unsafe { sq::write_segs(buf, self.wqe_cnt(), idx, &segs[..w.ds() as usize]) };
         segs[0].0[0]
     }
 
@@ -215,8 +276,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// doorbell with the newest published WQE's ctrl bits covers all of them (the NIC executes the SQ in
     /// order). The dbrec carries that WQE's end, so it never goes backwards.
     pub fn ring_pending(&self) {
-        // SAFETY: the state's words and the QP's dbrec and doorbell register (contract of `new`); `rung`,
-        // the dbrec and the doorbell are written only under `db_lock`.
+        // SAFETY: the state's words and the QP's dbrec and doorbell register (contract of `new`; the handle's
+        // fields read here only the host writes); `rung`, the dbrec and the doorbell are written only under
+        // `db_lock`.
         unsafe {
             if S::load_acquire(self.rung()) >= S::load_acquire(self.ready()) || !S::try_lock(self.db_lock()) {
                 return;
@@ -230,8 +292,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             let end16 = (idx + wqebbs(ds)) as u16;
             let pi = r + end16.wrapping_sub(r as u16) as u64;
             if pi > S::load_acquire(self.rung()) {
-                db::update_dbrec(self.h.dbrec, pi, self.h.placement);
-                db::ring_db(self.h.bf_reg, bits, self.h.placement);
+                let h = self.h;
+                db::update_dbrec((*h).dbrec, pi, (*h).placement);
+                db::ring_db((*h).bf_reg, bits, (*h).placement);
                 S::store_release(self.rung(), pi);
             }
             S::unlock(self.db_lock());
@@ -242,8 +305,16 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// Returns whether it polled.
     ///
     /// # Errors
-    /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ).
+    /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ);
+    /// [`InvalidArgument::Sharing`] for a QP that Exclusive posters have posted to (their CQEs are left
+    /// alone).
     pub fn progress(&self) -> Result<bool> {
+        self.own_mode()?;
+        self.poll()
+    }
+
+    /// [`SharedQp::progress`] for a poster or waiter that has checked the QP's mode already.
+    fn poll(&self) -> Result<bool> {
         // SAFETY: the lock word of the state (contract of `new`).
         if !unsafe { S::try_lock(self.poll_lock()) } {
             return Ok(false);
@@ -255,8 +326,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
 
     fn poll_locked(&self) -> Result<()> {
-        let mut cq = self.h.cq;
-        let cnt = self.h.wqe_cnt;
+        // SAFETY: fields of a valid handle that only the host writes (contract of `new`).
+        let (mut cq, qpn) = unsafe { ((*self.h).cq, (*self.h).qpn) };
+        let cnt = self.wqe_cnt();
         // SAFETY: `cq_ci`, `retired`'s writer and the error words are this lock holder's; the lock's acquire
         // ordered the previous holder's stores before these loads.
         let (mut retired, mut reserved) = unsafe {
@@ -272,7 +344,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             let mut reloaded = false;
             // SAFETY: a valid CQ (contract of `new`) polled only under the lock; the state's word.
             let t = unsafe {
-                cq::take(&mut cq, self.h.qpn, cnt, retired, || {
+                cq::take(&mut cq, qpn, cnt, retired, || {
                     if reloaded {
                         reserved = S::load_acquire(self.resv());
                     }
@@ -329,8 +401,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     ///
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE, once any WQE has completed in error (sticky);
-    /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`].
+    /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`]; [`InvalidArgument::Sharing`] for a QP
+    /// that Exclusive posters have posted to.
     pub fn flush(&self) -> Result<()> {
+        self.own_mode()?;
         // SAFETY: the state's words (contract of `new`); `last_start` was stored before `ready`'s release.
         let target = unsafe {
             let _ = S::load_acquire(self.ready());
@@ -347,7 +421,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                     return Ok(Some(()));
                 }
                 self.ring_pending();
-                self.progress().map(|_| None)
+                self.poll().map(|_| None)
             },
             || WaitOn::Cqe { wqe_index: target.saturating_sub(1) },
         )

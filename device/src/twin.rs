@@ -37,6 +37,14 @@ mod backend {
     }
 
     /// # Safety
+    /// `p` valid for reads and 4-byte aligned.
+    #[inline(always)]
+    pub(crate) unsafe fn load_u32(p: *const u32, o: Ordering) -> u32 {
+        // SAFETY: the caller's contract.
+        unsafe { AtomicU32::from_ptr(p as *mut u32) }.load(o)
+    }
+
+    /// # Safety
     /// `p` valid for writes and 4-byte aligned.
     #[inline(always)]
     pub(crate) unsafe fn store_u32(p: *mut u32, v: u32, o: Ordering) {
@@ -173,7 +181,9 @@ mod backend {
         unsafe { p.write_volatile(v) };
     }
 
-    fn load_u32(p: *const u32, o: Ordering) -> u32 {
+    /// # Safety
+    /// As the core backend's.
+    pub(crate) unsafe fn load_u32(p: *const u32, o: Ordering) -> u32 {
         let (c, sh) = half(p);
         (c.load(o) >> sh) as u32
     }

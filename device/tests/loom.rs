@@ -202,7 +202,7 @@ fn post_and_poll<S: Scope + 'static>(model: &str, posters: usize, preemptions: u
             hs.push(thread::spawn(move || {
                 let q = q.0;
                 // SAFETY: the handle and state of the model's QP, used by shared posters of scope `S` only.
-                let qp = unsafe { SharedQp::<S>::new(&(*q).handle, &raw mut (*q).state, TIMEOUT_NS) };
+                let qp = unsafe { SharedQp::<S>::new(&raw mut (*q).handle, &raw mut (*q).state, TIMEOUT_NS) };
                 match qp.post(true, wqe::nop()) {
                     Ok(_) => {}
                     Err(gdaki_device::Error::Timeout(_)) => starved.set(),
@@ -214,7 +214,7 @@ fn post_and_poll<S: Scope + 'static>(model: &str, posters: usize, preemptions: u
         hs.push(thread::spawn(move || {
             let q = q.0;
             // SAFETY: as above.
-            let qp = unsafe { SharedQp::<S>::new(&(*q).handle, &raw mut (*q).state, TIMEOUT_NS) };
+            let qp = unsafe { SharedQp::<S>::new(&raw mut (*q).handle, &raw mut (*q).state, TIMEOUT_NS) };
             for spin in 0.. {
                 // The property checked: a poller never takes a legitimate CQE for an unexpected one.
                 qp.progress().unwrap_or_else(|e| panic!("progress: {e}"));

@@ -2,7 +2,8 @@
 //! channel handles built by hand here (the host API has its own tests): Exclusive, Block and Device scopes;
 //! many threads on one shared QP with every payload checked and the semaphore count exact; SQ wrap-around past
 //! 65,536 WQEs; `flush` reporting a bad key's syndrome; `put_with_signal` never showing the signal before the
-//! data. Replay a failure with the `GDAKI_TEST_SEED` it printed.
+//! data; a connection refusing channels of the other sharing side than its first post's. Replay a failure
+//! with the `GDAKI_TEST_SEED` it printed.
 
 mod emu_util;
 
@@ -13,6 +14,7 @@ use emu_util::{random_bytes, rng, GuardedBuf};
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp, WireConfig};
 use gdaki_device::channel::Sharing;
 use gdaki_device::channel::{Exclusive, PortChannel, Poster};
+use gdaki_device::error::InvalidArgument;
 use gdaki_device::scope::{Block, Device};
 use gdaki_device::Error;
 use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
@@ -107,7 +109,7 @@ impl Link {
 /// A shared-QP channel of scope `S` on `h`, for one thread.
 fn shared<S: Sharing>(h: &PortChannelHandle) -> PortChannel<'_, S> {
     // SAFETY: `h` names the live link's QP handle and state (host memory, the `cpu` executor); only channels
-    // of one scope post to that QP during a test.
+    // of one scope post to that QP at a time.
     unsafe { PortChannel::new(h) }
 }
 
@@ -404,4 +406,65 @@ fn shared_qp_posters_and_pollers_stress() {
     let nic = l._nics[0].stats();
     assert_eq!((nic.dbrec_mismatches, nic.bad_doorbells, nic.error_cqes), (0, 0, 0), "{nic:?}");
     eprintln!("{} puts with signal in {secs} s", signals.load(Relaxed));
+}
+
+/// One QP, one mode: the first post on a connection claims its QP for its side (Exclusive and Warp, or Block
+/// and Device), and channels of the other side, as a later kernel on the same connection would make them,
+/// fail every post and flush with `InvalidArgument::Sharing` and reach the NIC with nothing.
+#[test]
+fn a_connection_refuses_channels_of_the_other_sharing_side() {
+    use gdaki_device::channel::Warp;
+    let refused = Err(Error::InvalidArgument(InvalidArgument::Sharing));
+    for exclusive_first in [true, false] {
+        let mut rng = rng();
+        let l = Link::new(4096, 64, false);
+        let data = random_bytes(&mut rng, 4096);
+        l.src.write(0, &data);
+        let h = l.handle();
+        if exclusive_first {
+            // SAFETY: the link's QP, used by this thread only; the link outlives the channel.
+            let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+            ch.put_with_signal(0, 0, 1024).unwrap();
+            ch.flush().unwrap();
+        } else {
+            let mut ch = shared::<Block>(&h);
+            ch.put_with_signal(0, 0, 1024).unwrap();
+            ch.flush().unwrap();
+        }
+        let done = (l.a.sq_consumed(), l.sem.load_u64(0), l._nics[0].stats().doorbells);
+        assert_eq!((done.0, done.1), (2, 1), "exclusive first: {exclusive_first}");
+        if exclusive_first {
+            let mut ch = shared::<Block>(&h);
+            assert_eq!(ch.put(1024, 1024, 1024), refused, "Block put");
+            assert_eq!(ch.signal(), refused, "Block signal");
+            assert_eq!(ch.flush(), refused, "Block flush");
+            let mut ch = shared::<Device>(&h);
+            assert_eq!(ch.put_with_signal(1024, 1024, 1024), refused, "Device put_with_signal");
+            assert_eq!(ch.poster().progress(), refused, "Device progress");
+        } else {
+            // SAFETY: as above.
+            let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+            assert_eq!(ch.put(1024, 1024, 1024), refused, "Exclusive put (BlueFlame)");
+            assert_eq!(ch.signal(), refused, "Exclusive signal");
+            assert_eq!(ch.flush(), refused, "Exclusive flush");
+            drop(ch);
+            // A put split into staged WQEs, rung by doorbell.
+            let split = PortChannelHandle { max_wqe_bytes: 256, blue_flame_limit: 0, ..h };
+            // SAFETY: as above.
+            let mut ch = unsafe { PortChannel::<Exclusive>::new(&split) };
+            assert_eq!(ch.put(1024, 1024, 1024), refused, "Exclusive put of 4 WQEs");
+            drop(ch);
+            // SAFETY: as above; this thread is a warp of one lane.
+            let mut ch = unsafe { PortChannel::<Warp>::new(&h) };
+            assert_eq!(ch.put_with_signal(1024, 1024, 1024), refused, "Warp put_with_signal");
+            assert_eq!(ch.flush(), refused, "Warp flush");
+        }
+        // A doorbell rung by a refused channel would have been acted on by now.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let after = (l.a.sq_consumed(), l.sem.load_u64(0), l._nics[0].stats().doorbells);
+        assert_eq!(after, done, "a refused channel reached the NIC (exclusive first: {exclusive_first})");
+        let got = l.dst.read();
+        assert_eq!(&got[..1024], &data[..1024]);
+        assert!(got[1024..].iter().all(|&b| b == 0xee), "a refused put was placed");
+    }
 }

@@ -14,10 +14,13 @@ use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, QpState};
 use gdaki_device::cq::Completion;
 use gdaki_device::error::{kind, AppError, CqeError, InvalidArgument, PayloadMismatch, Timeout, UnexpectedCqe, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
+use gdaki_device::scope::{Block, Device, Scope};
+use gdaki_device::shared_qp::SharedQp;
 use gdaki_device::wait::semaphore_ge;
 use gdaki_device::wqe::{self, Raddr, Sge, MAX_INLINE};
 use gdaki_device::Error;
-use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
+use gdaki_shared::channel::SharedQpState;
+use gdaki_shared::handle::{sharing, ErrorReport, MrHandle, QpHandle, RemoteMr};
 use gdaki_shared::prm::opcode::{self, syndrome};
 use gdaki_shared::prm::wqe::WQEBB;
 use gdaki_shared::Be32;
@@ -907,6 +910,7 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
         Just(InvalidArgument::Handle),
         Just(InvalidArgument::Unsupported),
         Just(InvalidArgument::Packet),
+        Just(InvalidArgument::Sharing),
     ]
 }
 
@@ -1002,6 +1006,12 @@ fn invalid_argument_codes_are_the_documented_ones() {
         (InvalidArgument::Handle, 7, "invalid argument: Handle"),
         (InvalidArgument::Packet, 8, "invalid argument: Packet"),
         (InvalidArgument::Unsupported, 9, "invalid argument: Unsupported"),
+        (
+            InvalidArgument::Sharing,
+            10,
+            "invalid argument: Sharing (the QP was used by posters of another sharing mode, Exclusive vs \
+             Block/Device: one QP, one mode)",
+        ),
     ];
     assert_eq!(kind::INVALID_ARGUMENT, 6);
     for (a, code, message) in table {
@@ -1014,7 +1024,8 @@ fn invalid_argument_codes_are_the_documented_ones() {
             | InvalidArgument::Ticket
             | InvalidArgument::Handle
             | InvalidArgument::Packet
-            | InvalidArgument::Unsupported => {}
+            | InvalidArgument::Unsupported
+            | InvalidArgument::Sharing => {}
         }
         // Packing: the report the device writes.
         let r = Error::InvalidArgument(a).to_report();
@@ -1024,11 +1035,11 @@ fn invalid_argument_codes_are_the_documented_ones() {
         assert_eq!(Error::from_report(&from_host), Some(Error::InvalidArgument(a)), "code {code}");
         assert_eq!(Error::InvalidArgument(a).to_string(), message);
     }
-    // The nine codes are 1..=9, each once; the codes around them decode to nothing.
+    // The ten codes are 1..=10, each once; the codes around them decode to nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
     codes.sort_unstable();
-    assert_eq!(codes, (1..=9).collect::<Vec<u64>>());
-    for code in [0u64, 10, 11, u32::MAX as u64, u64::MAX] {
+    assert_eq!(codes, (1..=10).collect::<Vec<u64>>());
+    for code in [0u64, 11, 12, u32::MAX as u64, u64::MAX] {
         let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }
@@ -1096,4 +1107,178 @@ fn blueflame_on_a_doorbell_only_uar_rings_by_doorbell() {
     assert_eq!(dst.read(), data);
     let s = p.nic.stats();
     assert_eq!((s.doorbells, s.blueflame, s.blueflame_fallbacks), (1, 0, 0), "an 8-byte doorbell: {s:?}");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// One QP, one sharing mode: Exclusive posters (`Qp`, `WarpQp`) keep the counters in the handle, shared ones
+// (`SharedQp`) in a `SharedQpState`; a poster of the other side refuses a QP the first side has posted to
+// ---------------------------------------------------------------------------------------------------------
+
+/// A Block- or Device-scope shared poster on `h` with state `st`.
+///
+/// # Safety
+/// `h` and `st` are a live QP's handle and shared state, used by this thread only while the poster lives.
+unsafe fn shared_qp<S: Scope>(h: *mut QpHandle, st: *mut SharedQpState) -> SharedQp<'static, S> {
+    // SAFETY: the caller's contract; the queues are host memory (the `cpu` executor).
+    unsafe { SharedQp::new(h, st, TIMEOUT_NS) }
+}
+
+/// One QP's posting side for the sharing tests: 64-byte slots of a random source, a destination filled
+/// with 0xee, a handle and a shared state where device code keeps them. Field order is drop order: the MRs
+/// before the NIC's PD, the memory last.
+struct Slots {
+    _mrs: (gdaki::nic::emu::Mr, gdaki::nic::emu::Mr),
+    p: Pair,
+    src: GuardedBuf,
+    dst: GuardedBuf,
+    local: MrHandle,
+    remote: RemoteMr,
+    h: Box<QpHandle>,
+    st: Box<SharedQpState>,
+}
+
+impl Slots {
+    const SLOT: usize = 64;
+
+    fn new(slots: usize) -> Self {
+        let mut rng = rng();
+        let (src, dst) = (GuardedBuf::new(slots * Self::SLOT, 0), GuardedBuf::new(slots * Self::SLOT, 0xee));
+        src.write(0, &random_bytes(&mut rng, slots * Self::SLOT));
+        let p = Pair::new(64, 64);
+        let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+        let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let h = Box::new(p.a.handle());
+        assert_eq!(h.sharing, sharing::NONE, "the host builds handles no poster has claimed");
+        let (local, remote) = (lmr.handle(), rmr.remote());
+        Slots { p, src, dst, local, remote, h, st: Box::default(), _mrs: (lmr, rmr) }
+    }
+
+    /// The RDMA WRITE of slot `k`.
+    fn write(&self, k: usize) -> gdaki_device::wqe::Wqe<3> {
+        let off = (k * Self::SLOT) as u64;
+        wqe::rdma_write(raddr(&self.remote, off), sge(&self.local, off, Self::SLOT as u32))
+    }
+
+    /// Whether slot `k` of the destination holds the source's bytes (true) or is untouched (false); panics
+    /// on anything else.
+    fn placed(&self, k: usize) -> bool {
+        let r = k * Self::SLOT..(k + 1) * Self::SLOT;
+        let got = &self.dst.read()[r.clone()];
+        if got == &self.src.read()[r] {
+            return true;
+        }
+        assert!(got.iter().all(|&b| b == 0xee), "slot {k} is neither placed nor untouched");
+        false
+    }
+
+    /// Posts slot `k` through an Exclusive `Qp` of the handle and flushes, then drops the `Qp`.
+    fn exclusive(&mut self, k: usize) -> Result<(), Error> {
+        let w = self.write(k);
+        let mut qp = dev_qp(&mut self.h);
+        let _ = qp.post(false, w)?;
+        qp.flush()
+    }
+
+    /// Posts slot `k` through a shared poster of scope `S` on the handle and state, and flushes.
+    fn shared<S: Scope>(&mut self, k: usize) -> Result<(), Error> {
+        // SAFETY: the live pair's handle and state, used by this thread only.
+        let qp = unsafe { shared_qp::<S>(&mut *self.h, &mut *self.st) };
+        let _ = qp.post(true, self.write(k))?;
+        qp.flush()
+    }
+
+    /// Waits a little, so that a doorbell the refused poster might have rung would have been acted on, and
+    /// returns the NIC's doorbells, executed WQEs and consumed WQEBBs.
+    fn nic_work(&self) -> (u64, u64, u64) {
+        std::thread::sleep(Duration::from_millis(20));
+        let s = self.p.nic.stats();
+        assert_eq!((s.error_cqes, s.flush_cqes, s.stale_doorbells, s.bad_doorbells), (0, 0, 0, 0), "{s:?}");
+        (s.doorbells, s.wqes, self.p.a.sq_consumed())
+    }
+}
+
+#[test]
+fn a_shared_poster_refuses_a_qp_that_an_exclusive_qp_posted_to() {
+    let mut q = Slots::new(8);
+    q.exclusive(0).unwrap();
+    assert!(q.placed(0));
+    assert_eq!(q.h.sharing, sharing::EXCLUSIVE, "the first post claims the QP");
+    let (h_before, work) = (*q.h, q.nic_work());
+    // SAFETY: the live pair's handle and state, used by this thread only.
+    let qp = unsafe { shared_qp::<Block>(&mut *q.h, &mut *q.st) };
+    assert_eq!(qp.post(true, q.write(1)).map(|_| ()), inval(InvalidArgument::Sharing), "Block post");
+    assert_eq!(qp.flush(), inval(InvalidArgument::Sharing), "Block flush");
+    assert_eq!(qp.progress(), inval(InvalidArgument::Sharing), "Block progress");
+    // SAFETY: as above.
+    let qp = unsafe { shared_qp::<Device>(&mut *q.h, &mut *q.st) };
+    assert_eq!(qp.post(true, q.write(2)).map(|_| ()), inval(InvalidArgument::Sharing), "Device post");
+    // Nothing reserved, stored, rung or executed; the claim and the Exclusive counters stand.
+    assert_eq!(bytemuck::bytes_of(&*q.st), bytemuck::bytes_of(&SharedQpState::default()), "state touched");
+    assert_eq!(bytemuck::bytes_of(&*q.h), bytemuck::bytes_of(&h_before), "handle touched");
+    assert_eq!(q.nic_work(), work, "the NIC saw work from the refused posters");
+    assert!(!q.placed(1) && !q.placed(2));
+    // The Exclusive side still posts.
+    q.exclusive(3).unwrap();
+    assert!(q.placed(3));
+}
+
+#[test]
+fn an_exclusive_qp_refuses_a_qp_that_a_shared_poster_posted_to() {
+    use gdaki_device::warp_qp::WarpQp;
+    let mut q = Slots::new(8);
+    q.shared::<Block>(0).unwrap();
+    assert!(q.placed(0));
+    assert_eq!(q.h.sharing, sharing::SHARED, "the first post claims the QP");
+    let (h_before, st_before, work) = (*q.h, *q.st, q.nic_work());
+    {
+        let w = q.write(1);
+        let mut qp = dev_qp(&mut q.h);
+        assert_eq!(qp.post(false, w), inval(InvalidArgument::Sharing), "Qp::post");
+        assert_eq!(qp.post_bf(true, w), inval(InvalidArgument::Sharing), "Qp::post_bf");
+        qp.ring_db();
+        assert_eq!(qp.flush(), inval(InvalidArgument::Sharing), "Qp::flush");
+        assert_eq!(qp.progress(), inval(InvalidArgument::Sharing), "Qp::progress");
+        assert_eq!(qp.wait(Ticket(0)), inval(InvalidArgument::Sharing), "Qp::wait");
+        assert_eq!(qp.poll_cq(), Some(inval(InvalidArgument::Sharing)), "Qp::poll_cq");
+    }
+    // SAFETY: the live pair's handle, used by this thread (a warp of one lane) only.
+    let mut wq = unsafe { WarpQp::new(&mut *q.h, TIMEOUT_NS) };
+    assert_eq!(wq.post(true, q.write(2)), inval(InvalidArgument::Sharing), "WarpQp::post");
+    assert_eq!(wq.flush(), inval(InvalidArgument::Sharing), "WarpQp::flush");
+    // Nothing posted, rung or executed; the claim and the shared counters stand.
+    assert_eq!(bytemuck::bytes_of(&*q.h), bytemuck::bytes_of(&h_before), "handle touched");
+    assert_eq!(bytemuck::bytes_of(&*q.st), bytemuck::bytes_of(&st_before), "state touched");
+    assert_eq!(q.nic_work(), work, "the NIC saw work from the refused posters");
+    assert!(!q.placed(1) && !q.placed(2));
+    // The shared side still posts.
+    q.shared::<Block>(3).unwrap();
+    assert!(q.placed(3));
+}
+
+#[test]
+fn posters_of_one_side_follow_each_other_on_a_qp() {
+    use gdaki_device::warp_qp::WarpQp;
+    // Exclusive: two `Qp`s one after the other, then a `WarpQp`, each continuing the counters of the last.
+    let mut q = Slots::new(8);
+    q.exclusive(0).unwrap();
+    q.exclusive(1).unwrap();
+    // SAFETY: the live pair's handle, used by this thread (a warp of one lane) only.
+    let mut wq = unsafe { WarpQp::new(&mut *q.h, TIMEOUT_NS) };
+    let _ = wq.post(true, q.write(2)).unwrap();
+    wq.flush().unwrap();
+    assert!((0..3).all(|k| q.placed(k)));
+    assert_eq!(q.h.sharing, sharing::EXCLUSIVE);
+    let (doorbells, wqes, consumed) = q.nic_work();
+    assert_eq!((wqes, consumed), (5, 5), "three WRITEs and the two flushes' NOPs ({doorbells} doorbells)");
+    assert_eq!((q.h.sq_pi, q.h.sq_ci), (5, 5), "every post continued the last one's counters");
+
+    // Shared: Block, then Device, then Block again, on one handle and state.
+    let mut q = Slots::new(8);
+    q.shared::<Block>(0).unwrap();
+    q.shared::<Device>(1).unwrap();
+    q.shared::<Block>(2).unwrap();
+    assert!((0..3).all(|k| q.placed(k)));
+    assert_eq!(q.h.sharing, sharing::SHARED);
+    let (_, wqes, consumed) = q.nic_work();
+    assert_eq!((wqes, consumed, q.st.resv, q.st.retired), (3, 3, 3, 3), "every post continued the last one's");
 }

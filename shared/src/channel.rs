@@ -8,7 +8,10 @@
 //! uses it at one of three concurrency scopes: `Exclusive` (one thread owns the QP and updates the counters in
 //! its [`QpHandle`](crate::handle::QpHandle)), `Block` (the threads of one CTA share the QP) and `Device` (any
 //! thread of the grid). The shared scopes keep the QP's counters in a [`SharedQpState`] that every poster
-//! updates with atomics; the [`QpHandle`](crate::handle::QpHandle)'s counters are then unused.
+//! updates with atomics; the [`QpHandle`](crate::handle::QpHandle)'s counters are then unused. Since neither
+//! set of counters follows the other, a QP is posted to in one of the two ways for its whole life:
+//! [`QpHandle::sharing`](crate::handle::QpHandle::sharing) records which, and posters of the other way refuse
+//! the QP.
 
 use crate::handle::{MrHandle, RemoteMr};
 use crate::proxy::FifoHandle;
@@ -65,7 +68,8 @@ const _: () = assert!(core::mem::size_of::<SharedQpState>() == 128);
 #[repr(C)]
 pub struct PortChannelHandle {
     /// Address of the QP's [`QpHandle`](crate::handle::QpHandle) (ring, dbrec, doorbell register, CQ; in
-    /// Exclusive scope also the counters its one owner updates).
+    /// Exclusive scope also the counters its one owner updates; in every scope the `sharing` word that the
+    /// first post sets).
     pub qp: u64,
     /// Address of the QP's [`SharedQpState`] (Block and Device scopes); 0 when only Exclusive use is set up.
     pub shared: u64,

@@ -53,7 +53,9 @@ pub struct CqHandle {
 ///
 /// Software state (`sq_*` counters, the sticky error, `cq.cons_index`) is written by the one thread that owns
 /// the handle (Exclusive mode); the host sets it where the NIC is when it builds the handle (zero for a new
-/// QP). All indices are 64-bit WQEBB counts; the wire carries their low 16 bits.
+/// QP). All indices are 64-bit WQEBB counts; the wire carries their low 16 bits. Posters of the shared scopes
+/// keep their counters in a [`SharedQpState`](crate::channel::SharedQpState) instead and write only
+/// [`QpHandle::sharing`] here.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct QpHandle {
@@ -91,8 +93,23 @@ pub struct QpHandle {
     /// for a WQE no larger): 0 for a doorbell-only UAR, where device code rings by doorbell whatever it is
     /// asked. The emulated NIC's register takes one WQEBB ([`crate::prm::uar::BF_WRITE_SIZE`]).
     pub bf_size: u32,
-    /// Padding, zero.
-    pub pad: u32,
+    /// Which kind of poster has posted to this QP, one of [`sharing`]: [`sharing::NONE`] until the first post
+    /// (what the host builds), then [`sharing::EXCLUSIVE`] or [`sharing::SHARED`], set by that post. The two
+    /// kinds keep their counters in different places (here, or a `SharedQpState`), so a poster of the other
+    /// kind would reuse WQEBBs still in flight: it refuses the QP instead (`InvalidArgument::Sharing`).
+    pub sharing: u32,
+}
+
+/// Values of [`QpHandle::sharing`]: which kind of poster a QP has been posted to by.
+pub mod sharing {
+    /// Nobody has posted yet.
+    pub const NONE: u32 = 0;
+    /// Exclusive posters (`gdaki_device::qp::Qp`, `gdaki_device::warp_qp::WarpQp`), whose counters are the
+    /// handle's.
+    pub const EXCLUSIVE: u32 = 1;
+    /// Shared posters (`gdaki_device::shared_qp::SharedQp` of Block or Device scope), whose counters are in a
+    /// [`SharedQpState`](crate::channel::SharedQpState).
+    pub const SHARED: u32 = 2;
 }
 
 /// A local memory region as device code names it in data segments. 24 bytes.
@@ -152,6 +169,7 @@ const _: () = {
     assert!(size_of::<QpHandle>() == 128);
     assert!(offset_of!(QpHandle, cq) == 32);
     assert!(offset_of!(QpHandle, sq_pi) == 72);
+    assert!(offset_of!(QpHandle, sharing) == 124);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);

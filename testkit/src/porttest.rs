@@ -4,8 +4,9 @@
 //!
 //! A [`PortTest`] owns `nchannels` connections (one QP each), a buffer of `2 × max_size` bytes per channel
 //! (send half, receive half), a semaphore and a channel per connection. Its QPs are used in one sharing mode
-//! only: the Exclusive counters live in the QP handle, the shared ones in the shared state, and the two do not
-//! follow each other, so make one `PortTest` per mode.
+//! only: the Exclusive counters live in the QP handle, the shared ones in the shared state, and a QP keeps the
+//! mode of its first post (a run in the other mode fails with `InvalidArgument::Sharing`), so make one
+//! `PortTest` per mode.
 
 use std::sync::Arc;
 use std::time::Duration;

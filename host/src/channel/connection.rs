@@ -40,7 +40,7 @@ const _: () = assert!(
 ///
 /// | what | size | where |
 /// |---|---|---|
-/// | the QP's [`QpHandle`] (ring, dbrec, doorbell register, CQ; the Exclusive scope's counters) | 112 B, 8-aligned | GPU memory (`gpu`), host memory (`cpu`): device code updates it on every post |
+/// | the QP's [`QpHandle`] (ring, dbrec, doorbell register, CQ; the Exclusive scope's counters; the sharing mode of the first post) | 128 B, 8-aligned | GPU memory (`gpu`), host memory (`cpu`): device code updates it on every post |
 /// | its [`SharedQpState`] (counters of the Block and Device scopes), all zero | 128 B, 64-aligned | same buffer, offset 0 |
 /// | the atomic scratch word: where every fetch-add's old value lands, registered `LOCAL_WRITE` | 8 B, 8-aligned | queue memory (pinned host memory mapped into the GPU on `gpu`) |
 ///
@@ -111,7 +111,9 @@ impl Connection {
 
     /// Device-visible address of the QP's [`QpHandle`] (8-byte aligned; GPU memory on `gpu`, host memory on
     /// `cpu`): a [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `qp`. Device code in
-    /// Exclusive scope takes it as `&mut QpHandle`; one thread at a time.
+    /// Exclusive scope takes it as `&mut QpHandle`, one thread at a time; the shared scopes as `*mut QpHandle`.
+    /// The connection's posters keep to one sharing mode, Exclusive (and Warp) or shared (Block, Device): the
+    /// first post records which in [`QpHandle::sharing`], and posters of the other refuse the QP.
     pub fn qp_handle_addr(&self) -> u64 {
         addr_of(&self.inner.state, QP_HANDLE_OFF)
     }

@@ -175,10 +175,10 @@ pub fn gdaki_sass_warp_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
 /// One Device-scope [`SharedQp::post`] of an 8-byte RDMA WRITE on the QP `h` with shared state `st`, as
 /// [`gdaki_sass_qp_post`].
 #[kernel]
-pub fn gdaki_sass_shared_post(_t: &Thread, h: *const QpHandle, st: *mut SharedQpState, a: &SassWrite) {
+pub fn gdaki_sass_shared_post(_t: &Thread, h: *mut QpHandle, st: *mut SharedQpState, a: &SassWrite) {
     let Some(w) = sass_write(a) else { return };
     // SAFETY: the launch's contract: a live QP whose every poster is a Device-scope shared poster of `st`.
-    let _ = unsafe { SharedQp::<Device>::new(&*h, st, 1 << 30) }.post(true, w);
+    let _ = unsafe { SharedQp::<Device>::new(h, st, 1 << 30) }.post(true, w);
 }
 
 /// Builds [`SAMPLES`] WQEs from `*p` into `out` (one thread; see [`samples::build`]).

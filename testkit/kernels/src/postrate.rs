@@ -283,7 +283,7 @@ unsafe fn burst_warp(a: &PostRateArgs, h: *mut QpHandle, p: u32) -> Result<(u64,
 #[inline(never)]
 unsafe fn burst_shared(a: &PostRateArgs, p: u32) -> Result<(u64, u64)> {
     // SAFETY: the caller's contract.
-    let qp = unsafe { SharedQp::<Device>::new(&*(a.qps as *const QpHandle), a.shared as *mut _, a.timeout_ns) };
+    let qp = unsafe { SharedQp::<Device>::new(a.qps as *mut QpHandle, a.shared as *mut _, a.timeout_ns) };
     let (r, l) = target(a, p)?;
     let t0 = sync::clock_ns();
     for _ in 0..a.posts {

@@ -535,12 +535,12 @@ mod tests {
                     }
                     2 => {
                         // SAFETY: as above; the shared state is `q.shared`, used by shared posters only.
-                        let qp = unsafe { SharedQp::<Block>::new(&*hp, shared, 1_000_000_000) };
+                        let qp = unsafe { SharedQp::<Block>::new(hp, shared, 1_000_000_000) };
                         with_wqe!(w.wqe, x => qp.post(true, x)).unwrap().0
                     }
                     _ => {
                         // SAFETY: as above.
-                        let qp = unsafe { SharedQp::<Device>::new(&*hp, shared, 1_000_000_000) };
+                        let qp = unsafe { SharedQp::<Device>::new(hp, shared, 1_000_000_000) };
                         with_wqe!(w.wqe, x => qp.post(true, x)).unwrap().0
                     }
                 };
