@@ -29,7 +29,7 @@ pub use gdaki_testkit_kernels::porttest::op;
 pub mod bench;
 
 /// Who posts each channel's WQEs: the CPU proxy (Host modes, MSCCL++'s default), or device code, with the
-/// threads sharing the QP as one of the device's [`Sharing`] types (chosen per run at run time here).
+/// threads sharing the QP as one of the device's [`Sharing`](gdaki_device::channel::Sharing) types (chosen per run at run time here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// The proxy posts (device code pushes triggers from one thread per channel); signals are fetch-adds.
