@@ -72,7 +72,7 @@ impl ProbedQueueMemory {
 }
 
 fn config(mem: &Arc<ProbedQueueMemory>) -> EmuConfig {
-    EmuConfig { queue_mem: mem.clone(), gpu: None, queues: gdaki::mem::MemKind::Host, wire: None }
+    EmuConfig { queue_mem: mem.clone(), gpu: None, queues: gdaki::mem::MemKind::Host, wire: None, blueflame: true }
 }
 
 /// The words of a CQ's ring, read with atomic loads.

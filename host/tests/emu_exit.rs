@@ -18,6 +18,7 @@ fn child() -> ! {
         gpu: Some(Arc::new(SimGpu::new().expect("simulated GPU"))),
         queues: MemKind::Gpu,
         wire: None,
+        blueflame: true,
     };
     let p = Pair::with_config(cfg, 64, 64);
     let mut sq = Sq::new(&p.a);

@@ -198,6 +198,7 @@ fn pair(copier: &Arc<DeferredCopier>) -> Pair {
         gpu: Some(copier.clone()),
         queues: MemKind::Host,
         wire: None,
+        blueflame: true,
     };
     Pair::with_config(cfg, 64, 64)
 }
@@ -442,6 +443,7 @@ fn gpu_memory_across_the_wire() {
             gpu: Some(gpu),
             queues: MemKind::Host,
             wire: Some(WireConfig::loopback()),
+            blueflame: true,
         }
     };
     let (na, nb) = (EmuNic::open(cfg(&ca)).unwrap(), EmuNic::open(cfg(&cb)).unwrap());

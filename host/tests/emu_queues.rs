@@ -22,6 +22,7 @@ fn config(queues: MemKind) -> EmuConfig {
             gpu: Some(Arc::new(SimGpu::new().unwrap())),
             queues: MemKind::Gpu,
             wire: None,
+            blueflame: true,
         },
     }
 }
@@ -111,7 +112,11 @@ struct Ranges {
 
 impl Ranges {
     fn new(kind: MemKind) -> Self {
-        let p = Pair::with_config(config(kind), 64, 64);
+        Self::with_config(config(kind))
+    }
+
+    fn with_config(cfg: EmuConfig) -> Self {
+        let p = Pair::with_config(cfg, 64, 64);
         let (sq, cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
         let (src, dst) = (GuardedBuf::new(128, 0), GuardedBuf::new(128, 0));
         let (lmr, rmr) = (src.register(&p.nic, &p.pd, Access::NONE), dst.register(&p.nic, &p.pd, Access::ALL));
@@ -271,6 +276,30 @@ fn a_blueflame_write_larger_than_the_register_fails_the_qp() {
         let e = c.as_err();
         assert_eq!((e.syndrome, e.vendor_err_synd), (0x02, gdaki::nic::emu::vendor::BLUEFLAME_TOO_LARGE), "{kind:?}");
         assert!(r.dst.read().iter().all(|&b| b == 0), "{kind:?}: nothing placed");
+        assert_eq!(r.p.a.state(), gdaki::nic::emu::QpState::Error, "{kind:?}");
+    }
+}
+
+/// A doorbell-only UAR (`EmuConfig::blueflame` false): handles say `bf_size` 0; a doorbell works, and a
+/// BlueFlame write fails the QP with LOCAL_QP_OP_ERR and nothing of its WQE runs.
+#[test]
+fn a_doorbell_only_uar_takes_doorbells_and_refuses_blueflame() {
+    for kind in BOTH {
+        let mut r = Ranges::with_config(EmuConfig { blueflame: false, ..config(kind) });
+        assert_eq!(r.p.a.handle().bf_size, 0, "{kind:?}");
+        let at = r.sq.put(&r.write(0));
+        r.sq.dbrec();
+        r.sq.doorbell(at);
+        r.completes(at);
+        assert_eq!(&r.dst.read()[..64], &r.data[..64], "{kind:?}: the doorbell's WRITE");
+        let at = r.sq.put(&r.write(64));
+        r.sq.dbrec();
+        r.sq.blueflame(at);
+        let c = r.cq.wait();
+        assert_eq!(c.opcode(), opcode::cqe::REQ_ERR, "{kind:?}: {c:?}");
+        let e = c.as_err();
+        assert_eq!((e.syndrome, e.vendor_err_synd), (0x02, gdaki::nic::emu::vendor::BLUEFLAME_NO_BUFFER), "{kind:?}");
+        assert!(r.dst.read()[64..].iter().all(|&b| b == 0), "{kind:?}: nothing of the BlueFlame WQE placed");
         assert_eq!(r.p.a.state(), gdaki::nic::emu::QpState::Error, "{kind:?}");
     }
 }

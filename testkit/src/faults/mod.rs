@@ -133,6 +133,7 @@ pub fn vendor_name(v: u8) -> &'static str {
         vendor::BAD_INLINE => "BAD_INLINE",
         vendor::BAD_DOORBELL => "BAD_DOORBELL",
         vendor::BLUEFLAME_TOO_LARGE => "BLUEFLAME_TOO_LARGE",
+        vendor::BLUEFLAME_NO_BUFFER => "BLUEFLAME_NO_BUFFER",
         vendor::MSG_TOO_LONG => "MSG_TOO_LONG",
         vendor::ATOMIC_SGE_LEN => "ATOMIC_SGE_LEN",
         vendor::BAD_LKEY => "BAD_LKEY",

@@ -39,6 +39,8 @@ pub(crate) struct Fabric {
     /// What the NIC leaves in words 1..8 of each BlueFlame register after acting on a doorbell (random,
     /// never zero): a word that differs was written by a BlueFlame write since (see `sq::take_blueflame`).
     pub bf_sentinel: u64,
+    /// The UAR pages have a BlueFlame buffer ([`super::EmuConfig::blueflame`]).
+    pub blueflame: bool,
     /// Live QPs by QPN.
     pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
     /// Bumped whenever `qps` changes (after the change), so the executor refreshes its list only then.
@@ -80,6 +82,7 @@ impl Fabric {
         gpu: Option<Arc<dyn GpuCopier>>,
         queues: MemKind,
         wire: Option<WireConfig>,
+        blueflame: bool,
     ) -> Self {
         Self {
             id,
@@ -91,6 +94,7 @@ impl Fabric {
             gpu_pool: Arc::default(),
             // Derived from the random identifier: any value works, a fixed one might be some WQE's word.
             bf_sentinel: id.rotate_left(29) ^ 0x5bd1_e995_a5a5_c3c3 | 1,
+            blueflame,
             qps: RwLock::new(HashMap::new()),
             qp_gen: AtomicU64::new(0),
             acked_gen: AtomicU64::new(0),

@@ -30,6 +30,9 @@ pub mod vendor {
     /// A BlueFlame write larger than the register's one WQEBB (the handle's `bf_size`): words past it were
     /// stored (syndrome `LOCAL_QP_OP_ERR`; the PRM defines no outcome, so the emulator fails the QP).
     pub const BLUEFLAME_TOO_LARGE: u8 = 0x0a;
+    /// A BlueFlame write on a doorbell-only UAR page (the handle's `bf_size` is 0; syndrome
+    /// `LOCAL_QP_OP_ERR`: the page has no BlueFlame buffer, and the emulator fails the QP rather than guess).
+    pub const BLUEFLAME_NO_BUFFER: u8 = 0x0b;
     /// The message is longer than 2^31 bytes, or than the QP's `qpc.log_msg_max` allows (syndrome
     /// `LOCAL_LENGTH_ERR`).
     pub const MSG_TOO_LONG: u8 = 0x10;

@@ -38,7 +38,8 @@
 //!   the WQEs are read from the ring, where software must write them too ([`Stats::blueflame_fallbacks`]). With a
 //!   ring in host memory the register's WQE is compared with the ring's ([`Stats::blueflame_mismatches`]).
 //!   A write that reaches past the 64-byte register (the handles' `bf_size`) fails the QP (`LOCAL_QP_OP_ERR`,
-//!   [`vendor::BLUEFLAME_TOO_LARGE`]).
+//!   [`vendor::BLUEFLAME_TOO_LARGE`]), and so does any BlueFlame write on a NIC opened with doorbell-only UAR
+//!   pages ([`EmuConfig::blueflame`] `false`, handles with `bf_size` 0; [`vendor::BLUEFLAME_NO_BUFFER`]).
 //! - **Queues in GPU memory** are reached through the [`GpuCopier`] only: on a doorbell the NIC fetches the
 //!   announced WQEBBs of the SQ ring with dbrec word 1 (one read and one synchronize, [`Stats::ring_fetches`];
 //!   none for a BlueFlame WQE taken from the register); each CQE is one published write of the copier (bytes
@@ -196,12 +197,17 @@ pub struct EmuConfig {
     pub queues: MemKind,
     /// How to reach QPs of other NICs (other processes or hosts); `None`: only QPs of this NIC connect.
     pub wire: Option<WireConfig>,
+    /// Whether the UAR pages have a BlueFlame buffer: `true` (the default) gives handles a `bf_size` of one
+    /// WQEBB (the emulated register); `false` models a doorbell-only UAR (`mlx5dv_qp.bf.size` 0, as a UAR
+    /// allocated non-cached gives), whose handles say `bf_size` 0 so that device code rings by doorbell, and
+    /// on which a BlueFlame write fails the QP (`LOCAL_QP_OP_ERR`, [`vendor::BLUEFLAME_NO_BUFFER`]).
+    pub blueflame: bool,
 }
 
 impl EmuConfig {
     /// Host queue memory, no GPU, no wire: everything for the `cpu` executor in one process.
     pub fn host() -> Self {
-        Self { queue_mem: Arc::new(HostQueueMemory), gpu: None, queues: MemKind::Host, wire: None }
+        Self { queue_mem: Arc::new(HostQueueMemory), gpu: None, queues: MemKind::Host, wire: None, blueflame: true }
     }
 
     /// The configuration for executor `exec`: its queue memory and GPU copier, no wire, and the queues where
@@ -223,7 +229,7 @@ impl EmuConfig {
             (Some(g), Some(k)) => (Some(g), k),
             (Some(g), None) => (Some(g), MemKind::Gpu),
         };
-        Ok(Self { queue_mem: exec.queue_memory(), gpu, queues, wire: None })
+        Ok(Self { queue_mem: exec.queue_memory(), gpu, queues, wire: None, blueflame: true })
     }
 
     /// [`EmuConfig::host`], or with [`QUEUES_ENV`]`=gpu` its queues in a [`SimGpu`]'s simulated GPU memory
@@ -248,6 +254,7 @@ impl std::fmt::Debug for EmuConfig {
             .field("gpu", &self.gpu.is_some())
             .field("queues", &self.queues)
             .field("wire", &self.wire)
+            .field("blueflame", &self.blueflame)
             .finish_non_exhaustive()
     }
 }
@@ -325,7 +332,7 @@ impl EmuNic {
             }
             _ => None,
         };
-        let fab = Arc::new(Fabric::new(id, cfg.queue_mem, cfg.gpu, cfg.queues, wire));
+        let fab = Arc::new(Fabric::new(id, cfg.queue_mem, cfg.gpu, cfg.queues, wire, cfg.blueflame));
         // Unbounded as a channel, bounded by `inflow`, which counts bytes (frames differ in size by 6000×).
         let (tx, rx) = std::sync::mpsc::channel();
         let inflow = Arc::new(wire::link::Inflow::new(wire.map_or(WireConfig::INBOUND_BYTES, |w| w.inbound_bytes)));

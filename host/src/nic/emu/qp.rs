@@ -379,8 +379,8 @@ impl Qp {
             sq_sig_first: consumed,
             sq_sig_end: consumed,
             placement: q.sq.placement(),
-            // The register takes one WQEBB.
-            bf_size: BF_WRITE_SIZE as u32,
+            // The register takes one WQEBB; a doorbell-only UAR takes no BlueFlame write.
+            bf_size: if self.nic.fab.blueflame { BF_WRITE_SIZE as u32 } else { 0 },
             // A new handle knows of no error yet; the NIC still flushes WQEs of a QP in the error state.
             ..QpHandle::default()
         }

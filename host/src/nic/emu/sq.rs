@@ -299,7 +299,8 @@ fn check_dbrec(fab: &Fabric, qp: &QpInner, word: u32, pi: u64) {
 /// words that were written but not used).
 ///
 /// A write that stored words past the register (the handle's `bf_size` is one WQEBB) fails the QP instead:
-/// `Err` with [`vendor::BLUEFLAME_TOO_LARGE`].
+/// `Err` with [`vendor::BLUEFLAME_TOO_LARGE`]; so does any write to the register of a doorbell-only UAR
+/// ([`vendor::BLUEFLAME_NO_BUFFER`]).
 ///
 /// [`Stats::blueflame_fallbacks`]: super::Stats::blueflame_fallbacks
 fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Result<Option<[u8; WQEBB]>, Fault> {
@@ -310,6 +311,10 @@ fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Result<
     }
     if words[1..].iter().all(|&v| v == sentinel) {
         return Ok(None);
+    }
+    if !fab.blueflame {
+        tracing::warn!(qpn = qp.qpn, consumed, "emulated NIC: a BlueFlame write on a doorbell-only UAR");
+        return Err(Fault::qp_op(vendor::BLUEFLAME_NO_BUFFER));
     }
     // Looked at only after a write to the register: a plain doorbell costs nothing more.
     let mut past = false;
