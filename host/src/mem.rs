@@ -2,6 +2,7 @@
 //! from an executor (queue memory it can read and write directly, and copies into and out of GPU memory).
 
 use std::any::Any;
+use std::sync::atomic::Ordering;
 
 use crate::Result;
 
@@ -116,6 +117,86 @@ impl AtomicOp {
     }
 }
 
+/// An SQ ring in GPU memory to mirror into host memory ([`GpuCopier::mirror_sq`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SqWatch {
+    /// Device address of the ring's first WQEBB.
+    pub ring: u64,
+    /// WQEBBs (64 bytes each) in the ring: a power of two.
+    pub wqebbs: u32,
+    /// Device address of the dbrec's SQ counter (word 1: big-endian, its low 16 bits the producer counter in
+    /// WQEBBs, PRM "Doorbell Record"), in GPU memory.
+    pub dbrec: u64,
+    /// The producer count (64-bit, WQEBBs) the ring is at now: mirroring starts there.
+    pub base: u64,
+}
+
+/// Host memory that a copier keeps filling with an SQ ring's WQEBBs as device code posts them
+/// ([`GpuCopier::mirror_sq`]): a copy of the ring (same length, same offsets) and a 64-bit count.
+///
+/// The count says that every WQEBB with a producer index in `count - wqebbs .. count` is in the copy as device
+/// code wrote it before it moved the dbrec past that index; it only grows, and a WQEBB is in place before the
+/// count that covers it is stored. Valid until [`GpuCopier::unmirror_sq`] or the copier's drop.
+#[derive(Clone, Copy, Debug)]
+pub struct SqMirror {
+    slot: u32,
+    bytes: *const u8,
+    len: usize,
+    count: *const u64,
+}
+
+// SAFETY: the mirror names host memory that its copier keeps alive and writes only with aligned word stores;
+// this type reads it only with atomic word loads, from any thread.
+unsafe impl Send for SqMirror {}
+// SAFETY: as above.
+unsafe impl Sync for SqMirror {}
+
+impl SqMirror {
+    /// A mirror in `slot` of its copier: the ring's copy is the `len` bytes at `bytes` (8-byte aligned, a
+    /// multiple of 64), the count the aligned word at `count`.
+    ///
+    /// # Safety
+    /// Both must stay valid, and be written by their copier with aligned word stores only, until the mirror
+    /// is given back to [`GpuCopier::unmirror_sq`] or the copier is dropped.
+    pub unsafe fn new(slot: u32, bytes: *const u8, len: usize, count: *const u64) -> Self {
+        Self { slot, bytes, len, count }
+    }
+
+    /// The copier's slot of this mirror.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Bytes of the ring's copy.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the copy is empty (never, for a mirror of a ring).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The count (Acquire: the WQEBBs it covers are readable after it).
+    pub fn count(&self) -> u64 {
+        // SAFETY: an aligned word the copier keeps alive (`new`'s contract), accessed atomically by both sides.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.count.cast_mut()) }.load(Ordering::Acquire)
+    }
+
+    /// Reads `out.len()` bytes (a multiple of 8) of the copy from byte `off` (8-byte aligned) on, wrapping
+    /// past its end to its start as the ring does.
+    pub fn read(&self, off: usize, out: &mut [u8]) {
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            let at = (off + i * 8) % self.len;
+            // SAFETY: `at` is 8-aligned and inside the copy, which the copier keeps alive (`new`'s contract);
+            // the copier writes it with aligned word stores.
+            let w = unsafe { std::sync::atomic::AtomicU64::from_ptr(self.bytes.add(at).cast::<u64>().cast_mut()) }
+                .load(Ordering::Relaxed);
+            chunk.copy_from_slice(&w.to_ne_bytes());
+        }
+    }
+}
+
 /// Bytes one [`GpuCopier::write_async`] takes at most: one CQE.
 pub const WRITE_ASYNC_MAX: usize = 64;
 
@@ -180,6 +261,34 @@ pub trait GpuCopier: Send + Sync {
     fn device_view(&self, addr: u64, len: u64) -> Option<u64> {
         let _ = (addr, len);
         None
+    }
+
+    /// Starts mirroring the SQ ring `sq` into host memory: from now on, each time the dbrec's SQ counter
+    /// moves, the copier copies the WQEBBs it passed into the mirror and then advances the mirror's count,
+    /// without being asked, so that the emulated NIC finds a rung WQE in host memory instead of fetching it
+    /// from the GPU after the doorbell (one GPU round trip less per doorbell). `None` when this copier
+    /// cannot (the default, and when its mirror slots are taken).
+    fn mirror_sq(&self, sq: SqWatch) -> Option<SqMirror> {
+        let _ = sq;
+        None
+    }
+
+    /// Whether the copier's mirrors are advancing now (on the CUDA copier, whether its engine runs). A
+    /// reader that waits for a mirror's count waits only while this holds.
+    fn mirrors_running(&self) -> bool {
+        false
+    }
+
+    /// Tells the mirror that its ring is at producer count `base` (after its reader took WQEBBs another way
+    /// while the mirror fell behind by more than its 16-bit counter can tell).
+    fn rebase_sq_mirror(&self, mirror: &SqMirror, base: u64) {
+        let _ = (mirror, base);
+    }
+
+    /// Stops `mirror`; once this returns the copier no longer reads the ring or dbrec it named, and its
+    /// memory goes back to the copier.
+    fn unmirror_sq(&self, mirror: SqMirror) {
+        let _ = mirror;
     }
 
     /// Allocates `len` zeroed bytes of GPU memory (at least 256-byte aligned), for queues the emulated NIC

@@ -657,3 +657,65 @@ fn copier_dropped_while_its_engine_runs() {
     }
     assert!(gpu.take_drop_error().is_none(), "a drop failed");
 }
+
+/// The engine mirrors an SQ ring in GPU memory into host memory as its dbrec moves, without being asked:
+/// random WQEBBs and a dbrec advanced past them (written through the copier, as device code would store them)
+/// appear in the mirror with its count, including a batch that wraps the ring and one longer than the ring
+/// (only its last ring's worth is copied). A stopped mirror's slot serves the next one.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_mirrors_sq_rings_as_their_dbrec_moves() {
+    use gdaki::mem::SqWatch;
+    let _serial = serial();
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    let wqebbs = 16u32;
+    let ring = copier.alloc(wqebbs as usize * 64).unwrap();
+    let dbrec = copier.alloc(64).unwrap();
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut pi = 0u64;
+    for round in 0..2 {
+        let m = copier
+            .mirror_sq(SqWatch { ring: ring.addr(), wqebbs, dbrec: dbrec.addr() + 4, base: pi })
+            .expect("a free mirror slot");
+        for batch in [3u64, 13, 40] {
+            let mut expect = vec![0u8; wqebbs as usize * 64];
+            for idx in pi..pi + batch {
+                let words: Vec<u8> = (0..8).flat_map(|_| next().to_ne_bytes()).collect();
+                let off = (idx % u64::from(wqebbs)) as usize * 64;
+                expect[off..off + 64].copy_from_slice(&words);
+                // SAFETY: 64 bytes inside the ring, alive until the synchronize.
+                unsafe { copier.write_async(gpu_loc(ring.addr() + off as u64), &words, false).unwrap() };
+            }
+            // As device code: the WQEs are in place before the dbrec (big-endian, low 16 bits of the count).
+            copier.synchronize().unwrap();
+            pi += batch;
+            let word = ((pi & 0xffff) as u32).to_be_bytes();
+            let mut dbrec_words = [0u8; 8];
+            dbrec_words[4..].copy_from_slice(&word);
+            // SAFETY: the dbrec's 8 bytes, alive until the synchronize.
+            unsafe { copier.write_async(gpu_loc(dbrec.addr()), &dbrec_words, false).unwrap() };
+            copier.synchronize().unwrap();
+            let t0 = std::time::Instant::now();
+            while m.count() < pi {
+                assert!(t0.elapsed() < std::time::Duration::from_secs(1), "mirror at {} of {pi}", m.count());
+                std::hint::spin_loop();
+            }
+            assert_eq!(m.count(), pi, "round {round}, batch of {batch}");
+            let mut seen = vec![0u8; expect.len()];
+            m.read(0, &mut seen);
+            let from = pi - batch.min(u64::from(wqebbs));
+            for idx in from..pi {
+                let off = (idx % u64::from(wqebbs)) as usize * 64;
+                assert_eq!(seen[off..off + 64], expect[off..off + 64], "round {round}, WQEBB {idx}");
+            }
+        }
+        copier.unmirror_sq(m);
+    }
+}

@@ -353,3 +353,78 @@ fn a_gpu_queue_nic_dropped_with_copies_in_flight_ends() {
     }
     assert!(start.elapsed() < Duration::from_secs(10), "20 drops took {:?}", start.elapsed());
 }
+
+fn mirrored() -> EmuConfig {
+    EmuConfig { gpu: Some(Arc::new(SimGpu::with_sq_mirrors().unwrap())), ..config(MemKind::Gpu) }
+}
+
+/// With a copier that mirrors SQ rings, a rung range the mirror already holds is read from host memory: no
+/// fetch. The simulator mirrors every 200 µs, so each round gives it 2 ms between the dbrec and the doorbell;
+/// every round is either mirrored or fetched, and every payload lands.
+#[test]
+fn a_mirrored_ring_is_read_from_the_mirror_not_fetched() {
+    let mut rng = rng();
+    let p = Pair::with_config(mirrored(), 64, 64);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let src = GuardedBuf::new(4096, 0);
+    let dst = GuardedBuf::new(4096, 0);
+    let (lmr, rmr) = (src.register(&p.nic, &p.pd, Access::NONE), dst.register(&p.nic, &p.pd, Access::ALL));
+    let rounds = 12u64;
+    for round in 0..rounds {
+        let data = random_bytes(&mut rng, 4096);
+        src.write(0, &data);
+        // Eight WRITEs of 512 bytes under one doorbell, which wraps the 64-WQEBB ring every 8 rounds.
+        let mut last = 0;
+        for i in 0..8u64 {
+            let w = sq.write(SIGNALED, (lmr.lkey(), src.addr() + 512 * i, 512), dst.addr() + 512 * i, rmr.rkey());
+            last = sq.put(&w);
+        }
+        sq.dbrec();
+        std::thread::sleep(Duration::from_millis(2));
+        sq.doorbell(last);
+        for i in 0..8 {
+            assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), round * 8 + i, 0);
+        }
+        assert_eq!(dst.read(), data, "round {round}");
+    }
+    let s = p.nic.stats();
+    assert_eq!((s.doorbells, s.ring_fetches + s.ring_mirrored, s.cqes, s.dbrec_mismatches), (rounds, rounds, 96, 0));
+    assert!(s.ring_mirrored >= rounds / 2, "{} of {rounds} rounds read from the mirror", s.ring_mirrored);
+}
+
+/// A doorbell whose dbrec was never written is not covered by the mirror (it follows the dbrec): the NIC
+/// fetches the ring, which still reports the dbrec behind the doorbell, and executes the WQE, as without a
+/// mirror.
+#[test]
+fn a_doorbell_without_its_dbrec_is_caught_with_a_mirror_too() {
+    let p = Pair::with_config(mirrored(), 64, 64);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let at = sq.put(&sq.nop(SIGNALED));
+    std::thread::sleep(Duration::from_millis(2));
+    sq.doorbell(at);
+    assert_req(&cq.wait(), opcode::NOP, sq.qpn(), at, 0);
+    let s = p.nic.stats();
+    assert_eq!((s.doorbells, s.ring_fetches, s.ring_mirrored, s.dbrec_mismatches), (1, 1, 0, 1));
+}
+
+/// A destroyed QP gives its mirror slot back: more QPs than the copier has slots (32), one after another, are
+/// each mirrored.
+#[test]
+fn mirror_slots_come_back_when_qps_are_destroyed() {
+    let nic = EmuNic::open(mirrored()).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    for n in 0..40u64 {
+        let cq = nic.create_cq(64).unwrap();
+        let qp = nic.create_qp(&pd, &cq, 64).unwrap();
+        qp.connect(&qp.endpoint()).unwrap();
+        let (mut sq, mut poll) = (Sq::new(&qp), CqPoll::new(&cq));
+        let at = sq.put(&sq.nop(SIGNALED));
+        sq.dbrec();
+        std::thread::sleep(Duration::from_millis(2));
+        sq.doorbell(at);
+        assert_req(&poll.wait(), opcode::NOP, sq.qpn(), at, 0);
+        let s = nic.stats();
+        assert_eq!((s.doorbells, s.ring_fetches + s.ring_mirrored), (n + 1, n + 1), "QP {n}");
+    }
+    assert!(nic.stats().ring_mirrored >= 20, "{:?}", nic.stats());
+}

@@ -11,7 +11,7 @@ use super::driver::check;
 use super::engine::{Cmd, Engine, Op, FLAG_PUBLISH};
 use super::stream::Stream;
 use super::{DeviceBuffer, Gpu};
-use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, MemKind, MemLoc};
+use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, MemKind, MemLoc, SqMirror, SqWatch};
 use crate::{Error, Result};
 
 /// Copies of at most this many bytes between GPU memories, or from GPU memory into host memory, run on the
@@ -365,6 +365,33 @@ impl GpuCopier for CudaCopier {
     fn synchronize(&self) -> Result<()> {
         let mut st = self.lock();
         self.synchronize_locked(&mut st)
+    }
+
+    /// A slot of the engine's SQ-mirror table (32 slots: one per lane of its warp) and a pinned, mapped
+    /// buffer for the copy. The engine watches the dbrec at each of its turns (a GPU-memory load, next to
+    /// its PCIe read of the command ring) and copies the WQEBBs it passed with its own loads and stores.
+    /// `None` when every slot is taken or the memory cannot be pinned (the NIC then fetches, as without a
+    /// mirror).
+    fn mirror_sq(&self, sq: SqWatch) -> Option<SqMirror> {
+        self.lock().engine.watch(sq).unwrap_or_else(|e| {
+            tracing::warn!("emulated NIC: no SQ mirror: {e}");
+            None
+        })
+    }
+
+    /// Whether the engine is on the GPU (it leaves after 5 ms without work and starts again with the next
+    /// command).
+    fn mirrors_running(&self) -> bool {
+        self.lock().engine.running()
+    }
+
+    fn rebase_sq_mirror(&self, mirror: &SqMirror, base: u64) {
+        self.lock().engine.rebase(mirror, base);
+    }
+
+    /// Empties the slot and waits (at most 2 s) until the engine has loaded the table without it.
+    fn unmirror_sq(&self, mirror: SqMirror) {
+        self.lock().engine.unwatch(mirror);
     }
 
     /// `cuMemAlloc`, zeroed with `cuMemsetD8Async` on the copier's stream and waited for (so before any

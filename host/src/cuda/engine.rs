@@ -19,8 +19,9 @@
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::pinned::alloc_mapped_in;
 use super::{Gpu, Kernel, KernelArg, LaunchConfig, Stream};
-use crate::mem::MappedBuf;
+use crate::mem::{MappedBuf, SqMirror, SqWatch};
 use crate::{Error, Result};
 
 /// Commands in the ring (a power of two).
@@ -55,8 +56,35 @@ mod ctrl {
     pub const ERROR: usize = 320;
     /// A 32-bit flag the copy-engine stream writes (`cuStreamWriteValue32`) for [`super::Op::Wait`].
     pub const CE_FLAG: usize = 384;
+    /// Generation of the SQ-mirror table (host writes, after the entries it changed).
+    pub const WATCH_GEN: usize = 448;
+    /// The table generation the running engine has loaded (engine writes).
+    pub const WATCH_ACK: usize = 512;
+    /// The SQ-mirror table: [`super::WATCH_SLOTS`] entries of [`super::watch::BYTES`].
+    pub const WATCHES: usize = 576;
     /// Bytes of the control block.
-    pub const BYTES: usize = 448;
+    pub const BYTES: usize = WATCHES + super::WATCH_SLOTS * super::watch::BYTES;
+}
+
+/// SQ mirrors one engine keeps at most: one per lane of its warp.
+pub(crate) const WATCH_SLOTS: usize = 32;
+
+/// Byte offsets of the words of one SQ-mirror table entry (each a `u64`).
+mod watch {
+    /// Device address of the dbrec's SQ counter word; 0 for an empty slot. Stored last.
+    pub const DBREC: usize = 0;
+    /// Device address of the ring.
+    pub const RING: usize = 8;
+    /// WQEBBs in the ring minus one.
+    pub const MASK: usize = 16;
+    /// Device address of the mirror's copy of the ring.
+    pub const MIRROR: usize = 24;
+    /// Device address of the mirror's count.
+    pub const COUNT: usize = 32;
+    /// Producer count the mirror starts at, at least (see [`super::Engine::rebase`]).
+    pub const BASE: usize = 40;
+    /// Bytes of one entry.
+    pub const BYTES: usize = 64;
 }
 
 const STOPPED: u64 = 0;
@@ -111,7 +139,16 @@ impl Cmd {
 /// The engine's PTX, with its constants filled in from this file and each `@SHFL64 dst, src, lane@` line
 /// expanded into the two 32-bit shuffles of a 64-bit register.
 pub(crate) fn ptx() -> String {
-    let subs: [(&str, String); 16] = [
+    let subs: [(&str, String); 25] = [
+        ("@WATCH_GEN@", ctrl::WATCH_GEN.to_string()),
+        ("@WATCH_ACK@", ctrl::WATCH_ACK.to_string()),
+        ("@W_BYTES@", watch::BYTES.to_string()),
+        ("@W_DBREC@", (ctrl::WATCHES + watch::DBREC).to_string()),
+        ("@W_RING@", (ctrl::WATCHES + watch::RING).to_string()),
+        ("@W_MASK@", (ctrl::WATCHES + watch::MASK).to_string()),
+        ("@W_MIRROR@", (ctrl::WATCHES + watch::MIRROR).to_string()),
+        ("@W_COUNT@", (ctrl::WATCHES + watch::COUNT).to_string()),
+        ("@W_BASE@", (ctrl::WATCHES + watch::BASE).to_string()),
         ("@HEAD@", ctrl::HEAD.to_string()),
         ("@DONE@", ctrl::DONE.to_string()),
         ("@STATE@", ctrl::STATE.to_string()),
@@ -166,6 +203,13 @@ pub(crate) struct Engine {
     gen: u64,
     /// When the last launch was made, until the engine says it started.
     launched: Option<Instant>,
+    /// The mirror buffer of each SQ-mirror slot in use (the ring's copy, then its 64-bit count).
+    mirrors: [Option<MappedBuf>; WATCH_SLOTS],
+    /// Mirror buffers of stopped mirrors, for later ones: freeing pinned memory (`cuMemFreeHost`) waits
+    /// for every running kernel, so they are freed only with the engine.
+    spare: Vec<MappedBuf>,
+    /// The SQ-mirror table's generation.
+    watch_gen: u64,
 }
 
 impl Engine {
@@ -179,7 +223,8 @@ impl Engine {
         let stream = gpu.new_stream()?;
         let ring = gpu.alloc_mapped(SLOTS as usize * CMD_BYTES)?;
         let ctrl = gpu.alloc_mapped(ctrl::BYTES)?;
-        Ok(Engine { kernel, stream, ring, ctrl, head: 0, gen: 0, launched: None })
+        let (mirrors, spare) = (std::array::from_fn(|_| None), Vec::new());
+        Ok(Engine { kernel, stream, ring, ctrl, head: 0, gen: 0, launched: None, mirrors, spare, watch_gen: 0 })
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
@@ -197,6 +242,90 @@ impl Engine {
     /// Device address of the flag the copy-engine stream writes for [`Op::Wait`].
     pub(crate) fn ce_flag_addr(&self) -> u64 {
         self.ctrl_device_addr(ctrl::CE_FLAG)
+    }
+
+    /// Starts mirroring `sq` in a free slot of the table (see [`GpuCopier::mirror_sq`]): the entry's words,
+    /// its dbrec word last, then a new generation, which the engine loads at its next turn (or start).
+    /// `None` when every slot is taken.
+    ///
+    /// # Errors
+    /// The driver's error pinning the mirror's memory.
+    ///
+    /// [`GpuCopier::mirror_sq`]: crate::mem::GpuCopier::mirror_sq
+    pub(crate) fn watch(&mut self, sq: SqWatch) -> Result<Option<SqMirror>> {
+        let Some(slot) = self.mirrors.iter().position(Option::is_none) else { return Ok(None) };
+        let len = sq.wqebbs as usize * 64;
+        let buf = match self.spare.iter().position(|b| b.len() == len + 64) {
+            Some(i) => self.spare.swap_remove(i),
+            None => alloc_mapped_in(&self.stream.shared, len + 64)?,
+        };
+        // SAFETY: the count word is the aligned word at `len` of the buffer (`len + 64` bytes, page aligned);
+        // no engine uses this buffer now (a free slot's buffer is not in the table).
+        let count = unsafe { buf.host_ptr().add(len) }.cast::<u64>();
+        // SAFETY: as above: an aligned word of the live buffer, accessed atomically.
+        unsafe { AtomicU64::from_ptr(count) }.store(sq.base, Ordering::Release);
+        let e = ctrl::WATCHES + slot * watch::BYTES;
+        self.word(e + watch::RING).store(sq.ring, Ordering::Relaxed);
+        self.word(e + watch::MASK).store(u64::from(sq.wqebbs) - 1, Ordering::Relaxed);
+        self.word(e + watch::MIRROR).store(buf.device_addr(), Ordering::Relaxed);
+        self.word(e + watch::COUNT).store(buf.device_addr() + len as u64, Ordering::Relaxed);
+        self.word(e + watch::BASE).store(sq.base, Ordering::Relaxed);
+        self.word(e + watch::DBREC).store(sq.dbrec, Ordering::Release);
+        self.bump_watch_gen();
+        // SAFETY: the copy and the count live in `buf`, kept in `mirrors[slot]` until `unwatch` (or the
+        // engine's drop), and the engine writes them with aligned stores only.
+        let m = unsafe { SqMirror::new(slot as u32, buf.host_ptr(), len, count) };
+        self.mirrors[slot] = Some(buf);
+        Ok(Some(m))
+    }
+
+    /// Sets the lower bound of the mirror's count (see [`GpuCopier::rebase_sq_mirror`]); the engine takes it
+    /// at its next turn.
+    ///
+    /// [`GpuCopier::rebase_sq_mirror`]: crate::mem::GpuCopier::rebase_sq_mirror
+    pub(crate) fn rebase(&mut self, m: &SqMirror, base: u64) {
+        let slot = m.slot() as usize;
+        if self.mirrors.get(slot).is_some_and(Option::is_some) {
+            self.word(ctrl::WATCHES + slot * watch::BYTES + watch::BASE).store(base, Ordering::Relaxed);
+            self.bump_watch_gen();
+        }
+    }
+
+    /// Empties the mirror's slot and waits (at most [`START_LIMIT`]) until no engine can still use it: the
+    /// running engine has loaded the new table, or none runs. Its buffer is then kept for a later mirror; if
+    /// the engine did not settle in time it is leaked instead.
+    pub(crate) fn unwatch(&mut self, m: SqMirror) {
+        let slot = m.slot() as usize;
+        let Some(buf) = self.mirrors.get_mut(slot).and_then(Option::take) else { return };
+        self.word(ctrl::WATCHES + slot * watch::BYTES + watch::DBREC).store(0, Ordering::Release);
+        let gen = self.bump_watch_gen();
+        let start = Instant::now();
+        while start.elapsed() < START_LIMIT {
+            let started = self.launched.is_none() || self.word(ctrl::STARTED).load(Ordering::Acquire) == self.gen;
+            let state = self.word(ctrl::STATE).load(Ordering::Acquire);
+            // A launched engine that has not started loads the new table before anything else.
+            if self.word(ctrl::WATCH_ACK).load(Ordering::Acquire) >= gen || state == STOPPED || !started {
+                self.spare.push(buf);
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        tracing::warn!(
+            "emulated NIC: the GPU engine did not take a stopped SQ mirror within 2 s; its memory is leaked"
+        );
+        std::mem::forget(buf);
+    }
+
+    /// Whether the engine runs (and so advances the mirrors).
+    pub(crate) fn running(&self) -> bool {
+        self.launched.is_none() && self.word(ctrl::STATE).load(Ordering::Acquire) == RUNNING
+    }
+
+    fn bump_watch_gen(&mut self) -> u64 {
+        self.watch_gen += 1;
+        self.word(ctrl::WATCH_GEN).store(self.watch_gen, Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.watch_gen
     }
 
     /// Device address of `DONE` (its low 32 bits are the executed-command count modulo 2^32).
@@ -368,6 +497,7 @@ impl Drop for Engine {
             tracing::warn!("emulated NIC: the GPU engine did not leave; its memory is leaked");
             std::mem::forget(std::mem::replace(&mut self.ring, dummy()));
             std::mem::forget(std::mem::replace(&mut self.ctrl, dummy()));
+            self.mirrors.iter_mut().filter_map(Option::take).chain(self.spare.drain(..)).for_each(std::mem::forget);
         }
     }
 }
@@ -409,7 +539,8 @@ mod tests {
         }
         assert!(!p.contains("SHFL64"));
         assert_eq!(p.matches(".entry gdaki_emu_engine").count(), 1);
-        // 15 64-bit shuffles in the command decoder and the write path, 3 in the polling loop.
-        assert_eq!(p.matches("shfl.sync.idx.b32 %r32").count(), 18);
+        // 15 64-bit shuffles in the command decoder and the write path, 3 in the polling loop, 1 in the
+        // mirror table's load.
+        assert_eq!(p.matches("shfl.sync.idx.b32 %r32").count(), 20);
     }
 }

@@ -49,41 +49,46 @@ impl Gpu {
     /// [`Error::InvalidArgument`] when `len` rounded up overflows, [`Error::OutOfMemory`] when the driver
     /// cannot pin that much, [`Error::Cuda`] for other driver errors.
     pub fn alloc_mapped(&self, len: usize) -> Result<MappedBuf> {
-        let size = len
-            .max(1)
-            .checked_next_multiple_of(PAGE)
-            .ok_or_else(|| Error::InvalidArgument(format!("queue buffer of {len} bytes is too large")))?;
-        self.shared.bind()?;
-        let mut alloc = pin(&self.shared, size, len)?;
-        let mut offset = (alloc.base as usize).wrapping_neg() % PAGE;
-        if offset != 0 {
-            // The driver's pinned allocations are page aligned in practice; if one is not, allocate a page more
-            // and align inside it.
-            drop(alloc);
-            let padded = size
-                .checked_add(PAGE)
-                .ok_or_else(|| Error::InvalidArgument(format!("queue buffer of {len} bytes is too large")))?;
-            alloc = pin(&self.shared, padded, len)?;
-            offset = (alloc.base as usize).wrapping_neg() % PAGE;
-        }
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: `alloc.base` is a live DEVICEMAP allocation of the bound context; the call writes one address.
-        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, alloc.base, 0) }, "cuMemHostGetDevicePointer")?;
-        // SAFETY: `offset + size` bytes from `base` belong to the allocation (padded when `offset != 0`).
-        let host_ptr = unsafe { alloc.base.cast::<u8>().add(offset) };
-        // SAFETY: `host_ptr` is valid for `size` bytes of writes and nothing else uses them yet.
-        unsafe { std::ptr::write_bytes(host_ptr, 0, size) };
-        let device_addr = dev + offset as u64;
-        if !device_addr.is_multiple_of(PAGE as u64) {
-            return Err(Error::Cuda {
-                message: format!("mapped address {device_addr:#x} of pinned memory is not page aligned"),
-                status: None,
-            });
-        }
-        // SAFETY: `host_ptr` is `len <= size` zeroed bytes, 4096-aligned, valid until `alloc` (the owner) drops;
-        // `device_addr` is the same bytes' mapped address in this GPU's context (unified addressing).
-        Ok(unsafe { MappedBuf::from_raw(host_ptr, device_addr, len, Box::new(alloc)) })
+        alloc_mapped_in(&self.shared, len)
     }
+}
+
+/// [`Gpu::alloc_mapped`] in the context `shared` (for objects that keep the context, not the [`Gpu`]).
+pub(crate) fn alloc_mapped_in(shared: &Arc<Shared>, len: usize) -> Result<MappedBuf> {
+    let size = len
+        .max(1)
+        .checked_next_multiple_of(PAGE)
+        .ok_or_else(|| Error::InvalidArgument(format!("queue buffer of {len} bytes is too large")))?;
+    shared.bind()?;
+    let mut alloc = pin(shared, size, len)?;
+    let mut offset = (alloc.base as usize).wrapping_neg() % PAGE;
+    if offset != 0 {
+        // The driver's pinned allocations are page aligned in practice; if one is not, allocate a page more
+        // and align inside it.
+        drop(alloc);
+        let padded = size
+            .checked_add(PAGE)
+            .ok_or_else(|| Error::InvalidArgument(format!("queue buffer of {len} bytes is too large")))?;
+        alloc = pin(shared, padded, len)?;
+        offset = (alloc.base as usize).wrapping_neg() % PAGE;
+    }
+    let mut dev: sys::CUdeviceptr = 0;
+    // SAFETY: `alloc.base` is a live DEVICEMAP allocation of the bound context; the call writes one address.
+    check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, alloc.base, 0) }, "cuMemHostGetDevicePointer")?;
+    // SAFETY: `offset + size` bytes from `base` belong to the allocation (padded when `offset != 0`).
+    let host_ptr = unsafe { alloc.base.cast::<u8>().add(offset) };
+    // SAFETY: `host_ptr` is valid for `size` bytes of writes and nothing else uses them yet.
+    unsafe { std::ptr::write_bytes(host_ptr, 0, size) };
+    let device_addr = dev + offset as u64;
+    if !device_addr.is_multiple_of(PAGE as u64) {
+        return Err(Error::Cuda {
+            message: format!("mapped address {device_addr:#x} of pinned memory is not page aligned"),
+            status: None,
+        });
+    }
+    // SAFETY: `host_ptr` is `len <= size` zeroed bytes, 4096-aligned, valid until `alloc` (the owner) drops;
+    // `device_addr` is the same bytes' mapped address in this GPU's context (unified addressing).
+    Ok(unsafe { MappedBuf::from_raw(host_ptr, device_addr, len, Box::new(alloc)) })
 }
 
 /// `cuMemHostAlloc(size, DEVICEMAP | PORTABLE)`; the context must be bound.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub(crate) use crate::mem::AtomicOp;
-use crate::mem::{GpuCopier, MemKind, MemLoc, WRITE_ASYNC_MAX};
+use crate::mem::{GpuCopier, MemKind, MemLoc, SqMirror, SqWatch, WRITE_ASYNC_MAX};
 
 use super::fault::Fault;
 use super::hostmem;
@@ -53,6 +53,30 @@ impl DataPath {
     /// What the host has waited for so far.
     pub(crate) fn waits(&self) -> Waits {
         self.waits
+    }
+
+    /// A mirror of the SQ ring `sq` in host memory, if the copier keeps one ([`GpuCopier::mirror_sq`]).
+    pub(crate) fn mirror_sq(&self, sq: SqWatch) -> Option<SqMirror> {
+        self.gpu.as_ref()?.mirror_sq(sq)
+    }
+
+    /// Whether the copier's mirrors advance now ([`GpuCopier::mirrors_running`]).
+    pub(crate) fn mirrors_running(&self) -> bool {
+        self.gpu.as_ref().is_some_and(|g| g.mirrors_running())
+    }
+
+    /// [`GpuCopier::rebase_sq_mirror`].
+    pub(crate) fn rebase_sq_mirror(&self, m: &SqMirror, base: u64) {
+        if let Some(g) = &self.gpu {
+            g.rebase_sq_mirror(m, base);
+        }
+    }
+
+    /// [`GpuCopier::unmirror_sq`].
+    pub(crate) fn unmirror_sq(&self, m: SqMirror) {
+        if let Some(g) = &self.gpu {
+            g.unmirror_sq(m);
+        }
     }
 
     /// Whether GPU copies are enqueued and not yet waited for.

@@ -89,20 +89,20 @@ struct List {
 
 impl List {
     /// Refreshes the list if the NIC's QP map changed since.
-    fn sync(&mut self, fab: &Fabric) {
+    fn sync(&mut self, fab: &Fabric, data: &DataPath) {
         let g = fab.qp_gen.load(Ordering::Acquire);
         if g != self.gen {
-            refresh(fab, &mut self.qps);
+            refresh(fab, &mut self.qps, data);
             self.gen = g;
             self.unacked = true;
         }
     }
 
     /// The entry of QP `qpn`, refreshing the list once if it is not there (the QP may be newer than it).
-    fn find(&mut self, fab: &Fabric, qpn: u32) -> Option<&mut Watched> {
+    fn find(&mut self, fab: &Fabric, data: &DataPath, qpn: u32) -> Option<&mut Watched> {
         let mut i = self.qps.binary_search_by_key(&qpn, |w| w.qp.qpn);
         if i.is_err() {
-            self.sync(fab);
+            self.sync(fab, data);
             i = self.qps.binary_search_by_key(&qpn, |w| w.qp.qpn);
         }
         self.qps.get_mut(i.ok()?)
@@ -121,7 +121,7 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
             thread::park_timeout(SLEEP);
             continue;
         }
-        list.sync(fab);
+        list.sync(fab, &eng.data);
         let mut worked = false;
         let mut handled = 0;
         for m in inbound.try_iter().take(INBOUND_PER_PASS) {
@@ -152,7 +152,11 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
             idle.wait();
         }
     }
-    // Let enqueued GPU copies finish before the NIC (and the memory its MRs name) goes away.
+    // The copier stops reading the rings before their memory can go, and enqueued GPU copies finish before
+    // the NIC (and the memory its MRs name) goes away.
+    for w in &mut list.qps {
+        w.release(&eng.data);
+    }
     let _ = eng.data.fence();
 }
 
@@ -170,7 +174,7 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
         Inbound::Frame { qpn, .. } | Inbound::Down { qpn, .. } => *qpn,
     };
     // A message for a destroyed QP (or one destroyed since) has nobody to go to.
-    let Some((qp, ws)) = list.find(fab, qpn).and_then(|w| w.wire()) else { return };
+    let Some((qp, ws)) = list.find(fab, &eng.data, qpn).and_then(|w| w.wire()) else { return };
     let dp = &mut eng.data;
     match m {
         Inbound::Frame { body, .. } => match packet::decode(&body) {
@@ -195,7 +199,7 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
 /// every cached peer (a peer may be among the removed QPs). The entries of removed QPs are dropped here,
 /// while their `Qp::drop` still holds a reference and waits for this refresh to be acknowledged; a removed
 /// QP's connection ends here too, once what it owes its peer is sent ([`requester::farewell`]).
-fn refresh(fab: &Fabric, qps: &mut Vec<Watched>) {
+fn refresh(fab: &Fabric, qps: &mut Vec<Watched>, data: &DataPath) {
     let live: Vec<_> = read(&fab.qps).values().cloned().collect();
     let mut old: HashMap<u32, Watched> = qps.drain(..).map(|w| (w.qp.qpn, w)).collect();
     for qp in live {
@@ -204,9 +208,13 @@ fn refresh(fab: &Fabric, qps: &mut Vec<Watched>) {
                 w.forget_peer();
                 w
             }
-            None => Watched::new(qp),
+            None => Watched::new(qp, data),
         };
         qps.push(w);
+    }
+    // Their rings' mirrors stop before `Qp::drop` (waiting for this refresh) lets the memory go.
+    for w in old.values_mut() {
+        w.release(data);
     }
     // A stable order (by QPN) rather than the map's: sweeps visit QPs in creation order.
     qps.sort_unstable_by_key(|w| w.qp.qpn);

@@ -216,7 +216,7 @@ impl EmuConfig {
     /// `GDAKI_QUEUES=host` on the `gpu` executor puts them in pinned host memory mapped into the GPU, and
     /// `GDAKI_QUEUES=gpu` on the `cpu` executor puts
     /// them in a [`SimGpu`]'s simulated GPU memory, which the NIC reaches only through copies, as on a GPU:
-    /// the GPU-memory path, tested without one.
+    /// the GPU-memory path, tested without one (without SQ-ring mirrors: see [`SimGpu::with_sq_mirrors`]).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a [`QUEUES_ENV`] other than `gpu` or `host`; the CUDA driver's error

@@ -5,10 +5,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, HostQueueMemory, MappedBuf, MemKind, MemLoc};
-use crate::mem::{QueueMemory, WRITE_ASYNC_MAX};
+use crate::mem::{QueueMemory, SqMirror, SqWatch, WRITE_ASYNC_MAX};
 use crate::{EmuError, Result};
 
 use super::fabric::lock;
@@ -114,6 +115,54 @@ struct State {
     /// Copies completed so far.
     completed: u64,
     stop: bool,
+    /// SQ mirrors, by slot, when the simulator keeps them ([`SimGpu::with_sq_mirrors`]); `None`: it does not.
+    mirrors: Option<Vec<Option<SimMirror>>>,
+}
+
+/// How often the simulator's thread looks at the mirrored dbrecs while it has nothing else to do.
+const MIRROR_POLL: Duration = Duration::from_micros(200);
+
+/// SQ mirrors one simulator keeps at most (as many as the CUDA engine's lanes).
+const MIRROR_SLOTS: usize = 32;
+
+/// One SQ mirror of the simulator: what the CUDA engine's lane keeps in registers, and the mirror's memory.
+struct SimMirror {
+    watch: SqWatch,
+    /// The copy of the ring, then the 64-bit count.
+    buf: MappedBuf,
+    /// Producer count copied so far.
+    copied: u64,
+}
+
+impl SimMirror {
+    /// Copies the WQEBBs the dbrec has passed since the last look (the ring's last `wqebbs` at most), then
+    /// stores the new count, as the engine's lane does.
+    fn advance(&mut self) {
+        let w = self.watch;
+        // SAFETY: the dbrec word is simulated GPU memory that its QP keeps alive until `unmirror_sq`, 4-byte
+        // aligned; device code on host threads stores it atomically.
+        let raw = unsafe { AtomicU32::from_ptr(w.dbrec as *mut u32) }.load(Ordering::Acquire);
+        let delta = u64::from((u32::from_be(raw) as u16).wrapping_sub(self.copied as u16));
+        if delta == 0 {
+            return;
+        }
+        let end = self.copied + delta;
+        let mask = u64::from(w.wqebbs) - 1;
+        for idx in end - delta.min(mask + 1)..end {
+            let off = ((idx & mask) * 64) as usize;
+            // SAFETY: both are 64 bytes inside their buffers (ring and copy have `wqebbs` WQEBBs), the ring
+            // alive as above, the copy owned by `self`; both moved with atomic word accesses.
+            unsafe { hostmem::copy(self.buf.host_ptr() as u64 + off as u64, w.ring + off as u64, 64) };
+        }
+        self.copied = end;
+        fence(Ordering::Release);
+        self.count().store(end, Ordering::Release);
+    }
+
+    fn count(&self) -> &AtomicU64 {
+        // SAFETY: the aligned word after the copy, inside `buf` (allocated `len + 64` bytes, page aligned).
+        unsafe { AtomicU64::from_ptr(self.buf.host_ptr().add(self.buf.len() - 64).cast()) }
+    }
 }
 
 impl Inner {
@@ -128,6 +177,9 @@ impl Inner {
     fn run(&self) {
         let mut s = lock(&self.state);
         loop {
+            for m in s.mirrors.iter_mut().flatten().flatten() {
+                m.advance();
+            }
             if let Some(op) = s.queue.pop_front() {
                 drop(s);
                 // SAFETY: the enqueuing call's contract: every range stays valid until a synchronize returns,
@@ -138,6 +190,8 @@ impl Inner {
                 self.done.notify_all();
             } else if s.stop {
                 return;
+            } else if s.mirrors.iter().flatten().any(Option::is_some) {
+                s = self.work.wait_timeout(s, MIRROR_POLL).unwrap_or_else(|e| e.into_inner()).0;
             } else {
                 s = self.work.wait(s).unwrap_or_else(|e| e.into_inner());
             }
@@ -158,6 +212,19 @@ impl SimGpu {
             .spawn(move || worker.run())
             .map_err(|e| EmuError::os("starting the simulated GPU's copy thread", e))?;
         Ok(Self { inner, thread: Some(thread) })
+    }
+
+    /// A simulator that also keeps SQ mirrors ([`GpuCopier::mirror_sq`]): its thread copies the WQEBBs a
+    /// mirrored ring's dbrec passed whenever it runs an operation, and every 200 µs while it has no other work
+    /// (the NIC does not wait for the simulator's mirrors: doorbells take both ways, read from the mirror
+    /// when it is ahead, and fetched).
+    ///
+    /// # Errors
+    /// As [`SimGpu::new`].
+    pub fn with_sq_mirrors() -> Result<Self> {
+        let sim = Self::new()?;
+        lock(&sim.inner.state).mirrors = Some((0..MIRROR_SLOTS).map(|_| None).collect());
+        Ok(sim)
     }
 }
 
@@ -250,6 +317,45 @@ impl GpuCopier for SimGpu {
     fn synchronize(&self) -> Result<()> {
         self.inner.synchronize();
         Ok(())
+    }
+
+    /// A slot of the simulator's mirrors (see [`SimGpu::with_sq_mirrors`]; `None` without them).
+    fn mirror_sq(&self, sq: SqWatch) -> Option<SqMirror> {
+        let mut s = lock(&self.inner.state);
+        let slots = s.mirrors.as_mut()?;
+        let slot = slots.iter().position(Option::is_none)?;
+        let len = sq.wqebbs as usize * 64;
+        let buf = HostQueueMemory.alloc(len + 64).ok()?;
+        let m = SimMirror { watch: sq, buf, copied: sq.base };
+        m.count().store(sq.base, Ordering::Release);
+        // SAFETY: the copy and the count live in `m.buf`, kept in the slot until `unmirror_sq` or the
+        // simulator's drop, and written with atomic word stores only.
+        let mirror = unsafe { SqMirror::new(slot as u32, m.buf.host_ptr(), len, m.count().as_ptr()) };
+        slots[slot] = Some(m);
+        self.inner.work.notify_one();
+        Some(mirror)
+    }
+
+    /// Never: the simulator's thread looks at the dbrecs every 200 µs, far later than the 20 µs a reader
+    /// waits, so a reader takes what the mirror holds when it looks, or fetches.
+    fn mirrors_running(&self) -> bool {
+        false
+    }
+
+    fn rebase_sq_mirror(&self, mirror: &SqMirror, base: u64) {
+        let mut s = lock(&self.inner.state);
+        if let Some(Some(m)) = s.mirrors.as_mut().and_then(|v| v.get_mut(mirror.slot() as usize)) {
+            m.copied = m.copied.max(base);
+        }
+    }
+
+    /// Empties the slot; the simulator's thread looks at mirrors only under the lock this takes, so it no
+    /// longer reads the ring when this returns.
+    fn unmirror_sq(&self, mirror: SqMirror) {
+        let mut s = lock(&self.inner.state);
+        if let Some(slot) = s.mirrors.as_mut().and_then(|v| v.get_mut(mirror.slot() as usize)) {
+            *slot = None;
+        }
     }
 
     /// Zeroed host memory, 4096-byte aligned, standing for GPU memory.

@@ -10,6 +10,7 @@
 use std::mem::offset_of;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gdaki_shared::prm::cqe::{Cqe64, ErrCqe};
 use gdaki_shared::prm::dbrec::{QpDbrec, SQ_COUNTER_MASK};
@@ -18,7 +19,7 @@ use gdaki_shared::prm::uar::{blueflame_tagged, BF_BUF_SIZE, BF_OFFSET};
 use gdaki_shared::prm::wqe::{wqebbs, CtrlSeg, SEG, SEGS_PER_WQEBB, WQEBB};
 use gdaki_shared::{Be16, Be32, Be64};
 
-use crate::mem::MemLoc;
+use crate::mem::{MemLoc, SqMirror, SqWatch};
 
 use super::access::DataPath;
 use super::exec::{self, Pds};
@@ -62,15 +63,39 @@ pub(crate) struct Watched {
     /// The producer index of a doorbell whose WQEs are not all taken: the wire's requester had no room for
     /// the next one (see [`WireSq::accepts`]). `poll` goes on from the consumer index up to it.
     resume: Option<u64>,
+    /// The copier's mirror of an SQ ring in GPU memory, where it keeps one ([`DataPath::mirror_sq`]); given
+    /// back by [`Watched::release`].
+    mirror: Option<SqMirror>,
 }
 
 impl Watched {
-    /// Starts watching `qp`.
-    pub(crate) fn new(qp: Arc<QpInner>) -> Self {
+    /// Starts watching `qp`, with a mirror of its SQ ring from `data`'s copier when the ring and its dbrec
+    /// are in GPU memory.
+    pub(crate) fn new(qp: Arc<QpInner>, data: &DataPath) -> Self {
         // A QP the executor has not seen yet has had no doorbell acted on, so this is 0; read rather than
         // assumed, as it is what the lock-free comparison in `poll` must agree with.
-        let last_db = lock(&qp.progress).last_db;
-        Self { qp, last_db, peer: None, wire: None, resume: None }
+        let (last_db, consumed) = {
+            let p = lock(&qp.progress);
+            (p.last_db, p.consumed)
+        };
+        let mirror = match (&qp.sq, &qp.dbrec) {
+            (QBuf::Gpu(ring), QBuf::Gpu(dbrec)) => data.mirror_sq(SqWatch {
+                ring: ring.addr(),
+                wqebbs: qp.wqe_cnt,
+                dbrec: dbrec.addr() + DBREC_SQ_COUNTER as u64,
+                base: consumed,
+            }),
+            _ => None,
+        };
+        Self { qp, last_db, peer: None, wire: None, resume: None, mirror }
+    }
+
+    /// Gives the ring's mirror back to the copier (before the QP's memory may go): the executor calls this
+    /// for every entry it stops watching.
+    pub(crate) fn release(&mut self, data: &DataPath) {
+        if let Some(m) = self.mirror.take() {
+            data.unmirror_sq(m);
+        }
     }
 
     /// The QP and its wire state, made when the QP has a link (from its INIT2RTR on); `None` for a QP without
@@ -129,6 +154,8 @@ struct Fetched {
     /// The WQE a BlueFlame write carried (its 64-bit index and the register's 64 bytes, `signature` byte as
     /// the ring's copy has it), taken in place of the ring's copy, as hardware does.
     blueflame: Option<(u64, [u8; WQEBB])>,
+    /// The QP's ring mirror, if it has one ([`Watched::mirror`]).
+    sq_mirror: Option<SqMirror>,
 }
 
 /// The ctrl segment whose first 8 bytes are the doorbell value `db` (as stored in memory).
@@ -161,6 +188,7 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     // posters that each ring their own (Block and Device sharing) are taken in one pass.
     let mut busy = false;
     let mut db = db;
+    eng.fetched.sq_mirror = w.mirror;
     for _ in 0..MAX_DOORBELLS_PER_BATCH {
         w.last_db = db;
         busy |= act(fab, qp, (&mut w.peer, w.wire.as_mut(), &mut w.resume), eng, &mut p, db);
@@ -384,6 +412,15 @@ fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
     let start = ((from & mask) as usize) * WQEBB;
     let n = (((to - from) as usize) * WQEBB).min(len);
     let first = n.min(len - start);
+    if let Some(m) = eng.fetched.sq_mirror {
+        if mirror_covers(&eng.data, &m, qp.wqe_cnt, from, to) {
+            let buf = &mut eng.fetched.mirror;
+            m.read(start, &mut buf[start..start + first]);
+            m.read(0, &mut buf[..n - first]);
+            bump(&fab.stats.ring_mirrored);
+            return;
+        }
+    }
     let (head, tail) = eng.fetched.mirror.split_at_mut(start);
     let mut word = [0u8; 4];
     let mut reads = [
@@ -396,6 +433,41 @@ fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
         Ok(()) => check_dbrec(fab, qp, u32::from_ne_bytes(word), to),
         Err(f) => fail(fab, qp, &mut eng.data, from, 0, f),
     }
+    // A mirror that fell so far behind (its engine was away) that the dbrec's 16 bits no longer tell how far
+    // starts again here.
+    if let Some(m) = eng.fetched.sq_mirror {
+        if to.saturating_sub(m.count()) > MIRROR_REBASE {
+            eng.data.rebase_sq_mirror(&m, to);
+        }
+    }
+}
+
+/// How long the NIC waits for a ring's mirror to cover a rung range before it fetches the range: the mirror
+/// is written by the GPU, which sees the dbrec move before the doorbell reaches the NIC, but whose copy
+/// crosses PCIe after it.
+const MIRROR_WAIT: Duration = Duration::from_micros(20);
+
+/// How far behind the producer index a mirror may be before it is rebased: half the dbrec counter's range.
+const MIRROR_REBASE: u64 = 1 << 15;
+
+/// Whether `m` holds WQEBBs `from..to` (waiting up to [`MIRROR_WAIT`] while its copier runs): its count has
+/// reached `to` and has not moved past `from + wqe_cnt`, which would mean newer WQEBBs are in those slots.
+fn mirror_covers(data: &DataPath, m: &SqMirror, wqe_cnt: u32, from: u64, to: u64) -> bool {
+    let covers = |c: u64| (c >= to).then(|| c.saturating_sub(u64::from(wqe_cnt)) <= from);
+    if let Some(ok) = covers(m.count()) {
+        return ok;
+    }
+    if !data.mirrors_running() {
+        return false;
+    }
+    let t0 = Instant::now();
+    while t0.elapsed() < MIRROR_WAIT {
+        if let Some(ok) = covers(m.count()) {
+            return ok;
+        }
+        std::hint::spin_loop();
+    }
+    false
 }
 
 /// Reads `out.len()` bytes (a multiple of 8) of the WQE at 64-bit index `idx`, from byte `at` of the WQE on:

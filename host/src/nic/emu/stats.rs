@@ -23,6 +23,10 @@ pub struct Stats {
     pub ring_fetches: u64,
     /// Nanoseconds the NIC's thread spent in those fetches, waiting for the GPU.
     pub ring_fetch_ns: u64,
+    /// Times the NIC took a rung range of an SQ ring in GPU memory from the ring's mirror in host memory
+    /// instead (the GPU copier copies each batch of WQEBBs there as the dbrec passes it; see
+    /// `GpuCopier::mirror_sq`).
+    pub ring_mirrored: u64,
     /// Times the NIC's thread waited for every GPU operation it had enqueued (a ring fetch, an atomic whose
     /// old value it needs, a READ, an access to host memory behind GPU writes of the same QP): on the `gpu`
     /// executor, the host synchronizes of the emulated data path. 0 with no GPU.
@@ -65,6 +69,7 @@ pub(crate) struct Counters {
     pub blueflame_mismatches: AtomicU64,
     pub ring_fetches: AtomicU64,
     pub ring_fetch_ns: AtomicU64,
+    pub ring_mirrored: AtomicU64,
     pub host_syncs: AtomicU64,
     pub host_sync_ns: AtomicU64,
     pub stale_doorbells: AtomicU64,
@@ -91,6 +96,7 @@ impl Counters {
             blueflame_mismatches: self.blueflame_mismatches.load(Relaxed),
             ring_fetches: self.ring_fetches.load(Relaxed),
             ring_fetch_ns: self.ring_fetch_ns.load(Relaxed),
+            ring_mirrored: self.ring_mirrored.load(Relaxed),
             host_syncs: self.host_syncs.load(Relaxed),
             host_sync_ns: self.host_sync_ns.load(Relaxed),
             stale_doorbells: self.stale_doorbells.load(Relaxed),
