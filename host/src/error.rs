@@ -53,8 +53,9 @@ pub enum Error {
     },
     /// A firmware command (a DevX mailbox, `gdaki_shared::prm::cmd`) completed with a status other than OK:
     /// the command, the status and the syndrome from its output mailbox, and for the emulated NIC what the
-    /// syndrome means (`nic::emu::cmd_syndrome`; ConnectX syndromes are undocumented).
-    #[error("{}", devx_cmd_text(*opcode, *status, *syndrome, *detail))]
+    /// syndrome means (`nic::emu::cmd_syndrome`; ConnectX syndromes are undocumented). On a ConnectX, also the
+    /// rdma-core call that carried the command and the errno it left (`via`).
+    #[error("{}", devx_cmd_text(*opcode, *status, *syndrome, *detail, via.as_ref()))]
     DevxCmd {
         /// The command's opcode (`mbox_in.opcode`).
         opcode: u16,
@@ -64,6 +65,10 @@ pub enum Error {
         syndrome: u32,
         /// What the syndrome means, where the NIC documents it.
         detail: Option<&'static str>,
+        /// The rdma-core call that sent the command (`mlx5dv_devx_obj_create`, ...) and the `errno` it left
+        /// (the kernel's EREMOTEIO or EIO when the firmware refused); `None` for the emulated NIC, which takes
+        /// the mailbox itself.
+        via: Option<(String, i32)>,
     },
     /// Ranks could not find each other, or a peer broke the bootstrap protocol; the message names the rank,
     /// the address and what was wrong.
@@ -72,14 +77,21 @@ pub enum Error {
 }
 
 /// The text of [`Error::DevxCmd`]: `CREATE_QP failed: status BAD_RES (0x5), syndrome 0x40006 (cqn_snd names no
-/// CQ)`.
-fn devx_cmd_text(opcode: u16, status: u8, syndrome: u32, detail: Option<&str>) -> String {
+/// CQ)`, prefixed on a ConnectX with the call and followed by its errno (`mlx5dv_devx_obj_create: CREATE_QP
+/// failed: status BAD_PARAM (0x3), syndrome 0x1234 (errno 121: Remote I/O error)`).
+fn devx_cmd_text(opcode: u16, status: u8, syndrome: u32, detail: Option<&str>, via: Option<&(String, i32)>) -> String {
     use gdaki_shared::prm::cmd;
     let command = cmd::opcode::name(opcode).map_or_else(|| format!("command {opcode:#x}"), str::to_string);
     let status = cmd::status::name(status).map_or_else(|| format!("{status:#x}"), |n| format!("{n} ({status:#x})"));
-    match detail {
+    let text = match detail {
         Some(d) => format!("{command} failed: status {status}, syndrome {syndrome:#x} ({d})"),
         None => format!("{command} failed: status {status}, syndrome {syndrome:#x}"),
+    };
+    match via {
+        Some((call, errno)) => {
+            format!("{call}: {text} (errno {errno}: {})", std::io::Error::from_raw_os_error(*errno))
+        }
+        None => text,
     }
 }
 

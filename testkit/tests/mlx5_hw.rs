@@ -9,7 +9,9 @@
 //!
 //! `GDAKI_MLX5_NIC` picks the NIC (`DEVICE[:PORT[:GID_INDEX]]`, default `mlx5_0`), `GDAKI_MLX5_EXECUTOR` the
 //! executor (`cpu` or `gpu`; default: the GPU if there is one). Both ranks of each test run in this process,
-//! their QPs on the same port, connected to each other through the NIC (loopback through the HCA).
+//! their QPs on the same port, connected to each other through the NIC (loopback through the HCA). With the
+//! `gpu` executor the NIC takes the DevX path where it can (`GDAKI_MLX5_QUEUES` overrides; docs/mlx5.md);
+//! `mlx5_devx_path_with_rings_in_gpu_memory` requires it.
 #![cfg(feature = "mlx5")]
 
 use std::sync::Arc;
@@ -204,9 +206,15 @@ fn mlx5_host_faults_are_errors_naming_the_call() {
     b.connect(&a.endpoint()).expect("connect b");
     assert_eq!((a.state(), b.state()), (QpState::Rts, QpState::Rts));
     match a.connect(&b.endpoint()) {
+        // The verbs path.
         Err(Error::Verbs { call, errno }) => {
             assert!(call.contains("ibv_modify_qp(RESET→INIT)"), "{call}");
             assert_ne!(errno, 0);
+        }
+        // The DevX path: the firmware refuses RST2INIT of a QP in RTS.
+        Err(Error::DevxCmd { opcode, via: Some((call, _)), .. }) => {
+            assert_eq!(opcode, gdaki_shared::prm::cmd::opcode::RST2INIT_QP);
+            assert_eq!(call, "mlx5dv_devx_obj_modify");
         }
         other => panic!("second connect: {other:?}"),
     }
@@ -225,5 +233,69 @@ fn mlx5_host_faults_are_errors_naming_the_call() {
     if let NicSpec::Mlx5(mut s) = spec {
         s.gid_index = Some(100_000);
         assert!(matches!(Nic::open(&NicSpec::Mlx5(s), &Executor::Cpu, None), Err(Error::InvalidArgument(_))));
+    }
+}
+
+/// The DevX path: the NIC opened for the GPU takes it (or the test fails with the probe that failed), the
+/// firmware's capabilities read through the DevX transport, CQ and QPs with their rings in GPU memory
+/// (placement GPU), RST → RTS through PRM commands, a refused transition reported with the call and the
+/// firmware's status, then a ping-pong over NICs on that path, every payload checked.
+#[test]
+#[ignore = "needs a ConnectX NIC and a GPU (docs/mlx5.md)"]
+fn mlx5_devx_path_with_rings_in_gpu_memory() {
+    use gdaki::nic::devx;
+    use gdaki_shared::handle::Placement;
+    use gdaki_shared::prm::cmd::{cmd_hca_cap, opcode};
+
+    let Some(spec) = nic_spec() else { return };
+    let NicSpec::Mlx5(m) = &spec else { panic!("an mlx5 spec") };
+    let Executor::Gpu(gpu) = executor() else {
+        eprintln!("skipped: the DevX path puts the rings in GPU memory and needs the gpu executor");
+        return;
+    };
+    let nic = mlx5::Mlx5Nic::open(m, Some(gpu)).expect("open");
+    assert!(
+        matches!(nic.queue_path(), mlx5::QueuePath::Devx(_)),
+        "{spec} took {}: {}",
+        nic.queue_path(),
+        nic.queue_path_reason()
+    );
+    eprintln!("{spec}: {} ({})", nic.queue_path(), nic.queue_path_reason());
+    let t = nic.devx().expect("a DevX context");
+    let cap = devx::query_hca_cap(&t).expect("QUERY_HCA_CAP");
+    assert_eq!(cap.get(cmd_hca_cap::RC), 1);
+    assert!(cap.get(cmd_hca_cap::LOG_MAX_QP_SZ) >= 6, "an SQ of 64 WQEBBs fits");
+
+    let pd = nic.alloc_pd().expect("pd");
+    let cq = nic.create_cq(64).expect("DevX CQ");
+    let h = cq.handle();
+    assert_eq!((h.placement, h.ncqe, h.cons_index), (Placement::GPU, 64, 0));
+    assert!(h.buf.is_multiple_of(4096) && h.dbrec.is_multiple_of(8) && h.cqn != 0, "{h:?}");
+    let (a, b) = (nic.create_qp(&pd, &cq, 64).expect("DevX QP a"), nic.create_qp(&pd, &cq, 64).expect("QP b"));
+    for q in [&a, &b] {
+        let h = q.handle();
+        assert_eq!((h.placement, h.wqe_cnt, h.cq.cqn), (Placement::GPU, 64, cq.cqn()));
+        assert!(h.sq_buf.is_multiple_of(4096) && h.bf_reg.is_multiple_of(64) && h.bf_reg != 0, "{h:?}");
+    }
+    assert_eq!(a.state().expect("QUERY_QP"), QpState::Reset);
+    a.connect(&b.endpoint()).expect("connect a");
+    b.connect(&a.endpoint()).expect("connect b");
+    assert_eq!((a.state().unwrap(), b.state().unwrap()), (QpState::Rts, QpState::Rts));
+    match a.connect(&b.endpoint()) {
+        Err(Error::DevxCmd { opcode: op, status, via: Some((call, _)), .. }) => {
+            assert_eq!((op, call.as_str()), (opcode::RST2INIT_QP, "mlx5dv_devx_obj_modify"));
+            assert_ne!(status, 0);
+        }
+        other => panic!("RST2INIT of a QP in RTS: {other:?}"),
+    }
+    drop((a, b, cq, pd));
+    assert!(nic.take_drop_error().is_none(), "DevX objects, umems and memory freed without error");
+
+    // The whole data path on NICs of the DevX path (the executor is the GPU, so Nic::open chooses it too).
+    let mut pp = PingPong::new_on(&spec, executor(), 1 << 16, 120).expect("set up");
+    for size in [8usize, 4096, 1 << 16] {
+        let cfg = RunConfig { size, iters: 100, warmup: 20, seed: 0xde5, timeout: TIMEOUT };
+        let r = pp.run(&cfg).unwrap_or_else(|e| panic!("{size} bytes over DevX: {e}"));
+        assert_eq!(r.checked, 2 * 120, "{size} bytes: both ranks check every payload");
     }
 }

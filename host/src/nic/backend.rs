@@ -210,13 +210,16 @@ impl Nic {
     }
 
     /// [`Nic::create_cq`], with the ring in host memory when `host_polled` (host code polls it: the proxy of
-    /// the Host modes), whatever the emulated NIC's queue placement; a real NIC's rings are in host memory.
+    /// the Host modes), whatever the emulated NIC's queue placement or the real NIC's queue path (a real NIC
+    /// then takes its verbs path, and QPs completing into the CQ follow it).
     ///
     /// # Errors
     /// As [`Nic::create_cq`].
     pub fn create_cq_for(&self, ncqe: u32, host_polled: bool) -> Result<Cq> {
         match self {
             Nic::Emu(n) if host_polled => n.create_cq_in(ncqe, crate::mem::MemKind::Host).map(Cq::Emu),
+            #[cfg(feature = "mlx5")]
+            Nic::Mlx5(n) if host_polled => n.create_cq_host(ncqe).map(Cq::Mlx5),
             _ => self.create_cq(ncqe),
         }
     }

@@ -16,11 +16,11 @@
 //! | state and attributes | [`query_qp_in()`] | [`query_qp()`] |
 //! | capabilities | [`query_hca_cap_in()`] | [`query_hca_cap()`] |
 //!
-//! The transports: the emulated NIC (`impl Transport for EmuNic`, in every build). The mlx5 backend creates
-//! its QPs and CQs through verbs (`ibv_create_qp`) and has no DevX transport yet: it needs a context opened
-//! with `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)` and the five `mlx5dv_devx_*` calls (already in
-//! gdaki-mlx5-sys's bindings), whose failures carry the output mailbox's status and syndrome as
-//! [`Error::DevxCmd`] does.
+//! The transports: the emulated NIC (`impl Transport for EmuNic`, in every build), and with the `mlx5`
+//! feature a ConnectX context opened with `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)`
+//! (`gdaki::nic::mlx5::DevxContext`, from `Mlx5Nic::devx`), whose calls are the five `mlx5dv_devx_*` calls and
+//! whose failures carry the output mailbox's status and syndrome with the call and errno
+//! ([`Error::DevxCmd`]'s `via`). The mlx5 backend's DevX path makes its CQs and QPs with these same builders.
 //!
 //! [`EmuNic::devx_cmd`]: crate::nic::emu::EmuNic::devx_cmd
 //! [`EmuNic::create_cq`]: crate::nic::emu::EmuNic::create_cq

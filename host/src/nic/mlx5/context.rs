@@ -4,9 +4,11 @@
 use std::sync::Arc;
 
 use super::device::{self, AtomicCap, PortState};
+use super::devx::{self, DevxRes};
 use super::endpoint::{LinkLayer, Mtu};
 use super::gid::{self, GidEntry};
 use super::map;
+use super::path::{self, Choice, PathRequest, Probe, QueuePath};
 use super::verbs::Context;
 use crate::cuda::Gpu;
 use crate::drop_errors::DropErrors;
@@ -26,6 +28,11 @@ pub(super) struct Limits {
 /// of them (each holds an `Arc` of it, so the device stays open until the last is dropped).
 #[derive(Debug)]
 pub struct Mlx5Nic {
+    /// The DevX path's UAR, capabilities and umem kind (`None` on the verbs path). Declared before `ctx`, so
+    /// that it is freed before the context is closed.
+    pub(super) devx: Option<DevxRes>,
+    /// Which path the CQs and QPs take, and why.
+    pub(super) path: Choice,
     pub(super) ctx: Context,
     pub(super) port: u8,
     pub(super) link: LinkLayer,
@@ -49,15 +56,20 @@ impl Mlx5Nic {
     /// Opens port `spec.port` of device `spec.device` for device code on `gpu` (`None`: the `cpu` executor):
     /// checks that rdma-core's mlx5 provider drives it, that the port is ACTIVE with a known link layer and
     /// MTU, and that the device has RDMA atomics; picks the GID QPs send from ([`gid::select`], or
-    /// `spec.gid_index`).
+    /// `spec.gid_index`); chooses how CQs and QPs are made ([`path::choose`], logged in one line): for the
+    /// `gpu` executor the device is opened for DevX and probed (capabilities, UAR, a GPU umem from a dmabuf
+    /// or through nvidia-peermem), and the verbs path is taken when a probe fails; `GDAKI_MLX5_QUEUES`
+    /// overrides ([`path::PATH_ENV`]).
     ///
     /// # Errors
     /// [`Error::Unavailable`] (one line) when the host has no RDMA device ("no RDMA devices found: ..."), none
     /// of that name, or the device, port or GID table cannot serve (not mlx5, no such port, port not active,
     /// no atomics, no RoCE v2 GID); [`Error::InvalidArgument`] for a bad `gid_index`; [`Error::Verbs`] for a
-    /// failed query.
+    /// failed query; with `GDAKI_MLX5_QUEUES=devx`, [`Error::Unavailable`] naming the DevX probe that failed,
+    /// and [`Error::InvalidArgument`] for another value than `auto`, `devx`, `verbs`.
     pub fn open(spec: &Mlx5Spec, gpu: Option<Arc<Gpu>>) -> Result<Arc<Self>> {
-        let ctx = Context::open(&spec.device)?;
+        let req = PathRequest::from_env()?;
+        let (ctx, devx_open_error) = Context::open_as(&spec.device, gpu.is_some() && req != PathRequest::Verbs)?;
         let info = device::query(&ctx)?;
         let name = &spec.device;
         if !info.mlx5 {
@@ -89,7 +101,26 @@ impl Mlx5Nic {
             max_qp_init_rd_atom: info.max_qp_init_rd_atom,
         };
         let lid = port.lid;
+        let map = map::Mapper::new(gpu);
+        let mut probe = Probe { gpu: map.gpu().is_some(), ..Probe::default() };
+        let mut devx_res = None;
+        if let Some(e) = devx_open_error {
+            probe.devx_context = Some(Err(e));
+        } else if let (true, Some(g)) = (ctx.devx, map.gpu()) {
+            probe.devx_context = Some(Ok(()));
+            let p = devx::probe(&ctx, &map, g);
+            (probe.hca_cap, probe.uar, probe.dmabuf_umem, probe.peermem_umem) = (p.hca_cap, p.uar, p.dmabuf, p.peermem);
+            devx_res = p.res;
+        }
+        let choice = path::choose(req, &probe)?;
+        tracing::info!("mlx5 {name} port {}: queues through {}: {}", spec.port, choice.path, choice.reason);
+        if choice.path == QueuePath::Verbs {
+            // Freed before the context, which stays open for verbs.
+            devx_res = None;
+        }
         Ok(Arc::new(Self {
+            devx: devx_res,
+            path: choice,
             ctx,
             port: spec.port,
             link,
@@ -97,7 +128,7 @@ impl Mlx5Nic {
             mtu,
             gid,
             limits,
-            map: map::Mapper::new(gpu),
+            map,
             drops: DropErrors::default(),
         }))
     }
@@ -120,5 +151,16 @@ impl Mlx5Nic {
     /// The GID QPs send from.
     pub fn gid(&self) -> GidEntry {
         self.gid
+    }
+
+    /// How this NIC's CQs and QPs are made (DevX with rings in GPU memory, or verbs), chosen by
+    /// [`Mlx5Nic::open`].
+    pub fn queue_path(&self) -> QueuePath {
+        self.path.path
+    }
+
+    /// Why [`Mlx5Nic::queue_path`] is what it is (the request, or the DevX probe that failed and its error).
+    pub fn queue_path_reason(&self) -> &str {
+        &self.path.reason
     }
 }

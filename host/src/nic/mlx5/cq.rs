@@ -1,5 +1,6 @@
-//! Completion queues on a real NIC: `ibv_create_cq`, then `mlx5dv_init_obj` for the ring and doorbell record
-//! that device code polls and updates (the CQE ring stays in host memory, mapped into the GPU for `gpu`).
+//! Completion queues on a real NIC. Verbs path: `ibv_create_cq`, then `mlx5dv_init_obj` for the ring and
+//! doorbell record that device code polls and updates (the CQE ring stays in host memory, mapped into the GPU
+//! for `gpu`). DevX path: CREATE_CQ over a ring and dbrec in GPU memory (`super::devx`).
 
 use std::sync::Arc;
 
@@ -8,7 +9,9 @@ use gdaki_shared::handle::{CqHandle, Placement};
 use gdaki_shared::prm::cqe::CQE_SIZE;
 
 use super::attr;
+use super::devx::{DevxObj, GpuQueue};
 use super::map::Mapped;
+use super::path::QueuePath;
 use super::verbs::{check, nonnull};
 use super::Mlx5Nic;
 use crate::{Error, Result};
@@ -23,10 +26,24 @@ pub struct Cq {
 #[derive(Debug)]
 pub(super) struct CqInner {
     nic: Arc<Mlx5Nic>,
-    pub(super) ptr: *mut sys::ibv_cq,
+    pub(super) kind: CqKind,
     handle: CqHandle,
     /// The ring's and the dbrec's GPU mappings; undone before the CQ (and its memory) is destroyed.
     maps: Vec<Mapped>,
+}
+
+/// How the CQ was made.
+#[derive(Debug)]
+pub(super) enum CqKind {
+    /// `ibv_create_cq`.
+    Verbs(*mut sys::ibv_cq),
+    /// CREATE_CQ; the object is taken (and destroyed) by `Drop`, before the queue memory goes.
+    Devx {
+        /// The CREATE_CQ object.
+        obj: Option<DevxObj>,
+        /// The ring and dbrec it uses.
+        _mem: Box<GpuQueue>,
+    },
 }
 
 // SAFETY: verbs objects may be used from any thread; the pointer is only freed by `Drop`, once.
@@ -38,10 +55,21 @@ impl Drop for CqInner {
     fn drop(&mut self) {
         // The GPU's view of the ring goes before the ring itself.
         self.maps.clear();
-        // SAFETY: `ptr` came from `ibv_create_cq`; QPs that complete into it hold this value, so none is left.
-        let ret = unsafe { sys::ibv_destroy_cq(self.ptr) };
-        if let Err(e) = check(ret, "ibv_destroy_cq") {
-            self.nic.drops.record("an mlx5 CQ", e);
+        match &mut self.kind {
+            CqKind::Verbs(ptr) => {
+                // SAFETY: `ptr` came from `ibv_create_cq`; QPs that complete into it hold this value, so none
+                // is left.
+                let ret = unsafe { sys::ibv_destroy_cq(*ptr) };
+                if let Err(e) = check(ret, "ibv_destroy_cq") {
+                    self.nic.drops.record("an mlx5 CQ", e);
+                }
+            }
+            // The queue memory (umem, then GPU memory) is dropped with `self.kind`, after this.
+            CqKind::Devx { obj, .. } => {
+                if let Some(o) = obj.take() {
+                    self.nic.destroy_devx(o, "an mlx5 DevX CQ");
+                }
+            }
         }
     }
 }
@@ -57,13 +85,38 @@ impl Mlx5Nic {
     /// [`Error::Verbs`] for `ibv_create_cq` or `mlx5dv_init_obj`; [`Error::Unavailable`] when rdma-core made
     /// 128-byte CQEs (environment `MLX5_CQE_SIZE=128`) or another ring size; the CUDA driver's error mapping
     /// the ring into the GPU.
+    ///
+    /// On the DevX path ([`Mlx5Nic::queue_path`]) the ring and dbrec are in GPU memory instead (CREATE_CQ;
+    /// placement GPU); its errors are [`Error::InvalidArgument`] for a size, the CUDA driver's,
+    /// [`Error::Verbs`] for the umem and [`Error::DevxCmd`] for the command.
     pub fn create_cq(self: &Arc<Self>, ncqe: u32) -> Result<Cq> {
+        if let QueuePath::Devx(_) = self.path.path {
+            let (obj, q, handle) = self.create_cq_devx(ncqe)?;
+            let inner = CqInner {
+                nic: self.clone(),
+                kind: CqKind::Devx { obj: Some(obj), _mem: Box::new(q) },
+                handle,
+                maps: Vec::new(),
+            };
+            return Ok(Cq { inner: Arc::new(inner) });
+        }
+        self.create_cq_host(ncqe)
+    }
+
+    /// [`Mlx5Nic::create_cq`] on the verbs path whatever the NIC's [`Mlx5Nic::queue_path`]: the ring in host
+    /// memory (mapped into the GPU for `gpu`), for a CQ that host code polls (the proxy of the Host modes).
+    /// QPs made with it are verbs QPs.
+    ///
+    /// # Errors
+    /// As [`Mlx5Nic::create_cq`] on the verbs path.
+    pub fn create_cq_host(self: &Arc<Self>, ncqe: u32) -> Result<Cq> {
         let req = attr::cq_request(ncqe, self.limits.max_cqe)?;
         // SAFETY: the context is open; no completion channel or context pointer.
         let ptr = unsafe { sys::ibv_create_cq(self.ctx.ptr, req, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         let ptr = nonnull(ptr, format!("ibv_create_cq({req})"))?;
         // From here on, dropping `inner` destroys the CQ, whatever fails next.
-        let mut inner = CqInner { nic: self.clone(), ptr, handle: CqHandle::default(), maps: Vec::new() };
+        let mut inner =
+            CqInner { nic: self.clone(), kind: CqKind::Verbs(ptr), handle: CqHandle::default(), maps: Vec::new() };
         let mut dv = sys::mlx5dv_cq::default();
         let mut obj = sys::mlx5dv_obj::default();
         obj.cq.in_ = ptr;

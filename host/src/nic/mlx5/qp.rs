@@ -1,6 +1,7 @@
-//! RC queue pairs on a real NIC: `ibv_create_qp`, `mlx5dv_init_obj` for the SQ ring, doorbell record and
-//! BlueFlame register that device code writes, and the RESET → INIT → RTR → RTS transitions of
-//! `ibv_modify_qp` (attributes from [`super::attr`]).
+//! RC queue pairs on a real NIC. Verbs path: `ibv_create_qp`, `mlx5dv_init_obj` for the SQ ring, doorbell
+//! record and BlueFlame register that device code writes, and the RESET → INIT → RTR → RTS transitions of
+//! `ibv_modify_qp` (attributes from [`super::attr`]). DevX path: CREATE_QP over an SQ and dbrec in GPU
+//! memory, the NIC's own UAR, and the same transitions as PRM commands (`super::devx`).
 
 use std::sync::Arc;
 
@@ -9,7 +10,8 @@ use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::uar::UAR_PAGE_SIZE;
 use gdaki_shared::prm::wqe::WQEBB;
 
-use super::cq::{Cq, CqInner};
+use super::cq::{Cq, CqInner, CqKind};
+use super::devx::{DevxObj, GpuQueue};
 use super::endpoint::Endpoint;
 use super::map::Mapped;
 use super::mr::{Pd, PdInner};
@@ -22,7 +24,7 @@ use crate::{Error, Result};
 /// (`ibv_destroy_qp`) on drop, after the GPU's mappings of its queue memory are undone.
 #[derive(Debug)]
 pub struct Qp {
-    ptr: *mut sys::ibv_qp,
+    kind: QpKind,
     nic: Arc<Mlx5Nic>,
     handle: QpHandle,
     psn: u32,
@@ -33,6 +35,20 @@ pub struct Qp {
     _pd: Arc<PdInner>,
 }
 
+/// How the QP was made.
+#[derive(Debug)]
+enum QpKind {
+    /// `ibv_create_qp`.
+    Verbs(*mut sys::ibv_qp),
+    /// CREATE_QP; the object is taken (and destroyed) by `Drop`, before the queue memory goes.
+    Devx {
+        /// The CREATE_QP object.
+        obj: Option<DevxObj>,
+        /// The ring and dbrec it uses.
+        _mem: Box<GpuQueue>,
+    },
+}
+
 // SAFETY: verbs objects may be used from any thread; the pointer is only freed by `Drop`, once.
 unsafe impl Send for Qp {}
 // SAFETY: as above; `connect` and `state` are thread-safe verbs calls.
@@ -41,9 +57,20 @@ unsafe impl Sync for Qp {}
 impl Drop for Qp {
     fn drop(&mut self) {
         self.maps.clear();
-        // SAFETY: `ptr` came from `ibv_create_qp` and is destroyed once.
-        if let Err(e) = check(unsafe { sys::ibv_destroy_qp(self.ptr) }, "ibv_destroy_qp") {
-            self.nic.drops.record("an mlx5 QP", e);
+        match &mut self.kind {
+            QpKind::Verbs(ptr) => {
+                // SAFETY: `ptr` came from `ibv_create_qp` and is destroyed once.
+                if let Err(e) = check(unsafe { sys::ibv_destroy_qp(*ptr) }, "ibv_destroy_qp") {
+                    self.nic.drops.record("an mlx5 QP", e);
+                }
+            }
+            // The queue memory (umem, then GPU memory) is dropped with `self.kind`, after this; the CQ after
+            // that (`_cq`).
+            QpKind::Devx { obj, .. } => {
+                if let Some(o) = obj.take() {
+                    self.nic.destroy_devx(o, "an mlx5 DevX QP");
+                }
+            }
         }
     }
 }
@@ -60,6 +87,11 @@ impl Mlx5Nic {
     /// [`Error::InvalidArgument`] for a PD or CQ of another NIC or a size out of range; [`Error::Verbs`] for
     /// `ibv_create_qp` or `mlx5dv_init_obj`; [`Error::Unavailable`] when rdma-core laid the SQ out otherwise
     /// than device code expects (stride, size, alignment); the CUDA driver's error mapping it.
+    ///
+    /// For a CQ of the DevX path ([`Mlx5Nic::queue_path`]; not one of [`Mlx5Nic::create_cq_host`]) the SQ ring and dbrec are in GPU memory instead (CREATE_QP
+    /// on the NIC's UAR; placement GPU), `wqe_cnt` exactly (a power of two); its errors are
+    /// [`Error::InvalidArgument`] for a size, [`Error::Verbs`] for the PD number or the umem, the CUDA
+    /// driver's, and [`Error::DevxCmd`] for the command.
     pub fn create_qp(self: &Arc<Self>, pd: &Pd, cq: &Cq, wqe_cnt: u32) -> Result<Qp> {
         if !Arc::ptr_eq(&pd.inner.nic, self) || !Arc::ptr_eq(cq.nic(), self) {
             return Err(Error::InvalidArgument(format!("PD or CQ belongs to another NIC than {}", self.ctx.name)));
@@ -67,19 +99,33 @@ impl Mlx5Nic {
         if cq.ncqe() < wqe_cnt {
             return Err(Error::InvalidArgument(format!("CQ of {} entries is smaller than SQ of {wqe_cnt}", cq.ncqe())));
         }
-        let mut init = attr::qp_init_attr(cq.inner.ptr, wqe_cnt, self.limits.max_qp_wr)?;
+        let psn = random_psn()?;
+        let cq_ptr = match cq.inner.kind {
+            CqKind::Verbs(p) => p,
+            CqKind::Devx { .. } => {
+                let (obj, q, handle) = self.create_qp_devx(pd.inner.ptr, &cq.handle(), wqe_cnt)?;
+                return Ok(Qp {
+                    kind: QpKind::Devx { obj: Some(obj), _mem: Box::new(q) },
+                    nic: self.clone(),
+                    handle,
+                    psn,
+                    maps: Vec::new(),
+                    _cq: cq.inner.clone(),
+                    _pd: pd.inner.clone(),
+                });
+            }
+        };
+        let mut init = attr::qp_init_attr(cq_ptr, wqe_cnt, self.limits.max_qp_wr)?;
         // SAFETY: `pd` and the CQ are live objects of this context; `init` is zeroed and filled.
         let ptr = nonnull(unsafe { sys::ibv_create_qp(pd.inner.ptr, &mut init) }, "ibv_create_qp(RC)")?;
-        let mut psn = [0u8; 4];
-        getrandom::fill(&mut psn).map_err(|e| Error::Unavailable(format!("no random PSN: {e}")))?;
         // SAFETY: `ptr` is the live QP just created.
         let qpn = unsafe { (*ptr).qp_num };
         // From here on, dropping `qp` destroys the QP, whatever fails next.
         let mut qp = Qp {
-            ptr,
+            kind: QpKind::Verbs(ptr),
             nic: self.clone(),
             handle: QpHandle::default(),
-            psn: u32::from_le_bytes(psn) & 0x00ff_ffff,
+            psn,
             maps: Vec::new(),
             _cq: cq.inner.clone(),
             _pd: pd.inner.clone(),
@@ -126,6 +172,13 @@ impl Mlx5Nic {
     }
 }
 
+/// A random first PSN (24 bits).
+fn random_psn() -> Result<u32> {
+    let mut psn = [0u8; 4];
+    getrandom::fill(&mut psn).map_err(|e| Error::Unavailable(format!("no random PSN: {e}")))?;
+    Ok(u32::from_le_bytes(psn) & 0x00ff_ffff)
+}
+
 impl Qp {
     /// The QP number (24 bits).
     pub fn qpn(&self) -> u32 {
@@ -164,17 +217,28 @@ impl Qp {
     /// # Errors
     /// [`Error::InvalidArgument`] for an endpoint with another link layer or LID 0 on InfiniBand;
     /// [`Error::Verbs`] naming the transition (`ibv_modify_qp(INIT→RTR)`) and errno (e.g. EINVAL for a QP
-    /// not in RESET).
+    /// not in RESET). On the DevX path the same transitions are RST2INIT, INIT2RTR and RTR2RTS, and a
+    /// refused one is [`Error::DevxCmd`] naming it with the firmware's status and syndrome; on RoCE
+    /// `ibv_create_ah` finds the peer's MAC ([`Error::Verbs`] when it cannot).
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
         let n = &self.nic;
         let local = self.endpoint();
+        let ptr = match &self.kind {
+            QpKind::Verbs(p) => *p,
+            QpKind::Devx { obj, .. } => {
+                let obj = obj.as_ref().ok_or_else(|| Error::InvalidArgument("QP is being destroyed".into()))?;
+                n.connect_devx(obj, self._pd.ptr, &local, remote)?;
+                tracing::debug!(qpn = self.handle.qpn, peer = remote.qpn, "mlx5: DevX QP in RTS");
+                return Ok(());
+            }
+        };
         let (mut init, m0) = attr::init(n.port);
         let (mut rtr, m1) = attr::rtr(&local, remote, n.port, attr::rd_atomic(n.limits.max_qp_rd_atom))?;
         let (mut rts, m2) = attr::rts(self.psn, attr::rd_atomic(n.limits.max_qp_init_rd_atom));
         for (a, mask, step) in [(&mut init, m0, "RESET→INIT"), (&mut rtr, m1, "INIT→RTR"), (&mut rts, m2, "RTR→RTS")]
         {
             // SAFETY: `ptr` is a live QP; `a` is a zeroed, filled attribute struct; the mask names the fields set.
-            let ret = unsafe { sys::ibv_modify_qp(self.ptr, a, mask as i32) };
+            let ret = unsafe { sys::ibv_modify_qp(ptr, a, mask as i32) };
             check(ret, format!("ibv_modify_qp({step}) of QP {:#x} on {}", self.handle.qpn, n.ctx.name))?;
         }
         tracing::debug!(qpn = self.handle.qpn, peer = remote.qpn, "mlx5: QP in RTS");
@@ -185,12 +249,19 @@ impl Qp {
     /// [`QpState::Error`].
     ///
     /// # Errors
-    /// [`Error::Verbs`] for `ibv_query_qp`.
+    /// [`Error::Verbs`] for `ibv_query_qp`; on the DevX path [`Error::DevxCmd`] for QUERY_QP.
     pub fn state(&self) -> Result<QpState> {
+        let ptr = match &self.kind {
+            QpKind::Verbs(p) => *p,
+            QpKind::Devx { obj, .. } => {
+                let obj = obj.as_ref().ok_or_else(|| Error::InvalidArgument("QP is being destroyed".into()))?;
+                return self.nic.state_devx(obj, self.handle.qpn);
+            }
+        };
         let mut a = sys::ibv_qp_attr::default();
         let mut init = sys::ibv_qp_init_attr::default();
         // SAFETY: `ptr` is a live QP; both out-parameters are zeroed structs of the right types.
-        let ret = unsafe { sys::ibv_query_qp(self.ptr, &mut a, sys::IBV_QP_STATE as i32, &mut init) };
+        let ret = unsafe { sys::ibv_query_qp(ptr, &mut a, sys::IBV_QP_STATE as i32, &mut init) };
         check(ret, "ibv_query_qp")?;
         Ok(match a.qp_state {
             sys::IBV_QPS_RESET => QpState::Reset,

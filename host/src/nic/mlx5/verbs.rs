@@ -38,6 +38,8 @@ pub(super) struct Context {
     pub(super) ptr: *mut sys::ibv_context,
     /// The device's name (`ibv_get_device_name`), e.g. `mlx5_0`.
     pub(super) name: String,
+    /// Opened with `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)`: DevX commands may be sent through it.
+    pub(super) devx: bool,
 }
 
 // SAFETY: verbs objects may be used from any thread (rdma-core's providers lock internally); the pointer is
@@ -53,14 +55,34 @@ impl Context {
     /// [`Error::Unavailable`] (one line) when the host has no RDMA device or none of that name (the line lists
     /// those there are); [`Error::Verbs`] when `ibv_open_device` fails.
     pub(super) fn open(name: &str) -> Result<Self> {
+        Ok(Self::open_as(name, false)?.0)
+    }
+
+    /// Opens the device named `name`, with `devx`: first with `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)`,
+    /// and when that fails with `ibv_open_device`; the second value is then the DevX attempt's error text
+    /// (`None` when DevX was not asked for or worked).
+    ///
+    /// # Errors
+    /// As [`Context::open`].
+    pub(super) fn open_as(name: &str, devx: bool) -> Result<(Self, Option<String>)> {
         let list = DeviceList::get()?;
         let dev = list.iter().find(|(_, n)| n == name).map(|(d, _)| d).ok_or_else(|| {
             let names: Vec<String> = list.iter().map(|(_, n)| n).collect();
             Error::Unavailable(format!("no RDMA device named {name} (this host has: {})", names.join(", ")))
         })?;
+        let mut devx_error = None;
+        if devx {
+            let mut attr = sys::mlx5dv_context_attr { flags: sys::MLX5DV_CONTEXT_FLAGS_DEVX, comp_mask: 0 };
+            // SAFETY: `dev` is an entry of the live device list; `attr` is filled (no optional fields).
+            let p = unsafe { sys::mlx5dv_open_device(dev, &mut attr) };
+            match nonnull(p, format!("mlx5dv_open_device({name}, DEVX)")) {
+                Ok(ptr) => return Ok((Self { ptr, name: name.to_string(), devx: true }, None)),
+                Err(e) => devx_error = Some(e.to_string()),
+            }
+        }
         // SAFETY: `dev` is an entry of the live device list.
         let ptr = nonnull(unsafe { sys::ibv_open_device(dev) }, format!("ibv_open_device({name})"))?;
-        Ok(Self { ptr, name: name.to_string() })
+        Ok((Self { ptr, name: name.to_string(), devx: false }, devx_error))
     }
 }
 

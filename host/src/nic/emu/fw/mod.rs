@@ -123,6 +123,7 @@ impl EmuNic {
                     status: f.status,
                     syndrome: f.syndrome,
                     detail: syn::describe(f.syndrome),
+                    via: None,
                 })
             }
         }
