@@ -23,6 +23,7 @@ use crate::qp::Qp;
 use crate::scope::{Block, Device, Scope};
 use crate::shared_qp::SharedQp;
 use crate::sync;
+use crate::thread::CtaGroup;
 use crate::wait::bounded;
 use crate::warp_qp::WarpQp;
 use crate::wqe::{self, Raddr, Sge, Wqe};
@@ -54,6 +55,15 @@ pub trait Poster {
     /// # Errors
     /// As [`Poster::stage`].
     fn submit<const N: usize>(&mut self, bf: bool, signaled: bool, w: Wqe<N>) -> Result<()>;
+
+    /// Posts the WQEs of one team call ([`PortChannel::put_team`]): `w` is the calling member's (`Ok(None)`:
+    /// none; `Err`: refused while it was built). The shared posters batch the members' WQEs into one
+    /// reservation, one CQE and one doorbell ([`SharedQp::post_team`]); the Exclusive and Warp posters post
+    /// the caller's own WQE as [`Poster::submit`] does (unsignaled, no BlueFlame) and use no barrier of `g`.
+    ///
+    /// # Errors
+    /// As [`SharedQp::post_team`] / [`Poster::submit`]; the caller's own `Err` as it is.
+    fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()>;
 
     /// Waits until every WQE posted so far has completed.
     ///
@@ -87,6 +97,11 @@ impl Poster for Qp<'_> {
         Ok(())
     }
 
+    #[inline(always)]
+    fn submit_team<const N: usize>(&mut self, _g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()> {
+        w?.map_or(Ok(()), |w| Poster::submit(self, false, false, w))
+    }
+
     fn flush(&mut self) -> Result<()> {
         Qp::flush(self)
     }
@@ -113,6 +128,11 @@ impl Poster for WarpQp<'_> {
         self.post(signaled, w).map(|_| ())
     }
 
+    #[inline(always)]
+    fn submit_team<const N: usize>(&mut self, _g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()> {
+        w?.map_or(Ok(()), |w| self.post(false, w).map(|_| ()))
+    }
+
     fn flush(&mut self) -> Result<()> {
         WarpQp::flush(self)
     }
@@ -135,6 +155,11 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
     #[inline(always)]
     fn submit<const N: usize>(&mut self, _bf: bool, _signaled: bool, w: Wqe<N>) -> Result<()> {
         self.post(true, w).map(|_| ())
+    }
+
+    #[inline(always)]
+    fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()> {
+        self.post_team(g, w).map(|_| ())
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -318,6 +343,45 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             return self.push_writes(dst_offset, src_offset, bytes, 0);
         }
         self.writes(dst_offset, src_offset, bytes, true)
+    }
+
+    /// One piece of a put that the members of the team `g` (the threads of one CTA) make together, each
+    /// with its own piece: an RDMA WRITE of `bytes` bytes from the local memory at `src_offset` to the
+    /// peer's at `dst_offset` (`bytes` 0: this member has no piece). Every member of `g` calls it, with a
+    /// channel of the same handle; the members with a piece must be ranks `0 .. k` (as a range split over
+    /// the threads in order gives), and each piece goes out as one WQE (at most the handle's
+    /// `max_wqe_bytes`, and below 2^31 bytes). Returns once posted; [`PortChannel::flush`] tells when it
+    /// completed.
+    ///
+    /// In Block and Device sharing the pieces go out as one batch ([`SharedQp::post_team`]): one
+    /// reservation, one CQE (the last WQE's), one doorbell for the whole call, where a [`PortChannel::put`]
+    /// per thread costs a CQE each and up to a doorbell each. In Exclusive and Warp sharing each member posts
+    /// its own piece as `put` does (each must own the QP as there), and in the Host modes each pushes its own
+    /// triggers; neither uses the barriers.
+    ///
+    /// # Errors
+    /// A member whose piece is out of range gets what [`PortChannel::put`] returns for it
+    /// ([`InvalidArgument::LocalRange`], [`InvalidArgument::RemoteRange`]) and [`InvalidArgument::Length`] for
+    /// a piece longer than one WQE takes; in Block and Device sharing every other member then gets
+    /// [`InvalidArgument::Team`], and nothing is posted; the other errors of [`SharedQp::post_team`].
+    #[inline(always)]
+    pub fn put_team(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
+        if self.proxied() {
+            return if bytes == 0 { Ok(()) } else { self.push_writes(dst_offset, src_offset, bytes, 0) };
+        }
+        let w = if bytes == 0 { Ok(None) } else { self.piece(dst_offset, src_offset, bytes).map(Some) };
+        self.qp.submit_team(g, w)
+    }
+
+    /// The one WRITE of a team member's piece, its ranges checked.
+    #[inline(always)]
+    fn piece(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<Wqe<3>> {
+        let r = remote(&self.h.dst, dst_offset, bytes)?;
+        let src = local_range(&self.h.src, src_offset, bytes)?;
+        if bytes > self.h.max_wqe_bytes || bytes > MAX_WRITE {
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
+        Ok(wqe::rdma_write(r, Sge::new(src, bytes as u32, self.h.src.lkey)?))
     }
 
     /// Whether the proxy posts this channel's WQEs (Host and HostNoAtomic modes).

@@ -156,6 +156,11 @@ pub enum InvalidArgument {
     ///
     /// [`QpHandle::sharing`]: gdaki_shared::handle::QpHandle::sharing
     Sharing = 10,
+    /// A team post ([`crate::shared_qp::SharedQp::post_team`], [`crate::channel::PortChannel::put_team`]) that
+    /// cannot go out as one batch: another member's WQE was refused (that member gets its own error), or the
+    /// batch breaks the team rules (the members with a WQE are not ranks `0 .. k`, a WQE takes more than one
+    /// WQEBB, the batch needs more than half the ring). Nothing is posted.
+    Team = 11,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -317,6 +322,7 @@ impl Error {
                 9 => InvalidArgument::Unsupported,
                 8 => InvalidArgument::Packet,
                 10 => InvalidArgument::Sharing,
+                11 => InvalidArgument::Team,
                 _ => return None,
             })),
             _ => None,

@@ -2,8 +2,9 @@
 //! modes, NVSHMEM IBGDA's shared QPs): reservation by atomic add, in-order publication, the doorbell rung by
 //! each poster in index order, and a CQ polled by whichever waiter holds the poll lock.
 //!
-//! The protocol is in [`SharedQpState`]'s docs. Every WQE asks for a CQE (no poster has to know whether a later
-//! one will). Doorbells are batched: a poster that publishes while a later one has reserved leaves the doorbell
+//! The protocol is in [`SharedQpState`]'s docs. Every single post asks for a CQE (no poster has to know whether
+//! a later one will); a team post ([`SharedQp::post_team`]: the threads of one CTA together, one reservation and
+//! one doorbell for all) asks for one on its last WQE only. Doorbells are batched: a poster that publishes while a later one has reserved leaves the doorbell
 //! to it, and every doorbell, rung under a lock with the newest published WQE's ctrl bits, covers all WQEs
 //! published before it; anyone who waits on unrung WQEs rings them, so skipping a doorbell never stalls a
 //! waiter.
@@ -20,16 +21,17 @@ use core::ptr::addr_of_mut;
 
 use crate::cq;
 use crate::db;
-use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
+use crate::error::{CqeError, Error, InvalidArgument, Result, Timeout, WaitOn};
 use crate::qp::Ticket;
 use crate::scope::Scope;
 use crate::sq;
 use crate::sync;
+use crate::thread::CtaGroup;
 use crate::wait::{bounded, bounded_steps, Step};
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::channel::SharedQpState;
-use gdaki_shared::handle::{sharing, QpHandle};
+use gdaki_shared::handle::{sharing, ErrorReport, QpHandle};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs};
 
 /// A QP shared by the threads of scope `S`. Cheap to make: every thread that posts builds its own from the
@@ -156,6 +158,22 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // SAFETY: as in `resv`.
         self.word(|s| unsafe { addr_of_mut!((*s).err) })
     }
+    fn team_lock(&self) -> *mut u32 {
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).team_lock) })
+    }
+    fn team_base(&self) -> *mut u64 {
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).team_base) })
+    }
+    fn team_bits(&self) -> *mut u64 {
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).team_bits) })
+    }
+    fn team_err(&self, i: usize) -> *mut u64 {
+        // SAFETY: as in `resv`; `i` < 4 (the callers' loops).
+        self.word(|s| unsafe { addr_of_mut!((*s).team_err[i]) })
+    }
     fn poll_lock(&self) -> *mut u32 {
         // SAFETY: as in `resv`.
         self.word(|s| unsafe { addr_of_mut!((*s).poll_lock) })
@@ -195,13 +213,156 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         let base = w.shfl(if lead { unsafe { S::fetch_add(self.resv(), total) } } else { 0 }, w.leader());
         let (idx, end) = (base + w.rank() as u64 * n, base + total);
         w.share_result(if lead { self.wait_room(end, total) } else { Ok(()) })?;
-        let bits = self.store(idx, &wqe);
+        let bits = self.store(idx, &wqe, fm_ce_se::CQ_UPDATE);
         let last_bits = w.shfl(bits, w.last());
         // Every lane's WQE is stored before the leader publishes them (bar.warp.sync orders the members'
         // accesses; the leader's release then covers them).
         w.sync();
         w.share_result(if lead { self.publish(base, end, end - n, last_bits) } else { Ok(()) })?;
         Ok(Ticket(idx))
+    }
+
+    /// Posts one WQE for each member of the team `g` that passes one, as one batch: the members (the threads of
+    /// one CTA, e.g. every [`Thread`](crate::Thread) of a block) call this together, each with its own
+    /// `wqe` (`Ok(None)`: nothing to post; `Err(e)`: this member's WQE was refused while it was built, e.g.
+    /// its range). The members with a WQE must be ranks `0 .. k`, and each WQE must take one WQEBB (`ds <= 4`:
+    /// RDMA WRITE / READ with one SGE, atomics, NOP, inline WRITEs of up to 28 bytes). Returns, to the
+    /// members with a WQE, the ticket of the batch's last WQE; `None` to the others and for an empty batch.
+    ///
+    /// DOCA GPUNetIO's CTA-scope post: the leader (rank 0) reserves the `k` WQEBBs with one atomic add
+    /// (under [`SharedQpState::team_lock`], which hands the base to the members), waits for room, and after a
+    /// barrier member `r` stores its WQE at `base + r`; only the last WQE asks for a CQE (its CQE retires
+    /// the whole batch, and [`SharedQp::flush`] waits for it); after another barrier the leader publishes the
+    /// batch in order with the single posters and rings one doorbell for it (or leaves it to a later
+    /// poster, as [`SharedQp::post`] does). Five barriers of `g` in all; for Device scope several CTAs may
+    /// post teams (and single posts) to the QP at once, their teams taking the lock in turn.
+    ///
+    /// # Errors
+    /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
+    /// is `Err(e)` gets `e`, the others [`InvalidArgument::Team`], as they do when a WQE takes more than one
+    /// WQEBB, the members with a WQE are not the lowest ranks, or the batch needs more than half the ring;
+    /// [`InvalidArgument::Handle`] and [`InvalidArgument::Sharing`] as for [`SharedQp::post`]. Once the
+    /// WQEBBs are reserved: [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`], or
+    /// [`Error::UnexpectedCqe`], for every member (the leader's own; the others the same but for their
+    /// `waited_ns`, which is the QP's timeout), and the batch stays unpublished, as a single post that
+    /// times out does. A leader that waits longer than the timeout for another CTA's team gives
+    /// [`WaitOn::Publish`] too, before anything is reserved.
+    pub fn post_team<const N: usize>(&self, g: &impl CtaGroup, wqe: Result<Option<Wqe<N>>>) -> Result<Option<Ticket>> {
+        let cnt = self.wqe_cnt();
+        // What every member can check for itself, with the same outcome for all (one handle, one mode word).
+        let own =
+            if sq::valid_ring(cnt) { self.own_mode() } else { Err(Error::InvalidArgument(InvalidArgument::Handle)) };
+        let (w, mine) = match wqe {
+            Ok(Some(w)) => (Some(w), Ok(wqebbs(w.ds() as u32) == 1)),
+            Ok(None) => (None, Ok(true)),
+            Err(e) => (None, Err(e)),
+        };
+        let rank = g.rank();
+        // Barrier 1: how many post.
+        let count = g.barrier_count(w.is_some());
+        let bad = own.is_err() || mine != Ok(true) || (w.is_some() && rank >= count) || count > cnt / 2;
+        // Barrier 2: whether any member cannot.
+        if g.barrier_or(bad) {
+            own?;
+            mine?;
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
+        }
+        if count == 0 {
+            return Ok(None);
+        }
+        let (lead, n) = (rank == 0, count as u64);
+        let mut lock_err = None;
+        if lead {
+            match self.lock_team() {
+                Ok(()) => {
+                    let r = self.claim().and_then(|()| {
+                        // SAFETY: the state's words (contract of `new`); `team_base` is the lock holder's.
+                        let base = unsafe { S::fetch_add(self.resv(), n) };
+                        // SAFETY: as above.
+                        unsafe { sync::store_volatile(self.team_base(), base) };
+                        self.wait_room(base + n, n)
+                    });
+                    let words: [u64; 5] = bytemuck::cast(r.err().map_or(ErrorReport::default(), Error::to_report));
+                    for (i, w) in [0, 1, 3, 4].into_iter().enumerate() {
+                        // SAFETY: the lock holder's words; read by the members after the next barrier.
+                        unsafe { sync::store_volatile(self.team_err(i), words[w]) };
+                    }
+                }
+                Err(e) => lock_err = Some(e),
+            }
+        }
+        // Barrier 3: the leader holds the lock, and the base and its result are in the team words.
+        if g.barrier_or(lock_err.is_some()) {
+            return Err(lock_err.unwrap_or_else(|| self.publish_timeout(None)));
+        }
+        // SAFETY: the team words, written by this team's leader before the barrier and not rewritten until it
+        // unlocks after the next one.
+        let (base, err) = unsafe {
+            let mut words = [0u64; 5];
+            for (i, w) in [0, 1, 3, 4].into_iter().enumerate() {
+                words[w] = sync::load_volatile(self.team_err(i));
+            }
+            (sync::load_volatile(self.team_base()), words)
+        };
+        let last = base + n - 1;
+        let err = (err[0] as u32 != 0)
+            .then(|| Error::from_report(&bytemuck::cast(err)).unwrap_or(Error::InvalidArgument(InvalidArgument::Team)));
+        if let Some(w) = &w {
+            if err.is_none() {
+                let idx = base + rank as u64;
+                let flags = if idx == last { fm_ce_se::CQ_UPDATE } else { 0 };
+                let bits = self.store(idx, w, flags);
+                if idx == last {
+                    // SAFETY: a team word, read by the leader after the next barrier.
+                    unsafe { sync::store_volatile(self.team_bits(), bits) };
+                }
+            }
+        }
+        // Barrier 4: every member has read the team words, every WQE is stored (before the leader's release
+        // in `publish`: the barrier orders the members' stores before it), and the last one's bits are in
+        // `team_bits`.
+        let _ = g.barrier_or(false);
+        let mut r = Ok(());
+        if lead {
+            // SAFETY: the lock holder's word, stored by the last member before the barrier.
+            let bits = unsafe { sync::load_volatile(self.team_bits()) };
+            // SAFETY: the lock this leader holds; every member has read the team words (the barrier).
+            unsafe { S::unlock(self.team_lock()) };
+            r = match err {
+                Some(e) => Err(e),
+                None => self.publish(base, base + n, last, bits),
+            };
+        }
+        // Barrier 5: the leader's publication.
+        if g.barrier_or(r.is_err()) {
+            return Err(match (r, err) {
+                (Err(e), _) | (_, Some(e)) => e,
+                _ => self.publish_timeout(Some(base)),
+            });
+        }
+        Ok(w.map(|_| Ticket(last)))
+    }
+
+    /// The timeout a member reports for its leader's wait on the team lock (`first` `None`: at the QP's
+    /// reservation count) or on earlier posters' publication (of the batch at `first`).
+    fn publish_timeout(&self, first: Option<u64>) -> Error {
+        // SAFETY: the state's word (contract of `new`).
+        let wqe_index = first.unwrap_or_else(|| unsafe { S::load_acquire(self.resv()) });
+        Error::Timeout(Timeout { on: WaitOn::Publish { wqe_index }, waited_ns: self.timeout_ns })
+    }
+
+    /// Takes [`SharedQpState::team_lock`] for a team post, waiting for another CTA's team.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] on [`WaitOn::Publish`] at the QP's reservation count.
+    fn lock_team(&self) -> Result<()> {
+        bounded(
+            self.timeout_ns,
+            // SAFETY: the lock word of the state (contract of `new`).
+            || Ok(unsafe { S::try_lock(self.team_lock()) }.then_some(())),
+            // SAFETY: the state's word.
+            || WaitOn::Publish { wqe_index: unsafe { S::load_acquire(self.resv()) } },
+        )
     }
 
     /// Waits until WQEBBs up to `end` (a reservation of `n`) are free in the ring, retiring and ringing meanwhile.
@@ -227,12 +388,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         )
     }
 
-    /// Stores `w` at WQEBB index `idx` of the ring; returns its doorbell bits.
+    /// Stores `w` at WQEBB index `idx` of the ring with completion flags `flags`; returns its doorbell bits.
     #[inline(always)]
-    fn store<const N: usize>(&self, idx: u64, w: &Wqe<N>) -> u64 {
+    fn store<const N: usize>(&self, idx: u64, w: &Wqe<N>, flags: u8) -> u64 {
         // SAFETY: fields of a valid handle that only the host writes (contract of `new`).
         let (qpn, buf) = unsafe { ((*self.h).qpn, (*self.h).sq_buf) };
-        let segs = w.encode(Ctrl { idx: idx as u16, qpn, fm_ce_se: fm_ce_se::CQ_UPDATE });
+        let segs = w.encode(Ctrl { idx: idx as u16, qpn, fm_ce_se: flags });
         // SAFETY: a valid ring (contract of `new`); WQEBBs from `idx` are this poster's (reserved, and retired by
         // the NIC: the room check).
         unsafe { sq::write_segs(buf, self.wqe_cnt(), idx, &segs[..w.ds() as usize]) };

@@ -361,6 +361,24 @@ pub fn cta_barrier_or(flag: bool) -> bool {
     any != 0
 }
 
+/// [`cta_barrier`] that also counts the CTA's threads that passed `true` (`__syncthreads_count`):
+/// `barrier.red.popc.u32`, non-aligned like it. nvptx only.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn cta_barrier_count(flag: bool) -> u32 {
+    let n: u32;
+    // SAFETY: a reduction barrier on registers; every thread of the CTA reaches it (the callers' protocol).
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred %f; setp.ne.u32 %f, {flag}, 0; barrier.red.popc.u32 {n}, 0, %f; }}",
+            flag = in(reg32) flag as u32,
+            n = out(reg32) n,
+            options(nostack)
+        )
+    };
+    n
+}
+
 /// Nanoseconds from an arbitrary epoch: `%globaltimer` on nvptx, a process-wide monotonic clock on the host.
 #[inline(always)]
 pub fn clock_ns() -> u64 {

@@ -164,7 +164,62 @@ impl Thread {
             crate::sync::cta_barrier_or(flag)
         }
         #[cfg(not(target_arch = "nvptx64"))]
-        self.host.block.sync_or(flag)
+        self.host.block.sync(flag).0
+    }
+
+    /// [`Thread::sync_threads`] that also returns how many threads of the block passed `true`
+    /// (`__syncthreads_count`; PTX `barrier.red.popc`).
+    #[inline(always)]
+    pub fn sync_threads_count(&self, flag: bool) -> u32 {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            crate::sync::cta_barrier_count(flag)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.host.block.sync(flag).1
+    }
+}
+
+/// The threads of one CTA (or of a host team that stands for one) that call a team operation together:
+/// [`SharedQp::post_team`](crate::shared_qp::SharedQp::post_team) and
+/// [`PortChannel::put_team`](crate::channel::PortChannel::put_team). A [`Thread`] is the member of its
+/// block; tests may make other groups of host threads.
+///
+/// # Safety
+/// Implementors promise barrier semantics that the team protocols rely on for the WQEs they store: the
+/// members have distinct ranks `0 .. members()`; every member calls each barrier, in the same order; a
+/// barrier returns only when all members have reached it, and orders every memory access a member made before
+/// it before every access any member makes after it (as `barrier.sync` does among a CTA's threads).
+pub unsafe trait CtaGroup {
+    /// This member's rank, `0 .. members()`.
+    fn rank(&self) -> u32;
+    /// Members of the group (at least 1).
+    fn members(&self) -> u32;
+    /// A barrier over the group that returns whether any member passed `true`.
+    fn barrier_or(&self, flag: bool) -> bool;
+    /// A barrier over the group that returns how many members passed `true`.
+    fn barrier_count(&self, flag: bool) -> u32;
+}
+
+// SAFETY: the block's threads have distinct linear indices below the block size, and `barrier.sync` (on the
+// host: the block's shared barrier, a mutex and condition variable, whose lock orders the accesses) is a full
+// barrier of the block with memory ordering among its threads.
+unsafe impl CtaGroup for Thread {
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        self.tid()
+    }
+    #[inline(always)]
+    fn members(&self) -> u32 {
+        self.block_size()
+    }
+    #[inline(always)]
+    fn barrier_or(&self, flag: bool) -> bool {
+        self.sync_threads_or(flag)
+    }
+    #[inline(always)]
+    fn barrier_count(&self, flag: bool) -> u32 {
+        self.sync_threads_count(flag)
     }
 }
 
@@ -207,16 +262,28 @@ pub(crate) mod host {
         arrived: u32,
         /// OR of the flags of this round so far.
         or: bool,
+        /// Threads that passed `true` this round so far.
+        count: u32,
         /// Rounds completed; a waiter leaves when it changes.
         round: u64,
         /// The OR of the last completed round.
         last_or: bool,
+        /// The count of the last completed round.
+        last_count: u32,
     }
 
     impl BlockBarrier {
         pub(crate) fn new(threads: u32) -> Self {
             BlockBarrier {
-                state: Mutex::new(State { live: threads, arrived: 0, or: false, round: 0, last_or: false }),
+                state: Mutex::new(State {
+                    live: threads,
+                    arrived: 0,
+                    or: false,
+                    count: 0,
+                    round: 0,
+                    last_or: false,
+                    last_count: 0,
+                }),
                 changed: Condvar::new(),
             }
         }
@@ -229,23 +296,27 @@ pub(crate) mod host {
         fn complete_if_full(&self, s: &mut State) {
             if s.arrived > 0 && s.arrived >= s.live {
                 s.last_or = s.or;
+                s.last_count = s.count;
                 s.or = false;
+                s.count = 0;
                 s.arrived = 0;
                 s.round += 1;
                 self.changed.notify_all();
             }
         }
 
-        pub(crate) fn sync_or(&self, flag: bool) -> bool {
+        /// Waits for the round; returns the OR of the flags and the number of `true` flags.
+        pub(crate) fn sync(&self, flag: bool) -> (bool, u32) {
             let mut s = self.lock();
             s.or |= flag;
+            s.count += flag as u32;
             s.arrived += 1;
             let round = s.round;
             self.complete_if_full(&mut s);
             while s.round == round {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
-            s.last_or
+            (s.last_or, s.last_count)
         }
 
         /// A thread of the block returned from the kernel.

@@ -468,3 +468,222 @@ fn a_connection_refuses_channels_of_the_other_sharing_side() {
         assert!(got[1024..].iter().all(|&b| b == 0xee), "a refused put was placed");
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Team puts: the threads of one CTA posting their pieces together (`PortChannel::put_team`)
+// ---------------------------------------------------------------------------------------------------------
+
+/// The barrier of a team of host threads that stands for a CTA: a round counter under a mutex, as the `cpu`
+/// executor's block barrier keeps one.
+struct TeamSync {
+    members: u32,
+    state: std::sync::Mutex<(u32, u32, u64, u32)>,
+    changed: std::sync::Condvar,
+}
+
+impl TeamSync {
+    fn new(members: u32) -> Self {
+        TeamSync { members, state: std::sync::Mutex::new((0, 0, 0, 0)), changed: std::sync::Condvar::new() }
+    }
+
+    /// Waits for every member; returns how many passed `true`.
+    fn sync(&self, flag: bool) -> u32 {
+        let mut s = self.state.lock().unwrap();
+        // (arrived, count, round, last round's count)
+        s.0 += 1;
+        s.1 += flag as u32;
+        let round = s.2;
+        if s.0 == self.members {
+            *s = (0, 0, round + 1, s.1);
+            self.changed.notify_all();
+        }
+        while s.2 == round {
+            s = self.changed.wait(s).unwrap();
+        }
+        s.3
+    }
+}
+
+/// One member of a [`TeamSync`] team.
+struct Member<'a> {
+    rank: u32,
+    team: &'a TeamSync,
+}
+
+// SAFETY: distinct ranks below `members` (the spawning loops), every member calls every barrier (the tests'
+// loops are the same for all), and the mutex orders every access before a barrier before those after it.
+unsafe impl gdaki_device::thread::CtaGroup for Member<'_> {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+    fn members(&self) -> u32 {
+        self.team.members
+    }
+    fn barrier_or(&self, flag: bool) -> bool {
+        self.team.sync(flag) != 0
+    }
+    fn barrier_count(&self, flag: bool) -> u32 {
+        self.team.sync(flag)
+    }
+}
+
+/// Runs `f(team, member)` on `teams` teams of `members` host threads each.
+fn teams(teams: usize, members: u32, f: impl Fn(usize, &Member<'_>) + Sync) {
+    let syncs: Vec<TeamSync> = (0..teams).map(|_| TeamSync::new(members)).collect();
+    std::thread::scope(|s| {
+        for (t, sync) in syncs.iter().enumerate() {
+            for rank in 0..members {
+                let f = &f;
+                s.spawn(move || f(t, &Member { rank, team: sync }));
+            }
+        }
+    });
+}
+
+/// `teams` teams of `members` threads each make `calls` team puts on ONE QP (64 WQEBBs: the ring wraps many
+/// times), call `i` with pieces of random lengths for ranks `0 .. k` (k = 1 + i % members, the rest pass
+/// none); every byte is checked, and the NIC saw one CQE per call. With `flush_each` every member flushes
+/// after each call, so that the NIC acts on each call's doorbells before the next call rings (it counts the
+/// register's changes it sees, and a burst of doorbells is one change): it must then have seen exactly one
+/// doorbell per call.
+fn team_puts<S: Sharing>(nteams: usize, members: u32, calls: usize, flush_each: bool) {
+    let mut rng = rng();
+    let slot = 48usize;
+    let per_team = calls * members as usize * slot;
+    let l = Link::new(nteams * per_team, 64, false);
+    let payload = random_bytes(&mut rng, nteams * per_team);
+    l.src.write(0, &payload);
+    let lens: Vec<u64> = (0..nteams * calls * members as usize).map(|_| rng.random_range(1..=slot as u64)).collect();
+    let len_of = |t: usize, i: usize, r: u32| {
+        let k = 1 + i as u32 % members;
+        if r < k {
+            lens[(t * calls + i) * members as usize + r as usize]
+        } else {
+            0
+        }
+    };
+    let off_of = |t: usize, i: usize, r: u32| (t * per_team + (i * members as usize + r as usize) * slot) as u64;
+    let h = l.handle();
+    teams(nteams, members, |t, m| {
+        let mut ch = shared::<S>(&h);
+        for i in 0..calls {
+            let off = off_of(t, i, m.rank);
+            ch.put_team(m, off, off, len_of(t, i, m.rank))
+                .unwrap_or_else(|e| panic!("team {t} rank {} call {i}: {e}", m.rank));
+            if flush_each {
+                ch.flush().unwrap_or_else(|e| panic!("team {t} rank {} flush {i}: {e}", m.rank));
+                // Every member's flush is over before the next call rings.
+                m.team.sync(false);
+            }
+        }
+        ch.flush().unwrap_or_else(|e| panic!("team {t} rank {} flush: {e}", m.rank));
+    });
+    let got = l.dst.read();
+    let mut wqes = 0u64;
+    for t in 0..nteams {
+        for i in 0..calls {
+            for r in 0..members {
+                let (off, len) = (off_of(t, i, r) as usize, len_of(t, i, r) as usize);
+                wqes += (len > 0) as u64;
+                assert_eq!(&got[off..off + len], &payload[off..off + len], "team {t} call {i} rank {r}");
+                assert!(got[off + len..off + slot].iter().all(|&b| b == 0xee), "team {t} call {i} rank {r}: past it");
+            }
+        }
+    }
+    assert!(l.dst.guards_intact() && l.src.guards_intact());
+    // SAFETY: every thread has finished; the state is plain memory.
+    let st = unsafe { std::ptr::read_volatile(&*l.state) };
+    assert_eq!((st.resv, st.ready, st.err_idx, st.team_lock), (wqes, wqes, 0, 0), "{st:?}");
+    assert!(st.retired >= st.last_start && st.rung == st.ready, "all retired and rung: {st:?}");
+    let nic = l._nics[0].stats();
+    let team_calls = (nteams * calls) as u64;
+    assert_eq!((nic.wqes, nic.cqes, nic.error_cqes), (wqes, team_calls, 0), "one CQE per team call: {nic:?}");
+    if flush_each {
+        assert_eq!(nic.doorbells, team_calls, "one doorbell per team call: {nic:?}");
+    } else {
+        assert!(nic.doorbells <= team_calls, "at most one doorbell per team call: {nic:?}");
+    }
+    assert_eq!((nic.dbrec_mismatches, nic.stale_doorbells), (0, 0), "{nic:?}");
+}
+
+#[test]
+fn block_team_put_one_doorbell_and_one_cqe_per_call() {
+    team_puts::<Block>(1, 8, 150, true);
+    team_puts::<Block>(1, 8, 150, false);
+}
+
+#[test]
+fn device_team_put_one_doorbell_and_one_cqe_per_call() {
+    team_puts::<Device>(1, 8, 100, true);
+}
+
+#[test]
+fn device_team_puts_of_two_teams_share_one_qp() {
+    team_puts::<Device>(2, 4, 150, false);
+}
+
+/// A bad piece in one member's part of a team put: that member gets its range error, the others `Team`, the
+/// NIC sees nothing, and the next team put on the QP goes out whole. Members with a piece that are not the
+/// lowest ranks, and a piece over `max_wqe_bytes`, are refused the same way.
+#[test]
+fn a_bad_piece_fails_the_whole_team_put_with_nothing_posted() {
+    let l = Link::new(4096, 64, false);
+    l.src.write(0, &random_bytes(&mut rng(), 4096));
+    let mut h = l.handle();
+    h.max_wqe_bytes = 256;
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 4, |_, m| {
+        let mut ch = shared::<Block>(&h);
+        let r = m.rank as u64;
+        // Rank 2's source range runs past the 4 KiB MR.
+        let bad_src = if r == 2 { 4090 } else { r * 64 };
+        let e1 = ch.put_team(m, r * 64, bad_src, 64);
+        // Rank 0 has no piece while rank 1 has one.
+        let e2 = ch.put_team(m, r * 64, r * 64, if r == 0 { 0 } else { 64 });
+        // Rank 3's piece is longer than one WQE takes.
+        let e3 = ch.put_team(m, r * 64, r * 64, if r == 3 { 512 } else { 64 });
+        let good = ch.put_team(m, 1024 + r * 64, 1024 + r * 64, 64).and_then(|()| ch.flush());
+        results.lock().unwrap().push((m.rank, e1, e2, e3, good));
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|r| r.0);
+    let team = Err(Error::InvalidArgument(InvalidArgument::Team));
+    for (rank, e1, e2, e3, good) in results {
+        let want1 = if rank == 2 { Err(Error::InvalidArgument(InvalidArgument::LocalRange)) } else { team };
+        assert_eq!(e1, want1, "rank {rank}: bad range");
+        assert_eq!(e2, team, "rank {rank}: not a prefix");
+        let want3 = if rank == 3 { Err(Error::InvalidArgument(InvalidArgument::Length)) } else { team };
+        assert_eq!(e3, want3, "rank {rank}: piece over max_wqe_bytes");
+        assert_eq!(good, Ok(()), "rank {rank}: the next team put");
+    }
+    let got = l.dst.read();
+    assert!(got[..1024].iter().all(|&b| b == 0xee), "nothing of the refused puts was placed");
+    assert_eq!(&got[1024..1280], &l.src.read()[1024..1280]);
+    let nic = l._nics[0].stats();
+    assert_eq!((nic.wqes, nic.cqes, nic.doorbells), (4, 1, 1), "only the last team put reached the NIC: {nic:?}");
+}
+
+/// A team put with a bad rkey: the first WQE fails at the NIC though it asked for no CQE, and `flush` reports
+/// its syndrome (sticky), as for single posts.
+#[test]
+fn flush_reports_a_bad_key_of_an_unsignaled_team_piece() {
+    let l = Link::new(4096, 64, false);
+    let mut h = l.handle();
+    h.dst.rkey = gdaki_shared::Be32::new(h.dst.rkey.get() ^ 0x100);
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 4, |_, m| {
+        let mut ch = shared::<Block>(&h);
+        let r = m.rank as u64;
+        let put = ch.put_team(m, r * 64, r * 64, 64);
+        let f1 = ch.flush();
+        let f2 = ch.flush();
+        results.lock().unwrap().push((put, f1, f2));
+    });
+    for (put, f1, f2) in results.into_inner().unwrap() {
+        assert_eq!(put, Ok(()));
+        for f in [f1, f2] {
+            assert!(matches!(f, Err(Error::Cqe(c)) if c.syndrome == syndrome::REMOTE_ACCESS_ERR), "{f:?}");
+        }
+    }
+    assert!(l.dst.read().iter().all(|&b| b == 0xee));
+}

@@ -1012,6 +1012,7 @@ fn invalid_argument_codes_are_the_documented_ones() {
             "invalid argument: Sharing (the QP was used by posters of another sharing mode, Exclusive vs \
              Block/Device: one QP, one mode)",
         ),
+        (InvalidArgument::Team, 11, "invalid argument: Team"),
     ];
     assert_eq!(kind::INVALID_ARGUMENT, 6);
     for (a, code, message) in table {
@@ -1025,7 +1026,8 @@ fn invalid_argument_codes_are_the_documented_ones() {
             | InvalidArgument::Handle
             | InvalidArgument::Packet
             | InvalidArgument::Unsupported
-            | InvalidArgument::Sharing => {}
+            | InvalidArgument::Sharing
+            | InvalidArgument::Team => {}
         }
         // Packing: the report the device writes.
         let r = Error::InvalidArgument(a).to_report();
@@ -1035,11 +1037,11 @@ fn invalid_argument_codes_are_the_documented_ones() {
         assert_eq!(Error::from_report(&from_host), Some(Error::InvalidArgument(a)), "code {code}");
         assert_eq!(Error::InvalidArgument(a).to_string(), message);
     }
-    // The ten codes are 1..=10, each once; the codes around them decode to nothing.
+    // The eleven codes are 1..=11, each once; the codes around them decode to nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
     codes.sort_unstable();
-    assert_eq!(codes, (1..=10).collect::<Vec<u64>>());
-    for code in [0u64, 11, 12, u32::MAX as u64, u64::MAX] {
+    assert_eq!(codes, (1..=11).collect::<Vec<u64>>());
+    for code in [0u64, 12, 13, u32::MAX as u64, u64::MAX] {
         let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }

@@ -28,8 +28,13 @@ use bytemuck::{Pod, Zeroable};
 /// in order. Doorbells are rung under `db_lock` with the newest `last_db`, which covers every WQE published
 /// before it, so dbrec values never go backwards and one doorbell may cover many WQEs: a poster that sees a
 /// later reservation leaves the doorbell to the later poster; the last one rings, and so does any thread that
-/// waits on unrung WQEs (for room or in `flush`). Every WQE asks for a CQE. CQEs are polled by whichever
+/// waits on unrung WQEs (for room or in `flush`). Every single post asks for a CQE. CQEs are polled by whichever
 /// waiter holds `poll_lock`, which moves `retired` and `cq_ci` forward and records the first error CQE.
+///
+/// A team post (the threads of one CTA together, one WQEBB each) makes one reservation: its leader takes
+/// `team_lock`, adds the whole batch to `resv`, waits for room and leaves the base in `team_base`; after a
+/// CTA barrier every member stores its WQE (only the last asks for a CQE), and after another the leader
+/// publishes the batch as one poster would (`last_db`, `ready`) and rings once.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C, align(64))]
 pub struct SharedQpState {
@@ -56,11 +61,26 @@ pub struct SharedQpState {
     pub poll_lock: u32,
     /// 1 while a thread writes the dbrec and rings the doorbell, else 0.
     pub db_lock: u32,
-    /// Padding, zero.
-    pub pad: [u32; 13],
+    /// 1 while a team post (the threads of one CTA posting together) owns the three `team_*` words below,
+    /// else 0: its leader takes it before its reservation and releases it once every member has read them.
+    pub team_lock: u32,
+    /// The team post's first WQEBB index, which its leader reserved for all members.
+    pub team_base: u64,
+    /// The doorbell bits of the team post's last WQE (stored by the member that built it).
+    pub team_bits: u64,
+    /// The leader's error while reserving, for the other members: words 0, 1, 3 and 4 of its `ErrorReport`
+    /// (kind and CQE fields, `expected`, `detail`, `addr`; no error it can meet there has a `seen`); word 0 is
+    /// 0 when there was none.
+    pub team_err: [u64; 4],
 }
 
-const _: () = assert!(core::mem::size_of::<SharedQpState>() == 128);
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<SharedQpState>() == 128);
+    assert!(offset_of!(SharedQpState, team_lock) == 76);
+    assert!(offset_of!(SharedQpState, team_base) == 80);
+    assert!(offset_of!(SharedQpState, team_err) == 96);
+};
 
 /// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`). 208 bytes,
 /// 8-byte aligned; built by the host's `PortChannel::device_handle`.

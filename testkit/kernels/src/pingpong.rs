@@ -10,6 +10,7 @@ use bytemuck::{Pod, Zeroable};
 use gdaki_device::error::{Error, PayloadMismatch, Result};
 use gdaki_device::qp::Qp;
 use gdaki_device::sync;
+use gdaki_device::thread::CtaGroup;
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
 
 /// Arguments of one rank, built by the host (`#[repr(C)]`, passed by pointer). 192 bytes.
@@ -51,8 +52,9 @@ pub struct PingPongArgs {
 const _: () = assert!(core::mem::size_of::<PingPongArgs>() == 192);
 
 /// The threads that run one rank: a block of the launch ([`gdaki_device::Thread`] is one). Thread 0 drives the
-/// QP; all threads fill and check payloads.
-pub trait Team {
+/// QP; all threads fill and check payloads. A team is a [`CtaGroup`] too, for the team posts of the shared
+/// sharing modes.
+pub trait Team: CtaGroup {
     /// This thread's index in the team.
     fn tid(&self) -> usize;
     /// Threads in the team.

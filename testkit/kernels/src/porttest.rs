@@ -7,7 +7,8 @@
 //! - `PINGPONG` (channel 0): rank 0 sends, rank 1 checks and answers, `iters` round trips, each timed and each
 //!   payload checked.
 //! - `BW` / `BIBW`: `iters` puts of `size` bytes per channel (split over the team's threads in the shared
-//!   scopes), each followed by a signal, then a flush; one-way (rank 0 sends) or both ways. The times add up
+//!   scopes, which post their pieces together with [`PortChannel::put_team`]: one doorbell and one CQE per
+//!   put), each followed by a signal, then a flush; one-way (rank 0 sends) or both ways. The times add up
 //!   to the whole transfer, until the flush saw it placed. The receiver waits for every signal and checks
 //!   the payload.
 //! - `FLUSH_STRESS`: per channel, `iters` times a put of `size` bytes and a flush.
@@ -283,17 +284,23 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
     let piece = a.size.div_ceil(posters.max(1) as u64).next_multiple_of(8);
     let mine = (tid as u64 * piece).min(a.size);
     let len = piece.min(a.size - mine);
+    // The shared scopes' bandwidth rounds: every thread of the team calls the team put, with its piece or none.
+    let team_put = M::SHARED && !flushes;
     for k in 0..a.iters as u64 {
         let t0 = sync::clock_ns();
         let c = &mut chan;
-        let failed = step(team, a, sender && tid < posters && len > 0, || {
-            let c = held(c)?;
-            c.put(half + mine, mine, len)?;
-            if flushes {
-                c.flush()?;
-            }
-            Ok(())
-        });
+        let failed = if team_put {
+            step(team, a, sender, || held(c)?.put_team(team, half + mine, mine, len))
+        } else {
+            step(team, a, sender && tid < posters && len > 0, || {
+                let c = held(c)?;
+                c.put(half + mine, mine, len)?;
+                if flushes {
+                    c.flush()?;
+                }
+                Ok(())
+            })
+        };
         if failed {
             return;
         }
