@@ -373,6 +373,37 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         self.qp.submit_team(g, w)
     }
 
+    /// A put of one range that the members of the team `g` (the threads of one CTA) make together, as
+    /// NVSHMEM's `nvshmemx_putmem_block`: every member calls it with the same arguments, `bytes` bytes from the
+    /// local memory at `src_offset` to the peer's at `dst_offset`. The range goes out in WQEs of at most the
+    /// handle's `max_wqe_bytes` (below 2^31 bytes), member `r` posting the `r`-th of each team's worth, with
+    /// [`PortChannel::put_team`]: in Block and Device sharing one reservation, one CQE and one doorbell per
+    /// `members()` WQEs (one for any range up to `members() * max_wqe_bytes`). Returns once posted.
+    ///
+    /// In Exclusive and Warp sharing each member posts its chunks itself, as `put_team` does there: call it
+    /// only from a team that may post to the QP that way (one thread, for Exclusive).
+    ///
+    /// # Errors
+    /// As [`PortChannel::put_team`] (a zero length is [`InvalidArgument::Length`] for every member); members
+    /// that passed different arguments post what their own arguments say.
+    #[inline(always)]
+    pub fn put_block(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
+        if bytes == 0 {
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
+        let chunk = self.h.max_wqe_bytes.clamp(1, MAX_WRITE);
+        let (members, rank) = (u64::from(g.members().max(1)), u64::from(g.rank()));
+        let round = chunk.saturating_mul(members);
+        let mut at = 0u64;
+        while at < bytes {
+            let off = at.saturating_add(rank.saturating_mul(chunk));
+            let len = if off < bytes { chunk.min(bytes - off) } else { 0 };
+            self.put_team(g, dst_offset.wrapping_add(off), src_offset.wrapping_add(off), len)?;
+            at = at.saturating_add(round);
+        }
+        Ok(())
+    }
+
     /// The one WRITE of a team member's piece, its ranges checked.
     #[inline(always)]
     fn piece(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<Wqe<3>> {

@@ -687,3 +687,44 @@ fn flush_reports_a_bad_key_of_an_unsignaled_team_piece() {
     }
     assert!(l.dst.read().iter().all(|&b| b == 0xee));
 }
+
+/// A block put: every member passes the same range, which goes out in WQEs of `max_wqe_bytes` (here 256
+/// bytes), one per member per team call, so 1,000 bytes over 4 members is one call (4 WQEs, one CQE, one
+/// doorbell) and 2,600 bytes three calls (11 WQEs); every byte lands where it belongs, nothing outside.
+#[test]
+fn a_block_put_splits_one_range_over_the_members() {
+    for (bytes, calls, wqes) in [(1000u64, 1u64, 4u64), (2600, 3, 11), (8, 1, 1)] {
+        let l = Link::new(4096, 64, false);
+        let data = random_bytes(&mut rng(), 4096);
+        l.src.write(0, &data);
+        let mut h = l.handle();
+        h.max_wqe_bytes = 256;
+        let results = std::sync::Mutex::new(Vec::new());
+        teams(1, 4, |_, m| {
+            let mut ch = shared::<Block>(&h);
+            let r = ch.put_block(m, 1024, 8, bytes).and_then(|()| ch.flush());
+            results.lock().unwrap().push(r);
+        });
+        assert!(results.into_inner().unwrap().iter().all(|r| r.is_ok()), "{bytes} bytes");
+        let got = l.dst.read();
+        let end = 1024 + bytes as usize;
+        assert_eq!(&got[1024..end], &data[8..8 + bytes as usize], "{bytes} bytes");
+        assert!(got[..1024].iter().chain(&got[end..]).all(|&b| b == 0xee), "{bytes} bytes: nothing outside");
+        let nic = l._nics[0].stats();
+        assert_eq!((nic.wqes, nic.cqes), (wqes, calls), "{bytes} bytes: {nic:?}");
+    }
+}
+
+/// A block put of zero bytes is a length error for every member, with nothing posted.
+#[test]
+fn a_block_put_of_nothing_is_a_length_error() {
+    let l = Link::new(4096, 64, false);
+    let h = l.handle();
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 4, |_, m| {
+        let mut ch = shared::<Block>(&h);
+        results.lock().unwrap().push(ch.put_block(m, 0, 0, 0));
+    });
+    assert!(results.into_inner().unwrap().iter().all(|r| *r == Err(Error::InvalidArgument(InvalidArgument::Length))));
+    assert_eq!(l._nics[0].stats().wqes, 0);
+}

@@ -138,13 +138,13 @@ fn gpu_four_ctas_share_one_qp() {
 }
 
 /// More than 65,536 WQEs through one QP (the 16-bit WQE index wraps) from a whole team in Device sharing:
-/// one 8-byte put per thread per round, then a signal.
+/// one 8-byte piece per thread per round (`BW_PIECES`), then a signal.
 fn sq_wraps(kind: ExecutorKind, team: u32, iters: u32) {
     let size = 8 * team as usize;
     let results = two_ranks(kind, |rank, comm| {
         let mut t =
             PortTest::with_qps(std::sync::Arc::new(comm), Mode::Device, 1, 1, size, iters as usize).expect("set up");
-        let cfg = RunConfig { op: op::BW, size, iters, team, seed: 0x3a9, timeout: TIMEOUT };
+        let cfg = RunConfig { op: op::BW_PIECES, size, iters, team, seed: 0x3a9, timeout: TIMEOUT };
         let r = t.run(&cfg).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         let st = t.channels()[0].connection().shared_state().expect("shared state");
         (r.checked, st.ready, t.channels()[0].semaphore().inbound())

@@ -6,9 +6,9 @@
 //! peer's second half, so that both directions can run at once. Operations ([`op`]):
 //! - `PINGPONG` (channel 0): rank 0 sends, rank 1 checks and answers, `iters` round trips, each timed and each
 //!   payload checked.
-//! - `BW` / `BIBW`: `iters` puts of `size` bytes per channel (split over the team's threads in the shared
-//!   scopes, which post their pieces together with [`PortChannel::put_team`]: one doorbell and one CQE per
-//!   put), each followed by a signal, then a flush; one-way (rank 0 sends) or both ways. The times add up
+//! - `BW` / `BIBW`: `iters` puts of `size` bytes per channel (in the shared scopes a block put of the whole
+//!   range by the team's threads, [`PortChannel::put_block`]: WQEs of at most `max_wqe_bytes`, one doorbell
+//!   and one CQE per team's worth), each followed by a signal, then a flush; one-way (rank 0 sends) or both ways. The times add up
 //!   to the whole transfer, until the flush saw it placed. The receiver waits for every signal and checks
 //!   the payload.
 //! - `FLUSH_STRESS`: per channel, `iters` times a put of `size` bytes and a flush.
@@ -50,6 +50,9 @@ pub mod op {
     pub const PACKET_PINGPONG: u32 = 6;
     /// Ping-pong with [`LL8Packet`](gdaki_shared::packet::LL8Packet)s on channel 0.
     pub const PACKET_PINGPONG_LL8: u32 = 7;
+    /// As [`BW`], but in the shared scopes each thread puts its own slice of the range as one WQE
+    /// ([`PortChannel::put_team`](gdaki_device::channel::PortChannel::put_team)): one WQE per thread.
+    pub const BW_PIECES: u32 = 8;
 }
 
 /// Where a packet ping-pong of `size` bytes keeps things in a channel's buffer (byte offsets): the data sent
@@ -207,6 +210,7 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
     // SAFETY: `h` is a live channel (caller's contract); Exclusive: only thread 0 builds a channel.
     let mut chan = posts.then(|| unsafe { PortChannel::<M>::new(h) });
     let sender = a.rank == 0 || a.op == op::BIBW || a.op == op::PINGPONG;
+    let pieces = a.op == op::BW_PIECES;
     let receiver = a.rank == 1 || a.op == op::BIBW || a.op == op::PINGPONG;
     let half = a.size.next_multiple_of(8);
     let timed = a.rank == 0 && ch == 0 && tid == 0 && a.times != 0;
@@ -284,13 +288,21 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
     let piece = a.size.div_ceil(posters.max(1) as u64).next_multiple_of(8);
     let mine = (tid as u64 * piece).min(a.size);
     let len = piece.min(a.size - mine);
-    // The shared scopes' bandwidth rounds: every thread of the team calls the team put, with its piece or none.
+    // The shared scopes' bandwidth rounds: every thread of the team calls the block put of the whole range
+    // (NVSHMEM's `putmem_block`), which posts it in WQEs of at most `max_wqe_bytes` with one doorbell.
     let team_put = M::SHARED && !flushes;
     for k in 0..a.iters as u64 {
         let t0 = sync::clock_ns();
         let c = &mut chan;
         let failed = if team_put {
-            step(team, a, sender, || held(c)?.put_team(team, half + mine, mine, len))
+            step(team, a, sender, || {
+                let c = held(c)?;
+                if pieces {
+                    c.put_team(team, half + mine, mine, len)
+                } else {
+                    c.put_block(team, half, 0, a.size)
+                }
+            })
         } else {
             step(team, a, sender && tid < posters && len > 0, || {
                 let c = held(c)?;
