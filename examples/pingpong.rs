@@ -262,6 +262,9 @@ fn main() -> ExitCode {
                                     let trips = (cfg.warmup + cfg.iters) as u64;
                                     out!("{}", gdaki_examples::emu_waits(&b, &a, trips, "round trip"));
                                 }
+                                if let Some(line) = split_line(&r.split) {
+                                    out!("{line}");
+                                }
                                 rows.push(row);
                             } else if !measures {
                                 out!("{size:>10} bytes: {} payloads received and checked", r.checked);
@@ -329,4 +332,24 @@ fn emu_stats(nic: &gdaki::nic::Nic) -> Option<gdaki::nic::emu::Stats> {
         #[allow(unreachable_patterns)]
         _ => None,
     }
+}
+
+/// The medians of where the round trips went (both ranks in this process), from the ranks' own clocks.
+fn split_line(split: &[gdaki_testkit::pingpong::Split]) -> Option<String> {
+    if split.is_empty() {
+        return None;
+    }
+    let median = |f: fn(&gdaki_testkit::pingpong::Split) -> u64| {
+        let mut v: Vec<u64> = split.iter().map(f).collect();
+        v.sort_unstable();
+        v[v.len() / 2] as f64 / 1e3
+    };
+    Some(format!(
+        "# round trip split (medians, the ranks' clocks): rank 0 posts {:.2} µs, leg to rank 1 {:.2} µs, rank 1 \
+         checks and posts {:.2} µs, leg back {:.2} µs",
+        median(|s| s.post0),
+        median(|s| s.leg01),
+        median(|s| s.turn1),
+        median(|s| s.leg10),
+    ))
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use gdaki_device::launch::DevPtr;
 use gdaki_shared::handle::{ErrorReport, QpHandle, RemoteMr};
 use gdaki_testkit_kernels::entries;
-use gdaki_testkit_kernels::pingpong::PingPongArgs;
+use gdaki_testkit_kernels::pingpong::{Phases, PingPongArgs};
 
 use gdaki::cuda::DeviceBuffer;
 use gdaki::exec::{DataBuf, Executor};
@@ -53,8 +53,38 @@ pub struct RunConfig {
 pub struct RunResult {
     /// Round-trip time of each measured iteration, ns (warm-up excluded).
     pub round_trip_ns: Vec<u64>,
+    /// Where each measured round trip went, when both ranks ran in this process (else empty): see
+    /// [`Split`].
+    pub split: Vec<Split>,
     /// Payloads received and checked byte for byte, both ranks, warm-up included.
     pub checked: u64,
+}
+
+/// One measured round trip cut at the ranks' own clock readings (ns; one GPU clock for both ranks, or one host
+/// clock): what device code spent and what the NIC took in between.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Split {
+    /// Rank 0's `put_with_signal` (storing the WQEs and ringing).
+    pub post0: u64,
+    /// From there until rank 1 saw its semaphore: the NIC's leg and rank 1's poll.
+    pub leg01: u64,
+    /// Rank 1 from seeing its semaphore to its own send returning: the payload check, the team's barriers
+    /// and the post.
+    pub turn1: u64,
+    /// From there until rank 0 saw its semaphore.
+    pub leg10: u64,
+}
+
+impl Split {
+    /// The split of one round trip from both ranks' records.
+    fn of(r0: &Phases, r1: &Phases) -> Self {
+        Self {
+            post0: r0.send_done.saturating_sub(r0.send_start),
+            leg01: r1.seen.saturating_sub(r0.send_done),
+            turn1: r1.send_done.saturating_sub(r1.seen),
+            leg10: r0.seen.saturating_sub(r1.send_done),
+        }
+    }
 }
 
 /// One rank's resources. Field order is drop order: MRs before the QP and the buffers they cover.
@@ -187,7 +217,7 @@ pub struct PingPong {
     exchange: Option<Exchange>,
     /// Control words of both ranks, in queue memory (host memory device code reaches).
     ctrl: MappedBuf,
-    /// Per-iteration times written by rank 0, in queue memory.
+    /// Per-iteration [`Phases`] of each rank here (slot order, `max_iters` records each), in queue memory.
     times: MappedBuf,
     max_iters: usize,
     /// GPU only: QP handles and kernel arguments in GPU memory (the device updates the handles' counters on
@@ -305,7 +335,7 @@ impl PingPong {
             return Err(Error::InvalidArgument("ping-pong size and iterations must be at least 1".into()));
         }
         let buf_len = max_size.checked_next_multiple_of(8).ok_or_else(too_large)?;
-        let times_len = max_iters.checked_mul(8).ok_or_else(too_large)?;
+        let times_len = max_iters.checked_mul(2 * std::mem::size_of::<Phases>()).ok_or_else(too_large)?;
         Ok((buf_len, times_len))
     }
 
@@ -357,7 +387,7 @@ impl PingPong {
                 peer_recv: me.peer_recv,
                 peer_sem: me.peer_sem,
                 sem: ctrl_addr(slot, SEM),
-                times: if me.id == 0 { self.times.device_addr() } else { 0 },
+                times: self.times.device_addr() + (slot * self.max_iters * std::mem::size_of::<Phases>()) as u64,
                 report: ctrl_addr(slot, REPORT),
                 checked: ctrl_addr(slot, CHECKED),
                 size: cfg.size as u64,
@@ -460,13 +490,23 @@ impl PingPong {
             return Err(Error::Device(format!("{} ({checked} payloads checked before)", errors.join("; "))));
         }
         self.failed = false;
-        if !self.ranks.iter().any(|r| r.id == 0) {
+        let records = |slot: usize| {
+            // SAFETY: the rank in `slot` wrote `total <= max_iters` records there; the device code has finished.
+            unsafe {
+                std::slice::from_raw_parts((self.times.host_ptr() as *const Phases).add(slot * self.max_iters), total)
+            }
+        };
+        let slot_of = |id: u32| self.ranks.iter().position(|r| r.id == id);
+        let Some(r0) = slot_of(0).map(records) else {
             // Rank 0 measures, in its own process.
-            return Ok(RunResult { round_trip_ns: Vec::new(), checked });
-        }
-        // SAFETY: rank 0 wrote `total` times; the device code has finished.
-        let times = unsafe { std::slice::from_raw_parts(self.times.host_ptr() as *const u64, total) };
-        Ok(RunResult { round_trip_ns: times[cfg.warmup as usize..].to_vec(), checked })
+            return Ok(RunResult { round_trip_ns: Vec::new(), split: Vec::new(), checked });
+        };
+        let w = cfg.warmup as usize;
+        let round_trip_ns = r0[w..].iter().map(|p| p.seen.saturating_sub(p.send_start)).collect();
+        let split = slot_of(1)
+            .map(records)
+            .map_or(Vec::new(), |r1| r0[w..].iter().zip(&r1[w..]).map(|(a, b)| Split::of(a, b)).collect());
+        Ok(RunResult { round_trip_ns, split, checked })
     }
 }
 

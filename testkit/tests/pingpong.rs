@@ -37,6 +37,12 @@ fn run_sizes(kind: ExecutorKind) {
         assert_eq!(r.checked, 2 * (iters + warmup) as u64, "{size} bytes");
         assert_eq!(r.round_trip_ns.len(), iters as usize);
         assert!(r.round_trip_ns.iter().all(|&t| t > 0));
+        // Both ranks ran here: each round trip's split adds up to it (one clock, readings in order).
+        assert_eq!(r.split.len(), iters as usize);
+        for (s, &rt) in r.split.iter().zip(&r.round_trip_ns) {
+            assert_eq!(s.post0 + s.leg01 + s.turn1 + s.leg10, rt, "{size} bytes: {s:?}");
+            assert!(s.leg01 > 0 && s.leg10 > 0, "{size} bytes: a leg crosses the NIC: {s:?}");
+        }
     }
     let s = pp.nic().as_emu().expect("emulated NIC").stats();
     // Each round trip is two put_with_signal (write + fetch-add) and two flushes that need no NOP.

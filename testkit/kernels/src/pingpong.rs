@@ -31,7 +31,7 @@ pub struct PingPongArgs {
     pub peer_sem: RemoteMr,
     /// Address of this rank's own semaphore (host-order `u64`, advanced by the peer's fetch-adds).
     pub sem: u64,
-    /// Address of `warmup + iters` `u64` round-trip times in ns (rank 0 writes them), or 0.
+    /// Address of this rank's `warmup + iters` [`Phases`] records, or 0.
     pub times: u64,
     /// Address of this rank's [`ErrorReport`].
     pub report: u64,
@@ -50,6 +50,22 @@ pub struct PingPongArgs {
 }
 
 const _: () = assert!(core::mem::size_of::<PingPongArgs>() == 192);
+
+/// What one rank records of iteration `k` (`sync::clock_ns` readings, ns; the GPU's `%globaltimer`, one
+/// clock for every SM): when its send started and returned, and when it saw its semaphore reach `k + 1`.
+/// Rank 0 sends, then waits; rank 1 waits, then sends.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct Phases {
+    /// Before the leader's `put_with_signal`.
+    pub send_start: u64,
+    /// After it returned (the WQEs stored, the doorbell rung).
+    pub send_done: u64,
+    /// When the semaphore was seen at `k + 1`.
+    pub seen: u64,
+    /// Zero (the record is 32 bytes).
+    pub pad: u64,
+}
 
 /// The threads that run one rank: a block of the launch ([`gdaki_device::Thread`] is one). Thread 0 drives the
 /// QP; all threads fill and check payloads. A team is a [`CtaGroup`] too, for the team posts of the shared
@@ -141,18 +157,17 @@ pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
         // Rank 1 fills its answer before waiting: it is ready when the ping arrives.
         fill(team, a, k);
         let _ = team.sync_or(false);
+        let mut ph = Phases::default();
         let stop = leader_step(team, &mut qp, a, |qp| {
-            let t0 = sync::clock_ns();
             if a.rank == 0 {
+                ph.send_start = sync::clock_ns();
                 send(qp)?;
+                ph.send_done = sync::clock_ns();
             }
             // SAFETY: `sem` is this rank's semaphore (caller's contract). Watching the QP: a peer that died
             // with our signal outstanding ends the wait with its error CQE.
             unsafe { qp.wait_semaphore(a.sem as *const u64, k + 1)? };
-            if a.rank == 0 && a.times != 0 {
-                // SAFETY: `times` holds `iters` words (caller's contract).
-                unsafe { (a.times as *mut u64).add(k as usize).write_volatile(sync::clock_ns() - t0) };
-            }
+            ph.seen = sync::clock_ns();
             Ok(())
         });
         if stop {
@@ -167,7 +182,13 @@ pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
         }
         let stop = leader_step(team, &mut qp, a, |qp| {
             if a.rank == 1 {
+                ph.send_start = sync::clock_ns();
                 send(qp)?;
+                ph.send_done = sync::clock_ns();
+            }
+            if a.times != 0 {
+                // SAFETY: `times` holds `iters` records (caller's contract); only the leader writes them.
+                unsafe { (a.times as *mut Phases).add(k as usize).write_volatile(ph) };
             }
             // The send buffer is refilled next iteration: every read of it must be done.
             qp.flush()?;
