@@ -202,7 +202,7 @@ pub const WRITE_ASYNC_MAX: usize = 64;
 
 /// How the emulated NIC reaches GPU memory: copies, small writes and atomics, run later but in the order they
 /// were enqueued (each one's bytes are in place before the next one starts), without waiting for kernels
-/// that spin on what they write. Two implementations: CUDA ([`crate::cuda::CudaCopier`]: a resident engine
+/// that spin on what they write, started at the latest by [`GpuCopier::submit`] or a synchronize. Two implementations: CUDA ([`crate::cuda::CudaCopier`]: a resident engine
 /// kernel for small operations and the copy engines for large copies) and the simulated GPU of the `cpu`
 /// executor ([`crate::nic::emu::SimGpu`]).
 pub trait GpuCopier: Send + Sync {
@@ -252,6 +252,17 @@ pub trait GpuCopier: Send + Sync {
     /// # Errors
     /// The CUDA driver's error (e.g. a copy faulted).
     fn synchronize(&self) -> Result<()>;
+
+    /// Starts every operation enqueued so far. An implementation may hold small operations back to hand
+    /// them to the GPU in batches (the CUDA copier's engine takes eight commands per turn); it starts them
+    /// at a synchronize, once a batch is full, or here. The emulated NIC calls this at the end of each pass
+    /// of its thread. The default does nothing (every operation starts when enqueued).
+    ///
+    /// # Errors
+    /// The CUDA driver's error.
+    fn submit(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// The address at which this copier's operations reach the `len` bytes of host memory at `addr`, given as
     /// [`MemKind::Gpu`], when that memory is pinned and mapped into the GPU (`cuMemHostGetDevicePointer`):

@@ -139,6 +139,8 @@ impl CudaCopier {
     fn stream_turn(&self, st: &mut State) -> Result<()> {
         self.stream.shared.bind()?;
         if st.last == Last::Engine {
+            // The stream waits for the engine's count to reach every command given: they must be published.
+            st.engine.publish()?;
             let done = st.engine.done_addr();
             let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
             // SAFETY: `done` is a word of the engine's pinned, mapped control block, alive as long as the
@@ -353,6 +355,14 @@ impl GpuCopier for CudaCopier {
             self.stream_upload(&mut st, at, new.as_ptr(), 8)?;
             self.stream_upload(&mut st, result, old.as_ptr(), 8)
         }
+    }
+
+    /// Publishes the engine commands given since the last publication, as one batch.
+    ///
+    /// # Errors
+    /// The driver's error when the engine's launch fails.
+    fn submit(&self) -> Result<()> {
+        self.lock().engine.publish()
     }
 
     /// Waits until every operation enqueued so far has completed: the engine's (bounded spin on its executed

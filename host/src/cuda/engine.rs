@@ -2,8 +2,9 @@
 //! memory (copies, writes, CQEs, atomics) in the order the NIC's thread enqueues them, so that none of them
 //! costs a CUDA call or a host synchronize.
 //!
-//! The host writes 128-byte commands ([`Cmd`]) into a ring in pinned host memory and advances `HEAD`; the
-//! warp polls `HEAD` over PCIe, executes up to eight commands per round trip and stores `DONE`. The engine
+//! The host writes 128-byte commands ([`Cmd`]) into a ring in pinned host memory and advances `HEAD` once per
+//! batch (the NIC's pass, a synchronize, or eight commands: [`Engine::publish`]); the warp polls `HEAD` over
+//! PCIe, executes up to eight commands per round trip and stores `DONE`. The engine
 //! leaves the GPU after [`IDLE`] without work (so that calls which wait for every running kernel, such as
 //! `cuMemFree`, wait at most that long for it) and is launched again by the next command. Leaving and
 //! relaunching race only through two words: the engine stores `STATE = EXITING`, fences, and reads `HEAD`
@@ -26,6 +27,8 @@ use crate::{Error, Result};
 
 /// Commands in the ring (a power of two).
 const SLOTS: u64 = 256;
+/// Commands the engine takes in one turn (`engine.ptx`: eight, four lanes each).
+const TURN: u64 = 8;
 /// Bytes per command.
 const CMD_BYTES: usize = 128;
 /// How long the engine stays on the GPU without work before it exits.
@@ -197,8 +200,10 @@ pub(crate) struct Engine {
     stream: Stream,
     ring: MappedBuf,
     ctrl: MappedBuf,
-    /// Commands published so far.
+    /// Commands given so far.
     head: u64,
+    /// Commands published to the engine so far (`HEAD`).
+    published: u64,
     /// Launches so far (the generation the last launch was given).
     gen: u64,
     /// When the last launch was made, until the engine says it started.
@@ -224,7 +229,19 @@ impl Engine {
         let ring = gpu.alloc_mapped(SLOTS as usize * CMD_BYTES)?;
         let ctrl = gpu.alloc_mapped(ctrl::BYTES)?;
         let (mirrors, spare) = (std::array::from_fn(|_| None), Vec::new());
-        Ok(Engine { kernel, stream, ring, ctrl, head: 0, gen: 0, launched: None, mirrors, spare, watch_gen: 0 })
+        Ok(Engine {
+            kernel,
+            stream,
+            ring,
+            ctrl,
+            head: 0,
+            published: 0,
+            gen: 0,
+            launched: None,
+            mirrors,
+            spare,
+            watch_gen: 0,
+        })
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
@@ -333,7 +350,7 @@ impl Engine {
         self.ctrl_device_addr(ctrl::DONE)
     }
 
-    /// Commands published so far.
+    /// Commands given so far (published or not yet: see [`Engine::publish`]).
     pub(crate) fn head(&self) -> u64 {
         self.head
     }
@@ -342,7 +359,10 @@ impl Engine {
         self.word(ctrl::DONE).load(Ordering::Acquire)
     }
 
-    /// Publishes `cmd` (after waiting for a free slot) and makes sure an engine runs to execute it.
+    /// Writes `cmd` into the ring (after waiting for a free slot). It is published with the commands given
+    /// after it, as one batch, by [`Engine::publish`] (or here, once a whole engine turn's worth, [`TURN`],
+    /// waits): the engine takes every published command in one turn, where commands published one at a time
+    /// would cost it a turn each.
     ///
     /// # Errors
     /// As [`Engine::wait`], when the ring stays full; the driver's error when a launch fails.
@@ -352,12 +372,28 @@ impl Engine {
         }
         let slot = (self.head & (SLOTS - 1)) as usize * CMD_BYTES;
         // SAFETY: the slot lies inside the ring; the engine has executed whatever it held (checked above)
-        // and reads it only after the Release store of HEAD below.
+        // and reads it only after the Release store of HEAD in `publish`.
         unsafe {
             std::ptr::copy_nonoverlapping(bytemuck::bytes_of(cmd).as_ptr(), self.ring.host_ptr().add(slot), CMD_BYTES)
         };
         self.head += 1;
+        if self.head - self.published >= TURN {
+            self.publish()?;
+        }
+        Ok(())
+    }
+
+    /// Publishes every command given so far (a Release store of `HEAD`) and makes sure an engine runs to
+    /// execute them. Nothing to do when all are published.
+    ///
+    /// # Errors
+    /// The driver's error when a launch fails.
+    pub(crate) fn publish(&mut self) -> Result<()> {
+        if self.published == self.head {
+            return Ok(());
+        }
         self.word(ctrl::HEAD).store(self.head, Ordering::Release);
+        self.published = self.head;
         self.ensure_running()
     }
 
@@ -442,6 +478,7 @@ impl Engine {
     /// [`Error::Device`] when the engine did not start within [`START_LIMIT`] of its launch (every SM is
     /// busy: leave one free for it), stopped on an error, or did not finish in time.
     pub(crate) fn wait(&mut self, target: u64) -> Result<()> {
+        self.publish()?;
         let start = Instant::now();
         let mut spins = 0u32;
         while self.done() < target {
@@ -483,9 +520,14 @@ impl Engine {
 }
 
 impl Drop for Engine {
-    /// Tells the engine to leave and waits (bounded) until it has, so that its memory is freed only when
-    /// no kernel reads it; if it does not leave in time, the memory is leaked instead.
+    /// Publishes what was given, tells the engine to leave once it has run it, and waits (bounded) until it
+    /// has, so that its memory is freed only when no kernel reads it; if it does not leave in time, the
+    /// memory is leaked instead.
     fn drop(&mut self) {
+        // What was given runs before the engine leaves (STOP waits for every published command).
+        if let Err(e) = self.publish() {
+            tracing::warn!("emulated NIC: the GPU engine's last commands were not started: {e}");
+        }
         self.word(ctrl::STOP).store(1, Ordering::Release);
         let start = Instant::now();
         let mut left = self.word(ctrl::STATE).load(Ordering::Acquire) == STOPPED && self.launched.is_none();

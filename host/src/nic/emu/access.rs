@@ -79,6 +79,14 @@ impl DataPath {
         }
     }
 
+    /// Starts the GPU operations enqueued so far ([`GpuCopier::submit`]); a failure is logged, and shows at
+    /// the next wait.
+    pub(crate) fn submit(&self) {
+        if let Some(Err(e)) = self.gpu.as_ref().map(|g| g.submit()) {
+            tracing::warn!("emulated NIC: starting GPU operations failed: {e}");
+        }
+    }
+
     /// Whether GPU copies are enqueued and not yet waited for.
     pub(crate) fn pending(&self) -> bool {
         self.pending

@@ -140,6 +140,8 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
                 worked |= requester::tick(fab, qp, ws, &mut eng.data, timeout);
             }
         }
+        // What this pass enqueued on the GPU starts now, as one batch.
+        eng.data.submit();
         if list.unacked {
             // After a whole sweep: no poll that could have seen a QP removed before `gen` is still running.
             fab.acked_gen.store(list.gen, Ordering::Release);
