@@ -149,12 +149,12 @@ impl Poster for WarpQp<'_> {
 impl<S: Scope> Poster for SharedQp<'_, S> {
     #[inline(always)]
     fn stage<const N: usize>(&mut self, w: Wqe<N>) -> Result<()> {
-        self.post(true, w).map(|_| ())
+        self.post(false, w).map(|_| ())
     }
 
     #[inline(always)]
-    fn submit<const N: usize>(&mut self, _bf: bool, _signaled: bool, w: Wqe<N>) -> Result<()> {
-        self.post(true, w).map(|_| ())
+    fn submit<const N: usize>(&mut self, _bf: bool, signaled: bool, w: Wqe<N>) -> Result<()> {
+        self.post(signaled, w).map(|_| ())
     }
 
     #[inline(always)]
@@ -353,11 +353,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// `max_wqe_bytes`, and below 2^31 bytes). Returns once posted; [`PortChannel::flush`] tells when it
     /// completed.
     ///
-    /// In Block and Device sharing the pieces go out as one batch ([`SharedQp::post_team`]): one
-    /// reservation, one CQE (the last WQE's), one doorbell for the whole call, where a [`PortChannel::put`]
-    /// per thread costs a CQE each and up to a doorbell each. In Exclusive and Warp sharing each member posts
-    /// its own piece as `put` does (each must own the QP as there), and in the Host modes each pushes its own
-    /// triggers; neither uses the barriers.
+    /// In Block and Device sharing the pieces go out as one batch ([`SharedQp::post_team`]): one reservation, one CQE
+    /// (the last WQE's), one doorbell for the whole call, where a [`PortChannel::put`] per thread costs a reservation
+    /// each and up to a doorbell each. In Exclusive and Warp sharing each member posts its own piece as `put` does
+    /// (each must own the QP as there), and in the Host modes each pushes its own triggers; neither uses the barriers.
     ///
     /// # Errors
     /// A member whose piece is out of range gets what [`PortChannel::put`] returns for it

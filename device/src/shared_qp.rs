@@ -2,12 +2,16 @@
 //! modes, NVSHMEM IBGDA's shared QPs): reservation by atomic add, in-order publication, the doorbell rung by
 //! each poster in index order, and a CQ polled by whichever waiter holds the poll lock.
 //!
-//! The protocol is in [`SharedQpState`]'s docs. Every single post asks for a CQE (no poster has to know whether
-//! a later one will); a team post ([`SharedQp::post_team`]: the threads of one CTA together, one reservation and
-//! one doorbell for all) asks for one on its last WQE only. Doorbells are batched: a poster that publishes while a later one has reserved leaves the doorbell
-//! to it, and every doorbell, rung under a lock with the newest published WQE's ctrl bits, covers all WQEs
-//! published before it; anyone who waits on unrung WQEs rings them, so skipping a doorbell never stalls a
-//! waiter.
+//! The protocol is in [`SharedQpState`]'s docs. CQE policy: a WQE asks for a CQE when its poster asks (a signaled
+//! [`SharedQp::post`], the last WQE of a team post, the NOP of a [`SharedQp::flush`]) and whenever it covers the last
+//! WQEBB of a quarter of the ring (the ring's index space cut in aligned quarters, [`cqe_period`]), so that every
+//! quarter of WQEBBs posted is followed by a CQE that retires it (a CQE completes every earlier WQE of the SQ) without
+//! any poster knowing what the others asked for. `flush` adds a signaled NOP when the last published WQE asked for
+//! none. A team post ([`SharedQp::post_team`]: the threads of one CTA together, one reservation and one doorbell for
+//! all) asks for one on its last WQE only, which comes after any quarter's end inside the batch. Doorbells are batched:
+//! a poster that publishes while a later one has reserved leaves the doorbell to it, and every doorbell, rung under a
+//! lock with the newest published WQE's ctrl bits, covers all WQEs published before it; anyone who waits on unrung WQEs
+//! rings them, so skipping a doorbell never stalls a waiter.
 //!
 //! A poster whose wait for room or for its turn times out leaves its reserved WQEBBs unpublished: later posters
 //! then time out too (the QP is stuck), and every one of them reports why.
@@ -33,6 +37,39 @@ use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::{sharing, ErrorReport, QpHandle};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs};
+
+/// The most WQEBBs one reservation of [`SharedQp::post`] takes: a warp's 32 lanes (one on the host) of
+/// [`crate::wqe::MAX_DS`]-segment WQEs.
+const MAX_BATCH: u32 = if cfg!(target_arch = "nvptx64") { 32 } else { 1 } * 4;
+
+/// Set in [`SharedQpState::last_start`] when the last published WQE asked for no CQE.
+const UNSIGNALED: u64 = 1 << 63;
+
+/// The CQE period of a shared QP of `cnt` WQEBBs (a power of two): a WQE that covers a WQEBB index `k` with
+/// `k + 1` a multiple of it asks for a CQE. A quarter of the ring, or less on a ring too small for that:
+/// a poster waiting for room up to `end` needs a CQE of a WQE at or after `end - cnt`, and the last WQE
+/// before its reservation that covers a period's last WQEBB retires (its index + 1: the accounting counts the
+/// CQE's WQE index, up to 3 WQEBBs short of its end) everything below its period's end minus 3, so a
+/// reservation of up to `MAX_BATCH` WQEBBs gets its room when `MAX_BATCH + period + 2 <= cnt`. 1 (every WQE
+/// asks) when no period fits. Team posts (at most half the ring) fit too: `cnt / 2 + cnt / 4 + 2 <= cnt`; a
+/// period's end inside a team batch is covered by the batch's last WQE, which asks for a CQE and comes before
+/// any later reservation.
+#[inline(always)]
+pub fn cqe_period(cnt: u32) -> u32 {
+    let fit = cnt.saturating_sub(MAX_BATCH + 2);
+    if fit == 0 {
+        return 1;
+    }
+    // The largest power of two not over `fit`, and at most a quarter.
+    (1u32 << (31 - fit.leading_zeros())).min(cnt / 4).max(1)
+}
+
+/// Whether a WQE of `n` WQEBBs at index `idx` covers the last WQEBB of a CQE period `q` (a power of two):
+/// 32-bit arithmetic on the low bits of the index, which is all the period needs.
+#[inline(always)]
+fn ends_period(idx: u64, n: u32, q: u32) -> bool {
+    (idx as u32 & (q - 1)) + n >= q
+}
 
 /// A QP shared by the threads of scope `S`. Cheap to make: every thread that posts builds its own from the
 /// same handle and state.
@@ -180,9 +217,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
 
     /// Reserves `ceil(wqe.ds() / 4)` WQEBBs, stores `wqe` there with this QP's WQE index and QPN, waits for its
-    /// turn, publishes it and rings the doorbell (or leaves that to a later poster). The WQE always asks for a
-    /// CQE (`signaled` is accepted for symmetry with [`crate::qp::Qp::post`]). Takes every builder of
-    /// [`crate::wqe`].
+    /// turn, publishes it and rings the doorbell (or leaves that to a later poster). The WQE asks for a CQE when
+    /// `signaled`, and when it covers the last WQEBB of a CQE period ([`cqe_period`]: a quarter of the ring);
+    /// [`SharedQp::flush`] waits for unsignaled WQEs too. Takes every builder of [`crate::wqe`].
     ///
     /// On the GPU the lanes of a warp that call `post` on this QP together are aggregated: the lowest reserves WQEBBs for
     /// all of them with one atomic add, waits for room and for the warp's turn, and publishes all their WQEs at
@@ -197,7 +234,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
     /// lane of an aggregated post gets the leader's error.
     #[inline(always)]
-    pub fn post<const N: usize>(&self, _signaled: bool, wqe: Wqe<N>) -> Result<Ticket> {
+    pub fn post<const N: usize>(&self, signaled: bool, wqe: Wqe<N>) -> Result<Ticket> {
         if !sq::valid_ring(self.wqe_cnt()) {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
@@ -213,12 +250,14 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         let base = w.shfl(if lead { unsafe { S::fetch_add(self.resv(), total) } } else { 0 }, w.leader());
         let (idx, end) = (base + w.rank() as u64 * n, base + total);
         w.share_result(if lead { self.wait_room(end, total) } else { Ok(()) })?;
-        let bits = self.store(idx, &wqe, fm_ce_se::CQ_UPDATE);
+        let cqe = signaled || ends_period(idx, n as u32, cqe_period(self.wqe_cnt()));
+        let bits = self.store(idx, &wqe, if cqe { fm_ce_se::CQ_UPDATE } else { 0 });
         let last_bits = w.shfl(bits, w.last());
+        let last_cqe = w.shfl(cqe as u64, w.last()) != 0;
         // Every lane's WQE is stored before the leader publishes them (bar.warp.sync orders the members'
         // accesses; the leader's release then covers them).
         w.sync();
-        w.share_result(if lead { self.publish(base, end, end - n, last_bits) } else { Ok(()) })?;
+        w.share_result(if lead { self.publish(base, end, end - n, last_bits, last_cqe) } else { Ok(()) })?;
         Ok(Ticket(idx))
     }
 
@@ -229,13 +268,14 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// RDMA WRITE / READ with one SGE, atomics, NOP, inline WRITEs of up to 28 bytes). Returns, to the
     /// members with a WQE, the ticket of the batch's last WQE; `None` to the others and for an empty batch.
     ///
-    /// DOCA GPUNetIO's CTA-scope post: the leader (rank 0) reserves the `k` WQEBBs with one atomic add
-    /// (under [`SharedQpState::team_lock`], which hands the base to the members), waits for room, and after a
-    /// barrier member `r` stores its WQE at `base + r`; only the last WQE asks for a CQE (its CQE retires
-    /// the whole batch, and [`SharedQp::flush`] waits for it); after another barrier the leader publishes the
-    /// batch in order with the single posters and rings one doorbell for it (or leaves it to a later
-    /// poster, as [`SharedQp::post`] does). Five barriers of `g` in all; for Device scope several CTAs may
-    /// post teams (and single posts) to the QP at once, their teams taking the lock in turn.
+    /// DOCA GPUNetIO's CTA-scope post: the leader (rank 0) reserves the `k` WQEBBs with one atomic add (under
+    /// [`SharedQpState::team_lock`], which hands the base to the members), waits for room, and after a barrier member
+    /// `r` stores its WQE at `base + r`; only the last WQE asks for a CQE (its CQE retires the whole batch, and
+    /// [`SharedQp::flush`] waits for it; a CQE period's end inside the batch is covered by it, since it comes later and
+    /// before any later reservation, which is all [`cqe_period`] needs); after another barrier the leader publishes the
+    /// batch in order with the single posters and rings one doorbell for it (or leaves it to a later poster, as
+    /// [`SharedQp::post`] does). Five barriers of `g` in all; for Device scope several CTAs may post teams (and single
+    /// posts) to the QP at once, their teams taking the lock in turn.
     ///
     /// # Errors
     /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
@@ -330,7 +370,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             unsafe { S::unlock(self.team_lock()) };
             r = match err {
                 Some(e) => Err(e),
-                None => self.publish(base, base + n, last, bits),
+                None => self.publish(base, base + n, last, bits, true),
             };
         }
         // Barrier 5: the leader's publication.
@@ -401,8 +441,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
 
     /// Waits for the turn of the WQEs `[first, end)` (stored), publishes them (`last` is the last one's index,
-    /// `bits` its doorbell bits), and rings unless a later poster exists (whose doorbell covers them).
-    fn publish(&self, first: u64, end: u64, last: u64, bits: u64) -> Result<()> {
+    /// `bits` its doorbell bits, `cqe` whether it asked for a CQE), and rings unless a later poster exists
+    /// (whose doorbell covers them).
+    fn publish(&self, first: u64, end: u64, last: u64, bits: u64, cqe: bool) -> Result<()> {
         bounded(
             self.timeout_ns,
             // SAFETY: the state's words (contract of `new`).
@@ -413,7 +454,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // them until `ready` moves on. `last_db` is released after the WQEs' stores, so a thread that rings with
         // it (acquire) has them ordered before its system-scope fence and doorbell.
         unsafe {
-            sync::store_volatile(self.last_start(), last + 1);
+            sync::store_volatile(self.last_start(), (last + 1) | if cqe { 0 } else { UNSIGNALED });
             S::store_release(self.last_db(), bits);
             S::store_release(self.ready(), end);
         }
@@ -558,19 +599,31 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         }
     }
 
-    /// Waits until every WQE published so far has completed (MSCCL++ `flush`).
+    /// Waits until every WQE published so far has completed (MSCCL++ `flush`): until the CQE of the last
+    /// published WQE, or, when that one asked for none, of a signaled NOP posted after it (a CQE completes
+    /// every earlier WQE). Flushers running at once may each post a NOP; posters meanwhile need not stop.
     ///
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE, once any WQE has completed in error (sticky);
     /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`]; [`InvalidArgument::Sharing`] for a QP
-    /// that Exclusive posters have posted to.
+    /// that Exclusive posters have posted to; the errors of [`SharedQp::post`] for the NOP.
     pub fn flush(&self) -> Result<()> {
         self.own_mode()?;
-        // SAFETY: the state's words (contract of `new`); `last_start` was stored before `ready`'s release.
-        let target = unsafe {
+        // SAFETY: the state's words (contract of `new`); `last_start` was stored before `ready`'s release. It
+        // may be a later WQE's than the one ending at the `ready` seen: waiting for that one covers more.
+        let last = unsafe {
             let _ = S::load_acquire(self.ready());
             sync::load_volatile(self.last_start())
         };
+        let mut target = last & !UNSIGNALED;
+        // SAFETY: as above.
+        if last & UNSIGNALED != 0 && unsafe { S::load_acquire(self.retired()) } < target {
+            if let Some(e) = self.error() {
+                return Err(Error::Cqe(e));
+            }
+            // Reserved after every WQE published before this flush, so its CQE completes them all.
+            target = self.post(true, crate::wqe::nop())?.0 + 1;
+        }
         bounded(
             self.timeout_ns,
             || {

@@ -28,8 +28,12 @@ use bytemuck::{Pod, Zeroable};
 /// in order. Doorbells are rung under `db_lock` with the newest `last_db`, which covers every WQE published
 /// before it, so dbrec values never go backwards and one doorbell may cover many WQEs: a poster that sees a
 /// later reservation leaves the doorbell to the later poster; the last one rings, and so does any thread that
-/// waits on unrung WQEs (for room or in `flush`). Every single post asks for a CQE. CQEs are polled by whichever
-/// waiter holds `poll_lock`, which moves `retired` and `cq_ci` forward and records the first error CQE.
+/// waits on unrung WQEs (for room or in `flush`). A WQE asks for a CQE when its poster asks, and when it covers
+/// the last WQEBB of an aligned quarter of the ring (less on rings too small for a warp's batch beside a
+/// quarter), decided from its own index alone; `flush` posts a signaled NOP when the last published WQE asked for
+/// none. CQEs are polled by whichever waiter holds `poll_lock`, which moves `retired` and `cq_ci` forward (a
+/// CQE completes every earlier WQE, so `retired` jumps to its WQE index + 1) and records the first error CQE,
+/// which the NIC writes for unsignaled WQEs too.
 ///
 /// A team post (the threads of one CTA together, one WQEBB each) makes one reservation: its leader takes
 /// `team_lock`, adds the whole batch to `resv`, waits for room and leaves the base in `team_base`; after a
@@ -48,8 +52,8 @@ pub struct SharedQpState {
     pub cq_ci: u64,
     /// WQEBB index + 1 of the first WQE that completed in error, 0 while none has.
     pub err_idx: u64,
-    /// WQEBB index + 1 of the last published WQE (stored before `ready`): `flush` waits until `retired`
-    /// reaches it.
+    /// WQEBB index + 1 of the last published WQE (stored before `ready`), with bit 63 set when that WQE asked
+    /// for no CQE: `flush` waits until `retired` reaches it, after posting a signaled NOP when bit 63 is set.
     pub last_start: u64,
     /// Doorbell bits (the ctrl segment's first 8 bytes, as stored) of the last published WQE.
     pub last_db: u64,

@@ -28,8 +28,9 @@ use gdaki::mem::{MappedBuf, MemKind, MemLoc};
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp};
 use gdaki::{Error, Result};
 
-/// SQ size of every QP, WQEBBs (the emulated NIC's largest): a round's WQEs must fit without waiting.
-const WQE_CNT: u32 = 32768;
+/// SQ size of every QP, WQEBBs (the emulated NIC's largest; its CQ has as many CQEs): a round's WQEs must
+/// fit without waiting.
+pub const WQE_CNT: u32 = 32768;
 
 /// Offset in a launch's control buffer of the barrier's counter: after the 64-byte report.
 const BARRIER_AT: u64 = 64;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gdaki::exec::{Executor, ExecutorKind};
-use gdaki_testkit::postrate::{PostRate, Shape};
+use gdaki_testkit::postrate::{PostRate, Shape, WQE_CNT};
 
 fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     let (exec, _) = Executor::open(Some(kind)).expect("executor");
@@ -45,6 +45,12 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         let executed = after.wqes - before.wqes;
         assert!(executed >= posted && executed <= posted + posters * (rounds as u64 + 1), "{shape:?}: {executed}");
         assert_eq!((after.error_cqes, after.dbrec_mismatches), (before.error_cqes, before.dbrec_mismatches));
+        if let Shape::Shared { .. } = shape {
+            // Unsignaled WRITEs: a CQE per quarter ring, and one per flush that posts a NOP.
+            let cqes = after.cqes - before.cqes;
+            let most = posted / (WQE_CNT as u64 / 4) + 1 + posters * (rounds as u64 + 1);
+            assert!(cqes <= most, "{shape:?}: {cqes} CQEs for {executed} WQEs");
+        }
         if let Shape::Exclusive { bf: true, .. } = shape {
             // Taken from the register, or read from the ring when a poster overtook the NIC.
             let seen = |s: &gdaki::nic::emu::Stats| s.blueflame + s.blueflame_fallbacks;
@@ -85,6 +91,9 @@ fn flood(kind: ExecutorKind, ctas: u32, threads: u32, posts: u32) {
     let executed = after.wqes - before.wqes;
     assert!((want..=want + posters as u64).contains(&executed), "{executed} WQEs for {want} posts");
     assert_eq!((after.error_cqes, after.dbrec_mismatches, after.bad_doorbells), (0, 0, 0), "{after:?}");
+    // A CQE per quarter ring, and one per flush that posts a NOP.
+    let cqes = after.cqes - before.cqes;
+    assert!(cqes <= want / (WQE_CNT as u64 / 4) + 1 + posters as u64, "{cqes} CQEs for {executed} WQEs");
     println!("{posters} posters x {posts}: {executed} WQEs in {:.1} ms", r.round_ns[0] as f64 / 1e6);
 }
 

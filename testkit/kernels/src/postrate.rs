@@ -287,7 +287,7 @@ unsafe fn burst_shared(a: &PostRateArgs, p: u32) -> Result<(u64, u64)> {
     let (r, l) = target(a, p)?;
     let t0 = sync::clock_ns();
     for _ in 0..a.posts {
-        let _ = qp.post(true, wqe::rdma_write(r, l))?;
+        let _ = qp.post(false, wqe::rdma_write(r, l))?;
     }
     let t1 = sync::clock_ns();
     if a.no_consumer == 0 {
