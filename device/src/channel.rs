@@ -4,11 +4,9 @@
 //! In Device mode (MSCCL++'s GPUNetIO backend) a channel posts through a [`Poster`]: a [`Qp`] (Exclusive: one
 //! thread owns the QP; BlueFlame, from registers, for puts up to the handle's `blue_flame_limit`) or a
 //! [`SharedQp`] of [`Block`] or [`Device`] scope (any number of threads, and channels, share the QP). The
-//! sharing mode is the poster's type, so it is chosen at compile time: `PortChannel::<Exclusive>::new(h)`. A
-//! QP keeps one mode for its whole life, whichever channels and kernels use it: the Exclusive and Warp posters
-//! keep the counters in the QP's handle, Block and Device in its shared state, so after posts of one, a
-//! channel of the other fails with [`InvalidArgument::Sharing`] and posts nothing (see [`Sharing`]). In
-//! the Host modes (the handle's `proxy` field) the same calls push triggers into the proxy's FIFO instead
+//! sharing mode is the poster's type, so it is chosen at compile time: `PortChannel::<Exclusive>::new(h)`.
+//! Every poster keeps the QP's one send-queue state (see [`Sharing`]), so channels of one connection may use
+//! different modes kernel after kernel. In the Host modes (the handle's `proxy` field) the same calls push triggers into the proxy's FIFO instead
 //! ([`crate::fifo`]), and `flush` waits for the proxy.
 //!
 //! Signals are RDMA fetch-adds of 1 on the peer's inbound semaphore; the NIC applies them after every earlier
@@ -28,7 +26,6 @@ use crate::wait::bounded;
 use crate::warp_qp::WarpQp;
 use crate::wqe::{self, Raddr, Sge, Wqe};
 pub use gdaki_shared::channel::PortChannelHandle;
-use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::proxy::{mode, Trigger};
 
@@ -179,12 +176,10 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
 /// [`Warp`] (the lanes of one warp, together), [`Block`] (the threads of one CTA) or [`Device`] (any thread).
 /// Four real implementations; sealed.
 ///
-/// One QP, one mode, for the QP's whole life. [`Exclusive`] and [`Warp`] keep the SQ counters in the QP's
-/// handle, [`Block`] and [`Device`] in its [`SharedQpState`], and neither follows the other: the first post
-/// claims the QP for its side ([`QpHandle::sharing`]), and every post, flush, wait or poll of the other side
-/// then returns [`InvalidArgument::Sharing`] without posting (a channel of the other side in a later kernel on
-/// the same connection, say). Modes of one side may follow each other kernel after kernel (Exclusive then
-/// Warp, Block then Device), never run at the same time.
+/// Every mode keeps the SQ counters in the one [`SqState`](gdaki_shared::handle::SqState) of the QP's handle
+/// and keeps every word the others read, so modes may follow each other on a QP kernel after kernel (a
+/// channel of another mode in a later kernel on the same connection, say: Exclusive, then Device, then Warp),
+/// never run at the same time.
 pub trait Sharing: sealed::Sealed {
     /// The poster each posting thread uses.
     type Poster<'a>: Poster;
@@ -243,9 +238,9 @@ macro_rules! shared_sharing {
             type Poster<'a> = SharedQp<'a, $t>;
             const SHARED: bool = true;
             unsafe fn poster<'a>(h: &'a PortChannelHandle) -> SharedQp<'a, $t> {
-                // SAFETY: the caller's contract: `h.qp` and `h.shared` are the QP's handle and shared state,
-                // used by shared posters of this scope only.
-                unsafe { SharedQp::new(h.qp as *mut QpHandle, h.shared as *mut SharedQpState, h.timeout_ns) }
+                // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by shared posters of this scope
+                // only.
+                unsafe { SharedQp::new(h.qp as *mut QpHandle, h.timeout_ns) }
             }
         }
     };
@@ -263,10 +258,6 @@ pub struct PortChannel<'h, M: Sharing> {
 
 impl<'h, M: Sharing> PortChannel<'h, M> {
     /// The channel `h` for the calling thread: `let mut ch = unsafe { PortChannel::<Exclusive>::new(h) };`.
-    ///
-    /// Every channel of the QP uses one side of [`Sharing`] for the QP's whole life: a channel on a QP that
-    /// the other side has posted to (Exclusive or Warp against Block or Device) fails its posts, flushes and
-    /// waits with [`InvalidArgument::Sharing`] and posts nothing.
     ///
     /// # Safety
     /// `h` must come from the host's `PortChannel::device_handle` for a live channel (its QP, memory handles,

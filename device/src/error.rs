@@ -124,7 +124,9 @@ pub enum Error {
     App(AppError),
 }
 
-/// Which argument device code rejected before posting anything.
+/// Which argument device code rejected before posting anything. The discriminants are the codes an
+/// `gdaki_shared::handle::ErrorReport` carries; 10 is not used (it named a check that the QP's
+/// one send-queue state made unnecessary) and is read back as no error kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum InvalidArgument {
@@ -149,13 +151,6 @@ pub enum InvalidArgument {
     /// data bytes, a data address not aligned to them, a packet address not aligned to the packet, a flag of
     /// 0, or a thread index not below the thread count.
     Packet = 8,
-    /// A QP that posters of the other sharing mode have posted to ([`QpHandle::sharing`]): an Exclusive
-    /// poster ([`crate::qp::Qp`], [`crate::warp_qp::WarpQp`]) on a QP that a Block or Device
-    /// [`crate::shared_qp::SharedQp`] posted to, or the reverse. The two keep their counters apart, so the
-    /// second would overwrite WQEs in flight: it posts nothing, and waits and polls on it fail the same way.
-    ///
-    /// [`QpHandle::sharing`]: gdaki_shared::handle::QpHandle::sharing
-    Sharing = 10,
     /// A team post ([`crate::shared_qp::SharedQp::post_team`], [`crate::channel::PortChannel::put_team`]) that
     /// cannot go out as one batch: another member's WQE was refused (that member gets its own error), or the
     /// batch breaks the team rules (the members with a WQE are not ranks `0 .. k`, a WQE takes more than one
@@ -321,7 +316,6 @@ impl Error {
                 7 => InvalidArgument::Handle,
                 9 => InvalidArgument::Unsupported,
                 8 => InvalidArgument::Packet,
-                10 => InvalidArgument::Sharing,
                 11 => InvalidArgument::Team,
                 _ => return None,
             })),
@@ -381,11 +375,6 @@ impl core::fmt::Display for Error {
                 f,
                 "payload mismatch in iteration {} at byte {}: expected {:#018x}, saw {:#018x}",
                 p.iter, p.offset, p.expected, p.seen
-            ),
-            Error::InvalidArgument(InvalidArgument::Sharing) => write!(
-                f,
-                "invalid argument: Sharing (the QP was used by posters of another sharing mode, Exclusive vs \
-                 Block/Device: one QP, one mode)"
             ),
             Error::InvalidArgument(a) => write!(f, "invalid argument: {a:?}"),
         }

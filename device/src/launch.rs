@@ -30,7 +30,7 @@ macro_rules! device_repr {
 device_repr!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64);
 device_repr!(
     gdaki_shared::channel::PortChannelHandle,
-    gdaki_shared::channel::SharedQpState,
+    gdaki_shared::handle::SqState,
     gdaki_shared::handle::QpHandle,
     gdaki_shared::handle::CqHandle,
     gdaki_shared::handle::MrHandle,

@@ -12,7 +12,7 @@ use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::sq;
 use crate::wait::{bounded, bounded_steps, Step};
 use crate::wqe::{self, Ctrl, Raddr, Wqe};
-use gdaki_shared::handle::{sharing, Placement, QpHandle};
+use gdaki_shared::handle::{Placement, QpHandle};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg, SEGS_PER_WQEBB, WQEBB};
 
 /// A posted WQE that asked for a CQE: its first WQEBB's 64-bit index. Complete once the CQ retires it
@@ -23,19 +23,13 @@ pub struct Ticket(pub u64);
 
 /// Exclusive access to one QP's send side, for the lifetime of the borrow.
 ///
-/// The handle's fixed fields and its counters are read once, by [`Qp::new`], and kept in this value (in
-/// registers, while device code keeps the `Qp` across its posts): a post reads nothing from memory but its
+/// The handle's fixed fields and its send-queue state are read once, by [`Qp::new`], and kept in this value
+/// (in registers, while device code keeps the `Qp` across its posts): a post reads nothing from memory but its
 /// WQE's inputs, and the fences around the doorbell do not force the counters out to memory and back. The
-/// counters go back to the handle when the `Qp` is dropped, where the next `Qp` of the handle (or the host)
-/// finds them. The sticky error and the CQ's consumer index stay in the handle: only the slow paths (CQ
-/// polling) touch them.
-///
-/// One QP, one sharing mode: a QP's first post claims it for the kind of poster that made it
-/// ([`QpHandle::sharing`]), and a `Qp` of a QP that a [`crate::shared_qp::SharedQp`] has posted to posts
-/// nothing: its posts, waits, flushes and polls return [`InvalidArgument::Sharing`]. The check costs a post
-/// nothing: `Qp::new` reads the word with the rest of the handle and, unless the QP is already claimed for
-/// Exclusive posters, starts with no room, so that the first post goes to the slow path, which claims the QP
-/// or refuses it.
+/// counters go back to the handle's [`SqState`](gdaki_shared::handle::SqState) when the `Qp` is dropped,
+/// where the next poster of the QP (a `Qp`, a [`crate::shared_qp::SharedQp`]) or the host finds them: every
+/// kind of poster keeps the words the others read, so one QP may be used by one kind, then another. The sticky
+/// error and the CQ's consumer index stay in the handle: only the slow paths (CQ polling) touch them.
 pub struct Qp<'a> {
     h: &'a mut QpHandle,
     sq: Sq,
@@ -58,9 +52,8 @@ struct Sq {
     /// Whether the UAR's BlueFlame buffer takes a whole WQEBB (`bf_size` >= 64).
     blueflame: bool,
     /// WQEBBs free for posting without looking at the CQ: `cnt - (pi - ci)`, less as posts take them, more as
-    /// the CQ retires them. 0 for a handle device code cannot post to, or one not yet claimed for Exclusive
-    /// posters ([`QpHandle::sharing`]), so that the next post takes the slow path, which reports it or claims
-    /// the QP (and then sets the room).
+    /// the CQ retires them. 0 for a handle device code cannot post to, so that every post takes the slow path,
+    /// which reports it.
     room: u32,
     /// WQEBBs that may still be posted before a WQE must ask for a CQE (the quarter-ring policy, kept as a
     /// countdown so that the fast path decides it in 32 bits).
@@ -69,6 +62,8 @@ struct Sq {
     ci: u64,
     sig_first: u64,
     sig_end: u64,
+    /// The producer index the last doorbell announced ([`SqState::rung`](gdaki_shared::handle::SqState)).
+    rung: u64,
 }
 
 impl Sq {
@@ -76,9 +71,10 @@ impl Sq {
     #[inline(always)]
     fn load(h: &QpHandle) -> Sq {
         let cnt = h.wqe_cnt;
-        let (pi, ci, sig_end) = (h.sq_pi, h.sq_ci, h.sq_sig_end);
+        // `ready`, not `pi`: WQEBBs that a shared poster reserved and never published (it timed out) are
+        // posted over, never announced to the NIC unwritten.
+        let (pi, ci, sig_end) = (h.sq.ready, h.sq.ci, h.sq.sig_end);
         let valid = sq::valid_ring(cnt);
-        let claimed = h.sharing == sharing::EXCLUSIVE;
         let cnt = if valid { cnt } else { sq::MIN_WQE_CNT };
         Sq {
             buf: h.sq_buf,
@@ -88,22 +84,36 @@ impl Sq {
             qpn: h.qpn,
             placement: h.placement,
             blueflame: h.bf_size as usize >= WQEBB,
-            room: if valid && claimed { sq::free_wqebbs(cnt, pi, ci) as u32 } else { 0 },
+            room: if valid { sq::free_wqebbs(cnt, pi, ci) as u32 } else { 0 },
             until_cqe: until_cqe(cnt, pi, sig_end),
             pi,
             ci,
-            sig_first: h.sq_sig_first,
+            sig_first: h.sq.sig_first,
             sig_end,
+            rung: h.sq.rung,
         }
     }
 
-    /// Writes the counters back to `h`.
+    /// The doorbell bits of WQEs that an earlier poster left unrung (`h`'s `rung` below `ready`), if any.
     #[inline(always)]
-    fn store(&self, h: &mut QpHandle) {
-        h.sq_pi = self.pi;
-        h.sq_ci = self.ci;
-        h.sq_sig_first = self.sig_first;
-        h.sq_sig_end = self.sig_end;
+    fn unrung(h: &QpHandle) -> Option<u64> {
+        (h.sq.rung < h.sq.ready).then_some(h.sq.last_db)
+    }
+
+    /// Writes the counters back to `h`, with `unrung`, the doorbell bits of WQEs posted and not rung: every
+    /// word another kind of poster reads (a shared poster reserves from `pi`, rings with `last_db` up to
+    /// `ready`).
+    #[inline(always)]
+    fn store(&self, unrung: Option<u64>, h: &mut QpHandle) {
+        h.sq.pi = self.pi;
+        h.sq.ready = self.pi;
+        h.sq.ci = self.ci;
+        h.sq.sig_first = self.sig_first;
+        h.sq.sig_end = self.sig_end;
+        h.sq.rung = self.rung;
+        if let Some(bits) = unrung {
+            h.sq.last_db = bits;
+        }
     }
 }
 
@@ -118,33 +128,29 @@ fn until_cqe(cnt: u32, pi: u64, sig_end: u64) -> u32 {
 impl Drop for Qp<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.sq.store(self.h);
+        self.sq.store(self.unrung, self.h);
     }
 }
 
 impl<'a> Qp<'a> {
     /// Takes the QP described by `h`; bounded waits give up after `timeout_ns` nanoseconds. Reads the handle
-    /// once; the counters go back to it when the `Qp` is dropped.
-    ///
-    /// The QP must be used by Exclusive posters only (`Qp`, [`crate::warp_qp::WarpQp`]), kernel after kernel:
-    /// the first post claims it ([`QpHandle::sharing`]), and on a QP that a
-    /// [`crate::shared_qp::SharedQp`] has posted to, every post, wait, flush and poll of this `Qp` returns
-    /// [`InvalidArgument::Sharing`] and posts nothing.
+    /// once; the counters go back to it when the `Qp` is dropped. WQEs an earlier poster of the QP left unrung
+    /// are rung by this `Qp`'s next doorbell (or by a wait, which rings before it waits).
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP: its ring, dbrec, UAR register and CQ
-    /// addresses valid for the borrow, and no other thread posting to it or polling its CQ meanwhile (a
-    /// shared poster at the same time is not detected: the sharing check sees only what posted before).
+    /// addresses valid for the borrow, and no other thread posting to it or polling its CQ meanwhile (nor a
+    /// shared poster: posters of the QP before and after this `Qp` may be of any kind, not at the same time).
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
-        Self { sq: Sq::load(h), h, unrung: None, timeout_ns }
+        Self { sq: Sq::load(h), unrung: Sq::unrung(h), h, timeout_ns }
     }
 
     /// The handle as it stands now: its fixed fields with this `Qp`'s counters (the handle in memory gets
     /// them when the `Qp` is dropped).
     pub fn handle(&self) -> QpHandle {
         let mut h = *self.h;
-        self.sq.store(&mut h);
+        self.sq.store(self.unrung, &mut h);
         h
     }
 
@@ -160,35 +166,15 @@ impl<'a> Qp<'a> {
         r
     }
 
-    /// Refuses a QP that shared posters have posted to: their counters are in a `SharedQpState`, not the
-    /// handle, so this `Qp`'s would place WQEs over theirs and take their CQEs.
+    /// The slow path of a post: waits until `n` WQEBBs are free, polling the CQ to retire earlier WQEs.
     ///
     /// # Errors
-    /// [`InvalidArgument::Sharing`] unless [`QpHandle::sharing`] says nobody or Exclusive posters.
-    fn own_mode(&self) -> Result<()> {
-        match self.h.sharing {
-            sharing::NONE | sharing::EXCLUSIVE => Ok(()),
-            _ => Err(Error::InvalidArgument(InvalidArgument::Sharing)),
-        }
-    }
-
-    /// The slow path of a post: claims the QP at its first post, then waits until `n` WQEBBs are free,
-    /// polling the CQ to retire earlier WQEs.
-    ///
-    /// # Errors
-    /// As [`Qp::post`]: an invalid ring size, a QP of shared posters, a timeout, an unexpected CQE.
+    /// As [`Qp::post`]: an invalid ring size, a timeout, an unexpected CQE.
     fn reserve_slow(&mut self, n: u32) -> Result<()> {
         if !sq::valid_ring(self.h.wqe_cnt) {
             // The CQE policy (a CQE every quarter ring) needs room for a 4-WQEBB WQE beside the unsignaled
             // tail; a smaller ring could wait forever for room.
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
-        }
-        self.own_mode()?;
-        if self.h.sharing == sharing::NONE {
-            // The QP's first post. `Qp::new` left the room at 0 so that it would come here; from now on the
-            // room is what the counters say (CQEs polled meanwhile are in `ci`).
-            self.h.sharing = sharing::EXCLUSIVE;
-            self.sq.room = sq::free_wqebbs(self.sq.cnt, self.sq.pi, self.sq.ci) as u32;
         }
         let timeout = self.timeout_ns;
         bounded_steps(
@@ -213,9 +199,8 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::Timeout`] when no room appears in time; [`Error::UnexpectedCqe`] when retiring earlier WQEs
     /// met one (error CQEs met there are kept for `wait`/`flush`); [`Error::InvalidArgument`] (`Handle`) for a
-    /// handle whose SQ is not a power of two of 16 ..= 2^15 WQEBBs, ([`InvalidArgument::Sharing`]) for a QP
-    /// that shared posters have posted to. Posting to a QP in the error state succeeds: the NIC flushes the
-    /// WQE (syndrome 0x05), as hardware does, and waits report the first error.
+    /// handle whose SQ is not a power of two of 16 ..= 2^15 WQEBBs. Posting to a QP in the error state
+    /// succeeds: the NIC flushes the WQE (syndrome 0x05), as hardware does, and waits report the first error.
     #[inline(always)]
     pub fn post<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let ds = w.ds();
@@ -309,6 +294,7 @@ impl<'a> Qp<'a> {
     #[inline(always)]
     pub fn ring_db(&mut self) {
         if let Some(bits) = self.unrung.take() {
+            self.sq.rung = self.sq.pi;
             // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
             unsafe {
                 db::update_dbrec(self.sq.dbrec, self.sq.pi, self.sq.placement);
@@ -342,6 +328,7 @@ impl<'a> Qp<'a> {
             segs
         })?;
         self.unrung = None;
+        self.sq.rung = self.sq.pi;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe {
             db::update_dbrec(self.sq.dbrec, self.sq.pi, self.sq.placement);
@@ -361,13 +348,9 @@ impl<'a> Qp<'a> {
     /// [`Error::UnexpectedCqe`].
     ///
     /// # Errors
-    /// [`Error::Cqe`] for an error CQE (the QP is then in the error state); [`Error::UnexpectedCqe`];
-    /// [`InvalidArgument::Sharing`] for a QP that shared posters have posted to (their CQEs are left alone).
+    /// [`Error::Cqe`] for an error CQE (the QP is then in the error state); [`Error::UnexpectedCqe`].
     pub fn poll_cq(&mut self) -> Option<Result<Completion>> {
         self.cold(|q| {
-            if let Err(e) = q.own_mode() {
-                return Some(Err(e));
-            }
             let t = q.take()?;
             // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
             unsafe { cq::publish_ci(&q.h.cq) };
@@ -388,9 +371,9 @@ impl<'a> Qp<'a> {
             // The room grows by what this CQE retired.
             self.sq.room += (w + 1 - self.sq.ci) as u32;
             self.sq.ci = w + 1;
-            if let (Err(e), 0) = (t.completion, self.h.sq_err_idx) {
-                self.h.sq_err_idx = w + 1;
-                self.h.sq_err = e.pack();
+            if let (Err(e), 0) = (t.completion, self.h.sq.err_idx) {
+                self.h.sq.err_idx = w + 1;
+                self.h.sq.err = e.pack();
             }
         }
         Some(Ok(t))
@@ -428,10 +411,9 @@ impl<'a> Qp<'a> {
     /// to [`Qp::error`] (an error CQE is kept, sticky, not returned).
     ///
     /// # Errors
-    /// [`Error::UnexpectedCqe`]; [`InvalidArgument::Sharing`] for a QP that shared posters have posted to.
+    /// [`Error::UnexpectedCqe`].
     pub fn progress(&mut self) -> Result<()> {
         self.cold(|q| {
-            q.own_mode()?;
             q.ring_db();
             q.drain().map(|_| ())
         })
@@ -439,12 +421,12 @@ impl<'a> Qp<'a> {
 
     /// The first error CQE of this QP's WQEs, if one completed in error (the QP is then in the error state).
     pub fn error(&self) -> Option<CqeError> {
-        (self.h.sq_err_idx != 0).then(|| CqeError::unpack(self.h.sq_err))
+        (self.h.sq.err_idx != 0).then(|| CqeError::unpack(self.h.sq.err))
     }
 
     /// The first error, if it hit the WQE at `idx` or an earlier one.
     fn error_at_or_before(&self, idx: u64) -> Option<Error> {
-        (self.h.sq_err_idx != 0 && self.h.sq_err_idx - 1 <= idx).then(|| Error::Cqe(CqeError::unpack(self.h.sq_err)))
+        (self.h.sq.err_idx != 0 && self.h.sq.err_idx - 1 <= idx).then(|| Error::Cqe(CqeError::unpack(self.h.sq.err)))
     }
 
     /// Waits until the WQE behind `t` has completed (DOCA GPUNetIO's `poll_cq_at`).
@@ -452,11 +434,9 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE if that hit this WQE or an earlier one, however often
     /// asked and whoever polled it (the error is sticky); [`Error::Timeout`] after the QP's timeout;
-    /// [`Error::UnexpectedCqe`]; [`Error::InvalidArgument`] (`Ticket`) for a ticket this QP never issued,
-    /// ([`InvalidArgument::Sharing`]) for a QP that shared posters have posted to.
+    /// [`Error::UnexpectedCqe`]; [`Error::InvalidArgument`] (`Ticket`) for a ticket this QP never issued.
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
         self.cold(|q| {
-            q.own_mode()?;
             if t.0 >= q.sq.pi {
                 // Not a WQE of this QP (yet): nothing could ever complete it.
                 return Err(Error::InvalidArgument(InvalidArgument::Ticket));
@@ -502,14 +482,12 @@ impl<'a> Qp<'a> {
     ///
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE; [`Error::Timeout`] with [`WaitOn::Semaphore`] after the
-    /// QP's timeout; [`Error::UnexpectedCqe`]; [`InvalidArgument::Sharing`] for a QP that shared posters have
-    /// posted to.
+    /// QP's timeout; [`Error::UnexpectedCqe`].
     ///
     /// # Safety
     /// `sem` must be valid for reads and 8-byte aligned for the whole wait.
     pub unsafe fn wait_semaphore(&mut self, sem: *const u64, expected: u64) -> Result<u64> {
         self.cold(|q| {
-            q.own_mode()?;
             let seen = core::cell::Cell::new(0);
             let mut tries = 0u32;
             // Anything still unrung would never complete, and its CQE is what reports a dead peer.
@@ -546,7 +524,6 @@ impl<'a> Qp<'a> {
     /// As [`Qp::wait`]: once any WQE of this QP has completed in error, every flush returns that first error.
     pub fn flush(&mut self) -> Result<()> {
         self.cold(|q| {
-            q.own_mode()?;
             if let Some(e) = q.error() {
                 return Err(Error::Cqe(e));
             }

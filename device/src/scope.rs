@@ -1,6 +1,6 @@
 //! Concurrency scopes of a shared QP, chosen at compile time: [`Block`] (the threads of one CTA post to the QP)
 //! and [`Device`] (any thread of the grid). They differ only in the scope of the atomics on the QP's
-//! [`SharedQpState`](gdaki_shared::channel::SharedQpState) (PTX `.cta` or `.gpu`); the third scope, Exclusive,
+//! send-queue state ([`SqState`](gdaki_shared::handle::SqState)) (PTX `.cta` or `.gpu`); the third scope, Exclusive,
 //! needs no atomics and is [`crate::qp::Qp`]. DOCA GPUNetIO names them `DOCA_GPUNETIO_VERBS_RESOURCE_SHARING_MODE_
 //! EXCLUSIVE/CTA/GPU`.
 //!

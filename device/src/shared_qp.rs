@@ -2,7 +2,7 @@
 //! modes, NVSHMEM IBGDA's shared QPs): reservation by atomic add, in-order publication, the doorbell rung by
 //! each poster in index order, and a CQ polled by whichever waiter holds the poll lock.
 //!
-//! The protocol is in [`SharedQpState`]'s docs. CQE policy: a WQE asks for a CQE when its poster asks (a signaled
+//! The protocol is in [`SqState`]'s docs. CQE policy: a WQE asks for a CQE when its poster asks (a signaled
 //! [`SharedQp::post`], the last WQE of a team post, the NOP of a [`SharedQp::flush`]) and whenever it covers the last
 //! WQEBB of a quarter of the ring (the ring's index space cut in aligned quarters, [`cqe_period`]), so that every
 //! quarter of WQEBBs posted is followed by a CQE that retires it (a CQE completes every earlier WQE of the SQ) without
@@ -16,9 +16,9 @@
 //! A poster whose wait for room or for its turn times out leaves its reserved WQEBBs unpublished: later posters
 //! then time out too (the QP is stuck), and every one of them reports why.
 //!
-//! One QP, one sharing mode: the first shared post claims the QP ([`QpHandle::sharing`]), and a QP that an
-//! Exclusive poster ([`crate::qp::Qp`], [`crate::warp_qp::WarpQp`]) has posted to, whose counters are the
-//! handle's and not the state's, is refused with [`InvalidArgument::Sharing`] before anything is reserved.
+//! The counters are the handle's one [`SqState`], which Exclusive posters ([`crate::qp::Qp`],
+//! [`crate::warp_qp::WarpQp`]) keep too: shared posts continue where an earlier Exclusive poster of the QP
+//! stopped, and the other way round.
 
 use core::marker::PhantomData;
 use core::ptr::addr_of_mut;
@@ -34,16 +34,12 @@ use crate::thread::CtaGroup;
 use crate::wait::{bounded, bounded_steps, Step};
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
-use gdaki_shared::channel::SharedQpState;
-use gdaki_shared::handle::{sharing, ErrorReport, QpHandle};
+use gdaki_shared::handle::{ErrorReport, QpHandle, SqState};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs};
 
 /// The most WQEBBs one reservation of [`SharedQp::post`] takes: a warp's 32 lanes (one on the host) of
 /// [`crate::wqe::MAX_DS`]-segment WQEs.
 const MAX_BATCH: u32 = if cfg!(target_arch = "nvptx64") { 32 } else { 1 } * 4;
-
-/// Set in [`SharedQpState::last_start`] when the last published WQE asked for no CQE.
-const UNSIGNALED: u64 = 1 << 63;
 
 /// The CQE period of a shared QP of `cnt` WQEBBs (a power of two): a WQE that covers a WQEBB index `k` with
 /// `k + 1` a multiple of it asks for a CQE. A quarter of the ring, or less on a ring too small for that:
@@ -72,35 +68,29 @@ fn ends_period(idx: u64, n: u32, q: u32) -> bool {
 }
 
 /// A QP shared by the threads of scope `S`. Cheap to make: every thread that posts builds its own from the
-/// same handle and state.
+/// same handle.
 pub struct SharedQp<'a, S: Scope> {
-    /// Ring, dbrec, doorbell register, CQ (its `cons_index` is unused: the state's `cq_ci` counts), read only;
-    /// and the [`QpHandle::sharing`] word, which posters store. A pointer, not a reference: a `&QpHandle`
-    /// would promise that no byte of it changes while it lives.
+    /// Ring, dbrec, doorbell register, CQ, read only; the send-queue state ([`QpHandle::sq`]) and the CQ's
+    /// `cons_index`, which posters update. A pointer, not a reference: a `&QpHandle` would promise that no
+    /// byte of it changes while it lives.
     h: *mut QpHandle,
-    st: *mut SharedQpState,
     timeout_ns: u64,
-    /// The handle and state are borrowed for `'a`, shared with the QP's other posters.
+    /// The handle is borrowed for `'a`, shared with the QP's other posters.
     _borrow: PhantomData<&'a QpHandle>,
     _scope: PhantomData<S>,
 }
 
 impl<'a, S: Scope> SharedQp<'a, S> {
-    /// The QP of handle `h` with counters `st`; bounded waits give up after `timeout_ns` nanoseconds.
-    ///
-    /// The QP must be used by shared posters only (`SharedQp`s, of Block or Device scope), kernel after
-    /// kernel: the first post claims it ([`QpHandle::sharing`]), and on a QP that an Exclusive poster
-    /// ([`crate::qp::Qp`], [`crate::warp_qp::WarpQp`]) has posted to, every post, flush and poll of this
-    /// `SharedQp` returns [`InvalidArgument::Sharing`] and posts nothing.
+    /// The QP of handle `h`; bounded waits give up after `timeout_ns` nanoseconds. Posts continue the QP's
+    /// send-queue state wherever its earlier posters left it, of any kind.
     ///
     /// # Safety
     /// `h` must describe a live, connected QP whose ring, dbrec, doorbell register and CQ are valid for `'a`,
-    /// and be valid for reads and writes for `'a` (posters store its `sharing` word); `st` must be its
-    /// [`SharedQpState`] (64-byte aligned, valid for `'a`), used only through `SharedQp`s of scope `S` (or
-    /// narrower) and only by threads of that scope. No Exclusive poster may use the QP at the same time (one
-    /// that posted before is detected, one that runs meanwhile is not).
-    pub unsafe fn new(h: *mut QpHandle, st: *mut SharedQpState, timeout_ns: u64) -> Self {
-        Self { h, st, timeout_ns, _borrow: PhantomData, _scope: PhantomData }
+    /// and be valid for reads and writes for `'a` and 8-byte aligned; its state is used only through
+    /// `SharedQp`s of scope `S` (or narrower) and only by threads of that scope while they live. No Exclusive
+    /// poster may use the QP at the same time (before and after is fine).
+    pub unsafe fn new(h: *mut QpHandle, timeout_ns: u64) -> Self {
+        Self { h, timeout_ns, _borrow: PhantomData, _scope: PhantomData }
     }
 
     /// The handle's SQ size in WQEBBs.
@@ -110,54 +100,16 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         unsafe { (*self.h).wqe_cnt }
     }
 
-    /// The handle's [`QpHandle::sharing`] word.
-    fn sharing(&self) -> *mut u32 {
-        // SAFETY: `h` is valid (contract of `new`); `addr_of_mut!` forms no reference.
-        unsafe { addr_of_mut!((*self.h).sharing) }
-    }
-
-    /// Claims the QP for shared posters at its first post, or refuses it when Exclusive posters have posted to
-    /// it: their counters are the handle's, which this protocol never reads, so its WQEs would overwrite
-    /// theirs. Later posts find the claim and store nothing.
-    ///
-    /// # Errors
-    /// [`InvalidArgument::Sharing`] unless [`QpHandle::sharing`] says nobody or shared posters.
-    #[inline(always)]
-    fn claim(&self) -> Result<()> {
-        // SAFETY: the claim word (contract of `new`), accessed atomically by every shared poster; an Exclusive
-        // poster stored it in an earlier kernel, if at all.
-        let seen = unsafe { sync::load_relaxed_gpu_u32(self.sharing()) };
-        if seen != sharing::SHARED {
-            if seen != sharing::NONE {
-                return Err(Error::InvalidArgument(InvalidArgument::Sharing));
-            }
-            // SAFETY: as above. First posters that race here all store the same value.
-            unsafe { sync::store_relaxed_u32(self.sharing(), sharing::SHARED) };
-        }
-        Ok(())
-    }
-
-    /// Refuses a QP that Exclusive posters have posted to, as [`SharedQp::claim`] does, without claiming it.
-    ///
-    /// # Errors
-    /// [`InvalidArgument::Sharing`].
-    fn own_mode(&self) -> Result<()> {
-        // SAFETY: as in `claim`.
-        match unsafe { sync::load_relaxed_gpu_u32(self.sharing()) } {
-            sharing::NONE | sharing::SHARED => Ok(()),
-            _ => Err(Error::InvalidArgument(InvalidArgument::Sharing)),
-        }
-    }
-
     /// The address of one word of the state.
     #[inline(always)]
-    fn word<T>(&self, f: impl FnOnce(*mut SharedQpState) -> *mut T) -> *mut T {
-        f(self.st)
+    fn word<T>(&self, f: impl FnOnce(*mut SqState) -> *mut T) -> *mut T {
+        // SAFETY: `h` is valid (contract of `new`); `addr_of_mut!` forms no reference.
+        f(unsafe { addr_of_mut!((*self.h).sq) })
     }
 
     fn resv(&self) -> *mut u64 {
-        // SAFETY: `st` is valid (contract of `new`); `addr_of_mut!` forms no reference.
-        self.word(|s| unsafe { addr_of_mut!((*s).resv) })
+        // SAFETY: the state is valid (contract of `new`); `addr_of_mut!` forms no reference.
+        self.word(|s| unsafe { addr_of_mut!((*s).pi) })
     }
     fn ready(&self) -> *mut u64 {
         // SAFETY: as in `resv`.
@@ -165,19 +117,23 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
     fn retired(&self) -> *mut u64 {
         // SAFETY: as in `resv`.
-        self.word(|s| unsafe { addr_of_mut!((*s).retired) })
+        self.word(|s| unsafe { addr_of_mut!((*s).ci) })
     }
     fn cq_ci(&self) -> *mut u64 {
-        // SAFETY: as in `resv`.
-        self.word(|s| unsafe { addr_of_mut!((*s).cq_ci) })
+        // SAFETY: `h` is valid (contract of `new`); `addr_of_mut!` forms no reference.
+        unsafe { addr_of_mut!((*self.h).cq.cons_index) }
     }
     fn err_idx(&self) -> *mut u64 {
         // SAFETY: as in `resv`.
         self.word(|s| unsafe { addr_of_mut!((*s).err_idx) })
     }
-    fn last_start(&self) -> *mut u64 {
+    fn sig_first(&self) -> *mut u64 {
         // SAFETY: as in `resv`.
-        self.word(|s| unsafe { addr_of_mut!((*s).last_start) })
+        self.word(|s| unsafe { addr_of_mut!((*s).sig_first) })
+    }
+    fn sig_end(&self) -> *mut u64 {
+        // SAFETY: as in `resv`.
+        self.word(|s| unsafe { addr_of_mut!((*s).sig_end) })
     }
     fn last_db(&self) -> *mut u64 {
         // SAFETY: as in `resv`.
@@ -228,8 +184,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// WQEs of the same size (they do: they run the same call).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs,
-    /// ([`InvalidArgument::Sharing`]) for a QP that Exclusive posters have posted to (nothing is reserved);
+    /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs
+    /// (nothing is reserved);
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
     /// lane of an aggregated post gets the leader's error.
@@ -238,12 +194,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         if !sq::valid_ring(self.wqe_cnt()) {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
-        // Before the reservation: a refused post must leave no WQEBBs reserved that it never publishes.
-        self.claim()?;
         let n = wqebbs(wqe.ds() as u32) as u64;
         // Lanes posting to other QPs at the same time are aggregated among themselves (on the host each
         // thread is a warp of one lane).
-        let w = Lanes::active_with(self.st as u64);
+        let w = Lanes::active_with(self.h as u64);
         let lead = w.lane == w.leader();
         let total = n * w.count() as u64;
         // SAFETY: the state's words (contract of `new`), used atomically by every poster.
@@ -269,7 +223,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// members with a WQE, the ticket of the batch's last WQE; `None` to the others and for an empty batch.
     ///
     /// DOCA GPUNetIO's CTA-scope post: the leader (rank 0) reserves the `k` WQEBBs with one atomic add (under
-    /// [`SharedQpState::team_lock`], which hands the base to the members), waits for room, and after a barrier member
+    /// [`SqState::team_lock`], which hands the base to the members), waits for room, and after a barrier member
     /// `r` stores its WQE at `base + r`; only the last WQE asks for a CQE (its CQE retires the whole batch, and
     /// [`SharedQp::flush`] waits for it; a CQE period's end inside the batch is covered by it, since it comes later and
     /// before any later reservation, which is all [`cqe_period`] needs); after another barrier the leader publishes the
@@ -281,7 +235,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
     /// is `Err(e)` gets `e`, the others [`InvalidArgument::Team`], as they do when a WQE takes more than one
     /// WQEBB, the members with a WQE are not the lowest ranks, or the batch needs more than half the ring;
-    /// [`InvalidArgument::Handle`] and [`InvalidArgument::Sharing`] as for [`SharedQp::post`]. Once the
+    /// [`InvalidArgument::Handle`] as for [`SharedQp::post`]. Once the
     /// WQEBBs are reserved: [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`], or
     /// [`Error::UnexpectedCqe`], for every member (the leader's own; the others the same but for their
     /// `waited_ns`, which is the QP's timeout), and the batch stays unpublished, as a single post that
@@ -289,9 +243,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// [`WaitOn::Publish`] too, before anything is reserved.
     pub fn post_team<const N: usize>(&self, g: &impl CtaGroup, wqe: Result<Option<Wqe<N>>>) -> Result<Option<Ticket>> {
         let cnt = self.wqe_cnt();
-        // What every member can check for itself, with the same outcome for all (one handle, one mode word).
-        let own =
-            if sq::valid_ring(cnt) { self.own_mode() } else { Err(Error::InvalidArgument(InvalidArgument::Handle)) };
+        // What every member can check for itself, with the same outcome for all (one handle).
+        let own = if sq::valid_ring(cnt) { Ok(()) } else { Err(Error::InvalidArgument(InvalidArgument::Handle)) };
         let (w, mine) = match wqe {
             Ok(Some(w)) => (Some(w), Ok(wqebbs(w.ds() as u32) == 1)),
             Ok(None) => (None, Ok(true)),
@@ -315,13 +268,11 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         if lead {
             match self.lock_team() {
                 Ok(()) => {
-                    let r = self.claim().and_then(|()| {
-                        // SAFETY: the state's words (contract of `new`); `team_base` is the lock holder's.
-                        let base = unsafe { S::fetch_add(self.resv(), n) };
-                        // SAFETY: as above.
-                        unsafe { sync::store_volatile(self.team_base(), base) };
-                        self.wait_room(base + n, n)
-                    });
+                    // SAFETY: the state's words (contract of `new`); `team_base` is the lock holder's.
+                    let base = unsafe { S::fetch_add(self.resv(), n) };
+                    // SAFETY: as above.
+                    unsafe { sync::store_volatile(self.team_base(), base) };
+                    let r = self.wait_room(base + n, n);
                     let words: [u64; 5] = bytemuck::cast(r.err().map_or(ErrorReport::default(), Error::to_report));
                     for (i, w) in [0, 1, 3, 4].into_iter().enumerate() {
                         // SAFETY: the lock holder's words; read by the members after the next barrier.
@@ -391,7 +342,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         Error::Timeout(Timeout { on: WaitOn::Publish { wqe_index }, waited_ns: self.timeout_ns })
     }
 
-    /// Takes [`SharedQpState::team_lock`] for a team post, waiting for another CTA's team.
+    /// Takes [`SqState::team_lock`] for a team post, waiting for another CTA's team.
     ///
     /// # Errors
     /// [`Error::Timeout`] on [`WaitOn::Publish`] at the QP's reservation count.
@@ -452,9 +403,13 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         )?;
         // SAFETY: the state's words (contract of `new`). This poster holds its turn: no other poster stores
         // them until `ready` moves on. `last_db` is released after the WQEs' stores, so a thread that rings with
-        // it (acquire) has them ordered before its system-scope fence and doorbell.
+        // it (acquire) has them ordered before its system-scope fence and doorbell; `sig_first`/`sig_end` are
+        // ordered before `ready` by its release, for flushers and for the QP's next Exclusive poster.
         unsafe {
-            sync::store_volatile(self.last_start(), (last + 1) | if cqe { 0 } else { UNSIGNALED });
+            if cqe {
+                sync::store_volatile(self.sig_first(), last + 1);
+                sync::store_volatile(self.sig_end(), end);
+            }
             S::store_release(self.last_db(), bits);
             S::store_release(self.ready(), end);
         }
@@ -507,15 +462,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// Returns whether it polled.
     ///
     /// # Errors
-    /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ);
-    /// [`InvalidArgument::Sharing`] for a QP that Exclusive posters have posted to (their CQEs are left
-    /// alone).
+    /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ).
     pub fn progress(&self) -> Result<bool> {
-        self.own_mode()?;
         self.poll()
     }
 
-    /// [`SharedQp::progress`] for a poster or waiter that has checked the QP's mode already.
+    /// [`SharedQp::progress`].
     fn poll(&self) -> Result<bool> {
         // SAFETY: the lock word of the state (contract of `new`).
         if !unsafe { S::try_lock(self.poll_lock()) } {
@@ -528,7 +480,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
 
     fn poll_locked(&self) -> Result<()> {
-        // SAFETY: fields of a valid handle that only the host writes (contract of `new`).
+        // SAFETY: fields of a valid handle that only the host writes (contract of `new`); the consumer index is
+        // reloaded below.
         let (mut cq, qpn) = unsafe { ((*self.h).cq, (*self.h).qpn) };
         let cnt = self.wqe_cnt();
         // SAFETY: `cq_ci`, `retired`'s writer and the error words are this lock holder's; the lock's acquire
@@ -600,24 +553,24 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
 
     /// Waits until every WQE published so far has completed (MSCCL++ `flush`): until the CQE of the last
-    /// published WQE, or, when that one asked for none, of a signaled NOP posted after it (a CQE completes
-    /// every earlier WQE). Flushers running at once may each post a NOP; posters meanwhile need not stop.
+    /// published WQE that asked for one, after a signaled NOP when the last published WQE asked for none (a
+    /// CQE completes every earlier WQE). Flushers running at once may each post a NOP; posters meanwhile need
+    /// not stop.
     ///
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE, once any WQE has completed in error (sticky);
-    /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`]; [`InvalidArgument::Sharing`] for a QP
-    /// that Exclusive posters have posted to; the errors of [`SharedQp::post`] for the NOP.
+    /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`]; the errors of [`SharedQp::post`] for
+    /// the NOP.
     pub fn flush(&self) -> Result<()> {
-        self.own_mode()?;
-        // SAFETY: the state's words (contract of `new`); `last_start` was stored before `ready`'s release. It
-        // may be a later WQE's than the one ending at the `ready` seen: waiting for that one covers more.
-        let last = unsafe {
-            let _ = S::load_acquire(self.ready());
-            sync::load_volatile(self.last_start())
+        // SAFETY: the state's words (contract of `new`); `sig_first`/`sig_end` were stored before `ready`'s
+        // release. They may be a later WQE's than the one ending at the `ready` seen: waiting for that one covers
+        // more, and a NOP for a `sig_end` past `ready` costs a NOP.
+        let (ready, sig_end, mut target) = unsafe {
+            let ready = S::load_acquire(self.ready());
+            (ready, sync::load_volatile(self.sig_end()), sync::load_volatile(self.sig_first()))
         };
-        let mut target = last & !UNSIGNALED;
         // SAFETY: as above.
-        if last & UNSIGNALED != 0 && unsafe { S::load_acquire(self.retired()) } < target {
+        if sig_end != ready && unsafe { S::load_acquire(self.retired()) } < ready {
             if let Some(e) = self.error() {
                 return Err(Error::Cqe(e));
             }

@@ -143,49 +143,6 @@ pub unsafe fn store_release_u64(p: *mut u64, v: u64) {
     };
 }
 
-/// Loads a `u32` that other threads of the GPU may store at the same time, with no ordering
-/// (`ld.relaxed.gpu.u32`): a QP's [`sharing`](gdaki_shared::handle::QpHandle::sharing) word. GPU scope, as
-/// only the grid's threads write the word while a kernel runs; a `.sys` load would also be what the fast-path
-/// count of `cargo xtask sass` takes for a poll of memory the NIC writes.
-///
-/// # Safety
-/// `p` must be valid for reads and 4-byte aligned.
-#[inline(always)]
-pub unsafe fn load_relaxed_gpu_u32(p: *const u32) -> u32 {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        let v: u32;
-        // SAFETY: the caller guarantees `p` is readable and aligned; the load does not write memory.
-        unsafe {
-            core::arch::asm!("ld.relaxed.gpu.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack))
-        };
-        v
-    }
-    #[cfg(not(target_arch = "nvptx64"))]
-    // SAFETY: the caller guarantees `p` is valid and 4-byte aligned.
-    unsafe {
-        twin::load_u32(p, Ordering::Relaxed)
-    }
-}
-
-/// Stores a `u32` with no ordering (`st.relaxed.sys.u32`), for words ordered by a later fence.
-///
-/// # Safety
-/// `p` must be valid for writes and 4-byte aligned.
-#[inline(always)]
-pub unsafe fn store_relaxed_u32(p: *mut u32, v: u32) {
-    #[cfg(target_arch = "nvptx64")]
-    // SAFETY: the caller guarantees `p` is writable and aligned.
-    unsafe {
-        core::arch::asm!("st.relaxed.sys.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
-    };
-    #[cfg(not(target_arch = "nvptx64"))]
-    // SAFETY: the caller guarantees `p` is valid and 4-byte aligned.
-    unsafe {
-        twin::store_u32(p, v, Ordering::Relaxed)
-    };
-}
-
 /// Stores a value that other threads read after an acquire that this store is ordered before (a volatile
 /// store: never kept in a register or merged away).
 ///

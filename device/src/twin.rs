@@ -37,14 +37,6 @@ mod backend {
     }
 
     /// # Safety
-    /// `p` valid for reads and 4-byte aligned.
-    #[inline(always)]
-    pub(crate) unsafe fn load_u32(p: *const u32, o: Ordering) -> u32 {
-        // SAFETY: the caller's contract.
-        unsafe { AtomicU32::from_ptr(p as *mut u32) }.load(o)
-    }
-
-    /// # Safety
     /// `p` valid for writes and 4-byte aligned.
     #[inline(always)]
     pub(crate) unsafe fn store_u32(p: *mut u32, v: u32, o: Ordering) {
@@ -181,13 +173,6 @@ mod backend {
         unsafe { p.write_volatile(v) };
     }
 
-    /// # Safety
-    /// As the core backend's.
-    pub(crate) unsafe fn load_u32(p: *const u32, o: Ordering) -> u32 {
-        let (c, sh) = half(p);
-        (c.load(o) >> sh) as u32
-    }
-
     /// Replaces the u32 at `p` with `f(old)` (a read-modify-write of its word, as the other half must keep
     /// its value) unless `f` declines; returns the old u32.
     fn update_u32(p: *mut u32, o: Ordering, f: impl Fn(u32) -> Option<u32>) -> Result<u32, u32> {
@@ -236,7 +221,10 @@ mod backend {
         unsafe {
             match size_of::<T>() {
                 8 => core::mem::transmute_copy(&load_u64(p as *const u64, Ordering::Relaxed)),
-                4 => core::mem::transmute_copy(&load_u32(p as *const u32, Ordering::Relaxed)),
+                4 => {
+                    let (c, sh) = half(p as *const u32);
+                    core::mem::transmute_copy(&((c.load(Ordering::Relaxed) >> sh) as u32))
+                }
                 n => panic!("loom model: plain load of {n} bytes"),
             }
         }

@@ -5,9 +5,8 @@
 //! The send-queue state is the Exclusive QP's: the leader lane drives a [`Qp`] over the handle for the
 //! reservation, the counters, the CQ and the doorbell, so the ring's rules (CQE policy, retirement, sticky
 //! errors) are the same code. The other lanes only read the handle's fixed fields (ring, QPN, size). On the
-//! host a thread is a warp of one lane ([`crate::warp`]): each thread posts and rings for itself. So a
-//! `WarpQp` is an Exclusive poster for the one-mode rule too: it follows `Qp`s of its handle, and a QP that
-//! shared posters have posted to is refused ([`InvalidArgument::Sharing`]).
+//! host a thread is a warp of one lane ([`crate::warp`]): each thread posts and rings for itself. A `WarpQp`
+//! keeps the QP's one send-queue state as a `Qp` does, so it follows any earlier poster of its handle.
 
 use core::marker::PhantomData;
 
@@ -28,8 +27,7 @@ pub struct WarpQp<'a> {
 
 impl<'a> WarpQp<'a> {
     /// Takes the QP described by `h` for the calling warp; bounded waits give up after `timeout_ns`
-    /// nanoseconds. Every lane that will post makes its own `WarpQp` of the same handle. The QP's sharing rule
-    /// is [`Qp::new`]'s: Exclusive posters only.
+    /// nanoseconds. Every lane that will post makes its own `WarpQp` of the same handle.
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP (as [`Qp::new`] requires), used for
@@ -57,8 +55,7 @@ impl<'a> WarpQp<'a> {
     /// # Errors
     /// For every lane: [`InvalidArgument::Length`] when the lanes' WQEs differ in size or the batch needs
     /// more than half the ring (it could wait for room forever); otherwise what [`Qp::post`] returns to the
-    /// leader (a timeout, an unexpected CQE, a bad handle, [`InvalidArgument::Sharing`] for a QP of shared
-    /// posters). Nothing is posted on an error.
+    /// leader (a timeout, an unexpected CQE, a bad handle). Nothing is posted on an error.
     pub fn post<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let lanes = Lanes::active_with(self.h as u64);
         let lead = lanes.lane == lanes.leader();
@@ -153,7 +150,7 @@ impl<'a> WarpQp<'a> {
     pub fn error(&self) -> Option<CqeError> {
         // SAFETY: the sticky error words, written by the leader only while it polls, which the lanes that
         // call this do not do at the same time (contract of `new`).
-        let (idx, e) = unsafe { ((*self.h).sq_err_idx, (*self.h).sq_err) };
+        let (idx, e) = unsafe { ((*self.h).sq.err_idx, (*self.h).sq.err) };
         (idx != 0).then(|| CqeError::unpack(e))
     }
 }

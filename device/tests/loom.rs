@@ -17,7 +17,6 @@ use gdaki_device::scope::{Block, Device, Scope};
 use gdaki_device::shared_qp::SharedQp;
 use gdaki_device::sync;
 use gdaki_device::wqe;
-use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::{CqHandle, QpHandle};
 use gdaki_shared::prm::cqe::{Cqe64, OP_OWN_INVALID};
 use gdaki_shared::prm::opcode;
@@ -73,7 +72,7 @@ const QPN: u32 = 0x00_0abc;
 const WQE_CNT: u32 = 16;
 const NCQE: u32 = 16;
 
-/// One QP's queue memory in host memory: SQ, UAR register, CQ, dbrecs, shared-QP state.
+/// One QP's queue memory in host memory: SQ, UAR register, CQ, dbrecs, the QP's handle.
 #[repr(C, align(64))]
 struct Queues {
     sq: [[Seg; 4]; WQE_CNT as usize],
@@ -81,7 +80,6 @@ struct Queues {
     cq: [[u64; 8]; NCQE as usize],
     dbrec: [u32; 2],
     cq_dbrec: [u32; 2],
-    state: SharedQpState,
     handle: QpHandle,
 }
 
@@ -201,8 +199,8 @@ fn post_and_poll<S: Scope + 'static>(model: &str, posters: usize, preemptions: u
             let starved = starved.clone();
             hs.push(thread::spawn(move || {
                 let q = q.0;
-                // SAFETY: the handle and state of the model's QP, used by shared posters of scope `S` only.
-                let qp = unsafe { SharedQp::<S>::new(&raw mut (*q).handle, &raw mut (*q).state, TIMEOUT_NS) };
+                // SAFETY: the handle of the model's QP, used by shared posters of scope `S` only.
+                let qp = unsafe { SharedQp::<S>::new(&raw mut (*q).handle, TIMEOUT_NS) };
                 match qp.post(true, wqe::nop()) {
                     Ok(_) => {}
                     Err(gdaki_device::Error::Timeout(_)) => starved.set(),
@@ -214,12 +212,12 @@ fn post_and_poll<S: Scope + 'static>(model: &str, posters: usize, preemptions: u
         hs.push(thread::spawn(move || {
             let q = q.0;
             // SAFETY: as above.
-            let qp = unsafe { SharedQp::<S>::new(&raw mut (*q).handle, &raw mut (*q).state, TIMEOUT_NS) };
+            let qp = unsafe { SharedQp::<S>::new(&raw mut (*q).handle, TIMEOUT_NS) };
             for spin in 0.. {
                 // The property checked: a poller never takes a legitimate CQE for an unexpected one.
                 qp.progress().unwrap_or_else(|e| panic!("progress: {e}"));
-                // SAFETY: the state's `retired` word.
-                if unsafe { sync::load_acquire_u64(&raw const (*q).state.retired) } >= total {
+                // SAFETY: the state's `ci` word.
+                if unsafe { sync::load_acquire_u64(&raw const (*q).handle.sq.ci) } >= total {
                     break;
                 }
                 if spin > SPINS || s.get() {
@@ -237,8 +235,8 @@ fn post_and_poll<S: Scope + 'static>(model: &str, posters: usize, preemptions: u
         // SAFETY: every model thread has finished.
         let q = unsafe { Box::from_raw(q.0) };
         if !starved.get() {
-            let st = q.state;
-            assert_eq!((st.resv, st.ready, st.retired, st.err_idx), (total, total, total, 0), "{st:?}");
+            let st = q.handle.sq;
+            assert_eq!((st.pi, st.ready, st.ci, st.err_idx), (total, total, total, 0), "{st:?}");
             assert!(st.rung >= total, "every WQE rung: {st:?}");
         }
         r.count(starved.get());
@@ -256,7 +254,7 @@ fn builder(preemptions: usize) -> loom::model::Builder {
     b
 }
 
-/// The race of the first shared-QP poller: it read `resv` before a poster reserved, then met that poster's
+/// The race of the first shared-QP poller: it read `pi` before a poster reserved, then met that poster's
 /// CQE and called it unexpected. One preemption finds it in the old code; two are explored here (about 9,000
 /// executions). Block and Device scope differ only in the PTX scope of their atomics, which the host twins do
 /// not have, so one scope is modelled.

@@ -173,7 +173,7 @@ fn overlapping_mrs_each_keep_their_own_rights_and_survive_each_other() {
     assert!(got[..128].iter().all(|&b| b == 0) && got[128..].iter().all(|&b| b == 0x5a));
     // The read-only one refuses a write, and nothing is placed.
     dst.fill(0);
-    let at = qp.handle().sq_pi;
+    let at = qp.handle().sq.pi;
     qp.put(&ro.remote(), 0, &lmr.handle(), 0, 8).unwrap();
     assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::REMOTE_ACCESS, at)));
     assert!(dst.read().iter().all(|&b| b == 0) && dst.guards_intact());
@@ -427,7 +427,7 @@ fn zeroed_and_truncated_handles_are_argument_errors_and_post_nothing() {
         let e = qp.put(&r, 1, &l, 0, 4096).unwrap_err();
         one_line(&e.to_string());
         assert!(e.to_string().contains("RemoteRange"), "{e}");
-        assert_eq!((qp.handle().sq_pi, qp.handle().sq_sig_end), (0, 0), "a rejected call took SQ room");
+        assert_eq!((qp.handle().sq.pi, qp.handle().sq.sig_end), (0, 0), "a rejected call took SQ room");
         qp.flush().unwrap();
         assert_eq!(p.nic.stats().doorbells, 0);
         assert!(dst.read().iter().all(|&b| b == 0));
@@ -617,7 +617,7 @@ fn a_zero_timeout_loses_nothing_and_a_patient_waiter_finishes_the_job() {
         }
         let r = qp.flush();
         // The flush waits for the CQE of the last WQE posted (the NOP it adds when the last put is unsignaled).
-        let last = qp.handle().sq_pi - 1;
+        let last = qp.handle().sq.pi - 1;
         assert!(
             matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index }, .. })) if wqe_index == last),
             "{r:?} (last WQE {last})"
@@ -636,7 +636,7 @@ fn a_zero_timeout_loses_nothing_and_a_patient_waiter_finishes_the_job() {
     let mut qp = dev_qp(&mut h, TIMEOUT_NS);
     qp.flush().unwrap();
     assert!(dst.read().iter().all(|&b| b == 0x3c) && dst.guards_intact());
-    assert_eq!(qp.handle().sq_ci, qp.handle().sq_pi);
+    assert_eq!(qp.handle().sq.ci, qp.handle().sq.pi);
 }
 
 #[test]
@@ -657,7 +657,7 @@ fn an_sq_that_never_drains_times_out_naming_the_room_it_wanted() {
         }
     }
     assert!(matches!(last, Err(Error::Timeout(Timeout { on: WaitOn::SqSpace { wqebbs: 1 }, .. }))), "{last:?}");
-    assert_eq!(qp.handle().sq_pi, 16);
+    assert_eq!(qp.handle().sq.pi, 16);
     assert!(t0.elapsed() < Duration::from_secs(2));
     let e = last.unwrap_err().to_string();
     one_line(&e);
@@ -712,7 +712,7 @@ fn a_fresh_handle_of_a_flushed_qp_continues_where_the_nic_is_and_its_work_comple
     // so the put is executed and its completion is the one the flush waits for.
     src.fill(0x22);
     let mut h = p.a.handle();
-    assert_eq!((h.sq_pi, h.sq_ci, h.cq.cons_index), (first.sq_pi, first.sq_ci, first.cq.cons_index));
+    assert_eq!((h.sq.pi, h.sq.ci, h.cq.cons_index), (first.sq.pi, first.sq.ci, first.cq.cons_index));
     let mut qp = dev_qp(&mut h, TIMEOUT_NS);
     qp.put(&rmr.remote(), 0, &lmr.handle(), 0, LEN as u64).unwrap();
     assert_eq!(qp.flush(), Ok(()));
@@ -871,10 +871,7 @@ fn a_cqe_from_beyond_the_producer_index_is_an_error_not_a_panic() {
     // A forged handle whose counters restart at zero (as if the host had built it from scratch).
     let fresh = p.a.handle();
     let mut h = QpHandle {
-        sq_pi: 0,
-        sq_ci: 0,
-        sq_sig_first: 0,
-        sq_sig_end: 0,
+        sq: gdaki_shared::handle::SqState::at(0),
         cq: gdaki_shared::handle::CqHandle { cons_index: 0, ..fresh.cq },
         ..fresh
     };
@@ -985,7 +982,7 @@ fn a_peer_that_never_polls_its_cq_fails_write_imm_with_0x14_and_both_sides_stay_
     // (flush has nothing to wait for), and the NOP it posts is flushed into a CQ that overran and takes no more
     // CQEs, so the wait on it times out, bounded, naming that WQE.
     let mut hb = p.b.handle();
-    assert_eq!((hb.cq.cons_index, hb.sq_pi), (16, 0));
+    assert_eq!((hb.cq.cons_index, hb.sq.pi), (16, 0));
     let mut b = dev_qp(&mut hb, SHORT_NS);
     assert_eq!(b.flush(), Ok(()));
     let t = b.post(true, wqe::nop()).unwrap();

@@ -17,7 +17,7 @@ use gdaki_device::channel::{Exclusive, PortChannel, Poster};
 use gdaki_device::error::InvalidArgument;
 use gdaki_device::scope::{Block, Device};
 use gdaki_device::Error;
-use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
+use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::opcode::syndrome;
 use rand::RngExt;
@@ -40,9 +40,8 @@ struct Link {
     dst: GuardedBuf,
     sem: GuardedBuf,
     scratch: GuardedBuf,
-    /// A's QP handle and shared counters, and B's expected count, where device code updates them.
+    /// A's QP handle and B's expected count, where device code updates them.
     qp_h: Box<QpHandle>,
-    state: Box<SharedQpState>,
     expected: Box<AtomicU64>,
 }
 
@@ -72,7 +71,6 @@ impl Link {
             sem_mr: sem.register(&nb, &pb, Access::ALL),
             scratch_mr: scratch.register(&na, &pa, Access::LOCAL_WRITE),
             qp_h: Box::new(a.handle()),
-            state: Box::new(SharedQpState::default()),
             expected: Box::new(AtomicU64::new(0)),
             a,
             _b: b,
@@ -90,7 +88,6 @@ impl Link {
     fn handle(&self) -> PortChannelHandle {
         PortChannelHandle {
             qp: &*self.qp_h as *const QpHandle as u64,
-            shared: &*self.state as *const SharedQpState as u64,
             dst: self.dst_mr.remote(),
             src: self.src_mr.handle(),
             remote_sem: self.sem_mr.remote(),
@@ -154,9 +151,9 @@ fn many_threads<S: Sharing>(wire: bool) {
     // The fetch-add results went to the scratch word: nothing else of A changed.
     assert_eq!(l.src.read(), payload);
     // SAFETY: every thread has finished; the state is plain memory.
-    let st = unsafe { std::ptr::read_volatile(&*l.state) };
-    assert_eq!((st.resv, st.err_idx), (st.ready, 0), "all published, no error: {st:?}");
-    assert!(st.retired >= st.last_start, "all retired: {st:?}");
+    let st = unsafe { std::ptr::read_volatile(&l.qp_h.sq) };
+    assert_eq!((st.pi, st.err_idx), (st.ready, 0), "all published, no error: {st:?}");
+    assert!(st.ci >= st.sig_first, "all retired: {st:?}");
     assert!(st.rung >= st.ready, "every published WQE rung: {st:?}");
     let nic = l._nics[0].stats();
     assert_eq!((nic.dbrec_mismatches, nic.bad_doorbells, nic.error_cqes), (0, 0, 0), "{nic:?}");
@@ -196,7 +193,7 @@ fn sq_wraps_past_65536_wqes() {
         }
     });
     // SAFETY: as above.
-    let st = unsafe { std::ptr::read_volatile(&*l.state) };
+    let st = unsafe { std::ptr::read_volatile(&l.qp_h.sq) };
     assert!(st.ready > 65_536, "{} WQEBBs: the 16-bit index wrapped", st.ready);
     // Each flush may add a NOP (when the QP's last WQE then was an unsignaled put).
     assert!((4 * per as u64..=4 * per as u64 + 4).contains(&st.ready), "{st:?}");
@@ -227,8 +224,8 @@ fn shared_puts_ask_for_a_cqe_once_per_quarter_ring() {
     ch.flush().unwrap();
     assert_eq!(l._nics[0].stats().wqes, puts as u64 + 1);
     // SAFETY: the only poster has finished; the state is plain memory.
-    let st = unsafe { std::ptr::read_volatile(&*l.state) };
-    assert_eq!((st.ready, st.retired, st.last_start), (puts as u64 + 1, puts as u64 + 1, puts as u64 + 1), "{st:?}");
+    let st = unsafe { std::ptr::read_volatile(&l.qp_h.sq) };
+    assert_eq!((st.ready, st.ci, st.sig_first), (puts as u64 + 1, puts as u64 + 1, puts as u64 + 1), "{st:?}");
 }
 
 /// Four threads put random payloads into their own slots of a 16-WQEBB ring (the smallest; it wraps hundreds
@@ -266,8 +263,8 @@ fn shared_puts_and_flushes_of_many_threads_on_a_small_ring() {
         }
     });
     // SAFETY: every thread has finished; the state is plain memory.
-    let st = unsafe { std::ptr::read_volatile(&*l.state) };
-    assert_eq!((st.resv, st.err_idx), (st.ready, 0), "{st:?}");
+    let st = unsafe { std::ptr::read_volatile(&l.qp_h.sq) };
+    assert_eq!((st.pi, st.err_idx), (st.ready, 0), "{st:?}");
     assert!(st.ready > 16 * 200, "the ring wrapped hundreds of times: {st:?}");
     let nic = l._nics[0].stats();
     assert_eq!((nic.wqes, nic.error_cqes, nic.dbrec_mismatches, nic.bad_doorbells), (st.ready, 0, 0, 0), "{nic:?}");
@@ -344,7 +341,7 @@ fn warp_put_with_signal_and_flush() {
     let s = l._nics[0].stats();
     // 7 WRITEs (6 of 10,000 bytes, one of 5,536) and two fetch-adds, none by BlueFlame; the fetch-adds asked
     // for CQEs, so `flush` needed no NOP.
-    assert_eq!((l.a.sq_consumed(), qh.sq_pi, s.blueflame + s.blueflame_fallbacks), (9, 9, 0), "{s:?}");
+    assert_eq!((l.a.sq_consumed(), qh.sq.pi, s.blueflame + s.blueflame_fallbacks), (9, 9, 0), "{s:?}");
 }
 
 #[test]
@@ -484,65 +481,86 @@ fn shared_qp_posters_and_pollers_stress() {
     eprintln!("{} puts with signal in {secs} s", signals.load(Relaxed));
 }
 
-/// One QP, one mode: the first post on a connection claims its QP for its side (Exclusive and Warp, or Block
-/// and Device), and channels of the other side, as a later kernel on the same connection would make them,
-/// fail every post and flush with `InvalidArgument::Sharing` and reach the NIC with nothing.
+/// One send-queue state for every sharing mode: the channels of one connection, as later kernels on it would
+/// make them, change mode from use to use (Exclusive with BlueFlame, Exclusive split into 4 WQEs by doorbell,
+/// Warp, Block, Device, and an Exclusive `Qp` that leaves its WQEs unrung for the next poster to ring), for
+/// several turns of a 64-WQEBB ring: every put lands, every signal counts once, and the NIC sees no dbrec
+/// mismatch, no bad doorbell and no error CQE.
 #[test]
-fn a_connection_refuses_channels_of_the_other_sharing_side() {
+fn a_connection_changes_sharing_mode_between_uses() {
     use gdaki_device::channel::Warp;
-    let refused = Err(Error::InvalidArgument(InvalidArgument::Sharing));
-    for exclusive_first in [true, false] {
-        let mut rng = rng();
-        let l = Link::new(4096, 64, false);
-        let data = random_bytes(&mut rng, 4096);
-        l.src.write(0, &data);
-        let h = l.handle();
-        if exclusive_first {
-            // SAFETY: the link's QP, used by this thread only; the link outlives the channel.
-            let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
-            ch.put_with_signal(0, 0, 1024).unwrap();
-            ch.flush().unwrap();
-        } else {
-            let mut ch = shared::<Block>(&h);
-            ch.put_with_signal(0, 0, 1024).unwrap();
-            ch.flush().unwrap();
-        }
-        let done = (l.a.sq_consumed(), l.sem.load_u64(0), l._nics[0].stats().doorbells);
-        assert_eq!((done.0, done.1), (2, 1), "exclusive first: {exclusive_first}");
-        if exclusive_first {
-            let mut ch = shared::<Block>(&h);
-            assert_eq!(ch.put(1024, 1024, 1024), refused, "Block put");
-            assert_eq!(ch.signal(), refused, "Block signal");
-            assert_eq!(ch.flush(), refused, "Block flush");
-            let mut ch = shared::<Device>(&h);
-            assert_eq!(ch.put_with_signal(1024, 1024, 1024), refused, "Device put_with_signal");
-            assert_eq!(ch.poster().progress(), refused, "Device progress");
-        } else {
-            // SAFETY: as above.
-            let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
-            assert_eq!(ch.put(1024, 1024, 1024), refused, "Exclusive put (BlueFlame)");
-            assert_eq!(ch.signal(), refused, "Exclusive signal");
-            assert_eq!(ch.flush(), refused, "Exclusive flush");
-            drop(ch);
-            // A put split into staged WQEs, rung by doorbell.
-            let split = PortChannelHandle { max_wqe_bytes: 256, blue_flame_limit: 0, ..h };
-            // SAFETY: as above.
-            let mut ch = unsafe { PortChannel::<Exclusive>::new(&split) };
-            assert_eq!(ch.put(1024, 1024, 1024), refused, "Exclusive put of 4 WQEs");
-            drop(ch);
-            // SAFETY: as above; this thread is a warp of one lane.
-            let mut ch = unsafe { PortChannel::<Warp>::new(&h) };
-            assert_eq!(ch.put_with_signal(1024, 1024, 1024), refused, "Warp put_with_signal");
-            assert_eq!(ch.flush(), refused, "Warp flush");
-        }
-        // A doorbell rung by a refused channel would have been acted on by now.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        let after = (l.a.sq_consumed(), l.sem.load_u64(0), l._nics[0].stats().doorbells);
-        assert_eq!(after, done, "a refused channel reached the NIC (exclusive first: {exclusive_first})");
-        let got = l.dst.read();
-        assert_eq!(&got[..1024], &data[..1024]);
-        assert!(got[1024..].iter().all(|&b| b == 0xee), "a refused put was placed");
+    use gdaki_device::wqe;
+    let mut rng = rng();
+    const SLOT: usize = 1024;
+    let l = Link::new(16 * SLOT, 64, false);
+    let h = l.handle();
+    let (mut signals, mut want) = (0u64, vec![0xeeu8; 16 * SLOT]);
+    for round in 0..100usize {
+        let off = (round % 16) * SLOT;
+        let data = random_bytes(&mut rng, SLOT);
+        l.src.write(off, &data);
+        want[off..off + SLOT].copy_from_slice(&data);
+        let o = off as u64;
+        let mode = rng.random_range(0..6u32);
+        let r = match mode {
+            0 => {
+                // SAFETY: the link's QP, used by this thread only; the link outlives the channel.
+                let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+                ch.put_with_signal(o, o, SLOT as u64).and_then(|()| ch.flush())
+            }
+            1 => {
+                let split = PortChannelHandle { max_wqe_bytes: 256, blue_flame_limit: 0, ..h };
+                // SAFETY: as above.
+                let mut ch = unsafe { PortChannel::<Exclusive>::new(&split) };
+                ch.put_with_signal(o, o, SLOT as u64).and_then(|()| ch.flush())
+            }
+            2 => {
+                // SAFETY: as above; this thread is a warp of one lane.
+                let mut ch = unsafe { PortChannel::<Warp>::new(&h) };
+                ch.put_with_signal(o, o, SLOT as u64).and_then(|()| ch.flush())
+            }
+            3 => {
+                let mut ch = shared::<Block>(&h);
+                ch.put_with_signal(o, o, SLOT as u64).and_then(|()| ch.flush())
+            }
+            4 => {
+                let mut ch = shared::<Device>(&h);
+                ch.put_with_signal(o, o, SLOT as u64).and_then(|()| ch.flush())
+            }
+            _ => {
+                // An Exclusive poster that posts the put and the signal and rings nothing; a shared flush rings
+                // them from the state's `last_db` and waits for them.
+                {
+                    // SAFETY: as above.
+                    let mut qp = unsafe { gdaki_device::qp::Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns) };
+                    let put = wqe::rdma_write(
+                        wqe::Raddr { addr: h.dst.addr + o, rkey: h.dst.rkey },
+                        wqe::Sge::new(h.src.addr + o, SLOT as u32, h.src.lkey).unwrap(),
+                    );
+                    let _ = qp.post(false, put).unwrap();
+                    let add = wqe::atomic_fetch_add(
+                        wqe::Raddr { addr: h.remote_sem.addr, rkey: h.remote_sem.rkey },
+                        wqe::Sge::new(h.scratch.addr, 8, h.scratch.lkey).unwrap(),
+                        1,
+                    )
+                    .unwrap();
+                    let _ = qp.post(false, add).unwrap();
+                }
+                shared::<Device>(&h).flush()
+            }
+        };
+        r.unwrap_or_else(|e| panic!("round {round}, mode {mode}: {e}"));
+        signals += 1;
+        assert_eq!(l.sem.load_u64(0), signals, "round {round}, mode {mode}: every signal counted once");
+        assert!(l.dst.read() == want, "round {round}, mode {mode}: destination differs");
     }
+    // SAFETY: no poster runs now.
+    let st = unsafe { (*(h.qp as *const QpHandle)).sq };
+    assert!(st.pi > 3 * 64, "the ring turned over three times: {st:?}");
+    assert_eq!((st.pi, st.ready, st.ci, st.rung), (st.pi, st.pi, st.pi, st.pi), "all published, rung, retired");
+    assert_eq!(l.a.sq_consumed(), st.pi, "the NIC consumed every WQEBB");
+    let nic = l._nics[0].stats();
+    assert_eq!((nic.dbrec_mismatches, nic.bad_doorbells, nic.error_cqes), (0, 0, 0), "{nic:?}");
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -668,9 +686,9 @@ fn team_puts<S: Sharing>(nteams: usize, members: u32, calls: usize, flush_each: 
     }
     assert!(l.dst.guards_intact() && l.src.guards_intact());
     // SAFETY: every thread has finished; the state is plain memory.
-    let st = unsafe { std::ptr::read_volatile(&*l.state) };
-    assert_eq!((st.resv, st.ready, st.err_idx, st.team_lock), (wqes, wqes, 0, 0), "{st:?}");
-    assert!(st.retired >= st.last_start && st.rung == st.ready, "all retired and rung: {st:?}");
+    let st = unsafe { std::ptr::read_volatile(&l.qp_h.sq) };
+    assert_eq!((st.pi, st.ready, st.err_idx, st.team_lock), (wqes, wqes, 0, 0), "{st:?}");
+    assert!(st.ci >= st.sig_first && st.rung == st.ready, "all retired and rung: {st:?}");
     let nic = l._nics[0].stats();
     let team_calls = (nteams * calls) as u64;
     assert_eq!((nic.wqes, nic.cqes, nic.error_cqes), (wqes, team_calls, 0), "one CQE per team call: {nic:?}");

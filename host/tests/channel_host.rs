@@ -19,8 +19,8 @@ use gdaki_device::channel::{Exclusive, PortChannel as DevChannel};
 use gdaki_device::error::InvalidArgument;
 use gdaki_device::qp::Qp as DevQp;
 use gdaki_device::Error as DevError;
-use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
-use gdaki_shared::handle::QpHandle;
+use gdaki_shared::channel::PortChannelHandle;
+use gdaki_shared::handle::{QpHandle, SqState};
 use gdaki_shared::prm::opcode::syndrome;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -166,12 +166,12 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
         let h = chan.device_handle();
 
         // Every field of the handle.
-        assert_eq!((h.qp, h.shared), (conn.qp_handle_addr(), conn.shared_state_addr()));
-        assert!(h.qp.is_multiple_of(8) && h.shared.is_multiple_of(64), "{h:?}");
+        assert_eq!(h.qp, conn.qp_handle_addr());
+        assert!(h.qp.is_multiple_of(64), "{h:?}");
         let qh = conn.qp_handle().unwrap();
-        assert_eq!((qh.qpn, qh.wqe_cnt, qh.sq_pi, qh.sq_ci, qh.cq.cons_index), (conn.qpn(), 1024, 0, 0, 0));
+        assert_eq!((qh.qpn, qh.wqe_cnt, qh.sq.pi, qh.sq.ci, qh.cq.cons_index), (conn.qpn(), 1024, 0, 0, 0));
         assert_eq!(qh.cq.ncqe, 1024);
-        assert_eq!(bytemuck::bytes_of(&conn.shared_state().unwrap()), bytemuck::bytes_of(&SharedQpState::default()));
+        assert_eq!(bytemuck::bytes_of(&qh.sq), bytemuck::bytes_of(&SqState::default()));
         let (d, r) = (h.dst, dst.remote());
         assert_eq!((d.addr, d.length, d.rkey.get()), (r.addr, LEN as u64, r.rkey.get()));
         let s = src.handle();
@@ -200,8 +200,8 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
             assert_eq!(unsafe { qp.wait_semaphore(h.local_sem as *const u64, peer_n) }.unwrap(), peer_n);
         }
         let after = conn.qp_handle().unwrap();
-        assert_eq!(after.sq_ci, after.sq_pi, "flushed: every WQEBB retired");
-        assert_eq!(conn.qp().as_emu().expect("emulated NIC").sq_consumed(), after.sq_pi);
+        assert_eq!(after.sq.ci, after.sq.pi, "flushed: every WQEBB retired");
+        assert_eq!(conn.qp().as_emu().expect("emulated NIC").sq_consumed(), after.sq.pi);
         // Both ranks are done: nothing more arrives.
         comm.bootstrap().barrier().unwrap();
         assert_eq!(sem.inbound(), plans[peer as usize].len() as u64, "exact count of the peer's signals");
@@ -255,9 +255,9 @@ fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
         let hs: Vec<[PortChannelHandle; 2]> =
             chans.iter().map(|[a, b]| [a.device_handle(), b.device_handle()]).collect();
         for (i, [a, b]) in hs.iter().enumerate() {
-            assert_eq!((a.qp, a.shared, a.scratch.addr, a.local_sem), (b.qp, b.shared, b.scratch.addr, b.local_sem));
+            assert_eq!((a.qp, a.scratch.addr, a.local_sem), (b.qp, b.scratch.addr, b.local_sem));
             for [c, _] in &hs[i + 1..] {
-                assert!(a.qp != c.qp && a.shared != c.shared && a.scratch.addr != c.scratch.addr, "QP {i}");
+                assert!(a.qp != c.qp && a.scratch.addr != c.scratch.addr, "QP {i}");
                 assert!(a.local_sem != c.local_sem && a.expected != c.expected, "QP {i}");
             }
         }
@@ -296,8 +296,8 @@ fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
             assert_eq!(conns[q].scratch_value(), sent - 1, "QP {q}: last fetch-add's old value");
             assert_eq!(sems[q].expected().unwrap(), 0, "QP {q}");
             let qh = conns[q].qp_handle().unwrap();
-            assert!(qh.sq_pi >= 2 * sent && qh.sq_ci == qh.sq_pi, "QP {q}: {qh:?}");
-            assert!(qh.sq_pi > 3 * 16, "QP {q}: the ring of 16 wrapped");
+            assert!(qh.sq.pi >= 2 * sent && qh.sq.ci == qh.sq.pi, "QP {q}: {qh:?}");
+            assert!(qh.sq.pi > 3 * 16, "QP {q}: the ring of 16 wrapped");
             for p in theirs.iter().flatten() {
                 let (d, s, n) = (p.dst_off as usize, p.src_off as usize, p.len as usize);
                 want[d..d + n].copy_from_slice(&payloads[peer as usize][s..s + n]);
@@ -475,9 +475,9 @@ fn gpu_executor_keeps_qp_state_and_expected_counts_in_gpu_memory() {
                 (qh.sq_buf, qh.dbrec, qh.bf_reg, qh.qpn, qh.wqe_cnt),
                 (want.sq_buf, want.dbrec, want.bf_reg, want.qpn, want.wqe_cnt)
             );
-            assert_eq!((qh.cq.buf, qh.cq.ncqe, qh.sq_pi), (want.cq.buf, want.cq.ncqe, 0));
-            assert_eq!(bytemuck::bytes_of(&c.shared_state().unwrap()), bytemuck::bytes_of(&SharedQpState::default()));
-            assert!(h.shared.is_multiple_of(64) && h.qp == c.qp_handle_addr());
+            assert_eq!((qh.cq.buf, qh.cq.ncqe, qh.sq.pi), (want.cq.buf, want.cq.ncqe, 0));
+            assert_eq!(bytemuck::bytes_of(&qh.sq), bytemuck::bytes_of(&SqState::default()));
+            assert!(h.qp.is_multiple_of(64) && h.qp == c.qp_handle_addr());
             assert_eq!((sem.expected().unwrap(), sem.inbound(), c.scratch_value()), (0, 0, 0));
             assert_eq!((h.local_sem, h.expected, h.scratch.length), (sem.inbound_addr(), sem.expected_addr(), 8));
         }

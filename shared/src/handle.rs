@@ -49,13 +49,16 @@ pub struct CqHandle {
     pub pad: u32,
 }
 
-/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + software counters). 128 bytes.
+/// An RC QP's send side as device code drives it (`mlx5dv_qp` + UAR + the send-queue state). 256 bytes.
 ///
-/// Software state (`sq_*` counters, the sticky error, `cq.cons_index`) is written by the one thread that owns
-/// the handle (Exclusive mode); the host sets it where the NIC is when it builds the handle (zero for a new
-/// QP). All indices are 64-bit WQEBB counts; the wire carries their low 16 bits. Posters of the shared scopes
-/// keep their counters in a [`SharedQpState`](crate::channel::SharedQpState) instead and write only
-/// [`QpHandle::sharing`] here.
+/// The fixed fields (ring, dbrec, doorbell register, CQ, placement) are written by the host before the QP is
+/// used. The software state is [`QpHandle::sq`] and [`CqHandle::cons_index`], one layout for every kind of
+/// poster: an Exclusive poster (one thread) keeps it in registers and writes it back, shared posters (Block and
+/// Device scopes) update it with atomics, and each keeps every word the other reads, so a QP may be posted to
+/// by one kind of poster, then another (kernel after kernel, or through two channels of one connection), and
+/// the ring stays consistent. The host sets the state where the NIC is when it builds the handle
+/// ([`SqState::at`]; zero for a new QP). All indices are 64-bit WQEBB counts; the wire carries their low 16
+/// bits.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct QpHandle {
@@ -69,47 +72,109 @@ pub struct QpHandle {
     pub wqe_cnt: u32,
     /// QP number (24 bits).
     pub qpn: u32,
-    /// The send CQ.
+    /// The send CQ (its `cons_index` is the QP's CQ consumer index, for every kind of poster).
     pub cq: CqHandle,
-    /// Software state: WQEBBs produced (the next WQE starts here).
-    pub sq_pi: u64,
-    /// Software state: WQEBBs retired. A CQE for the WQE at index `w` retires up to `w + 1` (its first
-    /// WQEBB; the rest of a multi-WQEBB WQE is retired by a later CQE).
-    pub sq_ci: u64,
-    /// Software state: first WQEBB index + 1 of the last WQE that requested a CQE; that WQE has completed when
-    /// `sq_ci >= sq_sig_first`.
-    pub sq_sig_first: u64,
-    /// Software state: `sq_pi` just after the last WQE that requested a CQE (equal to `sq_pi` when the last
-    /// posted WQE requested one).
-    pub sq_sig_end: u64,
-    /// Software state: WQEBB index + 1 of the first WQE that completed in error, 0 while none has. The QP is
-    /// in the error state from then on, and waits on that WQE or any later one report [`QpHandle::sq_err`].
-    pub sq_err_idx: u64,
-    /// Software state: that error CQE, packed `syndrome << 24 | vendor_err_synd << 16 | wqe_counter`.
-    pub sq_err: u32,
     /// Where the SQ ring and the dbrec are (the doorbell register is always in the UAR page).
     pub placement: Placement,
     /// Bytes one BlueFlame write may carry to `bf_reg` (`mlx5dv_qp.bf.size`; rdma-core uses BlueFlame only
     /// for a WQE no larger): 0 for a doorbell-only UAR, where device code rings by doorbell whatever it is
     /// asked. The emulated NIC's register takes one WQEBB ([`crate::prm::uar::BF_WRITE_SIZE`]).
     pub bf_size: u32,
-    /// Which kind of poster has posted to this QP, one of [`sharing`]: [`sharing::NONE`] until the first post
-    /// (what the host builds), then [`sharing::EXCLUSIVE`] or [`sharing::SHARED`], set by that post. The two
-    /// kinds keep their counters in different places (here, or a `SharedQpState`), so a poster of the other
-    /// kind would reuse WQEBBs still in flight: it refuses the QP instead (`InvalidArgument::Sharing`).
-    pub sharing: u32,
+    /// Padding, zero: the state starts at byte 128, in a cache line of its own (shared posters' atomics on it
+    /// then do not share a 64-byte line with the fixed fields every poster reads).
+    pub pad: [u32; 12],
+    /// The send-queue state.
+    pub sq: SqState,
 }
 
-/// Values of [`QpHandle::sharing`]: which kind of poster a QP has been posted to by.
-pub mod sharing {
-    /// Nobody has posted yet.
-    pub const NONE: u32 = 0;
-    /// Exclusive posters (`gdaki_device::qp::Qp`, `gdaki_device::warp_qp::WarpQp`), whose counters are the
-    /// handle's.
-    pub const EXCLUSIVE: u32 = 1;
-    /// Shared posters (`gdaki_device::shared_qp::SharedQp` of Block or Device scope), whose counters are in a
-    /// [`SharedQpState`](crate::channel::SharedQpState).
-    pub const SHARED: u32 = 2;
+/// A QP's send-queue state (byte 128 of its [`QpHandle`]), in memory every poster reaches (GPU memory for the
+/// `gpu` executor). 128 bytes. Indices are 64-bit WQEBB counts.
+///
+/// An Exclusive poster (`gdaki_device::qp::Qp`, one thread) reads it once, posts with the counters in
+/// registers and writes back `pi` and `ready` (equal: it publishes as it stores), `ci`, `sig_first`,
+/// `sig_end`, `rung` and `last_db`; its CQ polls move `cq.cons_index`. Shared posters
+/// (`gdaki_device::shared_qp::SharedQp`) run this protocol: posting a WQE of `n` WQEBBs, `pi += n` (atomic)
+/// reserves `[idx, idx + n)`; the poster waits until `idx + n - ci <= wqe_cnt`, stores the WQE, waits until
+/// `ready == idx`, stores `sig_first`/`sig_end` if it asked for a CQE, `last_db` (its ctrl segment's doorbell
+/// bits, release) and `ready = idx + n` (release), so `ready` only moves over complete WQEs, in order.
+/// Doorbells are rung under `db_lock` with the newest `last_db`, which covers every WQE published before it,
+/// so dbrec values never go backwards and one doorbell may cover many WQEs: a poster that sees a later
+/// reservation leaves the doorbell to the later poster; the last one rings, and so does any thread that waits
+/// on unrung WQEs (for room or in `flush`). A shared WQE asks for a CQE when its poster asks, and when it
+/// covers the last WQEBB of an aligned quarter of the ring (less on rings too small for a warp's batch beside a
+/// quarter), decided from its own index alone; `flush` posts a signaled NOP when the last published WQE asked
+/// for none (`sig_end != ready`). CQEs are polled by whichever waiter holds `poll_lock`, which moves `ci` and
+/// `cq.cons_index` forward (a CQE completes every earlier WQE, so `ci` jumps to its WQE index + 1) and records
+/// the first error CQE, which the NIC writes for unsignaled WQEs too.
+///
+/// A team post (the threads of one CTA together, one WQEBB each) makes one reservation: its leader takes
+/// `team_lock`, adds the whole batch to `pi`, waits for room and leaves the base in `team_base`; after a
+/// CTA barrier every member stores its WQE (only the last asks for a CQE), and after another the leader
+/// publishes the batch as one poster would (`last_db`, `ready`) and rings once.
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[repr(C)]
+pub struct SqState {
+    /// WQEBBs reserved (the producer index): the next WQE starts here.
+    pub pi: u64,
+    /// WQEBBs published in order: every WQE below is complete in the ring.
+    pub ready: u64,
+    /// WQEBBs retired (the SQ consumer index). A CQE for the WQE at index `w` retires up to `w + 1` (its first
+    /// WQEBB; the rest of a multi-WQEBB WQE is retired by a later CQE).
+    pub ci: u64,
+    /// First WQEBB index + 1 of the last published WQE that asked for a CQE (0 while none has); that WQE has
+    /// completed when `ci >= sig_first`.
+    pub sig_first: u64,
+    /// `ready` just after that WQE: equal to `ready` when the last published WQE asked for a CQE.
+    pub sig_end: u64,
+    /// WQEBB index + 1 of the first WQE that completed in error, 0 while none has. The QP is in the error
+    /// state from then on, and waits on that WQE or any later one report [`SqState::err`].
+    pub err_idx: u64,
+    /// Doorbell bits (the ctrl segment's first 8 bytes, as stored) of the last published WQE not yet rung, or
+    /// of a rung one.
+    pub last_db: u64,
+    /// Producer index the last doorbell announced (WQEBBs below it are rung).
+    pub rung: u64,
+    /// That error CQE, packed `syndrome << 24 | vendor_err_synd << 16 | wqe_counter`.
+    pub err: u32,
+    /// 1 while a thread polls the CQ, else 0.
+    pub poll_lock: u32,
+    /// 1 while a thread writes the dbrec and rings the doorbell, else 0.
+    pub db_lock: u32,
+    /// 1 while a team post (the threads of one CTA posting together) owns the three `team_*` words below,
+    /// else 0: its leader takes it before its reservation and releases it once every member has read them.
+    pub team_lock: u32,
+    /// The team post's first WQEBB index, which its leader reserved for all members.
+    pub team_base: u64,
+    /// The doorbell bits of the team post's last WQE (stored by the member that built it).
+    pub team_bits: u64,
+    /// The leader's error while reserving, for the other members: words 0, 1, 3 and 4 of its `ErrorReport`
+    /// (kind and CQE fields, `expected`, `detail`, `addr`; no error it can meet there has a `seen`); word 0 is
+    /// 0 when there was none.
+    pub team_err: [u64; 4],
+}
+
+impl SqState {
+    /// The state of a QP whose NIC has consumed `consumed` WQEBBs and which has nothing outstanding: every
+    /// index at `consumed` (a new QP: 0).
+    pub const fn at(consumed: u64) -> SqState {
+        SqState {
+            pi: consumed,
+            ready: consumed,
+            ci: consumed,
+            sig_first: consumed,
+            sig_end: consumed,
+            err_idx: 0,
+            last_db: 0,
+            rung: consumed,
+            err: 0,
+            poll_lock: 0,
+            db_lock: 0,
+            team_lock: 0,
+            team_base: 0,
+            team_bits: 0,
+            team_err: [0; 4],
+        }
+    }
 }
 
 /// A local memory region as device code names it in data segments. 24 bytes.
@@ -166,10 +231,13 @@ pub struct ErrorReport {
 const _: () = {
     use core::mem::{offset_of, size_of};
     assert!(size_of::<CqHandle>() == 40);
-    assert!(size_of::<QpHandle>() == 128);
+    assert!(size_of::<QpHandle>() == 256);
     assert!(offset_of!(QpHandle, cq) == 32);
-    assert!(offset_of!(QpHandle, sq_pi) == 72);
-    assert!(offset_of!(QpHandle, sharing) == 124);
+    assert!(offset_of!(QpHandle, sq) == 128);
+    assert!(size_of::<SqState>() == 128);
+    assert!(offset_of!(SqState, team_lock) == 76);
+    assert!(offset_of!(SqState, team_base) == 80);
+    assert!(offset_of!(SqState, team_err) == 96);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);

@@ -26,12 +26,13 @@ const WQE_CNT: u32 = 64;
 const CTA_THREADS: u32 = 256;
 /// Bytes of control words per rank in the control buffer: semaphore, fetch-add result, counter, report,
 /// QP handle (cpu executor).
-const CTRL_STRIDE: usize = 256;
+const CTRL_STRIDE: usize = 512;
 const SEM: usize = 0;
 const SCRATCH: usize = 8;
 const CHECKED: usize = 16;
 const REPORT: usize = 64;
 const QP_HANDLE: usize = 128;
+const _: () = assert!(QP_HANDLE + std::mem::size_of::<QpHandle>() <= CTRL_STRIDE);
 
 /// Knobs of one ping-pong run.
 #[derive(Clone, Copy, Debug)]
@@ -351,7 +352,8 @@ impl PingPong {
             }
             Executor::Cpu => {
                 for (r, h) in handles.iter().enumerate() {
-                    // SAFETY: `ctrl` has a slot per rank; the handle slot is 8-aligned and 96 of the 128 bytes left.
+                    // SAFETY: `ctrl` has a slot per rank; the handle slot is 64-aligned and fits (the assert at
+                    // `QP_HANDLE`).
                     unsafe { (ctrl.host_ptr().add(r * CTRL_STRIDE + QP_HANDLE) as *mut QpHandle).write(*h) };
                 }
                 Ok(None)
@@ -511,5 +513,5 @@ impl PingPong {
 }
 
 /// Offset of the kernel arguments in the GPU state buffer (after up to two QP handles, 256-byte aligned).
-const GPU_ARGS: usize = 256;
+const GPU_ARGS: usize = 512;
 const _: () = assert!(2 * std::mem::size_of::<QpHandle>() <= GPU_ARGS);

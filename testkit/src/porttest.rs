@@ -3,10 +3,8 @@
 //! `gdaki_port_{exclusive,block,device}`) or on host threads (a team of threads per channel).
 //!
 //! A [`PortTest`] owns `nchannels` connections (one QP each), a buffer of `2 × max_size` bytes per channel
-//! (send half, receive half), a semaphore and a channel per connection. Its QPs are used in one sharing mode
-//! only: the Exclusive counters live in the QP handle, the shared ones in the shared state, and a QP keeps the
-//! mode of its first post (a run in the other mode fails with `InvalidArgument::Sharing`), so make one
-//! `PortTest` per mode.
+//! (send half, receive half), a semaphore and a channel per connection, all set up for one [`Mode`] (the Host
+//! modes' channels go through a proxy; the Device modes' kernels post themselves).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,7 +17,6 @@
 use std::time::Duration;
 
 use gdaki_device::launch::DevPtr;
-use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::{ErrorReport, QpHandle};
 use gdaki_testkit_kernels::entries;
 use gdaki_testkit_kernels::postrate::{shape, PostRateArgs};
@@ -272,13 +271,12 @@ impl PostRate {
                 WQE_CNT
             )));
         }
-        // QP handles and the shared state where device code keeps them; fresh ones each run (the NIC has
-        // consumed everything posted before: every round ends with a flush).
+        // QP handles where device code keeps them; fresh ones each run (the NIC has consumed everything posted
+        // before: every round ends with a flush).
         let handles: Vec<QpHandle> = self.qps[..nqps as usize].iter().map(|q| q.handle()).collect();
         let hbytes = bytemuck::cast_slice::<QpHandle, u8>(&handles);
-        let state = self.exec.alloc_data(256 + hbytes.len())?;
-        state.write(0, bytemuck::bytes_of(&shared_state(&handles[0])))?;
-        state.write(256, hbytes)?;
+        let state = self.exec.alloc_data(hbytes.len())?;
+        state.write(0, hbytes)?;
         // The report (64 bytes), the barrier's counter on a line of its own (the teams poll it), then the times;
         // all zeroed by the allocation.
         let ctrl = self.exec.queue_memory().alloc(TIMES_AT + 16 * (total_rounds * posters) as usize)?;
@@ -288,8 +286,7 @@ impl PostRate {
             Shape::Shared { .. } | Shape::Warp { .. } => (0, 1),
         };
         let args = PostRateArgs {
-            qps: base + 256,
-            shared: base,
+            qps: base,
             dst: self._mrs.1.remote(),
             src: self._mrs.0.handle(),
             times: ctrl.device_addr() + TIMES_AT as u64,
@@ -364,10 +361,4 @@ impl PostRate {
     pub fn nic(&self) -> &EmuNic {
         &self.nic
     }
-}
-
-/// A shared state whose counters start where the NIC is for the QP of `h` (as `h`'s do).
-fn shared_state(h: &QpHandle) -> SharedQpState {
-    let at = h.sq_pi;
-    SharedQpState { resv: at, ready: at, retired: at, cq_ci: h.cq.cons_index, rung: at, ..SharedQpState::default() }
 }

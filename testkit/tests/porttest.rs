@@ -146,7 +146,7 @@ fn sq_wraps(kind: ExecutorKind, team: u32, iters: u32) {
             PortTest::with_qps(std::sync::Arc::new(comm), Mode::Device, 1, 1, size, iters as usize).expect("set up");
         let cfg = RunConfig { op: op::BW_PIECES, size, iters, team, seed: 0x3a9, timeout: TIMEOUT };
         let r = t.run(&cfg).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-        let st = t.channels()[0].connection().shared_state().expect("shared state");
+        let st = t.channels()[0].connection().qp_handle().expect("QP handle").sq;
         (r.checked, st.ready, t.channels()[0].semaphore().inbound())
     });
     let (sent, receiver) = (&results[0], &results[1]);

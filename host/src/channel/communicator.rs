@@ -3,8 +3,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use gdaki_shared::channel::SharedQpState;
-
 use crate::bootstrap::Bootstrap;
 use crate::exec::{DataBuf, Executor};
 use crate::mem::MemLoc;
@@ -13,7 +11,7 @@ use crate::nic::{Access, Nic, NicSpec, Pd};
 use crate::{Error, Result};
 
 use super::config::{EndpointConfig, IbMode, Transport};
-use super::connection::{ConnInner, Connection, QP_HANDLE_OFF, SHARED_OFF, STATE_BYTES};
+use super::connection::{ConnInner, Connection, QP_HANDLE_OFF, STATE_BYTES};
 use super::memory::{queue_loc, RegInner, RegisteredMemory, RemoteMemory};
 use super::msg::{self, Kind};
 use super::port::PortChannel;
@@ -267,9 +265,8 @@ impl Communicator {
             )));
         }
         qp.connect(&remote)?;
-        // A new QP's NIC has consumed nothing: the handle's counters and the shared state start at zero.
+        // A new QP's NIC has consumed nothing: the handle's send-queue state starts at zero.
         state.write(QP_HANDLE_OFF, bytemuck::bytes_of(&qp.handle()))?;
-        state.write(SHARED_OFF, bytemuck::bytes_of(&SharedQpState::default()))?;
         Ok(Connection {
             inner: Arc::new(ConnInner {
                 scratch_mr,

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use gdaki_shared::channel::SharedQpState;
 use gdaki_shared::handle::{MrHandle, QpHandle};
 
 use crate::exec::DataBuf;
@@ -17,20 +16,13 @@ use super::communicator::Resources;
 use super::config::EndpointConfig;
 use super::memory::{addr_of, load_queue_u64, read_words};
 
-/// Byte offset of the [`SharedQpState`] in a connection's state buffer (64-byte aligned: the buffer is
-/// 4096-aligned on `cpu`, 256-aligned on `gpu`).
-pub(super) const SHARED_OFF: usize = 0;
-/// Byte offset of the [`QpHandle`] in the state buffer (8-byte aligned).
-pub(super) const QP_HANDLE_OFF: usize = 128;
+/// Byte offset of the [`QpHandle`] in a connection's state buffer (64-byte aligned, so that its send-queue
+/// state at byte 128 has a cache line of its own: the buffer is 4096-aligned on `cpu`, 256-aligned on `gpu`).
+pub(super) const QP_HANDLE_OFF: usize = 0;
 /// Bytes of the state buffer.
 pub(super) const STATE_BYTES: usize = 256;
 
-const _: () = assert!(
-    SHARED_OFF.is_multiple_of(64)
-        && SHARED_OFF + size_of::<SharedQpState>() <= QP_HANDLE_OFF
-        && QP_HANDLE_OFF.is_multiple_of(8)
-        && QP_HANDLE_OFF + size_of::<QpHandle>() <= STATE_BYTES
-);
+const _: () = assert!(QP_HANDLE_OFF.is_multiple_of(64) && QP_HANDLE_OFF + size_of::<QpHandle>() <= STATE_BYTES);
 
 /// A connected RC QP to one peer, made by [`Communicator::connect`](super::Communicator::connect) (MSCCL++
 /// `Connection`). Any number of [`PortChannel`](super::PortChannel)s and
@@ -40,8 +32,7 @@ const _: () = assert!(
 ///
 /// | what | size | where |
 /// |---|---|---|
-/// | the QP's [`QpHandle`] (ring, dbrec, doorbell register, CQ; the Exclusive scope's counters; the sharing mode of the first post) | 128 B, 8-aligned | GPU memory (`gpu`), host memory (`cpu`): device code updates it on every post |
-/// | its [`SharedQpState`] (counters of the Block and Device scopes), all zero | 128 B, 64-aligned | same buffer, offset 0 |
+/// | the QP's [`QpHandle`] (ring, dbrec, doorbell register, CQ; the send-queue state every sharing mode keeps, at byte 128) | 256 B, 64-aligned | GPU memory (`gpu`), host memory (`cpu`): device code updates it on every post |
 /// | the atomic scratch word: where every fetch-add's old value lands, registered `LOCAL_WRITE` | 8 B, 8-aligned | queue memory (pinned host memory mapped into the GPU on `gpu`) |
 ///
 /// Cloning is cheap and shares the QP. The last clone to go (channels and semaphores hold one) destroys the
@@ -62,7 +53,7 @@ pub(super) struct ConnInner {
     pub(super) scratch_mr: Mr,
     pub(super) qp: Qp,
     pub(super) cq: Cq,
-    /// [`SharedQpState`] at [`SHARED_OFF`], [`QpHandle`] at [`QP_HANDLE_OFF`].
+    /// The [`QpHandle`] at [`QP_HANDLE_OFF`].
     pub(super) state: DataBuf,
     /// The atomic scratch word, at offset 0.
     pub(super) scratch: MappedBuf,
@@ -112,16 +103,10 @@ impl Connection {
     /// Device-visible address of the QP's [`QpHandle`] (8-byte aligned; GPU memory on `gpu`, host memory on
     /// `cpu`): a [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `qp`. Device code in
     /// Exclusive scope takes it as `&mut QpHandle`, one thread at a time; the shared scopes as `*mut QpHandle`.
-    /// The connection's posters keep to one sharing mode, Exclusive (and Warp) or shared (Block, Device): the
-    /// first post records which in [`QpHandle::sharing`], and posters of the other refuse the QP.
+    /// Every sharing mode keeps the QP's one send-queue state ([`QpHandle::sq`]), so the connection's channels
+    /// may use different modes, one after another (never at the same time).
     pub fn qp_handle_addr(&self) -> u64 {
         addr_of(&self.inner.state, QP_HANDLE_OFF)
-    }
-
-    /// Device-visible address of the QP's [`SharedQpState`] (64-byte aligned, next to the handle): a
-    /// [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `shared`.
-    pub fn shared_state_addr(&self) -> u64 {
-        addr_of(&self.inner.state, SHARED_OFF)
     }
 
     /// The QP's atomic scratch word as device code names it (8 bytes, 8-byte aligned, `LOCAL_WRITE`): where
@@ -143,16 +128,6 @@ impl Connection {
     /// The CUDA driver's error copying it.
     pub fn qp_handle(&self) -> Result<QpHandle> {
         let b = read_words(&self.inner.state, QP_HANDLE_OFF, size_of::<QpHandle>())?;
-        Ok(bytemuck::pod_read_unaligned(&b))
-    }
-
-    /// A copy of the QP's [`SharedQpState`] (copied from GPU memory on `gpu`). Exact only while no device code
-    /// runs on it.
-    ///
-    /// # Errors
-    /// The CUDA driver's error copying it.
-    pub fn shared_state(&self) -> Result<SharedQpState> {
-        let b = read_words(&self.inner.state, SHARED_OFF, size_of::<SharedQpState>())?;
         Ok(bytemuck::pod_read_unaligned(&b))
     }
 

@@ -176,9 +176,8 @@ impl PortChannel {
         &self.src
     }
 
-    /// The handle device code uses (MSCCL++ `deviceHandle()`), every field filled: `qp` and `shared` (the
-    /// connection's [`QpHandle`](gdaki_shared::handle::QpHandle) and
-    /// [`SharedQpState`](gdaki_shared::channel::SharedQpState) addresses), `dst`, `src`, `remote_sem` (the
+    /// The handle device code uses (MSCCL++ `deviceHandle()`), every field filled: `qp` (the connection's
+    /// [`QpHandle`](gdaki_shared::handle::QpHandle) address), `dst`, `src`, `remote_sem` (the
     /// peer's inbound word), `local_sem` and `expected` (this side's words), `scratch` (the QP's atomic
     /// scratch word), `max_wqe_bytes`, `timeout_ns`, `blue_flame_limit`. Plain data to copy into kernel
     /// arguments or device memory; the addresses in it stay valid while this channel lives.
@@ -186,7 +185,6 @@ impl PortChannel {
         let p = self.proxied.unwrap_or(Proxied { fifo: FifoHandle::default(), err: 0, mode: mode::DEVICE, id: 0 });
         PortChannelHandle {
             qp: self.conn.qp_handle_addr(),
-            shared: self.conn.shared_state_addr(),
             dst: self.dst.remote(),
             src: self.src.handle(),
             remote_sem: self.sem.remote_inbound(),

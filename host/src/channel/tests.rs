@@ -63,7 +63,7 @@ fn channel_loopback_put_and_signal_outlive_the_communicator() {
     // SAFETY: the buffer is 4096 bytes of host memory owned by `src`; no device code runs yet.
     unsafe { std::ptr::write_bytes(host_ptr(&src), 0xa5, 4096) };
     let before = conn.qp_handle().unwrap();
-    assert_eq!((before.sq_pi, before.cq.cons_index), (0, 0));
+    assert_eq!((before.sq.pi, before.cq.cons_index), (0, 0));
     {
         // SAFETY: `h.qp` is the connection's handle in host memory, alive while `chan` is; this thread alone
         // posts to the QP.
@@ -82,8 +82,9 @@ fn channel_loopback_put_and_signal_outlive_the_communicator() {
     assert!(got[..100].iter().chain(&got[300..]).all(|&b| b == 0));
     assert!(got[100..300].iter().all(|&b| b == 0xa5));
     let after = conn.qp_handle().unwrap();
-    assert!(after.sq_pi >= 3 && after.sq_ci == after.sq_pi, "{after:?}");
-    assert_eq!(conn.shared_state().unwrap().resv, 0, "Exclusive use leaves the shared state alone");
+    let sq = after.sq;
+    assert!(sq.pi >= 3 && sq.ci == sq.pi, "{after:?}");
+    assert_eq!((sq.ready, sq.rung), (sq.pi, sq.pi), "Exclusive use publishes and rings what it posts: {sq:?}");
 }
 
 #[test]

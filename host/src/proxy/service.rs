@@ -240,7 +240,7 @@ impl Lane {
 
     fn outstanding(&self) -> bool {
         let h = self.qp.handle();
-        h.sq_ci < h.sq_pi
+        h.sq.ci < h.sq.pi
     }
 }
 

@@ -8,7 +8,7 @@ use gdaki_device::shared_qp::SharedQp;
 use gdaki_device::warp_qp::WarpQp;
 use gdaki_device::wqe::{self, Raddr, Sge, Wqe};
 use gdaki_device::{kernel, Thread};
-use gdaki_shared::channel::{PortChannelHandle, SharedQpState};
+use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::wqe::Seg;
 use gdaki_shared::Be32;
@@ -172,13 +172,12 @@ pub fn gdaki_sass_warp_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
     let _ = unsafe { WarpQp::new(h, 1 << 30) }.post(false, w);
 }
 
-/// One Device-scope [`SharedQp::post`] of an 8-byte RDMA WRITE on the QP `h` with shared state `st`, as
-/// [`gdaki_sass_qp_post`].
+/// One Device-scope [`SharedQp::post`] of an 8-byte RDMA WRITE on the QP `h`, as [`gdaki_sass_qp_post`].
 #[kernel]
-pub fn gdaki_sass_shared_post(_t: &Thread, h: *mut QpHandle, st: *mut SharedQpState, a: &SassWrite) {
+pub fn gdaki_sass_shared_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
     let Some(w) = sass_write(a) else { return };
-    // SAFETY: the launch's contract: a live QP whose every poster is a Device-scope shared poster of `st`.
-    let _ = unsafe { SharedQp::<Device>::new(h, st, 1 << 30) }.post(true, w);
+    // SAFETY: the launch's contract: a live QP whose every poster is a Device-scope shared poster.
+    let _ = unsafe { SharedQp::<Device>::new(h, 1 << 30) }.post(true, w);
 }
 
 /// Builds [`SAMPLES`] WQEs from `*p` into `out` (one thread; see [`samples::build`]).

@@ -45,14 +45,12 @@ pub mod shape {
     pub const WARP: u32 = 2;
 }
 
-/// Arguments of one launch (`#[repr(C)]`, built by the host): 136 bytes.
+/// Arguments of one launch (`#[repr(C)]`, built by the host): 128 bytes.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct PostRateArgs {
     /// Address of the QPs' [`QpHandle`]s, one per team (Exclusive) or one (shared).
     pub qps: u64,
-    /// Address of QP 0's [`SharedQpState`](gdaki_shared::channel::SharedQpState) (shared shape).
-    pub shared: u64,
     /// Where the WRITEs go (8 bytes at offset 8 × poster of it).
     pub dst: RemoteMr,
     /// Where they come from (8 bytes at offset 0).
@@ -90,7 +88,7 @@ pub struct PostRateArgs {
     pub pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PostRateArgs>() == 136);
+const _: () = assert!(core::mem::size_of::<PostRateArgs>() == 128);
 
 /// Writes `e` to the report unless an earlier error got there first.
 fn report(a: &PostRateArgs, e: Error) {
@@ -166,7 +164,7 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         let r = if !posts {
             Ok((0, 0))
         } else if SHAPE == shape::SHARED {
-            // SAFETY: QP 0's handle and shared state (caller's contract), shared by every poster.
+            // SAFETY: QP 0's handle (caller's contract), shared by every poster.
             unsafe { burst_shared(a, poster) }
         } else if SHAPE == shape::WARP {
             // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
@@ -279,11 +277,11 @@ unsafe fn burst_warp(a: &PostRateArgs, h: *mut QpHandle, p: u32) -> Result<(u64,
 /// The shared shape: `posts` WRITEs on QP 0 through a Device-scope [`SharedQp`].
 ///
 /// # Safety
-/// QP 0's handle and shared state, shared by every poster (caller's contract).
+/// QP 0's handle, shared by every poster (caller's contract).
 #[inline(never)]
 unsafe fn burst_shared(a: &PostRateArgs, p: u32) -> Result<(u64, u64)> {
     // SAFETY: the caller's contract.
-    let qp = unsafe { SharedQp::<Device>::new(a.qps as *mut QpHandle, a.shared as *mut _, a.timeout_ns) };
+    let qp = unsafe { SharedQp::<Device>::new(a.qps as *mut QpHandle, a.timeout_ns) };
     let (r, l) = target(a, p)?;
     let t0 = sync::clock_ns();
     for _ in 0..a.posts {

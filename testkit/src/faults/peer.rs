@@ -283,14 +283,14 @@ pub(crate) fn peer_killed(ctx: &Ctx) -> std::result::Result<Observed, String> {
             let waited = start.elapsed();
             let first = d.error();
             let mut rest = Vec::new();
-            while d.handle().sq_ci < d.handle().sq_pi {
+            while d.handle().sq.ci < d.handle().sq.pi {
                 match next_cqe(&mut d, TIMEOUT) {
                     Some(c) => rest.push(c),
                     None => break,
                 }
             }
-            let all_retired = d.handle().sq_ci == d.handle().sq_pi;
-            Ok::<_, String>((r, waited, first, rest, all_retired, d.handle().sq_pi))
+            let all_retired = d.handle().sq.ci == d.handle().sq.pi;
+            Ok::<_, String>((r, waited, first, rest, all_retired, d.handle().sq.pi))
         })();
         abandon.store(true, Ordering::Release);
         (device, killer.join())

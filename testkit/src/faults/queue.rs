@@ -9,7 +9,7 @@ use gdaki_device::error::WaitOn;
 use gdaki_device::qp::Ticket;
 use gdaki_device::wqe::{self, Ctrl, Raddr, Sge};
 use gdaki_device::{db, sq, Error as DevError};
-use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr};
+use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr, SqState};
 use gdaki_shared::prm::cqe::CQE_SIZE;
 use gdaki_shared::prm::opcode;
 use gdaki_shared::prm::wqe::{fm_ce_se, CtrlSeg, RaddrSeg, Seg, SEG, WQEBB};
@@ -64,7 +64,7 @@ pub(crate) fn sq_full() -> Result<Observed, String> {
     }
     // SAFETY: the SQ ring of `qp`, alive; the NIC only reads it.
     let before = unsafe { snapshot(ring.0, ring.1) };
-    let pi = d.handle().sq_pi;
+    let pi = d.handle().sq.pi;
     let start = Instant::now();
     let r = d.put(&NOWHERE, 64 * WQE_CNT as u64, &src_mr.handle(), 64 * WQE_CNT as u64, 64);
     let waited = start.elapsed();
@@ -74,8 +74,8 @@ pub(crate) fn sq_full() -> Result<Observed, String> {
             matches!(r, Err(DevError::Timeout(t)) if t.on == WaitOn::SqSpace { wqebbs: 1 }),
         ),
         Check::new(
-            format!("the 17th WQE was not stored (producer index {})", d.handle().sq_pi),
-            d.handle().sq_pi == pi,
+            format!("the 17th WQE was not stored (producer index {})", d.handle().sq.pi),
+            d.handle().sq.pi == pi,
         ),
         Check::new(format!("the wait lasted its timeout ({waited:?} >= {TIMEOUT:?})"), waited >= TIMEOUT),
     ];
@@ -162,7 +162,9 @@ pub(crate) fn cq_overrun() -> Result<Observed, String> {
         Check::new(format!("no CQE written past the {N} entries ({produced})"), produced == N),
     ];
     // Device code's view: it posted 17 NOPs and waits for the last; 16 CQEs come, the 17th never does.
-    let mut dh = QpHandle { sq_pi: N + 1, sq_sig_first: N + 1, sq_sig_end: N + 1, ..h };
+    let posted = N + 1;
+    let sq = SqState { pi: posted, ready: posted, sig_first: posted, sig_end: posted, rung: posted, ..h.sq };
+    let mut dh = QpHandle { sq, ..h };
     // SAFETY: `dh` describes `rig.a` (alive) as device code that posted those 17 NOPs would hold it.
     let mut d = unsafe { dev_qp(&mut dh, TIMEOUT) };
     let r = d.wait(Ticket(N));
@@ -171,8 +173,8 @@ pub(crate) fn cq_overrun() -> Result<Observed, String> {
         matches!(r, Err(DevError::Timeout(t)) if t.on == WaitOn::Cqe { wqe_index: N }),
     ));
     checks.push(Check::new(
-        format!("device code retired the {N} CQEs written (sq_ci {})", d.handle().sq_ci),
-        d.handle().sq_ci == N,
+        format!("device code retired the {N} CQEs written (SQ ci {})", d.handle().sq.ci),
+        d.handle().sq.ci == N,
     ));
     Ok(Observed {
         outcome: observed,
@@ -195,9 +197,11 @@ fn sge(mr: &MrHandle, off: u64, len: u32) -> Sge {
 }
 
 /// A doorbell never rung: device code posts a signaled RDMA WRITE and publishes the dbrec but never writes
-/// the doorbell (its `Qp` is dropped before `ring_db`); other device code then waits for that WQE. The wait
-/// must end with `Timeout(Cqe)` after its bound, the NIC must have executed nothing, and the destination must
-/// be untouched.
+/// the doorbell, while its send-queue state says it did (`rung` moved: a doorbell store lost on its way, or
+/// device code that updates the state and forgets the MMIO store; a `Qp` dropped before `ring_db` would leave
+/// `rung` behind, and the next poster would ring); other device code then waits for that WQE. The wait must
+/// end with `Timeout(Cqe)` after its bound, the NIC must have executed nothing, and the destination must be
+/// untouched.
 pub(crate) fn no_doorbell() -> Result<Observed, String> {
     const TIMEOUT: Duration = Duration::from_millis(200);
     let rig = setup(Rig::new(Path::Direct, 64, 64, Duration::from_secs(5)))?;
@@ -212,9 +216,10 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
         let t = step("posting the WRITE", d.post(true, wqe::rdma_write(r, l)))?;
         // The dbrec says there is a WQE; the doorbell never comes.
         // SAFETY: `rig.a`'s dbrec, alive.
-        unsafe { db::update_dbrec(d.handle().dbrec, d.handle().sq_pi, d.handle().placement) };
+        unsafe { db::update_dbrec(d.handle().dbrec, d.handle().sq.pi, d.handle().placement) };
         t
     };
+    h.sq.rung = h.sq.pi;
     // SAFETY: as above; the previous `Qp` over `h` is gone.
     let mut d = unsafe { dev_qp(&mut h, TIMEOUT) };
     let start = Instant::now();

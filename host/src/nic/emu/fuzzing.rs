@@ -463,7 +463,7 @@ mod tests {
     }
 
     /// Queue memory of one QP in host memory, as the emulated NIC lays it out for the `cpu` executor: a
-    /// 64-WQEBB SQ, its dbrec, a UAR register, a 64-entry CQ (no CQE ever arrives) and the shared state.
+    /// 64-WQEBB SQ, its dbrec, a UAR register, a 64-entry CQ (no CQE ever arrives) .
     #[derive(Clone, Copy, bytemuck::Zeroable)]
     #[repr(C, align(64))]
     struct Queues {
@@ -472,7 +472,6 @@ mod tests {
         cq: [[u64; 8]; 64],
         dbrec: [u32; 2],
         cq_dbrec: [u32; 2],
-        shared: gdaki_shared::channel::SharedQpState,
     }
 
     const QPN: u32 = 0x0a_bcde;
@@ -490,10 +489,6 @@ mod tests {
         for c in q.cq.iter_mut() {
             c[7] = 0xf1u64 << 56; // op_own = 0xF1: invalid, hardware-owned.
         }
-        q.shared.resv = start;
-        q.shared.ready = start;
-        q.shared.retired = start;
-        q.shared.rung = start;
         let cq = CqHandle {
             buf: q.cq.as_ptr() as u64,
             dbrec: q.cq_dbrec.as_ptr() as u64,
@@ -510,12 +505,9 @@ mod tests {
             wqe_cnt: 64,
             qpn: QPN,
             cq,
-            sq_pi: start,
-            sq_ci: start,
-            sq_sig_end: start,
+            sq: gdaki_shared::handle::SqState::at(start),
             ..Default::default()
         };
-        let shared = &raw mut q.shared;
         let mut tickets = Vec::new();
         {
             let hp = &raw mut h;
@@ -534,13 +526,13 @@ mod tests {
                         t.unwrap().0
                     }
                     2 => {
-                        // SAFETY: as above; the shared state is `q.shared`, used by shared posters only.
-                        let qp = unsafe { SharedQp::<Block>::new(hp, shared, 1_000_000_000) };
+                        // SAFETY: as above; used by shared posters only.
+                        let qp = unsafe { SharedQp::<Block>::new(hp, 1_000_000_000) };
                         with_wqe!(w.wqe, x => qp.post(true, x)).unwrap().0
                     }
                     _ => {
                         // SAFETY: as above.
-                        let qp = unsafe { SharedQp::<Device>::new(hp, shared, 1_000_000_000) };
+                        let qp = unsafe { SharedQp::<Device>::new(hp, 1_000_000_000) };
                         with_wqe!(w.wqe, x => qp.post(true, x)).unwrap().0
                     }
                 };

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use gdaki_shared::handle::QpHandle;
+use gdaki_shared::handle::{QpHandle, SqState};
 use gdaki_shared::prm::cmd::qpc;
 use gdaki_shared::prm::uar::{BF_BUF_SIZE, BF_OFFSET, BF_WRITE_SIZE};
 
@@ -374,10 +374,7 @@ impl Qp {
             wqe_cnt: q.wqe_cnt,
             qpn: q.qpn,
             cq: q.cq.handle(),
-            sq_pi: consumed,
-            sq_ci: consumed,
-            sq_sig_first: consumed,
-            sq_sig_end: consumed,
+            sq: SqState::at(consumed),
             placement: q.sq.placement(),
             // The register takes one WQEBB; a doorbell-only UAR takes no BlueFlame write.
             bf_size: if self.nic.fab.blueflame { BF_WRITE_SIZE as u32 } else { 0 },
