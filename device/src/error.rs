@@ -62,6 +62,27 @@ pub enum WaitOn {
         /// The first flag word read that differed, at the last try.
         seen: u32,
     },
+    /// A signal from one peer of a collective ([`crate::coll`]): its data or its count row, counted by the
+    /// pair's semaphore. Names the rank the caller waited for.
+    Peer {
+        /// The peer's rank in the collective communicator.
+        rank: u32,
+        /// Semaphore value awaited (`>=`).
+        expected: u64,
+        /// Last value read.
+        seen: u64,
+    },
+    /// The root of a broadcast waiting for its group acknowledgment ([`crate::coll`]): one counter that every
+    /// receiver advances by 1, so `expected - seen` receivers had not acknowledged (which ones, one word
+    /// cannot say).
+    GroupAck {
+        /// Address of the counter.
+        addr: u64,
+        /// Value awaited (`>=`).
+        expected: u64,
+        /// Last value read.
+        seen: u64,
+    },
 }
 
 /// A bounded wait that ran past its limit.
@@ -156,6 +177,11 @@ pub enum InvalidArgument {
     /// batch breaks the team rules (the members with a WQE are not ranks `0 .. k`, a WQE takes more than one
     /// WQEBB, the batch needs more than half the ring). Nothing is posted.
     Team = 11,
+    /// A collective call ([`crate::coll`]) whose handle or arguments are out of range: a communicator of 0 or
+    /// more than [`MAX_RANKS`](gdaki_shared::coll::MAX_RANKS) ranks, a rank or root not below `nranks`, a
+    /// count slice shorter than `nranks`, or regions that do not fit the data buffer (checked before anything
+    /// is posted, as far as this rank can tell: received counts are checked once they arrive).
+    Collective = 12,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -187,6 +213,12 @@ pub mod kind {
     pub const TIMEOUT_PACKET: u32 = 9;
     /// [`super::Error::App`]; `expected` holds the code, `seen` the value.
     pub const APP: u32 = 12;
+    /// [`super::Error::Timeout`] on a collective's peer ([`super::WaitOn::Peer`]); `addr` holds its rank,
+    /// `expected` and `seen` the semaphore values.
+    pub const TIMEOUT_PEER: u32 = 13;
+    /// [`super::Error::Timeout`] on a broadcast's group acknowledgment ([`super::WaitOn::GroupAck`]); `addr`
+    /// holds the counter's address, `expected` and `seen` its values.
+    pub const TIMEOUT_GROUP_ACK: u32 = 14;
 }
 
 impl CqeError {
@@ -248,6 +280,18 @@ impl Error {
                         r.seen = seen as u64;
                         r.addr = addr;
                     }
+                    WaitOn::Peer { rank, expected, seen } => {
+                        r.kind = kind::TIMEOUT_PEER;
+                        r.expected = expected;
+                        r.seen = seen;
+                        r.addr = rank as u64;
+                    }
+                    WaitOn::GroupAck { addr, expected, seen } => {
+                        r.kind = kind::TIMEOUT_GROUP_ACK;
+                        r.expected = expected;
+                        r.seen = seen;
+                        r.addr = addr;
+                    }
                 }
             }
             Error::UnexpectedCqe(u) => {
@@ -296,6 +340,10 @@ impl Error {
             kind::TIMEOUT_PACKET => {
                 timeout(WaitOn::Packet { addr: r.addr, flag: r.expected as u32, seen: r.seen as u32 })
             }
+            kind::TIMEOUT_PEER => {
+                timeout(WaitOn::Peer { rank: u32::try_from(r.addr).ok()?, expected: r.expected, seen: r.seen })
+            }
+            kind::TIMEOUT_GROUP_ACK => timeout(WaitOn::GroupAck { addr: r.addr, expected: r.expected, seen: r.seen }),
             kind::UNEXPECTED_CQE => {
                 Some(Error::UnexpectedCqe(UnexpectedCqe { qpn: r.addr as u32, wqe_counter: r.wqe_counter }))
             }
@@ -317,6 +365,7 @@ impl Error {
                 9 => InvalidArgument::Unsupported,
                 8 => InvalidArgument::Packet,
                 11 => InvalidArgument::Team,
+                12 => InvalidArgument::Collective,
                 _ => return None,
             })),
             _ => None,
@@ -362,6 +411,17 @@ impl core::fmt::Display for Error {
                         f,
                         "timed out after {ms:.1} ms waiting for the LL packet at {addr:#x} to carry flag {flag} (saw \
                          {seen})"
+                    ),
+                    WaitOn::Peer { rank, expected, seen } => write!(
+                        f,
+                        "timed out after {ms:.1} ms waiting for rank {rank} (its signal count to reach {expected}, \
+                         saw {seen})"
+                    ),
+                    WaitOn::GroupAck { addr, expected, seen } => write!(
+                        f,
+                        "timed out after {ms:.1} ms waiting for the group acknowledgment at {addr:#x} to reach \
+                         {expected} (saw {seen}: {} receivers had not acknowledged)",
+                        expected.saturating_sub(seen)
                     ),
                 }
             }

@@ -31,6 +31,7 @@ device_repr!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64);
 device_repr!(
     gdaki_shared::channel::PortChannelHandle,
     gdaki_shared::handle::SqState,
+    gdaki_shared::coll::CollHandle,
     gdaki_shared::handle::QpHandle,
     gdaki_shared::handle::CqHandle,
     gdaki_shared::handle::MrHandle,

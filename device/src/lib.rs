@@ -10,7 +10,8 @@
 //! [`onesided`] (put / signal / put_with_signal); [`warp`] (lanes, shuffles, votes) → [`warp_qp`] (a QP owned
 //! by one warp: one WQE per lane, one doorbell). Shared QPs: [`scope`] (Block / Device atomics) →
 //! [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s PortChannel device API over an Exclusive
-//! or a shared QP) → [`packet`] (MSCCL++'s LL packets on a channel). Kernels: [`thread`] (the calling thread,
+//! or a shared QP) → [`packet`] (MSCCL++'s LL packets on a channel); [`coll`] (collectives on the channels
+//! to every peer: broadcast, all-to-all with variable sizes). Kernels: [`thread`] (the calling thread,
 //! its indices and the CTA barrier) and [`launch`] (parameter types, error reports, the `cpu` executor's
 //! launcher) with the [`kernel`] attribute, which makes a function of a user's device crate a kernel of both
 //! executors. The crate has no kernels of its own: a user's crate (built with `gdaki-build`) has them.
@@ -40,6 +41,7 @@ pub unsafe fn loom_register(addr: *const u8, len: usize) {
 }
 
 pub mod channel;
+pub mod coll;
 pub mod cq;
 pub mod db;
 pub mod error;

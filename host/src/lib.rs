@@ -29,6 +29,7 @@
 
 pub mod bootstrap;
 pub mod channel;
+pub mod coll;
 pub mod cuda;
 mod drop_errors;
 pub mod error;

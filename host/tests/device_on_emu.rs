@@ -895,6 +895,16 @@ fn wait_on() -> impl Strategy<Value = WaitOn> {
             seen
         }),
         (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, flag, seen)| WaitOn::Packet { addr, flag, seen }),
+        (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(rank, expected, seen)| WaitOn::Peer {
+            rank,
+            expected,
+            seen
+        }),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(addr, expected, seen)| WaitOn::GroupAck {
+            addr,
+            expected,
+            seen
+        }),
     ]
 }
 
@@ -910,6 +920,7 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
         Just(InvalidArgument::Unsupported),
         Just(InvalidArgument::Packet),
         Just(InvalidArgument::Team),
+        Just(InvalidArgument::Collective),
     ]
 }
 
@@ -940,6 +951,8 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Timeout(Timeout { on: WaitOn::FifoSpace { .. }, .. }) => kind::TIMEOUT_FIFO_SPACE,
         Error::Timeout(Timeout { on: WaitOn::Proxy { .. }, .. }) => kind::TIMEOUT_PROXY,
         Error::Timeout(Timeout { on: WaitOn::Packet { .. }, .. }) => kind::TIMEOUT_PACKET,
+        Error::Timeout(Timeout { on: WaitOn::Peer { .. }, .. }) => 13,
+        Error::Timeout(Timeout { on: WaitOn::GroupAck { .. }, .. }) => 14,
         Error::Payload(_) => kind::PAYLOAD,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
         Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
@@ -975,6 +988,10 @@ proptest! {
             Error::Timeout(Timeout { on: WaitOn::Packet { addr, flag, seen }, .. }) => {
                 format!("LL packet at {addr:#x} to carry flag {flag} (saw {seen})")
             }
+            Error::Timeout(Timeout { on: WaitOn::Peer { rank, .. }, .. }) => format!("waiting for rank {rank} "),
+            Error::Timeout(Timeout { on: WaitOn::GroupAck { addr, .. }, .. }) => {
+                format!("group acknowledgment at {addr:#x}")
+            }
             Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
@@ -984,7 +1001,7 @@ proptest! {
     }
 
     #[test]
-    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 13u32..]) {
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 15u32..]) {
         let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
         prop_assert_eq!(Error::from_report(&r), None);
     }
@@ -1006,6 +1023,7 @@ fn invalid_argument_codes_are_the_documented_ones() {
         (InvalidArgument::Packet, 8, "invalid argument: Packet"),
         (InvalidArgument::Unsupported, 9, "invalid argument: Unsupported"),
         (InvalidArgument::Team, 11, "invalid argument: Team"),
+        (InvalidArgument::Collective, 12, "invalid argument: Collective"),
     ];
     assert_eq!(kind::INVALID_ARGUMENT, 6);
     for (a, code, message) in table {
@@ -1019,7 +1037,8 @@ fn invalid_argument_codes_are_the_documented_ones() {
             | InvalidArgument::Handle
             | InvalidArgument::Packet
             | InvalidArgument::Unsupported
-            | InvalidArgument::Team => {}
+            | InvalidArgument::Team
+            | InvalidArgument::Collective => {}
         }
         // Packing: the report the device writes.
         let r = Error::InvalidArgument(a).to_report();
@@ -1029,11 +1048,11 @@ fn invalid_argument_codes_are_the_documented_ones() {
         assert_eq!(Error::from_report(&from_host), Some(Error::InvalidArgument(a)), "code {code}");
         assert_eq!(Error::InvalidArgument(a).to_string(), message);
     }
-    // The ten codes are 1..=11 but 10 (retired), each once; 10 and the codes around them decode to nothing.
+    // The eleven codes are 1..=12 but 10 (retired), each once; 10 and the codes around them decode to nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
     codes.sort_unstable();
-    assert_eq!(codes, (1..=11).filter(|&c| c != 10).collect::<Vec<u64>>());
-    for code in [0u64, 10, 12, 13, u32::MAX as u64, u64::MAX] {
+    assert_eq!(codes, (1..=12).filter(|&c| c != 10).collect::<Vec<u64>>());
+    for code in [0u64, 10, 13, 14, u32::MAX as u64, u64::MAX] {
         let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }

@@ -9,6 +9,7 @@
 
 pub mod be;
 pub mod channel;
+pub mod coll;
 pub mod handle;
 pub mod packet;
 pub mod prm;

@@ -6,6 +6,7 @@
 //! by this crate's build script with `gdaki-build` ([`ptx::PTX`]) and launched with `gdaki::launch`.
 #![deny(missing_docs)]
 
+pub mod coll;
 pub mod faults;
 pub mod floors;
 pub mod perftest;

@@ -30,10 +30,11 @@ mod tests {
             "gdaki_wqe_samples",
             "gdaki_smoke",
             "gdaki_flag_echo",
+            "gdaki_coll_broadcast",
         ] {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 17);
+        assert_eq!(PTX.matches(".entry ").count(), 18);
     }
 }

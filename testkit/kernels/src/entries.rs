@@ -2,12 +2,14 @@
 //! PTX by `gdaki-build` (testkit's build.rs) and launched on either executor by `gdaki::launch`.
 
 use gdaki_device::channel::{Exclusive, PortChannel};
+use gdaki_device::coll::{self, Algorithm, CollHandle};
+use gdaki_device::error::InvalidArgument;
 use gdaki_device::qp::Qp;
 use gdaki_device::scope::{Block, Device};
 use gdaki_device::shared_qp::SharedQp;
 use gdaki_device::warp_qp::WarpQp;
 use gdaki_device::wqe::{self, Raddr, Sge, Wqe};
-use gdaki_device::{kernel, Thread};
+use gdaki_device::{kernel, Error, Thread};
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::prm::wqe::Seg;
@@ -212,4 +214,24 @@ pub fn gdaki_flag_echo(t: &Thread, flags: *mut u64, iters: u32, timeout_ns: u64)
         }
     }
     Ok(())
+}
+
+/// One [`coll::broadcast`] by thread 0 of the launch (the others return at once): `algorithm` is an
+/// [`Algorithm`] code, `chunk` 0 for [`coll::default_chunk`]; the other arguments as [`coll::Broadcast`].
+#[kernel]
+pub fn gdaki_coll_broadcast(
+    t: &Thread,
+    h: &CollHandle,
+    algorithm: u32,
+    root: u32,
+    offset: u64,
+    bytes: u64,
+    chunk: u64,
+) -> gdaki_device::Result<()> {
+    if t.global_id() != 0 {
+        return Ok(());
+    }
+    let algorithm = Algorithm::from_code(algorithm).ok_or(Error::InvalidArgument(InvalidArgument::Collective))?;
+    // SAFETY: the launch's contract: `h` is this rank's live handle, its channels used by this thread only.
+    unsafe { coll::broadcast(h, &coll::Broadcast { root, offset, bytes, chunk, algorithm }) }
 }

@@ -76,6 +76,10 @@ pub enum WaitKind {
     Proxy,
     /// An LL packet carrying its round's flag (`Packets::read_packets`).
     Packet,
+    /// A collective's peer (`gdaki_device::coll`: its data or count row).
+    Peer,
+    /// A broadcast root's group acknowledgment (`gdaki_device::coll::broadcast`).
+    GroupAck,
 }
 
 /// How a fault ended: what a case expects, and what it observed.

@@ -100,6 +100,8 @@ pub(crate) fn wait_kind(on: &WaitOn) -> WaitKind {
         WaitOn::FifoSpace { .. } => WaitKind::FifoSpace,
         WaitOn::Proxy { .. } => WaitKind::Proxy,
         WaitOn::Packet { .. } => WaitKind::Packet,
+        WaitOn::Peer { .. } => WaitKind::Peer,
+        WaitOn::GroupAck { .. } => WaitKind::GroupAck,
     }
 }
 

@@ -1,0 +1,74 @@
+//! Collectives on port channels, device-initiated end to end: [`broadcast`] (direct puts, a pipelined chain or
+//! a binary tree, completed by a group acknowledgment) and `all_to_all_v` (every rank sends a different
+//! number of bytes to every other, the counts exchanged on the device). `reduce` and `all_reduce` would take
+//! the same handle.
+//!
+//! A call is made by one thread of each rank (it owns every channel of the handle: Exclusive sharing), and
+//! every rank of the communicator makes the same calls in the same order with the same arguments (but for
+//! the counts of `all_to_all_v`). Nothing is reset between calls: semaphores and the acknowledgment
+//! counter only grow, and each call waits for exactly the signals it is owed. Every wait is bounded by the
+//! handle's `timeout_ns`, and a timeout names what it waited for: the rank ([`WaitOn::Peer`]), or, for the
+//! root's acknowledgment, how many receivers had not answered ([`WaitOn::GroupAck`]). After an error the
+//! counts no longer match between ranks: build a new communicator.
+
+mod broadcast;
+
+pub use broadcast::{broadcast, default_chunk, Algorithm, Broadcast};
+pub use gdaki_shared::coll::{ctrl, CollHandle, MAX_RANKS};
+
+use crate::channel::{Exclusive, PortChannel, PortChannelHandle};
+use crate::error::{Error, InvalidArgument, Result, Timeout, WaitOn};
+use gdaki_shared::handle::RemoteMr;
+
+/// [`InvalidArgument::Collective`] as an error.
+const INVALID: Error = Error::InvalidArgument(InvalidArgument::Collective);
+
+/// A handle whose rank and size are checked.
+struct Comm<'h> {
+    h: &'h CollHandle,
+    rank: u32,
+    n: u32,
+}
+
+impl<'h> Comm<'h> {
+    /// Checks `h`: `1 ..= MAX_RANKS` ranks, `rank` below them.
+    fn new(h: &'h CollHandle) -> Result<Self> {
+        if h.nranks == 0 || h.nranks as usize > MAX_RANKS || h.rank >= h.nranks {
+            return Err(INVALID);
+        }
+        Ok(Self { h, rank: h.rank, n: h.nranks })
+    }
+
+    /// The data channel to `peer` (below `n`, not this rank: the caller's to ensure).
+    ///
+    /// # Safety
+    /// The handle's contract (see [`broadcast`]), and no other channel of the same peer alive meanwhile.
+    unsafe fn channel(&self, peer: u32) -> PortChannel<'h, Exclusive> {
+        // SAFETY: the caller's contract: a live channel whose QP only this thread uses now.
+        unsafe { PortChannel::new(&self.h.peers[peer as usize]) }
+    }
+
+    /// The channel to `peer` retargeted at its control region: `put` writes from this rank's control region
+    /// into the peer's (`signal` still advances the pair's semaphore); with `ack`, `signal` advances the peer's
+    /// acknowledgment counter instead.
+    fn ctrl_handle(&self, peer: u32, ack: bool) -> PortChannelHandle {
+        let mut c = self.h.peers[peer as usize];
+        let pc = self.h.peer_ctrl[peer as usize];
+        c.dst = pc;
+        c.src = self.h.ctrl;
+        if ack {
+            c.remote_sem = RemoteMr { addr: pc.addr.wrapping_add(ctrl::ACK), length: 8, rkey: pc.rkey, pad: 0 };
+        }
+        c
+    }
+}
+
+/// Waits for one more signal from `peer` on `ch` (its channel); a timeout names `peer`.
+fn wait_from(ch: &mut PortChannel<'_, Exclusive>, peer: u32) -> Result<()> {
+    ch.wait().map_err(|e| match e {
+        Error::Timeout(Timeout { on: WaitOn::Semaphore { expected, seen, .. }, waited_ns }) => {
+            Error::Timeout(Timeout { on: WaitOn::Peer { rank: peer, expected, seen }, waited_ns })
+        }
+        e => e,
+    })
+}

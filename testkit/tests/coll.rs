@@ -1,0 +1,191 @@
+//! Collectives on the `cpu` executor: N ranks as threads of this process, each with its own emulated NIC
+//! (over the loopback wire) or all on one NIC, device code making every call. Every received byte is
+//! checked against payloads made here from a seed, and so is every byte outside the range (untouched); the
+//! roots' group-acknowledgment counters are checked against the counts of calls made. The GPU runs are
+//! `--ignored`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gdaki::channel::{run_ranks, Communicator, RankSetup};
+use gdaki::coll::CollConfig;
+use gdaki::exec::ExecutorKind;
+use gdaki_device::coll::{Algorithm, Broadcast};
+use gdaki_device::error::{Timeout, WaitOn};
+use gdaki_device::Error as DevError;
+use gdaki_testkit::coll::CollRank;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+const BUF: usize = 128 << 10;
+
+/// `len` random bytes from `seed`.
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut v: Vec<u8> = (0..len.div_ceil(8)).flat_map(|_| rng.random::<u64>().to_le_bytes()).collect();
+    v.truncate(len);
+    v
+}
+
+/// Runs `f` on `n` ranks (threads) of `kind`, each with its collectives set up with `cfg`; by rank.
+fn on_ranks<T: Send>(
+    n: u32,
+    kind: ExecutorKind,
+    one_nic: bool,
+    cfg: CollConfig,
+    f: impl Fn(CollRank) -> T + Sync,
+) -> Vec<T> {
+    let setup = RankSetup { one_nic, ..RankSetup::local(n, kind) };
+    let out = run_ranks(&setup, |comm: Arc<Communicator>| {
+        let rank = comm.rank();
+        f(CollRank::new(comm, &cfg).unwrap_or_else(|e| panic!("rank {rank}: set up: {e}")))
+    })
+    .expect("ranks");
+    out.into_iter().map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank}: {e}"))).collect()
+}
+
+/// The index of the first byte where `a` and `b` differ.
+fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then_some(a.len().min(b.len())))
+}
+
+/// The calls of one broadcast run: (bytes, root, chunk, offset), the same communicator throughout.
+fn calls(n: u32) -> Vec<(u64, u32, u64, u64)> {
+    vec![
+        (4097, 0, 1000, 24),
+        (0, n - 1, 0, 0),
+        (1, n - 1, 0, 7),
+        (3000, 1 % n, 1000, 0),
+        (100_003, n / 2, 0, 5),
+        // The same root again: its counter keeps counting from the earlier calls.
+        (65_536, 1 % n, 4096, 100),
+        (12_345, n - 1, 777, 3),
+    ]
+}
+
+/// Broadcasts `calls(n)` with `alg` on `n` ranks; checks every byte of every rank's buffer after each call
+/// and each root's acknowledgment counter at the end.
+fn broadcast_run(kind: ExecutorKind, n: u32, alg: Algorithm, one_nic: bool) {
+    let list = calls(n);
+    let acks = on_ranks(n, kind, one_nic, CollConfig::new(BUF), |r| {
+        let rank = r.communicator().rank();
+        for (i, &(bytes, root, chunk, offset)) in list.iter().enumerate() {
+            let seed = (i as u64) << 32;
+            // Every rank's buffer starts as its own noise; the root's range holds the payload.
+            let mut before = self::bytes(seed | 0x100 | rank as u64, BUF);
+            let payload = self::bytes(seed | 0x200, bytes as usize);
+            let (a, e) = (offset as usize, (offset + bytes) as usize);
+            if rank == root {
+                before[a..e].copy_from_slice(&payload);
+            }
+            r.collectives().buffer().write(0, &before).expect("fill");
+            let b = Broadcast { root, offset, bytes, chunk, algorithm: alg };
+            r.broadcast(&b).unwrap_or_else(|e| panic!("{alg:?} n={n} call {i} rank {rank}: {e}"));
+            let after = r.collectives().buffer().to_vec().expect("read");
+            let mut want = before;
+            want[a..e].copy_from_slice(&payload);
+            if let Some(at) = first_diff(&after, &want) {
+                panic!("{alg:?} n={n} call {i} ({bytes} B from {root} at {offset}) rank {rank}: byte {at} differs");
+            }
+        }
+        r.collectives().acks()
+    });
+    for (rank, got) in acks.into_iter().enumerate() {
+        let rooted = list.iter().filter(|&&(bytes, root, ..)| bytes > 0 && root == rank as u32).count() as u64;
+        assert_eq!(got, rooted * (n as u64 - 1), "{alg:?} n={n}: acknowledgments at rank {rank}");
+    }
+}
+
+fn broadcast_every_algorithm(kind: ExecutorKind) {
+    for alg in Algorithm::ALL {
+        for n in [2, 3, 4, 8] {
+            // Eight ranks share one NIC (no wire): the same device code, fewer threads on a small machine.
+            broadcast_run(kind, n, alg, n == 8);
+        }
+    }
+}
+
+#[test]
+fn cpu_broadcast_every_algorithm_and_size() {
+    broadcast_every_algorithm(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_broadcast_every_algorithm_and_size() {
+    broadcast_every_algorithm(ExecutorKind::Gpu);
+}
+
+/// The rank a receiver waits for in a broadcast from `root` of `n` ranks with `alg`, from the algorithms'
+/// definitions (ranks counted from the root).
+fn parent(alg: Algorithm, rank: u32, root: u32, n: u32) -> u32 {
+    let v = (rank + n - root) % n;
+    let pv = match alg {
+        Algorithm::Direct => 0,
+        Algorithm::Chain => v - 1,
+        Algorithm::Tree => (v - 1) / 2,
+    };
+    (pv + root) % n
+}
+
+/// One rank sits a broadcast out (it set up, then never launches): every other rank's call ends within the
+/// short bound with a timeout naming the rank it waited for, not a hang. With the root sitting out, the
+/// root's children name it (with `Direct`, every rank); with a receiver sitting out of a direct broadcast,
+/// the root's group acknowledgment ends one short.
+fn broadcast_with_a_rank_missing(kind: ExecutorKind) {
+    let n = 4;
+    let cfg = CollConfig { timeout: Duration::from_millis(300), ..CollConfig::new(4096) };
+    for (alg, root, missing) in
+        [(Algorithm::Direct, 2, 2), (Algorithm::Chain, 2, 2), (Algorithm::Tree, 2, 2), (Algorithm::Direct, 0, 3)]
+    {
+        let t0 = std::time::Instant::now();
+        let out = on_ranks(n, kind, false, cfg, |r| {
+            let rank = r.communicator().rank();
+            let b = Broadcast { root, offset: 0, bytes: 3000, chunk: 1000, algorithm: alg };
+            let res = if rank == missing {
+                r.barrier().map(|_| Ok(()))
+            } else {
+                r.broadcast(&b).map(|_| Ok(())).or_else(|e| Ok(Err(e)))
+            };
+            // Nobody's memory goes before everyone is done.
+            r.barrier().expect("closing barrier");
+            res.expect("barrier")
+        });
+        assert!(t0.elapsed() < Duration::from_secs(20), "{alg:?}: took {:?}", t0.elapsed());
+        for (rank, res) in out.into_iter().enumerate() {
+            let rank = rank as u32;
+            let err = match res {
+                Err(gdaki::Error::Kernel { error, .. }) => Some(error),
+                Err(e) => panic!("{alg:?} rank {rank}: {e}"),
+                Ok(()) => None,
+            };
+            match err {
+                _ if rank == missing => assert_eq!(err, None),
+                Some(DevError::Timeout(Timeout { on: WaitOn::Peer { rank: named, .. }, .. })) if rank != root => {
+                    assert_eq!(named, parent(alg, rank, root, n), "{alg:?} rank {rank}");
+                    if parent(alg, rank, root, n) == root {
+                        assert_eq!(named, missing, "{alg:?} rank {rank} waited for the missing root");
+                    }
+                }
+                Some(DevError::Timeout(Timeout { on: WaitOn::GroupAck { expected, seen, .. }, .. }))
+                    if rank == root =>
+                {
+                    assert_eq!((expected, seen), (3, 2), "{alg:?}: one receiver of three never acknowledged");
+                }
+                None if missing != root && rank != root => {}
+                other => panic!("{alg:?} root {root} missing {missing}: rank {rank} got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_broadcast_with_a_rank_missing_times_out_naming_it() {
+    broadcast_with_a_rank_missing(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_broadcast_with_a_rank_missing_times_out_naming_it() {
+    broadcast_with_a_rank_missing(ExecutorKind::Gpu);
+}
