@@ -6,14 +6,22 @@ use std::time::Duration;
 
 use gdaki_device::coll::Broadcast;
 use gdaki_device::launch::DevPtr;
-use gdaki_shared::coll::CollHandle;
+use gdaki_shared::coll::{CollHandle, MAX_RANKS};
 use gdaki_testkit_kernels::entries;
 
 use gdaki::channel::Communicator;
 use gdaki::coll::{CollConfig, Collectives};
 use gdaki::exec::DataBuf;
 use gdaki::launch::{Kernel, LaunchConfig, Module};
-use gdaki::Result;
+use gdaki::{Error, Result};
+
+/// Bytes of one array of counts.
+const COUNTS_BYTES: usize = 8 * MAX_RANKS;
+
+/// `gdaki_coll_broadcast`'s parameters: handle, algorithm code, root, offset, bytes, chunk.
+type BroadcastArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64);
+/// `gdaki_coll_all_to_all_v`'s parameters: handle, send counts, receive counts, send and receive offsets.
+type AllToAllVArgs = (DevPtr<CollHandle>, DevPtr<u64>, DevPtr<u64>, u64, u64);
 
 /// One rank's collectives and their kernels, loaded.
 pub struct CollRank {
@@ -21,7 +29,10 @@ pub struct CollRank {
     handle: DataBuf,
     coll: Collectives,
     comm: Arc<Communicator>,
-    broadcast: Kernel<(DevPtr<CollHandle>, u32, u32, u64, u64, u64)>,
+    /// Send counts (`MAX_RANKS` words), then the receive counts the kernel writes.
+    counts: DataBuf,
+    broadcast: Kernel<BroadcastArgs>,
+    all_to_all_v: Kernel<AllToAllVArgs>,
     launch_timeout: Duration,
 }
 
@@ -35,9 +46,12 @@ impl CollRank {
         let exec = comm.executor();
         let handle = exec.upload(coll.handle())?;
         // Loaded before any rank launches: loading a module waits for running kernels.
-        let broadcast = Module::load(exec, crate::ptx::PTX)?.kernel(&entries::GDAKI_COLL_BROADCAST)?;
+        let module = Module::load(exec, crate::ptx::PTX)?;
+        let broadcast = module.kernel(&entries::GDAKI_COLL_BROADCAST)?;
+        let all_to_all_v = module.kernel(&entries::GDAKI_COLL_ALL_TO_ALL_V)?;
+        let counts = exec.alloc_data(2 * COUNTS_BYTES)?;
         let launch_timeout = cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10));
-        Ok(Self { handle, coll, comm, broadcast, launch_timeout })
+        Ok(Self { handle, coll, comm, counts, broadcast, all_to_all_v, launch_timeout })
     }
 
     /// The collectives (buffer, acknowledgment counter).
@@ -69,5 +83,37 @@ impl CollRank {
         // SAFETY: the uploaded handle names this rank's live collectives (owned by `self`); one thread of
         // the launch uses their channels; the launch is waited for here.
         unsafe { self.broadcast.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+    }
+
+    /// [`CollRank::barrier`], then one all-to-all on this rank: `send_counts[p]` bytes (one count per rank)
+    /// from the send region at `send_offset` to rank `p`, packed; what every rank sends this one lands at
+    /// `recv_offset`, packed by source. Returns the byte counts received, by source rank.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a count per rank missing; as [`CollRank::broadcast`].
+    pub fn all_to_all_v(&self, send_counts: &[u64], send_offset: u64, recv_offset: u64) -> Result<Vec<u64>> {
+        let n = self.comm.world_size() as usize;
+        if send_counts.len() != n {
+            return Err(Error::InvalidArgument(format!("{} send counts for {n} ranks", send_counts.len())));
+        }
+        let mut words = [0u64; 2 * MAX_RANKS];
+        words[..n].copy_from_slice(send_counts);
+        self.counts.write(0, bytemuck::cast_slice(&words))?;
+        self.barrier()?;
+        let base = self.counts.loc().addr;
+        let args = (
+            self.handle.dev_ptr(),
+            DevPtr::new(base),
+            DevPtr::new(base + COUNTS_BYTES as u64),
+            send_offset,
+            recv_offset,
+        );
+        // SAFETY: as in `broadcast`; the counts are two arrays of MAX_RANKS words owned by `self`.
+        unsafe { self.all_to_all_v.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }?;
+        let out = self.counts.to_vec()?;
+        Ok(out[COUNTS_BYTES..COUNTS_BYTES + 8 * n]
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+            .collect())
     }
 }

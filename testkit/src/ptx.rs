@@ -31,10 +31,11 @@ mod tests {
             "gdaki_smoke",
             "gdaki_flag_echo",
             "gdaki_coll_broadcast",
+            "gdaki_coll_all_to_all_v",
         ] {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 18);
+        assert_eq!(PTX.matches(".entry ").count(), 19);
     }
 }

@@ -189,3 +189,109 @@ fn cpu_broadcast_with_a_rank_missing_times_out_naming_it() {
 fn gpu_broadcast_with_a_rank_missing_times_out_naming_it() {
     broadcast_with_a_rank_missing(ExecutorKind::Gpu);
 }
+
+/// The bytes rank `src` sends rank `dst` in round `round`.
+fn block(round: u64, src: usize, dst: usize, len: u64) -> Vec<u8> {
+    bytes(round << 32 | (src as u64) << 8 | dst as u64, len as usize)
+}
+
+/// A random `n × n` count matrix (row: sender) with about a quarter zeros, each count at most `max`.
+fn matrix(seed: u64, n: usize, max: u64) -> Vec<Vec<u64>> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| (0..n).map(|_| if rng.random::<u8>() < 64 { 0 } else { rng.random_range(1..=max) }).collect())
+        .collect()
+}
+
+/// Three rounds of `all_to_all_v` on `n` ranks with random counts: each rank checks the counts it got
+/// (the matrix's column) and every byte of its receive region, and that nothing else of its buffer moved.
+fn all_to_all_v_run(kind: ExecutorKind, n: u32, one_nic: bool) {
+    let n_us = n as usize;
+    let max = (BUF as u64 / 2 - 64) / n as u64;
+    let (send_off, recv_off) = (40u64, BUF as u64 / 2 + 8);
+    let mats: Vec<Vec<Vec<u64>>> = (0..3).map(|k| matrix(0xa2a0 + k * 31 + n as u64, n_us, max)).collect();
+    on_ranks(n, kind, one_nic, CollConfig::new(BUF), |r| {
+        let rank = r.communicator().rank() as usize;
+        for (round, m) in mats.iter().enumerate() {
+            let round = round as u64;
+            let mut before = bytes(round << 40 | 0xff00 | rank as u64, BUF);
+            let mut at = send_off as usize;
+            for (dst, &len) in m[rank].iter().enumerate() {
+                before[at..at + len as usize].copy_from_slice(&block(round, rank, dst, len));
+                at += len as usize;
+            }
+            r.collectives().buffer().write(0, &before).expect("fill");
+            let got = r
+                .all_to_all_v(&m[rank], send_off, recv_off)
+                .unwrap_or_else(|e| panic!("n={n} round {round} rank {rank}: {e}"));
+            let column: Vec<u64> = m.iter().map(|row| row[rank]).collect();
+            assert_eq!(got, column, "n={n} round {round} rank {rank}: received counts");
+            let mut want = before;
+            let mut at = recv_off as usize;
+            for (src, row) in m.iter().enumerate() {
+                let len = row[rank];
+                want[at..at + len as usize].copy_from_slice(&block(round, src, rank, len));
+                at += len as usize;
+            }
+            let after = r.collectives().buffer().to_vec().expect("read");
+            if let Some(at) = first_diff(&after, &want) {
+                panic!("n={n} round {round} rank {rank}: byte {at} differs");
+            }
+        }
+    });
+}
+
+fn all_to_all_v_every_size(kind: ExecutorKind) {
+    for n in [2, 3, 4, 8] {
+        all_to_all_v_run(kind, n, n == 8);
+    }
+}
+
+#[test]
+fn cpu_all_to_all_v_random_counts() {
+    all_to_all_v_every_size(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_all_to_all_v_random_counts() {
+    all_to_all_v_every_size(ExecutorKind::Gpu);
+}
+
+/// One rank sits an all-to-all out: every other rank waits for its count row and times out naming it.
+fn all_to_all_v_with_a_rank_missing(kind: ExecutorKind) {
+    let (n, missing) = (4u32, 1u32);
+    let cfg = CollConfig { timeout: Duration::from_millis(300), ..CollConfig::new(4096) };
+    let out = on_ranks(n, kind, false, cfg, |r| {
+        let res = if r.communicator().rank() == missing {
+            r.barrier().map(|_| None)
+        } else {
+            Ok(r.all_to_all_v(&[100; 4], 0, 2048).err())
+        };
+        r.barrier().expect("closing barrier");
+        res.expect("barrier")
+    });
+    for (rank, err) in out.into_iter().enumerate() {
+        match err {
+            None if rank as u32 == missing => {}
+            Some(gdaki::Error::Kernel {
+                error: DevError::Timeout(Timeout { on: WaitOn::Peer { rank: named, .. }, .. }),
+                ..
+            }) => {
+                assert_eq!(named, missing, "rank {rank}");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn cpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
+    all_to_all_v_with_a_rank_missing(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
+    all_to_all_v_with_a_rank_missing(ExecutorKind::Gpu);
+}

@@ -1,7 +1,7 @@
 //! Broadcast: the root's bytes into every rank's buffer at the same offset, by direct puts, a pipelined
 //! chain or a binary tree, completed by a group acknowledgment at the root.
 
-use super::{ctrl, wait_from, Comm, INVALID, MAX_RANKS};
+use super::{ctrl, fits, wait_from, Comm, INVALID, MAX_RANKS};
 use crate::channel::{Exclusive, PortChannel};
 use crate::error::{Error, Result, Timeout, WaitOn};
 use crate::wait;
@@ -97,8 +97,7 @@ pub const fn default_chunk(bytes: u64) -> u64 {
 /// whose channels no other thread uses during the call.
 pub unsafe fn broadcast(h: &CollHandle, b: &Broadcast) -> Result<()> {
     let c = Comm::new(h)?;
-    let fits = b.offset.checked_add(b.bytes).is_some_and(|end| end <= h.buf.length);
-    if b.root >= c.n || !fits {
+    if b.root >= c.n || !fits(h.buf.length, b.offset, b.bytes) {
         return Err(INVALID);
     }
     if b.bytes == 0 || c.n == 1 {

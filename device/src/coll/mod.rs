@@ -1,18 +1,20 @@
 //! Collectives on port channels, device-initiated end to end: [`broadcast`] (direct puts, a pipelined chain or
-//! a binary tree, completed by a group acknowledgment) and `all_to_all_v` (every rank sends a different
+//! a binary tree, completed by a group acknowledgment) and [`all_to_all_v`] (every rank sends a different
 //! number of bytes to every other, the counts exchanged on the device). `reduce` and `all_reduce` would take
 //! the same handle.
 //!
 //! A call is made by one thread of each rank (it owns every channel of the handle: Exclusive sharing), and
 //! every rank of the communicator makes the same calls in the same order with the same arguments (but for
-//! the counts of `all_to_all_v`). Nothing is reset between calls: semaphores and the acknowledgment
+//! the counts of [`all_to_all_v`]). Nothing is reset between calls: semaphores and the acknowledgment
 //! counter only grow, and each call waits for exactly the signals it is owed. Every wait is bounded by the
 //! handle's `timeout_ns`, and a timeout names what it waited for: the rank ([`WaitOn::Peer`]), or, for the
 //! root's acknowledgment, how many receivers had not answered ([`WaitOn::GroupAck`]). After an error the
 //! counts no longer match between ranks: build a new communicator.
 
+mod all_to_all;
 mod broadcast;
 
+pub use all_to_all::{all_to_all_v, AllToAllV};
 pub use broadcast::{broadcast, default_chunk, Algorithm, Broadcast};
 pub use gdaki_shared::coll::{ctrl, CollHandle, MAX_RANKS};
 
@@ -61,6 +63,11 @@ impl<'h> Comm<'h> {
         }
         c
     }
+}
+
+/// Whether `bytes` bytes at `offset` lie inside a buffer of `len` bytes.
+fn fits(len: u64, offset: u64, bytes: u64) -> bool {
+    offset.checked_add(bytes).is_some_and(|end| end <= len)
 }
 
 /// Waits for one more signal from `peer` on `ch` (its channel); a timeout names `peer`.

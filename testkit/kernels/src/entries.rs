@@ -235,3 +235,28 @@ pub fn gdaki_coll_broadcast(
     // SAFETY: the launch's contract: `h` is this rank's live handle, its channels used by this thread only.
     unsafe { coll::broadcast(h, &coll::Broadcast { root, offset, bytes, chunk, algorithm }) }
 }
+
+/// One [`coll::all_to_all_v`] by thread 0 of the launch: `send_counts` and `recv_counts` point to
+/// [`coll::MAX_RANKS`] `u64`s each (the first `nranks` used); the offsets as [`coll::AllToAllV`].
+#[kernel]
+pub fn gdaki_coll_all_to_all_v(
+    t: &Thread,
+    h: &CollHandle,
+    send_counts: *const u64,
+    recv_counts: *mut u64,
+    send_offset: u64,
+    recv_offset: u64,
+) -> gdaki_device::Result<()> {
+    if t.global_id() != 0 {
+        return Ok(());
+    }
+    // SAFETY: the launch's contract: two arrays of MAX_RANKS words, the second used by this thread only.
+    let (send, recv) = unsafe {
+        (
+            core::slice::from_raw_parts(send_counts, coll::MAX_RANKS),
+            core::slice::from_raw_parts_mut(recv_counts, coll::MAX_RANKS),
+        )
+    };
+    // SAFETY: as in `gdaki_coll_broadcast`.
+    unsafe { coll::all_to_all_v(h, &coll::AllToAllV { send_offset, recv_offset }, send, recv) }
+}
