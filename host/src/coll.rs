@@ -60,15 +60,17 @@ impl Collectives {
     /// order, so the pairings never wait in a cycle) with a semaphore on it, and builds the handle.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for more than [`MAX_RANKS`] ranks, a zero buffer or timeout, or peers
+    /// [`Error::InvalidArgument`] for more than [`MAX_RANKS`] ranks, a zero buffer or timeout, a first tag
+    /// above `u32::MAX - 3`, or peers
     /// whose buffers differ in length; [`Error::Unavailable`] for queue memory without unified addressing;
     /// what the communicator's calls return (bootstrap timeouts name the peer and tag).
     pub fn new(comm: &Communicator, cfg: &CollConfig) -> Result<Self> {
         let (rank, n) = (comm.rank(), comm.world_size());
-        if n as usize > MAX_RANKS || cfg.buffer_bytes == 0 || cfg.timeout.is_zero() {
+        if n as usize > MAX_RANKS || cfg.buffer_bytes == 0 || cfg.timeout.is_zero() || cfg.tag > u32::MAX - 3 {
             return Err(Error::InvalidArgument(format!(
-                "collectives of {n} ranks (at most {MAX_RANKS}), {} buffer bytes, timeout {:?}: need nonzero sizes",
-                cfg.buffer_bytes, cfg.timeout
+                "collectives of {n} ranks (at most {MAX_RANKS}), {} buffer bytes, timeout {:?}, tags from {:#x}: need \
+                 nonzero sizes and four tags",
+                cfg.buffer_bytes, cfg.timeout, cfg.tag
             )));
         }
         let exec = comm.executor();

@@ -295,3 +295,29 @@ fn cpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
 fn gpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
     all_to_all_v_with_a_rank_missing(ExecutorKind::Gpu);
 }
+
+/// More ranks than a handle holds, a zero buffer or a tag range past `u32::MAX`: refused by the setup on
+/// every rank, before any exchange.
+#[test]
+fn setup_refuses_bad_configurations() {
+    let setup = RankSetup { one_nic: true, ..RankSetup::local(9, ExecutorKind::Cpu) };
+    let out = run_ranks(&setup, |comm: Arc<Communicator>| {
+        gdaki::coll::Collectives::new(&comm, &CollConfig::new(4096)).err().map(|e| e.to_string())
+    })
+    .expect("ranks");
+    for (rank, r) in out {
+        let msg = r.expect("communicator").unwrap_or_else(|| panic!("rank {rank}: 9 ranks accepted"));
+        assert!(msg.contains("9 ranks (at most 8)"), "rank {rank}: {msg}");
+    }
+    let setup = RankSetup { one_nic: true, ..RankSetup::local(2, ExecutorKind::Cpu) };
+    let out = run_ranks(&setup, |comm: Arc<Communicator>| {
+        let zero = gdaki::coll::Collectives::new(&comm, &CollConfig::new(0)).is_err();
+        let tag =
+            gdaki::coll::Collectives::new(&comm, &CollConfig { tag: u32::MAX - 2, ..CollConfig::new(64) }).is_err();
+        (zero, tag)
+    })
+    .expect("ranks");
+    for (rank, r) in out {
+        assert_eq!(r.expect("communicator"), (true, true), "rank {rank}");
+    }
+}
