@@ -62,8 +62,6 @@ struct Sq {
     ci: u64,
     sig_first: u64,
     sig_end: u64,
-    /// The producer index the last doorbell announced ([`SqState::rung`](gdaki_shared::handle::SqState)).
-    rung: u64,
 }
 
 impl Sq {
@@ -90,29 +88,20 @@ impl Sq {
             ci,
             sig_first: h.sq.sig_first,
             sig_end,
-            rung: h.sq.rung,
         }
     }
 
-    /// The doorbell bits of WQEs that an earlier poster left unrung (`h`'s `rung` below `ready`), if any.
+    /// Writes the counters back to `h`: every word another kind of poster reads (a shared poster reserves
+    /// from `pi` and publishes after `ready`; `rung` moves to `pi` when nothing is left unrung, `rung_all`).
     #[inline(always)]
-    fn unrung(h: &QpHandle) -> Option<u64> {
-        (h.sq.rung < h.sq.ready).then_some(h.sq.last_db)
-    }
-
-    /// Writes the counters back to `h`, with `unrung`, the doorbell bits of WQEs posted and not rung: every
-    /// word another kind of poster reads (a shared poster reserves from `pi`, rings with `last_db` up to
-    /// `ready`).
-    #[inline(always)]
-    fn store(&self, unrung: Option<u64>, h: &mut QpHandle) {
+    fn store(&self, rung_all: bool, h: &mut QpHandle) {
         h.sq.pi = self.pi;
         h.sq.ready = self.pi;
         h.sq.ci = self.ci;
         h.sq.sig_first = self.sig_first;
         h.sq.sig_end = self.sig_end;
-        h.sq.rung = self.rung;
-        if let Some(bits) = unrung {
-            h.sq.last_db = bits;
+        if rung_all {
+            h.sq.rung = self.pi;
         }
     }
 }
@@ -126,16 +115,19 @@ fn until_cqe(cnt: u32, pi: u64, sig_end: u64) -> u32 {
 }
 
 impl Drop for Qp<'_> {
+    /// Rings what is still unrung (WQEs left for the QP's next poster would never complete if it only waits),
+    /// then writes the counters back. A kernel that rang before dropping the `Qp` pays nothing for the first
+    /// part: the compiler sees that nothing is left.
     #[inline(always)]
     fn drop(&mut self) {
-        self.sq.store(self.unrung, self.h);
+        self.ring_db();
+        self.sq.store(true, self.h);
     }
 }
 
 impl<'a> Qp<'a> {
     /// Takes the QP described by `h`; bounded waits give up after `timeout_ns` nanoseconds. Reads the handle
-    /// once; the counters go back to it when the `Qp` is dropped. WQEs an earlier poster of the QP left unrung
-    /// are rung by this `Qp`'s next doorbell (or by a wait, which rings before it waits).
+    /// once; the counters go back to it when the `Qp` is dropped, which also rings any WQE still unrung.
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP: its ring, dbrec, UAR register and CQ
@@ -143,14 +135,14 @@ impl<'a> Qp<'a> {
     /// shared poster: posters of the QP before and after this `Qp` may be of any kind, not at the same time).
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
-        Self { sq: Sq::load(h), unrung: Sq::unrung(h), h, timeout_ns }
+        Self { sq: Sq::load(h), h, unrung: None, timeout_ns }
     }
 
     /// The handle as it stands now: its fixed fields with this `Qp`'s counters (the handle in memory gets
     /// them when the `Qp` is dropped).
     pub fn handle(&self) -> QpHandle {
         let mut h = *self.h;
-        self.sq.store(self.unrung, &mut h);
+        self.sq.store(self.unrung.is_none(), &mut h);
         h
     }
 
@@ -193,8 +185,8 @@ impl<'a> Qp<'a> {
     }
 
     /// Reserves `ceil(w.ds() / 4)` WQEBBs, stores `w` there with this QP's WQE index, QPN and completion
-    /// flags, and advances the producer index. Nothing reaches the NIC before [`Qp::ring_db`]. Takes every
-    /// builder of [`crate::wqe`].
+    /// flags, and advances the producer index. Nothing reaches the NIC before [`Qp::ring_db`] (or the `Qp`'s
+    /// drop, which rings what is left). Takes every builder of [`crate::wqe`].
     ///
     /// # Errors
     /// [`Error::Timeout`] when no room appears in time; [`Error::UnexpectedCqe`] when retiring earlier WQEs
@@ -294,7 +286,6 @@ impl<'a> Qp<'a> {
     #[inline(always)]
     pub fn ring_db(&mut self) {
         if let Some(bits) = self.unrung.take() {
-            self.sq.rung = self.sq.pi;
             // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
             unsafe {
                 db::update_dbrec(self.sq.dbrec, self.sq.pi, self.sq.placement);
@@ -328,7 +319,6 @@ impl<'a> Qp<'a> {
             segs
         })?;
         self.unrung = None;
-        self.sq.rung = self.sq.pi;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe {
             db::update_dbrec(self.sq.dbrec, self.sq.pi, self.sq.placement);
@@ -538,11 +528,15 @@ impl<'a> Qp<'a> {
     }
 }
 
-/// The out-of-line half of [`Qp::cold`]: runs `f` on `q` and returns `q`'s state with the result (`q`'s drop
-/// then writes the counters to the handle, as the caller's will again later).
+/// The out-of-line half of [`Qp::cold`]: runs `f` on `q`, writes the counters to the handle (as the caller's
+/// drop will again later) and returns `q`'s state with the result. `q` is not dropped: its drop would ring
+/// what the caller's `Qp` still holds unrung.
 #[cold]
 #[inline(never)]
-fn out_of_line<R>(mut q: Qp<'_>, f: impl FnOnce(&mut Qp<'_>) -> R) -> (Sq, Option<u64>, R) {
+fn out_of_line<R>(q: Qp<'_>, f: impl FnOnce(&mut Qp<'_>) -> R) -> (Sq, Option<u64>, R) {
+    let mut q = core::mem::ManuallyDrop::new(q);
     let r = f(&mut q);
-    (q.sq, q.unrung, r)
+    let (sq, unrung) = (q.sq, q.unrung);
+    sq.store(unrung.is_none(), q.h);
+    (sq, unrung, r)
 }

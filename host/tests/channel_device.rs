@@ -483,7 +483,7 @@ fn shared_qp_posters_and_pollers_stress() {
 
 /// One send-queue state for every sharing mode: the channels of one connection, as later kernels on it would
 /// make them, change mode from use to use (Exclusive with BlueFlame, Exclusive split into 4 WQEs by doorbell,
-/// Warp, Block, Device, and an Exclusive `Qp` that leaves its WQEs unrung for the next poster to ring), for
+/// Warp, Block, Device, and an Exclusive `Qp` dropped with its WQEs unrung, which its drop rings), for
 /// several turns of a 64-WQEBB ring: every put lands, every signal counts once, and the NIC sees no dbrec
 /// mismatch, no bad doorbell and no error CQE.
 #[test]
@@ -528,8 +528,8 @@ fn a_connection_changes_sharing_mode_between_uses() {
                 ch.put_with_signal(o, o, SLOT as u64).and_then(|()| ch.flush())
             }
             _ => {
-                // An Exclusive poster that posts the put and the signal and rings nothing; a shared flush rings
-                // them from the state's `last_db` and waits for them.
+                // An Exclusive poster that posts the put and the signal and never calls `ring_db`: its drop rings
+                // them, and a shared flush waits for them.
                 {
                     // SAFETY: as above.
                     let mut qp = unsafe { gdaki_device::qp::Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns) };

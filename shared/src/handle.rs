@@ -91,8 +91,8 @@ pub struct QpHandle {
 /// `gpu` executor). 128 bytes. Indices are 64-bit WQEBB counts.
 ///
 /// An Exclusive poster (`gdaki_device::qp::Qp`, one thread) reads it once, posts with the counters in
-/// registers and writes back `pi` and `ready` (equal: it publishes as it stores), `ci`, `sig_first`,
-/// `sig_end`, `rung` and `last_db`; its CQ polls move `cq.cons_index`. Shared posters
+/// registers, rings whatever it left unrung when it is dropped and writes back `pi` and `ready` (equal: it
+/// publishes as it stores), `ci`, `sig_first`, `sig_end` and `rung`; its CQ polls move `cq.cons_index`. Shared posters
 /// (`gdaki_device::shared_qp::SharedQp`) run this protocol: posting a WQE of `n` WQEBBs, `pi += n` (atomic)
 /// reserves `[idx, idx + n)`; the poster waits until `idx + n - ci <= wqe_cnt`, stores the WQE, waits until
 /// `ready == idx`, stores `sig_first`/`sig_end` if it asked for a CQE, `last_db` (its ctrl segment's doorbell
@@ -129,8 +129,7 @@ pub struct SqState {
     /// WQEBB index + 1 of the first WQE that completed in error, 0 while none has. The QP is in the error
     /// state from then on, and waits on that WQE or any later one report [`SqState::err`].
     pub err_idx: u64,
-    /// Doorbell bits (the ctrl segment's first 8 bytes, as stored) of the last published WQE not yet rung, or
-    /// of a rung one.
+    /// Doorbell bits (the ctrl segment's first 8 bytes, as stored) of the last WQE a shared poster published.
     pub last_db: u64,
     /// Producer index the last doorbell announced (WQEBBs below it are rung).
     pub rung: u64,

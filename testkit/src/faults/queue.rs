@@ -197,11 +197,9 @@ fn sge(mr: &MrHandle, off: u64, len: u32) -> Sge {
 }
 
 /// A doorbell never rung: device code posts a signaled RDMA WRITE and publishes the dbrec but never writes
-/// the doorbell, while its send-queue state says it did (`rung` moved: a doorbell store lost on its way, or
-/// device code that updates the state and forgets the MMIO store; a `Qp` dropped before `ring_db` would leave
-/// `rung` behind, and the next poster would ring); other device code then waits for that WQE. The wait must
-/// end with `Timeout(Cqe)` after its bound, the NIC must have executed nothing, and the destination must be
-/// untouched.
+/// the doorbell (its `Qp` is forgotten, never dropped: a drop would ring it; the counters go to the handle as
+/// they stood); other device code then waits for that WQE. The wait must end with `Timeout(Cqe)` after its
+/// bound, the NIC must have executed nothing, and the destination must be untouched.
 pub(crate) fn no_doorbell() -> Result<Observed, String> {
     const TIMEOUT: Duration = Duration::from_millis(200);
     let rig = setup(Rig::new(Path::Direct, 64, 64, Duration::from_secs(5)))?;
@@ -209,7 +207,7 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
     let src_mr = setup(src.register(&rig.nic_a, &rig.pd_a, Access::NONE))?;
     let dst_mr = setup(dst.register(&rig.nic_b, &rig.pd_b, Access::ALL))?;
     let mut h = rig.a.handle();
-    let ticket = {
+    let (ticket, posted) = {
         // SAFETY: `h` is `rig.a`'s handle (alive, host memory); only this thread uses it.
         let mut d = unsafe { dev_qp(&mut h, TIMEOUT) };
         let (r, l) = (raddr(&dst_mr.remote(), 0), sge(&src_mr.handle(), 0, 64));
@@ -217,9 +215,11 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
         // The dbrec says there is a WQE; the doorbell never comes.
         // SAFETY: `rig.a`'s dbrec, alive.
         unsafe { db::update_dbrec(d.handle().dbrec, d.handle().sq.pi, d.handle().placement) };
-        t
+        let posted = d.handle();
+        core::mem::forget(d);
+        (t, posted)
     };
-    h.sq.rung = h.sq.pi;
+    h = posted;
     // SAFETY: as above; the previous `Qp` over `h` is gone.
     let mut d = unsafe { dev_qp(&mut h, TIMEOUT) };
     let start = Instant::now();
