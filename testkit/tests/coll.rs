@@ -80,7 +80,10 @@ fn broadcast_run(kind: ExecutorKind, n: u32, alg: Algorithm, one_nic: bool) {
             }
             r.collectives().buffer().write(0, &before).expect("fill");
             let b = Broadcast { root, offset, bytes, chunk, algorithm: alg };
-            r.broadcast(&b).unwrap_or_else(|e| panic!("{alg:?} n={n} call {i} rank {rank}: {e}"));
+            r.broadcast(&b).unwrap_or_else(|e| {
+                let stats = r.communicator().nic().as_emu().map(|nic| nic.stats());
+                panic!("{alg:?} n={n} call {i} rank {rank}: {e}; NIC: {stats:?}")
+            });
             let after = r.collectives().buffer().to_vec().expect("read");
             let mut want = before;
             want[a..e].copy_from_slice(&payload);
