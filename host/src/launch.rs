@@ -15,7 +15,7 @@
 //! unsafe { exchange.launch(&LaunchConfig::linear(1, 32), (handle.dev_ptr(), bytes, rank), TIMEOUT)? };
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gdaki_device::launch::{KernelFn, LaunchArgs};
@@ -106,7 +106,7 @@ impl Module {
             Some(m) => Some(m.kernel(k.name)?),
             None => None,
         };
-        Ok(Kernel { k, exec: self.exec.clone(), gpu })
+        Ok(Kernel { k, exec: self.exec.clone(), gpu, reports: Mutex::default() })
     }
 }
 
@@ -115,6 +115,8 @@ pub struct Kernel<A: LaunchArgs> {
     k: &'static KernelFn<A>,
     exec: Executor,
     gpu: Option<cuda::Kernel>,
+    /// The launches' error reports, kept for later launches once a launch has ended ([`Kernel::report`]).
+    reports: Mutex<Vec<Arc<MappedBuf>>>,
 }
 
 impl<A: LaunchArgs> Kernel<A> {
@@ -145,7 +147,7 @@ impl<A: LaunchArgs> Kernel<A> {
     /// # Safety
     /// As [`Kernel::start`].
     unsafe fn start_with(&self, cfg: &LaunchConfig, args: A, timed: bool) -> Result<Running> {
-        let report = Arc::new(self.exec.queue_memory().alloc(size_of::<ErrorReport>())?);
+        let report = self.report()?;
         let at = report.device_addr();
         // Until `run` is set nothing runs, and a drop frees the report; from then on `Running` keeps it alive.
         let mut running = Running { name: self.k.name, report, run: None };
@@ -194,6 +196,28 @@ impl<A: LaunchArgs> Kernel<A> {
             }
         }
         Ok(running)
+    }
+
+    /// A zeroed error report for one launch: one that no launch of this kernel holds any more, else a new one.
+    /// Reports are kept while the kernel lives, never freed after a launch: on the GPU freeing pinned memory
+    /// (`cuMemFreeHost`) waits for every running kernel of the device, those of other ranks of the process
+    /// included, and holds up other threads' CUDA calls meanwhile, the emulated NICs' copies among them, so a
+    /// rank that freed its report after its launch could stall a peer's NIC until that peer's kernel, waiting
+    /// on the NIC, timed out.
+    ///
+    /// # Errors
+    /// The allocation's.
+    fn report(&self) -> Result<Arc<MappedBuf>> {
+        let mut kept = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+        // A count of 1: only this list holds it (a launch dropped unfinished keeps a count for ever).
+        if let Some(r) = kept.iter().find(|r| Arc::strong_count(r) == 1) {
+            // SAFETY: a report of this kernel that no launch holds: nothing else reads or writes it.
+            unsafe { (r.host_ptr() as *mut ErrorReport).write_volatile(ErrorReport::default()) };
+            return Ok(Arc::clone(r));
+        }
+        let r = Arc::new(self.exec.queue_memory().alloc(size_of::<ErrorReport>())?);
+        kept.push(Arc::clone(&r));
+        Ok(r)
     }
 
     /// [`Kernel::start`] then [`Running::wait`] with `timeout`.

@@ -9,7 +9,8 @@ use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::launch::{LaunchConfig, Module};
 use gdaki::Error;
 use gdaki_device::launch::{DevPtr, KernelFn};
-use gdaki_testkit_kernels::entries::GDAKI_SMOKE;
+use gdaki_shared::coll::CollHandle;
+use gdaki_testkit_kernels::entries::{GDAKI_COLL_BROADCAST, GDAKI_SMOKE};
 
 /// A descriptor whose name is not in the PTX.
 static ABSENT: KernelFn<(u64,)> = KernelFn { name: "no_such_kernel", host: |_, _, _| {} };
@@ -43,6 +44,43 @@ fn module_checks_kernels_against_the_ptx(kind: ExecutorKind) {
     // SAFETY: `flag` is a live 4-byte host buffer for the whole launch.
     unsafe { k.launch(&LaunchConfig::linear(2, 4), (flag.dev_ptr::<u32>(),), Duration::from_secs(10)) }.expect("runs");
     assert_eq!(flag.to_vec().expect("read back"), 1u32.to_ne_bytes());
+}
+
+/// A kernel's launches reuse their error reports (a free after each launch would wait for every running
+/// kernel of the GPU): a launch that fails, then one that succeeds, alternately, each report read as its own
+/// launch left it. The kernel is the collectives' broadcast on a handle of 0 ranks (refused:
+/// `InvalidArgument::Collective`) and of 1 rank (nothing to do).
+fn reports_are_reused_and_start_clean(kind: ExecutorKind) {
+    let (exec, _) = Executor::open(Some(kind)).expect("executor");
+    let m = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("the testkit's PTX loads");
+    let k = m.kernel(&GDAKI_COLL_BROADCAST).expect("in the PTX");
+    let bad = exec.upload(&CollHandle { nranks: 0, ..bytemuck::Zeroable::zeroed() }).expect("upload");
+    let alone = exec.upload(&CollHandle { nranks: 1, ..bytemuck::Zeroable::zeroed() }).expect("upload");
+    for round in 0..3 {
+        for (h, fails) in [(&bad, true), (&alone, false)] {
+            let args = (h.dev_ptr::<CollHandle>(), 0u32, 0u32, 0u64, 0u64, 0u64);
+            // SAFETY: `h` is a live uploaded handle; with 0 or 1 ranks the kernel reads nothing else.
+            let r = unsafe { k.launch(&LaunchConfig::linear(1, 1), args, Duration::from_secs(10)) };
+            match (fails, r) {
+                (true, Err(Error::Kernel { error: gdaki_device::Error::InvalidArgument(a), .. })) => {
+                    assert_eq!(a, gdaki_device::error::InvalidArgument::Collective, "round {round}")
+                }
+                (false, Ok(())) => {}
+                (f, r) => panic!("round {round}: expected failure {f}, got {r:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_reports_are_reused_and_start_clean() {
+    reports_are_reused_and_start_clean(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_reports_are_reused_and_start_clean() {
+    reports_are_reused_and_start_clean(ExecutorKind::Gpu);
 }
 
 #[test]
