@@ -179,9 +179,13 @@ pub enum InvalidArgument {
     Team = 11,
     /// A collective call ([`crate::coll`]) whose handle or arguments are out of range: a communicator of 0 or
     /// more than [`MAX_RANKS`](gdaki_shared::coll::MAX_RANKS) ranks, a rank or root not below `nranks`, a
-    /// count slice shorter than `nranks`, or regions that do not fit the data buffer (checked before anything
-    /// is posted, as far as this rank can tell: received counts are checked once they arrive).
+    /// count slice shorter than `nranks`, regions that do not fit the data buffer, a reduce's misaligned or
+    /// overlapping regions or a bound that is not positive and finite (checked before anything is posted, as
+    /// far as this rank can tell: received counts are checked once they arrive).
     Collective = 12,
+    /// A value a [`crate::coll::reduce`] would quantize lies outside its bound (`|x| > max_abs`), or is a NaN
+    /// or an infinity. Checked on every value before anything is sent.
+    Value = 13,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -366,6 +370,7 @@ impl Error {
                 8 => InvalidArgument::Packet,
                 11 => InvalidArgument::Team,
                 12 => InvalidArgument::Collective,
+                13 => InvalidArgument::Value,
                 _ => return None,
             })),
             _ => None,

@@ -921,6 +921,7 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
         Just(InvalidArgument::Packet),
         Just(InvalidArgument::Team),
         Just(InvalidArgument::Collective),
+        Just(InvalidArgument::Value),
     ]
 }
 
@@ -1024,6 +1025,7 @@ fn invalid_argument_codes_are_the_documented_ones() {
         (InvalidArgument::Unsupported, 9, "invalid argument: Unsupported"),
         (InvalidArgument::Team, 11, "invalid argument: Team"),
         (InvalidArgument::Collective, 12, "invalid argument: Collective"),
+        (InvalidArgument::Value, 13, "invalid argument: Value"),
     ];
     assert_eq!(kind::INVALID_ARGUMENT, 6);
     for (a, code, message) in table {
@@ -1038,7 +1040,8 @@ fn invalid_argument_codes_are_the_documented_ones() {
             | InvalidArgument::Packet
             | InvalidArgument::Unsupported
             | InvalidArgument::Team
-            | InvalidArgument::Collective => {}
+            | InvalidArgument::Collective
+            | InvalidArgument::Value => {}
         }
         // Packing: the report the device writes.
         let r = Error::InvalidArgument(a).to_report();
@@ -1048,11 +1051,11 @@ fn invalid_argument_codes_are_the_documented_ones() {
         assert_eq!(Error::from_report(&from_host), Some(Error::InvalidArgument(a)), "code {code}");
         assert_eq!(Error::InvalidArgument(a).to_string(), message);
     }
-    // The eleven codes are 1..=12 but 10 (retired), each once; 10 and the codes around them decode to nothing.
+    // The twelve codes are 1..=13 but 10 (retired), each once; 10 and the codes around them decode to nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
     codes.sort_unstable();
-    assert_eq!(codes, (1..=12).filter(|&c| c != 10).collect::<Vec<u64>>());
-    for code in [0u64, 10, 13, 14, u32::MAX as u64, u64::MAX] {
+    assert_eq!(codes, (1..=13).filter(|&c| c != 10).collect::<Vec<u64>>());
+    for code in [0u64, 10, 14, 15, u32::MAX as u64, u64::MAX] {
         let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }

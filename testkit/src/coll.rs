@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gdaki_device::coll::Broadcast;
+use gdaki_device::coll::{Algorithm, Broadcast, Reduce};
 use gdaki_device::launch::DevPtr;
 use gdaki_shared::coll::{CollHandle, MAX_RANKS};
 use gdaki_testkit_kernels::entries;
@@ -22,6 +22,10 @@ const COUNTS_BYTES: usize = 8 * MAX_RANKS;
 type BroadcastArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64);
 /// `gdaki_coll_all_to_all_v`'s parameters: handle, send counts, receive counts, send and receive offsets.
 type AllToAllVArgs = (DevPtr<CollHandle>, DevPtr<u64>, DevPtr<u64>, u64, u64);
+/// `gdaki_coll_reduce`'s parameters: handle, root, offset, count, accumulation and output offsets, bound.
+type ReduceArgs = (DevPtr<CollHandle>, u32, u64, u64, u64, u64, f32);
+/// `gdaki_coll_all_reduce`'s parameters: handle, algorithm code, then those of [`ReduceArgs`] after the handle.
+type AllReduceArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64, u64, f32);
 
 /// One rank's collectives and their kernels, loaded.
 pub struct CollRank {
@@ -33,6 +37,8 @@ pub struct CollRank {
     counts: DataBuf,
     broadcast: Kernel<BroadcastArgs>,
     all_to_all_v: Kernel<AllToAllVArgs>,
+    reduce: Kernel<ReduceArgs>,
+    all_reduce: Kernel<AllReduceArgs>,
     launch_timeout: Duration,
 }
 
@@ -49,9 +55,11 @@ impl CollRank {
         let module = Module::load(exec, crate::ptx::PTX)?;
         let broadcast = module.kernel(&entries::GDAKI_COLL_BROADCAST)?;
         let all_to_all_v = module.kernel(&entries::GDAKI_COLL_ALL_TO_ALL_V)?;
+        let reduce = module.kernel(&entries::GDAKI_COLL_REDUCE)?;
+        let all_reduce = module.kernel(&entries::GDAKI_COLL_ALL_REDUCE)?;
         let counts = exec.alloc_data(2 * COUNTS_BYTES)?;
         let launch_timeout = cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10));
-        Ok(Self { handle, coll, comm, counts, broadcast, all_to_all_v, launch_timeout })
+        Ok(Self { handle, coll, comm, counts, broadcast, all_to_all_v, reduce, all_reduce, launch_timeout })
     }
 
     /// The collectives (buffer, acknowledgment counter).
@@ -115,5 +123,30 @@ impl CollRank {
             .chunks_exact(8)
             .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
             .collect())
+    }
+
+    /// [`CollRank::barrier`], then one reduce `r` on this rank (every rank calls it with the same `r`): the
+    /// sum lands in the root's output range.
+    ///
+    /// # Errors
+    /// As [`CollRank::broadcast`].
+    pub fn reduce(&self, r: &Reduce) -> Result<()> {
+        self.barrier()?;
+        let args = (self.handle.dev_ptr(), r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
+        // SAFETY: as in `broadcast`.
+        unsafe { self.reduce.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+    }
+
+    /// [`CollRank::barrier`], then one all-reduce `r` on this rank, its broadcast by `algorithm`: the sum
+    /// lands in every rank's output range.
+    ///
+    /// # Errors
+    /// As [`CollRank::broadcast`].
+    pub fn all_reduce(&self, r: &Reduce, algorithm: Algorithm) -> Result<()> {
+        self.barrier()?;
+        let (h, code) = (self.handle.dev_ptr(), algorithm as u32);
+        let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
+        // SAFETY: as in `broadcast`.
+        unsafe { self.all_reduce.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
     }
 }

@@ -1,8 +1,9 @@
 //! Collectives on the `cpu` executor: N ranks as threads of this process, each with its own emulated NIC
 //! (over the loopback wire) or all on one NIC, device code making every call. Every received byte is
 //! checked against payloads made here from a seed, and so is every byte outside the range (untouched); the
-//! roots' group-acknowledgment counters are checked against the counts of calls made. The GPU runs are
-//! `--ignored`.
+//! roots' group-acknowledgment counters are checked against the counts of calls made. Reduce results are
+//! checked against an `f64` sum made here, within an error bound derived here from the rank count and the
+//! bound of the values alone. The GPU runs are `--ignored`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +11,8 @@ use std::time::Duration;
 use gdaki::channel::{run_ranks, Communicator, RankSetup};
 use gdaki::coll::CollConfig;
 use gdaki::exec::ExecutorKind;
-use gdaki_device::coll::{Algorithm, Broadcast};
-use gdaki_device::error::{Timeout, WaitOn};
+use gdaki_device::coll::{Algorithm, Broadcast, Reduce};
+use gdaki_device::error::{InvalidArgument, Timeout, WaitOn};
 use gdaki_device::Error as DevError;
 use gdaki_testkit::coll::CollRank;
 use rand::rngs::SmallRng;
@@ -333,4 +334,189 @@ fn setup_refuses_bad_configurations() {
     for (rank, r) in out {
         assert_eq!(r.expect("communicator"), (true, true), "rank {rank}");
     }
+}
+
+/// The fixed-point scale of a reduce of `n` ranks' values bounded by `max_abs`, found by search: the largest
+/// power of two `s` with `n * max_abs * s < 2^63` (so that `n` values of at most `max_abs * s` sum below
+/// `i64::MAX`).
+fn fixed_scale(n: u32, max_abs: f32) -> f64 {
+    let m = n as f64 * max_abs as f64;
+    (-400..400).rev().map(|k| 2f64.powi(k)).find(|s| m * s < 2f64.powi(63)).expect("a scale")
+}
+
+/// The most a reduce result may differ from the `f64` sum `reference` of `n` values bounded by `max_abs`:
+/// each quantized value is off by at most `1 / (2s)`, the integer sum's conversion to `f64` by a relative
+/// 2^-53 of at most `n * max_abs`, the reference's own `n - 1` additions as much each, and the final
+/// rounding to `f32` by a relative 2^-24 (2^-150 absolute below the normal range).
+fn error_bound(n: u32, max_abs: f32, reference: f64) -> f64 {
+    let (nf, m) = (n as f64, n as f64 * max_abs as f64);
+    let sums = nf / (2.0 * fixed_scale(n, max_abs)) + nf * m * 2f64.powi(-53);
+    2f64.powi(-24) * (reference.abs() + sums) + sums + 2f64.powi(-150)
+}
+
+/// `count` values of rank `rank` in call `call`: uniform in `[-max_abs, max_abs]`, or, when `exact`,
+/// multiples of 2^-12 there (multiples of `1 / s` whose sums `f32` holds exactly).
+fn values(call: u64, rank: u32, count: usize, max_abs: f32, exact: bool) -> Vec<f32> {
+    let mut rng = SmallRng::seed_from_u64(call << 16 | rank as u64);
+    let steps = (max_abs * 4096.0) as i32;
+    (0..count)
+        .map(|_| {
+            if exact {
+                rng.random_range(-steps..=steps) as f32 / 4096.0
+            } else {
+                rng.random_range(-max_abs..=max_abs)
+            }
+        })
+        .collect()
+}
+
+/// Reduce buffer layout: input at 16, accumulation area at 64 KiB, output at 32 KiB (or in place).
+const R_IN: u64 = 16;
+const R_ACC: u64 = 64 << 10;
+const R_OUT: u64 = 32 << 10;
+
+/// Values per call on `n` ranks: fewer on 8 (one NIC for all, and eight times the fetch-adds).
+fn reduce_count(n: u32) -> usize {
+    if n == 8 {
+        128
+    } else {
+        700
+    }
+}
+
+/// Four reduce calls on `n` ranks (roots 0, the last, 1, the last again; the third exact), or all-reduce
+/// calls (in place) with each broadcast algorithm: each checks every output value against the `f64` sum
+/// within [`error_bound`] (exactly for the exact call) on the root (on every rank for all-reduce), and that
+/// a reduce left the other ranks' output ranges as they were.
+fn reduce_run(kind: ExecutorKind, n: u32, all: bool) {
+    let count = reduce_count(n);
+    let max_abs = 3.25f32;
+    let roots = [0, n - 1, 1 % n, n - 1];
+    on_ranks(n, kind, n == 8, CollConfig::new(BUF), |r| {
+        let rank = r.communicator().rank();
+        for (call, &root) in roots.iter().enumerate() {
+            let exact = call == 2;
+            let out_offset = if all { R_IN } else { R_OUT };
+            let x = values(call as u64, rank, count, max_abs, exact);
+            let mut before = bytes(0xbeef << 8 | rank as u64, BUF);
+            before[R_IN as usize..][..4 * count].copy_from_slice(bytemuck::cast_slice(&x));
+            r.collectives().buffer().write(0, &before).expect("fill");
+            let red = Reduce { root, offset: R_IN, count: count as u64, acc_offset: R_ACC, out_offset, max_abs };
+            let what = format!("n={n} all={all} call {call} root {root} rank {rank}");
+            if all { r.all_reduce(&red, Algorithm::ALL[call % 3]) } else { r.reduce(&red) }
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let after = r.collectives().buffer().to_vec().expect("read");
+            let out: &[f32] = bytemuck::cast_slice(&after[out_offset as usize..][..4 * count]);
+            if !all && rank != root {
+                let range = R_OUT as usize..R_OUT as usize + 4 * count;
+                assert!(after[range.clone()] == before[range], "{what}: the output range moved");
+                continue;
+            }
+            for (i, &got) in out.iter().enumerate() {
+                let want: f64 = (0..n).map(|q| values(call as u64, q, count, max_abs, exact)[i] as f64).sum();
+                if exact {
+                    assert_eq!(got as f64, want, "{what}: value {i}");
+                } else {
+                    let (err, bound) = ((got as f64 - want).abs(), error_bound(n, max_abs, want));
+                    assert!(err <= bound, "{what}: value {i}: {got} for {want}, off by {err} > {bound}");
+                }
+            }
+        }
+    });
+}
+
+fn reduce_every_size(kind: ExecutorKind, all: bool) {
+    for n in [2, 3, 4, 8] {
+        reduce_run(kind, n, all);
+    }
+}
+
+#[test]
+fn cpu_reduce_within_the_error_bound() {
+    reduce_every_size(ExecutorKind::Cpu, false);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_reduce_within_the_error_bound() {
+    reduce_every_size(ExecutorKind::Gpu, false);
+}
+
+#[test]
+fn cpu_all_reduce_within_the_error_bound() {
+    reduce_every_size(ExecutorKind::Cpu, true);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_all_reduce_within_the_error_bound() {
+    reduce_every_size(ExecutorKind::Gpu, true);
+}
+
+/// One rank holds a value above the bound or a NaN: that rank's call fails with `Value` and sends nothing.
+/// With a receiver at fault, the root's group acknowledgment ends one short and its accumulation area holds
+/// exactly the other ranks' quantized values (quantized here); with the root at fault, every other rank
+/// times out naming it.
+fn reduce_with_a_bad_value(kind: ExecutorKind) {
+    let (n, count, max_abs) = (4u32, 50usize, 2.0f32);
+    let cfg = CollConfig { timeout: Duration::from_millis(300), ..CollConfig::new(BUF) };
+    for (root, bad, poison) in [(0u32, 2u32, 2.5f32), (1, 3, f32::NAN), (2, 2, 2.0000002), (3, 3, f32::INFINITY)] {
+        let t0 = std::time::Instant::now();
+        let out = on_ranks(n, kind, false, cfg, |r| {
+            let rank = r.communicator().rank();
+            let mut x = values(7, rank, count, max_abs, false);
+            if rank == bad {
+                x[count / 2] = poison;
+            }
+            r.collectives().buffer().write(R_IN as usize, bytemuck::cast_slice(&x)).expect("fill");
+            let red = Reduce { root, offset: R_IN, count: count as u64, acc_offset: R_ACC, out_offset: R_OUT, max_abs };
+            let res = r.reduce(&red);
+            let acc = r.collectives().buffer().to_vec().expect("read")[R_ACC as usize..][..8 * count].to_vec();
+            r.barrier().expect("closing barrier");
+            (res, acc)
+        });
+        assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
+        let s = fixed_scale(n, max_abs);
+        for (rank, (res, acc)) in out.into_iter().enumerate() {
+            let rank = rank as u32;
+            let what = format!("root {root} bad {bad} ({poison}) rank {rank}");
+            let err = match res {
+                Err(gdaki::Error::Kernel { error, .. }) => Some(error),
+                Err(e) => panic!("{what}: {e}"),
+                Ok(()) => None,
+            };
+            match err {
+                Some(DevError::InvalidArgument(InvalidArgument::Value)) if rank == bad => {}
+                Some(DevError::Timeout(Timeout { on: WaitOn::GroupAck { expected, seen, .. }, .. }))
+                    if rank == root && bad != root =>
+                {
+                    assert_eq!((expected, seen), (3, 2), "{what}: one of three never acknowledged");
+                    let lanes: &[i64] = bytemuck::cast_slice(&acc);
+                    for (i, &lane) in lanes.iter().enumerate() {
+                        let want: i64 = (0..n)
+                            .filter(|&q| q != bad)
+                            .map(|q| (values(7, q, count, max_abs, false)[i] as f64 * s).round() as i64)
+                            .sum();
+                        assert_eq!(lane, want, "{what}: lane {i} holds what the good ranks sent");
+                    }
+                }
+                Some(DevError::Timeout(Timeout { on: WaitOn::Peer { rank: named, .. }, .. })) if bad == root => {
+                    assert_eq!(named, root, "{what}");
+                }
+                None if rank != root && rank != bad && bad != root => {}
+                other => panic!("{what}: got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_reduce_with_a_bad_value_fails_there_and_sends_nothing() {
+    reduce_with_a_bad_value(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_reduce_with_a_bad_value_fails_there_and_sends_nothing() {
+    reduce_with_a_bad_value(ExecutorKind::Gpu);
 }

@@ -1,10 +1,8 @@
 //! Broadcast: the root's bytes into every rank's buffer at the same offset, by direct puts, a pipelined
 //! chain or a binary tree, completed by a group acknowledgment at the root.
 
-use super::{ctrl, fits, wait_from, Comm, INVALID, MAX_RANKS};
-use crate::channel::{Exclusive, PortChannel};
-use crate::error::{Error, Result, Timeout, WaitOn};
-use crate::wait;
+use super::{acknowledge, fits, wait_acks, wait_from, Comm, INVALID, MAX_RANKS};
+use crate::error::Result;
 use gdaki_shared::coll::CollHandle;
 
 /// How a broadcast moves the data. Ranks are counted from the root: rank `(root + v) % nranks` is the
@@ -88,8 +86,9 @@ pub const fn default_chunk(bytes: u64) -> u64 {
 ///
 /// # Errors
 /// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle, a root not
-/// below `nranks`, or a range outside the data buffer (nothing posted); [`Error::Timeout`] with
-/// [`WaitOn::Peer`] naming the rank a receiver waited for, or [`WaitOn::GroupAck`] on the root; the
+/// below `nranks`, or a range outside the data buffer (nothing posted);
+/// [`Error::Timeout`](crate::error::Error::Timeout) with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming
+/// the rank a receiver waited for, or [`WaitOn::GroupAck`](crate::error::WaitOn::GroupAck) on the root; the
 /// channels' errors (error CQEs, SQ timeouts).
 ///
 /// # Safety
@@ -172,39 +171,4 @@ unsafe fn relay(c: &Comm<'_>, l: &Links, offset: u64, bytes: u64, chunk: u64) ->
         unsafe { c.channel(ch) }.flush()?;
     }
     Ok(())
-}
-
-/// A receiver's acknowledgment: 1 added to the root's counter, flushed.
-///
-/// # Safety
-/// As [`broadcast`].
-unsafe fn acknowledge(c: &Comm<'_>, root: u32) -> Result<()> {
-    let h = c.ctrl_handle(root, true);
-    // SAFETY: the caller's contract: the channel to the root, retargeted; no other channel of it alive.
-    let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
-    ch.signal()?;
-    ch.flush()
-}
-
-/// The root's wait: `nranks - 1` more acknowledgments than it has waited for so far.
-///
-/// # Safety
-/// As [`broadcast`].
-unsafe fn wait_acks(c: &Comm<'_>) -> Result<()> {
-    let expected = c.h.ack_expected as *mut u64;
-    let counter = c.h.ctrl.addr.wrapping_add(ctrl::ACK) as *const u64;
-    // SAFETY: the handle's expected count, used by this thread only (the caller's contract); 8-byte aligned.
-    let target = unsafe {
-        let t = expected.read_volatile() + u64::from(c.n - 1);
-        expected.write_volatile(t);
-        t
-    };
-    // SAFETY: the handle's acknowledgment counter, live for the call and 8-byte aligned (64-byte aligned
-    // region, offset 0).
-    unsafe { wait::semaphore_ge(counter, target, c.h.timeout_ns) }.map(|_| ()).map_err(|e| match e {
-        Error::Timeout(Timeout { on: WaitOn::Semaphore { addr, expected, seen }, waited_ns }) => {
-            Error::Timeout(Timeout { on: WaitOn::GroupAck { addr, expected, seen }, waited_ns })
-        }
-        e => e,
-    })
 }

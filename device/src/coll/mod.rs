@@ -1,7 +1,7 @@
 //! Collectives on port channels, device-initiated end to end: [`broadcast`] (direct puts, a pipelined chain or
 //! a binary tree, completed by a group acknowledgment) and [`all_to_all_v`] (every rank sends a different
-//! number of bytes to every other, the counts exchanged on the device). `reduce` and `all_reduce` would take
-//! the same handle.
+//! number of bytes to every other, the counts exchanged on the device), [`reduce`] and [`all_reduce`] of `f32`
+//! data summed on the NIC (quantized to 64-bit fixed point, added by RDMA fetch-adds at the root).
 //!
 //! A call is made by one thread of each rank (it owns every channel of the handle: Exclusive sharing), and
 //! every rank of the communicator makes the same calls in the same order with the same arguments (but for
@@ -13,13 +13,16 @@
 
 mod all_to_all;
 mod broadcast;
+mod reduce;
 
 pub use all_to_all::{all_to_all_v, AllToAllV};
 pub use broadcast::{broadcast, default_chunk, Algorithm, Broadcast};
 pub use gdaki_shared::coll::{ctrl, CollHandle, MAX_RANKS};
+pub use reduce::{all_reduce, reduce, scale, Reduce};
 
 use crate::channel::{Exclusive, PortChannel, PortChannelHandle};
 use crate::error::{Error, InvalidArgument, Result, Timeout, WaitOn};
+use crate::wait;
 use gdaki_shared::handle::RemoteMr;
 
 /// [`InvalidArgument::Collective`] as an error.
@@ -75,6 +78,42 @@ fn wait_from(ch: &mut PortChannel<'_, Exclusive>, peer: u32) -> Result<()> {
     ch.wait().map_err(|e| match e {
         Error::Timeout(Timeout { on: WaitOn::Semaphore { expected, seen, .. }, waited_ns }) => {
             Error::Timeout(Timeout { on: WaitOn::Peer { rank: peer, expected, seen }, waited_ns })
+        }
+        e => e,
+    })
+}
+
+/// A receiver's acknowledgment (of a broadcast or a reduce): 1 added to the root's counter, flushed.
+///
+/// # Safety
+/// As [`broadcast`].
+unsafe fn acknowledge(c: &Comm<'_>, root: u32) -> Result<()> {
+    let h = c.ctrl_handle(root, true);
+    // SAFETY: the caller's contract: the channel to the root, retargeted; no other channel of it alive.
+    let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+    ch.signal()?;
+    ch.flush()
+}
+
+/// The root's wait (of a broadcast or a reduce): `nranks - 1` more acknowledgments than it has waited for
+/// so far.
+///
+/// # Safety
+/// As [`broadcast`].
+unsafe fn wait_acks(c: &Comm<'_>) -> Result<()> {
+    let expected = c.h.ack_expected as *mut u64;
+    let counter = c.h.ctrl.addr.wrapping_add(ctrl::ACK) as *const u64;
+    // SAFETY: the handle's expected count, used by this thread only (the caller's contract); 8-byte aligned.
+    let target = unsafe {
+        let t = expected.read_volatile() + u64::from(c.n - 1);
+        expected.write_volatile(t);
+        t
+    };
+    // SAFETY: the handle's acknowledgment counter, live for the call and 8-byte aligned (64-byte aligned
+    // region, offset 0).
+    unsafe { wait::semaphore_ge(counter, target, c.h.timeout_ns) }.map(|_| ()).map_err(|e| match e {
+        Error::Timeout(Timeout { on: WaitOn::Semaphore { addr, expected, seen }, waited_ns }) => {
+            Error::Timeout(Timeout { on: WaitOn::GroupAck { addr, expected, seen }, waited_ns })
         }
         e => e,
     })

@@ -260,3 +260,47 @@ pub fn gdaki_coll_all_to_all_v(
     // SAFETY: as in `gdaki_coll_broadcast`.
     unsafe { coll::all_to_all_v(h, &coll::AllToAllV { send_offset, recv_offset }, send, recv) }
 }
+
+/// One [`coll::reduce`] by thread 0 of the launch; the arguments as [`coll::Reduce`].
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn gdaki_coll_reduce(
+    t: &Thread,
+    h: &CollHandle,
+    root: u32,
+    offset: u64,
+    count: u64,
+    acc_offset: u64,
+    out_offset: u64,
+    max_abs: f32,
+) -> gdaki_device::Result<()> {
+    if t.global_id() != 0 {
+        return Ok(());
+    }
+    // SAFETY: as in `gdaki_coll_broadcast`.
+    unsafe { coll::reduce(h, &coll::Reduce { root, offset, count, acc_offset, out_offset, max_abs }) }
+}
+
+/// One [`coll::all_reduce`] by thread 0 of the launch, broadcasting with the [`Algorithm`] of code
+/// `algorithm`; the other arguments as [`coll::Reduce`].
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn gdaki_coll_all_reduce(
+    t: &Thread,
+    h: &CollHandle,
+    algorithm: u32,
+    root: u32,
+    offset: u64,
+    count: u64,
+    acc_offset: u64,
+    out_offset: u64,
+    max_abs: f32,
+) -> gdaki_device::Result<()> {
+    if t.global_id() != 0 {
+        return Ok(());
+    }
+    let algorithm = Algorithm::from_code(algorithm).ok_or(Error::InvalidArgument(InvalidArgument::Collective))?;
+    let r = coll::Reduce { root, offset, count, acc_offset, out_offset, max_abs };
+    // SAFETY: as in `gdaki_coll_broadcast`.
+    unsafe { coll::all_reduce(h, &r, algorithm) }
+}
