@@ -1,8 +1,9 @@
 //! Collectives, host side: [`Collectives`] sets up, on a [`Communicator`], everything device code's
-//! `gdaki_device::coll` (broadcast, all-to-all with variable sizes) needs for the whole communicator, and
-//! builds its [`CollHandle`]: a port channel (one RC QP in Device mode, a semaphore) to every peer, this
-//! rank's data buffer registered and exchanged, and a control region (the broadcast's group-acknowledgment
-//! counter and the all-to-all count matrix) registered and exchanged. The same code serves both executors.
+//! `gdaki_device::coll` (broadcast, all-to-all with variable sizes, reduce, all-reduce) needs for the whole
+//! communicator, and builds its [`CollHandle`]: a port channel (one RC QP in Device mode, a semaphore) to
+//! every peer, this rank's data buffer registered and exchanged (a reduce's accumulation area lies in it),
+//! and a control region (the group-acknowledgment counter of broadcasts and reduces, the all-to-all count
+//! matrix) registered and exchanged. The same code serves both executors.
 //!
 //! Every rank calls [`Collectives::new`] with the same configuration; the setup pairs up with each peer through
 //! the bootstrap, on four tags from [`CollConfig::tag`] (keep them apart from the caller's own).

@@ -1,5 +1,5 @@
-//! Collectives (broadcast, all-to-all with variable sizes): the communicator handle the host builds
-//! (`gdaki::coll`) and device code takes (`gdaki_device::coll`). It names, for each of up to [`MAX_RANKS`]
+//! Collectives (broadcast, all-to-all with variable sizes, reduce, all-reduce): the communicator handle the
+//! host builds (`gdaki::coll`) and device code takes (`gdaki_device::coll`). It names, for each of up to [`MAX_RANKS`]
 //! ranks, a port channel to that peer, the rank's data buffer, and a small control region per rank that the
 //! peers write into: the group-acknowledgment counter and the all-to-all count matrix.
 
@@ -16,8 +16,9 @@ pub const MAX_RANKS: usize = 8;
 pub mod ctrl {
     use super::MAX_RANKS;
 
-    /// The group-acknowledgment counter: one `u64` that every receiver of a broadcast this rank is the root
-    /// of advances by 1 with an RDMA fetch-add. Monotone across calls, never reset.
+    /// The group-acknowledgment counter: one `u64` that every receiver of a broadcast, and every peer of a
+    /// reduce, this rank is the root of advances by 1 with an RDMA fetch-add. Monotone across calls, never
+    /// reset.
     pub const ACK: u64 = 0;
     /// The all-to-all count matrix: [`MAX_RANKS`] rows of [`MAX_RANKS`] `u64`s; row `q`, column `p` is the
     /// number of bytes rank `q` sends to rank `p` in the current call (rank `q` puts its row here).
@@ -50,7 +51,7 @@ pub struct CollHandle {
     /// NIC writes directly: pinned and mapped into the GPU on `gpu`).
     pub ctrl: MrHandle,
     /// Address of this rank's expected acknowledgment count (one `u64`, device memory, initially 0): the
-    /// root of a broadcast adds `nranks - 1` to it, then waits until its [`ctrl::ACK`] counter reaches it.
+    /// root of a broadcast or a reduce adds `nranks - 1` to it, then waits until its [`ctrl::ACK`] counter reaches it.
     pub ack_expected: u64,
     /// Each peer's control region (entry `p`: rank `p`'s), the target of acknowledgments and count rows.
     pub peer_ctrl: [RemoteMr; MAX_RANKS],

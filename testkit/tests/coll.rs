@@ -412,8 +412,9 @@ fn reduce_run(kind: ExecutorKind, n: u32, all: bool) {
                 assert!(after[range.clone()] == before[range], "{what}: the output range moved");
                 continue;
             }
+            let every: Vec<Vec<f32>> = (0..n).map(|q| values(call as u64, q, count, max_abs, exact)).collect();
             for (i, &got) in out.iter().enumerate() {
-                let want: f64 = (0..n).map(|q| values(call as u64, q, count, max_abs, exact)[i] as f64).sum();
+                let want: f64 = every.iter().map(|x| x[i] as f64).sum();
                 if exact {
                     assert_eq!(got as f64, want, "{what}: value {i}");
                 } else {
@@ -492,11 +493,10 @@ fn reduce_with_a_bad_value(kind: ExecutorKind) {
                 {
                     assert_eq!((expected, seen), (3, 2), "{what}: one of three never acknowledged");
                     let lanes: &[i64] = bytemuck::cast_slice(&acc);
+                    let good: Vec<Vec<f32>> =
+                        (0..n).filter(|&q| q != bad).map(|q| values(7, q, count, max_abs, false)).collect();
                     for (i, &lane) in lanes.iter().enumerate() {
-                        let want: i64 = (0..n)
-                            .filter(|&q| q != bad)
-                            .map(|q| (values(7, q, count, max_abs, false)[i] as f64 * s).round() as i64)
-                            .sum();
+                        let want: i64 = good.iter().map(|x| (x[i] as f64 * s).round() as i64).sum();
                         assert_eq!(lane, want, "{what}: lane {i} holds what the good ranks sent");
                     }
                 }

@@ -72,7 +72,7 @@ fn quantize(x: f32, s: f64) -> i64 {
 /// `f32(sum as f64 / s)` for every value. The scale `s` is [`scale`]`(nranks, max_abs)`.
 ///
 /// Error bound: each quantized value is off by at most `1 / (2s)`, the sum by `nranks / (2s)`, which is at
-/// most `nranks^2 * max_abs / 2^63` since `s > 2^62 / (nranks * max_abs)`; converting the integer sum to
+/// most `nranks^2 * max_abs / 2^63` since `s >= 2^62 / (nranks * max_abs)`; converting the integer sum to
 /// `f64` adds at most `nranks * max_abs * 2^-53`, and the last rounding to `f32` half an ulp of the result.
 ///
 /// # Errors
