@@ -520,3 +520,56 @@ fn cpu_reduce_with_a_bad_value_fails_there_and_sends_nothing() {
 fn gpu_reduce_with_a_bad_value_fails_there_and_sends_nothing() {
     reduce_with_a_bad_value(ExecutorKind::Gpu);
 }
+
+/// The device's scale is the one found here by search, for bounds from the smallest subnormal `f32` to the
+/// largest, powers of two and their neighbours among them, on 1 to 8 ranks; bounds that are not positive
+/// and finite have none.
+#[test]
+fn scale_is_the_largest_power_of_two_that_cannot_overflow() {
+    let mut bounds = vec![f32::from_bits(1), f32::MIN_POSITIVE, 1e-30, 0.1, 3.25, 1e30, f32::MAX];
+    for k in [-20, 0, 1, 10, 60] {
+        let p = 2f32.powi(k);
+        bounds.extend([p, f32::from_bits(p.to_bits() - 1), f32::from_bits(p.to_bits() + 1)]);
+    }
+    for n in 1..=8 {
+        for &m in &bounds {
+            assert_eq!(gdaki_device::coll::scale(n, m), Some(fixed_scale(n, m)), "n={n} max_abs={m:e}");
+        }
+        for m in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert_eq!(gdaki_device::coll::scale(n, m), None, "n={n} max_abs={m}");
+        }
+    }
+}
+
+/// Reduce arguments that break the layout or the bound: refused with `Collective` on every rank, nothing
+/// posted (no rank waits: each call returns at once).
+#[test]
+fn cpu_reduce_refuses_bad_arguments() {
+    let ok = Reduce { root: 0, offset: R_IN, count: 64, acc_offset: R_ACC, out_offset: R_OUT, max_abs: 1.0 };
+    let bad = [
+        Reduce { root: 2, ..ok },
+        Reduce { max_abs: 0.0, ..ok },
+        Reduce { max_abs: f32::NAN, ..ok },
+        Reduce { max_abs: f32::INFINITY, ..ok },
+        Reduce { offset: R_IN + 2, ..ok },
+        Reduce { acc_offset: R_ACC + 4, ..ok },
+        Reduce { out_offset: R_OUT + 1, ..ok },
+        Reduce { acc_offset: R_IN + 8, ..ok },
+        Reduce { acc_offset: R_OUT - 8, ..ok },
+        Reduce { acc_offset: BUF as u64 - 8 * 63, ..ok },
+        Reduce { count: u64::MAX / 4, ..ok },
+    ];
+    let out = on_ranks(2, ExecutorKind::Cpu, true, CollConfig::new(BUF), |r| {
+        bad.iter().map(|b| r.reduce(b).err()).collect::<Vec<_>>()
+    });
+    for (rank, errs) in out.into_iter().enumerate() {
+        for (b, err) in bad.iter().zip(errs) {
+            match err {
+                Some(gdaki::Error::Kernel {
+                    error: DevError::InvalidArgument(InvalidArgument::Collective), ..
+                }) => {}
+                other => panic!("rank {rank}: {b:?}: {other:?}"),
+            }
+        }
+    }
+}
