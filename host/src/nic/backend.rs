@@ -49,9 +49,10 @@ pub enum Cq {
 pub enum Qp {
     /// Of the emulated NIC.
     Emu(emu::Qp),
-    /// Of a real mlx5 NIC.
+    /// Of a real mlx5 NIC (boxed: it holds a copy of its 256-byte `QpHandle`, several times the emulated
+    /// NIC's variant).
     #[cfg(feature = "mlx5")]
-    Mlx5(mlx5::Qp),
+    Mlx5(Box<mlx5::Qp>),
 }
 
 /// A memory region of either backend.
@@ -236,7 +237,7 @@ impl Nic {
             }
             (Nic::Emu(n), Pd::Emu(p), Cq::Emu(c)) => n.create_qp(p, c, wqe_cnt).map(Qp::Emu),
             #[cfg(feature = "mlx5")]
-            (Nic::Mlx5(n), Pd::Mlx5(p), Cq::Mlx5(c)) => n.create_qp(p, c, wqe_cnt).map(Qp::Mlx5),
+            (Nic::Mlx5(n), Pd::Mlx5(p), Cq::Mlx5(c)) => n.create_qp(p, c, wqe_cnt).map(|q| Qp::Mlx5(Box::new(q))),
             #[cfg(feature = "mlx5")]
             _ => Err(mixed("PD or CQ")),
         }
