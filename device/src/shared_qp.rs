@@ -585,7 +585,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 }
                 // SAFETY: as above.
                 if unsafe { S::load_acquire(self.retired()) } >= target {
-                    return Ok(Some(()));
+                    // The poller that moved `ci` stored an error CQE it met before that release: looked at
+                    // again after the acquire, so that a flush racing that poll cannot miss it.
+                    return match self.error() {
+                        Some(e) => Err(Error::Cqe(e)),
+                        None => Ok(Some(())),
+                    };
                 }
                 self.ring_pending();
                 self.poll().map(|_| None)
