@@ -42,6 +42,19 @@ pub struct CollRank {
     launch_timeout: Duration,
 }
 
+impl Drop for CollRank {
+    /// Waits at the bootstrap barrier before anything is freed: freeing GPU memory (`cuMemFree`), pinned
+    /// memory or a module waits for every running kernel of the GPU and holds up the other threads' CUDA
+    /// calls meanwhile, the NICs' copies among them, so a rank that finished its last call first and freed
+    /// its buffers would stall the peers still in that call (their NICs could not place what arrives). A
+    /// failed barrier (a peer gone) is ignored: the drop goes on.
+    fn drop(&mut self) {
+        if let Err(e) = self.barrier() {
+            tracing::debug!("collectives of rank {}: the barrier before freeing failed: {e}", self.comm.rank());
+        }
+    }
+}
+
 impl CollRank {
     /// Sets up `comm`'s collectives with `cfg` (every rank at once) and loads the kernels.
     ///

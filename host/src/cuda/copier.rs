@@ -27,6 +27,8 @@ const BOUNCE_BYTES: usize = 64 * 1024;
 const UPLOAD_BYTES: usize = 1 << 20;
 /// How long a synchronize waits for the copy-engine stream.
 const STREAM_LIMIT: Duration = Duration::from_secs(20);
+/// A wait on the stream longer than this is logged as a warning.
+const SLOW: Duration = Duration::from_millis(500);
 
 /// [`GpuCopier`] of the `gpu` executor ([`super::Gpu::copier`]). Two ways to reach GPU memory, kept in one
 /// order:
@@ -157,7 +159,13 @@ impl CudaCopier {
         let head = st.engine.head();
         st.engine.wait(head)?;
         if st.stream_dirty {
-            self.stream.wait(STREAM_LIMIT)?;
+            let t0 = std::time::Instant::now();
+            let r = self.stream.wait(STREAM_LIMIT);
+            if t0.elapsed() > SLOW {
+                // A copy-engine copy this slow holds up the NIC's thread (and its wire peers): say so.
+                tracing::warn!("emulated NIC: its copy-engine copies took {} ms", t0.elapsed().as_millis());
+            }
+            r?;
             st.stream_dirty = false;
         }
         for &(off, dst, len) in &st.bounced {

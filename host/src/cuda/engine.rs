@@ -42,6 +42,9 @@ const START_WAIT: Duration = Duration::from_micros(200);
 const WAIT_LIMIT: Duration = Duration::from_secs(20);
 /// How long the engine waits for a copy-engine flag ([`Op::Wait`]) before it fails.
 const FLAG_LIMIT: Duration = Duration::from_secs(10);
+/// How long [`Engine::wait`] waits before it logs a warning saying what it waits for (a wait this long
+/// already holds up the NIC's thread, its wire peers included).
+const SLOW: Duration = Duration::from_millis(500);
 
 /// Byte offsets of the control words, each a `u64` in pinned host memory.
 mod ctrl {
@@ -414,6 +417,9 @@ impl Engine {
                 return Ok(true);
             }
             if at.elapsed() > START_WAIT {
+                tracing::debug!(
+                    "emulated NIC: the GPU engine did not start within {START_WAIT:?}: copy engines instead"
+                );
                 return Ok(false);
             }
             std::hint::spin_loop();
@@ -481,7 +487,21 @@ impl Engine {
         self.publish()?;
         let start = Instant::now();
         let mut spins = 0u32;
+        let mut warned = false;
         while self.done() < target {
+            if !warned && start.elapsed() > SLOW {
+                warned = true;
+                tracing::warn!(
+                    done = self.done(),
+                    target,
+                    state = self.word(ctrl::STATE).load(Ordering::Acquire),
+                    started = self.word(ctrl::STARTED).load(Ordering::Acquire),
+                    gen = self.gen,
+                    launched_ms = self.launched.map(|at| at.elapsed().as_millis() as u64),
+                    "emulated NIC: waiting for the GPU engine for {} ms",
+                    SLOW.as_millis()
+                );
+            }
             if self.word(ctrl::ERROR).load(Ordering::Acquire) != 0 {
                 return Err(self.failed());
             }

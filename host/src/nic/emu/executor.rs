@@ -23,6 +23,7 @@ use std::sync::mpsc::Receiver;
 use super::access::{DataPath, Waits};
 use super::fabric::{read, Fabric};
 use super::sq::{self, Engine, Watched};
+use super::stats::{bump, step};
 use super::wire::link::Inflow;
 use super::wire::{packet, requester, responder, Inbound, WireConfig};
 use crate::mem::MemKind;
@@ -121,9 +122,12 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
             thread::park_timeout(SLEEP);
             continue;
         }
+        bump(&fab.stats.executor_passes);
+        step(&fab.stats, 1);
         list.sync(fab, &eng.data);
         let mut worked = false;
         let mut handled = 0;
+        step(&fab.stats, 2);
         for m in inbound.try_iter().take(INBOUND_PER_PASS) {
             handled += m.cost();
             deliver(fab, &mut list, &mut eng, m);
@@ -135,13 +139,17 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
             inflow.release(handled);
         }
         for w in &mut list.qps {
+            step(&fab.stats, 3);
             worked |= sq::poll(fab, w, &mut eng);
             if let Some((qp, ws)) = w.wire() {
+                step(&fab.stats, 4);
                 worked |= requester::tick(fab, qp, ws, &mut eng.data, timeout);
             }
         }
         // What this pass enqueued on the GPU starts now, as one batch.
+        step(&fab.stats, 5);
         eng.data.submit();
+        step(&fab.stats, 0);
         if list.unacked {
             // After a whole sweep: no poll that could have seen a QP removed before `gen` is still running.
             fab.acked_gen.store(list.gen, Ordering::Release);

@@ -58,6 +58,21 @@ pub struct Stats {
     pub inbound_peak: u64,
     /// Times a reader thread found the inbound queue full and waited, leaving its peer's bytes in the socket.
     pub inbound_waits: u64,
+    /// Passes the NIC's thread has made through its loop (inbound messages, then every QP's doorbells and
+    /// wire state): a count that stops growing while work waits says the thread is stuck, and
+    /// [`Stats::executor_step`] says where.
+    pub executor_passes: u64,
+    /// What the NIC's thread was doing when the snapshot was taken: one of [`Stats::EXECUTOR_STEPS`].
+    pub executor_step: &'static str,
+}
+
+impl Stats {
+    /// The steps of the NIC thread's pass, as [`Stats::executor_step`] names them: between passes (idle or
+    /// backing off), taking the QP list's changes, handling inbound wire messages, polling the SQs'
+    /// doorbells and executing their WQEs, advancing the wire's requesters (retries, timeouts, outboxes),
+    /// starting the GPU operations the pass enqueued.
+    pub const EXECUTOR_STEPS: [&'static str; 6] =
+        ["between passes", "QP list", "inbound", "send queues", "wire", "GPU submit"];
 }
 
 /// The live counters behind [`Stats`].
@@ -80,6 +95,14 @@ pub(crate) struct Counters {
     pub error_cqes: AtomicU64,
     pub flush_cqes: AtomicU64,
     pub cq_overruns: AtomicU64,
+    pub executor_passes: AtomicU64,
+    /// Index into [`Stats::EXECUTOR_STEPS`].
+    pub executor_step: std::sync::atomic::AtomicU8,
+}
+
+/// Records that the NIC's thread enters step `i` of [`Stats::EXECUTOR_STEPS`] (relaxed: for diagnostics).
+pub(crate) fn step(c: &Counters, i: u8) {
+    c.executor_step.store(i, Relaxed);
 }
 
 /// Adds one to a counter (relaxed: counters order nothing).
@@ -110,6 +133,11 @@ impl Counters {
             inbound_queued: 0,
             inbound_peak: 0,
             inbound_waits: 0,
+            executor_passes: self.executor_passes.load(Relaxed),
+            executor_step: Stats::EXECUTOR_STEPS
+                .get(usize::from(self.executor_step.load(Relaxed)))
+                .copied()
+                .unwrap_or("between passes"),
         }
     }
 }
