@@ -1,17 +1,18 @@
 //! Host side of the collectives' tests: one rank's [`Collectives`] and launches of the
-//! `gdaki_testkit_kernels` collective kernels (thread 0 of one block makes the call) on either executor.
+//! `gdaki_testkit_kernels` collective kernels (thread 0 of one block makes the call; every thread of the block
+//! for the ring all-reduce) on either executor.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use gdaki_device::coll::{Algorithm, Broadcast, Reduce};
+use gdaki_device::coll::{Algorithm, Broadcast, Reduce, RingAllReduce};
 use gdaki_device::launch::DevPtr;
 use gdaki_shared::coll::{CollHandle, MAX_RANKS};
 use gdaki_testkit_kernels::entries;
 
 use gdaki::channel::Communicator;
 use gdaki::coll::{CollConfig, Collectives};
-use gdaki::exec::DataBuf;
+use gdaki::exec::{DataBuf, ExecutorKind};
 use gdaki::launch::{Kernel, LaunchConfig, Module};
 use gdaki::{Error, Result};
 
@@ -26,6 +27,17 @@ type AllToAllVArgs = (DevPtr<CollHandle>, DevPtr<u64>, DevPtr<u64>, u64, u64);
 type ReduceArgs = (DevPtr<CollHandle>, u32, u64, u64, u64, u64, f32);
 /// `gdaki_coll_all_reduce`'s parameters: handle, algorithm code, then those of [`ReduceArgs`] after the handle.
 type AllReduceArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64, u64, f32);
+/// `gdaki_coll_all_reduce_ring`'s parameters: handle, the call's [`RingAllReduce`].
+type RingArgs = (DevPtr<CollHandle>, DevPtr<RingAllReduce>);
+
+/// Threads of the ring all-reduce's block: 128 on the GPU (they add), 4 on CPU threads (enough to run the
+/// block's barriers and strided shares, few enough for a small machine running 8 ranks).
+fn ring_threads(kind: ExecutorKind) -> u32 {
+    match kind {
+        ExecutorKind::Gpu => 128,
+        _ => 4,
+    }
+}
 
 /// One rank's collectives and their kernels, loaded.
 pub struct CollRank {
@@ -39,6 +51,9 @@ pub struct CollRank {
     all_to_all_v: Kernel<AllToAllVArgs>,
     reduce: Kernel<ReduceArgs>,
     all_reduce: Kernel<AllReduceArgs>,
+    /// The ring all-reduce's arguments, written before each launch.
+    ring_args: DataBuf,
+    all_reduce_ring: Kernel<RingArgs>,
     launch_timeout: Duration,
 }
 
@@ -70,9 +85,23 @@ impl CollRank {
         let all_to_all_v = module.kernel(&entries::GDAKI_COLL_ALL_TO_ALL_V)?;
         let reduce = module.kernel(&entries::GDAKI_COLL_REDUCE)?;
         let all_reduce = module.kernel(&entries::GDAKI_COLL_ALL_REDUCE)?;
+        let all_reduce_ring = module.kernel(&entries::GDAKI_COLL_ALL_REDUCE_RING)?;
         let counts = exec.alloc_data(2 * COUNTS_BYTES)?;
+        let ring_args = exec.upload(&RingAllReduce::default())?;
         let launch_timeout = cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10));
-        Ok(Self { handle, coll, comm, counts, broadcast, all_to_all_v, reduce, all_reduce, launch_timeout })
+        Ok(Self {
+            handle,
+            coll,
+            comm,
+            counts,
+            broadcast,
+            all_to_all_v,
+            reduce,
+            all_reduce,
+            ring_args,
+            all_reduce_ring,
+            launch_timeout,
+        })
     }
 
     /// The collectives (buffer, acknowledgment counter).
@@ -161,5 +190,21 @@ impl CollRank {
         let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
         unsafe { self.all_reduce.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+    }
+
+    /// [`CollRank::barrier`], then one ring all-reduce `r` on this rank, summed by the threads of one block
+    /// (128 on the GPU, 4 on CPU threads): the sum lands in every rank's output range, the same bits on every
+    /// rank.
+    ///
+    /// # Errors
+    /// As [`CollRank::broadcast`].
+    pub fn all_reduce_ring(&self, r: &RingAllReduce) -> Result<()> {
+        self.ring_args.write(0, bytemuck::bytes_of(r))?;
+        self.barrier()?;
+        let threads = ring_threads(self.comm.executor().kind());
+        let args = (self.handle.dev_ptr(), self.ring_args.dev_ptr());
+        // SAFETY: as in `broadcast`: thread 0 of the one block uses the channels, and every thread of the
+        // block makes the call; the arguments are owned by `self` and not written during the launch.
+        unsafe { self.all_reduce_ring.launch(&LaunchConfig::linear(1, threads), args, self.launch_timeout) }
     }
 }

@@ -3,7 +3,9 @@
 //! checked against payloads made here from a seed, and so is every byte outside the range (untouched); the
 //! roots' group-acknowledgment counters are checked against the counts of calls made. Reduce results are
 //! checked against an `f64` sum made here, within an error bound derived here from the rank count and the
-//! bound of the values alone. The GPU runs are `--ignored`.
+//! bound of the values alone; ring all-reduce results against an `f64` sum within the bound of `n - 1` `f32`
+//! additions, against the documented order of additions replayed here in `f32`, and bitwise across ranks.
+//! The GPU runs are `--ignored`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +13,7 @@ use std::time::Duration;
 use gdaki::channel::{run_ranks, Communicator, RankSetup};
 use gdaki::coll::CollConfig;
 use gdaki::exec::ExecutorKind;
-use gdaki_device::coll::{Algorithm, Broadcast, Reduce};
+use gdaki_device::coll::{ring_scratch_bytes, Algorithm, Broadcast, Reduce, RingAllReduce};
 use gdaki_device::error::{InvalidArgument, Timeout, WaitOn};
 use gdaki_device::Error as DevError;
 use gdaki_testkit::coll::CollRank;
@@ -572,4 +574,277 @@ fn cpu_reduce_refuses_bad_arguments() {
             }
         }
     }
+}
+
+/// Ring all-reduce layout: input at 256, output at 40 KiB (or in place), scratch at 80 KiB; the broadcast
+/// run between the ring calls uses 2000 bytes at 100 KiB.
+const G_IN: u64 = 256;
+const G_OUT: u64 = 40 << 10;
+const G_SCRATCH: u64 = 80 << 10;
+const G_BCAST: u64 = 100 << 10;
+
+/// The values of segment `j` of `count` over `n` ranks, from the ring's definition: the first `count % n`
+/// segments one value longer, in rank order.
+fn ring_segment(count: usize, n: usize, j: usize) -> std::ops::Range<usize> {
+    let (base, rem) = (count / n, count % n);
+    let first = j * base + j.min(rem);
+    first..first + base + usize::from(j < rem)
+}
+
+/// The ring's result for value `i` replayed on the host: the ranks' values added in `f32` from rank `j`
+/// (the segment holding `i`) round the ring, `((x_j + x_{j+1}) + ...) + x_{j-1}`.
+fn ring_order_sum(every: &[Vec<f32>], i: usize) -> f32 {
+    let n = every.len();
+    let j = (0..n).find(|&j| ring_segment(every[0].len(), n, j).contains(&i)).expect("a segment");
+    (1..n).fold(every[j][i], |acc, k| acc + every[(j + k) % n][i])
+}
+
+/// The most an `f32` sum of `n` values made with `n - 1` additions (any order) may differ from the `f64`
+/// sum `reference` of the same values, whose absolute values sum to `abs_sum`. Each `f32` addition rounds
+/// by a relative `u = 2^-24` (an addition whose result is subnormal is exact), so the recursive sum is off by
+/// at most `γ(n-1) · abs_sum` with `γ(k) = k u / (1 - k u)` (every partial sum is at most `abs_sum` in
+/// magnitude); the `f64` reference's own `n - 1` additions add at most `(n - 1) 2^-53 · abs_sum`.
+fn ring_error_bound(n: u32, abs_sum: f64) -> f64 {
+    let k = (n - 1) as f64;
+    let u = 2f64.powi(-24);
+    (k * u / (1.0 - k * u) + k * 2f64.powi(-53)) * abs_sum
+}
+
+/// One call of a ring run: a ring all-reduce (count, chunk, in place), a broadcast or a NIC all-reduce on
+/// the same communicator.
+#[derive(Clone, Copy, Debug)]
+enum RingCall {
+    Ring(u64, u64, bool),
+    Broadcast,
+    NicAllReduce,
+}
+
+/// The calls of one ring run: counts 0, 1, odd, not multiples of the rank count or the chunk, in place
+/// and out of place, the default chunk and small ones, with a broadcast and a NIC all-reduce between them.
+fn ring_calls() -> Vec<RingCall> {
+    use RingCall::*;
+    vec![
+        Ring(0, 0, false),
+        Ring(1, 0, true),
+        Ring(777, 50, false),
+        Broadcast,
+        Ring(1001, 0, true),
+        Ring(13, 1, false),
+        NicAllReduce,
+        Ring(4099, 333, false),
+        Ring(4099, 333, true),
+    ]
+}
+
+/// `ring_calls()` on `n` ranks: after each ring call every rank checks every value of its output against
+/// the `f64` sum within [`ring_error_bound`] and bitwise against [`ring_order_sum`], and that no byte
+/// outside the output and the scratch area moved; the outputs are then compared bitwise across ranks. The
+/// broadcast and NIC all-reduce between them are checked as in their own tests.
+fn ring_run(kind: ExecutorKind, n: u32, one_nic: bool) {
+    let list = ring_calls();
+    let max_abs = 4.0f32;
+    let outs = on_ranks(n, kind, one_nic, CollConfig::new(BUF), |r| {
+        let rank = r.communicator().rank();
+        let mut outs = Vec::new();
+        for (call, &c) in list.iter().enumerate() {
+            let what = format!("n={n} call {call} {c:?} rank {rank}");
+            let seed = 0x5150 + call as u64;
+            let mut before = bytes(seed << 8 | rank as u64, BUF);
+            match c {
+                RingCall::Broadcast => {
+                    let root = n - 1;
+                    let payload = bytes(seed << 8 | 0xff, 2000);
+                    let range = G_BCAST as usize..G_BCAST as usize + 2000;
+                    if rank == root {
+                        before[range.clone()].copy_from_slice(&payload);
+                    }
+                    r.collectives().buffer().write(0, &before).expect("fill");
+                    let b = Broadcast { root, offset: G_BCAST, bytes: 2000, chunk: 700, algorithm: Algorithm::Chain };
+                    r.broadcast(&b).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let mut want = before;
+                    want[range].copy_from_slice(&payload);
+                    let after = r.collectives().buffer().to_vec().expect("read");
+                    assert_eq!(first_diff(&after, &want), None, "{what}: broadcast bytes");
+                }
+                RingCall::NicAllReduce => {
+                    let count = 100;
+                    let x = values(seed, rank, count, max_abs, false);
+                    before[R_IN as usize..][..4 * count].copy_from_slice(bytemuck::cast_slice(&x));
+                    r.collectives().buffer().write(0, &before).expect("fill");
+                    let red = Reduce {
+                        root: 1 % n,
+                        offset: R_IN,
+                        count: count as u64,
+                        acc_offset: R_ACC,
+                        out_offset: R_IN,
+                        max_abs,
+                    };
+                    r.all_reduce(&red, Algorithm::Tree).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let after = r.collectives().buffer().to_vec().expect("read");
+                    let out: &[f32] = bytemuck::cast_slice(&after[R_IN as usize..][..4 * count]);
+                    let every: Vec<Vec<f32>> = (0..n).map(|q| values(seed, q, count, max_abs, false)).collect();
+                    for (i, &got) in out.iter().enumerate() {
+                        let want: f64 = every.iter().map(|x| x[i] as f64).sum();
+                        let (err, bound) = ((got as f64 - want).abs(), error_bound(n, max_abs, want));
+                        assert!(err <= bound, "{what}: value {i}: {got} for {want}, off by {err} > {bound}");
+                    }
+                }
+                RingCall::Ring(count, chunk, in_place) => {
+                    let cn = count as usize;
+                    let out_offset = if in_place { G_IN } else { G_OUT };
+                    let x = values(seed, rank, cn, max_abs, false);
+                    before[G_IN as usize..][..4 * cn].copy_from_slice(bytemuck::cast_slice(&x));
+                    r.collectives().buffer().write(0, &before).expect("fill");
+                    let g = RingAllReduce { in_offset: G_IN, out_offset, count, scratch_offset: G_SCRATCH, chunk };
+                    r.all_reduce_ring(&g).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let after = r.collectives().buffer().to_vec().expect("read");
+                    let out = after[out_offset as usize..][..4 * cn].to_vec();
+                    let got: Vec<f32> =
+                        out.chunks_exact(4).map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+                    let every: Vec<Vec<f32>> = (0..n).map(|q| values(seed, q, cn, max_abs, false)).collect();
+                    let mut want = before;
+                    for (i, &g) in got.iter().enumerate() {
+                        let exact: f64 = every.iter().map(|x| x[i] as f64).sum();
+                        let abs_sum: f64 = every.iter().map(|x| (x[i] as f64).abs()).sum();
+                        let (err, bound) = ((g as f64 - exact).abs(), ring_error_bound(n, abs_sum));
+                        assert!(err <= bound, "{what}: value {i}: {g} for {exact}, off by {err} > {bound}");
+                        let ordered = ring_order_sum(&every, i);
+                        assert_eq!(
+                            g.to_bits(),
+                            ordered.to_bits(),
+                            "{what}: value {i}: {g}, ring order gives {ordered}"
+                        );
+                        want[out_offset as usize + 4 * i..][..4].copy_from_slice(&ordered.to_le_bytes());
+                    }
+                    // The scratch area holds partial sums: the only bytes besides the output that may move.
+                    let scratch = G_SCRATCH as usize..(G_SCRATCH + ring_scratch_bytes(n, count)) as usize;
+                    let mut after = after;
+                    after[scratch.clone()].copy_from_slice(&want[scratch]);
+                    assert_eq!(first_diff(&after, &want), None, "{what}: a byte outside the output moved");
+                    outs.push(out);
+                }
+            }
+        }
+        outs
+    });
+    for (rank, o) in outs.iter().enumerate() {
+        for (k, (a, b)) in o.iter().zip(&outs[0]).enumerate() {
+            assert!(a == b, "n={n}: ring call {k}: rank {rank}'s output differs from rank 0's");
+        }
+    }
+}
+
+fn ring_every_size(kind: ExecutorKind) {
+    for n in [1, 2, 3, 4, 8] {
+        // Eight ranks share one NIC, as in the other tests.
+        ring_run(kind, n, n == 8);
+    }
+}
+
+#[test]
+fn cpu_all_reduce_ring_matches_the_ring_order_on_every_rank() {
+    ring_every_size(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_all_reduce_ring_matches_the_ring_order_on_every_rank() {
+    ring_every_size(ExecutorKind::Gpu);
+}
+
+/// One rank sits a ring all-reduce out: every other rank ends within the short bound with a timeout naming
+/// the rank before it in the ring (the missing rank's successor names it; the others wait for a successor
+/// that is itself stuck).
+fn ring_with_a_rank_missing(kind: ExecutorKind) {
+    let (n, missing) = (4u32, 2u32);
+    let cfg = CollConfig { timeout: Duration::from_millis(300), ..CollConfig::new(BUF) };
+    let t0 = std::time::Instant::now();
+    let out = on_ranks(n, kind, false, cfg, |r| {
+        let g =
+            RingAllReduce { in_offset: G_IN, out_offset: G_OUT, count: 3000, scratch_offset: G_SCRATCH, chunk: 400 };
+        let res = if r.communicator().rank() == missing {
+            r.barrier().map(|_| None)
+        } else {
+            Ok(r.all_reduce_ring(&g).err())
+        };
+        r.barrier().expect("closing barrier");
+        res.expect("barrier")
+    });
+    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
+    for (rank, err) in out.into_iter().enumerate() {
+        let rank = rank as u32;
+        match err {
+            None if rank == missing => {}
+            Some(gdaki::Error::Kernel {
+                error: DevError::Timeout(Timeout { on: WaitOn::Peer { rank: named, .. }, .. }),
+                ..
+            }) if rank != missing => {
+                assert_eq!(named, (rank + n - 1) % n, "rank {rank} names the rank before it");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn cpu_all_reduce_ring_with_a_rank_missing_times_out_naming_it() {
+    ring_with_a_rank_missing(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_all_reduce_ring_with_a_rank_missing_times_out_naming_it() {
+    ring_with_a_rank_missing(ExecutorKind::Gpu);
+}
+
+/// Ring all-reduce arguments that break the layout: refused with `Collective` on every rank, nothing posted
+/// (no rank waits: each call returns at once).
+fn ring_refuses_bad_arguments(kind: ExecutorKind) {
+    let ok = RingAllReduce { in_offset: G_IN, out_offset: G_OUT, count: 64, scratch_offset: G_SCRATCH, chunk: 0 };
+    let scratch = ring_scratch_bytes(2, 64);
+    let bad = [
+        RingAllReduce { in_offset: G_IN + 2, ..ok },
+        RingAllReduce { out_offset: G_OUT + 1, ..ok },
+        RingAllReduce { scratch_offset: G_SCRATCH + 3, ..ok },
+        // Input and output overlapping without being equal.
+        RingAllReduce { out_offset: G_IN + 4, ..ok },
+        RingAllReduce { out_offset: G_IN - 4, ..ok },
+        // The scratch area overlapping the input or the output.
+        RingAllReduce { scratch_offset: G_IN + 252, ..ok },
+        RingAllReduce { scratch_offset: G_OUT - scratch + 4, ..ok },
+        // Outside the buffer.
+        RingAllReduce { in_offset: BUF as u64 - 252, ..ok },
+        RingAllReduce { out_offset: BUF as u64 - 4, ..ok },
+        RingAllReduce { scratch_offset: BUF as u64 - scratch + 4, ..ok },
+        RingAllReduce { count: u64::MAX / 4, ..ok },
+        RingAllReduce { count: BUF as u64 / 4 + 1, out_offset: 0, in_offset: 0, ..ok },
+    ];
+    let out = on_ranks(2, kind, true, CollConfig::new(BUF), |r| {
+        let errs = bad.iter().map(|b| r.all_reduce_ring(b).err()).collect::<Vec<_>>();
+        // The communicator still works: nothing was posted or waited for.
+        let fine = r.all_reduce_ring(&ok).err();
+        (errs, fine)
+    });
+    for (rank, (errs, fine)) in out.into_iter().enumerate() {
+        for (b, err) in bad.iter().zip(errs) {
+            match err {
+                Some(gdaki::Error::Kernel {
+                    error: DevError::InvalidArgument(InvalidArgument::Collective), ..
+                }) => {}
+                other => panic!("rank {rank}: {b:?}: {other:?}"),
+            }
+        }
+        assert!(fine.is_none(), "rank {rank}: the good call after the refused ones: {fine:?}");
+    }
+}
+
+#[test]
+fn cpu_all_reduce_ring_refuses_bad_arguments() {
+    ring_refuses_bad_arguments(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_all_reduce_ring_refuses_bad_arguments() {
+    ring_refuses_bad_arguments(ExecutorKind::Gpu);
 }

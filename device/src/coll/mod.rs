@@ -1,10 +1,12 @@
 //! Collectives on port channels, device-initiated end to end: [`broadcast`] (direct puts, a pipelined chain or
 //! a binary tree, completed by a group acknowledgment) and [`all_to_all_v`] (every rank sends a different
 //! number of bytes to every other, the counts exchanged on the device), [`reduce`] and [`all_reduce`] of `f32`
-//! data summed on the NIC (quantized to 64-bit fixed point, added by RDMA fetch-adds at the root).
+//! data summed on the NIC (quantized to 64-bit fixed point, added by RDMA fetch-adds at the root), and
+//! [`all_reduce_ring`] of `f32` data summed by the GPU (a ring reduce-scatter and all-gather: exact `f32`
+//! additions in a fixed order, the same result on every rank).
 //!
-//! A call is made by one thread of each rank (it owns every channel of the handle: Exclusive sharing), and
-//! every rank of the communicator makes the same calls in the same order with the same arguments (but for
+//! A call is made by one thread of each rank, which owns every channel of the handle (Exclusive sharing;
+//! [`all_reduce_ring`] is called by every thread of one block, its thread 0 the owner), and every rank of the communicator makes the same calls in the same order with the same arguments (but for
 //! the counts of [`all_to_all_v`]). Nothing is reset between calls: semaphores and the acknowledgment
 //! counter only grow, and each call waits for exactly the signals it is owed. Every wait is bounded by the
 //! handle's `timeout_ns`, and a timeout names what it waited for: the rank ([`WaitOn::Peer`]), or, for the
@@ -14,11 +16,13 @@
 mod all_to_all;
 mod broadcast;
 mod reduce;
+mod ring;
 
 pub use all_to_all::{all_to_all_v, AllToAllV};
 pub use broadcast::{broadcast, default_chunk, Algorithm, Broadcast};
 pub use gdaki_shared::coll::{ctrl, CollHandle, MAX_RANKS};
 pub use reduce::{all_reduce, reduce, scale, Reduce};
+pub use ring::{all_reduce_ring, ring_scratch_bytes, RingAllReduce};
 
 use crate::channel::{Exclusive, PortChannel, PortChannelHandle};
 use crate::error::{Error, InvalidArgument, Result, Timeout, WaitOn};

@@ -304,3 +304,21 @@ pub fn gdaki_coll_all_reduce(
     // SAFETY: as in `gdaki_coll_broadcast`.
     unsafe { coll::all_reduce(h, &r, algorithm) }
 }
+
+/// One [`coll::all_reduce_ring`] by every thread of block 0 of the launch (the other blocks return at once):
+/// thread 0 posts and waits, every thread adds. `r` as [`coll::RingAllReduce`]; thread 0 returns the call's
+/// error (the others' `Team` only repeats that it failed).
+#[kernel]
+pub fn gdaki_coll_all_reduce_ring(t: &Thread, h: &CollHandle, r: &coll::RingAllReduce) -> gdaki_device::Result<()> {
+    if t.block() != 0 {
+        return Ok(());
+    }
+    // SAFETY: the launch's contract: `h` is this rank's live handle, its channels used by thread 0 of this
+    // block only; every thread of the block makes the call.
+    let res = unsafe { coll::all_reduce_ring(h, r, t) };
+    if t.tid() == 0 {
+        res
+    } else {
+        Ok(())
+    }
+}
