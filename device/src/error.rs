@@ -181,8 +181,9 @@ pub enum InvalidArgument {
     /// A collective call ([`crate::coll`]) whose handle or arguments are out of range: a communicator of 0 or
     /// more than [`MAX_RANKS`](gdaki_shared::coll::MAX_RANKS) ranks, a rank or root not below `nranks`, a
     /// count slice shorter than `nranks`, regions that do not fit the data buffer, a reduce's misaligned or
-    /// overlapping regions or a bound that is not positive and finite (checked before anything is posted, as
-    /// far as this rank can tell: received counts are checked once they arrive).
+    /// overlapping regions or a bound that is not positive and finite, a ring all-reduce's misaligned or
+    /// overlapping regions (checked before anything is posted, as far as this rank can tell: received counts
+    /// are checked once they arrive).
     Collective = 12,
     /// A value a [`crate::coll::reduce`] would quantize lies outside its bound (`|x| > max_abs`), or is a NaN
     /// or an infinity. Checked on every value before anything is sent.

@@ -1,7 +1,8 @@
 //! Collectives, host side: [`Collectives`] sets up, on a [`Communicator`], everything device code's
-//! `gdaki_device::coll` (broadcast, all-to-all with variable sizes, reduce, all-reduce) needs for the whole
-//! communicator, and builds its [`CollHandle`]: a port channel (one RC QP in Device mode, a semaphore) to
-//! every peer, this rank's data buffer registered and exchanged (a reduce's accumulation area lies in it),
+//! `gdaki_device::coll` (broadcast, all-to-all with variable sizes, reduce and all-reduce summed on the NIC,
+//! the ring all-reduce summed by the GPU) needs for the whole communicator, and builds its [`CollHandle`]: a
+//! port channel (one RC QP in Device mode, a semaphore) to every peer, this rank's data buffer registered and
+//! exchanged (a reduce's accumulation area and a ring all-reduce's scratch area lie in it),
 //! and a control region (the group-acknowledgment counter of broadcasts and reduces, the all-to-all count
 //! matrix) registered and exchanged. The same code serves both executors.
 //!

@@ -57,8 +57,8 @@ const fn segment(count: u64, n: u32, j: u32) -> (u64, u64) {
 /// added by the GPU. Every thread of one block of each rank calls it with the same `r` (thread 0 posts and
 /// waits; all threads add a strided share of each chunk, between two block barriers).
 ///
-/// The values are split into `nranks` segments ([`segment`]: the first `count % nranks` one value longer)
-/// and each segment into chunks of `r.chunk` values. Reduce-scatter: at step 0 rank `q` puts its input of
+/// The values are split into `nranks` segments (the first `count % nranks` of them one value longer, in rank
+/// order) and each segment into chunks of `r.chunk` values. Reduce-scatter: at step 0 rank `q` puts its input of
 /// segment `q` into the next rank's scratch slot 0; at step `s` (1 ..= `nranks - 1`) it waits for each chunk
 /// of segment `q - s` from the previous rank, writes `scratch + input` to its output there and puts that to
 /// the next rank's slot `s` (at step `nranks - 1`: its segment `q + 1`, now complete, straight into the next
