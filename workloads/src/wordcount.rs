@@ -119,8 +119,7 @@ pub struct WordCount {
     /// The single-pass counts.
     #[serde(skip)]
     pub reference: BTreeMap<String, u64>,
-    /// Words whose count differs from the single-pass count (or that one side lacks), and whether every
-    /// mapper got the same counts.
+    /// Words whose count (rank 0's) differs from the single-pass count, or that one side lacks.
     pub mismatches: usize,
     /// Whether every mapper ended with the same counts.
     pub ranks_agree: bool,
