@@ -11,7 +11,7 @@ use std::sync::Arc;
 use gdaki::channel::{run_ranks, Communicator, RankSetup};
 use gdaki::coll::CollConfig;
 use gdaki::exec::{Executor, ExecutorKind};
-use gdaki_device::coll::{Algorithm, Reduce};
+use gdaki_device::coll::{Algorithm, Reduce, RingAllReduce};
 use gdaki_testkit::coll::CollRank;
 
 /// The commit the programs were built from (as the examples record it).
@@ -34,7 +34,9 @@ pub enum Path {
     /// count and the bound `max_abs`, added at rank 0 by RDMA fetch-adds, the sum broadcast back
     /// ([`CollRank::all_reduce`]).
     Nic,
-    /// A GPU-side ring all-reduce: not available in this build.
+    /// On the GPU: a ring reduce-scatter then all-gather over the port channels, the adds made by device
+    /// code in a fixed order, exact `f32` arithmetic and the same bits on every rank
+    /// ([`CollRank::all_reduce_ring`]); `max_abs` is not needed (values are still checked against it).
     Ring,
 }
 
@@ -58,9 +60,8 @@ impl Aggregator {
     /// Sets up `comm`'s collectives (every rank at once, with a buffer of [`BUFFER_BYTES`]) for `path`.
     ///
     /// # Errors
-    /// A one-line message: `path` not available, or what setting up the collectives returned.
+    /// A one-line message: what setting up the collectives returned.
     pub fn new(comm: Arc<Communicator>, path: Path) -> Result<Self, String> {
-        check_path(path)?;
         let rank = comm.rank();
         let coll = CollRank::new(comm, &CollConfig::new(BUFFER_BYTES))
             .map_err(|e| format!("rank {rank}: setting up the collectives: {e}"))?;
@@ -105,27 +106,24 @@ impl Aggregator {
                     let out = buf.to_vec().map_err(fail)?;
                     chunk.copy_from_slice(bytemuck::cast_slice(&out[..4 * chunk.len()]));
                 }
-                // The ring all-reduce goes here once `CollRank` has it; `check_path` refuses it until then.
-                Path::Ring => return Err(ring_unavailable()),
+                Path::Ring => {
+                    if let Some(x) = chunk.iter().find(|x| x.is_nan() || x.abs() > max_abs) {
+                        return Err(format!("rank {r}: value {x} is not within the bound {max_abs}"));
+                    }
+                    let buf = self.rank.collectives().buffer();
+                    buf.write(0, bytemuck::cast_slice(chunk)).map_err(fail)?;
+                    let count = chunk.len() as u64;
+                    // In place; the ring's scratch (at most 4 (n - 1) ceil(count / n) bytes) in the area the
+                    // NIC path accumulates in.
+                    let ring =
+                        RingAllReduce { in_offset: 0, out_offset: 0, count, scratch_offset: ACC_OFFSET, chunk: 0 };
+                    self.rank.all_reduce_ring(&ring).map_err(fail)?;
+                    let out = buf.to_vec().map_err(fail)?;
+                    chunk.copy_from_slice(bytemuck::cast_slice(&out[..4 * chunk.len()]));
+                }
             }
         }
         Ok(())
-    }
-}
-
-/// The message for `--path ring` in this build.
-fn ring_unavailable() -> String {
-    "--path ring: the GPU-side ring all-reduce is not available yet in this build (use --path nic)".into()
-}
-
-/// Refuses a path this build does not have, before any rank starts.
-///
-/// # Errors
-/// The one line to print.
-pub fn check_path(path: Path) -> Result<(), String> {
-    match path {
-        Path::Nic => Ok(()),
-        Path::Ring => Err(ring_unavailable()),
     }
 }
 
@@ -165,7 +163,6 @@ pub fn on_ranks<T: Send>(
     if !(1..=max).contains(&nranks) {
         return Err(format!("--nranks must be 1 to {max}, not {nranks}"));
     }
-    check_path(path)?;
     let setup = RankSetup::local(nranks, kind);
     let out = run_ranks(&setup, |comm| Aggregator::new(comm, path).and_then(|a| f(&a)))
         .map_err(|e| format!("starting the ranks: {e}"))?;
