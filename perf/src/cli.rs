@@ -32,19 +32,23 @@ pub enum Cmd {
     Bibw(Opts),
     /// Flush stress (4 QPs) and same-channel concurrent flush (4 threads, 1 QP).
     Flush(Opts),
+    /// Collectives (broadcast, reduce, all_reduce, all_to_all_v) over a size range, in nccl-tests' table
+    /// shape: time, algbw, busbw and wrong elements, out-of-place and in-place.
+    Coll(crate::coll::CollOpts),
 }
 
 impl Cmd {
-    /// The subcommand's name and its options.
-    pub fn split(&self) -> (&'static str, &Opts) {
-        match self {
+    /// The subcommand's name and its options (`None` for `coll`, which has its own).
+    pub fn split(&self) -> Option<(&'static str, &Opts)> {
+        Some(match self {
             Cmd::All(o) => ("all", o),
             Cmd::Pingpong(o) => ("pingpong", o),
             Cmd::Packet(o) => ("packet", o),
             Cmd::Bw(o) => ("bw", o),
             Cmd::Bibw(o) => ("bibw", o),
             Cmd::Flush(o) => ("flush", o),
-        }
+            Cmd::Coll(_) => return None,
+        })
     }
 }
 

@@ -12,6 +12,7 @@
 //! `cargo run --release -p gdaki-perf -- all --executor cpu`
 
 mod cli;
+mod coll;
 mod plot;
 mod report;
 mod suite;
@@ -34,8 +35,15 @@ type RankOutcome = (Vec<Row>, u64);
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let (cmd, opts) = cli.cmd.split();
-    match run(cmd, opts) {
+    let res = match (&cli.cmd, cli.cmd.split()) {
+        (cli::Cmd::Coll(o), _) => {
+            gdaki_examples::init_tracing();
+            coll::run(o)
+        }
+        (_, Some((cmd, opts))) => run(cmd, opts),
+        (_, None) => Err("no such subcommand".to_string()),
+    };
+    match res {
         Ok(code) => code,
         Err(why) => {
             eprintln!("error: {why}");

@@ -380,6 +380,54 @@ fn draw_legend(
     Ok(())
 }
 
+/// `gdaki-perf coll --plot`: bus bandwidth vs size to `path` (PNG), one panel per op and algorithm, each
+/// `(title, points)` with points (log2 bytes per rank, log10 busbw in GB/s), the style of the other charts.
+///
+/// # Errors
+/// One line: the font could not be loaded, or drawing/encoding/writing the PNG failed.
+pub fn draw_coll(path: &Path, panels: &[(String, Vec<(f64, f64)>)]) -> Result<(), String> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+        .map_err(|_| "the embedded DejaVu Sans font does not load".to_string())?;
+    let panels: Vec<&(String, Vec<(f64, f64)>)> = panels.iter().filter(|p| !p.1.is_empty()).collect();
+    if panels.is_empty() {
+        return Err(format!("--plot {}: no rows with a bandwidth to draw", path.display()));
+    }
+    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+        let cols = panels.len().min(3);
+        let nrows = panels.len().div_ceil(cols);
+        let root = BitMapBackend::new(path, (PANEL.0 * cols as u32, PANEL.1 * nrows as u32)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let max_ticks = ((PANEL.0 - 2 * MARGIN - Y_LABELS) / TICK_SPACING) as usize;
+        for ((title, pts), area) in panels.iter().map(|p| (&p.0, &p.1)).zip(root.split_evenly((nrows, cols))) {
+            let x = size_axis(pts.iter().map(|p| p.0), max_ticks);
+            let y = log_axis(pts.iter().map(|p| p.1));
+            let mut chart = ChartBuilder::on(&area)
+                .caption(title.as_str(), ("sans-serif", TITLE_PT))
+                .margin(MARGIN)
+                .x_label_area_size(48)
+                .y_label_area_size(Y_LABELS)
+                .build_cartesian_2d(x.clone(), y.clone())?;
+            chart
+                .configure_mesh()
+                .x_desc("bytes per rank (1K = 1 KiB, 1M = 1 MiB)")
+                .y_desc("busbw [GB/s], log scale")
+                .x_label_formatter(&|v| x.label(*v))
+                .y_label_formatter(&|v| y.label(*v))
+                .label_style(("sans-serif", LABEL_PT))
+                .axis_desc_style(("sans-serif", DESC_PT))
+                .bold_line_style(BLACK.mix(0.18))
+                .light_line_style(BLACK.mix(0.06))
+                .draw()?;
+            let color = RGBColor(31, 119, 180);
+            chart.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?;
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        }
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| format!("--plot {}: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
