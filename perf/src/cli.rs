@@ -32,7 +32,7 @@ pub enum Cmd {
     Bibw(Opts),
     /// Flush stress (4 QPs) and same-channel concurrent flush (4 threads, 1 QP).
     Flush(Opts),
-    /// Collectives (broadcast, reduce, all_reduce, all_to_all_v) over a size range, in nccl-tests' table
+    /// Collectives (broadcast, reduce, all_reduce, all_reduce_ring, all_to_all_v) over a size range, in nccl-tests' table
     /// shape: time, algbw, busbw and wrong elements, out-of-place and in-place.
     Coll(crate::coll::CollOpts),
 }

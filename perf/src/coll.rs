@@ -1,4 +1,4 @@
-//! `gdaki-perf coll`: the collectives (broadcast, reduce, all-reduce, all-to-all-v) timed and checked over a
+//! `gdaki-perf coll`: the collectives (broadcast, reduce, all-reduce on the NIC and by the ring, all-to-all-v) timed and checked over a
 //! range of sizes, printed in nccl-tests' table shape.
 //!
 //! N ranks in this process (threads, each with its own emulated NIC over the wire; 8 share one NIC, as the
@@ -19,7 +19,7 @@ use gdaki::bootstrap::{Launch, LaunchFlags};
 use gdaki::channel::{Communicator, RankSetup};
 use gdaki::coll::CollConfig;
 use gdaki::exec::{Executor, ExecutorKind};
-use gdaki_device::coll::{Algorithm, Broadcast, Reduce};
+use gdaki_device::coll::{Algorithm, Broadcast, Reduce, RingAllReduce};
 use gdaki_testkit::coll::CollRank;
 use serde::Serialize;
 
@@ -38,7 +38,10 @@ pub enum Op {
     /// All-to-all with per-peer byte counts (split unevenly by a seeded pattern).
     #[value(name = "all_to_all_v")]
     AllToAllV,
-    // Further ops (a GPU-side ring all-reduce, `all_reduce_ring`) go here.
+    /// Sum of `f32`s into every rank's output, by the ring (reduce-scatter then all-gather, the adds made
+    /// by device code).
+    #[value(name = "all_reduce_ring")]
+    AllReduceRing,
 }
 
 impl Op {
@@ -49,6 +52,7 @@ impl Op {
             Op::Reduce => "reduce",
             Op::AllReduce => "all_reduce",
             Op::AllToAllV => "all_to_all_v",
+            Op::AllReduceRing => "all_reduce_ring",
         }
     }
 
@@ -65,6 +69,9 @@ impl Op {
             Op::AllReduce => {
                 Shape { ty: "float", elem: 4, redop: "sum", rooted: false, algorithm: true, oop: true, ip: true }
             }
+            Op::AllReduceRing => {
+                Shape { ty: "float", elem: 4, redop: "sum", rooted: false, algorithm: false, oop: true, ip: true }
+            }
             Op::AllToAllV => {
                 Shape { ty: "uint8", elem: 1, redop: "none", rooted: false, algorithm: false, oop: true, ip: false }
             }
@@ -76,7 +83,7 @@ impl Op {
         let n = f64::from(n);
         match self {
             Op::Broadcast | Op::Reduce => 1.0,
-            Op::AllReduce => 2.0 * (n - 1.0) / n,
+            Op::AllReduce | Op::AllReduceRing => 2.0 * (n - 1.0) / n,
             Op::AllToAllV => (n - 1.0) / n,
         }
     }
@@ -152,7 +159,7 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
 #[derive(clap::Args, Debug, Clone)]
 pub struct CollOpts {
     /// Collectives, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "broadcast,reduce,all_reduce,all_to_all_v")]
+    #[arg(long, value_delimiter = ',', default_value = "broadcast,reduce,all_reduce,all_reduce_ring,all_to_all_v")]
     pub op: Vec<Op>,
     /// Broadcast algorithms (of broadcast and of all_reduce's broadcast step), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "direct,chain,tree")]
@@ -422,6 +429,36 @@ fn run_op(
                     }
                 }
             }
+            Op::AllReduceRing => {
+                let count = size / 4;
+                let x: Vec<f32> = (0..count).map(|i| value(seed, rank, i)).collect();
+                buf.write(0, bytemuck::cast_slice(&x))?;
+                let out = if in_place { 0 } else { out_off };
+                if !in_place {
+                    buf.write(out as usize, &bytes(seed ^ 0x0ff, size))?;
+                }
+                let ring = RingAllReduce {
+                    in_offset: 0,
+                    out_offset: out,
+                    count: count as u64,
+                    scratch_offset: acc_off,
+                    chunk: 0,
+                };
+                let t0 = Instant::now();
+                r.all_reduce_ring(&ring)?;
+                t = t0.elapsed();
+                let got = buf.to_vec()?;
+                let y: &[f32] = bytemuck::cast_slice(&got[out as usize..out as usize + 4 * count]);
+                for (i, &g) in y.iter().enumerate() {
+                    let terms: Vec<f64> = (0..n).map(|q| f64::from(value(seed, q, i))).collect();
+                    let want: f64 = terms.iter().sum();
+                    let abs: f64 = terms.iter().map(|t| t.abs()).sum();
+                    let err = (f64::from(g) - want).abs();
+                    if err.is_nan() || err > ring_bound(n, abs) {
+                        wrong += 1;
+                    }
+                }
+            }
             Op::AllToAllV => {
                 let counts = a2a_counts(size, n, rank);
                 let mut send = Vec::with_capacity(size);
@@ -451,6 +488,14 @@ fn run_op(
         }
     }
     Ok((times, wrong))
+}
+
+/// The ring's error bound for `n` terms of absolute sum `abs`: `n - 1` `f32` additions, each off by at most
+/// half an ulp, so `gamma(n - 1) * abs` with `gamma(k) = k u / (1 - k u)`, `u = 2^-24` (the classic bound of a
+/// recursive sum), plus the inputs' own `f64` sum's rounding.
+fn ring_bound(n: u32, abs: f64) -> f64 {
+    let ku = f64::from(n.saturating_sub(1)) * f64::powi(2.0, -24);
+    ku / (1.0 - ku) * abs + abs * f64::powi(2.0, -50)
 }
 
 /// Median and 99th percentile (nearest rank) of `v`.
