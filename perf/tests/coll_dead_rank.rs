@@ -1,0 +1,59 @@
+//! Three `gdaki-perf coll` processes on the cpu executor; rank 2 is killed in the timed loop, and each survivor
+//! must exit non-zero within its `--timeout` plus a margin, naming the dead rank in its output.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn spawn(rank: u32, port: u16, log: &PathBuf) -> Child {
+    let out = File::create(log).unwrap();
+    let err = out.try_clone().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args(["coll", "--executor", "cpu", "--world-size", "3", "--rank", &rank.to_string()])
+        .args(["--bootstrap", &format!("127.0.0.1:{port}")])
+        .args(["--op", "all_reduce", "--algorithm", "direct", "-b", "4K", "-e", "4K"])
+        .args(["--iters", "100000", "--timeout", "2s"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap()
+}
+
+// Ignored: on the cpu executor the survivors do not exit today; rank 0's kernel threads stay in
+// `coll::wait_acks` (broadcast step of all_reduce) well past `--timeout`.
+#[test]
+#[ignore = "survivors hang after a peer is killed"]
+fn survivors_of_a_killed_rank_exit_and_name_it() {
+    let dir = std::env::temp_dir().join(format!("coll-dead-rank-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let logs: Vec<PathBuf> = (0..3).map(|r| dir.join(format!("rank{r}.txt"))).collect();
+    let mut kids: Vec<Child> = (0..3).map(|r| spawn(r, port, &logs[r as usize])).collect();
+    std::thread::sleep(Duration::from_secs(4));
+    kids[2].kill().unwrap();
+    kids[2].wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (rank, kid) in kids.iter_mut().enumerate().take(2) {
+        let status = loop {
+            if let Some(s) = kid.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                kid.kill().unwrap();
+                let _ = kid.wait();
+                panic!("rank {rank} still running 30 s after rank 2 was killed");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let text = std::fs::read_to_string(&logs[rank]).unwrap();
+        assert!(!status.success(), "rank {rank} exited 0 after rank 2 died:\n{text}");
+        assert!(text.contains("rank 2"), "rank {rank} does not name rank 2:\n{text}");
+    }
+}
