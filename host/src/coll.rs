@@ -156,4 +156,19 @@ impl Collectives {
     pub fn channels(&self) -> &[PortChannel] {
         &self.channels
     }
+
+    /// The peers whose connection has failed, with why, in ascending rank order: on the emulated NIC, a wire
+    /// link that went down (the peer's process ended, its host went away, or it did not answer within the
+    /// wire's retry timeout). Empty while every link is up, and on the mlx5 backend (whose error CQEs say
+    /// it). A collective that timed out waiting for the group acknowledgment cannot name the receiver that
+    /// did not answer (there is one counter for all of them); this can.
+    pub fn failed_peers(&self) -> Vec<(u32, String)> {
+        self.channels
+            .iter()
+            .filter_map(|c| {
+                let conn = c.connection();
+                conn.qp().as_emu().and_then(|q| q.wire_error()).map(|why| (conn.peer(), why))
+            })
+            .collect()
+    }
 }

@@ -557,7 +557,15 @@ fn rank_main(
                 seq += 1;
                 let s = run_op(&r, job, size, ip, opts.root, plan, seq).map_err(|e| {
                     let p = if ip { "in-place" } else { "out-of-place" };
-                    format!("rank {rank}: {}, {size} B, {p}: {e}", job.label())
+                    // A timeout may not say which peer is missing (the group acknowledgment counts them all):
+                    // the links that went down do.
+                    let down: String = r
+                        .collectives()
+                        .failed_peers()
+                        .iter()
+                        .map(|(peer, why)| format!("; rank {peer}'s link is down: {why}"))
+                        .collect();
+                    format!("rank {rank}: {}, {size} B, {p}: {e}{down}", job.label())
                 })?;
                 let g = gather(&comm, &s)
                     .map_err(|e| format!("rank {rank}: {}, {size} B: gathering times: {e}", job.label()))?;

@@ -26,17 +26,16 @@ fn spawn(rank: u32, port: u16, log: &PathBuf) -> Child {
         .unwrap()
 }
 
-// Ignored: rank 0 exits non-zero after `--timeout`, but its error names the group acknowledgment ("1 receivers
-// had not acknowledged"), not the dead rank; an older release build was also seen to hang in `coll::wait_acks`.
 #[test]
-#[ignore = "the group-acknowledgment timeout does not name the missing rank"]
 fn survivors_of_a_killed_rank_exit_and_name_it() {
     let dir = std::env::temp_dir().join(format!("coll-dead-rank-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let port = free_port();
     let logs: Vec<PathBuf> = (0..3).map(|r| dir.join(format!("rank{r}.txt"))).collect();
     let mut kids: Vec<Child> = (0..3).map(|r| spawn(r, port, &logs[r as usize])).collect();
-    std::thread::sleep(Duration::from_secs(4));
+    // Long enough for the setup and some calls, also on a loaded machine (setup takes well under a second
+    // here).
+    std::thread::sleep(Duration::from_secs(8));
     kids[2].kill().unwrap();
     kids[2].wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -54,6 +53,9 @@ fn survivors_of_a_killed_rank_exit_and_name_it() {
         };
         let text = std::fs::read_to_string(&logs[rank]).unwrap();
         assert!(!status.success(), "rank {rank} exited 0 after rank 2 died:\n{text}");
-        assert!(text.contains("rank 2"), "rank {rank} does not name rank 2:\n{text}");
+        // A peer's timeout names the rank it waited for; the root's group acknowledgment cannot (one counter for
+        // every receiver), so the error adds the links that went down.
+        let named = text.lines().any(|l| l.starts_with("error:") && l.contains("rank 2"));
+        assert!(named, "rank {rank} does not name rank 2:\n{text}");
     }
 }
