@@ -34,10 +34,11 @@ mod tests {
             "gdaki_coll_all_to_all_v",
             "gdaki_coll_reduce",
             "gdaki_coll_all_reduce",
+            "gdaki_coll_all_reduce_ring",
         ] {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 21);
+        assert_eq!(PTX.matches(".entry ").count(), 22);
     }
 }
