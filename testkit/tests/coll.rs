@@ -13,10 +13,13 @@ use std::time::Duration;
 use gdaki::channel::{run_ranks, Communicator, RankSetup};
 use gdaki::coll::CollConfig;
 use gdaki::exec::ExecutorKind;
-use gdaki_device::coll::{ring_scratch_bytes, Algorithm, Broadcast, Reduce, RingAllReduce};
+use gdaki_device::coll::{
+    dequantize, quantize, ring_scratch_bytes, scale, Algorithm, Broadcast, Reduce, RingAllReduce,
+};
 use gdaki_device::error::{InvalidArgument, Timeout, WaitOn};
 use gdaki_device::Error as DevError;
 use gdaki_testkit::coll::CollRank;
+use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
@@ -539,6 +542,69 @@ fn scale_is_the_largest_power_of_two_that_cannot_overflow() {
         }
         for m in [0.0, -1.0, f32::NAN, f32::INFINITY] {
             assert_eq!(gdaki_device::coll::scale(n, m), None, "n={n} max_abs={m}");
+        }
+    }
+}
+
+/// A positive finite `f32` from any binade, subnormals included.
+fn any_bound() -> impl Strategy<Value = f32> {
+    (1u32..0x7f80_0000).prop_map(f32::from_bits)
+}
+
+/// One rank's value as a fraction of the bound: the bound itself (either sign), zero, or anything between.
+fn any_fraction() -> impl Strategy<Value = f64> {
+    prop_oneof![Just(1.0), Just(-1.0), Just(0.0), -1.0f64..=1.0, -1.0f64..=1.0]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// The NIC reduce's arithmetic, on any rank count and bound: the device's scale is the searched one;
+    /// each quantized value is within half a unit of `x * s` (exactly: `x * s` is exact in `f64`); the
+    /// `i64` sum of one value per rank never overflows (also with every value at the bound, same sign);
+    /// and the dequantized sum is within [`error_bound`] of the `f64` sum.
+    #[test]
+    fn quantized_sums_never_overflow_and_stay_within_the_error_bound(
+        n in 1u32..=8,
+        max_abs in any_bound(),
+        fractions in proptest::collection::vec(any_fraction(), 8),
+        all_at_bound in proptest::option::weighted(0.2, any::<bool>()),
+    ) {
+        let s = scale(n, max_abs).expect("a positive finite bound has a scale");
+        prop_assert_eq!(s, fixed_scale(n, max_abs));
+        let xs: Vec<f32> = match all_at_bound {
+            Some(positive) => vec![if positive { max_abs } else { -max_abs }; n as usize],
+            None => fractions[..n as usize]
+                .iter()
+                .map(|f| ((f * max_abs as f64) as f32).clamp(-max_abs, max_abs))
+                .collect(),
+        };
+        let mut sum = 0i64;
+        for &x in &xs {
+            let q = quantize(x, s);
+            let exact = x as f64 * s;
+            // |x * s| < 2^63, so both sides fit i128; below 2^53 the f64 difference is exact.
+            if exact.abs() >= 2f64.powi(53) {
+                prop_assert_eq!(q as i128, exact as i128, "x={:e} s={:e}", x, s);
+            } else {
+                prop_assert!((q as f64 - exact).abs() <= 0.5, "x={:e} s={:e} q={}", x, s, q);
+            }
+            sum = match sum.checked_add(q) {
+                Some(v) => v,
+                None => return Err(TestCaseError::fail(format!("overflow: n={n} max_abs={max_abs:e} xs={xs:?}"))),
+            };
+        }
+        let reference: f64 = xs.iter().map(|&x| x as f64).sum();
+        let got = dequantize(sum, s) as f64;
+        let bound = error_bound(n, max_abs, reference);
+        if got.is_infinite() {
+            // A sum beyond f32's range is an infinity of its sign, as any f32 sum (n * max_abs may exceed
+            // f32::MAX); only where the reference lies within the bound of that edge.
+            prop_assert!(got.signum() == reference.signum() && reference.abs() + bound >= f32::MAX as f64,
+                "n={} max_abs={:e} got={:e} want={:e}", n, max_abs, got, reference);
+        } else {
+            prop_assert!((got - reference).abs() <= bound,
+                "n={} max_abs={:e} got={:e} want={:e} bound={:e}", n, max_abs, got, reference, bound);
         }
     }
 }

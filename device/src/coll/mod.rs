@@ -21,7 +21,7 @@ mod ring;
 pub use all_to_all::{all_to_all_v, AllToAllV};
 pub use broadcast::{broadcast, default_chunk, Algorithm, Broadcast};
 pub use gdaki_shared::coll::{ctrl, CollHandle, MAX_RANKS};
-pub use reduce::{all_reduce, reduce, scale, Reduce};
+pub use reduce::{all_reduce, dequantize, quantize, reduce, scale, Reduce};
 pub use ring::{all_reduce_ring, ring_scratch_bytes, RingAllReduce};
 
 use crate::channel::{Exclusive, PortChannel, PortChannelHandle};

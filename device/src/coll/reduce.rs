@@ -50,9 +50,12 @@ pub fn scale(nranks: u32, max_abs: f32) -> Option<f64> {
     Some(f64::from_bits(((62 - e + 1023) as u64) << 52))
 }
 
-/// `x * s` rounded to the nearest integer, halves away from zero (`|x * s| < 2^63`). `x * s` is exact in
-/// `f64` (a power-of-two scale of an `f32`); the truncation and the fraction are exact too.
-fn quantize(x: f32, s: f64) -> i64 {
+/// The fixed-point value [`reduce`] adds on the NIC for `x` at scale `s` (from [`scale`]): `x * s` rounded to
+/// the nearest integer, halves away from zero. For `|x| <= max_abs`, `|x * s| < 2^63 / nranks`, so the
+/// result is off by at most `1 / (2s)` and `nranks` of them sum without overflow. `x * s` is exact in `f64`
+/// (a power-of-two scale of an `f32`); the truncation and the fraction are exact too. Public for users who
+/// aggregate on the NIC themselves (their own fetch-adds) and for tests of the bound.
+pub fn quantize(x: f32, s: f64) -> i64 {
     let y = f64::from(x) * s;
     let t = y as i64;
     let frac = y - t as f64;
@@ -74,6 +77,8 @@ fn quantize(x: f32, s: f64) -> i64 {
 /// Error bound: each quantized value is off by at most `1 / (2s)`, the sum by `nranks / (2s)`, which is at
 /// most `nranks^2 * max_abs / 2^63` since `s >= 2^62 / (nranks * max_abs)`; converting the integer sum to
 /// `f64` adds at most `nranks * max_abs * 2^-53`, and the last rounding to `f32` half an ulp of the result.
+/// A sum beyond `f32::MAX` (possible when `nranks * max_abs` exceeds it) comes out as an infinity of its sign,
+/// as any `f32` sum would.
 ///
 /// # Errors
 /// [`InvalidArgument::Collective`] for a bad handle, a root not below `nranks`, a `max_abs` that is not
@@ -127,6 +132,13 @@ pub unsafe fn reduce(h: &CollHandle, r: &Reduce) -> Result<()> {
     unsafe { acknowledge(&c, r.root) }
 }
 
+/// The `f32` that [`reduce`] writes for an integer sum `sum` of [`quantize`]d values at scale `s`:
+/// `sum as f64 / s`, rounded to `f32`. The conversion to `f64` rounds by at most a relative 2^-53, the
+/// division by a power of two is exact, and the last rounding is half an ulp of the `f32` result.
+pub fn dequantize(sum: i64, s: f64) -> f32 {
+    (sum as f64 / s) as f32
+}
+
 /// The root's side of [`reduce`]: its own values into the accumulation area, the ready signals, the
 /// acknowledgments, the output.
 ///
@@ -158,7 +170,7 @@ unsafe fn gather(c: &Comm<'_>, r: &Reduce, s: f64, value: impl Fn(u64) -> f32) -
         // before its acknowledgment, which `wait_acks` read with acquire.
         unsafe {
             let sum = sync::load_volatile(acc.add(i as usize)) as i64;
-            sync::store_volatile(out.add(i as usize), (sum as f64 / s) as f32);
+            sync::store_volatile(out.add(i as usize), dequantize(sum, s));
         }
     }
     Ok(())
