@@ -124,24 +124,33 @@ impl CollRank {
     }
 
     /// [`CollRank::barrier`], then one broadcast `b` on this rank (every rank calls it with the same `b`).
+    /// Returns the kernel's own time ([`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed): CUDA
+    /// events around it on the GPU, its threads' wall time on the `cpu` executor), which leaves out the
+    /// barrier and the host's launch call, as every call here does.
     ///
     /// # Errors
     /// [`gdaki::Error::Kernel`] with what device code returned; launch and bootstrap errors.
-    pub fn broadcast(&self, b: &Broadcast) -> Result<()> {
+    pub fn broadcast(&self, b: &Broadcast) -> Result<Duration> {
         self.barrier()?;
         let args = (self.handle.dev_ptr(), b.algorithm as u32, b.root, b.offset, b.bytes, b.chunk);
         // SAFETY: the uploaded handle names this rank's live collectives (owned by `self`); one thread of
         // the launch uses their channels; the launch is waited for here.
-        unsafe { self.broadcast.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+        unsafe { self.broadcast.launch_timed(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
     }
 
     /// [`CollRank::barrier`], then one all-to-all on this rank: `send_counts[p]` bytes (one count per rank)
     /// from the send region at `send_offset` to rank `p`, packed; what every rank sends this one lands at
-    /// `recv_offset`, packed by source. Returns the byte counts received, by source rank.
+    /// `recv_offset`, packed by source. Returns the byte counts received, by source rank, and the kernel's
+    /// time (as [`CollRank::broadcast`]).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a count per rank missing; as [`CollRank::broadcast`].
-    pub fn all_to_all_v(&self, send_counts: &[u64], send_offset: u64, recv_offset: u64) -> Result<Vec<u64>> {
+    pub fn all_to_all_v(
+        &self,
+        send_counts: &[u64],
+        send_offset: u64,
+        recv_offset: u64,
+    ) -> Result<(Vec<u64>, Duration)> {
         let n = self.comm.world_size() as usize;
         if send_counts.len() != n {
             return Err(Error::InvalidArgument(format!("{} send counts for {n} ranks", send_counts.len())));
@@ -159,52 +168,53 @@ impl CollRank {
             recv_offset,
         );
         // SAFETY: as in `broadcast`; the counts are two arrays of MAX_RANKS words owned by `self`.
-        unsafe { self.all_to_all_v.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }?;
+        let time = unsafe { self.all_to_all_v.launch_timed(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }?;
         let out = self.counts.to_vec()?;
-        Ok(out[COUNTS_BYTES..COUNTS_BYTES + 8 * n]
+        let got = out[COUNTS_BYTES..COUNTS_BYTES + 8 * n]
             .chunks_exact(8)
             .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
-            .collect())
+            .collect();
+        Ok((got, time))
     }
 
     /// [`CollRank::barrier`], then one reduce `r` on this rank (every rank calls it with the same `r`): the
-    /// sum lands in the root's output range.
+    /// sum lands in the root's output range. Returns the kernel's time (as [`CollRank::broadcast`]).
     ///
     /// # Errors
     /// As [`CollRank::broadcast`].
-    pub fn reduce(&self, r: &Reduce) -> Result<()> {
+    pub fn reduce(&self, r: &Reduce) -> Result<Duration> {
         self.barrier()?;
         let args = (self.handle.dev_ptr(), r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
-        unsafe { self.reduce.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+        unsafe { self.reduce.launch_timed(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
     }
 
     /// [`CollRank::barrier`], then one all-reduce `r` on this rank, its broadcast by `algorithm`: the sum
-    /// lands in every rank's output range.
+    /// lands in every rank's output range. Returns the kernel's time (as [`CollRank::broadcast`]).
     ///
     /// # Errors
     /// As [`CollRank::broadcast`].
-    pub fn all_reduce(&self, r: &Reduce, algorithm: Algorithm) -> Result<()> {
+    pub fn all_reduce(&self, r: &Reduce, algorithm: Algorithm) -> Result<Duration> {
         self.barrier()?;
         let (h, code) = (self.handle.dev_ptr(), algorithm as u32);
         let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
-        unsafe { self.all_reduce.launch(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+        unsafe { self.all_reduce.launch_timed(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
     }
 
     /// [`CollRank::barrier`], then one ring all-reduce `r` on this rank, summed by the threads of one block
     /// (128 on the GPU, 4 on CPU threads): the sum lands in every rank's output range, the same bits on every
-    /// rank.
+    /// rank. Returns the kernel's time (as [`CollRank::broadcast`]).
     ///
     /// # Errors
     /// As [`CollRank::broadcast`].
-    pub fn all_reduce_ring(&self, r: &RingAllReduce) -> Result<()> {
+    pub fn all_reduce_ring(&self, r: &RingAllReduce) -> Result<Duration> {
         self.ring_args.write(0, bytemuck::bytes_of(r))?;
         self.barrier()?;
         let threads = ring_threads(self.comm.executor().kind());
         let args = (self.handle.dev_ptr(), self.ring_args.dev_ptr());
         // SAFETY: as in `broadcast`: thread 0 of the one block uses the channels, and every thread of the
         // block makes the call; the arguments are owned by `self` and not written during the launch.
-        unsafe { self.all_reduce_ring.launch(&LaunchConfig::linear(1, threads), args, self.launch_timeout) }
+        unsafe { self.all_reduce_ring.launch_timed(&LaunchConfig::linear(1, threads), args, self.launch_timeout) }
     }
 }

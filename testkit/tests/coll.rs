@@ -240,7 +240,7 @@ fn all_to_all_v_run(kind: ExecutorKind, n: u32, one_nic: bool) {
                 at += len as usize;
             }
             r.collectives().buffer().write(0, &before).expect("fill");
-            let got = r
+            let (got, _time) = r
                 .all_to_all_v(&m[rank], send_off, recv_off)
                 .unwrap_or_else(|e| panic!("n={n} round {round} rank {rank}: {e}"));
             let column: Vec<u64> = m.iter().map(|row| row[rank]).collect();
@@ -489,7 +489,7 @@ fn reduce_with_a_bad_value(kind: ExecutorKind) {
             let err = match res {
                 Err(gdaki::Error::Kernel { error, .. }) => Some(error),
                 Err(e) => panic!("{what}: {e}"),
-                Ok(()) => None,
+                Ok(_) => None,
             };
             match err {
                 Some(DevError::InvalidArgument(InvalidArgument::Value)) if rank == bad => {}
