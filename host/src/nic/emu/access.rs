@@ -8,7 +8,14 @@
 //! the copier behind the operations they follow, with no wait; so does a CQE into a CQ in host memory while
 //! operations are pending (the copier writes it through the memory's device address). Call
 //! [`DataPath::fence`] before the others; the helpers here call it themselves before any direct host access.
+//!
+//! An atomic whose old value goes back over the wire need not be waited for when it is applied either
+//! ([`DataPath::atomic_deferred`]): the copier's atomic leaves the old value in a slot of a scratch array in
+//! GPU memory and a copy behind it brings it into the same slot of a host array; the answer holds the slot
+//! ([`Old::Pending`]) until it is encoded, and one [`DataPath::fence`] then resolves every slot enqueued before
+//! it ([`DataPath::take_old`]). So a responder that applies a batch of atomics waits once for all of them.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,22 +39,109 @@ pub(crate) struct Waits {
     pub fetch_ns: u64,
 }
 
+/// Slots for old values of atomics in GPU memory not waited for yet ([`DataPath::atomic_deferred`]), the
+/// spare included. A responder resolves its slots at least once per pass of the executor (`RespState::resolve`),
+/// and a pass takes at most 256 inbound requests: these cover several passes' worth.
+const OLD_SLOTS: usize = 1024;
+/// The slot an atomic takes when every other slot is held: it is waited for at once, so it is never held.
+const SPARE_SLOT: usize = OLD_SLOTS - 1;
+/// Bytes of GPU scratch memory a [`DataPath`] needs for its old-value slots (8 per slot).
+pub(crate) const SCRATCH_BYTES: usize = OLD_SLOTS * 8;
+
+/// The old value of an atomic, as its answer holds it: known already, or in a slot of the data path that
+/// the next [`DataPath::fence`] fills ([`DataPath::take_old`] gives it, [`DataPath::drop_old`] gives the slot
+/// back unread). Not `Clone`: each pending slot has one holder, who takes or drops it exactly once.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Old {
+    /// The value (the atomic ran on the host, or was waited for at once).
+    Known(u64),
+    /// The slot its copy from GPU memory lands in.
+    Pending(OldSlot),
+}
+
+/// A slot of [`DataPath`]'s old-value arrays, held by one [`Old::Pending`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct OldSlot(usize);
+
+/// One bit per old-value slot.
+type SlotBits = [u64; OLD_SLOTS / 64];
+
+fn bit_get(b: &SlotBits, i: usize) -> bool {
+    b[i / 64] & (1 << (i % 64)) != 0
+}
+
+fn bit_set(b: &mut SlotBits, i: usize, on: bool) {
+    if on {
+        b[i / 64] |= 1 << (i % 64);
+    } else {
+        b[i / 64] &= !(1 << (i % 64));
+    }
+}
+
+/// Where the old values of deferred atomics land (see [`DataPath::atomic_deferred`]), and which slots are
+/// held, not yet landed, or lost to a failed wait.
+struct Olds {
+    /// The host array the copier copies slot `i`'s old value into; written by the copier (from another
+    /// thread, or at the synchronize) until the next synchronize, so read only after it and only per slot.
+    host: Box<[AtomicU64]>,
+    /// Held by an answer (never the spare).
+    held: SlotBits,
+    /// Copied into `host` by an operation not waited for yet.
+    unfenced: SlotBits,
+    /// Their wait failed: the value never arrived.
+    failed: SlotBits,
+    /// Where the round-robin search for a free slot starts.
+    next: usize,
+}
+
+impl Olds {
+    fn new() -> Self {
+        let host = (0..OLD_SLOTS).map(|_| AtomicU64::new(0)).collect();
+        Self { host, held: [0; OLD_SLOTS / 64], unfenced: [0; OLD_SLOTS / 64], failed: [0; OLD_SLOTS / 64], next: 0 }
+    }
+
+    /// The next slot no answer holds, round robin from the last one taken (so that a slot given back unread,
+    /// whose copy may still be pending, is reused last); the spare when every slot is held.
+    fn free(&mut self) -> usize {
+        for k in 0..SPARE_SLOT {
+            let i = (self.next + k) % SPARE_SLOT;
+            if !bit_get(&self.held, i) {
+                self.next = (i + 1) % SPARE_SLOT;
+                return i;
+            }
+        }
+        SPARE_SLOT
+    }
+
+    /// A synchronize ended (`ok`: without an error): every slot copied before it has landed, or never will.
+    fn landed(&mut self, ok: bool) {
+        for (u, f) in self.unfenced.iter_mut().zip(self.failed.iter_mut()) {
+            if !ok {
+                *f |= *u;
+            }
+            *u = 0;
+        }
+    }
+}
+
 pub(crate) struct DataPath {
     gpu: Option<Arc<dyn GpuCopier>>,
     /// GPU operations were enqueued since the last synchronize.
     pending: bool,
     /// What the host has waited for so far ([`Waits`]).
     waits: Waits,
-    /// A word of GPU memory for the old value of an atomic that goes back over the wire (see
-    /// [`DataPath::atomic`]); none without a copier.
+    /// [`SCRATCH_BYTES`] of GPU memory: word `i` is where an atomic in slot `i` leaves its old value (see
+    /// [`DataPath::atomic_deferred`]); none without a copier.
     scratch: Option<QBuf>,
+    /// The host side of the old-value slots.
+    olds: Olds,
 }
 
 impl DataPath {
-    /// A data path that reaches GPU memory through `gpu`, if any, with `scratch` (at least 8 bytes of GPU
-    /// memory) for atomics whose old value is read back.
+    /// A data path that reaches GPU memory through `gpu`, if any, with `scratch` (at least
+    /// [`SCRATCH_BYTES`] of GPU memory) for atomics whose old value is read back.
     pub(crate) fn new(gpu: Option<Arc<dyn GpuCopier>>, scratch: Option<QBuf>) -> Self {
-        Self { gpu, pending: false, scratch, waits: Waits::default() }
+        Self { gpu, pending: false, scratch, waits: Waits::default(), olds: Olds::new() }
     }
 
     /// What the host has waited for so far.
@@ -103,6 +197,7 @@ impl DataPath {
             Some(g) => g.synchronize(),
             None => Ok(()),
         };
+        self.olds.landed(r.is_ok());
         self.waits.syncs += 1;
         self.waits.sync_ns += t0.elapsed().as_nanos() as u64;
         r.map_err(|e| {
@@ -236,35 +331,92 @@ impl DataPath {
         self.fence()
     }
 
-    /// Applies `op` to the 8-byte, 8-byte-aligned word at `at` and returns the old value (host order), for a
-    /// responder that sends it back over the wire.
+    /// Applies `op` to the 8-byte, 8-byte-aligned word at `at` and returns the old value (host order), waiting
+    /// for it if it comes from GPU memory: [`DataPath::atomic_deferred`], then [`DataPath::take_old`].
+    ///
+    /// # Safety
+    /// As [`DataPath::atomic_deferred`].
+    pub(crate) unsafe fn atomic(&mut self, at: MemLoc, op: AtomicOp) -> Result<u64, Fault> {
+        // SAFETY: the caller's contract.
+        let old = unsafe { self.atomic_deferred(at, op) }?;
+        self.take_old(old)
+    }
+
+    /// Applies `op` to the 8-byte, 8-byte-aligned word at `at`, for a responder that sends the old value back
+    /// over the wire, without waiting for it: the answer holds the [`Old`] until it is encoded.
     ///
     /// Earlier writes of this executor are placed first. In host memory the operation is a real atomic
-    /// (SeqCst), atomic also towards device code on host threads. In GPU memory it is the copier's atomic,
-    /// its old value read back after one synchronize.
+    /// (SeqCst), atomic also towards device code on host threads, and its old value is [`Old::Known`]. In GPU
+    /// memory it is the copier's atomic, enqueued behind the earlier operations with its old value left in
+    /// a scratch slot and copied into the host array behind it: [`Old::Pending`], resolved by the next
+    /// [`DataPath::fence`]. A slot is reused only once its holder gave it back; one whose copy may still be
+    /// pending (given back unread) is waited for first. When every slot is held the atomic takes the spare
+    /// slot and is waited for at once ([`Old::Known`]).
     ///
     /// # Safety
     /// As [`DataPath::copy`] for `at` and 8 bytes; `at.addr` is 8-byte aligned.
-    pub(crate) unsafe fn atomic(&mut self, at: MemLoc, op: AtomicOp) -> Result<u64, Fault> {
+    pub(crate) unsafe fn atomic_deferred(&mut self, at: MemLoc, op: AtomicOp) -> Result<Old, Fault> {
         if at.kind == MemKind::Host {
             self.fence()?;
             // SAFETY: registered, aligned host word (caller's contract).
-            return Ok(unsafe { host_atomic(at.addr, op) });
+            return Ok(Old::Known(unsafe { host_atomic(at.addr, op) }));
         }
-        let mut old = [0u8; 8];
-        let slot = MemLoc { kind: MemKind::Host, addr: old.as_mut_ptr() as u64 };
         let g = self.copier()?.clone();
-        // The copier's atomics leave the old value in GPU memory: the scratch word, copied into `old`
-        // behind it, one synchronize for both.
-        let scratch = self.scratch.as_ref().ok_or(Fault::gpu_copy())?.loc(0);
-        // SAFETY: `at` as the caller promises; the scratch word lives as long as `self`; `old` is borrowed
-        // exclusively until the fence below.
+        let slot = self.olds.free();
+        if bit_get(&self.olds.unfenced, slot) {
+            // Two pending copies into one host word: the first one's value would be lost.
+            self.fence()?;
+        }
+        let scratch = self.scratch.as_ref().ok_or(Fault::gpu_copy())?.loc(slot * 8);
+        let host = MemLoc { kind: MemKind::Host, addr: self.olds.host[slot].as_ptr() as u64 };
+        // SAFETY: `at` as the caller promises; the scratch word (inside the `SCRATCH_BYTES` of `scratch`) and
+        // the host word live as long as `self`, which waits for the copier before it is dropped (the
+        // executor fences at its end); no earlier copy into the host word is pending (waited for above).
         unsafe { g.atomic_async(at, op, scratch) }.map_err(|_| Fault::gpu_copy())?;
         // SAFETY: as above.
-        unsafe { g.copy_async(slot, scratch, 8) }.map_err(|_| Fault::gpu_copy())?;
+        unsafe { g.copy_async(host, scratch, 8) }.map_err(|_| Fault::gpu_copy())?;
         self.pending = true;
-        self.fence()?;
-        Ok(u64::from_ne_bytes(old))
+        bit_set(&mut self.olds.unfenced, slot, true);
+        bit_set(&mut self.olds.failed, slot, false);
+        if slot == SPARE_SLOT {
+            return self.take_old(Old::Pending(OldSlot(slot))).map(Old::Known);
+        }
+        bit_set(&mut self.olds.held, slot, true);
+        Ok(Old::Pending(OldSlot(slot)))
+    }
+
+    /// The value of `old`: for a pending slot, after one [`DataPath::fence`] unless one already followed
+    /// its atomic (so a batch of slots costs one wait); the slot is free again.
+    ///
+    /// # Errors
+    /// [`Fault::gpu_copy`] when the wait that was to bring the value failed.
+    pub(crate) fn take_old(&mut self, old: Old) -> Result<u64, Fault> {
+        let slot = match old {
+            Old::Known(v) => return Ok(v),
+            Old::Pending(OldSlot(slot)) => slot,
+        };
+        bit_set(&mut self.olds.held, slot, false);
+        if bit_get(&self.olds.unfenced, slot) {
+            if let Err(f) = self.fence() {
+                bit_set(&mut self.olds.failed, slot, false);
+                return Err(f);
+            }
+        }
+        if bit_get(&self.olds.failed, slot) {
+            bit_set(&mut self.olds.failed, slot, false);
+            return Err(Fault::gpu_copy());
+        }
+        // After the synchronize that completed the copy into it (the copier's completion happens before
+        // the synchronize returns), and nothing writes this word until the slot is taken again.
+        Ok(self.olds.host[slot].load(Ordering::Relaxed))
+    }
+
+    /// Gives back `old`'s slot unread (its answer will not be sent). Its copy may still be pending: the slot
+    /// is waited for before it is reused.
+    pub(crate) fn drop_old(&mut self, old: Old) {
+        if let Old::Pending(OldSlot(slot)) = old {
+            bit_set(&mut self.olds.held, slot, false);
+        }
     }
 
     /// Applies `op` to the word at `at` and writes the old value (host order) to the 8 bytes at `result`,

@@ -20,7 +20,7 @@ use crossbeam_utils::Backoff;
 
 use std::sync::mpsc::Receiver;
 
-use super::access::{DataPath, Waits};
+use super::access::{DataPath, Waits, SCRATCH_BYTES};
 use super::fabric::{read, Fabric};
 use super::sq::{self, Engine, Watched};
 use super::stats::{bump, step};
@@ -90,7 +90,7 @@ struct List {
 
 impl List {
     /// Refreshes the list if the NIC's QP map changed since.
-    fn sync(&mut self, fab: &Fabric, data: &DataPath) {
+    fn sync(&mut self, fab: &Fabric, data: &mut DataPath) {
         let g = fab.qp_gen.load(Ordering::Acquire);
         if g != self.gen {
             refresh(fab, &mut self.qps, data);
@@ -100,7 +100,7 @@ impl List {
     }
 
     /// The entry of QP `qpn`, refreshing the list once if it is not there (the QP may be newer than it).
-    fn find(&mut self, fab: &Fabric, data: &DataPath, qpn: u32) -> Option<&mut Watched> {
+    fn find(&mut self, fab: &Fabric, data: &mut DataPath, qpn: u32) -> Option<&mut Watched> {
         let mut i = self.qps.binary_search_by_key(&qpn, |w| w.qp.qpn);
         if i.is_err() {
             self.sync(fab, data);
@@ -112,7 +112,8 @@ impl List {
 
 fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
     // A failed allocation leaves atomics answered over the wire on GPU memory failing (local QP error).
-    let scratch = fab.gpu.as_ref().and_then(|_| fab.alloc_queue(64, MemKind::Gpu).ok()).and_then(|m| m.into_view());
+    let scratch =
+        fab.gpu.as_ref().and_then(|_| fab.alloc_queue(SCRATCH_BYTES, MemKind::Gpu).ok()).and_then(|m| m.into_view());
     let mut eng = Engine::new(DataPath::new(fab.gpu.clone(), scratch));
     let mut list = List { qps: Vec::new(), gen: u64::MAX, unacked: false };
     let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
@@ -124,7 +125,7 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
         }
         bump(&fab.stats.executor_passes);
         step(&fab.stats, 1);
-        list.sync(fab, &eng.data);
+        list.sync(fab, &mut eng.data);
         let mut worked = false;
         let mut handled = 0;
         step(&fab.stats, 2);
@@ -184,7 +185,7 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
         Inbound::Frame { qpn, .. } | Inbound::Down { qpn, .. } => *qpn,
     };
     // A message for a destroyed QP (or one destroyed since) has nobody to go to.
-    let Some((qp, ws)) = list.find(fab, &eng.data, qpn).and_then(|w| w.wire()) else { return };
+    let Some((qp, ws)) = list.find(fab, &mut eng.data, qpn).and_then(|w| w.wire()) else { return };
     let dp = &mut eng.data;
     match m {
         Inbound::Frame { body, .. } => match packet::decode(&body) {
@@ -209,7 +210,7 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
 /// every cached peer (a peer may be among the removed QPs). The entries of removed QPs are dropped here,
 /// while their `Qp::drop` still holds a reference and waits for this refresh to be acknowledged; a removed
 /// QP's connection ends here too, once what it owes its peer is sent ([`requester::farewell`]).
-fn refresh(fab: &Fabric, qps: &mut Vec<Watched>, data: &DataPath) {
+fn refresh(fab: &Fabric, qps: &mut Vec<Watched>, data: &mut DataPath) {
     let live: Vec<_> = read(&fab.qps).values().cloned().collect();
     let mut old: HashMap<u32, Watched> = qps.drain(..).map(|w| (w.qp.qpn, w)).collect();
     for qp in live {
@@ -230,6 +231,6 @@ fn refresh(fab: &Fabric, qps: &mut Vec<Watched>, data: &DataPath) {
     qps.sort_unstable_by_key(|w| w.qp.qpn);
     let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
     for ws in old.into_values().filter_map(|w| w.wire) {
-        requester::farewell(ws, timeout);
+        requester::farewell(ws, data, timeout);
     }
 }

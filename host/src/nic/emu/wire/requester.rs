@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use super::link::{peer_name, Link};
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
-use crate::mem::MemLoc;
+use crate::mem::{MemKind, MemLoc, WRITE_ASYNC_MAX};
 use crate::nic::emu::access::DataPath;
 use crate::nic::emu::exec::{self, at as at_loc};
 use crate::nic::emu::fabric::{read, Fabric};
@@ -240,9 +240,19 @@ impl WireSq {
     /// Writes as much of the outbox as the socket takes now, if the link is up; never waits. Returns whether
     /// any byte went out. A failed write takes the link down: it may have left part of a frame on the stream,
     /// so the link is closed at once and nothing more is written to it.
-    pub(crate) fn flush(&mut self) -> Result<bool, String> {
+    /// The due ACK goes in first, once the WRITEs it covers are placed (one wait on `dp` for the batch); a
+    /// failed wait takes the link down too.
+    pub(crate) fn flush(&mut self, dp: &mut DataPath) -> Result<bool, String> {
         if self.has_room() {
-            self.resp.put_ack(&mut self.outbox);
+            if let Err(f) = self.resp.put_ack(dp, &mut self.outbox) {
+                self.link.close();
+                return Err(format!(
+                    "placed WRITEs could not be waited for (syndrome {:#x}, vendor {:#x}); answers to {} lost",
+                    f.syndrome,
+                    f.vendor,
+                    peer_name(&self.link)
+                ));
+            }
         }
         if self.unsent() == 0 || !self.link.is_up() {
             return Ok(false);
@@ -280,13 +290,14 @@ impl WireSq {
         Ok(wrote)
     }
 
-    /// Forgets everything not sent yet (the link is down).
-    fn discard(&mut self) {
+    /// Forgets everything not sent yet (the link is down), giving the responder's old-value slots back to
+    /// `dp`.
+    fn discard(&mut self, dp: &mut DataPath) {
         self.outbox.clear();
         self.sent = 0;
         self.stuck_since = None;
         self.stream = None;
-        self.resp.discard();
+        self.resp.discard(dp);
     }
 }
 
@@ -319,7 +330,7 @@ pub(crate) fn post(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
     ws.push(p);
     if !ws.has_room() {
         // Write what the socket takes now, so that the next WQE of a batch may still be taken.
-        if let Err(reason) = ws.flush() {
+        if let Err(reason) = ws.flush(dp) {
             link_down(fab, qp, ws, dp, reason);
         }
     }
@@ -575,8 +586,10 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
             let State::Atomic { sge } = q.state else { return Err("atomic response to another request") };
             let mrs = read(&fab.mrs);
             let placed = exec::local(&mrs, qp.pdn, sge, true).and_then(|loc| {
+                let loc = landing(&mrs, sge.lkey, loc, 8, dp);
                 // The old value lands in host order (host-endianness atomic mode, as on the direct path).
-                // SAFETY: `loc` is a registered 8-byte range with LOCAL_WRITE; the MR read lock is held.
+                // SAFETY: `loc` is a registered 8-byte range with LOCAL_WRITE (or the copier's view of it); the
+                // MR read lock is held.
                 unsafe { dp.write_bytes(loc, &old.to_ne_bytes()) }
             });
             let state = match placed {
@@ -608,14 +621,31 @@ fn place_read(
             let loc = exec::local(&mrs, qp.pdn, *s, true)?;
             let from = offset + done as u64 - start;
             let n = ((s.len - from) as usize).min(data.len() - done);
-            // SAFETY: `loc` is a registered range of `s.len` bytes with LOCAL_WRITE and `from + n <= s.len`;
-            // the MR read lock is held.
-            unsafe { dp.write_bytes(at_loc(loc, from), &data[done..done + n]) }?;
+            let to = landing(&mrs, s.lkey, at_loc(loc, from), n, dp);
+            // SAFETY: `to` lies in a registered range of `s.len` bytes with LOCAL_WRITE (or the copier's view of
+            // it) and `from + n <= s.len`; the MR read lock is held.
+            unsafe { dp.write_bytes(to, &data[done..done + n]) }?;
             done += n;
         }
         start = end;
     }
     Ok(())
+}
+
+/// Most bytes of a response that go into host memory through the copier rather than directly
+/// ([`landing`]): what its small writes carry without a staging copy.
+const LANDING_VIA_COPIER_MAX: usize = 4 * WRITE_ASYNC_MAX;
+
+/// Where `len` bytes of a response for `loc` (inside the MR of `lkey`) are written. While GPU operations are
+/// pending (an earlier response's data, the CQEs the copier writes into a CQ in GPU memory) a direct write
+/// to host memory would first wait for them, once per response; so a few bytes for host memory that the
+/// copier reaches go through it, at the MR's GPU view, in order behind those operations and before the CQE
+/// that reports them, without a wait. Otherwise `loc` itself.
+fn landing(mrs: &MrTable, lkey: u32, loc: MemLoc, len: usize, dp: &DataPath) -> MemLoc {
+    if loc.kind != MemKind::Host || !dp.pending() || len > LANDING_VIA_COPIER_MAX {
+        return loc;
+    }
+    mrs.get(lkey).map_or(loc, |e| e.atomic_view(loc))
 }
 
 /// Writes the CQEs of finished WQEs at the head of the queue, in order. After a failure the QP is in the
@@ -650,7 +680,7 @@ pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut Da
         ws.link.set_error(&reason);
         ws.down = Some(reason);
     }
-    ws.discard();
+    ws.discard(dp);
     if let Some(q) = ws.pending.iter_mut().find(|q| is_waiting(&q.state)) {
         set_state(&mut ws.out, q, State::Failed(Fault::retry_exceeded()));
     }
@@ -664,15 +694,23 @@ pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut Da
 /// placed the data (later in its pass, or much later when it is preempted), and a process that watched the
 /// memory and tore down at once would cut the peer's last request off, failing it with 0x15 although it took
 /// place. So the outbox (whole frames, requests included) and those answers ([`RespState::put_executed`]) go
-/// out first: what the socket takes now, the rest by [`Link::close_after`], within `timeout`. Nothing new is
-/// produced: no further packet of a streaming WRITE, no READ data.
-pub(crate) fn farewell(mut ws: WireSq, timeout: Duration) {
+/// out first (after one wait on `dp` for the effects they report): what the socket takes now, the rest by
+/// [`Link::close_after`], within `timeout`. Nothing new is produced: no further packet of a streaming WRITE,
+/// no READ data. The answers not sent give their old-value slots back to `dp`.
+pub(crate) fn farewell(mut ws: WireSq, dp: &mut DataPath, timeout: Duration) {
     if ws.down.is_some() || !ws.link.is_up() {
+        ws.resp.discard(dp);
         ws.link.close();
         return;
     }
-    ws.resp.put_executed(&mut ws.outbox);
-    if ws.flush().is_err() {
+    let owed = ws.resp.put_executed(dp, &mut ws.outbox);
+    // What is left: READs (and what follows them), or everything after a failed wait.
+    ws.resp.discard(dp);
+    if owed.is_err() {
+        ws.link.close();
+        return;
+    }
+    if ws.flush(dp).is_err() {
         // The link is closed already.
         return;
     }
@@ -691,8 +729,14 @@ pub(crate) fn farewell(mut ws: WireSq, timeout: Duration) {
 pub(crate) fn tick(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, timeout: Duration) -> bool {
     let mut worked = false;
     let mut produced = 0;
+    // The old values of the atomics this pass applied, resolved now even if their answers must wait for
+    // room: their slots go back to the data path.
+    if let Err(f) = ws.resp.resolve(dp) {
+        responder::answers_lost(fab, qp, ws, dp, f);
+        return true;
+    }
     loop {
-        match ws.flush() {
+        match ws.flush(dp) {
             Ok(wrote) => worked |= wrote,
             Err(reason) => {
                 link_down(fab, qp, ws, dp, reason);

@@ -3,9 +3,12 @@
 //!
 //! Checks are the direct path's ([`exec::remote`]): rkey, PD, bounds and rights (NAK with 0x13), atomic
 //! alignment (NAK with 0x12). Requests run in PSN order on the executor thread, so an atomic is applied only
-//! after every earlier WRITE of the QP is placed (GPU copies are fenced first), and a WRITE is acknowledged
-//! only after its data is placed. After a NAK the responder ignores the rest of the connection's requests: the
-//! requester has moved to the error state and flushes them itself.
+//! after every earlier WRITE of the QP is placed (in GPU memory the copier runs them in the order they were
+//! enqueued; a direct host access waits for it first). A WRITE is acknowledged, and an atomic's response sent,
+//! only after its effect is placed, but the responder does not wait for each: it waits once, when answers are
+//! encoded ([`RespState::settle`]), for every placement and atomic of the batch of requests before them. After
+//! a NAK the responder ignores the rest of the connection's requests: the requester has moved to the error
+//! state and flushes them itself.
 //!
 //! Every request is taken at once, whether or not the outbox has room to answer it (see [`super::link`] for
 //! why that matters): a WRITE is placed, an atomic is applied, and what a READ or an atomic must send back
@@ -19,7 +22,7 @@ use std::collections::VecDeque;
 use super::link::peer_name;
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
 use super::requester::{link_down, WireSq};
-use crate::nic::emu::access::DataPath;
+use crate::nic::emu::access::{DataPath, Old};
 use crate::nic::emu::exec::{self, at};
 use crate::nic::emu::fabric::{read, Fabric};
 use crate::nic::emu::fault::{vendor, Fault};
@@ -36,20 +39,20 @@ pub(crate) struct RespState {
     expected: u32,
     /// A NAK was sent: later requests are ignored.
     broken: bool,
-    /// The last WRITE placed and not acknowledged yet: one cumulative ACK covers every WRITE of a batch of
-    /// inbound requests (InfiniBand's ACK coalescing).
+    /// The last WRITE enqueued for placement and not acknowledged yet: one cumulative ACK covers every WRITE
+    /// of a batch of inbound requests (InfiniBand's ACK coalescing), once they are placed ([`RespState::settle`]).
     ack_due: Option<u32>,
     /// Answers not in the outbox yet, in PSN order.
     queue: VecDeque<Answer>,
 }
 
 /// An answer the responder owes, until its packets are in the outbox.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 enum Answer {
     /// A READ of `len` bytes at `raddr` (checked when it came); `offset` bytes of it are sent.
     Read { psn: u32, rkey: u32, raddr: u64, len: u64, offset: u64 },
-    /// An atomic, applied when it came, and the old value it found.
-    Atomic { psn: u32, old: u64 },
+    /// An atomic, enqueued when it came, and the old value it found (pending until the data path's next wait).
+    Atomic { psn: u32, old: Old },
     /// A refusal: the last answer (the responder ignores the rest of the connection's requests).
     Nak { psn: u32, syndrome: u8, vendor: u8 },
 }
@@ -59,38 +62,114 @@ impl RespState {
         Self { expected: rq_psn & PSN_MASK, broken: false, ack_due: None, queue: VecDeque::new() }
     }
 
-    /// Encodes the due ACK, if any, into `out`: before any other response, and when the outbox is written.
-    pub(crate) fn put_ack(&mut self, out: &mut Vec<u8>) {
+    /// Makes what the owed answers report true before any of them is encoded: waits once
+    /// ([`DataPath::fence`]) for every placement and atomic enqueued so far when a WRITE awaits its ACK, and
+    /// resolves every pending old value ([`RespState::resolve`]). So a batch of requests costs one host wait,
+    /// at the moment its answers go out, not one per request.
+    ///
+    /// # Errors
+    /// The data path's fault when the wait failed: the owed answers cannot be vouched for.
+    fn settle(&mut self, dp: &mut DataPath) -> Result<(), Fault> {
+        if self.ack_due.is_some() {
+            dp.fence()?;
+        }
+        self.resolve(dp)
+    }
+
+    /// Turns every pending old value of the queue into the value the copier's atomic returned, after one
+    /// [`DataPath::fence`] for all of them (none when none is pending), giving their slots back to the data
+    /// path. Called once per pass of the executor as well, whether or not the outbox has room for the
+    /// answers, so that slots are held for one pass at most while the link is up.
+    ///
+    /// # Errors
+    /// As [`RespState::settle`].
+    pub(crate) fn resolve(&mut self, dp: &mut DataPath) -> Result<(), Fault> {
+        let pending_old = |a: &Answer| matches!(a, Answer::Atomic { old: Old::Pending(_), .. });
+        if !self.queue.iter().any(pending_old) {
+            return Ok(());
+        }
+        dp.fence()?;
+        for a in self.queue.iter_mut() {
+            if let Answer::Atomic { old, .. } = a {
+                if matches!(old, Old::Pending(_)) {
+                    // On an error the placeholder is never sent: every caller then discards the answers.
+                    let v = dp.take_old(std::mem::replace(old, Old::Known(0)))?;
+                    *old = Old::Known(v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the due ACK, if any, into `out`, once the WRITEs it covers are placed ([`RespState::settle`]):
+    /// before any other response, and when the outbox is written.
+    ///
+    /// # Errors
+    /// As [`RespState::settle`]; nothing is encoded then.
+    pub(crate) fn put_ack(&mut self, dp: &mut DataPath, out: &mut Vec<u8>) -> Result<(), Fault> {
+        self.settle(dp)?;
         if let Some(psn) = self.ack_due.take() {
             packet::encode(&Packet::Ack { psn }, out);
         }
+        Ok(())
     }
 
-    /// Encodes into `out`, whatever room it has, the answers owed for requests whose effect already took place:
-    /// the due ACK (WRITEs placed), atomic responses (applied) and a NAK, in order, up to the first READ (whose
-    /// data is not read any more: the QP is destroyed). For [`super::requester::farewell`]; bounded, as the
-    /// queue is ([`MAX_RD_ATOMIC`]).
-    pub(crate) fn put_executed(&mut self, out: &mut Vec<u8>) {
-        self.put_ack(out);
-        while let Some(&answer) = self.queue.front() {
+    /// Encodes into `out`, whatever room it has, the answers owed for requests whose effect already took place
+    /// (once it is placed: [`RespState::settle`]): the due ACK (WRITEs placed), atomic responses (applied) and
+    /// a NAK, in order, up to the first READ (whose data is not read any more: the QP is destroyed). For
+    /// [`super::requester::farewell`]; bounded, as the queue is ([`MAX_RD_ATOMIC`]).
+    ///
+    /// # Errors
+    /// As [`RespState::settle`]; nothing is encoded then.
+    pub(crate) fn put_executed(&mut self, dp: &mut DataPath, out: &mut Vec<u8>) -> Result<(), Fault> {
+        self.put_ack(dp, out)?;
+        while let Some(answer) = self.queue.pop_front() {
             match answer {
-                Answer::Atomic { psn, old } => packet::encode(&Packet::AtomicResp { psn, old }, out),
+                Answer::Atomic { psn, old } => {
+                    let old = dp.take_old(old)?;
+                    packet::encode(&Packet::AtomicResp { psn, old }, out);
+                }
                 Answer::Nak { psn, syndrome, vendor } => {
                     packet::encode(&Packet::Nak { psn, syndrome, vendor }, out);
-                    self.queue.clear();
-                    return;
+                    self.drop_answers(dp);
                 }
-                Answer::Read { .. } => return,
+                read @ Answer::Read { .. } => {
+                    self.queue.push_front(read);
+                    break;
+                }
             }
-            self.queue.pop_front();
         }
+        Ok(())
     }
 
-    /// Forgets the answers still owed (the link is down).
-    pub(crate) fn discard(&mut self) {
+    /// Forgets the answers still owed (the link is down, or the QP is gone), giving their old-value slots
+    /// back to `dp`.
+    pub(crate) fn discard(&mut self, dp: &mut DataPath) {
         self.ack_due = None;
-        self.queue.clear();
+        self.drop_answers(dp);
     }
+
+    /// Forgets the answers in the queue (after a NAK, none of them is sent), giving back their slots.
+    fn drop_answers(&mut self, dp: &mut DataPath) {
+        for a in self.queue.drain(..) {
+            if let Answer::Atomic { old, .. } = a {
+                dp.drop_old(old);
+            }
+        }
+    }
+}
+
+/// The data path's wait failed while answers were due (`f`): none of them can be vouched for, so the link
+/// goes down (the peer's requester fails its outstanding WQEs with 0x15), as it would for a lost connection.
+pub(crate) fn answers_lost(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, f: Fault) {
+    ws.link.close();
+    let reason = format!(
+        "its effects in GPU memory could not be waited for (syndrome {:#x}, vendor {:#x}); answers to {} lost",
+        f.syndrome,
+        f.vendor,
+        peer_name(&ws.link)
+    );
+    link_down(fab, qp, ws, dp, reason);
 }
 
 /// Handles request `p` for `qp`. A request out of PSN order breaks the protocol: the link goes down.
@@ -136,20 +215,30 @@ pub(crate) fn on_request(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut D
 }
 
 /// Puts owed answers into the outbox, in order, while it has room (the due ACK first, before any other
-/// answer, as one packet of a READ response goes in at a time). A READ's data is read now, from its range
-/// checked again: an MR deregistered since the READ came is refused with a NAK (0x13) after what was sent.
+/// answer, as one packet of a READ response goes in at a time), after the effects they report are placed
+/// ([`RespState::settle`]: one wait for all of them). A READ's data is read now, from its range checked again:
+/// an MR deregistered since the READ came is refused with a NAK (0x13) after what was sent.
 pub(crate) fn pump(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath) {
     while ws.has_room() {
-        let Some(&answer) = ws.resp.queue.front() else { return };
-        ws.resp.put_ack(&mut ws.outbox);
+        if ws.resp.queue.is_empty() {
+            return;
+        }
+        if let Err(f) = ws.resp.put_ack(dp, &mut ws.outbox) {
+            answers_lost(fab, qp, ws, dp, f);
+            return;
+        }
+        let Some(answer) = ws.resp.queue.pop_front() else { return };
         match answer {
-            Answer::Atomic { psn, old } => {
-                packet::encode(&Packet::AtomicResp { psn, old }, &mut ws.outbox);
-                ws.resp.queue.pop_front();
-            }
+            Answer::Atomic { psn, old } => match dp.take_old(old) {
+                Ok(old) => packet::encode(&Packet::AtomicResp { psn, old }, &mut ws.outbox),
+                Err(f) => {
+                    answers_lost(fab, qp, ws, dp, f);
+                    return;
+                }
+            },
             Answer::Nak { psn, syndrome, vendor } => {
                 packet::encode(&Packet::Nak { psn, syndrome, vendor }, &mut ws.outbox);
-                ws.resp.queue.clear();
+                ws.resp.drop_answers(dp);
             }
             Answer::Read { psn, rkey, raddr, len, offset } => {
                 let n = (len - offset).min(MAX_CHUNK as u64) as usize;
@@ -169,17 +258,14 @@ pub(crate) fn pump(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
                         tracing::warn!(qpn = qp.qpn, psn, "emulated NIC: READ source gone mid-response (NAK)");
                         ws.resp.broken = true;
                         packet::encode(&Packet::Nak { psn, syndrome: f.syndrome, vendor: f.vendor }, &mut ws.outbox);
-                        ws.resp.queue.clear();
+                        ws.resp.drop_answers(dp);
                         continue;
                     }
                 }
                 let last = offset + n as u64 == len;
                 packet::encode(&Packet::ReadResp { psn, offset, last, data: &ws.gather }, &mut ws.outbox);
-                match ws.resp.queue.front_mut() {
-                    Some(Answer::Read { offset: o, .. }) if !last => *o += n as u64,
-                    _ => {
-                        ws.resp.queue.pop_front();
-                    }
+                if !last {
+                    ws.resp.queue.push_front(Answer::Read { psn, rkey, raddr, len, offset: offset + n as u64 });
                 }
             }
         }
@@ -202,8 +288,8 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             if !last {
                 return Ok(false);
             }
-            // Placed before it is acknowledged (and before the immediate's CQE).
-            dp.fence()?;
+            // The immediate's CQE follows the data: written by the copier behind it while any of it is
+            // pending (`CqInner::push`). The ACK waits until the data is placed (`RespState::settle`).
             if let Some(i) = imm {
                 push_resp_imm(fab, qp, dp, Be32::from_bits(i), total as u32)?;
             }
@@ -224,11 +310,10 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             }
             let mrs = read(&fab.mrs);
             let word = exec::remote_atomic(&mrs, qp.responder(), Remote { addr: raddr, rkey })?;
-            // SAFETY: a registered, 8-aligned 8-byte range; the MR read lock is held. `atomic` orders itself
-            // after earlier placements.
-            let old = unsafe { dp.atomic(word, op) }?;
-            // Its write-back is placed before the response tells the requester it was applied.
-            dp.fence()?;
+            // SAFETY: a registered, 8-aligned 8-byte range; the MR read lock is held. `atomic_deferred` orders
+            // itself after earlier placements. Its effect and old value are waited for when the response is
+            // encoded (`RespState::settle`), with those of the rest of the batch.
+            let old = unsafe { dp.atomic_deferred(word, op) }?;
             ws.resp.queue.push_back(Answer::Atomic { psn, old });
         }
         _ => return Ok(false),
