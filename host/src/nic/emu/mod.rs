@@ -94,9 +94,10 @@
 //!   an error state (it takes no more CQEs) and the QP to [`QpState::Error`] ([`Stats::cq_overruns`]).
 //! - **Vendor syndromes** are the emulator's own ([`vendor`]); `hw_err_synd` is zero.
 //! - **GPU memory** MRs are reached through the [`GpuCopier`]: copies, writes and atomics are enqueued in one
-//!   order and waited for only before what does not go through it (a direct host access, an atomic's old
-//!   value sent over the wire, a READ); a CQE behind pending operations goes through the copier too,
-//!   whichever memory its CQ is in. An atomic on GPU memory is the copier's (a GPU atomic on the `gpu`
+//!   order and waited for only before what does not go through it (a direct host access, a READ, and over
+//!   the wire the answers owed for a batch of requests: one wait, when they are encoded, covers every WRITE
+//!   their ACK acknowledges and every atomic whose old value they carry); a CQE behind pending operations
+//!   goes through the copier too, whichever memory its CQ is in. An atomic on GPU memory is the copier's (a GPU atomic on the `gpu`
 //!   executor, atomic towards device code's atomics too), and so is an atomic on host memory the copier
 //!   reaches (pinned and mapped into the GPU, [`GpuCopier::device_view`], looked up when the MR is
 //!   registered): it runs behind the QP's earlier GPU writes without a host wait, and every atomic of the
