@@ -182,17 +182,23 @@ impl<A: LaunchArgs> Kernel<A> {
                     .map_err(Error::InvalidArgument)?;
                 let (k, grid, block, report) = (self.k, cfg.grid, cfg.block, running.report.clone());
                 let name = self.k.name;
+                // The end is signalled, not polled for: a waiter wakes as the kernel ends (a panic drops the
+                // sender, which wakes it too).
+                let (ended, end) = std::sync::mpsc::sync_channel(1);
                 let handle = std::thread::Builder::new()
                     .name(format!("kernel {name}"))
                     .spawn(move || {
                         let t0 = Instant::now();
                         // SAFETY: the caller's contract covers the arguments; `report` (held by this thread) is
                         // the launch's report.
-                        unsafe { gdaki_device::launch::run_on_host(k, grid, block, args, report.device_addr()) }
-                            .map(|()| t0.elapsed())
+                        let r =
+                            unsafe { gdaki_device::launch::run_on_host(k, grid, block, args, report.device_addr()) }
+                                .map(|()| t0.elapsed());
+                        let _ = ended.send(());
+                        r
                     })
                     .map_err(|e| Error::Unavailable(format!("cannot start the threads of kernel `{name}`: {e}")))?;
-                running.run = Some(Run::Cpu(handle));
+                running.run = Some(Run::Cpu { handle, end });
             }
         }
         Ok(running)
@@ -238,6 +244,14 @@ impl<A: LaunchArgs> Kernel<A> {
     /// call; on the `cpu` executor it is the wall time from starting the kernel's host threads to the last
     /// one's end.
     ///
+    /// Hazard: do not time a kernel that waits for kernels of other streams (another rank's, the emulated
+    /// NIC's engine). The end event is recorded behind the kernel, and the GPU's hardware work queues are
+    /// shared between streams (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default): a queue that holds the event
+    /// waits for the kernel to end before it starts the next launch in it, which may be the very kernel the
+    /// timed one waits for. Seen on an H200: 8 ranks' collective kernels on one GPU, each timed, stalled
+    /// until their bounded waits failed; untimed, they pass. Time such kernels on the host around
+    /// [`Kernel::launch`], or inside the kernel.
+    ///
     /// # Errors
     /// As [`Kernel::launch`] (the kernel's error first); [`Error::Cuda`] when an event cannot be made,
     /// recorded or read.
@@ -257,8 +271,9 @@ impl<A: LaunchArgs> Kernel<A> {
 enum Run {
     /// The launch's stream, and the events recorded before and after the kernel when it is timed.
     Gpu { stream: cuda::Stream, events: Option<(cuda::Event, cuda::Event)> },
-    /// The thread that runs the kernel's host threads; it returns their wall time.
-    Cpu(std::thread::JoinHandle<std::result::Result<Duration, String>>),
+    /// The thread that runs the kernel's host threads (it returns their wall time), and the channel on
+    /// which it says that they have ended.
+    Cpu { handle: std::thread::JoinHandle<std::result::Result<Duration, String>>, end: std::sync::mpsc::Receiver<()> },
 }
 
 /// A started kernel: [`Running::wait`] for its end and its error. Dropped without waiting, a GPU launch's
@@ -289,17 +304,13 @@ impl Running {
                 stream.wait(timeout)?;
                 events.map(|(start, end)| end.elapsed_since(&start)).transpose()
             }
-            Some(Run::Cpu(handle)) => {
-                let start = Instant::now();
-                while !handle.is_finished() {
-                    if start.elapsed() >= timeout {
-                        return Err(Error::Device(format!(
-                            "kernel `{}` still running on the cpu executor after {:.3} s (its threads go on)",
-                            self.name,
-                            timeout.as_secs_f64()
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
+            Some(Run::Cpu { handle, end }) => {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = end.recv_timeout(timeout) {
+                    return Err(Error::Device(format!(
+                        "kernel `{}` still running on the cpu executor after {:.3} s (its threads go on)",
+                        self.name,
+                        timeout.as_secs_f64()
+                    )));
                 }
                 match handle.join() {
                     Ok(Ok(wall)) => Ok(Some(wall)),

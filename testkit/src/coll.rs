@@ -3,7 +3,7 @@
 //! for the ring all-reduce) on either executor.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gdaki_device::coll::{Algorithm, Broadcast, Reduce, RingAllReduce};
 use gdaki_device::launch::DevPtr;
@@ -114,6 +114,23 @@ impl CollRank {
         &self.comm
     }
 
+    /// Launches `k` as one block of `threads` and waits for it (bounded); returns the time from the launch
+    /// call to its end as the host sees it.
+    ///
+    /// # Safety
+    /// As [`Kernel::launch`] for `args`.
+    unsafe fn timed<A: gdaki_device::launch::LaunchArgs>(
+        &self,
+        k: &Kernel<A>,
+        threads: u32,
+        args: A,
+    ) -> Result<Duration> {
+        let t0 = Instant::now();
+        // SAFETY: the caller's contract.
+        unsafe { k.launch(&LaunchConfig::linear(1, threads), args, self.launch_timeout) }?;
+        Ok(t0.elapsed())
+    }
+
     /// Waits at the bootstrap barrier with every rank, so that all kernels start together (none waits out
     /// its bound for a peer still setting up). A rank that sits a call out passes it too.
     ///
@@ -124,9 +141,9 @@ impl CollRank {
     }
 
     /// [`CollRank::barrier`], then one broadcast `b` on this rank (every rank calls it with the same `b`).
-    /// Returns the kernel's own time ([`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed): CUDA
-    /// events around it on the GPU, its threads' wall time on the `cpu` executor), which leaves out the
-    /// barrier and the host's launch call, as every call here does.
+    /// Returns the time from the launch call to the kernel's end as the host sees it (the barrier left out, as
+    /// in every call here). Not CUDA events: an event recorded behind a kernel that waits for other ranks'
+    /// kernels can hold up their launches (see [`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed)).
     ///
     /// # Errors
     /// [`gdaki::Error::Kernel`] with what device code returned; launch and bootstrap errors.
@@ -135,7 +152,7 @@ impl CollRank {
         let args = (self.handle.dev_ptr(), b.algorithm as u32, b.root, b.offset, b.bytes, b.chunk);
         // SAFETY: the uploaded handle names this rank's live collectives (owned by `self`); one thread of
         // the launch uses their channels; the launch is waited for here.
-        unsafe { self.broadcast.launch_timed(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+        unsafe { self.timed(&self.broadcast, 1, args) }
     }
 
     /// [`CollRank::barrier`], then one all-to-all on this rank: `send_counts[p]` bytes (one count per rank)
@@ -168,7 +185,7 @@ impl CollRank {
             recv_offset,
         );
         // SAFETY: as in `broadcast`; the counts are two arrays of MAX_RANKS words owned by `self`.
-        let time = unsafe { self.all_to_all_v.launch_timed(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }?;
+        let time = unsafe { self.timed(&self.all_to_all_v, 1, args) }?;
         let out = self.counts.to_vec()?;
         let got = out[COUNTS_BYTES..COUNTS_BYTES + 8 * n]
             .chunks_exact(8)
@@ -186,7 +203,7 @@ impl CollRank {
         self.barrier()?;
         let args = (self.handle.dev_ptr(), r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
-        unsafe { self.reduce.launch_timed(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+        unsafe { self.timed(&self.reduce, 1, args) }
     }
 
     /// [`CollRank::barrier`], then one all-reduce `r` on this rank, its broadcast by `algorithm`: the sum
@@ -199,7 +216,7 @@ impl CollRank {
         let (h, code) = (self.handle.dev_ptr(), algorithm as u32);
         let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
-        unsafe { self.all_reduce.launch_timed(&LaunchConfig::linear(1, 1), args, self.launch_timeout) }
+        unsafe { self.timed(&self.all_reduce, 1, args) }
     }
 
     /// [`CollRank::barrier`], then one ring all-reduce `r` on this rank, summed by the threads of one block
@@ -215,6 +232,6 @@ impl CollRank {
         let args = (self.handle.dev_ptr(), self.ring_args.dev_ptr());
         // SAFETY: as in `broadcast`: thread 0 of the one block uses the channels, and every thread of the
         // block makes the call; the arguments are owned by `self` and not written during the launch.
-        unsafe { self.all_reduce_ring.launch_timed(&LaunchConfig::linear(1, threads), args, self.launch_timeout) }
+        unsafe { self.timed(&self.all_reduce_ring, threads, args) }
     }
 }
