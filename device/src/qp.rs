@@ -44,8 +44,8 @@ struct Sq {
     buf: u64,
     dbrec: u64,
     bf_reg: u64,
-    /// WQEBBs in the ring: the handle's size, or [`sq::MIN_WQE_CNT`] for a size device code cannot post to
-    /// (then `room` is 0 and no WQE is ever stored).
+    /// WQEBBs in the ring: the handle's size. For a size device code cannot post to, `room` is 0 (no WQE is
+    /// ever stored) and the slow paths see [`sq::MIN_WQE_CNT`] here ([`out_of_line`]).
     cnt: u32,
     qpn: u32,
     placement: Placement,
@@ -59,9 +59,10 @@ struct Sq {
     /// countdown so that the fast path decides it in 32 bits).
     until_cqe: u32,
     pi: u64,
+    /// The SQ consumer index. Only the slow paths move it, and they write it back to the handle themselves
+    /// ([`out_of_line`]); so do posts that ask for a CQE with `sig_first` and `sig_end`, which are not kept
+    /// here ([`Qp::commit`]): the common post writes back nothing but the producer index.
     ci: u64,
-    sig_first: u64,
-    sig_end: u64,
 }
 
 impl Sq {
@@ -73,7 +74,6 @@ impl Sq {
         // posted over, never announced to the NIC unwritten.
         let (pi, ci, sig_end) = (h.sq.ready, h.sq.ci, h.sq.sig_end);
         let valid = sq::valid_ring(cnt);
-        let cnt = if valid { cnt } else { sq::MIN_WQE_CNT };
         Sq {
             buf: h.sq_buf,
             dbrec: h.dbrec,
@@ -86,31 +86,38 @@ impl Sq {
             until_cqe: until_cqe(cnt, pi, sig_end),
             pi,
             ci,
-            sig_first: h.sq.sig_first,
-            sig_end,
         }
     }
 
-    /// Writes the counters back to `h`: every word another kind of poster reads (a shared poster reserves
-    /// from `pi` and publishes after `ready`; `rung` moves to `pi` when nothing is left unrung, `rung_all`).
+    /// Writes the producer index back to `h`: every word of it another kind of poster reads (a shared poster
+    /// reserves from `pi` and publishes after `ready`; `rung` moves to `pi` when nothing is left unrung,
+    /// `rung_all`). The other counters are in `h` already ([`Sq::ci`]).
     #[inline(always)]
-    fn store(&self, rung_all: bool, h: &mut QpHandle) {
+    fn store_pi(&self, rung_all: bool, h: &mut QpHandle) {
         h.sq.pi = self.pi;
         h.sq.ready = self.pi;
-        h.sq.ci = self.ci;
-        h.sq.sig_first = self.sig_first;
-        h.sq.sig_end = self.sig_end;
         if rung_all {
             h.sq.rung = self.pi;
         }
+    }
+
+    /// [`Sq::store_pi`], and the consumer index: what a slow path writes back.
+    #[inline(always)]
+    fn store(&self, rung_all: bool, h: &mut QpHandle) {
+        self.store_pi(rung_all, h);
+        h.sq.ci = self.ci;
     }
 }
 
 /// WQEBBs that may be posted after producer index `pi` before a WQE must ask for a CQE, given the end of the
 /// last one that did (`sig_end`): a quarter of the ring after it, at least 0.
+///
+/// In 32 bits: `pi - sig_end` is below the ring size in every state a poster leaves, so its low 32 bits are
+/// the distance. In a state no poster leaves (a `sig_end` ahead of `pi`, or 2^32 behind it) the result is
+/// still at most a quarter ring, so the next CQE is never asked for later than the policy allows.
 #[inline(always)]
 fn until_cqe(cnt: u32, pi: u64, sig_end: u64) -> u32 {
-    let since = pi.wrapping_sub(sig_end).min(u32::MAX as u64) as u32;
+    let since = (pi as u32).wrapping_sub(sig_end as u32);
     (cnt / 4).saturating_sub(since)
 }
 
@@ -121,7 +128,7 @@ impl Drop for Qp<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         self.ring_db();
-        self.sq.store(true, self.h);
+        self.sq.store_pi(true, self.h);
     }
 }
 
@@ -196,7 +203,7 @@ impl<'a> Qp<'a> {
     #[inline(always)]
     pub fn post<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let ds = w.ds();
-        self.post_segs(signaled, ds, |c| w.encode(c))
+        self.post_segs(signaled, ds, move |c| w.encode(c)).map(|(t, _)| t)
     }
 
     /// Posts `ds` segments that `build` makes from the ctrl fields this QP would use, unchecked: the way to
@@ -221,25 +228,51 @@ impl<'a> Qp<'a> {
         if ds == 0 || ds as usize > N {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
-        self.post_segs(signaled, ds, build)
+        self.post_segs(signaled, ds, build).map(|(t, _)| t)
     }
 
+    /// Posts the `ds` segments `build` makes; returns the ticket and the segments as stored.
+    ///
+    /// A post that must wait for room runs whole out of line, the store of its WQE included: the fast path
+    /// then keeps nothing in registers across the call (the WQE's inputs are loaded after the room check), and
+    /// meets the slow one only where the doorbell is rung.
     #[inline(always)]
     fn post_segs<const N: usize>(
         &mut self,
         signaled: bool,
         ds: u8,
         build: impl FnOnce(Ctrl) -> [Seg; N],
-    ) -> Result<Ticket> {
+    ) -> Result<(Ticket, [Seg; N])> {
         let nbb = wqebbs(ds as u32);
-        let (pi, signaled) = self.reserve_batch(nbb, signaled)?;
+        if nbb > self.sq.room {
+            return self.cold(move |q| {
+                q.reserve_slow(nbb)?;
+                Ok(q.store_wqe(signaled, ds, nbb, build))
+            });
+        }
+        Ok(self.store_wqe(signaled, ds, nbb, build))
+    }
+
+    /// Stores the `ds` segments `build` makes in the `nbb` WQEBBs at the producer index (free: the caller made
+    /// sure) and commits them; asks for a CQE when `signaled` or when the quarter-ring rule says so.
+    #[inline(always)]
+    fn store_wqe<const N: usize>(
+        &mut self,
+        signaled: bool,
+        ds: u8,
+        nbb: u32,
+        build: impl FnOnce(Ctrl) -> [Seg; N],
+    ) -> (Ticket, [Seg; N]) {
+        let pi = self.sq.pi;
+        let signaled = signaled || nbb >= self.sq.until_cqe;
         let flags = if signaled { fm_ce_se::CQ_UPDATE } else { 0 };
         let segs = build(Ctrl { idx: pi as u16, qpn: self.sq.qpn, fm_ce_se: flags });
-        // SAFETY: `Qp::new`'s contract gives a valid ring; `reserve_batch` made WQEBBs `pi..pi + nbb` ours.
+        // SAFETY: `Qp::new`'s contract gives a valid ring (room is 0 for any other size); the room check made
+        // WQEBBs `pi..pi + nbb` ours.
         unsafe { sq::write_segs(self.sq.buf, self.sq.cnt, pi, &segs[..ds as usize]) };
         // The ctrl segment's first 8 bytes as stored are the doorbell value (`CtrlSeg::doorbell_bits`).
         self.commit(pi, nbb, signaled, segs[0].0[0]);
-        Ok(Ticket(pi))
+        (Ticket(pi), segs)
     }
 
     /// Reserves `nbb` WQEBBs for WQEs stored next (one WQE, or a warp's batch), waiting for room; returns the
@@ -251,20 +284,22 @@ impl<'a> Qp<'a> {
     #[inline(always)]
     pub(crate) fn reserve_batch(&mut self, nbb: u32, signaled: bool) -> Result<(u64, bool)> {
         if nbb > self.sq.room {
-            self.cold(|q| q.reserve_slow(nbb))?;
+            self.cold(move |q| q.reserve_slow(nbb))?;
         }
         Ok((self.sq.pi, signaled || nbb >= self.sq.until_cqe))
     }
 
     /// Records WQEs stored in the `nbb` WQEBBs just reserved, the last of which starts at `last`, asked for a
-    /// CQE when `signaled`, and has the doorbell bits `bits` (rung by the next [`Qp::ring_db`]).
+    /// CQE when `signaled`, and has the doorbell bits `bits` (rung by the next [`Qp::ring_db`]). A WQE that
+    /// asked for a CQE goes to the handle's `sig_first`/`sig_end` at once (they are not kept in registers:
+    /// most posts do not change them).
     #[inline(always)]
     pub(crate) fn commit(&mut self, last: u64, nbb: u32, signaled: bool, bits: u64) {
         self.sq.room -= nbb;
         self.sq.pi += nbb as u64;
         if signaled {
-            self.sq.sig_first = last + 1;
-            self.sq.sig_end = self.sq.pi;
+            self.h.sq.sig_first = last + 1;
+            self.h.sq.sig_end = self.sq.pi;
             self.sq.until_cqe = self.sq.cnt / 4;
         } else {
             self.sq.until_cqe -= nbb;
@@ -287,10 +322,7 @@ impl<'a> Qp<'a> {
     pub fn ring_db(&mut self) {
         if let Some(bits) = self.unrung.take() {
             // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
-            unsafe {
-                db::update_dbrec(self.sq.dbrec, self.sq.pi, self.sq.placement);
-                db::ring_db(self.sq.bf_reg, bits, self.sq.placement);
-            }
+            unsafe { db::publish_and_ring(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, bits, self.sq.placement) };
         }
     }
 
@@ -311,19 +343,13 @@ impl<'a> Qp<'a> {
             self.ring_db();
             return Ok(t);
         }
+        let (t, segs) = self.post_segs(signaled, ds, move |c| w.encode(c))?;
         let mut first = [Seg::default(); SEGS_PER_WQEBB];
-        let t = self.post_segs(signaled, ds, |c| {
-            let segs = w.encode(c);
-            let n = ds as usize;
-            first[..n].copy_from_slice(&segs[..n]);
-            segs
-        })?;
+        let n = ds as usize;
+        first[..n].copy_from_slice(&segs[..n]);
         self.unrung = None;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
-        unsafe {
-            db::update_dbrec(self.sq.dbrec, self.sq.pi, self.sq.placement);
-            db::ring_bf(self.sq.bf_reg, &first, self.sq.placement);
-        }
+        unsafe { db::publish_and_ring_bf(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, &first, self.sq.placement) };
         Ok(t)
     }
 
@@ -340,7 +366,7 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::Cqe`] for an error CQE (the QP is then in the error state); [`Error::UnexpectedCqe`].
     pub fn poll_cq(&mut self) -> Option<Result<Completion>> {
-        self.cold(|q| {
+        self.cold(move |q| {
             let t = q.take()?;
             // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
             unsafe { cq::publish_ci(&q.h.cq) };
@@ -403,7 +429,7 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::UnexpectedCqe`].
     pub fn progress(&mut self) -> Result<()> {
-        self.cold(|q| {
+        self.cold(move |q| {
             q.ring_db();
             q.drain().map(|_| ())
         })
@@ -426,7 +452,7 @@ impl<'a> Qp<'a> {
     /// asked and whoever polled it (the error is sticky); [`Error::Timeout`] after the QP's timeout;
     /// [`Error::UnexpectedCqe`]; [`Error::InvalidArgument`] (`Ticket`) for a ticket this QP never issued.
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
-        self.cold(|q| {
+        self.cold(move |q| {
             if t.0 >= q.sq.pi {
                 // Not a WQE of this QP (yet): nothing could ever complete it.
                 return Err(Error::InvalidArgument(InvalidArgument::Ticket));
@@ -438,7 +464,7 @@ impl<'a> Qp<'a> {
                 return Ok(());
             }
             // An unsignaled WQE is retired only by a later CQE: ask for one when none was requested since `t`.
-            if q.sq.sig_first <= t.0 {
+            if q.h.sq.sig_first <= t.0 {
                 let _ = q.post(true, wqe::nop())?;
             }
             q.ring_db();
@@ -477,7 +503,7 @@ impl<'a> Qp<'a> {
     /// # Safety
     /// `sem` must be valid for reads and 8-byte aligned for the whole wait.
     pub unsafe fn wait_semaphore(&mut self, sem: *const u64, expected: u64) -> Result<u64> {
-        self.cold(|q| {
+        self.cold(move |q| {
             let seen = core::cell::Cell::new(0);
             let mut tries = 0u32;
             // Anything still unrung would never complete, and its CQE is what reports a dead peer.
@@ -513,17 +539,17 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// As [`Qp::wait`]: once any WQE of this QP has completed in error, every flush returns that first error.
     pub fn flush(&mut self) -> Result<()> {
-        self.cold(|q| {
+        self.cold(move |q| {
             if let Some(e) = q.error() {
                 return Err(Error::Cqe(e));
             }
-            if q.sq.sig_end != q.sq.pi {
+            if q.h.sq.sig_end != q.sq.pi {
                 let _ = q.post(true, wqe::nop())?;
             }
-            if q.sq.sig_first == 0 {
+            if q.h.sq.sig_first == 0 {
                 return Ok(());
             }
-            q.wait(Ticket(q.sq.sig_first - 1))
+            q.wait(Ticket(q.h.sq.sig_first - 1))
         })
     }
 }
@@ -531,10 +557,19 @@ impl<'a> Qp<'a> {
 /// The out-of-line half of [`Qp::cold`]: runs `f` on `q`, writes the counters to the handle (as the caller's
 /// drop will again later) and returns `q`'s state with the result. `q` is not dropped: its drop would ring
 /// what the caller's `Qp` still holds unrung.
+///
+/// The C ABI is what keeps the caller's fast path free of a stack frame: on nvptx it passes and returns
+/// aggregates by value in parameter space, where the Rust ABI passes them through a copy in the caller's
+/// local memory (whose frame set-up ptxas then hoists into the caller's entry). Nothing but Rust calls it.
 #[cold]
 #[inline(never)]
-fn out_of_line<R>(q: Qp<'_>, f: impl FnOnce(&mut Qp<'_>) -> R) -> (Sq, Option<u64>, R) {
+#[allow(improper_ctypes_definitions)]
+extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(q: Qp<'_>, f: F) -> (Sq, Option<u64>, R) {
     let mut q = core::mem::ManuallyDrop::new(q);
+    if !sq::valid_ring(q.sq.cnt) {
+        // Room is 0, so nothing is stored; the CQ's index arithmetic gets a size it can work with.
+        q.sq.cnt = sq::MIN_WQE_CNT;
+    }
     let r = f(&mut q);
     let (sq, unrung) = (q.sq, q.unrung);
     sq.store(unrung.is_none(), q.h);

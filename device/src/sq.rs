@@ -38,7 +38,10 @@ pub const MAX_WQE_CNT: u32 = 1 << 15;
 /// [`MIN_WQE_CNT`]`..=`[`MAX_WQE_CNT`].
 #[inline(always)]
 pub const fn valid_ring(wqe_cnt: u32) -> bool {
-    wqe_cnt.is_power_of_two() && wqe_cnt >= MIN_WQE_CNT && wqe_cnt <= MAX_WQE_CNT
+    // A power of two whose one bit is among those of MIN_WQE_CNT ..= MAX_WQE_CNT: a population count and an
+    // AND, where the two range comparisons took an addition and two tests more.
+    const SIZES: u32 = (MAX_WQE_CNT << 1).wrapping_sub(1) & !(MIN_WQE_CNT - 1);
+    wqe_cnt.is_power_of_two() && wqe_cnt & SIZES != 0
 }
 
 /// WQEBBs free in a ring of `wqe_cnt` given the producer and retired indices.
@@ -102,6 +105,15 @@ mod tests {
             assert_eq!(hits.len(), 16);
             assert!(hits.iter().all(|&w| (ci..ci + 16).contains(&w)));
         }
+    }
+
+    #[test]
+    fn valid_ring_is_a_power_of_two_in_range() {
+        let by_range = |c: u32| c.is_power_of_two() && (MIN_WQE_CNT..=MAX_WQE_CNT).contains(&c);
+        for c in (0..=(1u32 << 17)).chain((0..32).flat_map(|b| [1u32 << b, (1u32 << b) + 1, (1u32 << b) - 1])) {
+            assert_eq!(valid_ring(c), by_range(c), "{c}");
+        }
+        assert!(!valid_ring(u32::MAX));
     }
 
     #[test]

@@ -92,7 +92,8 @@ pub struct QpHandle {
 ///
 /// An Exclusive poster (`gdaki_device::qp::Qp`, one thread) reads it once, posts with the counters in
 /// registers, rings whatever it left unrung when it is dropped and writes back `pi` and `ready` (equal: it
-/// publishes as it stores), `ci`, `sig_first`, `sig_end` and `rung`; its CQ polls move `cq.cons_index`. Shared posters
+/// publishes as it stores) and `rung`; `sig_first` and `sig_end` it stores when a WQE asks for a CQE, `ci`
+/// when its CQ polls (which also move `cq.cons_index`) retire WQEs. Shared posters
 /// (`gdaki_device::shared_qp::SharedQp`) run this protocol: posting a WQE of `n` WQEBBs, `pi += n` (atomic)
 /// reserves `[idx, idx + n)`; the poster waits until `idx + n - ci <= wqe_cnt`, stores the WQE, waits until
 /// `ready == idx`, stores `sig_first`/`sig_end` if it asked for a CQE, `last_db` (its ctrl segment's doorbell
