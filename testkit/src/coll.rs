@@ -14,7 +14,6 @@ use gdaki::channel::Communicator;
 use gdaki::coll::{CollConfig, Collectives};
 use gdaki::exec::{DataBuf, ExecutorKind};
 use gdaki::launch::{Kernel, LaunchConfig, Module};
-use gdaki::mem::MappedBuf;
 use gdaki::{Error, Result};
 
 /// Bytes of one array of counts.
@@ -54,11 +53,8 @@ pub struct CollRank {
     all_reduce: Kernel<AllReduceArgs>,
     /// The ring all-reduce's arguments, written before each launch.
     ring_args: DataBuf,
-    /// Two words: the clock at the start and at the end of the latest call, as its kernel stored them. In
-    /// pinned host memory mapped into the GPU (host memory on CPU threads), read with plain loads: no CUDA
-    /// call between launches, since a copy queued behind another rank's spinning kernel (streams share the
-    /// GPU's hardware queues) could wait for it.
-    clock: MappedBuf,
+    /// Two words: the clock at the start and at the end of the latest call, as its kernel stored them.
+    clock: DataBuf,
     all_reduce_ring: Kernel<RingArgs>,
     launch_timeout: Duration,
 }
@@ -94,7 +90,7 @@ impl CollRank {
         let all_reduce_ring = module.kernel(&entries::GDAKI_COLL_ALL_REDUCE_RING)?;
         let counts = exec.alloc_data(2 * COUNTS_BYTES)?;
         let ring_args = exec.upload(&RingAllReduce::default())?;
-        let clock = exec.queue_memory().alloc(16)?;
+        let clock = exec.alloc_data(16)?;
         let launch_timeout = cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10));
         Ok(Self {
             handle,
@@ -124,7 +120,7 @@ impl CollRank {
 
     /// The device address of [`CollRank::clock`]'s two words, for a kernel's last argument.
     fn clock_ptr(&self) -> DevPtr<u64> {
-        DevPtr::new(self.clock.device_addr())
+        DevPtr::new(self.clock.loc().addr)
     }
 
     /// Launches `k` as one block of `threads` and waits for it (bounded); returns the call's own time as its
@@ -140,11 +136,9 @@ impl CollRank {
     ) -> Result<Duration> {
         // SAFETY: the caller's contract.
         unsafe { k.launch(&LaunchConfig::linear(1, threads), args, self.launch_timeout) }?;
-        let words = self.clock.host_ptr() as *const u64;
-        // SAFETY: two words of this rank's mapped clock buffer (16 bytes, 8-byte aligned); the kernel that
-        // wrote them has ended.
-        let (start, end) = unsafe { (words.read_volatile(), words.add(1).read_volatile()) };
-        Ok(Duration::from_nanos(end.saturating_sub(start)))
+        let w = self.clock.to_vec()?;
+        let word = |i: usize| u64::from_ne_bytes(w[8 * i..8 * i + 8].try_into().unwrap_or_default());
+        Ok(Duration::from_nanos(word(1).saturating_sub(word(0))))
     }
 
     /// Waits at the bootstrap barrier with every rank, so that all kernels start together (none waits out
