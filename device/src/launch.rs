@@ -136,7 +136,7 @@ mod host_side {
         pub host: fn(&Thread, &A, u64),
     }
 
-    /// The arguments of a launch: a tuple of up to 12 [`DeviceRepr`] values, in parameter order.
+    /// The arguments of a launch: a tuple of up to 8 [`DeviceRepr`] values, in parameter order.
     pub trait LaunchArgs: Copy + Send + Sync + 'static {
         /// The number of arguments (the kernel's PTX entry has one parameter more: the report address).
         const COUNT: usize;
@@ -170,10 +170,6 @@ mod host_side {
     launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F);
     launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G);
     launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H);
-    launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I);
-    launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J);
-    launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J, 10 K);
-    launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J, 10 K, 11 L);
 
     /// Most threads a `cpu` launch runs (each is a host thread, all at once).
     pub const MAX_HOST_THREADS: u64 = 8192;

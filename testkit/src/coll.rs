@@ -3,7 +3,7 @@
 //! for the ring all-reduce) on either executor.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gdaki_device::coll::{Algorithm, Broadcast, Reduce, RingAllReduce};
 use gdaki_device::launch::DevPtr;
@@ -20,15 +20,15 @@ use gdaki::{Error, Result};
 const COUNTS_BYTES: usize = 8 * MAX_RANKS;
 
 /// `gdaki_coll_broadcast`'s parameters: handle, algorithm code, root, offset, bytes, chunk.
-type BroadcastArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64, DevPtr<u64>);
+type BroadcastArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64);
 /// `gdaki_coll_all_to_all_v`'s parameters: handle, send counts, receive counts, send and receive offsets.
-type AllToAllVArgs = (DevPtr<CollHandle>, DevPtr<u64>, DevPtr<u64>, u64, u64, DevPtr<u64>);
+type AllToAllVArgs = (DevPtr<CollHandle>, DevPtr<u64>, DevPtr<u64>, u64, u64);
 /// `gdaki_coll_reduce`'s parameters: handle, root, offset, count, accumulation and output offsets, bound.
-type ReduceArgs = (DevPtr<CollHandle>, u32, u64, u64, u64, u64, f32, DevPtr<u64>);
+type ReduceArgs = (DevPtr<CollHandle>, u32, u64, u64, u64, u64, f32);
 /// `gdaki_coll_all_reduce`'s parameters: handle, algorithm code, then those of [`ReduceArgs`] after the handle.
-type AllReduceArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64, u64, f32, DevPtr<u64>);
+type AllReduceArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64, u64, f32);
 /// `gdaki_coll_all_reduce_ring`'s parameters: handle, the call's [`RingAllReduce`].
-type RingArgs = (DevPtr<CollHandle>, DevPtr<RingAllReduce>, DevPtr<u64>);
+type RingArgs = (DevPtr<CollHandle>, DevPtr<RingAllReduce>);
 
 /// Threads of the ring all-reduce's block: 128 on the GPU (they add), 4 on CPU threads (enough to run the
 /// block's barriers and strided shares, few enough for a small machine running 8 ranks).
@@ -53,8 +53,6 @@ pub struct CollRank {
     all_reduce: Kernel<AllReduceArgs>,
     /// The ring all-reduce's arguments, written before each launch.
     ring_args: DataBuf,
-    /// Two words: the clock at the start and at the end of the latest call, as its kernel stored them.
-    clock: DataBuf,
     all_reduce_ring: Kernel<RingArgs>,
     launch_timeout: Duration,
 }
@@ -90,7 +88,6 @@ impl CollRank {
         let all_reduce_ring = module.kernel(&entries::GDAKI_COLL_ALL_REDUCE_RING)?;
         let counts = exec.alloc_data(2 * COUNTS_BYTES)?;
         let ring_args = exec.upload(&RingAllReduce::default())?;
-        let clock = exec.alloc_data(16)?;
         let launch_timeout = cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10));
         Ok(Self {
             handle,
@@ -102,7 +99,6 @@ impl CollRank {
             reduce,
             all_reduce,
             ring_args,
-            clock,
             all_reduce_ring,
             launch_timeout,
         })
@@ -118,27 +114,21 @@ impl CollRank {
         &self.comm
     }
 
-    /// The device address of [`CollRank::clock`]'s two words, for a kernel's last argument.
-    fn clock_ptr(&self) -> DevPtr<u64> {
-        DevPtr::new(self.clock.loc().addr)
-    }
-
-    /// Launches `k` as one block of `threads` and waits for it (bounded); returns the call's own time as its
-    /// kernel clocked it (the clock just before and just after the collective, on the thread that makes it).
+    /// Launches `k` as one block of `threads` and waits for it (bounded); returns the time from the launch
+    /// call to its end as the host sees it.
     ///
     /// # Safety
-    /// As [`Kernel::launch`] for `args`, whose last is [`CollRank::clock_ptr`].
+    /// As [`Kernel::launch`] for `args`.
     unsafe fn timed<A: gdaki_device::launch::LaunchArgs>(
         &self,
         k: &Kernel<A>,
         threads: u32,
         args: A,
     ) -> Result<Duration> {
+        let t0 = Instant::now();
         // SAFETY: the caller's contract.
         unsafe { k.launch(&LaunchConfig::linear(1, threads), args, self.launch_timeout) }?;
-        let w = self.clock.to_vec()?;
-        let word = |i: usize| u64::from_ne_bytes(w[8 * i..8 * i + 8].try_into().unwrap_or_default());
-        Ok(Duration::from_nanos(word(1).saturating_sub(word(0))))
+        Ok(t0.elapsed())
     }
 
     /// Waits at the bootstrap barrier with every rank, so that all kernels start together (none waits out
@@ -151,16 +141,15 @@ impl CollRank {
     }
 
     /// [`CollRank::barrier`], then one broadcast `b` on this rank (every rank calls it with the same `b`).
-    /// Returns the call's own time, from the clock its kernel read just before and just after the
-    /// collective (neither the barrier nor the launch, as in every call here; not CUDA events, which behind a
-    /// kernel that waits on other ranks' kernels can hold up their launches: see
-    /// [`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed)).
+    /// Returns the time from the launch call to the kernel's end as the host sees it (the barrier left out, as
+    /// in every call here). Not CUDA events: an event recorded behind a kernel that waits for other ranks'
+    /// kernels can hold up their launches (see [`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed)).
     ///
     /// # Errors
     /// [`gdaki::Error::Kernel`] with what device code returned; launch and bootstrap errors.
     pub fn broadcast(&self, b: &Broadcast) -> Result<Duration> {
         self.barrier()?;
-        let args = (self.handle.dev_ptr(), b.algorithm as u32, b.root, b.offset, b.bytes, b.chunk, self.clock_ptr());
+        let args = (self.handle.dev_ptr(), b.algorithm as u32, b.root, b.offset, b.bytes, b.chunk);
         // SAFETY: the uploaded handle names this rank's live collectives (owned by `self`); one thread of
         // the launch uses their channels; the launch is waited for here.
         unsafe { self.timed(&self.broadcast, 1, args) }
@@ -194,7 +183,6 @@ impl CollRank {
             DevPtr::new(base + COUNTS_BYTES as u64),
             send_offset,
             recv_offset,
-            self.clock_ptr(),
         );
         // SAFETY: as in `broadcast`; the counts are two arrays of MAX_RANKS words owned by `self`.
         let time = unsafe { self.timed(&self.all_to_all_v, 1, args) }?;
@@ -213,8 +201,7 @@ impl CollRank {
     /// As [`CollRank::broadcast`].
     pub fn reduce(&self, r: &Reduce) -> Result<Duration> {
         self.barrier()?;
-        let args =
-            (self.handle.dev_ptr(), r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs, self.clock_ptr());
+        let args = (self.handle.dev_ptr(), r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
         unsafe { self.timed(&self.reduce, 1, args) }
     }
@@ -227,7 +214,7 @@ impl CollRank {
     pub fn all_reduce(&self, r: &Reduce, algorithm: Algorithm) -> Result<Duration> {
         self.barrier()?;
         let (h, code) = (self.handle.dev_ptr(), algorithm as u32);
-        let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs, self.clock_ptr());
+        let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
         unsafe { self.timed(&self.all_reduce, 1, args) }
     }
@@ -242,7 +229,7 @@ impl CollRank {
         self.ring_args.write(0, bytemuck::bytes_of(r))?;
         self.barrier()?;
         let threads = ring_threads(self.comm.executor().kind());
-        let args = (self.handle.dev_ptr(), self.ring_args.dev_ptr(), self.clock_ptr());
+        let args = (self.handle.dev_ptr(), self.ring_args.dev_ptr());
         // SAFETY: as in `broadcast`: thread 0 of the one block uses the channels, and every thread of the
         // block makes the call; the arguments are owned by `self` and not written during the launch.
         unsafe { self.timed(&self.all_reduce_ring, threads, args) }

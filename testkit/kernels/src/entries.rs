@@ -7,7 +7,6 @@ use gdaki_device::error::InvalidArgument;
 use gdaki_device::qp::Qp;
 use gdaki_device::scope::{Block, Device};
 use gdaki_device::shared_qp::SharedQp;
-use gdaki_device::sync::{self, clock_ns};
 use gdaki_device::warp_qp::WarpQp;
 use gdaki_device::wqe::{self, Raddr, Sge, Wqe};
 use gdaki_device::{kernel, Error, Thread};
@@ -217,28 +216,6 @@ pub fn gdaki_flag_echo(t: &Thread, flags: *mut u64, iters: u32, timeout_ns: u64)
     Ok(())
 }
 
-/// Runs `call`, and on the launch's thread 0 stores the clock ([`clock_ns`]) just before and just after it in
-/// `clock[0]` and `clock[1]`: the collective's own time, which the host reads after the launch (timing the
-/// launch from the host would add its start-up and wait, and CUDA events behind a kernel that waits on other
-/// ranks' kernels can hold up their launches).
-///
-/// # Safety
-/// `clock` points to two writable `u64`s for the launch.
-#[inline(always)]
-unsafe fn clocked<R>(t: &Thread, clock: *mut u64, call: impl FnOnce() -> R) -> R {
-    let first = t.global_id() == 0;
-    if first {
-        // SAFETY: the caller's contract.
-        unsafe { sync::store_volatile(clock, clock_ns()) };
-    }
-    let r = call();
-    if first {
-        // SAFETY: as above.
-        unsafe { sync::store_volatile(clock.add(1), clock_ns()) };
-    }
-    r
-}
-
 /// One [`coll::broadcast`] by thread 0 of the launch (the others return at once): `algorithm` is an
 /// [`Algorithm`] code, `chunk` 0 for [`coll::default_chunk`]; the other arguments as [`coll::Broadcast`].
 #[kernel]
@@ -250,15 +227,13 @@ pub fn gdaki_coll_broadcast(
     offset: u64,
     bytes: u64,
     chunk: u64,
-    clock: *mut u64,
 ) -> gdaki_device::Result<()> {
     if t.global_id() != 0 {
         return Ok(());
     }
     let algorithm = Algorithm::from_code(algorithm).ok_or(Error::InvalidArgument(InvalidArgument::Collective))?;
-    // SAFETY: the launch's contract: `h` is this rank's live handle, its channels used by this thread only;
-    // `clock` two words for the launch.
-    unsafe { clocked(t, clock, || coll::broadcast(h, &coll::Broadcast { root, offset, bytes, chunk, algorithm })) }
+    // SAFETY: the launch's contract: `h` is this rank's live handle, its channels used by this thread only.
+    unsafe { coll::broadcast(h, &coll::Broadcast { root, offset, bytes, chunk, algorithm }) }
 }
 
 /// One [`coll::all_to_all_v`] by thread 0 of the launch: `send_counts` and `recv_counts` point to
@@ -271,7 +246,6 @@ pub fn gdaki_coll_all_to_all_v(
     recv_counts: *mut u64,
     send_offset: u64,
     recv_offset: u64,
-    clock: *mut u64,
 ) -> gdaki_device::Result<()> {
     if t.global_id() != 0 {
         return Ok(());
@@ -284,7 +258,7 @@ pub fn gdaki_coll_all_to_all_v(
         )
     };
     // SAFETY: as in `gdaki_coll_broadcast`.
-    unsafe { clocked(t, clock, || coll::all_to_all_v(h, &coll::AllToAllV { send_offset, recv_offset }, send, recv)) }
+    unsafe { coll::all_to_all_v(h, &coll::AllToAllV { send_offset, recv_offset }, send, recv) }
 }
 
 /// One [`coll::reduce`] by thread 0 of the launch; the arguments as [`coll::Reduce`].
@@ -299,14 +273,12 @@ pub fn gdaki_coll_reduce(
     acc_offset: u64,
     out_offset: u64,
     max_abs: f32,
-    clock: *mut u64,
 ) -> gdaki_device::Result<()> {
     if t.global_id() != 0 {
         return Ok(());
     }
-    let r = coll::Reduce { root, offset, count, acc_offset, out_offset, max_abs };
     // SAFETY: as in `gdaki_coll_broadcast`.
-    unsafe { clocked(t, clock, || coll::reduce(h, &r)) }
+    unsafe { coll::reduce(h, &coll::Reduce { root, offset, count, acc_offset, out_offset, max_abs }) }
 }
 
 /// One [`coll::all_reduce`] by thread 0 of the launch, broadcasting with the [`Algorithm`] of code
@@ -323,7 +295,6 @@ pub fn gdaki_coll_all_reduce(
     acc_offset: u64,
     out_offset: u64,
     max_abs: f32,
-    clock: *mut u64,
 ) -> gdaki_device::Result<()> {
     if t.global_id() != 0 {
         return Ok(());
@@ -331,26 +302,20 @@ pub fn gdaki_coll_all_reduce(
     let algorithm = Algorithm::from_code(algorithm).ok_or(Error::InvalidArgument(InvalidArgument::Collective))?;
     let r = coll::Reduce { root, offset, count, acc_offset, out_offset, max_abs };
     // SAFETY: as in `gdaki_coll_broadcast`.
-    unsafe { clocked(t, clock, || coll::all_reduce(h, &r, algorithm)) }
+    unsafe { coll::all_reduce(h, &r, algorithm) }
 }
 
 /// One [`coll::all_reduce_ring`] by every thread of block 0 of the launch (the other blocks return at once):
 /// thread 0 posts and waits, every thread adds. `r` as [`coll::RingAllReduce`]; thread 0 returns the call's
 /// error (the others' `Team` only repeats that it failed).
 #[kernel]
-pub fn gdaki_coll_all_reduce_ring(
-    t: &Thread,
-    h: &CollHandle,
-    r: &coll::RingAllReduce,
-    clock: *mut u64,
-) -> gdaki_device::Result<()> {
+pub fn gdaki_coll_all_reduce_ring(t: &Thread, h: &CollHandle, r: &coll::RingAllReduce) -> gdaki_device::Result<()> {
     if t.block() != 0 {
         return Ok(());
     }
     // SAFETY: the launch's contract: `h` is this rank's live handle, its channels used by thread 0 of this
-    // block only; every thread of the block makes the call; `clock` two words for the launch (thread 0's
-    // clock, the one that posts and waits).
-    let res = unsafe { clocked(t, clock, || coll::all_reduce_ring(h, r, t)) };
+    // block only; every thread of the block makes the call.
+    let res = unsafe { coll::all_reduce_ring(h, r, t) };
     if t.tid() == 0 {
         res
     } else {
