@@ -244,13 +244,12 @@ impl<A: LaunchArgs> Kernel<A> {
     /// call; on the `cpu` executor it is the wall time from starting the kernel's host threads to the last
     /// one's end.
     ///
-    /// Hazard: do not time a kernel that waits for kernels of other streams (another rank's, the emulated
-    /// NIC's engine). The end event is recorded behind the kernel, and the GPU's hardware work queues are
-    /// shared between streams (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default): a queue that holds the event
-    /// waits for the kernel to end before it starts the next launch in it, which may be the very kernel the
-    /// timed one waits for. Seen on an H200: 8 ranks' collective kernels on one GPU, each timed, stalled
-    /// until their bounded waits failed; untimed, they pass. Time such kernels on the host around
-    /// [`Kernel::launch`], or inside the kernel.
+    /// Hazard: avoid it for a kernel that waits for kernels of other streams (another rank's, the emulated
+    /// NIC's engine). Seen on an H200: 8 ranks' collective kernels on one GPU and one emulated NIC, each
+    /// launch timed, stalled until their bounded waits failed; launched with [`Kernel::launch`] and timed on
+    /// the host, they pass. Not understood; streams share the GPU's hardware work queues
+    /// (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default), so an event recorded behind a spinning kernel may hold up
+    /// work queued after it in the same queue.
     ///
     /// # Errors
     /// As [`Kernel::launch`] (the kernel's error first); [`Error::Cuda`] when an event cannot be made,

@@ -142,8 +142,8 @@ impl CollRank {
 
     /// [`CollRank::barrier`], then one broadcast `b` on this rank (every rank calls it with the same `b`).
     /// Returns the time from the launch call to the kernel's end as the host sees it (the barrier left out, as
-    /// in every call here). Not CUDA events: an event recorded behind a kernel that waits for other ranks'
-    /// kernels can hold up their launches (see [`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed)).
+    /// in every call here). Not CUDA events, nor the kernel's own clock: with 8 ranks on one GPU either
+    /// stalled the ranks (see [`Kernel::launch_timed`](gdaki::launch::Kernel::launch_timed)).
     ///
     /// # Errors
     /// [`gdaki::Error::Kernel`] with what device code returned; launch and bootstrap errors.
