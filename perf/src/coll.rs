@@ -191,6 +191,11 @@ pub struct CollOpts {
     /// Ranks in this process (2..=8; 8 share one emulated NIC). Ignored with one rank per process.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=8))]
     pub nranks: u32,
+    /// The ranks of this process share one emulated NIC (no wire between them), whatever their number;
+    /// without it each has its own NIC and they talk over the wire, except 8 ranks, which always share one.
+    /// Refused with one rank per process.
+    #[arg(long)]
+    pub one_nic: bool,
     /// Root of broadcast and reduce.
     #[arg(long, default_value_t = 0)]
     pub root: u32,
@@ -644,7 +649,10 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     let executor = if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" };
     let prints = launch.as_ref().is_none_or(|l| l.rank == 0);
     let in_process = launch.is_none();
-    let one_nic = in_process && n == 8;
+    if opts.one_nic && !in_process {
+        return Err("--one-nic is for ranks in one process (--nranks); one rank per process talks over the wire".into());
+    }
+    let one_nic = in_process && (opts.one_nic || n == 8);
     let nic = match (in_process, one_nic) {
         (true, true) => "one emulated mlx5 NIC shared by all ranks (no wire)",
         (true, false) => "an emulated mlx5 NIC per rank, over the wire (loopback TCP)",
