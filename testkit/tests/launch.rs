@@ -3,14 +3,14 @@
 //! without kernels is no module; a real kernel then runs in the launch's shape. The kernels are
 //! gdaki-testkit-kernels', built by testkit's build script. The GPU run is `--ignored`.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::launch::{LaunchConfig, Module};
 use gdaki::Error;
 use gdaki_device::launch::{DevPtr, KernelFn};
 use gdaki_shared::coll::CollHandle;
-use gdaki_testkit_kernels::entries::{GDAKI_COLL_BROADCAST, GDAKI_SMOKE};
+use gdaki_testkit_kernels::entries::{GDAKI_COLL_BROADCAST, GDAKI_FLAG_ECHO, GDAKI_SMOKE};
 
 /// A descriptor whose name is not in the PTX.
 static ABSENT: KernelFn<(u64,)> = KernelFn { name: "no_such_kernel", host: |_, _, _| {} };
@@ -92,4 +92,47 @@ fn cpu_module_checks_kernels_against_the_ptx() {
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_module_checks_kernels_against_the_ptx() {
     module_checks_kernels_against_the_ptx(ExecutorKind::Gpu);
+}
+
+/// On the `cpu` executor a launch whose kernel outlives the host's bound is an error naming it, given when the
+/// bound passes (not before, and not long after), and a kernel that ends is seen ending: `gdaki_flag_echo`
+/// waits for a flag that is raised only after the timed-out launch, then answers it.
+#[test]
+fn cpu_launch_wait_is_bounded_and_sees_the_end() {
+    let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).expect("cpu executor");
+    let m = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("the testkit's PTX loads");
+    let k = m.kernel(&GDAKI_FLAG_ECHO).expect("in the PTX");
+    let flags = exec.queue_memory().alloc(16).expect("two words");
+    let words = flags.host_ptr() as *mut u64;
+    let bound = Duration::from_millis(300);
+    let t0 = Instant::now();
+    // SAFETY: two 8-byte-aligned words of host memory, alive until the kernel has answered (below).
+    let r = unsafe {
+        k.launch(&LaunchConfig::linear(1, 1), (DevPtr::new(flags.device_addr()), 1u32, 20_000_000_000u64), bound)
+    };
+    let waited = t0.elapsed();
+    match r {
+        Err(Error::Device(msg)) => assert!(msg.contains("still running on the cpu executor after 0.300 s"), "{msg}"),
+        other => panic!("expected the bound's error, got {other:?}"),
+    }
+    assert!(waited >= bound && waited < bound + Duration::from_secs(2), "waited {waited:?} for a {bound:?} bound");
+    // The kernel goes on: raise the ping and wait (bounded) for its answer before the words are freed.
+    // SAFETY: the words are live; the kernel reads the first with acquire loads.
+    unsafe { std::ptr::write_volatile(words, 1) };
+    let t1 = Instant::now();
+    // SAFETY: as above; the kernel stores the second with a release store.
+    while unsafe { std::ptr::read_volatile(words.add(1)) } != 1 {
+        assert!(t1.elapsed() < Duration::from_secs(20), "the kernel never answered the ping");
+        std::thread::yield_now();
+    }
+    // A launch that can end at once ends, and is waited for, well within a generous bound.
+    // SAFETY: as above (the ping is already 1, so the kernel answers without waiting).
+    unsafe {
+        k.launch(
+            &LaunchConfig::linear(1, 1),
+            (DevPtr::new(flags.device_addr()), 1u32, 1_000_000_000u64),
+            Duration::from_secs(20),
+        )
+    }
+    .expect("an echo whose ping is already up ends");
 }
