@@ -157,7 +157,7 @@ impl CollRank {
 
     /// [`CollRank::barrier`], then one all-to-all on this rank: `send_counts[p]` bytes (one count per rank)
     /// from the send region at `send_offset` to rank `p`, packed; what every rank sends this one lands at
-    /// `recv_offset`, packed by source. Returns the byte counts received, by source rank, and the kernel's
+    /// `recv_offset`, packed by source. Returns the byte counts received, by source rank, and the call's
     /// time (as [`CollRank::broadcast`]).
     ///
     /// # Errors
@@ -195,7 +195,7 @@ impl CollRank {
     }
 
     /// [`CollRank::barrier`], then one reduce `r` on this rank (every rank calls it with the same `r`): the
-    /// sum lands in the root's output range. Returns the kernel's time (as [`CollRank::broadcast`]).
+    /// sum lands in the root's output range. Returns the call's time (as [`CollRank::broadcast`]).
     ///
     /// # Errors
     /// As [`CollRank::broadcast`].
@@ -207,7 +207,7 @@ impl CollRank {
     }
 
     /// [`CollRank::barrier`], then one all-reduce `r` on this rank, its broadcast by `algorithm`: the sum
-    /// lands in every rank's output range. Returns the kernel's time (as [`CollRank::broadcast`]).
+    /// lands in every rank's output range. Returns the call's time (as [`CollRank::broadcast`]).
     ///
     /// # Errors
     /// As [`CollRank::broadcast`].
@@ -221,7 +221,7 @@ impl CollRank {
 
     /// [`CollRank::barrier`], then one ring all-reduce `r` on this rank, summed by the threads of one block
     /// (128 on the GPU, 4 on CPU threads): the sum lands in every rank's output range, the same bits on every
-    /// rank. Returns the kernel's time (as [`CollRank::broadcast`]).
+    /// rank. Returns the call's time (as [`CollRank::broadcast`]).
     ///
     /// # Errors
     /// As [`CollRank::broadcast`].
