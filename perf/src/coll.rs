@@ -7,11 +7,11 @@
 //! reduced value within the NIC reduce's error bound) against what is computed here on the host.
 //!
 //! Timing: each iteration is one call of the harness ([`CollRank`]), which waits at the bootstrap barrier and
-//! then launches the kernel; each rank takes its kernel's own time (CUDA events around the kernel on the GPU,
-//! the kernel's threads' wall time on the `cpu` executor: neither the barrier nor the host's launch call),
-//! the iteration's time is the largest over the ranks, and a row's time is the median over its iterations
-//! (the JSON keeps the 99th percentile too). A rank's kernel may start before its peers' and wait for them
-//! inside the call: that wait is in its time, as it is in nccl-tests' event-timed loops.
+//! then launches the kernel; each rank times its call on the host from the launch to the kernel's end (the
+//! barrier left out), the iteration's time is the largest over the ranks, and a row's time is the median over
+//! its iterations (the JSON keeps the 99th percentile too). A rank's kernel may start before its peers' and
+//! wait for them inside the call: that wait is in its time, as it is in nccl-tests' event-timed loops. Not
+//! CUDA events, nor the kernel's own clock: with 8 ranks on one GPU either stalled the ranks.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -676,7 +676,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         );
         println!("# timeout of every device-side wait: {:?}", opts.timeout);
         println!(
-            "# time: median over iterations of the slowest rank's kernel (CUDA events; threads' wall time on cpu), without the host barrier and launch call"
+            "# time: median over iterations of the slowest rank's call, from its launch to its end on the host (the barrier before it left out)"
         );
         println!("#");
         println!("# Using devices");
@@ -780,7 +780,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
             iters,
             warmup,
             timeout_ms: opts.timeout.as_millis(),
-            timing: "per iteration: the slowest rank's kernel time (CUDA events on gpu, threads' wall time on cpu; no host barrier or launch call); per row: median and p99",
+            timing: "per iteration: the slowest rank's call, from its launch to its end on the host (no barrier); per row: median and p99",
             units: "size: bytes per rank; time: us; algbw, busbw: GB/s (1e9 bytes/s)",
             rows: &rows,
             avg_busbw: avg,
