@@ -45,6 +45,10 @@ struct Args {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1u64 << 30))]
     size: u64,
+    /// Send each message as one 8-byte RDMA WRITE by BlueFlame, with no fetch-add (the peer polls the payload,
+    /// as perftest's ib_write_lat does), instead of a WRITE and a fetch-add with one doorbell.
+    #[arg(long)]
+    blueflame: bool,
     /// Run every power of two from 8 B to 1 MiB.
     #[arg(long, conflicts_with = "size")]
     all: bool,
@@ -99,6 +103,8 @@ struct Report<'a> {
     executor: &'a str,
     /// Where the emulated NIC's queues were: "gpu", "host" or "gpu (simulated)".
     queues: &'a str,
+    /// Whether each WQE went by BlueFlame (`--blueflame`) instead of one doorbell per send.
+    blueflame: bool,
     /// The GPU's name, or the host's thread count.
     device: String,
     /// CUDA driver API version, for the gpu executor.
@@ -227,10 +233,14 @@ fn main() -> ExitCode {
         real => format!("NIC {real}"),
     };
     out!(
-        "gdaki pingpong ({}): executor {executor} ({device}), {nic} (queues in {} memory), RC RDMA WRITE + ATOMIC \
-         fetch-add",
+        "gdaki pingpong ({}): executor {executor} ({device}), {nic} (queues in {} memory), RC {}",
         env!("GDAKI_COMMIT"),
-        gdaki_examples::queues_label(exec_kind)
+        gdaki_examples::queues_label(exec_kind),
+        if args.blueflame {
+            "RDMA WRITE by BlueFlame, the peer polling its payload"
+        } else {
+            "RDMA WRITE + ATOMIC fetch-add, one doorbell"
+        }
     );
     let layout = match &launch {
         Some(l) => format!("rank {} of 2 in this process ({}), peer over the wire", l.rank, l.source),
@@ -251,7 +261,7 @@ fn main() -> ExitCode {
             'runs: for rep in 0..args.repeat {
                 for &size in &sizes {
                     let seed = seed ^ size as u64 ^ (rep as u64) << 32;
-                    let cfg = RunConfig { size, iters: args.iters, warmup, seed, timeout };
+                    let cfg = RunConfig { size, iters: args.iters, warmup, seed, timeout, blueflame: args.blueflame };
                     let before = emu_stats(pp.nic());
                     match pp.run(&cfg) {
                         Ok(r) => {
@@ -298,6 +308,7 @@ fn main() -> ExitCode {
                 .map_or_else(|_| "unknown".into(), |h| h.trim().into()),
             executor,
             queues: gdaki_examples::queues_label(exec_kind),
+            blueflame: args.blueflame,
             device,
             cuda_driver,
             nic: args.nic.to_string(),

@@ -140,8 +140,10 @@ pub fn queues_label(kind: ExecutorKind) -> &'static str {
 }
 
 /// One line saying what the emulated NIC's thread did and waited for between two snapshots of its counters,
-/// per `per` operations named `what` (e.g. "round trip"): doorbells, WQEs, CQEs, SQ ranges read from a ring mirror, SQ fetches from GPU memory and host
-/// synchronizes (each with its mean time), and the time per operation the thread spent waiting for the GPU.
+/// per `per` operations named `what` (e.g. "round trip"): doorbells, WQEs, CQEs, SQ ranges read from a ring mirror
+/// (and the time spent waiting for the mirror), SQ fetches from GPU memory and host synchronizes (each with its
+/// mean time), the time per operation the thread spent waiting for the GPU, and the time it spent in passes
+/// that found work (all of its own share of the latency).
 /// The measured cause behind a latency that the device code's own work does not explain.
 pub fn emu_waits(before: &gdaki::nic::emu::Stats, after: &gdaki::nic::emu::Stats, per: u64, what: &str) -> String {
     let n = per.max(1) as f64;
@@ -149,16 +151,19 @@ pub fn emu_waits(before: &gdaki::nic::emu::Stats, after: &gdaki::nic::emu::Stats
     let (fetches, fetch_ns) = (after.ring_fetches - before.ring_fetches, after.ring_fetch_ns - before.ring_fetch_ns);
     let (syncs, sync_ns) = (after.host_syncs - before.host_syncs, after.host_sync_ns - before.host_sync_ns);
     format!(
-        "# emulated NIC per {what}: {:.2} doorbells, {:.2} WQEs, {:.2} CQEs, {:.2} SQ ranges from the ring's mirror, {:.2} SQ fetches \
-         from GPU memory ({:.2} µs each), {:.2} host synchronizes ({:.2} µs each, fetches included): {:.2} µs of each {what} waited for the GPU",
+        "# emulated NIC per {what}: {:.2} doorbells, {:.2} WQEs, {:.2} CQEs, {:.2} SQ ranges from the ring's mirror ({:.2} µs \
+         waiting for it), {:.2} SQ fetches from GPU memory ({:.2} µs each), {:.2} host synchronizes ({:.2} µs each, fetches \
+         included): {:.2} µs of each {what} waited for the GPU; {:.2} µs in the NIC thread's passes that found work",
         (after.doorbells - before.doorbells) as f64 / n,
         (after.wqes - before.wqes) as f64 / n,
         (after.cqes - before.cqes) as f64 / n,
         (after.ring_mirrored - before.ring_mirrored) as f64 / n,
+        (after.ring_mirror_wait_ns - before.ring_mirror_wait_ns) as f64 / n / 1e3,
         fetches as f64 / n,
         mean(fetch_ns, fetches),
         syncs as f64 / n,
         mean(sync_ns, syncs),
         sync_ns as f64 / n / 1e3,
+        (after.busy_ns - before.busy_ns) as f64 / n / 1e3,
     )
 }

@@ -302,6 +302,14 @@ pub trait GpuCopier: Send + Sync {
         let _ = mirror;
     }
 
+    /// Whether device code runs on a GPU of its own (not on host threads) while this copier serves the
+    /// emulated NIC: then the NIC's thread may spin on a host core between doorbells without taking it from
+    /// device code. `true`, the default, for a real GPU; `false` for [`SimGpu`](crate::nic::emu::SimGpu),
+    /// whose device code runs on the `cpu` executor's threads.
+    fn device_code_on_gpu(&self) -> bool {
+        true
+    }
+
     /// Allocates `len` zeroed bytes of GPU memory (at least 256-byte aligned), for queues the emulated NIC
     /// keeps in GPU memory ([`EmuConfig::queues`](crate::nic::emu::EmuConfig::queues)); freed when the
     /// result is dropped.

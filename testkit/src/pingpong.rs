@@ -47,7 +47,15 @@ pub struct RunConfig {
     pub seed: u64,
     /// Bound of every device-side wait.
     pub timeout: Duration,
+    /// Send each message as one RDMA WRITE by BlueFlame (`Qp::post_bf`: the WQE travels in the BlueFlame
+    /// register), with no fetch-add: the peer polls the payload's word, as perftest's `ib_write_lat` polls
+    /// its buffer. `size` must then be [`BLUEFLAME_SIZE`]: one word, which matches last iteration's by chance
+    /// with probability 2^-64, and which the NIC places whole.
+    pub blueflame: bool,
 }
+
+/// The payload size a BlueFlame run takes ([`RunConfig::blueflame`]), bytes.
+pub const BLUEFLAME_SIZE: usize = 8;
 
 /// What one run measured.
 #[derive(Clone, Debug)]
@@ -397,6 +405,8 @@ impl PingPong {
                 timeout_ns: cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
                 iters: cfg.warmup + cfg.iters,
                 rank: me.id,
+                blueflame: u32::from(cfg.blueflame),
+                pad: 0,
             })
             .collect()
     }
@@ -426,6 +436,12 @@ impl PingPong {
                 self.max_iters
             )));
         }
+        if cfg.blueflame && cfg.size != BLUEFLAME_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "size {} by BlueFlame: the peer polls the payload's one word, {BLUEFLAME_SIZE} bytes",
+                cfg.size
+            )));
+        }
         for r in 0..self.ranks.len() {
             // SAFETY: no device code runs between runs; the words are ours and aligned.
             unsafe {
@@ -439,11 +455,12 @@ impl PingPong {
         if let Some(x) = self.exchange.as_mut() {
             // Both processes have reset their semaphores before either rank sends: a ping must not be wiped out
             // by the peer's reset. The bytes also check that both run the same configuration.
-            let mine = format!("run {} {} {} {}", cfg.size, cfg.warmup, cfg.iters, cfg.seed);
+            let mine = format!("run {} {} {} {} {}", cfg.size, cfg.warmup, cfg.iters, cfg.seed, cfg.blueflame);
             let theirs = x(mine.as_bytes())?;
             if theirs != mine.as_bytes() {
                 return Err(Error::InvalidArgument(format!(
-                    "the peer runs `{}`, this rank `{mine}` (size, warmup, iters, seed): give both the same flags",
+                    "the peer runs `{}`, this rank `{mine}` (size, warmup, iters, seed, blueflame): give both the \
+                     same flags",
                     String::from_utf8_lossy(&theirs)
                 )));
             }

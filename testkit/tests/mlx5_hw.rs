@@ -86,7 +86,8 @@ fn mlx5_pingpong_checks_every_payload() {
     let Some(spec) = nic_spec() else { return };
     let mut pp = PingPong::new_on(&spec, executor(), 1 << 20, 220).expect("set up");
     for (i, size) in [8usize, 4096, 1 << 20].into_iter().enumerate() {
-        let cfg = RunConfig { size, iters: 200, warmup: 20, seed: 0x5eed + i as u64, timeout: TIMEOUT };
+        let cfg =
+            RunConfig { size, iters: 200, warmup: 20, seed: 0x5eed + i as u64, timeout: TIMEOUT, blueflame: false };
         let r = pp.run(&cfg).unwrap_or_else(|e| panic!("{size} bytes: {e}"));
         assert_eq!(r.checked, 2 * 220, "{size} bytes: both ranks check every payload");
         assert_eq!(r.round_trip_ns.len(), 200);
@@ -294,7 +295,7 @@ fn mlx5_devx_path_with_rings_in_gpu_memory() {
     // The whole data path on NICs of the DevX path (the executor is the GPU, so Nic::open chooses it too).
     let mut pp = PingPong::new_on(&spec, executor(), 1 << 16, 120).expect("set up");
     for size in [8usize, 4096, 1 << 16] {
-        let cfg = RunConfig { size, iters: 100, warmup: 20, seed: 0xde5, timeout: TIMEOUT };
+        let cfg = RunConfig { size, iters: 100, warmup: 20, seed: 0xde5, timeout: TIMEOUT, blueflame: false };
         let r = pp.run(&cfg).unwrap_or_else(|e| panic!("{size} bytes over DevX: {e}"));
         assert_eq!(r.checked, 2 * 120, "{size} bytes: both ranks check every payload");
     }

@@ -25,13 +25,14 @@ fn rng() -> SmallRng {
 /// Sizes that cover a partial last word, one word, and multi-page payloads.
 const SIZES: [usize; 5] = [1, 8, 13, 4096, 1 << 20];
 
-fn run_sizes(kind: ExecutorKind) {
+fn run_sizes(kind: ExecutorKind, blueflame: bool) {
     let (exec, _) = Executor::open(Some(kind)).expect("executor");
     let (iters, warmup) = (40, 5);
     let mut pp = PingPong::new(exec, 1 << 20, (iters + warmup) as usize).expect("set up");
     let mut rng = rng();
-    for size in SIZES {
-        let cfg = RunConfig { size, iters, warmup, seed: rng.random(), timeout: Duration::from_secs(5) };
+    let sizes: &[usize] = if blueflame { &[gdaki_testkit::pingpong::BLUEFLAME_SIZE] } else { &SIZES };
+    for &size in sizes {
+        let cfg = RunConfig { size, iters, warmup, seed: rng.random(), timeout: Duration::from_secs(5), blueflame };
         let r = pp.run(&cfg).unwrap_or_else(|e| panic!("{size} bytes: {e}"));
         // Each round trip checks one payload on each rank.
         assert_eq!(r.checked, 2 * (iters + warmup) as u64, "{size} bytes");
@@ -45,16 +46,29 @@ fn run_sizes(kind: ExecutorKind) {
         }
     }
     let s = pp.nic().as_emu().expect("emulated NIC").stats();
-    // Each round trip is two put_with_signal (write + fetch-add) and two flushes that need no NOP.
-    let per_size = 2 * 2 * (iters + warmup) as u64;
-    assert_eq!(s.wqes, per_size * SIZES.len() as u64, "{s:?}");
+    let trips = ((iters + warmup) as usize * sizes.len()) as u64;
     assert_eq!(s.error_cqes, 0, "{s:?}");
     assert_eq!(s.dbrec_mismatches, 0, "{s:?}");
+    if blueflame {
+        // Each round trip is two signaled WRITEs, each its own BlueFlame write, which the NIC takes from
+        // the register (the sender waits for the peer's answer, which needs this WRITE, before it writes
+        // again: no BlueFlame write overtakes another), and two flushes that need no NOP.
+        assert_eq!((s.wqes, s.doorbells, s.blueflame), (2 * trips, 2 * trips, 2 * trips), "{s:?}");
+        assert_eq!((s.blueflame_fallbacks, s.blueflame_mismatches), (0, 0), "{s:?}");
+    } else {
+        // Each round trip is two put_with_signal (write + fetch-add) and two flushes that need no NOP.
+        assert_eq!(s.wqes, 4 * trips, "{s:?}");
+    }
 }
 
 #[test]
 fn cpu_pingpong_checks_every_payload() {
-    run_sizes(ExecutorKind::Cpu);
+    run_sizes(ExecutorKind::Cpu, false);
+}
+
+#[test]
+fn cpu_pingpong_by_blueflame_checks_every_payload() {
+    run_sizes(ExecutorKind::Cpu, true);
 }
 
 /// An exchange between two threads standing in for two processes: each call sends this rank's bytes and
@@ -93,7 +107,14 @@ fn one_rank_per_nic_over_the_wire_checks_every_payload() {
                         .iter()
                         .zip(seeds)
                         .map(|(&size, &seed)| {
-                            let cfg = RunConfig { size, iters, warmup, seed, timeout: Duration::from_secs(5) };
+                            let cfg = RunConfig {
+                                size,
+                                iters,
+                                warmup,
+                                seed,
+                                timeout: Duration::from_secs(5),
+                                blueflame: false,
+                            };
                             let r = pp.run(&cfg).unwrap_or_else(|e| panic!("rank {rank}, {size} bytes: {e}"));
                             (r.round_trip_ns, r.checked)
                         })
@@ -122,7 +143,14 @@ fn ranks_with_different_flags_refuse_to_run() {
                 s.spawn(move || {
                     let wire = gdaki::nic::emu::WireConfig::loopback();
                     let mut pp = PingPong::new_rank(Executor::Cpu, rank, 128, 10, wire, x).expect("set up");
-                    let cfg = RunConfig { size, iters: 5, warmup: 0, seed: 1, timeout: Duration::from_secs(2) };
+                    let cfg = RunConfig {
+                        size,
+                        iters: 5,
+                        warmup: 0,
+                        seed: 1,
+                        timeout: Duration::from_secs(2),
+                        blueflame: false,
+                    };
                     pp.run(&cfg).err().map(|e| e.to_string()).unwrap_or_default()
                 })
             })
@@ -138,17 +166,28 @@ fn ranks_with_different_flags_refuse_to_run() {
 fn bad_run_arguments_are_errors() {
     let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).unwrap();
     let mut pp = PingPong::new(exec, 64, 10).unwrap();
-    let cfg = RunConfig { size: 65, iters: 5, warmup: 0, seed: 1, timeout: Duration::from_secs(1) };
+    let cfg = RunConfig { size: 65, iters: 5, warmup: 0, seed: 1, timeout: Duration::from_secs(1), blueflame: false };
     assert!(matches!(pp.run(&cfg), Err(gdaki::Error::InvalidArgument(_))));
     let cfg = RunConfig { size: 64, iters: 11, ..cfg };
     assert!(matches!(pp.run(&cfg), Err(gdaki::Error::InvalidArgument(_))));
+    // By BlueFlame, the payload is the one word the peer polls.
+    for size in [7, 9] {
+        let cfg = RunConfig { size, iters: 5, blueflame: true, ..cfg };
+        assert!(matches!(pp.run(&cfg), Err(gdaki::Error::InvalidArgument(_))), "{size}");
+    }
     assert!(matches!(PingPong::new(Executor::Cpu, 0, 1), Err(gdaki::Error::InvalidArgument(_))));
 }
 
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_pingpong_checks_every_payload() {
-    run_sizes(ExecutorKind::Gpu);
+    run_sizes(ExecutorKind::Gpu, false);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_pingpong_by_blueflame_checks_every_payload() {
+    run_sizes(ExecutorKind::Gpu, true);
 }
 
 #[test]

@@ -245,10 +245,11 @@ fn pingpong_new_iteration_count_that_overflows_is_an_error() {
 #[test]
 fn pingpong_run_rejects_bad_configs_and_still_runs_afterwards() {
     let mut pp = PingPong::new(Executor::Cpu, 64, 10).unwrap();
-    let ok = RunConfig { size: 13, iters: 4, warmup: 6, seed: 3, timeout: Duration::from_secs(10) };
+    let ok = RunConfig { size: 13, iters: 4, warmup: 6, seed: 3, timeout: Duration::from_secs(10), blueflame: false };
     for (bad, what) in [
         (RunConfig { size: 0, ..ok }, "size 0"),
         (RunConfig { size: 65, ..ok }, "size 65"),
+        (RunConfig { blueflame: true, ..ok }, "size 13 by BlueFlame"),
         (RunConfig { size: usize::MAX, ..ok }, "size usize::MAX"),
         (RunConfig { iters: 0, warmup: 3, ..ok }, "iters 0"),
         (RunConfig { iters: 5, warmup: 6, ..ok }, "warmup + iters 11"),
@@ -277,14 +278,15 @@ fn pingpong_run_rejects_bad_configs_and_still_runs_afterwards() {
 #[test]
 fn pingpong_run_warmup_overflow_is_an_error() {
     let mut pp = PingPong::new(Executor::Cpu, 8, 4).unwrap();
-    let cfg = RunConfig { size: 8, iters: 5, warmup: u32::MAX, seed: 1, timeout: Duration::from_secs(1) };
+    let cfg =
+        RunConfig { size: 8, iters: 5, warmup: u32::MAX, seed: 1, timeout: Duration::from_secs(1), blueflame: false };
     host_inval(pp.run(&cfg).map(|_| ()), &["warmup"]);
 }
 
 #[test]
 fn pingpong_zero_timeout_is_a_device_error_that_says_timed_out() {
     let mut pp = PingPong::new(Executor::Cpu, 8, 4).unwrap();
-    let cfg = RunConfig { size: 8, iters: 4, warmup: 0, seed: 1, timeout: Duration::ZERO };
+    let cfg = RunConfig { size: 8, iters: 4, warmup: 0, seed: 1, timeout: Duration::ZERO, blueflame: false };
     let t = Instant::now();
     match pp.run(&cfg) {
         Err(e @ gdaki::Error::Device(_)) => {
@@ -301,7 +303,7 @@ fn pingpong_zero_timeout_is_a_device_error_that_says_timed_out() {
 fn pingpong_with_the_largest_timeout_runs() {
     // Duration::MAX saturates to u64::MAX ns on the way to device code instead of overflowing.
     let mut pp = PingPong::new(Executor::Cpu, 16, 3).unwrap();
-    let cfg = RunConfig { size: 16, iters: 2, warmup: 1, seed: u64::MAX, timeout: Duration::MAX };
+    let cfg = RunConfig { size: 16, iters: 2, warmup: 1, seed: u64::MAX, timeout: Duration::MAX, blueflame: false };
     assert_eq!(pp.run(&cfg).unwrap().checked, 6);
 }
 
@@ -313,7 +315,7 @@ fn pingpong_run_after_a_failed_run_is_refused_and_a_new_pingpong_runs() {
     let mut pp = PingPong::new(Executor::Cpu, SIZE, 8).unwrap();
     // Fails at once: with no time to wait, rank 1 gives up on the first 1 MiB ping before the NIC has copied it
     // (for this run to pass, each of its 16 waits would have to be satisfied within two polls).
-    let failing = RunConfig { size: SIZE, iters: 8, warmup: 0, seed: 1, timeout: Duration::ZERO };
+    let failing = RunConfig { size: SIZE, iters: 8, warmup: 0, seed: 1, timeout: Duration::ZERO, blueflame: false };
     match pp.run(&failing) {
         Err(gdaki::Error::Device(m)) => assert!(m.contains("timed out"), "{m}"),
         other => panic!("a zero timeout: {other:?}"),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use cudarc::driver::sys;
 
 use super::driver::check;
-use super::engine::{Cmd, Engine, Op, FLAG_PUBLISH};
+use super::engine::{Cmd, Engine, Op, FLAG_GPU_SCOPE, FLAG_PUBLISH};
 use super::stream::Stream;
 use super::{DeviceBuffer, Gpu};
 use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, MemKind, MemLoc, SqMirror, SqWatch};
@@ -320,6 +320,9 @@ impl GpuCopier for CudaCopier {
         if publish {
             c.flags = FLAG_PUBLISH;
         }
+        if dst.kind == MemKind::Gpu {
+            c.flags |= FLAG_GPU_SCOPE;
+        }
         bytemuck::bytes_of_mut(&mut c.payload)[..data.len()].copy_from_slice(data);
         let mut st = self.lock();
         if !self.engine_turn(&mut st)? {
@@ -347,6 +350,9 @@ impl GpuCopier for CudaCopier {
             AtomicOp::CompareSwap { compare, swap } => Cmd { a: compare, b: swap, ..Cmd::new(Op::CompareSwap) },
         };
         (c.dst, c.result) = (at.addr, result.addr);
+        if at.kind == MemKind::Gpu {
+            c.flags = FLAG_GPU_SCOPE;
+        }
         let mut st = self.lock();
         if st.engine.available()? {
             return self.engine(&mut st, &c);
@@ -385,9 +391,9 @@ impl GpuCopier for CudaCopier {
         self.synchronize_locked(&mut st)
     }
 
-    /// A slot of the engine's SQ-mirror table (32 slots: one per lane of its warp) and a pinned, mapped
-    /// buffer for the copy. The engine watches the dbrec at each of its turns (a GPU-memory load, next to
-    /// its PCIe read of the command ring) and copies the WQEBBs it passed with its own loads and stores.
+    /// A slot of the engine's SQ-mirror table (32 slots: one per lane of its second warp) and a pinned,
+    /// mapped buffer for the copy. That warp watches the dbrec in a loop of GPU-memory loads and copies the
+    /// WQEBBs it passed with its own loads and stores.
     /// `None` when every slot is taken or the memory cannot be pinned (the NIC then fetches, as without a
     /// mirror).
     fn mirror_sq(&self, sq: SqWatch) -> Option<SqMirror> {

@@ -1,15 +1,17 @@
-//! The emulated NIC's engine on the GPU: one warp (`engine.ptx`) that runs the NIC's small operations on GPU
-//! memory (copies, writes, CQEs, atomics) in the order the NIC's thread enqueues them, so that none of them
-//! costs a CUDA call or a host synchronize.
+//! The emulated NIC's engine on the GPU: one CTA of two warps (`engine.ptx`). The first runs the NIC's small
+//! operations on GPU memory (copies, writes, CQEs, atomics) in the order the NIC's thread enqueues them, so
+//! that none of them costs a CUDA call or a host synchronize; the second keeps the SQ mirrors (copies of
+//! rings in GPU memory that the NIC's thread reads in pinned host memory), following each dbrec at
+//! GPU-memory speed.
 //!
 //! The host writes 128-byte commands ([`Cmd`]) into a ring in pinned host memory and advances `HEAD` once per
-//! batch (the NIC's pass, a synchronize, or eight commands: [`Engine::publish`]); the warp polls `HEAD` over
-//! PCIe, executes up to eight commands per round trip and stores `DONE`. The engine
+//! batch (the NIC's pass, a synchronize, or eight commands: [`Engine::publish`]); the first warp polls `HEAD`
+//! over PCIe, executes up to eight commands per round trip and stores `DONE`. The engine
 //! leaves the GPU after [`IDLE`] without work (so that calls which wait for every running kernel, such as
 //! `cuMemFree`, wait at most that long for it) and is launched again by the next command. Leaving and
 //! relaunching race only through two words: the engine stores `STATE = EXITING`, fences, and reads `HEAD`
 //! once more; the host stores `HEAD`, fences, and reads `STATE`. One of the two sees the other's store, so no
-//! command is left without a running engine.
+//! command is left without a running engine. The mirror warp leaves before `STATE` says `STOPPED`.
 //!
 //! Hazard: when every SM is taken by kernels that spin (waiting on this NIC), a relaunched engine cannot
 //! start. [`Engine::available`] says so within [`START_WAIT`], before anything is given to it, and the
@@ -72,7 +74,7 @@ mod ctrl {
     pub const BYTES: usize = WATCHES + super::WATCH_SLOTS * super::watch::BYTES;
 }
 
-/// SQ mirrors one engine keeps at most: one per lane of its warp.
+/// SQ mirrors one engine keeps at most: one per lane of its mirror warp.
 pub(crate) const WATCH_SLOTS: usize = 32;
 
 /// Byte offsets of the words of one SQ-mirror table entry (each a `u64`).
@@ -115,10 +117,15 @@ pub(crate) enum Op {
     Wait = 5,
 }
 
-/// [`Op::Write`]: store the last 8 bytes after the others and a system-scope fence.
+/// [`Op::Write`]: store the last 8 bytes after the others and a fence.
 pub(crate) const FLAG_PUBLISH: u32 = 1;
+/// [`Op::Write`] with [`FLAG_PUBLISH`], [`Op::FetchAdd`], [`Op::CompareSwap`]: the destination is GPU memory,
+/// which only threads of this GPU read, so the fence before the published word or the atomic is at GPU scope
+/// (`fence.acq_rel.gpu`) instead of system scope. Whatever reaches the host (the executed count) still
+/// follows a system-scope fence.
+pub(crate) const FLAG_GPU_SCOPE: u32 = 2;
 
-/// One command, as the engine reads it: lane `4j + k` of the warp loads bytes `32k..32k + 32` of command `j`.
+/// One command, as the engine reads it: lane `4j + k` of the first warp loads bytes `32k..32k + 32` of command `j`.
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub(crate) struct Cmd {
@@ -142,10 +149,13 @@ impl Cmd {
     }
 }
 
+/// The mirror warp's pause per round, ns (`nanosleep`).
+const WATCH_PAUSE_NS: u32 = 100;
+
 /// The engine's PTX, with its constants filled in from this file and each `@SHFL64 dst, src, lane@` line
 /// expanded into the two 32-bit shuffles of a 64-bit register.
 pub(crate) fn ptx() -> String {
-    let subs: [(&str, String); 25] = [
+    let subs: [(&str, String); 26] = [
         ("@WATCH_GEN@", ctrl::WATCH_GEN.to_string()),
         ("@WATCH_ACK@", ctrl::WATCH_ACK.to_string()),
         ("@W_BYTES@", watch::BYTES.to_string()),
@@ -171,6 +181,7 @@ pub(crate) fn ptx() -> String {
         ("@OP_FETCH_ADD@", (Op::FetchAdd as u32).to_string()),
         ("@OP_COMPARE_SWAP@", (Op::CompareSwap as u32).to_string()),
         ("@OP_WAIT@", (Op::Wait as u32).to_string()),
+        ("@WATCH_PAUSE_NS@", WATCH_PAUSE_NS.to_string()),
     ];
     let mut out = String::new();
     for line in include_str!("engine.ptx").lines() {
@@ -186,7 +197,9 @@ pub(crate) fn ptx() -> String {
             ));
             continue;
         }
-        let mut l = line.replace("@FLAG_PUBLISH@", &FLAG_PUBLISH.to_string());
+        let mut l = line
+            .replace("@FLAG_PUBLISH@", &FLAG_PUBLISH.to_string())
+            .replace("@FLAG_GPU_SCOPE@", &FLAG_GPU_SCOPE.to_string());
         for (k, v) in &subs {
             l = l.replace(k, v);
         }
@@ -462,7 +475,7 @@ impl Engine {
         ];
         // SAFETY: the ring and control block are pinned, mapped and live until `Drop` has seen the engine
         // leave; the arguments are the six the kernel declares, in order.
-        let r = unsafe { self.kernel.launch(&self.stream, &LaunchConfig::linear(1, 32), &args) };
+        let r = unsafe { self.kernel.launch(&self.stream, &LaunchConfig::linear(1, 64), &args) };
         if r.is_err() {
             self.word(ctrl::STATE).store(STOPPED, Ordering::Release);
         }
@@ -516,7 +529,7 @@ impl Engine {
                 } else if at.elapsed() > START_LIMIT {
                     return Err(Error::Device(format!(
                         "the emulated NIC's GPU engine could not start within {} s: kernels occupy every SM \
-                         (leave one SM free for the engine, a single warp)",
+                         (leave one SM free for the engine, a CTA of two warps)",
                         START_LIMIT.as_secs()
                     )));
                 }
@@ -600,9 +613,11 @@ mod tests {
             assert_eq!(code.matches('@').count(), usize::from(guard), "unfilled name in `{l}`");
         }
         assert!(!p.contains("SHFL64"));
+        // ptxas and the driver's JIT refuse anything but ASCII, comments included.
+        assert!(p.is_ascii());
         assert_eq!(p.matches(".entry gdaki_emu_engine").count(), 1);
-        // 15 64-bit shuffles in the command decoder and the write path, 3 in the polling loop, 1 in the
-        // mirror table's load.
+        // 15 64-bit shuffles in the command decoder and the write path, 3 in the polling loop and the exit
+        // offer, 1 when STOP is seen, 1 in the mirror table's load.
         assert_eq!(p.matches("shfl.sync.idx.b32 %r32").count(), 20);
     }
 }

@@ -4,16 +4,20 @@
 //! Iteration `k`: rank 0 fills its send buffer with a pseudo-random payload, RDMA-writes it to rank 1 and
 //! signals rank 1's semaphore (ATOMIC fetch-add, placed after the write), then waits for its own semaphore to
 //! reach `k + 1`; the time between is one round trip. Rank 1 waits for its semaphore, checks every byte of the
-//! payload, and answers the same way (its answer is filled before the ping arrives). Both ranks check what they receive and flush before reusing buffers.
+//! payload, and answers the same way (its answer is filled before the ping arrives). Both ranks check what they
+//! receive and flush before reusing buffers. With `blueflame` set, a message is one 8-byte WRITE by BlueFlame
+//! and no fetch-add: the peer polls the payload's word instead of a semaphore.
 
 use bytemuck::{Pod, Zeroable};
-use gdaki_device::error::{Error, PayloadMismatch, Result};
+use gdaki_device::error::{Error, PayloadMismatch, Result, WaitOn};
 use gdaki_device::qp::Qp;
 use gdaki_device::sync;
 use gdaki_device::thread::CtaGroup;
+use gdaki_device::wqe::{self, Wqe};
+use gdaki_device::{onesided, wait};
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
 
-/// Arguments of one rank, built by the host (`#[repr(C)]`, passed by pointer). 192 bytes.
+/// Arguments of one rank, built by the host (`#[repr(C)]`, passed by pointer). 200 bytes.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct PingPongArgs {
@@ -47,9 +51,14 @@ pub struct PingPongArgs {
     pub iters: u32,
     /// 0 or 1.
     pub rank: u32,
+    /// Nonzero: send each message as one RDMA WRITE by BlueFlame ([`Qp::post_bf`]; `size` 8: the peer polls
+    /// the payload's one word, as perftest's `ib_write_lat` polls its buffer), with no fetch-add.
+    pub blueflame: u32,
+    /// Zero (the struct is 200 bytes, without padding).
+    pub pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PingPongArgs>() == 192);
+const _: () = assert!(core::mem::size_of::<PingPongArgs>() == 200);
 
 /// What one rank records of iteration `k` (`sync::clock_ns` readings, ns; the GPU's `%globaltimer`, one
 /// clock for every SM): when its send started and returned, and when it saw its semaphore reach `k + 1`.
@@ -142,6 +151,62 @@ fn leader_step(
     team.sync_or(failed)
 }
 
+/// What a rank sends, built once before its loop (the ranges and keys are checked there, not on every send):
+/// the WRITE of the payload and the fetch-add on the peer's semaphore.
+#[derive(Clone, Copy)]
+struct Sends {
+    write: Wqe<3>,
+    signal: Wqe<4>,
+}
+
+impl Sends {
+    fn new(a: &PingPongArgs) -> Result<Self> {
+        let write = wqe::rdma_write(onesided::remote(&a.peer_recv, 0, a.size)?, onesided::local(&a.send, 0, a.size)?);
+        let (r, l) = onesided::atomic_target(&a.peer_sem, 0, &a.scratch, 0)?;
+        Ok(Sends { write, signal: wqe::atomic_fetch_add(r, l, 1)? })
+    }
+}
+
+/// Sends one message: the WRITE and the fetch-add with one doorbell (as `put_with_signal`), or, by
+/// BlueFlame, the WRITE alone (one WQEBB, signaled), stored whole into the BlueFlame register: the NIC takes
+/// it from there, not from the ring.
+///
+/// Not inlined, as [`arrived`]: in the rank loop, the team's fill and check loops and these paths would be
+/// allocated registers together, and the loop's spills would sit on the timed path.
+#[inline(never)]
+fn send(qp: &mut Qp<'_>, s: &Sends, blueflame: bool) -> Result<()> {
+    if blueflame {
+        return qp.post_bf(true, s.write).map(|_| ());
+    }
+    let _ = qp.post(false, s.write)?;
+    let _ = qp.post(true, s.signal)?;
+    qp.ring_db();
+    Ok(())
+}
+
+/// Waits for iteration `k`'s message: the semaphore, or (by BlueFlame, no fetch-add) the payload's word
+/// turning into the one the peer sent, as perftest's `ib_write_lat` polls its buffer.
+#[inline(never)]
+fn arrived(qp: &mut Qp<'_>, a: &PingPongArgs, k: u64) -> Result<()> {
+    if a.blueflame == 0 {
+        // SAFETY: `sem` is this rank's semaphore (caller's contract). Watching the QP: a peer that died with
+        // our signal outstanding ends the wait with its error CQE.
+        return unsafe { qp.wait_semaphore(a.sem as *const u64, k + 1).map(|_| ()) };
+    }
+    let want = payload_word(a.seed, a.rank ^ 1, k, 0);
+    let word = a.recv.addr as *const u64;
+    let seen = core::cell::Cell::new(0);
+    wait::bounded(
+        a.timeout_ns,
+        || {
+            // SAFETY: the receive buffer holds at least 8 bytes (host contract), 8-aligned.
+            seen.set(unsafe { sync::load_acquire_u64(word) });
+            Ok((seen.get() == want).then_some(()))
+        },
+        || WaitOn::Semaphore { addr: word as u64, expected: want, seen: seen.get() },
+    )
+}
+
 /// Runs one rank's loop. Returns early, with the error written to `a.report`, when anything fails.
 ///
 /// # Safety
@@ -150,8 +215,15 @@ fn leader_step(
 pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
     // SAFETY: the caller's contract; only the leader touches the QP.
     let mut qp = (team.tid() == 0).then(|| unsafe { Qp::new(&mut *(a.qp as *mut QpHandle), a.timeout_ns) });
-    let send = |qp: &mut Qp<'_>| {
-        qp.put_with_signal(&a.peer_recv, 0, &a.send, 0, a.size, &a.peer_sem, 0, &a.scratch, 0).map(|_| ())
+    // Every thread finds the same result; the leader reports it.
+    let sends = match Sends::new(a) {
+        Ok(s) => s,
+        Err(e) => {
+            if team.tid() == 0 {
+                report(a, e);
+            }
+            return;
+        }
     };
     for k in 0..a.iters as u64 {
         // Rank 1 fills its answer before waiting: it is ready when the ping arrives.
@@ -161,12 +233,10 @@ pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
         let stop = leader_step(team, &mut qp, a, |qp| {
             if a.rank == 0 {
                 ph.send_start = sync::clock_ns();
-                send(qp)?;
+                send(qp, &sends, a.blueflame != 0)?;
                 ph.send_done = sync::clock_ns();
             }
-            // SAFETY: `sem` is this rank's semaphore (caller's contract). Watching the QP: a peer that died
-            // with our signal outstanding ends the wait with its error CQE.
-            unsafe { qp.wait_semaphore(a.sem as *const u64, k + 1)? };
+            arrived(qp, a, k)?;
             ph.seen = sync::clock_ns();
             Ok(())
         });
@@ -183,7 +253,7 @@ pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
         let stop = leader_step(team, &mut qp, a, |qp| {
             if a.rank == 1 {
                 ph.send_start = sync::clock_ns();
-                send(qp)?;
+                send(qp, &sends, a.blueflame != 0)?;
                 ph.send_done = sync::clock_ns();
             }
             if a.times != 0 {

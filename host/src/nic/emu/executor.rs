@@ -8,7 +8,10 @@
 //!
 //! Idle strategy: spin briefly (crossbeam's `Backoff`), then yield for a while, then sleep in short parks.
 //! On a 2-core machine device code runs on host threads too, and a NIC that only spun would steal their
-//! core; one that slept at once would add scheduler quanta to every round trip.
+//! core; one that slept at once would add scheduler quanta to every round trip. With a real GPU (device code
+//! runs there, not on host threads: `GpuCopier::device_code_on_gpu`) the thread spins with one pause per look instead of backing off and yielding,
+//! until it starts sleeping: a backed-off spin pauses up to 64 times between looks (microseconds on CPUs
+//! whose pause is long), and a yield is a system call, both on the path of every doorbell.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -23,7 +26,7 @@ use std::sync::mpsc::Receiver;
 use super::access::{DataPath, Waits, SCRATCH_BYTES};
 use super::fabric::{read, Fabric};
 use super::sq::{self, Engine, Watched};
-use super::stats::{bump, step};
+use super::stats::{add_ns, bump, step};
 use super::wire::link::Inflow;
 use super::wire::{packet, requester, responder, Inbound, WireConfig};
 use crate::mem::MemKind;
@@ -57,6 +60,8 @@ pub(crate) fn spawn(
 struct Idle {
     backoff: Backoff,
     since: Option<Instant>,
+    /// Look again after one pause instead of backing off and yielding (the NIC has a GPU).
+    spin: bool,
 }
 
 impl Idle {
@@ -66,6 +71,15 @@ impl Idle {
     }
 
     fn wait(&mut self) {
+        if self.spin {
+            let since = *self.since.get_or_insert_with(Instant::now);
+            if since.elapsed() < YIELD_FOR {
+                std::hint::spin_loop();
+            } else {
+                thread::park_timeout(SLEEP);
+            }
+            return;
+        }
         if !self.backoff.is_completed() {
             self.backoff.snooze();
             return;
@@ -117,13 +131,15 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
     let mut eng = Engine::new(DataPath::new(fab.gpu.clone(), scratch));
     let mut list = List { qps: Vec::new(), gen: u64::MAX, unacked: false };
     let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
-    let mut idle = Idle { backoff: Backoff::new(), since: None };
+    let spin = fab.gpu.as_ref().is_some_and(|g| g.device_code_on_gpu());
+    let mut idle = Idle { backoff: Backoff::new(), since: None, spin };
     while !fab.stop.load(Ordering::Acquire) {
         if fab.held.load(Ordering::Acquire) {
             thread::park_timeout(SLEEP);
             continue;
         }
         bump(&fab.stats.executor_passes);
+        let t0 = Instant::now();
         step(&fab.stats, 1);
         list.sync(fab, &mut eng.data);
         let mut worked = false;
@@ -151,6 +167,9 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
         step(&fab.stats, 5);
         eng.data.submit();
         step(&fab.stats, 0);
+        if worked {
+            add_ns(&fab.stats.busy_ns, t0.elapsed());
+        }
         if list.unacked {
             // After a whole sweep: no poll that could have seen a QP removed before `gen` is still running.
             fab.acked_gen.store(list.gen, Ordering::Release);

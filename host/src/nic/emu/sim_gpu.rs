@@ -367,6 +367,12 @@ impl GpuCopier for SimGpu {
         Some(addr)
     }
 
+    /// `false`: device code on the `cpu` executor runs on host threads, which a spinning NIC thread would
+    /// slow down.
+    fn device_code_on_gpu(&self) -> bool {
+        false
+    }
+
     fn alloc(&self, len: usize) -> Result<GpuMem> {
         let buf = HostQueueMemory.alloc(len)?;
         let addr = buf.host_ptr() as u64;

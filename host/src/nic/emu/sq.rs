@@ -27,7 +27,7 @@ use super::fabric::{lock, read, Fabric};
 use super::fault::{vendor, Fault};
 use super::qmem::{self, QBuf};
 use super::qp::{QpInner, QpState};
-use super::stats::bump;
+use super::stats::{add_ns, bump};
 use super::wire::{requester, WireSq};
 use super::wqe::{self, Expect, Op, MAX_WQE_BYTES};
 
@@ -413,7 +413,7 @@ fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
     let n = (((to - from) as usize) * WQEBB).min(len);
     let first = n.min(len - start);
     if let Some(m) = eng.fetched.sq_mirror {
-        if mirror_covers(&eng.data, &m, qp.wqe_cnt, from, to) {
+        if mirror_covers(fab, &eng.data, &m, qp.wqe_cnt, from, to) {
             let buf = &mut eng.fetched.mirror;
             m.read(start, &mut buf[start..start + first]);
             m.read(0, &mut buf[..n - first]);
@@ -452,7 +452,7 @@ const MIRROR_REBASE: u64 = 1 << 15;
 
 /// Whether `m` holds WQEBBs `from..to` (waiting up to [`MIRROR_WAIT`] while its copier runs): its count has
 /// reached `to` and has not moved past `from + wqe_cnt`, which would mean newer WQEBBs are in those slots.
-fn mirror_covers(data: &DataPath, m: &SqMirror, wqe_cnt: u32, from: u64, to: u64) -> bool {
+fn mirror_covers(fab: &Fabric, data: &DataPath, m: &SqMirror, wqe_cnt: u32, from: u64, to: u64) -> bool {
     let covers = |c: u64| (c >= to).then(|| c.saturating_sub(u64::from(wqe_cnt)) <= from);
     if let Some(ok) = covers(m.count()) {
         return ok;
@@ -461,13 +461,16 @@ fn mirror_covers(data: &DataPath, m: &SqMirror, wqe_cnt: u32, from: u64, to: u64
         return false;
     }
     let t0 = Instant::now();
+    let mut ok = false;
     while t0.elapsed() < MIRROR_WAIT {
-        if let Some(ok) = covers(m.count()) {
-            return ok;
+        if let Some(c) = covers(m.count()) {
+            ok = c;
+            break;
         }
         std::hint::spin_loop();
     }
-    false
+    add_ns(&fab.stats.ring_mirror_wait_ns, t0.elapsed());
+    ok
 }
 
 /// Reads `out.len()` bytes (a multiple of 8) of the WQE at 64-bit index `idx`, from byte `at` of the WQE on:

@@ -27,6 +27,13 @@ pub struct Stats {
     /// instead (the GPU copier copies each batch of WQEBBs there as the dbrec passes it; see
     /// `GpuCopier::mirror_sq`).
     pub ring_mirrored: u64,
+    /// Nanoseconds the NIC's thread spent waiting for a ring's mirror to cover a rung range (the doorbell
+    /// reached the NIC before the mirror's copy did).
+    pub ring_mirror_wait_ns: u64,
+    /// Nanoseconds the NIC's thread spent in passes that found work: from the pass's start to the GPU submit
+    /// of what it enqueued (taking doorbells, reading and validating WQEs, enqueuing their data movement,
+    /// handling wire messages), mirror and host waits included.
+    pub busy_ns: u64,
     /// Times the NIC's thread waited for every GPU operation it had enqueued (a ring fetch, an atomic whose
     /// old value it needs, a READ, an access to host memory behind GPU writes of the same QP): on the `gpu`
     /// executor, the host synchronizes of the emulated data path. 0 with no GPU.
@@ -85,6 +92,8 @@ pub(crate) struct Counters {
     pub ring_fetches: AtomicU64,
     pub ring_fetch_ns: AtomicU64,
     pub ring_mirrored: AtomicU64,
+    pub ring_mirror_wait_ns: AtomicU64,
+    pub busy_ns: AtomicU64,
     pub host_syncs: AtomicU64,
     pub host_sync_ns: AtomicU64,
     pub stale_doorbells: AtomicU64,
@@ -105,6 +114,11 @@ pub(crate) fn step(c: &Counters, i: u8) {
     c.executor_step.store(i, Relaxed);
 }
 
+/// Adds `d` in nanoseconds to a counter (relaxed, as [`bump`]).
+pub(crate) fn add_ns(c: &AtomicU64, d: std::time::Duration) {
+    c.fetch_add(d.as_nanos() as u64, Relaxed);
+}
+
 /// Adds one to a counter (relaxed: counters order nothing).
 pub(crate) fn bump(c: &AtomicU64) {
     c.fetch_add(1, Relaxed);
@@ -120,6 +134,8 @@ impl Counters {
             ring_fetches: self.ring_fetches.load(Relaxed),
             ring_fetch_ns: self.ring_fetch_ns.load(Relaxed),
             ring_mirrored: self.ring_mirrored.load(Relaxed),
+            ring_mirror_wait_ns: self.ring_mirror_wait_ns.load(Relaxed),
+            busy_ns: self.busy_ns.load(Relaxed),
             host_syncs: self.host_syncs.load(Relaxed),
             host_sync_ns: self.host_sync_ns.load(Relaxed),
             stale_doorbells: self.stale_doorbells.load(Relaxed),
