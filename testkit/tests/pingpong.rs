@@ -26,6 +26,7 @@ fn rng() -> SmallRng {
 const SIZES: [usize; 5] = [1, 8, 13, 4096, 1 << 20];
 
 fn run_sizes(kind: ExecutorKind, blueflame: bool) {
+    let t0 = std::time::Instant::now();
     let (exec, _) = Executor::open(Some(kind)).expect("executor");
     let (iters, warmup) = (40, 5);
     let mut pp = PingPong::new(exec, 1 << 20, (iters + warmup) as usize).expect("set up");
@@ -49,6 +50,12 @@ fn run_sizes(kind: ExecutorKind, blueflame: bool) {
     let trips = ((iters + warmup) as usize * sizes.len()) as u64;
     assert_eq!(s.error_cqes, 0, "{s:?}");
     assert_eq!(s.dbrec_mismatches, 0, "{s:?}");
+    // The NIC's thread worked (every WQE went through it) and not longer than the runs took; it waited for a
+    // mirror only if the ring had one.
+    assert!(s.busy_ns > 0 && s.busy_ns <= t0.elapsed().as_nanos() as u64, "{s:?}");
+    if s.ring_mirrored == 0 {
+        assert_eq!(s.ring_mirror_wait_ns, 0, "{s:?}");
+    }
     if blueflame {
         // Each round trip is two signaled WRITEs, each its own BlueFlame write, which the NIC takes from
         // the register (the sender waits for the peer's answer, which needs this WRITE, before it writes
