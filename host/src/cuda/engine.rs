@@ -151,11 +151,14 @@ impl Cmd {
 
 /// The mirror warp's pause per round, ns (`nanosleep`).
 const WATCH_PAUSE_NS: u32 = 100;
+/// The first warp reads `STOP` and `WATCH_GEN` on one turn of this many (a power of two), `HEAD` on every
+/// turn: a table change or a stop is seen within this many PCIe round trips (about 10 µs).
+const SLOW_TURNS: u32 = 8;
 
 /// The engine's PTX, with its constants filled in from this file and each `@SHFL64 dst, src, lane@` line
 /// expanded into the two 32-bit shuffles of a 64-bit register.
 pub(crate) fn ptx() -> String {
-    let subs: [(&str, String); 26] = [
+    let subs: [(&str, String); 28] = [
         ("@WATCH_GEN@", ctrl::WATCH_GEN.to_string()),
         ("@WATCH_ACK@", ctrl::WATCH_ACK.to_string()),
         ("@W_BYTES@", watch::BYTES.to_string()),
@@ -182,6 +185,8 @@ pub(crate) fn ptx() -> String {
         ("@OP_COMPARE_SWAP@", (Op::CompareSwap as u32).to_string()),
         ("@OP_WAIT@", (Op::Wait as u32).to_string()),
         ("@WATCH_PAUSE_NS@", WATCH_PAUSE_NS.to_string()),
+        ("@SLOW_TURNS@", SLOW_TURNS.to_string()),
+        ("@SLOW_TURNS_MASK@", (SLOW_TURNS - 1).to_string()),
     ];
     let mut out = String::new();
     for line in include_str!("engine.ptx").lines() {
