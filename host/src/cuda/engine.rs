@@ -283,8 +283,8 @@ impl Engine {
     }
 
     /// Starts mirroring `sq` in a free slot of the table (see [`GpuCopier::mirror_sq`]): the entry's words,
-    /// its dbrec word last, then a new generation, which the engine loads at its next turn (or start).
-    /// `None` when every slot is taken.
+    /// its dbrec word last, then a new generation, which the engine loads within `SLOW_TURNS` turns (or at
+    /// its start). `None` when every slot is taken.
     ///
     /// # Errors
     /// The driver's error pinning the mirror's memory.
@@ -318,7 +318,7 @@ impl Engine {
     }
 
     /// Sets the lower bound of the mirror's count (see [`GpuCopier::rebase_sq_mirror`]); the engine takes it
-    /// at its next turn.
+    /// within `SLOW_TURNS` turns.
     ///
     /// [`GpuCopier::rebase_sq_mirror`]: crate::mem::GpuCopier::rebase_sq_mirror
     pub(crate) fn rebase(&mut self, m: &SqMirror, base: u64) {
