@@ -9,9 +9,10 @@
 //! Idle strategy: spin briefly (crossbeam's `Backoff`), then yield for a while, then sleep in short parks.
 //! On a 2-core machine device code runs on host threads too, and a NIC that only spun would steal their
 //! core; one that slept at once would add scheduler quanta to every round trip. With a real GPU (device code
-//! runs there, not on host threads: `GpuCopier::device_code_on_gpu`) the thread spins with one pause per look instead of backing off and yielding,
-//! until it starts sleeping: a backed-off spin pauses up to 64 times between looks (microseconds on CPUs
-//! whose pause is long), and a yield is a system call, both on the path of every doorbell.
+//! runs there, not on host threads: `GpuCopier::device_code_on_gpu`) the thread spins with one pause per
+//! look instead of backing off and yielding, until it starts sleeping: a backed-off spin pauses up to 64
+//! times between looks (microseconds on CPUs whose pause is long), and a yield is a system call, both on the
+//! path of every doorbell.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
