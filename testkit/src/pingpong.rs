@@ -15,7 +15,7 @@ use gdaki_testkit_kernels::pingpong::{Phases, PingPongArgs};
 use gdaki::cuda::DeviceBuffer;
 use gdaki::exec::{DataBuf, Executor};
 use gdaki::launch::{LaunchConfig, Module};
-use gdaki::mem::{MappedBuf, MemKind, MemLoc};
+use gdaki::mem::MemLoc;
 use gdaki::nic::emu::WireConfig;
 use gdaki::nic::{Access, Cq, Endpoint, Mr, Nic, NicSpec, Pd, Qp, ENDPOINT_BYTES};
 use gdaki::{Error, Result};
@@ -33,6 +33,7 @@ const CHECKED: usize = 16;
 const REPORT: usize = 64;
 const QP_HANDLE: usize = 128;
 const _: () = assert!(QP_HANDLE + std::mem::size_of::<QpHandle>() <= CTRL_STRIDE);
+const _: () = assert!(REPORT + std::mem::size_of::<ErrorReport>() <= QP_HANDLE);
 
 /// Knobs of one ping-pong run.
 #[derive(Clone, Copy, Debug)]
@@ -122,15 +123,15 @@ impl Rank {
         exec: &Executor,
         id: u32,
         buf_len: usize,
-        ctrl: &MappedBuf,
+        ctrl: &DataBuf,
         slot: usize,
     ) -> Result<Self> {
         let cq = nic.create_cq(WQE_CNT)?;
         let qp = nic.create_qp(pd, &cq, WQE_CNT)?;
         let send = exec.alloc_data(buf_len)?;
         let recv = exec.alloc_data(buf_len)?;
-        let word =
-            |off: usize| MemLoc { kind: MemKind::Host, addr: ctrl.device_addr() + (slot * CTRL_STRIDE + off) as u64 };
+        let at = ctrl.loc();
+        let word = |off: usize| MemLoc { kind: at.kind, addr: at.addr + (slot * CTRL_STRIDE + off) as u64 };
         // SAFETY: every registered range is owned by the `PingPong` (buffers, `ctrl`) and outlives the MRs,
         // which are dropped first (field order of `Rank` and `PingPong`).
         let (send_mr, recv_mr, sem_mr, scratch_mr) = unsafe {
@@ -224,10 +225,13 @@ pub struct PingPong {
     ranks: Vec<Rank>,
     /// For a rank whose peer is in another process: the exchange with it.
     exchange: Option<Exchange>,
-    /// Control words of both ranks, in queue memory (host memory device code reaches).
-    ctrl: MappedBuf,
-    /// Per-iteration [`Phases`] of each rank here (slot order, `max_iters` records each), in queue memory.
-    times: MappedBuf,
+    /// Control words of both ranks, where the ranks' payloads are (GPU memory for the `gpu` executor, as a
+    /// user's kernel keeps its signals): the semaphore each rank polls and the NIC's fetch-add targets, and
+    /// the counters and report the host reads once the run is over. In host memory, the rank's stores to
+    /// them would cross PCIe just before its next post, whose release waits for them.
+    ctrl: DataBuf,
+    /// Per-iteration [`Phases`] of each rank here (slot order, `max_iters` records each), beside `ctrl`.
+    times: DataBuf,
     max_iters: usize,
     /// GPU only: QP handles and kernel arguments in GPU memory (the device updates the handles' counters on
     /// every post, so they must not live across PCIe).
@@ -255,10 +259,9 @@ impl PingPong {
     /// is not there or a build without the `mlx5` feature).
     pub fn new_on(nic: &NicSpec, exec: Executor, max_size: usize, max_iters: usize) -> Result<Self> {
         let (buf_len, times_len) = Self::lengths(max_size, max_iters)?;
-        let queue_mem = exec.queue_memory();
         let nic = Nic::open(nic, &exec, None)?;
-        let ctrl = queue_mem.alloc(2 * CTRL_STRIDE)?;
-        let times = queue_mem.alloc(times_len)?;
+        let ctrl = exec.alloc_data(2 * CTRL_STRIDE)?;
+        let times = exec.alloc_data(times_len)?;
         let pds = vec![nic.alloc_pd()?, nic.alloc_pd()?];
         let mut ranks = vec![
             Rank::new(&nic, &pds[0], &exec, 0, buf_len, &ctrl, 0)?,
@@ -307,10 +310,9 @@ impl PingPong {
             return Err(Error::InvalidArgument(format!("ping-pong rank {rank}: must be 0 or 1")));
         }
         let (buf_len, times_len) = Self::lengths(max_size, max_iters)?;
-        let queue_mem = exec.queue_memory();
         let nic = Nic::open(nic, &exec, Some(wire))?;
-        let ctrl = queue_mem.alloc(CTRL_STRIDE)?;
-        let times = queue_mem.alloc(times_len)?;
+        let ctrl = exec.alloc_data(CTRL_STRIDE)?;
+        let times = exec.alloc_data(times_len)?;
         let pd = nic.alloc_pd()?;
         let mut me = Rank::new(&nic, &pd, &exec, rank, buf_len, &ctrl, 0)?;
         let peer = PeerInfo::from_bytes(&exchange(&me.info().to_bytes())?)?;
@@ -350,7 +352,7 @@ impl PingPong {
 
     /// Puts the ranks' QP handles where device code reads and updates them: GPU memory for the `gpu` executor
     /// (returned), the control buffer for `cpu`.
-    fn handles(exec: &Executor, ranks: &[Rank], ctrl: &MappedBuf) -> Result<Option<DeviceBuffer>> {
+    fn handles(exec: &Executor, ranks: &[Rank], ctrl: &DataBuf) -> Result<Option<DeviceBuffer>> {
         let handles: Vec<QpHandle> = ranks.iter().map(|r| r.qp.handle()).collect();
         match exec {
             Executor::Gpu(g) => {
@@ -360,9 +362,8 @@ impl PingPong {
             }
             Executor::Cpu => {
                 for (r, h) in handles.iter().enumerate() {
-                    // SAFETY: `ctrl` has a slot per rank; the handle slot is 64-aligned and fits (the assert at
-                    // `QP_HANDLE`).
-                    unsafe { (ctrl.host_ptr().add(r * CTRL_STRIDE + QP_HANDLE) as *mut QpHandle).write(*h) };
+                    // The handle slot is 64-aligned and fits (the assert at `QP_HANDLE`).
+                    ctrl.write(r * CTRL_STRIDE + QP_HANDLE, bytemuck::bytes_of(h))?;
                 }
                 Ok(None)
             }
@@ -374,14 +375,9 @@ impl PingPong {
         &self.nic
     }
 
-    fn ctrl_ptr(&self, rank: usize, off: usize) -> *mut u8 {
-        // SAFETY: offsets stay inside the 2 × CTRL_STRIDE control buffer.
-        unsafe { self.ctrl.host_ptr().add(rank * CTRL_STRIDE + off) }
-    }
-
     /// The device arguments of each rank here (index = control-buffer slot).
     fn args(&self, cfg: &RunConfig) -> Vec<PingPongArgs> {
-        let ctrl_addr = |r: usize, off: usize| self.ctrl.device_addr() + (r * CTRL_STRIDE + off) as u64;
+        let ctrl_addr = |r: usize, off: usize| self.ctrl.loc().addr + (r * CTRL_STRIDE + off) as u64;
         let qp_addr = |r: usize| match &self.gpu_state {
             Some(b) => b.device_addr() + (r * std::mem::size_of::<QpHandle>()) as u64,
             None => ctrl_addr(r, QP_HANDLE),
@@ -397,7 +393,7 @@ impl PingPong {
                 peer_recv: me.peer_recv,
                 peer_sem: me.peer_sem,
                 sem: ctrl_addr(slot, SEM),
-                times: self.times.device_addr() + (slot * self.max_iters * std::mem::size_of::<Phases>()) as u64,
+                times: self.times.loc().addr + (slot * self.max_iters * std::mem::size_of::<Phases>()) as u64,
                 report: ctrl_addr(slot, REPORT),
                 checked: ctrl_addr(slot, CHECKED),
                 size: cfg.size as u64,
@@ -443,12 +439,8 @@ impl PingPong {
             )));
         }
         for r in 0..self.ranks.len() {
-            // SAFETY: no device code runs between runs; the words are ours and aligned.
-            unsafe {
-                (self.ctrl_ptr(r, SEM) as *mut u64).write_volatile(0);
-                (self.ctrl_ptr(r, CHECKED) as *mut u64).write_volatile(0);
-                (self.ctrl_ptr(r, REPORT) as *mut ErrorReport).write_volatile(ErrorReport::default());
-            }
+            // Semaphore, fetch-add result, counter and report start at zero (no device code runs between runs).
+            self.ctrl.write(r * CTRL_STRIDE, &[0; QP_HANDLE])?;
         }
         // Cleared only when the run ends without error (a CUDA error returns early, too).
         self.failed = true;
@@ -488,14 +480,11 @@ impl PingPong {
         };
         let mut errors = Vec::new();
         let mut checked = 0;
+        let ctrl = self.ctrl.to_vec()?;
         for r in 0..self.ranks.len() {
-            // SAFETY: the device code has finished; the words are ours and aligned.
-            let (report, n) = unsafe {
-                (
-                    (self.ctrl_ptr(r, REPORT) as *const ErrorReport).read_volatile(),
-                    (self.ctrl_ptr(r, CHECKED) as *const u64).read_volatile(),
-                )
-            };
+            let word = |off: usize, len: usize| &ctrl[r * CTRL_STRIDE + off..][..len];
+            let report: ErrorReport = bytemuck::pod_read_unaligned(word(REPORT, std::mem::size_of::<ErrorReport>()));
+            let n: u64 = bytemuck::pod_read_unaligned(word(CHECKED, 8));
             checked += n;
             match gdaki_device::Error::from_report(&report) {
                 Some(e) => errors.push(format!("rank {}: {e}", self.ranks[r].id)),
@@ -509,12 +498,10 @@ impl PingPong {
             return Err(Error::Device(format!("{} ({checked} payloads checked before)", errors.join("; "))));
         }
         self.failed = false;
-        let records = |slot: usize| {
-            // SAFETY: the rank in `slot` wrote `total <= max_iters` records there; the device code has finished.
-            unsafe {
-                std::slice::from_raw_parts((self.times.host_ptr() as *const Phases).add(slot * self.max_iters), total)
-            }
-        };
+        let bytes = self.times.to_vec()?;
+        let times: Vec<Phases> =
+            bytes.chunks_exact(std::mem::size_of::<Phases>()).map(bytemuck::pod_read_unaligned).collect();
+        let records = |slot: usize| &times[slot * self.max_iters..][..total];
         let slot_of = |id: u32| self.ranks.iter().position(|r| r.id == id);
         let Some(r0) = slot_of(0).map(records) else {
             // Rank 0 measures, in its own process.
