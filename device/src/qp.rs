@@ -269,7 +269,7 @@ impl<'a> Qp<'a> {
         let segs = build(Ctrl { idx: pi as u16, qpn: self.sq.qpn, fm_ce_se: flags });
         // SAFETY: `Qp::new`'s contract gives a valid ring (room is 0 for any other size); the room check made
         // WQEBBs `pi..pi + nbb` ours.
-        unsafe { sq::write_segs(self.sq.buf, self.sq.cnt, pi, &segs[..ds as usize]) };
+        unsafe { sq::write_segs(self.sq.buf, self.sq.cnt, pi, &segs, ds) };
         // The ctrl segment's first 8 bytes as stored are the doorbell value (`CtrlSeg::doorbell_bits`).
         self.commit(pi, nbb, signaled, segs[0].0[0]);
         (Ticket(pi), segs)
@@ -344,9 +344,10 @@ impl<'a> Qp<'a> {
             return Ok(t);
         }
         let (t, segs) = self.post_segs(signaled, ds, move |c| w.encode(c))?;
-        let mut first = [Seg::default(); SEGS_PER_WQEBB];
-        let n = ds as usize;
-        first[..n].copy_from_slice(&segs[..n]);
+        // The first WQEBB, segment by segment up to a constant count, as `sq::write_segs` does: a copy of
+        // run-time length would put both arrays in local memory.
+        let first: [Seg; SEGS_PER_WQEBB] =
+            core::array::from_fn(|i| if i < ds as usize && i < N { segs[i] } else { Seg::default() });
         self.unrung = None;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe { db::publish_and_ring_bf(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, &first, self.sq.placement) };

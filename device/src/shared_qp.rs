@@ -387,7 +387,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         let segs = w.encode(Ctrl { idx: idx as u16, qpn, fm_ce_se: flags });
         // SAFETY: a valid ring (contract of `new`); WQEBBs from `idx` are this poster's (reserved, and retired by
         // the NIC: the room check).
-        unsafe { sq::write_segs(buf, self.wqe_cnt(), idx, &segs[..w.ds() as usize]) };
+        unsafe { sq::write_segs(buf, self.wqe_cnt(), idx, &segs, w.ds()) };
         segs[0].0[0]
     }
 

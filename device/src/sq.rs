@@ -5,19 +5,27 @@
 use crate::sync;
 use gdaki_shared::prm::wqe::{Seg, SEGS_PER_WQEBB};
 
-/// Stores `segs` into the ring at `sq_buf` (`wqe_cnt` WQEBBs) starting at WQEBB index `pi`, wrapping at the
-/// ring's end. Unordered stores: publish with a release fence before the dbrec.
+/// Stores the first `ds` of `segs` (a WQE of `ds` 16-byte segments) into the ring at `sq_buf` (`wqe_cnt`
+/// WQEBBs) starting at WQEBB index `pi`, wrapping at the ring's end. Unordered stores: publish with a release
+/// fence before the dbrec.
 ///
 /// A WQE wraps only between WQEBBs, so the address is computed once per WQEBB (from the 32-bit index: the
-/// ring has at most 2^15 WQEBBs) and the segments of one WQEBB go to consecutive 16-byte slots.
+/// ring has at most 2^15 WQEBBs) and the segments of one WQEBB go to consecutive 16-byte slots. The loop runs
+/// `N` (a constant) times with a test of `ds` in each, not `ds` times: it unrolls, and the segments stay in
+/// registers. A loop of run-time length indexes the array, which puts it in local memory (a store and a load
+/// of each segment through L1 before its store to the ring, seen in the ping-pong kernel, whose `ds` is not
+/// a constant).
 ///
 /// # Safety
 /// `sq_buf` must be the 64-byte aligned SQ ring of `wqe_cnt` (a power of two) WQEBBs, writable, and the
-/// WQEBBs `pi .. pi + ceil(segs.len() / 4)` must be reserved by the caller.
+/// WQEBBs `pi .. pi + ceil(ds / 4)` must be reserved by the caller.
 #[inline(always)]
-pub unsafe fn write_segs(sq_buf: u64, wqe_cnt: u32, pi: u64, segs: &[Seg]) {
+pub unsafe fn write_segs<const N: usize>(sq_buf: u64, wqe_cnt: u32, pi: u64, segs: &[Seg; N], ds: u8) {
     let mask = wqe_cnt.wrapping_sub(1);
     for (i, s) in segs.iter().enumerate() {
+        if i >= ds as usize {
+            continue;
+        }
         let wqebb = (pi as u32).wrapping_add((i / SEGS_PER_WQEBB) as u32) & mask;
         let slot = wqebb as usize * SEGS_PER_WQEBB + i % SEGS_PER_WQEBB;
         // SAFETY: `slot` is inside the ring (masked WQEBB, slot within it), the ring is 16-byte aligned, and
@@ -120,11 +128,21 @@ mod tests {
     fn wrapping_wqe_continues_at_slot_zero() {
         // A 16-WQEBB ring; a 2-WQEBB WQE (8 segments) starting in the last WQEBB.
         let mut ring = vec![Seg::default(); 16 * 4];
-        let segs: Vec<Seg> = (0..8u64).map(|i| Seg([i + 1, !(i + 1)])).collect();
+        let segs: [Seg; 8] = core::array::from_fn(|i| Seg([i as u64 + 1, !(i as u64 + 1)]));
         // SAFETY: `ring` is a 16-WQEBB, 16-byte aligned buffer we own.
-        unsafe { write_segs(ring.as_mut_ptr() as u64, 16, 16 * 3 + 15, &segs) };
+        unsafe { write_segs(ring.as_mut_ptr() as u64, 16, 16 * 3 + 15, &segs, 8) };
         assert_eq!(&ring[60..64], &segs[..4]);
         assert_eq!(&ring[0..4], &segs[4..]);
         assert!(ring[4..60].iter().all(|s| *s == Seg::default()));
+    }
+
+    #[test]
+    fn only_the_first_ds_segments_are_stored() {
+        let mut ring = vec![Seg::default(); 16 * 4];
+        let segs: [Seg; 8] = core::array::from_fn(|i| Seg([i as u64 + 1, 7]));
+        // SAFETY: `ring` is a 16-WQEBB, 16-byte aligned buffer we own.
+        unsafe { write_segs(ring.as_mut_ptr() as u64, 16, 2, &segs, 5) };
+        assert_eq!(&ring[8..13], &segs[..5]);
+        assert!(ring[..8].iter().chain(&ring[13..]).all(|s| *s == Seg::default()));
     }
 }

@@ -84,7 +84,7 @@ impl<'a> WarpQp<'a> {
         let segs = w.encode(Ctrl { idx: idx as u16, qpn, fm_ce_se: flags });
         // SAFETY: a valid ring (contract of `new`); the leader reserved WQEBBs `base..base + total` for the
         // batch, and `idx..idx + nbb` is this lane's share.
-        unsafe { sq::write_segs(sq_buf, wqe_cnt, idx, &segs[..w.ds() as usize]) };
+        unsafe { sq::write_segs(sq_buf, wqe_cnt, idx, &segs, w.ds()) };
         let bits = lanes.shfl(segs[0].0[0], lanes.last());
         // Every lane's WQE is stored before the leader's release and doorbell (bar.warp.sync orders the
         // members' accesses; the leader's release fence then covers them).

@@ -114,7 +114,7 @@ unsafe fn post_nop(h: &QpHandle, idx: u64) {
     let w = nop(h, idx);
     // SAFETY: the caller's contract: a live ring, dbrec and doorbell register; slot `idx` is free.
     unsafe {
-        sq::write_segs(h.sq_buf, h.wqe_cnt, idx, &w);
+        sq::write_segs(h.sq_buf, h.wqe_cnt, idx, &w, 1);
         db::update_dbrec(h.dbrec, idx + 1, h.placement);
         db::ring_db(h.bf_reg, w[0].0[0], h.placement);
     }
