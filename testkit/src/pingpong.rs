@@ -117,15 +117,7 @@ struct Rank {
 impl Rank {
     /// Creates the rank's CQ and QP in `pd` and registers its buffers (`buf_len` bytes each) and its control
     /// words (slot `slot` of `ctrl`). Not connected yet.
-    fn new(
-        nic: &Nic,
-        pd: &Pd,
-        exec: &Executor,
-        id: u32,
-        buf_len: usize,
-        ctrl: &DataBuf,
-        slot: usize,
-    ) -> Result<Self> {
+    fn new(nic: &Nic, pd: &Pd, exec: &Executor, id: u32, buf_len: usize, ctrl: &DataBuf, slot: usize) -> Result<Self> {
         let cq = nic.create_cq(WQE_CNT)?;
         let qp = nic.create_qp(pd, &cq, WQE_CNT)?;
         let send = exec.alloc_data(buf_len)?;
