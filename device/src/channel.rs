@@ -89,9 +89,7 @@ impl Poster for Qp<'_> {
         if bf {
             return self.post_bf(signaled, w).map(|_| ());
         }
-        let _ticket = self.post(signaled, w)?;
-        self.ring_db();
-        Ok(())
+        self.post_and_ring(signaled, w).map(|_| ())
     }
 
     #[inline(always)]

@@ -180,9 +180,7 @@ fn send(qp: &mut Qp<'_>, s: &Sends, blueflame: bool) -> Result<()> {
         return qp.post_bf(true, s.write).map(|_| ());
     }
     let _ = qp.post(false, s.write)?;
-    let _ = qp.post(true, s.signal)?;
-    qp.ring_db();
-    Ok(())
+    qp.post_and_ring(true, s.signal).map(|_| ())
 }
 
 /// Waits for iteration `k`'s message: the semaphore, or (by BlueFlame, no fetch-add) the payload's word
