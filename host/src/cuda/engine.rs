@@ -225,6 +225,9 @@ pub(crate) struct Engine {
     head: u64,
     /// Commands published to the engine so far (`HEAD`).
     published: u64,
+    /// `DONE` as last read, a lower bound of it: the engine rewrites `DONE` on every turn, so each read of it
+    /// misses in the host's caches; [`Engine::push`] reads it again only when this bound says the ring is full.
+    done_seen: u64,
     /// Launches so far (the generation the last launch was given).
     gen: u64,
     /// When the last launch was made, until the engine says it started.
@@ -257,6 +260,7 @@ impl Engine {
             ctrl,
             head: 0,
             published: 0,
+            done_seen: 0,
             gen: 0,
             launched: None,
             mirrors,
@@ -388,8 +392,12 @@ impl Engine {
     /// # Errors
     /// As [`Engine::wait`], when the ring stays full; the driver's error when a launch fails.
     pub(crate) fn push(&mut self, cmd: &Cmd) -> Result<()> {
-        if self.head - self.done() >= SLOTS {
-            self.wait(self.head - SLOTS + 1)?;
+        if self.head - self.done_seen >= SLOTS {
+            self.done_seen = self.done();
+            if self.head - self.done_seen >= SLOTS {
+                self.wait(self.head - SLOTS + 1)?;
+                self.done_seen = self.done();
+            }
         }
         let slot = (self.head & (SLOTS - 1)) as usize * CMD_BYTES;
         // SAFETY: the slot lies inside the ring; the engine has executed whatever it held (checked above)

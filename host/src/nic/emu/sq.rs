@@ -344,10 +344,17 @@ fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Result<
         tracing::warn!(qpn = qp.qpn, consumed, "emulated NIC: a BlueFlame write on a doorbell-only UAR");
         return Err(Fault::qp_op(vendor::BLUEFLAME_NO_BUFFER));
     }
-    // Looked at only after a write to the register: a plain doorbell costs nothing more.
+    // Looked at only after a write to the register: a plain doorbell costs nothing more. A load first, a
+    // swap only for a word that differs: these words hold the sentinel unless software wrote past the
+    // register, and 24 locked swaps on every BlueFlame doorbell were a third of the NIC's work on it (the
+    // `cpu` executor's BlueFlame ping-pong: 0.95 -> 0.65 µs of passes per round trip). A write that lands
+    // after the load is seen by the next doorbell's look.
     let mut past = false;
     for i in WQEBB / 8..BF_BUF_SIZE / 8 {
-        past |= qmem::swap_u64(&qp.uar, BF_OFFSET + 8 * i, sentinel, Ordering::AcqRel) != sentinel;
+        let off = BF_OFFSET + 8 * i;
+        if qmem::load_u64(&qp.uar, off, Ordering::Acquire) != sentinel {
+            past |= qmem::swap_u64(&qp.uar, off, sentinel, Ordering::AcqRel) != sentinel;
+        }
     }
     if past {
         tracing::warn!(qpn = qp.qpn, consumed, "emulated NIC: a BlueFlame write larger than the 64-byte register");
