@@ -103,16 +103,7 @@ pub enum Queues {
     Host,
 }
 
-/// Prints the library's `tracing` events to stderr as `RUST_LOG` selects them (e.g. `RUST_LOG=gdaki=warn`: the
-/// emulated NIC's warnings about failed WQEs, CQ overruns or dbrec mismatches); nothing when it is unset.
-pub fn init_tracing() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
-}
+pub use gdaki_testkit::init_tracing;
 
 /// Applies `--queues`: sets [`gdaki::nic::emu::QUEUES_ENV`] for this process and the ranks it launches, which
 /// every emulated NIC it opens then follows, and starts [`init_tracing`]. Without the flag the variable is

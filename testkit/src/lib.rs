@@ -6,6 +6,18 @@
 //! by this crate's build script with `gdaki-build` ([`ptx::PTX`]) and launched with `gdaki::launch`.
 #![deny(missing_docs)]
 
+/// Prints the library's `tracing` events to stderr as `RUST_LOG` selects them (e.g. `RUST_LOG=gdaki=warn`: the
+/// emulated NIC's warnings about failed WQEs, CQ overruns, dbrec mismatches or long waits on the GPU); nothing
+/// when it is unset. Once per process: later calls do nothing.
+pub fn init_tracing() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
 pub mod coll;
 pub mod faults;
 pub mod floors;

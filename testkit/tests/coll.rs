@@ -33,16 +33,8 @@ fn bytes(seed: u64, len: usize) -> Vec<u8> {
     v
 }
 
-/// Runs `f` on `n` ranks (threads) of `kind`, each with its collectives set up with `cfg`; by rank.
-/// Installs a subscriber for the library's `tracing` events, filtered by `RUST_LOG` (none shown when it is
-/// unset), once per test binary.
-fn log() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-}
-
+/// Runs `f` on `n` ranks (threads) of `kind`, each with its collectives set up with `cfg`; by rank. The
+/// library's `tracing` events go to stderr as `RUST_LOG` selects them.
 fn on_ranks<T: Send>(
     n: u32,
     kind: ExecutorKind,
@@ -50,7 +42,7 @@ fn on_ranks<T: Send>(
     cfg: CollConfig,
     f: impl Fn(CollRank) -> T + Sync,
 ) -> Vec<T> {
-    log();
+    gdaki_testkit::init_tracing();
     let setup = RankSetup { one_nic, ..RankSetup::local(n, kind) };
     let out = run_ranks(&setup, |comm: Arc<Communicator>| {
         let rank = comm.rank();

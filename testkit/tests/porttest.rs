@@ -22,12 +22,15 @@ fn two_ranks<T: Send>(kind: ExecutorKind, f: impl Fn(u32, Communicator) -> T + S
     two_ranks_on(kind, None, f)
 }
 
-/// [`two_ranks`] with both ranks on the NIC `shared` when given (one emulated NIC, no wire between them).
+/// [`two_ranks`] with both ranks on the NIC `shared` when given (one emulated NIC, no wire between them). The
+/// library's `tracing` events go to stderr as `RUST_LOG` selects them (`RUST_LOG=gdaki=warn`: waits of a NIC
+/// on the GPU that last long).
 fn two_ranks_on<T: Send>(
     kind: ExecutorKind,
     shared: Option<gdaki::nic::Nic>,
     f: impl Fn(u32, Communicator) -> T + Sync,
 ) -> Vec<T> {
+    gdaki_testkit::init_tracing();
     ranks::two_ranks(
         |boot| {
             let (exec, _) = Executor::open(Some(kind)).expect("executor");

@@ -157,7 +157,17 @@ impl CudaCopier {
 
     fn synchronize_locked(&self, st: &mut State) -> Result<()> {
         let head = st.engine.head();
-        st.engine.wait(head)?;
+        if let Err(e) = st.engine.wait(head) {
+            // Who waited for whom: the last flag value the stream was asked to write (an engine waiting for a
+            // copy-engine flag waits for it) and whether the stream still has work.
+            tracing::warn!(
+                ce_seq = st.ce_seq,
+                stream_idle = ?self.stream.is_idle(),
+                stream_dirty = st.stream_dirty,
+                "emulated NIC: the GPU engine did not finish: {e}"
+            );
+            return Err(e);
+        }
         if st.stream_dirty {
             let t0 = std::time::Instant::now();
             let r = self.stream.wait(STREAM_LIMIT);

@@ -517,9 +517,13 @@ impl Engine {
         while self.done() < target {
             if !warned && start.elapsed() > SLOW {
                 warned = true;
+                // With the copy-engine flag: an engine that waits for it (`Op::Wait`) shows a flag behind the
+                // value its command waits for.
                 tracing::warn!(
                     done = self.done(),
                     target,
+                    head = self.head,
+                    ce_flag = self.word(ctrl::CE_FLAG).load(Ordering::Acquire) as u32,
                     state = self.word(ctrl::STATE).load(Ordering::Acquire),
                     started = self.word(ctrl::STARTED).load(Ordering::Acquire),
                     gen = self.gen,
