@@ -29,6 +29,11 @@
 //!    first operand with the three registers after it, predicate results, every stack word at a store through
 //!    a generic address), so a value is known only when it is.
 //!
+//! 5. Reads the kernel as one thread, the only active lane of a converged warp, as the `gdaki_sass_*`
+//!    kernels are called: a `BRA.DIV` (to the loop a divergent warp runs for a warp-wide instruction) is not
+//!    taken, and a `SHFL.IDX` gives back the lane's own value, so that a result a warp leader shares (a
+//!    `Result` broadcast word by word) stays known and its error arm is not taken for the shortest path.
+//!
 //! Every instruction on the path counts once, guarded ones too (they are issued whatever the guard).
 //!
 //! Assumptions, to be checked on each listing (`target/sass/<kernel>.path-<k>.sass`, one instruction a line,
@@ -316,6 +321,9 @@ impl Flat {
             let at = || format!("{:#06x} in {}", insn.addr, func.name);
             let succ: Vec<(usize, Edge)> = match insn.base() {
                 _ if insn.never() => next.map(|n| (n, Edge::Always)).into_iter().collect(),
+                // `BRA.DIV` goes to the code a divergent warp runs for a warp-wide instruction (a shuffle's
+                // `WARPSYNC.COLLECTIVE` loop); the kernels are read as one converged warp, which never takes it.
+                "BRA" if insn.op.starts_with("BRA.DIV") => next.map(|n| (n, Edge::Always)).into_iter().collect(),
                 "BRA" => {
                     let label =
                         insn.target.as_deref().with_context(|| format!("{}: a branch without a target", at()))?;
@@ -567,6 +575,14 @@ impl Known {
                 }
                 Some(vec![(d.clone(), known(s))])
             }
+            // One active lane (see the module docs): a shuffle gives back the lane's own value.
+            ("SHFL.IDX", [p, d, s, _, _]) if reg(d) => {
+                let mut out = vec![(d.clone(), known(s))];
+                if p != "PT" {
+                    out.push((p.clone(), None));
+                }
+                Some(out)
+            }
             ("CS2R", [d, s]) if reg(d) && s == "SRZ" => {
                 let n: u32 = d[1..].parse().ok()?;
                 Some(vec![(d.clone(), Some(0)), (format!("R{}", n + 1), Some(0))])
@@ -698,9 +714,16 @@ fn operands(insn: &Insn) -> Vec<String> {
         .collect()
 }
 
+/// 32-bit integer operations (and their uniform forms, `U` before the name): each writes one 32-bit register
+/// (besides predicate carry-outs), unless its opcode says `WIDE` or `.64`.
+const NARROW: [&str; 18] = [
+    "LOP3", "IADD3", "IMAD", "SHF", "PRMT", "SEL", "VIADD", "LEA", "POPC", "FLO", "BREV", "IABS", "IMNMX", "VIMNMX",
+    "SGXT", "BMSK", "IADD", "MOV",
+];
+
 /// What `insn` may write, generously: its first operand when that is a register or predicate (with the three
-/// registers after it, for 64- and 128-bit results), the operand after a predicate result, and the predicates
-/// right after (carry-outs). Stores, branches and barriers write none.
+/// registers after it, for 64- and 128-bit results, except after a [`NARROW`] operation), the operand after a
+/// predicate result, and the predicates right after (carry-outs). Stores, branches and barriers write none.
 fn destinations(insn: &Insn, ops: &[String]) -> Vec<String> {
     const NONE: [&str; 17] = [
         "ST",
@@ -725,11 +748,16 @@ fn destinations(insn: &Insn, ops: &[String]) -> Vec<String> {
         return Vec::new();
     }
     let is_pred = |o: &str| o.starts_with('P') || o.starts_with("UP");
+    let base = insn.base();
+    let narrow = NARROW.contains(&base.strip_prefix('U').filter(|b| NARROW.contains(b)).unwrap_or(base))
+        && !insn.op.contains("WIDE")
+        && !insn.op.contains(".64");
+    let regs = if narrow { 1 } else { 4 };
     let mut out = Vec::new();
     let widen = |o: &str, out: &mut Vec<String>| {
         for prefix in ["UR", "R"] {
             if let Some(n) = o.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok()) {
-                out.extend((0..4).map(|d| format!("{prefix}{}", n + d)));
+                out.extend((0..regs).map(|d| format!("{prefix}{}", n + d)));
                 return;
             }
         }
@@ -1104,6 +1132,45 @@ $k$f:
         assert!(text.contains("// f") && text.contains("  25  /*0070*/  EXIT"), "{text}");
     }
 
+    /// A warp leader's `Result`, broadcast with a shuffle: its error arm (shorter) is not taken when the value
+    /// shuffled is known, and neither is the divergent warp's `BRA.DIV` detour.
+    const SHUFFLED: &str = r#"
+	.section	.text.w,"ax",@progbits
+        .global         w
+        .type           w,@function
+        .other          w,@"STO_CUDA_ENTRY STV_DEFAULT"
+w:
+.text.w:
+        /*0000*/                   IMAD.MOV.U32 R27, RZ, RZ, RZ ;
+        /*0010*/                   IMAD.U32 R2, RZ, RZ, UR11 ;
+        /*0020*/                   BRA.DIV UR10, `(.L_x_9) ;
+        /*0030*/                   SHFL.IDX PT, R2, R27, R2, 0x1f ;
+        /*0040*/                   ISETP.NE.U32.AND P0, PT, R2, RZ, PT ;
+        /*0050*/              @!P0 BRA `(.L_x_1) ;
+        /*0060*/                   STL.64 [R1+0x30], R20 ;
+        /*0070*/                   EXIT ;
+.L_x_1:
+        /*0080*/                   IADD3 R4, R4, 0x1, RZ ;
+        /*0090*/                   IADD3 R4, R4, 0x1, RZ ;
+        /*00a0*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+        /*00b0*/                   EXIT ;
+.L_x_9:
+        /*00c0*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+        /*00d0*/                   EXIT ;
+"#;
+
+    #[test]
+    fn a_shuffled_known_result_decides_its_test_and_bra_div_is_not_taken() {
+        let s = &parse_nvdisasm(SHUFFLED).expect("parses")[0];
+        let addrs = |mmio| -> Option<Vec<u32>> {
+            let path = fast_path(s, mmio).expect("search")?;
+            Some(path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect())
+        };
+        assert_eq!(addrs(1), Some(vec![0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x80, 0x90, 0xa0, 0xb0]));
+        // The error arm (no MMIO store) is never the leader's: the shuffled 0 sends every path past it.
+        assert_eq!(addrs(0), None);
+    }
+
     #[test]
     fn destinations_are_generous() {
         let insn = |t: &str| parse_insn(t).expect("parses");
@@ -1111,9 +1178,13 @@ $k$f:
             let i = insn(t);
             destinations(&i, &operands(&i))
         };
-        assert_eq!(dest("/*0000*/ IADD3 R9, P1, RZ, R10, RZ ;"), ["R9", "R10", "R11", "R12", "P1"]);
+        // A 32-bit operation writes its register and carry-outs; a wide or unknown one up to four registers.
+        assert_eq!(dest("/*0000*/ IADD3 R9, P1, RZ, R10, RZ ;"), ["R9", "P1"]);
         assert_eq!(dest("/*0000*/ LOP3.LUT P0, RZ, R151, R64, RZ, 0xc0, !PT ;"), ["P0", "RZ"]);
-        assert_eq!(dest("/*0000*/ @!P0 IADD3.X R3, R3, -0x1, RZ, P0, !PT ;").len(), 4);
+        assert_eq!(dest("/*0000*/ @!P0 IADD3.X R3, R3, -0x1, RZ, P0, !PT ;"), ["R3"]);
+        assert_eq!(dest("/*0000*/ ULOP3.LUT UR4, UR4, 0xffff00, URZ, 0xc0, !UPT ;"), ["UR4"]);
+        assert_eq!(dest("/*0000*/ IMAD.WIDE.U32 R24, R9, 0x40, R24 ;"), ["R24", "R25", "R26", "R27"]);
+        assert_eq!(dest("/*0000*/ DADD R4, R6, R8 ;"), ["R4", "R5", "R6", "R7"]);
         assert!(dest("/*0000*/ ST.E.64 desc[UR8][R118.64], R66 ;").is_empty());
         let known = Known::default().step(&insn("/*0000*/ IMAD.MOV.U32 R148, RZ, RZ, 0xb ;"));
         assert_eq!(known.value("R148"), Some(0xb));
