@@ -122,11 +122,17 @@ pub fn apply_queues(q: Option<Queues>) {
 /// The placement the emulated NIC's queues get on executor `kind` (for the programs' headers): `gpu`, `host`, or
 /// `gpu (simulated)` for `GDAKI_QUEUES=gpu` on the `cpu` executor.
 pub fn queues_label(kind: ExecutorKind) -> &'static str {
-    let asked = std::env::var(gdaki::nic::emu::QUEUES_ENV).ok();
-    match (kind, asked.as_deref()) {
-        (ExecutorKind::Gpu, Some("gpu")) => "gpu",
+    placement_label(kind, std::env::var(gdaki::nic::emu::QUEUES_ENV).ok().as_deref())
+}
+
+/// [`queues_label`] for `GDAKI_QUEUES` set to `asked` (`None`: unset).
+fn placement_label(kind: ExecutorKind, asked: Option<&str>) -> &'static str {
+    match (kind, asked) {
+        (ExecutorKind::Gpu, Some("host")) => "host",
+        // Unset (or anything else, which the NIC refuses to open with) on the `gpu` executor: its default.
+        (ExecutorKind::Gpu, _) => "gpu",
         (ExecutorKind::Cpu, Some("gpu")) => "gpu (simulated)",
-        _ => "host",
+        (ExecutorKind::Cpu, _) => "host",
     }
 }
 
@@ -157,4 +163,21 @@ pub fn emu_waits(before: &gdaki::nic::emu::Stats, after: &gdaki::nic::emu::Stats
         sync_ns as f64 / n / 1e3,
         (after.busy_ns - before.busy_ns) as f64 / n / 1e3,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header says where the NIC put the queues: its defaults (GPU memory on `gpu`, host memory on `cpu`)
+    /// and what `GDAKI_QUEUES` asked for.
+    #[test]
+    fn the_label_follows_the_nics_placement() {
+        assert_eq!(placement_label(ExecutorKind::Gpu, None), "gpu");
+        assert_eq!(placement_label(ExecutorKind::Gpu, Some("gpu")), "gpu");
+        assert_eq!(placement_label(ExecutorKind::Gpu, Some("host")), "host");
+        assert_eq!(placement_label(ExecutorKind::Cpu, None), "host");
+        assert_eq!(placement_label(ExecutorKind::Cpu, Some("host")), "host");
+        assert_eq!(placement_label(ExecutorKind::Cpu, Some("gpu")), "gpu (simulated)");
+    }
 }
