@@ -89,7 +89,9 @@ impl Poster for Qp<'_> {
         if bf {
             return self.post_bf(signaled, w).map(|_| ());
         }
-        self.post_and_ring(signaled, w).map(|_| ())
+        let _ticket = self.post(signaled, w)?;
+        self.ring_db();
+        Ok(())
     }
 
     #[inline(always)]

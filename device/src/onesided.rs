@@ -57,7 +57,9 @@ impl Qp<'_> {
     /// [`Error::InvalidArgument`] for a range outside either MR or a zero length; as [`Qp::post`] otherwise.
     pub fn put(&mut self, dst: &RemoteMr, dst_off: u64, src: &MrHandle, src_off: u64, len: u64) -> Result<()> {
         let (r, l) = (remote(dst, dst_off, len)?, local(src, src_off, len)?);
-        self.post_and_ring(false, wqe::rdma_write(r, l)).map(|_| ())
+        let _ = self.post(false, wqe::rdma_write(r, l))?;
+        self.ring_db();
+        Ok(())
     }
 
     /// Adds 1 to the peer's 8-byte semaphore at `sem + sem_off` with an RDMA fetch-add whose old value lands
@@ -68,7 +70,9 @@ impl Qp<'_> {
     /// [`Error::InvalidArgument`] for a range outside either MR or a misaligned address; as [`Qp::post`].
     pub fn signal(&mut self, sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<Ticket> {
         let (r, l) = atomic_target(sem, sem_off, result, result_off)?;
-        self.post_and_ring(true, wqe::atomic_fetch_add(r, l, 1)?)
+        let t = self.post(true, wqe::atomic_fetch_add(r, l, 1)?)?;
+        self.ring_db();
+        Ok(t)
     }
 
     /// [`Qp::put`] then [`Qp::signal`] with one doorbell (MSCCL++ `putWithSignal`).
@@ -91,6 +95,8 @@ impl Qp<'_> {
         let (r, l) = (remote(dst, dst_off, len)?, local(src, src_off, len)?);
         let (sr, sl) = atomic_target(sem, sem_off, result, result_off)?;
         let _ = self.post(false, wqe::rdma_write(r, l))?;
-        self.post_and_ring(true, wqe::atomic_fetch_add(sr, sl, 1)?)
+        let t = self.post(true, wqe::atomic_fetch_add(sr, sl, 1)?)?;
+        self.ring_db();
+        Ok(t)
     }
 }

@@ -307,32 +307,6 @@ impl<'a> Qp<'a> {
         self.unrung = Some(bits);
     }
 
-    /// Posts `w` and rings the doorbell for it and every WQE still unrung before it: [`Qp::post`] then
-    /// [`Qp::ring_db`] in one step. The doorbell carries the new WQE's ctrl words, so nothing is looked up
-    /// first, and nothing is left unrung after it, whether it posts or fails (a failed post still rings the
-    /// WQEs before it): a kernel that only posts this way never rings again when it drops the `Qp`.
-    ///
-    /// # Errors
-    /// As [`Qp::post`].
-    #[inline(always)]
-    pub fn post_and_ring<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
-        let ds = w.ds();
-        let nbb = wqebbs(ds as u32);
-        if nbb > self.sq.room {
-            let r = self.cold(move |q| {
-                let r = q.reserve_slow(nbb).map(|()| q.store_wqe(signaled, ds, nbb, move |c| w.encode(c)).0);
-                q.ring_db();
-                r
-            });
-            // Rung inside, on both outcomes: known here, so that nothing after this call looks again.
-            self.unrung = None;
-            return r;
-        }
-        let (t, _) = self.store_wqe(signaled, ds, nbb, move |c| w.encode(c));
-        self.ring_db();
-        Ok(t)
-    }
-
     /// Posts an RDMA WRITE whose payload travels inside the WQE (1 ..= [`wqe::MAX_INLINE`] bytes):
     /// [`wqe::rdma_write_inline`] through [`Qp::post`].
     ///
@@ -365,7 +339,9 @@ impl<'a> Qp<'a> {
     pub fn post_bf<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let ds = w.ds();
         if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() || !self.sq.blueflame {
-            return self.post_and_ring(signaled, w);
+            let t = self.post(signaled, w)?;
+            self.ring_db();
+            return Ok(t);
         }
         let (t, segs) = self.post_segs(signaled, ds, move |c| w.encode(c))?;
         // The first WQEBB, segment by segment up to a constant count, as `sq::write_segs` does: a copy of

@@ -180,7 +180,9 @@ fn send(qp: &mut Qp<'_>, s: &Sends, blueflame: bool) -> Result<()> {
         return qp.post_bf(true, s.write).map(|_| ());
     }
     let _ = qp.post(false, s.write)?;
-    qp.post_and_ring(true, s.signal).map(|_| ())
+    let _ = qp.post(true, s.signal)?;
+    qp.ring_db();
+    Ok(())
 }
 
 /// Waits for iteration `k`'s message: the semaphore, or (by BlueFlame, no fetch-add) the payload's word
