@@ -68,11 +68,13 @@ impl<'a> WarpQp<'a> {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
         let any_signaled = lanes.any(signaled);
-        let reserved = if lead {
-            // SAFETY: this is the leader; the other lanes read only the fixed fields.
-            unsafe { self.leader_qp() }.reserve_batch(total, any_signaled)
-        } else {
-            Ok((0, false))
+        // The leader's `Qp` lives across the whole post: the handle's counters are read once before the
+        // reservation and written back once after the doorbell, not once per step.
+        // SAFETY: only the leader makes it; the other lanes read only the handle's fixed fields meanwhile.
+        let mut qp = if lead { Some(unsafe { self.leader_qp() }) } else { None };
+        let reserved = match &mut qp {
+            Some(q) => q.reserve_batch(total, any_signaled),
+            None => Ok((0, false)),
         };
         let (first, sig) = reserved.unwrap_or((0, false));
         lanes.share_result(reserved.map(|_| ()))?;
@@ -89,11 +91,9 @@ impl<'a> WarpQp<'a> {
         // Every lane's WQE is stored before the leader's release and doorbell (bar.warp.sync orders the
         // members' accesses; the leader's release fence then covers them).
         lanes.sync();
-        if lead {
-            // SAFETY: this is the leader; the other lanes are past their last read of the handle.
-            let mut qp = unsafe { self.leader_qp() };
-            qp.commit(last, total, sig, bits);
-            qp.ring_db();
+        if let Some(mut q) = qp {
+            q.commit(last, total, sig, bits);
+            q.ring_db();
         }
         Ok(Ticket(if signaled && sig { last } else { idx }))
     }
