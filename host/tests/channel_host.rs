@@ -180,7 +180,7 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
         assert_eq!((h.remote_sem.addr, h.remote_sem.length, h.remote_sem.rkey.get()), (rs.addr, 8, rs.rkey.get()));
         assert_eq!((h.local_sem, h.expected), (sem.inbound_addr(), sem.expected_addr()));
         assert!(h.local_sem.is_multiple_of(8) && h.expected.is_multiple_of(8));
-        assert_eq!((sem.inbound(), sem.expected().unwrap()), (0, 0));
+        assert_eq!((sem.inbound().unwrap(), sem.expected().unwrap()), (0, 0));
         assert_eq!((h.scratch.length, h.scratch.addr % 8), (8, 0));
         assert!(!inside(h.scratch.addr, &src) && !inside(h.scratch.addr, &landing), "scratch inside user memory");
         assert_eq!((h.max_wqe_bytes, h.timeout_ns, h.blue_flame_limit), (1 << 30, 5_000_000_000, 512 << 10));
@@ -204,8 +204,8 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
         assert_eq!(conn.qp().as_emu().expect("emulated NIC").sq_consumed(), after.sq.pi);
         // Both ranks are done: nothing more arrives.
         comm.bootstrap().barrier().unwrap();
-        assert_eq!(sem.inbound(), plans[peer as usize].len() as u64, "exact count of the peer's signals");
-        assert_eq!(conn.scratch_value(), n - 1, "the last fetch-add's old value is in the scratch word");
+        assert_eq!(sem.inbound().unwrap(), plans[peer as usize].len() as u64, "exact count of the peer's signals");
+        assert_eq!(conn.scratch_value().unwrap(), n - 1, "the last fetch-add's old value is in the scratch word");
         assert_same(&contents(&src), &payloads[me], "source untouched (no fetch-add result in it)");
         let want = expected(LEN, &plans[peer as usize], &payloads[peer as usize]);
         assert_same(&contents(&landing), &want, "landing buffer");
@@ -292,8 +292,12 @@ fn four_qps_with_two_channels_each_keep_payloads_and_counts_apart() {
         for q in 0..QPS {
             let (mine, theirs) = (&plans[me][q], &plans[peer as usize][q]);
             let sent = (mine[0].len() + mine[1].len()) as u64;
-            assert_eq!(sems[q].inbound(), (theirs[0].len() + theirs[1].len()) as u64, "QP {q}: signals counted");
-            assert_eq!(conns[q].scratch_value(), sent - 1, "QP {q}: last fetch-add's old value");
+            assert_eq!(
+                sems[q].inbound().unwrap(),
+                (theirs[0].len() + theirs[1].len()) as u64,
+                "QP {q}: signals counted"
+            );
+            assert_eq!(conns[q].scratch_value().unwrap(), sent - 1, "QP {q}: last fetch-add's old value");
             assert_eq!(sems[q].expected().unwrap(), 0, "QP {q}");
             let qh = conns[q].qp_handle().unwrap();
             assert!(qh.sq.pi >= 2 * sent && qh.sq.ci == qh.sq.pi, "QP {q}: {qh:?}");
@@ -447,7 +451,7 @@ fn channels_keep_working_after_the_communicator_is_dropped() {
             assert_eq!(unsafe { qp.wait_semaphore(h.local_sem as *const u64, 1) }.unwrap(), 1);
         }
         assert_same(&contents(&landing), &payloads[peer as usize], "landing buffer");
-        assert_eq!(chan.connection().scratch_value(), 0);
+        assert_eq!(chan.connection().scratch_value().unwrap(), 0);
         // Both flushed before either destroys its QP.
         barrier.wait();
     });
@@ -478,7 +482,7 @@ fn gpu_executor_keeps_qp_state_and_expected_counts_in_gpu_memory() {
             assert_eq!((qh.cq.buf, qh.cq.ncqe, qh.sq.pi), (want.cq.buf, want.cq.ncqe, 0));
             assert_eq!(bytemuck::bytes_of(&qh.sq), bytemuck::bytes_of(&SqState::default()));
             assert!(h.qp.is_multiple_of(64) && h.qp == c.qp_handle_addr());
-            assert_eq!((sem.expected().unwrap(), sem.inbound(), c.scratch_value()), (0, 0, 0));
+            assert_eq!((sem.expected().unwrap(), sem.inbound().unwrap(), c.scratch_value().unwrap()), (0, 0, 0));
             assert_eq!((h.local_sem, h.expected, h.scratch.length), (sem.inbound_addr(), sem.expected_addr(), 8));
         }
         comm.bootstrap().barrier().unwrap();
@@ -546,7 +550,7 @@ fn host_modes_deliver_every_trigger_through_a_small_fifo_and_drain_on_drop() {
                     want[LEN - 8..].copy_from_slice(&acc.to_ne_bytes());
                 }
                 assert_same(&contents(&landing), &want, &format!("{mode:?}: landing buffer"));
-                assert_eq!(sem.inbound(), puts.len() as u64, "{mode:?}: one signal per put");
+                assert_eq!(sem.inbound().unwrap(), puts.len() as u64, "{mode:?}: one signal per put");
                 barrier.wait();
             }
         });

@@ -390,13 +390,20 @@ impl PortTest {
         // SAFETY: the argument block and the handles are in memory the executor reaches (GPU memory, or this
         // frame and `self` on the cpu executor) and name live channels, buffers and control words owned by
         // `self`; one block per channel keeps every team running at once; the launch is waited for here.
-        unsafe {
+        let launched = unsafe {
             kernel.launch(
                 &LaunchConfig::linear(self.nchannels, cfg.team),
                 (DevPtr::new(args_addr),),
                 cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)),
-            )?
+            )
         };
+        // Both ranks end together too: a rank must not free anything (the launch's error report when `kernel`
+        // drops, its channels) nor start its next run's setup while the peer's kernel may still wait on a NIC
+        // of this process. A free waits for every running kernel of the GPU and meanwhile holds up the other
+        // threads' CUDA calls, the NICs' among them: a NIC that needs the GPU for the peer's last CQE (an
+        // atomic's old value into GPU memory) would stall until that kernel's bounded wait gave up.
+        let ended = self.comm.bootstrap().barrier();
+        launched?;
         // SAFETY: the device code has finished; the words are ours and aligned.
         let (report, checked) =
             unsafe { ((self.word(REPORT) as *const ErrorReport).read_volatile(), self.word(CHECKED).read_volatile()) };
@@ -410,6 +417,7 @@ impl PortTest {
             };
             return Err(Error::Device(format!("rank {rank}: {e} ({checked} payloads checked before{nic})")));
         }
+        ended?;
         self.failed = false;
         let iter_ns = if rank == 0 {
             // SAFETY: rank 0's team 0 wrote `iters` times; the device code has finished.

@@ -117,7 +117,8 @@ fn four_teams_one_qp(kind: ExecutorKind, team: u32) {
             let cfg = RunConfig { op: opc, size, iters, team, seed: 0xfeed, timeout: TIMEOUT };
             let r = t.run(&cfg).unwrap_or_else(|e| panic!("op {opc} rank {rank}: {e}"));
             // Inbound signals on this rank: `iters` per channel where the peer sends.
-            let inbound: Vec<u64> = t.channels().iter().map(|c| c.semaphore().inbound()).collect();
+            let inbound: Vec<u64> =
+                t.channels().iter().map(|c| c.semaphore().inbound().expect("inbound word")).collect();
             (r.checked, inbound)
         });
         for (rank, (checked, inbound)) in results.iter().enumerate() {
@@ -150,7 +151,7 @@ fn sq_wraps(kind: ExecutorKind, team: u32, iters: u32) {
         let cfg = RunConfig { op: op::BW_PIECES, size, iters, team, seed: 0x3a9, timeout: TIMEOUT };
         let r = t.run(&cfg).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         let st = t.channels()[0].connection().qp_handle().expect("QP handle").sq;
-        (r.checked, st.ready, t.channels()[0].semaphore().inbound())
+        (r.checked, st.ready, t.channels()[0].semaphore().inbound().expect("inbound word"))
     });
     let (sent, receiver) = (&results[0], &results[1]);
     // One WQE per thread per round, one signal per round, one closing flush: all through the shared QP.

@@ -12,7 +12,7 @@ use crate::{Error, Result};
 
 use super::config::{EndpointConfig, IbMode, Transport};
 use super::connection::{ConnInner, Connection, QP_HANDLE_OFF, STATE_BYTES};
-use super::memory::{queue_loc, RegInner, RegisteredMemory, RemoteMemory};
+use super::memory::{RegInner, RegisteredMemory, RemoteMemory};
 use super::msg::{self, Kind};
 use super::port::PortChannel;
 use super::semaphore::{SemInner, Semaphore, EXPECTED_BYTES};
@@ -247,9 +247,9 @@ impl Communicator {
         // The proxy's QPs are posted to and polled by a host thread: their queues stay in host memory.
         let cq = res.nic.create_cq_for(ncqe, proxy.is_some())?;
         let qp = res.nic.create_qp_for(&res.pd, &cq, wqe_cnt, proxy.is_some())?;
-        let scratch = res.exec.queue_memory().alloc(8)?;
+        let scratch = res.exec.alloc_data(8)?;
         // SAFETY: `scratch` moves into the connection and is dropped after this MR (field order of `ConnInner`).
-        let scratch_mr = unsafe { res.nic.reg_mr(&res.pd, queue_loc(&scratch)?, 8, Access::LOCAL_WRITE) }?;
+        let scratch_mr = unsafe { res.nic.reg_mr(&res.pd, scratch.loc(), 8, Access::LOCAL_WRITE) }?;
         let state = res.exec.alloc_data(STATE_BYTES)?;
         let transport = match cfg.transport {
             Transport::EmuRc => 1,
@@ -324,9 +324,9 @@ impl Communicator {
     }
 
     /// Builds a semaphore on `conn` with `peer` (MSCCL++ `buildSemaphore(connection, remoteRank, tag)`):
-    /// allocates this side's inbound word (8 bytes, queue memory, registered `LOCAL_WRITE | REMOTE_WRITE |
-    /// REMOTE_ATOMIC` (HostNoAtomic signals write it), initially 0) and expected counter (8 bytes, where device
-    /// code keeps state: GPU memory on `gpu`, host memory on `cpu`; initially 0), sends the inbound word's
+    /// allocates this side's inbound word (8 bytes, registered `LOCAL_WRITE | REMOTE_WRITE | REMOTE_ATOMIC`
+    /// (HostNoAtomic signals write it), initially 0) and expected counter (8 bytes, initially 0), both where
+    /// device code keeps state (GPU memory on `gpu`, host memory on `cpu`), sends the inbound word's
     /// [`RemoteMr`](gdaki_shared::handle::RemoteMr) to `peer` with `tag` and receives the peer's. The peer's
     /// `signal`s advance this side's inbound word through its end of `conn` (RDMA fetch-adds; in
     /// HostNoAtomic, RDMA WRITEs of the new count); this side's advance the peer's through `conn`.
@@ -348,12 +348,12 @@ impl Communicator {
             )));
         }
         let res = &self.res;
-        let inbound = res.exec.queue_memory().alloc(8)?;
+        let inbound = res.exec.alloc_data(8)?;
         // SAFETY: `inbound` moves into the semaphore and is dropped after this MR (field order of `SemInner`).
         let inbound_mr = unsafe {
             res.nic.reg_mr(
                 &res.pd,
-                queue_loc(&inbound)?,
+                inbound.loc(),
                 8,
                 Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
             )

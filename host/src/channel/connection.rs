@@ -6,7 +6,6 @@ use std::sync::Arc;
 use gdaki_shared::handle::{MrHandle, QpHandle};
 
 use crate::exec::DataBuf;
-use crate::mem::MappedBuf;
 use crate::nic::{Cq, Endpoint, Mr, Qp};
 use crate::proxy::service::ProxyQp;
 use crate::proxy::ProxyService;
@@ -14,7 +13,7 @@ use crate::Result;
 
 use super::communicator::Resources;
 use super::config::EndpointConfig;
-use super::memory::{addr_of, load_queue_u64, read_words};
+use super::memory::{addr_of, read_words};
 
 /// Byte offset of the [`QpHandle`] in a connection's state buffer (64-byte aligned, so that its send-queue
 /// state at byte 128 has a cache line of its own: the buffer is 4096-aligned on `cpu`, 256-aligned on `gpu`).
@@ -33,7 +32,7 @@ const _: () = assert!(QP_HANDLE_OFF.is_multiple_of(64) && QP_HANDLE_OFF + size_o
 /// | what | size | where |
 /// |---|---|---|
 /// | the QP's [`QpHandle`] (ring, dbrec, doorbell register, CQ; the send-queue state every sharing mode keeps, at byte 128) | 256 B, 64-aligned | GPU memory (`gpu`), host memory (`cpu`): device code updates it on every post |
-/// | the atomic scratch word: where every fetch-add's old value lands, registered `LOCAL_WRITE` | 8 B, 8-aligned | queue memory (pinned host memory mapped into the GPU on `gpu`) |
+/// | the atomic scratch word: where every fetch-add's old value lands, registered `LOCAL_WRITE` | 8 B, 8-aligned | GPU memory (`gpu`), host memory (`cpu`): only the NIC writes it, and a fetch-add into GPU memory needs no PCIe round trip |
 ///
 /// Cloning is cheap and shares the QP. The last clone to go (channels and semaphores hold one) destroys the
 /// QP: the scratch MR is deregistered, the QP destroyed (synchronously with the NIC: no WQE of it runs
@@ -56,7 +55,7 @@ pub(super) struct ConnInner {
     /// The [`QpHandle`] at [`QP_HANDLE_OFF`].
     pub(super) state: DataBuf,
     /// The atomic scratch word, at offset 0.
-    pub(super) scratch: MappedBuf,
+    pub(super) scratch: DataBuf,
     pub(super) peer: u32,
     pub(super) tag: u32,
     pub(super) config: EndpointConfig,
@@ -116,9 +115,13 @@ impl Connection {
         self.inner.scratch_mr.handle()
     }
 
-    /// The scratch word's current value: the old value returned by the latest fetch-add (for tests).
-    pub fn scratch_value(&self) -> u64 {
-        load_queue_u64(&self.inner.scratch, 0)
+    /// The scratch word's current value: the old value returned by the latest fetch-add (for tests; copied
+    /// from GPU memory on `gpu`).
+    ///
+    /// # Errors
+    /// The CUDA driver's error copying it.
+    pub fn scratch_value(&self) -> Result<u64> {
+        Ok(bytemuck::pod_read_unaligned(&read_words(&self.inner.scratch, 0, 8)?))
     }
 
     /// A copy of the QP's [`QpHandle`] as device code left it (copied from GPU memory on `gpu`). Exact only

@@ -1,13 +1,12 @@
 //! Registered memory (MSCCL++ `RegisteredMemory`), its peer-side view ([`RemoteMemory`]), and the small words
 //! channels keep where device code reaches them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use gdaki_shared::handle::{MrHandle, RemoteMr};
 
 use crate::exec::DataBuf;
-use crate::mem::{MappedBuf, MemKind, MemLoc};
+use crate::mem::MemLoc;
 use crate::nic::Mr;
 use crate::{Error, Result};
 
@@ -107,28 +106,6 @@ impl RemoteMemory {
     pub fn is_empty(&self) -> bool {
         self.mr.length == 0
     }
-}
-
-/// `buf` as an MR location, for words the NIC writes directly (semaphores, atomic scratch): queue memory is
-/// host memory, and the NIC addresses it by the address device code uses, so the two must be one address (as
-/// they are with unified addressing: `cpu` always, `gpu` with mapped pinned memory).
-pub(super) fn queue_loc(buf: &MappedBuf) -> Result<MemLoc> {
-    if buf.host_ptr() as u64 != buf.device_addr() {
-        return Err(Error::Unavailable(format!(
-            "queue memory at host {:p} is mapped at device address {:#x}: channels need unified addressing",
-            buf.host_ptr(),
-            buf.device_addr()
-        )));
-    }
-    Ok(MemLoc { kind: MemKind::Host, addr: buf.device_addr() })
-}
-
-/// Loads the 8-byte word at byte `off` of queue memory `buf` (Acquire: the NIC and device code write it).
-pub(super) fn load_queue_u64(buf: &MappedBuf, off: usize) -> u64 {
-    assert!(off.is_multiple_of(8) && off + 8 <= buf.len(), "queue word at {off} outside a buffer of {}", buf.len());
-    // SAFETY: in bounds and 8-aligned (the buffer is 4096-aligned); every writer of the word uses atomic or
-    // volatile stores of the whole word.
-    unsafe { AtomicU64::from_ptr(buf.host_ptr().add(off).cast()) }.load(Ordering::Acquire)
 }
 
 /// Reads `len` bytes at byte `off` of `buf` (a snapshot while device code may be writing them).

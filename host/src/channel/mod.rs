@@ -46,7 +46,7 @@
 //! | QP handle + shared QP state | GPU memory (`cuMemAlloc`) | host memory | device code updates the counters on every post: no PCIe round trip |
 //! | SQ ring, dbrecs, CQ ring | GPU memory (the NIC's queue placement; pinned host memory with `GDAKI_QUEUES=host`, and always for the Host modes' proxy QPs) | host memory | where DOCA GPUNetIO and NVSHMEM IBGDA put them; the NIC reads and writes them directly |
 //! | UAR (doorbell, BlueFlame register) | pinned host memory mapped into the GPU | host memory | the GPU writes it as MMIO |
-//! | atomic scratch word, inbound semaphore word | pinned host memory mapped into the GPU | host memory | the NIC writes them directly (no CUDA copy per atomic) |
+//! | atomic scratch word, inbound semaphore word | GPU memory | host memory | the NIC writes them (the emulated NIC's engine, without a CUDA copy); `wait` polls the inbound word without crossing PCIe |
 //! | expected count of a semaphore | GPU memory | host memory | only device code touches it |
 //! | registered data | where the caller put it ([`Executor::alloc_data`](crate::exec::Executor::alloc_data): GPU memory) | host memory | |
 //!

@@ -7,12 +7,11 @@ use std::sync::Arc;
 use gdaki_shared::handle::RemoteMr;
 
 use crate::exec::DataBuf;
-use crate::mem::MappedBuf;
 use crate::nic::Mr;
 use crate::Result;
 
 use super::connection::Connection;
-use super::memory::{addr_of, load_queue_u64, read_words};
+use super::memory::{addr_of, read_words};
 
 /// Bytes of the expected-count buffer.
 pub(super) const EXPECTED_BYTES: usize = 8;
@@ -22,7 +21,7 @@ pub(super) const EXPECTED_BYTES: usize = 8;
 ///
 /// | word | size | where | who writes it |
 /// |---|---|---|---|
-/// | inbound | 8 B, 8-aligned, host-order `u64`, initially 0 | queue memory (pinned host memory mapped into the GPU on `gpu`), registered `LOCAL_WRITE \| REMOTE_WRITE \| REMOTE_ATOMIC` | the peer's `signal` (RDMA fetch-add of 1; in HostNoAtomic, the peer's proxy's RDMA WRITE of the new count) |
+/// | inbound | 8 B, 8-aligned, host-order `u64`, initially 0 | GPU memory (`gpu`: `wait` polls it there, as MSCCL++ keeps its semaphores), host memory (`cpu`), registered `LOCAL_WRITE \| REMOTE_WRITE \| REMOTE_ATOMIC` | the peer's `signal` (RDMA fetch-add of 1; in HostNoAtomic, the peer's proxy's RDMA WRITE of the new count) |
 /// | expected | 8 B, 8-aligned, initially 0 | GPU memory (`gpu`), host memory (`cpu`) | this side's `wait` (adds 1, then waits until inbound reaches it) |
 ///
 /// It also knows the peer's inbound word ([`remote_inbound`](Self::remote_inbound)), which this side's
@@ -41,7 +40,7 @@ pub(super) struct SemInner {
     pub(super) conn: Connection,
     pub(super) remote_inbound: RemoteMr,
     /// The inbound word, at offset 0.
-    pub(super) inbound: MappedBuf,
+    pub(super) inbound: DataBuf,
     /// The expected count, at offset 0.
     pub(super) expected: DataBuf,
 }
@@ -78,10 +77,13 @@ impl Semaphore {
     }
 
     /// The inbound word's current value: how many times the peer has signalled (MSCCL++ reads it with
-    /// `semaphore.load()` on the device). An acquire load, so that once it shows `n` the data the peer put
-    /// before its `n`th signal is visible.
-    pub fn inbound(&self) -> u64 {
-        load_queue_u64(&self.inner.inbound, 0)
+    /// `semaphore.load()` on the device). Copied from GPU memory on `gpu`; on `cpu` byte loads, so a value
+    /// being written may be seen torn: read it once signals have stopped.
+    ///
+    /// # Errors
+    /// The CUDA driver's error copying it.
+    pub fn inbound(&self) -> Result<u64> {
+        Ok(bytemuck::pod_read_unaligned(&read_words(&self.inner.inbound, 0, 8)?))
     }
 
     /// The expected count as device code left it (copied from GPU memory on `gpu`).

@@ -75,8 +75,8 @@ fn channel_loopback_put_and_signal_outlive_the_communicator() {
         // SAFETY: `local_sem` is the semaphore's inbound word, 8-aligned, alive while `chan` is.
         assert_eq!(unsafe { qp.wait_semaphore(h.local_sem as *const u64, 2) }.unwrap(), 2);
     }
-    assert_eq!(sem.inbound(), 2);
-    assert_eq!(conn.scratch_value(), 1, "the second fetch-add returned 1");
+    assert_eq!(sem.inbound().unwrap(), 2);
+    assert_eq!(conn.scratch_value().unwrap(), 1, "the second fetch-add returned 1");
     assert_eq!(sem.expected().unwrap(), 0, "nobody waited through the channel");
     let got = dst_mem.buffer().unwrap().to_vec().unwrap();
     assert!(got[..100].iter().chain(&got[300..]).all(|&b| b == 0));
