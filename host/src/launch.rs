@@ -106,7 +106,13 @@ impl Module {
             Some(m) => Some(m.kernel(k.name)?),
             None => None,
         };
-        Ok(Kernel { k, exec: self.exec.clone(), gpu, reports: Mutex::default() })
+        // On the GPU the reports outlive the kernel (its drop would free them while other kernels run); on the
+        // host freeing memory waits for nothing.
+        let reports = match &self.exec {
+            Executor::Gpu(g) => g.launch_reports(),
+            Executor::Cpu => Arc::default(),
+        };
+        Ok(Kernel { k, exec: self.exec.clone(), gpu, reports })
     }
 }
 
@@ -115,8 +121,9 @@ pub struct Kernel<A: LaunchArgs> {
     k: &'static KernelFn<A>,
     exec: Executor,
     gpu: Option<cuda::Kernel>,
-    /// The launches' error reports, kept for later launches once a launch has ended ([`Kernel::report`]).
-    reports: Mutex<Vec<Arc<MappedBuf>>>,
+    /// The launches' error reports, kept for later launches once a launch has ended ([`Kernel::report`]): on
+    /// the GPU the pool of the `Gpu`, shared by its kernels.
+    reports: Arc<Mutex<Vec<Arc<MappedBuf>>>>,
 }
 
 impl<A: LaunchArgs> Kernel<A> {
@@ -204,11 +211,12 @@ impl<A: LaunchArgs> Kernel<A> {
         Ok(running)
     }
 
-    /// A zeroed error report for one launch: one that no launch of this kernel holds any more, else a new one.
-    /// Reports are kept while the kernel lives, never freed after a launch: on the GPU freeing pinned memory
-    /// (`cuMemFreeHost`) waits for every running kernel of the device, those of other ranks of the process
-    /// included, and holds up other threads' CUDA calls meanwhile, the emulated NICs' copies among them, so a
-    /// rank that freed its report after its launch could stall a peer's NIC until that peer's kernel, waiting
+    /// A zeroed error report for one launch: one of the pool that no launch holds any more, else a new one.
+    /// Reports are never freed after a launch, nor when the kernel drops: on the GPU the pool is the `Gpu`'s
+    /// and lives as long as it. Freeing pinned memory (`cuMemFreeHost`) waits for every running kernel of
+    /// the device, those of other ranks of the process included, and holds up other threads' CUDA calls
+    /// meanwhile, the emulated NICs' among them, so a rank that freed its report after its launch (or
+    /// dropped its `Kernel`, made for one launch) could stall a peer's NIC until that peer's kernel, waiting
     /// on the NIC, timed out.
     ///
     /// # Errors

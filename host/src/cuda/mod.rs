@@ -60,6 +60,7 @@ pub use module::{Kernel, KernelArg, LaunchConfig, Module};
 pub use stream::Stream;
 
 use crate::drop_errors::DropErrors;
+use crate::mem::MappedBuf;
 use crate::{Error, Result};
 
 use driver::{check, DriverLibrary};
@@ -123,6 +124,8 @@ pub struct Gpu {
     util: Arc<Stream>,
     /// Modules loaded so far, with the PTX text they came from, so that each PTX is JIT-compiled once.
     modules: Mutex<Vec<(String, Arc<Module>)>>,
+    /// The error reports of kernel launches on this GPU, kept for later launches ([`Gpu::launch_reports`]).
+    reports: Arc<Mutex<Vec<Arc<MappedBuf>>>>,
 }
 
 impl fmt::Debug for Gpu {
@@ -192,7 +195,17 @@ impl Gpu {
             driver_version: (version / 1000, version % 1000 / 10),
             util,
             modules: Mutex::new(Vec::new()),
+            reports: Arc::default(),
         }))
+    }
+
+    /// The pool of pinned error reports that kernel launches on this GPU take and give back
+    /// (`launch::Kernel`): kept for the `Gpu`'s lifetime, so that dropping a kernel frees nothing. A free of
+    /// pinned memory waits for every running kernel of the device and holds up other threads' CUDA calls
+    /// meanwhile (see the module docs); a rank that dropped its kernel's reports after its launch could stall
+    /// a peer rank's NIC until that peer's kernel, waiting on the NIC, timed out.
+    pub(crate) fn launch_reports(&self) -> Arc<Mutex<Vec<Arc<MappedBuf>>>> {
+        Arc::clone(&self.reports)
     }
 
     /// The ordinal this GPU was opened with.
