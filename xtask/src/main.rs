@@ -60,7 +60,8 @@ enum Task {
     },
     /// Build the PTX, assemble it for sm_90, write the SASS of kernels to target/sass/KERNEL.sass (cuobjdump;
     /// installs the cuobjdump and nvdisasm wheels when missing) and print, per kernel, its static instruction
-    /// count and the instructions, fences, MMIO stores and loads of its fast path (method: xtask/src/sass.rs).
+    /// count and the instructions, fences, MMIO stores and loads of its fast path, then its posting loops
+    /// (loops with an MMIO store) with their local-memory accesses (method: xtask/src/sass.rs).
     Sass {
         /// Kernel to analyse, repeatable (default: every gdaki_sass_* kernel).
         #[arg(long = "kernel", value_name = "NAME")]
@@ -68,6 +69,10 @@ enum Task {
         /// Numbers of MMIO stores that define the fast paths: 1 is a doorbell, 8 a BlueFlame write.
         #[arg(long, value_delimiter = ',', default_values_t = [sass::DOORBELL_STORES, sass::BLUE_FLAME_STORES])]
         mmio: Vec<u32>,
+        /// Fail (exit code 1) when a posting loop of the analysed kernels, outside the device crate's slow
+        /// paths, has more local-memory accesses than this: a loop that spilled its state to the stack.
+        #[arg(long, value_name = "N")]
+        max_loop_local: Option<usize>,
     },
 }
 
@@ -77,7 +82,7 @@ fn main() -> ExitCode {
         Task::BuildPtx { require_ptxas, time } => build_ptx_task(require_ptxas, time).map(|()| ExitCode::SUCCESS),
         Task::Test { args } => test_task(&args),
         Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets).map(|()| ExitCode::SUCCESS),
-        Task::Sass { kernels, mmio } => sass_task(&kernels, &mmio).map(|()| ExitCode::SUCCESS),
+        Task::Sass { kernels, mmio, max_loop_local } => sass_task(&kernels, &mmio, max_loop_local),
         Task::Loom { args } => loom_task(&args),
     };
     result.unwrap_or_else(|error| {
@@ -183,7 +188,7 @@ fn remove_dir(dir: &PathBuf) -> Result<()> {
     }
 }
 
-fn sass_task(kernels: &[String], mmio: &[u32]) -> Result<()> {
+fn sass_task(kernels: &[String], mmio: &[u32], max_loop_local: Option<usize>) -> Result<ExitCode> {
     let workspace = Workspace::current()?;
     let mut installer = Installer::new(workspace.install_log());
     let ptxas = prereq::ensure_ptxas(&mut installer, &workspace.ptxas_wheel_dir())?;
@@ -195,7 +200,7 @@ fn sass_task(kernels: &[String], mmio: &[u32]) -> Result<()> {
     let nvdisasm = tool("nvdisasm", "NVDISASM", prereq::NVDISASM_WHEEL)?;
     let cubin = workspace.ptx_dir().join(format!("gdaki_testkit_kernels.{ARCH}.cubin"));
     let out = workspace.sass_dir();
-    let rows = sass::analyse(&cuobjdump, &nvdisasm, &cubin, kernels, mmio, &out)?;
+    let (rows, loops) = sass::analyse(&cuobjdump, &nvdisasm, &cubin, kernels, mmio, &out)?;
     let version = |tool: &Path| ptxas::version(tool).unwrap_or_else(|| "version unknown".into());
     println!("cuobjdump: {} ({})", cuobjdump.display(), version(&cuobjdump));
     println!("nvdisasm: {} ({})", nvdisasm.display(), version(&nvdisasm));
@@ -206,7 +211,23 @@ fn sass_task(kernels: &[String], mmio: &[u32]) -> Result<()> {
          (.STRONG.SYS load), loops run at most once, branches decided by known constants; read the path listings \
          before quoting a count (method and assumptions: xtask/src/sass.rs)"
     );
-    Ok(())
+    if !loops.is_empty() {
+        print!("{}", sass::loop_table(&loops));
+    }
+    if let Some(max) = max_loop_local {
+        let spilled: Vec<_> = loops.iter().filter(|l| !l.slow && l.local > max).collect();
+        if !spilled.is_empty() {
+            for l in spilled {
+                eprintln!(
+                    "xtask sass: {} loop {:#x}-{:#x} in {}: {} local-memory accesses (at most {max}): its state \
+                     went to the stack",
+                    l.kernel, l.start, l.end, l.function, l.local
+                );
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn loom_task(args: &[String]) -> Result<ExitCode> {

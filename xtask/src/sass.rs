@@ -50,6 +50,15 @@
 //! global addresses (`LD`, `LDG`; which of them read host-mapped memory depends on where the host put the
 //! handles; the ordered ones, `.STRONG.SYS`, are always memory the NIC writes and are 0 by step 3), other
 //! stores, and local-memory (stack) accesses (`LDL`, `STL`).
+//!
+//! # Posting loops
+//! A benchmark's or a user's kernel posts in a loop; its speed depends on the loop keeping its state (the QP's
+//! counters, the loop's own) in registers. [`posting_loops`] lists, per function, each loop (a branch back to
+//! an earlier label of the same function) whose body holds an MMIO store, with its instructions and its
+//! local-memory accesses, counted over the body's address range (slow paths laid out inside it included).
+//! A loop that spilled shows tens of `LDL`/`STL` where one in registers shows a few on its slow paths:
+//! `--max-loop-local` turns that into a failure, for CI, which has no GPU to time the loop on. Loops of the
+//! device crate's out-of-line slow paths (`qp::out_of_line`) are listed and marked, not checked.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -908,6 +917,88 @@ pub fn cuobjdump_count(listing: &str) -> usize {
         .count()
 }
 
+/// A loop of one function whose body holds an MMIO store ([`posting_loops`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostingLoop {
+    /// Kernel of the section.
+    pub kernel: String,
+    /// Function the loop is in.
+    pub function: String,
+    /// Addresses of the loop's first instruction (the branch's target) and of its branch back.
+    pub start: u32,
+    /// See [`PostingLoop::start`].
+    pub end: u32,
+    /// Instructions from the first to the branch back, NOPs excluded.
+    pub instructions: usize,
+    /// MMIO stores among them.
+    pub mmio: usize,
+    /// Local-memory accesses (`LDL`, `STL`) among them.
+    pub local: usize,
+    /// Whether the loop is in a slow path the device crate runs out of line (`qp::out_of_line`: waiting
+    /// for room, polling the CQ), where state on the stack costs nothing on the fast path.
+    pub slow: bool,
+}
+
+/// The function the device crate's slow paths run in (`Qp::cold`), by its symbol's name.
+const SLOW_PATH_FN: &str = "out_of_line";
+
+/// The loops of `section` whose body holds an MMIO store: every branch to a label at or before it in the same
+/// function is a loop from that label to the branch (the layouts of structured Rust put each loop's body
+/// there, with the slow paths ptxas lays out inside it). Loops nested in one another are listed each.
+pub fn posting_loops(section: &Section) -> Vec<PostingLoop> {
+    let mut loops = Vec::new();
+    for f in &section.functions {
+        for (i, insn) in f.insns.iter().enumerate() {
+            if insn.base() != "BRA" || insn.never() {
+                continue;
+            }
+            let Some(&start) = insn.target.as_ref().and_then(|t| f.labels.get(t)) else { continue };
+            if start > i {
+                continue;
+            }
+            let body = &f.insns[start..=i];
+            let mmio = body.iter().filter(|b| b.is_mmio()).count();
+            if mmio == 0 {
+                continue;
+            }
+            loops.push(PostingLoop {
+                kernel: section.kernel.clone(),
+                function: f.name.clone(),
+                start: f.insns[start].addr,
+                end: insn.addr,
+                instructions: body.iter().filter(|b| b.base() != "NOP").count(),
+                mmio,
+                local: body.iter().filter(|b| b.is_local()).count(),
+                slow: f.name.contains(SLOW_PATH_FN),
+            });
+        }
+    }
+    loops
+}
+
+/// Formats the posting loops as a table.
+pub fn loop_table(loops: &[PostingLoop]) -> String {
+    let width = loops.iter().map(|l| l.kernel.len()).max().unwrap_or(0).max("kernel".len());
+    let mut out = format!(
+        "{:<width$}  {:>15}  {:>12}  {:>4}  {:>11}  {:<4}  function\n",
+        "kernel", "posting loop", "instructions", "MMIO", "local ld/st", "slow"
+    );
+    for l in loops {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>15}  {:>12}  {:>4}  {:>11}  {:<4}  {}",
+            l.kernel,
+            format!("{:#x}-{:#x}", l.start, l.end),
+            l.instructions,
+            l.mmio,
+            l.local,
+            if l.slow { "yes" } else { "" },
+            l.function
+        );
+    }
+    out
+}
+
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
@@ -923,7 +1014,8 @@ pub struct Row {
 
 /// Disassembles `cubin`'s `kernels` (all `gdaki_sass_*` entries when empty): writes
 /// `<out>/<kernel>.sass` (`cuobjdump -sass`), and for each of `mmio` (numbers of MMIO stores) the fast path's
-/// listing `<out>/<kernel>.path-<k>.sass`; returns one row per kernel and path.
+/// listing `<out>/<kernel>.path-<k>.sass`; returns one row per kernel and path, and the kernels' posting
+/// loops ([`posting_loops`]).
 ///
 /// # Errors
 /// A tool fails, a kernel is not in the cubin, the two disassemblers disagree on the instruction count, or
@@ -935,7 +1027,7 @@ pub fn analyse(
     kernels: &[String],
     mmio: &[u32],
     out: &Path,
-) -> Result<Vec<Row>> {
+) -> Result<(Vec<Row>, Vec<PostingLoop>)> {
     let text = output(Command::new(nvdisasm).arg("-c").arg(cubin))?;
     let sections = parse_nvdisasm(&text).context("cannot read nvdisasm's listing")?;
     let chosen: Vec<&Section> = if kernels.is_empty() {
@@ -956,8 +1048,10 @@ pub fn analyse(
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut rows = Vec::new();
+    let mut loops = Vec::new();
     for section in chosen {
         let kernel = &section.kernel;
+        loops.extend(posting_loops(section));
         let sass = cuobjdump_sass(cuobjdump, nvdisasm, kernel, cubin)?;
         write(&out.join(format!("{kernel}.sass")), &sass)?;
         let listed = cuobjdump_count(&sass);
@@ -976,7 +1070,7 @@ pub fn analyse(
             rows.push(Row { kernel: kernel.clone(), static_count: section.static_count(), mmio: k, counts });
         }
     }
-    Ok(rows)
+    Ok((rows, loops))
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
@@ -1225,6 +1319,47 @@ w:
             "/*0000*/ LDL R6, [R1+0x28] ;",
         ]);
         assert_eq!(k.value("R6"), None);
+    }
+
+    /// A kernel with a posting loop that spilled (an `STL` and an `LDL` around its doorbell), a loop without an
+    /// MMIO store, and a slow-path function whose waiting loop rings.
+    const LOOPS: &str = r#"
+	.section	.text.p,"ax",@progbits
+        .type           p,@function
+        .other          p,@"STO_CUDA_ENTRY STV_DEFAULT"
+p:
+.text.p:
+        /*0000*/                   MOV R0, 0x4 ;
+.L_x_1:
+        /*0010*/                   LDL R5, [R1+0x8] ;
+        /*0020*/                   ST.E.128 desc[UR4][R2.64], R4 ;
+        /*0030*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+        /*0040*/                   STL [R1+0x8], R5 ;
+        /*0050*/                   VIADD R0, R0, 0xffffffff ;
+        /*0060*/                   ISETP.NE.U32.AND P0, PT, R0, RZ, PT ;
+        /*0070*/               @P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0080*/                   LDL R6, [R1] ;
+        /*0090*/               @P1 BRA `(.L_x_2) ;
+        /*00a0*/                   CALL.REL.NOINC `($p$_RNvNtCs1_5gdaki_device2qp11out_of_line) ;
+        /*00b0*/                   EXIT ;
+        .type           $p$_RNvNtCs1_5gdaki_device2qp11out_of_line,@function
+$p$_RNvNtCs1_5gdaki_device2qp11out_of_line:
+.L_x_3:
+        /*00c0*/                   STL [R1], R4 ;
+        /*00d0*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+        /*00e0*/               @P2 BRA `(.L_x_3) ;
+        /*00f0*/                   RET.REL.NODEC R0 `(p) ;
+"#;
+
+    #[test]
+    fn posting_loops_are_the_loops_with_an_mmio_store_and_count_their_stack_accesses() {
+        let sections = parse_nvdisasm(LOOPS).unwrap();
+        let loops = posting_loops(&sections[0]);
+        let got: Vec<_> = loops.iter().map(|l| (l.start, l.end, l.instructions, l.mmio, l.local, l.slow)).collect();
+        // The loop without a doorbell (0x80-0x90) is not one; the slow path's is, marked slow.
+        assert_eq!(got, [(0x10, 0x70, 7, 1, 2, false), (0xc0, 0xe0, 3, 1, 1, true)]);
+        assert!(loop_table(&loops).lines().nth(2).unwrap().contains("yes"));
     }
 
     #[test]
