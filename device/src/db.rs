@@ -76,8 +76,9 @@ fn release_before_doorbell<const GPU: bool>() {
 
 /// Rings the doorbell: after a release fence (`fence.release.gpu` for queues in GPU memory,
 /// `fence.release.sys` for queues in host memory), stores `ctrl_bits` (the first 8 bytes of the last posted
-/// WQE's ctrl segment, see [`CtrlSeg::doorbell_bits`](gdaki_shared::prm::wqe::CtrlSeg::doorbell_bits)) to the
-/// doorbell register (UAR + `0x800`).
+/// WQE's ctrl segment, see [`CtrlSeg::doorbell_bits`](gdaki_shared::prm::wqe::CtrlSeg::doorbell_bits), or the
+/// producer index alone, [`CtrlSeg::producer_doorbell`](gdaki_shared::prm::wqe::CtrlSeg::producer_doorbell)) to
+/// the doorbell register (UAR + `0x800`).
 ///
 /// # Safety
 /// `bf_reg` must be the QP's doorbell register, the dbrec must already carry the producer index, and

@@ -32,6 +32,18 @@ pub trait Scope: sealed::Sealed {
     /// As [`Scope::fetch_add`].
     unsafe fn store_release(p: *mut u64, v: u64);
 
+    /// Release fence at this scope: every access before it is performed for the scope's threads before any
+    /// store after it. Followed by a relaxed [`Scope::cas`], it makes that CAS a release (PTX's release
+    /// pattern; C++'s release fence before an atomic write), so a poster can fence once and then retry the CAS.
+    fn fence_release();
+
+    /// Relaxed compare-and-swap of a `u64`: stores `new` if the value is `cur`; returns the value found (`cur`
+    /// when it swapped).
+    ///
+    /// # Safety
+    /// As [`Scope::fetch_add`].
+    unsafe fn cas(p: *mut u64, cur: u64, new: u64) -> u64;
+
     /// Takes the lock word `p` (0 → 1, acquire) if it is free; returns whether it did.
     ///
     /// # Safety
@@ -115,6 +127,37 @@ macro_rules! scope_impl {
                 // SAFETY: the caller guarantees `p`.
                 unsafe {
                     crate::twin::store_u64(p, v, core::sync::atomic::Ordering::Release)
+                }
+            }
+
+            #[inline(always)]
+            fn fence_release() {
+                #[cfg(target_arch = "nvptx64")]
+                // SAFETY: a fence has no operands and no memory effects besides ordering.
+                unsafe {
+                    core::arch::asm!(concat!("fence.release.", $s, ";"), options(nostack))
+                };
+                #[cfg(not(target_arch = "nvptx64"))]
+                crate::twin::fence(core::sync::atomic::Ordering::Release);
+            }
+
+            #[inline(always)]
+            unsafe fn cas(p: *mut u64, cur: u64, new: u64) -> u64 {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let old: u64;
+                    // SAFETY: the caller guarantees `p`.
+                    unsafe {
+                        core::arch::asm!(concat!("atom.relaxed.", $s, ".cas.b64 {o}, [{p}], {c}, {n};"),
+                            o = out(reg64) old, p = in(reg64) p, c = in(reg64) cur, n = in(reg64) new,
+                            options(nostack))
+                    };
+                    old
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                // SAFETY: the caller guarantees `p`.
+                unsafe {
+                    crate::twin::cas_u64(p, cur, new, core::sync::atomic::Ordering::Relaxed)
                 }
             }
 

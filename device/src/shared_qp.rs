@@ -10,8 +10,14 @@
 //! none. A team post ([`SharedQp::post_team`]: the threads of one CTA together, one reservation and one doorbell for
 //! all) asks for one on its last WQE only, which comes after any quarter's end inside the batch. Doorbells are batched:
 //! a poster that publishes while a later one has reserved leaves the doorbell to it, and every doorbell, rung under a
-//! lock with the newest published WQE's ctrl bits, covers all WQEs published before it; anyone who waits on unrung WQEs
-//! rings them, so skipping a doorbell never stalls a waiter.
+//! lock with the published producer index ([`CtrlSeg::producer_doorbell`]), covers all WQEs published before it;
+//! anyone who waits on unrung WQEs rings them, so skipping a doorbell never stalls a waiter.
+//!
+//! The in-order publication is a chain: each poster's turn comes when the one before it has published, so the
+//! time between two turns bounds the rate of the whole QP. A turn costs one compare-and-swap of `ready` (the
+//! poster's release fence comes before it starts waiting, not after its turn came), as NVSHMEM IBGDA's
+//! `ready_head` does; only a WQE that asks for a CQE, whose poster also records it in `sig_first`/`sig_end`,
+//! takes its turn by a load and publishes with a release store.
 //!
 //! A poster whose wait for room or for its turn times out leaves its reserved WQEBBs unpublished: later posters
 //! then time out too (the QP is stuck), and every one of them reports why.
@@ -35,7 +41,7 @@ use crate::wait::{bounded, bounded_steps, Step};
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::handle::{ErrorReport, QpHandle, SqState};
-use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs};
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg};
 
 /// The most WQEBBs one reservation of [`SharedQp::post`] takes: a warp's 32 lanes (one on the host) of
 /// [`crate::wqe::MAX_DS`]-segment WQEs.
@@ -135,10 +141,6 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // SAFETY: as in `resv`.
         self.word(|s| unsafe { addr_of_mut!((*s).sig_end) })
     }
-    fn last_db(&self) -> *mut u64 {
-        // SAFETY: as in `resv`.
-        self.word(|s| unsafe { addr_of_mut!((*s).last_db) })
-    }
     fn rung(&self) -> *mut u64 {
         // SAFETY: as in `resv`.
         self.word(|s| unsafe { addr_of_mut!((*s).rung) })
@@ -158,10 +160,6 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     fn team_base(&self) -> *mut u64 {
         // SAFETY: as in `resv`.
         self.word(|s| unsafe { addr_of_mut!((*s).team_base) })
-    }
-    fn team_bits(&self) -> *mut u64 {
-        // SAFETY: as in `resv`.
-        self.word(|s| unsafe { addr_of_mut!((*s).team_bits) })
     }
     fn team_err(&self, i: usize) -> *mut u64 {
         // SAFETY: as in `resv`; `i` < 4 (the callers' loops).
@@ -205,13 +203,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         let (idx, end) = (base + w.rank() as u64 * n, base + total);
         w.share_result(if lead { self.wait_room(end, total) } else { Ok(()) })?;
         let cqe = signaled || ends_period(idx, n as u32, cqe_period(self.wqe_cnt()));
-        let bits = self.store(idx, &wqe, if cqe { fm_ce_se::CQ_UPDATE } else { 0 });
-        let last_bits = w.shfl(bits, w.last());
+        self.store(idx, &wqe, if cqe { fm_ce_se::CQ_UPDATE } else { 0 });
         let last_cqe = w.shfl(cqe as u64, w.last()) != 0;
         // Every lane's WQE is stored before the leader publishes them (bar.warp.sync orders the members'
         // accesses; the leader's release then covers them).
         w.sync();
-        w.share_result(if lead { self.publish(base, end, end - n, last_bits, last_cqe) } else { Ok(()) })?;
+        w.share_result(if lead { self.publish(base, end, end - n, last_cqe) } else { Ok(()) })?;
         Ok(Ticket(idx))
     }
 
@@ -302,26 +299,19 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             if err.is_none() {
                 let idx = base + rank as u64;
                 let flags = if idx == last { fm_ce_se::CQ_UPDATE } else { 0 };
-                let bits = self.store(idx, w, flags);
-                if idx == last {
-                    // SAFETY: a team word, read by the leader after the next barrier.
-                    unsafe { sync::store_volatile(self.team_bits(), bits) };
-                }
+                self.store(idx, w, flags);
             }
         }
-        // Barrier 4: every member has read the team words, every WQE is stored (before the leader's release
-        // in `publish`: the barrier orders the members' stores before it), and the last one's bits are in
-        // `team_bits`.
+        // Barrier 4: every member has read the team words and every WQE is stored (before the leader's release
+        // in `publish`: the barrier orders the members' stores before it).
         let _ = g.barrier_or(false);
         let mut r = Ok(());
         if lead {
-            // SAFETY: the lock holder's word, stored by the last member before the barrier.
-            let bits = unsafe { sync::load_volatile(self.team_bits()) };
             // SAFETY: the lock this leader holds; every member has read the team words (the barrier).
             unsafe { S::unlock(self.team_lock()) };
             r = match err {
                 Some(e) => Err(e),
-                None => self.publish(base, base + n, last, bits, true),
+                None => self.publish(base, base + n, last, true),
             };
         }
         // Barrier 5: the leader's publication.
@@ -379,39 +369,47 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         )
     }
 
-    /// Stores `w` at WQEBB index `idx` of the ring with completion flags `flags`; returns its doorbell bits.
+    /// Stores `w` at WQEBB index `idx` of the ring with completion flags `flags`.
     #[inline(always)]
-    fn store<const N: usize>(&self, idx: u64, w: &Wqe<N>, flags: u8) -> u64 {
+    fn store<const N: usize>(&self, idx: u64, w: &Wqe<N>, flags: u8) {
         // SAFETY: fields of a valid handle that only the host writes (contract of `new`).
         let (qpn, buf) = unsafe { ((*self.h).qpn, (*self.h).sq_buf) };
         let segs = w.encode(Ctrl { idx: idx as u16, qpn, fm_ce_se: flags });
         // SAFETY: a valid ring (contract of `new`); WQEBBs from `idx` are this poster's (reserved, and retired by
         // the NIC: the room check).
         unsafe { sq::write_segs(buf, self.wqe_cnt(), idx, &segs, w.ds()) };
-        segs[0].0[0]
     }
 
     /// Waits for the turn of the WQEs `[first, end)` (stored), publishes them (`last` is the last one's index,
-    /// `bits` its doorbell bits, `cqe` whether it asked for a CQE), and rings unless a later poster exists
-    /// (whose doorbell covers them).
-    fn publish(&self, first: u64, end: u64, last: u64, bits: u64, cqe: bool) -> Result<()> {
-        bounded(
-            self.timeout_ns,
-            // SAFETY: the state's words (contract of `new`).
-            || Ok((unsafe { S::load_acquire(self.ready()) } == first).then_some(())),
-            || WaitOn::Publish { wqe_index: first },
-        )?;
-        // SAFETY: the state's words (contract of `new`). This poster holds its turn: no other poster stores
-        // them until `ready` moves on. `last_db` is released after the WQEs' stores, so a thread that rings with
-        // it (acquire) has them ordered before its system-scope fence and doorbell; `sig_first`/`sig_end` are
-        // ordered before `ready` by its release, for flushers and for the QP's next Exclusive poster.
-        unsafe {
-            if cqe {
+    /// `cqe` whether it asked for a CQE), and rings unless a later poster exists (whose doorbell covers them).
+    fn publish(&self, first: u64, end: u64, last: u64, cqe: bool) -> Result<()> {
+        let on = || WaitOn::Publish { wqe_index: first };
+        if cqe {
+            bounded(
+                self.timeout_ns,
+                // SAFETY: the state's words (contract of `new`).
+                || Ok((unsafe { S::load_acquire(self.ready()) } == first).then_some(())),
+                on,
+            )?;
+            // SAFETY: the state's words (contract of `new`). This poster holds its turn: no other poster stores
+            // them until `ready` moves on. The release of `ready` orders the WQEs' stores before it, for the
+            // thread that rings (acquire), and `sig_first`/`sig_end`, for flushers and for the QP's next
+            // Exclusive poster.
+            unsafe {
                 sync::store_volatile(self.sig_first(), last + 1);
                 sync::store_volatile(self.sig_end(), end);
+                S::store_release(self.ready(), end);
             }
-            S::store_release(self.last_db(), bits);
-            S::store_release(self.ready(), end);
+        } else {
+            // The release comes first, while earlier posters still publish: the turn then costs only the CAS
+            // that takes it, which is also the publication (`ready` moves from `first` only by this poster).
+            S::fence_release();
+            bounded(
+                self.timeout_ns,
+                // SAFETY: the state's word (contract of `new`), used atomically by every poster.
+                || Ok((unsafe { S::cas(self.ready(), first, end) } == first).then_some(())),
+                on,
+            )?;
         }
         // A later poster exists: its doorbell (or that of whoever waits on these WQEs) will cover these.
         // SAFETY: as above.
@@ -430,28 +428,26 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
 
     /// Rings the doorbell for every published WQE if some are unrung and no other thread is ringing: one
-    /// doorbell with the newest published WQE's ctrl bits covers all of them (the NIC executes the SQ in
-    /// order). The dbrec carries that WQE's end, so it never goes backwards.
+    /// doorbell with the published producer index covers all of them (the NIC executes the SQ in order). The
+    /// dbrec carries that index, so it never goes backwards.
+    ///
+    /// The doorbell names no WQE ([`CtrlSeg::producer_doorbell`], NVSHMEM IBGDA's form): the ringer knows only
+    /// `ready`, and a doorbell carrying the last WQE's ctrl bits would need them published beside `ready`, a
+    /// second release on every poster's turn.
     pub fn ring_pending(&self) {
         // SAFETY: the state's words and the QP's dbrec and doorbell register (contract of `new`; the handle's
         // fields read here only the host writes); `rung`, the dbrec and the doorbell are written only under
-        // `db_lock`.
+        // `db_lock`. `ready`'s acquire orders the WQEs below it (released by their posters) before the dbrec
+        // and doorbell stores, whose own releases pass them on to the NIC.
         unsafe {
             if S::load_acquire(self.rung()) >= S::load_acquire(self.ready()) || !S::try_lock(self.db_lock()) {
                 return;
             }
-            let r = S::load_acquire(self.ready());
-            // At least as new as the WQE ending at `r`: a later publisher may have stored its own since.
-            let bits = S::load_acquire(self.last_db());
-            let b = bits.to_ne_bytes();
-            let idx = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) >> 8;
-            let ds = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) & 0x3f;
-            let end16 = (idx + wqebbs(ds)) as u16;
-            let pi = r + end16.wrapping_sub(r as u16) as u64;
+            let pi = S::load_acquire(self.ready());
             if pi > S::load_acquire(self.rung()) {
                 let h = self.h;
                 db::update_dbrec((*h).dbrec, pi, (*h).placement);
-                db::ring_db((*h).bf_reg, bits, (*h).placement);
+                db::ring_db((*h).bf_reg, CtrlSeg::producer_doorbell(pi as u16, (*h).qpn), (*h).placement);
                 S::store_release(self.rung(), pi);
             }
             S::unlock(self.db_lock());

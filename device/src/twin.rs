@@ -62,6 +62,16 @@ mod backend {
         unsafe { AtomicU32::from_ptr(p) }.compare_exchange(cur, new, o, Ordering::Relaxed).is_ok()
     }
 
+    /// Compare-and-swap `cur` → `new` on a `u64`; the value found (`cur` when it swapped).
+    ///
+    /// # Safety
+    /// As [`store_u64`].
+    #[inline(always)]
+    pub(crate) unsafe fn cas_u64(p: *mut u64, cur: u64, new: u64, o: Ordering) -> u64 {
+        // SAFETY: the caller's contract.
+        unsafe { AtomicU64::from_ptr(p) }.compare_exchange(cur, new, o, Ordering::Relaxed).unwrap_or_else(|v| v)
+    }
+
     #[inline(always)]
     pub(crate) fn fence(o: Ordering) {
         core_fence(o)
@@ -208,6 +218,17 @@ mod backend {
     /// As the core backend's.
     pub(crate) unsafe fn cas_u32(p: *mut u32, cur: u32, new: u32, o: Ordering) -> bool {
         update_u32(p, o, |old| (old == cur).then_some(new)).is_ok()
+    }
+
+    /// # Safety
+    /// As the core backend's.
+    pub(crate) unsafe fn cas_u64(p: *mut u64, cur: u64, new: u64, o: Ordering) -> u64 {
+        let r = cell(p as usize).compare_exchange(cur, new, o, Ordering::Relaxed);
+        if r.is_ok() {
+            // SAFETY: as in `store_u64`.
+            unsafe { p.write_volatile(new) };
+        }
+        r.unwrap_or_else(|v| v)
     }
 
     pub(crate) fn fence(o: Ordering) {

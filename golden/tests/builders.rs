@@ -49,6 +49,20 @@ proptest! {
         prop_assert_eq!(seg.doorbell_bits().to_ne_bytes(), <[u8; 8]>::try_from(&c[..8]).unwrap());
     }
 
+    /// The producer-index doorbell (NVSHMEM IBGDA's form: no last WQE named) is the first 8 bytes of what
+    /// `mlx5dv_set_ctrl_seg` writes for WQE index `pi`, opcode 0 and `ds` 0, and the emulated NIC's producer
+    /// index rule (`wqe_index + ceil(ds / 4)`) reads `pi` back from it.
+    #[test]
+    fn producer_doorbell_matches_mlx5dv(pi: u16, qpn in 0u32..1 << 24) {
+        let c = c_ctrl(pi, 0, 0, qpn, 0, 0, 0, 0);
+        let bits = CtrlSeg::producer_doorbell(pi, qpn);
+        prop_assert_eq!(bits.to_ne_bytes(), <[u8; 8]>::try_from(&c[..8]).unwrap());
+        let mut seg = [0u8; 16];
+        seg[..8].copy_from_slice(&bits.to_ne_bytes());
+        let seg: CtrlSeg = bytemuck::pod_read_unaligned(&seg);
+        prop_assert_eq!((seg.wqe_index(), seg.ds(), seg.qpn()), (pi, 0, qpn));
+    }
+
     /// The helper writes every byte but `dci_stream_channel_id` (9..11): from any prior contents, the bytes it
     /// writes equal ours, and bytes 9..11 keep their old value (ours writes zero there; so WQE writers that
     /// build a whole `CtrlSeg` need not zero the ring first).

@@ -96,10 +96,11 @@ pub struct QpHandle {
 /// when its CQ polls (which also move `cq.cons_index`) retire WQEs. Shared posters
 /// (`gdaki_device::shared_qp::SharedQp`) run this protocol: posting a WQE of `n` WQEBBs, `pi += n` (atomic)
 /// reserves `[idx, idx + n)`; the poster waits until `idx + n - ci <= wqe_cnt`, stores the WQE, waits until
-/// `ready == idx`, stores `sig_first`/`sig_end` if it asked for a CQE, `last_db` (its ctrl segment's doorbell
-/// bits, release) and `ready = idx + n` (release), so `ready` only moves over complete WQEs, in order.
-/// Doorbells are rung under `db_lock` with the newest `last_db`, which covers every WQE published before it,
-/// so dbrec values never go backwards and one doorbell may cover many WQEs: a poster that sees a later
+/// `ready == idx` and moves it to `idx + n` (a release fence, then a compare-and-swap `idx` → `idx + n`; a WQE
+/// that asked for a CQE: an acquire load of `ready`, stores of `sig_first`/`sig_end`, a release store), so
+/// `ready` only moves over complete WQEs, in order. Doorbells are rung under `db_lock` with the producer index
+/// `ready` (the ctrl fields of no WQE), which covers every WQE published before it, so dbrec values never go
+/// backwards and one doorbell may cover many WQEs: a poster that sees a later
 /// reservation leaves the doorbell to the later poster; the last one rings, and so does any thread that waits
 /// on unrung WQEs (for room or in `flush`). A shared WQE asks for a CQE when its poster asks, and when it
 /// covers the last WQEBB of an aligned quarter of the ring (less on rings too small for a warp's batch beside a
@@ -111,7 +112,7 @@ pub struct QpHandle {
 /// A team post (the threads of one CTA together, one WQEBB each) makes one reservation: its leader takes
 /// `team_lock`, adds the whole batch to `pi`, waits for room and leaves the base in `team_base`; after a
 /// CTA barrier every member stores its WQE (only the last asks for a CQE), and after another the leader
-/// publishes the batch as one poster would (`last_db`, `ready`) and rings once.
+/// publishes the batch as one poster would and rings once.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct SqState {
@@ -130,8 +131,6 @@ pub struct SqState {
     /// WQEBB index + 1 of the first WQE that completed in error, 0 while none has. The QP is in the error
     /// state from then on, and waits on that WQE or any later one report [`SqState::err`].
     pub err_idx: u64,
-    /// Doorbell bits (the ctrl segment's first 8 bytes, as stored) of the last WQE a shared poster published.
-    pub last_db: u64,
     /// Producer index the last doorbell announced (WQEBBs below it are rung).
     pub rung: u64,
     /// That error CQE, packed `syndrome << 24 | vendor_err_synd << 16 | wqe_counter`.
@@ -140,17 +139,17 @@ pub struct SqState {
     pub poll_lock: u32,
     /// 1 while a thread writes the dbrec and rings the doorbell, else 0.
     pub db_lock: u32,
-    /// 1 while a team post (the threads of one CTA posting together) owns the three `team_*` words below,
+    /// 1 while a team post (the threads of one CTA posting together) owns the two `team_*` words below,
     /// else 0: its leader takes it before its reservation and releases it once every member has read them.
     pub team_lock: u32,
     /// The team post's first WQEBB index, which its leader reserved for all members.
     pub team_base: u64,
-    /// The doorbell bits of the team post's last WQE (stored by the member that built it).
-    pub team_bits: u64,
     /// The leader's error while reserving, for the other members: words 0, 1, 3 and 4 of its `ErrorReport`
     /// (kind and CQE fields, `expected`, `detail`, `addr`; no error it can meet there has a `seen`); word 0 is
     /// 0 when there was none.
     pub team_err: [u64; 4],
+    /// Zero: keeps the state 128 bytes (the handle's second half).
+    pub pad: [u64; 2],
 }
 
 impl SqState {
@@ -164,15 +163,14 @@ impl SqState {
             sig_first: consumed,
             sig_end: consumed,
             err_idx: 0,
-            last_db: 0,
             rung: consumed,
             err: 0,
             poll_lock: 0,
             db_lock: 0,
             team_lock: 0,
             team_base: 0,
-            team_bits: 0,
             team_err: [0; 4],
+            pad: [0; 2],
         }
     }
 }
@@ -235,9 +233,9 @@ const _: () = {
     assert!(offset_of!(QpHandle, cq) == 32);
     assert!(offset_of!(QpHandle, sq) == 128);
     assert!(size_of::<SqState>() == 128);
-    assert!(offset_of!(SqState, team_lock) == 76);
-    assert!(offset_of!(SqState, team_base) == 80);
-    assert!(offset_of!(SqState, team_err) == 96);
+    assert!(offset_of!(SqState, team_lock) == 68);
+    assert!(offset_of!(SqState, team_base) == 72);
+    assert!(offset_of!(SqState, team_err) == 80);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);

@@ -1,8 +1,9 @@
 //! The send-queue engine: turns a doorbell into a producer index, cross-checks the dbrec, then consumes
 //! WQEs from the ring in order, executing them and writing their CQEs (or error and flush CQEs).
 //!
-//! Doorbell → producer index: the doorbell is the first 8 bytes of the last posted WQE's ctrl segment, so
-//! the new producer index is `wqe_idx + ceil(ds / 4)` (16 bits). It is rebuilt into a 64-bit index from the
+//! Doorbell → producer index: the doorbell is the first 8 bytes of the last posted WQE's ctrl segment
+//! (rdma-core's form), or the producer index itself with `ds` 0 (NVSHMEM IBGDA's form, which shared posters
+//! use), so the new producer index is `wqe_idx + ceil(ds / 4)` (16 bits) for both. It is rebuilt into a 64-bit index from the
 //! QP's 64-bit consumer count: 1..=`wqe_cnt` WQEBBs ahead is new work; up to `wqe_cnt` behind is a stale
 //! doorbell (e.g. two posters' doorbells landing out of order) and ignored; anything else is a bad doorbell,
 //! which fails the QP.
