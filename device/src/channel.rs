@@ -394,6 +394,66 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         Ok(())
     }
 
+    /// [`PortChannel::put_block`] then [`PortChannel::signal`], as NVSHMEM's `nvshmemx_putmem_signal_block`
+    /// with a signal add of 1 on the peer's semaphore: every member of the team `g` calls it with the same
+    /// arguments; the peer that sees the signal sees the whole range.
+    ///
+    /// The signal's fetch-add goes out in the range's last batch ([`PortChannel::put_team`]), after its last
+    /// WRITE, posted by the first member without a piece there: in Block and Device sharing a range of fewer
+    /// than `members()` WQEs costs one reservation, one CQE and one doorbell in all, where `put_block` and then
+    /// `signal` cost two of each (two passes of the NIC). When every member has a piece in the last batch, the
+    /// signal follows, posted by member 0 alone as `signal` posts it. In Exclusive and Warp sharing the batches are posted as
+    /// `put_team` posts them there; in the Host modes every member pushes its pieces and, after a barrier of
+    /// the team (so that the proxy takes the signal after every piece), member 0 pushes the signal.
+    ///
+    /// # Errors
+    /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad semaphore or scratch word is the same
+    /// error for every member, before anything is posted). In the Host modes every member gets an error when
+    /// any member's pieces were refused ([`InvalidArgument::Team`] for those whose own were not), and no
+    /// signal is pushed.
+    pub fn put_block_with_signal(
+        &mut self,
+        g: &impl CtaGroup,
+        dst_offset: u64,
+        src_offset: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
+        if self.proxied() {
+            let r = self.put_block(g, dst_offset, src_offset, bytes);
+            if g.barrier_or(r.is_err()) {
+                return r.and(Err(Error::InvalidArgument(InvalidArgument::Team)));
+            }
+            return if g.rank() == 0 { self.signal() } else { Ok(()) };
+        }
+        let (r, l) = atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
+        let signal = wqe::atomic_fetch_add(r, l, 1)?;
+        let chunk = self.h.max_wqe_bytes.clamp(1, MAX_WRITE);
+        let (members, rank) = (u64::from(g.members().max(1)), u64::from(g.rank()));
+        let round = chunk.saturating_mul(members);
+        let mut at = 0u64;
+        loop {
+            let off = at.saturating_add(rank.saturating_mul(chunk));
+            // Members with a piece in this batch; the batch is the last when the range ends inside it.
+            let pieces = (bytes - at).div_ceil(chunk).min(members);
+            let last = bytes - at <= round;
+            let w = if off < bytes {
+                self.piece(dst_offset.wrapping_add(off), src_offset.wrapping_add(off), chunk.min(bytes - off))
+                    .map(|w| Some(w.widen::<4>()))
+            } else {
+                Ok((last && rank == pieces).then_some(signal))
+            };
+            self.qp.submit_team(g, w)?;
+            if last {
+                // A full last batch: member 0 signals alone, after it (as `signal` does, asking for a CQE).
+                return if pieces == members && rank == 0 { self.fetch_add(r, l, 1) } else { Ok(()) };
+            }
+            at = at.saturating_add(round);
+        }
+    }
+
     /// The one WRITE of a team member's piece, its ranges checked.
     #[inline(always)]
     fn piece(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<Wqe<3>> {

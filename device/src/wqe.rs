@@ -99,6 +99,17 @@ impl<const N: usize> Wqe<N> {
         self.ds
     }
 
+    /// The same WQE in a builder of `M >= N` segments (the extra ones zero and outside `ds`), so that WQEs of
+    /// different builders can go through one call that takes a single `Wqe<M>` (a team batch whose members post
+    /// a WRITE or an atomic). `M < N` does not compile.
+    #[inline(always)]
+    pub fn widen<const M: usize>(self) -> Wqe<M> {
+        const { assert!(M >= N, "a WQE only widens") };
+        let mut segs = [Seg::default(); M];
+        segs[..N].copy_from_slice(&self.segs);
+        Wqe { segs, ds: self.ds }
+    }
+
     /// The opcode (`MLX5_OPCODE_*`).
     #[inline(always)]
     pub fn opcode(&self) -> u8 {

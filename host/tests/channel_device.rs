@@ -822,3 +822,60 @@ fn a_block_put_of_nothing_is_a_length_error() {
     assert!(results.into_inner().unwrap().iter().all(|r| *r == Err(Error::InvalidArgument(InvalidArgument::Length))));
     assert_eq!(l._nics[0].stats().wqes, 0);
 }
+
+/// A block put with its signal, in Block and Device sharing, 4 members, WQEs of 256 bytes: a range of fewer
+/// pieces than members carries the signal in its last batch (one CQE and one doorbell for 8 or 700 bytes; 11
+/// WRITEs and the signal in 3 batches for 2,600 bytes), a range that fills its last batch (1,000 bytes) is
+/// followed by member 0's signal. Every byte lands, nothing outside, and the peer's semaphore counts one signal.
+#[test]
+fn a_block_put_with_signal_carries_the_signal_in_its_last_batch() {
+    fn run<S: Sharing>(bytes: u64, wqes: u64, cqes: u64, doorbells: Option<u64>) {
+        let l = Link::new(4096, 64, false);
+        let data = random_bytes(&mut rng(), 4096);
+        l.src.write(0, &data);
+        let mut h = l.handle();
+        h.max_wqe_bytes = 256;
+        let results = std::sync::Mutex::new(Vec::new());
+        teams(1, 4, |_, m| {
+            let mut ch = shared::<S>(&h);
+            let r = ch.put_block_with_signal(m, 1024, 8, bytes).and_then(|()| ch.flush());
+            results.lock().unwrap().push(r);
+        });
+        assert!(results.into_inner().unwrap().iter().all(|r| r.is_ok()), "{bytes} bytes");
+        let got = l.dst.read();
+        let end = 1024 + bytes as usize;
+        assert_eq!(&got[1024..end], &data[8..8 + bytes as usize], "{bytes} bytes");
+        assert!(got[..1024].iter().chain(&got[end..]).all(|&b| b == 0xee), "{bytes} bytes: nothing outside");
+        assert_eq!(l.sem.load_u64(0), 1, "{bytes} bytes: one signal");
+        let nic = l._nics[0].stats();
+        assert_eq!((nic.wqes, nic.cqes, nic.error_cqes), (wqes, cqes, 0), "{bytes} bytes: {nic:?}");
+        if let Some(d) = doorbells {
+            assert_eq!(nic.doorbells, d, "{bytes} bytes: {nic:?}");
+        }
+    }
+    run::<Block>(8, 2, 1, Some(1));
+    run::<Block>(700, 4, 1, Some(1));
+    run::<Device>(700, 4, 1, Some(1));
+    run::<Block>(2600, 12, 3, None);
+    run::<Block>(1000, 5, 2, None);
+    run::<Device>(1000, 5, 2, None);
+}
+
+/// In Exclusive sharing (a team of one) a block put with its signal is the put and then `signal`: the data
+/// lands and the semaphore counts one.
+#[test]
+fn an_exclusive_block_put_with_signal_is_a_put_then_a_signal() {
+    let l = Link::new(4096, 64, false);
+    let data = random_bytes(&mut rng(), 4096);
+    l.src.write(0, &data);
+    let mut h = l.handle();
+    h.max_wqe_bytes = 256;
+    teams(1, 1, |_, m| {
+        // SAFETY: the live link's handle, used by this one thread.
+        let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+        ch.put_block_with_signal(m, 0, 0, 1000).and_then(|()| ch.flush()).unwrap();
+    });
+    assert_eq!(&l.dst.read()[..1000], &data[..1000]);
+    assert_eq!(l.sem.load_u64(0), 1);
+    assert_eq!(l._nics[0].stats().wqes, 5, "four WRITEs and the fetch-add");
+}

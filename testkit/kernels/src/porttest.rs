@@ -6,9 +6,10 @@
 //! peer's second half, so that both directions can run at once. Operations ([`op`]):
 //! - `PINGPONG` (channel 0): rank 0 sends, rank 1 checks and answers, `iters` round trips, each timed and each
 //!   payload checked.
-//! - `BW` / `BIBW`: `iters` puts of `size` bytes per channel (in the shared scopes a block put of the whole
-//!   range by the team's threads, [`PortChannel::put_block`]: WQEs of at most `max_wqe_bytes`, one doorbell
-//!   and one CQE per team's worth), each followed by a signal, then a flush; one-way (rank 0 sends) or both ways. The times add up
+//! - `BW` / `BIBW`: `iters` puts of `size` bytes per channel, each followed by a signal (in the shared scopes a
+//!   block put of the whole range by the team's threads with its signal, [`PortChannel::put_block_with_signal`]:
+//!   WQEs of at most `max_wqe_bytes`, one doorbell and one CQE per team's worth, the signal in the last), then a
+//!   flush; one-way (rank 0 sends) or both ways. The times add up
 //!   to the whole transfer, until the flush saw it placed. The receiver waits for every signal and checks
 //!   the payload.
 //! - `FLUSH_STRESS`: per channel, `iters` times a put of `size` bytes and a flush.
@@ -300,7 +301,7 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
                 if pieces {
                     c.put_team(team, half + mine, mine, len)
                 } else {
-                    c.put_block(team, half, 0, a.size)
+                    c.put_block_with_signal(team, half, 0, a.size)
                 }
             })
         } else {
@@ -317,8 +318,10 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
             return;
         }
         let c = &mut chan;
-        // One signal per round, after every thread's piece is posted (the NIC places it after them).
-        let failed = step(team, a, sender && tid == 0 && !flushes, || held(c)?.signal());
+        // One signal per round, after every thread's piece is posted (the NIC places it after them); a block
+        // put carried its own.
+        let signals = sender && tid == 0 && !flushes && (pieces || !team_put);
+        let failed = step(team, a, signals, || held(c)?.signal());
         if failed {
             return;
         }
