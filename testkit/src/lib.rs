@@ -18,6 +18,15 @@ pub fn init_tracing() {
     }
 }
 
+/// The GPU for one test: a test binary's GPU tests take it in turn, whatever `--test-threads` says. Run at once
+/// (libtest's default), several two-rank runs, each with its own emulated NICs, engines and streams, failed on
+/// the H200 with bounded-wait timeouts (docs/guide.md, "GPU hazards", many NICs at once).
+pub fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
+    static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that panicked while holding it leaves nothing to repair.
+    GPU.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub mod coll;
 pub mod faults;
 pub mod floors;

@@ -124,6 +124,7 @@ fn cpu_broadcast_every_algorithm_and_size() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_broadcast_every_algorithm_and_size() {
+    let _gpu = gdaki_testkit::gpu_turn();
     broadcast_every_algorithm(ExecutorKind::Gpu);
 }
 
@@ -198,6 +199,7 @@ fn cpu_broadcast_with_a_rank_missing_times_out_naming_it() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_broadcast_with_a_rank_missing_times_out_naming_it() {
+    let _gpu = gdaki_testkit::gpu_turn();
     broadcast_with_a_rank_missing(ExecutorKind::Gpu);
 }
 
@@ -266,6 +268,7 @@ fn cpu_all_to_all_v_random_counts() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_all_to_all_v_random_counts() {
+    let _gpu = gdaki_testkit::gpu_turn();
     all_to_all_v_every_size(ExecutorKind::Gpu);
 }
 
@@ -304,6 +307,7 @@ fn cpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
+    let _gpu = gdaki_testkit::gpu_turn();
     all_to_all_v_with_a_rank_missing(ExecutorKind::Gpu);
 }
 
@@ -437,6 +441,7 @@ fn cpu_reduce_within_the_error_bound() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_reduce_within_the_error_bound() {
+    let _gpu = gdaki_testkit::gpu_turn();
     reduce_every_size(ExecutorKind::Gpu, false);
 }
 
@@ -448,6 +453,7 @@ fn cpu_all_reduce_within_the_error_bound() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_all_reduce_within_the_error_bound() {
+    let _gpu = gdaki_testkit::gpu_turn();
     reduce_every_size(ExecutorKind::Gpu, true);
 }
 
@@ -515,6 +521,7 @@ fn cpu_reduce_with_a_bad_value_fails_there_and_sends_nothing() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_reduce_with_a_bad_value_fails_there_and_sends_nothing() {
+    let _gpu = gdaki_testkit::gpu_turn();
     reduce_with_a_bad_value(ExecutorKind::Gpu);
 }
 
@@ -807,6 +814,7 @@ fn cpu_all_reduce_ring_matches_the_ring_order_on_every_rank() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_all_reduce_ring_matches_the_ring_order_on_every_rank() {
+    let _gpu = gdaki_testkit::gpu_turn();
     ring_every_size(ExecutorKind::Gpu);
 }
 
@@ -852,6 +860,7 @@ fn cpu_all_reduce_ring_with_a_rank_missing_times_out_naming_it() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_all_reduce_ring_with_a_rank_missing_times_out_naming_it() {
+    let _gpu = gdaki_testkit::gpu_turn();
     ring_with_a_rank_missing(ExecutorKind::Gpu);
 }
 
@@ -904,5 +913,6 @@ fn cpu_all_reduce_ring_refuses_bad_arguments() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_all_reduce_ring_refuses_bad_arguments() {
+    let _gpu = gdaki_testkit::gpu_turn();
     ring_refuses_bad_arguments(ExecutorKind::Gpu);
 }

@@ -25,5 +25,6 @@ fn cpu_floors() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_floors() {
+    let _gpu = gdaki_testkit::gpu_turn();
     measures(ExecutorKind::Gpu);
 }

@@ -80,6 +80,7 @@ fn cpu_reports_are_reused_and_start_clean() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_reports_are_reused_and_start_clean() {
+    let _gpu = gdaki_testkit::gpu_turn();
     reports_are_reused_and_start_clean(ExecutorKind::Gpu);
 }
 
@@ -91,6 +92,7 @@ fn cpu_module_checks_kernels_against_the_ptx() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_module_checks_kernels_against_the_ptx() {
+    let _gpu = gdaki_testkit::gpu_turn();
     module_checks_kernels_against_the_ptx(ExecutorKind::Gpu);
 }
 

@@ -188,12 +188,14 @@ fn bad_run_arguments_are_errors() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_pingpong_checks_every_payload() {
+    let _gpu = gdaki_testkit::gpu_turn();
     run_sizes(ExecutorKind::Gpu, false);
 }
 
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_pingpong_by_blueflame_checks_every_payload() {
+    let _gpu = gdaki_testkit::gpu_turn();
     run_sizes(ExecutorKind::Gpu, true);
 }
 

@@ -103,6 +103,7 @@ fn cpu_every_op_in_every_mode() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_every_op_in_every_mode() {
+    let _gpu = gdaki_testkit::gpu_turn();
     every_op(ExecutorKind::Gpu, 128);
 }
 
@@ -138,6 +139,7 @@ fn cpu_four_teams_share_one_qp() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_four_ctas_share_one_qp() {
+    let _gpu = gdaki_testkit::gpu_turn();
     four_teams_one_qp(ExecutorKind::Gpu, 128);
 }
 
@@ -168,6 +170,7 @@ fn cpu_sq_wraps_past_65536_wqes() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_sq_wraps_past_65536_wqes() {
+    let _gpu = gdaki_testkit::gpu_turn();
     sq_wraps(ExecutorKind::Gpu, 128, 520);
 }
 
@@ -205,6 +208,7 @@ fn cpu_flush_reports_a_bad_key_in_every_mode() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_flush_reports_a_bad_key_in_every_mode() {
+    let _gpu = gdaki_testkit::gpu_turn();
     bad_key_flush(ExecutorKind::Gpu, 128);
 }
 

@@ -71,6 +71,7 @@ fn cpu_post_rate_every_shape() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_post_rate_every_shape() {
+    let _gpu = gdaki_testkit::gpu_turn();
     every_shape(ExecutorKind::Gpu, 8, 4, 32);
 }
 
@@ -106,6 +107,7 @@ fn cpu_shared_qp_oversubscribed_loses_nothing() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_shared_qp_takes_2_17_posting_threads() {
+    let _gpu = gdaki_testkit::gpu_turn();
     flood(ExecutorKind::Gpu, 528, 256, 1);
 }
 
@@ -143,5 +145,6 @@ fn cpu_post_rate_without_consumer() {
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_post_rate_without_consumer() {
+    let _gpu = gdaki_testkit::gpu_turn();
     every_shape_without_consumer(ExecutorKind::Gpu, 8, 4, 32);
 }
