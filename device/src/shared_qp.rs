@@ -404,21 +404,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             // The release comes first, while earlier posters still publish: the turn then costs only the CAS
             // that takes it, which is also the publication (`ready` moves from `first` only by this poster).
             S::fence_release();
-            // A failed CAS returns where the chain is: while it moves, the poster's turn comes closer, so the
-            // back-off starts again (a poster near its turn must not be asleep when it comes).
-            let mut seen = u64::MAX;
-            bounded_steps(
+            bounded(
                 self.timeout_ns,
-                || {
-                    // SAFETY: the state's word (contract of `new`), used atomically by every poster.
-                    let now = unsafe { S::cas(self.ready(), first, end) };
-                    if now == first {
-                        return Ok(Step::Done(()));
-                    }
-                    let moved = now != seen;
-                    seen = now;
-                    Ok(if moved { Step::Progress } else { Step::Idle })
-                },
+                // SAFETY: the state's word (contract of `new`), used atomically by every poster.
+                || Ok((unsafe { S::cas(self.ready(), first, end) } == first).then_some(())),
                 on,
             )?;
         }
