@@ -413,11 +413,17 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         }
         // A later poster exists: its doorbell (or that of whoever waits on these WQEs) will cover these.
         // SAFETY: as above.
+        // The last poster rings: straight for the lock, since it knows there is something to ring (its own
+        // WQEs), and done once it rang them itself, without reading back what it stored: with Device-scope
+        // atomics each of those reads is a round trip to L2.
         if unsafe { S::load_acquire(self.resv()) } == end {
             bounded(
                 self.timeout_ns,
                 || {
-                    self.ring_pending();
+                    if self.try_ring().is_some() {
+                        return Ok(Some(()));
+                    }
+                    // Another thread rings: done once its doorbell covers these WQEs.
                     // SAFETY: as above.
                     Ok((unsafe { S::load_acquire(self.rung()) } >= end).then_some(()))
                 },
@@ -435,16 +441,27 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// `ready`, and a doorbell carrying the last WQE's ctrl bits would need them published beside `ready`, a
     /// second release on every poster's turn.
     pub fn ring_pending(&self) {
+        // SAFETY: the state's words (contract of `new`).
+        if unsafe { S::load_acquire(self.rung()) >= S::load_acquire(self.ready()) } {
+            return;
+        }
+        let _ = self.try_ring();
+    }
+
+    /// Takes `db_lock` if it is free and rings every WQE published by then that is still unrung; `None` when
+    /// another thread holds the lock. When it returns `Some`, every WQE published before the call is rung.
+    fn try_ring(&self) -> Option<()> {
         // SAFETY: the state's words and the QP's dbrec and doorbell register (contract of `new`; the handle's
         // fields read here only the host writes); `rung`, the dbrec and the doorbell are written only under
-        // `db_lock`. `ready`'s acquire orders the WQEs below it (released by their posters) before the dbrec
-        // and doorbell stores, whose own releases pass them on to the NIC.
+        // `db_lock`, so `rung` is read plainly under it (the lock's acquire ordered the last holder's store
+        // before this load). `ready`'s acquire orders the WQEs below it (released by their posters) before the
+        // dbrec and doorbell stores, whose own releases pass them on to the NIC.
         unsafe {
-            if S::load_acquire(self.rung()) >= S::load_acquire(self.ready()) || !S::try_lock(self.db_lock()) {
-                return;
+            if !S::try_lock(self.db_lock()) {
+                return None;
             }
             let pi = S::load_acquire(self.ready());
-            if pi > S::load_acquire(self.rung()) {
+            if pi > sync::load_volatile(self.rung()) {
                 let h = self.h;
                 db::update_dbrec((*h).dbrec, pi, (*h).placement);
                 db::ring_db((*h).bf_reg, CtrlSeg::producer_doorbell(pi as u16, (*h).qpn), (*h).placement);
@@ -452,6 +469,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             }
             S::unlock(self.db_lock());
         }
+        Some(())
     }
 
     /// Polls the CQ if no other thread does (try-lock), retiring WQEs and recording the first error CQE.
