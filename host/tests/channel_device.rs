@@ -788,25 +788,37 @@ fn flush_reports_a_bad_key_of_an_unsignaled_team_piece() {
 #[test]
 fn a_block_put_splits_one_range_over_the_members() {
     for (bytes, calls, wqes) in [(1000u64, 1u64, 4u64), (2600, 3, 11), (8, 1, 1)] {
-        let l = Link::new(4096, 64, false);
-        let data = random_bytes(&mut rng(), 4096);
-        l.src.write(0, &data);
-        let mut h = l.handle();
-        h.max_wqe_bytes = 256;
-        let results = std::sync::Mutex::new(Vec::new());
-        teams(1, 4, |_, m| {
-            let mut ch = shared::<Block>(&h);
-            let r = ch.put_block(m, 1024, 8, bytes).and_then(|()| ch.flush());
-            results.lock().unwrap().push(r);
-        });
-        assert!(results.into_inner().unwrap().iter().all(|r| r.is_ok()), "{bytes} bytes");
-        let got = l.dst.read();
-        let end = 1024 + bytes as usize;
-        assert_eq!(&got[1024..end], &data[8..8 + bytes as usize], "{bytes} bytes");
-        assert!(got[..1024].iter().chain(&got[end..]).all(|&b| b == 0xee), "{bytes} bytes: nothing outside");
+        let l = block_put_case::<Block>(bytes, |ch, m| ch.put_block(m, 1024, 8, bytes));
         let nic = l._nics[0].stats();
         assert_eq!((nic.wqes, nic.cqes), (wqes, calls), "{bytes} bytes: {nic:?}");
     }
+}
+
+/// Runs `put` (a block put of `bytes` bytes from source offset 8 to destination offset 1024) and a flush on a
+/// team of 4 members in sharing `S`, over a fresh link whose channel takes WQEs of at most 256 bytes; checks
+/// that every member got `Ok`, that the range landed and nothing outside it. Returns the link, for the NIC's
+/// counts.
+fn block_put_case<S: Sharing>(
+    bytes: u64,
+    put: impl Fn(&mut PortChannel<'_, S>, &Member<'_>) -> Result<(), Error> + Sync,
+) -> Link {
+    let l = Link::new(4096, 64, false);
+    let data = random_bytes(&mut rng(), 4096);
+    l.src.write(0, &data);
+    let mut h = l.handle();
+    h.max_wqe_bytes = 256;
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 4, |_, m| {
+        let mut ch = shared::<S>(&h);
+        let r = put(&mut ch, m).and_then(|()| ch.flush());
+        results.lock().unwrap().push(r);
+    });
+    assert!(results.into_inner().unwrap().iter().all(|r| r.is_ok()), "{bytes} bytes");
+    let got = l.dst.read();
+    let end = 1024 + bytes as usize;
+    assert_eq!(&got[1024..end], &data[8..8 + bytes as usize], "{bytes} bytes");
+    assert!(got[..1024].iter().chain(&got[end..]).all(|&b| b == 0xee), "{bytes} bytes: nothing outside");
+    l
 }
 
 /// A block put of zero bytes is a length error for every member, with nothing posted.
@@ -830,22 +842,7 @@ fn a_block_put_of_nothing_is_a_length_error() {
 #[test]
 fn a_block_put_with_signal_carries_the_signal_in_its_last_batch() {
     fn run<S: Sharing>(bytes: u64, wqes: u64, cqes: u64, doorbells: Option<u64>) {
-        let l = Link::new(4096, 64, false);
-        let data = random_bytes(&mut rng(), 4096);
-        l.src.write(0, &data);
-        let mut h = l.handle();
-        h.max_wqe_bytes = 256;
-        let results = std::sync::Mutex::new(Vec::new());
-        teams(1, 4, |_, m| {
-            let mut ch = shared::<S>(&h);
-            let r = ch.put_block_with_signal(m, 1024, 8, bytes).and_then(|()| ch.flush());
-            results.lock().unwrap().push(r);
-        });
-        assert!(results.into_inner().unwrap().iter().all(|r| r.is_ok()), "{bytes} bytes");
-        let got = l.dst.read();
-        let end = 1024 + bytes as usize;
-        assert_eq!(&got[1024..end], &data[8..8 + bytes as usize], "{bytes} bytes");
-        assert!(got[..1024].iter().chain(&got[end..]).all(|&b| b == 0xee), "{bytes} bytes: nothing outside");
+        let l = block_put_case::<S>(bytes, |ch, m| ch.put_block_with_signal(m, 1024, 8, bytes));
         assert_eq!(l.sem.load_u64(0), 1, "{bytes} bytes: one signal");
         let nic = l._nics[0].stats();
         assert_eq!((nic.wqes, nic.cqes, nic.error_cqes), (wqes, cqes, 0), "{bytes} bytes: {nic:?}");
