@@ -10,7 +10,7 @@ use gdaki_device::qp::Ticket;
 use gdaki_device::wqe::{self, Ctrl, Raddr, Sge};
 use gdaki_device::{db, sq, Error as DevError};
 use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr, SqState};
-use gdaki_shared::prm::cqe::CQE_SIZE;
+use gdaki_shared::prm::cqe::{is_sw_owned, CQE_SIZE};
 use gdaki_shared::prm::opcode;
 use gdaki_shared::prm::wqe::{fm_ce_se, CtrlSeg, RaddrSeg, Seg, SEG, WQEBB};
 use gdaki_shared::Be32;
@@ -136,7 +136,13 @@ pub(crate) fn cq_overrun() -> Result<Observed, String> {
         // SAFETY: `h` is `rig.a`'s handle (alive); slots 0..16 are free in a new QP.
         unsafe { post_nop(&h, i) };
     }
-    if !wait_until(Duration::from_secs(2), || rig.cq_a.produced() == N) {
+    // `produced` counts CQEs the NIC issued; with queues in GPU memory a CQE lands through the copier after
+    // that, so the snapshot waits until every entry's owner byte shows its completion.
+    let landed = || {
+        // SAFETY: the CQ ring of `rig.cq_a`, alive; entry `i`'s `op_own` is its last byte.
+        (0..N).all(|i| is_sw_owned(unsafe { snapshot(cq_ring.0 + (i + 1) * CQE_SIZE as u64 - 1, 1) }[0], i, N as u32))
+    };
+    if !wait_until(Duration::from_secs(2), || rig.cq_a.produced() == N && landed()) {
         return Err(format!("the first {N} CQEs were not written ({} were)", rig.cq_a.produced()));
     }
     // SAFETY: the CQ ring of `rig.cq_a`, alive.
