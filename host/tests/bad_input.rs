@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use emu_util::{assert_err, assert_req, random_bytes, rng, CqPoll, GuardedBuf, Pair, Sq, CQE_TIMEOUT, SIGNALED};
+use emu_util::{
+    assert_err, assert_req, random_bytes, rng, wait_until, CqPoll, GuardedBuf, Pair, Sq, CQE_TIMEOUT, SIGNALED,
+};
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::mem::{MemKind, MemLoc};
 use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, Pd, QpState, WireConfig, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT};
@@ -928,6 +930,9 @@ fn rdma_writes_into_a_peers_queues_and_doorbell_never_stop_the_nic() {
             }
         }
         qp.flush().unwrap();
+        // The register is memory the NIC samples: a second write landing before it looked would replace the
+        // first unseen, as two doorbells of a real NIC never do. Each round waits until its doorbell is seen.
+        wait_until("the round's doorbell seen", || p.nic.stats().bad_doorbells == round + 1);
     }
     std::thread::sleep(Duration::from_millis(20));
     assert!(p.nic.executor_alive(), "the NIC's executor died");
