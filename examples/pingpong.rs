@@ -159,7 +159,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (exec, notice) = match Executor::open(args.executor) {
+    let (exec, notice) = match Executor::open_on(args.executor, args.launch.gpu_of(launch.as_ref())) {
         Ok(e) => e,
         Err(e) => {
             eprintln!("error: {e}");

@@ -158,7 +158,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (exec, notice) = match Executor::open(args.executor) {
+    let (exec, notice) = match Executor::open_on(args.executor, args.launch.gpu_of(launch.as_ref())) {
         Ok(e) => e,
         Err(e) => {
             eprintln!("error: {e}");
@@ -199,21 +199,22 @@ fn main() -> ExitCode {
         }
         (out, 0)
     };
-    let results: Vec<RankOutcome> = match gdaki_examples::run_ranks(launch, kind, &args.nic, false, rank_main) {
-        Ok(r) => r
-            .into_iter()
-            .map(|(rank, r)| {
-                r.unwrap_or_else(|e| {
-                    eprintln!("error: rank {rank}: {e}");
-                    (Vec::new(), 1)
+    let results: Vec<RankOutcome> =
+        match gdaki_examples::run_ranks(launch, (kind, args.launch.gpu), &args.nic, false, rank_main) {
+            Ok(r) => r
+                .into_iter()
+                .map(|(rank, r)| {
+                    r.unwrap_or_else(|e| {
+                        eprintln!("error: rank {rank}: {e}");
+                        (Vec::new(), 1)
+                    })
                 })
-            })
-            .collect(),
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
+                .collect(),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
     for (mode, rows) in &results[0].0 {
         print_rows(*mode, rows);
     }

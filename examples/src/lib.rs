@@ -36,23 +36,37 @@ pub struct LaunchArgs {
     /// File holding the session secret (32 hex digits), accessible by its owner only (chmod 600).
     #[arg(long, value_name = "PATH")]
     pub secret_file: Option<std::path::PathBuf>,
+    /// GPU of this process's ranks on the gpu executor, 0-based (default: each rank's local rank modulo the
+    /// GPUs this process sees: one GPU per rank on a host with as many).
+    #[arg(long, value_name = "ORDINAL")]
+    pub gpu: Option<usize>,
 }
 
 impl LaunchArgs {
+    /// The flags of the launch, for [`Launch::resolve`].
+    pub fn flags(&self) -> LaunchFlags {
+        LaunchFlags {
+            rank: self.rank,
+            world_size: self.world_size,
+            bootstrap: self.bootstrap.clone(),
+            secret: self.secret.clone(),
+            secret_file: self.secret_file.clone(),
+        }
+    }
+
+    /// The GPU of a process that runs `launch`'s rank (`None`: every rank in this process, on its first GPU):
+    /// `--gpu`, else [`gdaki::exec::default_gpu`] of the local rank.
+    pub fn gpu_of(&self, launch: Option<&Launch>) -> usize {
+        self.gpu.unwrap_or_else(|| launch.map_or(0, |l| gdaki::exec::default_gpu(l.local_rank)))
+    }
+
     /// This process's place in a two-rank run, or `None` when both ranks run here (no flags, no launcher, or
     /// a world of one).
     ///
     /// # Errors
     /// A one-line message: what `Launch::resolve` refused, or a world size other than 2 (naming the launcher).
     pub fn two_ranks(&self) -> Result<Option<Launch>, String> {
-        let flags = LaunchFlags {
-            rank: self.rank,
-            world_size: self.world_size,
-            bootstrap: self.bootstrap.clone(),
-            secret: self.secret.clone(),
-            secret_file: self.secret_file.clone(),
-        };
-        match Launch::resolve_from_process_env(flags).map_err(|e| e.to_string())? {
+        match Launch::resolve_from_process_env(self.flags()).map_err(|e| e.to_string())? {
             Some(l) if l.world_size == 2 => Ok(Some(l)),
             Some(l) if l.world_size > 2 => {
                 Err(format!("this example takes 2 ranks, the launch ({}) has {}", l.source, l.world_size))
@@ -77,18 +91,19 @@ pub fn check_nic(spec: &NicSpec) -> Result<(), String> {
 
 /// Runs `rank_main` on each rank of a two-rank run through the library's [`gdaki::channel::run_ranks`]: both
 /// ranks on threads of this process when `launch` is `None`, else this process's rank of `launch`; with
-/// `one_nic` (both ranks here) on one shared NIC. Returns (rank, what `rank_main` returned) per rank here.
+/// `one_nic` (both ranks here) on one shared NIC; `gpu` is `--gpu` ([`RankSetup::gpu`]). Returns (rank, what
+/// `rank_main` returned) per rank here.
 ///
 /// # Errors
 /// A one-line message when the in-process bootstrap cannot start.
 pub fn run_ranks<T: Send>(
     launch: Option<Launch>,
-    kind: ExecutorKind,
+    (kind, gpu): (ExecutorKind, Option<usize>),
     nic: &NicSpec,
     one_nic: bool,
     rank_main: impl Fn(Arc<Communicator>) -> T + Sync,
 ) -> Result<Vec<(u32, gdaki::Result<T>)>, String> {
-    let setup = RankSetup { launch, nic: nic.clone(), one_nic, ..RankSetup::local(2, kind) };
+    let setup = RankSetup { launch, nic: nic.clone(), one_nic, gpu, ..RankSetup::local(2, kind) };
     gdaki::channel::run_ranks(&setup, rank_main).map_err(|e| e.to_string())
 }
 

@@ -29,26 +29,48 @@ impl std::str::FromStr for ExecutorKind {
     }
 }
 
+/// The GPU that a rank with local rank `local_rank` takes when nothing names one: GPU `local_rank % n` of the
+/// `n` GPUs this process sees (`CUDA_VISIBLE_DEVICES` applies), so that each rank of a host with as many GPUs
+/// as ranks has its own, the choice NCCL's and NVSHMEM's users make with `cudaSetDevice`; 0 when the process
+/// sees no GPU (opening it then fails with the reason).
+pub fn default_gpu(local_rank: u32) -> usize {
+    spread(local_rank, Gpu::count().unwrap_or(0))
+}
+
+/// `local_rank` round robin over `count` GPUs (0 when there are none).
+fn spread(local_rank: u32, count: usize) -> usize {
+    local_rank as usize % count.max(1)
+}
+
 /// An opened executor.
 #[derive(Clone, Debug)]
 pub enum Executor {
     /// Host threads; queue and data memory are plain host memory.
     Cpu,
-    /// GPU 0; queue memory is pinned host memory mapped into it, data buffers are GPU memory.
+    /// One GPU; data buffers are GPU memory, queue memory is where the emulated NIC's placement puts it.
     Gpu(Arc<Gpu>),
 }
 
 impl Executor {
-    /// Opens `kind`, or, when `None`, the GPU if there is one and else the CPU. The second value is a one-line
-    /// notice to print when the automatic choice fell back to the CPU.
+    /// Opens `kind` on GPU 0: [`Executor::open_on`] with ordinal 0.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] (one line) when `Some(Gpu)` was asked for and there is no usable GPU.
+    /// As [`Executor::open_on`].
     pub fn open(kind: Option<ExecutorKind>) -> Result<(Self, Option<String>)> {
+        Self::open_on(kind, 0)
+    }
+
+    /// Opens `kind`, or, when `None`, the GPU if there is one and else the CPU; a GPU executor runs on GPU
+    /// `gpu` (0-based, in `cuDeviceGet` order; ignored by the CPU). The second value is a one-line notice to
+    /// print when the automatic choice fell back to the CPU.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] (one line) when `Some(Gpu)` was asked for and there is no usable GPU `gpu`.
+    pub fn open_on(kind: Option<ExecutorKind>, gpu: usize) -> Result<(Self, Option<String>)> {
         match kind {
             Some(ExecutorKind::Cpu) => Ok((Self::Cpu, None)),
-            Some(ExecutorKind::Gpu) => Ok((Self::Gpu(Gpu::open(0)?), None)),
-            None => match Gpu::open(0) {
+            Some(ExecutorKind::Gpu) => Ok((Self::Gpu(Gpu::open(gpu)?), None)),
+            None => match Gpu::open(gpu) {
                 Ok(gpu) => Ok((Self::Gpu(gpu), None)),
                 Err(Error::Unavailable(why)) => Ok((Self::Cpu, Some(format!("{why}; using the cpu executor")))),
                 Err(e) => Err(e),
@@ -179,5 +201,17 @@ impl DataBuf {
             Self::Host(b) => Ok(unsafe { std::slice::from_raw_parts(b.host_ptr(), b.len()) }.to_vec()),
             Self::Gpu(b) => b.to_vec(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn ranks_spread_over_the_gpus() {
+        assert_eq!((0..4).map(|r| spread(r, 8)).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!((0..4).map(|r| spread(r, 2)).collect::<Vec<_>>(), [0, 1, 0, 1]);
+        assert_eq!(spread(3, 0), 0);
     }
 }

@@ -20,7 +20,14 @@ fn session(world_size: u32) -> (TcpListener, Vec<Launch>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let root = listener.local_addr().unwrap().to_string();
     let secret = Secret::random().unwrap();
-    let launches = (0..world_size).map(|rank| Launch { rank, world_size, root: root.clone(), secret, source: "test" });
+    let launches = (0..world_size).map(|rank| Launch {
+        rank,
+        world_size,
+        local_rank: rank,
+        root: root.clone(),
+        secret,
+        source: "test",
+    });
     (listener, launches.collect())
 }
 
@@ -213,8 +220,14 @@ fn out_of_range_peer_and_oversized_send_are_errors() {
 
 #[test]
 fn world_of_one_needs_no_socket() {
-    let launch =
-        Launch { rank: 0, world_size: 1, root: "127.0.0.1:1".into(), secret: Secret::random().unwrap(), source: "t" };
+    let launch = Launch {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        root: "127.0.0.1:1".into(),
+        secret: Secret::random().unwrap(),
+        source: "t",
+    };
     let b = Bootstrap::connect(&launch, Duration::from_millis(100)).unwrap();
     assert_eq!(b.all_gather(b"solo").unwrap(), [b"solo".to_vec()]);
     b.barrier().unwrap();
@@ -384,7 +397,7 @@ fn rank_out_of_range_is_rejected_by_resolve_and_connect() {
     let e = message(Launch::resolve(LaunchFlags::default(), env).unwrap_err());
     assert_eq!(e, "rank 9 is out of range for world size 2 (from srun)");
     let (_listener, launches) = session(2);
-    let bad = Launch { rank: 2, ..launches[1].clone() };
+    let bad = Launch { rank: 2, local_rank: 2, ..launches[1].clone() };
     let e = message(Bootstrap::connect(&bad, TIMEOUT).unwrap_err());
     assert_eq!(e, "rank 2 is out of range for world size 2 (from test)");
 }

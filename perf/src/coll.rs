@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gdaki::bootstrap::{Launch, LaunchFlags};
+use gdaki::bootstrap::Launch;
 use gdaki::channel::{Communicator, RankSetup};
 use gdaki::coll::CollConfig;
 use gdaki::exec::{Executor, ExecutorKind};
@@ -513,6 +513,16 @@ fn median_p99(v: &[f64]) -> (f64, f64) {
 
 /// Every rank's sample gathered on every rank (the bootstrap's all-gather): the per-iteration maximum of the
 /// times, and the wrong elements summed.
+/// Where a rank runs, as nccl-tests lists it: process, host and device (`GPU ordinal name` or `cpu`).
+fn device_line(comm: &Communicator) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let device = match comm.executor() {
+        Executor::Gpu(g) => format!("GPU {} {}", g.ordinal(), g.name()),
+        Executor::Cpu => "cpu".into(),
+    };
+    format!("Pid {:>7} on {} device {device}", std::process::id(), host.trim())
+}
+
 fn gather(comm: &Communicator, s: &Sample) -> gdaki::Result<Sample> {
     let mut mine: Vec<u8> = s.1.to_le_bytes().to_vec();
     mine.extend(s.0.iter().flat_map(|t| t.to_le_bytes()));
@@ -545,6 +555,14 @@ fn rank_main(
 ) -> Result<Vec<CollRow>, String> {
     let rank = comm.rank();
     let n = comm.world_size();
+    let devices = comm.bootstrap().all_gather(device_line(&comm).as_bytes());
+    let devices = devices.map_err(|e| format!("rank {rank}: gathering the ranks' devices: {e}"))?;
+    if rank == 0 {
+        println!("# Using devices");
+        for (r, d) in devices.iter().enumerate() {
+            println!("#  Rank {r:>2} {}", String::from_utf8_lossy(d));
+        }
+    }
     let (_, _, buf) = layout(plan.2);
     let cfg = CollConfig { timeout: opts.timeout, ..CollConfig::new(buf) };
     let r = CollRank::new(comm.clone(), &cfg).map_err(|e| format!("rank {rank}: setting up the collectives: {e}"))?;
@@ -601,14 +619,7 @@ fn bounds(o: &CollOpts) -> (usize, usize, u64) {
 /// This process's rank of a launch of any world size (flags or a launcher's environment), or `None` for
 /// all ranks here.
 fn launch_of(a: &gdaki_examples::LaunchArgs) -> Result<Option<Launch>, String> {
-    let flags = LaunchFlags {
-        rank: a.rank,
-        world_size: a.world_size,
-        bootstrap: a.bootstrap.clone(),
-        secret: a.secret.clone(),
-        secret_file: a.secret_file.clone(),
-    };
-    match Launch::resolve_from_process_env(flags).map_err(|e| e.to_string())? {
+    match Launch::resolve_from_process_env(a.flags()).map_err(|e| e.to_string())? {
         Some(l) if l.world_size > 1 => Ok(Some(l)),
         _ => Ok(None),
     }
@@ -640,7 +651,8 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     }
     let iters = opts.iters.unwrap_or(if opts.quick { 3 } else { 20 });
     let warmup = opts.warmup.unwrap_or(if opts.quick { 1 } else { 2 });
-    let (exec, notice) = Executor::open(opts.executor).map_err(|e| e.to_string())?;
+    let (exec, notice) =
+        Executor::open_on(opts.executor, opts.launch.gpu_of(launch.as_ref())).map_err(|e| e.to_string())?;
     if let Some(note) = notice {
         eprintln!("note: {note}");
     }
@@ -679,18 +691,9 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
             "# time: median over iterations of the slowest rank's call, from its launch to its end on the host (the barrier before it left out)"
         );
         println!("#");
-        println!("# Using devices");
-        for r in 0..n {
-            let place = match &launch {
-                Some(l) if l.rank == r => format!("process {}", std::process::id()),
-                Some(_) => "another process".to_string(),
-                None => format!("process {} (thread)", std::process::id()),
-            };
-            println!("#  Rank {r:>2} {place} device {executor}");
-        }
     }
     let plan = (warmup, iters, max);
-    let setup = RankSetup { launch: launch.clone(), one_nic, ..RankSetup::local(n, kind) };
+    let setup = RankSetup { launch: launch.clone(), one_nic, gpu: opts.launch.gpu, ..RankSetup::local(n, kind) };
     let results =
         gdaki::channel::run_ranks(&setup, |comm| rank_main(comm, opts, &jobs, plan)).map_err(|e| e.to_string())?;
     let mut errors = 0u64;

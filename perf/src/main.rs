@@ -61,7 +61,8 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         s.iter().try_for_each(|&b| t.check_size(b))?;
     }
     let launch = opts.launch.two_ranks()?;
-    let (exec, notice) = Executor::open(opts.executor).map_err(|e| e.to_string())?;
+    let (exec, notice) =
+        Executor::open_on(opts.executor, opts.launch.gpu_of(launch.as_ref())).map_err(|e| e.to_string())?;
     if let Some(n) = notice {
         eprintln!("note: {n}");
     }
@@ -130,7 +131,8 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         }
         (rows, 0)
     };
-    let results = gdaki_examples::run_ranks(launch.clone(), kind, &opts.nic, opts.one_nic, rank_main)?;
+    let results =
+        gdaki_examples::run_ranks(launch.clone(), (kind, opts.launch.gpu), &opts.nic, opts.one_nic, rank_main)?;
     progress.finish();
     let mut failed = 0;
     let mut per_rank: Vec<(u32, Vec<Row>)> = Vec::new();

@@ -127,13 +127,13 @@ impl Aggregator {
     }
 }
 
-/// Opens `kind` (`None`: the GPU if there is one, else the CPU, with a note on stderr) to see that it is
-/// there, and returns the kind the ranks use.
+/// Opens `kind` on GPU `gpu` (`None`: the GPU if there is one, else the CPU, with a note on stderr) to see
+/// that it is there, and returns the kind the ranks use.
 ///
 /// # Errors
 /// The one line to print, e.g. no usable GPU for `Some(Gpu)`.
-pub fn resolve_executor(kind: Option<ExecutorKind>) -> Result<ExecutorKind, String> {
-    let (exec, notice) = Executor::open(kind).map_err(|e| e.to_string())?;
+pub fn resolve_executor(kind: Option<ExecutorKind>, gpu: usize) -> Result<ExecutorKind, String> {
+    let (exec, notice) = Executor::open_on(kind, gpu).map_err(|e| e.to_string())?;
     if let Some(n) = notice {
         eprintln!("note: {n}");
     }
@@ -148,22 +148,23 @@ pub fn executor_name(kind: ExecutorKind) -> &'static str {
     }
 }
 
-/// Runs `f` on `nranks` ranks, threads of this process on executor `kind`, each rank with its own emulated
-/// NIC over the loopback wire, and its [`Aggregator`] for `path`; returns what each returned, by rank.
+/// Runs `f` on the ranks of `setup` (each with its own NIC: `setup.one_nic` is not used here) and its
+/// [`Aggregator`] for `path`: every rank as a thread of this process, or this process's rank of
+/// `setup.launch` (one process per rank; on the `gpu` executor each on the GPU of its local rank unless
+/// `setup.gpu` names one). Returns what each rank here returned, by rank.
 ///
 /// # Errors
 /// A one-line message: a rank count out of `1..=8`, the ranks' setup, or the first rank's error.
 pub fn on_ranks<T: Send>(
-    nranks: u32,
-    kind: ExecutorKind,
+    setup: RankSetup,
     path: Path,
     f: impl Fn(&Aggregator) -> Result<T, String> + Sync,
 ) -> Result<Vec<T>, String> {
     let max = gdaki_shared::coll::MAX_RANKS as u32;
+    let nranks = setup.launch.as_ref().map_or(setup.ranks, |l| l.world_size);
     if !(1..=max).contains(&nranks) {
         return Err(format!("--nranks must be 1 to {max}, not {nranks}"));
     }
-    let setup = RankSetup::local(nranks, kind);
     let out = run_ranks(&setup, |comm| Aggregator::new(comm, path).and_then(|a| f(&a)))
         .map_err(|e| format!("starting the ranks: {e}"))?;
     out.into_iter().map(|(rank, r)| r.map_err(|e| format!("rank {rank}: {e}")).and_then(|x| x)).collect()

@@ -19,6 +19,8 @@
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor, Var};
+use gdaki::bootstrap::Launch;
+use gdaki::channel::RankSetup;
 use gdaki::exec::ExecutorKind;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -35,8 +37,13 @@ const CLASSES: usize = 3;
 /// A training run's settings.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
-    /// Ranks (1 to 8).
+    /// Ranks (1 to 8), threads of this process; ignored with [`TrainConfig::launch`].
     pub nranks: u32,
+    /// This process's rank of a multi-process launch (one rank per process, its world size the rank count),
+    /// or `None` for every rank in this process.
+    pub launch: Option<Launch>,
+    /// The GPU of every rank on the `gpu` executor (`None`: by local rank, [`RankSetup::gpu`]).
+    pub gpu: Option<usize>,
     /// Executor of every rank.
     pub executor: ExecutorKind,
     /// How gradients are summed.
@@ -59,6 +66,8 @@ impl Default for TrainConfig {
     fn default() -> Self {
         Self {
             nranks: 4,
+            launch: None,
+            gpu: None,
             executor: ExecutorKind::Cpu,
             path: Path::Nic,
             epochs: 60,
@@ -105,6 +114,8 @@ pub struct TrainReport {
     pub commit: &'static str,
     /// Ranks of the distributed run.
     pub nranks: u32,
+    /// Where the ranks ran: `"threads of one process"`, or one process per rank and the launcher's name.
+    pub ranks_in: String,
     /// Executor name.
     pub executor: &'static str,
     /// Aggregation path name.
@@ -265,17 +276,20 @@ fn median(mut v: Vec<Duration>) -> f64 {
     v.get(v.len() / 2).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
-/// Runs the distributed training and the single-rank reference with `cfg`.
+/// Runs the distributed training and, where rank 0 runs, the single-rank reference with `cfg`. Every rank
+/// learns every rank's final weights and clip count (a bootstrap all-gather), so the comparison holds across
+/// processes too. Returns the report where rank 0 ran, `None` in a process of other ranks.
 ///
 /// # Errors
 /// A one-line message: bad settings (a batch larger than a shard, a clip that is not positive and
 /// finite), the collectives' errors, candle's errors.
-pub fn run(cfg: &TrainConfig) -> Result<TrainReport, String> {
+pub fn run(cfg: &TrainConfig) -> Result<Option<TrainReport>, String> {
     if !(cfg.clip.is_finite() && cfg.clip > 0.0) {
         return Err(format!("--clip must be positive and finite, not {}", cfg.clip));
     }
     let d = Data::load(cfg.seed)?;
-    let n = cfg.nranks.max(1) as usize;
+    let nranks = cfg.launch.as_ref().map_or(cfg.nranks, |l| l.world_size);
+    let n = nranks.max(1) as usize;
     let shard = d.ntrain() / n;
     if cfg.batch == 0 || cfg.batch > shard {
         return Err(format!(
@@ -287,7 +301,8 @@ pub fn run(cfg: &TrainConfig) -> Result<TrainReport, String> {
     let w0 = init(cfg.hidden, cfg.seed);
     let ce = |e: candle_core::Error| format!("candle: {e}");
 
-    let ranks = on_ranks(cfg.nranks, cfg.executor, cfg.path, |a: &Aggregator| {
+    let setup = RankSetup { launch: cfg.launch.clone(), gpu: cfg.gpu, ..RankSetup::local(nranks, cfg.executor) };
+    let ranks = on_ranks(setup, cfg.path, |a: &Aggregator| {
         let rank = a.rank();
         let mut w = w0.clone();
         let (mut curve, mut step_t, mut sum_t, mut clipped) = (Vec::new(), Vec::new(), Vec::new(), 0);
@@ -310,8 +325,14 @@ pub fn run(cfg: &TrainConfig) -> Result<TrainReport, String> {
                 curve.push(EpochRow { epoch: epoch + 1, train_loss, test_accuracy });
             }
         }
-        Ok(RunResult { curve, step_ms_median: median(step_t), sum_ms_median: median(sum_t), clipped, weights: w })
+        let mine =
+            RunResult { curve, step_ms_median: median(step_t), sum_ms_median: median(sum_t), clipped, weights: w };
+        let (max_diff, clipped) = compare_ranks(a, &mine)?;
+        Ok((rank, RunResult { clipped, ..mine }, max_diff))
     })?;
+    let Some((_, distributed, max_rank_weight_diff)) = ranks.into_iter().find(|(rank, ..)| *rank == 0) else {
+        return Ok(None);
+    };
 
     let mut w = w0.clone();
     let (mut curve, mut step_t, mut clipped) = (Vec::new(), Vec::new(), 0);
@@ -332,15 +353,14 @@ pub fn run(cfg: &TrainConfig) -> Result<TrainReport, String> {
     }
     let single = RunResult { curve, step_ms_median: median(step_t), sum_ms_median: 0.0, clipped, weights: w };
 
-    let max_diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    let w_0 = &ranks[0].weights;
-    let max_rank_weight_diff = ranks.iter().map(|r| max_diff(&r.weights, w_0)).fold(0f32, f32::max);
-    let max_single_weight_diff = max_diff(w_0, &single.weights);
-    let mut distributed = ranks[0].clone();
-    distributed.clipped = ranks.iter().map(|r| r.clipped).sum();
-    Ok(TrainReport {
+    let max_single_weight_diff = max_diff(&distributed.weights, &single.weights);
+    Ok(Some(TrainReport {
         commit: crate::COMMIT,
-        nranks: cfg.nranks,
+        nranks,
+        ranks_in: match &cfg.launch {
+            None => "threads of one process".into(),
+            Some(l) => format!("one process per rank ({})", l.source),
+        },
         executor: crate::executor_name(cfg.executor),
         path: cfg.path.name(),
         train_examples: d.ntrain(),
@@ -352,5 +372,31 @@ pub fn run(cfg: &TrainConfig) -> Result<TrainReport, String> {
         single,
         max_rank_weight_diff,
         max_single_weight_diff,
-    })
+    }))
+}
+
+/// Largest `|x - y|` over the pairs of `a` and `b`.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+}
+
+/// Every rank's final weights and clip count, gathered over the bootstrap: the largest difference of any
+/// rank's weights from rank 0's (0 when all agree), and the clips of all ranks.
+fn compare_ranks(a: &Aggregator, mine: &RunResult) -> Result<(f32, u64), String> {
+    let mut bytes = mine.clipped.to_le_bytes().to_vec();
+    bytes.extend(mine.weights.iter().flat_map(|w| w.to_le_bytes()));
+    let all = a.bootstrap().all_gather(&bytes).map_err(|e| format!("rank {}: gathering the weights: {e}", a.rank()))?;
+    let decode = |b: &[u8]| -> (u64, Vec<f32>) {
+        let (c, w) = b.split_at(8.min(b.len()));
+        let clipped = c.try_into().map_or(0, u64::from_le_bytes);
+        (clipped, w.chunks_exact(4).map(|x| f32::from_le_bytes(x.try_into().unwrap_or_default())).collect())
+    };
+    let ranks: Vec<_> = all.iter().map(|b| decode(b)).collect();
+    let w0 = &ranks[0].1;
+    let mut diff = 0f32;
+    for (_, w) in &ranks {
+        // A rank with fewer weights than rank 0 differs by infinity: a bug, not a rounding.
+        diff = diff.max(if w.len() == w0.len() { max_diff(w, w0) } else { f32::INFINITY });
+    }
+    Ok((diff, ranks.iter().map(|r| r.0).sum()))
 }

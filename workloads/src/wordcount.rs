@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
 
+use gdaki::channel::RankSetup;
 use gdaki::exec::ExecutorKind;
 use serde::Serialize;
 
@@ -154,7 +155,7 @@ pub fn run(texts: &[String], nranks: u32, kind: ExecutorKind, path: Path) -> Res
     bound(total_words, total_words)?;
     let n = nranks.max(1) as usize;
 
-    let per_rank = on_ranks(nranks, kind, path, |a: &Aggregator| {
+    let per_rank = on_ranks(RankSetup::local(nranks, kind), path, |a: &Aggregator| {
         let rank = a.rank() as usize;
         let local = map(&lines, rank, n);
         let t0 = Instant::now();

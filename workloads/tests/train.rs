@@ -9,7 +9,7 @@ use gdaki_workloads::Path;
 fn cpu_two_ranks_agree_and_the_loss_falls() {
     let cfg =
         TrainConfig { nranks: 2, executor: ExecutorKind::Cpu, path: Path::Nic, epochs: 3, ..TrainConfig::default() };
-    let r = run(&cfg).expect("train");
+    let r = run(&cfg).expect("train").expect("rank 0 runs here");
     assert_eq!(r.max_rank_weight_diff, 0.0, "the ranks' weights differ");
     let (d, s) = (&r.distributed.curve, &r.single.curve);
     assert_eq!((d.len(), s.len()), (3, 3));
@@ -27,7 +27,7 @@ fn cpu_two_ranks_agree_and_the_loss_falls() {
 fn cpu_ring_path_agrees_with_the_single_rank_run() {
     let cfg =
         TrainConfig { nranks: 3, executor: ExecutorKind::Cpu, path: Path::Ring, epochs: 2, ..TrainConfig::default() };
-    let r = run(&cfg).expect("train on the ring");
+    let r = run(&cfg).expect("train on the ring").expect("rank 0 runs here");
     // The ring's sums are computed once per segment and copied: every rank applies the same bits.
     assert_eq!(r.max_rank_weight_diff, 0.0, "the ranks' weights differ");
     assert!(r.max_single_weight_diff < 1e-3, "weights apart from the single-rank run by {}", r.max_single_weight_diff);
@@ -41,5 +41,50 @@ fn bad_settings_are_refused() {
         TrainConfig { nranks: 2, clip: f32::NAN, epochs: 1, ..TrainConfig::default() },
     ] {
         assert!(run(&cfg).is_err(), "{cfg:?} accepted");
+    }
+}
+
+/// One process per rank (the `train` program under `--world-size`/`--rank`, as a launcher starts it on a host
+/// with a GPU per rank) trains exactly as the same ranks on threads of one process: the same loss curve,
+/// bit for bit, and rank 0's report says the ranks agree.
+#[test]
+fn cpu_one_process_per_rank_trains_as_threads_do() {
+    let cfg = TrainConfig { nranks: 2, executor: ExecutorKind::Cpu, epochs: 2, ..TrainConfig::default() };
+    let threads = run(&cfg).expect("train").expect("rank 0 runs here");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let dir = std::env::temp_dir().join(format!("gdaki-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let json = dir.join("rank0.json");
+    let procs: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_train"));
+            c.args(["--executor", "cpu", "--epochs", "2", "--world-size", "2", "--bootstrap"])
+                .arg(format!("127.0.0.1:{port}"))
+                .args(["--rank", &rank.to_string()])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            if rank == 0 {
+                c.arg("--json").arg(&json);
+            }
+            c.spawn().expect("start a rank")
+        })
+        .collect();
+    for (rank, p) in procs.into_iter().enumerate() {
+        let out = p.wait_with_output().expect("a rank's output");
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "rank {rank}: {}\n{text}", out.status);
+        assert_eq!(text.contains("max weight difference between ranks: 0e0"), rank == 0, "rank {rank}: {text}");
+    }
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("rank 0's JSON")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(report["ranks_in"], "one process per rank (flags)");
+    assert_eq!(report["max_rank_weight_diff"], 0.0);
+    let curve = report["distributed"]["curve"].as_array().expect("the curve");
+    assert_eq!(curve.len(), threads.distributed.curve.len());
+    for (p, t) in curve.iter().zip(&threads.distributed.curve) {
+        // serde_json writes an f32 in its shortest form, which reads back as the same f32.
+        let f32_of = |v: &serde_json::Value| v.as_f64().map(|x| x as f32);
+        assert_eq!(f32_of(&p["train_loss"]), Some(t.train_loss), "epoch {}", t.epoch);
+        assert_eq!(f32_of(&p["test_accuracy"]), Some(t.test_accuracy), "epoch {}", t.epoch);
     }
 }

@@ -141,6 +141,12 @@ pub struct LaunchFlags {
 pub struct Launch {
     /// This process's rank, `0..world_size`; rank 0 is the root.
     pub rank: u32,
+    /// This process's rank among the ranks on its host, from the launcher that gave the rank
+    /// (`OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID`, `SLURM_LOCALID`, `LOCAL_RANK`); the rank itself
+    /// when the rank came from flags or the launcher did not set it (every rank on one host). It picks the
+    /// rank's GPU on a host with several ([`crate::channel::RankSetup::gpu`]), as NCCL's and NVSHMEM's users
+    /// pick `local_rank % device_count`.
+    pub local_rank: u32,
     /// Number of ranks in the session, ≥ 1.
     pub world_size: u32,
     /// The root's address, `HOST:PORT` (IPv6 hosts in brackets). Rank 0 binds exactly this address, so the
@@ -153,14 +159,15 @@ pub struct Launch {
     pub source: &'static str,
 }
 
-/// Rank and world-size variables of the launchers we understand, in precedence order, with the name used in
-/// messages. Open MPI's mpirun sets `OMPI_COMM_WORLD_*`; MPICH/Intel MPI's hydra sets `PMI_*`; Slurm's srun
-/// sets `SLURM_PROCID`/`SLURM_NTASKS`; torchrun sets `RANK`/`WORLD_SIZE`.
-const LAUNCHERS: [(&str, &str, &str); 4] = [
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (OMPI_*)"),
-    ("PMI_RANK", "PMI_SIZE", "PMI"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "srun"),
-    ("RANK", "WORLD_SIZE", "torchrun"),
+/// Rank, world-size and local-rank variables of the launchers we understand, in precedence order, with the
+/// name used in messages. Open MPI's mpirun sets `OMPI_COMM_WORLD_*`; MPICH/Intel MPI's hydra sets `PMI_*`
+/// and `MPI_LOCALRANKID`; Slurm's srun sets `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID`; torchrun sets
+/// `RANK`/`WORLD_SIZE`/`LOCAL_RANK`.
+const LAUNCHERS: [(&str, &str, &str, &str); 4] = [
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun (OMPI_*)"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "srun"),
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"),
 ];
 
 /// The root address when nothing names one: loopback, on torchrun's default port.
@@ -176,6 +183,8 @@ impl Launch {
     /// - Rank and world size: the flags (both or neither); else the first launcher whose variables are set:
     ///   `OMPI_COMM_WORLD_RANK`/`OMPI_COMM_WORLD_SIZE`, then `PMI_RANK`/`PMI_SIZE`, then
     ///   `SLURM_PROCID`/`SLURM_NTASKS`, then `RANK`/`WORLD_SIZE`.
+    /// - Local rank: that launcher's `OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID`, `SLURM_LOCALID` or
+    ///   `LOCAL_RANK`; the rank when it is unset or the rank came from flags.
     /// - Root address: `--bootstrap`; else `GDAKI_BOOTSTRAP`; else `MASTER_ADDR:MASTER_PORT` when either is set
     ///   (torchrun's defaults `127.0.0.1` and `29500` fill the other); else [`DEFAULT_ROOT`].
     /// - Secret: `--secret`; else `--secret-file`; else `GDAKI_SECRET`; else the file `GDAKI_SECRET_FILE`
@@ -198,17 +207,18 @@ impl Launch {
     /// `--bootstrap`/`--secret`/`--secret-file` given without any rank and world size.
     pub fn resolve(flags: LaunchFlags, env: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
         let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-        let (rank, world_size, source) = match (flags.rank, flags.world_size) {
-            (Some(rank), Some(world_size)) => (rank, world_size, "flags"),
+        let (rank, world_size, local_rank, source) = match (flags.rank, flags.world_size) {
+            (Some(rank), Some(world_size)) => (rank, world_size, None, "flags"),
             (Some(_), None) => return Err(bad("--rank given without --world-size".into())),
             (None, Some(_)) => return Err(bad("--world-size given without --rank".into())),
             (None, None) => {
                 let mut found = None;
-                for (rank_var, size_var, source) in LAUNCHERS {
+                for (rank_var, size_var, local_var, source) in LAUNCHERS {
                     match (get(rank_var), get(size_var)) {
                         (None, None) => continue,
                         (Some(r), Some(w)) => {
-                            found = Some((parse_u32(rank_var, &r)?, parse_u32(size_var, &w)?, source));
+                            let local = get(local_var).map(|l| parse_u32(local_var, &l)).transpose()?;
+                            found = Some((parse_u32(rank_var, &r)?, parse_u32(size_var, &w)?, local, source));
                             break;
                         }
                         (Some(_), None) => return Err(bad(format!("{rank_var} is set but {size_var} is not"))),
@@ -271,7 +281,8 @@ impl Launch {
                  `openssl rand -hex 16`); mpirun -x GDAKI_SECRET / srun --export / torchrun pass the environment on"
             )));
         };
-        Ok(Some(Launch { rank, world_size, root, secret, source }))
+        let local_rank = local_rank.unwrap_or(rank);
+        Ok(Some(Launch { rank, world_size, local_rank, root, secret, source }))
     }
 
     /// [`Launch::resolve`] with this process's environment.
@@ -391,6 +402,26 @@ mod tests {
     }
 
     #[test]
+    fn local_rank_from_each_launcher_else_the_rank() {
+        let cases: [(&[(&str, &str)], u32); 6] = [
+            (&[("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1")], 1),
+            (&[("PMI_RANK", "5"), ("PMI_SIZE", "8"), ("MPI_LOCALRANKID", "2")], 2),
+            (&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "3")], 3),
+            (&[("RANK", "5"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "0")], 0),
+            // Unset: every rank on one host.
+            (&[("RANK", "5"), ("WORLD_SIZE", "8")], 5),
+            // Another launcher's local rank does not count.
+            (&[("RANK", "5"), ("WORLD_SIZE", "8"), ("SLURM_LOCALID", "3")], 5),
+        ];
+        for (vars, local) in cases {
+            assert_eq!(ok(LaunchFlags::default(), vars).local_rank, local, "{vars:?}");
+        }
+        // Flags give the rank: the launcher's local rank belongs to another numbering.
+        let flags = LaunchFlags { rank: Some(1), world_size: Some(2), ..LaunchFlags::default() };
+        assert_eq!(ok(flags, &[("LOCAL_RANK", "7")]).local_rank, 1);
+    }
+
+    #[test]
     fn pmi_with_gdaki_root_and_secret() {
         let l = ok(
             LaunchFlags::default(),
@@ -490,7 +521,11 @@ mod tests {
         );
         assert_eq!(
             err(LaunchFlags::default(), &[("OMPI_COMM_WORLD_RANK", "x1"), ("OMPI_COMM_WORLD_SIZE", "2")]),
-            "OMPI_COMM_WORLD_RANK=\"x1\" is not a number in 0..=4294967295"
+            "OMPI_COMM_WORLD_RANK=\"x1\" is not a number in 0..=4294967295",
+        );
+        assert_eq!(
+            err(LaunchFlags::default(), &[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "x")]),
+            "LOCAL_RANK=\"x\" is not a number in 0..=4294967295"
         );
         assert_eq!(
             err(LaunchFlags { secret: Some("abc".into()), ..flags(0, 2) }, &[]),
@@ -698,7 +733,8 @@ mod tests {
         assert_eq!(s.as_bytes()[..3], [0x00, 0x11, 0x22]);
         assert_eq!(s.to_hex(), HEX);
         assert_eq!(format!("{s:?}"), "Secret(<redacted>)");
-        let launch = Launch { rank: 0, world_size: 1, root: DEFAULT_ROOT.into(), secret: s, source: "t" };
+        let launch =
+            Launch { rank: 0, world_size: 1, local_rank: 0, root: DEFAULT_ROOT.into(), secret: s, source: "t" };
         assert!(!format!("{launch:?}").contains("112233"));
         let a = Secret::random().unwrap();
         assert_ne!(a, Secret::random().unwrap());

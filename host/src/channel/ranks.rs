@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::bootstrap::{Bootstrap, Launch, Secret};
 use crate::channel::Communicator;
-use crate::exec::{Executor, ExecutorKind};
+use crate::exec::{default_gpu, Executor, ExecutorKind};
 use crate::nic::emu::WireConfig;
 use crate::nic::{Nic, NicSpec};
 use crate::{Error, Result};
@@ -30,12 +30,36 @@ pub struct RankSetup {
     pub one_nic: bool,
     /// Bound of each rank's bootstrap setup.
     pub timeout: Duration,
+    /// The GPU of every rank on the `gpu` executor (0-based, `cuDeviceGet` order). `None`: each rank takes
+    /// GPU `local_rank % count` of the `count` GPUs its process sees (in this process, the rank is the local
+    /// rank; across processes, [`Launch::local_rank`]), one GPU per rank on a host with as many, as NCCL's
+    /// and NVSHMEM's launchers are used ([`default_gpu`]); with [`RankSetup::one_nic`] every rank shares GPU 0,
+    /// the NIC's.
+    pub gpu: Option<usize>,
 }
 
 impl RankSetup {
     /// `ranks` ranks in this process on `executor`, each with its own emulated NIC over the loopback wire.
     pub fn local(ranks: u32, executor: ExecutorKind) -> Self {
-        RankSetup { ranks, launch: None, executor, nic: NicSpec::Emu, one_nic: false, timeout: Duration::from_secs(60) }
+        RankSetup {
+            ranks,
+            launch: None,
+            executor,
+            nic: NicSpec::Emu,
+            one_nic: false,
+            timeout: Duration::from_secs(60),
+            gpu: None,
+        }
+    }
+
+    /// The GPU ordinal of the rank with local rank `local_rank` ([`RankSetup::gpu`]); `spread` is
+    /// [`default_gpu`].
+    fn gpu_of(&self, local_rank: u32, spread: impl FnOnce(u32) -> usize) -> usize {
+        match (self.gpu, self.one_nic && self.launch.is_none()) {
+            (Some(g), _) => g,
+            (None, true) => 0,
+            (None, false) => spread(local_rank),
+        }
     }
 }
 
@@ -54,9 +78,12 @@ pub fn run_ranks<T: Send>(
     if setup.launch.is_none() && setup.ranks == 0 {
         return Err(Error::InvalidArgument("run_ranks with 0 ranks".into()));
     }
+    // The CPU executor ignores the ordinal: no need to ask the CUDA driver.
+    let on_gpu = setup.executor == ExecutorKind::Gpu;
+    let gpu_of = |local_rank| setup.gpu_of(local_rank, |l| if on_gpu { default_gpu(l) } else { 0 });
     let shared = match (setup.one_nic, &setup.launch) {
         (true, None) => {
-            let (exec, _) = Executor::open(Some(setup.executor))?;
+            let (exec, _) = Executor::open_on(Some(setup.executor), gpu_of(0))?;
             Some(Nic::open(&setup.nic, &exec, None)?)
         }
         _ => None,
@@ -67,7 +94,7 @@ pub fn run_ranks<T: Send>(
             None => Bootstrap::connect(&launch, setup.timeout),
         };
         let comm = boot.and_then(|b| {
-            let (exec, _) = Executor::open(Some(setup.executor))?;
+            let (exec, _) = Executor::open_on(Some(setup.executor), gpu_of(launch.local_rank))?;
             match &shared {
                 Some(n) => Communicator::on_nic(b, exec, n.clone()),
                 None => Communicator::with_nic(b, exec, &setup.nic, WireConfig::loopback()),
@@ -89,7 +116,8 @@ pub fn run_ranks<T: Send>(
     Ok(std::thread::scope(|s| {
         let handles: Vec<_> = (0..setup.ranks)
             .map(|rank| {
-                let l = Launch { rank, world_size: setup.ranks, root: root.clone(), secret, source: "this process" };
+                let (root, world_size) = (root.clone(), setup.ranks);
+                let l = Launch { rank, world_size, local_rank: rank, root, secret, source: "this process" };
                 let lis = if rank == 0 { listener.take() } else { None };
                 let rank_run = &rank_run;
                 s.spawn(move || rank_run(l, lis))
@@ -98,4 +126,20 @@ pub fn run_ranks<T: Send>(
         // A panic of a rank is a bug: let it go on unwinding here.
         handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_of_each_rank() {
+        let local = RankSetup::local(4, ExecutorKind::Gpu);
+        let twice = |l: u32| 2 * l as usize;
+        // By local rank unless named.
+        assert_eq!((0..4).map(|r| local.gpu_of(r, twice)).collect::<Vec<_>>(), [0, 2, 4, 6]);
+        assert_eq!(RankSetup { gpu: Some(5), ..local.clone() }.gpu_of(3, twice), 5);
+        // One shared NIC keeps every rank in this process on GPU 0, the NIC's; across processes it means nothing.
+        assert_eq!(RankSetup { one_nic: true, ..local.clone() }.gpu_of(3, twice), 0);
+    }
 }

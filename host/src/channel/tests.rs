@@ -18,6 +18,7 @@ fn solo() -> Communicator {
     let launch = Launch {
         rank: 0,
         world_size: 1,
+        local_rank: 0,
         root: "127.0.0.1:1".into(),
         secret: Secret::random().unwrap(),
         source: "test",

@@ -140,6 +140,19 @@ impl fmt::Debug for Gpu {
 }
 
 impl Gpu {
+    /// How many GPUs the CUDA driver sees (`cuDeviceGetCount` after `cuInit(0)`; `CUDA_VISIBLE_DEVICES` applies).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] with a one-line reason when libcuda cannot be loaded or `cuInit` fails (e.g.
+    /// `CUDA_ERROR_NO_DEVICE`).
+    pub fn count() -> Result<usize> {
+        driver::check_library()?;
+        result::init().map_err(|e| Error::Unavailable(format!("no GPU: cuInit failed: {}", driver::describe(e))))?;
+        let count = result::device::get_count()
+            .map_err(|e| Error::Unavailable(format!("no GPU: cuDeviceGetCount failed: {}", driver::describe(e))))?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
     /// Opens GPU `ordinal` (0-based, in `cuDeviceGet` order): loads libcuda if this process has not yet,
     /// `cuInit(0)`, retains the device's primary context (`cuDevicePrimaryCtxRetain`), checks that it can map
     /// host memory with unified addressing, and creates this layer's non-blocking stream.
@@ -151,10 +164,7 @@ impl Gpu {
     /// - [`Error::Cuda`] when a later driver call fails (e.g. the context cannot be created).
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>> {
         let lib = driver::check_library()?;
-        result::init().map_err(|e| Error::Unavailable(format!("no GPU: cuInit failed: {}", driver::describe(e))))?;
-        let count = result::device::get_count()
-            .map_err(|e| Error::Unavailable(format!("no GPU: cuDeviceGetCount failed: {}", driver::describe(e))))?;
-        let count = usize::try_from(count).unwrap_or(0);
+        let count = Self::count()?;
         if ordinal >= count {
             return Err(Error::Unavailable(match count {
                 0 => "no GPU: the CUDA driver sees no device".to_string(),

@@ -27,7 +27,8 @@ pub fn two_ranks<T: Send>(
     thread::scope(|s| {
         let hs: Vec<_> = (0..2u32)
             .map(|rank| {
-                let launch = Launch { rank, world_size: 2, root: root.clone(), secret, source: "test" };
+                let launch =
+                    Launch { rank, world_size: 2, local_rank: rank, root: root.clone(), secret, source: "test" };
                 let l = if rank == 0 { listener.take() } else { None };
                 s.spawn(move || {
                     let boot = match l {

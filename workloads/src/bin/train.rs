@@ -1,7 +1,9 @@
 //! Data-parallel training of a small MLP on the iris data set, gradients summed through gdaki, against a
 //! single-rank run with the same seed (see the library's `train` module for the method).
 //!
-//! `cargo run --release -p gdaki-workloads --bin train -- --executor cpu [--nranks 4] [--json PATH]`
+//! `cargo run --release -p gdaki-workloads --bin train -- --executor cpu [--nranks 4] [--json PATH]`, or one
+//! process per rank (per GPU): `mpirun -np 4 target/release/train --executor gpu` (or torchrun, srun, or
+//! `--world-size`/`--rank`); rank 0 prints the report.
 
 use std::process::ExitCode;
 
@@ -17,7 +19,8 @@ struct Args {
     /// Executor: cpu or gpu (default: the GPU if there is one, else cpu).
     #[arg(long)]
     executor: Option<ExecutorKind>,
-    /// Ranks (threads of this process, 1 to 8), each with a shard of the training set.
+    /// Ranks (threads of this process, 1 to 8), each with a shard of the training set; with a launch
+    /// (mpirun, srun, torchrun or --world-size/--rank), one rank per process instead.
     #[arg(long, default_value_t = 4)]
     nranks: u32,
     /// How gradients are summed: nic (fixed point, RDMA fetch-adds) or ring (ring reduce-scatter + all-gather, summed by device code).
@@ -41,12 +44,21 @@ struct Args {
     /// Writes the curves and timings as JSON here.
     #[arg(long, value_name = "PATH")]
     json: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    launch: gdaki_examples::LaunchArgs,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     gdaki_examples::init_tracing();
-    let executor = match resolve_executor(args.executor) {
+    let launch = match gdaki::bootstrap::Launch::resolve_from_process_env(args.launch.flags()) {
+        Ok(l) => l.filter(|l| l.world_size > 1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let executor = match resolve_executor(args.executor, args.launch.gpu_of(launch.as_ref())) {
         Ok(k) => k,
         Err(e) => {
             eprintln!("error: {e}");
@@ -55,6 +67,8 @@ fn main() -> ExitCode {
     };
     let cfg = TrainConfig {
         nranks: args.nranks,
+        launch,
+        gpu: args.launch.gpu,
         executor,
         path: args.path,
         epochs: args.epochs,
@@ -65,19 +79,22 @@ fn main() -> ExitCode {
         ..TrainConfig::default()
     };
     let r = match run(&cfg) {
-        Ok(r) => r,
+        Ok(Some(r)) => r,
+        // Another process's rank 0 reports (and fails when the weights differ).
+        Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
     println!(
-        "gdaki train (commit {}): iris MLP 4-{}-3 ({} parameters), {} ranks on the {} executor, path {}, \
+        "gdaki train (commit {}): iris MLP 4-{}-3 ({} parameters), {} ranks ({}) on the {} executor, path {}, \
          {} train / {} test examples, {} per shard, batch {} per rank, {} steps per epoch, lr {}, clip {}",
         r.commit,
         cfg.hidden,
         r.parameters,
         r.nranks,
+        r.ranks_in,
         r.executor,
         r.path,
         r.train_examples,

@@ -45,7 +45,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let executor = match resolve_executor(args.executor) {
+    let executor = match resolve_executor(args.executor, 0) {
         Ok(k) => k,
         Err(e) => {
             eprintln!("error: {e}");
