@@ -143,6 +143,9 @@ fn memory_kib() -> (u64, u64) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(code) = args.launch.spawn_processes() {
+        return code;
+    }
     gdaki_examples::apply_queues(args.queues);
     // Create the JSON file first: a path that cannot be written is an error before the run, not after it.
     let json = match args.json.as_ref().map(|p| std::fs::File::create(p).map_err(|e| (p, e))).transpose() {

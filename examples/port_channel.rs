@@ -149,6 +149,9 @@ fn print_rows(mode: Mode, rows: &[Row]) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(code) = args.launch.spawn_processes() {
+        return code;
+    }
     gdaki_examples::apply_queues(args.queues);
     let modes = args.mode.clone();
     let launch = match args.launch.two_ranks() {

@@ -40,9 +40,28 @@ pub struct LaunchArgs {
     /// GPUs this process sees: one GPU per rank on a host with as many).
     #[arg(long, value_name = "ORDINAL")]
     pub gpu: Option<usize>,
+    /// Start N processes of this program on this host, one rank each, and wait for them (as `torchrun
+    /// --nproc-per-node N` would): each gets --world-size N, its --rank and a loopback --bootstrap address,
+    /// the session secret in GDAKI_SECRET, and on the gpu executor the GPU of its rank unless --gpu names one.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64),
+          conflicts_with_all = ["world_size", "rank", "bootstrap", "secret", "secret_file"])]
+    pub processes: Option<u32>,
 }
 
 impl LaunchArgs {
+    /// With `--processes N`: starts N processes of this program with the same arguments, less `--processes`,
+    /// plus each one's rank flags, inheriting standard output and error, and waits for all of them. Returns
+    /// the exit code to leave with: success when every process succeeded, else the first failing rank's code
+    /// (a process killed by a signal counts as 1), or 2 when one could not be started (those already started
+    /// are killed). `None` without the flag: run as usual.
+    pub fn spawn_processes(&self) -> Option<std::process::ExitCode> {
+        let n = self.processes?;
+        Some(spawn_processes(n).unwrap_or_else(|why| {
+            eprintln!("error: --processes {n}: {why}");
+            std::process::ExitCode::from(2)
+        }))
+    }
+
     /// The flags of the launch, for [`Launch::resolve`].
     pub fn flags(&self) -> LaunchFlags {
         LaunchFlags {
@@ -74,6 +93,71 @@ impl LaunchArgs {
             _ => Ok(None),
         }
     }
+}
+
+/// [`LaunchArgs::spawn_processes`]: `Err` when a process could not be started.
+fn spawn_processes(n: u32) -> Result<std::process::ExitCode, String> {
+    use std::process::{Command, ExitCode, Stdio};
+    let exe = std::env::current_exe().map_err(|e| format!("the path of this program: {e}"))?;
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    let mut given = std::env::args_os().skip(1);
+    while let Some(a) = given.next() {
+        if a == "--processes" {
+            given.next();
+        } else if !a.to_string_lossy().starts_with("--processes=") {
+            args.push(a);
+        }
+    }
+    // A port free now, which rank 0 binds next (the loopback root needs no secret, but a fresh one keeps
+    // this session apart from any other on the same port).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free loopback port for the bootstrap: {e}"))?
+        .port();
+    let secret = gdaki::bootstrap::Secret::random().map_err(|e| e.to_string())?;
+    let mut children = Vec::new();
+    for rank in 0..n {
+        let child = Command::new(&exe)
+            .args(&args)
+            .args(["--world-size", &n.to_string(), "--rank", &rank.to_string()])
+            .arg("--bootstrap")
+            .arg(format!("127.0.0.1:{port}"))
+            .env("GDAKI_SECRET", secret.to_hex())
+            .stdin(Stdio::null())
+            .spawn();
+        match child {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for mut c in children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(format!("starting rank {rank}: {e}"));
+            }
+        }
+    }
+    let mut code = ExitCode::SUCCESS;
+    let mut failed = false;
+    for (rank, mut c) in children.into_iter().enumerate() {
+        match c.wait() {
+            Ok(s) if s.success() => {}
+            Ok(s) => {
+                if !failed {
+                    eprintln!("rank {rank}: {s}");
+                    code = ExitCode::from(s.code().map_or(1, |c| c.clamp(1, 255) as u8));
+                    failed = true;
+                }
+            }
+            Err(e) => {
+                if !failed {
+                    eprintln!("rank {rank}: waiting for it: {e}");
+                    code = ExitCode::from(1);
+                    failed = true;
+                }
+            }
+        }
+    }
+    Ok(code)
 }
 
 /// Checks, before anything is printed, that the NIC `--nic` names can be opened: the emulated NIC always can;

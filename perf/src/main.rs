@@ -35,6 +35,13 @@ type RankOutcome = (Vec<Row>, u64);
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    let launch = match &cli.cmd {
+        cli::Cmd::Coll(o) => Some(&o.launch),
+        c => c.split().map(|(_, o)| &o.launch),
+    };
+    if let Some(code) = launch.and_then(|l| l.spawn_processes()) {
+        return code;
+    }
     let res = match (&cli.cmd, cli.cmd.split()) {
         (cli::Cmd::Coll(o), _) => {
             gdaki_examples::init_tracing();

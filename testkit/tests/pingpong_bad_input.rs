@@ -132,6 +132,27 @@ fn cli_gpu_executor_without_a_gpu_is_a_one_line_error() {
 }
 
 #[test]
+fn cli_processes_runs_two_ranks_and_refuses_what_cannot_work() {
+    // Two processes, one rank each: rank 0 prints the table and both check every payload.
+    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "3", "--size", "24", "--processes", "2"]) else {
+        return;
+    };
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{so} {}", text(&out.stderr));
+    assert_eq!(so.lines().filter(|l| l.split_whitespace().take(2).eq(["24", "3"])).count(), 1, "{so:?}");
+    // Flags that place one process cannot go with --processes.
+    let Some(out) = pingpong(&["--processes", "2", "--rank", "0"]) else { return };
+    assert_cli_error(&out, 2, "--processes");
+    let Some(out) = pingpong(&["--processes", "0"]) else { return };
+    assert_cli_error(&out, 2, "--processes");
+    // Three processes of a two-rank program: every one refuses, and so does the launch.
+    let Some(out) = pingpong(&["--executor", "cpu", "--processes", "3"]) else { return };
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr).matches("this example takes 2 ranks").count(), 3, "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains("#bytes"), "it ran: {}", text(&out.stdout));
+}
+
+#[test]
 fn cli_zero_timeout_is_refused_before_running() {
     // A round trip cannot finish within 0 ns: the bound must be at least 1 ms.
     let Some(out) = pingpong(&["--executor", "cpu", "--iters", "3", "--timeout-ms", "0"]) else { return };

@@ -44,40 +44,29 @@ fn bad_settings_are_refused() {
     }
 }
 
-/// One process per rank (the `train` program under `--world-size`/`--rank`, as a launcher starts it on a host
-/// with a GPU per rank) trains exactly as the same ranks on threads of one process: the same loss curve,
-/// bit for bit, and rank 0's report says the ranks agree.
+/// One process per rank (`train --processes 2`: two processes of the program, each one rank under
+/// `--world-size`/`--rank`, as a launcher starts them on a host with a GPU per rank) trains exactly as the same
+/// ranks on threads of one process: the same loss curve, bit for bit, and rank 0's report says the ranks agree.
 #[test]
 fn cpu_one_process_per_rank_trains_as_threads_do() {
     let cfg = TrainConfig { nranks: 2, executor: ExecutorKind::Cpu, epochs: 2, ..TrainConfig::default() };
     let threads = run(&cfg).expect("train").expect("rank 0 runs here");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
     let dir = std::env::temp_dir().join(format!("gdaki-train-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     let json = dir.join("rank0.json");
-    let procs: Vec<_> = (0..2)
-        .map(|rank| {
-            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_train"));
-            c.args(["--executor", "cpu", "--epochs", "2", "--world-size", "2", "--bootstrap"])
-                .arg(format!("127.0.0.1:{port}"))
-                .args(["--rank", &rank.to_string()])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            if rank == 0 {
-                c.arg("--json").arg(&json);
-            }
-            c.spawn().expect("start a rank")
-        })
-        .collect();
-    for (rank, p) in procs.into_iter().enumerate() {
-        let out = p.wait_with_output().expect("a rank's output");
-        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "rank {rank}: {}\n{text}", out.status);
-        assert_eq!(text.contains("max weight difference between ranks: 0e0"), rank == 0, "rank {rank}: {text}");
-    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(["--executor", "cpu", "--epochs", "2", "--processes", "2", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run train --processes 2");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{text}", out.status);
+    // Only rank 0 reports.
+    assert_eq!(text.matches("max weight difference between ranks: 0e0").count(), 1, "{text}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("rank 0's JSON")).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(report["ranks_in"], "one process per rank (flags)");
+    assert_eq!(report["nranks"], 2);
     assert_eq!(report["max_rank_weight_diff"], 0.0);
     let curve = report["distributed"]["curve"].as_array().expect("the curve");
     assert_eq!(curve.len(), threads.distributed.curve.len());

@@ -50,6 +50,9 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(code) = args.launch.spawn_processes() {
+        return code;
+    }
     gdaki_examples::init_tracing();
     let launch = match gdaki::bootstrap::Launch::resolve_from_process_env(args.launch.flags()) {
         Ok(l) => l.filter(|l| l.world_size > 1),
