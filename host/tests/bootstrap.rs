@@ -220,14 +220,7 @@ fn out_of_range_peer_and_oversized_send_are_errors() {
 
 #[test]
 fn world_of_one_needs_no_socket() {
-    let launch = Launch {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        root: "127.0.0.1:1".into(),
-        secret: Secret::random().unwrap(),
-        source: "t",
-    };
+    let launch = Launch::solo(Secret::random().unwrap());
     let b = Bootstrap::connect(&launch, Duration::from_millis(100)).unwrap();
     assert_eq!(b.all_gather(b"solo").unwrap(), [b"solo".to_vec()]);
     b.barrier().unwrap();
@@ -875,6 +868,9 @@ fn silent_rank_in_all_gather_is_named_on_every_rank() {
     let timeout = Duration::from_secs(1);
     let (listener, launches) = session(3);
     let launches = &launches;
+    // Both begin the all-gather together: rank 1 waits a quarter of the timeout past its own start for the
+    // root's verdict, which a rank 1 that began long before the root (a loaded machine) would miss.
+    let start = &std::sync::Barrier::new(2);
     thread::scope(|s| {
         let ranks: Vec<_> = [Some(listener), None]
             .into_iter()
@@ -885,6 +881,7 @@ fn silent_rank_in_all_gather_is_named_on_every_rank() {
                         Some(l) => Bootstrap::root_on(l, &launches[0], timeout).unwrap(),
                         None => Bootstrap::connect(&launches[rank], timeout).unwrap(),
                     };
+                    start.wait();
                     let t = Instant::now();
                     (message(b.all_gather(b"x").unwrap_err()), t.elapsed())
                 })

@@ -178,6 +178,13 @@ pub const DEFAULT_ROOT: &str = "127.0.0.1:29500";
 const SECRET_FILE_MAX: u64 = 4096;
 
 impl Launch {
+    /// Rank 0 of a world of one, with `secret`: a session that [`Bootstrap::connect`](super::Bootstrap::connect)
+    /// joins without binding or dialing anything (its root address, [`DEFAULT_ROOT`], is never used), for a
+    /// single-process [`crate::channel::Communicator`].
+    pub fn solo(secret: Secret) -> Launch {
+        Launch { rank: 0, world_size: 1, local_rank: 0, root: DEFAULT_ROOT.into(), secret, source: "solo" }
+    }
+
     /// Resolves the launch from `flags` and the environment `env` (a lookup, so tests pass a map).
     ///
     /// - Rank and world size: the flags (both or neither); else the first launcher whose variables are set:
@@ -733,8 +740,7 @@ mod tests {
         assert_eq!(s.as_bytes()[..3], [0x00, 0x11, 0x22]);
         assert_eq!(s.to_hex(), HEX);
         assert_eq!(format!("{s:?}"), "Secret(<redacted>)");
-        let launch =
-            Launch { rank: 0, world_size: 1, local_rank: 0, root: DEFAULT_ROOT.into(), secret: s, source: "t" };
+        let launch = Launch::solo(s);
         assert!(!format!("{launch:?}").contains("112233"));
         let a = Secret::random().unwrap();
         assert_ne!(a, Secret::random().unwrap());

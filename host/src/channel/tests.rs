@@ -15,14 +15,7 @@ use crate::Error;
 const TIMEOUT_NS: u64 = 10_000_000_000;
 
 fn solo() -> Communicator {
-    let launch = Launch {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        root: "127.0.0.1:1".into(),
-        secret: Secret::random().unwrap(),
-        source: "test",
-    };
+    let launch = Launch::solo(Secret::random().unwrap());
     let boot = Bootstrap::connect(&launch, Duration::from_secs(5)).unwrap();
     Communicator::new(boot, Executor::Cpu, WireConfig::loopback()).unwrap()
 }
