@@ -260,6 +260,8 @@ struct CollReport<'a> {
     executor: &'static str,
     nranks: u32,
     ranks_in_process: bool,
+    /// By rank: process, host and device, as under "Using devices".
+    devices: &'a [String],
     nic: String,
     iters: u32,
     warmup: u32,
@@ -552,15 +554,16 @@ fn rank_main(
     opts: &CollOpts,
     jobs: &[Job],
     plan: (u32, u32, usize),
-) -> Result<Vec<CollRow>, String> {
+) -> Result<(Vec<String>, Vec<CollRow>), String> {
     let rank = comm.rank();
     let n = comm.world_size();
     let devices = comm.bootstrap().all_gather(device_line(&comm).as_bytes());
     let devices = devices.map_err(|e| format!("rank {rank}: gathering the ranks' devices: {e}"))?;
+    let devices: Vec<String> = devices.iter().map(|d| String::from_utf8_lossy(d).into_owned()).collect();
     if rank == 0 {
         println!("# Using devices");
         for (r, d) in devices.iter().enumerate() {
-            println!("#  Rank {r:>2} {}", String::from_utf8_lossy(d));
+            println!("#  Rank {r:>2} {d}");
         }
     }
     let (_, _, buf) = layout(plan.2);
@@ -607,7 +610,7 @@ fn rank_main(
     }
     // Nobody's memory goes before everyone is done.
     r.barrier().map_err(|e| format!("rank {rank}: closing barrier: {e}"))?;
-    Ok(rows)
+    Ok((devices, rows))
 }
 
 /// (minbytes, maxbytes, stepfactor) with the `--quick` defaults.
@@ -698,11 +701,13 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         gdaki::channel::run_ranks(&setup, |comm| rank_main(comm, opts, &jobs, plan)).map_err(|e| e.to_string())?;
     let mut errors = 0u64;
     let mut rows: Option<Vec<CollRow>> = None;
+    let mut devices = Vec::new();
     for (rank, res) in results {
         match res {
-            Ok(Ok(r)) => {
+            Ok(Ok((d, r))) => {
                 if rank == 0 || rows.is_none() {
                     rows = Some(r);
+                    devices = d;
                 }
             }
             Ok(Err(e)) => {
@@ -779,6 +784,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
             executor,
             nranks: n,
             ranks_in_process: in_process,
+            devices: &devices,
             nic: nic.to_string(),
             iters,
             warmup,

@@ -123,3 +123,35 @@ fn one_nic_header_and_json_say_no_wire() {
     // 5 iterations: a warm-up of 1 (a tenth, at least 1).
     assert_eq!(v["warmup"].as_u64(), Some(1));
 }
+
+/// `gdaki-perf coll --processes 3` (one rank per process, started by the program itself) lists each rank's
+/// process under "Using devices" and in the JSON, three different processes, and checks every element.
+#[test]
+fn coll_one_process_per_rank_lists_each_ranks_device() {
+    let dir = std::env::temp_dir().join(format!("gdaki-perf-coll-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("coll.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args(["coll", "--quick", "--executor", "cpu", "--processes", "3", "--op", "broadcast"])
+        .args(["--algorithm", "direct", "-e", "64", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!((v["nranks"].as_u64(), v["ranks_in_process"].as_bool()), (Some(3), Some(false)));
+    let devices: Vec<&str> = v["devices"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert_eq!(devices.len(), 3, "{devices:?}");
+    let pids: std::collections::BTreeSet<&str> =
+        devices.iter().map(|d| d.split_whitespace().nth(1).expect("Pid N ...")).collect();
+    assert_eq!(pids.len(), 3, "three processes: {devices:?}");
+    assert!(devices.iter().all(|d| d.starts_with("Pid ") && d.ends_with(" device cpu")), "{devices:?}");
+    for (r, d) in devices.iter().enumerate() {
+        assert!(stdout.contains(&format!("#  Rank {r:>2} {d}")), "rank {r} not listed:\n{stdout}");
+    }
+    assert_eq!((v["wrong"].as_u64(), v["errors"].as_u64()), (Some(0), Some(0)));
+    // 8 and 64 bytes, each checked.
+    assert_eq!(v["rows"].as_array().unwrap().len(), 2, "{}", v["rows"]);
+}
