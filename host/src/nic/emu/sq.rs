@@ -26,6 +26,7 @@ use super::access::DataPath;
 use super::exec::{self, Pds};
 use super::fabric::{lock, read, Fabric};
 use super::fault::{vendor, Fault};
+use super::mr::MrTable;
 use super::qmem::{self, QBuf};
 use super::qp::{QpInner, QpState};
 use super::stats::{add_ns, bump};
@@ -288,16 +289,37 @@ fn take(
     if eng.fetched.blueflame.is_none() {
         load_ring(fab, qp, eng, p.consumed, pi);
     }
+    // Without a wire the WQEs execute here, under the MR table's read lock: taken once for up to
+    // `WQES_PER_MR_LOCK` of them (two atomic read-modify-writes per WQE were a quarter of this function's
+    // time), so that a deregistration, which takes the write lock, waits for that many at most.
+    let mut mrs = wire.is_none().then(|| read(&fab.mrs));
+    let mut under_lock = 0;
     while p.consumed < pi {
-        let n = step(fab, qp, peer, wire.as_deref_mut(), eng, p.consumed, pi);
+        if under_lock == WQES_PER_MR_LOCK && mrs.is_some() {
+            // Released first, so that a waiting deregistration goes before the lock is taken again.
+            drop(mrs.take());
+            mrs = Some(read(&fab.mrs));
+            under_lock = 0;
+        }
+        let via = match (wire.as_deref_mut(), mrs.as_deref()) {
+            (Some(ws), _) => Via::Wire(ws),
+            (None, Some(m)) => Via::Here(m),
+            // Not reached: `mrs` is taken whenever there is no wire.
+            (None, None) => break,
+        };
+        let n = step(fab, qp, peer, via, eng, p.consumed, pi);
         if n == 0 {
             *resume = Some(pi);
             break;
         }
         p.consumed += n;
+        under_lock += 1;
     }
     p.consumed != start
 }
+
+/// WQEs executed under one hold of the MR table's read lock at most ([`take`]).
+const WQES_PER_MR_LOCK: u32 = 64;
 
 /// Records a mismatch when dbrec word 1 (SQ counter, `word` as stored) is behind the doorbell's producer
 /// index. It may be ahead: another poster may have updated it already for WQEs whose doorbell is still to
@@ -507,14 +529,22 @@ fn wqe_bytes(qp: &QpInner, fetched: &Fetched, idx: u64, at: usize, out: &mut [u8
     }
 }
 
-/// Consumes the WQE at consumer index `idx` (producer index `pi`); returns the WQEBBs it took (≥ 1), or 0 when
-/// the wire's requester cannot take it yet ([`WireSq::accepts`]): it stays in the ring, untouched.
-#[allow(clippy::too_many_arguments)]
+/// Where a WQE goes once parsed.
+enum Via<'a> {
+    /// To the QP's wire, whose requester sends it.
+    Wire(&'a mut WireSq),
+    /// Executed here (the peer QP is on this NIC), against the MR table under its read lock.
+    Here(&'a MrTable),
+}
+
+/// Consumes the WQE at consumer index `idx` (producer index `pi`) of `qp` (whose peer QP is cached in
+/// `peer`); returns the WQEBBs it took (≥ 1), or 0 when the wire's requester cannot take it yet
+/// ([`WireSq::accepts`]): it stays in the ring, untouched.
 fn step(
     fab: &Fabric,
     qp: &QpInner,
     peer: &mut Option<Arc<QpInner>>,
-    mut wire: Option<&mut WireSq>,
+    mut via: Via<'_>,
     eng: &mut Engine,
     idx: u64,
     pi: u64,
@@ -526,19 +556,19 @@ fn step(
     // Size to skip when the WQE is not executed: its own ds when sane, at least one WQEBB, never past pi.
     let skip = (wqebbs(ctrl.ds() as u32) as u64).clamp(1, avail);
     // Failures go through the wire's queue when there is one, so that their CQEs stay behind earlier ones.
-    let settle = |wire: Option<&mut WireSq>, eng: &mut Engine, op: u8, f: Fault| match wire {
-        Some(ws) => requester::post_failed(fab, qp, ws, &mut eng.data, idx, op, f),
-        None => fail(fab, qp, &mut eng.data, idx, op, f),
+    let settle = |via: &mut Via<'_>, eng: &mut Engine, op: u8, f: Fault| match via {
+        Via::Wire(ws) => requester::post_failed(fab, qp, ws, &mut eng.data, idx, op, f),
+        Via::Here(_) => fail(fab, qp, &mut eng.data, idx, op, f),
     };
     if qp.state() == QpState::Error {
-        settle(wire, eng, ctrl.opcode(), Fault::flushed());
+        settle(&mut via, eng, ctrl.opcode(), Fault::flushed());
         return skip;
     }
     let e = Expect { qpn: qp.qpn, wqe_cnt: qp.wqe_cnt, index: idx as u16, avail };
     let h = match wqe::parse_ctrl(&ctrl, &e) {
         Ok(h) => h,
         Err(f) => {
-            settle(wire, eng, ctrl.opcode(), f);
+            settle(&mut via, eng, ctrl.opcode(), f);
             return skip;
         }
     };
@@ -548,24 +578,27 @@ fn step(
     wqe_bytes(qp, &eng.fetched, idx, SEG, &mut eng.wqe[SEG..len]);
     let op = match wqe::parse_body(&h, &eng.wqe[..len]) {
         Ok(op) if op.len() > qp.max_msg() => {
-            settle(wire.as_deref_mut(), eng, h.opcode, Fault::length(vendor::MSG_TOO_LONG));
+            settle(&mut via, eng, h.opcode, Fault::length(vendor::MSG_TOO_LONG));
             return h.wqebbs as u64;
         }
         Ok(op) => op,
         Err(f) => {
-            settle(wire.as_deref_mut(), eng, h.opcode, f);
+            settle(&mut via, eng, h.opcode, f);
             return h.wqebbs as u64;
         }
     };
-    if let Some(ws) = wire {
-        if !ws.accepts(&op) {
-            // Taken later, once the outbox has room (or the READs it must wait for are answered).
-            return 0;
+    let mrs = match via {
+        Via::Wire(ws) => {
+            if !ws.accepts(&op) {
+                // Taken later, once the outbox has room (or the READs it must wait for are answered).
+                return 0;
+            }
+            requester::post(fab, qp, ws, &mut eng.data, idx, &h, &op);
+            return h.wqebbs as u64;
         }
-        requester::post(fab, qp, ws, &mut eng.data, idx, &h, &op);
-        return h.wqebbs as u64;
-    }
-    match run(fab, qp, peer, &op, &mut eng.data, &mut eng.scratch) {
+        Via::Here(mrs) => mrs,
+    };
+    match run(fab, qp, (peer, mrs), &op, &mut eng.data, &mut eng.scratch) {
         Ok(out) => {
             bump(&fab.stats.wqes);
             if let Some((imm, placed)) = out.resp_imm {
@@ -583,11 +616,11 @@ fn step(
     h.wqebbs as u64
 }
 
-/// Finds the responder and executes `op` under the MR table's read lock.
+/// Finds the responder and executes `op` against `mrs` (the MR table, under its read lock).
 fn run(
     fab: &Fabric,
     qp: &QpInner,
-    peer_cache: &mut Option<Arc<QpInner>>,
+    (peer_cache, mrs): (&mut Option<Arc<QpInner>>, &MrTable),
     op: &Op<'_>,
     data: &mut DataPath,
     scratch: &mut Vec<(MemLoc, u64)>,
@@ -599,8 +632,7 @@ fn run(
             _ => return Err(Fault::retry_exceeded()),
         },
     };
-    let mrs = read(&fab.mrs);
-    exec::execute(op, Pds { local: qp.pdn, remote }, &mrs, data, scratch)
+    exec::execute(op, Pds { local: qp.pdn, remote }, mrs, data, scratch)
 }
 
 /// The CQE timestamp the emulator writes: nanoseconds since the NIC was opened (`Fabric::epoch`), not a
