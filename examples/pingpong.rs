@@ -143,7 +143,7 @@ fn memory_kib() -> (u64, u64) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(code) = args.launch.spawn_processes() {
+    if let Some(code) = args.launch.spawn_processes(2..=2) {
         return code;
     }
     gdaki_examples::apply_queues(args.queues);

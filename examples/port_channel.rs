@@ -149,7 +149,7 @@ fn print_rows(mode: Mode, rows: &[Row]) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(code) = args.launch.spawn_processes() {
+    if let Some(code) = args.launch.spawn_processes(2..=2) {
         return code;
     }
     gdaki_examples::apply_queues(args.queues);

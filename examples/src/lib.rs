@@ -17,8 +17,8 @@ pub const COMMIT: &str = env!("GDAKI_COMMIT");
 /// in this process.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LaunchArgs {
-    /// Ranks of a multi-process run (2: one rank per process, over the emulated NIC's wire). Default: from
-    /// mpirun/srun/torchrun's environment, else both ranks in this process.
+    /// Ranks of a multi-process run, one per process, over the emulated NIC's wire (as many as the program
+    /// takes). Default: from mpirun/srun/torchrun's environment, else every rank in this process.
     #[arg(long)]
     pub world_size: Option<u32>,
     /// This process's rank in a multi-process run.
@@ -41,8 +41,10 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "ORDINAL")]
     pub gpu: Option<usize>,
     /// Start N processes of this program on this host, one rank each, and wait for them (as `torchrun
-    /// --nproc-per-node N` would): each gets --world-size N, its --rank and a loopback --bootstrap address,
-    /// the session secret in GDAKI_SECRET, and on the gpu executor the GPU of its rank unless --gpu names one.
+    /// --nproc-per-node N` would): each gets --world-size N, its --rank and a free loopback --bootstrap
+    /// port, the session secret in GDAKI_SECRET, and on the gpu executor GPU `rank % GPUs seen` unless --gpu
+    /// names one (CUDA_VISIBLE_DEVICES, inherited, picks which GPUs are seen). The ranks end with this
+    /// process. Not under another launcher.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64),
           conflicts_with_all = ["world_size", "rank", "bootstrap", "secret", "secret_file"])]
     pub processes: Option<u32>,
@@ -50,13 +52,30 @@ pub struct LaunchArgs {
 
 impl LaunchArgs {
     /// With `--processes N`: starts N processes of this program with the same arguments, less `--processes`,
-    /// plus each one's rank flags, inheriting standard output and error, and waits for all of them. Returns
-    /// the exit code to leave with: success when every process succeeded, else the first failing rank's code
-    /// (a process killed by a signal counts as 1), or 2 when one could not be started (those already started
-    /// are killed). `None` without the flag: run as usual.
-    pub fn spawn_processes(&self) -> Option<std::process::ExitCode> {
+    /// plus each one's rank flags, inheriting standard output and error, and waits for all of them; each
+    /// failed rank is named on standard error with how it ended. Returns the exit code to leave with: success
+    /// when every process succeeded, else the lowest failed rank's code (a process killed by a signal counts
+    /// as 1), or 2, before anything starts, for an N outside `ranks` (the rank counts the program takes) or a
+    /// launcher's environment (this process is a rank already), and when a process could not be started
+    /// (those already started are killed). `None` without the flag: run as usual.
+    pub fn spawn_processes(&self, ranks: std::ops::RangeInclusive<u32>) -> Option<std::process::ExitCode> {
         let n = self.processes?;
-        Some(spawn_processes(n).unwrap_or_else(|why| {
+        let refused = if !ranks.contains(&n) {
+            Some(match ranks.start() == ranks.end() {
+                true => format!("this program takes {} ranks", ranks.start()),
+                false => format!("this program takes {} to {} ranks", ranks.start(), ranks.end()),
+            })
+        } else {
+            match Launch::resolve_from_process_env(LaunchFlags::default()) {
+                Ok(Some(l)) => Some(format!("this process is rank {} of a launch by {} already", l.rank, l.source)),
+                _ => None,
+            }
+        };
+        let r = match refused {
+            Some(why) => Err(why),
+            None => spawn_processes(n),
+        };
+        Some(r.unwrap_or_else(|why| {
             eprintln!("error: --processes {n}: {why}");
             std::process::ExitCode::from(2)
         }))
@@ -117,14 +136,25 @@ fn spawn_processes(n: u32) -> Result<std::process::ExitCode, String> {
     let secret = gdaki::bootstrap::Secret::random().map_err(|e| e.to_string())?;
     let mut children = Vec::new();
     for rank in 0..n {
-        let child = Command::new(&exe)
-            .args(&args)
+        let mut cmd = Command::new(&exe);
+        cmd.args(&args)
             .args(["--world-size", &n.to_string(), "--rank", &rank.to_string()])
             .arg("--bootstrap")
             .arg(format!("127.0.0.1:{port}"))
             .env("GDAKI_SECRET", secret.to_hex())
-            .stdin(Stdio::null())
-            .spawn();
+            .stdin(Stdio::null());
+        // SAFETY: the hook runs in the child between fork and exec and makes one async-signal-safe call.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                // A launcher that ends (a signal, a crash) takes its ranks with it, as torchrun's do.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+        };
+        let child = cmd.spawn();
         match child {
             Ok(c) => children.push(c),
             Err(e) => {
@@ -136,28 +166,23 @@ fn spawn_processes(n: u32) -> Result<std::process::ExitCode, String> {
             }
         }
     }
-    let mut code = ExitCode::SUCCESS;
-    let mut failed = false;
+    let mut code = None;
     for (rank, mut c) in children.into_iter().enumerate() {
-        match c.wait() {
-            Ok(s) if s.success() => {}
+        let failed = match c.wait() {
+            Ok(s) if s.success() => continue,
+            // "exit status: 1", or "signal: 9 (SIGKILL)".
             Ok(s) => {
-                if !failed {
-                    eprintln!("rank {rank}: {s}");
-                    code = ExitCode::from(s.code().map_or(1, |c| c.clamp(1, 255) as u8));
-                    failed = true;
-                }
+                eprintln!("--processes: rank {rank} ended with {s}");
+                s.code().map_or(1, |c| c.clamp(1, 255) as u8)
             }
             Err(e) => {
-                if !failed {
-                    eprintln!("rank {rank}: waiting for it: {e}");
-                    code = ExitCode::from(1);
-                    failed = true;
-                }
+                eprintln!("--processes: rank {rank}: waiting for it: {e}");
+                1
             }
-        }
+        };
+        code = code.or(Some(failed));
     }
-    Ok(code)
+    Ok(code.map_or(ExitCode::SUCCESS, ExitCode::from))
 }
 
 /// Checks, before anything is printed, that the NIC `--nic` names can be opened: the emulated NIC always can;

@@ -772,7 +772,11 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
             );
         }
     }
-    println!("# Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" });
+    if errors > 0 {
+        // The rows a failed rank never ran are missing: not a pass.
+        println!("# Errors               : {errors} (on standard error) FAILED");
+    }
+    println!("# Out of bounds values : {wrong} {}", if wrong == 0 && errors == 0 { "OK" } else { "FAILED" });
     println!("# Avg bus bandwidth    : {avg:.6} ");
     println!("#");
     if let Some(path) = &opts.json {

@@ -35,11 +35,12 @@ type RankOutcome = (Vec<Row>, u64);
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    // coll takes 2 to 8 ranks, the two-rank suites 2.
     let launch = match &cli.cmd {
-        cli::Cmd::Coll(o) => Some(&o.launch),
-        c => c.split().map(|(_, o)| &o.launch),
+        cli::Cmd::Coll(o) => Some((&o.launch, 2..=8)),
+        c => c.split().map(|(_, o)| (&o.launch, 2..=2)),
     };
-    if let Some(code) = launch.and_then(|l| l.spawn_processes()) {
+    if let Some(code) = launch.and_then(|(l, ranks)| l.spawn_processes(ranks)) {
         return code;
     }
     let res = match (&cli.cmd, cli.cmd.split()) {

@@ -145,11 +145,27 @@ fn cli_processes_runs_two_ranks_and_refuses_what_cannot_work() {
     assert_cli_error(&out, 2, "--processes");
     let Some(out) = pingpong(&["--processes", "0"]) else { return };
     assert_cli_error(&out, 2, "--processes");
-    // Three processes of a two-rank program: every one refuses, and so does the launch.
-    let Some(out) = pingpong(&["--executor", "cpu", "--processes", "3"]) else { return };
+    // Ranks that fail: each is named with how it ended, and the launch exits with their code.
+    let Some(out) = pingpong(&["--executor", "cpu", "--processes", "2", "--json", "/proc/no-such-dir/x.json"]) else {
+        return;
+    };
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stderr).matches("this example takes 2 ranks").count(), 3, "{}", text(&out.stderr));
-    assert!(!text(&out.stdout).contains("#bytes"), "it ran: {}", text(&out.stdout));
+    for rank in 0..2 {
+        let line = format!("--processes: rank {rank} ended with exit status: 2");
+        assert!(text(&out.stderr).contains(&line), "{line:?} missing: {}", text(&out.stderr));
+    }
+    // Three processes of a two-rank program, or any number under a launcher: refused before one starts.
+    let Some(out) = pingpong(&["--executor", "cpu", "--processes", "3"]) else { return };
+    assert_cli_error(&out, 2, "--processes 3: this program takes 2 ranks");
+    assert_eq!(text(&out.stderr).lines().count(), 1, "{}", text(&out.stderr));
+    let Some(bin) = pingpong_bin() else { return };
+    let out = Command::new(bin)
+        .args(["--executor", "cpu", "--processes", "2"])
+        .envs([("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pingpong");
+    assert_cli_error(&out, 2, "--processes 2: this process is rank 0 of a launch by mpirun (OMPI_*) already");
 }
 
 #[test]

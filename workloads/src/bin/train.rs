@@ -50,7 +50,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(code) = args.launch.spawn_processes() {
+    if let Some(code) = args.launch.spawn_processes(2..=gdaki_shared::coll::MAX_RANKS as u32) {
         return code;
     }
     gdaki_examples::init_tracing();
