@@ -117,9 +117,21 @@ fn open_gives_a_gpu_or_one_line_unavailable() {
     let _serial = serial();
     for _ in 0..2 {
         match Gpu::open(0) {
-            Ok(gpu) => assert!(!gpu.name().is_empty()),
+            Ok(gpu) => {
+                assert!(!gpu.name().is_empty());
+                // nvidia-smi's form: 8 hex digits of domain, 2 of bus, 2 of device, function 0.
+                let pci = gpu.pci_address();
+                let hex = |s: &str, n: usize| s.len() == n && s.chars().all(|c| c.is_ascii_hexdigit());
+                let parts: Vec<&str> = pci.split([':', '.']).collect();
+                assert!(
+                    parts.len() == 4 && hex(parts[0], 8) && hex(parts[1], 2) && hex(parts[2], 2) && parts[3] == "0",
+                    "{pci}"
+                );
+                assert!(Gpu::count().expect("a GPU was opened") >= 1);
+            }
             Err(Error::Unavailable(msg)) => {
                 eprintln!("Gpu::open(0): {msg}");
+                assert!(matches!(Gpu::count(), Err(Error::Unavailable(_)) | Ok(0)), "{:?}", Gpu::count());
                 assert!(!msg.is_empty() && !msg.contains('\n'), "not one line: {msg:?}");
                 assert!(msg.starts_with("no "), "{msg}");
             }

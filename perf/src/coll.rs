@@ -261,7 +261,7 @@ struct CollReport<'a> {
     nranks: u32,
     ranks_in_process: bool,
     /// By rank: process, host and device, as under "Using devices".
-    devices: &'a [String],
+    devices: &'a [RankDevice],
     nic: String,
     iters: u32,
     warmup: u32,
@@ -515,14 +515,37 @@ fn median_p99(v: &[f64]) -> (f64, f64) {
 
 /// Every rank's sample gathered on every rank (the bootstrap's all-gather): the per-iteration maximum of the
 /// times, and the wrong elements summed.
-/// Where a rank runs, as nccl-tests lists it: process, host and device (`GPU ordinal name` or `cpu`).
-fn device_line(comm: &Communicator) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let device = match comm.executor() {
-        Executor::Gpu(g) => format!("GPU {} {}", g.ordinal(), g.name()),
-        Executor::Cpu => "cpu".into(),
-    };
-    format!("Pid {:>7} on {} device {device}", std::process::id(), host.trim())
+/// Where a rank runs: what "Using devices" lists, as nccl-tests does, and the JSON's `devices`.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct RankDevice {
+    /// The rank's process.
+    pub pid: u32,
+    /// Its host's name.
+    pub host: String,
+    /// `cpu`, or the GPU's ordinal in its process (after `CUDA_VISIBLE_DEVICES`).
+    pub device: String,
+    /// The GPU's PCI address (`nvidia-smi`'s form) and name; empty on the CPU.
+    pub pci: String,
+    /// The GPU's name; empty on the CPU.
+    pub name: String,
+}
+
+impl RankDevice {
+    /// This rank's.
+    fn of(comm: &Communicator) -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+        let (device, pci, name) = match comm.executor() {
+            Executor::Gpu(g) => (g.ordinal().to_string(), g.pci_address(), g.name().to_string()),
+            Executor::Cpu => ("cpu".into(), String::new(), String::new()),
+        };
+        RankDevice { pid: std::process::id(), host, device, pci, name }
+    }
+
+    /// Its line under "Using devices" (after the rank).
+    fn line(&self) -> String {
+        let gpu = if self.pci.is_empty() { String::new() } else { format!(" [{}] {}", self.pci, self.name) };
+        format!("Pid {:>7} on {} device {}{gpu}", self.pid, self.host, self.device)
+    }
 }
 
 fn gather(comm: &Communicator, s: &Sample) -> gdaki::Result<Sample> {
@@ -554,16 +577,19 @@ fn rank_main(
     opts: &CollOpts,
     jobs: &[Job],
     plan: (u32, u32, usize),
-) -> Result<(Vec<String>, Vec<CollRow>), String> {
+) -> Result<(Vec<RankDevice>, Vec<CollRow>), String> {
     let rank = comm.rank();
     let n = comm.world_size();
-    let devices = comm.bootstrap().all_gather(device_line(&comm).as_bytes());
-    let devices = devices.map_err(|e| format!("rank {rank}: gathering the ranks' devices: {e}"))?;
-    let devices: Vec<String> = devices.iter().map(|d| String::from_utf8_lossy(d).into_owned()).collect();
+    let gather_devices = || -> Result<Vec<RankDevice>, String> {
+        let mine = serde_json::to_vec(&RankDevice::of(&comm)).map_err(|e| e.to_string())?;
+        let all = comm.bootstrap().all_gather(&mine).map_err(|e| e.to_string())?;
+        all.iter().map(|d| serde_json::from_slice(d).map_err(|e| e.to_string())).collect()
+    };
+    let devices = gather_devices().map_err(|e| format!("rank {rank}: gathering the ranks' devices: {e}"))?;
     if rank == 0 {
         println!("# Using devices");
         for (r, d) in devices.iter().enumerate() {
-            println!("#  Rank {r:>2} {d}");
+            println!("#  Rank {r:>2} {}", d.line());
         }
     }
     let (_, _, buf) = layout(plan.2);

@@ -142,14 +142,15 @@ fn coll_one_process_per_rank_lists_each_ranks_device() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!((v["nranks"].as_u64(), v["ranks_in_process"].as_bool()), (Some(3), Some(false)));
-    let devices: Vec<&str> = v["devices"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    let devices = v["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 3, "{devices:?}");
-    let pids: std::collections::BTreeSet<&str> =
-        devices.iter().map(|d| d.split_whitespace().nth(1).expect("Pid N ...")).collect();
+    let pids: std::collections::BTreeSet<u64> = devices.iter().map(|d| d["pid"].as_u64().unwrap()).collect();
     assert_eq!(pids.len(), 3, "three processes: {devices:?}");
-    assert!(devices.iter().all(|d| d.starts_with("Pid ") && d.ends_with(" device cpu")), "{devices:?}");
     for (r, d) in devices.iter().enumerate() {
-        assert!(stdout.contains(&format!("#  Rank {r:>2} {d}")), "rank {r} not listed:\n{stdout}");
+        assert_eq!((d["device"].as_str(), d["pci"].as_str(), d["name"].as_str()), (Some("cpu"), Some(""), Some("")));
+        let (pid, host) = (d["pid"].as_u64().unwrap(), d["host"].as_str().unwrap());
+        let line = format!("#  Rank {r:>2} Pid {pid:>7} on {host} device cpu\n");
+        assert!(stdout.contains(&line), "rank {r} not listed as {line:?}:\n{stdout}");
     }
     assert_eq!((v["wrong"].as_u64(), v["errors"].as_u64()), (Some(0), Some(0)));
     // 8 and 64 bytes, each checked.

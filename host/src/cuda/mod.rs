@@ -118,6 +118,7 @@ pub struct Gpu {
     shared: Arc<Shared>,
     ordinal: usize,
     name: String,
+    pci: (u32, u32, u32),
     compute_capability: (u32, u32),
     driver_version: (u32, u32),
     /// Non-blocking stream for [`DeviceBuffer`]'s zeroing and host-slice copies.
@@ -186,6 +187,11 @@ impl Gpu {
                 "no usable GPU: device {ordinal} cannot map host memory with unified addressing"
             )));
         }
+        let pci = (
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+        );
         let compute_capability = (
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -201,6 +207,7 @@ impl Gpu {
             shared,
             ordinal,
             name,
+            pci,
             compute_capability,
             driver_version: (version / 1000, version % 1000 / 10),
             util,
@@ -226,6 +233,13 @@ impl Gpu {
     /// The device's name (`cuDeviceGetName`), e.g. "NVIDIA H200".
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The device's PCI address as `nvidia-smi` writes it, `DDDDDDDD:BB:DD.0` (domain, bus, device from
+    /// `cuDeviceGetAttribute`), which tells apart GPUs that `CUDA_VISIBLE_DEVICES` numbers alike in each process.
+    pub fn pci_address(&self) -> String {
+        let (domain, bus, device) = self.pci;
+        format!("{domain:08X}:{bus:02X}:{device:02X}.0")
     }
 
     /// Compute capability (major, minor), e.g. (9, 0) for an H100/H200.
