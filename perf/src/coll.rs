@@ -524,7 +524,7 @@ pub struct RankDevice {
     pub host: String,
     /// `cpu`, or the GPU's ordinal in its process (after `CUDA_VISIBLE_DEVICES`).
     pub device: String,
-    /// The GPU's PCI address (`nvidia-smi`'s form) and name; empty on the CPU.
+    /// The GPU's PCI address (`nvidia-smi`'s form); empty on the CPU.
     pub pci: String,
     /// The GPU's name; empty on the CPU.
     pub name: String,
