@@ -147,18 +147,20 @@ fn main() -> ExitCode {
         return code;
     }
     gdaki_examples::apply_queues(args.queues);
-    // Create the JSON file first: a path that cannot be written is an error before the run, not after it.
-    let json = match args.json.as_ref().map(|p| std::fs::File::create(p).map_err(|e| (p, e))).transpose() {
-        Ok(f) => f,
-        Err((p, e)) => {
-            eprintln!("error: --json {}: {e}", p.display());
-            return ExitCode::from(2);
-        }
-    };
     let launch = match args.launch.two_ranks() {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Create the JSON file first: a path that cannot be written is an error before the run, not after it.
+    // Rank 0 writes it (in a multi-process run both ranks may see the same path).
+    let json_path = args.json.as_ref().filter(|_| launch.as_ref().is_none_or(|l| l.rank == 0));
+    let json = match json_path.map(|p| std::fs::File::create(p).map_err(|e| (p, e))).transpose() {
+        Ok(f) => f,
+        Err((p, e)) => {
+            eprintln!("error: --json {}: {e}", p.display());
             return ExitCode::from(2);
         }
     };

@@ -52,12 +52,14 @@ pub struct LaunchArgs {
 
 impl LaunchArgs {
     /// With `--processes N`: starts N processes of this program with the same arguments, less `--processes`,
-    /// plus each one's rank flags, inheriting standard output and error, and waits for all of them; each
-    /// failed rank is named on standard error with how it ended. Returns the exit code to leave with: success
-    /// when every process succeeded, else the lowest failed rank's code (a process killed by a signal counts
-    /// as 1), or 2, before anything starts, for an N outside `ranks` (the rank counts the program takes) or a
-    /// launcher's environment (this process is a rank already), and when a process could not be started
-    /// (those already started are killed). `None` without the flag: run as usual.
+    /// plus each one's rank flags, inheriting standard output and error, and waits for all of them. Once one
+    /// fails, the others have 3 s to end by themselves before they are stopped (SIGKILL), as torchrun stops
+    /// a failed launch's workers; each rank that failed or was stopped is named on standard error with how it
+    /// ended. Returns the exit code to leave with: success when every process succeeded, else the code of
+    /// the first rank seen failing (a process killed by a signal counts as 1), or 2, before anything starts,
+    /// for an N outside `ranks` (the rank counts the program takes) or a launcher's environment of more than
+    /// one rank (this process is a rank already), and when a process could not be started (those already
+    /// started are killed). `None` without the flag: run as usual.
     pub fn spawn_processes(&self, ranks: std::ops::RangeInclusive<u32>) -> Option<std::process::ExitCode> {
         let n = self.processes?;
         let refused = if !ranks.contains(&n) {
@@ -67,7 +69,10 @@ impl LaunchArgs {
             })
         } else {
             match Launch::resolve_from_process_env(LaunchFlags::default()) {
-                Ok(Some(l)) => Some(format!("this process is rank {} of a launch by {} already", l.rank, l.source)),
+                // A world of one (a Slurm batch script's environment) is no launch of ranks.
+                Ok(Some(l)) if l.world_size > 1 => {
+                    Some(format!("this process is rank {} of a launch by {} already", l.rank, l.source))
+                }
                 _ => None,
             }
         };
@@ -113,6 +118,9 @@ impl LaunchArgs {
         }
     }
 }
+
+/// How long the other ranks of a `--processes` launch may run on after one failed ([`spawn_processes`]).
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// [`LaunchArgs::spawn_processes`]: `Err` when a process could not be started.
 fn spawn_processes(n: u32) -> Result<std::process::ExitCode, String> {
@@ -166,21 +174,57 @@ fn spawn_processes(n: u32) -> Result<std::process::ExitCode, String> {
             }
         }
     }
-    let mut code = None;
-    for (rank, mut c) in children.into_iter().enumerate() {
-        let failed = match c.wait() {
-            Ok(s) if s.success() => continue,
-            // "exit status: 1", or "signal: 9 (SIGKILL)".
-            Ok(s) => {
-                eprintln!("--processes: rank {rank} ended with {s}");
-                s.code().map_or(1, |c| c.clamp(1, 255) as u8)
+    // As torchrun: once a rank fails, the others get `STOP_GRACE` to end by themselves (and say what they
+    // saw), then are stopped, so that a rank stuck waiting for the failed one does not hold the launch.
+    let mut ended: Vec<Option<String>> = vec![None; children.len()];
+    let (mut code, mut first_failure) = (None, None::<(usize, std::time::Instant)>);
+    loop {
+        for (rank, c) in children.iter_mut().enumerate() {
+            if ended[rank].is_some() {
+                continue;
             }
-            Err(e) => {
-                eprintln!("--processes: rank {rank}: waiting for it: {e}");
-                1
+            let failed = match c.try_wait() {
+                Ok(None) => continue,
+                Ok(Some(s)) if s.success() => {
+                    ended[rank] = Some(String::new());
+                    continue;
+                }
+                // "exit status: 1", or "signal: 9 (SIGKILL)".
+                Ok(Some(s)) => {
+                    ended[rank] = Some(format!("ended with {s}"));
+                    s.code().map_or(1, |c| c.clamp(1, 255) as u8)
+                }
+                Err(e) => {
+                    let _ = c.kill();
+                    ended[rank] = Some(format!("could not be waited for: {e}"));
+                    1
+                }
+            };
+            code = code.or(Some(failed));
+            first_failure = first_failure.or(Some((rank, std::time::Instant::now())));
+        }
+        if ended.iter().all(Option::is_some) {
+            break;
+        }
+        if let Some((failed, at)) = first_failure.filter(|(_, at)| at.elapsed() >= STOP_GRACE) {
+            for (rank, c) in children.iter_mut().enumerate() {
+                if ended[rank].is_none() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    ended[rank] = Some(format!("was stopped {:?} after rank {failed} failed", at.elapsed()));
+                }
             }
-        };
-        code = code.or(Some(failed));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for (rank, how) in ended.iter().enumerate() {
+        if let Some(how) = how.as_deref().filter(|h| !h.is_empty()) {
+            // One write per line: the ranks may still be writing to the same stream.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("--processes: rank {rank} {how}\n").as_bytes(),
+            );
+        }
     }
     Ok(code.map_or(ExitCode::SUCCESS, ExitCode::from))
 }
