@@ -6,20 +6,23 @@ use std::process::Command;
 
 use serde_json::Value;
 
-#[test]
-fn all_quick_json_has_every_row_and_field() {
-    let dir = std::env::temp_dir().join(format!("gdaki-perf-json-{}", std::process::id()));
+/// Runs `gdaki-perf` with `args` and `--json` into a scratch file; asserts it succeeded and returns its standard
+/// output and the JSON. `tag` names the scratch folder.
+fn run_json(tag: &str, args: &[&str]) -> (String, Value) {
+    let dir = std::env::temp_dir().join(format!("gdaki-perf-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("run.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
-        .args(["all", "--quick", "--executor", "cpu", "--mode", "exclusive", "-n", "20", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf")).args(args).arg("--json").arg(&json).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_dir_all(&dir).ok();
+    (stdout, v)
+}
+
+#[test]
+fn all_quick_json_has_every_row_and_field() {
+    let (stdout, v) = run_json("json", &["all", "--quick", "--executor", "cpu", "--mode", "exclusive", "-n", "20"]);
 
     assert_eq!(v["program"], "gdaki-perf");
     assert_eq!(v["subcommand"], "all");
@@ -100,18 +103,10 @@ fn all_quick_json_has_every_row_and_field() {
 
 #[test]
 fn one_nic_header_and_json_say_no_wire() {
-    let dir = std::env::temp_dir().join(format!("gdaki-perf-one-nic-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("run.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
-        .args(["pingpong", "--one-nic", "--quick", "--executor", "cpu", "--mode", "exclusive", "-n", "5", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
+    let (stdout, v) = run_json(
+        "one-nic",
+        &["pingpong", "--one-nic", "--quick", "--executor", "cpu", "--mode", "exclusive", "-n", "5"],
+    );
     let header = stdout.lines().next().unwrap_or_default();
     assert!(header.contains(", one emulated mlx5 NIC shared by both ranks (no wire),"), "{header}");
     // The cpu executor keeps the queues in host memory unless GDAKI_QUEUES says gpu (simulated).
@@ -128,19 +123,23 @@ fn one_nic_header_and_json_say_no_wire() {
 /// process under "Using devices" and in the JSON, three different processes, and checks every element.
 #[test]
 fn coll_one_process_per_rank_lists_each_ranks_device() {
-    let dir = std::env::temp_dir().join(format!("gdaki-perf-coll-json-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("coll.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
-        .args(["coll", "--quick", "--executor", "cpu", "--processes", "3", "--op", "broadcast"])
-        .args(["--algorithm", "direct", "-e", "64", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
+    let (stdout, v) = run_json(
+        "coll",
+        &[
+            "coll",
+            "--quick",
+            "--executor",
+            "cpu",
+            "--processes",
+            "3",
+            "--op",
+            "broadcast",
+            "--algorithm",
+            "direct",
+            "-e",
+            "64",
+        ],
+    );
     assert_eq!((v["nranks"].as_u64(), v["ranks_in_process"].as_bool()), (Some(3), Some(false)));
     let devices = v["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 3, "{devices:?}");
