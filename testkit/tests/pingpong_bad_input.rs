@@ -47,11 +47,17 @@ fn pingpong_bin() -> Option<PathBuf> {
 /// Runs the example with `args` (stdin closed), at most 60 s. The example must be built (`cargo test
 /// --workspace`, the test command, builds it): a missing one fails the test rather than skipping it.
 fn pingpong(args: &[&str]) -> Option<Output> {
+    pingpong_in(&[], args)
+}
+
+/// [`pingpong`] with the variables `env` added to its environment.
+fn pingpong_in(env: &[(&str, &str)], args: &[&str]) -> Option<Output> {
     let Some(bin) = pingpong_bin() else {
         panic!("the pingpong example is not built: run `cargo build --example pingpong` or `cargo xtask test`");
     };
     let mut child = Command::new(&bin)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -160,22 +166,12 @@ fn cli_processes_runs_two_ranks_and_refuses_what_cannot_work() {
     let Some(out) = pingpong(&["--executor", "cpu", "--processes", "3"]) else { return };
     assert_cli_error(&out, 2, "--processes 3: this program takes 2 ranks");
     assert_eq!(text(&out.stderr).lines().count(), 1, "{}", text(&out.stderr));
-    let Some(bin) = pingpong_bin() else { return };
-    let out = Command::new(bin)
-        .args(["--executor", "cpu", "--processes", "2"])
-        .envs([("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run pingpong");
+    let ompi = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")];
+    let Some(out) = pingpong_in(&ompi, &["--executor", "cpu", "--processes", "2"]) else { return };
     assert_cli_error(&out, 2, "--processes 2: this process is rank 0 of a launch by mpirun (OMPI_*) already");
     // A world of one (a Slurm batch script's environment) is no launch: --processes runs.
-    let Some(bin) = pingpong_bin() else { return };
-    let out = Command::new(bin)
-        .args(["--executor", "cpu", "--iters", "2", "--processes", "2"])
-        .envs([("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run pingpong");
+    let slurm = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")];
+    let Some(out) = pingpong_in(&slurm, &["--executor", "cpu", "--iters", "2", "--processes", "2"]) else { return };
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
