@@ -33,6 +33,33 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// One rank's rows, and 1 if it stopped at a failure.
 type RankOutcome = (Vec<Row>, u64);
 
+/// Each row's `checked` and the failure count summed over every rank (a bootstrap all-gather); rows pair up
+/// in order, as every rank runs the same rows. A rank that failed early has fewer rows: the others' counts
+/// cover the rows it ran. When the gather itself fails, this rank's own counts and one failure more.
+fn gather_counts(comm: &Communicator, mut rows: Vec<Row>, failed: u64) -> RankOutcome {
+    let mut mine = failed.to_le_bytes().to_vec();
+    mine.extend(rows.iter().flat_map(|r| r.checked.to_le_bytes()));
+    let all = match comm.bootstrap().all_gather(&mine) {
+        Ok(all) => all,
+        Err(e) => {
+            eprintln!("error: rank {}: gathering the ranks' checked payloads: {e}", comm.rank());
+            return (rows, failed + 1);
+        }
+    };
+    let words = |b: &[u8]| b.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default())).collect();
+    let mut total_failed = 0;
+    for (r, theirs) in all.iter().enumerate() {
+        let theirs: Vec<u64> = words(theirs);
+        total_failed += theirs.first().copied().unwrap_or(1);
+        if r as u32 != comm.rank() {
+            for (row, n) in rows.iter_mut().zip(theirs.iter().skip(1)) {
+                row.checked += n;
+            }
+        }
+    }
+    (rows, total_failed)
+}
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     // coll takes 2 to 8 ranks, the two-rank suites 2.
@@ -58,6 +85,32 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The run's two header lines (rank 0 of a multi-process run prints them).
+fn header(
+    cmd: &str,
+    machine: &str,
+    nic: &str,
+    plan: &gdaki_testkit::porttest::bench::Plan,
+    warmup: u32,
+    kind: ExecutorKind,
+) {
+    let executor = if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" };
+    println!(
+        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic}, team of {} threads per channel, queues in \
+         {} memory",
+        gdaki_examples::COMMIT,
+        plan.team,
+        gdaki_examples::queues_label(kind)
+    );
+    println!(
+        "{} iterations per latency row after up to {warmup} warm-up, bandwidth rows at most {} MiB (3..={} \
+         iterations); every payload checked",
+        plan.iters,
+        plan.byte_budget >> 20,
+        plan.iters
+    );
 }
 
 /// The whole run; `Err` is a one-line reason to exit with code 2 before anything ran.
@@ -94,23 +147,13 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         Some(g) => format!("{} (CUDA {}, driver {})", g.name, g.cuda_driver, g.driver.as_deref().unwrap_or("?")),
         None => format!("{} host threads", std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
-    println!(
-        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic}, team of {} threads per channel, queues in \
-         {} memory",
-        gdaki_examples::COMMIT,
-        plan.team,
-        gdaki_examples::queues_label(kind)
-    );
-    println!(
-        "{} iterations per latency row after up to {warmup} warm-up, bandwidth rows at most {} MiB (3..={} \
-         iterations); every payload checked",
-        plan.iters,
-        plan.byte_budget >> 20,
-        plan.iters
-    );
+    if prints {
+        header(cmd, &machine, &nic, &plan, warmup, kind);
+    }
     let total: usize = sizes.iter().map(|(_, s)| s.len()).sum::<usize>() * opts.mode.len();
     let progress = Progress::new(total as u64, prints);
-    let rank_main = |comm: Arc<Communicator>| -> RankOutcome {
+    let rank_rows = |comm: &Arc<Communicator>| -> RankOutcome {
+        let comm = comm.clone();
         let rank = comm.rank();
         let mut rows = Vec::new();
         for (test, test_sizes) in &sizes {
@@ -139,6 +182,15 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         }
         (rows, 0)
     };
+    let rank_main = |comm: Arc<Communicator>| -> RankOutcome {
+        let (rows, failed) = rank_rows(&comm);
+        // One rank per process: rank 0's table counts the payloads every rank checked (the receiving side
+        // checks), so each rank adds its counts and failures to the others', over the bootstrap.
+        if launch.is_some() {
+            return gather_counts(&comm, rows, failed);
+        }
+        (rows, failed)
+    };
     let results =
         gdaki_examples::run_ranks(launch.clone(), (kind, opts.launch.gpu), &opts.nic, opts.one_nic, rank_main)?;
     progress.finish();
@@ -158,8 +210,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
     }
     let passed: u64 = per_rank.iter().flat_map(|(_, rows)| rows).map(|r| r.checked).sum();
     if !prints {
-        println!("rank {}: {passed} payloads received and checked", launch.map_or(1, |l| l.rank));
-        println!("\n{passed} passed, {failed} failed");
+        // Rank 0 prints every rank's counts (gathered); this rank's errors went to standard error.
         return Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
     // Rank 0's rows carry the times; each row's count covers the ranks in this process (rows pair up in order).

@@ -155,3 +155,19 @@ fn coll_one_process_per_rank_lists_each_ranks_device() {
     // 8 and 64 bytes, each checked.
     assert_eq!(v["rows"].as_array().unwrap().len(), 2, "{}", v["rows"]);
 }
+
+/// `gdaki-perf bw --processes 2`: rank 0 alone prints, and its table and JSON count the payloads both ranks
+/// checked (the receiving side checks), as the same run with both ranks in one process does.
+#[test]
+fn bw_one_process_per_rank_counts_every_ranks_checks() {
+    let args = ["bw", "--quick", "--executor", "cpu", "--mode", "exclusive"];
+    let (_, one) = run_json("bw-one", &args);
+    let (stdout, two) = run_json("bw-two", &[&args[..], &["--processes", "2"]].concat());
+    assert_eq!(stdout.matches("gdaki-perf bw (").count(), 1, "one header:\n{stdout}");
+    let passed = one["passed"].as_u64().expect("passed");
+    assert!(passed > 0);
+    assert_eq!(two["passed"].as_u64(), Some(passed));
+    assert!(stdout.trim_end().ends_with(&format!("{passed} passed, 0 failed")), "{stdout}");
+    let checked = |v: &Value| v["rows"].as_array().unwrap().iter().map(|r| r["checked"].as_u64()).collect::<Vec<_>>();
+    assert_eq!(checked(&two), checked(&one));
+}
