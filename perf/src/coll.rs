@@ -689,6 +689,10 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     drop(exec);
     let executor = if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" };
     let prints = launch.as_ref().is_none_or(|l| l.rank == 0);
+    // A --json path that cannot be written is an error before the run, not after it (rank 0 writes it).
+    if let Some(path) = opts.json.as_ref().filter(|_| prints) {
+        std::fs::File::create(path).map_err(|e| format!("--json {}: {e}", path.display()))?;
+    }
     let in_process = launch.is_none();
     if opts.one_nic && !in_process {
         return Err("--one-nic is for ranks in one process (--nranks); one rank per process talks over the wire".into());

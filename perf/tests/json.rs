@@ -171,3 +171,18 @@ fn bw_one_process_per_rank_counts_every_ranks_checks() {
     let checked = |v: &Value| v["rows"].as_array().unwrap().iter().map(|r| r["checked"].as_u64()).collect::<Vec<_>>();
     assert_eq!(checked(&two), checked(&one));
 }
+
+/// A `--json` path that cannot be written stops `gdaki-perf coll` before it runs anything: exit code 2 and one
+/// line naming the path.
+#[test]
+fn coll_unwritable_json_is_refused_before_running() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args(["coll", "--quick", "--executor", "cpu", "--json", "/proc/no-such-dir/coll.json"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(stdout.is_empty(), "it ran:\n{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: --json /proc/no-such-dir/coll.json: "), "{stderr}");
+}
