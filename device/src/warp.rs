@@ -19,28 +19,25 @@ pub struct Lanes {
 
 impl Lanes {
     /// The lanes executing this call now with the same `key` (e.g. the address of the QP they post to:
-    /// `match.any.sync.b64` within `activemask`).
+    /// `match.any.sync.b64` within `activemask`); on the host, the caller alone.
     #[inline(always)]
-    #[cfg(not(target_arch = "nvptx64"))]
-    pub fn active_with(_key: u64) -> Self {
-        Self { mask: 1, lane: 0 }
-    }
-
-    /// The lanes executing this call now with the same `key` (e.g. the address of the QP they post to:
-    /// `match.any.sync.b64` within `activemask`).
-    #[inline(always)]
-    #[cfg(target_arch = "nvptx64")]
     pub fn active_with(key: u64) -> Self {
-        let (active, mask, lane): (u32, u32, u32);
-        // SAFETY: reading the active mask and the lane id, and comparing registers among the active lanes,
-        // touches no memory.
-        unsafe {
-            core::arch::asm!("activemask.b32 {m};", m = out(reg32) active, options(nostack, nomem));
-            core::arch::asm!("match.any.sync.b64 {d}, {k}, {m};", d = out(reg32) mask, k = in(reg64) key,
-                m = in(reg32) active, options(nostack, nomem));
-            core::arch::asm!("mov.u32 {l}, %laneid;", l = out(reg32) lane, options(nostack, nomem));
+        let active = Self::active();
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let mask: u32;
+            // SAFETY: comparing registers among the active lanes touches no memory.
+            unsafe {
+                core::arch::asm!("match.any.sync.b64 {d}, {k}, {m};", d = out(reg32) mask, k = in(reg64) key,
+                    m = in(reg32) active, options(nostack, nomem));
+            }
+            Self::of(mask)
         }
-        Self { mask, lane }
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            let _ = key;
+            Self::of(active)
+        }
     }
 
     /// The lowest member: the one that reserves and publishes for all.
@@ -58,6 +55,9 @@ impl Lanes {
     /// Members below this lane.
     #[inline(always)]
     pub fn rank(&self) -> u32 {
+        if self.mask == u32::MAX {
+            return self.lane;
+        }
         (self.mask & ((1u32 << self.lane) - 1)).count_ones()
     }
 
@@ -67,26 +67,66 @@ impl Lanes {
         self.mask.count_ones()
     }
 
-    /// `v` of lane `src`, to every member.
+    /// The lanes of the warp executing this instruction now (`activemask.b32`); on the host, the caller alone
+    /// (1). Only a snapshot: lanes are not guaranteed to run together because they are in it.
     #[inline(always)]
-    #[cfg(not(target_arch = "nvptx64"))]
-    pub fn shfl(&self, v: u64, _src: u32) -> u64 {
-        v
+    pub fn active() -> u32 {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let active: u32;
+            // SAFETY: reading the active mask touches no memory.
+            unsafe { core::arch::asm!("activemask.b32 {m};", m = out(reg32) active, options(nostack, nomem)) };
+            active
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        1
     }
 
-    /// `v` of lane `src`, to every member.
+    /// The lanes `mask` of the calling warp, of which the caller is one: what a caller that made its mask
+    /// earlier (with [`Lanes::active_with`]) uses for every later call of its members.
     #[inline(always)]
-    #[cfg(target_arch = "nvptx64")]
-    pub fn shfl(&self, v: u64, src: u32) -> u64 {
-        let (lo, hi): (u32, u32);
-        // SAFETY: `shfl.sync` among the member lanes; registers only.
-        unsafe {
-            core::arch::asm!("shfl.sync.idx.b32 {d}, {v}, {s}, 31, {m};", d = out(reg32) lo, v = in(reg32) v as u32,
-                s = in(reg32) src, m = in(reg32) self.mask, options(nostack, nomem));
-            core::arch::asm!("shfl.sync.idx.b32 {d}, {v}, {s}, 31, {m};", d = out(reg32) hi,
-                v = in(reg32) (v >> 32) as u32, s = in(reg32) src, m = in(reg32) self.mask, options(nostack, nomem));
+    pub fn of(mask: u32) -> Self {
+        Self { mask, lane: Self::lane_id() }
+    }
+
+    /// The caller's lane index (`%laneid`; 0 on the host).
+    #[inline(always)]
+    fn lane_id() -> u32 {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let lane: u32;
+            // SAFETY: reading the lane id touches no memory.
+            unsafe { core::arch::asm!("mov.u32 {l}, %laneid;", l = out(reg32) lane, options(nostack, nomem)) };
+            lane
         }
-        (hi as u64) << 32 | lo as u64
+        #[cfg(not(target_arch = "nvptx64"))]
+        0
+    }
+
+    /// `v` of lane `src`, to every member (`shfl.sync.idx.b32`).
+    #[inline(always)]
+    pub fn shfl32(&self, v: u32, src: u32) -> u32 {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let d: u32;
+            // SAFETY: `shfl.sync` among the member lanes; registers only.
+            unsafe {
+                core::arch::asm!("shfl.sync.idx.b32 {d}, {v}, {s}, 31, {m};", d = out(reg32) d, v = in(reg32) v,
+                    s = in(reg32) src, m = in(reg32) self.mask, options(nostack, nomem));
+            }
+            d
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            let _ = src;
+            v
+        }
+    }
+
+    /// `v` of lane `src`, to every member (two 32-bit shuffles).
+    #[inline(always)]
+    pub fn shfl(&self, v: u64, src: u32) -> u64 {
+        (self.shfl32((v >> 32) as u32, src) as u64) << 32 | self.shfl32(v as u32, src) as u64
     }
 
     /// Whether `p` holds for any member (`vote.sync.any.pred`).
@@ -122,16 +162,24 @@ impl Lanes {
         };
     }
 
-    /// The leader's result, to every member (errors travel as their [`ErrorReport`]).
+    /// The leader's result, to every member (errors travel as their [`ErrorReport`]): one 32-bit shuffle
+    /// when the leader succeeded, the whole report only when it failed.
     #[inline(always)]
     pub fn share_result(&self, r: Result<(), Error>) -> Result<(), Error> {
+        if self.shfl32(r.is_err() as u32, self.leader()) == 0 {
+            return Ok(());
+        }
+        self.share_error(r)
+    }
+
+    /// The slow half of [`Lanes::share_result`]: the leader's error, word by word.
+    #[cold]
+    #[inline(always)]
+    fn share_error(&self, r: Result<(), Error>) -> Result<(), Error> {
         let words: [u64; 5] = bytemuck::cast(match r {
             Ok(()) => ErrorReport::default(),
             Err(e) => e.to_report(),
         });
-        if self.shfl(words[0], self.leader()) as u32 == 0 {
-            return Ok(());
-        }
         let mut got = [0u64; 5];
         for (g, w) in got.iter_mut().zip(words) {
             *g = self.shfl(w, self.leader());
