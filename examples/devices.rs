@@ -29,6 +29,7 @@ use clap::Parser;
 struct Args {}
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     Args::parse();
     list()
 }

@@ -119,6 +119,7 @@ fn run(rig: &mut Rig, h: &mut QpHandle, op: Op, n: u64, batch: u64) -> Result<Du
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     println!(
         "gdaki emu_rate: one executor thread per NIC, cpu executor ({} host threads), {} WQEs per run, doorbell every {}, {} runs per row",

@@ -51,6 +51,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     if args.peer {
         return match faults::run_peer(std::io::stdin().lock(), std::io::stdout()) {

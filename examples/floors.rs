@@ -27,6 +27,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     let (exec, note) = match Executor::open(args.executor) {
         Ok(e) => e,

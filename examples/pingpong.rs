@@ -142,6 +142,7 @@ fn memory_kib() -> (u64, u64) {
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     if let Some(code) = args.launch.spawn_processes(2..=2) {
         return code;

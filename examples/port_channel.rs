@@ -148,6 +148,7 @@ fn print_rows(mode: Mode, rows: &[Row]) {
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     if let Some(code) = args.launch.spawn_processes(2..=2) {
         return code;

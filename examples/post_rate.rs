@@ -47,6 +47,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     gdaki_examples::apply_queues(args.queues);
     let (exec, note) = match Executor::open(args.executor) {

@@ -14,6 +14,16 @@ use gdaki::nic::{Nic, NicSpec};
 /// changes, "unknown" outside a git checkout), so that results name it where no checkout is (the GPU machine).
 pub const COMMIT: &str = env!("GDAKI_COMMIT");
 
+/// Lets the program end quietly, as `cat` or `ls` do, when the reader of its output goes away (`| head`):
+/// restores SIGPIPE's default action, which Rust's runtime sets to "ignore" (whereupon the next `println!`
+/// panics on the broken pipe). Every socket gdaki writes is written with `MSG_NOSIGNAL` (std's `TcpStream`,
+/// the wire's own `send`), so a dead peer stays an error, never this signal. Every program here calls it first
+/// in `main`, before any thread starts.
+pub fn exit_quietly_on_closed_output() {
+    // SAFETY: sets a signal's disposition to its default; no handler runs, and no thread has started yet.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`, `--secret`,
 /// `--secret-file`); without them, mpirun's, srun's or torchrun's environment decides, and without that both ranks run
 /// in this process.

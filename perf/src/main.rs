@@ -61,6 +61,7 @@ fn gather_counts(comm: &Communicator, mut rows: Vec<Row>, failed: u64) -> RankOu
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let cli = cli::Cli::parse();
     // coll takes 2 to 8 ranks, the two-rank suites 2.
     let launch = match &cli.cmd {

@@ -49,6 +49,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     if let Some(code) = args.launch.spawn_processes(2..=gdaki_shared::coll::MAX_RANKS as u32) {
         return code;

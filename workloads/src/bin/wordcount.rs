@@ -36,6 +36,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     gdaki_examples::init_tracing();
     let corpus = match read_corpus(&args.corpus) {
