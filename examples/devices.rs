@@ -29,7 +29,6 @@ use clap::Parser;
 struct Args {}
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     Args::parse();
     list()
 }
@@ -40,23 +39,29 @@ fn list() -> ExitCode {
     match mlx5::list() {
         Ok(devices) => {
             for d in &devices {
-                print!("{d}");
+                gdaki_examples::write_stdout(format!("{d}"));
                 for p in &d.ports {
                     let link = p.link.unwrap_or(LinkLayer::InfiniBand);
                     match mlx5::gid::select(&p.gids, link, None) {
-                        Ok(g) => println!("  --nic {}:{} sends from gid[{}] {}", d.name, p.num, g.index, g.ip()),
-                        Err(e) => println!("  --nic {}:{}: {e}", d.name, p.num),
+                        Ok(g) => gdaki_examples::outln!(
+                            "  --nic {}:{} sends from gid[{}] {}",
+                            d.name,
+                            p.num,
+                            g.index,
+                            g.ip()
+                        ),
+                        Err(e) => gdaki_examples::outln!("  --nic {}:{}: {e}", d.name, p.num),
                     }
                 }
             }
             ExitCode::SUCCESS
         }
         Err(gdaki::Error::Unavailable(why)) => {
-            eprintln!("error: {why}");
+            gdaki_examples::eprintln_line!("error: {why}");
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -64,7 +69,7 @@ fn list() -> ExitCode {
 
 #[cfg(not(feature = "mlx5"))]
 fn list() -> ExitCode {
-    eprintln!(
+    gdaki_examples::eprintln_line!(
         "error: this build has no mlx5 backend: run `cargo run --example devices --features mlx5` (needs rdma-core's \
          libibverbs-dev and libclang-dev)"
     );

@@ -119,18 +119,23 @@ fn run(rig: &mut Rig, h: &mut QpHandle, op: Op, n: u64, batch: u64) -> Result<Du
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
-    println!(
+    gdaki_examples::outln!(
         "gdaki emu_rate: one executor thread per NIC, cpu executor ({} host threads), {} WQEs per run, doorbell every {}, {} runs per row",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         args.wqes,
         args.batch,
         args.reps
     );
-    println!(
+    gdaki_examples::outln!(
         "{:<10} {:<7} {:>10} {:>12} {:>12} {:>12} {:>12}",
-        "op", "path", "WQEs", "Mwqe/s med", "ns/WQE med", "ns/WQE best", "ns/WQE worst"
+        "op",
+        "path",
+        "WQEs",
+        "Mwqe/s med",
+        "ns/WQE med",
+        "ns/WQE best",
+        "ns/WQE worst"
     );
     let (mut passed, mut failed) = (0u64, 0u64);
     for op in [Op::Write8, Op::FetchAdd] {
@@ -139,7 +144,7 @@ fn main() -> ExitCode {
             let mut rig = match Rig::new(wire) {
                 Ok(r) => r,
                 Err(e) => {
-                    eprintln!("error: {op:?} {path}: {e}");
+                    gdaki_examples::eprintln_line!("error: {op:?} {path}: {e}");
                     failed += 1;
                     continue;
                 }
@@ -161,7 +166,7 @@ fn main() -> ExitCode {
                         ns.push(t.as_nanos() as f64 / args.wqes as f64);
                     }
                     Err(e) => {
-                        eprintln!("error: {op:?} {path} run {rep}: {e}");
+                        gdaki_examples::eprintln_line!("error: {op:?} {path} run {rep}: {e}");
                         failed += 1;
                         break;
                     }
@@ -173,7 +178,7 @@ fn main() -> ExitCode {
             ns.sort_by(f64::total_cmp);
             let med = ns[ns.len() / 2];
             let name = if op == Op::Write8 { "write 8B" } else { "fetch-add" };
-            println!(
+            gdaki_examples::outln!(
                 "{:<10} {:<7} {:>10} {:>12.2} {:>12.1} {:>12.1} {:>12.1}",
                 name,
                 path,
@@ -185,12 +190,12 @@ fn main() -> ExitCode {
             );
             let wqes: u64 = rig.nics.iter().map(|n| n.stats().wqes).sum();
             if wqes < args.wqes * ns.len() as u64 {
-                eprintln!("error: {op:?} {path}: the NIC executed {wqes} WQEs");
+                gdaki_examples::eprintln_line!("error: {op:?} {path}: the NIC executed {wqes} WQEs");
                 failed += 1;
             }
         }
     }
-    println!("{passed} passed, {failed} failed");
+    gdaki_examples::outln!("{passed} passed, {failed} failed");
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -51,13 +51,12 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     if args.peer {
         return match faults::run_peer(std::io::stdin().lock(), std::io::stdout()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("faults peer: {e}");
+                gdaki_examples::eprintln_line!("faults peer: {e}");
                 ExitCode::FAILURE
             }
         };
@@ -66,19 +65,21 @@ fn main() -> ExitCode {
     let filter = args.filter.unwrap_or_default();
     let cases: Vec<_> = faults::catalogue().into_iter().filter(|c| c.name.contains(filter.as_str())).collect();
     if cases.is_empty() {
-        eprintln!("no case name contains {filter:?} (`faults --list` prints the names)");
+        gdaki_examples::eprintln_line!("no case name contains {filter:?} (`faults --list` prints the names)");
         return ExitCode::from(2);
     }
     if args.list {
         for c in &cases {
-            println!("{}", c.name);
+            gdaki_examples::outln!("{}", c.name);
         }
         return ExitCode::SUCCESS;
     }
     let exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("faults: cannot find this program's path (the SIGKILL case restarts it): {e}");
+            gdaki_examples::eprintln_line!(
+                "faults: cannot find this program's path (the SIGKILL case restarts it): {e}"
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -90,14 +91,20 @@ fn main() -> ExitCode {
 
     let name_w = cases.iter().map(|c| c.name.len()).max().unwrap_or(5).max(5);
     let out_w = 38;
-    println!(
+    gdaki_examples::outln!(
         "# gdaki faults on the emulated NIC, cpu executor, queues in {} memory (GDAKI_QUEUES; commit {})",
         gdaki_examples::queues_label(gdaki::exec::ExecutorKind::Cpu),
         env!("GDAKI_COMMIT")
     );
-    println!(
+    gdaki_examples::outln!(
         "{:<name_w$}  {:<out_w$}  {:<out_w$}  {:<5}  {:>7}  {:>10}  {:>8}  result",
-        "fault", "expected", "observed", "QP", "outside", "waited ms", "bound ms"
+        "fault",
+        "expected",
+        "observed",
+        "QP",
+        "outside",
+        "waited ms",
+        "bound ms"
     );
     let mut reports: Vec<Report> = Vec::new();
     for case in &cases {
@@ -111,7 +118,7 @@ fn main() -> ExitCode {
                 s
             }
         };
-        println!(
+        gdaki_examples::outln!(
             "{:<name_w$}  {:<out_w$}  {:<out_w$}  {:<5}  {:>7}  {:>10.3}  {:>8.0}  {}",
             r.name,
             clip(r.expected.to_string()),
@@ -124,7 +131,7 @@ fn main() -> ExitCode {
         );
         if verbose {
             for c in &r.checks {
-                println!("    {} {}", if c.ok { "ok  " } else { "FAIL" }, c.what);
+                gdaki_examples::outln!("    {} {}", if c.ok { "ok  " } else { "FAIL" }, c.what);
             }
         }
         let _ = std::io::stdout().flush();
@@ -132,12 +139,12 @@ fn main() -> ExitCode {
     }
     let failed: Vec<&Report> = reports.iter().filter(|r| !r.pass).collect();
     for r in &failed {
-        println!("{} failed:", r.name);
+        gdaki_examples::outln!("{} failed:", r.name);
         for f in r.failures() {
-            println!("  - {f}");
+            gdaki_examples::outln!("  - {f}");
         }
     }
-    println!("{} passed, {} failed", reports.len() - failed.len(), failed.len());
+    gdaki_examples::outln!("{} passed, {} failed", reports.len() - failed.len(), failed.len());
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {

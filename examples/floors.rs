@@ -27,30 +27,29 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     let (exec, note) = match Executor::open(args.executor) {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
     if let Some(n) = note {
-        eprintln!("{n}");
+        gdaki_examples::eprintln_line!("{n}");
     }
     let f = match floors::measure(&exec, gdaki_testkit::ptx::PTX, args.iters) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    print!("{}", floors::table(&f));
+    gdaki_examples::write_stdout(floors::table(&f));
     if let Some(path) = args.json {
         let doc = serde_json::json!({ "commit": gdaki_examples::COMMIT, "floors": f });
         if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap_or_default()) {
-            eprintln!("error: cannot write {}: {e}", path.display());
+            gdaki_examples::eprintln_line!("error: cannot write {}: {e}", path.display());
             return ExitCode::FAILURE;
         }
     }

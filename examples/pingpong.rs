@@ -20,15 +20,6 @@ use gdaki::nic::NicSpec;
 use gdaki_testkit::perftest::LatencyRow;
 use gdaki_testkit::pingpong::{PingPong, RunConfig};
 
-/// Prints a line to stdout, ignoring errors: a closed stdout (`| head`) must neither stop the run nor lose the
-/// JSON file.
-macro_rules! out {
-    ($($t:tt)*) => {{
-        use std::io::Write;
-        let _ = writeln!(std::io::stdout(), $($t)*);
-    }};
-}
-
 /// Largest size of --all, bytes.
 const MAX_ALL: usize = 1 << 20;
 
@@ -142,7 +133,6 @@ fn memory_kib() -> (u64, u64) {
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     if let Some(code) = args.launch.spawn_processes(2..=2) {
         return code;
@@ -151,7 +141,7 @@ fn main() -> ExitCode {
     let launch = match args.launch.two_ranks() {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -161,19 +151,19 @@ fn main() -> ExitCode {
     let json = match json_path.map(|p| std::fs::File::create(p).map_err(|e| (p, e))).transpose() {
         Ok(f) => f,
         Err((p, e)) => {
-            eprintln!("error: --json {}: {e}", p.display());
+            gdaki_examples::eprintln_line!("error: --json {}: {e}", p.display());
             return ExitCode::from(2);
         }
     };
     let (exec, notice) = match Executor::open_on(args.executor, args.launch.gpu_of(launch.as_ref())) {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
     if let Some(n) = notice {
-        eprintln!("note: {n}");
+        gdaki_examples::eprintln_line!("note: {n}");
     }
     let sizes: Vec<usize> = if args.all {
         std::iter::successors(Some(8usize), |s| (*s < MAX_ALL).then_some(s * 2)).collect()
@@ -197,7 +187,7 @@ fn main() -> ExitCode {
                     Some((bs, l.rank))
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    gdaki_examples::eprintln_line!("error: {e}");
                     return ExitCode::from(2);
                 }
             }
@@ -231,14 +221,14 @@ fn main() -> ExitCode {
     };
     // A NIC that is not there (no RDMA device, a build without the mlx5 feature) is one line and exit code 2.
     if let Err(gdaki::Error::Unavailable(why)) = &setup {
-        eprintln!("error: {why}");
+        gdaki_examples::eprintln_line!("error: {why}");
         return ExitCode::from(2);
     }
     let nic = match &args.nic {
         NicSpec::Emu => "emulated mlx5 NIC".to_string(),
         real => format!("NIC {real}"),
     };
-    out!(
+    gdaki_examples::outln!(
         "gdaki pingpong ({}): executor {executor} ({device}), {nic} (queues in {} memory), RC {}",
         env!("GDAKI_COMMIT"),
         gdaki_examples::queues_label(exec_kind),
@@ -252,17 +242,20 @@ fn main() -> ExitCode {
         Some(l) => format!("rank {} of 2 in this process ({}), peer over the wire", l.rank, l.source),
         None => "both ranks in this process".to_string(),
     };
-    out!("{layout}");
-    out!("seed {seed:#x}, {warmup} warm-up + {} measured round trips per size; times are full round trips", args.iters);
+    gdaki_examples::outln!("{layout}");
+    gdaki_examples::outln!(
+        "seed {seed:#x}, {warmup} warm-up + {} measured round trips per size; times are full round trips",
+        args.iters
+    );
     let measures = launch.as_ref().is_none_or(|l| l.rank == 0);
     match setup {
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             failed += 1;
         }
         Ok(mut pp) => {
             if measures {
-                out!("{}", LatencyRow::header());
+                gdaki_examples::outln!("{}", LatencyRow::header());
             }
             'runs: for rep in 0..args.repeat {
                 for &size in &sizes {
@@ -273,21 +266,24 @@ fn main() -> ExitCode {
                         Ok(r) => {
                             passed += r.checked;
                             if let Some(row) = LatencyRow::from_ns(size as u64, &r.round_trip_ns) {
-                                out!("{}", row.line());
+                                gdaki_examples::outln!("{}", row.line());
                                 if let (Some(b), Some(a)) = (before, emu_stats(pp.nic())) {
                                     let trips = (cfg.warmup + cfg.iters) as u64;
-                                    out!("{}", gdaki_examples::emu_waits(&b, &a, trips, "round trip"));
+                                    gdaki_examples::outln!(
+                                        "{}",
+                                        gdaki_examples::emu_waits(&b, &a, trips, "round trip")
+                                    );
                                 }
                                 if let Some(line) = split_line(&r.split) {
-                                    out!("{line}");
+                                    gdaki_examples::outln!("{line}");
                                 }
                                 rows.push(row);
                             } else if !measures {
-                                out!("{size:>10} bytes: {} payloads received and checked", r.checked);
+                                gdaki_examples::outln!("{size:>10} bytes: {} payloads received and checked", r.checked);
                             }
                         }
                         Err(e) => {
-                            eprintln!("error at {size} bytes: {e}");
+                            gdaki_examples::eprintln_line!("error at {size} bytes: {e}");
                             failed += 1;
                             break 'runs;
                         }
@@ -295,7 +291,7 @@ fn main() -> ExitCode {
                 }
                 if args.repeat > 1 {
                     let (rss, hwm) = memory_kib();
-                    out!(
+                    gdaki_examples::outln!(
                         "# after pass {} of {}: {passed} payloads checked, VmRSS {rss} KiB, VmHWM {hwm} KiB",
                         rep + 1,
                         args.repeat
@@ -330,11 +326,11 @@ fn main() -> ExitCode {
         };
         let written = serde_json::to_writer_pretty(std::io::BufWriter::new(file), &report);
         if let Err(e) = written {
-            eprintln!("error: writing {}: {e}", path.display());
+            gdaki_examples::eprintln_line!("error: writing {}: {e}", path.display());
             failed += 1;
         }
     }
-    out!("{passed} passed, {failed} failed");
+    gdaki_examples::outln!("{passed} passed, {failed} failed");
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -87,9 +87,15 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
         if args.verbose {
             match s {
                 Step::Start { test, bytes, iters, .. } => {
-                    eprintln!("rank {rank}: {} {} {bytes} B x{iters} ...", mode.name(), test.name())
+                    gdaki_examples::eprintln_line!(
+                        "rank {rank}: {} {} {bytes} B x{iters} ...",
+                        mode.name(),
+                        test.name()
+                    )
                 }
-                Step::Done(r) => eprintln!("rank {rank}: {} {} {} B: ok", mode.name(), r.test.name(), r.bytes),
+                Step::Done(r) => {
+                    gdaki_examples::eprintln_line!("rank {rank}: {} {} {} B: ok", mode.name(), r.test.name(), r.bytes)
+                }
             }
         }
     };
@@ -106,7 +112,7 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
 }
 
 fn print_rows(mode: Mode, rows: &[Row]) {
-    println!("\n## {}", mode.title());
+    gdaki_examples::outln!("\n## {}", mode.title());
     let latency = |r: &Row| match &r.measure {
         Some(Measure::Latency(l)) => Some(l.clone()),
         _ => None,
@@ -114,18 +120,18 @@ fn print_rows(mode: Mode, rows: &[Row]) {
     // One latency table per ping-pong test, in the order they ran.
     for (i, test) in [Test::PingPong, Test::PacketLl16, Test::PacketLl8].into_iter().enumerate() {
         if i > 0 {
-            println!();
+            gdaki_examples::outln!();
         }
-        println!("{}  test", LatencyRow::header());
+        gdaki_examples::outln!("{}  test", LatencyRow::header());
         for l in rows.iter().filter(|r| r.test == test).filter_map(latency) {
-            println!("{}  {}", l.line(), test.name());
+            gdaki_examples::outln!("{}  {}", l.line(), test.name());
         }
     }
     // Typical LL latency against the signal-based ping-pong, per size (MSCCL++'s reason for LL).
     for r in rows.iter().filter(|r| matches!(r.test, Test::PacketLl16 | Test::PacketLl8)) {
         let base = rows.iter().filter(|p| p.test == Test::PingPong && p.bytes == r.bytes).find_map(latency);
         if let (Some(l), Some(b)) = (latency(r), base.filter(|b| b.t_typical > 0.0)) {
-            println!(
+            gdaki_examples::outln!(
                 "{} {:>6} B: {:.2}x the pingpong's typical latency",
                 r.test.name(),
                 l.bytes,
@@ -133,22 +139,21 @@ fn print_rows(mode: Mode, rows: &[Row]) {
             );
         }
     }
-    println!("{}  test", BandwidthRow::header());
+    gdaki_examples::outln!("{}  test", BandwidthRow::header());
     for r in rows {
         if let Some(Measure::Bandwidth(b)) = &r.measure {
-            println!("{}  {}", b.line(), r.test.name());
+            gdaki_examples::outln!("{}  {}", b.line(), r.test.name());
         }
     }
-    println!("{:>24} {:>8} {:>16}", "test", "#iters", "us per put+flush");
+    gdaki_examples::outln!("{:>24} {:>8} {:>16}", "test", "#iters", "us per put+flush");
     for r in rows.iter().filter(|r| matches!(r.test, Test::FlushStress | Test::SameChannelFlush)) {
         if let Some(l) = latency(r) {
-            println!("{:>24} {:>8} {:>16.2}", r.test.name(), l.iterations, l.t_typical);
+            gdaki_examples::outln!("{:>24} {:>8} {:>16.2}", r.test.name(), l.iterations, l.t_typical);
         }
     }
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     if let Some(code) = args.launch.spawn_processes(2..=2) {
         return code;
@@ -158,24 +163,24 @@ fn main() -> ExitCode {
     let launch = match args.launch.two_ranks() {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
     let (exec, notice) = match Executor::open_on(args.executor, args.launch.gpu_of(launch.as_ref())) {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
     if let Some(n) = notice {
-        eprintln!("note: {n}");
+        gdaki_examples::eprintln_line!("note: {n}");
     }
     let kind = exec.kind();
     drop(exec);
     if let Err(why) = gdaki_examples::check_nic(&args.nic) {
-        eprintln!("error: {why}");
+        gdaki_examples::eprintln_line!("error: {why}");
         return ExitCode::from(2);
     }
     let nic = match &args.nic {
@@ -183,7 +188,7 @@ fn main() -> ExitCode {
         real => format!("NIC {real}"),
     };
     let team = args.team.unwrap_or(if kind == ExecutorKind::Gpu { 128 } else { 4 });
-    println!(
+    gdaki_examples::outln!(
         "gdaki port_channel ({}): {} executor, team of {team} threads per channel, {nic} (queues in {} memory)",
         gdaki_examples::COMMIT,
         if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" },
@@ -196,7 +201,7 @@ fn main() -> ExitCode {
             match run_mode(&comm, mode, &args, team) {
                 Ok(rows) => out.push((mode, rows)),
                 Err(e) => {
-                    eprintln!("error: rank {}, {} sharing: {e}", comm.rank(), mode.name());
+                    gdaki_examples::eprintln_line!("error: rank {}, {} sharing: {e}", comm.rank(), mode.name());
                     return (out, 1);
                 }
             }
@@ -209,13 +214,13 @@ fn main() -> ExitCode {
                 .into_iter()
                 .map(|(rank, r)| {
                     r.unwrap_or_else(|e| {
-                        eprintln!("error: rank {rank}: {e}");
+                        gdaki_examples::eprintln_line!("error: rank {rank}: {e}");
                         (Vec::new(), 1)
                     })
                 })
                 .collect(),
             Err(e) => {
-                eprintln!("error: {e}");
+                gdaki_examples::eprintln_line!("error: {e}");
                 return ExitCode::from(2);
             }
         };
@@ -224,7 +229,7 @@ fn main() -> ExitCode {
     }
     let passed: u64 = results.iter().flat_map(|r| &r.0).flat_map(|(_, rows)| rows).map(|r| r.checked).sum();
     let failed: u64 = results.iter().map(|r| r.1).sum();
-    println!("\n{passed} passed, {failed} failed");
+    gdaki_examples::outln!("\n{passed} passed, {failed} failed");
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -47,18 +47,17 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     gdaki_examples::apply_queues(args.queues);
     let (exec, note) = match Executor::open(args.executor) {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
     if let Some(n) = note {
-        eprintln!("{n}");
+        gdaki_examples::eprintln_line!("{n}");
     }
     let exec_kind = exec.kind();
     let gpu = exec_kind == ExecutorKind::Gpu;
@@ -84,20 +83,26 @@ fn main() -> ExitCode {
     let mut bench = match open(exec, 2 * many, posters.max(2 * many * lanes)) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(1);
         }
     };
-    println!("queues in {} memory", gdaki_examples::queues_label(exec_kind));
+    gdaki_examples::outln!("queues in {} memory", gdaki_examples::queues_label(exec_kind));
     if args.no_consumer {
-        println!("nothing consumes the rings: one launch per round, medians of {rounds} launches");
+        gdaki_examples::outln!("nothing consumes the rings: one launch per round, medians of {rounds} launches");
     }
     // The event-timed column is the no-consumer mode's: with a consumer one launch holds every round and
     // the flushes, so its time is no cost per post.
     let event_col = if args.no_consumer { format!(" {:>16}", "event ns/post") } else { String::new() };
-    println!(
+    gdaki_examples::outln!(
         "{:<40} {:>8} {:>8} {:>7} {:>14} {:>10} {:>12}{event_col}",
-        "shape", "posters", "posts", "rounds", "WQEs/s", "ns/WQE", "ns/post"
+        "shape",
+        "posters",
+        "posts",
+        "rounds",
+        "WQEs/s",
+        "ns/WQE",
+        "ns/post"
     );
     let (mut passed, mut failed) = (0, 0);
     for (shape, posts) in rows {
@@ -112,7 +117,7 @@ fn main() -> ExitCode {
                 } else {
                     String::new()
                 };
-                println!(
+                gdaki_examples::outln!(
                     "{:<40} {nposters:>8} {posts:>8} {rounds:>7} {rate:>14.0} {:>10.2} {:>12.1}{event}",
                     shape.label(),
                     1e9 / rate.max(1.0),
@@ -122,13 +127,16 @@ fn main() -> ExitCode {
                     if (after.doorbells, after.wqes) == (before.doorbells, before.wqes) {
                         passed += 1;
                     } else {
-                        eprintln!("error: {}: the NIC consumed WQEs of unconnected QPs: {after:?}", shape.label());
+                        gdaki_examples::eprintln_line!(
+                            "error: {}: the NIC consumed WQEs of unconnected QPs: {after:?}",
+                            shape.label()
+                        );
                         failed += 1;
                     }
                     continue;
                 }
                 if let Shape::Exclusive { bf: true, .. } = shape {
-                    println!(
+                    gdaki_examples::outln!(
                         "  BlueFlame: {} WQEs taken from the register, {} writes read from the ring (a poster ahead of the NIC)",
                         after.blueflame - before.blueflame,
                         after.blueflame_fallbacks - before.blueflame_fallbacks
@@ -140,7 +148,7 @@ fn main() -> ExitCode {
                 if clean {
                     passed += 1;
                 } else {
-                    eprintln!(
+                    gdaki_examples::eprintln_line!(
                         "error: {}: the NIC saw error CQEs, dbrec mismatches or BlueFlame WQEs unlike the ring's: {after:?}",
                         shape.label()
                     );
@@ -148,12 +156,12 @@ fn main() -> ExitCode {
                 }
             }
             Err(e) => {
-                eprintln!("error: {}: {e}", shape.label());
+                gdaki_examples::eprintln_line!("error: {}: {e}", shape.label());
                 failed += 1;
             }
         }
     }
-    println!("\n{passed} passed, {failed} failed");
+    gdaki_examples::outln!("\n{passed} passed, {failed} failed");
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

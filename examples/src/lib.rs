@@ -14,14 +14,41 @@ use gdaki::nic::{Nic, NicSpec};
 /// changes, "unknown" outside a git checkout), so that results name it where no checkout is (the GPU machine).
 pub const COMMIT: &str = env!("GDAKI_COMMIT");
 
-/// Lets the program end quietly, as `cat` or `ls` do, when the reader of its output goes away (`| head`):
-/// restores SIGPIPE's default action, which Rust's runtime sets to "ignore" (whereupon the next `println!`
-/// panics on the broken pipe). Every socket gdaki writes is written with `MSG_NOSIGNAL` (std's `TcpStream`,
-/// the wire's own `send`), so a dead peer stays an error, never this signal. Every program here calls it first
-/// in `main`, before any thread starts.
-pub fn exit_quietly_on_closed_output() {
-    // SAFETY: sets a signal's disposition to its default; no handler runs, and no thread has started yet.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+/// `println!` that ignores a failed write, in one `write` of the whole line: a closed stdout (`| head`) must
+/// neither stop a run nor lose its JSON file (`println!` panics on the broken pipe), and the line never mixes
+/// with another process's output on the same pipe.
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(::std::string::String::from("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(::std::format!("{}\n", ::std::format_args!($($arg)*)))
+    };
+}
+
+/// Writes `text` to stdout in one call (what [`outln!`] expands to), dropping a failed write.
+pub fn write_stdout(text: String) {
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+/// `eprintln!` in one `write` of the whole line: the ranks of a multi-process run share one stderr, and
+/// `eprintln!` writes each formatted piece with a call of its own, so two ranks' lines could mix within a line.
+/// A line shorter than `PIPE_BUF` (4 KiB) written once to a pipe is never split by another writer's.
+#[macro_export]
+macro_rules! eprintln_line {
+    ($($arg:tt)*) => {
+        $crate::write_stderr_line(::std::format!($($arg)*))
+    };
+}
+
+/// Writes `line` and a newline to stderr in one call (what [`eprintln_line!`] expands to); a failed write is
+/// dropped, as `eprintln!` would have nothing better to do with it than to panic.
+pub fn write_stderr_line(mut line: String) {
+    use std::io::Write;
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`, `--secret`,
@@ -93,7 +120,7 @@ impl LaunchArgs {
             None => processes::spawn(n),
         };
         Some(r.unwrap_or_else(|why| {
-            eprintln!("error: --processes {n}: {why}");
+            crate::eprintln_line!("error: --processes {n}: {why}");
             std::process::ExitCode::from(2)
         }))
     }

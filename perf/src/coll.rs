@@ -587,9 +587,9 @@ fn rank_main(
     };
     let devices = gather_devices().map_err(|e| format!("rank {rank}: gathering the ranks' devices: {e}"))?;
     if rank == 0 {
-        println!("# Using devices");
+        gdaki_examples::outln!("# Using devices");
         for (r, d) in devices.iter().enumerate() {
-            println!("#  Rank {r:>2} {}", d.line());
+            gdaki_examples::outln!("#  Rank {r:>2} {}", d.line());
         }
     }
     let (_, _, buf) = layout(plan.2);
@@ -683,7 +683,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     let (exec, notice) =
         Executor::open_on(opts.executor, opts.launch.gpu_of(launch.as_ref())).map_err(|e| e.to_string())?;
     if let Some(note) = notice {
-        eprintln!("note: {note}");
+        gdaki_examples::eprintln_line!("note: {note}");
     }
     let kind = exec.kind();
     drop(exec);
@@ -712,18 +712,18 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         }
     }
     if prints {
-        println!("# gdaki-perf coll ({})", gdaki_examples::COMMIT);
-        println!("# nranks {n}, {executor} executor, {nic}");
-        println!(
+        gdaki_examples::outln!("# gdaki-perf coll ({})", gdaki_examples::COMMIT);
+        gdaki_examples::outln!("# nranks {n}, {executor} executor, {nic}");
+        gdaki_examples::outln!(
             "# minBytes {min} maxBytes {max} step: {} (factor) warmup iters: {warmup} iters: {iters} validation: every \
              iteration, every element",
             bounds(opts).2
         );
-        println!("# timeout of every device-side wait: {:?}", opts.timeout);
-        println!(
+        gdaki_examples::outln!("# timeout of every device-side wait: {:?}", opts.timeout);
+        gdaki_examples::outln!(
             "# time: median over iterations of the slowest rank's call, from its launch to its end on the host (the barrier before it left out)"
         );
-        println!("#");
+        gdaki_examples::outln!("#");
     }
     let plan = (warmup, iters, max);
     let setup = RankSetup { launch: launch.clone(), one_nic, gpu: opts.launch.gpu, ..RankSetup::local(n, kind) };
@@ -741,11 +741,11 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
                 }
             }
             Ok(Err(e)) => {
-                eprintln!("error: {e}");
+                gdaki_examples::eprintln_line!("error: {e}");
                 errors += 1;
             }
             Err(e) => {
-                eprintln!("error: rank {rank}: {e}");
+                gdaki_examples::eprintln_line!("error: rank {rank}: {e}");
                 errors += 1;
             }
         }
@@ -766,10 +766,19 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     for job in &jobs {
         let mine: Vec<&CollRow> =
             rows.iter().filter(|r| r.op == job.op.name() && r.algorithm == job.alg.map(AlgArg::name)).collect();
-        println!("#");
-        println!("# {}", job.label());
-        println!("# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>35}   {:>35}", "", "", "", "", "", "out-of-place", "in-place");
-        println!(
+        gdaki_examples::outln!("#");
+        gdaki_examples::outln!("# {}", job.label());
+        gdaki_examples::outln!(
+            "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>35}   {:>35}",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "out-of-place",
+            "in-place"
+        );
+        gdaki_examples::outln!(
             "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>10} {:>8} {:>8} {:>6}   {:>10} {:>8} {:>8} {:>6}",
             "size",
             "count",
@@ -785,12 +794,24 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
             "busbw",
             "#wrong"
         );
-        println!(
+        gdaki_examples::outln!(
             "# {:>10} {:>12} {:>8} {:>6} {:>6}   {:>10} {:>8} {:>8} {:>6}   {:>10} {:>8} {:>8} {:>6}",
-            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            ""
         );
         for r in mine {
-            println!(
+            gdaki_examples::outln!(
                 "  {:>10} {:>12} {:>8} {:>6} {:>6}   {}   {}",
                 r.size,
                 r.count,
@@ -804,11 +825,14 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     }
     if errors > 0 {
         // The rows a failed rank never ran are missing: not a pass.
-        println!("# Errors               : {errors} (on standard error) FAILED");
+        gdaki_examples::outln!("# Errors               : {errors} (on standard error) FAILED");
     }
-    println!("# Out of bounds values : {wrong} {}", if wrong == 0 && errors == 0 { "OK" } else { "FAILED" });
-    println!("# Avg bus bandwidth    : {avg:.6} ");
-    println!("#");
+    gdaki_examples::outln!(
+        "# Out of bounds values : {wrong} {}",
+        if wrong == 0 && errors == 0 { "OK" } else { "FAILED" }
+    );
+    gdaki_examples::outln!("# Avg bus bandwidth    : {avg:.6} ");
+    gdaki_examples::outln!("#");
     if let Some(path) = &opts.json {
         let report = CollReport {
             program: "gdaki-perf",
@@ -832,7 +856,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         };
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         if let Err(e) = std::fs::write(path, text + "\n") {
-            eprintln!("error: --json {}: {e}", path.display());
+            gdaki_examples::eprintln_line!("error: --json {}: {e}", path.display());
             errors += 1;
         }
     }
@@ -852,9 +876,9 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
             })
             .collect();
         match crate::plot::draw_coll(path, &panels) {
-            Ok(()) => eprintln!("wrote {}", path.display()),
+            Ok(()) => gdaki_examples::eprintln_line!("wrote {}", path.display()),
             Err(e) => {
-                eprintln!("error: {e}");
+                gdaki_examples::eprintln_line!("error: {e}");
                 errors += 1;
             }
         }

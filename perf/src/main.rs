@@ -42,7 +42,7 @@ fn gather_counts(comm: &Communicator, mut rows: Vec<Row>, failed: u64) -> RankOu
     let all = match comm.bootstrap().all_gather(&mine) {
         Ok(all) => all,
         Err(e) => {
-            eprintln!("error: rank {}: gathering the ranks' checked payloads: {e}", comm.rank());
+            gdaki_examples::eprintln_line!("error: rank {}: gathering the ranks' checked payloads: {e}", comm.rank());
             return (rows, failed + 1);
         }
     };
@@ -61,7 +61,6 @@ fn gather_counts(comm: &Communicator, mut rows: Vec<Row>, failed: u64) -> RankOu
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let cli = cli::Cli::parse();
     // coll takes 2 to 8 ranks, the two-rank suites 2.
     let launch = match &cli.cmd {
@@ -82,7 +81,7 @@ fn main() -> ExitCode {
     match res {
         Ok(code) => code,
         Err(why) => {
-            eprintln!("error: {why}");
+            gdaki_examples::eprintln_line!("error: {why}");
             ExitCode::from(2)
         }
     }
@@ -98,14 +97,14 @@ fn header(
     kind: ExecutorKind,
 ) {
     let executor = if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" };
-    println!(
+    gdaki_examples::outln!(
         "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic}, team of {} threads per channel, queues in \
          {} memory",
         gdaki_examples::COMMIT,
         plan.team,
         gdaki_examples::queues_label(kind)
     );
-    println!(
+    gdaki_examples::outln!(
         "{} iterations per latency row after up to {warmup} warm-up, bandwidth rows at most {} MiB (3..={} \
          iterations); every payload checked",
         plan.iters,
@@ -126,7 +125,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
     let (exec, notice) =
         Executor::open_on(opts.executor, opts.launch.gpu_of(launch.as_ref())).map_err(|e| e.to_string())?;
     if let Some(n) = notice {
-        eprintln!("note: {n}");
+        gdaki_examples::eprintln_line!("note: {n}");
     }
     let kind = exec.kind();
     let gpu = report::GpuInfo::of(&exec);
@@ -140,7 +139,9 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
     // `--one-nic` shares a NIC between the two ranks of this process; ranks in two processes each have their own.
     let one_nic = opts.one_nic && launch.is_none();
     if opts.one_nic && !one_nic {
-        eprintln!("note: --one-nic has no effect with one rank per process: each process has its own NIC");
+        gdaki_examples::eprintln_line!(
+            "note: --one-nic has no effect with one rank per process: each process has its own NIC"
+        );
     }
     let nic = nic_description(&opts.nic, one_nic, launch.is_some());
     let prints = launch.as_ref().is_none_or(|l| l.rank == 0);
@@ -175,7 +176,11 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
                             0 => "setting up".to_string(),
                             b => format!("at {b} B"),
                         };
-                        eprintln!("error: rank {rank}, {} in {}, {at}: {e}", test.name(), mode.label());
+                        gdaki_examples::eprintln_line!(
+                            "error: rank {rank}, {} in {}, {at}: {e}",
+                            test.name(),
+                            mode.label()
+                        );
                         return (rows, 1);
                     }
                 }
@@ -204,7 +209,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
                 per_rank.push((rank, rows));
             }
             Err(e) => {
-                eprintln!("error: rank {rank}: {e}");
+                gdaki_examples::eprintln_line!("error: rank {rank}: {e}");
                 failed += 1;
             }
         }
@@ -254,7 +259,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
             failed,
         };
         if let Err(e) = report::write(path, &report) {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             failed += 1;
         }
     }
@@ -262,16 +267,16 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         match plot::draw(path, &tests, &rows) {
             Ok(files) => {
                 for f in files {
-                    eprintln!("wrote {}", f.display());
+                    gdaki_examples::eprintln_line!("wrote {}", f.display());
                 }
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                gdaki_examples::eprintln_line!("error: {e}");
                 failed += 1;
             }
         }
     }
-    println!("\n{passed} passed, {failed} failed");
+    gdaki_examples::outln!("\n{passed} passed, {failed} failed");
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 

@@ -32,8 +32,8 @@ pub fn print(tests: &[Test], rows: &[Row]) {
         } else {
             ("µs per round trip", LatencyRow::header(), "t/Host")
         };
-        println!("\n## {} ({what})", test.name());
-        println!("{header}  {:<17} {:>8} {:>9}", "mode", ratio, "checked");
+        gdaki_examples::outln!("\n## {} ({what})", test.name());
+        gdaki_examples::outln!("{header}  {:<17} {:>8} {:>9}", "mode", ratio, "checked");
         for r in mine {
             let line = match &r.measure {
                 Some(Measure::Latency(l)) => l.line(),
@@ -41,7 +41,7 @@ pub fn print(tests: &[Test], rows: &[Row]) {
                 None => continue,
             };
             let ratio = vs_host(rows, r).map_or("-".to_string(), |x| format!("{x:.2}"));
-            println!("{line}  {:<17} {ratio:>8} {:>9}", r.mode.label(), r.checked);
+            gdaki_examples::outln!("{line}  {:<17} {ratio:>8} {:>9}", r.mode.label(), r.checked);
         }
     }
 }
@@ -93,13 +93,19 @@ pub fn print_summary(ratios: &[Ratio]) {
     if ratios.is_empty() {
         return;
     }
-    println!("\n## Summary: typical latency, Device / Host (targets on the emulated NIC)");
+    gdaki_examples::outln!("\n## Summary: typical latency, Device / Host (targets on the emulated NIC)");
     for r in ratios {
         let target = match (r.target, r.met) {
             (Some(t), Some(met)) => format!(" (target <= {t:.2}: {})", if met { "met" } else { "NOT met" }),
             _ => String::new(),
         };
-        println!("{:<22} {:>6} B  {}/Host = {:.2}{target}", r.test.name(), r.bytes, r.mode.label(), r.ratio);
+        gdaki_examples::outln!(
+            "{:<22} {:>6} B  {}/Host = {:.2}{target}",
+            r.test.name(),
+            r.bytes,
+            r.mode.label(),
+            r.ratio
+        );
     }
 }
 

@@ -135,7 +135,7 @@ impl Aggregator {
 pub fn resolve_executor(kind: Option<ExecutorKind>, gpu: usize) -> Result<ExecutorKind, String> {
     let (exec, notice) = Executor::open_on(kind, gpu).map_err(|e| e.to_string())?;
     if let Some(n) = notice {
-        eprintln!("note: {n}");
+        gdaki_examples::eprintln_line!("note: {n}");
     }
     Ok(exec.kind())
 }

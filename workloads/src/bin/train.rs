@@ -49,7 +49,6 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     if let Some(code) = args.launch.spawn_processes(2..=gdaki_shared::coll::MAX_RANKS as u32) {
         return code;
@@ -58,14 +57,14 @@ fn main() -> ExitCode {
     let launch = match gdaki::bootstrap::Launch::resolve_from_process_env(args.launch.flags()) {
         Ok(l) => l.filter(|l| l.world_size > 1),
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
     let executor = match resolve_executor(args.executor, args.launch.gpu_of(launch.as_ref())) {
         Ok(k) => k,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -87,11 +86,11 @@ fn main() -> ExitCode {
         // Another process's rank 0 reports (and fails when the weights differ).
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    println!(
+    gdaki_examples::outln!(
         "gdaki train (commit {}): iris MLP 4-{}-3 ({} parameters), {} ranks ({}) on the {} executor, path {}, \
          {} train / {} test examples, {} per shard, batch {} per rank, {} steps per epoch, lr {}, clip {}",
         r.commit,
@@ -109,9 +108,9 @@ fn main() -> ExitCode {
         cfg.lr,
         cfg.clip
     );
-    println!("{:>5}  {:>10} {:>9}  {:>10} {:>9}", "epoch", "loss", "test acc", "loss 1", "test acc 1");
+    gdaki_examples::outln!("{:>5}  {:>10} {:>9}  {:>10} {:>9}", "epoch", "loss", "test acc", "loss 1", "test acc 1");
     for (d, s) in r.distributed.curve.iter().zip(&r.single.curve) {
-        println!(
+        gdaki_examples::outln!(
             "{:>5}  {:>10.5} {:>8.1}%  {:>10.5} {:>8.1}%",
             d.epoch,
             d.train_loss,
@@ -126,34 +125,39 @@ fn main() -> ExitCode {
             format!("loss {:.5}, test accuracy {:.1}%", e.train_loss, 100.0 * e.test_accuracy)
         })
     };
-    println!("summary:");
-    println!("  {} ranks ({}): {}", r.nranks, r.path, fmt(d));
-    println!("  single rank: {}", fmt(s));
-    println!(
+    gdaki_examples::outln!("summary:");
+    gdaki_examples::outln!("  {} ranks ({}): {}", r.nranks, r.path, fmt(d));
+    gdaki_examples::outln!("  single rank: {}", fmt(s));
+    gdaki_examples::outln!(
         "  median step: {:.3} ms on {} ranks (of which the gradient sum {:.3} ms), {:.3} ms single-rank",
-        r.distributed.step_ms_median, r.nranks, r.distributed.sum_ms_median, r.single.step_ms_median
+        r.distributed.step_ms_median,
+        r.nranks,
+        r.distributed.sum_ms_median,
+        r.single.step_ms_median
     );
-    println!(
+    gdaki_examples::outln!(
         "  gradient elements clipped: {} ({} ranks), {} (single rank)",
-        r.distributed.clipped, r.nranks, r.single.clipped
+        r.distributed.clipped,
+        r.nranks,
+        r.single.clipped
     );
-    println!("  max weight difference between ranks: {:e}", r.max_rank_weight_diff);
-    println!("  max weight difference, ranks vs single rank: {:e}", r.max_single_weight_diff);
+    gdaki_examples::outln!("  max weight difference between ranks: {:e}", r.max_rank_weight_diff);
+    gdaki_examples::outln!("  max weight difference, ranks vs single rank: {:e}", r.max_single_weight_diff);
     if let Some(p) = &args.json {
         let text = match serde_json::to_string_pretty(&r) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("error: --json: {e}");
+                gdaki_examples::eprintln_line!("error: --json: {e}");
                 return ExitCode::FAILURE;
             }
         };
         if let Err(e) = std::fs::write(p, text + "\n") {
-            eprintln!("error: --json {}: {e}", p.display());
+            gdaki_examples::eprintln_line!("error: --json {}: {e}", p.display());
             return ExitCode::FAILURE;
         }
     }
     if r.max_rank_weight_diff != 0.0 {
-        eprintln!("error: the ranks' weights differ");
+        gdaki_examples::eprintln_line!("error: the ranks' weights differ");
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

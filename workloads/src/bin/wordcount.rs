@@ -36,20 +36,19 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    gdaki_examples::exit_quietly_on_closed_output();
     let args = Args::parse();
     gdaki_examples::init_tracing();
     let corpus = match read_corpus(&args.corpus) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
     let executor = match resolve_executor(args.executor, 0) {
         Ok(k) => k,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -58,11 +57,11 @@ fn main() -> ExitCode {
     let r = match run(&texts, args.nranks, executor, args.path) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    println!(
+    gdaki_examples::outln!(
         "gdaki wordcount (commit {}): {} mappers on the {} executor, path {}, corpus {} ({} files: {})",
         gdaki_workloads::COMMIT,
         r.nranks,
@@ -72,16 +71,19 @@ fn main() -> ExitCode {
         r.files,
         names.join(" ")
     );
-    println!("top {} words:", args.top);
+    gdaki_examples::outln!("top {} words:", args.top);
     for (i, (w, c)) in r.top(args.top).into_iter().enumerate() {
-        println!("{:>4}. {w:<16} {c}", i + 1);
+        gdaki_examples::outln!("{:>4}. {w:<16} {c}", i + 1);
     }
-    println!(
+    gdaki_examples::outln!(
         "totals: {} lines, {} words, {} distinct; aggregation (vocabulary exchange + sum on rank 0) {:.1} ms",
-        r.lines, r.total_words, r.vocabulary, r.aggregate_ms
+        r.lines,
+        r.total_words,
+        r.vocabulary,
+        r.aggregate_ms
     );
     let ok = r.mismatches == 0 && r.ranks_agree;
-    println!(
+    gdaki_examples::outln!(
         "check against a single-process count: {} words differ, mappers {}: {}",
         r.mismatches,
         if r.ranks_agree { "agree" } else { "DISAGREE" },
@@ -91,12 +93,12 @@ fn main() -> ExitCode {
         let text = match serde_json::to_string_pretty(&r) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("error: --json: {e}");
+                gdaki_examples::eprintln_line!("error: --json: {e}");
                 return ExitCode::FAILURE;
             }
         };
         if let Err(e) = std::fs::write(p, text + "\n") {
-            eprintln!("error: --json {}: {e}", p.display());
+            gdaki_examples::eprintln_line!("error: --json {}: {e}", p.display());
             return ExitCode::FAILURE;
         }
     }
