@@ -179,7 +179,7 @@ fn main() -> ExitCode {
     let session = match &launch {
         None => None,
         Some(l) => {
-            let joined = Bootstrap::connect(l, timeout.max(Duration::from_secs(30)))
+            let joined = Bootstrap::connect(l, args.launch.bootstrap_timeout())
                 .and_then(|bs| Ok((bs.all_gather(&seed.to_le_bytes())?, bs)));
             match joined {
                 Ok((seeds, bs)) => {

@@ -209,7 +209,7 @@ fn main() -> ExitCode {
         (out, 0)
     };
     let results: Vec<RankOutcome> =
-        match gdaki_examples::run_ranks(launch, (kind, args.launch.gpu), &args.nic, false, rank_main) {
+        match gdaki_examples::run_ranks(launch, (kind, &args.launch), &args.nic, false, rank_main) {
             Ok(r) => r
                 .into_iter()
                 .map(|(rank, r)| {

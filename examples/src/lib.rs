@@ -79,6 +79,10 @@ pub struct LaunchArgs {
     /// GPUs this process sees: one GPU per rank on a host with as many).
     #[arg(long, value_name = "ORDINAL")]
     pub gpu: Option<usize>,
+    /// Seconds a rank waits for the others to join the bootstrap, and for each of its exchanges, before it
+    /// gives up with an error naming what it waited for (default 60).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub bootstrap_timeout: Option<u64>,
     /// Start N processes of this program on this host, one rank each, and wait for them (as `torchrun
     /// --nproc-per-node N` would): each gets --world-size N, its --rank and a free loopback --bootstrap
     /// port, the session secret in GDAKI_SECRET, and on the gpu executor GPU `rank % GPUs seen` unless --gpu
@@ -136,6 +140,11 @@ impl LaunchArgs {
         }
     }
 
+    /// `--bootstrap-timeout`, 60 s without it.
+    pub fn bootstrap_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.bootstrap_timeout.unwrap_or(60))
+    }
+
     /// The GPU of a process that runs `launch`'s rank (`None`: every rank in this process, on its first GPU):
     /// `--gpu`, else [`gdaki::exec::default_gpu`] of the local rank.
     pub fn gpu_of(&self, launch: Option<&Launch>) -> usize {
@@ -180,12 +189,19 @@ pub fn check_nic(spec: &NicSpec) -> Result<(), String> {
 /// A one-line message when the in-process bootstrap cannot start.
 pub fn run_ranks<T: Send>(
     launch: Option<Launch>,
-    (kind, gpu): (ExecutorKind, Option<usize>),
+    (kind, args): (ExecutorKind, &LaunchArgs),
     nic: &NicSpec,
     one_nic: bool,
     rank_main: impl Fn(Arc<Communicator>) -> T + Sync,
 ) -> Result<Vec<(u32, gdaki::Result<T>)>, String> {
-    let setup = RankSetup { launch, nic: nic.clone(), one_nic, gpu, ..RankSetup::local(2, kind) };
+    let setup = RankSetup {
+        launch,
+        nic: nic.clone(),
+        one_nic,
+        gpu: args.gpu,
+        timeout: args.bootstrap_timeout(),
+        ..RankSetup::local(2, kind)
+    };
     gdaki::channel::run_ranks(&setup, rank_main).map_err(|e| e.to_string())
 }
 

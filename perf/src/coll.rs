@@ -726,7 +726,13 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         gdaki_examples::outln!("#");
     }
     let plan = (warmup, iters, max);
-    let setup = RankSetup { launch: launch.clone(), one_nic, gpu: opts.launch.gpu, ..RankSetup::local(n, kind) };
+    let setup = RankSetup {
+        launch: launch.clone(),
+        one_nic,
+        gpu: opts.launch.gpu,
+        timeout: opts.launch.bootstrap_timeout(),
+        ..RankSetup::local(n, kind)
+    };
     let results =
         gdaki::channel::run_ranks(&setup, |comm| rank_main(comm, opts, &jobs, plan)).map_err(|e| e.to_string())?;
     let mut errors = 0u64;

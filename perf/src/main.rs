@@ -197,8 +197,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         }
         (rows, failed)
     };
-    let results =
-        gdaki_examples::run_ranks(launch.clone(), (kind, opts.launch.gpu), &opts.nic, opts.one_nic, rank_main)?;
+    let results = gdaki_examples::run_ranks(launch.clone(), (kind, &opts.launch), &opts.nic, opts.one_nic, rank_main)?;
     progress.finish();
     let mut failed = 0;
     let mut per_rank: Vec<(u32, Vec<Row>)> = Vec::new();

@@ -44,6 +44,8 @@ pub struct TrainConfig {
     pub launch: Option<Launch>,
     /// The GPU of every rank on the `gpu` executor (`None`: by local rank, [`RankSetup::gpu`]).
     pub gpu: Option<usize>,
+    /// Bound of each rank's bootstrap setup ([`RankSetup::timeout`]).
+    pub bootstrap_timeout: std::time::Duration,
     /// Executor of every rank.
     pub executor: ExecutorKind,
     /// How gradients are summed.
@@ -68,6 +70,7 @@ impl Default for TrainConfig {
             nranks: 4,
             launch: None,
             gpu: None,
+            bootstrap_timeout: std::time::Duration::from_secs(60),
             executor: ExecutorKind::Cpu,
             path: Path::Nic,
             epochs: 60,
@@ -301,7 +304,12 @@ pub fn run(cfg: &TrainConfig) -> Result<Option<TrainReport>, String> {
     let w0 = init(cfg.hidden, cfg.seed);
     let ce = |e: candle_core::Error| format!("candle: {e}");
 
-    let setup = RankSetup { launch: cfg.launch.clone(), gpu: cfg.gpu, ..RankSetup::local(nranks, cfg.executor) };
+    let setup = RankSetup {
+        launch: cfg.launch.clone(),
+        gpu: cfg.gpu,
+        timeout: cfg.bootstrap_timeout,
+        ..RankSetup::local(nranks, cfg.executor)
+    };
     let ranks = on_ranks(setup, cfg.path, |a: &Aggregator| {
         let rank = a.rank();
         let mut w = w0.clone();

@@ -72,6 +72,7 @@ fn main() -> ExitCode {
         nranks: args.nranks,
         launch,
         gpu: args.launch.gpu,
+        bootstrap_timeout: args.launch.bootstrap_timeout(),
         executor,
         path: args.path,
         epochs: args.epochs,

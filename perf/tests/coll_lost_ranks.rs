@@ -1,5 +1,6 @@
-//! Three `gdaki-perf coll` processes on the cpu executor; rank 2 is killed in the timed loop, and each survivor
-//! must exit non-zero within its `--timeout` plus a margin, naming the dead rank in its output.
+//! Ranks of `gdaki-perf coll` that lose their peers: three processes on the cpu executor whose rank 2 is killed
+//! in the timed loop, each survivor exiting non-zero within its `--timeout` plus a margin and naming the dead
+//! rank; and a rank whose peer never starts, giving up after `--bootstrap-timeout`.
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -58,4 +59,22 @@ fn survivors_of_a_killed_rank_exit_and_name_it() {
         let named = text.lines().any(|l| l.starts_with("error:") && l.contains("rank 2"));
         assert!(named, "rank {rank} does not name rank 2:\n{text}");
     }
+}
+
+/// Rank 1 of two whose rank 0 never starts gives up after `--bootstrap-timeout` (2 s), not the default 60 s,
+/// with an error line and a non-zero exit.
+#[test]
+fn a_rank_alone_gives_up_after_the_bootstrap_timeout() {
+    let t = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args(["coll", "--executor", "cpu", "--world-size", "2", "--rank", "1", "--quick"])
+        .args(["--bootstrap", &format!("127.0.0.1:{}", free_port()), "--bootstrap-timeout", "2"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let waited = t.elapsed();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "exit 0 without a rank 0:\n{text}");
+    assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(20), "gave up after {waited:?}:\n{text}");
+    assert!(text.lines().any(|l| l.starts_with("error")), "no error line:\n{text}");
 }
