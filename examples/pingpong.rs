@@ -210,7 +210,9 @@ fn main() -> ExitCode {
     let total = (warmup + args.iters) as usize;
     let (mut rows, mut passed, mut failed) = (Vec::new(), 0u64, 0u64);
     let mut rss_kib = Vec::new();
-    let setup = match session {
+    // The bootstrap serves the setup's exchange, then the count of both ranks' checks at the end.
+    let session = session.map(|(bs, rank)| (std::sync::Arc::new(bs), rank));
+    let setup = match session.clone() {
         None => PingPong::new_on(&args.nic, exec, max, total),
         Some((bs, rank)) => {
             let peer = (1 - rank) as usize;
@@ -228,26 +230,30 @@ fn main() -> ExitCode {
         NicSpec::Emu => "emulated mlx5 NIC".to_string(),
         real => format!("NIC {real}"),
     };
-    gdaki_examples::outln!(
-        "gdaki pingpong ({}): executor {executor} ({device}), {nic} (queues in {} memory), RC {}",
-        env!("GDAKI_COMMIT"),
-        gdaki_examples::queues_label(exec_kind),
-        if args.blueflame {
-            "RDMA WRITE by BlueFlame, the peer polling its payload"
-        } else {
-            "RDMA WRITE + ATOMIC fetch-add, one doorbell"
-        }
-    );
-    let layout = match &launch {
-        Some(l) => format!("rank {} of 2 in this process ({}), peer over the wire", l.rank, l.source),
-        None => "both ranks in this process".to_string(),
-    };
-    gdaki_examples::outln!("{layout}");
-    gdaki_examples::outln!(
-        "seed {seed:#x}, {warmup} warm-up + {} measured round trips per size; times are full round trips",
-        args.iters
-    );
+    // Rank 0 prints; rank 1 of a multi-process run prints only its errors (its checks are counted in rank 0's
+    // summary).
     let measures = launch.as_ref().is_none_or(|l| l.rank == 0);
+    if measures {
+        gdaki_examples::outln!(
+            "gdaki pingpong ({}): executor {executor} ({device}), {nic} (queues in {} memory), RC {}",
+            env!("GDAKI_COMMIT"),
+            gdaki_examples::queues_label(exec_kind),
+            if args.blueflame {
+                "RDMA WRITE by BlueFlame, the peer polling its payload"
+            } else {
+                "RDMA WRITE + ATOMIC fetch-add, one doorbell"
+            }
+        );
+        let layout = match &launch {
+            Some(l) => format!("rank {} of 2 in this process ({}), peer over the wire", l.rank, l.source),
+            None => "both ranks in this process".to_string(),
+        };
+        gdaki_examples::outln!("{layout}");
+        gdaki_examples::outln!(
+            "seed {seed:#x}, {warmup} warm-up + {} measured round trips per size; times are full round trips",
+            args.iters
+        );
+    }
     match setup {
         Err(e) => {
             gdaki_examples::eprintln_line!("error: {e}");
@@ -278,8 +284,6 @@ fn main() -> ExitCode {
                                     gdaki_examples::outln!("{line}");
                                 }
                                 rows.push(row);
-                            } else if !measures {
-                                gdaki_examples::outln!("{size:>10} bytes: {} payloads received and checked", r.checked);
                             }
                         }
                         Err(e) => {
@@ -289,7 +293,7 @@ fn main() -> ExitCode {
                         }
                     }
                 }
-                if args.repeat > 1 {
+                if args.repeat > 1 && measures {
                     let (rss, hwm) = memory_kib();
                     gdaki_examples::outln!(
                         "# after pass {} of {}: {passed} payloads checked, VmRSS {rss} KiB, VmHWM {hwm} KiB",
@@ -298,6 +302,23 @@ fn main() -> ExitCode {
                     );
                     rss_kib.push(hwm);
                 }
+            }
+        }
+    }
+    // Rank 0 reports both ranks' checks (rank 1 counts the payloads it received and checks).
+    if let Some((bs, rank)) = &session {
+        let mine = [passed.to_le_bytes(), failed.to_le_bytes()].concat();
+        match bs.all_gather(&mine) {
+            Ok(all) => {
+                let word = |b: &[u8], i: usize| {
+                    b.get(i * 8..i * 8 + 8).map_or(0, |w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+                };
+                passed = all.iter().map(|b| word(b, 0)).sum();
+                failed = all.iter().map(|b| word(b, 1)).sum();
+            }
+            Err(e) => {
+                gdaki_examples::eprintln_line!("error: rank {rank}: gathering both ranks' checks: {e}");
+                failed += 1;
             }
         }
     }
@@ -330,7 +351,9 @@ fn main() -> ExitCode {
             failed += 1;
         }
     }
-    gdaki_examples::outln!("{passed} passed, {failed} failed");
+    if measures {
+        gdaki_examples::outln!("{passed} passed, {failed} failed");
+    }
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

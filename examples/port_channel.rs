@@ -63,7 +63,27 @@ struct Args {
 }
 
 /// One rank's rows per mode, and the modes that failed.
-type RankOutcome = (Vec<(Mode, Vec<Row>)>, u64);
+/// A rank's rows by mode, its failures, and the payloads checked and failures of every rank of a
+/// multi-process run (gathered over the bootstrap; `None` when every rank runs in this process).
+type RankOutcome = (Vec<(Mode, Vec<Row>)>, u64, Option<(u64, u64)>);
+
+/// The checked payloads and failures of every rank, from each rank's own: an all-gather over the bootstrap
+/// (a failed gather is one failure more, on this rank's counts).
+fn gather_counts(comm: &Communicator, passed: u64, failed: u64) -> (u64, u64) {
+    let mine = [passed.to_le_bytes(), failed.to_le_bytes()].concat();
+    match comm.bootstrap().all_gather(&mine) {
+        Ok(all) => {
+            let word = |b: &[u8], i: usize| {
+                b.get(i * 8..i * 8 + 8).map_or(0, |w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+            };
+            (all.iter().map(|b| word(b, 0)).sum(), all.iter().map(|b| word(b, 1)).sum())
+        }
+        Err(e) => {
+            gdaki_examples::eprintln_line!("error: rank {}: gathering the ranks' checks: {e}", comm.rank());
+            (passed, failed + 1)
+        }
+    }
+}
 
 /// Most bytes one bandwidth row moves.
 const ROW_BUDGET: usize = 512 << 20;
@@ -188,25 +208,34 @@ fn main() -> ExitCode {
         real => format!("NIC {real}"),
     };
     let team = args.team.unwrap_or(if kind == ExecutorKind::Gpu { 128 } else { 4 });
-    gdaki_examples::outln!(
-        "gdaki port_channel ({}): {} executor, team of {team} threads per channel, {nic} (queues in {} memory)",
-        gdaki_examples::COMMIT,
-        if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" },
-        gdaki_examples::queues_label(kind)
-    );
+    // Rank 0 prints (rank 1 of a multi-process run only its errors, its checks counted in rank 0's summary).
+    let multi = launch.is_some();
+    let measures = launch.as_ref().is_none_or(|l| l.rank == 0);
+    if measures {
+        gdaki_examples::outln!(
+            "gdaki port_channel ({}): {} executor, team of {team} threads per channel, {nic} (queues in {} memory)",
+            gdaki_examples::COMMIT,
+            if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" },
+            gdaki_examples::queues_label(kind)
+        );
+    }
     // One rank's whole run: one communicator (bootstrap + NIC), every mode in turn, fresh channels per test.
     let rank_main = |comm: Arc<Communicator>| -> RankOutcome {
         let mut out = Vec::new();
+        let mut failed = 0;
         for &mode in &modes {
             match run_mode(&comm, mode, &args, team) {
                 Ok(rows) => out.push((mode, rows)),
                 Err(e) => {
                     gdaki_examples::eprintln_line!("error: rank {}, {} sharing: {e}", comm.rank(), mode.name());
-                    return (out, 1);
+                    failed = 1;
+                    break;
                 }
             }
         }
-        (out, 0)
+        let passed = out.iter().flat_map(|(_, rows)| rows).map(|r| r.checked).sum();
+        let all = multi.then(|| gather_counts(&comm, passed, failed));
+        (out, failed, all)
     };
     let results: Vec<RankOutcome> =
         match gdaki_examples::run_ranks(launch, (kind, &args.launch), &args.nic, false, rank_main) {
@@ -215,7 +244,7 @@ fn main() -> ExitCode {
                 .map(|(rank, r)| {
                     r.unwrap_or_else(|e| {
                         gdaki_examples::eprintln_line!("error: rank {rank}: {e}");
-                        (Vec::new(), 1)
+                        (Vec::new(), 1, None)
                     })
                 })
                 .collect(),
@@ -224,12 +253,19 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-    for (mode, rows) in &results[0].0 {
-        print_rows(*mode, rows);
+    let (passed, failed) = match results.first().and_then(|r| r.2) {
+        Some(all) => all,
+        None => (
+            results.iter().flat_map(|r| &r.0).flat_map(|(_, rows)| rows).map(|r| r.checked).sum(),
+            results.iter().map(|r| r.1).sum(),
+        ),
+    };
+    if measures {
+        for (mode, rows) in &results[0].0 {
+            print_rows(*mode, rows);
+        }
+        gdaki_examples::outln!("\n{passed} passed, {failed} failed");
     }
-    let passed: u64 = results.iter().flat_map(|r| &r.0).flat_map(|(_, rows)| rows).map(|r| r.checked).sum();
-    let failed: u64 = results.iter().map(|r| r.1).sum();
-    gdaki_examples::outln!("\n{passed} passed, {failed} failed");
     if failed == 0 {
         ExitCode::SUCCESS
     } else {
