@@ -196,6 +196,19 @@ fn cli_warmup_larger_than_iters_runs() {
     assert!(so.lines().any(|l| l.split_whitespace().take(2).eq(["13", "2"])), "{so:?}");
 }
 
+/// One rank per process (`--processes 2`): rank 0 alone prints, and its summary counts both ranks' checks, the
+/// same 64 as the run of both ranks in one process above.
+#[test]
+fn cli_two_processes_print_once_and_count_both_ranks() {
+    let args = ["--executor", "cpu", "--iters", "2", "--warmup", "30", "--size", "13", "--processes", "2"];
+    let Some(out) = pingpong(&args) else { return };
+    let so = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{so} {}", text(&out.stderr));
+    assert!(so.trim_end().ends_with("64 passed, 0 failed"), "{so:?}");
+    assert_eq!(so.matches("gdaki pingpong (").count(), 1, "one header: {so:?}");
+    assert_eq!(so.matches(" passed, ").count(), 1, "one summary: {so:?}");
+}
+
 #[test]
 fn cli_warmup_plus_iters_overflow_is_an_error_not_a_panic() {
     let Some(out) = pingpong(&["--executor", "cpu", "--iters", "5", "--warmup", "4294967295"]) else { return };
