@@ -307,20 +307,7 @@ fn main() -> ExitCode {
     }
     // Rank 0 reports both ranks' checks (rank 1 counts the payloads it received and checks).
     if let Some((bs, rank)) = &session {
-        let mine = [passed.to_le_bytes(), failed.to_le_bytes()].concat();
-        match bs.all_gather(&mine) {
-            Ok(all) => {
-                let word = |b: &[u8], i: usize| {
-                    b.get(i * 8..i * 8 + 8).map_or(0, |w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
-                };
-                passed = all.iter().map(|b| word(b, 0)).sum();
-                failed = all.iter().map(|b| word(b, 1)).sum();
-            }
-            Err(e) => {
-                gdaki_examples::eprintln_line!("error: rank {rank}: gathering both ranks' checks: {e}");
-                failed += 1;
-            }
-        }
+        (passed, failed) = gdaki_examples::sum_checks(bs, *rank, passed, failed);
     }
     if let (Some(file), Some(path)) = (json, &args.json) {
         let report = Report {

@@ -62,28 +62,9 @@ struct Args {
     nic: NicSpec,
 }
 
-/// One rank's rows per mode, and the modes that failed.
 /// A rank's rows by mode, its failures, and the payloads checked and failures of every rank of a
 /// multi-process run (gathered over the bootstrap; `None` when every rank runs in this process).
 type RankOutcome = (Vec<(Mode, Vec<Row>)>, u64, Option<(u64, u64)>);
-
-/// The checked payloads and failures of every rank, from each rank's own: an all-gather over the bootstrap
-/// (a failed gather is one failure more, on this rank's counts).
-fn gather_counts(comm: &Communicator, passed: u64, failed: u64) -> (u64, u64) {
-    let mine = [passed.to_le_bytes(), failed.to_le_bytes()].concat();
-    match comm.bootstrap().all_gather(&mine) {
-        Ok(all) => {
-            let word = |b: &[u8], i: usize| {
-                b.get(i * 8..i * 8 + 8).map_or(0, |w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
-            };
-            (all.iter().map(|b| word(b, 0)).sum(), all.iter().map(|b| word(b, 1)).sum())
-        }
-        Err(e) => {
-            gdaki_examples::eprintln_line!("error: rank {}: gathering the ranks' checks: {e}", comm.rank());
-            (passed, failed + 1)
-        }
-    }
-}
 
 /// Most bytes one bandwidth row moves.
 const ROW_BUDGET: usize = 512 << 20;
@@ -234,7 +215,7 @@ fn main() -> ExitCode {
             }
         }
         let passed = out.iter().flat_map(|(_, rows)| rows).map(|r| r.checked).sum();
-        let all = multi.then(|| gather_counts(&comm, passed, failed));
+        let all = multi.then(|| gdaki_examples::sum_checks(comm.bootstrap(), comm.rank(), passed, failed));
         (out, failed, all)
     };
     let results: Vec<RankOutcome> =

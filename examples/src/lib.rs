@@ -205,6 +205,19 @@ pub fn run_ranks<T: Send>(
     gdaki::channel::run_ranks(&setup, rank_main).map_err(|e| e.to_string())
 }
 
+/// Every rank's checked payloads and failures, summed over the bootstrap `bs` (every rank calls it, at the same
+/// point): what rank 0 reports for a run of one rank per process. A failed exchange is one failure more on this
+/// rank's own counts, with an error line naming `rank`.
+pub fn sum_checks(bs: &gdaki::bootstrap::Bootstrap, rank: u32, passed: u64, failed: u64) -> (u64, u64) {
+    match bs.all_gather_pod(&[passed, failed]) {
+        Ok(all) => all.iter().fold((0, 0), |(p, f), [q, g]| (p + q, f + g)),
+        Err(e) => {
+            crate::eprintln_line!("error: rank {rank}: gathering the ranks' checks: {e}");
+            (passed, failed + 1)
+        }
+    }
+}
+
 /// Where the emulated NIC keeps its SQ rings, CQ rings and dbrecs: the programs' `--queues` flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Queues {
