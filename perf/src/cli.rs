@@ -102,6 +102,11 @@ pub struct Opts {
     /// Payloads up to this many bytes go by BlueFlame in Exclusive sharing (0: never).
     #[arg(long, default_value_t = 512 << 10)]
     pub blue_flame_limit: u64,
+    /// Under each row, what the emulated NIC did per timed iteration: doorbells, WQEs, CQEs, SQ ranges from
+    /// the ring's mirror and the wait for it, fetches, host synchronizes, the NIC thread's busy time (the JSON
+    /// has them in every row).
+    #[arg(long)]
+    pub nic_stats: bool,
     /// Write the run (machine, commit, every row with medians and tails, ratios, summary) as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -225,7 +225,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
             row.checked += o.checked;
         }
     }
-    table::print(&tests, &rows);
+    table::print(&tests, &rows, opts.nic_stats);
     let summary = table::summary(&rows);
     table::print_summary(&summary);
     if let Some(path) = &opts.json {

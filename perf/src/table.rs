@@ -17,8 +17,9 @@ pub fn vs_host(rows: &[Row], row: &Row) -> Option<f64> {
 }
 
 /// Prints one table per test in `tests` that has rows: perftest's columns, then mode, ratio and payloads
-/// checked, sizes ascending and modes in run order within a size.
-pub fn print(tests: &[Test], rows: &[Row]) {
+/// checked, sizes ascending and modes in run order within a size; with `nic`, each row followed by what the
+/// emulated NIC did per iteration ([`NicWork::line`](gdaki_testkit::porttest::bench::NicWork::line)).
+pub fn print(tests: &[Test], rows: &[Row], nic: bool) {
     for &test in tests {
         let mut mine: Vec<&Row> = rows.iter().filter(|r| r.test == test && r.measure.is_some()).collect();
         if mine.is_empty() {
@@ -42,6 +43,9 @@ pub fn print(tests: &[Test], rows: &[Row]) {
             };
             let ratio = vs_host(rows, r).map_or("-".to_string(), |x| format!("{x:.2}"));
             gdaki_examples::outln!("{line}  {:<17} {ratio:>8} {:>9}", r.mode.label(), r.checked);
+            if let (true, Some(w)) = (nic, &r.nic) {
+                gdaki_examples::outln!("{}", w.line());
+            }
         }
     }
 }
@@ -120,7 +124,7 @@ mod tests {
         } else {
             LatencyRow::from_ns(8, &[us * 1000]).map(Measure::Latency)
         };
-        Row { test, mode, bytes: 8, warmup: 0, checked: 1, measure }
+        Row { test, mode, bytes: 8, warmup: 0, checked: 1, measure, nic: None }
     }
 
     #[test]

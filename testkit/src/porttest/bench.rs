@@ -183,6 +183,88 @@ pub struct Row {
     pub checked: u64,
     /// The times (rank 0; `None` on rank 1, which does not time).
     pub measure: Option<Measure>,
+    /// What this rank's emulated NIC did during the timed iterations, per iteration (`None` on another NIC).
+    /// With both ranks on one NIC it counts both ranks' work.
+    pub nic: Option<NicWork>,
+}
+
+/// The emulated NIC's work per timed iteration of a row, from its [`Stats`](gdaki::nic::emu::Stats) before and
+/// after: the measured cause behind a row whose device code does not explain its time (doorbells that waited
+/// for a ring's mirror, fetches from GPU memory, host synchronizes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct NicWork {
+    /// Doorbell register changes acted on (doorbells and BlueFlame writes).
+    pub doorbells: f64,
+    /// BlueFlame writes whose WQE came from the register.
+    pub blueflame: f64,
+    /// WQEs executed.
+    pub wqes: f64,
+    /// CQEs written.
+    pub cqes: f64,
+    /// Rung SQ ranges read from the ring's mirror.
+    pub mirrored: f64,
+    /// µs the NIC's thread waited for a ring's mirror to cover a rung range.
+    pub mirror_wait_us: f64,
+    /// Rung SQ ranges fetched from GPU memory.
+    pub fetches: f64,
+    /// Host synchronizes with the GPU (fetches included).
+    pub host_syncs: f64,
+    /// µs the NIC's thread waited in them.
+    pub host_sync_us: f64,
+    /// Passes of the NIC's thread over its QPs.
+    pub passes: f64,
+    /// µs of the NIC's thread in passes that found work.
+    pub busy_us: f64,
+}
+
+impl NicWork {
+    /// The work between two snapshots of one NIC's counters, per each of `iters` iterations.
+    pub fn between(before: &gdaki::nic::emu::Stats, after: &gdaki::nic::emu::Stats, iters: u32) -> Self {
+        let n = f64::from(iters.max(1));
+        let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / n;
+        let us = |a: u64, b: u64| per(a, b) / 1e3;
+        NicWork {
+            doorbells: per(before.doorbells, after.doorbells),
+            blueflame: per(before.blueflame, after.blueflame),
+            wqes: per(before.wqes, after.wqes),
+            cqes: per(before.cqes, after.cqes),
+            mirrored: per(before.ring_mirrored, after.ring_mirrored),
+            mirror_wait_us: us(before.ring_mirror_wait_ns, after.ring_mirror_wait_ns),
+            fetches: per(before.ring_fetches, after.ring_fetches),
+            host_syncs: per(before.host_syncs, after.host_syncs),
+            host_sync_us: us(before.host_sync_ns, after.host_sync_ns),
+            passes: per(before.executor_passes, after.executor_passes),
+            busy_us: us(before.busy_ns, after.busy_ns),
+        }
+    }
+
+    /// One line for a table: the figures above, per iteration.
+    pub fn line(&self) -> String {
+        format!(
+            "# NIC per iteration: {:.2} doorbells ({:.2} BlueFlame), {:.2} WQEs, {:.2} CQEs, {:.2} ranges from the \
+             mirror ({:.2} µs waiting), {:.2} fetches, {:.2} host syncs ({:.2} µs), {:.1} passes, {:.2} µs busy",
+            self.doorbells,
+            self.blueflame,
+            self.wqes,
+            self.cqes,
+            self.mirrored,
+            self.mirror_wait_us,
+            self.fetches,
+            self.host_syncs,
+            self.host_sync_us,
+            self.passes,
+            self.busy_us,
+        )
+    }
+}
+
+/// This rank's emulated NIC's counters (`None` on another NIC).
+fn emu_stats(comm: &Communicator) -> Option<gdaki::nic::emu::Stats> {
+    match comm.nic() {
+        gdaki::nic::Nic::Emu(n) => Some(n.stats()),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
 }
 
 /// What [`run_test`] is at, for progress reports.
@@ -247,7 +329,9 @@ pub fn run_test(
         if warmup > 0 {
             checked += t.run(&cfg(warmup))?.checked;
         }
+        let before = emu_stats(comm);
         let r = t.run(&cfg(iters))?;
+        let nic = before.zip(emu_stats(comm)).map(|(b, a)| NicWork::between(&b, &a, iters));
         checked += r.checked;
         let measure = if test.is_bandwidth() {
             let directions = if test == Test::Bibw { 2 } else { 1 };
@@ -255,7 +339,7 @@ pub fn run_test(
         } else {
             LatencyRow::from_ns(bytes as u64, &r.iter_ns).map(Measure::Latency)
         };
-        let row = Row { test, mode, bytes, warmup, checked, measure };
+        let row = Row { test, mode, bytes, warmup, checked, measure, nic };
         step(Step::Done(&row));
         rows.push(row);
     }
