@@ -152,9 +152,10 @@ pub struct RunResult {
     pub checked: u64,
 }
 
-/// Control words in queue memory: report, checked counter; then the times.
+/// Control words in queue memory: report, checked and finished counters; then the times.
 const REPORT: usize = 0;
 const CHECKED: usize = 64;
+const FINISHED: usize = 72;
 const TIMES: usize = 128;
 
 /// One rank's channels of a port-channel test.
@@ -351,6 +352,7 @@ impl PortTest {
         unsafe {
             (self.word(REPORT) as *mut ErrorReport).write_volatile(ErrorReport::default());
             self.word(CHECKED).write_volatile(0);
+            self.word(FINISHED).write_volatile(0);
         }
         let channels = match &self.gpu_handles {
             Some(b) => b.device_addr(),
@@ -361,6 +363,7 @@ impl PortTest {
             times: if rank == 0 { self.ctrl.device_addr() + TIMES as u64 } else { 0 },
             report: self.ctrl.device_addr() + REPORT as u64,
             checked: self.ctrl.device_addr() + CHECKED as u64,
+            finished: self.ctrl.device_addr() + FINISHED as u64,
             size: cfg.size as u64,
             seed: cfg.seed,
             iters: cfg.iters,

@@ -31,6 +31,7 @@ use gdaki_device::error::{Error, InvalidArgument, PayloadMismatch, Result};
 use gdaki_device::packet::{Packet, Packets};
 use gdaki_device::scope::{Device, Scope};
 use gdaki_device::sync;
+use gdaki_device::wait;
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::ErrorReport;
 use gdaki_shared::packet::{LL16Packet, LL8Packet};
@@ -96,6 +97,9 @@ pub struct PortTestArgs {
     pub report: u64,
     /// Address of a `u64`: payloads received and checked (atomic adds).
     pub checked: u64,
+    /// Address of a `u64`, zero at launch: sending teams of the bandwidth operations that have flushed
+    /// (atomic adds), so that the timed thread's last time runs until every channel's transfer is placed.
+    pub finished: u64,
     /// Bytes per channel per iteration (each buffer half holds them).
     pub size: u64,
     /// Seed of the payload generator.
@@ -114,7 +118,7 @@ pub struct PortTestArgs {
     pub pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PortTestArgs>() == 72);
+const _: () = assert!(core::mem::size_of::<PortTestArgs>() == 80);
 
 /// Writes `e` to the report unless an earlier error got there first.
 fn report(a: &PortTestArgs, e: Error) {
@@ -345,8 +349,21 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
         }
         Ok(())
     });
+    let all = u64::from(a.nchannels);
+    if sender && !flushes && tid == 0 {
+        // This channel's transfer is placed (or failed, and the report says so): counted either way, so that the
+        // timed thread never waits for a team that gave up.
+        // SAFETY: the finished counter (host contract), added to atomically by every sending team.
+        unsafe { Device::fetch_add(a.finished as *mut u64, 1) };
+    }
     if timed && a.iters > 0 && !flushes {
-        // The last iteration's time runs to the flush: the times add up to the whole transfer, placed.
+        // The last iteration's time runs until every channel has flushed, not only this one: the times add up
+        // to the whole transfer over all QPs, placed (as perftest's `ib_write_bw` times every QP's last
+        // completion). A channel that stops early still counts, so the wait ends within the run's bound.
+        // SAFETY: the finished counter (host contract), 8-byte aligned and live for the launch.
+        if let Err(e) = unsafe { wait::semaphore_ge(a.finished as *const u64, all, h.timeout_ns) } {
+            report(a, e);
+        }
         // SAFETY: `times` holds `iters` words (caller's contract), written above by this thread.
         unsafe {
             let t = a.times as *mut u64;
