@@ -25,6 +25,14 @@ const BOUNCE_BYTES: usize = 64 * 1024;
 /// Bytes of the pinned buffer that longer copies from host memory are taken into before the stream copies
 /// them (a full buffer synchronizes first).
 const UPLOAD_BYTES: usize = 1 << 20;
+/// Bytes of GPU memory for the two hand-off words: the copy-engine flag at [`CE_FLAG`], the gate at [`GATE`].
+const HANDOFF_BYTES: usize = 64;
+/// Offset of the 32-bit flag the stream writes (`cuStreamWriteValue32`) and the engine waits for
+/// ([`Op::Wait`]) when the order goes from stream copies to engine commands.
+const CE_FLAG: usize = 0;
+/// Offset of the 64-bit gate the engine writes (its low word counting hand-offs) and the stream waits for
+/// when the order goes from engine commands to stream copies.
+const GATE: usize = 8;
 /// How long a synchronize waits for the copy-engine stream.
 const STREAM_LIMIT: Duration = Duration::from_secs(20);
 /// A wait on the stream longer than this is logged as a warning.
@@ -37,8 +45,10 @@ const SLOW: Duration = Duration::from_millis(500);
 /// - the copier's own `CU_STREAM_NON_BLOCKING` stream (copy engines) for longer copies.
 ///
 /// When the order switches from one to the other, the second waits for the first without the host: after
-/// engine commands the stream waits (`cuStreamWaitValue32`) until the engine's executed count has reached
-/// them; after stream copies the stream writes a flag (`cuStreamWriteValue32`) that the engine waits for.
+/// engine commands, the engine writes a gate word (a last, fenced command) that the stream waits for
+/// (`cuStreamWaitValue32`); after stream copies the stream writes a flag (`cuStreamWriteValue32`) that the
+/// engine waits for. Both words are in GPU memory, where the stream's front end and the engine each poll
+/// them without crossing PCIe (in pinned host memory every poll was a PCIe read, about a microsecond).
 /// Nothing goes to the legacy default stream and no synchronous `cuMemcpy` is used, so no operation waits
 /// for a user kernel.
 ///
@@ -54,8 +64,12 @@ struct State {
     engine: Engine,
     /// Which way the last operation went.
     last: Last,
-    /// The last value the stream wrote into the engine's copy-engine flag.
+    /// The last value the stream was asked to write into the copy-engine flag.
     ce_seq: u32,
+    /// The last value the engine was asked to write into the gate word.
+    gate_seq: u32,
+    /// GPU memory: the copy-engine flag (a `u32` at [`CE_FLAG`]) and the gate word (a `u64` at [`GATE`]).
+    handoff: DeviceBuffer,
     /// Whether stream work was enqueued since the last synchronize.
     stream_dirty: bool,
     /// Pinned memory engine copies into host memory land in: `(offset, host destination, length)` of each
@@ -87,10 +101,13 @@ impl CudaCopier {
         let engine = Engine::new(gpu)?;
         let bounce = gpu.alloc_mapped(BOUNCE_BYTES)?;
         let upload = gpu.alloc_mapped(UPLOAD_BYTES)?;
+        let handoff = gpu.alloc_device(HANDOFF_BYTES)?;
         let state = State {
             engine,
             last: Last::None,
             ce_seq: 0,
+            gate_seq: 0,
+            handoff,
             stream_dirty: false,
             bounce,
             bounced: Vec::new(),
@@ -121,10 +138,10 @@ impl CudaCopier {
     fn engine(&self, st: &mut State, cmd: &Cmd) -> Result<()> {
         if st.last == Last::Stream {
             st.ce_seq = st.ce_seq.wrapping_add(1);
-            let flag = st.engine.ce_flag_addr();
+            let flag = st.handoff.device_addr() + CE_FLAG as u64;
             self.stream.shared.bind()?;
-            // SAFETY: `flag` is a word of the engine's pinned, mapped control block, alive as long as the
-            // copier; the stream is live. DEFAULT flags: the write follows the stream's earlier work, fenced.
+            // SAFETY: `flag` is a word of the copier's GPU memory, alive as long as the copier; the stream is
+            // live. DEFAULT flags: the write follows the stream's earlier work, fenced.
             let status = unsafe { sys::cuStreamWriteValue32_v2(self.stream.raw, flag, st.ce_seq, 0) };
             check(status, "cuStreamWriteValue32")?;
             let mut w = Cmd::new(Op::Wait);
@@ -141,13 +158,19 @@ impl CudaCopier {
     fn stream_turn(&self, st: &mut State) -> Result<()> {
         self.stream.shared.bind()?;
         if st.last == Last::Engine {
-            // The stream waits for the engine's count to reach every command given: they must be published.
+            // The engine writes the gate after every command given so far (a published write: fenced at
+            // system scope, so that the copy engines see those commands' bytes), and the stream waits for it.
+            st.gate_seq = st.gate_seq.wrapping_add(1);
+            let gate = st.handoff.device_addr() + GATE as u64;
+            let mut c = Cmd::new(Op::Write);
+            (c.dst, c.len, c.flags) = (gate, 8, FLAG_PUBLISH);
+            c.payload[0] = u64::from(st.gate_seq);
+            st.engine.push(&c)?;
             st.engine.publish()?;
-            let done = st.engine.done_addr();
             let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-            // SAFETY: `done` is a word of the engine's pinned, mapped control block, alive as long as the
-            // copier; the stream is live. GEQ compares wrapping 32-bit values.
-            let status = unsafe { sys::cuStreamWaitValue32_v2(self.stream.raw, done, st.engine.head() as u32, flags) };
+            // SAFETY: `gate` is a word of the copier's GPU memory, alive as long as the copier; the stream is
+            // live. GEQ compares wrapping 32-bit values (the gate's low word).
+            let status = unsafe { sys::cuStreamWaitValue32_v2(self.stream.raw, gate, st.gate_seq, flags) };
             check(status, "cuStreamWaitValue32")?;
         }
         st.last = Last::Stream;
@@ -162,6 +185,7 @@ impl CudaCopier {
             // copy-engine flag waits for it) and whether the stream still has work.
             tracing::warn!(
                 ce_seq = st.ce_seq,
+                gate_seq = st.gate_seq,
                 stream_idle = ?self.stream.is_idle(),
                 stream_dirty = st.stream_dirty,
                 "emulated NIC: the GPU engine did not finish: {e}"

@@ -52,7 +52,7 @@ const SLOW: Duration = Duration::from_millis(500);
 mod ctrl {
     /// Commands the host has published (host writes).
     pub const HEAD: usize = 0;
-    /// Commands the engine has executed (engine writes; its low 32 bits are what copy-engine streams wait on).
+    /// Commands the engine has executed (engine writes).
     pub const DONE: usize = 64;
     /// [`super::STOPPED`], [`super::RUNNING`] or [`super::EXITING`].
     pub const STATE: usize = 128;
@@ -62,8 +62,6 @@ mod ctrl {
     pub const STOP: usize = 256;
     /// Why the engine stopped on its own (engine writes): 0 none, [`super::ERR_WAIT`].
     pub const ERROR: usize = 320;
-    /// A 32-bit flag the copy-engine stream writes (`cuStreamWriteValue32`) for [`super::Op::Wait`].
-    pub const CE_FLAG: usize = 384;
     /// Generation of the SQ-mirror table (host writes, after the entries it changed).
     pub const WATCH_GEN: usize = 448;
     /// The table generation the running engine has loaded (engine writes).
@@ -276,16 +274,6 @@ impl Engine {
         unsafe { AtomicU64::from_ptr(self.ctrl.host_ptr().add(off).cast()) }
     }
 
-    /// Device address of control word `off` (for stream memory operations and [`Op::Wait`]).
-    pub(crate) fn ctrl_device_addr(&self, off: usize) -> u64 {
-        self.ctrl.device_addr() + off as u64
-    }
-
-    /// Device address of the flag the copy-engine stream writes for [`Op::Wait`].
-    pub(crate) fn ce_flag_addr(&self) -> u64 {
-        self.ctrl_device_addr(ctrl::CE_FLAG)
-    }
-
     /// Starts mirroring `sq` in a free slot of the table (see [`GpuCopier::mirror_sq`]): the entry's words,
     /// its dbrec word last, then a new generation, which the engine loads within `SLOW_TURNS` turns (or at
     /// its start). `None` when every slot is taken.
@@ -368,11 +356,6 @@ impl Engine {
         self.word(ctrl::WATCH_GEN).store(self.watch_gen, Ordering::Release);
         fence(Ordering::SeqCst);
         self.watch_gen
-    }
-
-    /// Device address of `DONE` (its low 32 bits are the executed-command count modulo 2^32).
-    pub(crate) fn done_addr(&self) -> u64 {
-        self.ctrl_device_addr(ctrl::DONE)
     }
 
     /// Commands given so far (published or not yet: see [`Engine::publish`]).
@@ -517,13 +500,10 @@ impl Engine {
         while self.done() < target {
             if !warned && start.elapsed() > SLOW {
                 warned = true;
-                // With the copy-engine flag: an engine that waits for it (`Op::Wait`) shows a flag behind the
-                // value its command waits for.
                 tracing::warn!(
                     done = self.done(),
                     target,
                     head = self.head,
-                    ce_flag = self.word(ctrl::CE_FLAG).load(Ordering::Acquire) as u32,
                     state = self.word(ctrl::STATE).load(Ordering::Acquire),
                     started = self.word(ctrl::STARTED).load(Ordering::Acquire),
                     gen = self.gen,
