@@ -373,6 +373,24 @@ mod tests {
     }
 
     #[test]
+    fn nic_work_is_the_counters_difference_per_iteration() {
+        let mut before = gdaki::nic::emu::Stats::default();
+        (before.doorbells, before.wqes, before.ring_mirror_wait_ns, before.busy_ns) = (7, 100, 5_000, 1_000_000);
+        let mut after = before;
+        (after.doorbells, after.blueflame, after.wqes, after.cqes) = (47, 8, 900, 400);
+        (after.ring_mirrored, after.ring_mirror_wait_ns, after.ring_fetches) = (20, 45_000, 4);
+        (after.host_syncs, after.host_sync_ns, after.executor_passes, after.busy_ns) = (2, 16_000, 1_200, 3_000_000);
+        let w = NicWork::between(&before, &after, 400);
+        assert_eq!((w.doorbells, w.blueflame, w.wqes, w.cqes), (0.1, 0.02, 2.0, 1.0));
+        assert_eq!((w.mirrored, w.mirror_wait_us, w.fetches), (0.05, 0.1, 0.01));
+        assert_eq!((w.host_syncs, w.host_sync_us, w.passes, w.busy_us), (0.005, 0.04, 3.0, 5.0));
+        // Counters that went back (another NIC's snapshot, say) read as no work, never as a huge number.
+        assert_eq!(NicWork::between(&after, &before, 400).wqes, 0.0);
+        // Zero iterations count as one.
+        assert_eq!(NicWork::between(&before, &after, 0).wqes, 800.0);
+    }
+
+    #[test]
     fn sizes_are_checked_per_test() {
         assert!(Test::PacketLl16.check_size(12).is_err());
         assert!(Test::PacketLl8.check_size(12).is_ok());
