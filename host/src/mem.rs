@@ -201,7 +201,8 @@ impl SqMirror {
 pub const WRITE_ASYNC_MAX: usize = 64;
 
 /// How the emulated NIC reaches GPU memory: copies, small writes and atomics, run later but in the order they
-/// were enqueued (each one's bytes are in place before the next one starts), without waiting for kernels
+/// were enqueued (each one's bytes are in place before the next one starts; by QP, see
+/// [`GpuCopier::order_by`]), without waiting for kernels
 /// that spin on what they write, started at the latest by [`GpuCopier::submit`] or a synchronize. Two implementations: CUDA ([`crate::cuda::CudaCopier`]: a resident engine
 /// kernel for small operations and the copy engines for large copies) and the simulated GPU of the `cpu`
 /// executor ([`crate::nic::emu::SimGpu`]).
@@ -252,6 +253,24 @@ pub trait GpuCopier: Send + Sync {
     /// # Errors
     /// The CUDA driver's error (e.g. a copy faulted).
     fn synchronize(&self) -> Result<()>;
+
+    /// Names the QP whose operations the calling thread enqueues from now on (until its next call; `None`: no
+    /// QP, the default). An operation of a QP need follow only the earlier operations of the same QP and
+    /// those enqueued without one, where an untagged operation follows every earlier one: RC orders a QP's
+    /// own operations, not one QP's against another's. The emulated NIC's thread names each QP before it
+    /// takes the QP's WQEs. Operations of other threads stay untagged. The default keeps one order for all,
+    /// which is also correct.
+    fn order_by(&self, qp: Option<u32>) {
+        let _ = qp;
+    }
+
+    /// How often the operations so far changed the way they reach the GPU (for the CUDA copier: between its
+    /// engine and its copy-engine stream), a running count; 0 for a copier with one way, the default. The
+    /// emulated NIC's thread leaves a QP for the others after a WQE that changed the way, so that the next
+    /// QPs' operations of that way go together with it.
+    fn way_changes(&self) -> u64 {
+        0
+    }
 
     /// Starts every operation enqueued so far. An implementation may hold small operations back to hand
     /// them to the GPU in batches (the CUDA copier's engine takes eight commands per turn); it starts them

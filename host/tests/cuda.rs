@@ -451,6 +451,67 @@ fn copier_keeps_one_order_across_the_engine_and_the_stream() {
     assert!(gpu.take_drop_error().is_none(), "a drop failed");
 }
 
+/// Operations tagged with a QP (`order_by`) keep their own QP's order across the engine and the stream while
+/// two QPs' steps interleave: QP 2's long copy is enqueued between QP 1's copy and QP 1's atomic, and each
+/// QP's atomic must still see its own copy, and its next copy the atomic's result. Untagged operations after
+/// them (the read-back) follow everything.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_keeps_each_qps_order_when_qps_interleave() {
+    use gdaki::mem::AtomicOp;
+    let _serial = serial();
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    let n = 300_000;
+    let bufs: Vec<_> = (0..6).map(|_| gpu.alloc_device(n).unwrap()).collect();
+    let olds = gpu.alloc_device(64).unwrap();
+    for round in 0..8u64 {
+        let data: Vec<Vec<u8>> = (0..2).map(|q| random_bytes(300 + 2 * round + q, n)).collect();
+        let a = |q: usize| bufs[q].device_addr();
+        let b = |q: usize| bufs[2 + q].device_addr();
+        let c = |q: usize| bufs[4 + q].device_addr();
+        let step = |q: usize, f: &dyn Fn()| {
+            copier.order_by(Some(q as u32 + 1));
+            f();
+        };
+        // SAFETY: every range is inside its buffer and outlives the synchronize below; the host sources are
+        // taken when enqueued.
+        unsafe {
+            step(0, &|| copier.copy_async(gpu_loc(a(0)), host_loc(data[0].as_ptr()), n).unwrap());
+            step(0, &|| copier.copy_async(gpu_loc(b(0)), gpu_loc(a(0)), n).unwrap());
+            step(1, &|| copier.copy_async(gpu_loc(a(1)), host_loc(data[1].as_ptr()), n).unwrap());
+            step(0, &|| {
+                copier.atomic_async(gpu_loc(b(0)), AtomicOp::FetchAdd(5), gpu_loc(olds.device_addr())).unwrap()
+            });
+            step(1, &|| copier.copy_async(gpu_loc(b(1)), gpu_loc(a(1)), n).unwrap());
+            step(0, &|| copier.copy_async(gpu_loc(c(0)), gpu_loc(b(0)), n).unwrap());
+            step(1, &|| {
+                copier.atomic_async(gpu_loc(b(1)), AtomicOp::FetchAdd(7), gpu_loc(olds.device_addr() + 8)).unwrap()
+            });
+            step(1, &|| copier.copy_async(gpu_loc(c(1)), gpu_loc(b(1)), n).unwrap());
+        }
+        copier.order_by(None);
+        let mut back = vec![vec![0u8; n]; 2];
+        let mut old = [0u8; 16];
+        // SAFETY: as above; untagged, so after every operation enqueued before.
+        unsafe {
+            for (q, out) in back.iter_mut().enumerate() {
+                copier.copy_async(host_loc(out.as_mut_ptr()), gpu_loc(c(q)), n).unwrap();
+            }
+            copier.copy_async(host_loc(old.as_mut_ptr()), gpu_loc(olds.device_addr()), 16).unwrap();
+        }
+        copier.synchronize().unwrap();
+        for (q, add) in [(0usize, 5u64), (1, 7)] {
+            let first = u64::from_ne_bytes(data[q][..8].try_into().unwrap());
+            assert_eq!(u64::from_ne_bytes(old[8 * q..8 * q + 8].try_into().unwrap()), first, "round {round}, QP {q}");
+            let mut want = data[q].clone();
+            want[..8].copy_from_slice(&first.wrapping_add(add).to_ne_bytes());
+            assert!(back[q] == want, "round {round}, QP {q}: the last copy missed the copy or the atomic before it");
+        }
+    }
+    assert!(gpu.take_drop_error().is_none(), "a drop failed");
+}
+
 /// The copier reaches pinned host memory mapped into the GPU (`device_view`: the device address of the range,
 /// here the same as the host address under unified addressing) and not pageable memory; fetch-adds on such a
 /// word through the view are the GPU's, in order, and their old values land in pinned memory too.

@@ -1,8 +1,10 @@
 //! The emulated NIC's operations on GPU memory: small ones on the engine warp, large copies on the copy
 //! engines, in one order.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use cudarc::driver::sys;
@@ -52,6 +54,11 @@ const SLOW: Duration = Duration::from_millis(500);
 /// Nothing goes to the legacy default stream and no synchronous `cuMemcpy` is used, so no operation waits
 /// for a user kernel.
 ///
+/// An operation waits on the other way only for what it must follow there ([`GpuCopier::order_by`]): every
+/// earlier operation by default, only those of its own QP (and those enqueued without one) for the
+/// operations the NIC's thread tags with a QP. So one QP's long copy does not wait for another QP's atomic
+/// on the engine, and the copies of several QPs go to the copy engines back to back.
+///
 /// Host memory in a stream copy should be pinned ([`super::Gpu::alloc_mapped`]): then the copy is
 /// asynchronous. With pageable host memory the driver stages the bytes through its own pinned buffers, so the
 /// call may return only after the copy; it is still correct and still does not wait for kernels.
@@ -64,6 +71,8 @@ struct State {
     engine: Engine,
     /// Which way the last operation went.
     last: Last,
+    /// Changes of `last` between the engine and the stream ([`GpuCopier::way_changes`]).
+    changes: u64,
     /// The last value the stream was asked to write into the copy-engine flag.
     ce_seq: u32,
     /// The last value the engine was asked to write into the gate word.
@@ -72,6 +81,12 @@ struct State {
     handoff: DeviceBuffer,
     /// Whether stream work was enqueued since the last synchronize.
     stream_dirty: bool,
+    /// The QP that [`GpuCopier::order_by`] named, with the thread that named it (only that thread's
+    /// operations are the QP's).
+    order: Option<(ThreadId, u32)>,
+    /// Where each order is, as positions: operations enqueued on the stream so far, and the engine's
+    /// commands given so far ([`Engine::head`]).
+    pos: Positions,
     /// Pinned memory engine copies into host memory land in: `(offset, host destination, length)` of each
     /// pending one, copied out by the synchronize.
     bounce: crate::mem::MappedBuf,
@@ -81,6 +96,50 @@ struct State {
     /// until the synchronize.
     upload: crate::mem::MappedBuf,
     upload_used: usize,
+}
+
+/// Positions in the two ways' queues (see [`State::pos`]): what a wait on the other way has covered, and
+/// where each QP's (and the untagged operations') last operation on each way is.
+#[derive(Default)]
+struct Positions {
+    /// Operations enqueued on the stream so far.
+    stream_ops: u64,
+    /// The stream position the engine has already waited for (its last [`Op::Wait`] follows those).
+    flag_covers: u64,
+    /// The engine position the stream has already waited for (its last gate follows those commands).
+    gate_covers: u64,
+    /// Each QP's last stream position and last engine position.
+    qps: HashMap<u32, (u64, u64)>,
+    /// The last stream and engine positions of operations enqueued without a QP (everyone follows them).
+    untagged: (u64, u64),
+}
+
+impl Positions {
+    /// The stream position an engine operation of `qp` must follow (`None`: every stream operation so far).
+    fn stream_need(&self, qp: Option<u32>) -> u64 {
+        match qp {
+            Some(q) => self.qps.get(&q).map_or(0, |p| p.0).max(self.untagged.0),
+            None => self.stream_ops,
+        }
+    }
+
+    /// The engine position a stream operation of `qp` must follow (`head`: the engine's commands so far).
+    fn engine_need(&self, qp: Option<u32>, head: u64) -> u64 {
+        match qp {
+            Some(q) => self.qps.get(&q).map_or(0, |p| p.1).max(self.untagged.1),
+            None => head,
+        }
+    }
+
+    /// Records an operation of `qp` at stream position `stream` or engine position `engine` (0: unchanged).
+    fn record(&mut self, qp: Option<u32>, stream: u64, engine: u64) {
+        let at = match qp {
+            Some(q) => self.qps.entry(q).or_default(),
+            None => &mut self.untagged,
+        };
+        at.0 = at.0.max(stream);
+        at.1 = at.1.max(engine);
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -105,9 +164,12 @@ impl CudaCopier {
         let state = State {
             engine,
             last: Last::None,
+            changes: 0,
             ce_seq: 0,
             gate_seq: 0,
             handoff,
+            order: None,
+            pos: Positions::default(),
             stream_dirty: false,
             bounce,
             bounced: Vec::new(),
@@ -134,9 +196,15 @@ impl CudaCopier {
         Ok(st.last != Last::Stream && st.engine.available()?)
     }
 
-    /// Puts `cmd` on the engine, after the stream's earlier copies.
+    /// The QP the calling thread's operations belong to ([`GpuCopier::order_by`]), if any.
+    fn qp(st: &State) -> Option<u32> {
+        st.order.filter(|(t, _)| *t == thread::current().id()).map(|(_, q)| q)
+    }
+
+    /// Puts `cmd` on the engine, after the stream's earlier copies that it must follow.
     fn engine(&self, st: &mut State, cmd: &Cmd) -> Result<()> {
-        if st.last == Last::Stream {
+        let qp = Self::qp(st);
+        if st.pos.stream_need(qp) > st.pos.flag_covers {
             st.ce_seq = st.ce_seq.wrapping_add(1);
             let flag = st.handoff.device_addr() + CE_FLAG as u64;
             self.stream.shared.bind()?;
@@ -148,16 +216,22 @@ impl CudaCopier {
             w.dst = flag;
             w.a = u64::from(st.ce_seq);
             st.engine.push(&w)?;
+            st.pos.flag_covers = st.pos.stream_ops;
         }
         st.engine.push(cmd)?;
+        let head = st.engine.head();
+        st.pos.record(qp, 0, head);
+        st.changes += u64::from(st.last == Last::Stream);
         st.last = Last::Engine;
         Ok(())
     }
 
-    /// Readies the stream for a copy: after the engine's earlier commands.
+    /// Readies the stream for a copy: after the engine's earlier commands that it must follow. The caller
+    /// enqueues one stream operation next and then calls [`CudaCopier::stream_done`].
     fn stream_turn(&self, st: &mut State) -> Result<()> {
         self.stream.shared.bind()?;
-        if st.last == Last::Engine {
+        let qp = Self::qp(st);
+        if st.pos.engine_need(qp, st.engine.head()) > st.pos.gate_covers {
             // The engine writes the gate after every command given so far (a published write: fenced at
             // system scope, so that the copy engines see those commands' bytes), and the stream waits for it.
             st.gate_seq = st.gate_seq.wrapping_add(1);
@@ -172,10 +246,19 @@ impl CudaCopier {
             // live. GEQ compares wrapping 32-bit values (the gate's low word).
             let status = unsafe { sys::cuStreamWaitValue32_v2(self.stream.raw, gate, st.gate_seq, flags) };
             check(status, "cuStreamWaitValue32")?;
+            st.pos.gate_covers = st.engine.head();
         }
+        st.changes += u64::from(st.last == Last::Engine);
         st.last = Last::Stream;
         st.stream_dirty = true;
         Ok(())
+    }
+
+    /// Records the stream operation just enqueued after [`CudaCopier::stream_turn`].
+    fn stream_done(st: &mut State) {
+        st.pos.stream_ops += 1;
+        let (qp, at) = (Self::qp(st), st.pos.stream_ops);
+        st.pos.record(qp, at, 0);
     }
 
     fn synchronize_locked(&self, st: &mut State) -> Result<()> {
@@ -211,6 +294,9 @@ impl CudaCopier {
         st.bounce_used = 0;
         st.upload_used = 0;
         st.last = Last::None;
+        // Everything enqueued has completed: no later operation needs to wait for it.
+        let (stream_ops, head) = (st.pos.stream_ops, st.engine.head());
+        st.pos = Positions { stream_ops, flag_covers: stream_ops, gate_covers: head, ..Positions::default() };
         Ok(())
     }
 
@@ -271,7 +357,9 @@ impl CudaCopier {
                 (st, "cuMemcpyAsync")
             }
         };
-        check(status, call)
+        check(status, call)?;
+        Self::stream_done(st);
+        Ok(())
     }
 }
 
@@ -403,6 +491,16 @@ impl GpuCopier for CudaCopier {
             self.stream_upload(&mut st, at, new.as_ptr(), 8)?;
             self.stream_upload(&mut st, result, old.as_ptr(), 8)
         }
+    }
+
+    /// Tags the calling thread's later operations with `qp` (see the trait).
+    fn order_by(&self, qp: Option<u32>) {
+        self.lock().order = qp.map(|q| (thread::current().id(), q));
+    }
+
+    /// Changes between the engine and the stream so far.
+    fn way_changes(&self) -> u64 {
+        self.lock().changes
     }
 
     /// Publishes the engine commands given since the last publication, as one batch.

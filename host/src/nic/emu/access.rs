@@ -181,6 +181,18 @@ impl DataPath {
         }
     }
 
+    /// Tags the GPU operations this thread enqueues from now on with QP `qp` ([`GpuCopier::order_by`]).
+    pub(crate) fn order_by(&self, qp: Option<u32>) {
+        if let Some(g) = &self.gpu {
+            g.order_by(qp);
+        }
+    }
+
+    /// [`GpuCopier::way_changes`] (0 without a copier).
+    pub(crate) fn way_changes(&self) -> u64 {
+        self.gpu.as_ref().map_or(0, |g| g.way_changes())
+    }
+
     /// Whether GPU copies are enqueued and not yet waited for.
     pub(crate) fn pending(&self) -> bool {
         self.pending

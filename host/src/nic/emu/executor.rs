@@ -156,6 +156,8 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
         if handled > 0 {
             inflow.release(handled);
         }
+        // QPs take turns by way of GPU operation only when two or more have WQEs waiting.
+        eng.interleave = list.qps.iter().filter(|w| w.has_work()).nth(1).is_some();
         for w in &mut list.qps {
             step(&fab.stats, 3);
             worked |= sq::poll(fab, w, &mut eng);

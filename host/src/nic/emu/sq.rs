@@ -71,6 +71,12 @@ pub(crate) struct Watched {
 }
 
 impl Watched {
+    /// Whether [`poll`] would find WQEs to take: a new doorbell, or WQEs left from the last one. Read without
+    /// the QP's lock, as `poll` first decides.
+    pub(crate) fn has_work(&self) -> bool {
+        self.qp.doorbell() != self.last_db || self.resume.is_some()
+    }
+
     /// Starts watching `qp`, with a mirror of its SQ ring from `data`'s copier when the ring and its dbrec
     /// are in GPU memory.
     pub(crate) fn new(qp: Arc<QpInner>, data: &DataPath) -> Self {
@@ -137,13 +143,22 @@ fn peer<'a>(fab: &Fabric, qp: &QpInner, cached: &'a mut Option<Arc<QpInner>>) ->
 pub(crate) struct Engine {
     pub data: DataPath,
     pub scratch: Vec<(MemLoc, u64)>,
+    /// Whether more than one QP has WQEs to take in this sweep (the executor sets it per sweep): then a
+    /// [`take`] leaves its QP after a WQE that changed the way the GPU operations go, for the others.
+    pub interleave: bool,
     wqe: Box<[u8; MAX_WQE_BYTES]>,
     fetched: Fetched,
 }
 
 impl Engine {
     pub(crate) fn new(data: DataPath) -> Self {
-        Self { data, scratch: Vec::new(), wqe: Box::new([0; MAX_WQE_BYTES]), fetched: Fetched::default() }
+        Self {
+            data,
+            scratch: Vec::new(),
+            interleave: false,
+            wqe: Box::new([0; MAX_WQE_BYTES]),
+            fetched: Fetched::default(),
+        }
     }
 }
 
@@ -191,6 +206,8 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
     let mut busy = false;
     let mut db = db;
     eng.fetched.sq_mirror = w.mirror;
+    // This QP's GPU operations need follow only its own earlier ones (RC orders a QP, not QPs).
+    eng.data.order_by(Some(qp.qpn));
     for _ in 0..MAX_DOORBELLS_PER_BATCH {
         w.last_db = db;
         busy |= act(fab, qp, (&mut w.peer, w.wire.as_mut(), &mut w.resume), eng, &mut p, db);
@@ -202,6 +219,7 @@ pub(crate) fn poll(fab: &Fabric, w: &mut Watched, eng: &mut Engine) -> bool {
             break;
         }
     }
+    eng.data.order_by(None);
     busy
 }
 
@@ -285,16 +303,29 @@ fn take(
     let (peer, mut wire, resume) = w;
     let start = p.consumed;
     *resume = None;
+    // While QPs interleave, a ring in GPU memory with a mirror is read from the mirror a window at a time:
+    // this take may pause after a change of way (below), and reading the whole rung range again at each pause
+    // cost more than the WQEs. A ring read in place has nothing to read ahead; one without a mirror is fetched
+    // whole, once, and never paused.
+    let mirrored = eng.interleave && matches!(qp.sq, QBuf::Gpu(_)) && eng.fetched.sq_mirror.is_some();
+    let stop = if mirrored { pi.min(p.consumed + WINDOW_WQEBBS) } else { pi };
     // A BlueFlame WQE is the doorbell's only one (see `take_blueflame`): nothing to fetch from the ring.
     if eng.fetched.blueflame.is_none() {
-        load_ring(fab, qp, eng, p.consumed, pi);
+        // Up to one largest WQE past the window: the last WQE that starts in it is read whole.
+        load_ring(fab, qp, eng, p.consumed, pi.min(stop + (MAX_WQE_BYTES / WQEBB) as u64));
     }
     // Without a wire the WQEs execute here, under the MR table's read lock: taken once for up to
     // `WQES_PER_MR_LOCK` of them (two atomic read-modify-writes per WQE were a quarter of this function's
     // time), so that a deregistration, which takes the write lock, waits for that many at most.
     let mut mrs = wire.is_none().then(|| read(&fab.mrs));
     let mut under_lock = 0;
-    while p.consumed < pi {
+    // Whether going on later costs nothing: the ring is read in place or from its mirror, not fetched again.
+    let may_pause = eng.interleave && (!matches!(qp.sq, QBuf::Gpu(_)) || mirrored);
+    if stop < pi {
+        // Goes on from the window's end in the next pass, unless the loop stops before it.
+        *resume = Some(pi);
+    }
+    while p.consumed < stop {
         if under_lock == WQES_PER_MR_LOCK && mrs.is_some() {
             // Released first, so that a waiting deregistration goes before the lock is taken again.
             drop(mrs.take());
@@ -307,6 +338,7 @@ fn take(
             // Not reached: `mrs` is taken whenever there is no wire.
             (None, None) => break,
         };
+        let ways = eng.data.way_changes();
         let n = step(fab, qp, peer, via, eng, p.consumed, pi);
         if n == 0 {
             *resume = Some(pi);
@@ -314,9 +346,18 @@ fn take(
         }
         p.consumed += n;
         under_lock += 1;
+        if may_pause && eng.data.way_changes() != ways && p.consumed < pi {
+            // The WQE changed the way the GPU operations go (a long copy after atomics, or the reverse): the
+            // other QPs' WQEs of the new way go next, together with it, and this QP goes on in the next pass.
+            *resume = Some(pi);
+            break;
+        }
     }
     p.consumed != start
 }
+
+/// WQEBBs of a ring mirror one [`take`] reads and executes at most (see there).
+const WINDOW_WQEBBS: u64 = 64;
 
 /// WQEs executed under one hold of the MR table's read lock at most ([`take`]).
 const WQES_PER_MR_LOCK: u32 = 64;
