@@ -2,10 +2,11 @@
 //!
 //! Device code (host threads for the `cpu` executor) may read or spin on the same bytes while the NIC writes
 //! them, so every access is atomic: the aligned middle of a range moves as relaxed 8-byte words, the unaligned
-//! head and tail as relaxed bytes. Rust then sees no data race, and a reader never sees a torn aligned word.
+//! head and tail in the widest naturally aligned pieces (4, 2 or 1 bytes) that fit. Rust then sees no data
+//! race, and a reader never sees a torn naturally aligned word of up to 8 bytes.
 //! Ordering towards readers comes from the Release store of the CQE (or of the atomic that signals).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// Bytes copied through the stack buffer at a time by [`copy`] when source and destination are not aligned
 /// alike.
@@ -20,23 +21,63 @@ const SMALL: usize = 256;
 /// # Safety
 /// `src..src + out.len()` must be valid for reads (a registered host MR range).
 pub(crate) unsafe fn read(src: u64, out: &mut [u8]) {
-    let mut i = 0;
     let n = out.len();
-    while i < n && !(src as usize + i).is_multiple_of(8) {
-        // SAFETY: inside the caller's valid range; any address is aligned for a byte.
-        out[i] = unsafe { AtomicU8::from_ptr((src as usize + i) as *mut u8) }.load(Relaxed);
-        i += 1;
-    }
-    while i + 8 <= n {
-        // SAFETY: `src + i` is 8-aligned here and the 8 bytes are inside the caller's valid range.
-        let w = unsafe { AtomicU64::from_ptr((src as usize + i) as *mut u64) }.load(Relaxed);
-        out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-        i += 8;
-    }
+    let mut i = 0;
     while i < n {
-        // SAFETY: as for the head bytes.
-        out[i] = unsafe { AtomicU8::from_ptr((src as usize + i) as *mut u8) }.load(Relaxed);
-        i += 1;
+        let at = src + i as u64;
+        if at.is_multiple_of(8) && i + 8 <= n {
+            // SAFETY: `at` is 8-aligned and the 8 bytes are inside the caller's valid range.
+            let w = unsafe { AtomicU64::from_ptr(at as *mut u64) }.load(Relaxed);
+            out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+            i += 8;
+            continue;
+        }
+        let u = unit(at, n - i);
+        // SAFETY: `at` is aligned for `u` bytes and they lie inside the caller's valid range.
+        let b = unsafe { load(at, u) };
+        out[i..i + u].copy_from_slice(&b[..u]);
+        i += u;
+    }
+}
+
+/// The widest access, of 4, 2 or 1 bytes, that `addr` is aligned for and that `left` bytes still hold (the
+/// callers move aligned 8-byte words themselves):
+/// a naturally aligned word of the range moves in one access, as a DMA engine or a GPU moves it, so that
+/// a reader never sees it torn (a 4-byte dbrec word read byte by byte while device code advanced it once
+/// mixed two values).
+fn unit(addr: u64, left: usize) -> usize {
+    [4, 2].into_iter().find(|&u| addr.is_multiple_of(u as u64) && u <= left).unwrap_or(1)
+}
+
+/// One relaxed load of `u` bytes (4, 2 or 1) at `addr`, in the first `u` bytes of the result.
+///
+/// # Safety
+/// `addr` must be aligned for `u` bytes and they must be valid for reads.
+unsafe fn load(addr: u64, u: usize) -> [u8; 4] {
+    let mut b = [0u8; 4];
+    // SAFETY: the caller's contract.
+    unsafe {
+        match u {
+            4 => b[..4].copy_from_slice(&AtomicU32::from_ptr(addr as *mut u32).load(Relaxed).to_ne_bytes()),
+            2 => b[..2].copy_from_slice(&AtomicU16::from_ptr(addr as *mut u16).load(Relaxed).to_ne_bytes()),
+            _ => b[0] = AtomicU8::from_ptr(addr as *mut u8).load(Relaxed),
+        }
+    }
+    b
+}
+
+/// One relaxed store of the first `u` bytes (4, 2 or 1) of `b` at `addr`.
+///
+/// # Safety
+/// `addr` must be aligned for `u` bytes and they must be valid for writes.
+unsafe fn store(addr: u64, u: usize, b: &[u8]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match u {
+            4 => AtomicU32::from_ptr(addr as *mut u32).store(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]), Relaxed),
+            2 => AtomicU16::from_ptr(addr as *mut u16).store(u16::from_ne_bytes([b[0], b[1]]), Relaxed),
+            _ => AtomicU8::from_ptr(addr as *mut u8).store(b[0], Relaxed),
+        }
     }
 }
 
@@ -45,24 +86,21 @@ pub(crate) unsafe fn read(src: u64, out: &mut [u8]) {
 /// # Safety
 /// `dst..dst + data.len()` must be valid for writes (a registered host MR range).
 pub(crate) unsafe fn write(dst: u64, data: &[u8]) {
-    let mut i = 0;
     let n = data.len();
-    while i < n && !(dst as usize + i).is_multiple_of(8) {
-        // SAFETY: inside the caller's valid range; any address is aligned for a byte.
-        unsafe { AtomicU8::from_ptr((dst as usize + i) as *mut u8) }.store(data[i], Relaxed);
-        i += 1;
-    }
-    while i + 8 <= n {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&data[i..i + 8]);
-        // SAFETY: `dst + i` is 8-aligned here and the 8 bytes are inside the caller's valid range.
-        unsafe { AtomicU64::from_ptr((dst as usize + i) as *mut u64) }.store(u64::from_ne_bytes(w), Relaxed);
-        i += 8;
-    }
+    let mut i = 0;
     while i < n {
-        // SAFETY: as for the head bytes.
-        unsafe { AtomicU8::from_ptr((dst as usize + i) as *mut u8) }.store(data[i], Relaxed);
-        i += 1;
+        let at = dst + i as u64;
+        if at.is_multiple_of(8) && i + 8 <= n {
+            let w = u64::from_ne_bytes(data[i..i + 8].try_into().unwrap_or_default());
+            // SAFETY: `at` is 8-aligned and the 8 bytes are inside the caller's valid range.
+            unsafe { AtomicU64::from_ptr(at as *mut u64) }.store(w, Relaxed);
+            i += 8;
+            continue;
+        }
+        let u = unit(at, n - i);
+        // SAFETY: `at` is aligned for `u` bytes and they lie inside the caller's valid range.
+        unsafe { store(at, u, &data[i..i + u]) };
+        i += u;
     }
 }
 
@@ -91,25 +129,21 @@ pub(crate) unsafe fn copy(dst: u64, src: u64, len: u64) {
 /// # Safety
 /// As [`copy`], and `dst ≡ src (mod 8)`.
 unsafe fn copy_aligned_alike(dst: u64, src: u64, len: u64) {
-    let byte = |a: u64| {
-        // SAFETY: every address passed lies inside the caller's range; any address is aligned for a byte.
-        unsafe { AtomicU8::from_ptr(a as *mut u8) }
-    };
     let mut i = 0u64;
-    while i < len && !(src + i).is_multiple_of(8) {
-        byte(dst + i).store(byte(src + i).load(Relaxed), Relaxed);
-        i += 1;
-    }
-    while i + 8 <= len {
-        // SAFETY: `src + i` is 8-aligned here, and so is `dst + i` (aligned alike); both words lie inside the
-        // caller's ranges.
-        let (from, to) = unsafe { (atomic_u64(src + i), atomic_u64(dst + i)) };
-        to.store(from.load(Relaxed), Relaxed);
-        i += 8;
-    }
     while i < len {
-        byte(dst + i).store(byte(src + i).load(Relaxed), Relaxed);
-        i += 1;
+        if (src + i).is_multiple_of(8) && i + 8 <= len {
+            // SAFETY: `src + i` is 8-aligned here, and so is `dst + i` (aligned alike); both words lie inside the
+            // caller's ranges.
+            let (from, to) = unsafe { (atomic_u64(src + i), atomic_u64(dst + i)) };
+            to.store(from.load(Relaxed), Relaxed);
+            i += 8;
+            continue;
+        }
+        // Aligned alike: the unit that suits the source suits the destination.
+        let u = unit(src + i, (len - i) as usize);
+        // SAFETY: `src + i` and `dst + i` are aligned for `u` bytes (aligned alike), inside the caller's ranges.
+        unsafe { store(dst + i, u, &load(src + i, u)) };
+        i += u as u64;
     }
 }
 
@@ -143,6 +177,46 @@ pub(crate) unsafe fn atomic_u64<'a>(addr: u64) -> &'a AtomicU64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A naturally aligned 4-byte word that another thread rewrites is read whole, never two values' bytes
+    /// mixed: by `read`, and by `copy` into a destination aligned alike and into one that is not.
+    #[test]
+    fn an_aligned_word_is_never_read_torn() {
+        use std::sync::atomic::AtomicBool;
+        let words = [AtomicU64::new(0), AtomicU64::new(0)];
+        let src = words.as_ptr() as u64 + 4;
+        let (a, b) = (0x00ff_00ffu32, 0xff00_ff00u32);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: `src` is the 4-aligned upper half of `words[0]`, alive for the scope.
+                let w = unsafe { AtomicU32::from_ptr(src as *mut u32) };
+                let mut k = 0u32;
+                while !stop.load(Relaxed) {
+                    w.store(if k.is_multiple_of(2) { a } else { b }, Relaxed);
+                    k = k.wrapping_add(1);
+                }
+            });
+            let mut alike = [0u64; 2];
+            let mut odd = [0u8; 8];
+            for _ in 0..200_000 {
+                let mut out = [0u8; 4];
+                // SAFETY: `src` is valid for 4 bytes; the destinations are this frame's buffers.
+                unsafe {
+                    read(src, &mut out);
+                    copy(alike.as_mut_ptr() as u64 + 4, src, 4);
+                    copy(odd.as_mut_ptr() as u64 + 1, src, 4);
+                }
+                let seen = [
+                    u32::from_ne_bytes(out),
+                    (alike[0] >> 32) as u32,
+                    u32::from_ne_bytes([odd[1], odd[2], odd[3], odd[4]]),
+                ];
+                assert!(seen.iter().all(|v| [0, a, b].contains(v)), "torn: {seen:x?}");
+            }
+            stop.store(true, Relaxed);
+        });
+    }
 
     proptest! {
         /// Every alignment pair and length, straight or through either buffer: the destination holds the
