@@ -199,6 +199,7 @@ mod tests {
             });
             let mut alike = [0u64; 2];
             let mut odd = [0u8; 8];
+            let mut torn = None;
             for _ in 0..200_000 {
                 let mut out = [0u8; 4];
                 // SAFETY: `src` is valid for 4 bytes; the destinations are this frame's buffers.
@@ -212,9 +213,14 @@ mod tests {
                     (alike[0] >> 32) as u32,
                     u32::from_ne_bytes([odd[1], odd[2], odd[3], odd[4]]),
                 ];
-                assert!(seen.iter().all(|v| [0, a, b].contains(v)), "torn: {seen:x?}");
+                if !seen.iter().all(|v| [0, a, b].contains(v)) {
+                    torn = Some(seen);
+                    break;
+                }
             }
+            // Before asserting: a failed assertion must not leave the writer spinning (the scope would wait).
             stop.store(true, Relaxed);
+            assert_eq!(torn, None, "a word read torn");
         });
     }
 
