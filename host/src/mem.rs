@@ -132,17 +132,24 @@ pub struct SqWatch {
 }
 
 /// Host memory that a copier keeps filling with an SQ ring's WQEBBs as device code posts them
-/// ([`GpuCopier::mirror_sq`]): a copy of the ring (same length, same offsets) and a 64-bit count.
+/// ([`GpuCopier::mirror_sq`]): a tagged copy of the ring, then a 64-bit count.
 ///
-/// The count says that every WQEBB with a producer index in `count - wqebbs .. count` is in the copy as device
-/// code wrote it before it moved the dbrec past that index; it only grows, and a WQEBB is in place before the
-/// count that covers it is stored. Valid until [`GpuCopier::unmirror_sq`] or the copier's drop.
+/// Each WQEBB takes [`SqMirror::WQEBB_BYTES`] (128) bytes: its sixteen 4-byte words, each stored as one aligned
+/// 8-byte word whose low half is the WQE word (bytes `4k..4k + 4` of the WQEBB, as device code wrote them)
+/// and whose high half is the tag `producer index + 1` (truncated to 32 bits). A reader takes a WQEBB only
+/// when all sixteen words carry its own index's tag, so the copy needs no fence between the bytes and a count:
+/// 8-byte aligned stores and loads are single-copy atomic on both sides of PCIe (PTX memory model; x86-64),
+/// the ordering NCCL's LL protocol relies on too. A slot holding an older lap's tag is not there yet; one
+/// holding a newer lap's tag was overwritten. A fresh mirror's slots are zero (tag 0: never written).
+///
+/// The count (the producer count copied so far) only tells a restarted copier where to go on and the NIC
+/// when to rebase the mirror; it is not ordered with the copy. Valid until [`GpuCopier::unmirror_sq`] or the
+/// copier's drop.
 #[derive(Clone, Copy, Debug)]
 pub struct SqMirror {
     slot: u32,
-    bytes: *const u8,
-    len: usize,
-    count: *const u64,
+    words: *const u64,
+    wqebbs: u32,
 }
 
 // SAFETY: the mirror names host memory that its copier keeps alive and writes only with aligned word stores;
@@ -151,15 +158,51 @@ unsafe impl Send for SqMirror {}
 // SAFETY: as above.
 unsafe impl Sync for SqMirror {}
 
+/// What [`SqMirror::read`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MirrorRead {
+    /// Every WQEBB of the range was copied out.
+    Done,
+    /// The WQEBB at this producer index (and maybe later ones) is not in the mirror yet; the ones before it
+    /// were copied out.
+    Behind(u64),
+    /// A WQEBB of the range was overwritten by a later lap (or the range is longer than the ring): the
+    /// mirror no longer holds it.
+    Overwritten,
+}
+
 impl SqMirror {
-    /// A mirror in `slot` of its copier: the ring's copy is the `len` bytes at `bytes` (8-byte aligned, a
-    /// multiple of 64), the count the aligned word at `count`.
+    /// Bytes of the mirror per WQEBB: sixteen tagged 8-byte words.
+    pub const WQEBB_BYTES: usize = 128;
+
+    /// Bytes of host memory a mirror of a ring of `wqebbs` WQEBBs takes: the tagged copy, then a 64-byte
+    /// line whose first word is the count.
+    pub fn bytes(wqebbs: u32) -> usize {
+        wqebbs as usize * Self::WQEBB_BYTES + 64
+    }
+
+    /// The tag of the WQEBB at producer index `idx`.
+    pub fn tag(idx: u64) -> u32 {
+        (idx as u32).wrapping_add(1)
+    }
+
+    /// The sixteen mirror words of `wqebb`, the WQEBB at producer index `idx` (for copiers on host threads).
+    pub fn encode(idx: u64, wqebb: &[u8; 64]) -> [u64; 16] {
+        let tag = u64::from(Self::tag(idx)) << 32;
+        std::array::from_fn(|k| {
+            let w = u32::from_le_bytes([wqebb[4 * k], wqebb[4 * k + 1], wqebb[4 * k + 2], wqebb[4 * k + 3]]);
+            tag | u64::from(w)
+        })
+    }
+
+    /// A mirror in `slot` of its copier, of a ring of `wqebbs` WQEBBs (a power of two), in the
+    /// [`SqMirror::bytes`] bytes at `base` (8-byte aligned).
     ///
     /// # Safety
-    /// Both must stay valid, and be written by their copier with aligned word stores only, until the mirror
-    /// is given back to [`GpuCopier::unmirror_sq`] or the copier is dropped.
-    pub unsafe fn new(slot: u32, bytes: *const u8, len: usize, count: *const u64) -> Self {
-        Self { slot, bytes, len, count }
+    /// The memory must stay valid, and be written by its copier with aligned 8-byte stores only, until the
+    /// mirror is given back to [`GpuCopier::unmirror_sq`] or the copier is dropped.
+    pub unsafe fn new(slot: u32, base: *const u8, wqebbs: u32) -> Self {
+        Self { slot, words: base.cast(), wqebbs }
     }
 
     /// The copier's slot of this mirror.
@@ -167,33 +210,48 @@ impl SqMirror {
         self.slot
     }
 
-    /// Bytes of the ring's copy.
-    pub fn len(&self) -> usize {
-        self.len
+    /// WQEBBs in the mirrored ring.
+    pub fn wqebbs(&self) -> u32 {
+        self.wqebbs
     }
 
-    /// Whether the copy is empty (never, for a mirror of a ring).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    fn word(&self, i: usize) -> u64 {
+        // SAFETY: `i` is inside the mirror's words (callers keep it below `wqebbs * 16 + 8`), an aligned word of
+        // memory the copier keeps alive (`new`'s contract), accessed atomically by both sides.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.words.add(i).cast_mut()) }.load(Ordering::Relaxed)
     }
 
-    /// The count (Acquire: the WQEBBs it covers are readable after it).
+    /// The producer count the copier has reached (a hint: not ordered with the copy).
     pub fn count(&self) -> u64 {
-        // SAFETY: an aligned word the copier keeps alive (`new`'s contract), accessed atomically by both sides.
-        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.count.cast_mut()) }.load(Ordering::Acquire)
+        self.word(self.wqebbs as usize * 16)
     }
 
-    /// Reads `out.len()` bytes (a multiple of 8) of the copy from byte `off` (8-byte aligned) on, wrapping
-    /// past its end to its start as the ring does.
-    pub fn read(&self, off: usize, out: &mut [u8]) {
-        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
-            let at = (off + i * 8) % self.len;
-            // SAFETY: `at` is 8-aligned and inside the copy, which the copier keeps alive (`new`'s contract);
-            // the copier writes it with aligned word stores.
-            let w = unsafe { std::sync::atomic::AtomicU64::from_ptr(self.bytes.add(at).cast::<u64>().cast_mut()) }
-                .load(Ordering::Relaxed);
-            chunk.copy_from_slice(&w.to_ne_bytes());
+    /// Copies WQEBBs `from..to` (producer indices) out of the mirror into `ring`, a copy of the whole ring
+    /// (`wqebbs * 64` bytes), each at its slot's offset. Stops at the first WQEBB that is not in the mirror.
+    pub fn read(&self, from: u64, to: u64, ring: &mut [u8]) -> MirrorRead {
+        let mask = u64::from(self.wqebbs) - 1;
+        if to.saturating_sub(from) > mask + 1 {
+            return MirrorRead::Overwritten;
         }
+        for idx in from..to {
+            let slot = (idx & mask) as usize;
+            let tag = Self::tag(idx);
+            let out = &mut ring[slot * 64..slot * 64 + 64];
+            for k in 0..16 {
+                let w = self.word(slot * 16 + k);
+                let found = (w >> 32) as u32;
+                if found != tag {
+                    // A later lap's tag is ahead of ours in wrapping order; an earlier one (or 0) behind.
+                    return if (found.wrapping_sub(tag) as i32) > 0 && found != 0 {
+                        MirrorRead::Overwritten
+                    } else {
+                        MirrorRead::Behind(idx)
+                    };
+                }
+                out[4 * k..4 * k + 4].copy_from_slice(&(w as u32).to_le_bytes());
+            }
+        }
+        MirrorRead::Done
     }
 }
 
@@ -441,5 +499,83 @@ impl QueueMemory for HostQueueMemory {
         // SAFETY: `ptr` is `len` zeroed bytes, 4096-aligned, alive while `owner` lives; host threads use the
         // same address as device code.
         Ok(unsafe { MappedBuf::from_raw(ptr, ptr as u64, len, owner) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A mirror's memory for a ring of `wqebbs` WQEBBs (8-byte aligned, zeroed), and a mirror over it.
+    fn mirror(wqebbs: u32) -> (Vec<u64>, SqMirror) {
+        let mem = vec![0u64; SqMirror::bytes(wqebbs) / 8];
+        // SAFETY: the vector outlives every use in the test and is written only before reads (no other thread).
+        let m = unsafe { SqMirror::new(0, mem.as_ptr().cast(), wqebbs) };
+        (mem, m)
+    }
+
+    /// What a copier does: the tagged words of WQEBB `idx` into its slot.
+    fn store(mem: &mut [u64], wqebbs: u32, idx: u64, wqebb: &[u8; 64]) {
+        let slot = (idx & (u64::from(wqebbs) - 1)) as usize;
+        mem[slot * 16..slot * 16 + 16].copy_from_slice(&SqMirror::encode(idx, wqebb));
+    }
+
+    proptest! {
+        /// Every WQEBB stored comes back byte for byte at its slot, across the 32-bit tag's wrap too.
+        #[test]
+        fn a_stored_range_reads_back_as_written(
+            log in 0u32..6,
+            base in prop_oneof![any::<u64>().prop_map(|b| b >> 1), Just((1u64 << 32) - 3)],
+            data in proptest::collection::vec(any::<[u8; 32]>(), 64),
+        ) {
+            let wqebbs = 1u32 << log;
+            let (mut mem, m) = mirror(wqebbs);
+            let n = u64::from(wqebbs);
+            let mut want = vec![0u8; wqebbs as usize * 64];
+            for (k, idx) in (base..base + n).enumerate() {
+                let mut w = [0u8; 64];
+                w[..32].copy_from_slice(&data[2 * k]);
+                w[32..].copy_from_slice(&data[2 * k + 1]);
+                store(&mut mem, wqebbs, idx, &w);
+                let slot = (idx % n) as usize;
+                want[slot * 64..slot * 64 + 64].copy_from_slice(&w);
+            }
+            let mut got = vec![0u8; want.len()];
+            prop_assert_eq!(m.read(base, base + n, &mut got), MirrorRead::Done);
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn a_wqebb_of_another_lap_or_a_torn_one_is_not_taken() {
+        let (mut mem, m) = mirror(4);
+        let mut ring = vec![0u8; 4 * 64];
+        // Never written: behind.
+        assert_eq!(m.read(10, 11, &mut ring), MirrorRead::Behind(10));
+        // WQEBBs 8 and 9 in place, 10 still holds the lap before (6): the read stops at 10, 8 and 9 copied.
+        for idx in [6u64, 8, 9] {
+            store(&mut mem, 4, idx, &[idx as u8; 64]);
+        }
+        assert_eq!(m.read(8, 11, &mut ring), MirrorRead::Behind(10));
+        assert_eq!((ring[0], ring[63], ring[64], ring[127]), (8, 8, 9, 9));
+        // WQEBB 10 with one word still of the lap before: torn, so behind.
+        store(&mut mem, 4, 10, &[10; 64]);
+        mem[2 * 16 + 7] = SqMirror::encode(6, &[6; 64])[7];
+        assert_eq!(m.read(10, 11, &mut ring), MirrorRead::Behind(10));
+        // Slot 2 overwritten by the lap after (14): WQEBB 10 is gone.
+        store(&mut mem, 4, 14, &[14; 64]);
+        assert_eq!(m.read(10, 11, &mut ring), MirrorRead::Overwritten);
+        // A range longer than the ring cannot be in it.
+        assert_eq!(m.read(8, 13, &mut ring), MirrorRead::Overwritten);
+    }
+
+    #[test]
+    fn each_word_carries_its_wqe_word_low_and_the_tag_high() {
+        let mut w = [0u8; 64];
+        w.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let words = SqMirror::encode(0x1_2345_6789, &w);
+        assert_eq!(words[0], 0x2345_678a_0302_0100);
+        assert_eq!(words[15], 0x2345_678a_3f3e_3d3c);
     }
 }

@@ -733,12 +733,12 @@ fn copier_dropped_while_its_engine_runs() {
 
 /// The engine mirrors an SQ ring in GPU memory into host memory as its dbrec moves, without being asked:
 /// random WQEBBs and a dbrec advanced past them (written through the copier, as device code would store them)
-/// appear in the mirror with its count, including a batch that wraps the ring and one longer than the ring
+/// appear in the mirror, each with its own tag, and then its count, including a batch that wraps the ring and one longer than the ring
 /// (only its last ring's worth is copied). A stopped mirror's slot serves the next one.
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn copier_mirrors_sq_rings_as_their_dbrec_moves() {
-    use gdaki::mem::SqWatch;
+    use gdaki::mem::{MirrorRead, SqWatch};
     let _serial = serial();
     let gpu = gpu();
     let copier = gpu.copier().unwrap();
@@ -775,19 +775,29 @@ fn copier_mirrors_sq_rings_as_their_dbrec_moves() {
             // SAFETY: the dbrec's 8 bytes, alive until the synchronize.
             unsafe { copier.write_async(gpu_loc(dbrec.addr()), &dbrec_words, false).unwrap() };
             copier.synchronize().unwrap();
+            // Every WQEBB the dbrec passed (the ring's last `wqebbs` at most) shows its own tag, then the count.
+            let from = pi - batch.min(u64::from(wqebbs));
+            let mut seen = vec![0u8; expect.len()];
             let t0 = std::time::Instant::now();
-            while m.count() < pi {
-                assert!(t0.elapsed() < std::time::Duration::from_secs(1), "mirror at {} of {pi}", m.count());
+            loop {
+                let r = m.read(from, pi, &mut seen);
+                if r == MirrorRead::Done {
+                    break;
+                }
+                assert!(t0.elapsed() < std::time::Duration::from_secs(1), "round {round}, batch of {batch}: {r:?}");
                 std::hint::spin_loop();
             }
-            assert_eq!(m.count(), pi, "round {round}, batch of {batch}");
-            let mut seen = vec![0u8; expect.len()];
-            m.read(0, &mut seen);
-            let from = pi - batch.min(u64::from(wqebbs));
             for idx in from..pi {
                 let off = (idx % u64::from(wqebbs)) as usize * 64;
                 assert_eq!(seen[off..off + 64], expect[off..off + 64], "round {round}, WQEBB {idx}");
             }
+            while m.count() < pi {
+                assert!(t0.elapsed() < std::time::Duration::from_secs(1), "count {} of {pi}", m.count());
+                std::hint::spin_loop();
+            }
+            assert_eq!(m.count(), pi, "round {round}, batch of {batch}");
+            // The WQEBB after the last one rung is not in the mirror (its slot holds an older lap or nothing).
+            assert_eq!(m.read(pi, pi + 1, &mut seen), MirrorRead::Behind(pi));
         }
         copier.unmirror_sq(m);
     }

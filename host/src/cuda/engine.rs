@@ -284,27 +284,31 @@ impl Engine {
     /// [`GpuCopier::mirror_sq`]: crate::mem::GpuCopier::mirror_sq
     pub(crate) fn watch(&mut self, sq: SqWatch) -> Result<Option<SqMirror>> {
         let Some(slot) = self.mirrors.iter().position(Option::is_none) else { return Ok(None) };
-        let len = sq.wqebbs as usize * 64;
-        let buf = match self.spare.iter().position(|b| b.len() == len + 64) {
+        let len = SqMirror::bytes(sq.wqebbs);
+        let buf = match self.spare.iter().position(|b| b.len() == len) {
             Some(i) => self.spare.swap_remove(i),
-            None => alloc_mapped_in(&self.stream.shared, len + 64)?,
+            None => alloc_mapped_in(&self.stream.shared, len)?,
         };
-        // SAFETY: the count word is the aligned word at `len` of the buffer (`len + 64` bytes, page aligned);
-        // no engine uses this buffer now (a free slot's buffer is not in the table).
-        let count = unsafe { buf.host_ptr().add(len) }.cast::<u64>();
+        let copy = len - 64;
+        // SAFETY: the buffer's `len` bytes are pinned host memory that no engine uses now (a free slot's buffer
+        // is not in the table, and an earlier engine's stores to it landed before its slot was freed); zero
+        // tags say "never written", so that a reused buffer's old tags are never taken for this ring's.
+        unsafe { std::ptr::write_bytes(buf.host_ptr(), 0, copy) };
+        // SAFETY: the count word is the aligned word after the copy (page-aligned buffer of `len` bytes).
+        let count = unsafe { buf.host_ptr().add(copy) }.cast::<u64>();
         // SAFETY: as above: an aligned word of the live buffer, accessed atomically.
         unsafe { AtomicU64::from_ptr(count) }.store(sq.base, Ordering::Release);
         let e = ctrl::WATCHES + slot * watch::BYTES;
         self.word(e + watch::RING).store(sq.ring, Ordering::Relaxed);
         self.word(e + watch::MASK).store(u64::from(sq.wqebbs) - 1, Ordering::Relaxed);
         self.word(e + watch::MIRROR).store(buf.device_addr(), Ordering::Relaxed);
-        self.word(e + watch::COUNT).store(buf.device_addr() + len as u64, Ordering::Relaxed);
+        self.word(e + watch::COUNT).store(buf.device_addr() + copy as u64, Ordering::Relaxed);
         self.word(e + watch::BASE).store(sq.base, Ordering::Relaxed);
         self.word(e + watch::DBREC).store(sq.dbrec, Ordering::Release);
         self.bump_watch_gen();
         // SAFETY: the copy and the count live in `buf`, kept in `mirrors[slot]` until `unwatch` (or the
-        // engine's drop), and the engine writes them with aligned stores only.
-        let m = unsafe { SqMirror::new(slot as u32, buf.host_ptr(), len, count) };
+        // engine's drop), and the engine writes them with aligned 8-byte stores only.
+        let m = unsafe { SqMirror::new(slot as u32, buf.host_ptr(), sq.wqebbs) };
         self.mirrors[slot] = Some(buf);
         Ok(Some(m))
     }

@@ -128,7 +128,7 @@ const MIRROR_SLOTS: usize = 32;
 /// One SQ mirror of the simulator: what the CUDA engine's lane keeps in registers, and the mirror's memory.
 struct SimMirror {
     watch: SqWatch,
-    /// The copy of the ring, then the 64-bit count.
+    /// The tagged copy of the ring, then the 64-bit count ([`SqMirror`]'s layout).
     buf: MappedBuf,
     /// Producer count copied so far.
     copied: u64,
@@ -149,19 +149,27 @@ impl SimMirror {
         let end = self.copied + delta;
         let mask = u64::from(w.wqebbs) - 1;
         for idx in end - delta.min(mask + 1)..end {
-            let off = ((idx & mask) * 64) as usize;
-            // SAFETY: both are 64 bytes inside their buffers (ring and copy have `wqebbs` WQEBBs), the ring
-            // alive as above, the copy owned by `self`; both moved with atomic word accesses.
-            unsafe { hostmem::copy(self.buf.host_ptr() as u64 + off as u64, w.ring + off as u64, 64) };
+            let off = (idx & mask) * 64;
+            let mut wqebb = [0u8; 64];
+            // SAFETY: 64 bytes inside the ring (`wqebbs` WQEBBs), alive as above, read with atomic word loads.
+            unsafe { hostmem::read(w.ring + off, &mut wqebb) };
+            for (k, word) in SqMirror::encode(idx, &wqebb).into_iter().enumerate() {
+                self.word((idx & mask) as usize * 16 + k).store(word, Ordering::Relaxed);
+            }
         }
         self.copied = end;
-        fence(Ordering::Release);
-        self.count().store(end, Ordering::Release);
+        self.count().store(end, Ordering::Relaxed);
+    }
+
+    /// Word `i` of the mirror's memory (its tagged copy, then the count).
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i * 8 < self.buf.len());
+        // SAFETY: an aligned word inside `buf` (checked above; the buffer is page aligned), accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.buf.host_ptr().add(i * 8).cast()) }
     }
 
     fn count(&self) -> &AtomicU64 {
-        // SAFETY: the aligned word after the copy, inside `buf` (allocated `len + 64` bytes, page aligned).
-        unsafe { AtomicU64::from_ptr(self.buf.host_ptr().add(self.buf.len() - 64).cast()) }
+        self.word(self.watch.wqebbs as usize * 16)
     }
 }
 
@@ -324,13 +332,12 @@ impl GpuCopier for SimGpu {
         let mut s = lock(&self.inner.state);
         let slots = s.mirrors.as_mut()?;
         let slot = slots.iter().position(Option::is_none)?;
-        let len = sq.wqebbs as usize * 64;
-        let buf = HostQueueMemory.alloc(len + 64).ok()?;
+        let buf = HostQueueMemory.alloc(SqMirror::bytes(sq.wqebbs)).ok()?;
         let m = SimMirror { watch: sq, buf, copied: sq.base };
         m.count().store(sq.base, Ordering::Release);
-        // SAFETY: the copy and the count live in `m.buf`, kept in the slot until `unmirror_sq` or the
+        // SAFETY: the zeroed copy and the count live in `m.buf`, kept in the slot until `unmirror_sq` or the
         // simulator's drop, and written with atomic word stores only.
-        let mirror = unsafe { SqMirror::new(slot as u32, m.buf.host_ptr(), len, m.count().as_ptr()) };
+        let mirror = unsafe { SqMirror::new(slot as u32, m.buf.host_ptr(), sq.wqebbs) };
         slots[slot] = Some(m);
         self.inner.work.notify_one();
         Some(mirror)

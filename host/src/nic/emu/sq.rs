@@ -20,7 +20,7 @@ use gdaki_shared::prm::uar::{blueflame_tagged, BF_BUF_SIZE, BF_OFFSET};
 use gdaki_shared::prm::wqe::{wqebbs, CtrlSeg, SEG, SEGS_PER_WQEBB, WQEBB};
 use gdaki_shared::{Be16, Be32, Be64};
 
-use crate::mem::{MemLoc, SqMirror, SqWatch};
+use crate::mem::{MemLoc, MirrorRead, SqMirror, SqWatch};
 
 use super::access::DataPath;
 use super::exec::{self, Pds};
@@ -484,10 +484,7 @@ fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
     let n = (((to - from) as usize) * WQEBB).min(len);
     let first = n.min(len - start);
     if let Some(m) = eng.fetched.sq_mirror {
-        if mirror_covers(fab, &eng.data, &m, qp.wqe_cnt, from, to) {
-            let buf = &mut eng.fetched.mirror;
-            m.read(start, &mut buf[start..start + first]);
-            m.read(0, &mut buf[..n - first]);
+        if read_mirror(fab, &eng.data, &m, from, to, &mut eng.fetched.mirror) {
             bump(&fab.stats.ring_mirrored);
             return;
         }
@@ -513,7 +510,7 @@ fn load_ring(fab: &Fabric, qp: &QpInner, eng: &mut Engine, from: u64, to: u64) {
     }
 }
 
-/// How long the NIC waits for a ring's mirror to cover a rung range before it fetches the range: the mirror
+/// How long the NIC waits for a ring's mirror to hold a rung range before it fetches the range: the mirror
 /// is written by the GPU, which sees the dbrec move before the doorbell reaches the NIC, but whose copy
 /// crosses PCIe after it.
 const MIRROR_WAIT: Duration = Duration::from_micros(20);
@@ -521,27 +518,30 @@ const MIRROR_WAIT: Duration = Duration::from_micros(20);
 /// How far behind the producer index a mirror may be before it is rebased: half the dbrec counter's range.
 const MIRROR_REBASE: u64 = 1 << 15;
 
-/// Whether `m` holds WQEBBs `from..to` (waiting up to [`MIRROR_WAIT`] while its copier runs): its count has
-/// reached `to` and has not moved past `from + wqe_cnt`, which would mean newer WQEBBs are in those slots.
-fn mirror_covers(fab: &Fabric, data: &DataPath, m: &SqMirror, wqe_cnt: u32, from: u64, to: u64) -> bool {
-    let covers = |c: u64| (c >= to).then(|| c.saturating_sub(u64::from(wqe_cnt)) <= from);
-    if let Some(ok) = covers(m.count()) {
-        return ok;
-    }
-    if !data.mirrors_running() {
-        return false;
-    }
-    let t0 = Instant::now();
-    let mut ok = false;
-    while t0.elapsed() < MIRROR_WAIT {
-        if let Some(c) = covers(m.count()) {
-            ok = c;
-            break;
+/// Copies WQEBBs `from..to` out of `m` into `ring` (the engine's copy of the whole ring), waiting up to
+/// [`MIRROR_WAIT`] for the ones not there yet while its copier runs; whether all of them came. A range a
+/// later lap overwrote is not waited for (the fetch that follows finds what the ring holds now).
+fn read_mirror(fab: &Fabric, data: &DataPath, m: &SqMirror, mut from: u64, to: u64, ring: &mut [u8]) -> bool {
+    let mut t0 = None;
+    let done = loop {
+        match m.read(from, to, ring) {
+            MirrorRead::Done => break true,
+            MirrorRead::Overwritten => break false,
+            MirrorRead::Behind(at) => from = at,
+        }
+        if !data.mirrors_running() {
+            break false;
+        }
+        let t = *t0.get_or_insert_with(Instant::now);
+        if t.elapsed() >= MIRROR_WAIT {
+            break false;
         }
         std::hint::spin_loop();
+    };
+    if let Some(t) = t0 {
+        add_ns(&fab.stats.ring_mirror_wait_ns, t.elapsed());
     }
-    add_ns(&fab.stats.ring_mirror_wait_ns, t0.elapsed());
-    ok
+    done
 }
 
 /// Reads `out.len()` bytes (a multiple of 8) of the WQE at 64-bit index `idx`, from byte `at` of the WQE on:
