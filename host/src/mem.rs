@@ -352,8 +352,8 @@ pub trait GpuCopier: Send + Sync {
     }
 
     /// Starts mirroring the SQ ring `sq` into host memory: from now on, each time the dbrec's SQ counter
-    /// moves, the copier copies the WQEBBs it passed into the mirror and then advances the mirror's count,
-    /// without being asked, so that the emulated NIC finds a rung WQE in host memory instead of fetching it
+    /// moves, the copier copies the WQEBBs it passed into the mirror, tagged (see [`SqMirror`]), and then
+    /// advances the mirror's count, without being asked, so that the emulated NIC finds a rung WQE in host memory instead of fetching it
     /// from the GPU after the doorbell (one GPU round trip less per doorbell). `None` when this copier
     /// cannot (the default, and when its mirror slots are taken).
     fn mirror_sq(&self, sq: SqWatch) -> Option<SqMirror> {
@@ -362,7 +362,7 @@ pub trait GpuCopier: Send + Sync {
     }
 
     /// Whether the copier's mirrors are advancing now (on the CUDA copier, whether its engine runs). A
-    /// reader that waits for a mirror's count waits only while this holds.
+    /// reader that waits for a WQEBB to appear in a mirror waits only while this holds.
     fn mirrors_running(&self) -> bool {
         false
     }
