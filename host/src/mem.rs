@@ -182,7 +182,7 @@ impl SqMirror {
     }
 
     /// The tag of the WQEBB at producer index `idx`.
-    pub fn tag(idx: u64) -> u32 {
+    fn tag(idx: u64) -> u32 {
         (idx as u32).wrapping_add(1)
     }
 
@@ -208,11 +208,6 @@ impl SqMirror {
     /// The copier's slot of this mirror.
     pub fn slot(&self) -> u32 {
         self.slot
-    }
-
-    /// WQEBBs in the mirrored ring.
-    pub fn wqebbs(&self) -> u32 {
-        self.wqebbs
     }
 
     fn word(&self, i: usize) -> u64 {
