@@ -223,7 +223,13 @@ impl SqMirror {
 
     /// Copies WQEBBs `from..to` (producer indices) out of the mirror into `ring`, a copy of the whole ring
     /// (`wqebbs * 64` bytes), each at its slot's offset. Stops at the first WQEBB that is not in the mirror.
+    /// A WQEBB whose slot lies past the end of a shorter `ring` (or any, for a mirror whose ring size is not
+    /// a power of two) is reported as [`MirrorRead::Overwritten`]: not in the mirror for this caller, who
+    /// then reads the ring itself.
     pub fn read(&self, from: u64, to: u64, ring: &mut [u8]) -> MirrorRead {
+        if !self.wqebbs.is_power_of_two() {
+            return MirrorRead::Overwritten;
+        }
         let mask = u64::from(self.wqebbs) - 1;
         if to.saturating_sub(from) > mask + 1 {
             return MirrorRead::Overwritten;
@@ -231,7 +237,7 @@ impl SqMirror {
         for idx in from..to {
             let slot = (idx & mask) as usize;
             let tag = Self::tag(idx);
-            let out = &mut ring[slot * 64..slot * 64 + 64];
+            let Some(out) = ring.get_mut(slot * 64..slot * 64 + 64) else { return MirrorRead::Overwritten };
             for k in 0..16 {
                 let w = self.word(slot * 16 + k);
                 let found = (w >> 32) as u32;
@@ -563,6 +569,10 @@ mod tests {
         assert_eq!(m.read(10, 11, &mut ring), MirrorRead::Overwritten);
         // A range longer than the ring cannot be in it.
         assert_eq!(m.read(8, 13, &mut ring), MirrorRead::Overwritten);
+        // A copy too short for WQEBB 9's slot gets WQEBB 8 only.
+        let mut short = vec![0u8; 64];
+        assert_eq!(m.read(8, 10, &mut short), MirrorRead::Overwritten);
+        assert_eq!(short[0], 8);
     }
 
     #[test]
