@@ -11,7 +11,8 @@
 //! around each launch on the GPU, wall time on the cpu executor, so launch and start-up included, as DOCA
 //! GPUNetIO's post path is measured). The last line is `N passed, M failed` (a row passes when device code
 //! reported no error and the NIC saw no error CQE and no dbrec mismatch, or, without a consumer, no doorbell
-//! at all).
+//! at all). Without a consumer the last rows are the platform's floor under the one-thread-per-QP rows: each
+//! post's ordering alone (dbrec release store, release fence, doorbell or BlueFlame stores), no WQE built.
 //!
 //! `cargo run --release --example post_rate -- --executor cpu [--no-consumer]`
 
@@ -77,6 +78,15 @@ fn main() -> ExitCode {
     let lanes = if gpu { 32 } else { 1 };
     for qps in [1, 2 * many] {
         rows.push((Shape::Warp { qps, lanes }, args.posts.min(16_000 / lanes)));
+    }
+    // Without a consumer, the platform's floor under the one-thread-per-QP rows: each post's ordering alone (on
+    // two QPs per SM too, the floor under the 264-warp row's doorbells).
+    if args.no_consumer {
+        for qps in [1, many, 2 * many] {
+            for bf in [false, true] {
+                rows.push((Shape::Ordering { qps, bf }, args.posts));
+            }
+        }
     }
     let rounds = if args.no_consumer { args.rounds.max(11) } else { args.rounds };
     let open = if args.no_consumer { PostRate::without_consumer } else { PostRate::new };

@@ -55,6 +55,16 @@ pub enum Shape {
         /// Threads per CTA.
         threads: u32,
     },
+    /// The platform's floor under the Exclusive shape with the same `qps` and `bf`: one thread per QP runs
+    /// each post's ordering alone (the dbrec's release store, the release fence, the doorbell or the eight
+    /// BlueFlame stores) with no WQE built or stored. Only without a consumer
+    /// ([`PostRate::without_consumer`]).
+    Ordering {
+        /// QPs (one CTA of one thread each).
+        qps: u32,
+        /// BlueFlame stores instead of the doorbell.
+        bf: bool,
+    },
     /// One warp per QP on `qps` QPs, `lanes` lanes posting together (a WQE each, one doorbell per post): 32 on
     /// the GPU; 1 on host threads, where a thread is a warp of one lane.
     Warp {
@@ -71,6 +81,9 @@ impl Shape {
         match *self {
             Shape::Exclusive { qps, bf: true, .. } => format!("Exclusive {qps} QP(s), BlueFlame"),
             Shape::Exclusive { qps, db_batch, .. } => format!("Exclusive {qps} QP(s), doorbell/{db_batch}"),
+            Shape::Ordering { qps, bf } => {
+                format!("floor: ordering only, {qps} QP(s), {}", if bf { "BlueFlame" } else { "doorbell" })
+            }
             Shape::Shared { ctas, threads } => format!("Device {ctas}x{threads} threads, 1 QP"),
             Shape::Warp { qps, lanes } => format!("Warp {qps} QP(s), {lanes} lanes"),
         }
@@ -78,7 +91,7 @@ impl Shape {
 
     fn teams(&self) -> (u32, u32, u32) {
         match *self {
-            Shape::Exclusive { qps, .. } => (qps, 1, 1),
+            Shape::Exclusive { qps, .. } | Shape::Ordering { qps, .. } => (qps, 1, 1),
             Shape::Shared { ctas, threads } => (ctas, threads, threads),
             Shape::Warp { qps, lanes } => (qps, lanes, lanes),
         }
@@ -245,26 +258,29 @@ impl PostRate {
         let (teams, team_size, team_posters) = shape.teams();
         let posters = teams * team_posters;
         let per_qp = match shape {
-            Shape::Exclusive { .. } => posts as u64,
+            Shape::Exclusive { .. } | Shape::Ordering { .. } => posts as u64,
             Shape::Shared { .. } => posts as u64 * posters as u64,
             Shape::Warp { .. } => posts as u64 * team_posters as u64,
         };
         let nqps = match shape {
-            Shape::Exclusive { qps, .. } | Shape::Warp { qps, .. } => qps,
+            Shape::Exclusive { qps, .. } | Shape::Ordering { qps, .. } | Shape::Warp { qps, .. } => qps,
             Shape::Shared { .. } => 1,
         };
-        let lanes_ok = match shape {
+        let shape_ok = match shape {
             Shape::Warp { lanes, .. } => {
                 (1..=32).contains(&lanes) && (lanes == 1 || matches!(self.exec, Executor::Gpu(_)))
             }
+            // The ordering alone names WQEs never stored: no NIC may look at them.
+            Shape::Ordering { .. } => !self.consumer,
             _ => true,
         };
         let too_many = rate && per_qp + 2 > WQE_CNT as u64 / 2;
         let fits = nqps as usize <= self.qps.len() && posters <= self.max_posters && !too_many;
-        if !fits || !lanes_ok || posts == 0 || total_rounds == 0 {
+        if !fits || !shape_ok || posts == 0 || total_rounds == 0 {
             return Err(Error::InvalidArgument(format!(
                 "post rate {}: {posters} posters × {posts} posts on {nqps} QPs (set up: {} QPs, {} posters, {} \
-                 WQEBBs per SQ, half of which a round may take; a warp has 1 ..= 32 lanes, 1 on host threads)",
+                 WQEBBs per SQ, half of which a round may take; a warp has 1 ..= 32 lanes, 1 on host threads; \
+                 the ordering floor only without a consumer)",
                 shape.label(),
                 self.qps.len(),
                 self.max_posters,
@@ -283,6 +299,7 @@ impl PostRate {
         let base = state.loc().addr;
         let (bf, db_batch) = match shape {
             Shape::Exclusive { bf, db_batch, .. } => (bf as u32, db_batch.max(1)),
+            Shape::Ordering { bf, .. } => (bf as u32, 1),
             Shape::Shared { .. } | Shape::Warp { .. } => (0, 1),
         };
         let args = PostRateArgs {
@@ -296,7 +313,7 @@ impl PostRate {
             posts,
             rounds: total_rounds,
             shape: match shape {
-                Shape::Exclusive { .. } => shape::EXCLUSIVE,
+                Shape::Exclusive { .. } | Shape::Ordering { .. } => shape::EXCLUSIVE,
                 Shape::Shared { .. } => shape::SHARED,
                 Shape::Warp { .. } => shape::WARP,
             },
@@ -306,7 +323,7 @@ impl PostRate {
             posters,
             no_consumer: u32::from(!self.consumer),
             teams,
-            pad: 0,
+            ordering_only: u32::from(matches!(shape, Shape::Ordering { .. })),
         };
         let args_at = match &self.exec {
             Executor::Gpu(g) => {
@@ -318,7 +335,7 @@ impl PostRate {
             Executor::Cpu => (None, &args as *const PostRateArgs as u64),
         };
         let entry = match shape {
-            Shape::Exclusive { .. } => &entries::GDAKI_POST_RATE_EXCLUSIVE,
+            Shape::Exclusive { .. } | Shape::Ordering { .. } => &entries::GDAKI_POST_RATE_EXCLUSIVE,
             Shape::Shared { .. } => &entries::GDAKI_POST_RATE_SHARED,
             Shape::Warp { .. } => &entries::GDAKI_POST_RATE_WARP,
         };

@@ -28,14 +28,14 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     for shape in shapes {
         // A round's WQEs share the one SQ in the shared shape.
         let posts = match shape {
-            Shape::Exclusive { .. } | Shape::Warp { .. } => 200,
+            Shape::Exclusive { .. } | Shape::Warp { .. } | Shape::Ordering { .. } => 200,
             Shape::Shared { ctas, threads } => (8000 / (ctas * threads)).min(200),
         };
         let before = b.nic().stats();
         let r = b.run(shape, posts, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
         let after = b.nic().stats();
         let posters = match shape {
-            Shape::Exclusive { qps, .. } => qps,
+            Shape::Exclusive { qps, .. } | Shape::Ordering { qps, .. } => qps,
             Shape::Shared { ctas, threads } => ctas * threads,
             Shape::Warp { qps, lanes } => qps * lanes,
         } as u64;
@@ -66,6 +66,8 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     // A round that would not fit the SQ is refused before anything runs, and so is a warp the executor has not.
     assert!(b.run(Shape::Exclusive { qps, db_batch: 1, bf: false }, 20_000, 1, Duration::from_secs(1)).is_err());
     assert!(b.run(Shape::Warp { qps, lanes: 33 }, 1, 1, Duration::from_secs(1)).is_err());
+    // The ordering floor names WQEs never stored: refused where the NIC consumes.
+    assert!(b.run(Shape::Ordering { qps, bf: false }, 1, 1, Duration::from_secs(1)).is_err());
 }
 
 #[test]
@@ -129,6 +131,8 @@ fn every_shape_without_consumer(kind: ExecutorKind, qps: u32, ctas: u32, threads
         Shape::Exclusive { qps, db_batch: 32, bf: true },
         Shape::Shared { ctas, threads },
         Shape::Warp { qps, lanes },
+        Shape::Ordering { qps, bf: false },
+        Shape::Ordering { qps, bf: true },
     ] {
         let r = b.run(shape, 100, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{shape:?}: {e}"));
         assert_eq!(r.round_ns.len(), rounds as usize, "{shape:?}: one round per launch");

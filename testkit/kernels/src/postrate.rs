@@ -24,6 +24,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::pingpong::Team;
+use gdaki_device::db;
 use gdaki_device::error::{Error, InvalidArgument, Result, WaitOn};
 use gdaki_device::onesided::{local, remote};
 use gdaki_device::qp::Qp;
@@ -34,6 +35,7 @@ use gdaki_device::wait;
 use gdaki_device::warp_qp::WarpQp;
 use gdaki_device::wqe;
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
+use gdaki_shared::prm::wqe::{CtrlSeg, Seg};
 
 /// Values of [`PostRateArgs::shape`].
 pub mod shape {
@@ -84,8 +86,11 @@ pub struct PostRateArgs {
     pub no_consumer: u32,
     /// Teams (CTAs) in the launch, all of which arrive at the barrier; on the GPU they must be co-resident.
     pub teams: u32,
-    /// Zero: keeps the struct free of padding bytes (it is `Pod`).
-    pub pad: u32,
+    /// Exclusive, with `no_consumer`: 1 to post nothing and time only each post's ordering, the platform's
+    /// floor under a post with these queues: the dbrec's release store, the release fence and the doorbell
+    /// (or the eight BlueFlame stores), as [`gdaki_device::db::publish_and_ring`] does them, with no WQE
+    /// built or stored.
+    pub ordering_only: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<PostRateArgs>() == 128);
@@ -213,9 +218,19 @@ fn target(a: &PostRateArgs, p: u32) -> Result<(wqe::Raddr, wqe::Sge)> {
 #[inline(never)]
 unsafe fn burst_exclusive(a: &PostRateArgs, h: &mut QpHandle, p: u32) -> Result<(u64, u64)> {
     let (r, l) = target(a, p)?;
+    let w = wqe::rdma_write(r, l);
+    if a.ordering_only != 0 {
+        if a.no_consumer == 0 {
+            return Err(Error::InvalidArgument(InvalidArgument::Handle));
+        }
+        let t0 = sync::clock_ns();
+        // SAFETY: the caller's contract; nothing consumes the QP (checked above), so its dbrec and doorbell
+        // may carry producer indices of WQEs never stored.
+        unsafe { posts_ordering(h, w, a.posts, a.bf != 0) };
+        return Ok((t0, sync::clock_ns()));
+    }
     // SAFETY: the caller's contract.
     let mut qp = unsafe { Qp::new(h, a.timeout_ns) };
-    let w = wqe::rdma_write(r, l);
     let t0 = sync::clock_ns();
     let posted = if a.bf != 0 { posts_bf(&mut qp, w, a.posts) } else { posts_db(&mut qp, w, a.posts, a.db_batch) };
     let t1 = sync::clock_ns();
@@ -251,6 +266,28 @@ fn posts_bf(qp: &mut Qp, w: wqe::Wqe<3>, posts: u32) -> Result<()> {
         let _ = qp.post_bf(false, w)?;
     }
     Ok(())
+}
+
+/// `posts` times the ordering of a post alone, by doorbell or by BlueFlame (`w`'s first WQEBB): the dbrec's
+/// release store, the release fence and the MMIO stores, each with the next producer index.
+///
+/// # Safety
+/// `h` is this thread's QP, which nothing consumes (its dbrec and doorbell name WQEs never stored).
+#[inline(always)]
+unsafe fn posts_ordering(h: &QpHandle, w: wqe::Wqe<3>, posts: u32, bf: bool) {
+    let (dbrec, reg, placement, qpn) = (h.dbrec, h.bf_reg, h.placement, h.qpn);
+    let segs = w.encode(wqe::Ctrl { idx: 0, qpn, fm_ce_se: 0 });
+    let wqebb = [segs[0], segs[1], segs[2], Seg::default()];
+    for k in 1..=posts as u64 {
+        // SAFETY: the handle's dbrec and register (caller's contract).
+        unsafe {
+            if bf {
+                db::publish_and_ring_bf(dbrec, k, reg, &wqebb, placement);
+            } else {
+                db::publish_and_ring(dbrec, k, reg, CtrlSeg::producer_doorbell(k as u16, qpn), placement);
+            }
+        }
+    }
 }
 
 /// The Warp shape: `posts` times one WRITE per lane on the QP of `h`, one doorbell each.
