@@ -47,6 +47,20 @@ use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg};
 /// [`crate::wqe::MAX_DS`]-segment WQEs.
 const MAX_BATCH: u32 = if cfg!(target_arch = "nvptx64") { 32 } else { 1 } * 4;
 
+/// WQEBBs ahead of a poster's own in the publication chain that it waits for without pausing: two warps'
+/// batches of one-WQEBB WQEs, so that the next poster in line polls at once.
+const NEAR_WQEBBS: u64 = 64;
+/// Pause per WQEBB ahead beyond [`NEAR_WQEBBS`], ns: well under a warp's turn per WQEBB (about 30 ns per
+/// WQEBB with 132 warps of one-WQEBB WQEs on an H200), so that a waiter wakes before its turn.
+const PAUSE_PER_WQEBB_NS: u64 = 4;
+/// The longest such pause, ns: the back-off's longest ([`sync::backoff`]).
+const MAX_TURN_PAUSE_NS: u64 = 1000;
+
+/// How long a poster with `ahead` WQEBBs before its own still unpublished pauses before it polls again.
+fn turn_pause_ns(ahead: u64) -> u32 {
+    (ahead.saturating_sub(NEAR_WQEBBS) * PAUSE_PER_WQEBB_NS).min(MAX_TURN_PAUSE_NS) as u32
+}
+
 /// The CQE period of a shared QP of `cnt` WQEBBs (a power of two): a WQE that covers a WQEBB index `k` with
 /// `k + 1` a multiple of it asks for a CQE. A quarter of the ring, or less on a ring too small for that:
 /// a poster waiting for room up to `end` needs a CQE of a WQE at or after `end - cnt`, and the last WQE
@@ -404,10 +418,24 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             // The release comes first, while earlier posters still publish: the turn then costs only the CAS
             // that takes it, which is also the publication (`ready` moves from `first` only by this poster).
             S::fence_release();
-            bounded(
+            let last_seen = core::cell::Cell::new(first);
+            bounded_steps(
                 self.timeout_ns,
-                // SAFETY: the state's word (contract of `new`), used atomically by every poster.
-                || Ok((unsafe { S::cas(self.ready(), first, end) } == first).then_some(())),
+                || {
+                    // SAFETY: the state's word (contract of `new`), used atomically by every poster.
+                    let seen = unsafe { S::cas(self.ready(), first, end) };
+                    if seen == first {
+                        return Ok(Step::Done(()));
+                    }
+                    // Every failed CAS queues at `ready`'s L2 slice before the one that takes the next turn:
+                    // a poster far back in line pauses for as long as those ahead of it need, so that only
+                    // the next few poll.
+                    let pause = turn_pause_ns(first.wrapping_sub(seen));
+                    if pause > 0 {
+                        sync::pause_ns(pause);
+                    }
+                    Ok(if last_seen.replace(seen) != seen { Step::Progress } else { Step::Idle })
+                },
                 on,
             )?;
         }

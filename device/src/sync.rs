@@ -350,6 +350,24 @@ pub fn clock_ns() -> u64 {
     twin::now_ns()
 }
 
+/// Pauses this thread for about `ns` nanoseconds, leaving the SM's issue slots and its memory requests to
+/// others: for a wait that knows it has far to go (a shared poster with many turns ahead of its own) and
+/// would otherwise poll a contended word. nvptx: `nanosleep`, which the PTX ISA lets last anywhere in
+/// `[0, 2 * ns]`. Host: one spin hint (a host thread's longer pauses are [`backoff`]'s yields).
+#[inline(always)]
+pub fn pause_ns(ns: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: `nanosleep` only delays this thread.
+    unsafe {
+        core::arch::asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nostack, nomem))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        let _ = ns;
+        core::hint::spin_loop();
+    }
+}
+
 /// Backs off inside a polling loop; `spins` is how often this wait has spun already.
 /// nvptx: `nanosleep` growing to 1 µs, so a waiting thread leaves the SM's issue slots to others. Host: a
 /// spin hint, then `yield_now` after 64 spins, because the emulated NIC thread may share the core (docs/guide.md,
