@@ -6,7 +6,8 @@
 //! round on fresh counters, at least 11): the post path alone, the shapes of DOCA GPUNetIO's comparison.
 //! Every round starts at a grid-wide barrier, so the posters post at the same time. Each row gives WQEs/s over
 //! the median round (all posters' WQEs over the earliest start to the latest end, `%globaltimer`), the ns per
-//! WQE that makes, and the median poster's ns per post (per warp post for the warp rows); with
+//! WQE that makes, the median poster's ns per post (per warp post for the warp rows) and the slowest poster's
+//! (whose round sets the span when posters run together); with
 //! `--no-consumer` also the median launch's time over the posts per poster ("event ns/post": CUDA events
 //! around each launch on the GPU, wall time on the cpu executor, so launch and start-up included, as DOCA
 //! GPUNetIO's post path is measured). The last line is `N passed, M failed` (a row passes when device code
@@ -105,14 +106,15 @@ fn main() -> ExitCode {
     // the flushes, so its time is no cost per post.
     let event_col = if args.no_consumer { format!(" {:>16}", "event ns/post") } else { String::new() };
     gdaki_examples::outln!(
-        "{:<40} {:>8} {:>8} {:>7} {:>14} {:>10} {:>12}{event_col}",
+        "{:<40} {:>8} {:>8} {:>7} {:>14} {:>10} {:>12} {:>12}{event_col}",
         "shape",
         "posters",
         "posts",
         "rounds",
         "WQEs/s",
         "ns/WQE",
-        "ns/post"
+        "ns/post",
+        "max ns/post"
     );
     let (mut passed, mut failed) = (0, 0);
     for (shape, posts) in rows {
@@ -128,10 +130,11 @@ fn main() -> ExitCode {
                     String::new()
                 };
                 gdaki_examples::outln!(
-                    "{:<40} {nposters:>8} {posts:>8} {rounds:>7} {rate:>14.0} {:>10.2} {:>12.1}{event}",
+                    "{:<40} {nposters:>8} {posts:>8} {rounds:>7} {rate:>14.0} {:>10.2} {:>12.1} {:>12.1}{event}",
                     shape.label(),
                     1e9 / rate.max(1.0),
-                    r.median_ns_per_post()
+                    r.median_ns_per_post(),
+                    r.max_ns_per_post()
                 );
                 if args.no_consumer {
                     if (after.doorbells, after.wqes) == (before.doorbells, before.wqes) {

@@ -127,9 +127,21 @@ impl RateResult {
 
     /// Median of the posters' ns per post.
     pub fn median_ns_per_post(&self) -> f64 {
+        self.ns_per_post_at(0.5)
+    }
+
+    /// The slowest poster's ns per post over all rounds: the tail that sets a round's span, and with it the
+    /// rate, when posters run together.
+    pub fn max_ns_per_post(&self) -> f64 {
+        self.ns_per_post_at(1.0)
+    }
+
+    /// The posters' ns per post at quantile `q` (0 ..= 1, nearest rank below); 0 without a sample.
+    fn ns_per_post_at(&self, q: f64) -> f64 {
         let mut v = self.post_ns.clone();
         v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
+        let i = ((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1));
+        v.get(i).copied().unwrap_or(0.0)
     }
 
     /// Median of the launches' times ([`RateResult::launch_ns`]), ns; 0 without a launch.
@@ -377,5 +389,19 @@ impl PostRate {
     /// The NIC's counters (doorbells, BlueFlame writes, WQEs).
     pub fn nic(&self) -> &EmuNic {
         &self.nic
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RateResult;
+
+    #[test]
+    fn median_and_slowest_poster() {
+        let r =
+            RateResult { wqes: 0, round_ns: vec![], post_ns: vec![30.0, 10.0, 50.0, 20.0, 40.0], launch_ns: vec![] };
+        assert_eq!((r.median_ns_per_post(), r.max_ns_per_post()), (30.0, 50.0));
+        let none = RateResult { wqes: 0, round_ns: vec![], post_ns: vec![], launch_ns: vec![] };
+        assert_eq!((none.median_ns_per_post(), none.max_ns_per_post()), (0.0, 0.0));
     }
 }
