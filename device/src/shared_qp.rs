@@ -481,15 +481,16 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     fn try_ring(&self) -> Option<()> {
         // SAFETY: the state's words and the QP's dbrec and doorbell register (contract of `new`; the handle's
         // fields read here only the host writes); `rung`, the dbrec and the doorbell are written only under
-        // `db_lock`, so `rung` is read plainly under it (the lock's acquire ordered the last holder's store
-        // before this load). `ready`'s acquire orders the WQEs below it (released by their posters) before the
+        // `db_lock`, so `rung` is read with a plain load under it (the lock's acquire ordered the last holder's
+        // store before this load, and invalidated L1: no stale line; a volatile load would be a system-scope
+        // one, as if the NIC wrote the word). `ready`'s acquire orders the WQEs below it (released by their posters) before the
         // dbrec and doorbell stores, whose own releases pass them on to the NIC.
         unsafe {
             if !S::try_lock(self.db_lock()) {
                 return None;
             }
             let pi = S::load_acquire(self.ready());
-            if pi > sync::load_volatile(self.rung()) {
+            if pi > self.rung().read() {
                 let h = self.h;
                 db::update_dbrec((*h).dbrec, pi, (*h).placement);
                 db::ring_db((*h).bf_reg, CtrlSeg::producer_doorbell(pi as u16, (*h).qpn), (*h).placement);
