@@ -29,10 +29,13 @@
 //!    first operand with the three registers after it, predicate results, every stack word at a store through
 //!    a generic address), so a value is known only when it is.
 //!
-//! 5. Reads the kernel as one thread, the only active lane of a converged warp, as the `gdaki_sass_*`
+//! 5. Reads the kernel as one thread, the only active lane of a converged warp, lane 0, as the `gdaki_sass_*`
 //!    kernels are called: a `BRA.DIV` (to the loop a divergent warp runs for a warp-wide instruction) is not
-//!    taken, and a `SHFL.IDX` gives back the lane's own value, so that a result a warp leader shares (a
-//!    `Result` broadcast word by word) stays known and its error arm is not taken for the shortest path.
+//!    taken, a `SHFL.IDX` gives back the lane's own value, so that a result a warp leader shares (a
+//!    `Result` broadcast word by word) stays known and its error arm is not taken for the shortest path, and
+//!    `S2R SR_LANEID` is 0 and `VOTE.ANY` and `MATCH.ANY` give the mask of lane 0 alone, so that the lane is
+//!    its warp's leader (with `R2UR`, `IMAD.U32`, `IADD3`/`UIADD3`, `ULOP3.LUT`, `POPC`/`UPOPC` and `UISETP`
+//!    of known operands followed too): the path then makes the leader's reservation, as one lane posting does.
 //!
 //! Every instruction on the path counts once, guarded ones too (they are issued whatever the guard).
 //!
@@ -575,14 +578,26 @@ impl Known {
     /// Everything a recognised instruction writes, with the values known (`None` when `insn` is not one, or its
     /// result cannot be known: then [`destinations`] are forgotten).
     fn exact(&self, insn: &Insn, ops: &[String]) -> Option<Vec<(String, Option<u32>)>> {
-        let reg = |o: &String| o.starts_with('R') && o[1..].chars().all(|c| c.is_ascii_digit());
+        let reg = |o: &String| {
+            let n = o.strip_prefix("UR").or_else(|| o.strip_prefix('R'));
+            n.is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        };
         let known = |o: &String| self.value(o);
         match (insn.op.as_str(), ops) {
-            ("MOV", [d, s]) | ("IMAD.MOV.U32" | "IMAD.MOV", [d, _, _, s]) if reg(d) => {
-                if insn.op != "MOV" && (ops[1] != "RZ" || ops[2] != "RZ") {
+            ("MOV" | "R2UR", [d, s]) | ("IMAD.MOV.U32" | "IMAD.MOV" | "IMAD.U32", [d, _, _, s]) if reg(d) => {
+                if !matches!(insn.op.as_str(), "MOV" | "R2UR") && (ops[1] != "RZ" || ops[2] != "RZ") {
                     return None;
                 }
                 Some(vec![(d.clone(), known(s))])
+            }
+            // One active lane, lane 0 (see the module docs): its lane id, the active mask and the lanes that
+            // match its value are lane 0 alone.
+            ("S2R", [d, s]) if reg(d) && s == "SR_LANEID" => Some(vec![(d.clone(), Some(0))]),
+            ("VOTE.ANY", [d, _, _]) if reg(d) => Some(vec![(d.clone(), Some(1))]),
+            (op, [d, _]) if op.starts_with("MATCH.ANY") && reg(d) => Some(vec![(d.clone(), Some(1))]),
+            ("POPC" | "UPOPC", [d, a]) if reg(d) => Some(vec![(d.clone(), Some(known(a)?.count_ones()))]),
+            ("IADD3" | "UIADD3", [d, a, b, c]) if reg(d) => {
+                Some(vec![(d.clone(), Some(known(a)?.wrapping_add(known(b)?).wrapping_add(known(c)?)))])
             }
             // One active lane (see the module docs): a shuffle gives back the lane's own value.
             ("SHFL.IDX", [p, d, s, _, _]) if reg(d) => {
@@ -632,7 +647,7 @@ impl Known {
                 let chosen = if known(p)? != 0 { a } else { b };
                 Some(vec![(d.clone(), known(chosen))])
             }
-            ("LOP3.LUT", [d, a, b, c, lut, q]) if reg(d) && q == "!PT" => {
+            ("LOP3.LUT" | "ULOP3.LUT", [d, a, b, c, lut, q]) if reg(d) && (q == "!PT" || q == "!UPT") => {
                 Some(vec![(d.clone(), Some(lop3(known(a)?, known(b)?, known(c)?, known(lut)?)))])
             }
             ("LOP3.LUT", [p, d, a, b, c, lut, q]) if p.starts_with('P') && q == "!PT" => {
@@ -643,7 +658,10 @@ impl Known {
                 }
                 Some(out)
             }
-            (op, [p, q, a, b, c, low @ ..]) if op.starts_with("ISETP.") && q == "PT" && low.len() <= 1 => {
+            (op, [p, q, a, b, c, low @ ..])
+                if (op.starts_with("ISETP.") && q == "PT" || op.starts_with("UISETP.") && q == "UPT")
+                    && low.len() <= 1 =>
+            {
                 let mut parts: Vec<&str> = op.split('.').skip(1).collect();
                 let ex = parts.last() == Some(&"EX");
                 if ex {
@@ -1302,6 +1320,25 @@ w:
         .iter()
         .fold(Known::default(), |k, t| k.step(&insn(t)));
         assert_eq!((k.value("P1"), k.value("P2"), k.value("R10")), (Some(1), Some(0), None));
+        // One active lane, lane 0, leads its warp: the leader test of an aggregated post (the lowest lane of
+        // the matching lanes, through uniform registers) comes out true.
+        let k = [
+            "/*0000*/ VOTE.ANY R7, PT, PT ;",
+            "/*0000*/ MATCH.ANY.U64 R4, R4 ;",
+            "/*0000*/ S2R R0, SR_LANEID ;",
+            "/*0000*/ UMOV UR8, 0x20 ;",
+            "/*0000*/ R2UR UR7, R4 ;",
+            "/*0000*/ UISETP.NE.U32.AND UP0, UPT, UR7, URZ, UPT ;",
+            "/*0000*/ @UP0 UIADD3 UR4, UR7, -0x1, URZ ;",
+            "/*0000*/ @UP0 ULOP3.LUT UR4, UR7, UR4, URZ, 0xc, !UPT ;",
+            "/*0000*/ @UP0 UPOPC UR8, UR4 ;",
+            "/*0000*/ UPOPC UR5, UR7 ;",
+            "/*0000*/ IMAD.U32 R9, RZ, RZ, UR5 ;",
+            "/*0000*/ ISETP.NE.U32.AND P2, PT, R0, UR8, PT ;",
+        ]
+        .iter()
+        .fold(Known::default(), |k, t| k.step(&insn(t)));
+        assert_eq!((k.value("R7"), k.value("UR8"), k.value("R9"), k.value("P2")), (Some(1), Some(0), Some(1), Some(0)));
         // PLOP3 with every input PT reads bit 7 of its table (0x8: false, 0x80: true, as ptxas sets flags);
         // a stack word survives a store elsewhere in the stack but not a generic store.
         let run = |lines: &[&str]| lines.iter().fold(Known::default(), |k, t| k.step(&insn(t)));
