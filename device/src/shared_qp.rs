@@ -490,7 +490,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 return None;
             }
             let pi = S::load_acquire(self.ready());
-            if pi > self.rung().read() {
+            if pi > sync::load_locked(self.rung()) {
                 let h = self.h;
                 db::update_dbrec((*h).dbrec, pi, (*h).placement);
                 db::ring_db((*h).bf_reg, CtrlSeg::producer_doorbell(pi as u16, (*h).qpn), (*h).placement);

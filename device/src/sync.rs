@@ -88,6 +88,26 @@ pub unsafe fn load_volatile<T: Copy>(p: *const T) -> T {
     }
 }
 
+/// Loads a word that other threads write only under a lock the caller holds: a plain (weak) load on nvptx,
+/// `ld.global` (the lock's acquire ordered the last holder's store before it and invalidated L1), where
+/// [`load_volatile`] would be a system-scope load, as for memory the NIC writes. Host: the twin's plain load.
+///
+/// # Safety
+/// `p` must be valid for reads and aligned, and written only under the lock the caller holds.
+#[inline(always)]
+pub unsafe fn load_locked<T: Copy>(p: *const T) -> T {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller guarantees validity and alignment; no store races this load (the lock).
+    unsafe {
+        core::ptr::read(p)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller guarantees validity and alignment.
+    unsafe {
+        twin::load_plain(p)
+    }
+}
+
 /// Stores a `u32` with release semantics at system scope (`st.release.sys.u32`): a dbrec in host memory.
 ///
 /// # Safety
