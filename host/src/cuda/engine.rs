@@ -6,7 +6,11 @@
 //!
 //! The host writes 128-byte commands ([`Cmd`]) into a ring in pinned host memory and advances `HEAD` once per
 //! batch (the NIC's pass, a synchronize, or eight commands: [`Engine::publish`]); the first warp polls `HEAD`
-//! over PCIe, executes up to eight commands per round trip and stores `DONE`. The engine
+//! over PCIe, executes up to eight commands per round trip and stores `DONE`. It reads the next [`SPEC`]
+//! command slots in the same round trip as `HEAD`, ahead of their publication, so that a batch of that
+//! many costs no second PCIe read: each word of a slot carries its lap's tag ([`tagged`]), by which the
+//! engine knows a slot read ahead holds the command `HEAD` announced and not the lap before (or half of
+//! each: a 128-byte read is not single-copy atomic, an 8-byte word is). The engine
 //! leaves the GPU after [`IDLE`] without work (so that calls which wait for every running kernel, such as
 //! `cuMemFree`, wait at most that long for it) and is launched again by the next command. Leaving and
 //! relaunching race only through two words: the engine stores `STATE = EXITING`, fences, and reads `HEAD`
@@ -29,8 +33,19 @@ use crate::{Error, Result};
 
 /// Commands in the ring (a power of two).
 const SLOTS: u64 = 256;
-/// Commands the engine takes in one turn (`engine.ptx`: eight, four lanes each).
+/// Commands the engine takes in one turn (`engine.ptx`: eight, eight lanes each, four to a load).
 const TURN: u64 = 8;
+/// Command slots the engine reads with `HEAD`, ahead of their publication: a pass of the NIC's thread
+/// makes two (a BlueFlame WRITE: its data and its CQE) to three (a WRITE and a fetch-add) as a rule, and
+/// each slot read ahead is 128 more bytes on every idle turn's PCIe read.
+const SPEC: u32 = 4;
+// One load per lane reads four slots: the engine reads ahead only what that load covers.
+const _: () = assert!(SPEC <= 4);
+/// log2 of [`SLOTS`]: the lap of command `i` is `i >> LAP_SHIFT`.
+const LAP_SHIFT: u32 = SLOTS.trailing_zeros();
+/// The word of a [`Cmd`] ([`Cmd::reserved`]) that carries the other words' bit 63 in the ring (see
+/// [`tagged`]).
+const SPARE_WORD: usize = 7;
 /// Bytes per command.
 const CMD_BYTES: usize = 128;
 /// How long the engine stays on the GPU without work before it exits.
@@ -123,7 +138,8 @@ pub(crate) const FLAG_PUBLISH: u32 = 1;
 /// follows a system-scope fence.
 pub(crate) const FLAG_GPU_SCOPE: u32 = 2;
 
-/// One command, as the engine reads it: lane `4j + k` of the first warp loads bytes `32k..32k + 32` of command `j`.
+/// One command, as the engine reads it: lane `8j + m` of the first warp loads bytes `16m..16m + 16` of command
+/// `j` of a turn (and of command `j + 4`).
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub(crate) struct Cmd {
@@ -135,6 +151,7 @@ pub(crate) struct Cmd {
     pub a: u64,
     pub b: u64,
     pub result: u64,
+    /// Zero: carries the other words' bit 63 in the ring ([`tagged`]).
     pub reserved: u64,
     pub payload: [u64; 8],
 }
@@ -147,6 +164,20 @@ impl Cmd {
     }
 }
 
+/// The 16 words command number `index` (counted from the engine's start) takes in the ring: bit 63 of each
+/// word is the lap's tag, the inverse of bit 0 of `index >> LAP_SHIFT` (so that a ring of zeros holds no
+/// command of lap 0), and word [`SPARE_WORD`] keeps the words' own bits 63 (bit `w` for word `w`), from
+/// which the engine restores them after it has checked the tags. Requires `cmd.reserved == 0`.
+fn tagged(cmd: &Cmd, index: u64) -> [u64; CMD_BYTES / 8] {
+    debug_assert_eq!(cmd.reserved, 0);
+    let mut w: [u64; CMD_BYTES / 8] = bytemuck::cast(*cmd);
+    let spare = w.iter().enumerate().fold(0, |acc, (i, v)| acc | (v >> 63) << i);
+    w[SPARE_WORD] = spare;
+    let tag = (!(index >> LAP_SHIFT) & 1) << 63;
+    w.iter_mut().for_each(|v| *v = (*v & !(1 << 63)) | tag);
+    w
+}
+
 /// The mirror warp's pause per round, ns (`nanosleep`).
 const WATCH_PAUSE_NS: u32 = 100;
 /// The first warp reads `STOP` and `WATCH_GEN` on one turn of this many (a power of two), `HEAD` on every
@@ -156,7 +187,10 @@ const SLOW_TURNS: u32 = 8;
 /// The engine's PTX, with its constants filled in from this file and each `@SHFL64 dst, src, lane@` line
 /// expanded into the two 32-bit shuffles of a 64-bit register.
 pub(crate) fn ptx() -> String {
-    let subs: [(&str, String); 28] = [
+    let subs: [(&str, String); 31] = [
+        ("@SPEC@", SPEC.to_string()),
+        ("@SLOTS@", SLOTS.to_string()),
+        ("@LAP_SHIFT@", LAP_SHIFT.to_string()),
         ("@WATCH_GEN@", ctrl::WATCH_GEN.to_string()),
         ("@WATCH_ACK@", ctrl::WATCH_ACK.to_string()),
         ("@W_BYTES@", watch::BYTES.to_string()),
@@ -387,10 +421,16 @@ impl Engine {
             }
         }
         let slot = (self.head & (SLOTS - 1)) as usize * CMD_BYTES;
-        // SAFETY: the slot lies inside the ring; the engine has executed whatever it held (checked above)
-        // and reads it only after the Release store of HEAD in `publish`.
+        let words = tagged(cmd, self.head);
+        // SAFETY: the slot lies inside the ring; the engine has executed whatever it held (checked above).
+        // It may read the slot before the Release store of HEAD in `publish` (ahead, with HEAD), and takes
+        // what it read then only when every word carries this lap's tag: 8-byte aligned stores here, which
+        // a reader sees whole or not at all.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytemuck::bytes_of(cmd).as_ptr(), self.ring.host_ptr().add(slot), CMD_BYTES)
+            let dst = self.ring.host_ptr().add(slot).cast::<u64>();
+            for (i, &v) in words.iter().enumerate() {
+                AtomicU64::from_ptr(dst.add(i)).store(v, Ordering::Relaxed);
+            }
         };
         self.head += 1;
         if self.head - self.published >= TURN {
@@ -589,8 +629,9 @@ mod tests {
     use super::*;
     use std::mem::offset_of;
 
-    /// The PTX reads the command's fields by lane and register: lane 4j holds words 0..4 (op and flags,
-    /// len, dst, src), lane 4j + 1 words 4..8 (a, b, result), lanes 4j + 2 and 4j + 3 the payload.
+    /// The PTX reads the command's fields by lane and register: lane 8j + m holds words 2m and 2m + 1, so
+    /// lanes 8j and 8j + 1 op and flags, len, dst and src, lanes 8j + 2 and 8j + 3 a, b, result and the
+    /// word with the tagged bits, lanes 8j + 4 to 8j + 7 the payload.
     #[test]
     fn command_fields_sit_where_the_engine_reads_them() {
         assert_eq!(offset_of!(Cmd, op), 0);
@@ -601,6 +642,7 @@ mod tests {
         assert_eq!(offset_of!(Cmd, a), 32);
         assert_eq!(offset_of!(Cmd, b), 40);
         assert_eq!(offset_of!(Cmd, result), 48);
+        assert_eq!(offset_of!(Cmd, reserved), SPARE_WORD * 8);
         assert_eq!(offset_of!(Cmd, payload), 64);
     }
 
@@ -617,9 +659,43 @@ mod tests {
         // ptxas and the driver's JIT refuse anything but ASCII, comments included.
         assert!(p.is_ascii());
         assert_eq!(p.matches(".entry gdaki_emu_engine").count(), 1);
-        // 15 64-bit shuffles in the command decoder and the write path, 3 in the polling loop and the exit
-        // offer, 1 when STOP is seen, 1 in the mirror table's load, 5 in the mirror's copy (one ring's
-        // addresses and range, to the whole warp).
-        assert_eq!(p.matches("shfl.sync.idx.b32 %r32").count(), 25);
+        // 15 64-bit shuffles in the command decoder and the write path, 2 restoring the tagged bits, 3 in
+        // the polling loop and the exit offer, 1 when STOP is seen, 1 in the mirror table's load, 5 in the
+        // mirror's copy (one ring's addresses and range, to the whole warp).
+        assert_eq!(p.matches("shfl.sync.idx.b32 %r32").count(), 27);
+    }
+
+    /// What `engine.ptx` does with a slot's 16 words read ahead (WORK, then LOADED), written again from its
+    /// description: the slot counts only when every word's bit 63 is the inverse of bit 0 of the expected
+    /// lap; then each word's bit 63 comes back from bit `w` of word 7.
+    fn engine_reads(words: &[u64; 16], index: u64) -> Option<Cmd> {
+        let want = u64::from((index >> LAP_SHIFT) & 1 == 0);
+        if words.iter().any(|v| v >> 63 != want) {
+            return None;
+        }
+        let spare = words[7];
+        let out: [u64; 16] = std::array::from_fn(|w| (words[w] & !(1 << 63)) | ((spare >> w) & 1) << 63);
+        let mut cmd: Cmd = bytemuck::cast(out);
+        cmd.reserved = 0;
+        Some(cmd)
+    }
+
+    proptest::proptest! {
+        /// A tagged command reads back whole at its own index, and never at the same slot one lap on or
+        /// back; a slot never written (zeros) holds no command of lap 0.
+        #[test]
+        fn a_tagged_slot_is_taken_only_in_its_own_lap(
+            words in proptest::array::uniform16(proptest::num::u64::ANY),
+            index in 0u64..1 << 40,
+        ) {
+            let mut cmd: Cmd = bytemuck::cast(words);
+            cmd.reserved = 0;
+            let t = tagged(&cmd, index);
+            let back = engine_reads(&t, index).expect("taken in its lap");
+            proptest::prop_assert_eq!(bytemuck::bytes_of(&back), bytemuck::bytes_of(&cmd));
+            proptest::prop_assert!(engine_reads(&t, index + SLOTS).is_none());
+            proptest::prop_assert!(engine_reads(&t, index.wrapping_sub(SLOTS)).is_none() || index < SLOTS);
+            proptest::prop_assert!(engine_reads(&[0; 16], index % SLOTS).is_none());
+        }
     }
 }
