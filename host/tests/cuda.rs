@@ -611,6 +611,43 @@ fn copier_atomics_and_published_writes() {
     }
 }
 
+/// Engine writes given in batches of one to eight (each batch published at once: the engine takes a batch of up
+/// to four from the slots it read with its count, a larger one after it), over more than four laps of its
+/// 256-slot command ring, half of them with every bit set (so every word's bit 63, which the ring's lap tag
+/// takes, is set) and half random, some published: every byte lands, the later write of a place last.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn copier_engine_batches_keep_every_bit_across_laps() {
+    let _serial = serial();
+    let gpu = gpu();
+    let copier = gpu.copier().unwrap();
+    const PLACES: usize = 1024;
+    let dev = gpu.alloc_device(PLACES * 64).unwrap();
+    let mut expect = vec![0u8; PLACES * 64];
+    // One write and a wait first: the engine then runs, and the writes below go to it, not to the copy engines.
+    // SAFETY: 8 bytes inside `dev`, alive until the synchronize.
+    unsafe { copier.write_async(gpu_loc(dev.device_addr()), &[0; 8], false) }.unwrap();
+    copier.synchronize().unwrap();
+    let mut n = 0usize;
+    while n < 5 * 256 {
+        for batch in 1..=8 {
+            for _ in 0..batch {
+                let data = if n % 2 == 0 { vec![0xff; 64] } else { random_bytes(n as u64, 64) };
+                let at = (n * 7 % PLACES) * 64;
+                // SAFETY: 64 bytes inside `dev`, alive until the synchronize below.
+                unsafe { copier.write_async(gpu_loc(dev.device_addr() + at as u64), &data, n % 3 == 0) }.unwrap();
+                expect[at..at + 64].copy_from_slice(&data);
+                n += 1;
+            }
+            copier.submit().unwrap();
+        }
+    }
+    copier.synchronize().unwrap();
+    let got = dev.to_vec().unwrap();
+    let first_bad = got.chunks(64).zip(expect.chunks(64)).position(|(g, e)| g != e);
+    assert_eq!(first_bad, None, "64-byte place {first_bad:?} differs after {n} writes");
+}
+
 /// The engine leaves the GPU after a few idle milliseconds, so that a call that waits for every running
 /// kernel (`cuMemFree`) returns soon while the copier is open, and comes back for the next operation.
 #[test]
