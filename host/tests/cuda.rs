@@ -632,10 +632,11 @@ fn copier_engine_batches_keep_every_bit_across_laps() {
     while n < 5 * 256 {
         for batch in 1..=8 {
             for _ in 0..batch {
-                let data = if n % 2 == 0 { vec![0xff; 64] } else { random_bytes(n as u64, 64) };
+                let data = if n.is_multiple_of(2) { vec![0xff; 64] } else { random_bytes(n as u64, 64) };
                 let at = (n * 7 % PLACES) * 64;
                 // SAFETY: 64 bytes inside `dev`, alive until the synchronize below.
-                unsafe { copier.write_async(gpu_loc(dev.device_addr() + at as u64), &data, n % 3 == 0) }.unwrap();
+                unsafe { copier.write_async(gpu_loc(dev.device_addr() + at as u64), &data, n.is_multiple_of(3)) }
+                    .unwrap();
                 expect[at..at + 64].copy_from_slice(&data);
                 n += 1;
             }
