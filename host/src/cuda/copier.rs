@@ -1,13 +1,14 @@
 //! The emulated NIC's operations on GPU memory: small ones on the engine warp, large copies on the copy
 //! engines, in one order.
 
-use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use cudarc::driver::sys;
+use rustc_hash::FxHashMap;
 
 use super::driver::check;
 use super::engine::{Cmd, Engine, Op, FLAG_GPU_SCOPE, FLAG_PUBLISH};
@@ -65,14 +66,18 @@ const SLOW: Duration = Duration::from_millis(500);
 pub struct CudaCopier {
     stream: Arc<Stream>,
     state: Mutex<State>,
+    /// Changes between the engine and the stream so far ([`GpuCopier::way_changes`]): counted under the
+    /// state's lock, read without it (the NIC's thread reads it twice per WQE).
+    changes: AtomicU64,
+    /// Whether engine commands were given since the last [`GpuCopier::submit`] (set and cleared under the
+    /// state's lock, read without it: the NIC's thread submits after every pass, most of which gave nothing).
+    given: AtomicBool,
 }
 
 struct State {
     engine: Engine,
     /// Which way the last operation went.
     last: Last,
-    /// Changes of `last` between the engine and the stream ([`GpuCopier::way_changes`]).
-    changes: u64,
     /// The last value the stream was asked to write into the copy-engine flag.
     ce_seq: u32,
     /// The last value the engine was asked to write into the gate word.
@@ -108,8 +113,9 @@ struct Positions {
     flag_covers: u64,
     /// The engine position the stream has already waited for (its last gate follows those commands).
     gate_covers: u64,
-    /// Each QP's last stream position and last engine position.
-    qps: HashMap<u32, (u64, u64)>,
+    /// Each QP's last stream position and last engine position (looked up on every operation of the NIC's
+    /// thread: Fx hashing, as the QP number is no attacker's input).
+    qps: FxHashMap<u32, (u64, u64)>,
     /// The last stream and engine positions of operations enqueued without a QP (everyone follows them).
     untagged: (u64, u64),
 }
@@ -164,7 +170,6 @@ impl CudaCopier {
         let state = State {
             engine,
             last: Last::None,
-            changes: 0,
             ce_seq: 0,
             gate_seq: 0,
             handoff,
@@ -177,7 +182,12 @@ impl CudaCopier {
             upload,
             upload_used: 0,
         };
-        Ok(CudaCopier { stream: Arc::new(stream), state: Mutex::new(state) })
+        Ok(CudaCopier {
+            stream: Arc::new(stream),
+            state: Mutex::new(state),
+            changes: AtomicU64::new(0),
+            given: AtomicBool::new(false),
+        })
     }
 
     /// The copier's stream, e.g. to wait for its copies with a time limit ([`Stream::wait`]).
@@ -198,7 +208,7 @@ impl CudaCopier {
 
     /// The QP the calling thread's operations belong to ([`GpuCopier::order_by`]), if any.
     fn qp(st: &State) -> Option<u32> {
-        st.order.filter(|(t, _)| *t == thread::current().id()).map(|(_, q)| q)
+        st.order.filter(|(t, _)| *t == this_thread()).map(|(_, q)| q)
     }
 
     /// Puts `cmd` on the engine, after the stream's earlier copies that it must follow.
@@ -219,9 +229,12 @@ impl CudaCopier {
             st.pos.flag_covers = st.pos.stream_ops;
         }
         st.engine.push(cmd)?;
+        self.given.store(true, Ordering::Relaxed);
         let head = st.engine.head();
         st.pos.record(qp, 0, head);
-        st.changes += u64::from(st.last == Last::Stream);
+        if st.last == Last::Stream {
+            self.changes.fetch_add(1, Ordering::Relaxed);
+        }
         st.last = Last::Engine;
         Ok(())
     }
@@ -248,7 +261,9 @@ impl CudaCopier {
             check(status, "cuStreamWaitValue32")?;
             st.pos.gate_covers = st.engine.head();
         }
-        st.changes += u64::from(st.last == Last::Engine);
+        if st.last == Last::Engine {
+            self.changes.fetch_add(1, Ordering::Relaxed);
+        }
         st.last = Last::Stream;
         st.stream_dirty = true;
         Ok(())
@@ -361,6 +376,17 @@ impl CudaCopier {
         Self::stream_done(st);
         Ok(())
     }
+}
+
+thread_local! {
+    /// The thread's id, read once: `thread::current()` clones the thread's handle (two atomic operations),
+    /// and the NIC's thread asks on every operation it enqueues.
+    static THREAD: ThreadId = thread::current().id();
+}
+
+/// The calling thread's id (see [`THREAD`]).
+fn this_thread() -> ThreadId {
+    THREAD.with(|t| *t)
 }
 
 fn check_range(loc: MemLoc, len: usize, side: &str) -> Result<()> {
@@ -495,12 +521,12 @@ impl GpuCopier for CudaCopier {
 
     /// Tags the calling thread's later operations with `qp` (see the trait).
     fn order_by(&self, qp: Option<u32>) {
-        self.lock().order = qp.map(|q| (thread::current().id(), q));
+        self.lock().order = qp.map(|q| (this_thread(), q));
     }
 
     /// Changes between the engine and the stream so far.
     fn way_changes(&self) -> u64 {
-        self.lock().changes
+        self.changes.load(Ordering::Relaxed)
     }
 
     /// Publishes the engine commands given since the last publication, as one batch.
@@ -508,7 +534,14 @@ impl GpuCopier for CudaCopier {
     /// # Errors
     /// The driver's error when the engine's launch fails.
     fn submit(&self) -> Result<()> {
-        self.lock().engine.publish()
+        // A command given by another thread after this load is published by the next submit (or by that
+        // thread's synchronize).
+        if !self.given.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        self.given.store(false, Ordering::Relaxed);
+        st.engine.publish()
     }
 
     /// Waits until every operation enqueued so far has completed: the engine's (bounded spin on its executed

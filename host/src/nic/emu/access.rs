@@ -218,9 +218,11 @@ impl DataPath {
         })
     }
 
-    fn copier(&self) -> Result<&Arc<dyn GpuCopier>, Fault> {
+    /// The copier of `gpu` (a `DataPath`'s field, borrowed alone so that the others stay writable while it is
+    /// used, with no reference count taken per operation).
+    fn copier(gpu: &Option<Arc<dyn GpuCopier>>) -> Result<&dyn GpuCopier, Fault> {
         // An MR in GPU memory can only be registered with a copier, so this is unreachable in practice.
-        self.gpu.as_ref().ok_or(Fault::gpu_copy())
+        gpu.as_deref().ok_or(Fault::gpu_copy())
     }
 
     /// Copies `len` bytes from `src` to `dst`.
@@ -239,7 +241,7 @@ impl DataPath {
             unsafe { hostmem::copy(dst.addr, src.addr, len) };
             return Ok(());
         }
-        let g = self.copier()?.clone();
+        let g = Self::copier(&self.gpu)?;
         let n = usize::try_from(len).map_err(|_| Fault::gpu_copy())?;
         // SAFETY: both ranges are registered and stay valid until the next synchronize (caller's contract).
         unsafe { g.copy_async(dst, src, n) }.map_err(|_| Fault::gpu_copy())?;
@@ -262,7 +264,7 @@ impl DataPath {
             unsafe { hostmem::write(dst.addr, data) };
             return Ok(());
         }
-        let g = self.copier()?.clone();
+        let g = Self::copier(&self.gpu)?;
         if data.len() > 4 * WRITE_ASYNC_MAX {
             let src = MemLoc { kind: MemKind::Host, addr: data.as_ptr() as u64 };
             // SAFETY: `dst` as the caller promises; the copier takes the host bytes before it returns.
@@ -286,7 +288,7 @@ impl DataPath {
     /// # Safety
     /// As [`DataPath::copy`] for `dst` and `data.len()` bytes.
     pub(crate) unsafe fn publish(&mut self, dst: MemLoc, data: &[u8]) -> Result<(), Fault> {
-        let g = self.copier()?.clone();
+        let g = Self::copier(&self.gpu)?;
         // SAFETY: the caller's contract.
         unsafe { g.write_async(dst, data, true) }.map_err(|_| Fault::gpu_copy())?;
         self.pending = true;
@@ -307,7 +309,7 @@ impl DataPath {
             unsafe { hostmem::read(src.addr, out) };
             return Ok(());
         }
-        let g = self.copier()?.clone();
+        let g = Self::copier(&self.gpu)?;
         let dst = MemLoc { kind: MemKind::Host, addr: out.as_mut_ptr() as u64 };
         // SAFETY: `src` as the caller promises; `out` is borrowed exclusively until the fence below.
         unsafe { g.copy_async(dst, src, out.len()) }.map_err(|_| Fault::gpu_copy())?;
@@ -329,7 +331,7 @@ impl DataPath {
     }
 
     fn fetch_into(&mut self, reads: &mut [(MemLoc, &mut [u8])]) -> Result<(), Fault> {
-        let g = self.copier()?.clone();
+        let g = Self::copier(&self.gpu)?;
         for (src, out) in reads.iter_mut() {
             if out.is_empty() {
                 continue;
@@ -373,12 +375,12 @@ impl DataPath {
             // SAFETY: registered, aligned host word (caller's contract).
             return Ok(Old::Known(unsafe { host_atomic(at.addr, op) }));
         }
-        let g = self.copier()?.clone();
         let slot = self.olds.free();
         if bit_get(&self.olds.unfenced, slot) {
             // Two pending copies into one host word: the first one's value would be lost.
             self.fence()?;
         }
+        let g = Self::copier(&self.gpu)?;
         let scratch = self.scratch.as_ref().ok_or(Fault::gpu_copy())?.loc(slot * 8);
         let host = MemLoc { kind: MemKind::Host, addr: self.olds.host[slot].as_ptr() as u64 };
         // SAFETY: `at` as the caller promises; the scratch word (inside the `SCRATCH_BYTES` of `scratch`) and
@@ -439,7 +441,7 @@ impl DataPath {
     /// As [`DataPath::copy`] for `at` and `result`, 8 bytes each; `at.addr` is 8-byte aligned.
     pub(crate) unsafe fn atomic_into(&mut self, at: MemLoc, op: AtomicOp, result: MemLoc) -> Result<(), Fault> {
         if at.kind == MemKind::Gpu && result.kind == MemKind::Gpu {
-            let g = self.copier()?.clone();
+            let g = Self::copier(&self.gpu)?;
             // SAFETY: the caller's contract.
             unsafe { g.atomic_async(at, op, result) }.map_err(|_| Fault::gpu_copy())?;
             self.pending = true;
