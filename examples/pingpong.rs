@@ -369,7 +369,7 @@ fn split_line(split: &[gdaki_testkit::pingpong::Split]) -> Option<String> {
     };
     Some(format!(
         "# round trip split (medians, the ranks' clocks): rank 0 posts {:.2} µs, leg to rank 1 {:.2} µs, rank 1 \
-         checks and posts {:.2} µs, leg back {:.2} µs",
+         posts {:.2} µs, leg back {:.2} µs",
         median(|s| s.post0),
         median(|s| s.leg01),
         median(|s| s.turn1),

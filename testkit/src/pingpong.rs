@@ -78,8 +78,8 @@ pub struct Split {
     pub post0: u64,
     /// From there until rank 1 saw its semaphore: the NIC's leg and rank 1's poll.
     pub leg01: u64,
-    /// Rank 1 from seeing its semaphore to its own send returning: the payload check, the team's barriers
-    /// and the post.
+    /// Rank 1 from seeing its semaphore to its own send returning: the post (the payload is checked after
+    /// it, off the round trip's path).
     pub turn1: u64,
     /// From there until rank 0 saw its semaphore.
     pub leg10: u64,
@@ -115,13 +115,14 @@ struct Rank {
 }
 
 impl Rank {
-    /// Creates the rank's CQ and QP in `pd` and registers its buffers (`buf_len` bytes each) and its control
-    /// words (slot `slot` of `ctrl`). Not connected yet.
+    /// Creates the rank's CQ and QP in `pd` and registers its buffers (`buf_len` bytes to send, twice that to
+    /// receive into) and its control words (slot `slot` of `ctrl`). Not connected yet.
     fn new(nic: &Nic, pd: &Pd, exec: &Executor, id: u32, buf_len: usize, ctrl: &DataBuf, slot: usize) -> Result<Self> {
         let cq = nic.create_cq(WQE_CNT)?;
         let qp = nic.create_qp(pd, &cq, WQE_CNT)?;
         let send = exec.alloc_data(buf_len)?;
-        let recv = exec.alloc_data(buf_len)?;
+        // Two halves: iteration k's message lands in half k % 2 (see the kernel's module docs).
+        let recv = exec.alloc_data(2 * buf_len)?;
         let at = ctrl.loc();
         let word = |off: usize| MemLoc { kind: at.kind, addr: at.addr + (slot * CTRL_STRIDE + off) as u64 };
         // SAFETY: every registered range is owned by the `PingPong` (buffers, `ctrl`) and outlives the MRs,
@@ -129,7 +130,7 @@ impl Rank {
         let (send_mr, recv_mr, sem_mr, scratch_mr) = unsafe {
             (
                 nic.reg_mr(pd, send.loc(), buf_len as u64, Access::LOCAL_WRITE)?,
-                nic.reg_mr(pd, recv.loc(), buf_len as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
+                nic.reg_mr(pd, recv.loc(), 2 * buf_len as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
                 nic.reg_mr(pd, word(SEM), 8, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC)?,
                 nic.reg_mr(pd, word(SCRATCH), 8, Access::LOCAL_WRITE)?,
             )
@@ -308,10 +309,11 @@ impl PingPong {
         let pd = nic.alloc_pd()?;
         let mut me = Rank::new(&nic, &pd, &exec, rank, buf_len, &ctrl, 0)?;
         let peer = PeerInfo::from_bytes(&exchange(&me.info().to_bytes())?)?;
-        if peer.recv.length < buf_len as u64 {
+        if peer.recv.length / 2 < buf_len as u64 {
             return Err(Error::InvalidArgument(format!(
-                "the peer's receive buffer holds {} bytes, this rank sends up to {buf_len}: run both with the same sizes",
-                peer.recv.length
+                "the peer's receive buffer holds two halves of {} bytes, this rank sends up to {buf_len}: run both \
+                 with the same sizes",
+                peer.recv.length / 2
             )));
         }
         me.connect(&peer)?;

@@ -3,10 +3,13 @@
 //!
 //! Iteration `k`: rank 0 fills its send buffer with a pseudo-random payload, RDMA-writes it to rank 1 and
 //! signals rank 1's semaphore (ATOMIC fetch-add, placed after the write), then waits for its own semaphore to
-//! reach `k + 1`; the time between is one round trip. Rank 1 waits for its semaphore, checks every byte of the
-//! payload, and answers the same way (its answer is filled before the ping arrives). Both ranks check what they
-//! receive and flush before reusing buffers. With `blueflame` set, a message is one 8-byte WRITE by BlueFlame
-//! and no fetch-add: the peer polls the payload's word instead of a semaphore.
+//! reach `k + 1`; the time between is one round trip. Rank 1 waits for its semaphore and answers the same way at
+//! once (its answer is filled before the ping arrives), then checks every byte of the ping. Both ranks check
+//! what they receive and flush before reusing their send buffer. A receive buffer has two halves, and the
+//! message of iteration `k` lands in half `k % 2`: the next message lands in the other half, and the one after
+//! it only once this rank has sent again, after its check; so rank 1 checks off the round trip's path, as
+//! perftest's `ib_write_lat` (which checks nothing) leaves it. With `blueflame` set, a message is one 8-byte
+//! WRITE by BlueFlame and no fetch-add: the peer polls the payload's word instead of a semaphore.
 
 use bytemuck::{Pod, Zeroable};
 use gdaki_device::error::{Error, PayloadMismatch, Result, WaitOn};
@@ -25,11 +28,12 @@ pub struct PingPongArgs {
     pub qp: u64,
     /// Send buffer (at least `size` bytes rounded up to 8).
     pub send: MrHandle,
-    /// Receive buffer the peer writes into (same size).
+    /// Receive buffer the peer writes into: two halves of `length / 2` bytes, each at least the send buffer's
+    /// length (iteration `k`'s message lands in half `k % 2`).
     pub recv: MrHandle,
     /// 8 bytes (8-byte aligned) where fetch-add results land.
     pub scratch: MrHandle,
-    /// The peer's receive buffer.
+    /// The peer's receive buffer (two halves, as `recv`).
     pub peer_recv: RemoteMr,
     /// The peer's semaphore (8 bytes).
     pub peer_sem: RemoteMr,
@@ -109,17 +113,23 @@ fn fill(team: &impl Team, a: &PingPongArgs, iter: u64) {
     }
 }
 
+/// The half of this rank's receive buffer that iteration `iter`'s message lands in.
+#[inline(always)]
+fn recv_half(a: &PingPongArgs, iter: u64) -> u64 {
+    a.recv.addr + (iter & 1) * (a.recv.length / 2)
+}
+
 fn check(team: &impl Team, a: &PingPongArgs, iter: u64) -> Option<PayloadMismatch> {
     let words = a.size.div_ceil(8);
-    let base = a.recv.addr as *const u64;
+    let base = recv_half(a, iter) as *const u64;
     let mut i = team.tid() as u64;
     while i < words {
         let expected = payload_word(a.seed, a.rank ^ 1, iter, i);
         // The last word may be partial: only its first `size % 8` bytes were sent.
         let tail = a.size - i * 8;
         let mask = if tail >= 8 { u64::MAX } else { u64::MAX >> (64 - 8 * tail) };
-        // SAFETY: the receive buffer holds `words` words (host contract). Volatile: the NIC wrote it, and L1
-        // may hold last iteration's line.
+        // SAFETY: each half of the receive buffer holds `words` words (host contract). Volatile: the NIC wrote
+        // it, and L1 may hold the line of two iterations ago.
         let seen = unsafe { base.add(i as usize).read_volatile() };
         if (seen ^ expected) & mask != 0 {
             return Some(PayloadMismatch { iter, offset: i * 8, expected: expected & mask, seen: seen & mask });
@@ -152,18 +162,23 @@ fn leader_step(
 }
 
 /// What a rank sends, built once before its loop (the ranges and keys are checked there, not on every send):
-/// the WRITE of the payload and the fetch-add on the peer's semaphore.
+/// the WRITE of the payload into each half of the peer's receive buffer, and the fetch-add on the peer's
+/// semaphore.
 #[derive(Clone, Copy)]
 struct Sends {
-    write: Wqe<3>,
+    even: Wqe<3>,
+    odd: Wqe<3>,
     signal: Wqe<4>,
 }
 
 impl Sends {
     fn new(a: &PingPongArgs) -> Result<Self> {
-        let write = wqe::rdma_write(onesided::remote(&a.peer_recv, 0, a.size)?, onesided::local(&a.send, 0, a.size)?);
+        let local = onesided::local(&a.send, 0, a.size)?;
+        let half = a.peer_recv.length / 2;
+        let even = wqe::rdma_write(onesided::remote(&a.peer_recv, 0, a.size)?, local);
+        let odd = wqe::rdma_write(onesided::remote(&a.peer_recv, half, a.size)?, local);
         let (r, l) = onesided::atomic_target(&a.peer_sem, 0, &a.scratch, 0)?;
-        Ok(Sends { write, signal: wqe::atomic_fetch_add(r, l, 1)? })
+        Ok(Sends { even, odd, signal: wqe::atomic_fetch_add(r, l, 1)? })
     }
 }
 
@@ -175,11 +190,12 @@ impl Sends {
 /// call takes it by reference and loads every field from the stack (measured on the H200 at 8 B by
 /// BlueFlame: 0.9 µs per post inlined, 1.3 µs called).
 #[inline(always)]
-fn send(qp: &mut Qp<'_>, s: &Sends, blueflame: bool) -> Result<()> {
+fn send(qp: &mut Qp<'_>, s: &Sends, k: u64, blueflame: bool) -> Result<()> {
+    let write = if k & 1 == 0 { s.even } else { s.odd };
     if blueflame {
-        return qp.post_bf(true, s.write).map(|_| ());
+        return qp.post_bf(true, write).map(|_| ());
     }
-    let _ = qp.post(false, s.write)?;
+    let _ = qp.post(false, write)?;
     let _ = qp.post(true, s.signal)?;
     qp.ring_db();
     Ok(())
@@ -195,12 +211,12 @@ fn arrived(qp: &mut Qp<'_>, a: &PingPongArgs, k: u64) -> Result<()> {
         return unsafe { qp.wait_semaphore(a.sem as *const u64, k + 1).map(|_| ()) };
     }
     let want = payload_word(a.seed, a.rank ^ 1, k, 0);
-    let word = a.recv.addr as *const u64;
+    let word = recv_half(a, k) as *const u64;
     let seen = core::cell::Cell::new(0);
     wait::bounded(
         a.timeout_ns,
         || {
-            // SAFETY: the receive buffer holds at least 8 bytes (host contract), 8-aligned.
+            // SAFETY: each half of the receive buffer holds at least 8 bytes (host contract), 8-aligned.
             seen.set(unsafe { sync::load_acquire_u64(word) });
             Ok((seen.get() == want).then_some(()))
         },
@@ -234,11 +250,18 @@ pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
         let stop = leader_step(team, &mut qp, a, |qp| {
             if a.rank == 0 {
                 ph.send_start = sync::clock_ns();
-                send(qp, &sends, a.blueflame != 0)?;
+                send(qp, &sends, k, a.blueflame != 0)?;
                 ph.send_done = sync::clock_ns();
             }
             arrived(qp, a, k)?;
             ph.seen = sync::clock_ns();
+            if a.rank == 1 {
+                // The answer goes first; the ping is checked below, in its half of the receive buffer, which
+                // no message overwrites before this rank's next answer.
+                ph.send_start = sync::clock_ns();
+                send(qp, &sends, k, a.blueflame != 0)?;
+                ph.send_done = sync::clock_ns();
+            }
             Ok(())
         });
         if stop {
@@ -252,11 +275,6 @@ pub unsafe fn run(team: &impl Team, a: &PingPongArgs) {
             return;
         }
         let stop = leader_step(team, &mut qp, a, |qp| {
-            if a.rank == 1 {
-                ph.send_start = sync::clock_ns();
-                send(qp, &sends, a.blueflame != 0)?;
-                ph.send_done = sync::clock_ns();
-            }
             if a.times != 0 {
                 // SAFETY: `times` holds `iters` records (caller's contract); only the leader writes them.
                 unsafe { (a.times as *mut Phases).add(k as usize).write_volatile(ph) };
