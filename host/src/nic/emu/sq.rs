@@ -649,6 +649,15 @@ fn step(
                 }
             }
             if h.cq_update {
+                if !eng.interleave && idx + h.wqebbs as u64 >= pi {
+                    // The doorbell's last WQE, with no other QP's WQEs waiting: its data movement starts now,
+                    // before its CQE is even built, which follows with the pass's own submit. The peer waits
+                    // for the data, the poster for the CQE later; the engine reads the published commands
+                    // once per PCIe round trip, so data published a few hundred ns sooner is executed
+                    // sooner. With several QPs busy the pass publishes once (measured on the H200: with a
+                    // publish per doorbell, four QPs' 256 KiB and 4 MiB WRITEs took 37% longer).
+                    eng.data.submit();
+                }
                 complete(fab, qp, &mut eng.data, idx, h.opcode, out.byte_cnt);
             }
         }
