@@ -334,7 +334,9 @@ pub trait GpuCopier: Send + Sync {
     /// Starts every operation enqueued so far. An implementation may hold small operations back to hand
     /// them to the GPU in batches (the CUDA copier's engine takes eight commands per turn); it starts them
     /// at a synchronize, once a batch is full, or here. The emulated NIC calls this at the end of each pass
-    /// of its thread. The default does nothing (every operation starts when enqueued).
+    /// of its thread, and before building the CQE of a doorbell's last WQE when no other QP has WQEs
+    /// waiting (so that the data that WQE moves starts first). The default does nothing (every operation
+    /// starts when enqueued).
     ///
     /// # Errors
     /// The CUDA driver's error.
