@@ -50,8 +50,9 @@ pub struct RunConfig {
     pub timeout: Duration,
     /// Send each message as one RDMA WRITE by BlueFlame (`Qp::post_bf`: the WQE travels in the BlueFlame
     /// register), with no fetch-add: the peer polls the payload's word, as perftest's `ib_write_lat` polls
-    /// its buffer. `size` must then be [`BLUEFLAME_SIZE`]: one word, which matches last iteration's by chance
-    /// with probability 2^-64, and which the NIC places whole.
+    /// its buffer. `size` must then be [`BLUEFLAME_SIZE`]: one word, which the NIC places whole, and which
+    /// matches the one its half of the receive buffer held (two iterations earlier, or zero at a run's
+    /// start) by chance with probability 2^-64.
     pub blueflame: bool,
 }
 
@@ -111,7 +112,7 @@ struct Rank {
     qp: Qp,
     _cq: Cq,
     send: DataBuf,
-    _recv: DataBuf,
+    recv: DataBuf,
 }
 
 impl Rank {
@@ -136,19 +137,7 @@ impl Rank {
             )
         };
         let none = RemoteMr::default();
-        Ok(Rank {
-            id,
-            peer_recv: none,
-            peer_sem: none,
-            send_mr,
-            recv_mr,
-            sem_mr,
-            scratch_mr,
-            qp,
-            _cq: cq,
-            send,
-            _recv: recv,
-        })
+        Ok(Rank { id, peer_recv: none, peer_sem: none, send_mr, recv_mr, sem_mr, scratch_mr, qp, _cq: cq, send, recv })
     }
 
     /// What the peer needs: the QP's endpoint, the receive buffer and the semaphore.
@@ -235,7 +224,8 @@ pub struct PingPong {
 
 impl PingPong {
     /// Opens an emulated NIC for `exec`, creates two PDs, CQs and RC QPs, connects them, and registers each
-    /// rank's send and receive buffers (`max_size` bytes rounded up to 8), semaphore and fetch-add result.
+    /// rank's send buffer (`max_size` bytes rounded up to 8), receive buffer (two halves of that size),
+    /// semaphore and fetch-add result.
     /// Room for `max_iters` timed iterations (warm-up included).
     ///
     /// # Errors
@@ -432,9 +422,16 @@ impl PingPong {
                 cfg.size
             )));
         }
-        for r in 0..self.ranks.len() {
+        for (r, rank) in self.ranks.iter().enumerate() {
             // Semaphore, fetch-add result, counter and report start at zero (no device code runs between runs).
             self.ctrl.write(r * CTRL_STRIDE, &[0; QP_HANDLE])?;
+            if cfg.blueflame {
+                // The word a BlueFlame run polls, in both halves: an earlier run with the same seed may have
+                // left there the very value this run's first messages carry.
+                let half = rank.recv_mr.handle().length / 2;
+                rank.recv.write(0, &[0; 8])?;
+                rank.recv.write(half as usize, &[0; 8])?;
+            }
         }
         // Cleared only when the run ends without error (a CUDA error returns early, too).
         self.failed = true;

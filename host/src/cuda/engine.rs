@@ -5,7 +5,8 @@
 //! GPU-memory speed.
 //!
 //! The host writes 128-byte commands ([`Cmd`]) into a ring in pinned host memory and advances `HEAD` once per
-//! batch (the NIC's pass, a synchronize, or eight commands: [`Engine::publish`]); the first warp polls `HEAD`
+//! batch ([`Engine::publish`]: at the end of the NIC's pass, before the CQE of a lone doorbell's last WQE, at
+//! a synchronize, before a hand-off to the copy engines, or at eight commands); the first warp polls `HEAD`
 //! over PCIe, executes up to eight commands per round trip and stores `DONE`. It reads the next [`SPEC`]
 //! command slots in the same round trip as `HEAD`, ahead of their publication, so that a batch of that
 //! many costs no second PCIe read: each word of a slot carries its lap's tag ([`tagged`]), by which the
