@@ -1,6 +1,6 @@
 //! Ping-pong between two ranks over the emulated mlx5 NIC, driven by device code: rank 0 RDMA-writes a
-//! random payload and signals rank 1's semaphore with an RDMA fetch-add; rank 1 waits, checks the payload and
-//! answers the same way. Prints a perftest-style latency table (one iteration = one round trip) and, last,
+//! random payload and signals rank 1's semaphore with an RDMA fetch-add; rank 1 waits, answers the same way and
+//! then checks the payload. Prints a perftest-style latency table (one iteration = one round trip) and, last,
 //! `N passed, M failed` over the checked payloads.
 //!
 //! `cargo run --release --example pingpong -- --executor cpu --iters 200 --size 4096`
