@@ -7,7 +7,7 @@ use crate::bootstrap::Bootstrap;
 use crate::exec::{DataBuf, Executor};
 use crate::mem::MemLoc;
 use crate::nic::emu::WireConfig;
-use crate::nic::{Access, Nic, NicSpec, Pd};
+use crate::nic::{Access, Nic, NicSpec};
 use crate::{Error, Result};
 
 use super::config::{EndpointConfig, IbMode, Transport};
@@ -15,20 +15,9 @@ use super::connection::{ConnInner, Connection, QP_HANDLE_OFF, STATE_BYTES};
 use super::memory::{RegInner, RegisteredMemory, RemoteMemory};
 use super::msg::{self, Kind};
 use super::port::PortChannel;
+use super::resources::Resources;
 use super::semaphore::{SemInner, Semaphore, EXPECTED_BYTES};
 use crate::proxy::{ProxyService, DEFAULT_FIFO_SIZE};
-
-/// What every object a communicator makes shares: the NIC, its PD and the executor. Held by `Arc` by the
-/// communicator and by each connection, registered memory and semaphore, so that the NIC and PD outlive
-/// them whatever order they are dropped in.
-#[derive(Debug)]
-pub(super) struct Resources {
-    pub(super) pd: Pd,
-    pub(super) nic: Nic,
-    pub(super) exec: Executor,
-    pub(super) rank: u32,
-    pub(super) world_size: u32,
-}
 
 /// One rank's view of a job for port channels (MSCCL++ `Communicator`): its [`Bootstrap`], its executor and
 /// its NIC (one PD): by default its own emulated NIC, opened with a wire so that peers in other processes, on

@@ -11,9 +11,9 @@ use crate::proxy::service::ProxyQp;
 use crate::proxy::ProxyService;
 use crate::Result;
 
-use super::communicator::Resources;
 use super::config::EndpointConfig;
 use super::memory::{addr_of, read_words};
+use super::resources::Resources;
 
 /// Byte offset of the [`QpHandle`] in a connection's state buffer (64-byte aligned, so that its send-queue
 /// state at byte 128 has a cache line of its own: the buffer is 4096-aligned on `cpu`, 256-aligned on `gpu`).

@@ -10,7 +10,7 @@ use crate::mem::MemLoc;
 use crate::nic::Mr;
 use crate::{Error, Result};
 
-use super::communicator::Resources;
+use super::resources::Resources;
 
 /// Memory registered with a [`Communicator`](super::Communicator)'s NIC for channels (MSCCL++
 /// `RegisteredMemory`): an MR with `LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC`, so that it can

@@ -63,6 +63,7 @@ mod memory;
 mod msg;
 mod port;
 pub mod ranks;
+mod resources;
 mod semaphore;
 
 pub use communicator::Communicator;
