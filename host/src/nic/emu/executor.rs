@@ -25,7 +25,8 @@ use crossbeam_utils::Backoff;
 use std::sync::mpsc::Receiver;
 
 use super::access::{DataPath, Waits, SCRATCH_BYTES};
-use super::fabric::{read, Fabric};
+use super::fabric::Fabric;
+use super::guard::read;
 use super::sq::{self, Engine, Watched};
 use super::stats::{add_ns, bump, step};
 use super::wire::link::Inflow;

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use crate::drop_errors::DropErrors;
@@ -166,22 +166,4 @@ impl Fabric {
 
 fn alloc(next: &AtomicU32, max: u32) -> Option<u32> {
     next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n <= max).then_some(n + 1)).ok()
-}
-
-// Lock helpers that ignore poisoning: the data behind these locks stays consistent even if a holder
-// panicked (every update is a single assignment), and the NIC must keep working rather than panic in turn.
-
-/// Locks `m`.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Read-locks `l`.
-pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Write-locks `l`.
-pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(|e| e.into_inner())
 }

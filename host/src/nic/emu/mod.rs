@@ -140,6 +140,7 @@ mod executor;
 mod fabric;
 mod fault;
 mod fw;
+mod guard;
 mod hostmem;
 mod mr;
 mod qmem;
@@ -177,7 +178,8 @@ pub use sim_gpu::SimGpu;
 pub use stats::Stats;
 pub use wire::WireConfig;
 
-use fabric::{lock, write, Fabric};
+use fabric::Fabric;
+use guard::{lock, write};
 use mr::MrEntry;
 use qp::QpInner;
 
@@ -458,7 +460,7 @@ impl EmuNic {
     }
 
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<QpInner>> {
-        fabric::read(&self.fab.qps).get(&qpn).cloned()
+        guard::read(&self.fab.qps).get(&qpn).cloned()
     }
 
     /// Removes QP `qpn` from the map the executor refreshes its list from; returns the generation of the QP
@@ -517,7 +519,7 @@ impl Drop for EmuNic {
         }
         // QPs made by commands and never destroyed: their peers across the wire see the connections end, and
         // the links' threads stop.
-        for qp in fabric::read(&self.fab.qps).values() {
+        for qp in guard::read(&self.fab.qps).values() {
             if let Some(link) = qp.link.get() {
                 link.close();
             }

@@ -17,7 +17,7 @@ use gdaki_shared::handle::Placement;
 
 use crate::mem::{GpuMem, MappedBuf, MemKind, MemLoc};
 
-use super::fabric::lock;
+use super::guard::lock;
 
 fn word_ptr(buf: &HostView, off: usize, size: usize) -> Option<*mut u8> {
     let ok = off.is_multiple_of(size) && off.checked_add(size).is_some_and(|end| end <= buf.len());

@@ -12,7 +12,7 @@ use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, HostQue
 use crate::mem::{QueueMemory, SqMirror, SqWatch, WRITE_ASYNC_MAX};
 use crate::{EmuError, Result};
 
-use super::fabric::lock;
+use super::guard::lock;
 use super::hostmem;
 
 /// A [`GpuCopier`] whose "GPU memory" is host memory: [`GpuCopier::alloc`] returns zeroed host memory, and

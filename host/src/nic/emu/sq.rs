@@ -24,8 +24,9 @@ use crate::mem::{MemLoc, MirrorRead, SqMirror, SqWatch};
 
 use super::access::DataPath;
 use super::exec::{self, Pds};
-use super::fabric::{lock, read, Fabric};
+use super::fabric::Fabric;
 use super::fault::{vendor, Fault};
+use super::guard::{lock, read};
 use super::mr::MrTable;
 use super::qmem::{self, QBuf};
 use super::qp::{QpInner, QpState};

@@ -15,8 +15,8 @@ use crate::nic::devx::{self, AddressPath, CqAttr, EmuObj, Grh, Init2Rtr, QpAttr,
 use crate::{EmuError, Error, Result};
 
 use super::cq::{self, Cq, MAX_CQE};
-use super::fabric::lock;
 use super::fw::{self, cmd_syndrome, UmemBuf};
+use super::guard::lock;
 use super::mr::{Access, Pd};
 use super::qp::{Endpoint, Qp, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
 use super::EmuNic;

@@ -28,7 +28,8 @@ use gdaki_shared::prm::cmd::{mbox_in, mbox_out, opcode, status};
 
 use crate::{Error, Result};
 
-use super::fabric::{lock, Fabric};
+use super::fabric::Fabric;
+use super::guard::lock;
 use super::EmuNic;
 use mailbox::{Named, Span};
 

@@ -24,7 +24,8 @@ use gdaki_shared::prm::cmd::{
     rst2init_qp_out, rtr2rts_qp_in, rtr2rts_qp_out, Field,
 };
 
-use super::super::fabric::{lock, read, Fabric};
+use super::super::fabric::Fabric;
+use super::super::guard::{lock, read};
 use super::super::mr::Access;
 use super::super::qp::{Endpoint, QpInner, QpState};
 use super::super::wire::{link, Link};

@@ -22,7 +22,7 @@ use gdaki_shared::prm::cmd::{
 };
 use gdaki_shared::prm::wqe::WQEBB;
 
-use super::super::fabric::{lock, write};
+use super::super::guard::{lock, write};
 use super::super::qp::{self, QpInner, QpRes, MIN_WQE_CNT};
 use super::cq::{DBR, DBR_BYTES};
 use super::mailbox::{Named, Span};

@@ -13,7 +13,7 @@ use crate::mem::{GpuMem, MappedBuf, MemKind};
 use crate::{EmuError, Error, Result};
 
 use super::super::cq::CqInner;
-use super::super::fabric::lock;
+use super::super::guard::lock;
 use super::super::mr::Access;
 use super::super::qmem::{HostView, PooledGpuMem, QBuf, QMem};
 use super::super::{qp, EmuNic};

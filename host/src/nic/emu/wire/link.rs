@@ -34,7 +34,8 @@ use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use super::packet::{self, reject, Packet, HEADER, MAX_FRAME, VERSION};
-use crate::nic::emu::fabric::{lock, read, Fabric};
+use crate::nic::emu::fabric::Fabric;
+use crate::nic::emu::guard::{lock, read};
 use crate::nic::emu::qp::{Endpoint, QpState};
 
 /// What reader threads hand to the executor.
