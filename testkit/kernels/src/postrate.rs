@@ -61,9 +61,9 @@ pub struct PostRateArgs {
     pub times: u64,
     /// Address of the first error's [`ErrorReport`].
     pub report: u64,
-    /// Address of the grid-wide barrier's counter, a `u64` the host zeroes: each team adds 1 per round and
-    /// waits for `teams × (round + 1)`. 0 for no barrier: a correctness run whose grid need not be
-    /// co-resident (the host's flood).
+    /// Address of the grid-wide barrier's counter, a `u64` in GPU memory on the GPU that the host zeroes: each
+    /// team adds 1 per round and waits for `teams × (round + 1)`. 0 for no barrier: a correctness run whose
+    /// grid need not be co-resident (the host's flood).
     pub barrier: u64,
     /// Bound of every wait, ns.
     pub timeout_ns: u64,
@@ -121,6 +121,7 @@ unsafe fn grid_barrier(a: &PostRateArgs, round: u32) -> bool {
     // SAFETY: the counter (caller's contract), 8-byte aligned, only accessed atomically during the launch.
     unsafe { Device::fetch_add(count, 1) };
     let seen = core::cell::Cell::new(0);
+    let polls = core::cell::Cell::new(0u32);
     let arrived = wait::bounded(
         a.timeout_ns,
         || {
@@ -128,6 +129,12 @@ unsafe fn grid_barrier(a: &PostRateArgs, round: u32) -> bool {
             seen.set(unsafe { Device::load_acquire(count) });
             if seen.get() >= expected {
                 return Ok(Some(true));
+            }
+            // The report is in pinned host memory: each look is a PCIe read, so one poll in 64 looks (every
+            // team's every poll looking made the teams see the last arrival tens of µs apart on the H200).
+            polls.set(polls.get().wrapping_add(1));
+            if !polls.get().is_multiple_of(64) {
+                return Ok(None);
             }
             // SAFETY: the report (host contract); its kind word is nonzero once an error is being written.
             let kind = unsafe { sync::load_volatile(core::ptr::addr_of!((*(a.report as *const ErrorReport)).kind)) };
