@@ -26,7 +26,6 @@ use crate::{Error, Result};
 use super::access::DataPath;
 use super::qmem::{self, QBuf, QMem};
 use super::stats::{bump, Counters};
-use super::EmuNic;
 
 /// Largest CQ, in CQEs: 2^22, the largest ring ConnectX takes. Its `ibv_query_device` reports `max_cqe` =
 /// 2^22 - 1, and rdma-core's mlx5 provider allocates `cqe + 1` entries rounded up to a power of two, so
@@ -43,48 +42,6 @@ const SET_CI: usize = offset_of!(CqDbrec, set_ci);
 
 // `push` stores the entry as eight words, the last one after the others.
 const _: () = assert!(LAST_WORD == CQE_SIZE - 8 && OP_OWN_BYTE == 7);
-
-/// A completion queue. Created by [`EmuNic::create_cq`] (CREATE_CQ); the QPs that complete into it keep it
-/// alive, and it is destroyed (DESTROY_CQ) when the last of it and its QPs is dropped.
-///
-/// The executor reaches a CQ only through a QP that completes into it, never holding a CQ of its own, and
-/// `Qp::drop` makes sure the executor never holds a QP's last reference; so a CQ's memory is freed by whoever
-/// drops the last of the CQ and its QPs, never by the executor thread, and dropping a CQ needs no wait.
-#[derive(Debug)]
-pub struct Cq {
-    pub(crate) nic: Arc<EmuNic>,
-    pub(crate) inner: Arc<CqInner>,
-    /// The firmware CQ, shared with the QPs that complete into it.
-    pub(crate) obj: Arc<super::verbs::CqObject>,
-}
-
-impl Cq {
-    /// The CQ number (unique within its NIC).
-    pub fn cqn(&self) -> u32 {
-        self.inner.cqn
-    }
-
-    /// Entries in the ring (a power of two).
-    pub fn ncqe(&self) -> u32 {
-        self.inner.ncqe
-    }
-
-    /// The device handle: ring and dbrec addresses (device-visible), size, CQN; consumer index at the CQEs
-    /// produced so far (zero for a new CQ).
-    pub fn handle(&self) -> CqHandle {
-        self.inner.handle()
-    }
-
-    /// CQEs the NIC has written into this CQ so far (64-bit producer count).
-    pub fn produced(&self) -> u64 {
-        self.inner.produced.load(Ordering::Acquire)
-    }
-
-    /// Whether the CQ overran and stopped taking CQEs.
-    pub fn is_error(&self) -> bool {
-        self.inner.error.load(Ordering::Acquire)
-    }
-}
 
 /// The CQ as the executor uses it.
 #[derive(Debug)]
@@ -157,6 +114,16 @@ impl CqInner {
     pub(crate) fn new(cqn: u32, ncqe: u32, ring: QBuf, dbrec: QBuf) -> Self {
         let ci_seen = AtomicU32::new(0);
         Self { cqn, ncqe, ring, dbrec, ci_seen, produced: AtomicU64::new(0), error: AtomicBool::new(false) }
+    }
+
+    /// CQEs written so far (64-bit producer count).
+    pub(crate) fn produced(&self) -> u64 {
+        self.produced.load(Ordering::Acquire)
+    }
+
+    /// Whether the CQ overran and stopped taking CQEs.
+    pub(crate) fn is_error(&self) -> bool {
+        self.error.load(Ordering::Acquire)
     }
 
     pub(crate) fn handle(&self) -> CqHandle {

@@ -168,14 +168,15 @@ use crossbeam_utils::Backoff;
 use crate::mem::{GpuCopier, HostQueueMemory, MemKind, MemLoc, QueueMemory};
 use crate::{EmuError, Error, Result};
 
-pub use cq::{Cq, MAX_CQE};
+pub use cq::MAX_CQE;
 pub use fault::vendor;
 pub use fw::{cmd_syndrome, gid_of, nic_of_gid, DevxUar, UmemBuf};
 pub use mr::{Access, Mr, Pd};
 pub use qp::ENDPOINT_BYTES;
-pub use qp::{Endpoint, Qp, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
+pub use qp::{Endpoint, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
 pub use sim_gpu::SimGpu;
 pub use stats::Stats;
+pub use verbs::{Cq, Qp};
 pub use wire::WireConfig;
 
 use fabric::Fabric;

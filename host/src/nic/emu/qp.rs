@@ -1,5 +1,5 @@
 //! RC queue pairs as the executor uses them: their queues, state and connection to a peer QP, made and moved
-//! by the firmware's commands (`fw`); and the host API's [`Qp`] over one.
+//! by the firmware's commands (`fw`). The host API's [`Qp`](super::Qp) over one is in `verbs`.
 //!
 //! Each QP uses, in the umems CREATE_QP named: the SQ ring (`wqe_cnt` × 64-byte WQEBBs) and a doorbell record
 //! ([`QpDbrec`], word 1 = SQ counter); and one 4096-byte UAR page whose doorbell/BlueFlame register is at
@@ -13,9 +13,8 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use gdaki_shared::handle::{QpHandle, SqState};
 use gdaki_shared::prm::cmd::qpc;
-use gdaki_shared::prm::uar::{BF_BUF_SIZE, BF_OFFSET, BF_WRITE_SIZE};
+use gdaki_shared::prm::uar::{BF_BUF_SIZE, BF_OFFSET};
 
 use crate::{Error, Result};
 
@@ -25,14 +24,12 @@ use super::mr::Access;
 use super::qmem::{HostView, QBuf};
 use super::sq::SqProgress;
 use super::wire::Link;
-use super::{lock, qmem, EmuNic};
+use super::{lock, qmem};
 
-/// Smallest SQ, in WQEBBs ([`QpHandle::wqe_cnt`] promises device code at least this many).
-pub const MIN_WQE_CNT: u32 = 16;
-
-/// Largest SQ, in WQEBBs (2^15, ConnectX's `max_qp_wr`). With at most 2^15 WQEBBs between two doorbells, two
-/// different doorbells never carry the same 16-bit index, so a change of the register is always new work.
-pub const MAX_WQE_CNT: u32 = 1 << 15;
+/// The SQ sizes the NIC takes are the ones device code posts to (16 ..= 2^15 WQEBBs, a power of two): the
+/// limits are the device crate's. With at most 2^15 WQEBBs between two doorbells, two different doorbells never
+/// carry the same 16-bit index, so a change of the register is always new work.
+pub use gdaki_device::sq::{MAX_WQE_CNT, MIN_WQE_CNT};
 
 /// State of a QP (`enum ibv_qp_state`, the states an RC requester uses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,14 +74,14 @@ impl QpState {
 /// QP number, the PSN its requests start at, and where its NIC listens for other processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint {
-    /// Identifier of the [`EmuNic`]: random, so unique across processes and hosts in practice.
+    /// Identifier of the [`EmuNic`](super::EmuNic): random, so unique across processes and hosts in practice.
     pub nic: u64,
     /// QP number (24 bits).
     pub qpn: u32,
     /// First PSN of this QP's requests (24 bits; `sq_psn` of `ibv_modify_qp`, the peer's `rq_psn`).
     pub psn: u32,
-    /// The NIC's wire listener ([`EmuNic::wire_addr`]); `None` when the NIC was opened without a wire, and
-    /// then only QPs of the same NIC can connect to this one.
+    /// The NIC's wire listener ([`EmuNic::wire_addr`](super::EmuNic::wire_addr)); `None` when the NIC was
+    /// opened without a wire, and then only QPs of the same NIC can connect to this one.
     pub wire: Option<SocketAddr>,
 }
 
@@ -151,25 +148,6 @@ impl Endpoint {
         nic.copy_from_slice(&b[0..8]);
         Ok(Endpoint { nic: u64::from_le_bytes(nic), qpn, psn, wire })
     }
-}
-
-/// An RC queue pair. Created by [`EmuNic::create_qp`] in the RESET state; [`Qp::connect`] brings it to RTS.
-/// Dropping it destroys it (DESTROY_QP): the NIC stops watching its doorbell, and peers' WQEs to it fail with
-/// syndrome 0x15 (transport retry exceeded), as when a remote QP goes away.
-///
-/// Drop is synchronous with the NIC's executor thread (as `ibv_destroy_qp` is with the HCA): once it
-/// returns, no WQE of this QP runs, no CQE for it is written (its own, or a responder CQE of a peer's WRITE
-/// with immediate), and the queue memory has been freed by the dropping thread, never by the executor. It
-/// waits at most a few seconds for the executor (which finishes the batch of WQEs it is running), and not at
-/// all when the executor thread is not running.
-#[derive(Debug)]
-pub struct Qp {
-    pub(crate) nic: Arc<EmuNic>,
-    pub(crate) inner: Arc<QpInner>,
-    /// The PSN this QP's requests start at (RTR2RTS's `next_send_psn`), chosen when it was created.
-    pub(crate) psn: u32,
-    /// The umem, UAR page and CQs behind it, released after DESTROY_QP.
-    pub(crate) res: super::verbs::QpResources,
 }
 
 /// What CREATE_QP makes a QP of, checked.
@@ -319,68 +297,6 @@ impl QpInner {
         let mut p = lock(&self.progress);
         clear_doorbell(&self.uar, sentinel);
         p.last_db = 0;
-    }
-}
-
-impl Qp {
-    /// The QP number (24 bits).
-    pub fn qpn(&self) -> u32 {
-        self.inner.qpn
-    }
-
-    /// What a peer passes to its [`Qp::connect`].
-    pub fn endpoint(&self) -> Endpoint {
-        Endpoint { nic: self.nic.id(), qpn: self.inner.qpn, psn: self.psn, wire: self.nic.wire_addr() }
-    }
-
-    /// Current state.
-    pub fn state(&self) -> QpState {
-        self.inner.state()
-    }
-
-    /// Why this QP's wire connection went down, once it did, naming the peer QP and its address (e.g. `peer QP
-    /// 0x1a2 at 10.0.0.2:40123 stalled mid-frame: ...`, `no response from peer QP ... within 4s`); `None` while
-    /// it is up or connecting, and for a QP whose peer is on the same NIC. The error CQEs of the QP's WQEs
-    /// carry only the syndrome (0x15); this says what happened.
-    pub fn wire_error(&self) -> Option<String> {
-        self.inner.link.get()?.error()
-    }
-
-    /// SQ size in WQEBBs.
-    pub fn wqe_cnt(&self) -> u32 {
-        self.inner.wqe_cnt
-    }
-
-    /// WQEBBs the NIC has consumed from the SQ so far (64-bit count; executed, failed and flushed WQEs).
-    pub fn sq_consumed(&self) -> u64 {
-        lock(&self.inner.progress).consumed
-    }
-
-    /// The device handle: SQ ring, dbrec and BlueFlame register addresses (device-visible addresses of the
-    /// queue memory), `wqe_cnt`, QPN, the CQ's handle, and software counters where the NIC is: the producer
-    /// and retired indices at the WQEBBs the NIC has consumed, the CQ consumer index at the CQEs it has
-    /// produced (all zero for a new QP).
-    ///
-    /// A handle carries the device's position in the SQ and CQ; take a new one only while no other handle of
-    /// this QP has work in flight (everything flushed and its CQEs polled), or the two disagree about where
-    /// the queues are.
-    pub fn handle(&self) -> QpHandle {
-        let q = &self.inner;
-        let consumed = self.sq_consumed();
-        QpHandle {
-            sq_buf: q.sq.device_addr(),
-            dbrec: q.dbrec.device_addr(),
-            bf_reg: q.uar.device_addr() + BF_OFFSET as u64,
-            wqe_cnt: q.wqe_cnt,
-            qpn: q.qpn,
-            cq: q.cq.handle(),
-            sq: SqState::at(consumed),
-            placement: q.sq.placement(),
-            // The register takes one WQEBB; a doorbell-only UAR takes no BlueFlame write.
-            bf_size: if self.nic.fab.blueflame { BF_WRITE_SIZE as u32 } else { 0 },
-            // A new handle knows of no error yet; the NIC still flushes WQEs of a QP in the error state.
-            ..QpHandle::default()
-        }
     }
 }
 

@@ -2,27 +2,154 @@
 //! on a ConnectX: queue memory registered as a umem, a UAR page, then CREATE_CQ / CREATE_QP and the state
 //! transitions, built by [`crate::nic::devx`] and answered by [`EmuNic::devx_cmd`]. There is one model of a
 //! CQ and a QP, the firmware's; these calls are what rdma-core's verbs provider is to a ConnectX: they check
-//! their arguments in the caller's terms, fill the CQ ring, pick a PSN, and release everything on drop.
+//! their arguments in the caller's terms, fill the CQ ring, pick a PSN, and release everything on drop. The
+//! host API's [`Cq`] and [`Qp`] live here; the executor's side of each (`CqInner`, `QpInner`) below, in `cq`
+//! and `qp`.
 
 use std::sync::Arc;
 
+use gdaki_shared::handle::{CqHandle, QpHandle, SqState};
 use gdaki_shared::prm::cmd::qpc;
 use gdaki_shared::prm::cqe::CQE_SIZE;
+use gdaki_shared::prm::uar::{BF_OFFSET, BF_WRITE_SIZE};
 use gdaki_shared::prm::wqe::WQEBB;
 
 use crate::mem::MemKind;
 use crate::nic::devx::{self, AddressPath, CqAttr, EmuObj, Grh, Init2Rtr, QpAttr, Rq, Rst2Init, Rtr2Rts, Transport};
 use crate::{EmuError, Error, Result};
 
-use super::cq::{self, Cq, MAX_CQE};
+use super::cq::{self, CqInner, MAX_CQE};
 use super::fw::{self, cmd_syndrome, UmemBuf};
 use super::guard::lock;
 use super::mr::{Access, Pd};
-use super::qp::{Endpoint, Qp, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
+use super::qp::{Endpoint, QpInner, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
 use super::EmuNic;
 
 /// Bytes set aside for a doorbell record after a ring in the same umem (one cache line).
 const DBR_SLOT: usize = 64;
+
+/// A completion queue. Created by [`EmuNic::create_cq`] (CREATE_CQ); the QPs that complete into it keep it
+/// alive, and it is destroyed (DESTROY_CQ) when the last of it and its QPs is dropped.
+///
+/// The executor reaches a CQ only through a QP that completes into it, never holding a CQ of its own, and
+/// `Qp::drop` makes sure the executor never holds a QP's last reference; so a CQ's memory is freed by whoever
+/// drops the last of the CQ and its QPs, never by the executor thread, and dropping a CQ needs no wait.
+#[derive(Debug)]
+pub struct Cq {
+    pub(crate) nic: Arc<EmuNic>,
+    pub(crate) inner: Arc<CqInner>,
+    /// The firmware CQ, shared with the QPs that complete into it.
+    pub(crate) obj: Arc<CqObject>,
+}
+
+impl Cq {
+    /// The CQ number (unique within its NIC).
+    pub fn cqn(&self) -> u32 {
+        self.inner.cqn
+    }
+
+    /// Entries in the ring (a power of two).
+    pub fn ncqe(&self) -> u32 {
+        self.inner.ncqe
+    }
+
+    /// The device handle: ring and dbrec addresses (device-visible), size, CQN; consumer index at the CQEs
+    /// produced so far (zero for a new CQ).
+    pub fn handle(&self) -> CqHandle {
+        self.inner.handle()
+    }
+
+    /// CQEs the NIC has written into this CQ so far (64-bit producer count).
+    pub fn produced(&self) -> u64 {
+        self.inner.produced()
+    }
+
+    /// Whether the CQ overran and stopped taking CQEs.
+    pub fn is_error(&self) -> bool {
+        self.inner.is_error()
+    }
+}
+
+/// An RC queue pair. Created by [`EmuNic::create_qp`] in the RESET state; [`Qp::connect`] brings it to RTS.
+/// Dropping it destroys it (DESTROY_QP): the NIC stops watching its doorbell, and peers' WQEs to it fail with
+/// syndrome 0x15 (transport retry exceeded), as when a remote QP goes away.
+///
+/// Drop is synchronous with the NIC's executor thread (as `ibv_destroy_qp` is with the HCA): once it
+/// returns, no WQE of this QP runs, no CQE for it is written (its own, or a responder CQE of a peer's WRITE
+/// with immediate), and the queue memory has been freed by the dropping thread, never by the executor. It
+/// waits at most a few seconds for the executor (which finishes the batch of WQEs it is running), and not at
+/// all when the executor thread is not running.
+#[derive(Debug)]
+pub struct Qp {
+    pub(crate) nic: Arc<EmuNic>,
+    pub(crate) inner: Arc<QpInner>,
+    /// The PSN this QP's requests start at (RTR2RTS's `next_send_psn`), chosen when it was created.
+    pub(crate) psn: u32,
+    /// The umem, UAR page and CQs behind it, released after DESTROY_QP.
+    pub(crate) res: QpResources,
+}
+
+impl Qp {
+    /// The QP number (24 bits).
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// What a peer passes to its [`Qp::connect`].
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint { nic: self.nic.id(), qpn: self.inner.qpn, psn: self.psn, wire: self.nic.wire_addr() }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.inner.state()
+    }
+
+    /// Why this QP's wire connection went down, once it did, naming the peer QP and its address (e.g. `peer QP
+    /// 0x1a2 at 10.0.0.2:40123 stalled mid-frame: ...`, `no response from peer QP ... within 4s`); `None` while
+    /// it is up or connecting, and for a QP whose peer is on the same NIC. The error CQEs of the QP's WQEs
+    /// carry only the syndrome (0x15); this says what happened.
+    pub fn wire_error(&self) -> Option<String> {
+        self.inner.link.get()?.error()
+    }
+
+    /// SQ size in WQEBBs.
+    pub fn wqe_cnt(&self) -> u32 {
+        self.inner.wqe_cnt
+    }
+
+    /// WQEBBs the NIC has consumed from the SQ so far (64-bit count; executed, failed and flushed WQEs).
+    pub fn sq_consumed(&self) -> u64 {
+        lock(&self.inner.progress).consumed
+    }
+
+    /// The device handle: SQ ring, dbrec and BlueFlame register addresses (device-visible addresses of the
+    /// queue memory), `wqe_cnt`, QPN, the CQ's handle, and software counters where the NIC is: the producer
+    /// and retired indices at the WQEBBs the NIC has consumed, the CQ consumer index at the CQEs it has
+    /// produced (all zero for a new QP).
+    ///
+    /// A handle carries the device's position in the SQ and CQ; take a new one only while no other handle of
+    /// this QP has work in flight (everything flushed and its CQEs polled), or the two disagree about where
+    /// the queues are.
+    pub fn handle(&self) -> QpHandle {
+        let q = &self.inner;
+        let consumed = self.sq_consumed();
+        QpHandle {
+            sq_buf: q.sq.device_addr(),
+            dbrec: q.dbrec.device_addr(),
+            bf_reg: q.uar.device_addr() + BF_OFFSET as u64,
+            wqe_cnt: q.wqe_cnt,
+            qpn: q.qpn,
+            cq: q.cq.handle(),
+            sq: SqState::at(consumed),
+            placement: q.sq.placement(),
+            // The register takes one WQEBB; a doorbell-only UAR takes no BlueFlame write.
+            bf_size: if self.nic.fab.blueflame { BF_WRITE_SIZE as u32 } else { 0 },
+            // A new handle knows of no error yet; the NIC still flushes WQEs of a QP in the error state.
+            ..QpHandle::default()
+        }
+    }
+}
 
 /// The firmware CQ behind a [`Cq`], shared with the QPs that complete into it: destroyed (DESTROY_CQ, then its
 /// umem deregistered) when the last of them is dropped, so that a CQ may be dropped before its QPs.
