@@ -130,8 +130,9 @@ unsafe fn grid_barrier(a: &PostRateArgs, round: u32) -> bool {
             if seen.get() >= expected {
                 return Ok(Some(true));
             }
-            // The report is in pinned host memory: each look is a PCIe read, so one poll in 64 looks (every
-            // team's every poll looking made the teams see the last arrival tens of µs apart on the H200).
+            // The report is in pinned host memory, where each look is a PCIe read: one poll in 64 looks. (With
+            // the counter there too and every poll looking, 132 CTAs flooded PCIe with reads and left the
+            // barrier up to 130 µs apart on the H200.)
             polls.set(polls.get().wrapping_add(1));
             if !polls.get().is_multiple_of(64) {
                 return Ok(None);
