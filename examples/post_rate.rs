@@ -14,6 +14,9 @@
 //! reported no error and the NIC saw no error CQE and no dbrec mismatch, or, without a consumer, no doorbell
 //! at all). Without a consumer the last rows are the platform's floor under the one-thread-per-QP rows: each
 //! post's ordering alone (dbrec release store, release fence, doorbell or BlueFlame stores), no WQE built.
+//! With a consumer, a row whose rings are in GPU memory is followed by where the NIC read them: ranges from
+//! the rings' mirrors in host memory, and ranges fetched from the GPU (`Stats::ring_mirrored`,
+//! `Stats::ring_fetches`), with the time its thread waited for each.
 //!
 //! `cargo run --release --example post_rate -- --executor cpu [--no-consumer]`
 
@@ -147,6 +150,15 @@ fn main() -> ExitCode {
                         failed += 1;
                     }
                     continue;
+                }
+                if after.ring_mirrored + after.ring_fetches > before.ring_mirrored + before.ring_fetches {
+                    gdaki_examples::outln!(
+                        "  NIC: {} ring ranges read from mirrors (waited {:.0} µs), {} fetched from the GPU ({:.0} µs)",
+                        after.ring_mirrored - before.ring_mirrored,
+                        (after.ring_mirror_wait_ns - before.ring_mirror_wait_ns) as f64 / 1e3,
+                        after.ring_fetches - before.ring_fetches,
+                        (after.ring_fetch_ns - before.ring_fetch_ns) as f64 / 1e3
+                    );
                 }
                 if let Shape::Exclusive { bf: true, .. } = shape {
                     gdaki_examples::outln!(
