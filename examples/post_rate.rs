@@ -2,8 +2,12 @@
 //! (`gdaki_testkit::postrate`): one thread per QP on one and on many QPs, ringing the doorbell every post, every 32
 //! posts, or by BlueFlame; one warp per QP (a WQE per lane, one doorbell); and many threads on one QP in
 //! Device scope. The emulated NIC consumes the WQEs as fast as it can meanwhile (loopback QPs writing pinned
-//! host memory), or, with `--no-consumer`, nothing consumes them (the QPs are not connected; one launch per
-//! round on fresh counters, at least 11): the post path alone, the shapes of DOCA GPUNetIO's comparison.
+//! host memory; each launch ends with the posters' flushes), or, with `--no-consumer`, nothing consumes them
+//! (the QPs are not connected; fresh counters each round, at least 11 rounds): the post path alone, the
+//! shapes of DOCA GPUNetIO's comparison. Each round is a launch of its own (after a warm-up launch) in both
+//! modes, so that they differ in the NIC alone; `--one-launch` runs a consumer's rounds in one launch, each
+//! after the flush of the one before, as a persistent kernel would (on the H200 the two busiest many-poster
+//! rows post 1.3-1.5x slower that way, for a reason not found; the NIC's work is not it).
 //! Every round starts at a grid-wide barrier, so the posters post at the same time. Each row gives WQEs/s over
 //! the median round (all posters' WQEs over the earliest start to the latest end, `%globaltimer`), the ns per
 //! WQE that makes, the median poster's ns per post (per warp post for the warp rows) and the slowest poster's
@@ -18,7 +22,7 @@
 //! the rings' mirrors in host memory, and ranges fetched from the GPU (`Stats::ring_mirrored`,
 //! `Stats::ring_fetches`), with the time its thread waited for each.
 //!
-//! `cargo run --release --example post_rate -- --executor cpu [--no-consumer]`
+//! `cargo run --release --example post_rate -- --executor cpu [--no-consumer | --one-launch]`
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -40,9 +44,13 @@ struct Args {
     /// QPs of the many-QP rows (default: 132 on the GPU, one per SM of an H200; 2 on cpu).
     #[arg(long)]
     qps: Option<u32>,
-    /// Nothing consumes the rings: the post path alone (one launch per round, at least 11 rounds).
+    /// Nothing consumes the rings: the post path alone (fresh counters each round, at least 11 rounds).
     #[arg(long)]
     no_consumer: bool,
+    /// With a consumer, every round in one launch (each after the posters' flush of the one before, at the
+    /// grid-wide barrier) instead of one launch per round.
+    #[arg(long, conflicts_with = "no_consumer")]
+    one_launch: bool,
     /// Posts per thread per round in the one-thread-per-QP rows.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=16_000))]
     posts: u32,
@@ -104,9 +112,13 @@ fn main() -> ExitCode {
     gdaki_examples::outln!("queues in {} memory", gdaki_examples::queues_label(exec_kind));
     if args.no_consumer {
         gdaki_examples::outln!("nothing consumes the rings: one launch per round, medians of {rounds} launches");
+    } else if args.one_launch {
+        gdaki_examples::outln!("the NIC consumes the rings: every round in one launch, each flushed before the next");
+    } else {
+        gdaki_examples::outln!("the NIC consumes the rings: one launch per round, flushed, medians of {rounds} rounds");
     }
-    // The event-timed column is the no-consumer mode's: with a consumer one launch holds every round and
-    // the flushes, so its time is no cost per post.
+    // The event-timed column is the no-consumer mode's: with a consumer each launch also holds the flushes (and
+    // with `--one-launch` every round), so its time is no cost per post.
     let event_col = if args.no_consumer { format!(" {:>16}", "event ns/post") } else { String::new() };
     gdaki_examples::outln!(
         "{:<40} {:>8} {:>8} {:>7} {:>14} {:>10} {:>12} {:>12}{event_col}",
@@ -122,7 +134,8 @@ fn main() -> ExitCode {
     let (mut passed, mut failed) = (0, 0);
     for (shape, posts) in rows {
         let before = bench.nic().stats();
-        match bench.run(shape, posts, rounds, Duration::from_secs(10)) {
+        let run = if args.one_launch { PostRate::run_in_one_launch } else { PostRate::run };
+        match run(&mut bench, shape, posts, rounds, Duration::from_secs(10)) {
             Ok(r) => {
                 let after = bench.nic().stats();
                 let nposters = (r.wqes / (posts as u64 * rounds as u64)) as u32;

@@ -42,9 +42,9 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         assert_eq!(r.wqes, posters * posts as u64 * rounds as u64, "{shape:?}");
         assert_eq!((r.round_ns.len(), r.post_ns.len()), (rounds as usize, (posters * rounds as u64) as usize));
         assert!(r.round_ns.iter().all(|&t| t > 0) && r.median_ns_per_post() > 0.0, "{shape:?}: {r:?}");
-        // One launch runs every round; it takes at least the timed rounds' spans.
-        assert_eq!(r.launch_ns.len(), 1, "{shape:?}: {r:?}");
-        assert!(r.median_launch_ns() >= r.round_ns.iter().sum::<u64>(), "{shape:?}: {r:?}");
+        // A launch per round, each at least its round's span.
+        assert_eq!(r.launch_ns.len(), rounds as usize, "{shape:?}: {r:?}");
+        assert!(r.launch_ns.iter().zip(&r.round_ns).all(|(l, t)| l >= t), "{shape:?}: {r:?}");
         // The warm-up round too, each flush's NOP at most once per poster and round.
         let posted = posters * posts as u64 * (rounds as u64 + 1);
         let executed = after.wqes - before.wqes;
@@ -63,6 +63,18 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
             assert_eq!(after.blueflame_mismatches, before.blueflame_mismatches, "{shape:?}: {after:?}");
         }
     }
+    // Every round in one launch: the warm-up round, then the timed ones, each after the flush of the one before;
+    // the launch takes at least the timed rounds' spans, and every WQE reaches the NIC without an error.
+    let shape = Shape::Exclusive { qps, db_batch: 32, bf: false };
+    let before = b.nic().stats();
+    let r = b.run_in_one_launch(shape, 200, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
+    let after = b.nic().stats();
+    assert_eq!((r.wqes, r.round_ns.len(), r.launch_ns.len()), (qps as u64 * 200 * rounds as u64, rounds as usize, 1));
+    assert!(r.median_launch_ns() >= r.round_ns.iter().sum::<u64>(), "{r:?}");
+    let posted = qps as u64 * 200 * (rounds as u64 + 1);
+    let executed = after.wqes - before.wqes;
+    assert!(executed >= posted && executed <= posted + qps as u64 * (rounds as u64 + 1), "{executed}");
+    assert_eq!((after.error_cqes, after.dbrec_mismatches), (before.error_cqes, before.dbrec_mismatches));
     // A round that would not fit the SQ is refused before anything runs, and so is a warp the executor has not.
     assert!(b.run(Shape::Exclusive { qps, db_batch: 1, bf: false }, 20_000, 1, Duration::from_secs(1)).is_err());
     assert!(b.run(Shape::Warp { qps, lanes: 33 }, 1, 1, Duration::from_secs(1)).is_err());
@@ -144,6 +156,8 @@ fn every_shape_without_consumer(kind: ExecutorKind, qps: u32, ctas: u32, threads
     let after = b.nic().stats();
     assert_eq!((after.doorbells, after.wqes), (before.doorbells, before.wqes), "nothing consumed: {after:?}");
     assert!(b.flood(ctas, threads, 1, Duration::from_secs(1)).is_err(), "a flood needs a consumer");
+    let one = b.run_in_one_launch(Shape::Exclusive { qps, db_batch: 1, bf: false }, 1, 1, Duration::from_secs(1));
+    assert!(one.is_err(), "rounds in one launch need a consumer");
 }
 
 #[test]
