@@ -325,7 +325,7 @@ impl EmuNic {
         }
         let listener = match cfg.wire {
             Some(w) => Some(
-                wire::link::bind(w.listen)
+                wire::acceptor::bind(w.listen)
                     .map_err(|e| EmuError::os(format!("cannot listen on {} for the wire", w.listen), e))?,
             ),
             None => None,
@@ -351,7 +351,7 @@ impl EmuNic {
             cq_uar: Mutex::new(None),
         });
         if let (Some(l), Some(w)) = (listener, wire) {
-            let t = wire::link::spawn_acceptor(l, Arc::downgrade(&nic.fab), mailbox, w.retry_timeout)
+            let t = wire::acceptor::spawn_acceptor(l, Arc::downgrade(&nic.fab), mailbox, w.retry_timeout)
                 .map_err(|e| EmuError::os("starting the wire listener thread", e))?;
             *lock(&nic.acceptor) = Some(t);
         }

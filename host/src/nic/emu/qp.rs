@@ -22,7 +22,6 @@ use super::cq::CqInner;
 use super::exec::Responder;
 use super::mr::Access;
 use super::qmem::{HostView, QBuf};
-use super::sq::SqProgress;
 use super::wire::Link;
 use super::{lock, qmem};
 
@@ -148,6 +147,15 @@ impl Endpoint {
         nic.copy_from_slice(&b[0..8]);
         Ok(Endpoint { nic: u64::from_le_bytes(nic), qpn, psn, wire })
     }
+}
+
+/// Executor-side state of one SQ, shared with the QP's owner (behind `QpInner::progress`).
+#[derive(Debug, Default)]
+pub(crate) struct SqProgress {
+    /// WQEBBs consumed (executed, failed or flushed), 64-bit.
+    pub consumed: u64,
+    /// The doorbell register's value when last acted on. RTR2RTS and 2ERR reset it (with the register).
+    pub last_db: u64,
 }
 
 /// What CREATE_QP makes a QP of, checked.

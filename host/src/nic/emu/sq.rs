@@ -29,22 +29,13 @@ use super::fault::{vendor, Fault};
 use super::guard::{lock, read};
 use super::mr::MrTable;
 use super::qmem::{self, QBuf};
-use super::qp::{QpInner, QpState};
+use super::qp::{QpInner, QpState, SqProgress};
 use super::stats::{add_ns, bump};
 use super::wire::{requester, WireSq};
 use super::wqe::{self, Expect, Op, MAX_WQE_BYTES};
 
 /// Byte offset of the SQ counter (word 1) in the QP's doorbell record.
 const DBREC_SQ_COUNTER: usize = offset_of!(QpDbrec, snd_counter);
-
-/// Executor-side state of one SQ, shared with the QP's owner (behind `QpInner::progress`).
-#[derive(Debug, Default)]
-pub(crate) struct SqProgress {
-    /// WQEBBs consumed (executed, failed or flushed), 64-bit.
-    pub consumed: u64,
-    /// The doorbell register's value when last acted on. RTR2RTS and 2ERR reset it (with the register).
-    pub last_db: u64,
-}
 
 /// The executor's own view of one QP, kept from one sweep to the next and touched by no other thread: what
 /// makes a sweep over idle QPs cheap (no lock, no shared write), and the peer it executes against.

@@ -1,5 +1,5 @@
-//! Connections between QPs of different NICs: the listener, the dialer, the hello handshake, and the reader
-//! threads that turn the byte stream into frames for the executor.
+//! Connections between QPs of different NICs: the links, the dialer, the hello handshake, and the reader
+//! threads that turn the byte stream into frames for the executor (the listener is [`super::acceptor`]).
 //!
 //! Threads here never touch memory, CQEs or QP state: they hand complete frames (and "connection lost") to
 //! the executor through the NIC's inbound queue ([`Mailbox`]) and wake it. They hold a [`Link`] (sockets
@@ -26,17 +26,16 @@
 //! [`WireConfig::retry_timeout`](super::WireConfig::retry_timeout) fails its QP (0x15), as before.
 
 use std::io::{self, BufRead, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::{self, JoinHandle, Thread};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use super::packet::{self, reject, Packet, HEADER, MAX_FRAME, VERSION};
-use crate::nic::emu::fabric::Fabric;
-use crate::nic::emu::guard::{lock, read};
-use crate::nic::emu::qp::{Endpoint, QpState};
+use crate::nic::emu::guard::lock;
+use crate::nic::emu::qp::Endpoint;
 
 /// What reader threads hand to the executor.
 #[derive(Debug)]
@@ -67,9 +66,9 @@ const UP: u8 = 1;
 const DOWN: u8 = 2;
 
 /// How long an accepted connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between two dial attempts, and between two looks for the local QP during a hello.
-const RETRY_PAUSE: Duration = Duration::from_millis(5);
+pub(super) const RETRY_PAUSE: Duration = Duration::from_millis(5);
 
 /// The connection of one QP to its peer on another NIC.
 #[derive(Debug)]
@@ -119,6 +118,11 @@ impl Link {
         self.state.load(Ordering::Acquire) == UP
     }
 
+    /// Whether the connection has not come up yet (nor gone down): what an accepted hello may bring up.
+    pub(super) fn is_connecting(&self) -> bool {
+        self.state.load(Ordering::Acquire) == CONNECTING
+    }
+
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -129,7 +133,7 @@ impl Link {
     }
 
     /// Makes `stream` the write side. Fails when the link was already up (a second hello) or closed.
-    fn set_up(&self, stream: TcpStream) -> bool {
+    pub(super) fn set_up(&self, stream: TcpStream) -> bool {
         let mut s = lock(&self.stream);
         if self.is_closed() || self.state.load(Ordering::Acquire) != CONNECTING {
             return false;
@@ -139,7 +143,7 @@ impl Link {
         true
     }
 
-    fn set_down(&self) {
+    pub(super) fn set_down(&self) {
         self.state.store(DOWN, Ordering::Release);
         if let Some(s) = lock(&self.stream).take() {
             let _ = s.shutdown(Shutdown::Both);
@@ -500,7 +504,7 @@ fn fill(r: &mut impl Read, buf: &mut [u8], before: usize, of: Option<usize>) -> 
 
 /// Reads one frame body into `buf` from a socket with a read timeout (the hello exchange), refusing a length
 /// outside `HEADER..=MAX_FRAME` before allocating.
-fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<()> {
+pub(super) fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<()> {
     let mut len = [0u8; 4];
     stream.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
@@ -511,7 +515,7 @@ fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<()> {
     stream.read_exact(buf)
 }
 
-fn send_packet(stream: &mut TcpStream, p: &Packet<'_>) -> io::Result<()> {
+pub(super) fn send_packet(stream: &mut TcpStream, p: &Packet<'_>) -> io::Result<()> {
     let mut b = Vec::with_capacity(HEADER + 4);
     packet::encode(p, &mut b);
     stream.write_all(&b)
@@ -520,7 +524,7 @@ fn send_packet(stream: &mut TcpStream, p: &Packet<'_>) -> io::Result<()> {
 /// Hands every frame of an up link to the executor until the connection ends; then reports the link down
 /// unless the QP was destroyed. A frame must be complete within `stall` of its first byte: a peer that stops
 /// in the middle of one (a half-open connection) takes the link down, naming it.
-fn read_loop(stream: TcpStream, link: Arc<Link>, mb: Mailbox, stall: Duration) {
+pub(super) fn read_loop(stream: TcpStream, link: Arc<Link>, mb: Mailbox, stall: Duration) {
     let qpn = link.local.qpn;
     // Buffered: a burst of small frames (doorbell batches, ACKs) costs one read, not two per frame.
     let mut stream = io::BufReader::with_capacity(1 << 16, SpinRead { stream, deadline: None, timed: false });
@@ -659,11 +663,11 @@ fn attempt(link: &Link, addr: SocketAddr, timeout: Duration) -> Attempt {
 }
 
 /// `timeout` as a socket timeout: at least 1 ms (0 means "none" to the OS) and at most an hour.
-fn socket_timeout(timeout: Duration) -> Duration {
+pub(super) fn socket_timeout(timeout: Duration) -> Duration {
     timeout.clamp(Duration::from_millis(1), Duration::from_secs(3600))
 }
 
-fn why_text(why: u8) -> &'static str {
+pub(super) fn why_text(why: u8) -> &'static str {
     match why {
         reject::WRONG_NIC => "no such NIC there",
         reject::NO_QP => "no such QP there",
@@ -672,146 +676,6 @@ fn why_text(why: u8) -> &'static str {
         reject::BUSY => "its QP already has a connection",
         reject::VERSION => "different wire version",
         _ => "unknown reason",
-    }
-}
-
-/// Binds the NIC's listener.
-pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let l = TcpListener::bind(addr)?;
-    // Non-blocking, so that the acceptor notices the NIC's drop without a connection to wake it.
-    l.set_nonblocking(true)?;
-    Ok(l)
-}
-
-/// Starts the NIC's acceptor thread: each connection gets its own thread for the hello, which then reads
-/// its frames. Stops when the NIC is dropped.
-pub(crate) fn spawn_acceptor(
-    listener: TcpListener,
-    fab: Weak<Fabric>,
-    mb: Mailbox,
-    timeout: Duration,
-) -> io::Result<JoinHandle<()>> {
-    let id = fab.upgrade().map_or(0, |f| f.id);
-    thread::Builder::new().name(format!("emu-listen-{:x}", id & 0xffff)).spawn(move || loop {
-        match fab.upgrade() {
-            Some(f) if !f.stop.load(Ordering::Acquire) => {}
-            _ => return,
-        }
-        match listener.accept() {
-            Ok((stream, from)) => {
-                let (fab, mb) = (fab.clone(), mb.clone());
-                let spawned = thread::Builder::new()
-                    .name("emu-wire-in".into())
-                    .spawn(move || accept(stream, from, fab, mb, timeout));
-                if let Err(e) = spawned {
-                    tracing::warn!("emulated NIC: no thread for a connection from {from}: {e}");
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(2)),
-            Err(e) => {
-                tracing::warn!("emulated NIC: accept failed: {e}");
-                thread::sleep(Duration::from_millis(2));
-            }
-        }
-    })
-}
-
-/// The accepting end of a connection: checks the hello against the local QP it names (waiting up to
-/// `timeout` for that QP to be connected), answers, then reads frames.
-fn accept(mut stream: TcpStream, from: SocketAddr, fab: Weak<Fabric>, mb: Mailbox, timeout: Duration) {
-    let mut setup = || -> io::Result<Option<Packet<'static>>> {
-        stream.set_nonblocking(false)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
-        let mut body = Vec::new();
-        read_frame(&mut stream, &mut body)?;
-        Ok(match packet::decode(&body) {
-            Ok(Packet::Hello { src_nic, src_qpn, dst_nic, dst_qpn, version }) => {
-                Some(Packet::Hello { src_nic, src_qpn, dst_nic, dst_qpn, version })
-            }
-            _ => None,
-        })
-    };
-    let hello = match setup() {
-        Ok(Some(h)) => h,
-        Ok(None) => {
-            tracing::warn!("emulated NIC: connection from {from} did not start with a hello; closed");
-            return;
-        }
-        Err(e) => {
-            tracing::warn!("emulated NIC: connection from {from} sent no valid hello ({e}); closed");
-            return;
-        }
-    };
-    let Packet::Hello { src_nic, src_qpn, dst_nic, dst_qpn, version } = hello else { return };
-    let verdict = if version != VERSION {
-        Err(reject::VERSION)
-    } else {
-        find_link(&fab, src_nic, src_qpn, dst_nic, dst_qpn, timeout)
-    };
-    let link = match verdict {
-        Ok(link) => link,
-        Err(why) => {
-            tracing::warn!(
-                "emulated NIC: refused a connection from {from} (QP {src_qpn:#x} → {dst_qpn:#x}): {}",
-                why_text(why)
-            );
-            let _ = send_packet(&mut stream, &Packet::Reject { why });
-            return;
-        }
-    };
-    // The answer goes out before the link is up, so that it is the first frame the dialer reads. (Later
-    // writes are the executor's, and never block: `Link::try_send`.)
-    let ok = send_packet(&mut stream, &Packet::HelloAck)
-        .and_then(|()| stream.set_read_timeout(None))
-        .and_then(|()| stream.try_clone());
-    match ok {
-        Ok(writer) => {
-            if link.set_up(writer) {
-                read_loop(stream, link, mb, socket_timeout(timeout));
-            }
-        }
-        Err(e) => {
-            link.set_down();
-            mb.post(Inbound::Down { qpn: dst_qpn, reason: format!("answering the hello of {from} failed: {e}") });
-        }
-    }
-}
-
-/// The link of local QP `dst_qpn` if it is connected to `src_qpn` of NIC `src_nic` and not up yet, waiting
-/// up to `timeout` for its INIT2RTR to run.
-fn find_link(
-    fab: &Weak<Fabric>,
-    src_nic: u64,
-    src_qpn: u32,
-    dst_nic: u64,
-    dst_qpn: u32,
-    timeout: Duration,
-) -> Result<Arc<Link>, u8> {
-    let start = Instant::now();
-    loop {
-        let fab = fab.upgrade().ok_or(reject::NO_QP)?;
-        if dst_nic != fab.id {
-            return Err(reject::WRONG_NIC);
-        }
-        let qp = read(&fab.qps).get(&dst_qpn).cloned().ok_or(reject::NO_QP)?;
-        // INIT2RTR sets the link before RTR: answer only once the QP takes requests.
-        let ready = matches!(qp.state(), QpState::Rtr | QpState::Rts);
-        if let (Some(link), true) = (qp.link.get(), ready) {
-            if (link.remote.nic, link.remote.qpn) != (src_nic, src_qpn) {
-                return Err(reject::OTHER_PEER);
-            }
-            if link.state.load(Ordering::Acquire) != CONNECTING || link.dials() {
-                return Err(reject::BUSY);
-            }
-            return Ok(link.clone());
-        }
-        // Not connected (back to the sender) yet: the sender dials again, so answer within a few seconds.
-        if start.elapsed() > timeout.min(HELLO_TIMEOUT) {
-            return Err(reject::NOT_CONNECTED);
-        }
-        drop((qp, fab));
-        thread::sleep(RETRY_PAUSE);
     }
 }
 

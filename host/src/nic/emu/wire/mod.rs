@@ -20,6 +20,7 @@
 //! most [`packet::MAX_RD_ATOMIC`] unanswered READs and atomics. [`link`] explains why none of these waits can
 //! deadlock.
 
+pub(crate) mod acceptor;
 pub(crate) mod link;
 pub(crate) mod packet;
 pub(crate) mod requester;
