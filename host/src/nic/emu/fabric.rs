@@ -12,7 +12,7 @@ use crate::drop_errors::DropErrors;
 use crate::mem::{GpuCopier, MemKind, QueueMemory};
 use crate::{Error, Result};
 
-use super::fw::Firmware;
+use super::fw::resources::Firmware;
 use super::qmem::{GpuPool, PooledGpuMem, QMem};
 
 use super::mr::MrTable;

@@ -21,7 +21,7 @@ mod hca_cap;
 mod mailbox;
 mod modify;
 mod qp;
-mod resources;
+pub(crate) mod resources;
 mod syndrome;
 
 use gdaki_shared::prm::cmd::{mbox_in, mbox_out, opcode, status};
@@ -32,9 +32,9 @@ use super::fabric::Fabric;
 use super::guard::lock;
 use super::EmuNic;
 use mailbox::{Named, Span};
+use resources::Firmware;
 
 pub(crate) use modify::reach;
-pub(crate) use resources::Firmware;
 pub use resources::{gid_of, nic_of_gid, DevxUar, UmemBuf};
 pub use syndrome::cmd_syndrome;
 use syndrome::{cmd_syndrome as syn, Fail};
