@@ -134,6 +134,7 @@
 //! [`CqDbrec`]: gdaki_shared::prm::dbrec::CqDbrec
 
 mod access;
+mod completion;
 mod cq;
 mod exec;
 mod executor;

@@ -26,13 +26,13 @@ use super::link::{peer_name, Link};
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
 use crate::mem::{MemKind, MemLoc, WRITE_ASYNC_MAX};
 use crate::nic::emu::access::DataPath;
+use crate::nic::emu::completion::{complete, fail};
 use crate::nic::emu::exec::{self, at as at_loc};
 use crate::nic::emu::fabric::Fabric;
 use crate::nic::emu::fault::Fault;
 use crate::nic::emu::guard::read;
 use crate::nic::emu::mr::MrTable;
 use crate::nic::emu::qp::{QpInner, QpState};
-use crate::nic::emu::sq::{complete, fail};
 use crate::nic::emu::stats::bump;
 use crate::nic::emu::wqe::{Header, Op, Payload, Sge};
 

@@ -23,13 +23,13 @@ use super::link::peer_name;
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
 use super::requester::{link_down, WireSq};
 use crate::nic::emu::access::{DataPath, Old};
+use crate::nic::emu::completion::push_resp_imm;
 use crate::nic::emu::exec::{self, at};
 use crate::nic::emu::fabric::Fabric;
 use crate::nic::emu::fault::{vendor, Fault};
 use crate::nic::emu::guard::read;
 use crate::nic::emu::mr::Access;
 use crate::nic::emu::qp::{QpInner, QpState};
-use crate::nic::emu::sq::push_resp_imm;
 use crate::nic::emu::wqe::Remote;
 use gdaki_shared::Be32;
 
