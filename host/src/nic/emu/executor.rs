@@ -30,7 +30,7 @@ use super::guard::read;
 use super::sq::{self, Engine, Watched};
 use super::stats::{add_ns, bump, step};
 use super::wire::link::Inflow;
-use super::wire::{packet, requester, responder, Inbound, WireConfig};
+use super::wire::{packet, requester, Inbound, WireConfig};
 use crate::mem::MemKind;
 
 /// How long the thread keeps yielding after its last work before it starts sleeping.
@@ -212,7 +212,7 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
     let dp = &mut eng.data;
     match m {
         Inbound::Frame { body, .. } => match packet::decode(&body) {
-            Ok(p) if p.is_request() => responder::on_request(fab, qp, ws, dp, p),
+            Ok(p) if p.is_request() => requester::on_request(fab, qp, ws, dp, p),
             Ok(p) => requester::on_response(fab, qp, ws, dp, p),
             Err(e) => {
                 ws.link.close();

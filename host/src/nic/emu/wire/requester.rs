@@ -723,6 +723,29 @@ pub(crate) fn farewell(mut ws: WireSq, dp: &mut DataPath, timeout: Duration) {
     }
 }
 
+/// Handles request `p` for `qp` on its responder side ([`responder::on_request`]); a request that breaks the
+/// protocol (out of PSN order, too many READs and atomics outstanding) takes the link down.
+pub(crate) fn on_request(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Packet<'_>) {
+    if let Err(reason) = responder::on_request(fab, qp, &mut ws.resp, dp, p) {
+        ws.link.close();
+        let reason = format!("{} broke the protocol: {reason}", peer_name(&ws.link));
+        link_down(fab, qp, ws, dp, reason);
+    }
+}
+
+/// The data path's wait failed while answers were due (`f`): none of them can be vouched for, so the link
+/// goes down (the peer's requester fails its outstanding WQEs with 0x15), as it would for a lost connection.
+fn answers_lost(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, f: Fault) {
+    ws.link.close();
+    let reason = format!(
+        "its effects in GPU memory could not be waited for (syndrome {:#x}, vendor {:#x}); answers to {} lost",
+        f.syndrome,
+        f.vendor,
+        peer_name(&ws.link)
+    );
+    link_down(fab, qp, ws, dp, reason);
+}
+
 /// Per-pass upkeep: writes the outbox and produces what waits for room in it (the responder's answers, the
 /// rest of a streaming WRITE), at most [`PASS_BUDGET`] bytes; then fails the QP when its peer made no
 /// progress for `timeout` while something was outstanding, or its socket took nothing for `timeout` while
@@ -733,7 +756,7 @@ pub(crate) fn tick(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
     // The old values of the atomics this pass applied, resolved now even if their answers must wait for
     // room: their slots go back to the data path.
     if let Err(f) = ws.resp.resolve(dp) {
-        responder::answers_lost(fab, qp, ws, dp, f);
+        answers_lost(fab, qp, ws, dp, f);
         return true;
     }
     loop {
@@ -749,8 +772,9 @@ pub(crate) fn tick(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
         }
         let before = ws.outbox.len();
         // Answers first: they let the peer's requester go on.
-        responder::pump(fab, qp, ws, dp);
-        if ws.down.is_some() {
+        let full = ws.sent + OUTBOX_HIGH;
+        if let Err(f) = responder::pump(fab, qp, &mut ws.resp, dp, (&mut ws.outbox, full, &mut ws.gather)) {
+            answers_lost(fab, qp, ws, dp, f);
             return true;
         }
         if let Some(psn) = ws.stream.as_ref().map(|st| st.msg.psn) {

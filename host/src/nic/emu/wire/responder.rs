@@ -19,9 +19,7 @@
 
 use std::collections::VecDeque;
 
-use super::link::peer_name;
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
-use super::requester::{link_down, WireSq};
 use crate::nic::emu::access::{DataPath, Old};
 use crate::nic::emu::completion::push_resp_imm;
 use crate::nic::emu::exec::{self, at};
@@ -160,46 +158,32 @@ impl RespState {
     }
 }
 
-/// The data path's wait failed while answers were due (`f`): none of them can be vouched for, so the link
-/// goes down (the peer's requester fails its outstanding WQEs with 0x15), as it would for a lost connection.
-pub(crate) fn answers_lost(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, f: Fault) {
-    ws.link.close();
-    let reason = format!(
-        "its effects in GPU memory could not be waited for (syndrome {:#x}, vendor {:#x}); answers to {} lost",
-        f.syndrome,
-        f.vendor,
-        peer_name(&ws.link)
-    );
-    link_down(fab, qp, ws, dp, reason);
-}
-
-/// Handles request `p` for `qp`. A request out of PSN order breaks the protocol: the link goes down.
-pub(crate) fn on_request(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Packet<'_>) {
+/// Handles request `p` for `qp`, whose responder state is `resp`. A request out of PSN order, or one READ or
+/// atomic more than [`MAX_RD_ATOMIC`] outstanding, breaks the protocol: `Err` says how, and the caller takes
+/// the link down ([`super::requester::on_request`]).
+pub(crate) fn on_request(
+    fab: &Fabric,
+    qp: &QpInner,
+    resp: &mut RespState,
+    dp: &mut DataPath,
+    p: Packet<'_>,
+) -> Result<(), String> {
     // A QP that is not in RTR/RTS does not answer (the requester times out, 0x15), as on hardware.
-    if ws.resp.broken || !matches!(qp.state(), QpState::Rtr | QpState::Rts) {
-        return;
+    if resp.broken || !matches!(qp.state(), QpState::Rtr | QpState::Rts) {
+        return Ok(());
     }
     let psn = match p {
         Packet::Write { psn, .. } | Packet::Read { psn, .. } | Packet::Atomic { psn, .. } => psn,
-        _ => return,
+        _ => return Ok(()),
     };
-    if psn != ws.resp.expected {
-        let reason = format!("request PSN {psn:#x} where {:#x} was due", ws.resp.expected);
-        ws.link.close();
-        link_down(fab, qp, ws, dp, format!("{} broke the protocol: {reason}", peer_name(&ws.link)));
-        return;
+    if psn != resp.expected {
+        return Err(format!("request PSN {psn:#x} where {:#x} was due", resp.expected));
     }
-    if matches!(p, Packet::Read { .. } | Packet::Atomic { .. }) && ws.resp.queue.len() >= MAX_RD_ATOMIC {
-        let reason = format!(
-            "{} broke the protocol: more than {MAX_RD_ATOMIC} READs and atomics outstanding",
-            peer_name(&ws.link)
-        );
-        ws.link.close();
-        link_down(fab, qp, ws, dp, reason);
-        return;
+    if matches!(p, Packet::Read { .. } | Packet::Atomic { .. }) && resp.queue.len() >= MAX_RD_ATOMIC {
+        return Err(format!("more than {MAX_RD_ATOMIC} READs and atomics outstanding"));
     }
-    match execute(fab, qp, ws, dp, p) {
-        Ok(true) => ws.resp.expected = (psn + 1) & PSN_MASK,
+    match execute(fab, qp, resp, dp, p) {
+        Ok(true) => resp.expected = (psn + 1) & PSN_MASK,
         Ok(false) => {}
         Err(f) => {
             tracing::warn!(
@@ -209,41 +193,41 @@ pub(crate) fn on_request(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut D
                 vendor = f.vendor,
                 "emulated NIC: responder refused a request (NAK)"
             );
-            ws.resp.broken = true;
-            ws.resp.queue.push_back(Answer::Nak { psn, syndrome: f.syndrome, vendor: f.vendor });
+            resp.broken = true;
+            resp.queue.push_back(Answer::Nak { psn, syndrome: f.syndrome, vendor: f.vendor });
         }
     }
+    Ok(())
 }
 
-/// Puts owed answers into the outbox, in order, while it has room (the due ACK first, before any other
-/// answer, as one packet of a READ response goes in at a time), after the effects they report are placed
-/// ([`RespState::settle`]: one wait for all of them). A READ's data is read now, from its range checked again:
-/// an MR deregistered since the READ came is refused with a NAK (0x13) after what was sent.
-pub(crate) fn pump(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath) {
-    while ws.has_room() {
-        if ws.resp.queue.is_empty() {
-            return;
+/// Puts owed answers into `outbox`, in order, while it is shorter than `full` bytes (the due ACK first, before
+/// any other answer, as one packet of a READ response goes in at a time), after the effects they report are
+/// placed ([`RespState::settle`]: one wait for all of them); `gather` is the buffer a READ's data goes through.
+/// A READ's data is read now, from its range checked again: an MR deregistered since the READ came is refused
+/// with a NAK (0x13) after what was sent. `Err` when the data path's wait for the effects failed: none of the
+/// answers can be vouched for, and the caller takes the link down ([`super::requester::tick`]).
+pub(crate) fn pump(
+    fab: &Fabric,
+    qp: &QpInner,
+    resp: &mut RespState,
+    dp: &mut DataPath,
+    (outbox, full, gather): (&mut Vec<u8>, usize, &mut Vec<u8>),
+) -> Result<(), Fault> {
+    while outbox.len() < full {
+        if resp.queue.is_empty() {
+            return Ok(());
         }
-        if let Err(f) = ws.resp.put_ack(dp, &mut ws.outbox) {
-            answers_lost(fab, qp, ws, dp, f);
-            return;
-        }
-        let Some(answer) = ws.resp.queue.pop_front() else { return };
+        resp.put_ack(dp, outbox)?;
+        let Some(answer) = resp.queue.pop_front() else { return Ok(()) };
         match answer {
-            Answer::Atomic { psn, old } => match dp.take_old(old) {
-                Ok(old) => packet::encode(&Packet::AtomicResp { psn, old }, &mut ws.outbox),
-                Err(f) => {
-                    answers_lost(fab, qp, ws, dp, f);
-                    return;
-                }
-            },
+            Answer::Atomic { psn, old } => packet::encode(&Packet::AtomicResp { psn, old: dp.take_old(old)? }, outbox),
             Answer::Nak { psn, syndrome, vendor } => {
-                packet::encode(&Packet::Nak { psn, syndrome, vendor }, &mut ws.outbox);
-                ws.resp.drop_answers(dp);
+                packet::encode(&Packet::Nak { psn, syndrome, vendor }, outbox);
+                resp.drop_answers(dp);
             }
             Answer::Read { psn, rkey, raddr, len, offset } => {
                 let n = (len - offset).min(MAX_CHUNK as u64) as usize;
-                ws.gather.resize(n, 0);
+                gather.resize(n, 0);
                 if n > 0 {
                     let mrs = read(&fab.mrs);
                     let got =
@@ -252,29 +236,30 @@ pub(crate) fn pump(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
                                 // SAFETY: inside `src`, a registered range of `len` bytes (`offset + n <= len`);
                                 // the MR read lock is held. Earlier writes of this QP are placed first (read_bytes
                                 // fences pending GPU copies).
-                                unsafe { dp.read_bytes(at(src, offset), &mut ws.gather) }
+                                unsafe { dp.read_bytes(at(src, offset), gather) }
                             });
                     if let Err(f) = got {
                         drop(mrs);
                         tracing::warn!(qpn = qp.qpn, psn, "emulated NIC: READ source gone mid-response (NAK)");
-                        ws.resp.broken = true;
-                        packet::encode(&Packet::Nak { psn, syndrome: f.syndrome, vendor: f.vendor }, &mut ws.outbox);
-                        ws.resp.drop_answers(dp);
+                        resp.broken = true;
+                        packet::encode(&Packet::Nak { psn, syndrome: f.syndrome, vendor: f.vendor }, outbox);
+                        resp.drop_answers(dp);
                         continue;
                     }
                 }
                 let last = offset + n as u64 == len;
-                packet::encode(&Packet::ReadResp { psn, offset, last, data: &ws.gather }, &mut ws.outbox);
+                packet::encode(&Packet::ReadResp { psn, offset, last, data: gather }, outbox);
                 if !last {
-                    ws.resp.queue.push_front(Answer::Read { psn, rkey, raddr, len, offset: offset + n as u64 });
+                    resp.queue.push_front(Answer::Read { psn, rkey, raddr, len, offset: offset + n as u64 });
                 }
             }
         }
     }
+    Ok(())
 }
 
 /// Executes one request packet; returns whether its message is complete (answered).
-fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Packet<'_>) -> Result<bool, Fault> {
+fn execute(fab: &Fabric, qp: &QpInner, resp: &mut RespState, dp: &mut DataPath, p: Packet<'_>) -> Result<bool, Fault> {
     match p {
         Packet::Write { psn, rkey, raddr, total, offset, imm, last, data } => {
             // A zero-length WRITE checks no key (IB spec), so a WRITE_IMM with no data may carry rkey 0.
@@ -294,7 +279,7 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             if let Some(i) = imm {
                 push_resp_imm(fab, qp, dp, Be32::from_bits(i), total as u32)?;
             }
-            ws.resp.ack_due = Some(psn);
+            resp.ack_due = Some(psn);
         }
         Packet::Read { psn, rkey, raddr, len } => {
             // A zero-length READ checks no key (as a zero-length WRITE); it is answered with one empty packet.
@@ -303,7 +288,7 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
                 exec::remote(&mrs, qp.responder(), Remote { addr: raddr, rkey }, len, Access::REMOTE_READ)?;
             }
             // The data is read when the response goes out (`pump`).
-            ws.resp.queue.push_back(Answer::Read { psn, rkey, raddr, len, offset: 0 });
+            resp.queue.push_back(Answer::Read { psn, rkey, raddr, len, offset: 0 });
         }
         Packet::Atomic { psn, rkey, raddr, op } => {
             if !raddr.is_multiple_of(8) {
@@ -315,7 +300,7 @@ fn execute(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pa
             // itself after earlier placements. Its effect and old value are waited for when the response is
             // encoded (`RespState::settle`), with those of the rest of the batch.
             let old = unsafe { dp.atomic_deferred(word, op) }?;
-            ws.resp.queue.push_back(Answer::Atomic { psn, old });
+            resp.queue.push_back(Answer::Atomic { psn, old });
         }
         _ => return Ok(false),
     }
