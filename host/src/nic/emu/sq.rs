@@ -1,5 +1,6 @@
 //! The send-queue engine: turns a doorbell into a producer index, cross-checks the dbrec, then consumes
-//! WQEs from the ring in order, executing them and writing their CQEs (or error and flush CQEs).
+//! WQEs from the ring in order, executing them and writing their CQEs (or error and flush CQEs) through
+//! [`super::completion`].
 //!
 //! Doorbell → producer index: the doorbell is the first 8 bytes of the last posted WQE's ctrl segment
 //! (rdma-core's form), or the producer index itself with `ds` 0 (NVSHMEM IBGDA's form, which shared posters

@@ -21,7 +21,7 @@ mod hca_cap;
 mod mailbox;
 mod modify;
 mod qp;
-pub(crate) mod resources;
+pub(super) mod resources;
 mod syndrome;
 
 use gdaki_shared::prm::cmd::{mbox_in, mbox_out, opcode, status};

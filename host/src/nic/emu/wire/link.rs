@@ -3,15 +3,15 @@
 //!
 //! Threads here never touch memory, CQEs or QP state: they hand complete frames (and "connection lost") to
 //! the executor through the NIC's inbound queue ([`Mailbox`]) and wake it. They hold a [`Link`] (sockets
-//! only) and at most a `Weak` reference to the NIC's shared state, never a QP, so that a QP's queue memory is
-//! still freed by the thread that destroys it.
+//! only), never a QP nor the NIC's shared state (the acceptor's hello threads, [`super::acceptor`], hold a
+//! `Weak` reference to it), so that a QP's queue memory is still freed by the thread that destroys it.
 //!
 //! # Backpressure, and why it cannot deadlock
 //!
 //! The inbound queue holds at most [`WireConfig::inbound_bytes`](super::WireConfig::inbound_bytes) of frames. A
 //! reader whose frame does not fit waits for the executor to take some; meanwhile it reads nothing more from its
 //! socket, so the peer's kernel buffers fill and the peer's NIC stops being able to write: TCP's flow control, end
-//! to end, and never more memory than the bound. Readers, dialers and hello threads put into the queue; only the
+//! to end, and never more memory than the bound. Readers, dialers and the acceptor's hello threads put into the queue; only the
 //! executor takes from it, and the executor never puts into it.
 //!
 //! A wait is only safe if what it waits for never waits back. A reader waits for its executor's next pass. The
@@ -135,7 +135,7 @@ impl Link {
     /// Makes `stream` the write side. Fails when the link was already up (a second hello) or closed.
     pub(super) fn set_up(&self, stream: TcpStream) -> bool {
         let mut s = lock(&self.stream);
-        if self.is_closed() || self.state.load(Ordering::Acquire) != CONNECTING {
+        if self.is_closed() || !self.is_connecting() {
             return false;
         }
         *s = Some(stream);

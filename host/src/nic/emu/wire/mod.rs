@@ -1,7 +1,7 @@
 //! The wire: RC transport between emulated NICs in different processes or hosts, over TCP.
 //!
 //! Two connected QPs on different [`EmuNic`](super::EmuNic)s share one TCP connection (a [`Link`]); the QP with
-//! the smaller `(nic, qpn)` dials the other NIC's listener, says hello, and both ends then carry requests
+//! the smaller `(nic, qpn)` dials the other NIC's listener ([`acceptor`]), says hello, and both ends then carry requests
 //! (RDMA WRITE, READ, atomics) one way and responses (ACK, NAK with syndrome, READ response, atomic response)
 //! the other, as the [`packet`]s of an InfiniBand RC connection. Reader threads only frame bytes; everything
 //! that touches memory, CQEs or QP state runs on the NIC's executor thread ([`requester`], [`responder`]),
@@ -24,7 +24,7 @@ pub(crate) mod acceptor;
 pub(crate) mod link;
 pub(crate) mod packet;
 pub(crate) mod requester;
-pub(crate) mod responder;
+mod responder;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;

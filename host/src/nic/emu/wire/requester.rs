@@ -144,7 +144,7 @@ pub(crate) struct WireSq {
     out: Outstanding,
     /// Encoded frames (requests and responses), written as far as the socket takes them once the link is up;
     /// `outbox[..sent]` is written already.
-    pub outbox: Vec<u8>,
+    outbox: Vec<u8>,
     sent: usize,
     /// Since when unsent bytes wait on an up link without the socket taking any.
     stuck_since: Option<Instant>,
@@ -161,9 +161,9 @@ pub(crate) struct WireSq {
     /// Why the link is down, once it is.
     down: Option<String>,
     /// Gathers a WRITE's local bytes into packets, and a READ's remote bytes into responses.
-    pub gather: Vec<u8>,
+    gather: Vec<u8>,
     /// The responder side.
-    pub resp: RespState,
+    resp: RespState,
 }
 
 impl WireSq {
@@ -214,7 +214,7 @@ impl WireSq {
     }
 
     /// Whether the QP may put more frames into its outbox (fewer than [`OUTBOX_HIGH`] bytes wait).
-    pub(crate) fn has_room(&self) -> bool {
+    fn has_room(&self) -> bool {
         self.unsent() < OUTBOX_HIGH
     }
 
@@ -772,6 +772,7 @@ pub(crate) fn tick(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
         }
         let before = ws.outbox.len();
         // Answers first: they let the peer's requester go on.
+        // The bound of `has_room`: `sent` does not move while the responder fills the outbox.
         let full = ws.sent + OUTBOX_HIGH;
         if let Err(f) = responder::pump(fab, qp, &mut ws.resp, dp, (&mut ws.outbox, full, &mut ws.gather)) {
             answers_lost(fab, qp, ws, dp, f);
