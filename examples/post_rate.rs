@@ -7,7 +7,7 @@
 //! shapes of DOCA GPUNetIO's comparison. Each round is a launch of its own (after a warm-up launch) in both
 //! modes, so that they differ in the NIC alone; `--one-launch` runs a consumer's rounds in one launch, each
 //! after the flush of the one before, as a persistent kernel would (on the H200 the two busiest many-poster
-//! rows post 1.3-1.5x slower that way, for a reason not found; the NIC's work is not it).
+//! rows post 1.4-1.5x slower that way, for a reason not found; the NIC's work is not it).
 //! Every round starts at a grid-wide barrier, so the posters post at the same time. Each row gives WQEs/s over
 //! the median round (all posters' WQEs over the earliest start to the latest end, `%globaltimer`), the ns per
 //! WQE that makes, the median poster's ns per post (per warp post for the warp rows) and the slowest poster's

@@ -242,7 +242,7 @@ impl PostRate {
     /// As [`PostRate::run`], with every round (the warm-up round first) in one launch: each round after the
     /// first starts once every poster has flushed the one before, at the grid-wide barrier, as in a persistent
     /// kernel that posts, flushes and posts again. Measured on the H200, the two many-poster shapes that post
-    /// most (132 QPs with a doorbell every 32 posts, 264 warps) post 1.3-1.5x slower in such rounds than in a
+    /// most (132 QPs with a doorbell every 32 posts, 264 warps) post 1.4-1.5x slower in such rounds than in a
     /// launch of their own, with or without the NIC's engine on the GPU and with the NIC's thread asleep while
     /// they post; the cause is not known.
     ///
