@@ -171,10 +171,10 @@ use crate::{EmuError, Error, Result};
 
 pub use cq::MAX_CQE;
 pub use fault::vendor;
-pub use fw::{cmd_syndrome, gid_of, nic_of_gid, DevxUar, UmemBuf};
+pub use fw::{cmd_syndrome, DevxUar, UmemBuf};
 pub use mr::{Access, Mr, Pd};
 pub use qp::ENDPOINT_BYTES;
-pub use qp::{Endpoint, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
+pub use qp::{gid_of, nic_of_gid, Endpoint, QpState, MAX_WQE_CNT, MIN_WQE_CNT};
 pub use sim_gpu::SimGpu;
 pub use stats::Stats;
 pub use verbs::{Cq, Qp};

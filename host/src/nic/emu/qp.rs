@@ -20,10 +20,11 @@ use crate::{Error, Result};
 
 use super::cq::CqInner;
 use super::exec::Responder;
+use super::guard::lock;
 use super::mr::Access;
+use super::qmem;
 use super::qmem::{HostView, QBuf};
 use super::wire::Link;
-use super::{lock, qmem};
 
 /// The SQ sizes the NIC takes are the ones device code posts to (16 ..= 2^15 WQEBBs, a power of two): the
 /// limits are the device crate's. With at most 2^15 WQEBBs between two doorbells, two different doorbells never
@@ -84,14 +85,36 @@ pub struct Endpoint {
     pub wire: Option<SocketAddr>,
 }
 
+/// The prefix of an emulated NIC's GID: IPv6 link-local (`fe80::/64`), as the first GID of a RoCE port is the
+/// link-local address of its interface.
+const GID_PREFIX: [u8; 8] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
+
+/// The GID of port 1, index 0, of the emulated NIC `nic` (its identifier, [`EmuNic::id`](super::EmuNic::id)): `fe80::` with the
+/// identifier as the interface identifier, in wire order.
+pub fn gid_of(nic: u64) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[..8].copy_from_slice(&GID_PREFIX);
+    g[8..].copy_from_slice(&nic.to_be_bytes());
+    g
+}
+
+/// The identifier of the emulated NIC whose GID is `gid` ([`gid_of`]), or `None` for any other GID.
+pub fn nic_of_gid(gid: &[u8]) -> Option<u64> {
+    let g: &[u8; 16] = gid.try_into().ok()?;
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&g[8..]);
+    let id = u64::from_be_bytes(id);
+    (g[..8] == GID_PREFIX && id != 0).then_some(id)
+}
+
 /// Bytes of [`Endpoint::to_bytes`].
 pub const ENDPOINT_BYTES: usize = 40;
 
 impl Endpoint {
-    /// The GID of the endpoint's NIC ([`gid_of`](super::gid_of)): where an INIT2RTR's path leads to reach
+    /// The GID of the endpoint's NIC ([`gid_of`]): where an INIT2RTR's path leads to reach
     /// this QP.
     pub fn gid(&self) -> [u8; 16] {
-        super::gid_of(self.nic)
+        gid_of(self.nic)
     }
 
     /// A fixed 40-byte encoding (little-endian numbers; IPv4 or IPv6 address and port), for exchange through a
@@ -322,4 +345,21 @@ pub(crate) fn clear_blueflame(uar: &HostView, sentinel: u64) {
 pub(crate) fn clear_doorbell(uar: &HostView, sentinel: u64) {
     qmem::store_u64(uar, BF_OFFSET, 0, Ordering::Relaxed);
     clear_blueflame(uar, sentinel);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gids_carry_the_nic_identifier() {
+        let g = gid_of(0x0123_4567_89ab_cdef);
+        assert_eq!(g[..8], GID_PREFIX);
+        assert_eq!(nic_of_gid(&g), Some(0x0123_4567_89ab_cdef));
+        assert_eq!(nic_of_gid(&gid_of(0)), None);
+        let mut other = g;
+        other[0] = 0x20;
+        assert_eq!(nic_of_gid(&other), None);
+        assert_eq!(nic_of_gid(&g[..15]), None);
+    }
 }

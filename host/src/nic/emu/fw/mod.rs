@@ -35,7 +35,7 @@ use mailbox::{Named, Span};
 use resources::Firmware;
 
 pub(crate) use modify::reach;
-pub use resources::{gid_of, nic_of_gid, DevxUar, UmemBuf};
+pub use resources::{DevxUar, UmemBuf};
 pub use syndrome::cmd_syndrome;
 use syndrome::{cmd_syndrome as syn, Fail};
 

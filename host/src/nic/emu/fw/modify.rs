@@ -27,11 +27,11 @@ use gdaki_shared::prm::cmd::{
 use super::super::fabric::Fabric;
 use super::super::guard::{lock, read};
 use super::super::mr::Access;
-use super::super::qp::{Endpoint, QpInner, QpState};
+use super::super::qp::{nic_of_gid, Endpoint, QpInner, QpState};
 use super::super::wire::{link, Link};
 use super::mailbox::{Named, Span};
 use super::qp::{live_qp, qpc_bytes, qpc_named};
-use super::resources::{nic_of_gid, Firmware};
+use super::resources::Firmware;
 use super::syndrome::{cmd_syndrome as syn, Fail};
 use super::{get, Command, Ctx, HEADER};
 

@@ -16,7 +16,8 @@ use super::super::cq::CqInner;
 use super::super::guard::lock;
 use super::super::mr::Access;
 use super::super::qmem::{HostView, PooledGpuMem, QBuf, QMem};
-use super::super::{qp, EmuNic};
+use super::super::qp::{self, gid_of, nic_of_gid};
+use super::super::EmuNic;
 use super::syndrome::Fail;
 
 /// Memory to register as a umem ([`EmuNic::devx_umem_reg`]): host memory (pinned and mapped into the GPU on the
@@ -303,28 +304,6 @@ fn next_id(last: &mut u32, taken: impl Fn(u32) -> bool) -> Option<u32> {
     None
 }
 
-/// The prefix of an emulated NIC's GID: IPv6 link-local (`fe80::/64`), as the first GID of a RoCE port is the
-/// link-local address of its interface.
-const GID_PREFIX: [u8; 8] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
-
-/// The GID of port 1, index 0, of the emulated NIC `nic` (its identifier, [`EmuNic::id`]): `fe80::` with the
-/// identifier as the interface identifier, in wire order.
-pub fn gid_of(nic: u64) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[..8].copy_from_slice(&GID_PREFIX);
-    g[8..].copy_from_slice(&nic.to_be_bytes());
-    g
-}
-
-/// The identifier of the emulated NIC whose GID is `gid` ([`gid_of`]), or `None` for any other GID.
-pub fn nic_of_gid(gid: &[u8]) -> Option<u64> {
-    let g: &[u8; 16] = gid.try_into().ok()?;
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&g[8..]);
-    let id = u64::from_be_bytes(id);
-    (g[..8] == GID_PREFIX && id != 0).then_some(id)
-}
-
 impl EmuNic {
     /// Allocates `len` zeroed bytes for a umem in `kind` of memory, as the NIC allocates its own queues: host
     /// memory from [`EmuConfig::queue_mem`](super::super::EmuConfig::queue_mem), GPU memory through the GPU
@@ -450,18 +429,6 @@ impl EmuNic {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gids_carry_the_nic_identifier() {
-        let g = gid_of(0x0123_4567_89ab_cdef);
-        assert_eq!(g[..8], GID_PREFIX);
-        assert_eq!(nic_of_gid(&g), Some(0x0123_4567_89ab_cdef));
-        assert_eq!(nic_of_gid(&gid_of(0)), None);
-        let mut other = g;
-        other[0] = 0x20;
-        assert_eq!(nic_of_gid(&other), None);
-        assert_eq!(nic_of_gid(&g[..15]), None);
-    }
 
     #[test]
     fn ids_skip_used_ones_and_wrap() {
