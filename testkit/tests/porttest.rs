@@ -252,7 +252,8 @@ fn cpu_two_ranks_share_one_nic() {
 
 /// A run's timeout bounds the device-side waits, not only the launch: rank 0's signal carries a wrong rkey,
 /// so rank 1's wait for it can only time out, and it does so after the run's 300 ms (the channels were made
-/// with the 5 s default), with what it waited for.
+/// with the 5 s default), with what it waited for; the whole run ends before the default could have run out
+/// (0.5 s alone on a 2-core machine, 3.6 s once beside the other tests of this file there).
 #[test]
 fn a_runs_timeout_bounds_the_device_waits() {
     let timeout = Duration::from_millis(300);
@@ -279,5 +280,5 @@ fn a_runs_timeout_bounds_the_device_waits() {
         }
         other => panic!("rank 1: expected a semaphore timeout, got {other:?}"),
     }
-    assert!(receiver.2 < Duration::from_secs(3), "rank 1's run took {:?}", receiver.2);
+    assert!(receiver.2 < Duration::from_secs(5), "rank 1's run took {:?}", receiver.2);
 }
