@@ -10,10 +10,11 @@ use gdaki_shared::prm::wqe::{Seg, SEGS_PER_WQEBB};
 /// Unordered stores: publish with a release fence before the dbrec.
 ///
 /// The WQE's WQEBBs are stored whole: a NIC reads `ds` segments and ignores the rest of the last WQEBB (PRM
-/// "Send Queue"), but the GPU's L2 does not ignore a 32-byte sector written in part. Measured on the H200 with
-/// rings larger than L2 (264 warps posting one-WQEBB RDMA WRITEs, `ds` 3): with the fourth segment left
-/// unwritten, each WQE's second sector was half written and the posts' release fences waited for it, 6.29 G
-/// WQE/s; with it zeroed, 8.01 G, while one warp whose ring stays in L2 went from 26.7-27.1 to 27.4 ns per WQE.
+/// "Send Queue"), but a 32-byte sector of GPU memory written in part costs more than one written whole.
+/// Measured on the H200 with rings larger than L2 (264 warps posting one-WQEBB RDMA WRITEs, `ds` 3, each
+/// WQE's second sector half written when its fourth segment is left alone): 6.29 G WQE/s, and 8.01 G with
+/// that segment zeroed, while one warp, whose ring stays in L2, went from 26.7-27.1 to 27.4 ns per WQE. (Why
+/// the half-written sector costs, whether in L2 or in the release fences after the stores, was not measured.)
 ///
 /// A WQE wraps only between WQEBBs, so the address is computed once per WQEBB (from the 32-bit index: the
 /// ring has at most 2^15 WQEBBs) and the segments of one WQEBB go to consecutive 16-byte slots. The loop over
