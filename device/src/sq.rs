@@ -13,8 +13,9 @@ use gdaki_shared::prm::wqe::{Seg, SEGS_PER_WQEBB};
 /// "Send Queue"), but a 32-byte sector of GPU memory written in part costs more than one written whole.
 /// Measured on the H200 with rings larger than L2 (264 warps posting one-WQEBB RDMA WRITEs, `ds` 3, each
 /// WQE's second sector half written when its fourth segment is left alone): 6.29 G WQE/s, and 8.01 G with
-/// that segment zeroed, while one warp, whose ring stays in L2, went from 26.7-27.1 to 27.4 ns per WQE. (Why
-/// the half-written sector costs, whether in L2 or in the release fences after the stores, was not measured.)
+/// that segment zeroed, while one warp, which writes about 1 MiB of its ring per launch, went from 26.7-27.1 to
+/// 27.4 ns per WQE. (Why the half-written sector costs, in L2 or in the release fences after the stores, was
+/// not measured.)
 ///
 /// A WQE wraps only between WQEBBs, so the address is computed once per WQEBB (from the 32-bit index: the
 /// ring has at most 2^15 WQEBBs) and the segments of one WQEBB go to consecutive 16-byte slots. The loop over
