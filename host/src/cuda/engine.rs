@@ -135,7 +135,7 @@ pub(crate) enum Op {
 pub(crate) const FLAG_PUBLISH: u32 = 1;
 /// [`Op::Write`] with [`FLAG_PUBLISH`], [`Op::FetchAdd`], [`Op::CompareSwap`]: the destination is GPU memory,
 /// which only threads of this GPU read, so the fence before the published word or the atomic is at GPU scope
-/// (`fence.acq_rel.gpu`) instead of system scope. Whatever reaches the host (the executed count) still
+/// (`fence.release.gpu`) instead of system scope. Whatever reaches the host (the executed count) still
 /// follows a system-scope fence.
 pub(crate) const FLAG_GPU_SCOPE: u32 = 2;
 
