@@ -81,6 +81,8 @@ fn main() -> ExitCode {
         for (db_batch, bf) in [(1, false), (32, false), (1, true)] {
             rows.push((Shape::Exclusive { qps, db_batch, bf }, args.posts));
         }
+        // The doorbell every 32 WQEs again, the 32 posted by one `post_batch` call (one reservation).
+        rows.push((Shape::Batch { qps, batch: 32 }, args.posts));
     }
     // Many threads on one QP: every post is its own WQE, so a round's posts share the one SQ.
     let posters = ctas * threads;

@@ -275,6 +275,47 @@ impl<'a> Qp<'a> {
         (Ticket(pi), segs)
     }
 
+    /// Posts `n` WQEs that `wqe(i)` builds (`i` in `0..n`, called in that order) with one reservation of the
+    /// ring, as DOCA GPUNetIO's `reserve_wq_slots` for `n` slots and NVSHMEM IBGDA's `ibgda_reserve_wqe_slots`
+    /// do: the room check and the CQE policy are decided once for the batch, and the WQEs are then stored by a
+    /// loop with no test in it, whose iterations the compiler may overlap. Nothing reaches the NIC before
+    /// [`Qp::ring_db`] (or the drop); only the last WQE may ask for a CQE (when `signaled`, or when the
+    /// quarter-ring rule says so). Returns the last WQE's ticket.
+    ///
+    /// The room reserved is `n` times the WQEBBs of a WQE of `N` segments (one WQEBB for `N` <= 4), each WQE
+    /// taking its own `ds`'s WQEBBs of it.
+    ///
+    /// # Errors
+    /// [`InvalidArgument::Length`] for `n` = 0, or a batch that may need more than half the ring (it could wait
+    /// for room forever); as [`Qp::post`] otherwise. Nothing is posted on an error.
+    #[inline(always)]
+    pub fn post_batch<const N: usize>(
+        &mut self,
+        n: u32,
+        signaled: bool,
+        mut wqe: impl FnMut(u32) -> Wqe<N>,
+    ) -> Result<Ticket> {
+        let per = wqebbs(N as u32);
+        if n == 0 || n > self.sq.cnt / 2 / per {
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
+        let (first, sig) = self.reserve_batch(n * per, signaled)?;
+        let (buf, cnt, qpn) = (self.sq.buf, self.sq.cnt, self.sq.qpn);
+        let (mut pi, mut last, mut bits) = (first, first, 0);
+        for i in 0..n {
+            let w = wqe(i);
+            let flags = if sig && i + 1 == n { fm_ce_se::CQ_UPDATE } else { 0 };
+            let segs = w.encode(Ctrl { idx: pi as u16, qpn, fm_ce_se: flags });
+            // SAFETY: `Qp::new`'s contract gives a valid ring; the reservation made `n * per` WQEBBs from
+            // `first` ours, and each WQE takes at most `per` of them.
+            unsafe { sq::write_segs(buf, cnt, pi, &segs, w.ds()) };
+            (last, bits) = (pi, segs[0].0[0]);
+            pi += wqebbs(w.ds() as u32) as u64;
+        }
+        self.commit(last, (pi - first) as u32, sig, bits);
+        Ok(Ticket(last))
+    }
+
     /// Reserves `nbb` WQEBBs for WQEs stored next (one WQE, or a warp's batch), waiting for room; returns the
     /// first one's index and whether the last WQE of them asks for a CQE: when `signaled`, or when a quarter
     /// of the ring has been posted since the last one that did.

@@ -359,6 +359,154 @@ fn write_with_immediate_completes_on_the_peer_cq() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// post_batch
+// ---------------------------------------------------------------------------------------------------------
+
+#[test]
+fn post_batch_places_every_write_and_only_the_last_asks_for_a_cqe() {
+    const SLOT: usize = 512;
+    const SLOTS: usize = 32;
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(SLOT * SLOTS, 0), GuardedBuf::new(SLOT * SLOTS, 0x5a));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (local, remote) = (lmr.handle(), rmr.remote());
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    // Batches of every size up to half the ring, at random places of the ring (it wraps many times).
+    for _ in 0..40 {
+        let n = rng.random_range(1..=SLOTS);
+        dst.fill(0x5a);
+        let mut want = vec![0x5a; SLOT * SLOTS];
+        let mut lens = Vec::new();
+        for k in 0..n {
+            let len = rng.random_range(1..=SLOT);
+            let data = random_bytes(&mut rng, len);
+            src.write(k * SLOT, &data);
+            want[k * SLOT..k * SLOT + len].copy_from_slice(&data);
+            lens.push(len as u32);
+        }
+        let (before, cqes) = (qp.handle().sq.pi, p.nic.stats().cqes);
+        let mut called = Vec::new();
+        let t = qp
+            .post_batch(n as u32, true, |i| {
+                called.push(i);
+                let off = i as u64 * SLOT as u64;
+                wqe::rdma_write(raddr(&remote, off), sge(&local, off, lens[i as usize]))
+            })
+            .unwrap();
+        assert_eq!(called, (0..n as u32).collect::<Vec<_>>(), "each WQE built once, in order");
+        assert_eq!(t, Ticket(before + n as u64 - 1), "the ticket is the last WQE's");
+        assert_eq!(qp.handle().sq.pi, before + n as u64);
+        qp.ring_db();
+        qp.wait(t).unwrap();
+        assert!(dst.read() == want, "a batch of {n}: the destination differs from what was sent");
+        assert_eq!(p.nic.stats().cqes - cqes, 1, "a batch of {n} asked for more than its last CQE");
+    }
+    assert!(src.guards_intact() && dst.guards_intact(), "a guard byte changed");
+    let s = p.nic.stats();
+    assert_eq!((s.error_cqes, s.dbrec_mismatches, s.bad_doorbells), (0, 0, 0), "{s:?}");
+}
+
+#[test]
+fn post_batch_of_wqes_of_different_sizes_takes_each_ones_wqebbs() {
+    const LEN: usize = 4096;
+    let mut rng = rng();
+    let dst = GuardedBuf::new(LEN, 0);
+    let p = Pair::new(64, 64);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    for _ in 0..20 {
+        // Inline WRITEs of 1 to 4 WQEBBs: a batch reserves 4 each, at most half the ring (8 WQEs).
+        let n = rng.random_range(1..=8usize);
+        let lens: Vec<usize> = (0..n).map(|_| rng.random_range(1..=MAX_INLINE)).collect();
+        let datas: Vec<Vec<u8>> = lens.iter().map(|&l| random_bytes(&mut rng, l)).collect();
+        dst.fill(0);
+        let before = qp.handle().sq.pi;
+        let t = qp
+            .post_batch(n as u32, false, |i| {
+                let off = i as u64 * 256;
+                wqe::rdma_write_inline(raddr(&rmr.remote(), off), &datas[i as usize]).unwrap()
+            })
+            .unwrap();
+        let taken: u64 = lens.iter().map(|&l| inline_wqebbs(l)).sum();
+        assert_eq!(qp.handle().sq.pi, before + taken, "WQEBBs of {lens:?}");
+        assert_eq!(t, Ticket(before + taken - inline_wqebbs(lens[n - 1])), "the last WQE's index");
+        qp.flush().unwrap();
+        let got = dst.read();
+        for (i, d) in datas.iter().enumerate() {
+            assert_eq!(&got[i * 256..i * 256 + d.len()], &d[..], "inline WRITE {i} of {lens:?}");
+        }
+    }
+    let s = p.nic.stats();
+    assert_eq!((s.error_cqes, s.bad_doorbells, s.dbrec_mismatches), (0, 0, 0), "{s:?}");
+}
+
+#[test]
+fn post_batch_refuses_no_wqes_and_more_than_half_the_ring_and_posts_nothing() {
+    let p = Pair::new(16, 16);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let mut built = 0;
+    assert_eq!(qp.post_batch(0, false, |_| wqe::nop()), inval(InvalidArgument::Length));
+    assert_eq!(
+        qp.post_batch(9, false, |_| {
+            built += 1;
+            wqe::nop()
+        }),
+        inval(InvalidArgument::Length)
+    );
+    // 4-WQEBB WQEs: two fill half of the ring.
+    let big = |_| wqe::rdma_write_inline(Raddr { addr: 0, rkey: Be32::new(0) }, &[0; MAX_INLINE]).unwrap();
+    assert_eq!(qp.post_batch(3, false, big), inval(InvalidArgument::Length));
+    assert_eq!((built, qp.handle().sq.pi), (0, 0), "a refused batch built or posted WQEs");
+    // Half the ring, again and again, unsignaled and rung only by the reservation waiting for room: the
+    // quarter-ring CQEs retire it.
+    for _ in 0..20 {
+        let _ = qp.post_batch(8, false, |_| wqe::nop()).unwrap();
+    }
+    qp.flush().unwrap();
+    assert_eq!(qp.handle().sq.ci, qp.handle().sq.pi);
+    assert_eq!(p.a.sq_consumed(), qp.handle().sq.pi);
+    // A batch of 8 WQEBBs is past the quarter ring (4) since the last CQE: each one's last WQE asks for a CQE,
+    // so the flush has one to wait for and posts no NOP.
+    let s = p.nic.stats();
+    assert_eq!((s.wqes, s.cqes, s.error_cqes), (20 * 8, 20, 0), "{s:?}");
+}
+
+#[test]
+fn post_batch_with_a_bad_rkey_fails_at_that_wqe_and_flushes_the_rest() {
+    const LEN: usize = 256;
+    let (src, dst) = (GuardedBuf::new(LEN, 0x11), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let bad = RemoteMr { rkey: Be32::new(rmr.rkey() ^ 0x5), ..rmr.remote() };
+    let bad_at = rng().random_range(0..8u32);
+    let t = qp
+        .post_batch(8, true, |i| {
+            let r = if i == bad_at { bad } else { rmr.remote() };
+            wqe::rdma_write(raddr(&r, i as u64 * 32), sge(&lmr.handle(), 0, 32))
+        })
+        .unwrap();
+    qp.ring_db();
+    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at as u64);
+    assert_eq!(qp.wait(t), Err(first));
+    assert_eq!(qp.flush(), Err(first), "the error is sticky");
+    // The WRITEs before the bad one were placed, none after it.
+    let got = dst.read();
+    for i in 0..8usize {
+        let placed = got[i * 32..i * 32 + 32].iter().all(|&b| b == 0x11);
+        assert_eq!(placed, i < bad_at as usize, "WRITE {i} of a batch whose WRITE {bad_at} failed");
+    }
+    assert_eq!(p.a.state(), QpState::Error);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Inline writes and BlueFlame
 // ---------------------------------------------------------------------------------------------------------
 

@@ -48,6 +48,14 @@ pub enum Shape {
         /// Ring every post by BlueFlame.
         bf: bool,
     },
+    /// One thread per QP on `qps` QPs, posting `Qp::post_batch`es of `batch` WQEs (one reservation each) with a
+    /// doorbell after each: the Exclusive shape of a doorbell every `batch` posts, through the batch call.
+    Batch {
+        /// QPs (one CTA of one posting thread each).
+        qps: u32,
+        /// WQEs per call and doorbell.
+        batch: u32,
+    },
     /// `ctas × threads` threads on one QP (Device-scope shared QP; every post rings, batched by the QP).
     Shared {
         /// CTAs (teams).
@@ -81,6 +89,7 @@ impl Shape {
         match *self {
             Shape::Exclusive { qps, bf: true, .. } => format!("Exclusive {qps} QP(s), BlueFlame"),
             Shape::Exclusive { qps, db_batch, .. } => format!("Exclusive {qps} QP(s), doorbell/{db_batch}"),
+            Shape::Batch { qps, batch } => format!("Exclusive {qps} QP(s), post_batch/{batch}"),
             Shape::Ordering { qps, bf } => {
                 format!("floor: ordering only, {qps} QP(s), {}", if bf { "BlueFlame" } else { "doorbell" })
             }
@@ -91,7 +100,7 @@ impl Shape {
 
     fn teams(&self) -> (u32, u32, u32) {
         match *self {
-            Shape::Exclusive { qps, .. } | Shape::Ordering { qps, .. } => (qps, 1, 1),
+            Shape::Exclusive { qps, .. } | Shape::Batch { qps, .. } | Shape::Ordering { qps, .. } => (qps, 1, 1),
             Shape::Shared { ctas, threads } => (ctas, threads, threads),
             Shape::Warp { qps, lanes } => (qps, lanes, lanes),
         }
@@ -293,12 +302,15 @@ impl PostRate {
         let (teams, team_size, team_posters) = shape.teams();
         let posters = teams * team_posters;
         let per_qp = match shape {
-            Shape::Exclusive { .. } | Shape::Ordering { .. } => posts as u64,
+            Shape::Exclusive { .. } | Shape::Batch { .. } | Shape::Ordering { .. } => posts as u64,
             Shape::Shared { .. } => posts as u64 * posters as u64,
             Shape::Warp { .. } => posts as u64 * team_posters as u64,
         };
         let nqps = match shape {
-            Shape::Exclusive { qps, .. } | Shape::Ordering { qps, .. } | Shape::Warp { qps, .. } => qps,
+            Shape::Exclusive { qps, .. }
+            | Shape::Batch { qps, .. }
+            | Shape::Ordering { qps, .. }
+            | Shape::Warp { qps, .. } => qps,
             Shape::Shared { .. } => 1,
         };
         let shape_ok = match shape {
@@ -307,6 +319,8 @@ impl PostRate {
             }
             // The ordering alone names WQEs never stored: no NIC may look at them.
             Shape::Ordering { .. } => !self.consumer,
+            // At most half the ring per call (`Qp::post_batch`).
+            Shape::Batch { batch, .. } => (1..=WQE_CNT / 2).contains(&batch),
             _ => true,
         };
         let too_many = rate && per_qp + 2 > WQE_CNT as u64 / 2;
@@ -337,6 +351,7 @@ impl PostRate {
         let base = state.loc().addr;
         let (bf, db_batch) = match shape {
             Shape::Exclusive { bf, db_batch, .. } => (bf as u32, db_batch.max(1)),
+            Shape::Batch { batch, .. } => (0, batch),
             Shape::Ordering { bf, .. } => (bf as u32, 1),
             Shape::Shared { .. } | Shape::Warp { .. } => (0, 1),
         };
@@ -354,6 +369,7 @@ impl PostRate {
                 Shape::Exclusive { .. } | Shape::Ordering { .. } => shape::EXCLUSIVE,
                 Shape::Shared { .. } => shape::SHARED,
                 Shape::Warp { .. } => shape::WARP,
+                Shape::Batch { .. } => shape::BATCH,
             },
             db_batch,
             bf,
@@ -376,6 +392,7 @@ impl PostRate {
             Shape::Exclusive { .. } | Shape::Ordering { .. } => &entries::GDAKI_POST_RATE_EXCLUSIVE,
             Shape::Shared { .. } => &entries::GDAKI_POST_RATE_SHARED,
             Shape::Warp { .. } => &entries::GDAKI_POST_RATE_WARP,
+            Shape::Batch { .. } => &entries::GDAKI_POST_RATE_BATCH,
         };
         let kernel = Module::load(&self.exec, crate::ptx::PTX)?.kernel(entry)?;
         // Each round may wait out one bound (a flush); a barrier that runs out ends the launch, so it adds at

@@ -17,6 +17,8 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         Shape::Exclusive { qps, db_batch: 1, bf: false },
         Shape::Exclusive { qps, db_batch: 32, bf: false },
         Shape::Exclusive { qps, db_batch: 1, bf: true },
+        Shape::Batch { qps, batch: 32 },
+        Shape::Batch { qps, batch: 7 },
         Shape::Shared { ctas, threads },
         Shape::Warp { qps, lanes },
     ];
@@ -28,14 +30,14 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     for shape in shapes {
         // A round's WQEs share the one SQ in the shared shape.
         let posts = match shape {
-            Shape::Exclusive { .. } | Shape::Warp { .. } | Shape::Ordering { .. } => 200,
+            Shape::Exclusive { .. } | Shape::Batch { .. } | Shape::Warp { .. } | Shape::Ordering { .. } => 200,
             Shape::Shared { ctas, threads } => (8000 / (ctas * threads)).min(200),
         };
         let before = b.nic().stats();
         let r = b.run(shape, posts, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
         let after = b.nic().stats();
         let posters = match shape {
-            Shape::Exclusive { qps, .. } | Shape::Ordering { qps, .. } => qps,
+            Shape::Exclusive { qps, .. } | Shape::Batch { qps, .. } | Shape::Ordering { qps, .. } => qps,
             Shape::Shared { ctas, threads } => ctas * threads,
             Shape::Warp { qps, lanes } => qps * lanes,
         } as u64;
@@ -78,6 +80,10 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     // A round that would not fit the SQ is refused before anything runs, and so is a warp the executor has not.
     assert!(b.run(Shape::Exclusive { qps, db_batch: 1, bf: false }, 20_000, 1, Duration::from_secs(1)).is_err());
     assert!(b.run(Shape::Warp { qps, lanes: 33 }, 1, 1, Duration::from_secs(1)).is_err());
+    // So is a batch that `Qp::post_batch` refuses (none, or more than half the ring).
+    for batch in [0, WQE_CNT / 2 + 1] {
+        assert!(b.run(Shape::Batch { qps, batch }, 1, 1, Duration::from_secs(1)).is_err(), "{batch}");
+    }
     // The ordering floor names WQEs never stored: refused where the NIC consumes.
     assert!(b.run(Shape::Ordering { qps, bf: false }, 1, 1, Duration::from_secs(1)).is_err());
 }

@@ -88,6 +88,13 @@ pub fn gdaki_post_rate_shared(t: &Thread, args: &PostRateArgs) {
     unsafe { postrate::run::<{ postrate::shape::SHARED }>(t, args, t.block() as u32) }
 }
 
+/// [`gdaki_post_rate_exclusive`] in the Batch shape (one thread per QP, `Qp::post_batch`).
+#[kernel]
+pub fn gdaki_post_rate_batch(t: &Thread, args: &PostRateArgs) {
+    // SAFETY: as in `gdaki_post_rate_exclusive`.
+    unsafe { postrate::run::<{ postrate::shape::BATCH }>(t, args, t.block() as u32) }
+}
+
 /// [`gdaki_post_rate_exclusive`] in the Warp shape (one warp per QP).
 #[kernel]
 pub fn gdaki_post_rate_warp(t: &Thread, args: &PostRateArgs) {
@@ -139,6 +146,18 @@ pub fn gdaki_sass_qp_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
     // SAFETY: the launch's contract: a live QP that this one thread uses.
     let mut qp = unsafe { Qp::new(&mut *h, 1 << 30) };
     let _ = qp.post(false, w);
+    qp.ring_db();
+}
+
+/// `n` Exclusive 8-byte RDMA WRITEs on the QP `h` by one [`Qp::post_batch`] and one [`Qp::ring_db`].
+#[kernel]
+pub fn gdaki_sass_qp_post_batch(_t: &Thread, h: *mut QpHandle, a: &SassWrite, n: u32) {
+    let Some(w) = sass_write(a) else { return };
+    // SAFETY: as in `gdaki_sass_qp_post`.
+    let mut qp = unsafe { Qp::new(&mut *h, 1 << 30) };
+    if qp.post_batch(n, false, |_| w).is_err() {
+        return;
+    }
     qp.ring_db();
 }
 

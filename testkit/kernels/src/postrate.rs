@@ -20,6 +20,8 @@
 //! - [`shape::SHARED`]: every thread of every CTA posts to QP 0 through a Device-scope [`SharedQp`].
 //! - [`shape::WARP`]: the threads of CTA `b` (one warp on the GPU, one thread on the host) own QP `b` as a
 //!   [`WarpQp`]: each post is one WQE per lane and one doorbell.
+//! - [`shape::BATCH`]: thread 0 of CTA `b` owns QP `b`, as in the Exclusive shape, and posts by
+//!   [`Qp::post_batch`]es of `db_batch` WQEs, each followed by its doorbell.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -45,6 +47,8 @@ pub mod shape {
     pub const SHARED: u32 = 1;
     /// The lanes of one warp per QP post together ([`gdaki_device::warp_qp::WarpQp`]).
     pub const WARP: u32 = 2;
+    /// One thread per QP, `db_batch` WQEs per [`gdaki_device::qp::Qp::post_batch`] and doorbell.
+    pub const BATCH: u32 = 3;
 }
 
 /// Arguments of one launch (`#[repr(C)]`, built by the host): 128 bytes.
@@ -74,7 +78,7 @@ pub struct PostRateArgs {
     /// One of [`shape`]: the shape of the kernel launched (each shape is a kernel of its own, see [`run`]),
     /// which checks it.
     pub shape: u32,
-    /// Exclusive: ring the doorbell once per this many posts (1: every post).
+    /// Exclusive: ring the doorbell once per this many posts (1: every post). Batch: WQEs per call.
     pub db_batch: u32,
     /// Exclusive: 1 to ring every post by BlueFlame.
     pub bf: u32,
@@ -179,6 +183,9 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         } else if SHAPE == shape::SHARED {
             // SAFETY: QP 0's handle (caller's contract), shared by every poster.
             unsafe { burst_shared(a, poster) }
+        } else if SHAPE == shape::BATCH {
+            // SAFETY: this team's QP (caller's contract), used by this thread only.
+            unsafe { burst_batch(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
         } else if SHAPE == shape::WARP {
             // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
             unsafe { burst_warp(a, (a.qps as *mut QpHandle).add(team_index as usize), poster) }
@@ -265,6 +272,39 @@ fn posts_db(qp: &mut Qp, w: wqe::Wqe<3>, posts: u32, batch: u32) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The Batch shape: `posts` WRITEs on the QP of `h` in [`Qp::post_batch`]es of `db_batch` (the last one
+/// shorter), a doorbell after each.
+///
+/// # Safety
+/// `h` is this thread's QP (caller's contract).
+#[inline(never)]
+unsafe fn burst_batch(a: &PostRateArgs, h: &mut QpHandle, p: u32) -> Result<(u64, u64)> {
+    let (r, l) = target(a, p)?;
+    let w = wqe::rdma_write(r, l);
+    // SAFETY: the caller's contract.
+    let mut qp = unsafe { Qp::new(h, a.timeout_ns) };
+    let batch = a.db_batch.max(1);
+    let t0 = sync::clock_ns();
+    let mut left = a.posts;
+    let posted = loop {
+        if left == 0 {
+            break Ok(());
+        }
+        let n = left.min(batch);
+        if let Err(e) = qp.post_batch(n, false, |_| w) {
+            break Err(e);
+        }
+        qp.ring_db();
+        left -= n;
+    };
+    let t1 = sync::clock_ns();
+    posted?;
+    if a.no_consumer == 0 {
+        qp.flush()?;
+    }
+    Ok((t0, t1))
 }
 
 /// `posts` posts of `w`, each by BlueFlame.
