@@ -18,7 +18,10 @@ use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::fifo;
 use crate::onesided::{atomic_target, remote};
 use crate::qp::Qp;
-use crate::scope::{Block, Device, Scope};
+use crate::scope::Scope;
+/// The shared sharing modes, also scopes of [`SharedQp`]: `PortChannel::<Block>` and `PortChannel::<Device>`
+/// take them from here as `PortChannel::<Exclusive>` takes [`Exclusive`].
+pub use crate::scope::{Block, Device};
 use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::thread::CtaGroup;
@@ -309,6 +312,33 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         Ok(())
     }
 
+    /// Checks a put's whole range in both memories (a zero length is [`InvalidArgument::Length`]) and returns
+    /// its remote start and local address, before anything of it is posted.
+    #[inline(always)]
+    fn ranges(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<(Raddr, u64)> {
+        Ok((remote(&self.h.dst, dst_offset, bytes)?, local_range(&self.h.src, src_offset, bytes)?))
+    }
+
+    /// Largest WRITE the channel builds: the handle's `max_wqe_bytes`, at least 1 and below 2^31.
+    #[inline(always)]
+    fn wqe_limit(&self) -> u64 {
+        self.h.max_wqe_bytes.clamp(1, MAX_WRITE)
+    }
+
+    /// Members of the team `g` that take a piece in each batch of a block put: all of them, but in Device mode
+    /// at most as many WQEs as a team post may take (half the QP's ring, [`SharedQp::post_team`]), so that
+    /// a large team on a small ring sends a range in more batches rather than failing. At least 1.
+    #[inline(always)]
+    fn team_width(&self, g: &impl CtaGroup) -> u64 {
+        let members = u64::from(g.members().max(1));
+        if self.proxied() {
+            return members;
+        }
+        // SAFETY: a live channel's QP handle (contract of `new`); `wqe_cnt` is a field nobody writes meanwhile.
+        let cnt = unsafe { (*(self.h.qp as *const QpHandle)).wqe_cnt };
+        members.min(u64::from(cnt / 2)).max(1)
+    }
+
     /// Stages the last WRITE of a put of `bytes` bytes, or submits it when the put is `last` (by BlueFlame up
     /// to the channel's `blue_flame_limit`).
     #[inline(always)]
@@ -371,23 +401,26 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// `members()` WQEs (one for any range up to `members() * max_wqe_bytes`). Returns once posted.
     ///
     /// In Exclusive and Warp sharing each member posts its chunks itself, as `put_team` does there: call it
-    /// only from a team that may post to the QP that way (one thread, for Exclusive).
+    /// only from a team that may post to the QP that way (one thread, for Exclusive). A team with more members
+    /// than half the QP's ring has WQEBBs posts with the lowest half-ring of them in each batch.
     ///
     /// # Errors
-    /// As [`PortChannel::put_team`] (a zero length is [`InvalidArgument::Length`] for every member); members
-    /// that passed different arguments post what their own arguments say.
+    /// The whole range is checked first, by every member alike: a zero length is [`InvalidArgument::Length`],
+    /// a range outside either memory [`InvalidArgument::RemoteRange`] or [`InvalidArgument::LocalRange`], for
+    /// every member, and nothing is posted. Then as [`PortChannel::put_team`]. The members must pass the same
+    /// arguments: with different ones each posts the pieces its own arguments give, and members that make
+    /// different numbers of team calls mismatch the team's barriers.
     #[inline(always)]
     pub fn put_block(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
-        if bytes == 0 {
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
-        }
-        let chunk = self.h.max_wqe_bytes.clamp(1, MAX_WRITE);
-        let (members, rank) = (u64::from(g.members().max(1)), u64::from(g.rank()));
-        let round = chunk.saturating_mul(members);
+        self.ranges(dst_offset, src_offset, bytes)?;
+        let chunk = self.wqe_limit();
+        let (width, rank) = (self.team_width(g), u64::from(g.rank()));
+        let round = chunk.saturating_mul(width);
         let mut at = 0u64;
         while at < bytes {
-            let off = at.saturating_add(rank.saturating_mul(chunk));
-            let len = if off < bytes { chunk.min(bytes - off) } else { 0 };
+            // The range is inside both memories (checked above), so no offset below overflows.
+            let off = at + rank.saturating_mul(chunk);
+            let len = if rank < width && off < bytes { chunk.min(bytes - off) } else { 0 };
             self.put_team(g, dst_offset.wrapping_add(off), src_offset.wrapping_add(off), len)?;
             at = at.saturating_add(round);
         }
@@ -407,10 +440,11 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// the team (so that the proxy takes the signal after every piece), member 0 pushes the signal.
     ///
     /// # Errors
-    /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad semaphore or scratch word is the same
-    /// error for every member, before anything is posted). In the Host modes every member gets an error when
-    /// any member's pieces were refused ([`InvalidArgument::Team`] for those whose own were not), and no
-    /// signal is pushed.
+    /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range, semaphore or scratch word is the
+    /// same error for every member, before anything is posted). In the Host modes every member gets an error
+    /// when any member's pieces were refused ([`InvalidArgument::Team`] for those whose own were not), and no
+    /// signal is pushed. Members that pass different arguments break the call: which of them posts the signal
+    /// follows each one's own length, so the peer may see no signal, or two.
     pub fn put_block_with_signal(
         &mut self,
         g: &impl CtaGroup,
@@ -430,25 +464,29 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         }
         let (r, l) = atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
         let signal = wqe::atomic_fetch_add(r, l, 1)?;
-        let chunk = self.h.max_wqe_bytes.clamp(1, MAX_WRITE);
-        let (members, rank) = (u64::from(g.members().max(1)), u64::from(g.rank()));
-        let round = chunk.saturating_mul(members);
+        self.ranges(dst_offset, src_offset, bytes)?;
+        let chunk = self.wqe_limit();
+        let (width, rank) = (self.team_width(g), u64::from(g.rank()));
+        let round = chunk.saturating_mul(width);
         let mut at = 0u64;
         loop {
-            let off = at.saturating_add(rank.saturating_mul(chunk));
-            // Members with a piece in this batch; the batch is the last when the range ends inside it.
-            let pieces = (bytes - at).div_ceil(chunk).min(members);
+            // The range is inside both memories (checked above), so no offset below overflows.
+            let off = at + rank.saturating_mul(chunk);
+            // Members with a piece in this batch; the batch is the last when the range ends inside it. The
+            // signal rides in it only when it has room for one more WQE (fewer pieces than `width`), so the
+            // batch never exceeds what a team post takes.
+            let pieces = (bytes - at).div_ceil(chunk).min(width);
             let last = bytes - at <= round;
-            let w = if off < bytes {
+            let w = if rank < width && off < bytes {
                 self.piece(dst_offset.wrapping_add(off), src_offset.wrapping_add(off), chunk.min(bytes - off))
                     .map(|w| Some(w.widen::<4>()))
             } else {
-                Ok((last && rank == pieces).then_some(signal))
+                Ok((last && rank == pieces && pieces < width).then_some(signal))
             };
             self.qp.submit_team(g, w)?;
             if last {
                 // A full last batch: member 0 signals alone, after it (as `signal` does, asking for a CQE).
-                return if pieces == members && rank == 0 { self.fetch_add(r, l, 1) } else { Ok(()) };
+                return if pieces == width && rank == 0 { self.fetch_add(r, l, 1) } else { Ok(()) };
             }
             at = at.saturating_add(round);
         }
@@ -457,9 +495,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// The one WRITE of a team member's piece, its ranges checked.
     #[inline(always)]
     fn piece(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<Wqe<3>> {
-        let r = remote(&self.h.dst, dst_offset, bytes)?;
-        let src = local_range(&self.h.src, src_offset, bytes)?;
-        if bytes > self.h.max_wqe_bytes || bytes > MAX_WRITE {
+        let (r, src) = self.ranges(dst_offset, src_offset, bytes)?;
+        if bytes > self.wqe_limit() {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
         Ok(wqe::rdma_write(r, Sge::new(src, bytes as u32, self.h.src.lkey)?))
@@ -487,8 +524,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// Pushes the `PUT` triggers of `bytes` bytes (pieces of at most 4 GiB − 1, which the proxy splits at
     /// `max_wqe_bytes`), the last one with `last_ops` too.
     fn push_writes(&mut self, dst_offset: u64, src_offset: u64, bytes: u64, last_ops: u8) -> Result<()> {
-        remote(&self.h.dst, dst_offset, bytes)?;
-        local_range(&self.h.src, src_offset, bytes)?;
+        self.ranges(dst_offset, src_offset, bytes)?;
         // Triggers carry 32-bit offsets (as MSCCL++'s): memory beyond 4 GiB needs Device mode.
         let limit = Trigger::MAX_FIELD + 1;
         if dst_offset + bytes > limit || src_offset + bytes > limit {

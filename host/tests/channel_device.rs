@@ -876,3 +876,97 @@ fn an_exclusive_block_put_with_signal_is_a_put_then_a_signal() {
     assert_eq!(l.sem.load_u64(0), 1);
     assert_eq!(l._nics[0].stats().wqes, 5, "four WRITEs and the fetch-add");
 }
+
+/// A block put (with or without its signal) whose range leaves either memory is refused as a whole, before
+/// anything is posted: every member gets the range error (the same arguments, the same check), no WQE reaches
+/// the NIC and the peer's semaphore stays 0, in Block, Device and Exclusive sharing alike. Before, each batch
+/// was checked alone, and the batches before the one that left the memory were placed.
+#[test]
+fn a_block_put_past_the_end_of_either_memory_posts_nothing() {
+    fn run<S: Sharing>(members: u32, signal: bool) {
+        let remote = Err(Error::InvalidArgument(InvalidArgument::RemoteRange));
+        let local = Err(Error::InvalidArgument(InvalidArgument::LocalRange));
+        for (dst, src, bytes, want) in [
+            (1u64, 0u64, 4096u64, remote),
+            (0, 1, 4096, local),
+            (0, 0, 4097, remote),
+            (0, 0, u64::MAX, remote),
+            (u64::MAX - 100, 0, 50, remote),
+            (0, u64::MAX - 100, 50, local),
+        ] {
+            let l = Link::new(4096, 64, false);
+            l.src.write(0, &random_bytes(&mut rng(), 4096));
+            let mut h = l.handle();
+            h.max_wqe_bytes = 256;
+            let results = std::sync::Mutex::new(Vec::new());
+            teams(1, members, |_, m| {
+                let mut ch = shared::<S>(&h);
+                let r = if signal {
+                    ch.put_block_with_signal(m, dst, src, bytes)
+                } else {
+                    ch.put_block(m, dst, src, bytes)
+                };
+                results.lock().unwrap().push((r, ch.flush()));
+            });
+            let what = format!("{} x{members}, signal {signal}: ({dst}, {src}, {bytes})", std::any::type_name::<S>());
+            assert!(results.into_inner().unwrap().iter().all(|r| *r == (want, Ok(()))), "{what}");
+            assert_eq!(l._nics[0].stats().wqes, 0, "{what}");
+            assert!(l.dst.read().iter().all(|&b| b == 0xee), "{what}: a refused block put placed bytes");
+            assert_eq!(l.sem.load_u64(0), 0, "{what}: a refused block put signalled");
+        }
+    }
+    for signal in [false, true] {
+        run::<Block>(4, signal);
+        run::<Device>(4, signal);
+        run::<Exclusive>(1, signal);
+    }
+}
+
+/// A team with more members than half the ring has WQEBBs (9 on a 16-WQEBB ring, where a team post takes at
+/// most 8 WQEs): a block put sends its range in batches of 8 pieces, members 0-7 posting, rather than failing
+/// every member with `Team`; with its signal, a last batch of 8 pieces is followed by member 0's signal instead
+/// of carrying it as a ninth WQE. Every byte lands and the semaphore counts one.
+#[test]
+fn a_block_put_of_a_team_wider_than_half_the_ring_goes_in_batches_it_takes() {
+    for (bytes, signal) in [(9 * 256u64, false), (8 * 256, true), (9 * 256, true), (3000, true)] {
+        let l = Link::new(4096, 16, false);
+        let data = random_bytes(&mut rng(), 4096);
+        l.src.write(0, &data);
+        let mut h = l.handle();
+        h.max_wqe_bytes = 256;
+        let results = std::sync::Mutex::new(Vec::new());
+        teams(1, 9, |_, m| {
+            let mut ch = shared::<Block>(&h);
+            let r = if signal { ch.put_block_with_signal(m, 0, 0, bytes) } else { ch.put_block(m, 0, 0, bytes) };
+            results.lock().unwrap().push(r.and_then(|()| ch.flush()));
+        });
+        assert!(results.into_inner().unwrap().iter().all(|r| r.is_ok()), "{bytes} bytes, signal {signal}");
+        assert_eq!(&l.dst.read()[..bytes as usize], &data[..bytes as usize], "{bytes} bytes, signal {signal}");
+        assert_eq!(l.sem.load_u64(0), u64::from(signal), "{bytes} bytes");
+        assert_eq!(l._nics[0].stats().error_cqes, 0);
+    }
+}
+
+/// A handle whose `max_wqe_bytes` is 0 is read as 1 by every put: a team put of one byte per member and a
+/// block put of a few bytes go out as one-byte WQEs, where the team's piece check used to refuse them with
+/// `Length`.
+#[test]
+fn max_wqe_bytes_zero_means_one_byte_wqes_for_team_puts_too() {
+    let l = Link::new(4096, 64, false);
+    let data = random_bytes(&mut rng(), 4096);
+    l.src.write(0, &data);
+    let mut h = l.handle();
+    h.max_wqe_bytes = 0;
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 4, |_, m| {
+        let mut ch = shared::<Block>(&h);
+        let r = m.rank as u64;
+        let one = ch.put_team(m, 100 + r, 100 + r, 1);
+        let block = ch.put_block(m, 200, 200, 10);
+        results.lock().unwrap().push((one, block, ch.flush()));
+    });
+    assert!(results.into_inner().unwrap().iter().all(|r| *r == (Ok(()), Ok(()), Ok(()))));
+    let got = l.dst.read();
+    assert_eq!((&got[100..104], &got[200..210]), (&data[100..104], &data[200..210]));
+    assert_eq!(l._nics[0].stats().wqes, 4 + 10, "one-byte WQEs");
+}
