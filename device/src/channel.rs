@@ -355,6 +355,11 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// RDMA WRITE of `bytes` bytes from the local memory at `src_offset` to the peer's memory at
     /// `dst_offset` (MSCCL++ `put`). Returns once posted; [`PortChannel::flush`] tells when it completed.
     ///
+    /// The calling thread's stores of the source range before the call are ordered before the NIC reads it
+    /// (the post's releases, at the queues' scope); other threads' stores need their own release and a barrier
+    /// before the call, and a source in host memory written by device code on GPU-memory queues a
+    /// [`sync::fence_release_sys`] (the guide's "Port channels: device side").
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero length or a range outside either memory (nothing posted);
     /// timeouts and unexpected CQEs of the poster.

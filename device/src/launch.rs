@@ -39,6 +39,11 @@ device_repr!(
     gdaki_shared::proxy::FifoHandle
 );
 
+// SAFETY: an array has no padding between or around its elements (each one's size is a multiple of its
+// alignment) and the layout of its elements, which are `DeviceRepr`: e.g. one channel handle per peer,
+// uploaded with `Executor::upload` and passed as `&[PortChannelHandle; N]`.
+unsafe impl<T: DeviceRepr, const N: usize> DeviceRepr for [T; N] {}
+
 /// A device address of a `T` (or of the first of several): what a `&T` or `*const T`/`*mut T` parameter of a
 /// kernel is at launch, one 8-byte word. On the `cpu` executor device addresses are host addresses.
 #[repr(transparent)]

@@ -209,6 +209,16 @@ mod tests {
     use super::spread;
 
     #[test]
+    fn an_array_of_handles_uploads_as_its_bytes() {
+        use gdaki_shared::channel::PortChannelHandle;
+        let exec = super::Executor::Cpu;
+        let hs: [PortChannelHandle; 3] =
+            core::array::from_fn(|i| PortChannelHandle { channel_id: 7 + i as u32, ..Default::default() });
+        let buf = exec.upload(&hs).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), bytemuck::bytes_of(&hs));
+    }
+
+    #[test]
     fn ranks_spread_over_the_gpus() {
         assert_eq!((0..4).map(|r| spread(r, 8)).collect::<Vec<_>>(), [0, 1, 2, 3]);
         assert_eq!((0..4).map(|r| spread(r, 2)).collect::<Vec<_>>(), [0, 1, 0, 1]);
