@@ -216,6 +216,9 @@ impl PtxBuilder {
 
         let mut artifact = None;
         let mut path_crates = Vec::new();
+        // One line per compile error of the device crate (or a path crate it uses), for the error this returns:
+        // a build script's failure prints its whole output, and the rendered errors sit among the rest.
+        let mut errors = Vec::new();
         let mut stderr = std::io::stderr().lock();
         for line in BufReader::new(stdout).lines() {
             let line = line.context("reading cargo's output")?;
@@ -232,10 +235,13 @@ impl PtxBuilder {
                             let _ = write!(stderr, "{rendered}");
                         }
                         if self.build_script {
-                            if let Some(summary) = workspace_warning(&message) {
+                            if let Some(summary) = workspace_diagnostic(&message, "warning") {
                                 println!("cargo:warning={summary}");
                             }
                         }
+                        // rustc's closing "aborting due to N previous errors" counts them; it is not one.
+                        let closing = diagnostic["message"].as_str().is_some_and(|m| m.starts_with("aborting due to"));
+                        errors.extend(workspace_diagnostic(&message, "error").filter(|_| !closing));
                     }
                 }
                 Some("compiler-artifact") => {
@@ -256,14 +262,21 @@ impl PtxBuilder {
         }
         drop(stderr);
         let status = child.wait().context("waiting for cargo")?;
-        if self.build_script {
-            self.print_rerun_lines(&path_crates);
-        }
         if !status.success() {
+            // No `rerun-if-changed` lines: cargo runs a failed build script again anyway, and they would stand
+            // between the errors and this message.
+            let first = match errors.as_slice() {
+                [] => String::new(),
+                [one] => format!(": error: {one}"),
+                [one, rest @ ..] => format!(": error: {one} (and {} more errors)", rest.len()),
+            };
             bail!(
-                "building {} for {TARGET_TRIPLE} failed ({status}); cargo's errors are above",
+                "building {} for {TARGET_TRIPLE} failed ({status}){first}; cargo's messages are above",
                 self.crate_dir.display()
             );
+        }
+        if self.build_script {
+            self.print_rerun_lines(&path_crates);
         }
         let Some((path, lib_name)) = artifact else {
             bail!(
@@ -344,17 +357,22 @@ pub fn write_atomically(dest: &Path, bytes: &[u8]) -> Result<()> {
     fs::rename(&tmp, dest).with_context(|| format!("cannot rename {} to {}", tmp.display(), dest.display()))
 }
 
-/// `gdaki-device (nvptx64-nvidia-cuda): <message> at <file>:<line>:<column>` for a warning about a path crate;
-/// `None` for other diagnostics and for dependencies'. Cargo prefixes it with `warning:`.
-fn workspace_warning(message: &serde_json::Value) -> Option<String> {
+/// `gdaki-device (nvptx64-nvidia-cuda): <message> at <file>:<line>:<column>` for a diagnostic of `level`
+/// (`"warning"`, `"error"`) about a path crate; `None` for other levels and for dependencies'. Cargo prefixes a
+/// build script's warning with `warning:`.
+fn workspace_diagnostic(message: &serde_json::Value, level: &str) -> Option<String> {
     let diagnostic = &message["message"];
     let package_id = message["package_id"].as_str()?;
-    if diagnostic["level"] != "warning" || !package_id.starts_with("path+") {
+    if diagnostic["level"] != level || !package_id.starts_with("path+") {
         return None;
     }
-    // `path+file:///w/device#gdaki-device@0.1.0` (or `…/device#0.1.0` when the folder is the name).
-    let package = package_id.rsplit_once('#').map_or(package_id, |(_, name)| name);
-    let package = package.split('@').next().unwrap_or(package);
+    // `path+file:///w/device#gdaki-device@0.1.0`, or `path+file:///w/kernels#0.1.0` when the folder's name is
+    // the package's.
+    let (path, fragment) = package_id.rsplit_once('#').unwrap_or((package_id, ""));
+    let package = match fragment.split_once('@') {
+        Some((name, _)) => name,
+        None => path.rsplit('/').next().unwrap_or(path),
+    };
     let text = diagnostic["message"].as_str()?;
     let spans = diagnostic["spans"].as_array().into_iter().flatten();
     let location = spans
@@ -496,7 +514,7 @@ mod tests {
     }
 
     #[test]
-    fn workspace_warnings_become_one_line() {
+    fn workspace_diagnostics_become_one_line() {
         let warning = serde_json::json!({
             "reason": "compiler-message",
             "package_id": "path+file:///w/device#gdaki-device@0.1.0",
@@ -506,16 +524,22 @@ mod tests {
                 "spans": [{ "is_primary": true, "file_name": "device/src/sq.rs", "line_start": 12, "column_start": 9 }],
             },
         });
+        let line = "gdaki-device (nvptx64-nvidia-cuda): unused variable: `x` at device/src/sq.rs:12:9";
+        assert_eq!(workspace_diagnostic(&warning, "warning").as_deref(), Some(line));
+        let mut named_by_folder = warning.clone();
+        named_by_folder["package_id"] = "path+file:///w/kernels#0.1.0".into();
         assert_eq!(
-            workspace_warning(&warning).as_deref(),
-            Some("gdaki-device (nvptx64-nvidia-cuda): unused variable: `x` at device/src/sq.rs:12:9")
+            workspace_diagnostic(&named_by_folder, "warning").as_deref(),
+            Some("kernels (nvptx64-nvidia-cuda): unused variable: `x` at device/src/sq.rs:12:9")
         );
         let mut dependency = warning.clone();
         dependency["package_id"] = "registry+https://github.com/rust-lang/crates.io-index#bytemuck@1.25.2".into();
-        assert_eq!(workspace_warning(&dependency), None);
-        let mut error = warning;
+        assert_eq!(workspace_diagnostic(&dependency, "warning"), None);
+        let mut error = warning.clone();
         error["message"]["level"] = "error".into();
-        assert_eq!(workspace_warning(&error), None);
+        assert_eq!(workspace_diagnostic(&error, "warning"), None);
+        assert_eq!(workspace_diagnostic(&error, "error").as_deref(), Some(line));
+        assert_eq!(workspace_diagnostic(&warning, "error"), None);
     }
 
     #[test]
