@@ -301,17 +301,23 @@ impl<'a> Qp<'a> {
         }
         let (first, sig) = self.reserve_batch(n * per, signaled)?;
         let (buf, cnt, qpn) = (self.sq.buf, self.sq.cnt, self.sq.qpn);
-        let (mut pi, mut last, mut bits) = (first, first, 0);
-        for i in 0..n {
+        // Stores WQE `i` at `pi` with `flags`, moves `pi` past it and returns its doorbell bits.
+        let mut store = |i: u32, pi: &mut u64, flags: u8| {
             let w = wqe(i);
-            let flags = if sig && i + 1 == n { fm_ce_se::CQ_UPDATE } else { 0 };
-            let segs = w.encode(Ctrl { idx: pi as u16, qpn, fm_ce_se: flags });
+            let segs = w.encode(Ctrl { idx: *pi as u16, qpn, fm_ce_se: flags });
             // SAFETY: `Qp::new`'s contract gives a valid ring; the reservation made `n * per` WQEBBs from
             // `first` ours, and each WQE takes at most `per` of them.
-            unsafe { sq::write_segs(buf, cnt, pi, &segs, w.ds()) };
-            (last, bits) = (pi, segs[0].0[0]);
-            pi += wqebbs(w.ds() as u32) as u64;
+            unsafe { sq::write_segs(buf, cnt, *pi, &segs, w.ds()) };
+            *pi += wqebbs(w.ds() as u32) as u64;
+            segs[0].0[0]
+        };
+        let mut pi = first;
+        // Every WQE but the last asks for no CQE: the loop holds no test of which one is last.
+        for i in 0..n - 1 {
+            store(i, &mut pi, 0);
         }
+        let last = pi;
+        let bits = store(n - 1, &mut pi, if sig { fm_ce_se::CQ_UPDATE } else { 0 });
         self.commit(last, (pi - first) as u32, sig, bits);
         Ok(Ticket(last))
     }
