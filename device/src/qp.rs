@@ -295,18 +295,19 @@ impl<'a> Qp<'a> {
         signaled: bool,
         mut wqe: impl FnMut(u32) -> Wqe<N>,
     ) -> Result<Ticket> {
-        let per = wqebbs(N as u32);
-        if n == 0 || n > self.sq.cnt / 2 / per {
+        let nbb = n.saturating_mul(wqebbs(N as u32));
+        // A ring of a size device code cannot post to is refused by the reservation (`Handle`), as for `post`.
+        if n == 0 || (sq::valid_ring(self.sq.cnt) && nbb > self.sq.cnt / 2) {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
-        let (first, sig) = self.reserve_batch(n * per, signaled)?;
+        let (first, sig) = self.reserve_batch(nbb, signaled)?;
         let (buf, cnt, qpn) = (self.sq.buf, self.sq.cnt, self.sq.qpn);
         // Stores WQE `i` at `pi` with `flags`, moves `pi` past it and returns its doorbell bits.
         let mut store = |i: u32, pi: &mut u64, flags: u8| {
             let w = wqe(i);
             let segs = w.encode(Ctrl { idx: *pi as u16, qpn, fm_ce_se: flags });
-            // SAFETY: `Qp::new`'s contract gives a valid ring; the reservation made `n * per` WQEBBs from
-            // `first` ours, and each WQE takes at most `per` of them.
+            // SAFETY: `Qp::new`'s contract gives a valid ring; the reservation made `nbb` WQEBBs from `first`
+            // ours, `n` times the most one WQE of `N` segments takes.
             unsafe { sq::write_segs(buf, cnt, *pi, &segs, w.ds()) };
             *pi += wqebbs(w.ds() as u32) as u64;
             segs[0].0[0]
@@ -432,8 +433,12 @@ impl<'a> Qp<'a> {
             Err(u) => return Some(Err(Error::UnexpectedCqe(u))),
         };
         if let Some(w) = t.wqe {
-            // The room grows by what this CQE retired.
-            self.sq.room += (w + 1 - self.sq.ci) as u32;
+            // The room grows by what this CQE retired, but for a ring of a size device code cannot post to
+            // (`Sq::room`): CQEs of WQEs posted under another size must not open it (the slow paths run with
+            // `cnt` set to a size they can work with; the handle keeps the real one).
+            if sq::valid_ring(self.h.wqe_cnt) {
+                self.sq.room += (w + 1 - self.sq.ci) as u32;
+            }
             self.sq.ci = w + 1;
             if let (Err(e), 0) = (t.completion, self.h.sq.err_idx) {
                 self.h.sq.err_idx = w + 1;

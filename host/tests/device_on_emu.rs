@@ -506,6 +506,45 @@ fn post_batch_with_a_bad_rkey_fails_at_that_wqe_and_flushes_the_rest() {
     assert_eq!(p.a.state(), QpState::Error);
 }
 
+/// A handle whose ring size device code cannot post to (here forged over a live QP whose CQ holds CQEs of 12
+/// WQEs posted under its real size) stays refused after the CQ is polled: retiring those WQEs gave the `Qp`
+/// room back, and it then stored the next WQEs past the end of the ring the handle describes. Every post is
+/// `InvalidArgument::Handle` and no byte of the forged ring or around it changes (found by a helper).
+#[test]
+fn a_ring_of_an_invalid_size_takes_nothing_after_its_cq_is_polled() {
+    for cnt in [8u32, 3, 0, 1 << 16] {
+        let p = Pair::new(64, 64);
+        let mut h = p.a.handle();
+        {
+            let mut qp = dev_qp(&mut h);
+            for _ in 0..12 {
+                let _ = qp.post(true, wqe::nop()).unwrap();
+            }
+        }
+        emu_util::wait_until("12 CQEs", || p.nic.stats().cqes >= 12);
+        // The NIC executes nothing more: only what device code stores is looked at.
+        p.nic.hold_executor(true);
+        // The forged ring: 64 WQEBBs of guard on each side of `cnt` (at most 64) WQEBBs.
+        let room = 64 * WQEBB * (2 + cnt.min(64) as usize);
+        let fake = vec![0x5cu8; room];
+        h.wqe_cnt = cnt;
+        h.sq_buf = fake.as_ptr() as u64 + 64 * WQEBB as u64;
+        let (polled, batch, post) = {
+            let mut qp = dev_qp(&mut h);
+            let polled = qp.poll_cq().is_some();
+            let batch = qp.post_batch(1, false, |_| wqe::nop());
+            let _ = qp.poll_cq();
+            (polled, batch, qp.post(false, wqe::nop()))
+        };
+        p.nic.hold_executor(false);
+        assert!(polled, "wqe_cnt {cnt}: the CQ had CQEs to poll");
+        assert_eq!((batch, post), (inval(InvalidArgument::Handle), inval(InvalidArgument::Handle)), "wqe_cnt {cnt}");
+        // SAFETY: `fake` is plain memory that device code may have stored to; read it volatile.
+        let changed = (0..room).filter(|&i| unsafe { fake.as_ptr().add(i).read_volatile() } != 0x5c).count();
+        assert_eq!(changed, 0, "wqe_cnt {cnt}: bytes stored in or around a ring of an invalid size");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Inline writes and BlueFlame
 // ---------------------------------------------------------------------------------------------------------
