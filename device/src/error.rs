@@ -226,6 +226,10 @@ pub mod kind {
     /// [`super::Error::Timeout`] on a broadcast's group acknowledgment ([`super::WaitOn::GroupAck`]); `addr`
     /// holds the counter's address, `expected` and `seen` its values.
     pub const TIMEOUT_GROUP_ACK: u32 = 14;
+    /// [`super::InvalidArgument::Team`], alone in the report (every other word 0): a team member that failed
+    /// because another member could not post. One word, so that a launch's report of it can be replaced by
+    /// the cause ([`crate::launch::report_error`]).
+    pub const TEAM: u32 = 15;
 }
 
 impl CqeError {
@@ -313,6 +317,7 @@ impl Error {
                 r.detail = p.iter;
                 r.addr = p.offset;
             }
+            Error::InvalidArgument(InvalidArgument::Team) => r.kind = kind::TEAM,
             Error::InvalidArgument(a) => {
                 r.kind = kind::INVALID_ARGUMENT;
                 r.expected = a as u32 as u64;
@@ -371,11 +376,11 @@ impl Error {
                 7 => InvalidArgument::Handle,
                 9 => InvalidArgument::Unsupported,
                 8 => InvalidArgument::Packet,
-                11 => InvalidArgument::Team,
                 12 => InvalidArgument::Collective,
                 13 => InvalidArgument::Value,
                 _ => return None,
             })),
+            kind::TEAM => Some(Error::InvalidArgument(InvalidArgument::Team)),
             _ => None,
         }
     }

@@ -8,7 +8,7 @@
 //! address) followed by one hidden `.u64`, the address of an [`ErrorReport`] (0: none) where the kernel's
 //! first error goes. The host's `gdaki::launch` passes exactly that.
 
-use crate::error::Error;
+use crate::error::{kind, Error, InvalidArgument};
 use crate::scope::{Device, Scope};
 use gdaki_shared::handle::ErrorReport;
 
@@ -105,20 +105,33 @@ impl<E: Into<Error>> KernelReturn for Result<(), E> {
 }
 
 /// Writes `e` to the report at `report` unless an earlier error of the launch got there first (a CAS on its
-/// `kind` word claims it).
+/// first word claims it). [`InvalidArgument::Team`] is the exception: a team member gets it when another
+/// member could not post, so it is written with that one CAS alone (its report is one word, [`kind::TEAM`]),
+/// and any other error of the launch replaces it: the host reads the cause, not the members it failed.
 pub fn report_error(report: u64, e: Error) {
     if report == 0 {
         return;
     }
-    let r = report as *mut ErrorReport;
-    // SAFETY: the launch's report (the host allocated it and passed its address); one thread wins the CAS on its
-    // first word and is then the only one to write it.
+    let word = report as *mut u64;
+    if matches!(e, Error::InvalidArgument(InvalidArgument::Team)) {
+        // SAFETY: the launch's report (the host allocated it, 8-byte aligned, and passed its address); its first
+        // word is only accessed atomically while the launch runs.
+        unsafe { Device::cas(word, 0, u64::from(kind::TEAM)) };
+        return;
+    }
+    // SAFETY: as above; the thread whose CAS takes the word (from nothing, or from a Team report) is then the
+    // only one to write the report (a Team reporter writes nothing after its CAS).
     unsafe {
-        if Device::try_lock(r as *mut u32) {
-            r.write_volatile(e.to_report());
+        let old = Device::cas(word, 0, CLAIMED);
+        let claimed = old == 0 || (old == u64::from(kind::TEAM) && Device::cas(word, old, CLAIMED) == old);
+        if claimed {
+            (report as *mut ErrorReport).write_volatile(e.to_report());
         }
     }
 }
+
+/// The report's first word while its claimant writes it: not 0 (no error) nor a Team report.
+const CLAIMED: u64 = u64::MAX;
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub use host_side::*;
@@ -298,6 +311,7 @@ mod host_side {
     mod tests {
         use super::*;
         use crate::launch::{report_error, DevPtr, KernelReturn};
+        use gdaki_shared::handle::ErrorReport;
         use std::sync::atomic::{AtomicU64, Ordering};
         use std::vec::Vec;
 
@@ -359,6 +373,53 @@ mod host_side {
             };
             // SAFETY: the kernel touches nothing.
             unsafe { run_on_host(&k, Dim3::x(2), Dim3::x(8), (), 0) }.unwrap();
+        }
+
+        /// The report after `errors` are reported in this order.
+        fn reported(errors: &[crate::Error]) -> Option<crate::Error> {
+            let mut report = ErrorReport::default();
+            for &e in errors {
+                report_error(&mut report as *mut ErrorReport as u64, e);
+            }
+            crate::Error::from_report(&report)
+        }
+
+        #[test]
+        fn a_team_error_gives_way_to_its_cause() {
+            use crate::error::{CqeError, InvalidArgument::*};
+            use crate::Error::{Cqe, InvalidArgument as Inval};
+            let cqe = Cqe(CqeError { syndrome: 0x13, vendor_err_synd: 0x32, wqe_counter: 5 });
+            assert_eq!(reported(&[Inval(Team), Inval(RemoteRange), Inval(Team)]), Some(Inval(RemoteRange)));
+            assert_eq!(reported(&[Inval(RemoteRange), Inval(Team)]), Some(Inval(RemoteRange)));
+            assert_eq!(reported(&[Inval(Team), Inval(Team)]), Some(Inval(Team)));
+            // Between two causes the first one stays.
+            assert_eq!(reported(&[Inval(Team), cqe, Inval(LocalRange)]), Some(cqe));
+            assert_eq!(reported(&[]), None);
+        }
+
+        /// A CTA of 64 threads whose thread `bad` fails with a range error and every other with `Team` (as a
+        /// team put reports them): the launch's report is the range error, whichever thread gets there first.
+        fn team_kernel(t: &Thread, bad: &(u32,), report: u64) {
+            let e = if t.tid() as u32 == bad.0 {
+                crate::error::InvalidArgument::RemoteRange
+            } else {
+                crate::error::InvalidArgument::Team
+            };
+            Err::<(), _>(crate::Error::InvalidArgument(e)).report(report);
+        }
+
+        #[test]
+        fn a_launch_reports_the_member_that_failed_a_team_not_the_others() {
+            let k = KernelFn { name: "team", host: team_kernel };
+            for bad in [0u32, 1, 31, 63] {
+                for _ in 0..5 {
+                    let mut report = ErrorReport::default();
+                    // SAFETY: the kernel writes the report only.
+                    unsafe { run_on_host(&k, Dim3::x(1), Dim3::x(64), (bad,), &mut report as *mut _ as u64) }.unwrap();
+                    let got = crate::Error::from_report(&report);
+                    assert_eq!(got, Some(crate::Error::InvalidArgument(crate::error::InvalidArgument::RemoteRange)));
+                }
+            }
         }
 
         #[test]

@@ -1142,6 +1142,7 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Timeout(Timeout { on: WaitOn::Peer { .. }, .. }) => 13,
         Error::Timeout(Timeout { on: WaitOn::GroupAck { .. }, .. }) => 14,
         Error::Payload(_) => kind::PAYLOAD,
+        Error::InvalidArgument(InvalidArgument::Team) => 15,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
         Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
         Error::App(_) => 12,
@@ -1189,7 +1190,7 @@ proptest! {
     }
 
     #[test]
-    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 15u32..]) {
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 16u32..]) {
         let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
         prop_assert_eq!(Error::from_report(&r), None);
     }
@@ -1230,19 +1231,26 @@ fn invalid_argument_codes_are_the_documented_ones() {
             | InvalidArgument::Collective
             | InvalidArgument::Value => {}
         }
-        // Packing: the report the device writes.
+        // Packing: the report the device writes (Team alone in the kind word, kind 15, so that a launch's
+        // report of it can be replaced by its cause).
+        let literal = if a == InvalidArgument::Team {
+            ErrorReport { kind: 15, ..ErrorReport::default() }
+        } else {
+            ErrorReport { kind: 6, expected: code, ..ErrorReport::default() }
+        };
         let r = Error::InvalidArgument(a).to_report();
-        assert_eq!(r, ErrorReport { kind: 6, expected: code, ..ErrorReport::default() }, "{a:?}");
+        assert_eq!(r, literal, "{a:?}");
         // Unpacking: a report built here from the literal code, as the host reads it.
-        let from_host = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
+        let from_host = literal;
         assert_eq!(Error::from_report(&from_host), Some(Error::InvalidArgument(a)), "code {code}");
         assert_eq!(Error::InvalidArgument(a).to_string(), message);
     }
-    // The twelve codes are 1..=13 but 10 (retired), each once; 10 and the codes around them decode to nothing.
+    // The twelve codes are 1..=13 but 10 (retired), each once; as kind 6, 10, 11 (Team, which has a kind of its
+    // own) and the codes around them decode to nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
     codes.sort_unstable();
     assert_eq!(codes, (1..=13).filter(|&c| c != 10).collect::<Vec<u64>>());
-    for code in [0u64, 10, 14, 15, u32::MAX as u64, u64::MAX] {
+    for code in [0u64, 10, 11, 14, 15, u32::MAX as u64, u64::MAX] {
         let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }
