@@ -400,7 +400,7 @@ mod host_side {
         /// A CTA of 64 threads whose thread `bad` fails with a range error and every other with `Team` (as a
         /// team put reports them): the launch's report is the range error, whichever thread gets there first.
         fn team_kernel(t: &Thread, bad: &(u32,), report: u64) {
-            let e = if t.tid() as u32 == bad.0 {
+            let e = if t.tid() == bad.0 {
                 crate::error::InvalidArgument::RemoteRange
             } else {
                 crate::error::InvalidArgument::Team
