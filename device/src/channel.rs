@@ -278,7 +278,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         self.h
     }
 
-    /// The poster, e.g. to flush the QP once for several channels.
+    /// The poster, e.g. to flush the QP once for several channels, or in Exclusive sharing the channel's
+    /// [`Qp`] for what the channel's calls do not cover ([`Qp::post_batch`], any builder of [`crate::wqe`]),
+    /// with the addresses and keys of the channel's handle (`dst`, `src`, `remote_sem`).
     pub fn poster(&mut self) -> &mut M::Poster<'h> {
         &mut self.qp
     }

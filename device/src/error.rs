@@ -159,8 +159,9 @@ pub enum InvalidArgument {
     InlineTooLong = 3,
     /// An atomic target or result is not 8-byte aligned.
     AtomicAlignment = 4,
-    /// A length of zero bytes, one that does not fit 31 bits, a WQE larger than the ring, or a warp's batch
-    /// ([`crate::warp_qp`]) larger than half the ring or of WQEs of different sizes.
+    /// A length of zero bytes, one that does not fit 31 bits, a WQE larger than the ring, a warp's batch
+    /// ([`crate::warp_qp`]) larger than half the ring or of WQEs of different sizes, or a
+    /// [`crate::qp::Qp::post_batch`] of no WQEs or of more than half the ring.
     Length = 5,
     /// A ticket beyond every WQE posted on this QP.
     Ticket = 6,
@@ -389,11 +390,13 @@ impl Error {
 impl core::fmt::Display for Error {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            Error::Cqe(e) => write!(
-                f,
-                "error CQE: syndrome {:#04x}, vendor syndrome {:#04x}, WQE index {}",
-                e.syndrome, e.vendor_err_synd, e.wqe_counter
-            ),
+            Error::Cqe(e) => {
+                write!(f, "error CQE: syndrome {:#04x}", e.syndrome)?;
+                if let Some(what) = gdaki_shared::prm::opcode::syndrome::describe(e.syndrome) {
+                    write!(f, " ({what})")?;
+                }
+                write!(f, ", vendor syndrome {:#04x}, WQE index {}", e.vendor_err_synd, e.wqe_counter)
+            }
             Error::Timeout(t) => {
                 let ms = t.waited_ns as f64 / 1e6;
                 match t.on {

@@ -64,6 +64,9 @@ pub mod wqe;
 
 pub use error::{AppError, Error, Result};
 pub use gdaki_macros::kernel;
+/// The handles the host builds for device code (`QpHandle`, `MrHandle`, `RemoteMr`, `ErrorReport`...), so that
+/// a kernel crate that depends on this one alone can name them.
+pub use gdaki_shared::handle;
 pub use launch::{DevPtr, DeviceRepr};
 pub use thread::{Dim3, Thread};
 

@@ -280,7 +280,8 @@ impl<'a> Qp<'a> {
     /// do: the room check and the CQE policy are decided once for the batch, and the WQEs are then stored by a
     /// loop with no test in it, whose iterations the compiler may overlap. Nothing reaches the NIC before
     /// [`Qp::ring_db`] (or the drop); only the last WQE may ask for a CQE (when `signaled`, or when the
-    /// quarter-ring rule says so). Returns the last WQE's ticket.
+    /// quarter-ring rule says so). Returns the last WQE's ticket. [`Qp::try_post_batch`] takes a builder that
+    /// may refuse a WQE.
     ///
     /// The room reserved is `n` times the WQEBBs of a WQE of `N` segments (one WQEBB for `N` <= 4), each WQE
     /// taking its own `ds`'s WQEBBs of it.
@@ -295,6 +296,23 @@ impl<'a> Qp<'a> {
         signaled: bool,
         mut wqe: impl FnMut(u32) -> Wqe<N>,
     ) -> Result<Ticket> {
+        // The builder cannot fail: the compiler removes the test of its result from the loop.
+        self.try_post_batch(n, signaled, |i| Ok(wqe(i)))
+    }
+
+    /// [`Qp::post_batch`] with a builder that may refuse a WQE (a range check, `Sge::new`): its first error
+    /// ends the call with that error and nothing of the batch posted (the WQEs stored so far lie in WQEBBs the
+    /// producer index has not passed, which the next post overwrites). The loop then tests each WQE's result.
+    ///
+    /// # Errors
+    /// As [`Qp::post_batch`]; the builder's first error.
+    #[inline(always)]
+    pub fn try_post_batch<const N: usize>(
+        &mut self,
+        n: u32,
+        signaled: bool,
+        mut wqe: impl FnMut(u32) -> Result<Wqe<N>>,
+    ) -> Result<Ticket> {
         let nbb = n.saturating_mul(wqebbs(N as u32));
         // A ring of a size device code cannot post to is refused by the reservation (`Handle`), as for `post`.
         if n == 0 || (sq::valid_ring(self.sq.cnt) && nbb > self.sq.cnt / 2) {
@@ -303,22 +321,22 @@ impl<'a> Qp<'a> {
         let (first, sig) = self.reserve_batch(nbb, signaled)?;
         let (buf, cnt, qpn) = (self.sq.buf, self.sq.cnt, self.sq.qpn);
         // Stores WQE `i` at `pi` with `flags`, moves `pi` past it and returns its doorbell bits.
-        let mut store = |i: u32, pi: &mut u64, flags: u8| {
-            let w = wqe(i);
+        let mut store = |i: u32, pi: &mut u64, flags: u8| -> Result<u64> {
+            let w = wqe(i)?;
             let segs = w.encode(Ctrl { idx: *pi as u16, qpn, fm_ce_se: flags });
             // SAFETY: `Qp::new`'s contract gives a valid ring; the reservation made `nbb` WQEBBs from `first`
             // ours, `n` times the most one WQE of `N` segments takes.
             unsafe { sq::write_segs(buf, cnt, *pi, &segs, w.ds()) };
             *pi += wqebbs(w.ds() as u32) as u64;
-            segs[0].0[0]
+            Ok(segs[0].0[0])
         };
         let mut pi = first;
         // Every WQE but the last asks for no CQE: the loop holds no test of which one is last.
         for i in 0..n - 1 {
-            store(i, &mut pi, 0);
+            store(i, &mut pi, 0)?;
         }
         let last = pi;
-        let bits = store(n - 1, &mut pi, if sig { fm_ce_se::CQ_UPDATE } else { 0 });
+        let bits = store(n - 1, &mut pi, if sig { fm_ce_se::CQ_UPDATE } else { 0 })?;
         self.commit(last, (pi - first) as u32, sig, bits);
         Ok(Ticket(last))
     }

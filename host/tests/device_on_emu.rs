@@ -476,6 +476,46 @@ fn post_batch_refuses_no_wqes_and_more_than_half_the_ring_and_posts_nothing() {
     assert_eq!((s.wqes, s.cqes, s.error_cqes), (20 * 8, 20, 0), "{s:?}");
 }
 
+/// `try_post_batch` whose builder refuses WQE `k` (here a range outside the MR, from `onesided::remote`):
+/// the call returns that error with nothing of the batch posted (the producer index unmoved, no WQE executed),
+/// and the next batch overwrites the WQEBBs the refused one had stored and completes.
+#[test]
+fn try_post_batch_posts_nothing_when_its_builder_refuses_a_wqe() {
+    const LEN: usize = 1024;
+    let mut rng = rng();
+    let (src, dst) = (GuardedBuf::new(LEN, 0), GuardedBuf::new(LEN, 0x77));
+    let p = Pair::new(64, 64);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (local, remote) = (lmr.handle(), rmr.remote());
+    let data = random_bytes(&mut rng, LEN);
+    src.write(0, &data);
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    let build = |bad: Option<u32>| {
+        move |i: u32| {
+            // WRITE `i` covers bytes 64 i .. 64 i + 64; the bad one starts past the MR's end.
+            let off = if Some(i) == bad { LEN as u64 } else { 64 * i as u64 };
+            let r = gdaki_device::onesided::remote(&remote, off, 64)?;
+            Ok(wqe::rdma_write(r, gdaki_device::onesided::local(&local, 64 * i as u64, 64)?))
+        }
+    };
+    for _ in 0..10 {
+        let k = rng.random_range(0..16u32);
+        let (pi, wqes) = (qp.handle().sq.pi, p.nic.stats().wqes);
+        assert_eq!(qp.try_post_batch(16, true, build(Some(k))), inval(InvalidArgument::RemoteRange), "WQE {k}");
+        qp.ring_db();
+        assert_eq!((qp.handle().sq.pi, p.nic.stats().wqes), (pi, wqes), "a refused batch (WQE {k}) posted");
+        let t = qp.try_post_batch(16, true, build(None)).unwrap();
+        qp.ring_db();
+        qp.wait(t).unwrap();
+        assert!(dst.read() == data, "the batch after a refused one");
+        dst.fill(0x77);
+    }
+    let s = p.nic.stats();
+    assert_eq!((s.wqes, s.error_cqes, s.bad_doorbells), (10 * 16, 0, 0), "{s:?}");
+}
+
 #[test]
 fn post_batch_with_a_bad_rkey_fails_at_that_wqe_and_flushes_the_rest() {
     const LEN: usize = 256;

@@ -66,4 +66,63 @@ pub mod syndrome {
     pub const RNR_RETRY_EXC_ERR: u8 = 0x16;
     /// `MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR`.
     pub const REMOTE_ABORTED_ERR: u8 = 0x22;
+
+    /// What the syndrome `s` says, in a few words for a message (the `ibv_wc_status` rdma-core's mlx5 provider
+    /// maps it to, with the usual cause where one is common); `None` for a value no constant above names.
+    pub const fn describe(s: u8) -> Option<&'static str> {
+        Some(match s {
+            LOCAL_LENGTH_ERR => "local length error",
+            LOCAL_QP_OP_ERR => "local QP operation error",
+            LOCAL_PROT_ERR => "local protection error (bad lkey or local range)",
+            WR_FLUSH_ERR => "work request flushed (the QP is in the error state)",
+            MW_BIND_ERR => "memory window bind error",
+            BAD_RESP_ERR => "bad response error",
+            LOCAL_ACCESS_ERR => "local access error",
+            REMOTE_INVAL_REQ_ERR => "remote invalid request error",
+            REMOTE_ACCESS_ERR => "remote access error (bad rkey or remote range)",
+            REMOTE_OP_ERR => "remote operation error",
+            TRANSPORT_RETRY_EXC_ERR => "transport retry counter exceeded (the peer did not answer)",
+            RNR_RETRY_EXC_ERR => "RNR retry counter exceeded",
+            REMOTE_ABORTED_ERR => "remote aborted error",
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::syndrome::*;
+
+    #[test]
+    fn every_named_syndrome_has_its_own_description_and_no_other_value_has_one() {
+        let named = [
+            LOCAL_LENGTH_ERR,
+            LOCAL_QP_OP_ERR,
+            LOCAL_PROT_ERR,
+            WR_FLUSH_ERR,
+            MW_BIND_ERR,
+            BAD_RESP_ERR,
+            LOCAL_ACCESS_ERR,
+            REMOTE_INVAL_REQ_ERR,
+            REMOTE_ACCESS_ERR,
+            REMOTE_OP_ERR,
+            TRANSPORT_RETRY_EXC_ERR,
+            RNR_RETRY_EXC_ERR,
+            REMOTE_ABORTED_ERR,
+        ];
+        let mut seen: [&str; 13] = [""; 13];
+        let mut n = 0;
+        for s in 0..=u8::MAX {
+            match describe(s) {
+                Some(d) => {
+                    assert!(named.contains(&s) && !seen.contains(&d), "{s:#04x}: {d}");
+                    seen[n] = d;
+                    n += 1;
+                }
+                None => assert!(!named.contains(&s), "{s:#04x} has no description"),
+            }
+        }
+        assert_eq!(n, named.len());
+        assert!(describe(REMOTE_ACCESS_ERR).unwrap().contains("rkey"));
+    }
 }
