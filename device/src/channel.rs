@@ -633,12 +633,13 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// it rather than a timeout.
     ///
     /// # Errors
-    /// [`Error::Timeout`] with [`WaitOn::Semaphore`] after the channel's timeout; [`Error::Cqe`].
+    /// [`Error::Timeout`] after the channel's timeout, with [`WaitOn::Peer`] naming the peer's rank when the
+    /// handle records it (a host-built channel's does), [`WaitOn::Semaphore`] otherwise; [`Error::Cqe`].
     pub fn wait(&mut self) -> Result<()> {
         // SAFETY: `expected` is this side's counter (contract of `new`); GPU-scope atomic, so that waiters of
         // any scope each take their own count.
         let target = unsafe { Device::fetch_add(self.h.expected as *mut u64, 1) } + 1;
-        let sem = self.h.local_sem as *const u64;
+        let (sem, peer) = (self.h.local_sem as *const u64, self.h.peer());
         let seen = core::cell::Cell::new(0);
         let mut tries = 0u32;
         bounded(
@@ -664,7 +665,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
                 }
                 Ok(None)
             },
-            || WaitOn::Semaphore { addr: sem as u64, expected: target, seen: seen.get() },
+            || match peer {
+                Some(rank) => WaitOn::Peer { rank, expected: target, seen: seen.get() },
+                None => WaitOn::Semaphore { addr: sem as u64, expected: target, seen: seen.get() },
+            },
         )
     }
 

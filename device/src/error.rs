@@ -62,10 +62,11 @@ pub enum WaitOn {
         /// The first flag word read that differed, at the last try.
         seen: u32,
     },
-    /// A signal from one peer of a collective ([`crate::coll`]): its data or its count row, counted by the
-    /// pair's semaphore. Names the rank the caller waited for.
+    /// A signal from one peer on a port channel whose handle records the peer's rank
+    /// ([`crate::channel::PortChannel::wait`], a collective's channels in [`crate::coll`]), counted by the
+    /// channel's semaphore. Names the rank the caller waited for.
     Peer {
-        /// The peer's rank in the collective communicator.
+        /// The peer's rank in the communicator.
         rank: u32,
         /// Semaphore value awaited (`>=`).
         expected: u64,
@@ -221,7 +222,7 @@ pub mod kind {
     pub const TIMEOUT_PACKET: u32 = 9;
     /// [`super::Error::App`]; `expected` holds the code, `seen` the value.
     pub const APP: u32 = 12;
-    /// [`super::Error::Timeout`] on a collective's peer ([`super::WaitOn::Peer`]); `addr` holds its rank,
+    /// [`super::Error::Timeout`] on a channel's peer ([`super::WaitOn::Peer`]); `addr` holds its rank,
     /// `expected` and `seen` the semaphore values.
     pub const TIMEOUT_PEER: u32 = 13;
     /// [`super::Error::Timeout`] on a broadcast's group acknowledgment ([`super::WaitOn::GroupAck`]); `addr`

@@ -14,7 +14,7 @@ use crate::handle::{MrHandle, RemoteMr};
 use crate::proxy::FifoHandle;
 use bytemuck::{Pod, Zeroable};
 
-/// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`). 200 bytes,
+/// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`). 208 bytes,
 /// 8-byte aligned; built by the host's `PortChannel::device_handle`.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
@@ -57,6 +57,19 @@ pub struct PortChannelHandle {
     pub proxy: u32,
     /// The proxy's number of this channel, carried by its triggers.
     pub channel_id: u32,
+    /// The peer's rank plus one, so that a channel's wait that runs out names the rank it waited for; 0 when
+    /// the handle's builder did not say (a hand-made handle: the timeout then names the semaphore's address).
+    /// See [`PortChannelHandle::peer`].
+    pub peer_plus_one: u32,
+    /// Zero: keeps the handle a multiple of 8 bytes.
+    pub pad: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PortChannelHandle>() == 200);
+impl PortChannelHandle {
+    /// The peer's rank, when the handle's builder recorded it ([`PortChannelHandle::peer_plus_one`]).
+    pub const fn peer(&self) -> Option<u32> {
+        self.peer_plus_one.checked_sub(1)
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<PortChannelHandle>() == 208);

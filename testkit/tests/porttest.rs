@@ -275,7 +275,8 @@ fn a_runs_timeout_bounds_the_device_waits() {
     );
     match receiver.1 {
         Some(DevError::Timeout(t)) => {
-            assert!(matches!(t.on, gdaki_device::error::WaitOn::Semaphore { expected: 1, seen: 0, .. }), "{t:?}");
+            // The host-built channel records its peer: the timeout names rank 0, the one that never signalled.
+            assert_eq!(t.on, gdaki_device::error::WaitOn::Peer { rank: 0, expected: 1, seen: 0 }, "{t:?}");
             assert!((timeout.as_nanos() as u64..2_000_000_000).contains(&t.waited_ns), "waited {} ns", t.waited_ns);
         }
         other => panic!("rank 1: expected a semaphore timeout, got {other:?}"),

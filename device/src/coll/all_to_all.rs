@@ -1,7 +1,7 @@
 //! All-to-all with variable sizes (the MoE dispatch shape): every rank sends its own number of bytes to
 //! every rank, and learns on the device how many bytes each rank sends it.
 
-use super::{ctrl, fits, wait_from, Comm, INVALID, MAX_RANKS};
+use super::{ctrl, fits, Comm, INVALID, MAX_RANKS};
 use crate::channel::{Exclusive, PortChannel};
 use crate::error::Result;
 use crate::sync;
@@ -66,7 +66,7 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
     }
     for p in peers() {
         // SAFETY: as above.
-        wait_from(&mut unsafe { c.channel(p) }, p)?;
+        unsafe { c.channel(p) }.wait()?;
     }
     // The whole matrix is read before any data goes: a peer that has this rank's data may start its next
     // call and overwrite its row.
@@ -114,7 +114,7 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
     }
     for p in peers() {
         // SAFETY: as above.
-        wait_from(&mut unsafe { c.channel(p) }, p)?;
+        unsafe { c.channel(p) }.wait()?;
     }
     for p in peers() {
         // SAFETY: as above.

@@ -1,7 +1,7 @@
 //! Broadcast: the root's bytes into every rank's buffer at the same offset, by direct puts, a pipelined
 //! chain or a binary tree, completed by a group acknowledgment at the root.
 
-use super::{acknowledge, fits, wait_acks, wait_from, Comm, INVALID, MAX_RANKS};
+use super::{acknowledge, fits, wait_acks, Comm, INVALID, MAX_RANKS};
 use crate::error::Result;
 use gdaki_shared::coll::CollHandle;
 
@@ -158,7 +158,7 @@ unsafe fn relay(c: &Comm<'_>, l: &Links, offset: u64, bytes: u64, chunk: u64) ->
         let (off, len) = (offset + done, chunk.min(bytes - done));
         if let Some(p) = l.parent {
             // SAFETY: the caller's contract; this is the only channel alive.
-            wait_from(&mut unsafe { c.channel(p) }, p)?;
+            unsafe { c.channel(p) }.wait()?;
         }
         for &ch in children {
             // SAFETY: as above.

@@ -77,16 +77,6 @@ fn fits(len: u64, offset: u64, bytes: u64) -> bool {
     offset.checked_add(bytes).is_some_and(|end| end <= len)
 }
 
-/// Waits for one more signal from `peer` on `ch` (its channel); a timeout names `peer`.
-fn wait_from(ch: &mut PortChannel<'_, Exclusive>, peer: u32) -> Result<()> {
-    ch.wait().map_err(|e| match e {
-        Error::Timeout(Timeout { on: WaitOn::Semaphore { expected, seen, .. }, waited_ns }) => {
-            Error::Timeout(Timeout { on: WaitOn::Peer { rank: peer, expected, seen }, waited_ns })
-        }
-        e => e,
-    })
-}
-
 /// A receiver's acknowledgment (of a broadcast or a reduce): 1 added to the root's counter, flushed.
 ///
 /// # Safety

@@ -2,7 +2,7 @@
 //! one scale that all ranks compute alike, the NIC adds them into the root's accumulation area with RDMA
 //! fetch-adds (one per value), and the root turns the integer sums back into `f32`.
 
-use super::{acknowledge, broadcast, fits, wait_acks, wait_from, Algorithm, Broadcast, Comm, INVALID};
+use super::{acknowledge, broadcast, fits, wait_acks, Algorithm, Broadcast, Comm, INVALID};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::onesided::atomic_target;
 use crate::sync;
@@ -117,7 +117,7 @@ pub unsafe fn reduce(h: &CollHandle, r: &Reduce) -> Result<()> {
     // SAFETY: the caller's contract; the only channel of the root alive.
     let mut ch = unsafe { c.channel(r.root) };
     let (first, result) = atomic_target(&ch.handle().dst, r.acc_offset, &ch.handle().scratch, 0)?;
-    wait_from(&mut ch, r.root)?;
+    ch.wait()?;
     let qp = ch.poster();
     for i in 0..r.count {
         let lane = Raddr { addr: first.addr + 8 * i, rkey: first.rkey };

@@ -2,7 +2,7 @@
 //! channels to the next rank (puts with a signal) and from the previous one (waits), the additions made by
 //! the threads of one block.
 
-use super::{broadcast::default_chunk, fits, wait_from, Comm, INVALID};
+use super::{broadcast::default_chunk, fits, Comm, INVALID};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::launch::DeviceRepr;
 use crate::sync;
@@ -183,7 +183,7 @@ impl Ring<'_, '_> {
                 let out = self.r.out_offset + 4 * (first + at);
                 if lead && err.is_none() {
                     // SAFETY: as above.
-                    err = wait_from(&mut unsafe { self.c.channel(prev) }, prev).err();
+                    err = unsafe { self.c.channel(prev) }.wait().err();
                 }
                 if self.t.sync_threads_or(err.is_some()) {
                     return err.map_or(Ok(()), Err);

@@ -198,6 +198,8 @@ impl PortChannel {
             proxy_err: p.err,
             proxy: p.mode,
             channel_id: p.id,
+            peer_plus_one: self.conn.peer() + 1,
+            pad: 0,
         }
     }
 }
