@@ -11,7 +11,8 @@
 //! by one warp: one WQE per lane, one doorbell). Shared QPs: [`scope`] (Block / Device atomics) →
 //! [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s PortChannel device API over an Exclusive
 //! or a shared QP) → [`packet`] (MSCCL++'s LL packets on a channel); [`coll`] (collectives on the channels
-//! to every peer: broadcast, all-to-all with variable sizes). Kernels: [`thread`] (the calling thread,
+//! to every peer: broadcast, all-to-all with variable sizes, reduce and all-reduce summed by the NIC, and the
+//! ring all-reduce summed by the GPU). Kernels: [`thread`] (the calling thread,
 //! its indices and the CTA barrier) and [`launch`] (parameter types, error reports, the `cpu` executor's
 //! launcher) with the [`kernel`] attribute, which makes a function of a user's device crate a kernel of both
 //! executors. The crate has no kernels of its own: a user's crate (built with `gdaki-build`) has them.

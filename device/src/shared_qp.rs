@@ -1,6 +1,7 @@
 //! An RC QP that many threads post to at once (Block or Device scope; DOCA GPUNetIO's CTA/GPU resource sharing
-//! modes, NVSHMEM IBGDA's shared QPs): reservation by atomic add, in-order publication, the doorbell rung by
-//! each poster in index order, and a CQ polled by whichever waiter holds the poll lock.
+//! modes, NVSHMEM IBGDA's shared QPs): reservation by atomic add, in-order publication, batched doorbells (a
+//! poster that sees a later reservation leaves the ringing to it), and a CQ polled by whichever waiter holds the
+//! poll lock.
 //!
 //! The protocol is in [`SqState`]'s docs. CQE policy: a WQE asks for a CQE when its poster asks (a signaled
 //! [`SharedQp::post`], the last WQE of a team post, the NOP of a [`SharedQp::flush`]) and whenever it covers the last

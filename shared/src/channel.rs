@@ -5,10 +5,10 @@
 //!
 //! A channel names a QP (shared by any number of channels), the peer's memory and the local memory it moves
 //! data between, the peer's inbound semaphore it signals and its own inbound semaphore it waits on. Device code
-//! uses it at one of three concurrency scopes: `Exclusive` (one thread owns the QP), `Block` (the threads of one
-//! CTA share the QP) and `Device` (any thread of the grid). Every scope keeps the QP's counters in the one
-//! [`SqState`](crate::handle::SqState) of its [`QpHandle`](crate::handle::QpHandle), so channels of one
-//! connection may use different scopes, kernel after kernel.
+//! uses it in one of four sharing modes: `Exclusive` (one thread owns the QP), `Warp` (the lanes of one warp
+//! post together), `Block` (the threads of one CTA share the QP) and `Device` (any thread of the grid). Every mode
+//! keeps the QP's counters in the one [`SqState`](crate::handle::SqState) of its
+//! [`QpHandle`](crate::handle::QpHandle), so channels of one connection may use different modes, kernel after kernel.
 
 use crate::handle::{MrHandle, RemoteMr};
 use crate::proxy::FifoHandle;

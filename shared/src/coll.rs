@@ -1,7 +1,8 @@
-//! Collectives (broadcast, all-to-all with variable sizes, reduce, all-reduce): the communicator handle the
-//! host builds (`gdaki::coll`) and device code takes (`gdaki_device::coll`). It names, for each of up to [`MAX_RANKS`]
-//! ranks, a port channel to that peer, the rank's data buffer, and a small control region per rank that the
-//! peers write into: the group-acknowledgment counter and the all-to-all count matrix.
+//! Collectives (broadcast, all-to-all with variable sizes, reduce, all-reduce, the ring all-reduce): the
+//! communicator handle the host builds (`gdaki::coll`) and device code takes (`gdaki_device::coll`). It names,
+//! for each of up to [`MAX_RANKS`] ranks, a port channel to that peer, the rank's data buffer, and a small
+//! control region per rank that the peers write into: the group-acknowledgment counter and the all-to-all count
+//! matrix.
 
 use crate::channel::PortChannelHandle;
 use crate::handle::{MrHandle, RemoteMr};

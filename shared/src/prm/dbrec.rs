@@ -1,4 +1,5 @@
-//! Doorbell records (`dbrec`): the 8-byte words in host memory that tell the NIC how far software got.
+//! Doorbell records (`dbrec`): the 8-byte words in queue memory (host or GPU memory) that tell the NIC how far
+//! software got.
 
 use crate::be::Be32;
 use bytemuck::{Pod, Zeroable};

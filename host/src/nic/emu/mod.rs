@@ -40,9 +40,11 @@
 //!   A write that reaches past the 64-byte register (the handles' `bf_size`) fails the QP (`LOCAL_QP_OP_ERR`,
 //!   [`vendor::BLUEFLAME_TOO_LARGE`]), and so does any BlueFlame write on a NIC opened with doorbell-only UAR
 //!   pages ([`EmuConfig::blueflame`] `false`, handles with `bf_size` 0; [`vendor::BLUEFLAME_NO_BUFFER`]).
-//! - **Queues in GPU memory** are reached through the [`GpuCopier`] only: on a doorbell the NIC fetches the
-//!   announced WQEBBs of the SQ ring with dbrec word 1 (one read and one synchronize, [`Stats::ring_fetches`];
-//!   none for a BlueFlame WQE taken from the register); each CQE is one published write of the copier (bytes
+//! - **Queues in GPU memory** are reached through the [`GpuCopier`] only: on a doorbell the NIC first reads the
+//!   announced WQEBBs from the SQ ring's mirror in host memory, which the copier fills as the dbrec moves
+//!   ([`Stats::ring_mirrored`]), and fetches them from the ring with dbrec word 1 only when the mirror does not
+//!   hold them in time or the copier keeps none (one read and one synchronize, [`Stats::ring_fetches`]); a
+//!   BlueFlame WQE taken from the register needs neither. Each CQE is one published write of the copier (bytes
 //!   0..56, then the word with `op_own`, after the data it reports), with no synchronize; the CQ's consumer index
 //!   is re-read only when the index last read says the ring is full. Their memory goes back to the NIC when a QP
 //!   or CQ is destroyed and is freed with the NIC (`cuMemFree` waits for every running kernel). On the `gpu`
