@@ -2,7 +2,8 @@
 //! `put_with_accumulate`, `flush`, `wait` and `poll`, with every wait bounded.
 //!
 //! In Device mode (MSCCL++'s GPUNetIO backend) a channel posts through a [`Poster`]: a [`Qp`] (Exclusive: one
-//! thread owns the QP; BlueFlame, from registers, for puts up to the handle's `blue_flame_limit`) or a
+//! thread owns the QP; BlueFlame, from registers, for puts up to the handle's `blue_flame_limit`), a [`WarpQp`]
+//! ([`Warp`]: the lanes of one warp post together, one WQE per lane and one doorbell per call) or a
 //! [`SharedQp`] of [`Block`] or [`Device`] scope (any number of threads, and channels, share the QP). The
 //! sharing mode is the poster's type, so it is chosen at compile time: `PortChannel::<Exclusive>::new(h)`.
 //! Every poster keeps the QP's one send-queue state (see [`Sharing`]), so channels of one connection may use
@@ -93,7 +94,7 @@ impl Poster for Qp<'_> {
             return self.post_bf(signaled, w).map(|_| ());
         }
         let _ticket = self.post(signaled, w)?;
-        self.ring_db();
+        self.ring_posted();
         Ok(())
     }
 

@@ -386,10 +386,19 @@ impl<'a> Qp<'a> {
     /// the last WQE's ctrl words. Does nothing when nothing is pending.
     #[inline(always)]
     pub fn ring_db(&mut self) {
-        if let Some(bits) = self.unrung.take() {
-            // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
-            unsafe { db::publish_and_ring(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, bits, self.sq.placement) };
+        if self.unrung.is_some() {
+            self.ring_posted();
         }
+    }
+
+    /// [`Qp::ring_db`] for a caller that has just posted (so something is left to ring), without the test:
+    /// after a post's fast and slow paths join, the compiler cannot tell that the test holds. With nothing
+    /// posted since the last ring it would ring a doorbell of 0 bits; only the posts of this crate call it.
+    #[inline(always)]
+    pub(crate) fn ring_posted(&mut self) {
+        let bits = self.unrung.take().unwrap_or_default();
+        // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
+        unsafe { db::publish_and_ring(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, bits, self.sq.placement) };
     }
 
     /// Posts `w` and rings by BlueFlame: after the dbrec, the WQE's first WQEBB goes, whole, from registers to
@@ -406,7 +415,7 @@ impl<'a> Qp<'a> {
         let ds = w.ds();
         if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() || !self.sq.blueflame {
             let t = self.post(signaled, w)?;
-            self.ring_db();
+            self.ring_posted();
             return Ok(t);
         }
         let (t, segs) = self.post_segs(signaled, ds, move |c| w.encode(c))?;

@@ -22,6 +22,7 @@ mod tests {
             "gdaki_post_rate_warp",
             "gdaki_post_rate_batch",
             "gdaki_sass_put",
+            "gdaki_sass_put_loop",
             "gdaki_sass_put_with_signal",
             "gdaki_sass_qp_post",
             "gdaki_sass_qp_post_loop",
@@ -41,6 +42,6 @@ mod tests {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 24);
+        assert_eq!(PTX.matches(".entry ").count(), 25);
     }
 }

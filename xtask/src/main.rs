@@ -61,7 +61,8 @@ enum Task {
     /// Build the PTX, assemble it for sm_90, write the SASS of kernels to target/sass/KERNEL.sass (cuobjdump;
     /// installs the cuobjdump and nvdisasm wheels when missing) and print, per kernel, its static instruction
     /// count and the instructions, fences, MMIO stores and loads of its fast path, then its posting loops
-    /// (loops with an MMIO store) with their local-memory accesses (method: xtask/src/sass.rs).
+    /// (loops with an MMIO store) with their local-memory accesses and the instructions of one fast iteration
+    /// with no MMIO store, a doorbell and a BlueFlame write (method: xtask/src/sass.rs).
     Sass {
         /// Kernel to analyse, repeatable (default: every gdaki_sass_* kernel).
         #[arg(long = "kernel", value_name = "NAME")]
@@ -213,6 +214,10 @@ fn sass_task(kernels: &[String], mmio: &[u32], max_loop_local: Option<usize>) ->
     );
     if !loops.is_empty() {
         print!("{}", sass::loop_table(&loops));
+        println!(
+            "iteration: the fewest instructions from a loop's start to its branch back with no MMIO store, a \
+             doorbell or a BlueFlame write (-: none), its listing in the loop's .loop-<start>.path-<k>.sass"
+        );
     }
     if let Some(max) = max_loop_local {
         let spilled: Vec<_> = loops.iter().filter(|l| !l.slow && l.local > max).collect();

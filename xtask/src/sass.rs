@@ -62,6 +62,13 @@
 //! A loop that spilled shows tens of `LDL`/`STL` where one in registers shows a few on its slow paths:
 //! `--max-loop-local` turns that into a failure, for CI, which has no GPU to time the loop on. Loops of the
 //! device crate's out-of-line slow paths (`qp::out_of_line`) are listed and marked, not checked.
+//!
+//! Each loop's fast iteration ([`loop_iteration`]) is counted as the fast path is, from the loop's first
+//! instruction to its branch back, taken, with no MMIO store (a post whose doorbell comes later), one
+//! (a doorbell) or eight (BlueFlame), and written to `target/sass/<kernel>.loop-<start>.path-<k>.sass`: what
+//! one more post costs once the loop's state is in registers, the per-post figure `ncu` measures. Nothing is
+//! known at the loop's start, so a branch on state carried from the previous iteration may go either way (a
+//! "range" that is only a branch back to an earlier label, not a loop, shows no iteration).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -413,10 +420,11 @@ impl Flat {
         }
     }
 
-    /// For every node and every number of MMIO stores left (0 ..= max): the fewest instructions to `EXIT`,
-    /// ignoring what the branches test (a lower bound for [`fast_path`]'s search). Nodes that poll (ordered
-    /// loads) are excluded.
-    fn bounds(&self, section: &Section, max: u32) -> Vec<Vec<u64>> {
+    /// For every node and every number of MMIO stores left (0 ..= max): the fewest instructions to a node
+    /// for which `ends` holds (`EXIT` for [`fast_path`], a loop's branch back for [`loop_iteration`]),
+    /// ignoring what the branches test (a lower bound for the search). Nodes that poll (ordered loads) are
+    /// excluded.
+    fn bounds(&self, section: &Section, max: u32, ends: &dyn Fn(usize) -> bool) -> Vec<Vec<u64>> {
         let n = self.at.len();
         let mut cost = vec![vec![INF; max as usize + 1]; n];
         // The graph is acyclic now; a post-order of a depth-first search visits successors first.
@@ -445,7 +453,7 @@ impl Flat {
             let own = u32::from(insn.is_mmio());
             for k in own..=max {
                 let rest = (k - own) as usize;
-                let mut best = if self.end[node].is_some() && rest == 0 { 0 } else { INF };
+                let mut best = if ends(node) && rest == 0 { 0 } else { INF };
                 for &(s, _) in &self.succ[node] {
                     best = best.min(cost[s][rest]);
                 }
@@ -817,9 +825,26 @@ pub fn fast_path(section: &Section, mmio: u32) -> Result<Option<Trace>> {
         bail!("{}: no instructions", section.kernel);
     }
     let flat = Flat::new(section)?;
-    let bound = flat.bounds(section, mmio);
-    // A* over (node, MMIO stores left, known values): `bound` never overestimates, so the first state that
-    // ends is a shortest path among those the known values allow.
+    let bound = flat.bounds(section, mmio, &|node| flat.end[node].is_some());
+    let ends = |node: usize, allowed: &dyn Fn(Edge) -> bool| flat.end[node].is_some_and(allowed);
+    search(section, &flat, 0, mmio, &|node, left| bound[node][left as usize], &ends)
+}
+
+/// Whether a search ends at a node, given which of the node's edges the known values allow.
+type Done<'a> = dyn Fn(usize, &dyn Fn(Edge) -> bool) -> bool + 'a;
+
+/// A* over (node, MMIO stores left, known values) from `start`: `estimate` (a lower bound of the instructions
+/// still to run, [`INF`] where no path goes on) never overestimates, so the first state for which `done` holds
+/// (given the node and which of its edges the known values allow) is a shortest path among those the known
+/// values allow.
+fn search(
+    section: &Section,
+    flat: &Flat,
+    start: usize,
+    mmio: u32,
+    estimate: &dyn Fn(usize, u32) -> u64,
+    done: &Done,
+) -> Result<Option<Trace>> {
     struct State {
         node: usize,
         left: u32,
@@ -827,11 +852,11 @@ pub fn fast_path(section: &Section, mmio: u32) -> Result<Option<Trace>> {
         parent: usize,
         cost: u64,
     }
-    let mut states = vec![State { node: 0, left: mmio, known: Known::default(), parent: usize::MAX, cost: 1 }];
+    let mut states = vec![State { node: start, left: mmio, known: Known::default(), parent: usize::MAX, cost: 1 }];
     let mut heap = std::collections::BinaryHeap::new();
     let mut closed = std::collections::HashSet::new();
-    if bound[0][mmio as usize] < INF {
-        heap.push(std::cmp::Reverse((bound[0][mmio as usize], 0usize)));
+    if estimate(start, mmio) < INF {
+        heap.push(std::cmp::Reverse((estimate(start, mmio), 0usize)));
     }
     while let Some(std::cmp::Reverse((_, id))) = heap.pop() {
         if states.len() > MAX_STATES {
@@ -849,7 +874,7 @@ pub fn fast_path(section: &Section, mmio: u32) -> Result<Option<Trace>> {
             Edge::Taken => guard != Some(false),
             Edge::Fall => guard != Some(true),
         };
-        if left == 0 && flat.end[node].is_some_and(allowed) {
+        if left == 0 && done(node, &allowed) {
             let mut trace = Trace::new();
             let mut at = id;
             while at != usize::MAX {
@@ -861,7 +886,7 @@ pub fn fast_path(section: &Section, mmio: u32) -> Result<Option<Trace>> {
         }
         let known = states[id].known.step(insn);
         for &(s, e) in &flat.succ[node] {
-            let h = bound[s][left as usize];
+            let h = estimate(s, left);
             if !allowed(e) || h >= INF {
                 continue;
             }
@@ -870,6 +895,43 @@ pub fn fast_path(section: &Section, mmio: u32) -> Result<Option<Trace>> {
         }
     }
     Ok(None)
+}
+
+/// The fast iteration of a posting loop with `mmio` MMIO stores: the fewest instructions from the loop's first
+/// instruction to its branch back, taken, executing that many MMIO stores and no poll, as [`fast_path`]
+/// counts them; `None` when no iteration has that many. Registers are unknown at the loop's start, so only
+/// what the iteration itself sets decides a branch: a branch on a value carried from the last iteration (a
+/// flag left by the previous post) may go either way. Where the loop's function is inlined at several calls,
+/// the shortest iteration of any copy.
+///
+/// # Errors
+/// As [`fast_path`].
+pub fn loop_iteration(section: &Section, l: &PostingLoop, mmio: u32) -> Result<Option<Trace>> {
+    let flat = Flat::new(section)?;
+    let Some(f) = section.functions.iter().position(|f| f.name == l.function) else {
+        bail!("{}: no function {}", section.kernel, l.function);
+    };
+    let index = |addr: u32| section.functions[f].insns.iter().position(|i| i.addr == addr);
+    let (Some(first), Some(back)) = (index(l.start), index(l.end)) else {
+        bail!("{}: loop {:#x}-{:#x} is not in {}", section.kernel, l.start, l.end, l.function);
+    };
+    let mut best: Option<Trace> = None;
+    // A copy of the function occupies consecutive nodes (`Flat::inline`): its branch back is `back - first`
+    // nodes after its first instruction.
+    for start in (0..flat.at.len()).filter(|&n| flat.at[n] == (f, first)) {
+        let end = start + (back - first);
+        let bound = flat.bounds(section, mmio, &|node| node == end);
+        let done = |node: usize, allowed: &dyn Fn(Edge) -> bool| {
+            let insn = flat.insn(section, node);
+            node == end && (insn.unconditional() || allowed(Edge::Taken))
+        };
+        if let Some(t) = search(section, &flat, start, mmio, &|node, left| bound[node][left as usize], &done)? {
+            if best.as_ref().is_none_or(|b| t.len() < b.len()) {
+                best = Some(t);
+            }
+        }
+    }
+    Ok(best)
 }
 
 /// The path as a listing: a running count, the function, the address and the instruction, with a line where
@@ -955,7 +1017,15 @@ pub struct PostingLoop {
     /// Whether the loop is in a slow path the device crate runs out of line (`qp::out_of_line`: waiting
     /// for room, polling the CQ), where state on the stack costs nothing on the fast path.
     pub slow: bool,
+    /// Instructions of the loop's fast iteration ([`loop_iteration`]) with each of [`ITERATION_MMIO`] MMIO
+    /// stores: `None` where no iteration has that many; left `None` by [`posting_loops`], filled by
+    /// [`analyse`].
+    pub iteration: [Option<usize>; ITERATION_MMIO.len()],
 }
+
+/// MMIO stores of the loop iterations [`analyse`] counts: none (a post whose doorbell comes later), a
+/// doorbell, a BlueFlame write.
+pub const ITERATION_MMIO: [u32; 3] = [0, DOORBELL_STORES, BLUE_FLAME_STORES];
 
 /// The function the device crate's slow paths run in (`Qp::cold`), by its symbol's name.
 const SLOW_PATH_FN: &str = "out_of_line";
@@ -988,6 +1058,7 @@ pub fn posting_loops(section: &Section) -> Vec<PostingLoop> {
                 mmio,
                 local: body.iter().filter(|b| b.is_local()).count(),
                 slow: f.name.contains(SLOW_PATH_FN),
+                iteration: [None; ITERATION_MMIO.len()],
             });
         }
     }
@@ -998,19 +1069,22 @@ pub fn posting_loops(section: &Section) -> Vec<PostingLoop> {
 pub fn loop_table(loops: &[PostingLoop]) -> String {
     let width = loops.iter().map(|l| l.kernel.len()).max().unwrap_or(0).max("kernel".len());
     let mut out = format!(
-        "{:<width$}  {:>15}  {:>12}  {:>4}  {:>11}  {:<4}  function\n",
-        "kernel", "posting loop", "instructions", "MMIO", "local ld/st", "slow"
+        "{:<width$}  {:>15}  {:>12}  {:>4}  {:>11}  {:<4}  {:>19}  function\n",
+        "kernel", "posting loop", "instructions", "MMIO", "local ld/st", "slow", "iteration: 0/db/BF"
     );
     for l in loops {
+        let iteration: Vec<String> =
+            l.iteration.iter().map(|n| n.map_or_else(|| "-".to_string(), |n| n.to_string())).collect();
         let _ = writeln!(
             out,
-            "{:<width$}  {:>15}  {:>12}  {:>4}  {:>11}  {:<4}  {}",
+            "{:<width$}  {:>15}  {:>12}  {:>4}  {:>11}  {:<4}  {:>19}  {}",
             l.kernel,
             format!("{:#x}-{:#x}", l.start, l.end),
             l.instructions,
             l.mmio,
             l.local,
             if l.slow { "yes" } else { "" },
+            iteration.join("/"),
             l.function
         );
     }
@@ -1069,7 +1143,22 @@ pub fn analyse(
     let mut loops = Vec::new();
     for section in chosen {
         let kernel = &section.kernel;
-        loops.extend(posting_loops(section));
+        for mut l in posting_loops(section) {
+            for (i, &k) in ITERATION_MMIO.iter().enumerate() {
+                let path = loop_iteration(section, &l, k)
+                    .with_context(|| format!("{kernel}: loop {:#x}-{:#x}, {k} MMIO stores", l.start, l.end))?;
+                if let Some(path) = &path {
+                    let header = format!(
+                        "// {kernel}: loop {:#x}-{:#x}, fast iteration with {k} MMIO stores (cargo xtask sass)\n",
+                        l.start, l.end
+                    );
+                    let name = format!("{kernel}.loop-{:x}.path-{k}.sass", l.start);
+                    write(&out.join(name), &(header + &listing(section, path)))?;
+                }
+                l.iteration[i] = path.map(|p| p.len());
+            }
+            loops.push(l);
+        }
         let sass = cuobjdump_sass(cuobjdump, nvdisasm, kernel, cubin)?;
         write(&out.join(format!("{kernel}.sass")), &sass)?;
         let listed = cuobjdump_count(&sass);
@@ -1397,6 +1486,52 @@ $p$_RNvNtCs1_5gdaki_device2qp11out_of_line:
         // The loop without a doorbell (0x80-0x90) is not one; the slow path's is, marked slow.
         assert_eq!(got, [(0x10, 0x70, 7, 1, 2, false), (0xc0, 0xe0, 3, 1, 1, true)]);
         assert!(loop_table(&loops).lines().nth(2).unwrap().contains("yes"));
+        // An iteration runs the body once with its store and takes the branch back; none has no store or two.
+        let iteration = |l: &PostingLoop, k| loop_iteration(&sections[0], l, k).expect("search").map(|p| p.len());
+        assert_eq!([0, 1, 2].map(|k| iteration(&loops[0], k)), [None, Some(7), None]);
+        assert_eq!(iteration(&loops[1], 1), Some(3));
+    }
+
+    /// A loop whose body either rings (a flag carried from the last iteration says so) or skips the doorbell,
+    /// with a polling arm and an error exit.
+    const ITERATION: &str = r#"
+	.section	.text.q,"ax",@progbits
+        .type           q,@function
+        .other          q,@"STO_CUDA_ENTRY STV_DEFAULT"
+q:
+.text.q:
+        /*0000*/                   MOV R0, 0x4 ;
+.L_x_1:
+        /*0010*/                   ST.E.128 desc[UR4][R2.64], R4 ;
+        /*0020*/                   ISETP.NE.U32.AND P1, PT, R9, RZ, PT ;
+        /*0030*/               @P1 BRA `(.L_x_2) ;
+        /*0040*/                   LD.E.64.STRONG.SYS R10, desc[UR4][R2.64+0x10] ;
+        /*0050*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+        /*0060*/                   BRA `(.L_x_3) ;
+.L_x_2:
+        /*0070*/                   MEMBAR.ALL.GPU ;
+        /*0080*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+        /*0090*/                   IMAD.MOV.U32 R9, RZ, RZ, 0x1 ;
+.L_x_3:
+        /*00a0*/                   ISETP.NE.U32.AND P2, PT, R12, RZ, PT ;
+        /*00b0*/               @P2 EXIT ;
+        /*00c0*/                   VIADD R0, R0, 0xffffffff ;
+        /*00d0*/                   ISETP.NE.U32.AND P0, PT, R0, RZ, PT ;
+        /*00e0*/               @P0 BRA `(.L_x_1) ;
+        /*00f0*/                   EXIT ;
+"#;
+
+    #[test]
+    fn a_loop_iteration_avoids_polls_and_exits_and_takes_the_branch_back() {
+        let s = &parse_nvdisasm(ITERATION).expect("parses")[0];
+        let loops = posting_loops(s);
+        assert_eq!(loops.len(), 1);
+        let path = loop_iteration(s, &loops[0], 1).expect("search").expect("an iteration with a doorbell");
+        let addrs: Vec<u32> = path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect();
+        // R9 is unknown at the loop's start, so the ringing arm may be taken; the polling arm (shorter) may not,
+        // nor the EXIT that leaves the loop.
+        assert_eq!(addrs, [0x10, 0x20, 0x30, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0]);
+        assert_eq!(loop_iteration(s, &loops[0], 0).expect("search"), None);
     }
 
     #[test]

@@ -110,6 +110,22 @@ pub fn gdaki_sass_put(_t: &Thread, h: &PortChannelHandle, bytes: u64) {
     let _ = unsafe { PortChannel::<Exclusive>::new(h) }.put(0, 0, bytes);
 }
 
+/// `n` Exclusive `put`s of `bytes` bytes each on channel `h`, one after the other in both memories (a range
+/// streamed in pieces), as [`gdaki_sass_put`]: its loop's iteration is what a put costs once the channel's
+/// state is in registers (`cargo xtask sass`'s posting-loop table).
+#[kernel]
+pub fn gdaki_sass_put_loop(_t: &Thread, h: &PortChannelHandle, bytes: u64, n: u32) {
+    // SAFETY: as in `gdaki_sass_put`.
+    let mut ch = unsafe { PortChannel::<Exclusive>::new(h) };
+    let mut at = 0u64;
+    for _ in 0..n {
+        if ch.put(at, at, bytes).is_err() {
+            return;
+        }
+        at = at.wrapping_add(bytes);
+    }
+}
+
 /// One Exclusive `put_with_signal` on channel `h`, as [`gdaki_sass_put`].
 #[kernel]
 pub fn gdaki_sass_put_with_signal(_t: &Thread, h: &PortChannelHandle, bytes: u64) {
