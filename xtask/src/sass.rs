@@ -757,7 +757,8 @@ const NARROW: [&str; 18] = [
 ];
 
 /// What `insn` may write, generously: its first operand when that is a register or predicate (with the three
-/// registers after it, for 64- and 128-bit results, except after a [`NARROW`] operation), the operand after a
+/// registers after it, for 64- and 128-bit results, except after a [`NARROW`] operation and a load, which
+/// writes the registers its width names), the operand after a
 /// predicate result, and the predicates right after (carry-outs). Stores, branches and barriers write none.
 fn destinations(insn: &Insn, ops: &[String]) -> Vec<String> {
     const NONE: [&str; 17] = [
@@ -787,7 +788,21 @@ fn destinations(insn: &Insn, ops: &[String]) -> Vec<String> {
     let narrow = NARROW.contains(&base.strip_prefix('U').filter(|b| NARROW.contains(b)).unwrap_or(base))
         && !insn.op.contains("WIDE")
         && !insn.op.contains(".64");
-    let regs = if narrow { 1 } else { 4 };
+    // A load writes as many registers as its width: one, two (`.64`) or four (`.128`).
+    let load = matches!(base, "LD" | "LDG" | "LDS" | "LDL" | "LDC" | "ULDC");
+    let regs = if narrow {
+        1
+    } else if load {
+        if insn.op.contains(".128") {
+            4
+        } else if insn.op.contains(".64") {
+            2
+        } else {
+            1
+        }
+    } else {
+        4
+    };
     let mut out = Vec::new();
     let widen = |o: &str, out: &mut Vec<String>| {
         for prefix in ["UR", "R"] {
@@ -1387,11 +1402,17 @@ w:
         assert_eq!(dest("/*0000*/ IMAD.WIDE.U32 R24, R9, 0x40, R24 ;"), ["R24", "R25", "R26", "R27"]);
         assert_eq!(dest("/*0000*/ DADD R4, R6, R8 ;"), ["R4", "R5", "R6", "R7"]);
         assert!(dest("/*0000*/ ST.E.64 desc[UR8][R118.64], R66 ;").is_empty());
+        // A load writes what its width says, no more: a flag in the register after a 64-bit load survives it.
+        assert_eq!(dest("/*0000*/ LDG.E.64 R14, desc[UR6][R4.64+0x90] ;"), ["R14", "R15"]);
+        assert_eq!(dest("/*0000*/ LDG.E R17, desc[UR6][R4.64+0xb0] ;"), ["R17"]);
+        assert_eq!(dest("/*0000*/ LD.E.128 R8, desc[UR6][R4.64] ;"), ["R8", "R9", "R10", "R11"]);
+        assert_eq!(dest("/*0000*/ LDC.64 R28, c[0x0][0x218] ;"), ["R28", "R29"]);
         let known = Known::default().step(&insn("/*0000*/ IMAD.MOV.U32 R148, RZ, RZ, 0xb ;"));
         assert_eq!(known.value("R148"), Some(0xb));
         let test = known.step(&insn("/*0000*/ ISETP.NE.U32.AND P0, PT, R148.reuse, 0xb, PT ;"));
         assert_eq!(test.value("P0"), Some(0));
-        assert_eq!(test.step(&insn("/*0000*/ LD.E.64 R146, desc[UR8][R2.64] ;")).value("R148"), None);
+        assert_eq!(test.step(&insn("/*0000*/ LD.E.64 R147, desc[UR8][R2.64] ;")).value("R148"), None);
+        assert_eq!(test.step(&insn("/*0000*/ LD.E.64 R146, desc[UR8][R2.64] ;")).value("R148"), Some(0xb));
         // `n & 1 != 0` of a known n, and a 64-bit `>=` whose high words are equal.
         let k = ["/*0000*/ IMAD.MOV.U32 R63, RZ, RZ, 0x1 ;", "/*0000*/ LOP3.LUT P0, RZ, R63, 0x1, RZ, 0xc0, !PT ;"]
             .iter()
