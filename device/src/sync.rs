@@ -204,8 +204,8 @@ pub unsafe fn mmio_store_u64(p: *mut u64, v: u64) {
     };
 }
 
-/// Stores one 16-byte WQE segment into the SQ ring (`st.v2.u64` on nvptx). Unordered: publish with
-/// [`fence_release_sys`] before the dbrec.
+/// Stores one 16-byte WQE segment into the SQ ring (`st.v2.u64` on nvptx). Unordered: the dbrec's release
+/// (at the queues' scope, `db::publish_and_ring`) publishes it.
 ///
 /// # Safety
 /// `p` must be valid for writes and 16-byte aligned.
