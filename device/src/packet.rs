@@ -26,7 +26,8 @@ use crate::sync;
 use crate::wait::bounded;
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::MrHandle;
-use gdaki_shared::packet::{LL16Packet, LL8Packet};
+/// The packet layouts, re-exported so that a kernel crate names them from `gdaki_device` alone.
+pub use gdaki_shared::packet::{LL16Packet, LL8Packet};
 
 /// A packet layout: [`LL16Packet`] or [`LL8Packet`] (two real implementations).
 pub trait Packet: bytemuck::Pod {
@@ -157,7 +158,10 @@ impl<'h> Packets<'h> {
         }
         let (data, pkts) = (self.mem.addr + data_offset, self.mem.addr + pkt_offset);
         let size = core::mem::size_of::<T>() as u64;
-        if !bytes.is_multiple_of(T::DATA)
+        // Both inside the memory (checked above), so neither end overflows.
+        let overlap = data_offset < pkt_offset + packet_bytes::<T>(bytes) && pkt_offset < data_offset + bytes;
+        if overlap
+            || !bytes.is_multiple_of(T::DATA)
             || !data.is_multiple_of(T::DATA)
             || !pkts.is_multiple_of(size)
             || flag == 0
@@ -176,7 +180,7 @@ impl<'h> Packets<'h> {
     /// # Errors
     /// [`Error::InvalidArgument`]: [`InvalidArgument::Length`] for 0 bytes, [`InvalidArgument::LocalRange`] for
     /// a range outside the memory, [`InvalidArgument::Packet`] for a size, alignment, flag of 0 or thread
-    /// index that breaks the layout. Nothing is written then.
+    /// index that breaks the layout, or data and packets that overlap. Nothing is written then.
     pub fn write_packets<T: Packet>(
         &self,
         pkt_offset: u64,

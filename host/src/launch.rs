@@ -192,6 +192,8 @@ impl<A: LaunchArgs> Kernel<A> {
                 // The end is signalled, not polled for: a waiter wakes as the kernel ends (a panic drops the
                 // sender, which wakes it too).
                 let (ended, end) = std::sync::mpsc::sync_channel(1);
+                let stray = Arc::new(Stray::default());
+                let at_end = Arc::clone(&stray);
                 let handle = std::thread::Builder::new()
                     .name(format!("kernel {name}"))
                     .spawn(move || {
@@ -201,11 +203,12 @@ impl<A: LaunchArgs> Kernel<A> {
                         let r =
                             unsafe { gdaki_device::launch::run_on_host(k, grid, block, args, report.device_addr()) }
                                 .map(|()| t0.elapsed());
+                        at_end.ended();
                         let _ = ended.send(());
                         r
                     })
                     .map_err(|e| Error::Unavailable(format!("cannot start the threads of kernel `{name}`: {e}")))?;
-                running.run = Some(Run::Cpu { handle, end });
+                running.run = Some(Run::Cpu { handle, end, stray });
             }
         }
         Ok(running)
@@ -278,13 +281,46 @@ impl<A: LaunchArgs> Kernel<A> {
 enum Run {
     /// The launch's stream, and the events recorded before and after the kernel when it is timed.
     Gpu { stream: cuda::Stream, events: Option<(cuda::Event, cuda::Event)> },
-    /// The thread that runs the kernel's host threads (it returns their wall time), and the channel on
-    /// which it says that they have ended.
-    Cpu { handle: std::thread::JoinHandle<std::result::Result<Duration, String>>, end: std::sync::mpsc::Receiver<()> },
+    /// The thread that runs the kernel's host threads (it returns their wall time), the channel on which it
+    /// says that they have ended, and whether they outlived the launch's wait.
+    Cpu {
+        handle: std::thread::JoinHandle<std::result::Result<Duration, String>>,
+        end: std::sync::mpsc::Receiver<()>,
+        stray: Arc<Stray>,
+    },
+}
+
+/// Whether a `cpu`-executor kernel outlived its launch's wait: running, stray (the wait timed out or the
+/// `Running` was dropped while it ran: counted by [`crate::mem::stray_kernel_started`], so that the memory it
+/// may touch is not freed under it) or ended.
+#[derive(Default)]
+struct Stray(std::sync::atomic::AtomicU8);
+
+impl Stray {
+    const RUNNING: u8 = 0;
+    const STRAY: u8 = 1;
+    const ENDED: u8 = 2;
+
+    /// The wait gave up on the kernel: if it still runs, it is counted until it ends.
+    fn abandoned(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.0.compare_exchange(Self::RUNNING, Self::STRAY, SeqCst, SeqCst).is_ok() {
+            crate::mem::stray_kernel_started();
+        }
+    }
+
+    /// The kernel's threads have ended.
+    fn ended(&self) {
+        if self.0.swap(Self::ENDED, std::sync::atomic::Ordering::SeqCst) == Self::STRAY {
+            crate::mem::stray_kernel_ended();
+        }
+    }
 }
 
 /// A started kernel: [`Running::wait`] for its end and its error. Dropped without waiting, a GPU launch's
-/// report memory is leaked rather than freed (a free would wait for the kernel).
+/// report memory is leaked rather than freed (a free would wait for the kernel); a `cpu` launch's threads go
+/// on, and until they end the `cpu` executor's memory (data buffers, queues) is leaked rather than freed when
+/// dropped, since they may still use it.
 pub struct Running {
     name: &'static str,
     report: Arc<MappedBuf>,
@@ -296,7 +332,9 @@ impl Running {
     ///
     /// # Errors
     /// [`Error::Kernel`] with the first error a thread of the kernel returned; [`Error::Device`] when
-    /// `timeout` passed first (on the GPU the kernel cannot be stopped, see [`cuda::Stream::wait`]);
+    /// `timeout` passed first (on the GPU the kernel cannot be stopped, see [`cuda::Stream::wait`]; on the
+    /// `cpu` executor its threads go on, and the executor's memory dropped before they end is leaked, not
+    /// freed under them: give the launch a timeout longer than the kernel's own bounded waits);
     /// [`Error::InvalidArgument`] for a shape the `cpu` executor refused; [`Error::Cuda`].
     pub fn wait(self, timeout: Duration) -> Result<()> {
         self.finish(timeout).map(|_| ())
@@ -311,8 +349,9 @@ impl Running {
                 stream.wait(timeout)?;
                 events.map(|(start, end)| end.elapsed_since(&start)).transpose()
             }
-            Some(Run::Cpu { handle, end }) => {
+            Some(Run::Cpu { handle, end, stray }) => {
                 if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = end.recv_timeout(timeout) {
+                    stray.abandoned();
                     return Err(Error::Device(format!(
                         "kernel `{}` still running on the cpu executor after {:.3} s (its threads go on)",
                         self.name,
@@ -348,9 +387,12 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(Run::Gpu { .. }) = &self.run {
+        match &self.run {
             // The kernel may still write the report: keep its memory.
-            std::mem::forget(Arc::clone(&self.report));
+            Some(Run::Gpu { .. }) => std::mem::forget(Arc::clone(&self.report)),
+            // Its threads may still use the launch's memory: none is freed until they end.
+            Some(Run::Cpu { stray, .. }) => stray.abandoned(),
+            None => {}
         }
     }
 }

@@ -472,6 +472,23 @@ impl std::fmt::Debug for GpuMem {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HostQueueMemory;
 
+/// `cpu`-executor kernels that outlived their launch's wait (it timed out, or the `Running` was dropped) and
+/// still run. While any does, a dropped [`HostAlloc`] is leaked rather than freed: their threads may still
+/// read and write it (the rings, the data, the handles of the launch), and a free under them would crash the
+/// process. On the GPU a free waits for running kernels instead (`cuMemFree`); here that wait could last as
+/// long as the kernel's own bounded waits, or forever for a kernel that spins without a bound.
+static STRAY_KERNELS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts a `cpu`-executor kernel that outlived its launch's wait ([`STRAY_KERNELS`]).
+pub(crate) fn stray_kernel_started() {
+    STRAY_KERNELS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A kernel counted by [`stray_kernel_started`] has ended.
+pub(crate) fn stray_kernel_ended() {
+    STRAY_KERNELS.fetch_sub(1, Ordering::SeqCst);
+}
+
 struct HostAlloc {
     ptr: *mut u8,
     layout: std::alloc::Layout,
@@ -484,6 +501,10 @@ unsafe impl Sync for HostAlloc {}
 
 impl Drop for HostAlloc {
     fn drop(&mut self) {
+        if STRAY_KERNELS.load(Ordering::SeqCst) != 0 {
+            tracing::debug!(bytes = self.layout.size(), "a cpu kernel outlived its launch: memory leaked, not freed");
+            return;
+        }
         // SAFETY: `ptr` came from `alloc_zeroed` with this `layout` and is freed once.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
     }

@@ -27,8 +27,9 @@ type AllToAllVArgs = (DevPtr<CollHandle>, DevPtr<u64>, DevPtr<u64>, u64, u64);
 type ReduceArgs = (DevPtr<CollHandle>, u32, u64, u64, u64, u64, f32);
 /// `gdaki_coll_all_reduce`'s parameters: handle, algorithm code, then those of [`ReduceArgs`] after the handle.
 type AllReduceArgs = (DevPtr<CollHandle>, u32, u32, u64, u64, u64, u64, f32);
-/// `gdaki_coll_all_reduce_ring`'s parameters: handle, the call's [`RingAllReduce`].
-type RingArgs = (DevPtr<CollHandle>, DevPtr<RingAllReduce>);
+/// `gdaki_coll_all_reduce_ring`'s parameters: handle, the call's [`RingAllReduce`], the threads of each block
+/// that make the call.
+type RingArgs = (DevPtr<CollHandle>, DevPtr<RingAllReduce>, u32);
 
 /// Threads of the ring all-reduce's block: 128 on the GPU (they add), 4 on CPU threads (enough to run the
 /// block's barriers and strided shares, few enough for a small machine running 8 ranks).
@@ -114,20 +115,20 @@ impl CollRank {
         &self.comm
     }
 
-    /// Launches `k` as one block of `threads` and waits for it (bounded); returns the time from the launch
-    /// call to its end as the host sees it.
+    /// Launches `k` as `blocks` blocks of `threads` and waits for it (bounded); returns the time from the
+    /// launch call to its end as the host sees it.
     ///
     /// # Safety
     /// As [`Kernel::launch`] for `args`.
     unsafe fn timed<A: gdaki_device::launch::LaunchArgs>(
         &self,
         k: &Kernel<A>,
-        threads: u32,
+        (blocks, threads): (u32, u32),
         args: A,
     ) -> Result<Duration> {
         let t0 = Instant::now();
         // SAFETY: the caller's contract.
-        unsafe { k.launch(&LaunchConfig::linear(1, threads), args, self.launch_timeout) }?;
+        unsafe { k.launch(&LaunchConfig::linear(blocks, threads), args, self.launch_timeout) }?;
         Ok(t0.elapsed())
     }
 
@@ -152,7 +153,7 @@ impl CollRank {
         let args = (self.handle.dev_ptr(), b.algorithm as u32, b.root, b.offset, b.bytes, b.chunk);
         // SAFETY: the uploaded handle names this rank's live collectives (owned by `self`); one thread of
         // the launch uses their channels; the launch is waited for here.
-        unsafe { self.timed(&self.broadcast, 1, args) }
+        unsafe { self.timed(&self.broadcast, (1, 1), args) }
     }
 
     /// [`CollRank::barrier`], then one all-to-all on this rank: `send_counts[p]` bytes (one count per rank)
@@ -185,7 +186,7 @@ impl CollRank {
             recv_offset,
         );
         // SAFETY: as in `broadcast`; the counts are two arrays of MAX_RANKS words owned by `self`.
-        let time = unsafe { self.timed(&self.all_to_all_v, 1, args) }?;
+        let time = unsafe { self.timed(&self.all_to_all_v, (1, 1), args) }?;
         let out = self.counts.to_vec()?;
         let got = out[COUNTS_BYTES..COUNTS_BYTES + 8 * n]
             .chunks_exact(8)
@@ -203,7 +204,7 @@ impl CollRank {
         self.barrier()?;
         let args = (self.handle.dev_ptr(), r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
-        unsafe { self.timed(&self.reduce, 1, args) }
+        unsafe { self.timed(&self.reduce, (1, 1), args) }
     }
 
     /// [`CollRank::barrier`], then one all-reduce `r` on this rank, its broadcast by `algorithm`: the sum
@@ -216,7 +217,7 @@ impl CollRank {
         let (h, code) = (self.handle.dev_ptr(), algorithm as u32);
         let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
-        unsafe { self.timed(&self.all_reduce, 1, args) }
+        unsafe { self.timed(&self.all_reduce, (1, 1), args) }
     }
 
     /// [`CollRank::barrier`], then one ring all-reduce `r` on this rank, summed by the threads of one block
@@ -226,12 +227,24 @@ impl CollRank {
     /// # Errors
     /// As [`CollRank::broadcast`].
     pub fn all_reduce_ring(&self, r: &RingAllReduce) -> Result<Duration> {
+        let threads = ring_threads(self.comm.executor().kind());
+        self.all_reduce_ring_by(r, 1, threads)
+    }
+
+    /// [`CollRank::all_reduce_ring`] launched with `blocks` blocks of which the threads `0 .. callers` make
+    /// the call: one block and every thread is the call as it should be made; a second block, or a call behind
+    /// a thread test, are mistakes the call refuses.
+    ///
+    /// # Errors
+    /// As [`CollRank::broadcast`].
+    pub fn all_reduce_ring_by(&self, r: &RingAllReduce, blocks: u32, callers: u32) -> Result<Duration> {
         self.ring_args.write(0, bytemuck::bytes_of(r))?;
         self.barrier()?;
         let threads = ring_threads(self.comm.executor().kind());
-        let args = (self.handle.dev_ptr(), self.ring_args.dev_ptr());
-        // SAFETY: as in `broadcast`: thread 0 of the one block uses the channels, and every thread of the
-        // block makes the call; the arguments are owned by `self` and not written during the launch.
-        unsafe { self.timed(&self.all_reduce_ring, threads, args) }
+        let args = (self.handle.dev_ptr(), self.ring_args.dev_ptr(), callers);
+        // SAFETY: as in `broadcast`: the call uses the channels from thread 0 of one block only, and refuses a
+        // launch of another shape before posting; the arguments are owned by `self` and not written during
+        // the launch.
+        unsafe { self.timed(&self.all_reduce_ring, (blocks, threads), args) }
     }
 }

@@ -916,3 +916,54 @@ fn gpu_all_reduce_ring_refuses_bad_arguments() {
     let _gpu = gdaki_testkit::gpu_turn();
     ring_refuses_bad_arguments(ExecutorKind::Gpu);
 }
+
+/// A ring all-reduce called from part of its block (behind a `tid == 0` test, as the other collectives are
+/// called) or from two blocks: refused with `Collective` on every rank before anything is posted (before the
+/// check the partial call returned `Ok` with most values missing their share), and a call made right after
+/// works and sums exactly.
+fn ring_refuses_a_partial_block_or_two_blocks(kind: ExecutorKind) {
+    let count = 1000u64;
+    let g = RingAllReduce { in_offset: G_IN, out_offset: G_OUT, count, scratch_offset: G_SCRATCH, chunk: 0 };
+    let threads = match kind {
+        ExecutorKind::Gpu => 128,
+        _ => 4,
+    };
+    let out = on_ranks(2, kind, true, CollConfig::new(BUF), |r| {
+        let rank = r.communicator().rank();
+        let input: Vec<f32> = (0..count).map(|i| (i as f32) * (rank as f32 + 1.0)).collect();
+        r.collectives().buffer().write(G_IN as usize, bytemuck::cast_slice(&input)).expect("input");
+        let misuses = [(1, 1), (1, threads - 1), (2, threads)]
+            .map(|(blocks, callers)| (blocks, callers, r.all_reduce_ring_by(&g, blocks, callers).err()));
+        let fine = r.all_reduce_ring(&g).err();
+        let all = r.collectives().buffer().to_vec().expect("read");
+        let out = &all[G_OUT as usize..(G_OUT + 4 * count) as usize];
+        (misuses, fine, out.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect::<Vec<f32>>())
+    });
+    for (rank, (misuses, fine, sum)) in out.into_iter().enumerate() {
+        for (blocks, callers, err) in misuses {
+            match err {
+                Some(gdaki::Error::Kernel {
+                    error: DevError::InvalidArgument(InvalidArgument::Collective), ..
+                }) => {}
+                other => panic!("rank {rank}: {blocks} block(s), {callers} caller(s): {other:?}"),
+            }
+        }
+        assert!(fine.is_none(), "rank {rank}: the call as it should be made: {fine:?}");
+        for (i, &v) in sum.iter().enumerate() {
+            // Rank 0's value plus rank 1's, both exact in f32 below 2^24.
+            assert_eq!(v, 3.0 * i as f32, "rank {rank}: value {i}");
+        }
+    }
+}
+
+#[test]
+fn cpu_all_reduce_ring_refuses_a_partial_block_or_two_blocks() {
+    ring_refuses_a_partial_block_or_two_blocks(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_all_reduce_ring_refuses_a_partial_block_or_two_blocks() {
+    let _gpu = gdaki_testkit::gpu_turn();
+    ring_refuses_a_partial_block_or_two_blocks(ExecutorKind::Gpu);
+}

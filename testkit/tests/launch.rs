@@ -138,3 +138,36 @@ fn cpu_launch_wait_is_bounded_and_sees_the_end() {
     }
     .expect("an echo whose ping is already up ends");
 }
+
+/// A `cpu` kernel that outlives its launch's wait (a launch timeout shorter than the kernel's own bounded
+/// wait) while the host drops the memory it polls, as a `launch(..)?` that returns early does: the memory is
+/// leaked rather than freed under the kernel's threads, so the process goes on (a free there unmapped the
+/// megabyte and the kernel's next poll crashed the process); the kernel ends on its own bound.
+#[test]
+fn cpu_memory_of_a_kernel_that_outlived_its_wait_is_not_freed_under_it() {
+    let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).expect("executor");
+    let m = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("the testkit's PTX loads");
+    let k = m.kernel(&GDAKI_FLAG_ECHO).expect("in the PTX");
+    // A megabyte: the allocator returns it to the system when freed, so a read after the free faults.
+    let flags = exec.alloc_data(1 << 20).expect("flags");
+    let bound = Duration::from_millis(1500);
+    let args = (flags.dev_ptr::<u64>(), 1u32, bound.as_nanos() as u64);
+    let t0 = Instant::now();
+    // SAFETY: `flags` is two 8-byte words of the executor's memory, which the executor keeps for the kernel's
+    // threads once the wait gives up on them.
+    let r = unsafe { k.launch(&LaunchConfig::linear(1, 1), args, Duration::from_millis(100)) };
+    match r {
+        Err(Error::Device(msg)) => assert!(msg.contains("still running on the cpu executor"), "{msg}"),
+        other => panic!("expected the launch's wait to give up: {other:?}"),
+    }
+    drop(flags);
+    // The kernel polls the dropped words until its bound ends it.
+    std::thread::sleep(bound + Duration::from_millis(500));
+    assert!(t0.elapsed() >= bound);
+    // Memory is freed again once no kernel outlives its wait: a launch that is waited for runs as ever.
+    let flag = exec.alloc_data(4).expect("buffer");
+    let smoke = m.kernel(&GDAKI_SMOKE).expect("in the PTX");
+    // SAFETY: `flag` is a live 4-byte buffer for the whole launch.
+    unsafe { smoke.launch(&LaunchConfig::linear(1, 1), (flag.dev_ptr::<u32>(),), Duration::from_secs(10)) }
+        .expect("runs");
+}

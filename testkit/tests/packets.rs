@@ -125,7 +125,7 @@ fn a_stale_round_times_out_on_its_first_packet() {
     p.write_packets::<LL16Packet>(r.pkt, r.src, 64, 7, 0, 1).unwrap();
     assert_packet_timeout(p.read_packets::<LL16Packet>(r.dst, r.pkt, 64, 8, 0, 1), r.mr.addr + r.pkt, 8, 7);
     // Never-written (zeroed) packets do not match either.
-    assert_packet_timeout(p.read_packets::<LL8Packet>(r.dst, r.dst, 4, 1, 0, 1), r.mr.addr + r.dst, 1, 0);
+    assert_packet_timeout(p.read_packets::<LL8Packet>(r.src, r.dst, 4, 1, 0, 1), r.mr.addr + r.dst, 1, 0);
 }
 
 #[test]
@@ -182,7 +182,7 @@ fn bad_requests_write_nothing() {
     let len = r.mr.length;
     let bad = |e| Err::<(), _>(Error::InvalidArgument(e));
     use InvalidArgument::{Length, LocalRange, Packet as Layout};
-    let cases: [(&str, u64, u64, u64, u32, u32, u32, _); 9] = [
+    let cases: [(&str, u64, u64, u64, u32, u32, u32, _); 12] = [
         ("0 bytes", r.pkt, r.src, 0, 1, 0, 1, Length),
         ("not whole packets", r.pkt, r.src, 12, 1, 0, 1, Layout),
         ("misaligned data", r.pkt, r.src + 4, 8, 1, 0, 1, Layout),
@@ -192,6 +192,11 @@ fn bad_requests_write_nothing() {
         ("packets past the end", len - 8, r.src, 8, 1, 0, 1, LocalRange),
         ("data past the end", r.pkt, len - 4, 8, 1, 0, 1, LocalRange),
         ("offset overflow", u64::MAX - 7, r.src, 8, 1, 0, 1, LocalRange),
+        // Data and packets overlapping (16 bytes of data make 32 of LL16 packets): the same place, the data in
+        // the packets' second half, and the data's last 8 bytes on the packets' first.
+        ("data on the packets", r.pkt, r.pkt, 8, 1, 0, 1, Layout),
+        ("data in the packets", r.pkt, r.pkt + 16, 16, 1, 0, 1, Layout),
+        ("data ending in the packets", r.pkt, r.pkt - 8, 16, 1, 0, 1, Layout),
     ];
     for (what, pkt, src, bytes, flag, t, n, want) in cases {
         assert_eq!(p.write_packets::<LL16Packet>(pkt, src, bytes, flag, t, n), bad(want), "write: {what}");

@@ -37,11 +37,11 @@ impl Algorithm {
     }
 }
 
-/// One broadcast call, the same on every rank.
+/// One broadcast call, the same on every rank (`#[repr(C)]`, 32 bytes: a kernel may take it by value or by
+/// reference).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct Broadcast {
-    /// The rank whose bytes are sent, below `nranks`.
-    pub root: u32,
     /// Byte offset of the range in every rank's data buffer.
     pub offset: u64,
     /// Bytes in the range (0: the call does nothing, on every rank).
@@ -50,9 +50,18 @@ pub struct Broadcast {
     /// [`default_chunk`]. Unused by [`Algorithm::Direct`], which puts the range whole. The last chunk may be
     /// shorter.
     pub chunk: u64,
+    /// The rank whose bytes are sent, below `nranks`.
+    pub root: u32,
     /// How the data moves.
     pub algorithm: Algorithm,
 }
+
+const _: () = assert!(core::mem::size_of::<Broadcast>() == 32);
+
+// SAFETY: `#[repr(C)]` of three `u64`s, a `u32` and a `#[repr(u32)]` enum (no padding, the size asserted
+// above), no pointers: the same layout on the host and on nvptx64. A kernel's copy holds the host's value,
+// so its `algorithm` is one of the enum's.
+unsafe impl crate::launch::DeviceRepr for Broadcast {}
 
 /// Chunk size of a chain or tree broadcast of `bytes` bytes when none is given: the whole range up to
 /// 64 KiB (a signal per chunk costs more than pipelining saves there), else an eighth of it rounded up to

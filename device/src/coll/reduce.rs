@@ -15,10 +15,11 @@ const LANES_PER_DOORBELL: u64 = 32;
 /// One reduce call, the same on every rank. The input and output ranges hold `f32`s (4-byte aligned), the
 /// accumulation area `i64`s (8-byte aligned); the accumulation area must overlap neither of the others,
 /// which may overlap each other (the root has read its input before it writes its output).
+///
+/// `#[repr(C)]`, 40 bytes: a kernel may take it by value or by reference.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
 pub struct Reduce {
-    /// The rank that receives the sum, below `nranks`.
-    pub root: u32,
     /// Byte offset of every rank's input: `count` `f32`s.
     pub offset: u64,
     /// Number of values (0: the call does nothing, on every rank).
@@ -28,10 +29,18 @@ pub struct Reduce {
     pub acc_offset: u64,
     /// Byte offset of the root's output: `count` `f32`s (for [`all_reduce`], every rank's).
     pub out_offset: u64,
+    /// The rank that receives the sum, below `nranks`.
+    pub root: u32,
     /// Bound of every value of every rank: `|x| <= max_abs`, positive and finite. It sets the scale
     /// ([`scale`]) and so the error bound.
     pub max_abs: f32,
 }
+
+const _: () = assert!(core::mem::size_of::<Reduce>() == 40);
+
+// SAFETY: `#[repr(C)]` of four `u64`s, a `u32` and an `f32` (no padding, the size asserted above), no
+// pointers: the same layout on the host and on nvptx64.
+unsafe impl crate::launch::DeviceRepr for Reduce {}
 
 /// The scale of a reduce over `nranks` ranks of values bounded by `max_abs`: the largest power of two `s`
 /// with `nranks * max_abs * s < 2^63`, so that `nranks` quantized values (each at most `max_abs * s` in

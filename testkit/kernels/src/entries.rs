@@ -340,16 +340,22 @@ pub fn gdaki_coll_all_reduce(
     unsafe { coll::all_reduce(h, &r, algorithm) }
 }
 
-/// One [`coll::all_reduce_ring`] by every thread of block 0 of the launch (the other blocks return at once):
-/// thread 0 posts and waits, every thread adds. `r` as [`coll::RingAllReduce`]; thread 0 returns the call's
-/// error (the others' `Team` only repeats that it failed).
+/// One [`coll::all_reduce_ring`] by the threads `0 .. callers` of each block (all of them, in a launch of one
+/// block, is the call as it should be made; fewer, or more blocks, are the mistakes it refuses): thread 0
+/// posts and waits, every thread adds. `r` as [`coll::RingAllReduce`]; thread 0 returns the call's error (the
+/// others' `Team` only repeats that it failed).
 #[kernel]
-pub fn gdaki_coll_all_reduce_ring(t: &Thread, h: &CollHandle, r: &coll::RingAllReduce) -> gdaki_device::Result<()> {
-    if t.block() != 0 {
+pub fn gdaki_coll_all_reduce_ring(
+    t: &Thread,
+    h: &CollHandle,
+    r: &coll::RingAllReduce,
+    callers: u32,
+) -> gdaki_device::Result<()> {
+    if t.tid() >= callers {
         return Ok(());
     }
-    // SAFETY: the launch's contract: `h` is this rank's live handle, its channels used by thread 0 of this
-    // block only; every thread of the block makes the call.
+    // SAFETY: the launch's contract: `h` is this rank's live handle, its channels used by this call only; a
+    // launch that breaks the call's shape (threads that return, a second block) is refused before any post.
     let res = unsafe { coll::all_reduce_ring(h, r, t) };
     if t.tid() == 0 {
         res
