@@ -33,23 +33,9 @@ pub struct Ticket(pub u64);
 pub struct Qp<'a> {
     h: &'a mut QpHandle,
     sq: Sq,
-    /// The doorbell of the WQEs posted and not yet rung.
-    unrung: Unrung,
+    /// Doorbell bits of the last WQE posted and not yet rung, if any.
+    unrung: Option<u64>,
     timeout_ns: u64,
-}
-
-/// The doorbell a [`Qp`] owes: whether WQEs are posted and not yet rung, and the doorbell bits of the last one
-/// (its ctrl segment's first 8 bytes as stored). Two fields rather than an `Option<u64>`, so that ringing reads
-/// `bits` without a select on the option's tag; `pending` is a word (0 or 1) rather than a `bool`, which the
-/// slow paths' by-value calls would pack into a byte of a register.
-#[derive(Clone, Copy)]
-struct Unrung {
-    pending: u32,
-    bits: u64,
-}
-
-impl Unrung {
-    const NONE: Unrung = Unrung { pending: 0, bits: 0 };
 }
 
 /// What a post needs of the handle, read once ([`Sq::load`]), and the send-queue counters.
@@ -156,14 +142,14 @@ impl<'a> Qp<'a> {
     /// shared poster: posters of the QP before and after this `Qp` may be of any kind, not at the same time).
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
-        Self { sq: Sq::load(h), h, unrung: Unrung::NONE, timeout_ns }
+        Self { sq: Sq::load(h), h, unrung: None, timeout_ns }
     }
 
     /// The handle as it stands now: its fixed fields with this `Qp`'s counters (the handle in memory gets
     /// them when the `Qp` is dropped).
     pub fn handle(&self) -> QpHandle {
         let mut h = *self.h;
-        self.sq.store(self.unrung.pending == 0, &mut h);
+        self.sq.store(self.unrung.is_none(), &mut h);
         h
     }
 
@@ -384,7 +370,7 @@ impl<'a> Qp<'a> {
         } else {
             self.sq.until_cqe -= nbb;
         }
-        self.unrung = Unrung { pending: 1, bits };
+        self.unrung = Some(bits);
     }
 
     /// Posts an RDMA WRITE whose payload travels inside the WQE (1 ..= [`wqe::MAX_INLINE`] bytes):
@@ -400,7 +386,7 @@ impl<'a> Qp<'a> {
     /// the last WQE's ctrl words. Does nothing when nothing is pending.
     #[inline(always)]
     pub fn ring_db(&mut self) {
-        if self.unrung.pending != 0 {
+        if self.unrung.is_some() {
             self.ring_posted();
         }
     }
@@ -410,8 +396,7 @@ impl<'a> Qp<'a> {
     /// posted since the last ring it would ring a doorbell of 0 bits; only the posts of this crate call it.
     #[inline(always)]
     pub(crate) fn ring_posted(&mut self) {
-        let bits = self.unrung.bits;
-        self.unrung.pending = 0;
+        let bits = self.unrung.take().unwrap_or_default();
         // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
         unsafe { db::publish_and_ring(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, bits, self.sq.placement) };
     }
@@ -428,7 +413,7 @@ impl<'a> Qp<'a> {
     #[inline(always)]
     pub fn post_bf<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let ds = w.ds();
-        if ds as usize > SEGS_PER_WQEBB || self.unrung.pending != 0 || !self.sq.blueflame {
+        if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() || !self.sq.blueflame {
             let t = self.post(signaled, w)?;
             self.ring_posted();
             return Ok(t);
@@ -438,7 +423,7 @@ impl<'a> Qp<'a> {
         // run-time length would put both arrays in local memory.
         let first: [Seg; SEGS_PER_WQEBB] =
             core::array::from_fn(|i| if i < ds as usize && i < N { segs[i] } else { Seg::default() });
-        self.unrung.pending = 0;
+        self.unrung = None;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe { db::publish_and_ring_bf(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, &first, self.sq.placement) };
         Ok(t)
@@ -659,7 +644,7 @@ impl<'a> Qp<'a> {
 #[cold]
 #[inline(never)]
 #[allow(improper_ctypes_definitions)]
-extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(q: Qp<'_>, f: F) -> (Sq, Unrung, R) {
+extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(q: Qp<'_>, f: F) -> (Sq, Option<u64>, R) {
     let mut q = core::mem::ManuallyDrop::new(q);
     if !sq::valid_ring(q.sq.cnt) {
         // Room is 0, so nothing is stored; the CQ's index arithmetic gets a size it can work with.
@@ -667,6 +652,6 @@ extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(q: Qp<'_>, f: F) -> (S
     }
     let r = f(&mut q);
     let (sq, unrung) = (q.sq, q.unrung);
-    sq.store(unrung.pending == 0, q.h);
+    sq.store(unrung.is_none(), q.h);
     (sq, unrung, r)
 }

@@ -34,8 +34,9 @@
 //!    taken, a `SHFL.IDX` gives back the lane's own value, so that a result a warp leader shares (a
 //!    `Result` broadcast word by word) stays known and its error arm is not taken for the shortest path, and
 //!    `S2R SR_LANEID` is 0 and `VOTE.ANY` and `MATCH.ANY` give the mask of lane 0 alone, so that the lane is
-//!    its warp's leader (with `R2UR`, `IMAD.U32`, `IADD3`/`UIADD3`, `ULOP3.LUT`, `POPC`/`UPOPC` and `UISETP`
-//!    of known operands followed too): the path then makes the leader's reservation, as one lane posting does.
+//!    its warp's leader (with `R2UR`, `IMAD.U32`, `IADD3`/`UIADD3`, `VIADD`, `ULOP3.LUT`, `POPC`/`UPOPC` and
+//!    `UISETP` of known operands followed too): the path then makes the leader's reservation, as one lane
+//!    posting does.
 //!
 //! Every instruction on the path counts once, guarded ones too (they are issued whatever the guard).
 //!
@@ -607,6 +608,7 @@ impl Known {
             ("IADD3" | "UIADD3", [d, a, b, c]) if reg(d) => {
                 Some(vec![(d.clone(), Some(known(a)?.wrapping_add(known(b)?).wrapping_add(known(c)?)))])
             }
+            ("VIADD", [d, a, b]) if reg(d) => Some(vec![(d.clone(), Some(known(a)?.wrapping_add(known(b)?)))]),
             // One active lane (see the module docs): a shuffle gives back the lane's own value.
             ("SHFL.IDX", [p, d, s, _, _]) if reg(d) => {
                 let mut out = vec![(d.clone(), known(s))];
@@ -1443,12 +1445,15 @@ w:
             "/*0000*/ @UP0 ULOP3.LUT UR4, UR7, UR4, URZ, 0xc, !UPT ;",
             "/*0000*/ @UP0 UPOPC UR8, UR4 ;",
             "/*0000*/ UPOPC UR5, UR7 ;",
+            "/*0000*/ IMAD.U32 R3, RZ, RZ, UR7 ;",
+            "/*0000*/ VIADD R3, R3, 0xffffffff ;",
             "/*0000*/ IMAD.U32 R9, RZ, RZ, UR5 ;",
             "/*0000*/ ISETP.NE.U32.AND P2, PT, R0, UR8, PT ;",
         ]
         .iter()
         .fold(Known::default(), |k, t| k.step(&insn(t)));
         assert_eq!((k.value("R7"), k.value("UR8"), k.value("R9"), k.value("P2")), (Some(1), Some(0), Some(1), Some(0)));
+        assert_eq!(k.value("R3"), Some(0), "VIADD of a known register");
         // PLOP3 with every input PT reads bit 7 of its table (0x8: false, 0x80: true, as ptxas sets flags);
         // a stack word survives a store elsewhere in the stack but not a generic store.
         let run = |lines: &[&str]| lines.iter().fold(Known::default(), |k, t| k.step(&insn(t)));
