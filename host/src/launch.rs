@@ -197,13 +197,16 @@ impl<A: LaunchArgs> Kernel<A> {
                 let handle = std::thread::Builder::new()
                     .name(format!("kernel {name}"))
                     .spawn(move || {
+                        // Ends the stray count even when a kernel thread panicked: `run_on_host` joins them all
+                        // and then raises the panic again here.
+                        let at_end = EndsStray(at_end);
                         let t0 = Instant::now();
                         // SAFETY: the caller's contract covers the arguments; `report` (held by this thread) is
                         // the launch's report.
                         let r =
                             unsafe { gdaki_device::launch::run_on_host(k, grid, block, args, report.device_addr()) }
                                 .map(|()| t0.elapsed());
-                        at_end.ended();
+                        drop(at_end);
                         let _ = ended.send(());
                         r
                     })
@@ -314,6 +317,15 @@ impl Stray {
         if self.0.swap(Self::ENDED, std::sync::atomic::Ordering::SeqCst) == Self::STRAY {
             crate::mem::stray_kernel_ended();
         }
+    }
+}
+
+/// Marks its kernel [`Stray::ended`] when dropped: at the end of the thread that runs the kernel, panic or not.
+struct EndsStray(Arc<Stray>);
+
+impl Drop for EndsStray {
+    fn drop(&mut self) {
+        self.0.ended();
     }
 }
 

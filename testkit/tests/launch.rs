@@ -170,4 +170,36 @@ fn cpu_memory_of_a_kernel_that_outlived_its_wait_is_not_freed_under_it() {
     // SAFETY: `flag` is a live 4-byte buffer for the whole launch.
     unsafe { smoke.launch(&LaunchConfig::linear(1, 1), (flag.dev_ptr::<u32>(),), Duration::from_secs(10)) }
         .expect("runs");
+    assert!(churn_grows_kib(&exec) < 256 << 10, "memory is not freed after the kernel ended");
+    // A kernel that outlives its wait and then panics ends too: memory is freed again after it.
+    let panics = m.kernel(&PANICS_LATE).expect("gdaki_smoke's name and parameters");
+    // SAFETY: the kernel touches nothing.
+    let r = unsafe { panics.launch(&LaunchConfig::linear(1, 1), (flag.dev_ptr::<u32>(),), Duration::from_millis(50)) };
+    assert!(matches!(r, Err(Error::Device(_))), "expected the launch's wait to give up: {r:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(churn_grows_kib(&exec) < 256 << 10, "memory is leaked for good after a stray kernel panicked");
+}
+
+/// A kernel of `gdaki_smoke`'s signature whose host build sleeps 300 ms, then panics.
+static PANICS_LATE: KernelFn<(DevPtr<u32>,)> = KernelFn {
+    name: "gdaki_smoke",
+    host: |_, _, _| {
+        std::thread::sleep(Duration::from_millis(300));
+        panic!("a kernel that panics after its launch's wait gave up");
+    },
+};
+
+/// How much the process's virtual size grows over four allocations of 256 MiB of the executor's memory, each
+/// dropped before the next (KiB): about 0 when drops free, 1 GiB when they leak.
+fn churn_grows_kib(exec: &Executor) -> u64 {
+    let vm = || {
+        let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+        let line = status.lines().find(|l| l.starts_with("VmSize:")).expect("VmSize");
+        line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).expect("a size in KiB")
+    };
+    let before = vm();
+    for _ in 0..4 {
+        drop(exec.alloc_data(256 << 20).expect("256 MiB"));
+    }
+    vm().saturating_sub(before)
 }
