@@ -55,7 +55,9 @@ const fn segment(count: u64, n: u32, j: u32) -> (u64, u64) {
 
 /// Sums `r.count` `f32`s of every rank's input at `r.in_offset` into every rank's output at `r.out_offset`,
 /// added by the GPU. Every thread of one block of each rank calls it with the same `r` (thread 0 posts and
-/// waits; all threads add a strided share of each chunk, between two block barriers).
+/// waits; all threads add a strided share of each chunk, between two block barriers). Any block size works;
+/// on the GPU the calling kernel's registers bound it (a kernel of 255 registers a thread launches at most 256
+/// threads a block: `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES` beyond).
 ///
 /// The values are split into `nranks` segments (the first `count % nranks` of them one value longer, in rank
 /// order) and each segment into chunks of `r.chunk` values. Reduce-scatter: at step 0 rank `q` puts its input of
