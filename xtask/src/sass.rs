@@ -924,7 +924,11 @@ fn search(
 /// # Errors
 /// As [`fast_path`].
 pub fn loop_iteration(section: &Section, l: &PostingLoop, mmio: u32) -> Result<Option<Trace>> {
-    let flat = Flat::new(section)?;
+    loop_iteration_in(section, &Flat::new(section)?, l, mmio)
+}
+
+/// [`loop_iteration`] on `section`'s graph `flat`, built once for all its loops.
+fn loop_iteration_in(section: &Section, flat: &Flat, l: &PostingLoop, mmio: u32) -> Result<Option<Trace>> {
     let Some(f) = section.functions.iter().position(|f| f.name == l.function) else {
         bail!("{}: no function {}", section.kernel, l.function);
     };
@@ -942,7 +946,7 @@ pub fn loop_iteration(section: &Section, l: &PostingLoop, mmio: u32) -> Result<O
             let insn = flat.insn(section, node);
             node == end && (insn.unconditional() || allowed(Edge::Taken))
         };
-        if let Some(t) = search(section, &flat, start, mmio, &|node, left| bound[node][left as usize], &done)? {
+        if let Some(t) = search(section, flat, start, mmio, &|node, left| bound[node][left as usize], &done)? {
             if best.as_ref().is_none_or(|b| t.len() < b.len()) {
                 best = Some(t);
             }
@@ -1160,9 +1164,12 @@ pub fn analyse(
     let mut loops = Vec::new();
     for section in chosen {
         let kernel = &section.kernel;
-        for mut l in posting_loops(section) {
+        let found = posting_loops(section);
+        // One graph of the kernel for all its loops' searches (the inlining is the costly part).
+        let flat = if found.is_empty() { None } else { Some(Flat::new(section)?) };
+        for (mut l, flat) in found.into_iter().zip(flat.iter().cycle()) {
             for (i, &k) in ITERATION_MMIO.iter().enumerate() {
-                let path = loop_iteration(section, &l, k)
+                let path = loop_iteration_in(section, flat, &l, k)
                     .with_context(|| format!("{kernel}: loop {:#x}-{:#x}, {k} MMIO stores", l.start, l.end))?;
                 if let Some(path) = &path {
                     let header = format!(
