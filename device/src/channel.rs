@@ -289,20 +289,42 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// Stages the RDMA WRITEs of `bytes` bytes from `src + src_offset` to `dst + dst_offset`, split into
     /// WQEs of at most `max_wqe_bytes`; the last one is submitted when `last` is set.
     ///
-    /// The whole range is checked once, before anything is posted: every piece lies inside it, so none is
-    /// checked again, and a put that fits one WQE (the common case) builds it directly.
+    /// A put that fits one WQE inside both memories (the common case) is tested once, all checks together,
+    /// and built directly; anything else (an error, several WQEs) takes the general path, which checks the whole
+    /// range once before anything is posted.
     #[inline(always)]
     fn writes(&mut self, dst_offset: u64, src_offset: u64, bytes: u64, last: bool) -> Result<()> {
-        let r = remote(&self.h.dst, dst_offset, bytes)?;
-        let src = local_range(&self.h.src, src_offset, bytes)?;
-        let lkey = self.h.src.lkey;
-        let max = self.h.max_wqe_bytes;
-        if bytes <= max && bytes <= MAX_WRITE {
-            return self.write(r, Sge::new(src, bytes as u32, lkey)?, bytes, last);
+        if let Some((r, l)) = self.one_write(dst_offset, src_offset, bytes) {
+            return self.write(r, l, bytes, last);
         }
-        let max = max.clamp(1, MAX_WRITE);
+        self.split_writes(dst_offset, src_offset, bytes, last)
+    }
+
+    /// The remote start and the SGE of a put that one WQE takes, `None` if it does not (too long, empty, or
+    /// outside either memory: [`PortChannel::split_writes`] tells which). The same checks as
+    /// [`PortChannel::ranges`] and [`Sge::new`], combined with `&` rather than `&&` so that the fast path
+    /// branches once for all of them instead of once each.
+    #[inline(always)]
+    fn one_write(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Option<(Raddr, Sge)> {
+        let (d, s) = (&self.h.dst, &self.h.src);
+        let (d_end, d_over) = dst_offset.overflowing_add(bytes);
+        let (s_end, s_over) = src_offset.overflowing_add(bytes);
+        let (d_addr, d_wrap) = d.addr.overflowing_add(dst_offset);
+        let (s_addr, s_wrap) = s.addr.overflowing_add(src_offset);
+        let one = (bytes.wrapping_sub(1) < MAX_WRITE) & (bytes <= self.h.max_wqe_bytes);
+        let inside = !(d_over | s_over | d_wrap | s_wrap) & (d_end <= d.length) & (s_end <= s.length);
+        (one & inside).then(|| (Raddr { addr: d_addr, rkey: d.rkey }, Sge::tested(s_addr, bytes as u32, s.lkey)))
+    }
+
+    /// [`PortChannel::writes`] for what one WQE does not take: checks the whole range (errors), then posts it
+    /// in pieces of at most the handle's `max_wqe_bytes`, each inside the checked range.
+    #[inline(always)]
+    fn split_writes(&mut self, dst_offset: u64, src_offset: u64, bytes: u64, last: bool) -> Result<()> {
+        let (r, src) = self.ranges(dst_offset, src_offset, bytes)?;
+        let (lkey, max) = (self.h.src.lkey, self.wqe_limit());
+        // `ranges` refused a zero length, so the loop posts at least one piece and ends at the last.
         let mut done = 0;
-        while done < bytes {
+        loop {
             let n = (bytes - done).min(max);
             let piece = Raddr { addr: r.addr + done, rkey: r.rkey };
             let l = Sge::new(src + done, n as u32, lkey)?;
@@ -312,7 +334,6 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             }
             self.qp.stage(wqe::rdma_write(piece, l))?;
         }
-        Ok(())
     }
 
     /// Checks a put's whole range in both memories (a zero length is [`InvalidArgument::Length`]) and returns
@@ -448,8 +469,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// the team (so that the proxy takes the signal after every piece), member 0 pushes the signal.
     ///
     /// # Errors
-    /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range, semaphore or scratch word is the
-    /// same error for every member, before anything is posted). In the Host modes every member gets an error
+    /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range is the same error for every
+    /// member, before anything is posted). In the Host modes every member gets an error
     /// when any member's pieces were refused ([`InvalidArgument::Team`] for those whose own were not), and no
     /// signal is pushed. Members that pass different arguments break the call: which of them posts the signal
     /// follows each one's own length, so the peer may see no signal, or two.
@@ -470,8 +491,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             }
             return if g.rank() == 0 { self.signal() } else { Ok(()) };
         }
-        let (r, l) = atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
-        let signal = wqe::atomic_fetch_add(r, l, 1)?;
+        let (r, l) = self.signal_target();
+        let signal = wqe::atomic_fetch_add_tested(r, l, 1);
         self.ranges(dst_offset, src_offset, bytes)?;
         let chunk = self.wqe_limit();
         let (width, rank) = (self.team_width(g), u64::from(g.rank()));
@@ -558,19 +579,29 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         if self.proxied() {
             return self.push(Trigger::new(Trigger::SIGNAL, self.h.channel_id as u16, 0, 0, 0)).map(|_| ());
         }
-        let (r, l) = atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
+        let (r, l) = self.signal_target();
         self.fetch_add(r, l, 1)
     }
 
-    /// Fetch-add of `add` on the checked remote word `r`, its old value to the checked local word `l` (the
-    /// QP's scratch word).
+    /// A signal's operands: the peer's semaphore word and the QP's scratch word, taken from the handle as
+    /// they are. Both are 8 bytes and 8-byte aligned in every handle the host builds (it checks the peer's word
+    /// when it imports the peer's semaphore, and allocates the scratch word itself; contract of `new`), so no
+    /// call tests them again; a word that is not would meet the NIC's own check (an error CQE).
+    #[inline(always)]
+    fn signal_target(&self) -> (Raddr, Sge) {
+        let (sem, scratch) = (&self.h.remote_sem, &self.h.scratch);
+        (Raddr { addr: sem.addr, rkey: sem.rkey }, Sge::tested(scratch.addr, ATOMIC_BYTES as u32, scratch.lkey))
+    }
+
+    /// Fetch-add of `add` on the remote word `r`, its old value to the local word `l` (the QP's scratch word),
+    /// both 8 bytes and 8-byte aligned ([`atomic_target`] checked them, or the host, [`PortChannel::signal_target`]).
     #[inline(always)]
     fn fetch_add(&mut self, r: Raddr, l: Sge, add: u64) -> Result<()> {
         // Signaled: a signal ends an exchange that a flush usually follows, which then needs no NOP (on the H200
         // that NOP cost a Device-Exclusive ping-pong 11 µs). By BlueFlame as a put of its 8 bytes would be, so
         // that `blue_flame_limit` 0 means no BlueFlame at all.
         let bf = ATOMIC_BYTES <= self.h.blue_flame_limit;
-        self.qp.submit(bf, true, wqe::atomic_fetch_add(r, l, add)?)
+        self.qp.submit(bf, true, wqe::atomic_fetch_add_tested(r, l, add))
     }
 
     /// [`PortChannel::put`] then [`PortChannel::signal`], one doorbell (MSCCL++ `putWithSignal`): the peer that
@@ -583,7 +614,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         if self.proxied() {
             return self.push_writes(dst_offset, src_offset, bytes, Trigger::SIGNAL);
         }
-        let (r, l) = atomic_target(&self.h.remote_sem, 0, &self.h.scratch, 0)?;
+        let (r, l) = self.signal_target();
         self.writes(dst_offset, src_offset, bytes, false)?;
         self.fetch_add(r, l, 1)
     }

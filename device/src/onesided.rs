@@ -70,7 +70,7 @@ impl Qp<'_> {
     /// [`Error::InvalidArgument`] for a range outside either MR or a misaligned address; as [`Qp::post`].
     pub fn signal(&mut self, sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<Ticket> {
         let (r, l) = atomic_target(sem, sem_off, result, result_off)?;
-        let t = self.post(true, wqe::atomic_fetch_add(r, l, 1)?)?;
+        let t = self.post(true, wqe::atomic_fetch_add_tested(r, l, 1))?;
         self.ring_db();
         Ok(t)
     }
@@ -95,7 +95,7 @@ impl Qp<'_> {
         let (r, l) = (remote(dst, dst_off, len)?, local(src, src_off, len)?);
         let (sr, sl) = atomic_target(sem, sem_off, result, result_off)?;
         let _ = self.post(false, wqe::rdma_write(r, l))?;
-        let t = self.post(true, wqe::atomic_fetch_add(sr, sl, 1)?)?;
+        let t = self.post(true, wqe::atomic_fetch_add_tested(sr, sl, 1))?;
         self.ring_db();
         Ok(t)
     }

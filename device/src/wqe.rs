@@ -27,8 +27,8 @@ pub struct Wqe<const N: usize> {
     ds: u8,
 }
 
-/// A local buffer: one scatter/gather entry of 1 ..= [`MAX_SGE_LEN`] bytes. Built by [`Sge::new`] only, so
-/// its length always means what it says in a data segment.
+/// A local buffer: one scatter/gather entry of 1 ..= [`MAX_SGE_LEN`] bytes. Built by [`Sge::new`] (or after the
+/// same test), so its length always means what it says in a data segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sge {
     addr: u64,
@@ -49,6 +49,14 @@ impl Sge {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
         Ok(Sge { addr, len, lkey })
+    }
+
+    /// `len` bytes at `addr` with key `lkey`, for a caller that has already tested `1 <= len <= MAX_SGE_LEN`
+    /// together with its other checks (one test for all of them on a fast path).
+    #[inline(always)]
+    pub(crate) const fn tested(addr: u64, len: u32, lkey: Be32) -> Sge {
+        debug_assert!(len != 0 && len <= MAX_SGE_LEN);
+        Sge { addr, len, lkey }
     }
 
     /// The address, bytes.
@@ -187,7 +195,22 @@ fn atomic(op: u8, remote: Raddr, result: Sge, seg: AtomicSeg) -> Result<Wqe<4>> 
     if !(remote.addr | result.addr).is_multiple_of(8) {
         return Err(Error::InvalidArgument(InvalidArgument::AtomicAlignment));
     }
-    Ok(Wqe { segs: [ctrl(op, ds::ATOMIC, Be32::ZERO), raddr(remote), seg.into(), data(result)], ds: ds::ATOMIC })
+    Ok(atomic_tested(op, remote, result, seg))
+}
+
+/// The atomic WQE of operands that passed [`atomic`]'s checks.
+#[inline(always)]
+fn atomic_tested(op: u8, remote: Raddr, result: Sge, seg: AtomicSeg) -> Wqe<4> {
+    debug_assert!(result.len == 8 && (remote.addr | result.addr).is_multiple_of(8));
+    Wqe { segs: [ctrl(op, ds::ATOMIC, Be32::ZERO), raddr(remote), seg.into(), data(result)], ds: ds::ATOMIC }
+}
+
+/// [`atomic_fetch_add`] of operands that passed its checks already, as those of
+/// [`crate::onesided::atomic_target`] have: built without testing them a second time (a fast path's one
+/// argument check per call).
+#[inline(always)]
+pub(crate) fn atomic_fetch_add_tested(remote: Raddr, result: Sge, add: u64) -> Wqe<4> {
+    atomic_tested(opcode::ATOMIC_FA, remote, result, AtomicSeg::fetch_add(add))
 }
 
 /// 8-byte fetch-and-add of `add` at `remote` (`MLX5_OPCODE_ATOMIC_FA`, ds 4: ctrl + raddr + atomic + data);

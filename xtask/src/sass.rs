@@ -120,6 +120,22 @@ impl Insn {
         matches!(self.guard.as_deref(), Some("@!PT") | Some("@!UPT"))
     }
 
+    /// Bytes a store to global memory writes (`ST`/`STG`, MMIO ones excluded: the ring, counters, the dbrec),
+    /// by its width suffix (`.128`, `.64`, `.U16`, `.U8`; none: 4); 0 for any other instruction.
+    pub fn stored_bytes(&self) -> u32 {
+        if !matches!(self.base(), "ST" | "STG") || self.is_mmio() {
+            return 0;
+        }
+        let has = |w: &str| self.op.split('.').any(|m| m == w);
+        match () {
+            _ if has("128") => 16,
+            _ if has("64") => 8,
+            _ if has("U16") || has("S16") => 2,
+            _ if has("U8") || has("S8") => 1,
+            _ => 4,
+        }
+    }
+
     /// An MMIO store (`st.mmio`): a doorbell word or a BlueFlame word.
     pub fn is_mmio(&self) -> bool {
         self.base().starts_with("ST") && self.op.contains(".MMIO")
@@ -499,6 +515,20 @@ impl Known {
         self.value(g.trim_start_matches('@')).map(|v| v != 0)
     }
 
+    /// For an instruction guarded by a predicate whose value is unknown: the two states in which it is known,
+    /// false and true. `None` when the guard is known (or there is none).
+    fn assume_guard(&self, insn: &Insn) -> Option<[Known; 2]> {
+        if self.guard(insn).is_some() {
+            return None;
+        }
+        let p = insn.guard.as_deref()?.trim_start_matches('@').trim_start_matches('!');
+        Some([0, 1].map(|v| {
+            let mut k = self.clone();
+            k.0.insert(p.to_string(), v);
+            k
+        }))
+    }
+
     /// The state after `insn`.
     fn step(&self, insn: &Insn) -> Known {
         let mut next = self.clone();
@@ -831,45 +861,49 @@ fn destinations(insn: &Insn, ops: &[String]) -> Vec<String> {
     out
 }
 
-/// The fast path of `section`'s kernel with exactly `mmio` MMIO stores, or `None` if no path from the entry to
-/// `EXIT` has that many (see the module docs).
+/// The fast path of `section`'s kernel with exactly `mmio` MMIO stores and at least `stored` bytes of other
+/// global stores ([`Insn::stored_bytes`]; [`store_floor`]), or `None` if no path from the entry to `EXIT` has
+/// them (see the module docs).
 ///
 /// # Errors
 /// Control flow the search does not model: indirect branches, calls outside the section, recursion, a branch
 /// to a missing label; or a search too large.
-pub fn fast_path(section: &Section, mmio: u32) -> Result<Option<Trace>> {
+pub fn fast_path(section: &Section, mmio: u32, stored: u32) -> Result<Option<Trace>> {
     if section.functions.first().is_none_or(|f| f.insns.is_empty()) {
         bail!("{}: no instructions", section.kernel);
     }
     let flat = Flat::new(section)?;
     let bound = flat.bounds(section, mmio, &|node| flat.end[node].is_some());
     let ends = |node: usize, allowed: &dyn Fn(Edge) -> bool| flat.end[node].is_some_and(allowed);
-    search(section, &flat, 0, mmio, &|node, left| bound[node][left as usize], &ends)
+    search(section, &flat, 0, (mmio, stored), &|node, left| bound[node][left as usize], &ends)
 }
 
 /// Whether a search ends at a node, given which of the node's edges the known values allow.
 type Done<'a> = dyn Fn(usize, &dyn Fn(Edge) -> bool) -> bool + 'a;
 
-/// A* over (node, MMIO stores left, known values) from `start`: `estimate` (a lower bound of the instructions
-/// still to run, [`INF`] where no path goes on) never overestimates, so the first state for which `done` holds
-/// (given the node and which of its edges the known values allow) is a shortest path among those the known
-/// values allow.
+/// A* over (node, MMIO stores left, bytes of other stores made up to `goal.1`, known values) from `start`:
+/// `estimate` (a lower bound of the instructions still to run, [`INF`] where no path goes on) never
+/// overestimates, so the first state that has made `goal.0` MMIO stores and at least `goal.1` bytes of other
+/// stores, for which `done` holds (given the node and which of its edges the known values allow), is a shortest
+/// path among those the known values allow.
 fn search(
     section: &Section,
     flat: &Flat,
     start: usize,
-    mmio: u32,
+    (mmio, floor): (u32, u32),
     estimate: &dyn Fn(usize, u32) -> u64,
     done: &Done,
 ) -> Result<Option<Trace>> {
     struct State {
         node: usize,
         left: u32,
+        stored: u32,
         known: Known,
         parent: usize,
         cost: u64,
     }
-    let mut states = vec![State { node: start, left: mmio, known: Known::default(), parent: usize::MAX, cost: 1 }];
+    let first = State { node: start, left: mmio, stored: 0, known: Known::default(), parent: usize::MAX, cost: 1 };
+    let mut states = vec![first];
     let mut heap = std::collections::BinaryHeap::new();
     let mut closed = std::collections::HashSet::new();
     if estimate(start, mmio) < INF {
@@ -879,19 +913,31 @@ fn search(
         if states.len() > MAX_STATES {
             bail!("{}: the path search gave up after {MAX_STATES} states", section.kernel);
         }
-        let (node, left, cost) = (states[id].node, states[id].left, states[id].cost);
-        if !closed.insert((node, left, states[id].known.clone())) {
+        let (node, left, stored, cost) = (states[id].node, states[id].left, states[id].stored, states[id].cost);
+        if !closed.insert((node, left, stored, states[id].known.clone())) {
             continue;
         }
         let insn = flat.insn(section, node);
+        if let Some(forks) = states[id].known.assume_guard(insn) {
+            // Both outcomes of an unknown guard are runs: each goes on with its predicate known, so that a
+            // later test of the same predicate (the other arm of an if-converted diamond, a branch on it)
+            // follows it rather than combining outcomes no run combines.
+            let parent = states[id].parent;
+            for known in forks {
+                states.push(State { node, left, stored, known, parent, cost });
+                heap.push(std::cmp::Reverse((cost - 1 + estimate(node, left), states.len() - 1)));
+            }
+            continue;
+        }
         let Some(left) = left.checked_sub(u32::from(insn.is_mmio())) else { continue };
         let guard = states[id].known.guard(insn);
+        let stored = if guard == Some(true) { (stored + insn.stored_bytes()).min(floor) } else { stored };
         let allowed = |e: Edge| match e {
             Edge::Always => true,
             Edge::Taken => guard != Some(false),
             Edge::Fall => guard != Some(true),
         };
-        if left == 0 && done(node, &allowed) {
+        if left == 0 && stored >= floor && done(node, &allowed) {
             let mut trace = Trace::new();
             let mut at = id;
             while at != usize::MAX {
@@ -907,7 +953,7 @@ fn search(
             if !allowed(e) || h >= INF {
                 continue;
             }
-            states.push(State { node: s, left, known: known.clone(), parent: id, cost: cost + 1 });
+            states.push(State { node: s, left, stored, known: known.clone(), parent: id, cost: cost + 1 });
             heap.push(std::cmp::Reverse((cost + h, states.len() - 1)));
         }
     }
@@ -923,12 +969,13 @@ fn search(
 ///
 /// # Errors
 /// As [`fast_path`].
-pub fn loop_iteration(section: &Section, l: &PostingLoop, mmio: u32) -> Result<Option<Trace>> {
-    loop_iteration_in(section, &Flat::new(section)?, l, mmio)
+pub fn loop_iteration(section: &Section, l: &PostingLoop, mmio: u32, stored: u32) -> Result<Option<Trace>> {
+    loop_iteration_in(section, &Flat::new(section)?, l, (mmio, stored))
 }
 
 /// [`loop_iteration`] on `section`'s graph `flat`, built once for all its loops.
-fn loop_iteration_in(section: &Section, flat: &Flat, l: &PostingLoop, mmio: u32) -> Result<Option<Trace>> {
+fn loop_iteration_in(section: &Section, flat: &Flat, l: &PostingLoop, goal: (u32, u32)) -> Result<Option<Trace>> {
+    let mmio = goal.0;
     let Some(f) = section.functions.iter().position(|f| f.name == l.function) else {
         bail!("{}: no function {}", section.kernel, l.function);
     };
@@ -946,7 +993,7 @@ fn loop_iteration_in(section: &Section, flat: &Flat, l: &PostingLoop, mmio: u32)
             let insn = flat.insn(section, node);
             node == end && (insn.unconditional() || allowed(Edge::Taken))
         };
-        if let Some(t) = search(section, flat, start, mmio, &|node, left| bound[node][left as usize], &done)? {
+        if let Some(t) = search(section, flat, start, goal, &|node, left| bound[node][left as usize], &done)? {
             if best.as_ref().is_none_or(|b| t.len() < b.len()) {
                 best = Some(t);
             }
@@ -1164,12 +1211,13 @@ pub fn analyse(
     let mut loops = Vec::new();
     for section in chosen {
         let kernel = &section.kernel;
+        let floor = store_floor(kernel);
         let found = posting_loops(section);
         // One graph of the kernel for all its loops' searches (the inlining is the costly part).
         let flat = if found.is_empty() { None } else { Some(Flat::new(section)?) };
         for (mut l, flat) in found.into_iter().zip(flat.iter().cycle()) {
             for (i, &k) in ITERATION_MMIO.iter().enumerate() {
-                let path = loop_iteration_in(section, flat, &l, k)
+                let path = loop_iteration_in(section, flat, &l, (k, floor))
                     .with_context(|| format!("{kernel}: loop {:#x}-{:#x}, {k} MMIO stores", l.start, l.end))?;
                 if let Some(path) = &path {
                     let header = format!(
@@ -1190,7 +1238,8 @@ pub fn analyse(
             bail!("{kernel}: cuobjdump lists {listed} instructions, nvdisasm {}", section.total_count());
         }
         for &k in mmio {
-            let path = fast_path(section, k).with_context(|| format!("{kernel}: fast path with {k} MMIO stores"))?;
+            let path =
+                fast_path(section, k, floor).with_context(|| format!("{kernel}: fast path with {k} MMIO stores"))?;
             if let Some(path) = &path {
                 let header = format!(
                     "// {kernel}: fast path with {k} MMIO stores (cargo xtask sass; method: xtask/src/sass.rs)\n"
@@ -1202,6 +1251,20 @@ pub fn analyse(
         }
     }
     Ok((rows, loops))
+}
+
+/// Bytes of global stores other than MMIO (the ring, counters, the dbrec) that a kernel's fast path and its
+/// posting loops' iterations make at least: a `gdaki_sass_*` kernel posts at least one WQE, whose smallest, an
+/// RDMA WRITE, is 48 bytes (`gdaki_sass_put_with_signal` adds a 64-byte atomic); other kernels, 0. A shorter
+/// path storing less has skipped a post by combining outcomes of two tests of one value that no run combines
+/// (the search does not relate values it does not know, such as a length tested twice).
+pub fn store_floor(kernel: &str) -> u32 {
+    const WRITE: u32 = 48;
+    match kernel {
+        "gdaki_sass_put_with_signal" => WRITE + 64,
+        k if k.starts_with(DEFAULT_PREFIX) => WRITE,
+        _ => 0,
+    }
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
@@ -1334,7 +1397,7 @@ $k$f:
     #[test]
     fn fast_path_skips_the_clear_loop_trap_poll_and_infeasible_error_arm() {
         let s = &parse_nvdisasm(LISTING).expect("parses")[0];
-        let path = fast_path(s, 1).expect("search").expect("a path with one MMIO store");
+        let path = fast_path(s, 1, 0).expect("search").expect("a path with one MMIO store");
         let addrs: Vec<u32> = path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect();
         // Entry, the `tid != 0` skip, the call; in the callee the loop body once (its back edge cut), not the
         // polling arm (an ordered load), and not the shorter error arm, whose code 0xa makes the doorbell's
@@ -1351,8 +1414,8 @@ $k$f:
             Counts { instructions: 25, fences: 2, mmio: 1, loads: 2, ordered_loads: 0, stores: 0, local: 1 }
         );
         // Without a store, the argument error is the shortest way out; two stores are never made.
-        assert_eq!(fast_path(s, 0).expect("search").expect("a path without MMIO").len(), 10);
-        assert_eq!(fast_path(s, 2).expect("search"), None);
+        assert_eq!(fast_path(s, 0, 0).expect("search").expect("a path without MMIO").len(), 10);
+        assert_eq!(fast_path(s, 2, 0).expect("search"), None);
         let text = listing(s, &path);
         assert!(text.contains("// f") && text.contains("  25  /*0070*/  EXIT"), "{text}");
     }
@@ -1388,7 +1451,7 @@ w:
     fn a_shuffled_known_result_decides_its_test_and_bra_div_is_not_taken() {
         let s = &parse_nvdisasm(SHUFFLED).expect("parses")[0];
         let addrs = |mmio| -> Option<Vec<u32>> {
-            let path = fast_path(s, mmio).expect("search")?;
+            let path = fast_path(s, mmio, 0).expect("search")?;
             Some(path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect())
         };
         assert_eq!(addrs(1), Some(vec![0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x80, 0x90, 0xa0, 0xb0]));
@@ -1520,7 +1583,7 @@ $p$_RNvNtCs1_5gdaki_device2qp11out_of_line:
         assert_eq!(got, [(0x10, 0x70, 7, 1, 2, false), (0xc0, 0xe0, 3, 1, 1, true)]);
         assert!(loop_table(&loops).lines().nth(2).unwrap().contains("yes"));
         // An iteration runs the body once with its store and takes the branch back; none has no store or two.
-        let iteration = |l: &PostingLoop, k| loop_iteration(&sections[0], l, k).expect("search").map(|p| p.len());
+        let iteration = |l: &PostingLoop, k| loop_iteration(&sections[0], l, k, 0).expect("search").map(|p| p.len());
         assert_eq!([0, 1, 2].map(|k| iteration(&loops[0], k)), [None, Some(7), None]);
         assert_eq!(iteration(&loops[1], 1), Some(3));
     }
@@ -1559,12 +1622,12 @@ q:
         let s = &parse_nvdisasm(ITERATION).expect("parses")[0];
         let loops = posting_loops(s);
         assert_eq!(loops.len(), 1);
-        let path = loop_iteration(s, &loops[0], 1).expect("search").expect("an iteration with a doorbell");
+        let path = loop_iteration(s, &loops[0], 1, 0).expect("search").expect("an iteration with a doorbell");
         let addrs: Vec<u32> = path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect();
         // R9 is unknown at the loop's start, so the ringing arm may be taken; the polling arm (shorter) may not,
         // nor the EXIT that leaves the loop.
         assert_eq!(addrs, [0x10, 0x20, 0x30, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0]);
-        assert_eq!(loop_iteration(s, &loops[0], 0).expect("search"), None);
+        assert_eq!(loop_iteration(s, &loops[0], 0, 0).expect("search"), None);
     }
 
     #[test]
@@ -1572,18 +1635,18 @@ q:
         // The same graph as the listing's guarded branch, as a one-entry jump table: the same fast path.
         let text = LISTING.replace("@P0 BRA `(.L_x_2)", "@P0 BRX R4 -0x10 (*\"BRANCH_TARGETS .L_x_2\"*)");
         let (bra, brx) = (&parse_nvdisasm(LISTING).expect("parses")[0], &parse_nvdisasm(&text).expect("parses")[0]);
-        let with_bra = fast_path(bra, 1).expect("followed").expect("a path");
-        let with_brx = fast_path(brx, 1).expect("followed").expect("a path");
+        let with_bra = fast_path(bra, 1, 0).expect("followed").expect("a path");
+        let with_brx = fast_path(brx, 1, 0).expect("followed").expect("a path");
         assert_eq!(count(brx, &with_brx), count(bra, &with_bra));
         let unknown = text.replace("BRANCH_TARGETS .L_x_2", "BRANCH_TARGETS .L_x_77");
-        assert!(fast_path(&parse_nvdisasm(&unknown).expect("parses")[0], 1).is_err(), "a target that is no label");
+        assert!(fast_path(&parse_nvdisasm(&unknown).expect("parses")[0], 1, 0).is_err(), "a target that is no label");
     }
 
     #[test]
     fn indirect_branches_are_refused() {
         let text = LISTING.replace("@P0 BRA `(.L_x_2)", "BRX R4 -0x10");
         let s = &parse_nvdisasm(&text).expect("parses")[0];
-        let error = fast_path(s, 1).expect_err("refused");
+        let error = fast_path(s, 1, 0).expect_err("refused");
         assert!(format!("{error:#}").contains("indirect branch"), "{error:#}");
     }
 
