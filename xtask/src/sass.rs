@@ -27,7 +27,10 @@
 //!    "success" arm of the test of that code after the two arms join (rustc's `Result` and `?` compile to
 //!    exactly that), a path no run takes. Anything an unrecognised instruction may write is forgotten (its
 //!    first operand with the three registers after it, predicate results, every stack word at a store through
-//!    a generic address), so a value is known only when it is.
+//!    a generic address), so a value is known only when it is. An instruction guarded by a predicate whose
+//!    value is unknown splits the search in two, the predicate false and true, each then known: both are runs,
+//!    and the other arm of an if-converted diamond (`@P0 MOV R, c` then `@!P0 MOV R, c`) or a later branch on
+//!    the same predicate follows the same outcome.
 //!
 //! 5. Reads the kernel as one thread, the only active lane of a converged warp, lane 0, as the `gdaki_sass_*`
 //!    kernels are called: a `BRA.DIV` (to the loop a divergent warp runs for a warp-wide instruction) is not
@@ -44,7 +47,8 @@
 //! function changes marked): (a) what the search does not know can still combine branch outcomes that no run
 //! combines (two tests of one loaded value), so a path that stores no WQE, or skips a check the source always
 //! makes, is wrong and its count with it; the `stores` column (ring stores, counters, dbrec) is there to
-//! make that visible; (b) optional work that a real run sometimes does (a CQE requested every quarter ring or
+//! make that visible, and for the `gdaki_sass_*` kernels the search takes only paths that store at least the
+//! kernel's WQEs ([`store_floor`]); (b) optional work that a real run sometimes does (a CQE requested every quarter ring or
 //! waiting for room) is left out: the path is the common run; (c) the kernel's own preamble (parameters, stack
 //! frame, the call) is included, and work that thread 0 does once per kernel behind a `tid == 0` test is not,
 //! because the `tid != 0` arm is shorter.
@@ -1457,6 +1461,52 @@ w:
         assert_eq!(addrs(1), Some(vec![0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x80, 0x90, 0xa0, 0xb0]));
         // The error arm (no MMIO store) is never the leader's: the shuffled 0 sends every path past it.
         assert_eq!(addrs(0), None);
+    }
+
+    /// An if-converted diamond whose arms both set the `Result` code to Ok (0xf) under an unknown predicate,
+    /// then the test of that code; and a put whose error arm (shorter, no WQE stored) rings too.
+    const DIAMOND: &str = r#"
+	.section	.text.d,"ax",@progbits
+        .global         d
+        .type           d,@function
+        .other          d,@"STO_CUDA_ENTRY STV_DEFAULT"
+d:
+.text.d:
+        /*0000*/                   ISETP.GE.U32.AND P0, PT, R17, 0x2, PT ;
+        /*0010*/               @P0 IMAD.MOV.U32 R118, RZ, RZ, 0xf ;
+        /*0020*/              @!P0 IMAD.MOV.U32 R118, RZ, RZ, 0xf ;
+        /*0030*/                   ISETP.NE.U32.AND P1, PT, R118, 0xf, PT ;
+        /*0040*/               @P1 BRA `(.L_x_1) ;
+        /*0050*/                   ST.E.128 desc[UR6][R4.64+0x10], R20 ;
+        /*0060*/                   ST.E.128 desc[UR6][R4.64+0x20], R20 ;
+        /*0070*/                   ST.E.128 desc[UR6][R4.64], R20 ;
+        /*0080*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+        /*0090*/                   EXIT ;
+.L_x_1:
+        /*00a0*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+        /*00b0*/                   EXIT ;
+"#;
+
+    #[test]
+    fn an_unknown_guard_is_followed_both_ways_and_a_store_floor_keeps_the_wqe() {
+        let s = &parse_nvdisasm(DIAMOND).expect("parses")[0];
+        let addrs = |stored| -> Option<Vec<u32>> {
+            let path = fast_path(s, 1, stored).expect("search")?;
+            Some(path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect())
+        };
+        // Either way P0 goes, R118 is 0xf: the error arm at 0xa0 (shorter) is no run's, so even with no floor the
+        // path stores the WQE (without the split on P0, R118 was unknown and the search took 0xa0).
+        assert_eq!(addrs(0), Some(vec![0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90]));
+        assert_eq!(addrs(48), addrs(0));
+        // 48 bytes is all the path stores (three 16-byte stores); more is no path.
+        assert_eq!(addrs(49), None);
+        let insn = |t: &str| parse_insn(t).expect("parses");
+        assert_eq!(insn("/*0000*/ ST.E.128 desc[UR6][R4.64], R20 ;").stored_bytes(), 16);
+        assert_eq!(insn("/*0000*/ @!P0 ST.E.64 desc[UR6][R4.64+0x98], R10 ;").stored_bytes(), 8);
+        assert_eq!(insn("/*0000*/ ST.E.STRONG.GPU desc[UR6][R10.64+0x4], R3 ;").stored_bytes(), 4);
+        assert_eq!(insn("/*0000*/ STG.E.U8 desc[UR6][R10.64], R3 ;").stored_bytes(), 1);
+        assert_eq!(insn("/*0000*/ STG.E.64.MMIO.SYS [R8], R4 ;").stored_bytes(), 0);
+        assert_eq!(insn("/*0000*/ STL.64 [R1+0x30], R20 ;").stored_bytes(), 0);
     }
 
     #[test]
