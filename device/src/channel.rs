@@ -469,8 +469,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// the team (so that the proxy takes the signal after every piece), member 0 pushes the signal.
     ///
     /// # Errors
-    /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range is the same error for every
-    /// member, before anything is posted). In the Host modes every member gets an error
+    /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range, semaphore or scratch word is the
+    /// same error for every member, before anything is posted). In the Host modes every member gets an error
     /// when any member's pieces were refused ([`InvalidArgument::Team`] for those whose own were not), and no
     /// signal is pushed. Members that pass different arguments break the call: which of them posts the signal
     /// follows each one's own length, so the peer may see no signal, or two.
@@ -491,7 +491,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             }
             return if g.rank() == 0 { self.signal() } else { Ok(()) };
         }
-        let (r, l) = self.signal_target();
+        let (r, l) = self.signal_target()?;
         let signal = wqe::atomic_fetch_add_tested(r, l, 1);
         self.ranges(dst_offset, src_offset, bytes)?;
         let chunk = self.wqe_limit();
@@ -574,27 +574,39 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// MSCCL++ `signal`).
     ///
     /// # Errors
-    /// As [`PortChannel::put`].
+    /// As [`PortChannel::put`]; [`Error::InvalidArgument`] for a semaphore or scratch word of the handle that
+    /// is not 8 bytes, 8-byte aligned, with nothing posted (as [`crate::onesided::atomic_target`] tells it).
     pub fn signal(&mut self) -> Result<()> {
         if self.proxied() {
             return self.push(Trigger::new(Trigger::SIGNAL, self.h.channel_id as u16, 0, 0, 0)).map(|_| ());
         }
-        let (r, l) = self.signal_target();
+        let (r, l) = self.signal_target()?;
         self.fetch_add(r, l, 1)
     }
 
-    /// A signal's operands: the peer's semaphore word and the QP's scratch word, taken from the handle as
-    /// they are. Both are 8 bytes and 8-byte aligned in every handle the host builds (it checks the peer's word
-    /// when it imports the peer's semaphore, and allocates the scratch word itself; contract of `new`), so no
-    /// call tests them again; a word that is not would meet the NIC's own check (an error CQE).
+    /// A signal's operands: the peer's semaphore word and the QP's scratch word, each 8 bytes and 8-byte
+    /// aligned. Tested on every call, all together with one branch (the same checks as [`atomic_target`],
+    /// which tells the error): the NIC would not catch every bad word of a hand-made handle, since it checks
+    /// only the remote word's alignment and the MRs' bounds, so a scratch word that is misaligned or shorter
+    /// than 8 bytes inside a larger MR would take the old value silently.
+    ///
+    /// # Errors
+    /// [`InvalidArgument::RemoteRange`] for a semaphore word of fewer than 8 bytes,
+    /// [`InvalidArgument::LocalRange`] for such a scratch word, [`InvalidArgument::AtomicAlignment`] for a
+    /// misaligned one.
     #[inline(always)]
-    fn signal_target(&self) -> (Raddr, Sge) {
+    fn signal_target(&self) -> Result<(Raddr, Sge)> {
         let (sem, scratch) = (&self.h.remote_sem, &self.h.scratch);
-        (Raddr { addr: sem.addr, rkey: sem.rkey }, Sge::tested(scratch.addr, ATOMIC_BYTES as u32, scratch.lkey))
+        let aligned = (sem.addr | scratch.addr).is_multiple_of(ATOMIC_BYTES);
+        if aligned & (sem.length >= ATOMIC_BYTES) & (scratch.length >= ATOMIC_BYTES) {
+            let l = Sge::tested(scratch.addr, ATOMIC_BYTES as u32, scratch.lkey);
+            return Ok((Raddr { addr: sem.addr, rkey: sem.rkey }, l));
+        }
+        atomic_target(sem, 0, scratch, 0)
     }
 
     /// Fetch-add of `add` on the remote word `r`, its old value to the local word `l` (the QP's scratch word),
-    /// both 8 bytes and 8-byte aligned ([`atomic_target`] checked them, or the host, [`PortChannel::signal_target`]).
+    /// both 8 bytes and 8-byte aligned ([`atomic_target`] or [`PortChannel::signal_target`] checked them).
     #[inline(always)]
     fn fetch_add(&mut self, r: Raddr, l: Sge, add: u64) -> Result<()> {
         // Signaled: a signal ends an exchange that a flush usually follows, which then needs no NOP (on the H200
@@ -608,13 +620,13 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// sees the signal sees the data.
     ///
     /// # Errors
-    /// As [`PortChannel::put`]; nothing is posted for a bad range.
+    /// As [`PortChannel::put`] and [`PortChannel::signal`]; nothing is posted for a bad range or signal word.
     #[inline(always)]
     pub fn put_with_signal(&mut self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {
             return self.push_writes(dst_offset, src_offset, bytes, Trigger::SIGNAL);
         }
-        let (r, l) = self.signal_target();
+        let (r, l) = self.signal_target()?;
         self.writes(dst_offset, src_offset, bytes, false)?;
         self.fetch_add(r, l, 1)
     }

@@ -411,6 +411,76 @@ fn blue_flame_limit_zero_means_no_blue_flame_for_signals_too() {
     }
 }
 
+/// A hand-made handle whose signal words are not 8 bytes, 8-byte aligned: `signal`, `put_with_signal` and
+/// `put_block_with_signal` refuse it with the argument error, before anything is posted, in every sharing mode.
+/// The NIC alone would not catch all of them: it checks only the remote word's alignment and the MRs' bounds,
+/// so a scratch word that is misaligned, or shorter than 8 bytes, inside a larger `LOCAL_WRITE` MR took the
+/// fetch-add's old value silently (8 bytes at an odd address, or past the word's end), and a semaphore word
+/// of fewer than 8 bytes was added to.
+#[test]
+fn signal_words_that_are_not_8_aligned_bytes_are_refused_before_anything_is_posted() {
+    fn run<S: Sharing>(members: u32) {
+        let mut rng = rng();
+        let (remote, local, align) =
+            (InvalidArgument::RemoteRange, InvalidArgument::LocalRange, InvalidArgument::AtomicAlignment);
+        let cases: [(&str, InvalidArgument, Spoil); 6] = [
+            ("scratch misaligned in a larger MR", align, |h, big| h.scratch = part_of(big, 3, 8)),
+            ("scratch of 4 bytes in a larger MR", local, |h, big| h.scratch = part_of(big, 8, 4)),
+            ("scratch of 0 bytes", local, |h, _| h.scratch.length = 0),
+            ("semaphore of 4 bytes", remote, |h, _| h.remote_sem.length = 4),
+            ("semaphore of 0 bytes", remote, |h, _| h.remote_sem.length = 0),
+            ("semaphore misaligned", align, |h, _| h.remote_sem.addr += 4),
+        ];
+        for (what, want, bad) in cases {
+            for op in ["signal", "put_with_signal", "put_block_with_signal"] {
+                let l = Link::new(4096, 64, false);
+                let data = random_bytes(&mut rng, 4096);
+                l.src.write(0, &data);
+                // Another `LOCAL_WRITE` MR of A, where a misplaced scratch word lies inside registered memory.
+                let big = GuardedBuf::new(64, 0x11);
+                let big_mr = big.register(&l._nics[0], &l._pds.0, Access::LOCAL_WRITE);
+                let mut h = l.handle();
+                h.max_wqe_bytes = 1000;
+                bad(&mut h, &big_mr);
+                let results = std::sync::Mutex::new(Vec::new());
+                teams(1, members, |_, m| {
+                    let mut ch = shared::<S>(&h);
+                    let r = match op {
+                        "signal" => ch.signal(),
+                        "put_with_signal" => ch.put_with_signal(0, 0, 4096),
+                        _ => ch.put_block_with_signal(m, 0, 0, 4096),
+                    };
+                    results.lock().unwrap().push((r, ch.flush()));
+                });
+                let what = format!("{} x{members}: {what}, {op}", std::any::type_name::<S>());
+                let results = results.into_inner().unwrap();
+                assert!(
+                    results.iter().all(|r| *r == (Err(Error::InvalidArgument(want)), Ok(()))),
+                    "{what}: {results:?}"
+                );
+                assert_eq!(l._nics[0].stats().wqes, 0, "{what}: something was posted");
+                assert!(l.dst.read().iter().all(|&b| b == 0xee), "{what}: the put was placed");
+                assert_eq!(l.sem.load_u64(0), 0, "{what}: the semaphore moved");
+                assert!(big.read().iter().all(|&b| b == 0x11), "{what}: a fetch-add result landed in the other MR");
+                assert_eq!(l.scratch.u64_at(0), 0x7777_7777_7777_7777, "{what}: the scratch word changed");
+                assert!(big.guards_intact() && l.scratch.guards_intact() && l.sem.guards_intact(), "{what}");
+            }
+        }
+    }
+    run::<Exclusive>(1);
+    run::<Block>(3);
+    run::<Device>(3);
+}
+
+/// Makes a handle bad, given another MR of the posting side.
+type Spoil = fn(&mut PortChannelHandle, &Mr);
+
+/// A handle of the `len` bytes at `off` of `mr`.
+fn part_of(mr: &Mr, off: u64, len: u64) -> gdaki_shared::handle::MrHandle {
+    let h = mr.handle();
+    gdaki_shared::handle::MrHandle { addr: h.addr + off, length: len, ..h }
+}
+
 /// Randomized stress of the shared-QP protocol, the shape that once made `progress` call a legitimate CQE
 /// unexpected: four threads put (random sizes, random payloads, each into its own slots, each put signalled)
 /// on one Device-scope QP of a 16-WQEBB ring, each flushing before it reuses its source bytes, while a fifth
