@@ -326,8 +326,11 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         let mut done = 0;
         loop {
             let n = (bytes - done).min(max);
-            let piece = Raddr { addr: r.addr + done, rkey: r.rkey };
-            let l = Sge::new(src + done, n as u32, lkey)?;
+            // Wrapping: `done` is inside the checked range, but the memory of a hand-made handle may run past
+            // the top of the address space (its length a lie); such a piece goes to the NIC, which refuses it
+            // as it does one WQE of that handle.
+            let piece = Raddr { addr: r.addr.wrapping_add(done), rkey: r.rkey };
+            let l = Sge::new(src.wrapping_add(done), n as u32, lkey)?;
             done += n;
             if done == bytes {
                 return self.write(piece, l, bytes, last);

@@ -481,6 +481,40 @@ fn part_of(mr: &Mr, off: u64, len: u64) -> gdaki_shared::handle::MrHandle {
     gdaki_shared::handle::MrHandle { addr: h.addr + off, length: len, ..h }
 }
 
+/// A hand-made handle whose memory runs past the top of the address space (its address near `u64::MAX`, its
+/// length a lie): the offsets are inside the range, so the device code cannot tell, and a put of several WQEs
+/// goes to the NIC, which refuses it (its MRs' bounds) with an error CQE, as it does a put of one WQE. Before,
+/// the pieces' addresses were added with overflow checks, and in a debug build the put panicked.
+#[test]
+fn a_multi_wqe_put_past_the_top_of_the_address_space_is_refused_by_the_nic_not_a_panic() {
+    for remote in [true, false] {
+        for signal in [false, true] {
+            let l = Link::new(4096, 64, false);
+            l.src.write(0, &random_bytes(&mut rng(), 4096));
+            let mut qh = *l.qp_h;
+            let mut h = l.handle();
+            h.qp = &mut qh as *mut _ as u64;
+            h.max_wqe_bytes = 16;
+            if remote {
+                h.dst.addr = u64::MAX - 100;
+            } else {
+                h.src.addr = u64::MAX - 100;
+            }
+            let what = format!("remote {remote}, signal {signal}");
+            // SAFETY: `qh` is a copy of A's handle used by this thread only; the link outlives the channel.
+            let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+            // 13 WQEs, the pieces after the seventh past the top.
+            let r = if signal { ch.put_with_signal(0, 0, 200) } else { ch.put(0, 0, 200) };
+            assert_eq!(r, Ok(()), "{what}");
+            let want = if remote { syndrome::REMOTE_ACCESS_ERR } else { syndrome::LOCAL_PROT_ERR };
+            assert!(matches!(ch.flush(), Err(Error::Cqe(c)) if c.syndrome == want), "{what}");
+            assert!(l.dst.read().iter().all(|&b| b == 0xee), "{what}: bytes placed");
+            assert_eq!(l.sem.load_u64(0), 0, "{what}: the semaphore moved");
+            assert!(l.dst.guards_intact() && l.src.guards_intact(), "{what}");
+        }
+    }
+}
+
 /// Randomized stress of the shared-QP protocol, the shape that once made `progress` call a legitimate CQE
 /// unexpected: four threads put (random sizes, random payloads, each into its own slots, each put signalled)
 /// on one Device-scope QP of a 16-WQEBB ring, each flushing before it reuses its source bytes, while a fifth
