@@ -524,9 +524,14 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         }
     }
 
-    /// The one WRITE of a team member's piece, its ranges checked.
+    /// The one WRITE of a team member's piece, its ranges checked: by [`PortChannel::one_write`]'s single
+    /// test, and only when that fails, one check at a time to tell which (or to take a `max_wqe_bytes` of 0
+    /// as 1).
     #[inline(always)]
     fn piece(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<Wqe<3>> {
+        if let Some((r, l)) = self.one_write(dst_offset, src_offset, bytes) {
+            return Ok(wqe::rdma_write(r, l));
+        }
         let (r, src) = self.ranges(dst_offset, src_offset, bytes)?;
         if bytes > self.wqe_limit() {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
