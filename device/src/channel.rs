@@ -301,19 +301,21 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     }
 
     /// The remote start and the SGE of a put that one WQE takes, `None` if it does not (too long, empty, or
-    /// outside either memory: [`PortChannel::split_writes`] tells which). The same checks as
+    /// outside either memory: [`PortChannel::split_writes`] tells which). The checks of
     /// [`PortChannel::ranges`] and [`Sge::new`], combined with `&` rather than `&&` so that the fast path
-    /// branches once for all of them instead of once each.
+    /// branches once for all of them instead of once each, and with no overflow to test: `len - bytes` is only
+    /// used where `bytes <= len`. Unlike `ranges` it does not test `addr + offset` for wrapping: an offset
+    /// inside a memory cannot wrap the address of memory the host registered, and a hand-made handle whose
+    /// address wraps is wrong as one with any other wrong address is, which no test of the handle against itself
+    /// catches; the NIC's key check bounds what either reaches (as for a piece of a longer put).
     #[inline(always)]
     fn one_write(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Option<(Raddr, Sge)> {
         let (d, s) = (&self.h.dst, &self.h.src);
-        let (d_end, d_over) = dst_offset.overflowing_add(bytes);
-        let (s_end, s_over) = src_offset.overflowing_add(bytes);
-        let (d_addr, d_wrap) = d.addr.overflowing_add(dst_offset);
-        let (s_addr, s_wrap) = s.addr.overflowing_add(src_offset);
         let one = (bytes.wrapping_sub(1) < MAX_WRITE) & (bytes <= self.h.max_wqe_bytes);
-        let inside = !(d_over | s_over | d_wrap | s_wrap) & (d_end <= d.length) & (s_end <= s.length);
-        (one & inside).then(|| (Raddr { addr: d_addr, rkey: d.rkey }, Sge::tested(s_addr, bytes as u32, s.lkey)))
+        let d_in = (bytes <= d.length) & (dst_offset <= d.length.wrapping_sub(bytes));
+        let s_in = (bytes <= s.length) & (src_offset <= s.length.wrapping_sub(bytes));
+        let (d_addr, s_addr) = (d.addr.wrapping_add(dst_offset), s.addr.wrapping_add(src_offset));
+        (one & d_in & s_in).then(|| (Raddr { addr: d_addr, rkey: d.rkey }, Sge::tested(s_addr, bytes as u32, s.lkey)))
     }
 
     /// [`PortChannel::writes`] for what one WQE does not take: checks the whole range (errors), then posts it
