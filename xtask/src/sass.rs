@@ -19,19 +19,18 @@
 //!    structured Rust gives has one): a path runs a loop body at most once, so it never waits or retries.
 //! 3. Forbids polls: a load with `.STRONG.SYS` (a volatile or acquire load of memory the NIC writes: a CQE, a
 //!    semaphore) is not on a fast path. "The SQ has room" is what this means: the CQ is not read.
-//! 4. Follows known values (A* search over instruction, MMIO stores left and known values, with the
-//!    branch-blind shortest distance of step 2 as the admissible estimate): constants set by `MOV`,
-//!    `IMAD.MOV`, `CS2R`, `SEL`, `LOP3.LUT`, `PLOP3.LUT` and `ISETP` (32-bit and `.EX` 64-bit pairs) of known
-//!    operands, and words stored to the stack with `STL` and read back with `LDL`, decide guarded branches and
-//!    `EXIT`s. Without this, the shortest path takes an error arm that sets an error code and then the
-//!    "success" arm of the test of that code after the two arms join (rustc's `Result` and `?` compile to
-//!    exactly that), a path no run takes. Anything an unrecognised instruction may write is forgotten (its
-//!    first operand with the three registers after it, predicate results, every stack word at a store through
-//!    a generic address), so a value is known only when it is. An instruction guarded by a predicate whose
-//!    value is unknown splits the search in two, the predicate false and true, each then known: both are runs,
-//!    and the other arm of an if-converted diamond (`@P0 MOV R, c` then `@!P0 MOV R, c`) or a later branch on
-//!    the same predicate follows the same outcome.
-//!
+//! 4. Follows known values (A* search over instruction, MMIO stores left, bytes of other stores made up to
+//!    the kernel's [`store_floor`] and known values, with the branch-blind shortest distance of step 2 as the
+//!    admissible estimate): constants set by `MOV`, `IMAD.MOV`, `CS2R`, `SEL`, `LOP3.LUT`, `PLOP3.LUT` and
+//!    `ISETP` (32-bit and `.EX` 64-bit pairs) of known operands, and words stored to the stack with `STL` and
+//!    read back with `LDL`, decide guarded branches and `EXIT`s. Without this, the shortest path takes an
+//!    error arm that sets an error code and then the "success" arm of the test of that code after the two arms
+//!    join (rustc's `Result` and `?` compile to exactly that), a path no run takes. Anything an unrecognised
+//!    instruction may write is forgotten (its first operand with the three registers after it, predicate
+//!    results, every stack word at a store through a generic address), so a value is known only when it is.
+//!    An instruction guarded by a predicate whose value is unknown splits the search in two, the predicate
+//!    false and true, each then known: both are runs, and the other arm of an if-converted diamond
+//!    (`@P0 MOV R, c` then `@!P0 MOV R, c`) or a later branch on the same predicate follows the same outcome.
 //! 5. Reads the kernel as one thread, the only active lane of a converged warp, lane 0, as the `gdaki_sass_*`
 //!    kernels are called: a `BRA.DIV` (to the loop a divergent warp runs for a warp-wide instruction) is not
 //!    taken, a `SHFL.IDX` gives back the lane's own value, so that a result a warp leader shares (a
@@ -48,10 +47,10 @@
 //! combines (two tests of one loaded value), so a path that stores no WQE, or skips a check the source always
 //! makes, is wrong and its count with it; the `stores` column (ring stores, counters, dbrec) is there to
 //! make that visible, and for the `gdaki_sass_*` kernels the search takes only paths that store at least the
-//! kernel's WQEs ([`store_floor`]); (b) optional work that a real run sometimes does (a CQE requested every quarter ring or
-//! waiting for room) is left out: the path is the common run; (c) the kernel's own preamble (parameters, stack
-//! frame, the call) is included, and work that thread 0 does once per kernel behind a `tid == 0` test is not,
-//! because the `tid != 0` arm is shorter.
+//! kernel's WQEs ([`store_floor`]); (b) optional work that a real run sometimes does (a CQE requested every
+//! quarter ring or waiting for room) is left out: the path is the common run; (c) the kernel's own preamble
+//! (parameters, stack frame, the call) is included, and work that thread 0 does once per kernel behind a
+//! `tid == 0` test is not, because the `tid != 0` arm is shorter.
 //!
 //! Besides instructions, the table counts on the path: fences (`MEMBAR`, each the head of a `fence.*`'s
 //! sequence `MEMBAR; ERRBAR; CGAERRBAR; CCTL.IVALL`), MMIO stores, loads from global memory through generic or
