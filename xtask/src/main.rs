@@ -209,8 +209,9 @@ fn sass_task(kernels: &[String], mmio: &[u32], max_loop_local: Option<usize>) ->
     print!("{}", sass::table(&rows));
     println!(
         "fast path: the fewest instructions from entry to EXIT that execute that many MMIO stores and no poll \
-         (.STRONG.SYS load), loops run at most once, branches decided by known constants; read the path listings \
-         before quoting a count (method and assumptions: xtask/src/sass.rs)"
+         (.STRONG.SYS load), loops run at most once, branches decided by known constants (an unknown guard followed \
+         both ways), a gdaki_sass_* kernel's path storing at least its WQEs; read the path listings before quoting \
+         a count (method and assumptions: xtask/src/sass.rs)"
     );
     if !loops.is_empty() {
         print!("{}", sass::loop_table(&loops));
