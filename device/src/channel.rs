@@ -301,21 +301,12 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     }
 
     /// The remote start and the SGE of a put that one WQE takes, `None` if it does not (too long, empty, or
-    /// outside either memory: [`PortChannel::split_writes`] tells which). The checks of
-    /// [`PortChannel::ranges`] and [`Sge::new`], combined with `&` rather than `&&` so that the fast path
-    /// branches once for all of them instead of once each, and with no overflow to test: `len - bytes` is only
-    /// used where `bytes <= len`. Unlike `ranges` it does not test `addr + offset` for wrapping: an offset
-    /// inside a memory cannot wrap the address of memory the host registered, and a hand-made handle whose
-    /// address wraps is wrong as one with any other wrong address is, which no test of the handle against itself
-    /// catches; the NIC's key check bounds what either reaches (as for a piece of a longer put).
+    /// outside either memory: [`PortChannel::split_writes`] tells which); the test is [`one_wqe`].
     #[inline(always)]
     fn one_write(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Option<(Raddr, Sge)> {
-        let (d, s) = (&self.h.dst, &self.h.src);
-        let one = (bytes.wrapping_sub(1) < MAX_WRITE) & (bytes <= self.h.max_wqe_bytes);
-        let d_in = (bytes <= d.length) & (dst_offset <= d.length.wrapping_sub(bytes));
-        let s_in = (bytes <= s.length) & (src_offset <= s.length.wrapping_sub(bytes));
-        let (d_addr, s_addr) = (d.addr.wrapping_add(dst_offset), s.addr.wrapping_add(src_offset));
-        (one & d_in & s_in).then(|| (Raddr { addr: d_addr, rkey: d.rkey }, Sge::tested(s_addr, bytes as u32, s.lkey)))
+        let h = self.h;
+        let (d_addr, s_addr) = one_wqe(&h.dst, &h.src, h.max_wqe_bytes, dst_offset, src_offset, bytes)?;
+        Some((Raddr { addr: d_addr, rkey: h.dst.rkey }, Sge::tested(s_addr, bytes as u32, h.src.lkey)))
     }
 
     /// [`PortChannel::writes`] for what one WQE does not take: checks the whole range (errors), then posts it
@@ -742,6 +733,31 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     }
 }
 
+/// The remote and local start addresses of a put of `bytes` bytes from `src + src_offset` to `dst + dst_offset`
+/// that one WQE takes (1 ..= `max_wqe_bytes` bytes, and below 2^31), inside both memories; `None` otherwise.
+///
+/// The checks of [`remote`], [`local_range`] and [`Sge::new`], combined with `&` rather than `&&` so that a
+/// put's fast path branches once for all of them instead of once each, and with no overflow to test:
+/// `len - bytes` is only used where `bytes <= len`. Unlike `remote` and `local_range` it does not test
+/// `addr + offset` for wrapping: an offset inside a memory cannot wrap the address of memory the host
+/// registered, and a hand-made handle whose address wraps is wrong as one with any other wrong address is,
+/// which no test of the handle against itself catches; the NIC's key check bounds what either reaches (as for
+/// a piece of a longer put).
+#[inline(always)]
+fn one_wqe(
+    dst: &gdaki_shared::handle::RemoteMr,
+    src: &gdaki_shared::handle::MrHandle,
+    max_wqe_bytes: u64,
+    dst_offset: u64,
+    src_offset: u64,
+    bytes: u64,
+) -> Option<(u64, u64)> {
+    let one = (bytes.wrapping_sub(1) < MAX_WRITE) & (bytes <= max_wqe_bytes);
+    let d_in = (bytes <= dst.length) & (dst_offset <= dst.length.wrapping_sub(bytes));
+    let s_in = (bytes <= src.length) & (src_offset <= src.length.wrapping_sub(bytes));
+    (one & d_in & s_in).then(|| (dst.addr.wrapping_add(dst_offset), src.addr.wrapping_add(src_offset)))
+}
+
 /// Checks a local range for a put (the whole of it, which may be longer than one WQE takes) and returns its
 /// device address.
 #[inline(always)]
@@ -752,5 +768,58 @@ fn local_range(mr: &gdaki_shared::handle::MrHandle, off: u64, len: u64) -> Resul
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Ok(addr),
         _ => Err(Error::InvalidArgument(InvalidArgument::LocalRange)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdaki_shared::be::Be32;
+    use gdaki_shared::handle::{MrHandle, RemoteMr};
+
+    /// `one_wqe` against the checked arithmetic of the general path, on every combination of boundary values:
+    /// `Some` exactly when the put is 1 ..= min(`max_wqe_bytes`, 2^31 - 1) bytes and its end fits in both
+    /// memories without overflow, with the addresses `remote` and `local_range` give (where they do not wrap).
+    #[test]
+    fn one_wqe_takes_exactly_the_puts_the_checked_path_would_post_as_one_wqe() {
+        let lens = [0u64, 1, 8, 4096, MAX_WRITE, MAX_WRITE + 1, u64::MAX - 1, u64::MAX];
+        let addrs = [0u64, 0x7f00_0000_1000, u64::MAX - 4095];
+        let values = |len: u64| {
+            let mut v = std::vec![0u64, 1, 7, 8, 4095, 4096, MAX_WRITE, MAX_WRITE + 1, u64::MAX - 1, u64::MAX];
+            v.extend([len.wrapping_sub(1), len, len.wrapping_add(1), len / 2]);
+            v
+        };
+        let mut checked = 0u32;
+        for (&d_len, &s_len) in lens.iter().zip(lens.iter().rev()).chain(lens.iter().zip(lens.iter())) {
+            for &addr in &addrs {
+                let dst = RemoteMr { addr, length: d_len, rkey: Be32::new(7), pad: 0 };
+                let src = MrHandle { addr: addr ^ 0x10, length: s_len, lkey: Be32::new(9), rkey: Be32::ZERO };
+                for max in [0u64, 1, 8, 4096, MAX_WRITE, MAX_WRITE + 1, u64::MAX] {
+                    for bytes in values(d_len.min(s_len)) {
+                        for d_off in values(d_len) {
+                            for s_off in values(s_len) {
+                                let fits = (1..=MAX_WRITE.min(max)).contains(&bytes);
+                                let inside = |off: u64, len: u64| off.checked_add(bytes).is_some_and(|e| e <= len);
+                                let want = (fits && inside(d_off, d_len) && inside(s_off, s_len))
+                                    .then(|| (addr.wrapping_add(d_off), src.addr.wrapping_add(s_off)));
+                                let got = one_wqe(&dst, &src, max, d_off, s_off, bytes);
+                                assert_eq!(got, want, "dst {dst:?} src {src:?} max {max} {d_off} {s_off} {bytes}");
+                                if let Some((d, s)) = got {
+                                    if let Ok(r) = remote(&dst, d_off, bytes) {
+                                        assert_eq!(r.addr, d);
+                                    }
+                                    if let Ok(l) = local_range(&src, s_off, bytes) {
+                                        assert_eq!(l, s);
+                                    }
+                                }
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // 16 pairs of lengths, 3 addresses, 7 limits, 14 values each of bytes and the two offsets.
+        assert_eq!(checked, 16 * 3 * 7 * 14 * 14 * 14);
     }
 }
