@@ -1423,6 +1423,12 @@ $k$f:
         assert!(text.contains("// f") && text.contains("  25  /*0070*/  EXIT"), "{text}");
     }
 
+    /// The addresses of the fast path of `s` with `mmio` MMIO stores and at least `stored` bytes of other stores.
+    fn path_addrs(s: &Section, mmio: u32, stored: u32) -> Option<Vec<u32>> {
+        let path = fast_path(s, mmio, stored).expect("search")?;
+        Some(path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect())
+    }
+
     /// A warp leader's `Result`, broadcast with a shuffle: its error arm (shorter) is not taken when the value
     /// shuffled is known, and neither is the divergent warp's `BRA.DIV` detour.
     const SHUFFLED: &str = r#"
@@ -1453,10 +1459,7 @@ w:
     #[test]
     fn a_shuffled_known_result_decides_its_test_and_bra_div_is_not_taken() {
         let s = &parse_nvdisasm(SHUFFLED).expect("parses")[0];
-        let addrs = |mmio| -> Option<Vec<u32>> {
-            let path = fast_path(s, mmio, 0).expect("search")?;
-            Some(path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect())
-        };
+        let addrs = |mmio| path_addrs(s, mmio, 0);
         assert_eq!(addrs(1), Some(vec![0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x80, 0x90, 0xa0, 0xb0]));
         // The error arm (no MMIO store) is never the leader's: the shuffled 0 sends every path past it.
         assert_eq!(addrs(0), None);
@@ -1489,10 +1492,7 @@ d:
     #[test]
     fn an_unknown_guard_is_followed_both_ways_and_a_store_floor_keeps_the_wqe() {
         let s = &parse_nvdisasm(DIAMOND).expect("parses")[0];
-        let addrs = |stored| -> Option<Vec<u32>> {
-            let path = fast_path(s, 1, stored).expect("search")?;
-            Some(path.iter().map(|&(f, i)| s.functions[f].insns[i].addr).collect())
-        };
+        let addrs = |stored| path_addrs(s, 1, stored);
         // Either way P0 goes, R118 is 0xf: the error arm at 0xa0 (shorter) is no run's, so even with no floor the
         // path stores the WQE (without the split on P0, R118 was unknown and the search took 0xa0).
         assert_eq!(addrs(0), Some(vec![0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90]));
