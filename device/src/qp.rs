@@ -153,14 +153,18 @@ impl<'a> Qp<'a> {
         h
     }
 
-    /// Runs a slow path (`f`: polling the CQ, waiting for room) out of line, on a copy of this `Qp` passed by
-    /// value, and takes its state back. A call that took `&mut self` out of line would make every caller keep
-    /// the `Qp` in memory (its address escapes), and every fence would then store and reload the counters.
+    /// Runs a slow path (`f`: polling the CQ, waiting for room) out of line, handing the counters over through
+    /// the handle: this `Qp` writes its producer index there ([`Sq::store_pi`]; the rest of the state is
+    /// there already), the slow path reads the handle and writes back what it moved, and this `Qp` reads the
+    /// handle again ([`Sq::load`]). A call that took `&mut self` out of line would make every caller keep the
+    /// `Qp` in memory (its address escapes), and every fence would then store and reload the counters; one that
+    /// took and returned the counters by value packs pairs of 32-bit counters into 64-bit registers on the
+    /// fast path, where they meet the slow path's.
     #[inline(always)]
     fn cold<R>(&mut self, f: impl FnOnce(&mut Qp<'_>) -> R) -> R {
-        let copy = Qp { h: &mut *self.h, sq: self.sq, unrung: self.unrung, timeout_ns: self.timeout_ns };
-        let (sq, unrung, r) = out_of_line(copy, f);
-        self.sq = sq;
+        self.sq.store_pi(self.unrung.is_none(), self.h);
+        let (unrung, r) = out_of_line(&mut *self.h, self.unrung, self.timeout_ns, f);
+        self.sq = Sq::load(self.h);
         self.unrung = unrung;
         r
     }
@@ -233,9 +237,11 @@ impl<'a> Qp<'a> {
 
     /// Posts the `ds` segments `build` makes; returns the ticket and the segments as stored.
     ///
-    /// A post that must wait for room runs whole out of line, the store of its WQE included: the fast path
-    /// then keeps nothing in registers across the call (the WQE's inputs are loaded after the room check), and
-    /// meets the slow one only where the doorbell is rung.
+    /// A post that must wait for room waits out of line ([`Qp::reserve_slow`]) and comes back here, as a batch
+    /// does ([`Qp::reserve_batch`]): its WQE is stored by the same code as the fast path's. When the WQE was
+    /// stored out of line too, the two paths met only after the store, and the compiler kept the tests of the
+    /// post's result and of what is left to ring in the code after every post (`cargo xtask sass`: more
+    /// instructions in each loop iteration of a user's posts and of `PortChannel::put`).
     #[inline(always)]
     fn post_segs<const N: usize>(
         &mut self,
@@ -245,10 +251,7 @@ impl<'a> Qp<'a> {
     ) -> Result<(Ticket, [Seg; N])> {
         let nbb = wqebbs(ds as u32);
         if nbb > self.sq.room {
-            return self.cold(move |q| {
-                q.reserve_slow(nbb)?;
-                Ok(q.store_wqe(signaled, ds, nbb, build))
-            });
+            self.cold(move |q| q.reserve_slow(nbb))?;
         }
         Ok(self.store_wqe(signaled, ds, nbb, build))
     }
@@ -634,18 +637,25 @@ impl<'a> Qp<'a> {
     }
 }
 
-/// The out-of-line half of [`Qp::cold`]: runs `f` on `q`, writes the counters to the handle (as the caller's
-/// drop will again later) and returns `q`'s state with the result. `q` is not dropped: its drop would ring
-/// what the caller's `Qp` still holds unrung.
+/// The out-of-line half of [`Qp::cold`]: runs `f` on a `Qp` of `h` (whose counters the caller has just
+/// written there) with the caller's `unrung` doorbell bits, writes the counters back to the handle (as the
+/// caller's drop will again later) and returns what is left unrung with the result. The `Qp` is not dropped:
+/// its drop would ring what the caller's `Qp` still holds unrung.
 ///
 /// The C ABI is what keeps the caller's fast path free of a stack frame: on nvptx it passes and returns
-/// aggregates by value in parameter space, where the Rust ABI passes them through a copy in the caller's
-/// local memory (whose frame set-up ptxas then hoists into the caller's entry). Nothing but Rust calls it.
+/// aggregates (the closure, the result) by value in parameter space, where the Rust ABI passes them through a
+/// copy in the caller's local memory (whose frame set-up ptxas then hoists into the caller's entry). Nothing
+/// but Rust calls it.
 #[cold]
 #[inline(never)]
 #[allow(improper_ctypes_definitions)]
-extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(q: Qp<'_>, f: F) -> (Sq, Option<u64>, R) {
-    let mut q = core::mem::ManuallyDrop::new(q);
+extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(
+    h: &mut QpHandle,
+    unrung: Option<u64>,
+    timeout_ns: u64,
+    f: F,
+) -> (Option<u64>, R) {
+    let mut q = core::mem::ManuallyDrop::new(Qp { sq: Sq::load(h), h, unrung, timeout_ns });
     if !sq::valid_ring(q.sq.cnt) {
         // Room is 0, so nothing is stored; the CQ's index arithmetic gets a size it can work with.
         q.sq.cnt = sq::MIN_WQE_CNT;
@@ -653,5 +663,5 @@ extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(q: Qp<'_>, f: F) -> (S
     let r = f(&mut q);
     let (sq, unrung) = (q.sq, q.unrung);
     sq.store(unrung.is_none(), q.h);
-    (sq, unrung, r)
+    (unrung, r)
 }
