@@ -259,7 +259,14 @@ unsafe fn burst_exclusive(a: &PostRateArgs, h: &mut QpHandle, p: u32) -> Result<
 /// `posts` posts of `w`, a doorbell every `batch` of them and after the last.
 #[inline(always)]
 fn posts_db(qp: &mut Qp, w: wqe::Wqe<3>, posts: u32, batch: u32) -> Result<()> {
-    let batch = batch.max(1);
+    if batch <= 1 {
+        // A doorbell each post: the loop a user writes for it, with no countdown to test.
+        for _ in 0..posts {
+            let _ = qp.post(false, w)?;
+            qp.ring_db();
+        }
+        return Ok(());
+    }
     // Posts left until the next doorbell: a countdown, not `(k + 1) % batch`, whose 32-bit division would be
     // part of every post's time.
     let mut left = batch;
