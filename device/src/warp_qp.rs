@@ -15,7 +15,7 @@ use crate::sq;
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::handle::QpHandle;
-use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs};
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg, SEGS_PER_WQEBB};
 
 /// One QP's send side, owned by the lanes of one warp for the lifetime `'a`.
 ///
@@ -63,10 +63,10 @@ impl<'a> WarpQp<'a> {
     }
 
     /// Posts `w` from every member, one WQE each in lane order, and rings one doorbell for all of them (an
-    /// 8-byte doorbell with the last WQE's ctrl words; never BlueFlame, which carries a single WQE). The last
-    /// WQE asks for a CQE when any member passed `signaled` (or the Exclusive QP's quarter ring rule says
-    /// so); its ticket, returned to those lanes, completes once every WQE of the batch has. Other lanes get
-    /// their own WQE's index.
+    /// 8-byte doorbell naming the producer index, [`CtrlSeg::producer_doorbell`]; never BlueFlame, which
+    /// carries a single WQE). The last WQE asks for a CQE when any member passed `signaled` (or the Exclusive
+    /// QP's quarter ring rule says so); its ticket, returned to those lanes, completes once every WQE of the
+    /// batch has. Other lanes get their own WQE's index.
     ///
     /// # Errors
     /// For every caller: [`InvalidArgument::Team`] when not every member executes the call together (the
@@ -89,9 +89,12 @@ impl<'a> WarpQp<'a> {
     /// [`WarpQp::post`] by the members `lanes`.
     #[inline(always)]
     fn post_as<const N: usize>(&mut self, lanes: Lanes, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
-        let nbb = wqebbs(w.ds() as u32);
+        // A WQE of at most four segments (`ds` <= `N`) takes one WQEBB in every lane: no shuffle and vote to
+        // compare sizes then.
+        let one_wqebb = N <= SEGS_PER_WQEBB;
+        let nbb = if one_wqebb { 1 } else { wqebbs(w.ds() as u32) };
         let total = nbb * lanes.count();
-        let same = lanes.all(nbb == lanes.shfl32(nbb, lanes.leader()));
+        let same = one_wqebb || lanes.all(nbb == lanes.shfl32(nbb, lanes.leader()));
         if !same || total > self.wqe_cnt / 2 {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
@@ -111,12 +114,14 @@ impl<'a> WarpQp<'a> {
         // SAFETY: a valid ring (contract of `new`); the leader reserved WQEBBs `base..base + total` for the
         // batch, and `idx..idx + nbb` is this lane's share.
         unsafe { sq::write_segs(self.sq_buf, self.wqe_cnt, idx, &segs, w.ds()) };
-        let bits = lanes.shfl(segs[0].0[0], lanes.last());
         // Every lane's WQE is stored before the leader's release and doorbell (bar.warp.sync orders the
         // members' accesses; the leader's release fence then covers them).
         lanes.sync();
         if let Some(q) = &mut self.leader {
-            q.commit(last, total, sig, bits);
+            // The doorbell names the producer index, not the last WQE (NVSHMEM IBGDA's form): the leader has
+            // it without the last lane's ctrl words, which would take two shuffles.
+            let end = base + total as u64;
+            q.commit(last, total, sig, CtrlSeg::producer_doorbell(end as u16, self.qpn));
             q.ring_db();
         }
         Ok(Ticket(if signaled && sig { last } else { idx }))
