@@ -13,7 +13,7 @@ use crate::sq;
 use crate::wait::{bounded, bounded_steps, Step};
 use crate::wqe::{self, Ctrl, Raddr, Wqe};
 use gdaki_shared::handle::{Placement, QpHandle};
-use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, Seg, SEGS_PER_WQEBB, WQEBB};
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg, Seg, SEGS_PER_WQEBB, WQEBB};
 
 /// A posted WQE that asked for a CQE: its first WQEBB's 64-bit index. Complete once the CQ retires it
 /// ([`Qp::wait`]); DOCA GPUNetIO's `ticket`.
@@ -33,8 +33,8 @@ pub struct Ticket(pub u64);
 pub struct Qp<'a> {
     h: &'a mut QpHandle,
     sq: Sq,
-    /// Doorbell bits of the last WQE posted and not yet rung, if any.
-    unrung: Option<u64>,
+    /// Whether WQEs were posted since the last doorbell.
+    unrung: bool,
     timeout_ns: u64,
 }
 
@@ -142,14 +142,14 @@ impl<'a> Qp<'a> {
     /// shared poster: posters of the QP before and after this `Qp` may be of any kind, not at the same time).
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
-        Self { sq: Sq::load(h), h, unrung: None, timeout_ns }
+        Self { sq: Sq::load(h), h, unrung: false, timeout_ns }
     }
 
     /// The handle as it stands now: its fixed fields with this `Qp`'s counters (the handle in memory gets
     /// them when the `Qp` is dropped).
     pub fn handle(&self) -> QpHandle {
         let mut h = *self.h;
-        self.sq.store(self.unrung.is_none(), &mut h);
+        self.sq.store(!self.unrung, &mut h);
         h
     }
 
@@ -162,7 +162,7 @@ impl<'a> Qp<'a> {
     /// fast path, where they meet the slow path's.
     #[inline(always)]
     fn cold<R>(&mut self, f: impl FnOnce(&mut Qp<'_>) -> R) -> R {
-        self.sq.store_pi(self.unrung.is_none(), self.h);
+        self.sq.store_pi(!self.unrung, self.h);
         let (unrung, r) = out_of_line(&mut *self.h, self.unrung, self.timeout_ns, f);
         self.sq = Sq::load(self.h);
         self.unrung = unrung;
@@ -273,8 +273,7 @@ impl<'a> Qp<'a> {
         // SAFETY: `Qp::new`'s contract gives a valid ring (room is 0 for any other size); the room check made
         // WQEBBs `pi..pi + nbb` ours.
         unsafe { sq::write_segs(self.sq.buf, self.sq.cnt, pi, &segs, ds) };
-        // The ctrl segment's first 8 bytes as stored are the doorbell value (`CtrlSeg::doorbell_bits`).
-        self.commit(pi, nbb, signaled, segs[0].0[0]);
+        self.commit(pi, nbb, signaled);
         (Ticket(pi), segs)
     }
 
@@ -323,15 +322,15 @@ impl<'a> Qp<'a> {
         }
         let (first, sig) = self.reserve_batch(nbb, signaled)?;
         let (buf, cnt, qpn) = (self.sq.buf, self.sq.cnt, self.sq.qpn);
-        // Stores WQE `i` at `pi` with `flags`, moves `pi` past it and returns its doorbell bits.
-        let mut store = |i: u32, pi: &mut u64, flags: u8| -> Result<u64> {
+        // Stores WQE `i` at `pi` with `flags` and moves `pi` past it.
+        let mut store = |i: u32, pi: &mut u64, flags: u8| -> Result<()> {
             let w = wqe(i)?;
             let segs = w.encode(Ctrl { idx: *pi as u16, qpn, fm_ce_se: flags });
             // SAFETY: `Qp::new`'s contract gives a valid ring; the reservation made `nbb` WQEBBs from `first`
             // ours, `n` times the most one WQE of `N` segments takes.
             unsafe { sq::write_segs(buf, cnt, *pi, &segs, w.ds()) };
             *pi += wqebbs(w.ds() as u32) as u64;
-            Ok(segs[0].0[0])
+            Ok(())
         };
         let mut pi = first;
         // Every WQE but the last asks for no CQE: the loop holds no test of which one is last.
@@ -339,8 +338,8 @@ impl<'a> Qp<'a> {
             store(i, &mut pi, 0)?;
         }
         let last = pi;
-        let bits = store(n - 1, &mut pi, if sig { fm_ce_se::CQ_UPDATE } else { 0 })?;
-        self.commit(last, (pi - first) as u32, sig, bits);
+        store(n - 1, &mut pi, if sig { fm_ce_se::CQ_UPDATE } else { 0 })?;
+        self.commit(last, (pi - first) as u32, sig);
         Ok(Ticket(last))
     }
 
@@ -358,12 +357,11 @@ impl<'a> Qp<'a> {
         Ok((self.sq.pi, signaled || nbb >= self.sq.until_cqe))
     }
 
-    /// Records WQEs stored in the `nbb` WQEBBs just reserved, the last of which starts at `last`, asked for a
-    /// CQE when `signaled`, and has the doorbell bits `bits` (rung by the next [`Qp::ring_db`]). A WQE that
-    /// asked for a CQE goes to the handle's `sig_first`/`sig_end` at once (they are not kept in registers:
-    /// most posts do not change them).
+    /// Records WQEs stored in the `nbb` WQEBBs just reserved, the last of which starts at `last` and asked for a
+    /// CQE when `signaled`; the next [`Qp::ring_db`] rings them. A WQE that asked for a CQE goes to the
+    /// handle's `sig_first`/`sig_end` at once (they are not kept in registers: most posts do not change them).
     #[inline(always)]
-    pub(crate) fn commit(&mut self, last: u64, nbb: u32, signaled: bool, bits: u64) {
+    pub(crate) fn commit(&mut self, last: u64, nbb: u32, signaled: bool) {
         self.sq.room -= nbb;
         self.sq.pi += nbb as u64;
         if signaled {
@@ -373,7 +371,7 @@ impl<'a> Qp<'a> {
         } else {
             self.sq.until_cqe -= nbb;
         }
-        self.unrung = Some(bits);
+        self.unrung = true;
     }
 
     /// Posts an RDMA WRITE whose payload travels inside the WQE (1 ..= [`wqe::MAX_INLINE`] bytes):
@@ -385,21 +383,29 @@ impl<'a> Qp<'a> {
         self.post(signaled, wqe::rdma_write_inline(remote, data)?)
     }
 
-    /// Rings the doorbell for every WQE posted since the last ring: dbrec, then the 8-byte doorbell carrying
-    /// the last WQE's ctrl words. Does nothing when nothing is pending.
+    /// Rings the doorbell for every WQE posted since the last ring: dbrec, then the 8-byte doorbell naming the
+    /// producer index ([`CtrlSeg::producer_doorbell`], the form NVSHMEM IBGDA rings; rdma-core's provider
+    /// writes the last WQE's first ctrl words instead, which announce the same WQEs). Does nothing when nothing
+    /// is pending.
+    ///
+    /// Naming the producer index, the `Qp` keeps only whether anything is unrung, not the last WQE's ctrl
+    /// words: one value fewer carried from a post to its doorbell, and fewer instructions in the BlueFlame
+    /// post and the warp post (`cargo xtask sass`).
     #[inline(always)]
     pub fn ring_db(&mut self) {
-        if self.unrung.is_some() {
+        if self.unrung {
             self.ring_posted();
         }
     }
 
     /// [`Qp::ring_db`] for a caller that has just posted (so something is left to ring), without the test:
     /// after a post's fast and slow paths join, the compiler cannot tell that the test holds. With nothing
-    /// posted since the last ring it would ring a doorbell of 0 bits; only the posts of this crate call it.
+    /// posted since the last ring it would ring the producer index again (a stale doorbell, which the NIC
+    /// ignores); only the posts of this crate call it.
     #[inline(always)]
     pub(crate) fn ring_posted(&mut self) {
-        let bits = self.unrung.take().unwrap_or_default();
+        self.unrung = false;
+        let bits = CtrlSeg::producer_doorbell(self.sq.pi as u16, self.sq.qpn);
         // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
         unsafe { db::publish_and_ring(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, bits, self.sq.placement) };
     }
@@ -416,7 +422,7 @@ impl<'a> Qp<'a> {
     #[inline(always)]
     pub fn post_bf<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let ds = w.ds();
-        if ds as usize > SEGS_PER_WQEBB || self.unrung.is_some() || !self.sq.blueflame {
+        if ds as usize > SEGS_PER_WQEBB || self.unrung || !self.sq.blueflame {
             let t = self.post(signaled, w)?;
             self.ring_posted();
             return Ok(t);
@@ -426,7 +432,7 @@ impl<'a> Qp<'a> {
         // run-time length would put both arrays in local memory.
         let first: [Seg; SEGS_PER_WQEBB] =
             core::array::from_fn(|i| if i < ds as usize && i < N { segs[i] } else { Seg::default() });
-        self.unrung = None;
+        self.unrung = false;
         // SAFETY: `Qp::new`'s contract gives valid dbrec and BlueFlame addresses; the WQE is stored.
         unsafe { db::publish_and_ring_bf(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, &first, self.sq.placement) };
         Ok(t)
@@ -638,9 +644,9 @@ impl<'a> Qp<'a> {
 }
 
 /// The out-of-line half of [`Qp::cold`]: runs `f` on a `Qp` of `h` (whose counters the caller has just
-/// written there) with the caller's `unrung` doorbell bits, writes the counters back to the handle (as the
-/// caller's drop will again later) and returns what is left unrung with the result. The `Qp` is not dropped:
-/// its drop would ring what the caller's `Qp` still holds unrung.
+/// written there) with the caller's `unrung` (whether WQEs wait for a doorbell), writes the counters back to
+/// the handle (as the caller's drop will again later) and returns whether WQEs are still unrung with the
+/// result. The `Qp` is not dropped: its drop would ring what the caller's `Qp` still holds unrung.
 ///
 /// The C ABI is what keeps the caller's fast path free of a stack frame: on nvptx it passes and returns
 /// aggregates (the closure, the result) by value in parameter space, where the Rust ABI passes them through a
@@ -651,10 +657,10 @@ impl<'a> Qp<'a> {
 #[allow(improper_ctypes_definitions)]
 extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(
     h: &mut QpHandle,
-    unrung: Option<u64>,
+    unrung: bool,
     timeout_ns: u64,
     f: F,
-) -> (Option<u64>, R) {
+) -> (bool, R) {
     let mut q = core::mem::ManuallyDrop::new(Qp { sq: Sq::load(h), h, unrung, timeout_ns });
     if !sq::valid_ring(q.sq.cnt) {
         // Room is 0, so nothing is stored; the CQ's index arithmetic gets a size it can work with.
@@ -662,6 +668,6 @@ extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(
     }
     let r = f(&mut q);
     let (sq, unrung) = (q.sq, q.unrung);
-    sq.store(unrung.is_none(), q.h);
+    sq.store(!unrung, q.h);
     (unrung, r)
 }

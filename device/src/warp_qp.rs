@@ -15,7 +15,7 @@ use crate::sq;
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::handle::QpHandle;
-use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg, SEGS_PER_WQEBB};
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, SEGS_PER_WQEBB};
 
 /// One QP's send side, owned by the lanes of one warp for the lifetime `'a`.
 ///
@@ -62,11 +62,11 @@ impl<'a> WarpQp<'a> {
         Ok(Lanes::of(self.mask))
     }
 
-    /// Posts `w` from every member, one WQE each in lane order, and rings one doorbell for all of them (an
-    /// 8-byte doorbell naming the producer index, [`CtrlSeg::producer_doorbell`]; never BlueFlame, which
-    /// carries a single WQE). The last WQE asks for a CQE when any member passed `signaled` (or the Exclusive
-    /// QP's quarter ring rule says so); its ticket, returned to those lanes, completes once every WQE of the
-    /// batch has. Other lanes get their own WQE's index.
+    /// Posts `w` from every member, one WQE each in lane order, and rings one doorbell for all of them (the
+    /// leader's [`Qp::ring_db`], naming the producer index; never BlueFlame, which carries a single WQE). The
+    /// last WQE asks for a CQE when any member passed `signaled` (or the Exclusive QP's quarter ring rule says
+    /// so); its ticket, returned to those lanes, completes once every WQE of the batch has. Other lanes get
+    /// their own WQE's index.
     ///
     /// # Errors
     /// For every caller: [`InvalidArgument::Team`] when not every member executes the call together (the
@@ -118,10 +118,7 @@ impl<'a> WarpQp<'a> {
         // members' accesses; the leader's release fence then covers them).
         lanes.sync();
         if let Some(q) = &mut self.leader {
-            // The doorbell names the producer index, not the last WQE (NVSHMEM IBGDA's form): the leader has
-            // it without the last lane's ctrl words, which would take two shuffles.
-            let end = base + total as u64;
-            q.commit(last, total, sig, CtrlSeg::producer_doorbell(end as u16, self.qpn));
+            q.commit(last, total, sig);
             q.ring_db();
         }
         Ok(Ticket(if signaled && sig { last } else { idx }))
