@@ -94,7 +94,7 @@ impl Poster for Qp<'_> {
             return self.post_bf(signaled, w).map(|_| ());
         }
         let _ticket = self.post(signaled, w)?;
-        self.ring_posted();
+        self.ring_db();
         Ok(())
     }
 

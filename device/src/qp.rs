@@ -23,13 +23,15 @@ pub struct Ticket(pub u64);
 
 /// Exclusive access to one QP's send side, for the lifetime of the borrow.
 ///
-/// The handle's fixed fields and its send-queue state are read once, by [`Qp::new`], and kept in this value
-/// (in registers, while device code keeps the `Qp` across its posts): a post reads nothing from memory but its
+/// The handle's fixed fields and its send-queue state are read by [`Qp::new`] and kept in this value (in
+/// registers, while device code keeps the `Qp` across its posts): a post reads nothing from memory but its
 /// WQE's inputs, and the fences around the doorbell do not force the counters out to memory and back. The
 /// counters go back to the handle's [`SqState`](gdaki_shared::handle::SqState) when the `Qp` is dropped,
 /// where the next poster of the QP (a `Qp`, a [`crate::shared_qp::SharedQp`]) or the host finds them: every
-/// kind of poster keeps the words the others read, so one QP may be used by one kind, then another. The sticky
-/// error and the CQ's consumer index stay in the handle: only the slow paths (CQ polling) touch them.
+/// kind of poster keeps the words the others read, so one QP may be used by one kind, then another. The slow
+/// paths (waiting for room, CQ polling, waits) take the counters through the handle too, and the `Qp` reads
+/// them again after each. The sticky error and the CQ's consumer index stay in the handle: only the slow paths
+/// touch them.
 pub struct Qp<'a> {
     h: &'a mut QpHandle,
     sq: Sq,
@@ -38,7 +40,8 @@ pub struct Qp<'a> {
     timeout_ns: u64,
 }
 
-/// What a post needs of the handle, read once ([`Sq::load`]), and the send-queue counters.
+/// What a post needs of the handle ([`Sq::load`]: by [`Qp::new`] and after each slow path), and the
+/// send-queue counters.
 #[derive(Clone, Copy)]
 struct Sq {
     buf: u64,
@@ -134,7 +137,8 @@ impl Drop for Qp<'_> {
 
 impl<'a> Qp<'a> {
     /// Takes the QP described by `h`; bounded waits give up after `timeout_ns` nanoseconds. Reads the handle
-    /// once; the counters go back to it when the `Qp` is dropped, which also rings any WQE still unrung.
+    /// (again only after a slow path); the counters go back to it when the `Qp` is dropped, which also rings
+    /// any WQE still unrung.
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP: its ring, dbrec, UAR register and CQ
@@ -146,7 +150,7 @@ impl<'a> Qp<'a> {
     }
 
     /// The handle as it stands now: its fixed fields with this `Qp`'s counters (the handle in memory gets
-    /// them when the `Qp` is dropped).
+    /// them at each slow path and when the `Qp` is dropped).
     pub fn handle(&self) -> QpHandle {
         let mut h = *self.h;
         self.sq.store(!self.unrung, &mut h);
@@ -343,7 +347,7 @@ impl<'a> Qp<'a> {
         Ok(Ticket(last))
     }
 
-    /// Reserves `nbb` WQEBBs for WQEs stored next (one WQE, or a warp's batch), waiting for room; returns the
+    /// Reserves `nbb` WQEBBs for WQEs stored next (a batch, or a warp's WQEs), waiting for room; returns the
     /// first one's index and whether the last WQE of them asks for a CQE: when `signaled`, or when a quarter
     /// of the ring has been posted since the last one that did.
     ///
@@ -394,20 +398,11 @@ impl<'a> Qp<'a> {
     #[inline(always)]
     pub fn ring_db(&mut self) {
         if self.unrung {
-            self.ring_posted();
+            self.unrung = false;
+            let bits = CtrlSeg::producer_doorbell(self.sq.pi as u16, self.sq.qpn);
+            // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
+            unsafe { db::publish_and_ring(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, bits, self.sq.placement) };
         }
-    }
-
-    /// [`Qp::ring_db`] for a caller that has just posted (so something is left to ring), without the test:
-    /// after a post's fast and slow paths join, the compiler cannot tell that the test holds. With nothing
-    /// posted since the last ring it would ring the producer index again (a stale doorbell, which the NIC
-    /// ignores); only the posts of this crate call it.
-    #[inline(always)]
-    pub(crate) fn ring_posted(&mut self) {
-        self.unrung = false;
-        let bits = CtrlSeg::producer_doorbell(self.sq.pi as u16, self.sq.qpn);
-        // SAFETY: `Qp::new`'s contract gives valid dbrec and UAR addresses; the WQEs are stored.
-        unsafe { db::publish_and_ring(self.sq.dbrec, self.sq.pi, self.sq.bf_reg, bits, self.sq.placement) };
     }
 
     /// Posts `w` and rings by BlueFlame: after the dbrec, the WQE's first WQEBB goes, whole, from registers to
@@ -424,7 +419,7 @@ impl<'a> Qp<'a> {
         let ds = w.ds();
         if ds as usize > SEGS_PER_WQEBB || self.unrung || !self.sq.blueflame {
             let t = self.post(signaled, w)?;
-            self.ring_posted();
+            self.ring_db();
             return Ok(t);
         }
         let (t, segs) = self.post_segs(signaled, ds, move |c| w.encode(c))?;

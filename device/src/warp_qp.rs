@@ -20,8 +20,8 @@ use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, SEGS_PER_WQEBB};
 /// One QP's send side, owned by the lanes of one warp for the lifetime `'a`.
 ///
 /// The lanes that make it together ([`WarpQp::new`]) are its members for its whole life; the lowest of them
-/// is the leader and keeps the QP's [`Qp`] (the handle's counters in registers, read once here and written
-/// back when the `WarpQp` drops, as a `Qp` keeps them), the others the handle's fixed fields.
+/// is the leader and keeps the QP's [`Qp`] (the handle's counters in registers, read here and written back
+/// when the `WarpQp` drops, as a `Qp` keeps them), the others the handle's fixed fields.
 pub struct WarpQp<'a> {
     h: *mut QpHandle,
     /// The members' lane mask.

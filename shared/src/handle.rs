@@ -90,8 +90,9 @@ pub struct QpHandle {
 /// A QP's send-queue state (byte 128 of its [`QpHandle`]), in memory every poster reaches (GPU memory for the
 /// `gpu` executor). 128 bytes. Indices are 64-bit WQEBB counts.
 ///
-/// An Exclusive poster (`gdaki_device::qp::Qp`, one thread) reads it once, posts with the counters in
-/// registers, rings whatever it left unrung when it is dropped and writes back `pi` and `ready` (equal: it
+/// An Exclusive poster (`gdaki_device::qp::Qp`, one thread) reads it when it starts and after each of its
+/// slow paths (which write the counters back first), posts with the counters in registers, rings whatever it
+/// left unrung when it is dropped and writes back `pi` and `ready` (equal: it
 /// publishes as it stores) and `rung`; `sig_first` and `sig_end` it stores when a WQE asks for a CQE, `ci`
 /// when its CQ polls (which also move `cq.cons_index`) retire WQEs. Shared posters
 /// (`gdaki_device::shared_qp::SharedQp`) run this protocol: posting a WQE of `n` WQEBBs, `pi += n` (atomic)

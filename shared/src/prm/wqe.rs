@@ -115,8 +115,8 @@ impl CtrlSeg {
     /// The 8-byte doorbell that announces every WQE below producer index `pi` (WQEBBs, low 16 bits) of QP
     /// `qpn`, without naming the last WQE: `wqe_index = pi`, opcode 0, `ds = 0`, as NVSHMEM IBGDA's
     /// `ibgda_ring_db` rings. The NIC's producer index is `wqe_index + ceil(ds / 4)` either way, so this value
-    /// and the last WQE's [`CtrlSeg::doorbell_bits`] announce the same WQEs; a poster that knows only the index
-    /// (a shared QP's ringer) rings with this one.
+    /// and the last WQE's [`CtrlSeg::doorbell_bits`] announce the same WQEs. gdaki's posters ring with this one:
+    /// a shared QP's ringer knows only the index, and an Exclusive poster need not keep the last WQE's words.
     #[inline(always)]
     pub const fn producer_doorbell(pi: u16, qpn: u32) -> u64 {
         Self::new(pi, 0, 0, qpn, 0, 0, 0, Be32::ZERO).doorbell_bits()

@@ -3,7 +3,7 @@
 //! [`super::completion`].
 //!
 //! Doorbell → producer index: the doorbell is the first 8 bytes of the last posted WQE's ctrl segment
-//! (rdma-core's form), or the producer index itself with `ds` 0 (NVSHMEM IBGDA's form, which shared posters
+//! (rdma-core's form), or the producer index itself with `ds` 0 (NVSHMEM IBGDA's form, which gdaki's posters
 //! use), so the new producer index is `wqe_idx + ceil(ds / 4)` (16 bits) for both. It is rebuilt into a 64-bit index from the
 //! QP's 64-bit consumer count: 1..=`wqe_cnt` WQEBBs ahead is new work; up to `wqe_cnt` behind is a stale
 //! doorbell (e.g. two posters' doorbells landing out of order) and ignored; anything else is a bad doorbell,
