@@ -30,7 +30,7 @@ pub struct Ticket(pub u64);
 /// where the next poster of the QP (a `Qp`, a [`crate::shared_qp::SharedQp`]) or the host finds them: every
 /// kind of poster keeps the words the others read, so one QP may be used by one kind, then another. The slow
 /// paths (waiting for room, CQ polling, waits) take the counters through the handle too, and the `Qp` reads
-/// them again after each. The sticky error and the CQ's consumer index stay in the handle: only the slow paths
+/// them (not the fixed fields) again after each. The sticky error and the CQ's consumer index stay in the handle: only the slow paths
 /// touch them.
 pub struct Qp<'a> {
     h: &'a mut QpHandle,
@@ -40,8 +40,8 @@ pub struct Qp<'a> {
     timeout_ns: u64,
 }
 
-/// What a post needs of the handle ([`Sq::load`]: by [`Qp::new`] and after each slow path), and the
-/// send-queue counters.
+/// What a post needs of the handle (read by [`Qp::new`], [`Sq::load`]), and the send-queue counters (read
+/// again after each slow path, [`Sq::load_counters`]).
 #[derive(Clone, Copy)]
 struct Sq {
     buf: u64,
@@ -69,27 +69,44 @@ struct Sq {
 }
 
 impl Sq {
-    /// Reads `h` once.
+    /// Reads `h` once: its fixed fields, then its counters ([`Sq::load_counters`]).
     #[inline(always)]
     fn load(h: &QpHandle) -> Sq {
-        let cnt = h.wqe_cnt;
-        // `ready`, not `pi`: WQEBBs that a shared poster reserved and never published (it timed out) are
-        // posted over, never announced to the NIC unwritten.
-        let (pi, ci, sig_end) = (h.sq.ready, h.sq.ci, h.sq.sig_end);
-        let valid = sq::valid_ring(cnt);
-        Sq {
+        let mut sq = Sq {
             buf: h.sq_buf,
             dbrec: h.dbrec,
             bf_reg: h.bf_reg,
-            cnt,
+            cnt: h.wqe_cnt,
             qpn: h.qpn,
             placement: h.placement,
             blueflame: h.bf_size as usize >= WQEBB,
-            room: if valid { sq::free_wqebbs(cnt, pi, ci) as u32 } else { 0 },
-            until_cqe: until_cqe(cnt, pi, sig_end),
-            pi,
-            ci,
-        }
+            room: 0,
+            until_cqe: 0,
+            pi: 0,
+            ci: 0,
+        };
+        sq.load_counters(h);
+        sq
+    }
+
+    /// Reads the send-queue counters of `h` again (after a slow path moved them), keeping the fixed fields as
+    /// read: nothing changes those while the `Qp` holds the handle, and keeping them lets the compiler derive
+    /// what a post computes from them (the QPN's big-endian words, the ring's mask) once, before a posting
+    /// loop, instead of after every slow path that loop might take.
+    ///
+    /// The room is 0 when the handle's own size is one device code cannot post to. The handle's size is what
+    /// is tested, not `cnt`: inside a slow path `cnt` is [`sq::MIN_WQE_CNT`] for such a ring
+    /// ([`out_of_line`]), and a slow path nested in that one (a NOP posted by `wait` that finds the ring full)
+    /// must still find no room.
+    #[inline(always)]
+    fn load_counters(&mut self, h: &QpHandle) {
+        // `ready`, not `pi`: WQEBBs that a shared poster reserved and never published (it timed out) are
+        // posted over, never announced to the NIC unwritten.
+        let (pi, ci, sig_end) = (h.sq.ready, h.sq.ci, h.sq.sig_end);
+        self.room = if sq::valid_ring(h.wqe_cnt) { sq::free_wqebbs(self.cnt, pi, ci) as u32 } else { 0 };
+        self.until_cqe = until_cqe(self.cnt, pi, sig_end);
+        self.pi = pi;
+        self.ci = ci;
     }
 
     /// Writes the producer index back to `h`: every word of it another kind of poster reads (a shared poster
@@ -160,15 +177,15 @@ impl<'a> Qp<'a> {
     /// Runs a slow path (`f`: polling the CQ, waiting for room) out of line, handing the counters over through
     /// the handle: this `Qp` writes its producer index there ([`Sq::store_pi`]; the rest of the state is
     /// there already), the slow path reads the handle and writes back what it moved, and this `Qp` reads the
-    /// handle again ([`Sq::load`]). A call that took `&mut self` out of line would make every caller keep the
-    /// `Qp` in memory (its address escapes), and every fence would then store and reload the counters; one that
-    /// took and returned the counters by value packs pairs of 32-bit counters into 64-bit registers on the
-    /// fast path, where they meet the slow path's.
+    /// counters again ([`Sq::load_counters`]; its fixed fields stay as read). A call that took `&mut self` out
+    /// of line would make every caller keep the `Qp` in memory (its address escapes), and every fence would
+    /// then store and reload the counters; one that took and returned the counters by value packs pairs of
+    /// 32-bit counters into 64-bit registers on the fast path, where they meet the slow path's.
     #[inline(always)]
     fn cold<R>(&mut self, f: impl FnOnce(&mut Qp<'_>) -> R) -> R {
         self.sq.store_pi(!self.unrung, self.h);
         let (unrung, r) = out_of_line(&mut *self.h, self.unrung, self.timeout_ns, f);
-        self.sq = Sq::load(self.h);
+        self.sq.load_counters(self.h);
         self.unrung = unrung;
         r
     }
@@ -665,4 +682,66 @@ extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(
     let (sq, unrung) = (q.sq, q.unrung);
     sq.store(!unrung, q.h);
     (unrung, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdaki_shared::prm::cqe::CQE_SIZE;
+    use gdaki_shared::prm::opcode;
+    use std::boxed::Box;
+
+    /// Host memory for one QP: a ring of 16 WQEBBs, its dbrec and register, and an empty 16-entry CQ.
+    #[repr(C, align(64))]
+    struct Mem {
+        ring: [Seg; 16 * SEGS_PER_WQEBB],
+        reg: [u64; 8],
+        dbrec: [u32; 2],
+        cq_dbrec: [u32; 2],
+        cqes: [[u8; CQE_SIZE]; 16],
+    }
+
+    #[test]
+    fn a_slow_path_nested_in_one_finds_no_room_in_a_ring_of_an_invalid_size() {
+        // A handle of 8 WQEBBs (below the 16 device code posts to) over memory that holds 16, so that a post
+        // the size check misses lands in memory the test owns and shows.
+        let old = Seg([0x5a5a_5a5a_5a5a_5a5a, 0xa5a5]);
+        let mut m = Box::new(Mem {
+            ring: [old; 16 * SEGS_PER_WQEBB],
+            reg: [0; 8],
+            dbrec: [0; 2],
+            cq_dbrec: [0; 2],
+            cqes: [[0; CQE_SIZE]; 16],
+        });
+        for c in &mut m.cqes {
+            c[CQE_SIZE - 1] = opcode::cqe::INVALID << 4;
+        }
+        let mut h = QpHandle {
+            sq_buf: m.ring.as_mut_ptr() as u64,
+            dbrec: m.dbrec.as_mut_ptr() as u64,
+            bf_reg: m.reg.as_mut_ptr() as u64,
+            wqe_cnt: 8,
+            qpn: 0x42,
+            bf_size: 64,
+            ..QpHandle::default()
+        };
+        h.cq.buf = m.cqes.as_mut_ptr() as u64;
+        h.cq.dbrec = m.cq_dbrec.as_mut_ptr() as u64;
+        h.cq.ncqe = 16;
+        // SAFETY: every address of `h` is in `m`, which outlives the `Qp`; one thread.
+        let mut q = unsafe { Qp::new(&mut h, 1_000_000) };
+        assert_eq!(q.sq.room, 0);
+        // Inside a slow path (whose `cnt` is the smallest valid size), a nested one (`progress`) reads the
+        // counters again: the room must stay 0, and a post must be refused, not stored.
+        let (room, posted) = q.cold(|q| {
+            q.progress().unwrap();
+            (q.sq.room, q.post(false, wqe::nop()))
+        });
+        assert_eq!(room, 0);
+        assert_eq!(posted, Err(Error::InvalidArgument(InvalidArgument::Handle)));
+        assert_eq!(q.post(false, wqe::nop()), Err(Error::InvalidArgument(InvalidArgument::Handle)));
+        drop(q);
+        assert!(m.ring.iter().all(|s| *s == old));
+        assert_eq!((h.sq.pi, h.sq.ready), (0, 0));
+    }
 }
