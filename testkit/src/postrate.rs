@@ -350,10 +350,19 @@ impl PostRate {
         let ctrl = self.exec.queue_memory().alloc(TIMES_AT + 16 * (total_rounds * posters) as usize)?;
         let base = state.loc().addr;
         let (bf, db_batch) = match shape {
-            Shape::Exclusive { bf, db_batch, .. } => (bf as u32, db_batch.max(1)),
+            Shape::Exclusive { db_batch, .. } => (0, db_batch.max(1)),
             Shape::Batch { batch, .. } => (0, batch),
             Shape::Ordering { bf, .. } => (bf as u32, 1),
             Shape::Shared { .. } | Shape::Warp { .. } => (0, 1),
+        };
+        // Each shape is a kernel of its own (`postrate::run`), which checks that the arguments are for it.
+        let (shape_id, entry) = match shape {
+            Shape::Exclusive { bf: false, .. } => (shape::EXCLUSIVE, &entries::GDAKI_POST_RATE_EXCLUSIVE),
+            Shape::Exclusive { bf: true, .. } => (shape::BLUEFLAME, &entries::GDAKI_POST_RATE_BLUEFLAME),
+            Shape::Ordering { .. } => (shape::ORDERING, &entries::GDAKI_POST_RATE_ORDERING),
+            Shape::Shared { .. } => (shape::SHARED, &entries::GDAKI_POST_RATE_SHARED),
+            Shape::Warp { .. } => (shape::WARP, &entries::GDAKI_POST_RATE_WARP),
+            Shape::Batch { .. } => (shape::BATCH, &entries::GDAKI_POST_RATE_BATCH),
         };
         let args = PostRateArgs {
             qps: base,
@@ -365,19 +374,14 @@ impl PostRate {
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             posts,
             rounds: total_rounds,
-            shape: match shape {
-                Shape::Exclusive { .. } | Shape::Ordering { .. } => shape::EXCLUSIVE,
-                Shape::Shared { .. } => shape::SHARED,
-                Shape::Warp { .. } => shape::WARP,
-                Shape::Batch { .. } => shape::BATCH,
-            },
+            shape: shape_id,
             db_batch,
             bf,
             team_posters,
             posters,
             no_consumer: u32::from(!self.consumer),
             teams,
-            ordering_only: u32::from(matches!(shape, Shape::Ordering { .. })),
+            reserved: 0,
         };
         let args_at = match &self.exec {
             Executor::Gpu(g) => {
@@ -387,12 +391,6 @@ impl PostRate {
                 (Some(a), addr)
             }
             Executor::Cpu => (None, &args as *const PostRateArgs as u64),
-        };
-        let entry = match shape {
-            Shape::Exclusive { .. } | Shape::Ordering { .. } => &entries::GDAKI_POST_RATE_EXCLUSIVE,
-            Shape::Shared { .. } => &entries::GDAKI_POST_RATE_SHARED,
-            Shape::Warp { .. } => &entries::GDAKI_POST_RATE_WARP,
-            Shape::Batch { .. } => &entries::GDAKI_POST_RATE_BATCH,
         };
         let kernel = Module::load(&self.exec, crate::ptx::PTX)?.kernel(entry)?;
         // Each round may wait out one bound (a flush); a barrier that runs out ends the launch, so it adds at

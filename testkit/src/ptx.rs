@@ -18,6 +18,8 @@ mod tests {
             "gdaki_port_block",
             "gdaki_port_device",
             "gdaki_post_rate_exclusive",
+            "gdaki_post_rate_blueflame",
+            "gdaki_post_rate_ordering",
             "gdaki_post_rate_shared",
             "gdaki_post_rate_warp",
             "gdaki_post_rate_batch",
@@ -42,6 +44,6 @@ mod tests {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 25);
+        assert_eq!(PTX.matches(".entry ").count(), 27);
     }
 }

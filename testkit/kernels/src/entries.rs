@@ -81,6 +81,20 @@ pub fn gdaki_post_rate_exclusive(t: &Thread, args: &PostRateArgs) {
     unsafe { postrate::run::<{ postrate::shape::EXCLUSIVE }>(t, args, t.block() as u32) }
 }
 
+/// [`gdaki_post_rate_exclusive`] with each post rung by BlueFlame.
+#[kernel]
+pub fn gdaki_post_rate_blueflame(t: &Thread, args: &PostRateArgs) {
+    // SAFETY: as in `gdaki_post_rate_exclusive`.
+    unsafe { postrate::run::<{ postrate::shape::BLUEFLAME }>(t, args, t.block() as u32) }
+}
+
+/// The floor under [`gdaki_post_rate_exclusive`] and [`gdaki_post_rate_blueflame`]: each post's ordering alone.
+#[kernel]
+pub fn gdaki_post_rate_ordering(t: &Thread, args: &PostRateArgs) {
+    // SAFETY: as in `gdaki_post_rate_exclusive`.
+    unsafe { postrate::run::<{ postrate::shape::ORDERING }>(t, args, t.block() as u32) }
+}
+
 /// [`gdaki_post_rate_exclusive`] in the shared shape (one Device-scope QP).
 #[kernel]
 pub fn gdaki_post_rate_shared(t: &Thread, args: &PostRateArgs) {

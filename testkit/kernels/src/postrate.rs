@@ -16,7 +16,10 @@
 //!
 //! Shapes ([`PostRateArgs::shape`]):
 //! - [`shape::EXCLUSIVE`]: thread 0 of CTA `b` owns QP `b` (one thread per QP, many QPs), rings the doorbell
-//!   every `db_batch` posts, or by BlueFlame on every post (`bf`).
+//!   every `db_batch` posts.
+//! - [`shape::BLUEFLAME`]: as the Exclusive shape, each post rung by BlueFlame.
+//! - [`shape::ORDERING`]: as the Exclusive shape, with nothing posted: each post's ordering alone, the floor
+//!   (`no_consumer` only).
 //! - [`shape::SHARED`]: every thread of every CTA posts to QP 0 through a Device-scope [`SharedQp`].
 //! - [`shape::WARP`]: the threads of CTA `b` (one warp on the GPU, one thread on the host) own QP `b` as a
 //!   [`WarpQp`]: each post is one WQE per lane and one doorbell.
@@ -49,6 +52,12 @@ pub mod shape {
     pub const WARP: u32 = 2;
     /// One thread per QP, `db_batch` WQEs per [`gdaki_device::qp::Qp::post_batch`] and doorbell.
     pub const BATCH: u32 = 3;
+    /// One thread per QP (thread 0 of each team), each post rung by BlueFlame ([`gdaki_device::qp::Qp::post_bf`]).
+    pub const BLUEFLAME: u32 = 4;
+    /// One thread per QP: the floor under the two shapes above, each post's ordering alone (the dbrec's
+    /// release store, the release fence and the doorbell, or the eight BlueFlame stores with `bf`, as
+    /// [`gdaki_device::db::publish_and_ring`] does them), with no WQE built or stored; `no_consumer` only.
+    pub const ORDERING: u32 = 5;
 }
 
 /// Arguments of one launch (`#[repr(C)]`, built by the host): 128 bytes.
@@ -80,7 +89,7 @@ pub struct PostRateArgs {
     pub shape: u32,
     /// Exclusive: ring the doorbell once per this many posts (1: every post). Batch: WQEs per call.
     pub db_batch: u32,
-    /// Exclusive: 1 to ring every post by BlueFlame.
+    /// Ordering: 1 for the floor of a BlueFlame post, 0 for a doorbell's.
     pub bf: u32,
     /// Posting threads per team (Exclusive: 1; shared: the team's size).
     pub team_posters: u32,
@@ -90,11 +99,8 @@ pub struct PostRateArgs {
     pub no_consumer: u32,
     /// Teams (CTAs) in the launch, all of which arrive at the barrier; on the GPU they must be co-resident.
     pub teams: u32,
-    /// Exclusive, with `no_consumer`: 1 to post nothing and time only each post's ordering, the platform's
-    /// floor under a post with these queues: the dbrec's release store, the release fence and the doorbell
-    /// (or the eight BlueFlame stores), as [`gdaki_device::db::publish_and_ring`] does them, with no WQE
-    /// built or stored.
-    pub ordering_only: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<PostRateArgs>() == 128);
@@ -155,8 +161,9 @@ unsafe fn grid_barrier(a: &PostRateArgs, round: u32) -> bool {
 
 /// One team's part of the benchmark in shape `SHAPE` (one of [`shape`]): `team_index` is the CTA (or host
 /// team) number. Each shape is a kernel of its own, so that ptxas allocates registers for its loop alone (one
-/// kernel of all three needed more than 255 and spilled the posters' state to local memory). Arguments made
-/// for another shape are reported as [`InvalidArgument::Handle`].
+/// kernel of three shapes needed more than 255 and spilled the posters' state to local memory), and so that
+/// no shape's loop carries a test of which shape it is. Arguments made for another shape are reported as
+/// [`InvalidArgument::Handle`].
 ///
 /// # Safety
 /// `a` must come from the host's post-rate setup (every address valid, QP `team_index` used by this team only in
@@ -189,6 +196,12 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         } else if SHAPE == shape::WARP {
             // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
             unsafe { burst_warp(a, (a.qps as *mut QpHandle).add(team_index as usize), poster) }
+        } else if SHAPE == shape::BLUEFLAME {
+            // SAFETY: this team's QP (caller's contract), used by this thread only.
+            unsafe { burst_blueflame(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
+        } else if SHAPE == shape::ORDERING {
+            // SAFETY: this team's QP (caller's contract), used by this thread only.
+            unsafe { burst_ordering(a, &*(a.qps as *mut QpHandle).add(team_index as usize), poster) }
         } else {
             // SAFETY: this team's QP (caller's contract), used by this thread only.
             unsafe { burst_exclusive(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
@@ -226,34 +239,70 @@ fn target(a: &PostRateArgs, p: u32) -> Result<(wqe::Raddr, wqe::Sge)> {
 // spilled the poster's state to local memory), and so that the poster, never passed by reference, stays in
 // registers across the posts. This is how a user's kernel should be shaped too.
 
-/// The Exclusive shape: `posts` WRITEs on the QP of `h`, a doorbell every `db_batch` (or each by BlueFlame).
+/// The Exclusive shape: `posts` WRITEs on the QP of `h`, a doorbell every `db_batch`.
 ///
 /// # Safety
 /// `h` is this thread's QP (caller's contract).
 #[inline(never)]
 unsafe fn burst_exclusive(a: &PostRateArgs, h: &mut QpHandle, p: u32) -> Result<(u64, u64)> {
+    // SAFETY: the caller's contract.
+    unsafe { burst_qp(a, h, p, |qp, w| posts_db(qp, w, a.posts, a.db_batch)) }
+}
+
+/// The BlueFlame shape: `posts` WRITEs on the QP of `h`, each by BlueFlame.
+///
+/// # Safety
+/// `h` is this thread's QP (caller's contract).
+#[inline(never)]
+unsafe fn burst_blueflame(a: &PostRateArgs, h: &mut QpHandle, p: u32) -> Result<(u64, u64)> {
+    // SAFETY: the caller's contract.
+    unsafe { burst_qp(a, h, p, |qp, w| posts_bf(qp, w, a.posts)) }
+}
+
+/// One thread's burst on the QP of `h`: `posts` runs the posts of poster `p`'s WRITE on a [`Qp`] of it; timed,
+/// then flushed (with a consumer).
+///
+/// # Safety
+/// `h` is this thread's QP (caller's contract).
+#[inline(always)]
+unsafe fn burst_qp(
+    a: &PostRateArgs,
+    h: &mut QpHandle,
+    p: u32,
+    posts: impl FnOnce(&mut Qp, wqe::Wqe<3>) -> Result<()>,
+) -> Result<(u64, u64)> {
     let (r, l) = target(a, p)?;
     let w = wqe::rdma_write(r, l);
-    if a.ordering_only != 0 {
-        if a.no_consumer == 0 {
-            return Err(Error::InvalidArgument(InvalidArgument::Handle));
-        }
-        let t0 = sync::clock_ns();
-        // SAFETY: the caller's contract; nothing consumes the QP (checked above), so its dbrec and doorbell
-        // may carry producer indices of WQEs never stored.
-        unsafe { posts_ordering(h, w, a.posts, a.bf != 0) };
-        return Ok((t0, sync::clock_ns()));
-    }
     // SAFETY: the caller's contract.
     let mut qp = unsafe { Qp::new(h, a.timeout_ns) };
     let t0 = sync::clock_ns();
-    let posted = if a.bf != 0 { posts_bf(&mut qp, w, a.posts) } else { posts_db(&mut qp, w, a.posts, a.db_batch) };
+    let posted = posts(&mut qp, w);
     let t1 = sync::clock_ns();
     posted?;
     if a.no_consumer == 0 {
         qp.flush()?;
     }
     Ok((t0, t1))
+}
+
+/// The Ordering shape: `posts` times the ordering of a post on the QP of `h` alone ([`posts_ordering`]).
+///
+/// # Errors
+/// [`InvalidArgument::Handle`] with a consumer: its NIC would read doorbells of WQEs never stored.
+///
+/// # Safety
+/// `h` is this thread's QP (caller's contract).
+#[inline(never)]
+unsafe fn burst_ordering(a: &PostRateArgs, h: &QpHandle, p: u32) -> Result<(u64, u64)> {
+    if a.no_consumer == 0 {
+        return Err(Error::InvalidArgument(InvalidArgument::Handle));
+    }
+    let (r, l) = target(a, p)?;
+    let t0 = sync::clock_ns();
+    // SAFETY: the caller's contract; nothing consumes the QP (checked above), so its dbrec and doorbell may
+    // carry producer indices of WQEs never stored.
+    unsafe { posts_ordering(h, wqe::rdma_write(r, l), a.posts, a.bf != 0) };
+    Ok((t0, sync::clock_ns()))
 }
 
 /// `posts` posts of `w`, a doorbell every `batch` of them and after the last.
@@ -333,7 +382,9 @@ unsafe fn posts_ordering(h: &QpHandle, w: wqe::Wqe<3>, posts: u32, bf: bool) {
     let (dbrec, reg, placement, qpn) = (h.dbrec, h.bf_reg, h.placement, h.qpn);
     let segs = w.encode(wqe::Ctrl { idx: 0, qpn, fm_ce_se: 0 });
     let wqebb = [segs[0], segs[1], segs[2], Seg::default()];
-    for k in 1..=posts as u64 {
+    for k in 0..posts as u64 {
+        // The producer index after this post. (A loop over `1..=posts` has an end test of its own.)
+        let k = k + 1;
         // SAFETY: the handle's dbrec and register (caller's contract).
         unsafe {
             if bf {
