@@ -243,7 +243,7 @@ fn target(a: &PostRateArgs, p: u32) -> Result<(wqe::Raddr, wqe::Sge)> {
 ///
 /// # Safety
 /// `h` is this thread's QP (caller's contract).
-#[inline(never)]
+#[inline(always)]
 unsafe fn burst_exclusive(a: &PostRateArgs, h: &mut QpHandle, p: u32) -> Result<(u64, u64)> {
     // SAFETY: the caller's contract.
     unsafe { burst_qp(a, h, p, |qp, w| posts_db(qp, w, a.posts, a.db_batch)) }
