@@ -70,8 +70,8 @@ enum Task {
         /// Numbers of MMIO stores that define the fast paths: 1 is a doorbell, 8 a BlueFlame write.
         #[arg(long, value_delimiter = ',', default_values_t = [sass::DOORBELL_STORES, sass::BLUE_FLAME_STORES])]
         mmio: Vec<u32>,
-        /// Fail (exit code 1) when a posting loop of the analysed kernels, outside the device crate's slow
-        /// paths, has more local-memory accesses than this: a loop that spilled its state to the stack.
+        /// Fail (exit code 1) when an innermost posting loop of the analysed kernels, outside the device crate's
+        /// slow paths, has more local-memory accesses than this: a loop that spilled its state to the stack.
         #[arg(long, value_name = "N")]
         max_loop_local: Option<usize>,
     },
@@ -221,7 +221,8 @@ fn sass_task(kernels: &[String], mmio: &[u32], max_loop_local: Option<usize>) ->
         );
     }
     if let Some(max) = max_loop_local {
-        let spilled: Vec<_> = loops.iter().filter(|l| !l.slow && l.local > max).collect();
+        let spilled: Vec<_> =
+            loops.iter().filter(|l| !l.slow && l.local > max && sass::is_innermost(l, &loops)).collect();
         if !spilled.is_empty() {
             for l in spilled {
                 eprintln!(

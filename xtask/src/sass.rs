@@ -64,7 +64,9 @@
 //! an earlier label of the same function) whose body holds an MMIO store, with its instructions and its
 //! local-memory accesses, counted over the body's address range (slow paths laid out inside it included).
 //! A loop that spilled shows tens of `LDL`/`STL` where one in registers shows a few on its slow paths:
-//! `--max-loop-local` turns that into a failure, for CI, which has no GPU to time the loop on. Loops of the
+//! `--max-loop-local` turns that into a failure, for CI, which has no GPU to time the loop on. It checks the
+//! innermost posting loops ([`is_innermost`]): a loop around one (a benchmark's rounds around its inlined burst)
+//! runs once per burst, and what it keeps on the stack costs once per burst, not per post. Loops of the
 //! device crate's out-of-line slow paths (`qp::out_of_line`) are listed and marked, not checked.
 //!
 //! Each loop's fast iteration ([`loop_iteration`]) is counted as the fast path is, from the loop's first
@@ -1136,6 +1138,17 @@ pub fn posting_loops(section: &Section) -> Vec<PostingLoop> {
     loops
 }
 
+/// Whether `l` is an innermost posting loop of `loops`: no other loop of its function lies inside its range.
+pub fn is_innermost(l: &PostingLoop, loops: &[PostingLoop]) -> bool {
+    !loops.iter().any(|o| {
+        o.kernel == l.kernel
+            && o.function == l.function
+            && (o.start, o.end) != (l.start, l.end)
+            && l.start <= o.start
+            && o.end <= l.end
+    })
+}
+
 /// Formats the posting loops as a table.
 pub fn loop_table(loops: &[PostingLoop]) -> String {
     let width = loops.iter().map(|l| l.kernel.len()).max().unwrap_or(0).max("kernel".len());
@@ -1635,6 +1648,26 @@ $p$_RNvNtCs1_5gdaki_device2qp11out_of_line:
         let iteration = |l: &PostingLoop, k| loop_iteration(&sections[0], l, k, 0).expect("search").map(|p| p.len());
         assert_eq!([0, 1, 2].map(|k| iteration(&loops[0], k)), [None, Some(7), None]);
         assert_eq!(iteration(&loops[1], 1), Some(3));
+    }
+
+    #[test]
+    fn a_loop_around_another_is_not_innermost() {
+        let l = |function: &str, start, end| PostingLoop {
+            kernel: "k".into(),
+            function: function.into(),
+            start,
+            end,
+            instructions: 0,
+            mmio: 1,
+            local: 0,
+            slow: false,
+            iteration: [None; ITERATION_MMIO.len()],
+        };
+        // Rounds (0x100-0x900) around a burst (0x200-0x400); a loop after it; one of another function whose
+        // range holds the burst's.
+        let loops = [l("f", 0x100, 0x900), l("f", 0x200, 0x400), l("f", 0x500, 0x600), l("g", 0x0, 0x1000)];
+        let innermost: Vec<bool> = loops.iter().map(|x| is_innermost(x, &loops)).collect();
+        assert_eq!(innermost, [false, true, true, true]);
     }
 
     /// A loop whose body either rings (a flag carried from the last iteration says so) or skips the doorbell,
