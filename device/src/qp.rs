@@ -703,45 +703,47 @@ mod tests {
 
     #[test]
     fn a_slow_path_nested_in_one_finds_no_room_in_a_ring_of_an_invalid_size() {
-        // A handle of 8 WQEBBs (below the 16 device code posts to) over memory that holds 16, so that a post
-        // the size check misses lands in memory the test owns and shows.
-        let old = Seg([0x5a5a_5a5a_5a5a_5a5a, 0xa5a5]);
-        let mut m = Box::new(Mem {
-            ring: [old; 16 * SEGS_PER_WQEBB],
-            reg: [0; 8],
-            dbrec: [0; 2],
-            cq_dbrec: [0; 2],
-            cqes: [[0; CQE_SIZE]; 16],
-        });
-        for c in &mut m.cqes {
-            c[CQE_SIZE - 1] = opcode::cqe::INVALID << 4;
+        // Handles of sizes device code does not post to, over memory that holds 16 WQEBBs (the size a slow path
+        // works with for them), so that a post the size check misses lands in memory the test owns and shows.
+        for wqe_cnt in [0, 8, 15, 17, 1 << 16] {
+            let old = Seg([0x5a5a_5a5a_5a5a_5a5a, 0xa5a5]);
+            let mut m = Box::new(Mem {
+                ring: [old; 16 * SEGS_PER_WQEBB],
+                reg: [0; 8],
+                dbrec: [0; 2],
+                cq_dbrec: [0; 2],
+                cqes: [[0; CQE_SIZE]; 16],
+            });
+            for c in &mut m.cqes {
+                c[CQE_SIZE - 1] = opcode::cqe::INVALID << 4;
+            }
+            let mut h = QpHandle {
+                sq_buf: m.ring.as_mut_ptr() as u64,
+                dbrec: m.dbrec.as_mut_ptr() as u64,
+                bf_reg: m.reg.as_mut_ptr() as u64,
+                wqe_cnt,
+                qpn: 0x42,
+                bf_size: 64,
+                ..QpHandle::default()
+            };
+            h.cq.buf = m.cqes.as_mut_ptr() as u64;
+            h.cq.dbrec = m.cq_dbrec.as_mut_ptr() as u64;
+            h.cq.ncqe = 16;
+            // SAFETY: every address of `h` is in `m`, which outlives the `Qp`; one thread.
+            let mut q = unsafe { Qp::new(&mut h, 1_000_000) };
+            assert_eq!(q.sq.room, 0, "{wqe_cnt}");
+            // Inside a slow path (whose `cnt` is the smallest valid size), a nested one (`progress`) reads the
+            // counters again: the room must stay 0, and posts must be refused, not stored.
+            let (room, posted) = q.cold(|q| {
+                q.progress().unwrap();
+                (q.sq.room, [q.post(false, wqe::nop()), q.post(false, wqe::nop())])
+            });
+            let refused = Err(Error::InvalidArgument(InvalidArgument::Handle));
+            assert_eq!((room, posted), (0, [refused, refused]), "{wqe_cnt}");
+            assert_eq!(q.post(false, wqe::nop()), refused, "{wqe_cnt}");
+            drop(q);
+            assert!(m.ring.iter().all(|s| *s == old), "{wqe_cnt}");
+            assert_eq!((h.sq.pi, h.sq.ready, m.dbrec, m.reg), (0, 0, [0; 2], [0; 8]), "{wqe_cnt}");
         }
-        let mut h = QpHandle {
-            sq_buf: m.ring.as_mut_ptr() as u64,
-            dbrec: m.dbrec.as_mut_ptr() as u64,
-            bf_reg: m.reg.as_mut_ptr() as u64,
-            wqe_cnt: 8,
-            qpn: 0x42,
-            bf_size: 64,
-            ..QpHandle::default()
-        };
-        h.cq.buf = m.cqes.as_mut_ptr() as u64;
-        h.cq.dbrec = m.cq_dbrec.as_mut_ptr() as u64;
-        h.cq.ncqe = 16;
-        // SAFETY: every address of `h` is in `m`, which outlives the `Qp`; one thread.
-        let mut q = unsafe { Qp::new(&mut h, 1_000_000) };
-        assert_eq!(q.sq.room, 0);
-        // Inside a slow path (whose `cnt` is the smallest valid size), a nested one (`progress`) reads the
-        // counters again: the room must stay 0, and a post must be refused, not stored.
-        let (room, posted) = q.cold(|q| {
-            q.progress().unwrap();
-            (q.sq.room, q.post(false, wqe::nop()))
-        });
-        assert_eq!(room, 0);
-        assert_eq!(posted, Err(Error::InvalidArgument(InvalidArgument::Handle)));
-        assert_eq!(q.post(false, wqe::nop()), Err(Error::InvalidArgument(InvalidArgument::Handle)));
-        drop(q);
-        assert!(m.ring.iter().all(|s| *s == old));
-        assert_eq!((h.sq.pi, h.sq.ready), (0, 0));
     }
 }
