@@ -30,8 +30,8 @@ pub struct Ticket(pub u64);
 /// where the next poster of the QP (a `Qp`, a [`crate::shared_qp::SharedQp`]) or the host finds them: every
 /// kind of poster keeps the words the others read, so one QP may be used by one kind, then another. The slow
 /// paths (waiting for room, CQ polling, waits) take the counters through the handle too, and the `Qp` reads
-/// them (not the fixed fields) again after each. The sticky error and the CQ's consumer index stay in the handle: only the slow paths
-/// touch them.
+/// them (not the fixed fields, which nothing changes meanwhile) again after each. The sticky error and the CQ's
+/// consumer index stay in the handle: only the slow paths touch them.
 pub struct Qp<'a> {
     h: &'a mut QpHandle,
     sq: Sq,
