@@ -61,8 +61,9 @@
 //! # Posting loops
 //! A benchmark's or a user's kernel posts in a loop; its speed depends on the loop keeping its state (the QP's
 //! counters, the loop's own) in registers. [`posting_loops`] lists, per function, each loop (a branch back to
-//! an earlier label of the same function) whose body holds an MMIO store, with its instructions and its
-//! local-memory accesses, counted over the body's address range (slow paths laid out inside it included).
+//! an earlier label of the same function) whose body holds an MMIO store, and each loop nested in one that
+//! stores 16-byte segments (the posts of a batch whose doorbell comes after them), with its instructions and its local-memory accesses,
+//! counted over the body's address range (slow paths laid out inside it included).
 //! A loop that spilled shows tens of `LDL`/`STL` where one in registers shows a few on its slow paths:
 //! `--max-loop-local` turns that into a failure, for CI, which has no GPU to time the loop on. It checks the
 //! innermost posting loops ([`is_innermost`]): a loop around one (a benchmark's rounds around its inlined burst)
@@ -1070,7 +1071,8 @@ pub fn cuobjdump_count(listing: &str) -> usize {
         .count()
 }
 
-/// A loop of one function whose body holds an MMIO store ([`posting_loops`]).
+/// A loop of one function whose body holds an MMIO store, or one nested in such a loop that stores 16-byte
+/// segments ([`posting_loops`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PostingLoop {
     /// Kernel of the section.
@@ -1103,12 +1105,14 @@ pub const ITERATION_MMIO: [u32; 3] = [0, DOORBELL_STORES, BLUE_FLAME_STORES];
 /// The function the device crate's slow paths run in (`Qp::cold`), by its symbol's name.
 const SLOW_PATH_FN: &str = "out_of_line";
 
-/// The loops of `section` whose body holds an MMIO store: every branch to a label at or before it in the same
-/// function is a loop from that label to the branch (the layouts of structured Rust put each loop's body
+/// The loops of `section` whose body holds an MMIO store, and the loops nested in one of those that store
+/// 16-byte segments (a loop of WQE stores whose doorbell comes after it, inside a loop of batches): every branch to a label at or before it in the
+/// same function is a loop from that label to the branch (the layouts of structured Rust put each loop's body
 /// there, with the slow paths ptxas lays out inside it). Loops nested in one another are listed each.
 pub fn posting_loops(section: &Section) -> Vec<PostingLoop> {
     let mut loops = Vec::new();
     for f in &section.functions {
+        let mut all = Vec::new();
         for (i, insn) in f.insns.iter().enumerate() {
             if insn.base() != "BRA" || insn.never() {
                 continue;
@@ -1118,22 +1122,22 @@ pub fn posting_loops(section: &Section) -> Vec<PostingLoop> {
                 continue;
             }
             let body = &f.insns[start..=i];
-            let mmio = body.iter().filter(|b| b.is_mmio()).count();
-            if mmio == 0 {
-                continue;
-            }
-            loops.push(PostingLoop {
+            all.push(PostingLoop {
                 kernel: section.kernel.clone(),
                 function: f.name.clone(),
                 start: f.insns[start].addr,
                 end: insn.addr,
                 instructions: body.iter().filter(|b| b.base() != "NOP").count(),
-                mmio,
+                mmio: body.iter().filter(|b| b.is_mmio()).count(),
                 local: body.iter().filter(|b| b.is_local()).count(),
                 slow: f.name.contains(SLOW_PATH_FN),
                 iteration: [None; ITERATION_MMIO.len()],
             });
         }
+        let in_ringing = |l: &PostingLoop| all.iter().any(|o| o.mmio > 0 && o.start <= l.start && l.end <= o.end);
+        let stores_segments =
+            |l: &PostingLoop| f.insns.iter().any(|i| (l.start..=l.end).contains(&i.addr) && i.stored_bytes() == 16);
+        loops.extend(all.iter().filter(|l| l.mmio > 0 || (in_ringing(l) && stores_segments(l))).cloned());
     }
     loops
 }
@@ -1648,6 +1652,45 @@ $p$_RNvNtCs1_5gdaki_device2qp11out_of_line:
         let iteration = |l: &PostingLoop, k| loop_iteration(&sections[0], l, k, 0).expect("search").map(|p| p.len());
         assert_eq!([0, 1, 2].map(|k| iteration(&loops[0], k)), [None, Some(7), None]);
         assert_eq!(iteration(&loops[1], 1), Some(3));
+    }
+
+    /// A loop of batches that rings after an inner loop of WQE stores and a loop that waits, and a loop that
+    /// stores without ringing and is in no loop that rings.
+    const NESTED: &str = r#"
+	.section	.text.n,"ax",@progbits
+        .type           n,@function
+        .other          n,@"STO_CUDA_ENTRY STV_DEFAULT"
+n:
+.text.n:
+        /*0000*/                   MOV R0, 0x4 ;
+.L_x_1:
+        /*0010*/                   MOV R7, R9 ;
+.L_x_2:
+        /*0020*/                   ST.E.128 desc[UR4][R2.64], R4 ;
+        /*0030*/                   VIADD R7, R7, 0xffffffff ;
+        /*0040*/                   ISETP.NE.U32.AND P1, PT, R7, RZ, PT ;
+        /*0050*/               @P1 BRA `(.L_x_2) ;
+        /*0060*/                   STG.E.64.MMIO.SYS [R8], R4 ;
+.L_x_4:
+        /*0070*/                   LD.E.64 R10, [R12] ;
+        /*0080*/               @P3 BRA `(.L_x_4) ;
+        /*0090*/               @P0 BRA `(.L_x_1) ;
+.L_x_3:
+        /*00a0*/                   ST.E.128 desc[UR4][R2.64], R4 ;
+        /*00b0*/               @P2 BRA `(.L_x_3) ;
+        /*00c0*/                   EXIT ;
+"#;
+
+    #[test]
+    fn a_loop_nested_in_a_posting_loop_is_one_and_counts_its_iteration_without_a_doorbell() {
+        let sections = parse_nvdisasm(NESTED).unwrap();
+        let loops = posting_loops(&sections[0]);
+        let got: Vec<_> = loops.iter().map(|l| (l.start, l.end, l.instructions, l.mmio)).collect();
+        // The waiting loop (0x70-0x80) stores nothing: not listed.
+        assert_eq!(got, [(0x20, 0x50, 4, 0), (0x10, 0x90, 9, 1)]);
+        let iteration = |l: &PostingLoop, k| loop_iteration(&sections[0], l, k, 0).expect("search").map(|p| p.len());
+        assert_eq!([0, 1, 2].map(|k| iteration(&loops[0], k)), [Some(4), None, None]);
+        assert_eq!([0, 1, 2].map(|k| iteration(&loops[1], k)), [None, Some(9), None]);
     }
 
     #[test]
