@@ -154,8 +154,8 @@ impl Drop for Qp<'_> {
 
 impl<'a> Qp<'a> {
     /// Takes the QP described by `h`; bounded waits give up after `timeout_ns` nanoseconds. Reads the handle
-    /// (again only after a slow path); the counters go back to it when the `Qp` is dropped, which also rings
-    /// any WQE still unrung.
+    /// (its counters again only after a slow path); the counters go back to it when the `Qp` is dropped, which
+    /// also rings any WQE still unrung.
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP: its ring, dbrec, UAR register and CQ

@@ -1102,8 +1102,9 @@ pub struct PostingLoop {
 /// doorbell, a BlueFlame write.
 pub const ITERATION_MMIO: [u32; 3] = [0, DOORBELL_STORES, BLUE_FLAME_STORES];
 
-/// The function the device crate's slow paths run in (`Qp::cold`), by its symbol's name.
-const SLOW_PATH_FN: &str = "out_of_line";
+/// The functions the device crate's slow paths run in (`Qp::cold`, and the wait for room it calls, which
+/// ptxas may keep as a function of its own), by their symbols' names.
+const SLOW_PATH_FNS: [&str; 2] = ["out_of_line", "reserve_slow"];
 
 /// The loops of `section` whose body holds an MMIO store, and the loops nested in one of those that store
 /// 16-byte segments (a loop of WQE stores whose doorbell comes after it, inside a loop of batches): every branch to a label at or before it in the
@@ -1130,7 +1131,7 @@ pub fn posting_loops(section: &Section) -> Vec<PostingLoop> {
                 instructions: body.iter().filter(|b| b.base() != "NOP").count(),
                 mmio: body.iter().filter(|b| b.is_mmio()).count(),
                 local: body.iter().filter(|b| b.is_local()).count(),
-                slow: f.name.contains(SLOW_PATH_FN),
+                slow: SLOW_PATH_FNS.iter().any(|n| f.name.contains(n)),
                 iteration: [None; ITERATION_MMIO.len()],
             });
         }
@@ -1142,11 +1143,14 @@ pub fn posting_loops(section: &Section) -> Vec<PostingLoop> {
     loops
 }
 
-/// Whether `l` is an innermost posting loop of `loops`: no other loop of its function lies inside its range.
+/// Whether `l` is an innermost posting loop of `loops`: no other loop of its function that rings lies inside
+/// its range. (A loop of WQE stores inside it does not count: a loop that rings each post and spilled may
+/// hold a loop that copies segments.)
 pub fn is_innermost(l: &PostingLoop, loops: &[PostingLoop]) -> bool {
     !loops.iter().any(|o| {
         o.kernel == l.kernel
             && o.function == l.function
+            && o.mmio > 0
             && (o.start, o.end) != (l.start, l.end)
             && l.start <= o.start
             && o.end <= l.end
@@ -1695,22 +1699,28 @@ n:
 
     #[test]
     fn a_loop_around_another_is_not_innermost() {
-        let l = |function: &str, start, end| PostingLoop {
+        let l = |function: &str, start, end, mmio| PostingLoop {
             kernel: "k".into(),
             function: function.into(),
             start,
             end,
             instructions: 0,
-            mmio: 1,
+            mmio,
             local: 0,
             slow: false,
             iteration: [None; ITERATION_MMIO.len()],
         };
-        // Rounds (0x100-0x900) around a burst (0x200-0x400); a loop after it; one of another function whose
-        // range holds the burst's.
-        let loops = [l("f", 0x100, 0x900), l("f", 0x200, 0x400), l("f", 0x500, 0x600), l("g", 0x0, 0x1000)];
+        // Rounds (0x100-0x900) around a burst (0x200-0x400); a loop after it, which holds a loop of segment
+        // stores that does not ring (0x520-0x540); one of another function whose range holds the burst's.
+        let loops = [
+            l("f", 0x100, 0x900, 2),
+            l("f", 0x200, 0x400, 1),
+            l("f", 0x500, 0x600, 1),
+            l("f", 0x520, 0x540, 0),
+            l("g", 0x0, 0x1000, 1),
+        ];
         let innermost: Vec<bool> = loops.iter().map(|x| is_innermost(x, &loops)).collect();
-        assert_eq!(innermost, [false, true, true, true]);
+        assert_eq!(innermost, [false, true, true, true, true]);
     }
 
     /// A loop whose body either rings (a flag carried from the last iteration says so) or skips the doorbell,

@@ -240,9 +240,10 @@ fn target(a: &PostRateArgs, p: u32) -> Result<(wqe::Raddr, wqe::Sge)> {
 // and spilled the poster's state to local memory). This is how a user's kernel should be shaped too. The
 // one-thread bursts of a `Qp` (doorbell, BlueFlame) are inlined into their kernels: out of line, the burst
 // addressed memory through a descriptor in ordinary registers, moved to uniform ones before each access
-// (`R2UR`), and kept convergence barriers around each post (`cargo xtask sass`: an iteration with a doorbell
-// every 32 posts 87 instructions out of line, 79 inlined; by BlueFlame 119 and 108). The rounds loop around
-// them has 22-34 local-memory accesses, once a round. The other bursts stay out of line.
+// (`R2UR`), and kept convergence barriers around each post (`cargo xtask sass`, measured when a doorbell every
+// 32 posts was one loop counting down to each doorbell: its iteration with the doorbell 87 instructions out of
+// line, 79 inlined; by BlueFlame 119 and 108). The rounds loop around them has 21-34 local-memory accesses,
+// once a round. The other bursts stay out of line.
 
 /// The Exclusive shape: `posts` WRITEs on the QP of `h`, a doorbell every `db_batch`.
 ///
