@@ -50,7 +50,8 @@ pub struct Stats {
     pub dbrec_mismatches: u64,
     /// WQEs executed successfully (NOPs included).
     pub wqes: u64,
-    /// Successful CQEs written (requester and responder).
+    /// Successful CQEs produced (requester and responder), counted when written or when queued behind the
+    /// data they report: the count may run ahead of the CQEs software can see.
     pub cqes: u64,
     /// Error CQEs written for failed WQEs (flushes not included).
     pub error_cqes: u64,
