@@ -136,8 +136,16 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
     let spin = fab.gpu.as_ref().is_some_and(|g| g.device_code_on_gpu());
     let mut idle = Idle { backoff: Backoff::new(), since: None, spin };
     while !fab.stop.load(Ordering::Acquire) {
-        if fab.held.load(Ordering::Acquire) {
+        // Sequentially consistent with `hold_executor`'s store of `held` and load of `holding`: a holder that
+        // sees `holding` set saw it before this thread cleared it, so this thread's load of `held` after the
+        // clearing sees the hold and runs no pass.
+        if fab.held.load(Ordering::SeqCst) {
+            fab.holding.store(true, Ordering::SeqCst);
             thread::park_timeout(SLEEP);
+            continue;
+        }
+        fab.holding.store(false, Ordering::SeqCst);
+        if fab.held.load(Ordering::SeqCst) {
             continue;
         }
         bump(&fab.stats.executor_passes);

@@ -64,6 +64,9 @@ pub(crate) struct Fabric {
     pub stop: AtomicBool,
     /// Set by [`EmuNic::hold_executor`](super::EmuNic::hold_executor) (tests): the executor runs no passes.
     pub held: AtomicBool,
+    /// Set by the executor when it finds `held` set between two passes, cleared (before it looks at `held`
+    /// again) when it leaves that state: while `held` and `holding` are both set, no pass runs.
+    pub holding: AtomicBool,
     /// Cleared when the executor thread exits (normally or by a panic).
     pub running: AtomicBool,
     /// Zero of CQE timestamps: the emulator writes nanoseconds since the NIC was opened.
@@ -107,6 +110,7 @@ impl Fabric {
             stats: Counters::default(),
             stop: AtomicBool::new(false),
             held: AtomicBool::new(false),
+            holding: AtomicBool::new(false),
             running: AtomicBool::new(true),
             epoch: Instant::now(),
         }

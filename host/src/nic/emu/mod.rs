@@ -400,14 +400,18 @@ impl EmuNic {
 
     /// Stops (`true`) or resumes (`false`) the executor thread between two passes, for tests that need the NIC
     /// to fall behind its wire (e.g. to watch the inbound queue fill and its readers wait): while held, no
-    /// doorbell, WQE or inbound frame is handled. Dropping a QP waits for the executor, so resume it first.
+    /// doorbell, WQE or inbound frame is handled. Holding returns once the pass under way (if any) has ended,
+    /// so that nothing rung after it runs; it waits [`EXECUTOR_SYNC_TIMEOUT`] at most (then logs a warning) and
+    /// not at all when the thread is not running. Dropping a QP waits for the executor, so resume it first.
     #[doc(hidden)]
     pub fn hold_executor(&self, held: bool) {
-        self.fab.held.store(held, Ordering::Release);
-        if !held {
-            if let Some(t) = lock(&self.thread).as_ref() {
-                t.thread().unpark();
-            }
+        self.fab.held.store(held, Ordering::SeqCst);
+        // The executor may be asleep in its idle loop (or held): wake it, to resume or to see the hold.
+        if let Some(t) = lock(&self.thread).as_ref() {
+            t.thread().unpark();
+        }
+        if held && !self.wait_executor_until(|| self.fab.holding.load(Ordering::SeqCst)) {
+            tracing::warn!("emulated NIC: the executor did not stop within {EXECUTOR_SYNC_TIMEOUT:?}");
         }
     }
 
@@ -487,15 +491,22 @@ impl EmuNic {
         if let Some(t) = lock(&self.thread).as_ref() {
             t.thread().unpark();
         }
+        if !self.wait_executor_until(acked) {
+            self.fab.drops.record("an emulated QP", Error::Emu(EmuError::Unresponsive(EXECUTOR_SYNC_TIMEOUT)));
+        }
+    }
+
+    /// Waits until `done` holds or the executor thread is not running (true), or until
+    /// [`EXECUTOR_SYNC_TIMEOUT`] has passed (false).
+    fn wait_executor_until(&self, done: impl Fn() -> bool) -> bool {
         let start = Instant::now();
         let backoff = Backoff::new();
-        while !acked() {
+        while !done() {
             if !self.executor_alive() {
-                return;
+                return true;
             }
             if start.elapsed() > EXECUTOR_SYNC_TIMEOUT {
-                self.fab.drops.record("an emulated QP", Error::Emu(EmuError::Unresponsive(EXECUTOR_SYNC_TIMEOUT)));
-                return;
+                return false;
             }
             if backoff.is_completed() {
                 std::thread::sleep(Duration::from_micros(20));
@@ -503,6 +514,7 @@ impl EmuNic {
                 backoff.snooze();
             }
         }
+        true
     }
 }
 
