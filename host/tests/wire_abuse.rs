@@ -863,13 +863,14 @@ fn zero_retry_timeout_fails_requests_rather_than_hanging() {
 // ---- 7. a peer that connects late ----
 
 /// On hardware a QP in RTS whose peer reaches RTR later is fine as long as it posts nothing before: only
-/// outstanding requests time out. Here the early side's dialer gives up after `retry_timeout` (its hello is
-/// refused, NOT_CONNECTED, by the peer NIC that waited that long for its QP to connect) and the link is down
-/// for good, so the first WRITE after both sides connected fails with 0x15, though nothing was posted early.
-/// Whether it happens depends on which NIC id is smaller (random), so half of the late connections fail.
+/// outstanding requests time out. Here the early side is the one that dials (the smaller NIC id): its hellos
+/// are refused (NOT_CONNECTED) while the peer QP is not connected back, and it keeps dialing, so the first
+/// WRITE after both sides connected completes. The retry timeout (1 s) leaves the link room to come up after
+/// the late connect (a refused dialer pauses at most 100 ms) even on a loaded machine; at 300 ms one run in a
+/// hundred failed with 0x15 while four test binaries ran at once on two CPUs.
 #[test]
 fn peer_connecting_after_the_retry_timeout_still_works_when_nothing_was_posted() {
-    let retry = Duration::from_millis(300);
+    let retry = Duration::from_secs(1);
     let (x, y) = (EmuNic::open(wired(retry)).unwrap(), EmuNic::open(wired(retry)).unwrap());
     // The early side is the one that dials: the smaller NIC id.
     let (early, late) = if x.id() < y.id() { (x, y) } else { (y, x) };
@@ -887,10 +888,11 @@ fn peer_connecting_after_the_retry_timeout_still_works_when_nothing_was_posted()
     assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
 }
 
-/// The other half: when the late side is the one that dials, a late connect works.
+/// The other half: when the late side is the one that dials, a late connect works (the retry timeout as
+/// above).
 #[test]
 fn late_peer_that_dials_connects_fine() {
-    let retry = Duration::from_millis(300);
+    let retry = Duration::from_secs(1);
     let (x, y) = (EmuNic::open(wired(retry)).unwrap(), EmuNic::open(wired(retry)).unwrap());
     let (early, late) = if x.id() > y.id() { (x, y) } else { (y, x) };
     let (pd_e, pd_l) = (early.alloc_pd().unwrap(), late.alloc_pd().unwrap());
