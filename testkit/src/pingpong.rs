@@ -72,7 +72,10 @@ pub struct RunResult {
 }
 
 /// One measured round trip cut at the ranks' own clock readings (ns; one GPU clock for both ranks, or one host
-/// clock): what device code spent and what the NIC took in between.
+/// clock): what device code spent and what the NIC took in between. The parts add up to the round trip: a
+/// reading earlier than the cut before it (on the `cpu` executor, a rank's thread descheduled between ringing
+/// and reading the clock, so that the peer saw its semaphore first) is taken at that cut, its part 0 and the
+/// time counted in the part before.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Split {
     /// Rank 0's `put_with_signal` (storing the WQEs and ringing).
@@ -89,12 +92,16 @@ pub struct Split {
 impl Split {
     /// The split of one round trip from both ranks' records.
     fn of(r0: &Phases, r1: &Phases) -> Self {
-        Self {
-            post0: r0.send_done.saturating_sub(r0.send_start),
-            leg01: r1.seen.saturating_sub(r0.send_done),
-            turn1: r1.send_done.saturating_sub(r1.seen),
-            leg10: r0.seen.saturating_sub(r1.send_done),
-        }
+        let (start, end) = (r0.send_start, r0.seen.max(r0.send_start));
+        let mut at = start;
+        // The time from the last cut to `t`, with `t` kept within `at..=end`; `t` becomes the cut.
+        let mut part = |t: u64| {
+            let t = t.clamp(at, end);
+            let d = t - at;
+            at = t;
+            d
+        };
+        Self { post0: part(r0.send_done), leg01: part(r1.seen), turn1: part(r1.send_done), leg10: part(end) }
     }
 }
 
@@ -510,3 +517,30 @@ impl PingPong {
 /// Offset of the kernel arguments in the GPU state buffer (after up to two QP handles, 256-byte aligned).
 const GPU_ARGS: usize = 512;
 const _: () = assert!(2 * std::mem::size_of::<QpHandle>() <= GPU_ARGS);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phases(send_start: u64, send_done: u64, seen: u64) -> Phases {
+        Phases { send_start, send_done, seen, pad: 0 }
+    }
+
+    #[test]
+    fn a_split_of_readings_in_order_is_their_differences() {
+        // Rank 0 sends at 100..130, rank 1 sees at 1,100 and has sent at 1,150, rank 0 sees at 2,000.
+        let s = Split::of(&phases(100, 130, 2_000), &phases(0, 1_150, 1_100));
+        assert_eq!(s, Split { post0: 30, leg01: 970, turn1: 50, leg10: 850 });
+    }
+
+    #[test]
+    fn a_reading_before_the_previous_cut_counts_in_the_part_before_it() {
+        // Rank 0's thread read its clock after its send at 900, after rank 1 had seen the semaphore (600): the
+        // leg to rank 1 is 0 and rank 0's post takes the 800 ns; the parts still add up to the 1,900.
+        let s = Split::of(&phases(100, 900, 2_000), &phases(0, 1_000, 600));
+        assert_eq!(s, Split { post0: 800, leg01: 0, turn1: 100, leg10: 1_000 });
+        // Rank 1's send returning after rank 0 saw its semaphore: the last leg is 0.
+        let s = Split::of(&phases(100, 130, 2_000), &phases(0, 2_100, 1_100));
+        assert_eq!(s, Split { post0: 30, leg01: 970, turn1: 900, leg10: 0 });
+    }
+}

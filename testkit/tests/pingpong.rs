@@ -39,12 +39,15 @@ fn run_sizes(kind: ExecutorKind, blueflame: bool) {
         assert_eq!(r.checked, 2 * (iters + warmup) as u64, "{size} bytes");
         assert_eq!(r.round_trip_ns.len(), iters as usize);
         assert!(r.round_trip_ns.iter().all(|&t| t > 0));
-        // Both ranks ran here: each round trip's split adds up to it (one clock, readings in order).
+        // Both ranks ran here: each round trip's split adds up to it (one clock). Both legs cross the NIC, so
+        // they take time, but on CPU threads a rank descheduled between ringing and reading its clock reads
+        // after the peer saw the semaphore (that leg is then 0): most round trips, not all.
         assert_eq!(r.split.len(), iters as usize);
         for (s, &rt) in r.split.iter().zip(&r.round_trip_ns) {
             assert_eq!(s.post0 + s.leg01 + s.turn1 + s.leg10, rt, "{size} bytes: {s:?}");
-            assert!(s.leg01 > 0 && s.leg10 > 0, "{size} bytes: a leg crosses the NIC: {s:?}");
         }
+        let crossed = r.split.iter().filter(|s| s.leg01 > 0 && s.leg10 > 0).count();
+        assert!(2 * crossed > iters as usize, "{size} bytes: {crossed} of {iters} round trips with both legs");
     }
     let s = pp.nic().as_emu().expect("emulated NIC").stats();
     let trips = ((iters + warmup) as usize * sizes.len()) as u64;
