@@ -381,15 +381,22 @@ impl CqPoll {
         Self { h: cq.handle(), ci: 0 }
     }
 
-    /// The next CQE if the NIC has written it; consumes it and updates the dbrec.
-    pub fn poll(&mut self) -> Option<Cqe64> {
-        let base = self.h.buf + (self.ci % self.h.ncqe as u64) * 64;
+    /// Whether the NIC has written CQE `idx` (counted from the CQ's start, less than `ci + ncqe`), without
+    /// consuming anything: the NIC's CQE count may lead what is written when CQEs go through its copier.
+    pub fn written(&self, idx: u64) -> bool {
+        let base = self.h.buf + (idx % self.h.ncqe as u64) * 64;
         // SAFETY: the op_own byte of an entry inside the CQ ring.
         let op_own =
             unsafe { AtomicU8::from_ptr((base + offset_of!(Cqe64, op_own) as u64) as *mut u8) }.load(Ordering::Acquire);
-        if !is_sw_owned(op_own, self.ci, self.h.ncqe) {
+        is_sw_owned(op_own, idx, self.h.ncqe)
+    }
+
+    /// The next CQE if the NIC has written it; consumes it and updates the dbrec.
+    pub fn poll(&mut self) -> Option<Cqe64> {
+        if !self.written(self.ci) {
             return None;
         }
+        let base = self.h.buf + (self.ci % self.h.ncqe as u64) * 64;
         let mut words = [0u64; 8];
         for (i, w) in words.iter_mut().enumerate() {
             // SAFETY: an 8-aligned word inside the entry.
