@@ -319,6 +319,30 @@ fn hellos_naming_the_wrong_nic_qp_or_version_are_rejected_with_the_reason() {
     assert_eq!(qp.state(), QpState::Rts);
 }
 
+/// Two hellos for one QP at once: however their threads interleave, one is answered and the other refused as
+/// busy (the first to find the link takes it before answering; a link merely not up yet is not enough).
+#[test]
+fn two_hellos_at_once_bring_the_link_up_once() {
+    for round in 0..20 {
+        let v = Victim::new(Duration::from_millis(300));
+        let qp = v.nic.create_qp(&v.pd, &v.cq, 64).unwrap();
+        let ep = Endpoint { nic: SMALL_NIC, qpn: FAKE_QPN, psn: 0, wire: Some("127.0.0.1:9".parse().unwrap()) };
+        qp.connect(&ep).unwrap();
+        let me = v.nic.id();
+        let mut conns: Vec<TcpStream> =
+            (0..2).map(|_| TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap()).collect();
+        for c in &mut conns {
+            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            c.write_all(&hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), 1)).unwrap();
+        }
+        let mut answers: Vec<(u8, u32)> =
+            conns.iter_mut().map(|c| read_frame(c).expect("an answer")).map(|(h, _)| (h.kind, h.w3)).collect();
+        answers.sort();
+        assert_eq!(answers, [(kind::HELLO_ACK, 0), (kind::REJECT, 4)], "round {round}");
+        assert_eq!(qp.state(), QpState::Rts);
+    }
+}
+
 // ---- 2. a hostile requester: requests to the NIC under test's MRs ----
 
 /// The NIC under test as responder, with an MR of 256 bytes (guarded), an MR of another PD, and a fresh QP

@@ -122,7 +122,8 @@ fn accept(mut stream: TcpStream, from: SocketAddr, fab: Weak<Fabric>, mb: Mailbo
 }
 
 /// The link of local QP `dst_qpn` if it is connected to `src_qpn` of NIC `src_nic` and not up yet, waiting
-/// up to `timeout` for its INIT2RTR to run.
+/// up to `timeout` for its INIT2RTR to run; claimed for this hello ([`Link::claim`]), so that any other hello
+/// for it is refused as busy.
 fn find_link(
     fab: &Weak<Fabric>,
     src_nic: u64,
@@ -144,7 +145,7 @@ fn find_link(
             if (link.remote.nic, link.remote.qpn) != (src_nic, src_qpn) {
                 return Err(reject::OTHER_PEER);
             }
-            if !link.is_connecting() || link.dials() {
+            if link.dials() || !link.claim() {
                 return Err(reject::BUSY);
             }
             return Ok(link.clone());

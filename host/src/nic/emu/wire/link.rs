@@ -64,6 +64,8 @@ impl Inbound {
 const CONNECTING: u8 = 0;
 const UP: u8 = 1;
 const DOWN: u8 = 2;
+/// An accepted hello took the link ([`Link::claim`]) and is answering it: a second hello is refused.
+const ACCEPTING: u8 = 3;
 
 /// How long an accepted connection may take to say hello.
 pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -118,9 +120,12 @@ impl Link {
         self.state.load(Ordering::Acquire) == UP
     }
 
-    /// Whether the connection has not come up yet (nor gone down): what an accepted hello may bring up.
-    pub(super) fn is_connecting(&self) -> bool {
-        self.state.load(Ordering::Acquire) == CONNECTING
+    /// Takes a link that has not come up yet (nor gone down, nor been taken by another hello) for the hello
+    /// being answered, so that a second hello, even one that arrives before the answer goes out, finds it
+    /// taken. Returns whether it took it.
+    pub(super) fn claim(&self) -> bool {
+        !self.is_closed()
+            && self.state.compare_exchange(CONNECTING, ACCEPTING, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
     fn is_closed(&self) -> bool {
@@ -132,10 +137,11 @@ impl Link {
         self.state.load(Ordering::Acquire) == DOWN
     }
 
-    /// Makes `stream` the write side. Fails when the link was already up (a second hello) or closed.
+    /// Makes `stream` the write side of a link being connected (the dialer's) or claimed (the acceptor's).
+    /// Fails when the link was already up or is down or closed.
     pub(super) fn set_up(&self, stream: TcpStream) -> bool {
         let mut s = lock(&self.stream);
-        if self.is_closed() || !self.is_connecting() {
+        if self.is_closed() || !matches!(self.state.load(Ordering::Acquire), CONNECTING | ACCEPTING) {
             return false;
         }
         *s = Some(stream);
