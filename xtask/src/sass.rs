@@ -1653,9 +1653,13 @@ $p$_RNvNtCs1_5gdaki_device2qp11out_of_line:
         assert_eq!(got, [(0x10, 0x70, 7, 1, 2, false), (0xc0, 0xe0, 3, 1, 1, true)]);
         assert!(loop_table(&loops).lines().nth(2).unwrap().contains("yes"));
         // An iteration runs the body once with its store and takes the branch back; none has no store or two.
-        let iteration = |l: &PostingLoop, k| loop_iteration(&sections[0], l, k, 0).expect("search").map(|p| p.len());
-        assert_eq!([0, 1, 2].map(|k| iteration(&loops[0], k)), [None, Some(7), None]);
-        assert_eq!(iteration(&loops[1], 1), Some(3));
+        assert_eq!(iterations(&sections[0], &loops[0]), [None, Some(7), None]);
+        assert_eq!(iterations(&sections[0], &loops[1])[1], Some(3));
+    }
+
+    /// The lengths of `l`'s fastest iterations with 0, 1 and 2 MMIO stores (`None`: no such iteration).
+    fn iterations(section: &Section, l: &PostingLoop) -> [Option<usize>; 3] {
+        [0, 1, 2].map(|k| loop_iteration(section, l, k, 0).expect("search").map(|p| p.len()))
     }
 
     /// A loop of batches that rings after an inner loop of WQE stores and a loop that waits, and a loop that
@@ -1692,9 +1696,8 @@ n:
         let got: Vec<_> = loops.iter().map(|l| (l.start, l.end, l.instructions, l.mmio)).collect();
         // The waiting loop (0x70-0x80) stores nothing: not listed.
         assert_eq!(got, [(0x20, 0x50, 4, 0), (0x10, 0x90, 9, 1)]);
-        let iteration = |l: &PostingLoop, k| loop_iteration(&sections[0], l, k, 0).expect("search").map(|p| p.len());
-        assert_eq!([0, 1, 2].map(|k| iteration(&loops[0], k)), [Some(4), None, None]);
-        assert_eq!([0, 1, 2].map(|k| iteration(&loops[1], k)), [None, Some(9), None]);
+        assert_eq!(iterations(&sections[0], &loops[0]), [Some(4), None, None]);
+        assert_eq!(iterations(&sections[0], &loops[1]), [None, Some(9), None]);
     }
 
     #[test]
