@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// What the emulated NIC has seen and done since it was opened (all QPs together). A snapshot: counters are
-/// read one by one, so a snapshot taken while WQEs run may mix moments.
+/// read one by one, so a snapshot taken while WQEs run may mix moments. A CQE is counted by the NIC's thread
+/// just after it writes it, or just after it queues it behind the data it reports (queues in GPU memory):
+/// the CQE counts may trail the CQEs software has polled, or lead the ones it can see.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -50,8 +52,7 @@ pub struct Stats {
     pub dbrec_mismatches: u64,
     /// WQEs executed successfully (NOPs included).
     pub wqes: u64,
-    /// Successful CQEs produced (requester and responder), counted when written or when queued behind the
-    /// data they report: the count may run ahead of the CQEs software can see.
+    /// Successful CQEs written or queued (requester and responder).
     pub cqes: u64,
     /// Error CQEs written for failed WQEs (flushes not included).
     pub error_cqes: u64,
