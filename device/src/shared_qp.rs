@@ -41,7 +41,7 @@ use crate::thread::CtaGroup;
 use crate::wait::{bounded, bounded_steps, Step};
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
-use gdaki_shared::handle::{ErrorReport, QpHandle, SqState};
+use gdaki_shared::handle::{QpHandle, SqState};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg};
 
 /// The most WQEBBs one reservation of [`SharedQp::post`] takes: a warp's 32 lanes (one on the host) of
@@ -168,18 +168,6 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // SAFETY: as in `resv`.
         self.word(|s| unsafe { addr_of_mut!((*s).err) })
     }
-    fn team_lock(&self) -> *mut u32 {
-        // SAFETY: as in `resv`.
-        self.word(|s| unsafe { addr_of_mut!((*s).team_lock) })
-    }
-    fn team_base(&self) -> *mut u64 {
-        // SAFETY: as in `resv`.
-        self.word(|s| unsafe { addr_of_mut!((*s).team_base) })
-    }
-    fn team_err(&self, i: usize) -> *mut u64 {
-        // SAFETY: as in `resv`; `i` < 4 (the callers' loops).
-        self.word(|s| unsafe { addr_of_mut!((*s).team_err[i]) })
-    }
     fn poll_lock(&self) -> *mut u32 {
         // SAFETY: as in `resv`.
         self.word(|s| unsafe { addr_of_mut!((*s).poll_lock) })
@@ -234,14 +222,16 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// RDMA WRITE / READ with one SGE, atomics, NOP, inline WRITEs of up to 28 bytes). Returns, to the
     /// members with a WQE, the ticket of the batch's last WQE; `None` to the others and for an empty batch.
     ///
-    /// DOCA GPUNetIO's CTA-scope post: the leader (rank 0) reserves the `k` WQEBBs with one atomic add (under
-    /// [`SqState::team_lock`], which hands the base to the members), waits for room, and after a barrier member
-    /// `r` stores its WQE at `base + r`; only the last WQE asks for a CQE (its CQE retires the whole batch, and
+    /// DOCA GPUNetIO's CTA-scope post: the leader (rank 0) reserves the `k` WQEBBs with one atomic add and waits
+    /// for room; a barrier that hands its base (or its error) to the members ([`CtaGroup::barrier_broadcast`]:
+    /// the CTA's shared memory on the GPU), and member `r` stores its WQE at `base + r`; only the last WQE asks for a CQE (its CQE retires the whole batch, and
     /// [`SharedQp::flush`] waits for it; a CQE period's end inside the batch is covered by it, since it comes later and
     /// before any later reservation, which is all [`cqe_period`] needs); after another barrier the leader publishes the
     /// batch in order with the single posters and rings one doorbell for it (or leaves it to a later poster, as
-    /// [`SharedQp::post`] does). Five barriers of `g` in all; for Device scope several CTAs may post teams (and single
-    /// posts) to the QP at once, their teams taking the lock in turn.
+    /// [`SharedQp::post`] does). Five barriers of `g` in all (the broadcast is two on the GPU); for Device scope
+    /// several CTAs may post teams (and single posts) to the QP at once, each team a poster of the chain like a
+    /// single one: nothing of a team's but its WQEs is in the QP's memory, so teams never wait for each other but
+    /// for their turns.
     ///
     /// # Errors
     /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
@@ -251,8 +241,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// WQEBBs are reserved: [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`], or
     /// [`Error::UnexpectedCqe`], for every member (the leader's own; the others the same but for their
     /// `waited_ns`, which is the QP's timeout), and the batch stays unpublished, as a single post that
-    /// times out does. A leader that waits longer than the timeout for another CTA's team gives
-    /// [`WaitOn::Publish`] too, before anything is reserved.
+    /// times out does.
     pub fn post_team<const N: usize>(&self, g: &impl CtaGroup, wqe: Result<Option<Wqe<N>>>) -> Result<Option<Ticket>> {
         let cnt = self.wqe_cnt();
         // What every member can check for itself, with the same outcome for all (one handle).
@@ -276,40 +265,30 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             return Ok(None);
         }
         let (lead, n) = (rank == 0, count as u64);
-        let mut lock_err = None;
+        // The leader's reservation, handed to the members: word 0 is 0 and word 1 the base, or the words of
+        // the error it met waiting for room (words 0, 1, 3 and 4 of its `ErrorReport`: kind and CQE fields,
+        // `expected`, `detail`, `addr`; no error met there has a `seen`, and every kind is nonzero).
+        let mut words = [0u64; 4];
         if lead {
-            match self.lock_team() {
-                Ok(()) => {
-                    // SAFETY: the state's words (contract of `new`); `team_base` is the lock holder's.
-                    let base = unsafe { S::fetch_add(self.resv(), n) };
-                    // SAFETY: as above.
-                    unsafe { sync::store_volatile(self.team_base(), base) };
-                    let r = self.wait_room(base + n, n);
-                    let words: [u64; 5] = bytemuck::cast(r.err().map_or(ErrorReport::default(), Error::to_report));
-                    for (i, w) in [0, 1, 3, 4].into_iter().enumerate() {
-                        // SAFETY: the lock holder's words; read by the members after the next barrier.
-                        unsafe { sync::store_volatile(self.team_err(i), words[w]) };
-                    }
+            // SAFETY: the state's word (contract of `new`).
+            let base = unsafe { S::fetch_add(self.resv(), n) };
+            words = match self.wait_room(base + n, n) {
+                Ok(()) => [0, base, 0, 0],
+                Err(e) => {
+                    let r: [u64; 5] = bytemuck::cast(e.to_report());
+                    [r[0], r[1], r[3], r[4]]
                 }
-                Err(e) => lock_err = Some(e),
-            }
+            };
         }
-        // Barrier 3: the leader holds the lock, and the base and its result are in the team words.
-        if g.barrier_or(lock_err.is_some()) {
-            return Err(lock_err.unwrap_or_else(|| self.publish_timeout(None)));
-        }
-        // SAFETY: the team words, written by this team's leader before the barrier and not rewritten until it
-        // unlocks after the next one.
-        let (base, err) = unsafe {
-            let mut words = [0u64; 5];
-            for (i, w) in [0, 1, 3, 4].into_iter().enumerate() {
-                words[w] = sync::load_volatile(self.team_err(i));
-            }
-            (sync::load_volatile(self.team_base()), words)
+        // Barrier 3: the leader's base or error, to every member.
+        let words = g.barrier_broadcast(words);
+        let (base, err) = if words[0] as u32 == 0 {
+            (words[1], None)
+        } else {
+            let r = bytemuck::cast([words[0], words[1], 0, words[2], words[3]]);
+            (0, Some(Error::from_report(&r).unwrap_or(Error::InvalidArgument(InvalidArgument::Team))))
         };
         let last = base + n - 1;
-        let err = (err[0] as u32 != 0)
-            .then(|| Error::from_report(&bytemuck::cast(err)).unwrap_or(Error::InvalidArgument(InvalidArgument::Team)));
         if let Some(w) = &w {
             if err.is_none() {
                 let idx = base + rank as u64;
@@ -317,13 +296,11 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 self.store(idx, w, flags);
             }
         }
-        // Barrier 4: every member has read the team words and every WQE is stored (before the leader's release
-        // in `publish`: the barrier orders the members' stores before it).
+        // Barrier 4: every WQE is stored (before the leader's release in `publish`: the barrier orders the
+        // members' stores before it).
         let _ = g.barrier_or(false);
         let mut r = Ok(());
         if lead {
-            // SAFETY: the lock this leader holds; every member has read the team words (the barrier).
-            unsafe { S::unlock(self.team_lock()) };
             r = match err {
                 Some(e) => Err(e),
                 None => self.publish(base, base + n, last, true),
@@ -333,32 +310,16 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         if g.barrier_or(r.is_err()) {
             return Err(match (r, err) {
                 (Err(e), _) | (_, Some(e)) => e,
-                _ => self.publish_timeout(Some(base)),
+                _ => self.publish_timeout(base),
             });
         }
         Ok(w.map(|_| Ticket(last)))
     }
 
-    /// The timeout a member reports for its leader's wait on the team lock (`first` `None`: at the QP's
-    /// reservation count) or on earlier posters' publication (of the batch at `first`).
-    fn publish_timeout(&self, first: Option<u64>) -> Error {
-        // SAFETY: the state's word (contract of `new`).
-        let wqe_index = first.unwrap_or_else(|| unsafe { S::load_acquire(self.resv()) });
-        Error::Timeout(Timeout { on: WaitOn::Publish { wqe_index }, waited_ns: self.timeout_ns })
-    }
-
-    /// Takes [`SqState::team_lock`] for a team post, waiting for another CTA's team.
-    ///
-    /// # Errors
-    /// [`Error::Timeout`] on [`WaitOn::Publish`] at the QP's reservation count.
-    fn lock_team(&self) -> Result<()> {
-        bounded(
-            self.timeout_ns,
-            // SAFETY: the lock word of the state (contract of `new`).
-            || Ok(unsafe { S::try_lock(self.team_lock()) }.then_some(())),
-            // SAFETY: the state's word.
-            || WaitOn::Publish { wqe_index: unsafe { S::load_acquire(self.resv()) } },
-        )
+    /// The timeout a member reports for its leader's wait on earlier posters' publication (of the batch at
+    /// `first`).
+    fn publish_timeout(&self, first: u64) -> Error {
+        Error::Timeout(Timeout { on: WaitOn::Publish { wqe_index: first }, waited_ns: self.timeout_ns })
     }
 
     /// Waits until WQEBBs up to `end` (a reservation of `n`) are free in the ring, retiring and ringing meanwhile.

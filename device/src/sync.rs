@@ -356,6 +356,45 @@ pub fn cta_barrier_count(flag: bool) -> u32 {
     n
 }
 
+// The words of `cta_barrier_broadcast`: 32 bytes of each CTA's shared memory, declared once for the PTX module.
+// A declaration inside the function's inline assembly would be one variable per copy of that assembly, and
+// the compiler may copy it (into the leader's branch and the others', say), leaving the members reading words
+// the leader never wrote.
+#[cfg(target_arch = "nvptx64")]
+core::arch::global_asm!(".shared .align 16 .b64 gdaki_cta_words[4];");
+
+/// [`cta_barrier`] that hands four words from the thread that passes `from = true` to every thread of the CTA
+/// (a `__shared__` array written before `__syncthreads` and read after it, as DOCA GPUNetIO's CTA-scope post
+/// hands its leader's WQE index to the block): the sender stores them to the CTA's shared memory, a barrier,
+/// every thread loads them, and a second barrier keeps the next call's store from overwriting them before every
+/// thread has read them. Exactly one thread of the CTA passes `true` (with none, every thread reads what the
+/// last call left, zeros at first). Non-aligned barriers, as [`cta_barrier`]. nvptx only.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn cta_barrier_broadcast(from: bool, words: [u64; 4]) -> [u64; 4] {
+    let (a, b, c, d): (u64, u64, u64, u64);
+    // SAFETY: shared-memory accesses to the module's own `gdaki_cta_words` (32 bytes, 16-byte aligned) and two
+    // barriers that every thread of the CTA reaches (the callers' protocol).
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred %f; setp.ne.u32 %f, {from}, 0;",
+            "@%f st.shared.v2.u64 [gdaki_cta_words], {{{a}, {b}}};",
+            "@%f st.shared.v2.u64 [gdaki_cta_words+16], {{{c}, {d}}};",
+            "barrier.sync 0;",
+            "ld.shared.v2.u64 {{{a}, {b}}}, [gdaki_cta_words];",
+            "ld.shared.v2.u64 {{{c}, {d}}}, [gdaki_cta_words+16];",
+            "barrier.sync 0; }}",
+            from = in(reg32) from as u32,
+            a = inout(reg64) words[0] => a,
+            b = inout(reg64) words[1] => b,
+            c = inout(reg64) words[2] => c,
+            d = inout(reg64) words[3] => d,
+            options(nostack)
+        )
+    };
+    [a, b, c, d]
+}
+
 /// Nanoseconds from an arbitrary epoch: `%globaltimer` on nvptx, a process-wide monotonic clock on the host.
 #[inline(always)]
 pub fn clock_ns() -> u64 {

@@ -199,6 +199,10 @@ pub unsafe trait CtaGroup {
     fn barrier_or(&self, flag: bool) -> bool;
     /// A barrier over the group that returns how many members passed `true`.
     fn barrier_count(&self, flag: bool) -> u32;
+    /// A barrier over the group that returns rank 0's `words` to every member (the other members' `words` are
+    /// not read): how a team's leader hands what it alone did (a reservation's base, its error) to the
+    /// members. Every member calls it, as every barrier.
+    fn barrier_broadcast(&self, words: [u64; 4]) -> [u64; 4];
 }
 
 // SAFETY: the block's threads have distinct linear indices below the block size, and `barrier.sync` (on the
@@ -220,6 +224,15 @@ unsafe impl CtaGroup for Thread {
     #[inline(always)]
     fn barrier_count(&self, flag: bool) -> u32 {
         self.sync_threads_count(flag)
+    }
+    #[inline(always)]
+    fn barrier_broadcast(&self, words: [u64; 4]) -> [u64; 4] {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            crate::sync::cta_barrier_broadcast(self.tid() == 0, words)
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.host.block.sync_words(self.tid() == 0, false, words).2
     }
 }
 
@@ -270,6 +283,11 @@ pub(crate) mod host {
         last_or: bool,
         /// The count of the last completed round.
         last_count: u32,
+        /// The words a thread last handed to the others ([`BlockBarrier::sync_words`]), kept until the next
+        /// thread hands some (as the GPU's shared memory keeps them); those at the end of the last completed
+        /// round.
+        words: [u64; 4],
+        last_words: [u64; 4],
     }
 
     impl BlockBarrier {
@@ -283,6 +301,8 @@ pub(crate) mod host {
                     round: 0,
                     last_or: false,
                     last_count: 0,
+                    words: [0; 4],
+                    last_words: [0; 4],
                 }),
                 changed: Condvar::new(),
             }
@@ -297,6 +317,7 @@ pub(crate) mod host {
             if s.arrived > 0 && s.arrived >= s.live {
                 s.last_or = s.or;
                 s.last_count = s.count;
+                s.last_words = s.words;
                 s.or = false;
                 s.count = 0;
                 s.arrived = 0;
@@ -307,7 +328,17 @@ pub(crate) mod host {
 
         /// Waits for the round; returns the OR of the flags and the number of `true` flags.
         pub(crate) fn sync(&self, flag: bool) -> (bool, u32) {
+            let (or, count, _) = self.sync_words(false, flag, [0; 4]);
+            (or, count)
+        }
+
+        /// [`BlockBarrier::sync`] that also returns the `words` of the thread that passed `from = true` this
+        /// round (the last such thread's; those of the previous round when none did).
+        pub(crate) fn sync_words(&self, from: bool, flag: bool, words: [u64; 4]) -> (bool, u32, [u64; 4]) {
             let mut s = self.lock();
+            if from {
+                s.words = words;
+            }
             s.or |= flag;
             s.count += flag as u32;
             s.arrived += 1;
@@ -316,7 +347,7 @@ pub(crate) mod host {
             while s.round == round {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
-            (s.last_or, s.last_count)
+            (s.last_or, s.last_count, s.last_words)
         }
 
         /// A thread of the block returned from the kernel.
@@ -350,5 +381,29 @@ mod tests {
         assert_eq!(d.count(), 24);
         assert_eq!(d.linear(Dim3::new(1, 2, 1)), 1 + 2 * 4 + 12);
         assert_eq!(Dim3::x(7), Dim3::new(7, 1, 1));
+    }
+
+    /// The `cpu` executor's block barrier hands the sender's words to every thread of each round, also when the
+    /// sender is not the last to arrive, and counts and ORs the flags of the same round.
+    #[test]
+    fn block_barrier_hands_the_senders_words_to_every_thread() {
+        const THREADS: u64 = 4;
+        let b = host::BlockBarrier::new(THREADS as u32);
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let b = &b;
+                s.spawn(move || {
+                    for k in 0..200u64 {
+                        let from = k % THREADS;
+                        let mine = [k, t, k.wrapping_mul(0x9e37_79b9_7f4a_7c15), !k];
+                        let (or, count, got) = b.sync_words(t == from, t == 0, mine);
+                        assert_eq!(got, [k, from, k.wrapping_mul(0x9e37_79b9_7f4a_7c15), !k], "round {k}, thread {t}");
+                        assert_eq!((or, count), (true, 1), "round {k}, thread {t}");
+                        // A plain barrier between hand-overs, so that the sender of the next round may arrive first.
+                        assert_eq!(b.sync(false), (false, 0));
+                    }
+                });
+            }
+        });
     }
 }

@@ -675,30 +675,46 @@ fn a_connection_changes_sharing_mode_between_uses() {
 /// executor's block barrier keeps one.
 struct TeamSync {
     members: u32,
-    state: std::sync::Mutex<(u32, u32, u64, u32)>,
+    state: std::sync::Mutex<Round>,
     changed: std::sync::Condvar,
+}
+
+/// A [`TeamSync`]'s barrier state.
+#[derive(Default)]
+struct Round {
+    arrived: u32,
+    count: u32,
+    round: u64,
+    last_count: u32,
+    /// The words rank 0 handed over this round, and those of the last completed round.
+    words: [u64; 4],
+    last_words: [u64; 4],
 }
 
 impl TeamSync {
     fn new(members: u32) -> Self {
-        TeamSync { members, state: std::sync::Mutex::new((0, 0, 0, 0)), changed: std::sync::Condvar::new() }
+        TeamSync { members, state: std::sync::Mutex::new(Round::default()), changed: std::sync::Condvar::new() }
     }
 
-    /// Waits for every member; returns how many passed `true`.
-    fn sync(&self, flag: bool) -> u32 {
+    /// Waits for every member; returns how many passed `true` and the `words` of the member that passed
+    /// `from = true`.
+    fn sync(&self, flag: bool, from: Option<[u64; 4]>) -> (u32, [u64; 4]) {
         let mut s = self.state.lock().unwrap();
-        // (arrived, count, round, last round's count)
-        s.0 += 1;
-        s.1 += flag as u32;
-        let round = s.2;
-        if s.0 == self.members {
-            *s = (0, 0, round + 1, s.1);
+        s.arrived += 1;
+        s.count += flag as u32;
+        if let Some(w) = from {
+            s.words = w;
+        }
+        let round = s.round;
+        if s.arrived == self.members {
+            (s.last_count, s.last_words) = (s.count, s.words);
+            (s.arrived, s.count, s.round) = (0, 0, round + 1);
             self.changed.notify_all();
         }
-        while s.2 == round {
+        while s.round == round {
             s = self.changed.wait(s).unwrap();
         }
-        s.3
+        (s.last_count, s.last_words)
     }
 }
 
@@ -718,10 +734,13 @@ unsafe impl gdaki_device::thread::CtaGroup for Member<'_> {
         self.team.members
     }
     fn barrier_or(&self, flag: bool) -> bool {
-        self.team.sync(flag) != 0
+        self.team.sync(flag, None).0 != 0
     }
     fn barrier_count(&self, flag: bool) -> u32 {
-        self.team.sync(flag)
+        self.team.sync(flag, None).0
+    }
+    fn barrier_broadcast(&self, words: [u64; 4]) -> [u64; 4] {
+        self.team.sync(false, (self.rank == 0).then_some(words)).1
     }
 }
 
@@ -771,7 +790,7 @@ fn team_puts<S: Sharing>(nteams: usize, members: u32, calls: usize, flush_each: 
             if flush_each {
                 ch.flush().unwrap_or_else(|e| panic!("team {t} rank {} flush {i}: {e}", m.rank));
                 // Every member's flush is over before the next call rings.
-                m.team.sync(false);
+                m.team.sync(false, None);
             }
         }
         ch.flush().unwrap_or_else(|e| panic!("team {t} rank {} flush: {e}", m.rank));
@@ -791,7 +810,7 @@ fn team_puts<S: Sharing>(nteams: usize, members: u32, calls: usize, flush_each: 
     assert!(l.dst.guards_intact() && l.src.guards_intact());
     // SAFETY: every thread has finished; the state is plain memory.
     let st = unsafe { std::ptr::read_volatile(&l.qp_h.sq) };
-    assert_eq!((st.pi, st.ready, st.err_idx, st.team_lock), (wqes, wqes, 0, 0), "{st:?}");
+    assert_eq!((st.pi, st.ready, st.err_idx), (wqes, wqes, 0), "{st:?}");
     assert!(st.ci >= st.sig_first && st.rung == st.ready, "all retired and rung: {st:?}");
     let nic = l._nics[0].stats();
     let team_calls = (nteams * calls) as u64;

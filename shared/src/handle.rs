@@ -110,10 +110,10 @@ pub struct QpHandle {
 /// `cq.cons_index` forward (a CQE completes every earlier WQE, so `ci` jumps to its WQE index + 1) and records
 /// the first error CQE, which the NIC writes for unsignaled WQEs too.
 ///
-/// A team post (the threads of one CTA together, one WQEBB each) makes one reservation: its leader takes
-/// `team_lock`, adds the whole batch to `pi`, waits for room and leaves the base in `team_base`; after a
-/// CTA barrier every member stores its WQE (only the last asks for a CQE), and after another the leader
-/// publishes the batch as one poster would and rings once.
+/// A team post (the threads of one CTA together, one WQEBB each) makes one reservation: its leader adds the
+/// whole batch to `pi` and waits for room; a CTA barrier hands the base to the members (through the CTA's
+/// shared memory, never this state), every member stores its WQE (only the last asks for a CQE), and after
+/// another barrier the leader publishes the batch as one poster would and rings once.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
 pub struct SqState {
@@ -140,17 +140,10 @@ pub struct SqState {
     pub poll_lock: u32,
     /// 1 while a thread writes the dbrec and rings the doorbell, else 0.
     pub db_lock: u32,
-    /// 1 while a team post (the threads of one CTA posting together) owns the two `team_*` words below,
-    /// else 0: its leader takes it before its reservation and releases it once every member has read them.
-    pub team_lock: u32,
-    /// The team post's first WQEBB index, which its leader reserved for all members.
-    pub team_base: u64,
-    /// The leader's error while reserving, for the other members: words 0, 1, 3 and 4 of its `ErrorReport`
-    /// (kind and CQE fields, `expected`, `detail`, `addr`; no error it can meet there has a `seen`); word 0 is
-    /// 0 when there was none.
-    pub team_err: [u64; 4],
     /// Zero: keeps the state 128 bytes (the handle's second half).
-    pub pad: [u64; 2],
+    pub pad32: u32,
+    /// Zero, as `pad32`.
+    pub pad: [u64; 7],
 }
 
 impl SqState {
@@ -168,10 +161,8 @@ impl SqState {
             err: 0,
             poll_lock: 0,
             db_lock: 0,
-            team_lock: 0,
-            team_base: 0,
-            team_err: [0; 4],
-            pad: [0; 2],
+            pad32: 0,
+            pad: [0; 7],
         }
     }
 }
@@ -234,9 +225,8 @@ const _: () = {
     assert!(offset_of!(QpHandle, cq) == 32);
     assert!(offset_of!(QpHandle, sq) == 128);
     assert!(size_of::<SqState>() == 128);
-    assert!(offset_of!(SqState, team_lock) == 68);
-    assert!(offset_of!(SqState, team_base) == 72);
-    assert!(offset_of!(SqState, team_err) == 80);
+    assert!(offset_of!(SqState, pad32) == 68);
+    assert!(offset_of!(SqState, pad) == 72);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);
