@@ -189,7 +189,10 @@ impl Thread {
 /// Implementors promise barrier semantics that the team protocols rely on for the WQEs they store: the
 /// members have distinct ranks `0 .. members()`; every member calls each barrier, in the same order; a
 /// barrier returns only when all members have reached it, and orders every memory access a member made before
-/// it before every access any member makes after it (as `barrier.sync` does among a CTA's threads).
+/// it before every access any member makes after it (as `barrier.sync` does among a CTA's threads); and
+/// [`CtaGroup::barrier_broadcast`] returns to every member exactly the words rank 0 passed to that call (a team
+/// post stores each member's WQE at the leader's base plus its rank: a wrong base would overwrite WQEBBs that
+/// another poster owns).
 pub unsafe trait CtaGroup {
     /// This member's rank, `0 .. members()`.
     fn rank(&self) -> u32;
