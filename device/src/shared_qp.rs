@@ -223,12 +223,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// members with a WQE, the ticket of the batch's last WQE; `None` to the others and for an empty batch.
     ///
     /// DOCA GPUNetIO's CTA-scope post: the leader (rank 0) reserves the `k` WQEBBs with one atomic add and waits
-    /// for room; a barrier that hands its base (or its error) to the members ([`CtaGroup::barrier_broadcast`]:
-    /// the CTA's shared memory on the GPU), and member `r` stores its WQE at `base + r`; only the last WQE asks for a CQE (its CQE retires the whole batch, and
-    /// [`SharedQp::flush`] waits for it; a CQE period's end inside the batch is covered by it, since it comes later and
-    /// before any later reservation, which is all [`cqe_period`] needs); after another barrier the leader publishes the
-    /// batch in order with the single posters and rings one doorbell for it (or leaves it to a later poster, as
-    /// [`SharedQp::post`] does). Five barriers of `g` in all (the broadcast is two on the GPU); for Device scope
+    /// for room; a barrier hands its base (or its error) to the members ([`CtaGroup::barrier_broadcast`]: the
+    /// CTA's shared memory on the GPU), and member `r` stores its WQE at `base + r`; only the last WQE asks for a
+    /// CQE (its CQE retires the whole batch, and [`SharedQp::flush`] waits for it; a CQE period's end inside the
+    /// batch is covered by it, since it comes later and before any later reservation, which is all
+    /// [`cqe_period`] needs); after another barrier the leader publishes the batch in order with the single
+    /// posters and rings one doorbell for it (or leaves it to a later poster, as [`SharedQp::post`] does). Five barriers of `g` in all (the broadcast is two on the GPU); for Device scope
     /// several CTAs may post teams (and single posts) to the QP at once, each team a poster of the chain like a
     /// single one: nothing of a team's but its WQEs is in the QP's memory, so teams never wait for each other but
     /// for their turns.
