@@ -408,7 +408,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// A member whose piece is out of range gets what [`PortChannel::put`] returns for it
     /// ([`InvalidArgument::LocalRange`], [`InvalidArgument::RemoteRange`]) and [`InvalidArgument::Length`] for
     /// a piece longer than one WQE takes; in Block and Device sharing every other member then gets
-    /// [`InvalidArgument::Team`], and nothing is posted; the other errors of [`SharedQp::post_team`].
+    /// [`InvalidArgument::Team`], and nothing is posted, as every member does when some threads of the block
+    /// never make the call (they returned from the kernel first); the other errors of
+    /// [`SharedQp::post_team`].
     #[inline(always)]
     pub fn put_team(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {
@@ -433,8 +435,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// The whole range is checked first, by every member alike: a zero length is [`InvalidArgument::Length`],
     /// a range outside either memory [`InvalidArgument::RemoteRange`] or [`InvalidArgument::LocalRange`], for
     /// every member, and nothing is posted. Then as [`PortChannel::put_team`]. The members must pass the same
-    /// arguments: with different ones each posts the pieces its own arguments give, and members that make
-    /// different numbers of team calls mismatch the team's barriers.
+    /// arguments: nothing detects different ones; each member posts the pieces its own arguments give (so
+    /// part of the range may stay unwritten with no error), and members that make different numbers of team
+    /// calls mismatch the team's barriers.
     #[inline(always)]
     pub fn put_block(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         self.ranges(dst_offset, src_offset, bytes)?;
@@ -468,8 +471,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range, semaphore or scratch word is the
     /// same error for every member, before anything is posted). In the Host modes every member gets an error
     /// when any member's pieces were refused ([`InvalidArgument::Team`] for those whose own were not), and no
-    /// signal is pushed. Members that pass different arguments break the call: which of them posts the signal
-    /// follows each one's own length, so the peer may see no signal, or two.
+    /// signal is pushed. Members that pass different arguments break the call, undetected: which of them posts
+    /// the signal follows each one's own length, so the peer may see no signal, two, or the signal with part of
+    /// the range unwritten.
     pub fn put_block_with_signal(
         &mut self,
         g: &impl CtaGroup,

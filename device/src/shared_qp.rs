@@ -236,7 +236,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// # Errors
     /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
     /// is `Err(e)` gets `e`, the others [`InvalidArgument::Team`], as they do when a WQE takes more than one
-    /// WQEBB, the members with a WQE are not the lowest ranks, or the batch needs more than half the ring;
+    /// WQEBB, the members with a WQE are not the lowest ranks, the batch needs more than half the ring, or
+    /// fewer than `g.members()` members make the call (a thread of the block that returned before it: a CTA
+    /// barrier stops waiting for exited threads);
     /// [`InvalidArgument::Handle`] as for [`SharedQp::post`]. Once the
     /// WQEBBs are reserved: [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`], or
     /// [`Error::UnexpectedCqe`], for every member (the leader's own; the others the same but for their
@@ -255,8 +257,11 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // Barrier 1: how many post.
         let count = g.barrier_count(w.is_some());
         let bad = own.is_err() || mine != Ok(true) || (w.is_some() && rank >= count) || count > cnt / 2;
-        // Barrier 2: whether any member cannot.
-        if g.barrier_or(bad) {
+        // Barrier 2: whether every member is here and can post. Counting the members that can, rather than
+        // OR-ing those that cannot, also refuses a call that some members never make: a thread that left the
+        // kernel (the barrier no longer waits for it) would leave its pieces of a range unposted, and the
+        // others' WQEs would be published without them.
+        if g.barrier_count(!bad) != g.members() {
             own?;
             mine?;
             return Err(Error::InvalidArgument(InvalidArgument::Team));

@@ -672,7 +672,8 @@ fn a_connection_changes_sharing_mode_between_uses() {
 // ---------------------------------------------------------------------------------------------------------
 
 /// The barrier of a team of host threads that stands for a CTA: a round counter under a mutex, as the `cpu`
-/// executor's block barrier keeps one.
+/// executor's block barrier keeps one, and like it (and a CTA barrier on the GPU) no longer waiting for a member
+/// that has left ([`TeamSync::leave`]: a thread that returned from the kernel).
 struct TeamSync {
     members: u32,
     state: std::sync::Mutex<Round>,
@@ -682,6 +683,8 @@ struct TeamSync {
 /// A [`TeamSync`]'s barrier state.
 #[derive(Default)]
 struct Round {
+    /// Members that have not left.
+    live: u32,
     arrived: u32,
     count: u32,
     round: u64,
@@ -693,11 +696,21 @@ struct Round {
 
 impl TeamSync {
     fn new(members: u32) -> Self {
-        TeamSync { members, state: std::sync::Mutex::new(Round::default()), changed: std::sync::Condvar::new() }
+        let round = Round { live: members, ..Round::default() };
+        TeamSync { members, state: std::sync::Mutex::new(round), changed: std::sync::Condvar::new() }
     }
 
-    /// Waits for every member; returns how many passed `true` and the `words` of the member that passed
-    /// `from = true`.
+    /// Ends the round when every member still here has arrived.
+    fn complete_if_full(&self, s: &mut Round) {
+        if s.arrived > 0 && s.arrived >= s.live {
+            (s.last_count, s.last_words) = (s.count, s.words);
+            (s.arrived, s.count, s.round) = (0, 0, s.round + 1);
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits for every member still here; returns how many passed `true` and the `words` of the member that
+    /// passed `from = true`.
     fn sync(&self, flag: bool, from: Option<[u64; 4]>) -> (u32, [u64; 4]) {
         let mut s = self.state.lock().unwrap();
         s.arrived += 1;
@@ -706,15 +719,18 @@ impl TeamSync {
             s.words = w;
         }
         let round = s.round;
-        if s.arrived == self.members {
-            (s.last_count, s.last_words) = (s.count, s.words);
-            (s.arrived, s.count, s.round) = (0, 0, round + 1);
-            self.changed.notify_all();
-        }
+        self.complete_if_full(&mut s);
         while s.round == round {
             s = self.changed.wait(s).unwrap();
         }
         (s.last_count, s.last_words)
+    }
+
+    /// A member leaves (returns from the kernel): later barriers stop waiting for it.
+    fn leave(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.live -= 1;
+        self.complete_if_full(&mut s);
     }
 }
 
@@ -1042,6 +1058,43 @@ fn a_block_put_past_the_end_of_either_memory_posts_nothing() {
         run::<Block>(4, signal);
         run::<Device>(4, signal);
         run::<Exclusive>(1, signal);
+    }
+}
+
+/// A block put that some members of the team never make (they returned from the kernel first, and the barrier
+/// no longer waits for them): every member that makes it gets `Team`, nothing reaches the NIC and the peer's
+/// semaphore stays 0, in Block and Device sharing, with the leader there or not. Before, the members there
+/// posted their own pieces and the signal, and the peer saw the signal with the others' pieces unwritten.
+#[test]
+fn a_block_put_that_some_members_never_make_posts_nothing() {
+    fn run<S: Sharing>(gone: &[u32]) {
+        let l = Link::new(4096, 64, false);
+        l.src.write(0, &random_bytes(&mut rng(), 4096));
+        let mut h = l.handle();
+        h.max_wqe_bytes = 256;
+        let results = std::sync::Mutex::new(Vec::new());
+        teams(1, 4, |_, m| {
+            if gone.contains(&m.rank) {
+                m.team.leave();
+                return;
+            }
+            let mut ch = shared::<S>(&h);
+            let r = ch.put_block_with_signal(m, 0, 0, 1000);
+            results.lock().unwrap().push((m.rank, r));
+        });
+        let what = format!("{} without ranks {gone:?}", std::any::type_name::<S>());
+        let results = results.into_inner().unwrap();
+        assert_eq!(results.len(), 4 - gone.len(), "{what}");
+        for (rank, r) in results {
+            assert_eq!(r, Err(Error::InvalidArgument(InvalidArgument::Team)), "{what}: rank {rank}");
+        }
+        assert_eq!(l._nics[0].stats().wqes, 0, "{what}");
+        assert!(l.dst.read().iter().all(|&b| b == 0xee), "{what}: bytes were placed");
+        assert_eq!(l.sem.load_u64(0), 0, "{what}: the peer was signalled");
+    }
+    for gone in [&[2, 3][..], &[0], &[3]] {
+        run::<Block>(gone);
+        run::<Device>(gone);
     }
 }
 
