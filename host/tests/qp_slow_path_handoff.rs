@@ -279,11 +279,7 @@ impl Fx {
     /// is counted just after the NIC writes it or queues it behind the data it reports, so the count may trail
     /// the CQEs software has polled.
     fn counted(&self, wqes: u64, cqes: u64, what: &str) -> Stats {
-        wait_until("the NIC's counts", || {
-            let s = self.p.nic.stats();
-            s.wqes >= wqes && s.cqes >= cqes
-        });
-        let s = self.p.nic.stats();
+        let s = emu_util::stats_counted(&self.p.nic, wqes, cqes);
         assert_eq!((s.wqes, s.cqes), (wqes, cqes), "{what}: {s:?}");
         s
     }

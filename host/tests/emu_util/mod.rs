@@ -481,6 +481,17 @@ impl Pair {
     }
 }
 
+/// The NIC's counters once it has counted at least `wqes` WQEs and `cqes` CQEs ([`CQE_TIMEOUT`] at most): the
+/// NIC counts a CQE just after it writes it (or queues it behind the data it reports), so right after software
+/// polled a CQE its count may still trail. The caller asserts the exact counts.
+pub fn stats_counted(nic: &EmuNic, wqes: u64, cqes: u64) -> gdaki::nic::emu::Stats {
+    wait_until("the NIC's counts", || {
+        let s = nic.stats();
+        s.wqes >= wqes && s.cqes >= cqes
+    });
+    nic.stats()
+}
+
 /// Waits until `cond` holds ([`CQE_TIMEOUT`] at most).
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let t = Instant::now();
