@@ -16,8 +16,9 @@
 //! around each launch on the GPU, wall time on the cpu executor, so launch and start-up included, as DOCA
 //! GPUNetIO's post path is measured). The last line is `N passed, M failed` (a row passes when device code
 //! reported no error and the NIC saw no error CQE and no dbrec mismatch, or, without a consumer, no doorbell
-//! at all). Without a consumer the last rows are the platform's floor under the one-thread-per-QP rows: each
-//! post's ordering alone (dbrec release store, release fence, doorbell or BlueFlame stores), no WQE built.
+//! at all). Without a consumer the last rows are the platform's floors: under the one-thread-per-QP rows, each
+//! post's ordering alone (dbrec release store, release fence, doorbell or BlueFlame stores), no WQE built;
+//! under the warp rows, each lane's WQE stores and one doorbell's ordering, nothing reserved or checked.
 //! With a consumer, a row whose rings are in GPU memory is followed by where the NIC read them: ranges from
 //! the rings' mirrors in host memory, and ranges fetched from the GPU (`Stats::ring_mirrored`,
 //! `Stats::ring_fetches`), with the time its thread waited for each.
@@ -94,12 +95,16 @@ fn main() -> ExitCode {
         rows.push((Shape::Warp { qps, lanes }, args.posts.min(16_000 / lanes)));
     }
     // Without a consumer, the platform's floor under the one-thread-per-QP rows: each post's ordering alone (on
-    // two QPs per SM too, the floor under the 264-warp row's doorbells).
+    // two QPs per SM too, the floor under the 264-warp row's doorbells); then the floor under the warp rows:
+    // each lane's WQE stores and the leader's ordering.
     if args.no_consumer {
         for qps in [1, many, 2 * many] {
             for bf in [false, true] {
                 rows.push((Shape::Ordering { qps, bf }, args.posts));
             }
+        }
+        for qps in [1, 2 * many] {
+            rows.push((Shape::WarpOrdering { qps, lanes }, args.posts.min(16_000 / lanes)));
         }
     }
     let rounds = if args.no_consumer { args.rounds.max(11) } else { args.rounds };

@@ -30,7 +30,11 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     for shape in shapes {
         // A round's WQEs share the one SQ in the shared shape.
         let posts = match shape {
-            Shape::Exclusive { .. } | Shape::Batch { .. } | Shape::Warp { .. } | Shape::Ordering { .. } => 200,
+            Shape::Exclusive { .. }
+            | Shape::Batch { .. }
+            | Shape::Warp { .. }
+            | Shape::Ordering { .. }
+            | Shape::WarpOrdering { .. } => 200,
             Shape::Shared { ctas, threads } => (8000 / (ctas * threads)).min(200),
         };
         let before = b.nic().stats();
@@ -39,7 +43,7 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         let posters = match shape {
             Shape::Exclusive { qps, .. } | Shape::Batch { qps, .. } | Shape::Ordering { qps, .. } => qps,
             Shape::Shared { ctas, threads } => ctas * threads,
-            Shape::Warp { qps, lanes } => qps * lanes,
+            Shape::Warp { qps, lanes } | Shape::WarpOrdering { qps, lanes } => qps * lanes,
         } as u64;
         assert_eq!(r.wqes, posters * posts as u64 * rounds as u64, "{shape:?}");
         assert_eq!((r.round_ns.len(), r.post_ns.len()), (rounds as usize, (posters * rounds as u64) as usize));
@@ -84,8 +88,9 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     for batch in [0, WQE_CNT / 2 + 1] {
         assert!(b.run(Shape::Batch { qps, batch }, 1, 1, Duration::from_secs(1)).is_err(), "{batch}");
     }
-    // The ordering floor names WQEs never stored: refused where the NIC consumes.
+    // The floors name WQEs never stored or never reserved: refused where the NIC consumes.
     assert!(b.run(Shape::Ordering { qps, bf: false }, 1, 1, Duration::from_secs(1)).is_err());
+    assert!(b.run(Shape::WarpOrdering { qps, lanes: 1 }, 1, 1, Duration::from_secs(1)).is_err());
 }
 
 #[test]
@@ -151,6 +156,7 @@ fn every_shape_without_consumer(kind: ExecutorKind, qps: u32, ctas: u32, threads
         Shape::Warp { qps, lanes },
         Shape::Ordering { qps, bf: false },
         Shape::Ordering { qps, bf: true },
+        Shape::WarpOrdering { qps, lanes },
     ] {
         let r = b.run(shape, 100, rounds, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{shape:?}: {e}"));
         assert_eq!(r.round_ns.len(), rounds as usize, "{shape:?}: one round per launch");

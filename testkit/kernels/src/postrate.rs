@@ -25,6 +25,8 @@
 //!   [`WarpQp`]: each post is one WQE per lane and one doorbell.
 //! - [`shape::BATCH`]: thread 0 of CTA `b` owns QP `b`, as in the Exclusive shape, and posts by
 //!   [`Qp::post_batch`]es of `db_batch` WQEs, each followed by its doorbell.
+//! - [`shape::WARP_ORDERING`]: as the Warp shape, each lane storing its WQE and the lowest ringing, with
+//!   nothing reserved, checked or retired: the floor under the Warp shape (`no_consumer` only).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -35,8 +37,10 @@ use gdaki_device::onesided::{local, remote};
 use gdaki_device::qp::Qp;
 use gdaki_device::scope::{Device, Scope};
 use gdaki_device::shared_qp::SharedQp;
+use gdaki_device::sq;
 use gdaki_device::sync;
 use gdaki_device::wait;
+use gdaki_device::warp::Lanes;
 use gdaki_device::warp_qp::WarpQp;
 use gdaki_device::wqe;
 use gdaki_shared::handle::{ErrorReport, MrHandle, QpHandle, RemoteMr};
@@ -58,6 +62,11 @@ pub mod shape {
     /// release store, the release fence and the doorbell, or the eight BlueFlame stores with `bf`, as
     /// [`gdaki_device::db::publish_and_ring`] does them), with no WQE built or stored; `no_consumer` only.
     pub const ORDERING: u32 = 5;
+    /// The lanes of one warp per QP: the floor under the Warp shape, each post's WQE stores and ordering alone
+    /// (every lane encodes its WQE with its index and stores it to its slot of the ring, the lanes sync, and the
+    /// lowest runs one doorbell's ordering for the batch, as [`gdaki_device::db::publish_and_ring`] does it),
+    /// with nothing reserved, checked or retired; `no_consumer` only.
+    pub const WARP_ORDERING: u32 = 6;
 }
 
 /// Arguments of one launch (`#[repr(C)]`, built by the host): 128 bytes.
@@ -202,6 +211,9 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         } else if SHAPE == shape::ORDERING {
             // SAFETY: this team's QP (caller's contract), used by this thread only.
             unsafe { burst_ordering(a, &*(a.qps as *mut QpHandle).add(team_index as usize), poster) }
+        } else if SHAPE == shape::WARP_ORDERING {
+            // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
+            unsafe { burst_warp_ordering(a, &*(a.qps as *mut QpHandle).add(team_index as usize), poster) }
         } else {
             // SAFETY: this team's QP (caller's contract), used by this thread only.
             unsafe { burst_exclusive(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
@@ -437,6 +449,42 @@ unsafe fn burst_warp(a: &PostRateArgs, h: *mut QpHandle, p: u32) -> Result<(u64,
 unsafe fn flush_warp(h: *mut QpHandle, timeout_ns: u64) -> Result<()> {
     // SAFETY: the caller's contract.
     unsafe { WarpQp::new(h, timeout_ns) }.flush()
+}
+
+/// The WarpOrdering shape: `posts` times the floor of a warp post on the QP of `h` ([`shape::WARP_ORDERING`]):
+/// what every post of the Warp shape must do whatever the library, the WQE stores and one doorbell's ordering.
+///
+/// # Errors
+/// [`InvalidArgument::Handle`] with a consumer: its NIC would execute WQEs that were never reserved.
+///
+/// # Safety
+/// `h` is this team's QP, used by its one warp only, its lanes together (caller's contract), which nothing
+/// consumes.
+#[inline(never)]
+unsafe fn burst_warp_ordering(a: &PostRateArgs, h: &QpHandle, p: u32) -> Result<(u64, u64)> {
+    if a.no_consumer == 0 {
+        return Err(Error::InvalidArgument(InvalidArgument::Handle));
+    }
+    let (r, l) = target(a, p)?;
+    let w = wqe::rdma_write(r, l);
+    let lanes = Lanes::active_with(h as *const QpHandle as u64);
+    let (n, rank, leads) = (lanes.count() as u64, lanes.rank() as u64, lanes.lane == lanes.leader());
+    let (sq_buf, wqe_cnt, dbrec, reg, placement, qpn) = (h.sq_buf, h.wqe_cnt, h.dbrec, h.bf_reg, h.placement, h.qpn);
+    let t0 = sync::clock_ns();
+    for k in 0..a.posts as u64 {
+        let idx = k * n + rank;
+        let segs = w.encode(wqe::Ctrl { idx: idx as u16, qpn, fm_ce_se: 0 });
+        // SAFETY: the QP's ring (caller's contract); nothing consumes it, so any slot may be overwritten.
+        unsafe { sq::write_segs(sq_buf, wqe_cnt, idx, &segs, w.ds()) };
+        // Every lane's WQE is stored before the leader's release, as in `WarpQp::post`.
+        lanes.sync();
+        if leads {
+            let pi = (k + 1) * n;
+            // SAFETY: the handle's dbrec and doorbell register (caller's contract).
+            unsafe { db::publish_and_ring(dbrec, pi, reg, CtrlSeg::producer_doorbell(pi as u16, qpn), placement) };
+        }
+    }
+    Ok((t0, sync::clock_ns()))
 }
 
 /// The shared shape: `posts` WRITEs on QP 0 through a Device-scope [`SharedQp`].
