@@ -45,6 +45,17 @@ struct Link {
     expected: Box<AtomicU64>,
 }
 
+/// A link for team puts: 4 KiB of random source bytes (returned), QPs of `wqe_cnt` WQEBBs, and a channel handle
+/// whose WQEs carry at most 256 bytes, so that a team put of a few hundred bytes spreads over the members.
+fn team_link(wqe_cnt: u32) -> (Link, Vec<u8>, PortChannelHandle) {
+    let l = Link::new(4096, wqe_cnt, false);
+    let data = random_bytes(&mut rng(), 4096);
+    l.src.write(0, &data);
+    let mut h = l.handle();
+    h.max_wqe_bytes = 256;
+    (l, data, h)
+}
+
 impl Link {
     /// `len` bytes of source and destination; QPs of `wqe_cnt` WQEBBs; over the wire when `wire`.
     fn new(len: usize, wqe_cnt: u32, wire: bool) -> Self {
@@ -860,10 +871,7 @@ fn device_team_puts_of_two_teams_share_one_qp() {
 /// lowest ranks, and a piece over `max_wqe_bytes`, are refused the same way.
 #[test]
 fn a_bad_piece_fails_the_whole_team_put_with_nothing_posted() {
-    let l = Link::new(4096, 64, false);
-    l.src.write(0, &random_bytes(&mut rng(), 4096));
-    let mut h = l.handle();
-    h.max_wqe_bytes = 256;
+    let (l, _, h) = team_link(64);
     let results = std::sync::Mutex::new(Vec::new());
     teams(1, 4, |_, m| {
         let mut ch = shared::<Block>(&h);
@@ -941,11 +949,7 @@ fn block_put_case<S: Sharing>(
     bytes: u64,
     put: impl Fn(&mut PortChannel<'_, S>, &Member<'_>) -> Result<(), Error> + Sync,
 ) -> Link {
-    let l = Link::new(4096, 64, false);
-    let data = random_bytes(&mut rng(), 4096);
-    l.src.write(0, &data);
-    let mut h = l.handle();
-    h.max_wqe_bytes = 256;
+    let (l, data, h) = team_link(64);
     let results = std::sync::Mutex::new(Vec::new());
     teams(1, 4, |_, m| {
         let mut ch = shared::<S>(&h);
@@ -1001,11 +1005,7 @@ fn a_block_put_with_signal_carries_the_signal_in_its_last_batch() {
 /// lands and the semaphore counts one.
 #[test]
 fn an_exclusive_block_put_with_signal_is_a_put_then_a_signal() {
-    let l = Link::new(4096, 64, false);
-    let data = random_bytes(&mut rng(), 4096);
-    l.src.write(0, &data);
-    let mut h = l.handle();
-    h.max_wqe_bytes = 256;
+    let (l, data, h) = team_link(64);
     teams(1, 1, |_, m| {
         // SAFETY: the live link's handle, used by this one thread.
         let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
@@ -1033,10 +1033,7 @@ fn a_block_put_past_the_end_of_either_memory_posts_nothing() {
             (u64::MAX - 100, 0, 50, remote),
             (0, u64::MAX - 100, 50, local),
         ] {
-            let l = Link::new(4096, 64, false);
-            l.src.write(0, &random_bytes(&mut rng(), 4096));
-            let mut h = l.handle();
-            h.max_wqe_bytes = 256;
+            let (l, _, h) = team_link(64);
             let results = std::sync::Mutex::new(Vec::new());
             teams(1, members, |_, m| {
                 let mut ch = shared::<S>(&h);
@@ -1068,10 +1065,7 @@ fn a_block_put_past_the_end_of_either_memory_posts_nothing() {
 #[test]
 fn a_block_put_that_some_members_never_make_posts_nothing() {
     fn run<S: Sharing>(gone: &[u32]) {
-        let l = Link::new(4096, 64, false);
-        l.src.write(0, &random_bytes(&mut rng(), 4096));
-        let mut h = l.handle();
-        h.max_wqe_bytes = 256;
+        let (l, _, h) = team_link(64);
         let results = std::sync::Mutex::new(Vec::new());
         teams(1, 4, |_, m| {
             if gone.contains(&m.rank) {
@@ -1105,11 +1099,7 @@ fn a_block_put_that_some_members_never_make_posts_nothing() {
 #[test]
 fn a_block_put_of_a_team_wider_than_half_the_ring_goes_in_batches_it_takes() {
     for (bytes, signal) in [(9 * 256u64, false), (8 * 256, true), (9 * 256, true), (3000, true)] {
-        let l = Link::new(4096, 16, false);
-        let data = random_bytes(&mut rng(), 4096);
-        l.src.write(0, &data);
-        let mut h = l.handle();
-        h.max_wqe_bytes = 256;
+        let (l, data, h) = team_link(16);
         let results = std::sync::Mutex::new(Vec::new());
         teams(1, 9, |_, m| {
             let mut ch = shared::<Block>(&h);
