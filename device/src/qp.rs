@@ -200,6 +200,10 @@ impl<'a> Qp<'a> {
             // tail; a smaller ring could wait forever for room.
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
+        if n > self.h.wqe_cnt {
+            // A WQE larger than the ring (only `post_raw` builds one) would wait for room out the timeout.
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
         let timeout = self.timeout_ns;
         bounded_steps(
             timeout,
@@ -237,7 +241,8 @@ impl<'a> Qp<'a> {
     /// reserved and the first `ds` segments stored.
     ///
     /// # Errors
-    /// As [`Qp::post`]; [`InvalidArgument::Length`] for a `ds` of 0 or more than `N`.
+    /// As [`Qp::post`]; [`InvalidArgument::Length`] for a `ds` of 0 or more than `N`, or one whose WQEBBs
+    /// outnumber the ring's.
     ///
     /// # Safety
     /// Nothing checks the segments. A real NIC executes what they say: a data segment with bit 31 set sends
@@ -701,34 +706,57 @@ mod tests {
         cqes: [[u8; CQE_SIZE]; 16],
     }
 
+    /// A ring's worth of `old` in [`Mem`] with an empty CQ, and a handle of size `wqe_cnt` over it.
+    fn mem_and_handle(wqe_cnt: u32, old: Seg) -> (Box<Mem>, QpHandle) {
+        let mut m = Box::new(Mem {
+            ring: [old; 16 * SEGS_PER_WQEBB],
+            reg: [0; 8],
+            dbrec: [0; 2],
+            cq_dbrec: [0; 2],
+            cqes: [[0; CQE_SIZE]; 16],
+        });
+        for c in &mut m.cqes {
+            c[CQE_SIZE - 1] = opcode::cqe::INVALID << 4;
+        }
+        let mut h = QpHandle {
+            sq_buf: m.ring.as_mut_ptr() as u64,
+            dbrec: m.dbrec.as_mut_ptr() as u64,
+            bf_reg: m.reg.as_mut_ptr() as u64,
+            wqe_cnt,
+            qpn: 0x42,
+            bf_size: 64,
+            ..QpHandle::default()
+        };
+        h.cq.buf = m.cqes.as_mut_ptr() as u64;
+        h.cq.dbrec = m.cq_dbrec.as_mut_ptr() as u64;
+        h.cq.ncqe = 16;
+        (m, h)
+    }
+
+    #[test]
+    fn a_raw_wqe_larger_than_the_ring_is_refused_at_once() {
+        let old = Seg([0x5a5a_5a5a_5a5a_5a5a, 0xa5a5]);
+        let (m, mut h) = mem_and_handle(16, old);
+        // SAFETY: every address of `h` is in `m`, which outlives the `Qp`; one thread. A wait for room (what
+        // such a post did) ends in a timeout after 100 ms.
+        let mut q = unsafe { Qp::new(&mut h, 100_000_000) };
+        let nop = |c| wqe::nop().encode(c)[0];
+        // 17 and 64 WQEBBs on a ring of 16. SAFETY: refused before anything is stored.
+        let r =
+            [unsafe { q.post_raw(false, 65, |c| [nop(c); 65]) }, unsafe { q.post_raw(false, 255, |c| [nop(c); 255]) }];
+        assert_eq!(r, [Err(Error::InvalidArgument(InvalidArgument::Length)); 2]);
+        drop(q);
+        assert!(m.ring.iter().all(|s| *s == old));
+        assert_eq!((h.sq.pi, m.dbrec, m.reg), (0, [0; 2], [0; 8]));
+    }
+
     #[test]
     fn a_slow_path_nested_in_one_finds_no_room_in_a_ring_of_an_invalid_size() {
         // Handles of sizes device code does not post to, over memory that holds 16 WQEBBs (the size a slow path
         // works with for them), so that a post the size check misses lands in memory the test owns and shows.
         for wqe_cnt in [0, 8, 15, 17, 1 << 16] {
             let old = Seg([0x5a5a_5a5a_5a5a_5a5a, 0xa5a5]);
-            let mut m = Box::new(Mem {
-                ring: [old; 16 * SEGS_PER_WQEBB],
-                reg: [0; 8],
-                dbrec: [0; 2],
-                cq_dbrec: [0; 2],
-                cqes: [[0; CQE_SIZE]; 16],
-            });
-            for c in &mut m.cqes {
-                c[CQE_SIZE - 1] = opcode::cqe::INVALID << 4;
-            }
-            let mut h = QpHandle {
-                sq_buf: m.ring.as_mut_ptr() as u64,
-                dbrec: m.dbrec.as_mut_ptr() as u64,
-                bf_reg: m.reg.as_mut_ptr() as u64,
-                wqe_cnt,
-                qpn: 0x42,
-                bf_size: 64,
-                ..QpHandle::default()
-            };
-            h.cq.buf = m.cqes.as_mut_ptr() as u64;
-            h.cq.dbrec = m.cq_dbrec.as_mut_ptr() as u64;
-            h.cq.ncqe = 16;
+            let (m, mut h) = mem_and_handle(wqe_cnt, old);
             // SAFETY: every address of `h` is in `m`, which outlives the `Qp`; one thread.
             let mut q = unsafe { Qp::new(&mut h, 1_000_000) };
             assert_eq!(q.sq.room, 0, "{wqe_cnt}");

@@ -72,7 +72,8 @@ impl<'a> WarpQp<'a> {
     /// For every caller: [`InvalidArgument::Team`] when not every member executes the call together (the
     /// warp diverged between them); [`InvalidArgument::Length`] when the members' WQEs differ in size or the
     /// batch needs more than half the ring (it could wait for room forever); otherwise what [`Qp::post`]
-    /// returns to the leader (a timeout, an unexpected CQE, a bad handle). Nothing is posted on an error.
+    /// returns to the leader (a timeout, an unexpected CQE, [`InvalidArgument::Handle`] for a ring of a size
+    /// device code cannot post to). Nothing is posted on an error.
     #[inline(always)]
     pub fn post<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let lanes = self.members()?;
@@ -95,7 +96,9 @@ impl<'a> WarpQp<'a> {
         let nbb = if one_wqebb { 1 } else { wqebbs(w.ds() as u32) };
         let total = nbb * lanes.count();
         let same = one_wqebb || lanes.all(nbb == lanes.shfl32(nbb, lanes.leader()));
-        if !same || total > self.wqe_cnt / 2 {
+        // A ring of a size device code cannot post to goes on to the reservation, which refuses it (`Handle`),
+        // as `Qp::post` does.
+        if !same || (total > self.wqe_cnt / 2 && sq::valid_ring(self.wqe_cnt)) {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
         let any_signaled = lanes.any(signaled);

@@ -578,9 +578,13 @@ fn a_ring_of_an_invalid_size_takes_nothing_after_its_cq_is_polled() {
             let _ = qp.poll_cq();
             (polled, batch, qp.post(false, wqe::nop()))
         };
+        // A warp's post too (this thread is a warp of one lane).
+        // SAFETY: as `dev_qp`.
+        let warp = unsafe { gdaki_device::warp_qp::WarpQp::new(&mut h, TIMEOUT_NS) }.post(false, wqe::nop());
         p.nic.hold_executor(false);
         assert!(polled, "wqe_cnt {cnt}: the CQ had CQEs to poll");
-        assert_eq!((batch, post), (inval(InvalidArgument::Handle), inval(InvalidArgument::Handle)), "wqe_cnt {cnt}");
+        let handle = inval(InvalidArgument::Handle);
+        assert_eq!((batch, post, warp.map(|_| ())), (handle, handle, inval(InvalidArgument::Handle)), "wqe_cnt {cnt}");
         // SAFETY: `fake` is plain memory that device code may have stored to; read it volatile.
         let changed = (0..room).filter(|&i| unsafe { fake.as_ptr().add(i).read_volatile() } != 0x5c).count();
         assert_eq!(changed, 0, "wqe_cnt {cnt}: bytes stored in or around a ring of an invalid size");
