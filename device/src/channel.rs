@@ -402,7 +402,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// In Block and Device sharing the pieces go out as one batch ([`SharedQp::post_team`]): one reservation, one CQE
     /// (the last WQE's), one doorbell for the whole call, where a [`PortChannel::put`] per thread costs a reservation
     /// each and up to a doorbell each. In Exclusive and Warp sharing each member posts its own piece as `put` does
-    /// (each must own the QP as there), and in the Host modes each pushes its own triggers; neither uses the barriers.
+    /// (each must own the QP as there), and in the Host modes each pushes its own triggers; neither uses the
+    /// barriers, so there a member that never makes the call leaves its piece unwritten, undetected (a signal
+    /// after it is the caller's to hold back; [`PortChannel::put_block_with_signal`] does).
     ///
     /// # Errors
     /// A member whose piece is out of range gets what [`PortChannel::put`] returns for it
@@ -470,8 +472,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// # Errors
     /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range, semaphore or scratch word is the
     /// same error for every member, before anything is posted). In the Host modes every member gets an error
-    /// when any member's pieces were refused ([`InvalidArgument::Team`] for those whose own were not), and no
-    /// signal is pushed. Members that pass different arguments break the call, undetected: which of them posts
+    /// when any member's pieces were refused or some members never make the call (they returned from the
+    /// kernel first): [`InvalidArgument::Team`] for those whose own pieces went out; no signal is pushed (the
+    /// pieces pushed go out). Members that pass different arguments break the call, undetected: which of them posts
     /// the signal follows each one's own length, so the peer may see no signal, two, or the signal with part of
     /// the range unwritten.
     pub fn put_block_with_signal(
@@ -486,7 +489,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         }
         if self.proxied() {
             let r = self.put_block(g, dst_offset, src_offset, bytes);
-            if g.barrier_or(r.is_err()) {
+            // Counting the members whose pieces went out, not OR-ing the refusals: a member that never makes the
+            // call (it returned first; the barrier no longer waits for it) leaves its pieces unpushed, and the
+            // signal must not tell the peer that the range is there.
+            if g.barrier_count(r.is_ok()) != g.members() {
                 return r.and(Err(Error::InvalidArgument(InvalidArgument::Team)));
             }
             return if g.rank() == 0 { self.signal() } else { Ok(()) };

@@ -1,7 +1,8 @@
 //! Port channels, host side (`gdaki::channel`): two ranks as two threads, each with its own bootstrap,
 //! communicator and emulated NIC (cpu executor, the wire over loopback TCP). The handles the host builds are
 //! driven with the existing Exclusive device QP (`gdaki_device::qp::Qp` + `put` / `signal` / `flush` /
-//! `wait_semaphore`), using only the addresses and keys in each `PortChannelHandle`. Payloads are random
+//! `wait_semaphore`), using only the addresses and keys in each `PortChannelHandle`, and by a kernel of a block
+//! on the cpu executor where a team's threads take part. Payloads are random
 //! (replay with `GDAKI_TEST_SEED`) and checked byte for byte; every expected value is computed here.
 
 use std::sync::Barrier;
@@ -586,6 +587,82 @@ fn host_modes_flush_reports_the_error_cqe_of_a_put() {
                 }
             }
             barrier.wait();
+        });
+    }
+}
+
+/// Threads below `callers` of the block call `put_block_with_signal(0, 0, bytes)` then `flush` on the channel
+/// `ch` in Block sharing, and store their error kinds (+1; 1 for none) in `out[tid]`; the others return first.
+#[gdaki_device::kernel]
+pub fn block_put_signal_some_return(
+    t: &gdaki_device::Thread,
+    ch: &PortChannelHandle,
+    callers: u32,
+    bytes: u64,
+    out: *mut u64,
+) {
+    if t.tid() >= callers {
+        return;
+    }
+    // SAFETY: the host's live channel, used by this block's threads in Block sharing only.
+    let mut c = unsafe { DevChannel::<gdaki_device::channel::Block>::new(ch) };
+    let r = c.put_block_with_signal(t, 0, 0, bytes);
+    let flushed = c.flush();
+    let kind = |r: Result<(), DevError>| r.err().map_or(0, |e| e.to_report().kind as u64);
+    // SAFETY: `out` holds a word per thread of the block (the host's contract).
+    unsafe { out.add(t.tid() as usize).write_volatile(1 + kind(r) + 100 * kind(flushed)) };
+}
+
+/// Host modes: a block put with a signal that one thread of the block never makes (it returned first) pushes
+/// no signal and fails for every thread that makes it (`Team`); the pieces pushed land, the missing one does
+/// not. Before, the others returned Ok and the peer saw the signal with a fourth of the range unwritten.
+#[test]
+fn host_modes_send_no_signal_for_a_block_put_that_some_threads_never_make() {
+    const BYTES: usize = 1000;
+    let mut rng = rng();
+    let payload = random_bytes(&mut rng, 1024);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let (me, peer) = (comm.rank(), 1 - comm.rank());
+            let src = register(&comm, 1024);
+            fill(&src, &payload);
+            let landing = register(&comm, 1024);
+            fill(&landing, &[0xee; 1024]);
+            comm.send_memory(&landing, peer, 0).unwrap();
+            let dst = comm.recv_memory(peer, 0).unwrap();
+            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
+            let sem = comm.semaphore(&conn, peer, 2).unwrap();
+            let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap().with_max_wqe_bytes(256).unwrap();
+            let h = Box::new(chan.device_handle());
+            let mut out = [0u64; 4];
+            let launched = (me == 0).then(|| {
+                let (hp, outp) = (&*h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
+                let args = (gdaki_device::DevPtr::new(hp), 3u32, BYTES as u64, gdaki_device::DevPtr::new(outp));
+                // SAFETY: the handle and `out` outlive the launch; the channel is this block's alone.
+                unsafe {
+                    gdaki_device::launch::run_on_host(
+                        &BLOCK_PUT_SIGNAL_SOME_RETURN,
+                        gdaki_device::Dim3::x(1),
+                        gdaki_device::Dim3::x(4),
+                        args,
+                        0,
+                    )
+                }
+            });
+            // Rank 0's threads flushed: whatever the proxy was given has landed.
+            barrier.wait();
+            let (inbound, got) = (sem.inbound().unwrap(), contents(&landing));
+            // Both ranks have looked: no assertion below leaves the other waiting at a barrier.
+            barrier.wait();
+            if let Some(launched) = launched {
+                assert!(launched.is_ok(), "{mode:?}: {launched:?}");
+                let team = 1 + gdaki_device::error::kind::TEAM as u64;
+                assert_eq!(out, [team, team, team, 0], "{mode:?}: the callers' results (thread 3 returned first)");
+            } else {
+                assert_eq!(inbound, 0, "{mode:?}: a signal without the whole range");
+                assert_same(&got[..768], &payload[..768], &format!("{mode:?}: the pieces pushed"));
+                assert!(got[768..].iter().all(|&b| b == 0xee), "{mode:?}: the missing thread's piece landed");
+            }
         });
     }
 }
