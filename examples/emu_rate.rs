@@ -7,7 +7,7 @@
 //! `cargo run --release --example emu_rate -- --wqes 200000`
 //!
 //! Prints one row per (operation, path) with the median, best and worst of `--reps` runs, and, last,
-//! `N passed, 0 failed` (a run passes when the flush reports no error and the destination holds the last
+//! `N passed, M failed` (a run passes when the flush reports no error and the destination holds the last
 //! payload, or the semaphore the exact sum).
 
 use std::process::ExitCode;

@@ -1,8 +1,9 @@
-//! MSCCL++'s one-to-one PortChannel tests (GPUNetIO Device mode) on gdaki's emulated NIC: ping-pong
+//! MSCCL++'s one-to-one PortChannel tests on gdaki's emulated NIC (or a ConnectX with `--nic`): ping-pong
 //! (`put_with_signal` + `wait` + `flush`), PacketPingPong with LL16 and LL8 packets (`put_packets` +
 //! `read_packets`: no signal, no wait), 1-QP and 4-QP bandwidth, bidirectional bandwidth, flush stress
-//! (4 QPs, 1 KiB each) and same-channel concurrent flush (4 threads, 1 QP), each in Exclusive, Block and
-//! Device sharing. Every received payload is checked on the device; the last line is `N passed, M failed`.
+//! (4 QPs, 1 KiB each) and same-channel concurrent flush (4 threads, 1 QP), each in every mode: Host and
+//! HostNoAtomic (the CPU proxy posts) and Device mode with Exclusive, Block and Device sharing (`--mode`
+//! picks). Every received payload is checked on the device; the last line is `N passed, M failed`.
 //!
 //! Two ranks in this process (each with its own bootstrap endpoint, communicator and emulated NIC, connected
 //! over the wire), or one rank per process with `--world-size 2 --rank R --bootstrap HOST:PORT` (or mpirun's

@@ -26,7 +26,8 @@
 //!   table holds for that GID ([`EmuNic::add_neighbor`]; [`Qp::connect`] fills it from the peer's
 //!   [`Endpoint`]).
 //! - **Doorbells**: one executor thread per NIC watches every RTS (or error-state) QP's doorbell register (8
-//!   bytes: `opmod_idx_opcode`, `qpn_ds` of the last posted WQE, big-endian). A change is a doorbell; a
+//!   bytes, big-endian: the last posted WQE's `opmod_idx_opcode` and `qpn_ds`, as rdma-core rings, or the
+//!   producer index with `ds` 0, as NVSHMEM IBGDA and gdaki's posters ring). A change is a doorbell; a
 //!   BlueFlame write (the whole 64-byte WQEBB at 0x800) is one too. The new producer index is
 //!   `wqe_idx + ceil(ds / 4)`; dbrec word 1 is cross-checked against it ([`Stats::dbrec_mismatches`]). A WQE
 //!   whose doorbell never comes is never executed, whatever the dbrec says.
