@@ -6,8 +6,11 @@
 //! [`WarpQp::new`] to the drop, for the reservation, the counters (in its registers across posts), the CQ and
 //! the doorbell, so the ring's rules (CQE policy, retirement, sticky errors) are the same code. The other lanes
 //! only read the handle's fixed fields (ring, QPN, size), once. On the
-//! host a thread is a warp of one lane ([`crate::warp`]): each thread posts and rings for itself. A `WarpQp`
-//! keeps the QP's one send-queue state as a `Qp` does, so it follows any earlier poster of its handle.
+//! host a thread is a warp of one lane ([`crate::warp`]): each thread posts and rings for itself. The threads
+//! that are one warp on the GPU share its handle there, so on the host each call takes the handle's
+//! `host_lock` (a bounded wait) and makes its leader `Qp` from the handle for the call alone: the same code
+//! posts, one thread at a time. A `WarpQp` keeps the QP's one send-queue state as a `Qp` does, so it follows
+//! any earlier poster of its handle.
 
 use crate::error::{CqeError, Error, InvalidArgument, Result};
 use crate::qp::{Qp, Ticket};
@@ -31,6 +34,9 @@ pub struct WarpQp<'a> {
     sq_buf: u64,
     wqe_cnt: u32,
     qpn: u32,
+    /// Bound of the wait for the handle's `host_lock`, ns (host threads only).
+    #[cfg(not(target_arch = "nvptx64"))]
+    timeout_ns: u64,
 }
 
 impl<'a> WarpQp<'a> {
@@ -47,9 +53,54 @@ impl<'a> WarpQp<'a> {
         // SAFETY: fields the host set and nobody writes while the QP is owned (the contract).
         let (sq_buf, wqe_cnt, qpn) = unsafe { ((*h).sq_buf, (*h).wqe_cnt, (*h).qpn) };
         // SAFETY: the contract gives a live handle owned by these lanes; the leader is its one writer, the
-        // others read only the fixed fields above.
+        // others read only the fixed fields above. (A host thread makes its leader for each call instead.)
+        #[cfg(target_arch = "nvptx64")]
         let leader = (lanes.lane == lanes.leader()).then(|| unsafe { Qp::new(&mut *h, timeout_ns) });
-        Self { h, mask: lanes.mask, leader, sq_buf, wqe_cnt, qpn }
+        #[cfg(target_arch = "nvptx64")]
+        return Self { h, mask: lanes.mask, leader, sq_buf, wqe_cnt, qpn };
+        #[cfg(not(target_arch = "nvptx64"))]
+        Self { h, mask: lanes.mask, leader: None, sq_buf, wqe_cnt, qpn, timeout_ns }
+    }
+
+    /// On a host thread, makes the QP this thread's until [`WarpQp::end_turn`]: takes the handle's `host_lock`
+    /// and makes the leader `Qp` from the handle, so that the threads sharing a handle there post one at a
+    /// time, each from the counters the last one left. (On the GPU the warp owns the QP from `new` to the
+    /// drop, and the calls make no turns.)
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] on [`WaitOn::Publish`](crate::error::WaitOn::Publish) (the producer index when the
+    /// wait began) when other threads' calls hold the QP for the whole timeout.
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn begin_turn(&mut self) -> Result<()> {
+        use crate::scope::{Device, Scope};
+        let lock = self.host_lock();
+        crate::wait::bounded(
+            self.timeout_ns,
+            // SAFETY: the handle's lock word, 4-byte aligned, only ever accessed atomically.
+            || Ok(unsafe { Device::try_lock(lock) }.then_some(())),
+            // SAFETY: a read of the handle's producer index for the report; the holder may be moving it.
+            || crate::error::WaitOn::Publish { wqe_index: unsafe { core::ptr::read_volatile(&(*self.h).sq.pi) } },
+        )?;
+        // SAFETY: the lock makes this thread the handle's one poster until `end_turn`.
+        self.leader = Some(unsafe { Qp::new(&mut *self.h, self.timeout_ns) });
+        Ok(())
+    }
+
+    /// Ends a host thread's [`WarpQp::begin_turn`]: drops the leader (what it left unrung is rung, its counters
+    /// go back to the handle), then releases the lock.
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn end_turn(&mut self) {
+        use crate::scope::{Device, Scope};
+        self.leader = None;
+        // SAFETY: the lock word, held by this thread since `begin_turn`.
+        unsafe { Device::unlock(self.host_lock()) };
+    }
+
+    /// The handle's `host_lock` word.
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn host_lock(&self) -> *mut u32 {
+        // SAFETY: a field of the live handle (contract of `new`); no reference is made.
+        unsafe { core::ptr::addr_of_mut!((*self.h).sq.host_lock) }
     }
 
     /// The members, when every one of them executes this call now; an error for every caller otherwise
@@ -80,11 +131,16 @@ impl<'a> WarpQp<'a> {
         // A whole warp (the common case) gets its own copy of the path, with every mask, count and lane
         // index a constant: a shuffle or vote whose member mask is not known to be the whole warp costs a
         // convergence check of five instructions in SASS.
-        if lanes.mask == u32::MAX {
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.begin_turn()?;
+        let r = if lanes.mask == u32::MAX {
             self.post_as(Lanes { mask: u32::MAX, lane: lanes.lane }, signaled, w)
         } else {
             self.post_as(lanes, signaled, w)
-        }
+        };
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.end_turn();
+        r
     }
 
     /// [`WarpQp::post`] by the members `lanes`.
@@ -134,7 +190,11 @@ impl<'a> WarpQp<'a> {
     #[inline(always)]
     fn by_leader(&mut self, f: impl FnOnce(&mut Qp<'a>) -> Result<()>) -> Result<()> {
         let lanes = self.members()?;
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.begin_turn()?;
         let r = self.leader.as_mut().map_or(Ok(()), f);
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.end_turn();
         lanes.share_result(r)
     }
 

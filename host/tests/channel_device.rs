@@ -355,6 +355,51 @@ fn warp_put_with_signal_and_flush() {
     assert_eq!((l.a.sq_consumed(), qh.sq.pi, s.blueflame + s.blueflame_fallbacks), (9, 9, 0), "{s:?}");
 }
 
+/// The threads of one block each put their own 64-byte piece `rounds` times through their own
+/// `PortChannel::<Warp>` of `ch` (on the GPU, the lanes of one warp, together), then flush; each stores its
+/// flush's error kind + 1 (1: none) at `out[tid]`.
+#[gdaki_device::kernel]
+pub fn warp_pieces(t: &gdaki_device::Thread, ch: &PortChannelHandle, rounds: u32, out: *mut u64) {
+    // SAFETY: the test's live link; the block's threads (one warp on the GPU) are the QP's only posters.
+    let mut c = unsafe { PortChannel::<gdaki_device::channel::Warp>::new(ch) };
+    let n = t.block_size() as u64;
+    let r = (0..rounds as u64)
+        .try_for_each(|k| {
+            let off = (k * n + t.tid() as u64) * 64;
+            c.put(off, off, 64)
+        })
+        .and_then(|()| c.flush());
+    // SAFETY: `out` holds a word per thread of the block (the test's contract).
+    unsafe { out.add(t.tid() as usize).write_volatile(1 + r.err().map_or(0, |e| e.to_report().kind as u64)) };
+}
+
+/// A block of 32 threads, one warp on the GPU, sharing one Warp-sharing handle: on the `cpu` executor each
+/// thread is a warp of one lane, and the threads take turns on the QP (the handle's `host_lock`) instead of
+/// racing on its counters. Before, each thread kept its own leader `Qp` of the handle: posts overwrote one
+/// another, CQEs came for WQEs a thread never posted (an unexpected CQE), and pieces never landed.
+#[test]
+fn the_threads_of_a_warp_share_a_warp_handle_on_host_threads() {
+    const ROUNDS: u32 = 8;
+    let len = ROUNDS as usize * 32 * 64;
+    let l = Link::new(len, 64, false);
+    let data = random_bytes(&mut rng(), len);
+    l.src.write(0, &data);
+    let h = Box::new(l.handle());
+    let mut out = [0u64; 32];
+    let (hp, outp) = (&*h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
+    let args = (gdaki_device::DevPtr::new(hp), ROUNDS, gdaki_device::DevPtr::new(outp));
+    // SAFETY: the handle and `out` outlive the launch; the link's QP is this block's alone.
+    unsafe {
+        gdaki_device::launch::run_on_host(&WARP_PIECES, gdaki_device::Dim3::x(1), gdaki_device::Dim3::x(32), args, 0)
+    }
+    .unwrap();
+    assert_eq!(out, [1; 32], "every thread's puts and flush");
+    assert_eq!(l.dst.read(), data);
+    // One WRITE per piece (and a NOP per flush that found the last WQE unsignaled at most).
+    let consumed = l.a.sq_consumed();
+    assert!((256..=256 + 32).contains(&consumed), "{consumed} WQEs");
+}
+
 #[test]
 fn signal_never_overtakes_the_data() {
     let mut rng = rng();

@@ -140,9 +140,11 @@ pub struct SqState {
     pub poll_lock: u32,
     /// 1 while a thread writes the dbrec and rings the doorbell, else 0.
     pub db_lock: u32,
+    /// 1 while a host thread makes a call of a warp's poster on this QP, else 0: on the `cpu` executor each
+    /// thread is a warp of one lane, so the threads that are one warp on the GPU (and share its Warp-sharing
+    /// handle) take turns through it. Unused on the GPU.
+    pub host_lock: u32,
     /// Zero: keeps the state 128 bytes (the handle's second half).
-    pub pad32: u32,
-    /// Zero, as `pad32`.
     pub pad: [u64; 7],
 }
 
@@ -161,7 +163,7 @@ impl SqState {
             err: 0,
             poll_lock: 0,
             db_lock: 0,
-            pad32: 0,
+            host_lock: 0,
             pad: [0; 7],
         }
     }
@@ -225,7 +227,7 @@ const _: () = {
     assert!(offset_of!(QpHandle, cq) == 32);
     assert!(offset_of!(QpHandle, sq) == 128);
     assert!(size_of::<SqState>() == 128);
-    assert!(offset_of!(SqState, pad32) == 68);
+    assert!(offset_of!(SqState, host_lock) == 68);
     assert!(offset_of!(SqState, pad) == 72);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
