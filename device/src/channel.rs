@@ -411,8 +411,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// ([`InvalidArgument::LocalRange`], [`InvalidArgument::RemoteRange`]) and [`InvalidArgument::Length`] for
     /// a piece longer than one WQE takes; in Block and Device sharing every other member then gets
     /// [`InvalidArgument::Team`], and nothing is posted, as every member does when some threads of the block
-    /// never make the call (they returned from the kernel first); the other errors of
-    /// [`SharedQp::post_team`].
+    /// never make the call (they returned from the kernel first) or the members' channels are not all of one
+    /// handle; the other errors of [`SharedQp::post_team`].
     #[inline(always)]
     pub fn put_team(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {

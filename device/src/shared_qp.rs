@@ -238,7 +238,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// is `Err(e)` gets `e`, the others [`InvalidArgument::Team`], as they do when a WQE takes more than one
     /// WQEBB, the members with a WQE are not the lowest ranks, the batch needs more than half the ring, or
     /// fewer than `g.members()` members make the call (a thread of the block that returned before it: a CTA
-    /// barrier stops waiting for exited threads);
+    /// barrier stops waiting for exited threads); [`InvalidArgument::Team`] for every member also when the
+    /// members' `SharedQp`s are not all of one handle (found once the leader has reserved: its batch is then
+    /// published as NOPs, and the other handles' rings are not touched);
     /// [`InvalidArgument::Handle`] as for [`SharedQp::post`]. Once the
     /// WQEBBs are reserved: [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`], or
     /// [`Error::UnexpectedCqe`], for every member (the leader's own; the others the same but for their
@@ -270,15 +272,16 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             return Ok(None);
         }
         let (lead, n) = (rank == 0, count as u64);
-        // The leader's reservation, handed to the members: word 0 is 0 and word 1 the base, or the words of
-        // the error it met waiting for room (words 0, 1, 3 and 4 of its `ErrorReport`: kind and CQE fields,
-        // `expected`, `detail`, `addr`; no error met there has a `seen`, and every kind is nonzero).
+        // The leader's reservation, handed to the members: word 0 is 0, word 1 the base and word 2 the leader's
+        // handle, or the words of the error it met waiting for room (words 0, 1, 3 and 4 of its `ErrorReport`:
+        // kind and CQE fields, `expected`, `detail`, `addr`; no error met there has a `seen`, and every kind is
+        // nonzero).
         let mut words = [0u64; 4];
         if lead {
             // SAFETY: the state's word (contract of `new`).
             let base = unsafe { S::fetch_add(self.resv(), n) };
             words = match self.wait_room(base + n, n) {
-                Ok(()) => [0, base, 0, 0],
+                Ok(()) => [0, base, self.h as u64, 0],
                 Err(e) => {
                     let r: [u64; 5] = bytemuck::cast(e.to_report());
                     [r[0], r[1], r[3], r[4]]
@@ -293,17 +296,27 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             let r = bytemuck::cast([words[0], words[1], 0, words[2], words[3]]);
             (0, Some(Error::from_report(&r).unwrap_or(Error::InvalidArgument(InvalidArgument::Team))))
         };
+        // A member whose channel is of another handle than the leader's (a block split between two channels in
+        // one call) must not store into its own ring at indices reserved in the leader's.
+        let stranger = err.is_none() && words[2] != self.h as u64;
         let last = base + n - 1;
         if let Some(w) = &w {
-            if err.is_none() {
+            if err.is_none() && !stranger {
                 let idx = base + rank as u64;
                 let flags = if idx == last { fm_ce_se::CQ_UPDATE } else { 0 };
                 self.store(idx, w, flags);
             }
         }
         // Barrier 4: every WQE is stored (before the leader's release in `publish`: the barrier orders the
-        // members' stores before it).
-        let _ = g.barrier_or(false);
+        // members' stores before it), and whether any member is on another handle.
+        let strangers = g.barrier_or(stranger);
+        if lead && strangers {
+            // The call is refused for all, but the leader's reservation stands (later posters may have
+            // reserved after it): it becomes NOPs, published as the batch would have been, so the QP goes on.
+            for idx in base..base + n {
+                self.store(idx, &crate::wqe::nop(), if idx == last { fm_ce_se::CQ_UPDATE } else { 0 });
+            }
+        }
         let mut r = Ok(());
         if lead {
             r = match err {
@@ -317,6 +330,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 (Err(e), _) | (_, Some(e)) => e,
                 _ => self.publish_timeout(base),
             });
+        }
+        if strangers {
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
         }
         Ok(w.map(|_| Ticket(last)))
     }

@@ -1103,6 +1103,40 @@ fn a_block_put_past_the_end_of_either_memory_posts_nothing() {
     }
 }
 
+/// A team put whose members' channels are of two handles (one block split between two peers in one call):
+/// every member gets `Team`, neither peer's memory changes, the second handle's NIC sees nothing, and the
+/// first QP goes on (the leader's reservation went out as NOPs): the next team put on it lands whole. Before,
+/// the members of the second handle stored into its ring at the first's indices, published nothing there and
+/// returned Ok; the first QP published WQEBBs nobody stored and went to the error state.
+#[test]
+fn a_team_put_over_two_handles_is_refused_for_all() {
+    let ((x, _, hx), (y, _, hy)) = (team_link(64), team_link(64));
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 8, |_, m| {
+        let r = m.rank as u64;
+        let mut ch = shared::<Block>(if r < 4 { &hx } else { &hy });
+        let split = ch.put_team(m, r * 64, r * 64, 64);
+        let flushed = ch.flush();
+        let mut on_x = shared::<Block>(&hx);
+        let good = on_x.put_team(m, 1024 + r * 64, 1024 + r * 64, 64).and_then(|()| on_x.flush());
+        results.lock().unwrap().push((m.rank, split, flushed, good));
+    });
+    let team = Err(Error::InvalidArgument(InvalidArgument::Team));
+    for (rank, split, flushed, good) in results.into_inner().unwrap() {
+        assert_eq!((split, flushed, good), (team, Ok(()), Ok(())), "rank {rank}");
+    }
+    let (got_x, got_y) = (x.dst.read(), y.dst.read());
+    assert!(got_x[..1024].iter().all(|&b| b == 0xee), "nothing of the split put was placed at X's peer");
+    assert_eq!(&got_x[1024..1536], &x.src.read()[1024..1536], "the next team put on X");
+    assert!(got_y.iter().all(|&b| b == 0xee), "nothing was placed at Y's peer");
+    // X: the 8 NOPs of the refused batch and the 8 WRITEs after it, a CQE each batch, no error.
+    let nic_x = emu_util::stats_counted(&x._nics[0], 16, 2);
+    assert_eq!((nic_x.wqes, nic_x.cqes, nic_x.error_cqes), (16, 2, 0), "{nic_x:?}");
+    let nic_y = y._nics[0].stats();
+    assert_eq!((nic_y.wqes, nic_y.doorbells), (0, 0), "{nic_y:?}");
+    assert_eq!(y.qp_h.sq.pi, 0, "Y's state untouched");
+}
+
 /// A block put that some members of the team never make (they returned from the kernel first, and the barrier
 /// no longer waits for them): every member that makes it gets `Team`, nothing reaches the NIC and the peer's
 /// semaphore stays 0, in Block and Device sharing, with the leader there or not. Before, the members there
