@@ -84,6 +84,16 @@ pub enum WaitOn {
         /// Last value read.
         seen: u64,
     },
+    /// A host thread's turn on a QP whose Warp-sharing handle other host threads share (on the `cpu`
+    /// executor each thread is a warp of one lane, [`crate::warp_qp`]): the turns are tickets, served in order.
+    Turn {
+        /// Address of the handle's send-queue state.
+        addr: u64,
+        /// This thread's ticket.
+        ticket: u32,
+        /// The ticket being served when the wait ended.
+        serving: u32,
+    },
 }
 
 /// A bounded wait that ran past its limit.
@@ -228,6 +238,9 @@ pub mod kind {
     /// [`super::Error::Timeout`] on a broadcast's group acknowledgment ([`super::WaitOn::GroupAck`]); `addr`
     /// holds the counter's address, `expected` and `seen` its values.
     pub const TIMEOUT_GROUP_ACK: u32 = 14;
+    /// [`super::Error::Timeout`] on a host thread's turn ([`super::WaitOn::Turn`]); `addr` holds the state's
+    /// address, `expected` the ticket, `seen` the ticket served.
+    pub const TIMEOUT_TURN: u32 = 16;
     /// [`super::InvalidArgument::Team`], alone in the report (every other word 0): a team member that failed
     /// because another member could not post. One word, so that a launch's report of it can be replaced by
     /// the cause ([`crate::launch::report_error`]).
@@ -305,6 +318,12 @@ impl Error {
                         r.seen = seen;
                         r.addr = addr;
                     }
+                    WaitOn::Turn { addr, ticket, serving } => {
+                        r.kind = kind::TIMEOUT_TURN;
+                        r.expected = ticket as u64;
+                        r.seen = serving as u64;
+                        r.addr = addr;
+                    }
                 }
             }
             Error::UnexpectedCqe(u) => {
@@ -358,6 +377,11 @@ impl Error {
                 timeout(WaitOn::Peer { rank: u32::try_from(r.addr).ok()?, expected: r.expected, seen: r.seen })
             }
             kind::TIMEOUT_GROUP_ACK => timeout(WaitOn::GroupAck { addr: r.addr, expected: r.expected, seen: r.seen }),
+            kind::TIMEOUT_TURN => timeout(WaitOn::Turn {
+                addr: r.addr,
+                ticket: u32::try_from(r.expected).ok()?,
+                serving: u32::try_from(r.seen).ok()?,
+            }),
             kind::UNEXPECTED_CQE => {
                 Some(Error::UnexpectedCqe(UnexpectedCqe { qpn: r.addr as u32, wqe_counter: r.wqe_counter }))
             }
@@ -439,6 +463,11 @@ impl core::fmt::Display for Error {
                         "timed out after {ms:.1} ms waiting for the group acknowledgment at {addr:#x} to reach \
                          {expected} (saw {seen}: {} receivers had not acknowledged)",
                         expected.saturating_sub(seen)
+                    ),
+                    WaitOn::Turn { addr, ticket, serving } => write!(
+                        f,
+                        "timed out after {ms:.1} ms waiting for this host thread's turn on the warp QP at {addr:#x} \
+                         (ticket {ticket}, serving {serving}: other threads sharing the handle held it)"
                     ),
                 }
             }

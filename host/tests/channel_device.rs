@@ -374,7 +374,7 @@ pub fn warp_pieces(t: &gdaki_device::Thread, ch: &PortChannelHandle, rounds: u32
 }
 
 /// A block of 32 threads, one warp on the GPU, sharing one Warp-sharing handle: on the `cpu` executor each
-/// thread is a warp of one lane, and the threads take turns on the QP (the handle's `host_lock`) instead of
+/// thread is a warp of one lane, and the threads take turns on the QP (tickets in the handle's state, served in order) instead of
 /// racing on its counters. Before, each thread kept its own leader `Qp` of the handle: posts overwrote one
 /// another, CQEs came for WQEs a thread never posted (an unexpected CQE), and pieces never landed.
 #[test]
@@ -398,6 +398,56 @@ fn the_threads_of_a_warp_share_a_warp_handle_on_host_threads() {
     // One WRITE per piece (and a NOP per flush that found the last WQE unsignaled at most).
     let consumed = l.a.sq_consumed();
     assert!((256..=256 + 32).contains(&consumed), "{consumed} WQEs");
+}
+
+/// Host threads sharing a Warp-sharing handle take their turns in order: a thread that waits for its turn
+/// while another holds the QP (a flush the NIC does not answer yet) posts before the holder's next call. With a
+/// lock that the holder could take straight back, it kept the QP call after call while the others waited out
+/// their timeouts (seen with eight threads on a loaded 2-core machine).
+#[test]
+fn a_host_thread_waiting_for_its_turn_posts_before_the_holders_next_call() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let l = Link::new(4096, 64, false);
+    let h = l.handle();
+    let state = &l.qp_h.sq as *const gdaki_shared::handle::SqState;
+    // SAFETY: the turn words of the live link's state, only ever accessed atomically.
+    let turns = || unsafe {
+        let next = AtomicU32::from_ptr(std::ptr::addr_of!((*state).host_next) as *mut u32);
+        let serving = AtomicU32::from_ptr(std::ptr::addr_of!((*state).host_serving) as *mut u32);
+        (next.load(Ordering::Acquire), serving.load(Ordering::Acquire))
+    };
+    let warp = || shared::<gdaki_device::channel::Warp>(&h);
+    l._nics[0].hold_executor(true);
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            let mut ch = warp();
+            // The flush holds the turn until the NIC runs again; the next put takes a turn at once after it.
+            (ch.put(0, 0, 64).and_then(|()| ch.flush()), ch.put(128, 128, 64).and_then(|()| ch.flush()))
+        });
+        // Tickets: A's first put took 0 and ended its turn (serving 1); its flush holds 1; B's put takes 2.
+        emu_util::wait_until("A's flush holding its turn", || turns() == (2, 1));
+        let b = s.spawn(|| {
+            let mut ch = warp();
+            ch.put(64, 64, 64).and_then(|()| ch.flush())
+        });
+        emu_util::wait_until("B waiting for its turn", || turns() == (3, 1));
+        l._nics[0].hold_executor(false);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!((a, b), ((Ok(()), Ok(())), Ok(())));
+    // The WRITEs in ring order, by their offsets at the peer: A's first, B's, A's second (NOPs between).
+    let (ring, pi) = (l.qp_h.sq_buf as *const [u8; 64], l.qp_h.sq.pi);
+    let offsets: Vec<u64> = (0..pi)
+        .filter_map(|i| {
+            // SAFETY: WQEBB `i` of the live link's 64-WQEBB ring (`pi` is below 64 here).
+            let wqebb = unsafe { *ring.add(i as usize) };
+            let opcode = wqebb[3];
+            let raddr = u64::from_be_bytes(wqebb[16..24].try_into().unwrap());
+            (opcode == gdaki_shared::prm::opcode::RDMA_WRITE).then(|| raddr - h.dst.addr)
+        })
+        .collect();
+    assert_eq!(offsets, [0, 64, 128], "ring of {pi} WQEBBs");
+    assert_eq!(l.dst.read()[..192], l.src.read()[..192]);
 }
 
 #[test]

@@ -1138,6 +1138,11 @@ fn wait_on() -> impl Strategy<Value = WaitOn> {
             expected,
             seen
         }),
+        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, ticket, serving)| WaitOn::Turn {
+            addr,
+            ticket,
+            serving
+        }),
     ]
 }
 
@@ -1187,6 +1192,7 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Timeout(Timeout { on: WaitOn::Packet { .. }, .. }) => kind::TIMEOUT_PACKET,
         Error::Timeout(Timeout { on: WaitOn::Peer { .. }, .. }) => 13,
         Error::Timeout(Timeout { on: WaitOn::GroupAck { .. }, .. }) => 14,
+        Error::Timeout(Timeout { on: WaitOn::Turn { .. }, .. }) => 16,
         Error::Payload(_) => kind::PAYLOAD,
         Error::InvalidArgument(InvalidArgument::Team) => 15,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
@@ -1227,6 +1233,9 @@ proptest! {
             Error::Timeout(Timeout { on: WaitOn::GroupAck { addr, .. }, .. }) => {
                 format!("group acknowledgment at {addr:#x}")
             }
+            Error::Timeout(Timeout { on: WaitOn::Turn { addr, ticket, serving }, .. }) => {
+                format!("warp QP at {addr:#x} (ticket {ticket}, serving {serving}")
+            }
             Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
@@ -1236,7 +1245,7 @@ proptest! {
     }
 
     #[test]
-    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 16u32..]) {
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 17u32..]) {
         let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
         prop_assert_eq!(Error::from_report(&r), None);
     }

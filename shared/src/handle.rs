@@ -140,12 +140,16 @@ pub struct SqState {
     pub poll_lock: u32,
     /// 1 while a thread writes the dbrec and rings the doorbell, else 0.
     pub db_lock: u32,
-    /// 1 while a host thread makes a call of a warp's poster on this QP, else 0: on the `cpu` executor each
-    /// thread is a warp of one lane, so the threads that are one warp on the GPU (and share its Warp-sharing
-    /// handle) take turns through it. Unused on the GPU.
-    pub host_lock: u32,
+    /// The next ticket of the host threads' turns on this QP through a warp's poster: on the `cpu` executor
+    /// each thread is a warp of one lane, so the threads that are one warp on the GPU (and share its
+    /// Warp-sharing handle) take turns, served in ticket order (`host_serving`). Unused on the GPU.
+    pub host_next: u32,
+    /// The ticket whose host thread has its turn (see `host_next`); equal to `host_next` when none has.
+    pub host_serving: u32,
     /// Zero: keeps the state 128 bytes (the handle's second half).
-    pub pad: [u64; 7],
+    pub pad32: u32,
+    /// Zero, as `pad32`.
+    pub pad: [u64; 6],
 }
 
 impl SqState {
@@ -163,8 +167,10 @@ impl SqState {
             err: 0,
             poll_lock: 0,
             db_lock: 0,
-            host_lock: 0,
-            pad: [0; 7],
+            host_next: 0,
+            host_serving: 0,
+            pad32: 0,
+            pad: [0; 6],
         }
     }
 }
@@ -227,8 +233,9 @@ const _: () = {
     assert!(offset_of!(QpHandle, cq) == 32);
     assert!(offset_of!(QpHandle, sq) == 128);
     assert!(size_of::<SqState>() == 128);
-    assert!(offset_of!(SqState, host_lock) == 68);
-    assert!(offset_of!(SqState, pad) == 72);
+    assert!(offset_of!(SqState, host_next) == 68);
+    assert!(offset_of!(SqState, host_serving) == 72);
+    assert!(offset_of!(SqState, pad) == 80);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);

@@ -80,6 +80,9 @@ pub enum WaitKind {
     Peer,
     /// A broadcast root's group acknowledgment (`gdaki_device::coll::broadcast`).
     GroupAck,
+    /// A host thread's turn on a QP whose Warp-sharing handle other host threads share (`WarpQp` on the `cpu`
+    /// executor).
+    Turn,
 }
 
 /// How a fault ended: what a case expects, and what it observed.

@@ -102,6 +102,7 @@ pub(crate) fn wait_kind(on: &WaitOn) -> WaitKind {
         WaitOn::Packet { .. } => WaitKind::Packet,
         WaitOn::Peer { .. } => WaitKind::Peer,
         WaitOn::GroupAck { .. } => WaitKind::GroupAck,
+        WaitOn::Turn { .. } => WaitKind::Turn,
     }
 }
 
