@@ -131,7 +131,8 @@ impl Poster for WarpQp<'_> {
 
     #[inline(always)]
     fn submit_team<const N: usize>(&mut self, _g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()> {
-        w?.map_or(Ok(()), |w| self.post(false, w).map(|_| ()))
+        // Every lane makes the call, with a WQE or without ([`WarpQp::post_some`]).
+        self.post_some(false, w?).map(|_| ())
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -189,6 +190,9 @@ pub trait Sharing: sealed::Sealed {
     type Poster<'a>: Poster;
     /// Whether several threads post (Warp, Block, Device) rather than one (Exclusive).
     const SHARED: bool;
+    /// Whether every call is one the members make together (Warp: the lanes of one warp), so that a WQE that
+    /// one member posts (a signal) is posted by all of them, the others passing none.
+    const TOGETHER: bool;
     /// A poster on `h`'s QP for the calling thread.
     ///
     /// # Safety
@@ -214,6 +218,7 @@ pub struct Exclusive;
 impl Sharing for Exclusive {
     type Poster<'a> = Qp<'a>;
     const SHARED: bool = false;
+    const TOGETHER: bool = false;
     unsafe fn poster<'a>(h: &'a PortChannelHandle) -> Qp<'a> {
         // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this thread only.
         unsafe { Qp::new(&mut *(h.qp as *mut QpHandle), h.timeout_ns) }
@@ -230,6 +235,7 @@ pub struct Warp;
 impl Sharing for Warp {
     type Poster<'a> = WarpQp<'a>;
     const SHARED: bool = true;
+    const TOGETHER: bool = true;
     unsafe fn poster<'a>(h: &'a PortChannelHandle) -> WarpQp<'a> {
         // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this warp's lanes only, together.
         unsafe { WarpQp::new(h.qp as *mut QpHandle, h.timeout_ns) }
@@ -241,6 +247,7 @@ macro_rules! shared_sharing {
         impl Sharing for $t {
             type Poster<'a> = SharedQp<'a, $t>;
             const SHARED: bool = true;
+            const TOGETHER: bool = false;
             unsafe fn poster<'a>(h: &'a PortChannelHandle) -> SharedQp<'a, $t> {
                 // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by shared posters of this scope
                 // only.
@@ -401,8 +408,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// In Block and Device sharing the pieces go out as one batch ([`SharedQp::post_team`]): one reservation, one CQE
     /// (the last WQE's), one doorbell for the whole call, where a [`PortChannel::put`] per thread costs a reservation
-    /// each and up to a doorbell each. In Exclusive and Warp sharing each member posts its own piece as `put` does
-    /// (each must own the QP as there), and in the Host modes each pushes its own triggers; neither uses the
+    /// each and up to a doorbell each. In Exclusive sharing the one member posts its piece as `put` does; in Warp
+    /// sharing the lanes' pieces go out as one batch of the lanes that have one ([`WarpQp::post_some`]: every
+    /// lane makes the call); in the Host modes each member pushes its own triggers. None of them uses the
     /// barriers, so there a member that never makes the call leaves its piece unwritten, undetected (a signal
     /// after it is the caller's to hold back; [`PortChannel::put_block_with_signal`] does).
     ///
@@ -429,8 +437,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// [`PortChannel::put_team`]: in Block and Device sharing one reservation, one CQE and one doorbell per
     /// `members()` WQEs (one for any range up to `members() * max_wqe_bytes`). Returns once posted.
     ///
-    /// In Exclusive and Warp sharing each member posts its chunks itself, as `put_team` does there: call it
-    /// only from a team that may post to the QP that way (one thread, for Exclusive). A team with more members
+    /// In Exclusive and Warp sharing the chunks go out as `put_team` posts them there: call it only from a team
+    /// that may post to the QP that way (one thread for Exclusive, the lanes of the warp for Warp). A team with more members
     /// than half the QP's ring has WQEBBs posts with the lowest half-ring of them in each batch.
     ///
     /// # Errors
@@ -465,14 +473,17 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// WRITE, posted by the first member without a piece there: in Block and Device sharing a range of fewer
     /// than `members()` WQEs costs one reservation, one CQE and one doorbell in all, where `put_block` and then
     /// `signal` cost two of each (two passes of the NIC). When every member has a piece in the last batch, the
-    /// signal follows, posted by member 0 alone as `signal` posts it. In Exclusive and Warp sharing the batches are posted as
-    /// `put_team` posts them there; in the Host modes every member pushes its pieces and, after a barrier of
-    /// the team (so that the proxy takes the signal after every piece), member 0 pushes the signal.
+    /// signal follows, posted by member 0 alone as `signal` posts it. In Exclusive sharing the batches are
+    /// posted as `put_team` posts them there. In Warp sharing and the Host modes every member posts (pushes) its
+    /// pieces and, after a barrier of the team that counts the members whose pieces went out (so that the
+    /// signal comes after every piece), member 0's signal goes: in Warp sharing every lane makes that call,
+    /// lane 0 with the signal (on host threads, each a warp of one lane, the barrier is what orders the
+    /// threads' pieces before it).
     ///
     /// # Errors
     /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range, semaphore or scratch word is the
-    /// same error for every member, before anything is posted). In the Host modes every member gets an error
-    /// when any member's pieces were refused or some members never make the call (they returned from the
+    /// same error for every member, before anything is posted). In Warp sharing and the Host modes every member
+    /// gets an error when any member's pieces were refused or some members never make the call (they returned from the
     /// kernel first): [`InvalidArgument::Team`] for those whose own pieces went out; no signal is pushed (the
     /// pieces pushed go out). Members that pass different arguments break the call, undetected: which of them posts
     /// the signal follows each one's own length, so the peer may see no signal, two, or the signal with part of
@@ -487,15 +498,26 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         if bytes == 0 {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
-        if self.proxied() {
+        if self.proxied() || M::TOGETHER {
+            // The members' pieces go out each from its own pushes (Host modes) or in batches of the lanes that
+            // have one (Warp: on host threads, each thread's own), so the signal waits for a barrier.
+            let target = if M::TOGETHER { self.signal_target().map(Some)? } else { None };
             let r = self.put_block(g, dst_offset, src_offset, bytes);
             // Counting the members whose pieces went out, not OR-ing the refusals: a member that never makes the
-            // call (it returned first; the barrier no longer waits for it) leaves its pieces unpushed, and the
+            // call (it returned first; the barrier no longer waits for it) leaves its pieces unposted, and the
             // signal must not tell the peer that the range is there.
             if g.barrier_count(r.is_ok()) != g.members() {
                 return r.and(Err(Error::InvalidArgument(InvalidArgument::Team)));
             }
-            return if g.rank() == 0 { self.signal() } else { Ok(()) };
+            return match target {
+                // Warp: every lane makes the call, lane 0 with the signal.
+                Some((r, l)) => {
+                    let signal = (g.rank() == 0).then(|| wqe::atomic_fetch_add_tested(r, l, 1));
+                    self.qp.submit_team(g, Ok(signal))
+                }
+                None if g.rank() == 0 => self.signal(),
+                None => Ok(()),
+            };
         }
         let (r, l) = self.signal_target()?;
         let signal = wqe::atomic_fetch_add_tested(r, l, 1);

@@ -146,6 +146,28 @@ impl Lanes {
         p
     }
 
+    /// The members for which `p` holds, as a lane mask (`vote.sync.ballot.b32`); on the host, the caller's own
+    /// bit when `p` holds.
+    #[inline(always)]
+    pub fn ballot(&self, p: bool) -> u32 {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            let r: u32;
+            // SAFETY: a vote among the member lanes; registers only.
+            unsafe {
+                core::arch::asm!("{{ .reg .pred a; setp.ne.u32 a, {p}, 0; vote.sync.ballot.b32 {r}, a, {m}; }}",
+                    r = out(reg32) r, p = in(reg32) p as u32, m = in(reg32) self.mask, options(nostack, nomem));
+            }
+            r
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        if p {
+            self.mask
+        } else {
+            0
+        }
+    }
+
     /// Whether `p` holds for every member (`vote.sync.all.pred`).
     #[inline(always)]
     pub fn all(&self, p: bool) -> bool {

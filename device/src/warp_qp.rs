@@ -214,6 +214,98 @@ impl<'a> WarpQp<'a> {
         Ok(Ticket(if signaled && sig { last } else { idx }))
     }
 
+    /// Posts the WQEs of the members that pass one, in lane order, as one batch with one doorbell; the members
+    /// passing `None` make the call too but post nothing: [`WarpQp::post`] for a batch that not every member
+    /// fills (a range in fewer pieces than lanes, a signal posted by one lane). Returns to each lane with a
+    /// WQE its ticket (as `post` does), `None` to the others; a batch of no WQE posts nothing.
+    ///
+    /// # Errors
+    /// As [`WarpQp::post`], for every caller ([`InvalidArgument::Length`] also when the WQEs passed differ in
+    /// size).
+    pub fn post_some<const N: usize>(&mut self, signaled: bool, w: Option<Wqe<N>>) -> Result<Option<Ticket>> {
+        let lanes = self.members()?;
+        let have = lanes.ballot(w.is_some());
+        match w {
+            // Every member posts: `post`'s path.
+            Some(w) if have == lanes.mask => return self.post(signaled, w).map(Some),
+            _ if have == 0 => return Ok(None),
+            _ => {}
+        }
+        // Some members post (only on the GPU: a host thread is a warp of one lane).
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.begin_turn()?;
+        let r = self.post_part(lanes, Lanes { mask: have, lane: lanes.lane }, signaled, w);
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.end_turn();
+        r
+    }
+
+    /// [`WarpQp::post_some`] when the members `posters` of `lanes` (some, not all) pass a WQE.
+    fn post_part<const N: usize>(
+        &mut self,
+        lanes: Lanes,
+        posters: Lanes,
+        signaled: bool,
+        w: Option<Wqe<N>>,
+    ) -> Result<Option<Ticket>> {
+        let mine = w.as_ref().map_or(0, |w| wqebbs(w.ds() as u32));
+        let nbb = lanes.shfl32(mine, posters.leader());
+        let total = nbb * posters.count();
+        let same = lanes.all(w.is_none() || mine == nbb);
+        if !same || (total > self.wqe_cnt / 2 && sq::valid_ring(self.wqe_cnt)) {
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
+        let (base, sig) = self.reserve(lanes, total, lanes.any(signaled && w.is_some()))?;
+        let idx = base + (posters.rank() * nbb) as u64;
+        let last = base + ((posters.count() - 1) * nbb) as u64;
+        if let Some(w) = &w {
+            self.store(idx, sig && idx == last, w);
+        }
+        self.publish(lanes, last, total, sig);
+        Ok(w.map(|_| Ticket(if signaled && sig { last } else { idx })))
+    }
+
+    /// The leader's reservation of `total` WQEBBs for a batch (its last WQE asking for a CQE when
+    /// `any_signaled` or the quarter-ring rule says so), handed to every member: the first WQEBB's index and
+    /// whether the batch's last WQE asks for a CQE.
+    ///
+    /// # Errors
+    /// The leader's [`Qp::reserve_batch`] error, for every member.
+    #[inline(always)]
+    fn reserve(&mut self, lanes: Lanes, total: u32, any_signaled: bool) -> Result<(u64, bool)> {
+        let reserved = match &mut self.leader {
+            Some(q) => q.reserve_batch(total, any_signaled),
+            None => Ok((0, false)),
+        };
+        let (first, sig) = *reserved.as_ref().unwrap_or(&(0, false));
+        lanes.share_result(reserved.map(|_| ()))?;
+        let base = lanes.shfl(first, lanes.leader());
+        let sig = lanes.shfl32(sig as u32, lanes.leader()) != 0;
+        Ok((base, sig))
+    }
+
+    /// Stores this lane's WQE `w` at WQEBB `idx` of the batch, asking for a CQE when `cqe`.
+    #[inline(always)]
+    fn store<const N: usize>(&self, idx: u64, cqe: bool, w: &Wqe<N>) {
+        let flags = if cqe { fm_ce_se::CQ_UPDATE } else { 0 };
+        let segs = w.encode(Ctrl { idx: idx as u16, qpn: self.qpn, fm_ce_se: flags });
+        // SAFETY: a valid ring (contract of `new`); the leader reserved the batch's WQEBBs ([`WarpQp::reserve`]),
+        // and `idx..idx + ceil(ds / 4)` is this lane's share of them.
+        unsafe { sq::write_segs(self.sq_buf, self.wqe_cnt, idx, &segs, w.ds()) };
+    }
+
+    /// Publishes the batch: once every lane's WQE is stored (bar.warp.sync orders the members' accesses; the
+    /// leader's release fence then covers them), the leader records the `total` WQEBBs, the last at `last`, and
+    /// rings one doorbell.
+    #[inline(always)]
+    fn publish(&mut self, lanes: Lanes, last: u64, total: u32, sig: bool) {
+        lanes.sync();
+        if let Some(q) = &mut self.leader {
+            q.commit(last, total, sig);
+            q.ring_db();
+        }
+    }
+
     /// Runs `f` on the leader's [`Qp`] and gives its result to every member (those calling it together).
     ///
     /// # Errors

@@ -450,6 +450,33 @@ fn a_host_thread_waiting_for_its_turn_posts_before_the_holders_next_call() {
     assert_eq!(l.dst.read()[..192], l.src.read()[..192]);
 }
 
+/// Warp sharing on host threads (each a warp of one lane): a block put with a signal whose members come late
+/// (the others sleep before the call) signals only once every member's pieces are posted, so the member that
+/// signals sees the whole range at the peer once its flush returns. Before, member 0 posted its piece and the
+/// signal at once, and the peer saw the signal with a quarter of the range.
+#[test]
+fn a_warp_block_put_signals_after_every_members_pieces() {
+    let (l, data, h) = team_link(64);
+    let seen = std::sync::Mutex::new(Vec::new());
+    teams(1, 4, |_, m| {
+        if m.rank != 0 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let mut ch = shared::<gdaki_device::channel::Warp>(&h);
+        let r = ch.put_block_with_signal(m, 0, 0, 1024).and_then(|()| ch.flush());
+        let at_flush = (m.rank == 0).then(|| (l.sem.load_u64(0), l.dst.read()[..1024] == data[..1024]));
+        seen.lock().unwrap().push((m.rank, r, at_flush));
+    });
+    for (rank, r, at_flush) in seen.into_inner().unwrap() {
+        assert_eq!(r, Ok(()), "rank {rank}");
+        if let Some((sem, whole)) = at_flush {
+            assert_eq!((sem, whole), (1, true), "the signal and the range when member 0's flush returned");
+        }
+    }
+    assert_eq!(l.sem.load_u64(0), 1);
+    assert_eq!(l.dst.read()[..1024], data[..1024]);
+}
+
 #[test]
 fn signal_never_overtakes_the_data() {
     let mut rng = rng();

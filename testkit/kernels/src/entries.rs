@@ -230,6 +230,16 @@ pub fn gdaki_sass_warp_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
     let _ = unsafe { WarpQp::new(h, 1 << 30) }.post(false, w);
 }
 
+/// One [`WarpQp::post_some`] of an 8-byte RDMA WRITE by lanes `0 .. lanes` of the warp (the others pass none)
+/// on the QP `h`, as [`gdaki_sass_warp_post`]: a batch that not every lane fills (a range in fewer pieces than
+/// lanes, a lone signal).
+#[kernel]
+pub fn gdaki_sass_warp_post_some(t: &Thread, h: *mut QpHandle, a: &SassWrite, lanes: u32) {
+    let Some(w) = sass_write(a) else { return };
+    // SAFETY: the launch's contract: a live QP that this one warp uses, its lanes together.
+    let _ = unsafe { WarpQp::new(h, 1 << 30) }.post_some(false, (t.lane() < lanes).then_some(w));
+}
+
 /// One Device-scope [`SharedQp::post`] of an 8-byte RDMA WRITE on the QP `h`, as [`gdaki_sass_qp_post`].
 #[kernel]
 pub fn gdaki_sass_shared_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
