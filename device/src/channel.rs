@@ -58,13 +58,14 @@ pub trait Poster {
     fn submit<const N: usize>(&mut self, bf: bool, signaled: bool, w: Wqe<N>) -> Result<()>;
 
     /// Posts the WQEs of one team call ([`PortChannel::put_team`]): `w` is the calling member's (`Ok(None)`:
-    /// none; `Err`: refused while it was built). The shared posters batch the members' WQEs into one
+    /// none; `Err`: refused while it was built), `key` its channel's, the same for every member (the shared
+    /// posters check it with the leader's, [`SharedQp::post_team_keyed`]). The shared posters batch the members' WQEs into one
     /// reservation, one CQE and one doorbell ([`SharedQp::post_team`]); the Exclusive and Warp posters post
     /// the caller's own WQE as [`Poster::submit`] does (unsignaled, no BlueFlame) and use no barrier of `g`.
     ///
     /// # Errors
     /// As [`SharedQp::post_team`] / [`Poster::submit`]; the caller's own `Err` as it is.
-    fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()>;
+    fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, key: u64, w: Result<Option<Wqe<N>>>) -> Result<()>;
 
     /// Waits until every WQE posted so far has completed.
     ///
@@ -99,7 +100,7 @@ impl Poster for Qp<'_> {
     }
 
     #[inline(always)]
-    fn submit_team<const N: usize>(&mut self, _g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()> {
+    fn submit_team<const N: usize>(&mut self, _g: &impl CtaGroup, _key: u64, w: Result<Option<Wqe<N>>>) -> Result<()> {
         w?.map_or(Ok(()), |w| Poster::submit(self, false, false, w))
     }
 
@@ -130,7 +131,7 @@ impl Poster for WarpQp<'_> {
     }
 
     #[inline(always)]
-    fn submit_team<const N: usize>(&mut self, _g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()> {
+    fn submit_team<const N: usize>(&mut self, _g: &impl CtaGroup, _key: u64, w: Result<Option<Wqe<N>>>) -> Result<()> {
         // Every lane makes the call, with a WQE or without ([`WarpQp::post_some`]).
         self.post_some(false, w?).map(|_| ())
     }
@@ -160,8 +161,8 @@ impl<S: Scope> Poster for SharedQp<'_, S> {
     }
 
     #[inline(always)]
-    fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, w: Result<Option<Wqe<N>>>) -> Result<()> {
-        self.post_team(g, w).map(|_| ())
+    fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, key: u64, w: Result<Option<Wqe<N>>>) -> Result<()> {
+        self.post_team_keyed(g, key, w).map(|_| ())
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -419,15 +420,15 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// ([`InvalidArgument::LocalRange`], [`InvalidArgument::RemoteRange`]) and [`InvalidArgument::Length`] for
     /// a piece longer than one WQE takes; in Block and Device sharing every other member then gets
     /// [`InvalidArgument::Team`], and nothing is posted, as every member does when some threads of the block
-    /// never make the call (they returned from the kernel first) or the members' channels are not all of one
-    /// handle; the other errors of [`SharedQp::post_team`].
+    /// never make the call (they returned from the kernel first) or the members' channels are not all one
+    /// channel (of one QP and one memory pair); the other errors of [`SharedQp::post_team`].
     #[inline(always)]
     pub fn put_team(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {
             return if bytes == 0 { Ok(()) } else { self.push_writes(dst_offset, src_offset, bytes, 0) };
         }
         let w = if bytes == 0 { Ok(None) } else { self.piece(dst_offset, src_offset, bytes).map(Some) };
-        self.qp.submit_team(g, w)
+        self.qp.submit_team(g, self.team_key(), w)
     }
 
     /// A put of one range that the members of the team `g` (the threads of one CTA) make together, as
@@ -513,7 +514,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
                 // Warp: every lane makes the call, lane 0 with the signal.
                 Some((r, l)) => {
                     let signal = (g.rank() == 0).then(|| wqe::atomic_fetch_add_tested(r, l, 1));
-                    self.qp.submit_team(g, Ok(signal))
+                    self.qp.submit_team(g, self.team_key(), Ok(signal))
                 }
                 None if g.rank() == 0 => self.signal(),
                 None => Ok(()),
@@ -540,13 +541,21 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             } else {
                 Ok((last && rank == pieces && pieces < width).then_some(signal))
             };
-            self.qp.submit_team(g, w)?;
+            self.qp.submit_team(g, self.team_key(), w)?;
             if last {
                 // A full last batch: member 0 signals alone, after it (as `signal` does, asking for a CQE).
                 return if pieces == width && rank == 0 { self.fetch_add(r, l, 1) } else { Ok(()) };
             }
             at = at.saturating_add(round);
         }
+    }
+
+    /// What the members of a team call must agree on besides the QP: the channel's memory pair (both addresses
+    /// in one word; two channels of one QP differ in at least one), so that a team split between two channels
+    /// is refused.
+    #[inline(always)]
+    fn team_key(&self) -> u64 {
+        self.h.dst.addr ^ self.h.src.addr.rotate_left(32)
     }
 
     /// The one WRITE of a team member's piece, its ranges checked: by [`PortChannel::one_write`]'s single

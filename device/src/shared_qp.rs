@@ -247,6 +247,21 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// `waited_ns`, which is the QP's timeout), and the batch stays unpublished, as a single post that
     /// times out does.
     pub fn post_team<const N: usize>(&self, g: &impl CtaGroup, wqe: Result<Option<Wqe<N>>>) -> Result<Option<Ticket>> {
+        self.post_team_keyed(g, 0, wqe)
+    }
+
+    /// [`SharedQp::post_team`] by members that must also pass one `key` (a port channel's memory pair: two
+    /// channels of one QP are two keys): when a member's key differs from the leader's, every member gets
+    /// [`InvalidArgument::Team`], as for members of different handles.
+    ///
+    /// # Errors
+    /// As [`SharedQp::post_team`].
+    pub fn post_team_keyed<const N: usize>(
+        &self,
+        g: &impl CtaGroup,
+        key: u64,
+        wqe: Result<Option<Wqe<N>>>,
+    ) -> Result<Option<Ticket>> {
         let cnt = self.wqe_cnt();
         // What every member can check for itself, with the same outcome for all (one handle).
         let own = if sq::valid_ring(cnt) { Ok(()) } else { Err(Error::InvalidArgument(InvalidArgument::Handle)) };
@@ -272,8 +287,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             return Ok(None);
         }
         let (lead, n) = (rank == 0, count as u64);
-        // The leader's reservation, handed to the members: word 0 is 0, word 1 the base and word 2 the leader's
-        // handle, or the words of the error it met waiting for room (words 0, 1, 3 and 4 of its `ErrorReport`:
+        // The leader's reservation, handed to the members: word 0 is 0, word 1 the base, word 2 the leader's
+        // handle and word 3 its key, or the words of the error it met waiting for room (words 0, 1, 3 and 4 of its `ErrorReport`:
         // kind and CQE fields, `expected`, `detail`, `addr`; no error met there has a `seen`, and every kind is
         // nonzero).
         let mut words = [0u64; 4];
@@ -281,7 +296,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             // SAFETY: the state's word (contract of `new`).
             let base = unsafe { S::fetch_add(self.resv(), n) };
             words = match self.wait_room(base + n, n) {
-                Ok(()) => [0, base, self.h as u64, 0],
+                Ok(()) => [0, base, self.h as u64, key],
                 Err(e) => {
                     let r: [u64; 5] = bytemuck::cast(e.to_report());
                     [r[0], r[1], r[3], r[4]]
@@ -296,9 +311,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             let r = bytemuck::cast([words[0], words[1], 0, words[2], words[3]]);
             (0, Some(Error::from_report(&r).unwrap_or(Error::InvalidArgument(InvalidArgument::Team))))
         };
-        // A member whose channel is of another handle than the leader's (a block split between two channels in
-        // one call) must not store into its own ring at indices reserved in the leader's.
-        let stranger = err.is_none() && words[2] != self.h as u64;
+        // A member of another handle or key than the leader's (a block split between two channels in one call)
+        // must not store into its own ring at indices reserved in the leader's.
+        let stranger = err.is_none() && (words[2] != self.h as u64 || words[3] != key);
         let last = base + n - 1;
         if let Some(w) = &w {
             if err.is_none() && !stranger {

@@ -1214,6 +1214,35 @@ fn a_team_put_over_two_handles_is_refused_for_all() {
     assert_eq!(y.qp_h.sq.pi, 0, "Y's state untouched");
 }
 
+/// A team put whose members' channels are two channels of one QP (the second's destination 1 KiB further):
+/// every member gets `Team` and nothing lands, as for two QPs; the QP goes on. Before, the members with the
+/// second channel put their pieces at its destination and every member returned Ok, the range split between
+/// the two.
+#[test]
+fn a_team_put_over_two_channels_of_one_qp_is_refused_for_all() {
+    let (l, _, h) = team_link(64);
+    let mut other = h;
+    other.dst.addr += 1024;
+    other.dst.length -= 1024;
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 4, |_, m| {
+        let r = m.rank as u64;
+        let mut ch = shared::<Block>(if r < 2 { &h } else { &other });
+        let split = ch.put_block_with_signal(m, 0, 0, 1000);
+        let mut one = shared::<Block>(&h);
+        let good = one.put_team(m, 2048 + r * 64, 2048 + r * 64, 64).and_then(|()| one.flush());
+        results.lock().unwrap().push((m.rank, split, good));
+    });
+    let team = Err(Error::InvalidArgument(InvalidArgument::Team));
+    for (rank, split, good) in results.into_inner().unwrap() {
+        assert_eq!((split, good), (team, Ok(())), "rank {rank}");
+    }
+    let got = l.dst.read();
+    assert!(got[..2048].iter().all(|&b| b == 0xee), "nothing of the split put landed");
+    assert_eq!(&got[2048..2304], &l.src.read()[2048..2304], "the next team put");
+    assert_eq!(l.sem.load_u64(0), 0, "no signal");
+}
+
 /// A block put that some members of the team never make (they returned from the kernel first, and the barrier
 /// no longer waits for them): every member that makes it gets `Team`, nothing reaches the NIC and the peer's
 /// semaphore stays 0, in Block and Device sharing, with the leader there or not. Before, the members there
