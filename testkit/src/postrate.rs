@@ -81,6 +81,14 @@ pub enum Shape {
         /// Posting lanes per warp, 1 ..= 32.
         lanes: u32,
     },
+    /// One warp of 32 lanes per QP on `qps` QPs, of which the first `lanes` (1 ..= 31) post a WQE each and the
+    /// others make every call with none (`WarpQp::post_some`): batches that not every lane fills. GPU only.
+    WarpPart {
+        /// QPs (one CTA of one warp each).
+        qps: u32,
+        /// Lanes with a WQE.
+        lanes: u32,
+    },
     /// The platform's floor under the Warp shape with the same `qps` and `lanes`: each lane stores its WQE to
     /// its slot of the ring, the lanes sync, and the lowest runs one doorbell's ordering, with nothing
     /// reserved, checked or retired. Only without a consumer ([`PostRate::without_consumer`]).
@@ -105,6 +113,7 @@ impl Shape {
             Shape::Shared { ctas, threads } => format!("Device {ctas}x{threads} threads, 1 QP"),
             Shape::Warp { qps, lanes } => format!("Warp {qps} QP(s), {lanes} lanes"),
             Shape::WarpOrdering { qps, lanes } => format!("floor: warp post, {qps} QP(s), {lanes} lanes"),
+            Shape::WarpPart { qps, lanes } => format!("Warp {qps} QP(s), {lanes} of 32 lanes"),
         }
     }
 
@@ -113,6 +122,7 @@ impl Shape {
             Shape::Exclusive { qps, .. } | Shape::Batch { qps, .. } | Shape::Ordering { qps, .. } => (qps, 1, 1),
             Shape::Shared { ctas, threads } => (ctas, threads, threads),
             Shape::Warp { qps, lanes } | Shape::WarpOrdering { qps, lanes } => (qps, lanes, lanes),
+            Shape::WarpPart { qps, lanes } => (qps, 32, lanes),
         }
     }
 }
@@ -314,14 +324,17 @@ impl PostRate {
         let per_qp = match shape {
             Shape::Exclusive { .. } | Shape::Batch { .. } | Shape::Ordering { .. } => posts as u64,
             Shape::Shared { .. } => posts as u64 * posters as u64,
-            Shape::Warp { .. } | Shape::WarpOrdering { .. } => posts as u64 * team_posters as u64,
+            Shape::Warp { .. } | Shape::WarpOrdering { .. } | Shape::WarpPart { .. } => {
+                posts as u64 * team_posters as u64
+            }
         };
         let nqps = match shape {
             Shape::Exclusive { qps, .. }
             | Shape::Batch { qps, .. }
             | Shape::Ordering { qps, .. }
             | Shape::Warp { qps, .. }
-            | Shape::WarpOrdering { qps, .. } => qps,
+            | Shape::WarpOrdering { qps, .. }
+            | Shape::WarpPart { qps, .. } => qps,
             Shape::Shared { .. } => 1,
         };
         let warp_ok = |lanes: u32| (1..=32).contains(&lanes) && (lanes == 1 || matches!(self.exec, Executor::Gpu(_)));
@@ -330,6 +343,7 @@ impl PostRate {
             // The floors name WQEs never stored or never reserved: no NIC may look at them.
             Shape::Ordering { .. } => !self.consumer,
             Shape::WarpOrdering { lanes, .. } => warp_ok(lanes) && !self.consumer,
+            Shape::WarpPart { lanes, .. } => (1..32).contains(&lanes) && matches!(self.exec, Executor::Gpu(_)),
             // At most half the ring per call (`Qp::post_batch`).
             Shape::Batch { batch, .. } => (1..=WQE_CNT / 2).contains(&batch),
             _ => true,
@@ -364,7 +378,7 @@ impl PostRate {
             Shape::Exclusive { db_batch, .. } => (0, db_batch.max(1)),
             Shape::Batch { batch, .. } => (0, batch),
             Shape::Ordering { bf, .. } => (bf as u32, 1),
-            Shape::Shared { .. } | Shape::Warp { .. } | Shape::WarpOrdering { .. } => (0, 1),
+            Shape::Shared { .. } | Shape::Warp { .. } | Shape::WarpOrdering { .. } | Shape::WarpPart { .. } => (0, 1),
         };
         // Each shape is a kernel of its own (`postrate::run`), which checks that the arguments are for it.
         let (shape_id, entry) = match shape {
@@ -374,6 +388,7 @@ impl PostRate {
             Shape::Shared { .. } => (shape::SHARED, &entries::GDAKI_POST_RATE_SHARED),
             Shape::Warp { .. } => (shape::WARP, &entries::GDAKI_POST_RATE_WARP),
             Shape::WarpOrdering { .. } => (shape::WARP_ORDERING, &entries::GDAKI_POST_RATE_WARP_ORDERING),
+            Shape::WarpPart { .. } => (shape::WARP_PART, &entries::GDAKI_POST_RATE_WARP_PART),
             Shape::Batch { .. } => (shape::BATCH, &entries::GDAKI_POST_RATE_BATCH),
         };
         let args = PostRateArgs {

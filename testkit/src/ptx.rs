@@ -21,6 +21,7 @@ mod tests {
             "gdaki_post_rate_blueflame",
             "gdaki_post_rate_ordering",
             "gdaki_post_rate_warp_ordering",
+            "gdaki_post_rate_warp_part",
             "gdaki_post_rate_shared",
             "gdaki_post_rate_warp",
             "gdaki_post_rate_batch",
@@ -46,6 +47,6 @@ mod tests {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 29);
+        assert_eq!(PTX.matches(".entry ").count(), 30);
     }
 }

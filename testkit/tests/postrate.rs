@@ -26,6 +26,8 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         // Part of a warp (CTAs of 5 threads): `WarpQp` takes its path for a member mask that is not the
         // whole warp.
         shapes.push(Shape::Warp { qps, lanes: 5 });
+        // A warp of 32 lanes, 5 of which have a WQE (`WarpQp::post_some`'s batches that not every lane fills).
+        shapes.push(Shape::WarpPart { qps, lanes: 5 });
     }
     for shape in shapes {
         // A round's WQEs share the one SQ in the shared shape.
@@ -34,7 +36,8 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
             | Shape::Batch { .. }
             | Shape::Warp { .. }
             | Shape::Ordering { .. }
-            | Shape::WarpOrdering { .. } => 200,
+            | Shape::WarpOrdering { .. }
+            | Shape::WarpPart { .. } => 200,
             Shape::Shared { ctas, threads } => (8000 / (ctas * threads)).min(200),
         };
         let before = b.nic().stats();
@@ -43,7 +46,9 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
         let posters = match shape {
             Shape::Exclusive { qps, .. } | Shape::Batch { qps, .. } | Shape::Ordering { qps, .. } => qps,
             Shape::Shared { ctas, threads } => ctas * threads,
-            Shape::Warp { qps, lanes } | Shape::WarpOrdering { qps, lanes } => qps * lanes,
+            Shape::Warp { qps, lanes } | Shape::WarpOrdering { qps, lanes } | Shape::WarpPart { qps, lanes } => {
+                qps * lanes
+            }
         } as u64;
         assert_eq!(r.wqes, posters * posts as u64 * rounds as u64, "{shape:?}");
         assert_eq!((r.round_ns.len(), r.post_ns.len()), (rounds as usize, (posters * rounds as u64) as usize));
@@ -91,6 +96,10 @@ fn every_shape(kind: ExecutorKind, qps: u32, ctas: u32, threads: u32) {
     // The floors name WQEs never stored or never reserved: refused where the NIC consumes.
     assert!(b.run(Shape::Ordering { qps, bf: false }, 1, 1, Duration::from_secs(1)).is_err());
     assert!(b.run(Shape::WarpOrdering { qps, lanes: 1 }, 1, 1, Duration::from_secs(1)).is_err());
+    // A warp of 32 lanes is the GPU's.
+    if kind == ExecutorKind::Cpu {
+        assert!(b.run(Shape::WarpPart { qps, lanes: 5 }, 1, 1, Duration::from_secs(1)).is_err());
+    }
 }
 
 #[test]

@@ -95,6 +95,13 @@ pub fn gdaki_post_rate_ordering(t: &Thread, args: &PostRateArgs) {
     unsafe { postrate::run::<{ postrate::shape::ORDERING }>(t, args, t.block() as u32) }
 }
 
+/// [`gdaki_post_rate_exclusive`] in the WarpPart shape (one warp per QP, some lanes without a WQE).
+#[kernel]
+pub fn gdaki_post_rate_warp_part(t: &Thread, args: &PostRateArgs) {
+    // SAFETY: as in `gdaki_post_rate_exclusive`.
+    unsafe { postrate::run::<{ postrate::shape::WARP_PART }>(t, args, t.block() as u32) }
+}
+
 /// The floor under [`gdaki_post_rate_warp`]: each warp post's WQE stores and ordering alone.
 #[kernel]
 pub fn gdaki_post_rate_warp_ordering(t: &Thread, args: &PostRateArgs) {

@@ -27,6 +27,8 @@
 //!   [`Qp::post_batch`]es of `db_batch` WQEs, each followed by its doorbell.
 //! - [`shape::WARP_ORDERING`]: as the Warp shape, each lane storing its WQE and the lowest ringing, with
 //!   nothing reserved, checked or retired: the floor under the Warp shape (`no_consumer` only).
+//! - [`shape::WARP_PART`]: as the Warp shape, every lane of CTA `b`'s warp a member, but only its first
+//!   `team_posters` lanes with a WQE ([`WarpQp::post_some`]): batches that not every lane fills.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -67,6 +69,9 @@ pub mod shape {
     /// lowest runs one doorbell's ordering for the batch, as [`gdaki_device::db::publish_and_ring`] does it),
     /// with nothing reserved, checked or retired; `no_consumer` only.
     pub const WARP_ORDERING: u32 = 6;
+    /// The lanes of one warp per QP post together, the first `team_posters` with a WQE, the others with none
+    /// ([`gdaki_device::warp_qp::WarpQp::post_some`]).
+    pub const WARP_PART: u32 = 7;
 }
 
 /// Arguments of one launch (`#[repr(C)]`, built by the host): 128 bytes.
@@ -194,7 +199,11 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         if team.sync_or(!through) {
             return;
         }
-        let r = if !posts {
+        let r = if SHAPE == shape::WARP_PART {
+            // Every lane of the warp makes the calls, those that post and those that do not.
+            // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
+            unsafe { burst_warp_part(a, (a.qps as *mut QpHandle).add(team_index as usize), poster, posts) }
+        } else if !posts {
             Ok((0, 0))
         } else if SHAPE == shape::SHARED {
             // SAFETY: QP 0's handle (caller's contract), shared by every poster.
@@ -430,6 +439,34 @@ unsafe fn burst_warp(a: &PostRateArgs, h: *mut QpHandle, p: u32) -> Result<(u64,
     }
     let t1 = sync::clock_ns();
     // The leader's counters go back to the handle before the flush's own `WarpQp` reads them.
+    drop(qp);
+    if a.no_consumer == 0 {
+        // SAFETY: the caller's contract.
+        unsafe { flush_warp(h, a.timeout_ns) }?;
+    }
+    Ok((t0, t1))
+}
+
+/// The WarpPart shape: `posts` times one WRITE from each lane that `posts` (the first `team_posters` of the
+/// warp), the other lanes making the call with none ([`WarpQp::post_some`]), one doorbell each.
+///
+/// # Safety
+/// As [`burst_warp`].
+#[inline(never)]
+unsafe fn burst_warp_part(a: &PostRateArgs, h: *mut QpHandle, p: u32, posts: bool) -> Result<(u64, u64)> {
+    // SAFETY: the caller's contract.
+    let mut qp = unsafe { WarpQp::new(h, a.timeout_ns) };
+    let w = if posts {
+        let (r, l) = target(a, p)?;
+        Some(wqe::rdma_write(r, l))
+    } else {
+        None
+    };
+    let t0 = sync::clock_ns();
+    for _ in 0..a.posts {
+        let _ = qp.post_some(false, w)?;
+    }
+    let t1 = sync::clock_ns();
     drop(qp);
     if a.no_consumer == 0 {
         // SAFETY: the caller's contract.
