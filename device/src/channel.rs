@@ -228,8 +228,10 @@ impl Sharing for Exclusive {
 
 /// One warp owns the QP (DOCA GPUNetIO's `put_warp` on an EXCLUSIVE QP): the lanes that call a channel
 /// operation together post one WQE each and ring one doorbell; no atomics, no BlueFlame. Every lane of the
-/// warp makes its own `PortChannel::<Warp>` of the handle, and the lanes make each call together (see
-/// [`WarpQp::new`]). On the host a thread is a warp of one lane.
+/// warp makes its own `PortChannel::<Warp>` of the handle; each later call that posts or flushes is made by
+/// the lanes that take part in it, together, the lowest lane that made the channel always among them (see
+/// [`WarpQp::new`]): the whole warp for a put of 32 pieces, lane 0 alone for a signal. `wait` and `poll`
+/// count once for each lane that calls them, as in every mode. On the host a thread is a warp of one lane.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Warp;
 

@@ -2,6 +2,10 @@
 //! the lanes that call [`WarpQp::post`] together each build one WQE, the lowest reserves WQEBBs for all of
 //! them, each stores its own, and one doorbell covers the batch.
 //!
+//! A call is made by the members that execute it together, as long as the leader (the lowest member, which
+//! keeps the counters) is one of them: the whole warp for a batch of 32, lane 0 alone for a signal or a
+//! flush. Members without the leader get an error and post nothing.
+//!
 //! The send-queue state is the Exclusive QP's: the leader lane keeps a [`Qp`] over the handle, from
 //! [`WarpQp::new`] to the drop, for the reservation, the counters (in its registers across posts), the CQ and
 //! the doorbell, so the ring's rules (CQE policy, retirement, sticky errors) are the same code. The other lanes
@@ -48,7 +52,8 @@ pub struct WarpQp<'a> {
 impl<'a> WarpQp<'a> {
     /// Takes the QP described by `h` for the calling lanes; bounded waits give up after `timeout_ns`
     /// nanoseconds. The lanes that will post call this together (the lanes executing it with the same `h`
-    /// become the members), each making its own `WarpQp`; every later call is made by all of them together.
+    /// become the members), each making its own `WarpQp`; every later call is made by the members that take
+    /// part in it, together, the leader (the lowest member) always among them.
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP (as [`Qp::new`] requires), used for
@@ -134,31 +139,39 @@ impl<'a> WarpQp<'a> {
         }
     }
 
-    /// The members, when every one of them executes this call now; an error for every caller otherwise
-    /// (before any warp-wide instruction, so that no lane waits for a member that is not there).
+    /// The members that make this call (those executing it now), when the leader is one of them: the call is
+    /// theirs, its batch their WQEs. An error for every caller otherwise (before any warp-wide instruction,
+    /// so that no lane waits for a member that is not there): only the leader keeps the counters.
     #[inline(always)]
-    fn members(&self) -> Result<Lanes> {
-        if Lanes::active() & self.mask != self.mask {
+    fn callers(&self) -> Result<Lanes> {
+        let callers = Lanes::active() & self.mask;
+        if !self.led(callers) {
             return Err(Error::InvalidArgument(InvalidArgument::Team));
         }
-        Ok(Lanes::of(self.mask))
+        Ok(Lanes::of(callers))
     }
 
-    /// Posts `w` from every member, one WQE each in lane order, and rings one doorbell for all of them (the
+    /// Whether the lanes `callers` include the leader, the lowest member (`mask & -mask` is its bit).
+    #[inline(always)]
+    fn led(&self, callers: u32) -> bool {
+        callers & self.mask & self.mask.wrapping_neg() != 0
+    }
+
+    /// Posts `w` from every caller, one WQE each in lane order, and rings one doorbell for all of them (the
     /// leader's [`Qp::ring_db`], naming the producer index; never BlueFlame, which carries a single WQE). The
-    /// last WQE asks for a CQE when any member passed `signaled` (or the Exclusive QP's quarter ring rule says
+    /// last WQE asks for a CQE when any caller passed `signaled` (or the Exclusive QP's quarter ring rule says
     /// so); its ticket, returned to those lanes, completes once every WQE of the batch has. Other lanes get
     /// their own WQE's index.
     ///
     /// # Errors
-    /// For every caller: [`InvalidArgument::Team`] when not every member executes the call together (the
-    /// warp diverged between them); [`InvalidArgument::Length`] when the members' WQEs differ in size or the
+    /// For every caller: [`InvalidArgument::Team`] when the leader does not execute the call with it (a call
+    /// without the leader, or a warp that diverged between them); [`InvalidArgument::Length`] when the callers' WQEs differ in size or the
     /// batch needs more than half the ring (it could wait for room forever); otherwise what [`Qp::post`]
     /// returns to the leader (a timeout, an unexpected CQE, [`InvalidArgument::Handle`] for a ring of a size
     /// device code cannot post to). Nothing is posted on an error.
     #[inline(always)]
     pub fn post<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
-        let lanes = self.members()?;
+        let lanes = self.callers()?;
         // A whole warp (the common case) gets its own copy of the path, with every mask, count and lane
         // index a constant: a shuffle or vote whose member mask is not known to be the whole warp costs a
         // convergence check of five instructions in SASS.
@@ -217,8 +230,8 @@ impl<'a> WarpQp<'a> {
         Ok(Ticket(if signaled && sig { last } else { idx }))
     }
 
-    /// Posts the WQEs of the members that pass one, in lane order, as one batch with one doorbell; the members
-    /// passing `None` make the call too but post nothing: [`WarpQp::post`] for a batch that not every member
+    /// Posts the WQEs of the callers that pass one, in lane order, as one batch with one doorbell; the callers
+    /// passing `None` make the call too but post nothing: [`WarpQp::post`] for a batch that not every caller
     /// fills (a range in fewer pieces than lanes, a signal posted by one lane). Returns to each lane with a
     /// WQE its ticket (as `post` does), `None` to the others; a batch of no WQE posts nothing.
     ///
@@ -226,15 +239,15 @@ impl<'a> WarpQp<'a> {
     /// As [`WarpQp::post`], for every caller ([`InvalidArgument::Length`] also when the WQEs passed differ in
     /// size).
     pub fn post_some<const N: usize>(&mut self, signaled: bool, w: Option<Wqe<N>>) -> Result<Option<Ticket>> {
-        let lanes = self.members()?;
+        let lanes = self.callers()?;
         let have = lanes.ballot(w.is_some());
         match w {
-            // Every member posts: `post`'s path.
+            // Every caller posts: `post`'s path.
             Some(w) if have == lanes.mask => return self.post(signaled, w).map(Some),
             _ if have == 0 => return Ok(None),
             _ => {}
         }
-        // Some members post (only on the GPU: a host thread is a warp of one lane).
+        // Some callers post (only on the GPU: a host thread is a warp of one lane).
         #[cfg(not(target_arch = "nvptx64"))]
         self.begin_turn()?;
         let r = self.post_part(lanes, Lanes { mask: have, lane: lanes.lane }, signaled, w);
@@ -243,7 +256,7 @@ impl<'a> WarpQp<'a> {
         r
     }
 
-    /// [`WarpQp::post_some`] when the members `posters` of `lanes` (some, not all) pass a WQE.
+    /// [`WarpQp::post_some`] when the callers `posters` of `lanes` (some, not all) pass a WQE.
     fn post_part<const N: usize>(
         &mut self,
         lanes: Lanes,
@@ -269,11 +282,11 @@ impl<'a> WarpQp<'a> {
     }
 
     /// The leader's reservation of `total` WQEBBs for a batch (its last WQE asking for a CQE when
-    /// `any_signaled` or the quarter-ring rule says so), handed to every member: the first WQEBB's index and
+    /// `any_signaled` or the quarter-ring rule says so), handed to every caller: the first WQEBB's index and
     /// whether the batch's last WQE asks for a CQE.
     ///
     /// # Errors
-    /// The leader's [`Qp::reserve_batch`] error, for every member.
+    /// The leader's [`Qp::reserve_batch`] error, for every caller.
     #[inline(always)]
     fn reserve(&mut self, lanes: Lanes, total: u32, any_signaled: bool) -> Result<(u64, bool)> {
         let reserved = match &mut self.leader {
@@ -309,13 +322,13 @@ impl<'a> WarpQp<'a> {
         }
     }
 
-    /// Runs `f` on the leader's [`Qp`] and gives its result to every member (those calling it together).
+    /// Runs `f` on the leader's [`Qp`] and gives its result to every caller (those calling it together).
     ///
     /// # Errors
-    /// [`InvalidArgument::Team`] when not every member executes the call; `f`'s error otherwise.
+    /// [`InvalidArgument::Team`] when the leader does not make the call; `f`'s error otherwise.
     #[inline(always)]
     fn by_leader(&mut self, f: impl FnOnce(&mut Qp<'a>) -> Result<()>) -> Result<()> {
-        let lanes = self.members()?;
+        let lanes = self.callers()?;
         #[cfg(not(target_arch = "nvptx64"))]
         self.begin_turn()?;
         let r = self.leader.as_mut().map_or(Ok(()), f);
@@ -324,31 +337,36 @@ impl<'a> WarpQp<'a> {
         lanes.share_result(r)
     }
 
-    /// Waits until every WQE posted so far has completed ([`Qp::flush`], by the leader), for every member.
+    /// Waits until every WQE posted so far has completed ([`Qp::flush`], by the leader), for every caller.
     ///
     /// # Errors
-    /// For every member: the leader's [`Qp::flush`] result (the QP's first error CQE, sticky; a timeout);
+    /// For every caller: the leader's [`Qp::flush`] result (the QP's first error CQE, sticky; a timeout);
     /// [`InvalidArgument::Team`] as for [`WarpQp::post`].
     pub fn flush(&mut self) -> Result<()> {
         self.by_leader(|q| q.flush())
     }
 
-    /// Waits until the WQE behind `t` has completed ([`Qp::wait`], by the leader; every member passes the
+    /// Waits until the WQE behind `t` has completed ([`Qp::wait`], by the leader; every caller passes the
     /// same ticket, e.g. the one [`WarpQp::post`] returned to signaled lanes).
     ///
     /// # Errors
-    /// For every member: the leader's [`Qp::wait`] result; [`InvalidArgument::Team`] as for
+    /// For every caller: the leader's [`Qp::wait`] result; [`InvalidArgument::Team`] as for
     /// [`WarpQp::post`].
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
         self.by_leader(|q| q.wait(t))
     }
 
     /// Looks at the CQ once without waiting (the leader), so that an error CQE becomes visible to
-    /// [`WarpQp::error`].
+    /// [`WarpQp::error`]. A call without the leader looks at nothing (the leader's next call does): lanes
+    /// that wait on their own, each for its own count of a semaphore, call it as often as they like, the
+    /// leader among them or not.
     ///
     /// # Errors
-    /// For every member: an unexpected CQE; [`InvalidArgument::Team`] as for [`WarpQp::post`].
+    /// For every caller: an unexpected CQE.
     pub fn progress(&mut self) -> Result<()> {
+        if !self.led(Lanes::active()) {
+            return Ok(());
+        }
         self.by_leader(|q| q.progress())
     }
 

@@ -269,6 +269,7 @@ fn mode_color(mode: Mode) -> RGBColor {
         Mode::Host => RGBColor(0, 0, 0),
         Mode::HostNoAtomic => RGBColor(128, 128, 128),
         Mode::Exclusive => RGBColor(214, 39, 40),
+        Mode::Warp => RGBColor(255, 127, 14),
         Mode::Block => RGBColor(31, 119, 180),
         Mode::Device => RGBColor(44, 160, 44),
     }

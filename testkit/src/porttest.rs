@@ -1,6 +1,6 @@
 //! Host side of MSCCL++'s one-to-one PortChannel tests (the `port_channel` example and its tests): one rank's
 //! channels to its peer, and runs of `gdaki_testkit_kernels::porttest` on the GPU (kernels
-//! `gdaki_port_{exclusive,block,device}`) or on host threads (a team of threads per channel).
+//! `gdaki_port_{exclusive,warp,block,device}`) or on host threads (a team of threads per channel).
 //!
 //! A [`PortTest`] owns `nchannels` connections (one QP each), a buffer of `2 × max_size` bytes per channel
 //! (send half, receive half), a semaphore and a channel per connection, all set up for one [`Mode`] (the Host
@@ -17,7 +17,7 @@ use gdaki_testkit_kernels::porttest::{self, PortTestArgs};
 
 use gdaki::channel::{Communicator, EndpointConfig, IbMode, PortChannel, RegisteredMemory, Semaphore};
 use gdaki::cuda::DeviceBuffer;
-use gdaki::exec::Executor;
+use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::launch::{LaunchConfig, Module};
 use gdaki::mem::MappedBuf;
 use gdaki::{Error, Result};
@@ -36,6 +36,9 @@ pub enum Mode {
     HostNoAtomic,
     /// One thread per QP.
     Exclusive,
+    /// The lanes of one warp share its QP (DOCA GPUNetIO's `put_warp`): a team of at most 32 threads on the
+    /// GPU, one warp; on host threads, each a warp of one lane, a team of any size.
+    Warp,
     /// The threads of one team (CTA) share its QP.
     Block,
     /// Any thread shares any QP (GPU-scope atomics).
@@ -43,32 +46,47 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// All five, in the order tables list them: the proxy baseline first.
+    /// MSCCL++'s five (its GPUNetIO comparison), in the order tables list them: the proxy baseline first.
+    /// [`Mode::Warp`], which MSCCL++ lacks and which takes a team of one warp on the GPU, is in
+    /// [`Mode::DEVICE`] only.
     pub const ALL: [Mode; 5] = [Mode::Host, Mode::HostNoAtomic, Mode::Exclusive, Mode::Block, Mode::Device];
 
-    /// The three Device modes (no proxy).
-    pub const DEVICE: [Mode; 3] = [Mode::Exclusive, Mode::Block, Mode::Device];
+    /// The four Device modes (no proxy).
+    pub const DEVICE: [Mode; 4] = [Mode::Exclusive, Mode::Warp, Mode::Block, Mode::Device];
 
-    /// "Host", "HostNoAtomic", "Exclusive", "Block" or "Device".
+    /// "Host", "HostNoAtomic", "Exclusive", "Warp", "Block" or "Device".
     pub fn name(self) -> &'static str {
         match self {
             Mode::Host => "Host",
             Mode::HostNoAtomic => "HostNoAtomic",
             Mode::Exclusive => "Exclusive",
+            Mode::Warp => "Warp",
             Mode::Block => "Block",
             Mode::Device => "Device",
         }
     }
 
     /// MSCCL++'s name of the mode in its GPUNetIO comparison: "Host", "HostNoAtomic", "Device-Exclusive",
-    /// "Device-Block" or "Device-Device" (what `--json` output and tables of `gdaki-perf` say).
+    /// "Device-Block" or "Device-Device", and "Device-Warp" for the mode MSCCL++ lacks (what `--json` output
+    /// and tables of `gdaki-perf` say).
     pub fn label(self) -> &'static str {
         match self {
             Mode::Host => "Host",
             Mode::HostNoAtomic => "HostNoAtomic",
             Mode::Exclusive => "Device-Exclusive",
+            Mode::Warp => "Device-Warp",
             Mode::Block => "Device-Block",
             Mode::Device => "Device-Device",
+        }
+    }
+
+    /// The team a run of this mode takes where `team` threads are wanted: at most 32 (one warp) in Warp
+    /// sharing, `team` otherwise.
+    pub fn fit_team(self, team: u32) -> u32 {
+        if self == Mode::Warp {
+            team.min(32)
+        } else {
+            team
         }
     }
 
@@ -84,6 +102,7 @@ impl Mode {
         match self {
             // One pushing thread per channel, as MSCCL++'s proxy channels are used.
             Mode::Host | Mode::HostNoAtomic | Mode::Exclusive => &entries::GDAKI_PORT_EXCLUSIVE,
+            Mode::Warp => &entries::GDAKI_PORT_WARP,
             Mode::Block => &entries::GDAKI_PORT_BLOCK,
             Mode::Device => &entries::GDAKI_PORT_DEVICE,
         }
@@ -100,15 +119,16 @@ impl serde::Serialize for Mode {
 impl std::str::FromStr for Mode {
     type Err = String;
 
-    /// `host`, `host-no-atomic`, `exclusive`, `block` or `device` (any case).
+    /// `host`, `host-no-atomic`, `exclusive`, `warp`, `block` or `device` (any case).
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s.to_ascii_lowercase().as_str() {
             "host" => Ok(Mode::Host),
             "host-no-atomic" | "hostnoatomic" => Ok(Mode::HostNoAtomic),
             "exclusive" => Ok(Mode::Exclusive),
+            "warp" => Ok(Mode::Warp),
             "block" => Ok(Mode::Block),
             "device" => Ok(Mode::Device),
-            other => Err(format!("mode {other:?}: expected host, host-no-atomic, exclusive, block or device")),
+            other => Err(format!("mode {other:?}: expected host, host-no-atomic, exclusive, warp, block or device")),
         }
     }
 }
@@ -313,7 +333,7 @@ impl PortTest {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a size or iteration count beyond the setup (packet ping-pongs: see
-    /// [`RunConfig::size`]), a team of 0, or after a failed run; [`Error::Device`] when device code reported an error; CUDA and bootstrap errors.
+    /// [`RunConfig::size`]), a team of 0 (or, in Warp sharing on the GPU, of more than 32), or after a failed run; [`Error::Device`] when device code reported an error; CUDA and bootstrap errors.
     pub fn run(&mut self, cfg: &RunConfig) -> Result<RunResult> {
         if self.failed {
             return Err(Error::InvalidArgument("an earlier run failed: make a new PortTest".into()));
@@ -322,6 +342,12 @@ impl PortTest {
             return Err(Error::InvalidArgument(format!(
                 "size {} must be 1..={}, iters at most {}, team at least 1",
                 cfg.size, self.max_size, self.max_iters
+            )));
+        }
+        if self.mode == Mode::Warp && cfg.team > 32 && self.comm.executor().kind() == ExecutorKind::Gpu {
+            return Err(Error::InvalidArgument(format!(
+                "a team of {} threads in Warp sharing: its team is one warp on the GPU, at most 32 threads",
+                cfg.team
             )));
         }
         let packet = match cfg.op {

@@ -166,7 +166,7 @@ fn mlx5_flush_reports_a_bad_rkey_in_every_device_mode() {
     let Some(spec) = nic_spec() else { return };
     for mode in Mode::DEVICE {
         let results = two_ranks(&spec, |rank, comm| {
-            let team = if comm.executor().kind() == ExecutorKind::Gpu { 128 } else { 4 };
+            let team = mode.fit_team(if comm.executor().kind() == ExecutorKind::Gpu { 128 } else { 4 });
             let mut t = PortTest::new(Arc::new(comm), mode, 1, 1024, 4).expect("set up");
             if rank == 0 {
                 t.edit_handles(|_, h| h.dst.rkey = gdaki_shared::Be32::new(h.dst.rkey.get() ^ 0x100)).unwrap();

@@ -69,7 +69,8 @@ fn every_op(kind: ExecutorKind, team: u32) {
         (op::FLUSH_STRESS, 4, 1024, 30),
         (op::SAME_CHANNEL_FLUSH, 1, 1024, 30),
     ];
-    for mode in Mode::ALL {
+    for mode in Mode::ALL.into_iter().chain([Mode::Warp]) {
+        let team = mode.fit_team(team);
         for (opc, nch, size, iters) in cases {
             let seed = 0x5eed ^ opc as u64;
             let results = two_ranks(kind, |rank, comm| {
@@ -185,7 +186,14 @@ fn bad_key_flush(kind: ExecutorKind, team: u32) {
             if rank == 0 {
                 t.edit_handles(|_, h| h.dst.rkey = gdaki_shared::Be32::new(h.dst.rkey.get() ^ 0x100)).unwrap();
             }
-            let cfg = RunConfig { op: op::FLUSH_STRESS, size: 1024, iters: 4, team, seed: 0xbad, timeout };
+            let cfg = RunConfig {
+                op: op::FLUSH_STRESS,
+                size: 1024,
+                iters: 4,
+                team: mode.fit_team(team),
+                seed: 0xbad,
+                timeout,
+            };
             (t.run(&cfg).map(|r| r.checked), t.device_error())
         });
         let (sender, receiver) = (&results[0], &results[1]);
@@ -235,7 +243,7 @@ fn cpu_packet_sizes_are_checked_before_running() {
 fn cpu_two_ranks_share_one_nic() {
     let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).unwrap();
     let nic = gdaki::nic::Nic::open(&gdaki::nic::NicSpec::Emu, &exec, None).unwrap();
-    for mode in Mode::ALL {
+    for mode in Mode::ALL.into_iter().chain([Mode::Warp]) {
         for (opc, size, iters) in [(op::PINGPONG, 4096, 20), (op::PACKET_PINGPONG, 1024, 20), (op::BW, 65536, 10)] {
             let results = two_ranks_on(ExecutorKind::Cpu, Some(nic.clone()), |rank, comm| {
                 let max = gdaki_testkit::porttest::max_size_for(opc, size);

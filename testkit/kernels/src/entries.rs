@@ -1,7 +1,7 @@
 //! The project's kernels, written as a user writes theirs: `#[kernel]` functions of a device crate, built to
 //! PTX by `gdaki-build` (testkit's build.rs) and launched on either executor by `gdaki::launch`.
 
-use gdaki_device::channel::{Exclusive, PortChannel};
+use gdaki_device::channel::{Exclusive, PortChannel, Warp};
 use gdaki_device::coll::{self, Algorithm, CollHandle};
 use gdaki_device::error::InvalidArgument;
 use gdaki_device::qp::Qp;
@@ -58,6 +58,14 @@ unsafe fn port<M: gdaki_device::channel::Sharing>(t: &Thread, args: *const PortT
 pub fn gdaki_port_exclusive(t: &Thread, args: *const PortTestArgs) {
     // SAFETY: the launch's contract.
     unsafe { port::<Exclusive>(t, args) }
+}
+
+/// [`porttest::run`] in Warp sharing (the lanes of a block of at most 32 threads, one warp, share its channel's
+/// QP); `args` as `port`.
+#[kernel]
+pub fn gdaki_port_warp(t: &Thread, args: *const PortTestArgs) {
+    // SAFETY: the launch's contract.
+    unsafe { port::<Warp>(t, args) }
 }
 
 /// [`porttest::run`] in Block sharing (the threads of a block share its channel's QP).

@@ -1,6 +1,6 @@
 //! MSCCL++'s one-to-one PortChannel tests as device loops, for the `port_channel` example and its tests: one
-//! function per rank, run by a team (a GPU CTA, or host threads) per channel, in Exclusive, Block or Device
-//! sharing ([`Sharing`]).
+//! function per rank, run by a team (a GPU CTA, or host threads) per channel, in Exclusive, Warp, Block or
+//! Device sharing ([`Sharing`]; Warp: a CTA of one warp, whose lane 0 makes the calls that one thread makes).
 //!
 //! Every channel has one buffer per rank of `2 × size` bytes: a rank sends from its first half into the
 //! peer's second half, so that both directions can run at once. Operations ([`op`]):
@@ -205,8 +205,8 @@ fn verify(team: &impl Team, a: &PortTestArgs, h: &PortChannelHandle, at: u64, ch
 ///
 /// # Safety
 /// `a` must come from the host's port-test setup: every address valid for the run, the channel's QP used only
-/// by this team's threads (Exclusive: its thread 0 only; Device: any team of this launch), and both ranks
-/// running at the same time.
+/// by this team's threads (Exclusive: its thread 0 only; Warp: a team of one warp; Device: any team of this
+/// launch), and both ranks running at the same time.
 pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
     // SAFETY: `channels` holds `nchannels` handles (caller's contract); `ch` is this team's.
     let h = unsafe { &*(a.channels as *const PortChannelHandle).add(ch as usize) };

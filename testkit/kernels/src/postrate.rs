@@ -28,13 +28,15 @@
 //! - [`shape::WARP_ORDERING`]: as the Warp shape, each lane storing its WQE and the lowest ringing, with
 //!   nothing reserved, checked or retired: the floor under the Warp shape (`no_consumer` only).
 //! - [`shape::WARP_PART`]: as the Warp shape, every lane of CTA `b`'s warp a member, but only its first
-//!   `team_posters` lanes with a WQE ([`WarpQp::post_some`]): batches that not every lane fills.
+//!   `team_posters` lanes with a WQE ([`WarpQp::post_some`]): batches that not every lane fills. Before its
+//!   posts, the lanes but the leader (lane 0) make one call alone, which must be refused for each of them
+//!   (else [`WITHOUT_LEADER`]) and post nothing (the NIC's count of the WQEs it executed says so).
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::pingpong::Team;
 use gdaki_device::db;
-use gdaki_device::error::{Error, InvalidArgument, Result, WaitOn};
+use gdaki_device::error::{AppError, Error, InvalidArgument, Result, WaitOn};
 use gdaki_device::onesided::{local, remote};
 use gdaki_device::qp::Qp;
 use gdaki_device::scope::{Device, Scope};
@@ -447,8 +449,13 @@ unsafe fn burst_warp(a: &PostRateArgs, h: *mut QpHandle, p: u32) -> Result<(u64,
     Ok((t0, t1))
 }
 
+/// The [`AppError::code`] of a WarpPart launch whose lanes without the leader were not refused a call they
+/// made alone; its value is 1 when the call returned Ok.
+pub const WITHOUT_LEADER: u32 = 1;
+
 /// The WarpPart shape: `posts` times one WRITE from each lane that `posts` (the first `team_posters` of the
-/// warp), the other lanes making the call with none ([`WarpQp::post_some`]), one doorbell each.
+/// warp), the other lanes making the call with none ([`WarpQp::post_some`]), one doorbell each; first, the
+/// lanes but lane 0, the leader, make a call without it.
 ///
 /// # Safety
 /// As [`burst_warp`].
@@ -462,6 +469,13 @@ unsafe fn burst_warp_part(a: &PostRateArgs, h: *mut QpHandle, p: u32, posts: boo
     } else {
         None
     };
+    if Lanes::of(u32::MAX).lane != 0 {
+        // Only the leader keeps the QP's counters: a call it does not make is refused, whoever makes it.
+        let r = qp.post_some(false, w);
+        if !matches!(r, Err(Error::InvalidArgument(InvalidArgument::Team))) {
+            return Err(Error::App(AppError { code: WITHOUT_LEADER, value: r.is_ok() as u64 }));
+        }
+    }
     let t0 = sync::clock_ns();
     for _ in 0..a.posts {
         let _ = qp.post_some(false, w)?;
