@@ -33,8 +33,8 @@ struct Args {
     /// executor; simulated on the cpu executor) or host (pinned host memory); sets GDAKI_QUEUES.
     #[arg(long, value_enum)]
     queues: Option<gdaki_examples::Queues>,
-    /// Modes to run: host, host-no-atomic (the CPU proxy), exclusive, block, device (device code posts;
-    /// comma-separated; default all).
+    /// Modes to run: host, host-no-atomic (the CPU proxy), exclusive, warp, block, device (device code posts;
+    /// warp with a team of at most 32 threads; comma-separated; default all but warp).
     #[arg(long, value_delimiter = ',', default_value = "host,host-no-atomic,exclusive,block,device")]
     mode: Vec<Mode>,
     /// Iterations per row (bandwidth rows use fewer for large sizes: at most 512 MiB per row).

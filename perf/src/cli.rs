@@ -56,7 +56,7 @@ impl Cmd {
 #[derive(clap::Args, Debug, Clone)]
 pub struct Opts {
     /// Modes, comma-separated: host, host-no-atomic (the CPU proxy posts), exclusive, warp, block, device
-    /// (device code posts, with that sharing of a QP; warp takes a team of at most 32 threads on the GPU).
+    /// (device code posts, with that sharing of a QP; warp with a team of at most 32 threads).
     #[arg(long, value_delimiter = ',', default_value = "host,host-no-atomic,exclusive,block,device")]
     pub mode: Vec<Mode>,
     /// cpu or gpu (default: the GPU if there is one, else cpu with a note).

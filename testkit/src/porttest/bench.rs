@@ -133,7 +133,8 @@ pub struct Plan {
     /// Most bytes a bandwidth row moves in its timed iterations (all QPs, one direction): its iterations are
     /// `byte_budget / bytes`, at least 3 (or `iters` if fewer) and at most `iters`.
     pub byte_budget: usize,
-    /// Threads per team: a CTA's size on the GPU, host threads per channel on the `cpu` executor.
+    /// Threads per team: a CTA's size on the GPU, host threads per channel on the `cpu` executor (Warp sharing
+    /// takes at most 32 of them, [`Mode::fit_team`]).
     pub team: u32,
     /// Bound of every device-side wait.
     pub timeout: Duration,
@@ -321,7 +322,7 @@ pub fn run_test(
             op: test.op(),
             size: per,
             iters,
-            team: plan.team,
+            team: mode.fit_team(plan.team),
             seed: 0x5eed_0000 ^ bytes as u64 ^ ((test.op() as u64) << 40),
             timeout: plan.timeout,
         };
