@@ -338,11 +338,17 @@ impl PortTest {
         if self.failed {
             return Err(Error::InvalidArgument("an earlier run failed: make a new PortTest".into()));
         }
-        if cfg.size == 0 || cfg.size > self.max_size || cfg.iters as usize > self.max_iters || cfg.team == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "size {} must be 1..={}, iters at most {}, team at least 1",
-                cfg.size, self.max_size, self.max_iters
-            )));
+        let refused = if cfg.size == 0 || cfg.size > self.max_size {
+            Some(format!("a size of {} bytes: 1..={} for this setup", cfg.size, self.max_size))
+        } else if cfg.iters as usize > self.max_iters {
+            Some(format!("{} iterations: at most {} for this setup", cfg.iters, self.max_iters))
+        } else if cfg.team == 0 {
+            Some("a team of 0 threads: at least 1".to_string())
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return Err(Error::InvalidArgument(why));
         }
         if self.mode == Mode::Warp && cfg.team > 32 && self.comm.executor().kind() == ExecutorKind::Gpu {
             return Err(Error::InvalidArgument(format!(

@@ -237,6 +237,27 @@ fn cpu_packet_sizes_are_checked_before_running() {
     assert_eq!(results, vec![10, 10]);
 }
 
+/// A run beyond its setup, or with no thread, is refused before anything runs with a message naming the
+/// limit it broke, and the channels stay usable.
+#[test]
+fn cpu_bad_runs_name_the_limit_they_break() {
+    let results = two_ranks(ExecutorKind::Cpu, |rank, comm| {
+        let mut t = PortTest::new(std::sync::Arc::new(comm), Mode::Exclusive, 1, 64, 10).expect("set up");
+        let base = RunConfig { op: op::PINGPONG, size: 64, iters: 10, team: 2, seed: 0x12, timeout: TIMEOUT };
+        for (cfg, want) in [
+            (RunConfig { size: 0, ..base }, "a size of 0 bytes: 1..=64 "),
+            (RunConfig { size: 65, ..base }, "a size of 65 bytes: 1..=64 "),
+            (RunConfig { iters: 11, ..base }, "11 iterations: at most 10 "),
+            (RunConfig { team: 0, ..base }, "a team of 0 threads: at least 1"),
+        ] {
+            let e = t.run(&cfg).expect_err("a bad run ran").to_string();
+            assert!(e.contains(want), "rank {rank}: {e}");
+        }
+        t.run(&base).unwrap_or_else(|e| panic!("rank {rank}: {e}")).checked
+    });
+    assert_eq!(results, vec![10, 10]);
+}
+
 /// Both ranks on ONE emulated NIC (`Communicator::on_nic`): their QPs reach each other on the NIC's direct path,
 /// each rank with its own PD; ping-pong, packets and bandwidth pass in every mode.
 #[test]
