@@ -191,8 +191,9 @@ pub trait Sharing: sealed::Sealed {
     type Poster<'a>: Poster;
     /// Whether several threads post (Warp, Block, Device) rather than one (Exclusive).
     const SHARED: bool;
-    /// Whether every call is one the members make together (Warp: the lanes of one warp), so that a WQE that
-    /// one member posts (a signal) is posted by all of them, the others passing none.
+    /// Whether the members make a team's calls together (Warp: the lanes of one warp, one batch for all of
+    /// them), so that a WQE that one member posts for the team (a block put's signal) is posted in a call of
+    /// all of them, the others passing none.
     const TOGETHER: bool;
     /// A poster on `h`'s QP for the calling thread.
     ///
@@ -240,7 +241,8 @@ impl Sharing for Warp {
     const SHARED: bool = true;
     const TOGETHER: bool = true;
     unsafe fn poster<'a>(h: &'a PortChannelHandle) -> WarpQp<'a> {
-        // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this warp's lanes only, together.
+        // SAFETY: the caller's contract: `h.qp` is the QP's handle, used by this warp's lanes only (those that
+        // make their channels of it together).
         unsafe { WarpQp::new(h.qp as *mut QpHandle, h.timeout_ns) }
     }
 }
@@ -718,7 +720,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
 
     /// Waits until the inbound semaphore reaches one more than this side has waited for so far (MSCCL++
     /// `wait`), watching the QP: an error CQE of the QP (a dead peer with work outstanding) ends the wait with
-    /// it rather than a timeout.
+    /// it rather than a timeout. In Warp sharing the CQ is polled by the waits that the lowest lane takes part
+    /// in: lanes that wait without it see only an error CQE polled already, and may time out instead.
     ///
     /// # Errors
     /// [`Error::Timeout`] after the channel's timeout, with [`WaitOn::Peer`] naming the peer's rank when the

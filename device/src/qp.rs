@@ -10,6 +10,7 @@ use crate::cq::{self, Completion};
 use crate::db;
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::sq;
+use crate::sync;
 use crate::wait::{bounded, bounded_steps, Step};
 use crate::wqe::{self, Ctrl, Raddr, Wqe};
 use gdaki_shared::handle::{Placement, QpHandle};
@@ -494,8 +495,11 @@ impl<'a> Qp<'a> {
             }
             self.sq.ci = w + 1;
             if let (Err(e), 0) = (t.completion, self.h.sq.err_idx) {
-                self.h.sq.err_idx = w + 1;
                 self.h.sq.err = e.pack();
+                // Released after the error word: the other lanes of a warp that shares this QP
+                // (`WarpQp::error`) read the index with acquire while the leader polls, and must see the word.
+                // SAFETY: a field of the live handle, 8-byte aligned.
+                unsafe { sync::store_release_u64(&mut self.h.sq.err_idx, w + 1) };
             }
         }
         Some(Ok(t))

@@ -165,7 +165,8 @@ impl<'a> WarpQp<'a> {
     ///
     /// # Errors
     /// For every caller: [`InvalidArgument::Team`] when the leader does not execute the call with it (a call
-    /// without the leader, or a warp that diverged between them); [`InvalidArgument::Length`] when the callers' WQEs differ in size or the
+    /// without the leader, or a warp that diverged between them: then the leader's part of the warp makes a
+    /// call of its own, posting its lanes' WQEs); [`InvalidArgument::Length`] when the callers' WQEs differ in size or the
     /// batch needs more than half the ring (it could wait for room forever); otherwise what [`Qp::post`]
     /// returns to the leader (a timeout, an unexpected CQE, [`InvalidArgument::Handle`] for a ring of a size
     /// device code cannot post to). Nothing is posted on an error.
@@ -329,6 +330,12 @@ impl<'a> WarpQp<'a> {
     #[inline(always)]
     fn by_leader(&mut self, f: impl FnOnce(&mut Qp<'a>) -> Result<()>) -> Result<()> {
         let lanes = self.callers()?;
+        self.lead(lanes, f)
+    }
+
+    /// [`WarpQp::by_leader`] for the callers `lanes` (the leader among them).
+    #[inline(always)]
+    fn lead(&mut self, lanes: Lanes, f: impl FnOnce(&mut Qp<'a>) -> Result<()>) -> Result<()> {
         #[cfg(not(target_arch = "nvptx64"))]
         self.begin_turn()?;
         let r = self.leader.as_mut().map_or(Ok(()), f);
@@ -364,17 +371,23 @@ impl<'a> WarpQp<'a> {
     /// # Errors
     /// For every caller: an unexpected CQE.
     pub fn progress(&mut self) -> Result<()> {
-        if !self.led(Lanes::active()) {
+        // One snapshot of the callers for the test and the call, so that lanes parting in between cannot turn
+        // a call that looks at nothing into a refused one.
+        let callers = Lanes::active() & self.mask;
+        if !self.led(callers) {
             return Ok(());
         }
-        self.by_leader(|q| q.progress())
+        self.lead(Lanes::of(callers), |q| q.progress())
     }
 
     /// The first error CQE of this QP's WQEs, if one completed in error.
     pub fn error(&self) -> Option<CqeError> {
-        // SAFETY: the sticky error words, written by the leader only while it polls, which the lanes that
-        // call this do not do at the same time (contract of `new`).
-        let (idx, e) = unsafe { ((*self.h).sq.err_idx, (*self.h).sq.err) };
-        (idx != 0).then(|| CqeError::unpack(e))
+        // SAFETY: the sticky error words of the live handle (contract of `new`), which the leader may be
+        // writing in a call of its own meanwhile: it stores the error before releasing its index, so an
+        // index seen with acquire comes with its error.
+        unsafe {
+            let idx = crate::sync::load_acquire_u64(core::ptr::addr_of!((*self.h).sq.err_idx));
+            (idx != 0).then(|| CqeError::unpack(core::ptr::addr_of!((*self.h).sq.err).read_volatile()))
+        }
     }
 }

@@ -34,6 +34,7 @@ mod tests {
             "gdaki_sass_qp_post_bf",
             "gdaki_sass_warp_post",
             "gdaki_sass_warp_post_some",
+            "gdaki_port_warp",
             "gdaki_sass_shared_post",
             "gdaki_wqe_samples",
             "gdaki_smoke",
@@ -47,6 +48,6 @@ mod tests {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 30);
+        assert_eq!(PTX.matches(".entry ").count(), 31);
     }
 }

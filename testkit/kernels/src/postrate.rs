@@ -469,12 +469,16 @@ unsafe fn burst_warp_part(a: &PostRateArgs, h: *mut QpHandle, p: u32, posts: boo
     } else {
         None
     };
-    if Lanes::of(u32::MAX).lane != 0 {
-        // Only the leader keeps the QP's counters: a call it does not make is refused, whoever makes it.
-        let r = qp.post_some(false, w);
-        if !matches!(r, Err(Error::InvalidArgument(InvalidArgument::Team))) {
-            return Err(Error::App(AppError { code: WITHOUT_LEADER, value: r.is_ok() as u64 }));
-        }
+    let warp = Lanes::of(u32::MAX);
+    // Only the leader keeps the QP's counters: a call it does not make is refused, whoever makes it.
+    let unrefused = (warp.lane != 0)
+        .then(|| qp.post_some(false, w))
+        .filter(|r| !matches!(r, Err(Error::InvalidArgument(InvalidArgument::Team))));
+    // The whole warp again before the posts (or the error): nothing else makes lanes that parted at a branch
+    // run together.
+    warp.sync();
+    if let Some(r) = unrefused {
+        return Err(Error::App(AppError { code: WITHOUT_LEADER, value: r.is_ok() as u64 }));
     }
     let t0 = sync::clock_ns();
     for _ in 0..a.posts {
