@@ -591,6 +591,47 @@ fn host_modes_flush_reports_the_error_cqe_of_a_put() {
     }
 }
 
+/// Host modes: a trigger that names no channel of the proxy (a handle edited by hand) is not dropped
+/// silently: every QP the proxy serves gets its error (`WR_FLUSH_ERR`, vendor `VENDOR_PROXY_UNKNOWN_CHANNEL`),
+/// so the forged handle's flush and the real channel's both return it.
+#[test]
+fn host_modes_fail_every_flush_after_a_trigger_for_no_channel() {
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let (me, peer) = (comm.rank(), 1 - comm.rank());
+            let src = register(&comm, 4096);
+            let landing = register(&comm, 4096);
+            comm.send_memory(&landing, peer, 0).unwrap();
+            let dst = comm.recv_memory(peer, 0).unwrap();
+            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
+            let sem = comm.semaphore(&conn, peer, 2).unwrap();
+            let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();
+            barrier.wait();
+            // Checked after the last barrier, so that a failure never leaves the peer waiting there.
+            let flushes = (me == 0).then(|| {
+                let h = chan.device_handle();
+                let forged = PortChannelHandle { channel_id: 999, ..h };
+                let mut ch = exclusive(&forged);
+                let put = ch.put(0, 0, 64);
+                let forged = ch.flush();
+                let real = exclusive(&h).flush();
+                (put, forged, real)
+            });
+            barrier.wait();
+            flushes
+        });
+        let (put, forged, real) = results[0].expect("rank 0's flushes");
+        assert_eq!(put, Ok(()), "{mode:?}: the forged channel's put is pushed");
+        let want = (syndrome::WR_FLUSH_ERR, gdaki::proxy::VENDOR_PROXY_UNKNOWN_CHANNEL);
+        for (what, r) in [("forged", forged), ("real", real)] {
+            match r {
+                Err(DevError::Cqe(c)) => assert_eq!((c.syndrome, c.vendor_err_synd), want, "{mode:?} {what}"),
+                other => panic!("{mode:?}: the {what} channel's flush returned {other:?}"),
+            }
+        }
+    }
+}
+
 /// Threads below `callers` of the block call `put_block_with_signal(0, 0, bytes)` then `flush` on the channel
 /// `ch` in Block sharing, and store their error kinds (+1; 1 for none) in `out[tid]`; the others return first.
 #[gdaki_device::kernel]

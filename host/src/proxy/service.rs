@@ -27,6 +27,12 @@ use super::fifo::Fifo;
 /// post a trigger's WQEs at all (e.g. no room in the SQ within the timeout): not a NIC's code.
 pub const VENDOR_PROXY_POST: u8 = 0x80;
 
+/// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), on every QP it serves
+/// when a trigger names no channel registered with it (a handle made or edited by hand, or one of another
+/// proxy): it cannot tell whose work was lost, so every channel's next flush says that some was. Not a NIC's
+/// code.
+pub const VENDOR_PROXY_UNKNOWN_CHANNEL: u8 = 0x81;
+
 /// Triggers the proxy handles before it rings the doorbells of the QPs it posted to, when the FIFO does not
 /// run empty first (MSCCL++'s proxy also posts several work requests per doorbell).
 const DOORBELL_BATCH: u32 = 32;
@@ -77,7 +83,7 @@ struct Registry {
 #[derive(Debug)]
 struct Shared {
     registry: Mutex<Registry>,
-    /// Channels registered so far (read without the lock on the hot path).
+    /// Channels registered so far, for `Debug` (which takes no lock).
     registered: AtomicUsize,
     stop: AtomicBool,
     /// Triggers done so far, for [`ProxyService::done`].
@@ -332,11 +338,21 @@ impl Worker {
 
     fn handle(&mut self, t: Trigger) {
         let id = t.channel() as usize;
-        if id >= self.channels.len() && self.shared.registered.load(Ordering::Acquire) > id {
+        if id >= self.channels.len() {
+            // A channel registered since the last look, or none: either way the QPs registered so far are the
+            // ones an unknown channel's error goes to.
             self.refresh();
         }
         let Some(&ch) = self.channels.get(id) else {
-            tracing::warn!(channel = id, "proxy trigger for an unknown channel dropped");
+            tracing::warn!(channel = id, "proxy trigger for an unknown channel dropped: every QP of the proxy fails");
+            let e = CqeError {
+                syndrome: syndrome::WR_FLUSH_ERR,
+                vendor_err_synd: VENDOR_PROXY_UNKNOWN_CHANNEL,
+                wqe_counter: 0,
+            };
+            for l in &self.lanes {
+                l.report(e);
+            }
             return;
         };
         let ops = t.ops();
