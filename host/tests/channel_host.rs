@@ -558,22 +558,38 @@ fn host_modes_deliver_every_trigger_through_a_small_fifo_and_drain_on_drop() {
     }
 }
 
+/// One channel to the peer in `mode`, over `len`-byte buffers: this rank's source and landing buffer (the
+/// peer's destination), and the connection and semaphore the channel uses.
+struct Link {
+    _src: RegisteredMemory,
+    landing: Option<RegisteredMemory>,
+    _conn: Connection,
+    _sem: Semaphore,
+    chan: PortChannel,
+}
+
+fn link(comm: &Communicator, mode: IbMode, len: usize) -> Link {
+    let peer = 1 - comm.rank();
+    let src = register(comm, len);
+    let landing = register(comm, len);
+    comm.send_memory(&landing, peer, 0).unwrap();
+    let dst = comm.recv_memory(peer, 0).unwrap();
+    let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
+    let sem = comm.semaphore(&conn, peer, 2).unwrap();
+    let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();
+    Link { _src: src, landing: Some(landing), _conn: conn, _sem: sem, chan }
+}
+
 /// Host modes: a put to memory the peer has deregistered fails on the NIC with syndrome 0x13, and the
 /// sender's `flush` (through the proxy's error word) returns it, then keeps returning it.
 #[test]
 fn host_modes_flush_reports_the_error_cqe_of_a_put() {
     for mode in [IbMode::Host, IbMode::HostNoAtomic] {
         two_ranks(BOOT_TIMEOUT, |comm, barrier| {
-            let (me, peer) = (comm.rank(), 1 - comm.rank());
-            let src = register(&comm, 4096);
-            let landing = register(&comm, 4096);
-            comm.send_memory(&landing, peer, 0).unwrap();
-            let dst = comm.recv_memory(peer, 0).unwrap();
-            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
-            let sem = comm.semaphore(&conn, peer, 2).unwrap();
-            let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();
+            let me = comm.rank();
+            let Link { landing, chan, .. } = &mut link(&comm, mode, 4096);
             barrier.wait();
-            drop(landing);
+            drop(landing.take());
             barrier.wait();
             if me == 0 {
                 let h = chan.device_handle();
@@ -598,14 +614,8 @@ fn host_modes_flush_reports_the_error_cqe_of_a_put() {
 fn host_modes_fail_every_flush_after_a_trigger_for_no_channel() {
     for mode in [IbMode::Host, IbMode::HostNoAtomic] {
         let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
-            let (me, peer) = (comm.rank(), 1 - comm.rank());
-            let src = register(&comm, 4096);
-            let landing = register(&comm, 4096);
-            comm.send_memory(&landing, peer, 0).unwrap();
-            let dst = comm.recv_memory(peer, 0).unwrap();
-            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
-            let sem = comm.semaphore(&conn, peer, 2).unwrap();
-            let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap();
+            let me = comm.rank();
+            let Link { chan, .. } = &link(&comm, mode, 4096);
             barrier.wait();
             // Checked after the last barrier, so that a failure never leaves the peer waiting there.
             let flushes = (me == 0).then(|| {
