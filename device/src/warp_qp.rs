@@ -30,6 +30,31 @@ use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, SEGS_PER_WQEBB};
 #[cfg(not(target_arch = "nvptx64"))]
 const TURN_BOUND: u64 = 4;
 
+/// The turn word (`host_serving` low, `host_given_up` high) once the serving ticket's turn ends: the next
+/// ticket served, passing over every ticket given up.
+#[cfg(not(target_arch = "nvptx64"))]
+fn pass(turn: u64) -> u64 {
+    let (mut serving, mut given_up) = ((turn as u32).wrapping_add(1), (turn >> 32) as u32 >> 1);
+    while given_up & 1 != 0 {
+        serving = serving.wrapping_add(1);
+        given_up >>= 1;
+    }
+    u64::from(serving) | u64::from(given_up) << 32
+}
+
+/// Gives up `ticket`, whose host thread waited out its bound: marks it in `host_given_up`, so that the turn
+/// passes over it, or ends its turn at once if it has just come. A ticket 32 or more behind the one served
+/// cannot be marked and is lost, as every later one then is (each times out; none hangs).
+#[cfg(not(target_arch = "nvptx64"))]
+fn give_up(turn: &core::sync::atomic::AtomicU64, ticket: u32) {
+    use core::sync::atomic::Ordering;
+    let _ = turn.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| match ticket.wrapping_sub(t as u32) {
+        0 => Some(pass(t)),
+        d @ 1..32 => Some(t | 1u64 << (32 + d)),
+        _ => None,
+    });
+}
+
 /// One QP's send side, owned by the lanes of one warp for the lifetime `'a`.
 ///
 /// The lanes that make it together ([`WarpQp::new`]) are its members for its whole life; the lowest of them
@@ -83,16 +108,19 @@ impl<'a> WarpQp<'a> {
     /// one: far more than those calls take, every wait of theirs being bounded by the same timeout.
     ///
     /// # Errors
-    /// [`Error::Timeout`] on [`WaitOn::Turn`](crate::error::WaitOn::Turn) when a call ahead never ended its
-    /// turn (it is then lost for every later ticket too: each of them ends the same way, none hangs).
+    /// [`Error::Timeout`] on [`WaitOn::Turn`](crate::error::WaitOn::Turn) when the calls ahead did not end
+    /// their turns in time (a call of another handle of the QP, whose timeout is longer; or one that never
+    /// ends, which then loses the QP for every later ticket too: each of them ends the same way, none hangs).
+    /// The ticket is given up ([`give_up`]): the turn passes over it, so later calls go on.
     #[cfg(not(target_arch = "nvptx64"))]
     fn begin_turn(&mut self) -> Result<()> {
         use core::sync::atomic::Ordering;
-        let (next, serving) = self.turn_words();
+        let (next, turn) = self.turn_words();
         let ticket = next.fetch_add(1, Ordering::Relaxed);
-        let ahead = u64::from(ticket.wrapping_sub(serving.load(Ordering::Relaxed)));
+        let serving = |t: &core::sync::atomic::AtomicU64, o| t.load(o) as u32;
+        let ahead = u64::from(ticket.wrapping_sub(serving(turn, Ordering::Relaxed)));
         let bound = self.timeout_ns.saturating_mul(TURN_BOUND).saturating_mul(ahead + 1);
-        crate::wait::bounded(
+        let waited = crate::wait::bounded(
             bound,
             // Acquire: the last holder's counters, written back before its release, are read below. A thread
             // that is not served yields at once: the turn goes to one thread, which may be waiting for a core
@@ -100,7 +128,7 @@ impl<'a> WarpQp<'a> {
             // first as other waits do; a lock that the holder could take straight back took 1.3 µs a turn but
             // let one thread keep the QP while the others timed out).
             || {
-                if serving.load(Ordering::Acquire) == ticket {
+                if serving(turn, Ordering::Acquire) == ticket {
                     return Ok(Some(()));
                 }
                 std::thread::yield_now();
@@ -109,9 +137,13 @@ impl<'a> WarpQp<'a> {
             || crate::error::WaitOn::Turn {
                 addr: next.as_ptr() as u64,
                 ticket,
-                serving: serving.load(Ordering::Relaxed),
+                serving: serving(turn, Ordering::Relaxed),
             },
-        )?;
+        );
+        if waited.is_err() {
+            give_up(turn, ticket);
+        }
+        waited?;
         // SAFETY: the turn makes this thread the handle's one poster until `end_turn`.
         self.leader = Some(unsafe { Qp::new(&mut *self.h, self.timeout_ns) });
         Ok(())
@@ -121,20 +153,26 @@ impl<'a> WarpQp<'a> {
     /// go back to the handle), then serves the next ticket.
     #[cfg(not(target_arch = "nvptx64"))]
     fn end_turn(&mut self) {
+        use core::sync::atomic::Ordering;
         self.leader = None;
-        self.turn_words().1.fetch_add(1, core::sync::atomic::Ordering::Release);
+        let turn = self.turn_words().1;
+        // Release: the counters the leader wrote back are seen by the next holder's acquire.
+        let _ = turn.fetch_update(Ordering::Release, Ordering::Relaxed, |t| Some(pass(t)));
     }
 
-    /// The handle's `host_next` and `host_serving` words, as atomics.
+    /// The handle's `host_next` word, and its `host_serving` and `host_given_up` words as one 64-bit word
+    /// (serving in the low half), as atomics.
     #[cfg(not(target_arch = "nvptx64"))]
-    fn turn_words(&self) -> (&core::sync::atomic::AtomicU32, &core::sync::atomic::AtomicU32) {
-        use core::sync::atomic::AtomicU32;
-        // SAFETY: fields of the live handle (contract of `new`), 4-byte aligned, only ever accessed atomically
-        // (by the host threads' turns); they live as long as the handle, which outlives `self`.
+    fn turn_words(&self) -> (&core::sync::atomic::AtomicU32, &core::sync::atomic::AtomicU64) {
+        use core::sync::atomic::{AtomicU32, AtomicU64};
+        const _: () = assert!(cfg!(target_endian = "little"), "the turn word keeps the serving ticket low");
+        // SAFETY: fields of the live handle (contract of `new`), only ever accessed atomically (by the host
+        // threads' turns); `host_serving` is at offset 72 of the 8-byte aligned state, with `host_given_up`
+        // after it; they live as long as the handle, which outlives `self`.
         unsafe {
             (
                 AtomicU32::from_ptr(core::ptr::addr_of_mut!((*self.h).sq.host_next)),
-                AtomicU32::from_ptr(core::ptr::addr_of_mut!((*self.h).sq.host_serving)),
+                AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.h).sq.host_serving).cast::<u64>()),
             )
         }
     }

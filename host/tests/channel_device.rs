@@ -14,7 +14,7 @@ use emu_util::{random_bytes, rng, GuardedBuf};
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp, WireConfig};
 use gdaki_device::channel::Sharing;
 use gdaki_device::channel::{Exclusive, PortChannel, Poster};
-use gdaki_device::error::InvalidArgument;
+use gdaki_device::error::{InvalidArgument, WaitOn};
 use gdaki_device::scope::{Block, Device};
 use gdaki_device::Error;
 use gdaki_shared::channel::PortChannelHandle;
@@ -400,22 +400,61 @@ fn the_threads_of_a_warp_share_a_warp_handle_on_host_threads() {
     assert!((256..=256 + 32).contains(&consumed), "{consumed} WQEs");
 }
 
+/// The host turns of `l`'s QP: (`host_next`, `host_serving`), read as the library accesses them (the serving
+/// ticket in the low half of a 64-bit word with `host_given_up`).
+fn turn_words(l: &Link) -> (u32, u32) {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    let state = &l.qp_h.sq as *const gdaki_shared::handle::SqState;
+    // SAFETY: the turn words of the live link's state, only ever accessed atomically, in these sizes.
+    unsafe {
+        let next = AtomicU32::from_ptr(std::ptr::addr_of!((*state).host_next) as *mut u32);
+        let turn = AtomicU64::from_ptr(std::ptr::addr_of!((*state).host_serving) as *mut u64);
+        (next.load(Ordering::Acquire), turn.load(Ordering::Acquire) as u32)
+    }
+}
+
+/// A host thread whose wait for its turn runs out (its channel's timeout is shorter than the holder's, two
+/// channels of one QP) gives its ticket up, and the turn passes over it: the holder and every later call go on.
+/// Before, the abandoned ticket was never served nor passed, and every later call on the QP timed out on its
+/// turn.
+#[test]
+fn a_ticket_given_up_is_passed_over() {
+    let l = Link::new(4096, 64, false);
+    let h = l.handle();
+    let short = PortChannelHandle { timeout_ns: 20_000_000, ..h };
+    use gdaki_device::channel::Warp;
+    l._nics[0].hold_executor(true);
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            let mut ch = shared::<Warp>(&h);
+            ch.put(0, 0, 64).and_then(|()| ch.flush())
+        });
+        // A's put took ticket 0; its flush holds ticket 1 until the NIC runs again.
+        emu_util::wait_until("A's flush holding its turn", || turn_words(&l) == (2, 1));
+        // B's put waits out its 20 ms bound (a few times over) behind A's flush and gives ticket 2 up.
+        let b = shared::<Warp>(&short).put(64, 64, 64);
+        l._nics[0].hold_executor(false);
+        (a.join().unwrap(), b)
+    });
+    assert_eq!(a, Ok(()));
+    assert!(matches!(b, Err(Error::Timeout(t)) if matches!(t.on, WaitOn::Turn { ticket: 2, serving: 1, .. })), "{b:?}");
+    // Ticket 2 was passed over: the next call takes 3 and is served at once.
+    let mut ch = shared::<Warp>(&h);
+    assert_eq!(ch.put(128, 128, 64).and_then(|()| ch.flush()), Ok(()));
+    assert_eq!(turn_words(&l), (5, 5));
+    assert_eq!(l.dst.read()[..64], l.src.read()[..64]);
+    assert_eq!(l.dst.read()[128..192], l.src.read()[128..192]);
+}
+
 /// Host threads sharing a Warp-sharing handle take their turns in order: a thread that waits for its turn
 /// while another holds the QP (a flush the NIC does not answer yet) posts before the holder's next call. With a
 /// lock that the holder could take straight back, it kept the QP call after call while the others waited out
 /// their timeouts (seen with eight threads on a loaded 2-core machine).
 #[test]
 fn a_host_thread_waiting_for_its_turn_posts_before_the_holders_next_call() {
-    use std::sync::atomic::{AtomicU32, Ordering};
     let l = Link::new(4096, 64, false);
     let h = l.handle();
-    let state = &l.qp_h.sq as *const gdaki_shared::handle::SqState;
-    // SAFETY: the turn words of the live link's state, only ever accessed atomically.
-    let turns = || unsafe {
-        let next = AtomicU32::from_ptr(std::ptr::addr_of!((*state).host_next) as *mut u32);
-        let serving = AtomicU32::from_ptr(std::ptr::addr_of!((*state).host_serving) as *mut u32);
-        (next.load(Ordering::Acquire), serving.load(Ordering::Acquire))
-    };
+    let turns = || turn_words(&l);
     let warp = || shared::<gdaki_device::channel::Warp>(&h);
     l._nics[0].hold_executor(true);
     let (a, b) = std::thread::scope(|s| {

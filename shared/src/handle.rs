@@ -146,9 +146,11 @@ pub struct SqState {
     pub host_next: u32,
     /// The ticket whose host thread has its turn (see `host_next`); equal to `host_next` when none has.
     pub host_serving: u32,
+    /// Tickets whose host threads gave up waiting for their turn, as bits: bit `k` is ticket
+    /// `host_serving + k`, so that the turn passes over them. Read and written with `host_serving` as one
+    /// 8-byte word (the serving ticket in its low half on a little-endian host). Unused on the GPU.
+    pub host_given_up: u32,
     /// Zero: keeps the state 128 bytes (the handle's second half).
-    pub pad32: u32,
-    /// Zero, as `pad32`.
     pub pad: [u64; 6],
 }
 
@@ -169,7 +171,7 @@ impl SqState {
             db_lock: 0,
             host_next: 0,
             host_serving: 0,
-            pad32: 0,
+            host_given_up: 0,
             pad: [0; 6],
         }
     }
@@ -235,6 +237,7 @@ const _: () = {
     assert!(size_of::<SqState>() == 128);
     assert!(offset_of!(SqState, host_next) == 68);
     assert!(offset_of!(SqState, host_serving) == 72);
+    assert!(offset_of!(SqState, host_given_up) == 76);
     assert!(offset_of!(SqState, pad) == 80);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
