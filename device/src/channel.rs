@@ -583,6 +583,15 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         self.h.proxy != mode::DEVICE
     }
 
+    /// The channel's id in the proxy's triggers, which carry 16 bits.
+    ///
+    /// # Errors
+    /// [`InvalidArgument::Handle`] for an id that does not fit (a handle made or edited by hand): cut to 16
+    /// bits it would name another channel.
+    fn channel_id(&self) -> Result<u16> {
+        u16::try_from(self.h.channel_id).map_err(|_| Error::InvalidArgument(InvalidArgument::Handle))
+    }
+
     /// Pushes `t` into the proxy's FIFO.
     fn push(&self, t: Trigger) -> Result<u64> {
         // SAFETY: a proxied channel's handle names a live FIFO (contract of `new`).
@@ -605,7 +614,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         if dst_offset + bytes > limit || src_offset + bytes > limit {
             return Err(Error::InvalidArgument(InvalidArgument::Unsupported));
         }
-        let ch = self.h.channel_id as u16;
+        let ch = self.channel_id()?;
         let mut done = 0;
         while done < bytes {
             let n = (bytes - done).min(Trigger::MAX_FIELD);
@@ -624,7 +633,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// is not 8 bytes, 8-byte aligned, with nothing posted (as [`crate::onesided::atomic_target`] tells it).
     pub fn signal(&mut self) -> Result<()> {
         if self.proxied() {
-            return self.push(Trigger::new(Trigger::SIGNAL, self.h.channel_id as u16, 0, 0, 0)).map(|_| ());
+            return self.push(Trigger::new(Trigger::SIGNAL, self.channel_id()?, 0, 0, 0)).map(|_| ());
         }
         let (r, l) = self.signal_target()?;
         self.fetch_add(r, l, 1)
@@ -697,7 +706,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
                 return Err(Error::InvalidArgument(InvalidArgument::Unsupported));
             }
             self.push_writes(dst_offset, src_offset, bytes, 0)?;
-            return self.push(Trigger::accumulate(self.h.channel_id as u16, acc_offset, add)).map(|_| ());
+            return self.push(Trigger::accumulate(self.channel_id()?, acc_offset, add)).map(|_| ());
         }
         self.writes(dst_offset, src_offset, bytes, false)?;
         self.fetch_add(r, l, add)
@@ -710,7 +719,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// time; a timeout; an unexpected CQE.
     pub fn flush(&mut self) -> Result<()> {
         if self.proxied() {
-            let i = self.push(Trigger::new(Trigger::FLUSH, self.h.channel_id as u16, 0, 0, 0))?;
+            let i = self.push(Trigger::new(Trigger::FLUSH, self.channel_id()?, 0, 0, 0))?;
             // SAFETY: as in `push`.
             unsafe { fifo::sync(&self.h.fifo, i, self.h.timeout_ns) }?;
             return self.proxy_error().map_or(Ok(()), |e| Err(Error::Cqe(e)));

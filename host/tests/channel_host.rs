@@ -609,7 +609,8 @@ fn host_modes_flush_reports_the_error_cqe_of_a_put() {
 
 /// Host modes: a trigger that names no channel of the proxy (a handle edited by hand) is not dropped
 /// silently: every QP the proxy serves gets its error (`WR_FLUSH_ERR`, vendor `VENDOR_PROXY_UNKNOWN_CHANNEL`),
-/// so the forged handle's flush and the real channel's both return it.
+/// so the forged handle's flush and the real channel's both return it. An id past 16 bits, which a trigger
+/// cannot carry, is refused on the device first (cut to 16 bits it named channel 0, whose peer got the put).
 #[test]
 fn host_modes_fail_every_flush_after_a_trigger_for_no_channel() {
     for mode in [IbMode::Host, IbMode::HostNoAtomic] {
@@ -620,17 +621,21 @@ fn host_modes_fail_every_flush_after_a_trigger_for_no_channel() {
             // Checked after the last barrier, so that a failure never leaves the peer waiting there.
             let flushes = (me == 0).then(|| {
                 let h = chan.device_handle();
+                let wide = PortChannelHandle { channel_id: 1 << 16, ..h };
+                let mut ch = exclusive(&wide);
+                let refused = [ch.put(0, 0, 64), ch.signal(), ch.flush()];
                 let forged = PortChannelHandle { channel_id: 999, ..h };
                 let mut ch = exclusive(&forged);
                 let put = ch.put(0, 0, 64);
                 let forged = ch.flush();
                 let real = exclusive(&h).flush();
-                (put, forged, real)
+                (refused, put, forged, real)
             });
             barrier.wait();
             flushes
         });
-        let (put, forged, real) = results[0].expect("rank 0's flushes");
+        let (refused, put, forged, real) = results[0].expect("rank 0's flushes");
+        assert_eq!(refused, [Err(DevError::InvalidArgument(InvalidArgument::Handle)); 3], "{mode:?}: id 2^16");
         assert_eq!(put, Ok(()), "{mode:?}: the forged channel's put is pushed");
         let want = (syndrome::WR_FLUSH_ERR, gdaki::proxy::VENDOR_PROXY_UNKNOWN_CHANNEL);
         for (what, r) in [("forged", forged), ("real", real)] {

@@ -55,7 +55,8 @@ pub struct PortChannelHandle {
     pub proxy_err: u64,
     /// Who posts this channel's WQEs: one of [`crate::proxy::mode`].
     pub proxy: u32,
-    /// The proxy's number of this channel, carried by its triggers.
+    /// The proxy's number of this channel, carried by its triggers in 16 bits (device code refuses a larger
+    /// one with `InvalidArgument::Handle` rather than cut it).
     pub channel_id: u32,
     /// The peer's rank plus one, so that a channel's wait that runs out names the rank it waited for; 0 when
     /// the handle's builder did not say (a hand-made handle: the timeout then names the semaphore's address).

@@ -28,9 +28,9 @@ use super::fifo::Fifo;
 pub const VENDOR_PROXY_POST: u8 = 0x80;
 
 /// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), on every QP it serves
-/// when a trigger names no channel registered with it (a handle made or edited by hand, or one of another
-/// proxy): it cannot tell whose work was lost, so every channel's next flush says that some was. Not a NIC's
-/// code.
+/// when a trigger names no channel registered with it (a handle made or edited by hand): it cannot tell whose
+/// work was lost, so every channel's next flush says that some was. (A hand-made id that some channel of this
+/// proxy has goes to that channel: nothing tells them apart.) Not a NIC's code.
 pub const VENDOR_PROXY_UNKNOWN_CHANNEL: u8 = 0x81;
 
 /// Triggers the proxy handles before it rings the doorbells of the QPs it posted to, when the FIFO does not
