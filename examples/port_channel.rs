@@ -40,7 +40,7 @@ struct Args {
     /// Iterations per row (bandwidth rows use fewer for large sizes: at most 512 MiB per row).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     iters: u32,
-    /// Largest bandwidth message, bytes (rows go 1 KiB, 4×, … up to it; MSCCL++ goes to 128 MiB).
+    /// Largest bandwidth message, bytes, at least 1 KiB (rows go 1 KiB, 4×, … up to it; MSCCL++ goes to 128 MiB).
     #[arg(long, default_value_t = 128 << 20)]
     max_size: usize,
     /// Threads per team: a CTA's size on the GPU; host threads per channel on the cpu executor.
@@ -74,7 +74,7 @@ const ROW_BUDGET: usize = 512 << 20;
 fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gdaki::Result<Vec<Row>> {
     // 1 KiB, ×4 steps, and `max_size` itself as the last row.
     let mut sizes: Vec<usize> =
-        std::iter::successors(Some(1024usize), |s| Some(s * 4)).take_while(|s| *s < args.max_size).collect();
+        std::iter::successors(Some(1024usize), |s| s.checked_mul(4)).take_while(|s| *s < args.max_size).collect();
     sizes.push(args.max_size.max(1024));
     let plan = Plan {
         iters: args.iters,
@@ -195,9 +195,10 @@ fn main() -> ExitCode {
     let measures = launch.as_ref().is_none_or(|l| l.rank == 0);
     if measures {
         gdaki_examples::outln!(
-            "gdaki port_channel ({}): {} executor, team of {team} threads per channel, {nic} (queues in {} memory)",
+            "gdaki port_channel ({}): {} executor, {}, {nic} (queues in {} memory)",
             gdaki_examples::COMMIT,
             if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" },
+            Mode::team_words(&args.mode, team),
             gdaki_examples::queues_label(kind)
         );
     }

@@ -28,6 +28,7 @@ use gdaki::channel::Communicator;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::nic::NicSpec;
 use gdaki_testkit::porttest::bench::{run_test, Row, Step, Test};
+use gdaki_testkit::porttest::Mode;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// One rank's rows, and 1 if it stopped at a failure.
@@ -93,15 +94,15 @@ fn header(
     machine: &str,
     nic: &str,
     plan: &gdaki_testkit::porttest::bench::Plan,
+    modes: &[Mode],
     warmup: u32,
     kind: ExecutorKind,
 ) {
     let executor = if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" };
     gdaki_examples::outln!(
-        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic}, team of {} threads per channel, queues in \
-         {} memory",
+        "gdaki-perf {cmd} ({}): {executor} executor on {machine}, {nic}, {}, queues in {} memory",
         gdaki_examples::COMMIT,
-        plan.team,
+        Mode::team_words(modes, plan.team),
         gdaki_examples::queues_label(kind)
     );
     gdaki_examples::outln!(
@@ -150,7 +151,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         None => format!("{} host threads", std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
     if prints {
-        header(cmd, &machine, &nic, &plan, warmup, kind);
+        header(cmd, &machine, &nic, &plan, &opts.mode, warmup, kind);
     }
     let total: usize = sizes.iter().map(|(_, s)| s.len()).sum::<usize>() * opts.mode.len();
     let progress = Progress::new(total as u64, prints);

@@ -90,6 +90,17 @@ impl Mode {
         }
     }
 
+    /// "team of `team` threads per channel" for a run of `modes`, saying where Warp sharing's rows take fewer
+    /// ([`Mode::fit_team`]): a header's words.
+    pub fn team_words(modes: &[Mode], team: u32) -> String {
+        let warp = Mode::Warp.fit_team(team);
+        if modes.contains(&Mode::Warp) && warp != team {
+            format!("team of {team} threads per channel ({warp} in Warp sharing)")
+        } else {
+            format!("team of {team} threads per channel")
+        }
+    }
+
     /// "Host mode (CPU proxy)", …, "Device mode, Exclusive sharing", …: a table's heading.
     pub fn title(self) -> String {
         match self {
