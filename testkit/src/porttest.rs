@@ -226,8 +226,8 @@ impl PortTest {
     /// one QP, every team posts to the same QP (Device sharing; Block sharing is for one team per QP).
     ///
     /// # Errors
-    /// As [`PortTest::new`]; [`Error::InvalidArgument`] for `qps` of 0 or more than `nchannels`, or two teams
-    /// on one QP in Exclusive or Block sharing.
+    /// As [`PortTest::new`]; [`Error::InvalidArgument`] for `qps` of 0 or more than `nchannels`, two teams
+    /// on one QP in Exclusive or Block sharing, or a `max_size` whose doubled buffer overflows.
     pub fn with_qps(
         comm: Arc<Communicator>,
         mode: Mode,
@@ -249,8 +249,14 @@ impl PortTest {
                 comm.world_size()
             )));
         }
+        // Both halves of a channel's buffer, each rounded up to 8 bytes; checked before anything is exchanged, so
+        // that both ranks refuse the same sizes alike.
+        let Some(half) = max_size.checked_next_multiple_of(8).filter(|h| h.checked_mul(2).is_some()) else {
+            return Err(Error::InvalidArgument(format!(
+                "a max_size of {max_size} bytes: a buffer of twice that does not fit the address space"
+            )));
+        };
         let peer = 1 - comm.rank();
-        let half = max_size.next_multiple_of(8);
         let cfg = EndpointConfig::with_mode(match mode {
             Mode::Host => IbMode::Host,
             Mode::HostNoAtomic => IbMode::HostNoAtomic,

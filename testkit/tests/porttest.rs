@@ -258,6 +258,23 @@ fn cpu_bad_runs_name_the_limit_they_break() {
     assert_eq!(results, vec![10, 10]);
 }
 
+/// A `max_size` whose channel buffer (two halves, each rounded up to 8 bytes) overflows is refused alike on both
+/// ranks, before anything is exchanged. Before, the sizes wrapped: one rank asked for a zero-length MR and the
+/// other failed on a QP its peer never made.
+#[test]
+fn cpu_a_max_size_that_overflows_is_refused() {
+    let results = two_ranks(ExecutorKind::Cpu, |_, comm| {
+        let comm = std::sync::Arc::new(comm);
+        [usize::MAX - 3, usize::MAX / 2 + 1]
+            .map(|max| PortTest::new(comm.clone(), Mode::Exclusive, 1, max, 1).err().map(|e| e.to_string()))
+    });
+    for (rank, r) in results.iter().enumerate() {
+        for e in r {
+            assert!(e.as_ref().is_some_and(|e| e.contains("does not fit the address space")), "rank {rank}: {e:?}");
+        }
+    }
+}
+
 /// Both ranks on ONE emulated NIC (`Communicator::on_nic`): their QPs reach each other on the NIC's direct path,
 /// each rank with its own PD; ping-pong, packets and bandwidth pass in every mode.
 #[test]
