@@ -85,9 +85,10 @@ pub enum WaitOn {
         seen: u64,
     },
     /// A host thread's turn on a QP whose Warp-sharing handle other host threads share (on the `cpu`
-    /// executor each thread is a warp of one lane, [`crate::warp_qp`]): the turns are tickets, served in order.
+    /// executor each thread is a warp of one lane, [`crate::warp_qp`]): the turns are tickets, served in order;
+    /// the ticket of a wait that ran out is given up, and the turn passes over it.
     Turn {
-        /// Address of the handle's send-queue state.
+        /// Address of the handle's `host_next` word (in its send-queue state).
         addr: u64,
         /// This thread's ticket.
         ticket: u32,
