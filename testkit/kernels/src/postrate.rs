@@ -191,6 +191,11 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         }
         return;
     }
+    if ONE_THREAD[SHAPE as usize] && a.rounds == 1 && a.team_posters == 1 && team.size() == 1 {
+        // A launch of one round, as every launch but `run_in_one_launch`'s: the loop a user writes.
+        // SAFETY: the caller's contract.
+        return unsafe { one_round::<SHAPE>(a, team_index) };
+    }
     let poster = team_index * a.team_posters + team.tid() as u32;
     let posts = team.tid() < a.team_posters as usize;
     for round in 0..a.rounds {
@@ -249,6 +254,50 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         if team.sync_or(failed) {
             return;
         }
+    }
+}
+
+/// Whether a shape (by its [`shape`] value) is one thread per team: Exclusive, Batch, BlueFlame, Ordering.
+const ONE_THREAD: [bool; 8] = [true, false, false, true, true, true, false, false];
+
+/// [`run`]'s one round for a team of one thread, when the launch has one round: the barrier, the burst, its
+/// times or its error, with no team barrier (a team of one thread needs none) and no loop of rounds around the
+/// posts. In the loop of rounds (a launch of many rounds, [`run`]'s own path) ptxas carries the posting loop's
+/// values across rounds with register moves and keeps convergence barriers in it: the doorbell-each loop's
+/// iteration takes 67 SASS instructions there, 57 here, the BlueFlame loop's 105 and 97 (`cargo xtask sass`).
+///
+/// # Safety
+/// As [`run`], with QP `team_index` used by this one thread.
+#[inline(always)]
+unsafe fn one_round<const SHAPE: u32>(a: &PostRateArgs, team_index: u32) {
+    // SAFETY: this team's QP (caller's contract), used by this one thread only.
+    let h = unsafe { &mut *(a.qps as *mut QpHandle).add(team_index as usize) };
+    // SAFETY: the barrier counter (caller's contract), used by this team's one thread only.
+    if a.barrier != 0 && !unsafe { grid_barrier(a, 0) } {
+        return;
+    }
+    // SAFETY: the caller's contract, as above.
+    let r = unsafe {
+        if SHAPE == shape::BATCH {
+            burst_batch(a, h, team_index)
+        } else if SHAPE == shape::BLUEFLAME {
+            burst_blueflame(a, h, team_index)
+        } else if SHAPE == shape::ORDERING {
+            burst_ordering(a, h, team_index)
+        } else {
+            burst_exclusive(a, h, team_index)
+        }
+    };
+    match r {
+        Ok((t0, t1)) => {
+            let slot = team_index as usize * 2;
+            // SAFETY: `times` holds rounds × posters × 2 words (caller's contract).
+            unsafe {
+                (a.times as *mut u64).add(slot).write_volatile(t0);
+                (a.times as *mut u64).add(slot + 1).write_volatile(t1);
+            }
+        }
+        Err(e) => report(a, e),
     }
 }
 
