@@ -215,24 +215,15 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         } else if SHAPE == shape::SHARED {
             // SAFETY: QP 0's handle (caller's contract), shared by every poster.
             unsafe { burst_shared(a, poster) }
-        } else if SHAPE == shape::BATCH {
-            // SAFETY: this team's QP (caller's contract), used by this thread only.
-            unsafe { burst_batch(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
         } else if SHAPE == shape::WARP {
             // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
             unsafe { burst_warp(a, (a.qps as *mut QpHandle).add(team_index as usize), poster) }
-        } else if SHAPE == shape::BLUEFLAME {
-            // SAFETY: this team's QP (caller's contract), used by this thread only.
-            unsafe { burst_blueflame(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
-        } else if SHAPE == shape::ORDERING {
-            // SAFETY: this team's QP (caller's contract), used by this thread only.
-            unsafe { burst_ordering(a, &*(a.qps as *mut QpHandle).add(team_index as usize), poster) }
         } else if SHAPE == shape::WARP_ORDERING {
             // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
             unsafe { burst_warp_ordering(a, &*(a.qps as *mut QpHandle).add(team_index as usize), poster) }
         } else {
             // SAFETY: this team's QP (caller's contract), used by this thread only.
-            unsafe { burst_exclusive(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
+            unsafe { burst_one_thread::<SHAPE>(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), poster) }
         };
         let failed = match r {
             Ok((t0, t1)) => {
@@ -270,25 +261,12 @@ const ONE_THREAD: [bool; 8] = [true, false, false, true, true, true, false, fals
 /// As [`run`], with QP `team_index` used by this one thread.
 #[inline(always)]
 unsafe fn one_round<const SHAPE: u32>(a: &PostRateArgs, team_index: u32) {
-    // SAFETY: this team's QP (caller's contract), used by this one thread only.
-    let h = unsafe { &mut *(a.qps as *mut QpHandle).add(team_index as usize) };
     // SAFETY: the barrier counter (caller's contract), used by this team's one thread only.
     if a.barrier != 0 && !unsafe { grid_barrier(a, 0) } {
         return;
     }
-    // SAFETY: the caller's contract, as above.
-    let r = unsafe {
-        if SHAPE == shape::BATCH {
-            burst_batch(a, h, team_index)
-        } else if SHAPE == shape::BLUEFLAME {
-            burst_blueflame(a, h, team_index)
-        } else if SHAPE == shape::ORDERING {
-            burst_ordering(a, h, team_index)
-        } else {
-            burst_exclusive(a, h, team_index)
-        }
-    };
-    match r {
+    // SAFETY: this team's QP (caller's contract), used by this one thread only.
+    match unsafe { burst_one_thread::<SHAPE>(a, &mut *(a.qps as *mut QpHandle).add(team_index as usize), team_index) } {
         Ok((t0, t1)) => {
             let slot = team_index as usize * 2;
             // SAFETY: `times` holds rounds × posters × 2 words (caller's contract).
@@ -298,6 +276,27 @@ unsafe fn one_round<const SHAPE: u32>(a: &PostRateArgs, team_index: u32) {
             }
         }
         Err(e) => report(a, e),
+    }
+}
+
+/// The burst of poster `p` in a one-thread shape (`SHAPE`, one of [`ONE_THREAD`]'s): Batch, BlueFlame,
+/// Ordering, or else Exclusive.
+///
+/// # Safety
+/// `h` is this thread's QP (caller's contract).
+#[inline(always)]
+unsafe fn burst_one_thread<const SHAPE: u32>(a: &PostRateArgs, h: &mut QpHandle, p: u32) -> Result<(u64, u64)> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if SHAPE == shape::BATCH {
+            burst_batch(a, h, p)
+        } else if SHAPE == shape::BLUEFLAME {
+            burst_blueflame(a, h, p)
+        } else if SHAPE == shape::ORDERING {
+            burst_ordering(a, h, p)
+        } else {
+            burst_exclusive(a, h, p)
+        }
     }
 }
 
