@@ -191,7 +191,7 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
         }
         return;
     }
-    if ONE_THREAD[SHAPE as usize] && a.rounds == 1 && a.team_posters == 1 && team.size() == 1 {
+    if one_thread(SHAPE) && a.rounds == 1 && a.team_posters == 1 && team.size() == 1 {
         // A launch of one round, as every launch but `run_in_one_launch`'s: the loop a user writes.
         // SAFETY: the caller's contract.
         return unsafe { one_round::<SHAPE>(a, team_index) };
@@ -248,14 +248,16 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
     }
 }
 
-/// Whether a shape (by its [`shape`] value) is one thread per team: Exclusive, Batch, BlueFlame, Ordering.
-const ONE_THREAD: [bool; 8] = [true, false, false, true, true, true, false, false];
+/// Whether shape `s` (one of [`shape`]) is one thread per team: Exclusive, Batch, BlueFlame, Ordering.
+const fn one_thread(s: u32) -> bool {
+    matches!(s, shape::EXCLUSIVE | shape::BATCH | shape::BLUEFLAME | shape::ORDERING)
+}
 
 /// [`run`]'s one round for a team of one thread, when the launch has one round: the barrier, the burst, its
 /// times or its error, with no team barrier (a team of one thread needs none) and no loop of rounds around the
 /// posts. In the loop of rounds (a launch of many rounds, [`run`]'s own path) ptxas carries the posting loop's
-/// values across rounds with register moves and keeps convergence barriers in it: the doorbell-each loop's
-/// iteration takes 67 SASS instructions there, 57 here, the BlueFlame loop's 105 and 97 (`cargo xtask sass`).
+/// values across rounds with register moves: the doorbell-each loop's iteration takes 67 SASS instructions
+/// there, 57 here, the BlueFlame loop's 105 and 97 (`cargo xtask sass`).
 ///
 /// # Safety
 /// As [`run`], with QP `team_index` used by this one thread.
@@ -279,7 +281,7 @@ unsafe fn one_round<const SHAPE: u32>(a: &PostRateArgs, team_index: u32) {
     }
 }
 
-/// The burst of poster `p` in a one-thread shape (`SHAPE`, one of [`ONE_THREAD`]'s): Batch, BlueFlame,
+/// The burst of poster `p` in a one-thread shape (`SHAPE`, one that [`one_thread`] names): Batch, BlueFlame,
 /// Ordering, or else Exclusive.
 ///
 /// # Safety
