@@ -216,6 +216,43 @@ fn matrix(seed: u64, n: usize, max: u64) -> Vec<Vec<u64>> {
         .collect()
 }
 
+/// One `all_to_all_v` on rank `r` with the count matrix `m` (row: sender), whose blocks are those of `round`:
+/// fills this rank's buffer of `len` bytes with noise from `seed` and its blocks at `send_off`, makes the
+/// call, and checks the counts received (the matrix's column), every byte at `recv_off` and that nothing
+/// else of the buffer moved. `what` names the call in a failure.
+fn all_to_all_v_checked<R: AsRef<[u64]>>(
+    r: &CollRank,
+    m: &[R],
+    round: u64,
+    seed: u64,
+    len: usize,
+    (send_off, recv_off): (u64, u64),
+    what: &str,
+) {
+    let rank = r.communicator().rank() as usize;
+    let mut before = bytes(seed, len);
+    let mut at = send_off as usize;
+    for (dst, &n) in m[rank].as_ref().iter().enumerate() {
+        before[at..at + n as usize].copy_from_slice(&block(round, rank, dst, n));
+        at += n as usize;
+    }
+    r.collectives().buffer().write(0, &before).expect("fill");
+    let (got, _time) = r.all_to_all_v(m[rank].as_ref(), send_off, recv_off).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let column: Vec<u64> = m.iter().map(|row| row.as_ref()[rank]).collect();
+    assert_eq!(got, column, "{what}: received counts");
+    let mut want = before;
+    let mut at = recv_off as usize;
+    for (src, row) in m.iter().enumerate() {
+        let n = row.as_ref()[rank];
+        want[at..at + n as usize].copy_from_slice(&block(round, src, rank, n));
+        at += n as usize;
+    }
+    let after = r.collectives().buffer().to_vec().expect("read");
+    if let Some(at) = first_diff(&after, &want) {
+        panic!("{what}: byte {at} differs");
+    }
+}
+
 /// Three rounds of `all_to_all_v` on `n` ranks with random counts: each rank checks the counts it got
 /// (the matrix's column) and every byte of its receive region, and that nothing else of its buffer moved.
 fn all_to_all_v_run(kind: ExecutorKind, n: u32, one_nic: bool) {
@@ -227,29 +264,8 @@ fn all_to_all_v_run(kind: ExecutorKind, n: u32, one_nic: bool) {
         let rank = r.communicator().rank() as usize;
         for (round, m) in mats.iter().enumerate() {
             let round = round as u64;
-            let mut before = bytes(round << 40 | 0xff00 | rank as u64, BUF);
-            let mut at = send_off as usize;
-            for (dst, &len) in m[rank].iter().enumerate() {
-                before[at..at + len as usize].copy_from_slice(&block(round, rank, dst, len));
-                at += len as usize;
-            }
-            r.collectives().buffer().write(0, &before).expect("fill");
-            let (got, _time) = r
-                .all_to_all_v(&m[rank], send_off, recv_off)
-                .unwrap_or_else(|e| panic!("n={n} round {round} rank {rank}: {e}"));
-            let column: Vec<u64> = m.iter().map(|row| row[rank]).collect();
-            assert_eq!(got, column, "n={n} round {round} rank {rank}: received counts");
-            let mut want = before;
-            let mut at = recv_off as usize;
-            for (src, row) in m.iter().enumerate() {
-                let len = row[rank];
-                want[at..at + len as usize].copy_from_slice(&block(round, src, rank, len));
-                at += len as usize;
-            }
-            let after = r.collectives().buffer().to_vec().expect("read");
-            if let Some(at) = first_diff(&after, &want) {
-                panic!("n={n} round {round} rank {rank}: byte {at} differs");
-            }
+            let what = format!("n={n} round {round} rank {rank}");
+            all_to_all_v_checked(&r, m, round, round << 40 | 0xff00 | rank as u64, BUF, (send_off, recv_off), &what);
         }
     });
 }
@@ -309,6 +325,48 @@ fn cpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
 fn gpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
     let _gpu = gdaki_testkit::gpu_turn();
     all_to_all_v_with_a_rank_missing(ExecutorKind::Gpu);
+}
+
+/// All-to-all calls whose regions are bad on some rank, found only once the counts have arrived: the send and
+/// receive regions overlapping on every rank, on one rank only (the one that sends most), and one rank's
+/// receive region running past the buffer. Every rank refuses each with `Collective` at once (no timeout),
+/// no byte of any buffer moves, and a good call after each refused one delivers every byte.
+fn all_to_all_v_refuses_bad_regions(kind: ExecutorKind) {
+    const LEN: usize = 8192;
+    let bad: [([[u64; 3]; 3], u64, u64); 3] =
+        [([[100; 3]; 3], 0, 100), ([[100; 3], [100; 3], [500; 3]], 0, 1000), ([[0, 0, 1500]; 3], 0, 6000)];
+    let good: [[u64; 3]; 3] = [[10, 20, 30], [0, 40, 50], [60, 0, 70]];
+    let (good_send, good_recv) = (8u64, 4096u64);
+    let cfg = CollConfig { timeout: Duration::from_millis(300), ..CollConfig::new(LEN) };
+    on_ranks(3, kind, false, cfg, |r| {
+        let rank = r.communicator().rank() as usize;
+        for (i, (counts, send_off, recv_off)) in bad.iter().enumerate() {
+            let before = bytes(((0xbad0 + i as u64) << 8) | rank as u64, LEN);
+            r.collectives().buffer().write(0, &before).expect("fill");
+            match r.all_to_all_v(&counts[rank], *send_off, *recv_off) {
+                Err(gdaki::Error::Kernel { error: DevError::InvalidArgument(InvalidArgument::Collective), .. }) => {}
+                other => panic!("bad call {i} rank {rank}: {other:?}"),
+            }
+            let after = r.collectives().buffer().to_vec().expect("read");
+            assert_eq!(first_diff(&after, &before), None, "bad call {i} rank {rank}: a byte moved");
+            // A good call: the semaphores and the count matrix are as before the refused one.
+            let (seed, what) =
+                (((0x600d + i as u64) << 8) | rank as u64, format!("good call after bad call {i}, rank {rank}"));
+            all_to_all_v_checked(&r, &good, i as u64, seed, LEN, (good_send, good_recv), &what);
+        }
+    });
+}
+
+#[test]
+fn cpu_all_to_all_v_refuses_bad_regions_on_every_rank() {
+    all_to_all_v_refuses_bad_regions(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_all_to_all_v_refuses_bad_regions_on_every_rank() {
+    let _gpu = gdaki_testkit::gpu_turn();
+    all_to_all_v_refuses_bad_regions(ExecutorKind::Gpu);
 }
 
 /// More ranks than a handle holds, a zero buffer or a tag range past `u32::MAX`: refused by the setup on
@@ -862,6 +920,21 @@ fn cpu_all_reduce_ring_with_a_rank_missing_times_out_naming_it() {
 fn gpu_all_reduce_ring_with_a_rank_missing_times_out_naming_it() {
     let _gpu = gdaki_testkit::gpu_turn();
     ring_with_a_rank_missing(ExecutorKind::Gpu);
+}
+
+proptest! {
+    /// The ring's scratch size against the definition computed here in 128 bits: `nranks - 1` slots of
+    /// `ceil(count / nranks)` `f32`s, or `u64::MAX` (no buffer holds it) when that does not fit 64 bits.
+    #[test]
+    fn ring_scratch_bytes_is_exact_or_saturates(n in 0u32..=64, count in prop_oneof![0u64..100_000, any::<u64>()]) {
+        let want = if n == 0 {
+            0
+        } else {
+            let exact = 4 * (n as u128 - 1) * (count as u128).div_ceil(n as u128);
+            u64::try_from(exact).unwrap_or(u64::MAX)
+        };
+        prop_assert_eq!(ring_scratch_bytes(n, count), want);
+    }
 }
 
 /// Ring all-reduce arguments that break the layout: refused with `Collective` on every rank, nothing posted

@@ -1,14 +1,14 @@
 //! All-to-all with variable sizes (the MoE dispatch shape): every rank sends its own number of bytes to
 //! every rank, and learns on the device how many bytes each rank sends it.
 
-use super::{ctrl, fits, Comm, INVALID, MAX_RANKS};
+use super::{ctrl, disjoint, fits, Comm, INVALID, MAX_RANKS};
 use crate::channel::{Exclusive, PortChannel};
 use crate::error::Result;
 use crate::sync;
 use gdaki_shared::coll::CollHandle;
 
-/// Where one [`all_to_all_v`] call's data lies in every rank's data buffer (the same on every rank; the two
-/// regions must not overlap).
+/// Where one [`all_to_all_v`] call's data lies in every rank's data buffer (the same on every rank; a call
+/// whose two regions overlap on any rank is refused by every rank).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllToAllV {
     /// Byte offset of the send region: the bytes for rank 0, then those for rank 1, and so on, packed
@@ -32,9 +32,13 @@ pub struct AllToAllV {
 ///
 /// # Errors
 /// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle, count
-/// slices shorter than `nranks`, a send region outside the buffer (nothing posted), or, once the counts have
-/// arrived, a receive region outside it (the peers then time out); [`Error::Timeout`](crate::Error::Timeout)
-/// with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming the rank waited for; the channels' errors.
+/// slices shorter than `nranks` or a send region outside the buffer (nothing posted; peers that made a good
+/// call time out); and, once the counts have arrived, on every rank alike with no data moved, when any
+/// rank's send or receive region lies outside the buffer or the two overlap (every rank checks every rank's
+/// regions; the ranks still exchange a signal each, as a call of 0 bytes does, so that the next call finds
+/// the semaphores matched);
+/// [`Error::Timeout`](crate::Error::Timeout) with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming the
+/// rank waited for; the channels' errors.
 ///
 /// # Safety
 /// As [`super::broadcast`].
@@ -77,20 +81,26 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
         // SAFETY: row `q` of the matrix, placed by the NIC before rank `q`'s signal, which the waits above saw.
         unsafe { sync::load_acquire_u64(word(q, p)) }
     };
+    // Every rank reads the same matrix, so every rank takes the same decision on every rank's regions. A
+    // refused call still makes its signals and waits with no data, as one of 0 bytes everywhere would: the
+    // semaphores stay matched for the next call, and no rank starts that call (writing its row into the
+    // others' matrices) before every rank has read this one's.
+    let ok = (0..n).all(|q| regions_ok(h.buf.length, a, (0..n).map(|p| count(q, p)), (0..n).map(|p| count(p, q))));
     let mut dst_at = [0u64; MAX_RANKS];
-    for (p, at) in dst_at[..n].iter_mut().enumerate() {
-        // Rank `p` packs by source: this rank's block follows those of ranks `0 .. r`.
-        *at = (0..r).try_fold(a.recv_offset, |s, q| s.checked_add(count(q, p))).ok_or(INVALID)?;
-    }
-    for (q, out) in recv_counts[..n].iter_mut().enumerate() {
-        *out = count(q, r);
-    }
-    let recv_at = offsets(&recv_counts[..n]).ok_or(INVALID)?;
-    if !fits(h.buf.length, a.recv_offset, recv_at[n]) {
-        return Err(INVALID);
+    let mut recv_at = [0u64; MAX_RANKS + 1];
+    if ok {
+        for (p, at) in dst_at[..n].iter_mut().enumerate() {
+            // Rank `p` packs by source: this rank's block follows those of ranks `0 .. r` (no overflow: rank
+            // `p`'s receive region fits the buffer).
+            *at = (0..r).fold(a.recv_offset, |s, q| s.saturating_add(count(q, p)));
+        }
+        for (q, out) in recv_counts[..n].iter_mut().enumerate() {
+            *out = count(q, r);
+        }
+        recv_at = offsets(&recv_counts[..n]).ok_or(INVALID)?;
     }
     for p in peers() {
-        let (pi, bytes) = (p as usize, send_counts[p as usize]);
+        let (pi, bytes) = (p as usize, if ok { send_counts[p as usize] } else { 0 });
         // SAFETY: as above.
         let mut ch = unsafe { c.channel(p) };
         if bytes == 0 {
@@ -99,11 +109,11 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
             ch.put_with_signal(dst_at[pi], a.send_offset + send_at[pi], bytes)?;
         }
     }
-    let own = send_counts[r] as usize;
+    let own = if ok { send_counts[r] as usize } else { 0 };
     if own > 0 {
         let base = h.buf.addr;
-        // SAFETY: both ranges lie inside the data buffer (checked above) and do not overlap (the caller's
-        // contract); no peer writes this rank's own block.
+        // SAFETY: both ranges lie inside the data buffer and apart (`regions_ok`); no peer writes this rank's
+        // own block.
         unsafe {
             core::ptr::copy(
                 (base + a.send_offset + send_at[r]) as *const u8,
@@ -120,7 +130,28 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
         // SAFETY: as above.
         unsafe { c.channel(p) }.flush()?;
     }
-    Ok(())
+    if ok {
+        Ok(())
+    } else {
+        Err(INVALID)
+    }
+}
+
+/// Whether one rank's regions of a call are good, given the bytes it sends to each rank and receives from
+/// each: both inside the data buffer of `len` bytes (every rank's has that length; the collectives' setup
+/// requires it), and apart. A total that overflows is not.
+fn regions_ok(len: u64, a: &AllToAllV, sent: impl Iterator<Item = u64>, received: impl Iterator<Item = u64>) -> bool {
+    let (Some(sent), Some(received)) = (total(sent), total(received)) else {
+        return false;
+    };
+    fits(len, a.send_offset, sent)
+        && fits(len, a.recv_offset, received)
+        && disjoint(a.send_offset, sent, a.recv_offset, received)
+}
+
+/// The sum of `counts`; `None` on overflow.
+fn total(mut counts: impl Iterator<Item = u64>) -> Option<u64> {
+    counts.try_fold(0u64, u64::checked_add)
 }
 
 /// The packed offsets of blocks of `counts` bytes: entry `i` is the sum of the first `i` counts, and entry

@@ -77,6 +77,12 @@ fn fits(len: u64, offset: u64, bytes: u64) -> bool {
     offset.checked_add(bytes).is_some_and(|end| end <= len)
 }
 
+/// Whether the ranges `a .. a + a_len` and `b .. b + b_len` share no byte (an empty range shares none). Both
+/// must lie inside a buffer ([`fits`]), so that neither end overflows.
+fn disjoint(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
+    a_len == 0 || b_len == 0 || a + a_len <= b || b + b_len <= a
+}
+
 /// A receiver's acknowledgment (of a broadcast or a reduce): 1 added to the root's counter, flushed.
 ///
 /// # Safety

@@ -2,7 +2,7 @@
 //! channels to the next rank (puts with a signal) and from the previous one (waits), the additions made by
 //! the threads of one block.
 
-use super::{broadcast::default_chunk, fits, Comm, INVALID};
+use super::{broadcast::default_chunk, disjoint, fits, Comm, INVALID};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::launch::DeviceRepr;
 use crate::sync;
@@ -36,13 +36,14 @@ const _: () = assert!(core::mem::size_of::<RingAllReduce>() == 40);
 unsafe impl DeviceRepr for RingAllReduce {}
 
 /// Bytes of the scratch area of a ring all-reduce of `count` values over `nranks` ranks: `nranks - 1` slots
-/// (one per reduce-scatter step) of one longest segment, `ceil(count / nranks)` `f32`s each. 0 for 0 ranks.
+/// (one per reduce-scatter step) of one longest segment, `ceil(count / nranks)` `f32`s each. 0 for 0 ranks;
+/// `u64::MAX` (more than any buffer holds) when the size does not fit 64 bits.
 pub const fn ring_scratch_bytes(nranks: u32, count: u64) -> u64 {
     if nranks == 0 {
         return 0;
     }
     let n = nranks as u64;
-    4 * (n - 1) * count.div_ceil(n)
+    (4 * (n - 1)).saturating_mul(count.div_ceil(n))
 }
 
 /// The values of segment `j` of `count` over `n` ranks: `(first, len)`. The first `count % n` segments hold
@@ -246,14 +247,13 @@ fn ranges_ok(base: u64, len: u64, n: u32, r: &RingAllReduce) -> bool {
         return false;
     }
     let scratch = ring_scratch_bytes(n, r.count);
-    let apart = |a: u64, ab: u64, b: u64, bb: u64| ab == 0 || bb == 0 || a + ab <= b || b + bb <= a;
     fits(len, r.in_offset, vals)
         && fits(len, r.out_offset, vals)
         && fits(len, r.scratch_offset, scratch)
         && (base + r.in_offset).is_multiple_of(4)
         && (base + r.out_offset).is_multiple_of(4)
         && (base + r.scratch_offset).is_multiple_of(4)
-        && (r.in_offset == r.out_offset || apart(r.in_offset, vals, r.out_offset, vals))
-        && apart(r.scratch_offset, scratch, r.in_offset, vals)
-        && apart(r.scratch_offset, scratch, r.out_offset, vals)
+        && (r.in_offset == r.out_offset || disjoint(r.in_offset, vals, r.out_offset, vals))
+        && disjoint(r.scratch_offset, scratch, r.in_offset, vals)
+        && disjoint(r.scratch_offset, scratch, r.out_offset, vals)
 }
