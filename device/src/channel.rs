@@ -734,7 +734,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// # Errors
     /// [`Error::Timeout`] after the channel's timeout, with [`WaitOn::Peer`] naming the peer's rank when the
-    /// handle records it (a host-built channel's does), [`WaitOn::Semaphore`] otherwise; [`Error::Cqe`].
+    /// handle records it (a host-built channel's does), [`WaitOn::Semaphore`] otherwise; [`Error::Cqe`]. A
+    /// wait that fails gives its count back, so that a retry waits for the same signal, unless another waiter
+    /// of the channel has taken the next count meanwhile (shared waiters): then the counts stay as taken.
     pub fn wait(&mut self) -> Result<()> {
         // SAFETY: `expected` is this side's counter (contract of `new`); GPU-scope atomic, so that waiters of
         // any scope each take their own count.
@@ -742,7 +744,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         let (sem, peer) = (self.h.local_sem as *const u64, self.h.peer());
         let seen = core::cell::Cell::new(0);
         let mut tries = 0u32;
-        bounded(
+        let waited = bounded(
             self.h.timeout_ns,
             || {
                 // SAFETY: the inbound semaphore word (contract of `new`), written by the NIC.
@@ -769,7 +771,14 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
                 Some(rank) => WaitOn::Peer { rank, expected: target, seen: seen.get() },
                 None => WaitOn::Semaphore { addr: sem as u64, expected: target, seen: seen.get() },
             },
-        )
+        );
+        if waited.is_err() {
+            // The signal this wait counted on has not been seen: the count goes back, if it is still the last
+            // one taken.
+            // SAFETY: as above.
+            unsafe { Device::cas(self.h.expected as *mut u64, target, target - 1) };
+        }
+        waited
     }
 
     /// Whether a signal beyond those waited for has arrived; if so it counts as waited for (MSCCL++ `poll`).

@@ -106,10 +106,11 @@ impl Packet for LL8Packet {
     }
 }
 
-/// Bytes of the packets that carry `bytes` bytes of data: `2 × bytes` for both layouts.
+/// Bytes of the packets that carry `bytes` bytes of data: `2 × bytes` for both layouts; `u64::MAX` (more than
+/// any memory holds) when that does not fit 64 bits.
 #[inline(always)]
 pub const fn packet_bytes<T: Packet>(bytes: u64) -> u64 {
-    bytes / T::DATA * core::mem::size_of::<T>() as u64
+    (bytes / T::DATA).saturating_mul(core::mem::size_of::<T>() as u64)
 }
 
 /// A channel's local memory (its `src` MR: what its `put` reads, and in MSCCL++'s one-to-one setup also where
@@ -191,6 +192,14 @@ impl<'h> Packets<'h> {
         threads: u32,
     ) -> Result<()> {
         let (data, pkts) = self.ranges::<T>(src_offset, pkt_offset, bytes, flag, (thread, threads))?;
+        Self::store::<T>(data, pkts, bytes, flag, thread, threads);
+        Ok(())
+    }
+
+    /// Writes this thread's share (packets `thread, thread + threads, ...`) of the packets of `bytes` bytes of
+    /// data at address `data` to address `pkts`, each carrying `flag`: [`Packets::write_packets`] once
+    /// [`Packets::ranges`] has checked its arguments and made the addresses.
+    fn store<T: Packet>(data: u64, pkts: u64, bytes: u64, flag: u32, thread: u32, threads: u32) {
         let mut i = thread as u64;
         while i < bytes / T::DATA {
             // SAFETY: packet `i` and its data lie inside the local memory, aligned (checked by `ranges`); the
@@ -201,7 +210,6 @@ impl<'h> Packets<'h> {
             }
             i += threads as u64;
         }
-        Ok(())
     }
 
     /// Waits until the packets at `pkt_offset` of the local memory that carry `bytes` bytes of data all hold
@@ -267,7 +275,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// (or learn from the peer's answer that they arrived).
     ///
     /// # Errors
-    /// As [`Packets::write_packets`] and [`PortChannel::put`]; nothing is written or posted for a bad range.
+    /// As [`Packets::write_packets`] (the local ranges are checked first) and [`PortChannel::put`];
+    /// [`InvalidArgument::Packet`] for a `dst_offset` whose address in the peer's memory is not a multiple of
+    /// the packet size (the peer's reads could never find the packets there). Nothing is written or posted
+    /// for a bad range.
     #[allow(clippy::too_many_arguments)]
     pub fn put_packets<T: Packet>(
         &mut self,
@@ -279,9 +290,14 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         thread: u32,
         threads: u32,
     ) -> Result<()> {
-        let wire = packet_bytes::<T>(bytes);
-        crate::onesided::remote(&self.handle().dst, dst_offset, wire)?;
-        self.packets().write_packets::<T>(pkt_offset, src_offset, bytes, flag, thread, threads)?;
+        let packets = self.packets();
+        let (data, pkts) = packets.ranges::<T>(src_offset, pkt_offset, bytes, flag, (thread, threads))?;
+        let (wire, dst) = (packet_bytes::<T>(bytes), &self.handle().dst);
+        let at = crate::onesided::remote(dst, dst_offset, wire)?;
+        if !at.addr.is_multiple_of(core::mem::size_of::<T>() as u64) {
+            return Err(Error::InvalidArgument(InvalidArgument::Packet));
+        }
+        Packets::store::<T>(data, pkts, bytes, flag, thread, threads);
         self.put(dst_offset, pkt_offset, wire)
     }
 }

@@ -15,6 +15,7 @@ use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp, WireConfig};
 use gdaki_device::channel::Sharing;
 use gdaki_device::channel::{Exclusive, PortChannel, Poster};
 use gdaki_device::error::{InvalidArgument, WaitOn};
+use gdaki_device::packet::{LL16Packet, LL8Packet};
 use gdaki_device::scope::{Block, Device};
 use gdaki_device::Error;
 use gdaki_shared::channel::PortChannelHandle;
@@ -327,6 +328,71 @@ fn exclusive_put_with_signal_and_wait() {
     // 11 WRITEs (10 of 100,000 bytes and one of 48,576) and the fetch-add reached the NIC; the fetch-add asks
     // for a CQE, so `flush` needed no NOP.
     assert_eq!(l.a.sq_consumed(), 12);
+}
+
+/// `put_packets` with a length no memory holds, or with a destination whose address in the peer's memory is
+/// not a multiple of the packet size: refused, nothing written locally or remotely and nothing posted. (A
+/// length near `u64::MAX` overflowed the packets' size before any check: a panic where overflow checks are
+/// on, and an error naming the peer's range, not the length, where they are off. A misaligned destination was
+/// posted, where the peer's reads could never find the packets.) An aligned put after them lands whole.
+#[test]
+fn put_packets_refuses_huge_lengths_and_misaligned_destinations() {
+    let l = Link::new(4096, 64, false);
+    let data = random_bytes(&mut rng(), 4096);
+    l.src.write(0, &data);
+    let h = l.handle();
+    // SAFETY: the link's handle, used by this thread only; the link outlives the channel.
+    let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+    let local = Err(Error::InvalidArgument(InvalidArgument::LocalRange));
+    for bytes in [u64::MAX - 7, (1 << 63) + 8, u64::MAX / 2 + 1] {
+        assert_eq!(ch.put_packets::<LL16Packet>(0, 1024, 0, bytes, 1, 0, 1), local, "LL16, {bytes} bytes");
+        assert_eq!(ch.put_packets::<LL8Packet>(0, 1024, 0, bytes & !3, 1, 0, 1), local, "LL8, {bytes} bytes");
+    }
+    // Offsets in the peer's memory whose addresses are 16-byte aligned plus 4 (LL16), 8-byte aligned plus 4
+    // (LL8).
+    let base = h.dst.addr;
+    let at16 = (16 - base % 16) % 16 + 16;
+    let packet = Err(Error::InvalidArgument(InvalidArgument::Packet));
+    assert_eq!(ch.put_packets::<LL16Packet>(at16 + 4, 1024, 0, 64, 3, 0, 1), packet);
+    assert_eq!(ch.put_packets::<LL8Packet>(at16 + 1004, 2048, 0, 64, 3, 0, 1), packet);
+    ch.flush().unwrap();
+    assert_eq!(l.src.read(), data, "no packet written locally");
+    assert_eq!(l.dst.read(), vec![0xee; 4096], "nothing placed at the peer");
+    assert_eq!(l.a.sq_consumed(), 0, "nothing posted");
+    // 64 bytes in LL16 packets: 128 bytes, each 16-byte packet carrying 8 data bytes and the flag twice.
+    ch.put_packets::<LL16Packet>(at16, 1024, 0, 64, 3, 0, 1).unwrap();
+    ch.flush().unwrap();
+    let (landed, sent) = (l.dst.read(), l.src.read());
+    assert_eq!(&landed[at16 as usize..at16 as usize + 128], &sent[1024..1152]);
+    for (i, p) in sent[1024..1152].chunks(16).enumerate() {
+        assert_eq!(&p[..4], &data[8 * i..8 * i + 4], "packet {i}'s first data word");
+        assert_eq!(&p[8..12], &data[8 * i + 4..8 * i + 8], "packet {i}'s second data word");
+    }
+}
+
+/// A wait that timed out gives its count back: the signal that arrives after it satisfies the retried wait,
+/// and the counts stay matched (the next wait is for the second signal). Before, the timed-out wait kept its
+/// count, so the retry waited for a second signal that never came.
+#[test]
+fn a_wait_that_timed_out_is_retried_for_the_same_signal() {
+    let l = Link::new(4096, 64, false);
+    let mut h = l.handle();
+    h.timeout_ns = 50_000_000;
+    // SAFETY: the link's handle, used by this thread only; the link outlives the channel.
+    let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+    let timed_out = |r, want: (u64, u64)| match r {
+        Err(Error::Timeout(t)) => match t.on {
+            WaitOn::Semaphore { expected, seen, .. } => assert_eq!((expected, seen), want),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    timed_out(ch.wait(), (1, 0));
+    // This channel signals the semaphore it waits on (one direction of a link): the late signal.
+    ch.signal().unwrap();
+    ch.flush().unwrap();
+    assert_eq!(ch.wait(), Ok(()));
+    timed_out(ch.wait(), (2, 1));
 }
 
 /// Warp sharing on the host: a thread is a warp of one lane, so each call is its own batch of one WQE and one
