@@ -143,8 +143,8 @@ impl Collectives {
         &self.mem
     }
 
-    /// This rank's group-acknowledgment counter: how many receivers have acknowledged the broadcasts this
-    /// rank was the root of, in all.
+    /// This rank's group-acknowledgment counter: how many other ranks have acknowledged the broadcasts and
+    /// reduces this rank was the root of, in all.
     pub fn acks(&self) -> u64 {
         let p = (self.ctrl.host_ptr() as usize + ctrl::ACK as usize) as *mut u64;
         // SAFETY: the counter is 8 aligned bytes inside `ctrl` (4096-aligned, `ctrl::BYTES` long); the NIC

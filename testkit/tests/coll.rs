@@ -14,7 +14,7 @@ use gdaki::channel::{run_ranks, Communicator, RankSetup};
 use gdaki::coll::CollConfig;
 use gdaki::exec::ExecutorKind;
 use gdaki_device::coll::{
-    dequantize, quantize, ring_scratch_bytes, scale, Algorithm, Broadcast, Reduce, RingAllReduce,
+    default_chunk, dequantize, quantize, ring_scratch_bytes, scale, Algorithm, Broadcast, Reduce, RingAllReduce,
 };
 use gdaki_device::error::{InvalidArgument, Timeout, WaitOn};
 use gdaki_device::Error as DevError;
@@ -934,6 +934,29 @@ proptest! {
             u64::try_from(exact).unwrap_or(u64::MAX)
         };
         prop_assert_eq!(ring_scratch_bytes(n, count), want);
+    }
+
+    /// The default chunk against its documented properties: the whole range up to 64 KiB (1 for none), else
+    /// a multiple of 4 KiB between 64 KiB and 4 MiB, and the smallest such one that takes the range in at
+    /// most eight chunks (4 MiB when none does).
+    #[test]
+    fn default_chunk_takes_at_most_eight_chunks(
+        bytes in prop_oneof![0u64..(1 << 16) + 100, (1u64 << 16)..(1 << 26), any::<u64>()],
+    ) {
+        const KIB: u64 = 1 << 10;
+        let c = default_chunk(bytes);
+        if bytes <= 64 * KIB {
+            prop_assert_eq!(c, bytes.max(1));
+        } else {
+            prop_assert!(c % (4 * KIB) == 0 && (64 * KIB..=4096 * KIB).contains(&c), "chunk {}", c);
+            let chunks = |c: u64| bytes.div_ceil(c);
+            if c < 4096 * KIB {
+                prop_assert!(chunks(c) <= 8, "{} bytes in {} chunks of {}", bytes, chunks(c), c);
+            }
+            if c > 64 * KIB {
+                prop_assert!(chunks(c - 4 * KIB) > 8, "{} bytes: {} is not the smallest chunk", bytes, c);
+            }
+        }
     }
 }
 

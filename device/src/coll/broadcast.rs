@@ -64,14 +64,16 @@ const _: () = assert!(core::mem::size_of::<Broadcast>() == 32);
 unsafe impl crate::launch::DeviceRepr for Broadcast {}
 
 /// Chunk size of a chain or tree broadcast of `bytes` bytes when none is given: the whole range up to
-/// 64 KiB (a signal per chunk costs more than pipelining saves there), else an eighth of it rounded up to
-/// 4 KiB, at least 64 KiB and at most 4 MiB.
+/// 64 KiB (a signal per chunk costs more than pipelining saves there), else an eighth of it rounded up to a
+/// multiple of 4 KiB (so that the range goes in at most eight chunks), at least 64 KiB and at most 4 MiB.
 pub const fn default_chunk(bytes: u64) -> u64 {
     const SMALL: u64 = 64 << 10;
     if bytes <= SMALL {
         return if bytes == 0 { 1 } else { bytes };
     }
-    let c = bytes / 8;
+    // Rounded up: an eighth rounded down leaves a ninth chunk of 1 to 7 bytes (a put and a signal more on
+    // every link) whenever `bytes` is not a multiple of 8 and its eighth is one of 4 KiB.
+    let c = bytes.div_ceil(8);
     let c = if c < SMALL {
         SMALL
     } else if c > 4 << 20 {
