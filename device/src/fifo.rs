@@ -5,48 +5,92 @@
 use crate::error::{Result, WaitOn};
 use crate::scope::{Device, Scope};
 use crate::sync;
-use crate::wait::bounded;
+use crate::wait::{bounded, bounded_steps, Step};
 use gdaki_shared::proxy::{FifoHandle, Trigger};
 
-/// Pushes `t` and returns its index. Any thread may push (the index comes from a GPU-scope atomic add);
-/// stores made before the push (e.g. the data of a put) are visible to the proxy before the trigger.
+/// Pushes `t` and returns its index. Any thread may push: a pusher takes the next index with a GPU-scope
+/// compare-and-swap on `head` only once the ring has room for it, then fills that slot; stores made before
+/// the push (e.g. the data of a put) are visible to the proxy before the trigger.
+///
+/// An index is taken only with its room, so that a push that gives up leaves no hole: a pusher that took an
+/// index first (an atomic add, as MSCCL++'s FIFO does) and then timed out waiting for its slot would leave
+/// that slot empty for good, and the proxy, which takes triggers in index order, would wait on it forever
+/// while every later push (of any channel of the communicator) was lost.
 ///
 /// # Errors
-/// [`Error::Timeout`](crate::Error::Timeout) with [`WaitOn::FifoSpace`] when the ring stays full for `timeout_ns` (the proxy is
-/// stopped or stuck). The index stays taken, so the FIFO does not recover from that.
+/// [`Error::Timeout`](crate::Error::Timeout) with [`WaitOn::FifoSpace`] when the ring stays full for
+/// `timeout_ns` (the proxy is stopped or stuck; the index is the one the push waited to take). Nothing was
+/// pushed, and the FIFO works on once the proxy takes triggers again.
 ///
 /// # Safety
 /// `f` must be a live FIFO's handle (its words valid for the push).
 #[inline(always)]
 pub unsafe fn push(f: &FifoHandle, t: Trigger, timeout_ns: u64) -> Result<u64> {
-    let size = f.size as u64;
     // SAFETY: the FIFO's words (caller's contract): `head` and `tail_cache` in device memory, `tail` written
-    // by the proxy, the ring in pinned host memory; slot `i % size` is this pusher's once `i < tail + size`.
+    // by the proxy, the ring in pinned host memory; slot `i % size` is this pusher's once it took index `i`,
+    // which it does only while `i < tail + size`.
     unsafe {
-        let i = Device::fetch_add(f.head as *mut u64, 1);
-        let cache = f.tail_cache as *mut u64;
-        // The cache is read with acquire and written with release (GPU scope): a pusher that trusts another's
-        // copy of `tail` must also see the proxy's clearing of the slot it reuses, which happened before that
-        // `tail` (a relaxed cache let this pusher's trigger be overwritten by the clearing; the loom model of
-        // the FIFO found it).
-        if i >= Device::load_acquire(cache) + size {
-            bounded(
-                timeout_ns,
-                || {
-                    let tail = sync::load_acquire_u64(f.tail as *const u64);
-                    // A lower bound of `tail` whichever pusher stores last: `tail` only grows.
-                    Device::store_release(cache, tail);
-                    Ok((i < tail + size).then_some(()))
-                },
-                || WaitOn::FifoSpace { index: i },
-            )?;
-        }
-        let slot = (f.triggers as *mut [u64; 2]).add((i & (size - 1)) as usize) as *mut u64;
+        let i = take_index(f, timeout_ns)?;
+        let slot = (f.triggers as *mut [u64; 2]).add((i & (f.size as u64 - 1)) as usize) as *mut u64;
         sync::store_volatile(slot, t.0[0]);
         // Word 1 carries the valid bit: released after word 0 and everything stored before the push.
         sync::store_release_u64(slot.add(1), t.0[1]);
         Ok(i)
     }
+}
+
+/// [`push`]'s index: the next one, taken with a compare-and-swap once the ring has room for it.
+///
+/// The first try names the pushers' cached copy of `tail` as the index: where the proxy keeps up, `head` is
+/// there, and the index is taken in one compare-and-swap, with room by construction (one load and one atomic,
+/// as an atomic add and the cache's load took before). A swap that finds another value has read `head`
+/// itself: the next try names that, checking its room by the bound of `tail` read last, and by `tail` itself
+/// (which also refreshes the cache) when that bound does not show room; a ring still full is waited on,
+/// bounded by `timeout_ns`.
+///
+/// The cache is read with acquire and written with release (GPU scope): a pusher that trusts another's copy
+/// of `tail` must also see the proxy's clearing of the slot it reuses, which happened before that `tail` (a
+/// relaxed cache let this pusher's trigger be overwritten by the clearing; the loom model of the FIFO found
+/// it).
+///
+/// # Errors
+/// As [`push`].
+///
+/// # Safety
+/// As [`push`].
+#[inline(always)]
+unsafe fn take_index(f: &FifoHandle, timeout_ns: u64) -> Result<u64> {
+    let (head, cache, size) = (f.head as *mut u64, f.tail_cache as *mut u64, f.size as u64);
+    // SAFETY: the FIFO's words (caller's contract).
+    let cached = unsafe { Device::load_acquire(cache) };
+    // The index to try, and the latest lower bound of `tail` read (with acquire) to check its room by.
+    let (next, tail_bound) = (core::cell::Cell::new(cached), core::cell::Cell::new(cached));
+    bounded_steps(
+        timeout_ns,
+        || {
+            let i = next.get();
+            // SAFETY: the FIFO's words (caller's contract).
+            unsafe {
+                if i >= tail_bound.get() + size {
+                    let tail = sync::load_acquire_u64(f.tail as *const u64);
+                    // A lower bound of `tail` whichever pusher stores last: `tail` only grows.
+                    Device::store_release(cache, tail);
+                    tail_bound.set(tail);
+                    if i >= tail + size {
+                        return Ok(Step::Idle);
+                    }
+                }
+                let seen = Device::cas(head, i, i + 1);
+                if seen == i {
+                    return Ok(Step::Done(i));
+                }
+                // `head` was elsewhere (another pusher took `i`, or the guess was behind): try its value at once.
+                next.set(seen);
+                Ok(Step::Progress)
+            }
+        },
+        || WaitOn::FifoSpace { index: next.get() },
+    )
 }
 
 /// Waits until the proxy has done the trigger at `index` (MSCCL++ `FifoDeviceHandle::sync`); after a

@@ -223,8 +223,8 @@ pub unsafe fn store_seg(p: *mut Seg, s: Seg) {
     };
 }
 
-/// Loads an 8-byte word that the NIC may be writing at this moment (an LL packet word: data next to its
-/// flag), whole and from memory every time. nvptx: `ld.volatile.u64` (never a stale L1 line, as MSCCL++'s
+/// Loads an 8-byte word that the NIC or another thread may be writing at this moment (an LL packet word: data
+/// next to its flag; the proxy FIFO's `head`), whole and from memory every time. nvptx: `ld.volatile.u64` (never a stale L1 line, as MSCCL++'s
 /// packet reads); host: a relaxed atomic load, since the emulated NIC stores aligned words atomically.
 ///
 /// # Safety

@@ -6,7 +6,7 @@
 //! (replay with `GDAKI_TEST_SEED`) and checked byte for byte; every expected value is computed here.
 
 use std::sync::Barrier;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod ranks;
 
@@ -17,7 +17,7 @@ use gdaki::exec::{DataBuf, Executor, ExecutorKind};
 use gdaki::nic::emu::{QpState, WireConfig};
 use gdaki::Error;
 use gdaki_device::channel::{Exclusive, PortChannel as DevChannel};
-use gdaki_device::error::InvalidArgument;
+use gdaki_device::error::{InvalidArgument, WaitOn};
 use gdaki_device::qp::Qp as DevQp;
 use gdaki_device::Error as DevError;
 use gdaki_shared::channel::PortChannelHandle;
@@ -720,5 +720,142 @@ fn host_modes_send_no_signal_for_a_block_put_that_some_threads_never_make() {
                 assert!(got[768..].iter().all(|&b| b == 0xee), "{mode:?}: the missing thread's piece landed");
             }
         });
+    }
+}
+
+/// Host modes: a push that times out for want of room in the FIFO (the proxy held in a flush, its NIC stopped)
+/// takes no index, so the FIFO goes on: every trigger pushed before and after it is done, and its data and
+/// signal land. (An index taken before its room left an empty slot that the proxy waited on forever: every
+/// later trigger of every channel was lost, and the next flush timed out.)
+#[test]
+fn host_modes_a_push_that_times_out_leaves_the_fifo_working() {
+    const LEN: usize = 4096;
+    let payload = random_bytes(&mut rng(), LEN);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let me = comm.rank();
+            let _proxy = comm.start_proxy(2).unwrap();
+            let link = link(&comm, mode, LEN);
+            fill(&link._src, &payload);
+            barrier.wait();
+            let out = (me == 0).then(|| {
+                let h = link.chan.device_handle();
+                let quick = link.chan.clone().with_timeout(Duration::from_millis(1)).unwrap().device_handle();
+                let nic = comm.nic().as_emu().expect("emulated NIC").clone();
+                nic.hold_executor(true);
+                std::thread::scope(|s| {
+                    // The proxy takes this flush and waits in it (the NIC is stopped), keeping its slot.
+                    let flusher = s.spawn(|| {
+                        let mut ch = exclusive(&h);
+                        (ch.put(0, 0, 64), ch.flush())
+                    });
+                    std::thread::sleep(Duration::from_millis(200));
+                    let mut ch = exclusive(&quick);
+                    let pushes: Vec<_> = (0..4u64).map(|k| ch.put(64 + 64 * k, 64 + 64 * k, 64)).collect();
+                    nic.hold_executor(false);
+                    let first = flusher.join().unwrap();
+                    let mut ch = exclusive(&h);
+                    let later = (ch.put_with_signal(1024, 1024, 64), ch.flush());
+                    (pushes, first, later)
+                })
+            });
+            barrier.wait();
+            let landed = (me == 1).then(|| (contents(link.landing.as_ref().unwrap()), link._sem.inbound().unwrap()));
+            barrier.wait();
+            (out, landed)
+        });
+        let (pushes, first, later) = results[0].0.clone().expect("rank 0's calls");
+        let (landing, inbound) = results[1].1.clone().expect("rank 1's buffer");
+        assert_eq!(first, (Ok(()), Ok(())), "{mode:?}: the put and flush the proxy waited in");
+        assert_eq!(later, (Ok(()), Ok(())), "{mode:?}: the put_with_signal and flush after the timeout");
+        let ok = pushes.iter().take_while(|r| r.is_ok()).count();
+        assert!(
+            matches!(pushes.get(ok), Some(Err(DevError::Timeout(t))) if matches!(t.on, WaitOn::FifoSpace { .. })),
+            "{mode:?}: the pushes into the full FIFO: {pushes:?}"
+        );
+        for (what, r) in [("first put", 0..64), ("put_with_signal", 1024..1088)]
+            .into_iter()
+            .chain((0..ok).map(|k| ("quick put", 64 + 64 * k..128 + 64 * k)))
+        {
+            assert_same(&landing[r.clone()], &payload[r], &format!("{mode:?}: {what}"));
+        }
+        assert_eq!(inbound, 1, "{mode:?}: one signal");
+    }
+}
+
+/// Host modes: a flush is done only once the NIC has completed the channel's WQEs, however long past the
+/// proxy's own bound of a wait that takes (here the NIC is stopped for a second longer than it): before, the
+/// proxy's flush timed out and counted the FLUSH done, and the device's `flush` returned `Ok` with the put not
+/// yet made.
+#[test]
+fn host_mode_flush_waits_for_the_nic_past_the_proxy_timeout() {
+    let hold = PortChannel::DEFAULT_TIMEOUT + Duration::from_secs(1);
+    let payload = random_bytes(&mut rng(), 64);
+    let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+        let me = comm.rank();
+        let link = link(&comm, IbMode::Host, 4096);
+        fill(&link._src, &payload);
+        barrier.wait();
+        let out = (me == 0).then(|| {
+            let h = link.chan.clone().with_timeout(hold * 3).unwrap().device_handle();
+            let nic = comm.nic().as_emu().expect("emulated NIC").clone();
+            nic.hold_executor(true);
+            std::thread::scope(|s| {
+                let resumed = s.spawn(|| {
+                    std::thread::sleep(hold);
+                    nic.hold_executor(false);
+                    Instant::now()
+                });
+                let mut ch = exclusive(&h);
+                let r = (ch.put(0, 0, 64), ch.flush());
+                (r, Instant::now() >= resumed.join().unwrap())
+            })
+        });
+        barrier.wait();
+        let landed = (me == 1).then(|| contents(link.landing.as_ref().unwrap())[..64].to_vec());
+        barrier.wait();
+        (out, landed)
+    });
+    let (r, after_resume) = results[0].0.expect("rank 0's calls");
+    assert_eq!(r, (Ok(()), Ok(())));
+    assert!(after_resume, "the flush returned before the NIC was resumed");
+    assert_same(&results[1].1.clone().expect("rank 1's buffer"), &payload, "the put");
+}
+
+/// Host modes: a dropped channel's proxy id is given back, so a program that makes and drops channels goes on
+/// past the 65,536 ids a trigger can name (each `with_max_wqe_bytes` registers a channel of its own); the
+/// channels made last still deliver. Before, ids were never given back: the 65,536th registration failed, and so
+/// did every later one, on any connection.
+#[test]
+fn host_modes_give_dropped_channels_ids_back() {
+    const MADE: u64 = 70_000;
+    let payload = random_bytes(&mut rng(), 64);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let me = comm.rank();
+            let link = link(&comm, mode, 4096);
+            fill(&link._src, &payload);
+            let made = (0..MADE).try_for_each(|k| link.chan.clone().with_max_wqe_bytes(1 + k % 64).map(drop));
+            barrier.wait();
+            let sent = (me == 0 && made.is_ok()).then(|| {
+                let chan = link.chan.clone().with_max_wqe_bytes(16).unwrap();
+                let h = chan.device_handle();
+                let mut ch = exclusive(&h);
+                (h.channel_id, ch.put_with_signal(0, 0, 64), ch.flush())
+            });
+            barrier.wait();
+            let landed = (me == 1).then(|| (contents(link.landing.as_ref().unwrap()), link._sem.inbound().unwrap()));
+            barrier.wait();
+            (made.map_err(|e| e.to_string()), sent, landed)
+        });
+        for (rank, (made, ..)) in results.iter().enumerate() {
+            assert_eq!(made, &Ok(()), "{mode:?}: rank {rank}'s {MADE} registrations");
+        }
+        let (id, put, flush) = results[0].1.expect("rank 0's put");
+        assert!(id < 1 << 16, "{mode:?}: id {id}");
+        assert_eq!((put, flush), (Ok(()), Ok(())), "{mode:?}: the last channel's put_with_signal");
+        let (landing, inbound) = results[1].2.clone().expect("rank 1's buffer");
+        assert_same(&landing[..64], &payload, &format!("{mode:?}: the put"));
+        assert_eq!(inbound, 1, "{mode:?}: one signal");
     }
 }

@@ -948,7 +948,7 @@ proptest! {
         if bytes <= 64 * KIB {
             prop_assert_eq!(c, bytes.max(1));
         } else {
-            prop_assert!(c % (4 * KIB) == 0 && (64 * KIB..=4096 * KIB).contains(&c), "chunk {}", c);
+            prop_assert!(c.is_multiple_of(4 * KIB) && (64 * KIB..=4096 * KIB).contains(&c), "chunk {}", c);
             let chunks = |c: u64| bytes.div_ceil(c);
             if c < 4096 * KIB {
                 prop_assert!(chunks(c) <= 8, "{} bytes in {} chunks of {}", bytes, chunks(c), c);

@@ -365,7 +365,14 @@ impl Communicator {
             )));
         }
         Ok(Semaphore {
-            inner: Arc::new(SemInner { inbound_mr, conn: conn.clone(), remote_inbound, inbound, expected }),
+            inner: Arc::new(SemInner {
+                inbound_mr,
+                conn: conn.clone(),
+                remote_inbound,
+                inbound,
+                expected,
+                proxy_count: Arc::default(),
+            }),
         })
     }
 }

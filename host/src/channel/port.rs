@@ -1,5 +1,6 @@
 //! Port channels (MSCCL++ `PortChannel`): what a channel binds together, and its device handle.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gdaki_shared::channel::PortChannelHandle;
@@ -11,6 +12,7 @@ use super::config::IbMode;
 use super::connection::Connection;
 use super::memory::{RegisteredMemory, RemoteMemory};
 use super::semaphore::Semaphore;
+use crate::proxy::service::Registration;
 
 /// A port channel (MSCCL++ `PortChannel`): a connection's QP, a semaphore on it, the peer's memory `put`
 /// writes into and the local memory it reads from. Device code gets it as a [`PortChannelHandle`]
@@ -39,12 +41,14 @@ pub struct PortChannel {
 }
 
 /// What registering a channel with the proxy gave it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Proxied {
     fifo: FifoHandle,
     err: u64,
     mode: u32,
     id: u32,
+    /// Gives the id back when the last clone of this registration goes.
+    _registration: Arc<Registration>,
 }
 
 impl PortChannel {
@@ -69,7 +73,9 @@ impl PortChannel {
     /// [`Error::InvalidArgument`] when `sem` was built on another connection (its signals would not be ordered
     /// after this channel's puts), `dst` is another rank's memory than `conn`'s peer's, or `src` was
     /// registered by another communicator (its key means nothing to this QP's NIC); in the Host modes,
-    /// [`Error::InvalidArgument`] past the proxy's 65,536 channels, and allocation errors.
+    /// [`Error::InvalidArgument`] when the proxy serves 65,536 channels at once (a dropped channel's id is given
+    /// back to it once the triggers pushed for it are done), and allocation errors. Keep the channel while
+    /// kernels may use its handle.
     pub fn new(conn: &Connection, sem: &Semaphore, dst: RemoteMemory, src: &RegisteredMemory) -> Result<Self> {
         let what = format!("port channel on QP {:#x} to rank {}", conn.qpn(), conn.peer());
         if !sem.connection().same(conn) {
@@ -115,15 +121,24 @@ impl PortChannel {
             IbMode::HostNoAtomic => mode::HOST_NO_ATOMIC,
             _ => mode::HOST,
         };
-        let h = proxy.register(self.conn.proxy_qp(), self.device_handle(), mode)?;
-        let proxied = Some(Proxied { fifo: h.fifo, err: h.proxy_err, mode, id: h.channel_id });
+        let (h, registration) =
+            proxy.register(self.conn.proxy_qp(), self.device_handle(), mode, self.sem.inner.proxy_count.clone())?;
+        let proxied = Some(Proxied {
+            fifo: h.fifo,
+            err: h.proxy_err,
+            mode,
+            id: h.channel_id,
+            _registration: Arc::new(registration),
+        });
         Ok(Self { proxied, ..self })
     }
 
-    /// This channel with puts split into RDMA WRITEs of at most `bytes` each.
+    /// This channel with puts split into RDMA WRITEs of at most `bytes` each (in the Host modes a channel of
+    /// its own for the proxy, which splits the puts: registered again, with a new id).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] unless `1 <= bytes <=` [`MAX_WQE_BYTES`](Self::MAX_WQE_BYTES).
+    /// [`Error::InvalidArgument`] unless `1 <= bytes <=` [`MAX_WQE_BYTES`](Self::MAX_WQE_BYTES); in the Host
+    /// modes, as [`PortChannel::new`].
     pub fn with_max_wqe_bytes(self, bytes: u64) -> Result<Self> {
         if bytes == 0 || bytes > Self::MAX_WQE_BYTES {
             return Err(Error::InvalidArgument(format!(
@@ -182,7 +197,10 @@ impl PortChannel {
     /// scratch word), `max_wqe_bytes`, `timeout_ns`, `blue_flame_limit`. Plain data to copy into kernel
     /// arguments or device memory; the addresses in it stay valid while this channel lives.
     pub fn device_handle(&self) -> PortChannelHandle {
-        let p = self.proxied.unwrap_or(Proxied { fifo: FifoHandle::default(), err: 0, mode: mode::DEVICE, id: 0 });
+        let (fifo, err, proxy, id) = self
+            .proxied
+            .as_ref()
+            .map_or((FifoHandle::default(), 0, mode::DEVICE, 0), |p| (p.fifo, p.err, p.mode, p.id));
         PortChannelHandle {
             qp: self.conn.qp_handle_addr(),
             dst: self.dst.remote(),
@@ -194,10 +212,10 @@ impl PortChannel {
             max_wqe_bytes: self.max_wqe_bytes,
             timeout_ns: self.timeout_ns,
             blue_flame_limit: self.blue_flame_limit,
-            fifo: p.fifo,
-            proxy_err: p.err,
-            proxy: p.mode,
-            channel_id: p.id,
+            fifo,
+            proxy_err: err,
+            proxy,
+            channel_id: id,
             peer_plus_one: self.conn.peer() + 1,
             pad: 0,
         }

@@ -2,6 +2,7 @@
 //! advances through the connection (RDMA fetch-adds; in HostNoAtomic, RDMA WRITEs of the new count), and the
 //! count this side expects.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use gdaki_shared::handle::RemoteMr;
@@ -43,6 +44,10 @@ pub(super) struct SemInner {
     pub(super) inbound: DataBuf,
     /// The expected count, at offset 0.
     pub(super) expected: DataBuf,
+    /// HostNoAtomic: how many signals this side has sent, the value the proxy writes to the peer's inbound
+    /// word with the next one. The semaphore's own (a new semaphore counts from 0, as its peer's word does),
+    /// shared by the channels on it through the proxy's registrations.
+    pub(super) proxy_count: Arc<AtomicU64>,
 }
 
 impl Semaphore {

@@ -10,4 +10,4 @@ pub mod fifo;
 pub mod service;
 
 pub use fifo::DEFAULT_FIFO_SIZE;
-pub use service::{ProxyService, VENDOR_PROXY_POST, VENDOR_PROXY_UNKNOWN_CHANNEL};
+pub use service::{ProxyService, VENDOR_PROXY_FLUSH, VENDOR_PROXY_POST, VENDOR_PROXY_UNKNOWN_CHANNEL};

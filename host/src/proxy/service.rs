@@ -33,19 +33,26 @@ pub const VENDOR_PROXY_POST: u8 = 0x80;
 /// proxy has goes to that channel: nothing tells them apart.) Not a NIC's code.
 pub const VENDOR_PROXY_UNKNOWN_CHANNEL: u8 = 0x81;
 
+/// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), when a FLUSH trigger's
+/// WQEs had not completed as the proxy stopped (it waits for them as long as it runs, however long the NIC
+/// takes, since a FLUSH is done only once they have): not a NIC's code.
+pub const VENDOR_PROXY_FLUSH: u8 = 0x82;
+
 /// Triggers the proxy handles before it rings the doorbells of the QPs it posted to, when the FIFO does not
 /// run empty first (MSCCL++'s proxy also posts several work requests per doorbell).
 const DOORBELL_BATCH: u32 = 32;
 
 /// One channel as the proxy knows it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct ChannelEntry {
     handle: PortChannelHandle,
     /// Index of its QP in the registry.
     qp: usize,
     no_atomic: bool,
-    /// Index of its semaphore's outbound counter (HostNoAtomic signals write the counter's new value).
-    counter: usize,
+    /// Its semaphore's outbound count (HostNoAtomic signals write the count's new value): the semaphore's own,
+    /// shared by every channel on it and by nothing else, so that a semaphore made later, even one whose peer
+    /// word has the address and key of a dropped one, counts from 0 as its peer's inbound word does.
+    counter: Arc<AtomicU64>,
 }
 
 /// A QP the proxy is to post to: its handle as the NIC made it (nothing posted yet), and what keeps the QP
@@ -75,16 +82,29 @@ impl std::fmt::Debug for QpEntry {
 /// What the proxy learns of while it runs: registrations, and the request to stop.
 #[derive(Debug, Default)]
 struct Registry {
-    channels: Vec<ChannelEntry>,
+    /// By channel id; `None` for an id given back.
+    channels: Vec<Option<ChannelEntry>>,
     qps: Vec<QpEntry>,
-    counters: usize,
+    /// Ids given back and free to take again.
+    free: Vec<u32>,
+    /// Ids of channels dropped since the worker last looked ([`Worker::retire`]).
+    retiring: Vec<u32>,
+    /// Ids dropped and not yet free (in `retiring` or the worker's `draining`).
+    pending: usize,
 }
+
+/// Most channels a proxy serves at a time: ids are 16 bits in a trigger.
+const MAX_CHANNELS: usize = 1 << 16;
 
 #[derive(Debug)]
 struct Shared {
     registry: Mutex<Registry>,
-    /// Channels registered so far, for `Debug` (which takes no lock).
+    /// Channels registered now, for `Debug` (which takes no lock).
     registered: AtomicUsize,
+    /// Set when a channel is dropped, for the worker to give its id back.
+    retire: AtomicBool,
+    /// Bound of [`ProxyService::register`]'s wait for an id being given back.
+    timeout: Duration,
     stop: AtomicBool,
     /// Triggers done so far, for [`ProxyService::done`].
     done: AtomicU64,
@@ -125,6 +145,8 @@ impl ProxyService {
         let shared = Arc::new(Shared {
             registry: Mutex::new(Registry::default()),
             registered: AtomicUsize::new(0),
+            retire: AtomicBool::new(false),
+            timeout,
             stop: AtomicBool::new(false),
             done: AtomicU64::new(0),
         });
@@ -138,22 +160,41 @@ impl ProxyService {
     }
 
     /// Registers a channel whose WQEs this proxy posts; returns its device handle completed with the FIFO,
-    /// the channel id and the QP's error word. `handle` is the channel's Device-mode handle; `proxy_mode` is
-    /// [`mode::HOST`] or [`mode::HOST_NO_ATOMIC`].
+    /// the channel id and the QP's error word, and the registration, which gives the id back when dropped. `handle` is the channel's Device-mode handle; `proxy_mode` is
+    /// [`mode::HOST`] or [`mode::HOST_NO_ATOMIC`]; `sem_count` is the outbound count of the channel's
+    /// semaphore (HostNoAtomic), which every channel on that semaphore passes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] past 65,536 channels (ids are 16 bits); allocation errors.
+    /// [`Error::InvalidArgument`] when 65,536 channels are registered at once (ids are 16 bits) and none of
+    /// those dropped is given back within the proxy's timeout; allocation errors.
     pub(crate) fn register(
         &self,
         qp: ProxyQp,
         mut handle: PortChannelHandle,
         proxy_mode: u32,
-    ) -> Result<PortChannelHandle> {
+        sem_count: Arc<AtomicU64>,
+    ) -> Result<(PortChannelHandle, Registration)> {
         let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
-        let id = reg.channels.len();
-        if id > u16::MAX as usize {
-            return Err(Error::InvalidArgument("a proxy serves at most 65,536 channels".into()));
-        }
+        let deadline = std::time::Instant::now() + self.shared.timeout;
+        let id = loop {
+            if let Some(id) = reg.free.pop() {
+                break id as usize;
+            }
+            if reg.channels.len() < MAX_CHANNELS {
+                reg.channels.push(None);
+                break reg.channels.len() - 1;
+            }
+            // Every id is taken: wait for the worker to give back one of a dropped channel, if any.
+            if reg.pending == 0 || std::time::Instant::now() > deadline {
+                return Err(Error::InvalidArgument(format!(
+                    "a proxy serves at most {MAX_CHANNELS} channels at a time ({} dropped ones not yet given back)",
+                    reg.pending
+                )));
+            }
+            drop(reg);
+            std::thread::sleep(Duration::from_micros(50));
+            reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        };
         let qp = match reg.qps.iter().position(|q| q.qp.key == qp.key) {
             Some(q) => q,
             None => {
@@ -162,23 +203,14 @@ impl ProxyService {
                 reg.qps.len() - 1
             }
         };
-        // Channels that signal one semaphore share its counter, so that HostNoAtomic values keep counting.
-        let same_sem =
-            |c: &ChannelEntry| bytemuck::bytes_of(&c.handle.remote_sem) == bytemuck::bytes_of(&handle.remote_sem);
-        let counter = match reg.channels.iter().find(|c| same_sem(c)) {
-            Some(c) => c.counter,
-            None => {
-                reg.counters += 1;
-                reg.counters - 1
-            }
-        };
         handle.fifo = self.fifo;
         handle.proxy = proxy_mode;
         handle.channel_id = id as u32;
         handle.proxy_err = reg.qps[qp].err.device_addr();
-        reg.channels.push(ChannelEntry { handle, qp, no_atomic: proxy_mode == mode::HOST_NO_ATOMIC, counter });
-        self.shared.registered.store(reg.channels.len(), Ordering::Release);
-        Ok(handle)
+        let no_atomic = proxy_mode == mode::HOST_NO_ATOMIC;
+        reg.channels[id] = Some(ChannelEntry { handle, qp, no_atomic, counter: sem_count });
+        self.shared.registered.fetch_add(1, Ordering::Relaxed);
+        Ok((handle, Registration { shared: self.shared.clone(), id: id as u32 }))
     }
 
     /// The FIFO's device handle.
@@ -189,6 +221,27 @@ impl ProxyService {
     /// Triggers the proxy has done so far.
     pub fn done(&self) -> u64 {
         self.shared.done.load(Ordering::Acquire)
+    }
+}
+
+/// A channel's registration with a proxy ([`ProxyService::register`]). Dropping it gives the channel's id back
+/// once every trigger pushed for it before may have been done: the worker takes the id at a moment the FIFO is
+/// empty and frees it at a later such moment ([`Worker::retire`]). Until then the channel's triggers are still
+/// posted as registered; after, a trigger with its id (from a kernel still using a dropped channel) names no
+/// channel, or a newer channel that took the id.
+#[derive(Debug)]
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    id: u32,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        reg.retiring.push(self.id);
+        reg.pending += 1;
+        self.shared.registered.fetch_sub(1, Ordering::Relaxed);
+        self.shared.retire.store(true, Ordering::Release);
     }
 }
 
@@ -244,6 +297,36 @@ impl Lane {
         }
     }
 
+    /// Waits until every WQE posted on this QP has completed (ringing what is unrung), reporting an error CQE.
+    /// A wait that times out while the proxy runs is tried again: the NIC has not completed the WQEs yet (a
+    /// stalled peer; a dead one ends in an error CQE after the transport's retries), and a FLUSH may be
+    /// counted done only once it has. Once the proxy is stopping, a timeout is reported as
+    /// [`VENDOR_PROXY_FLUSH`]; any other failure as [`VENDOR_PROXY_POST`].
+    fn flush(&mut self, stop: &AtomicBool) {
+        self.unrung = false;
+        let vendor = loop {
+            match self.qp.flush() {
+                Ok(()) => break None,
+                Err(gdaki_device::Error::Cqe(e)) => {
+                    self.report(e);
+                    break None;
+                }
+                Err(gdaki_device::Error::Timeout(_)) if !stop.load(Ordering::Acquire) => {
+                    tracing::debug!(qpn = self.qp.handle().qpn, "proxy flush still waiting for the NIC");
+                }
+                Err(gdaki_device::Error::Timeout(_)) => break Some(VENDOR_PROXY_FLUSH),
+                Err(e) => {
+                    tracing::warn!(qpn = self.qp.handle().qpn, "proxy flush failed: {e}");
+                    break Some(VENDOR_PROXY_POST);
+                }
+            }
+        };
+        if let Some(vendor_err_synd) = vendor {
+            self.report(CqeError { syndrome: syndrome::WR_FLUSH_ERR, vendor_err_synd, wqe_counter: 0 });
+        }
+        self.report_cqe();
+    }
+
     fn outstanding(&self) -> bool {
         let h = self.qp.handle();
         h.sq.ci < h.sq.pi
@@ -262,14 +345,16 @@ struct Worker {
     shared: Arc<Shared>,
     fifo: Fifo,
     timeout_ns: u64,
-    channels: Vec<ChannelEntry>,
+    /// The registry's channels as of the last look.
+    channels: Vec<Option<ChannelEntry>>,
     lanes: Vec<Lane>,
-    counters: Vec<u64>,
+    /// Ids of dropped channels taken from the registry at the last moment the FIFO was empty, freed at the next.
+    draining: Vec<u32>,
 }
 
 impl Worker {
     fn new(shared: Arc<Shared>, fifo: Fifo, timeout_ns: u64) -> Self {
-        Self { shared, fifo, timeout_ns, channels: Vec::new(), lanes: Vec::new(), counters: Vec::new() }
+        Self { shared, fifo, timeout_ns, channels: Vec::new(), lanes: Vec::new(), draining: Vec::new() }
     }
 
     /// Takes the registrations made since the last look (the only place that locks).
@@ -279,7 +364,6 @@ impl Worker {
         for e in &reg.qps[self.lanes.len()..] {
             self.lanes.push(Lane::new(e, self.timeout_ns));
         }
-        self.counters.resize(reg.counters, 0);
     }
 
     fn run(mut self) {
@@ -302,6 +386,7 @@ impl Worker {
             self.ring_all();
             batch = 0;
             self.progress();
+            self.retire();
             if self.shared.stop.load(Ordering::Acquire) && self.fifo.peek().is_none() {
                 self.drain();
                 return;
@@ -327,23 +412,43 @@ impl Worker {
         }
     }
 
+    /// Gives back the ids of dropped channels, called when the FIFO is empty: the ids taken from the registry at
+    /// the last such call are freed now (every trigger pushed before their channels were dropped, before that
+    /// call, has been done since), and those dropped since are taken, to be freed at the next call.
+    fn retire(&mut self) {
+        if !self.draining.is_empty() {
+            let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+            for &id in &self.draining {
+                reg.channels[id as usize] = None;
+                if let Some(c) = self.channels.get_mut(id as usize) {
+                    *c = None;
+                }
+            }
+            reg.pending -= self.draining.len();
+            reg.free.append(&mut self.draining);
+        }
+        if self.shared.retire.swap(false, Ordering::AcqRel) {
+            let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+            self.draining.append(&mut reg.retiring);
+        }
+    }
+
     /// On stop: waits until every WQE posted has completed, reporting errors.
     fn drain(&mut self) {
+        let stop = &self.shared.stop;
         for l in &mut self.lanes {
-            if let Err(gdaki_device::Error::Cqe(e)) = l.qp.flush() {
-                l.report(e);
-            }
+            l.flush(stop);
         }
     }
 
     fn handle(&mut self, t: Trigger) {
         let id = t.channel() as usize;
-        if id >= self.channels.len() {
+        if self.channels.get(id).is_none_or(Option::is_none) {
             // A channel registered since the last look, or none: either way the QPs registered so far are the
             // ones an unknown channel's error goes to.
             self.refresh();
         }
-        let Some(&ch) = self.channels.get(id) else {
+        let Some(ch) = self.channels.get(id).cloned().flatten() else {
             tracing::warn!(channel = id, "proxy trigger for an unknown channel dropped: every QP of the proxy fails");
             let e = CqeError {
                 syndrome: syndrome::WR_FLUSH_ERR,
@@ -367,11 +472,7 @@ impl Worker {
         }
         if ops & Trigger::FLUSH != 0 {
             lane.ring();
-            lane.unrung = false;
-            if let Err(gdaki_device::Error::Cqe(e)) = lane.qp.flush() {
-                lane.report(e);
-            }
-            lane.report_cqe();
+            lane.flush(&self.shared.stop);
         }
     }
 
@@ -400,10 +501,11 @@ impl Worker {
         if ops & Trigger::SIGNAL != 0 {
             if ch.no_atomic {
                 // HostNoAtomic: the semaphore's new value, inline in the WQE (MSCCL++ writes its outbound token).
-                let n = &mut self.counters[ch.counter];
-                *n += 1;
+                // Only this thread writes the count; the semaphore's other holders only keep it alive.
+                let n = ch.counter.load(Ordering::Relaxed) + 1;
                 let r = remote(&h.remote_sem, 0, 8)?;
                 let _ = lane.qp.post_write_inline(false, r, &n.to_ne_bytes())?;
+                ch.counter.store(n, Ordering::Relaxed);
             } else {
                 let (r, l) = atomic_target(&h.remote_sem, 0, &h.scratch, 0)?;
                 let _ = lane.qp.post(false, wqe::atomic_fetch_add(r, l, 1)?)?;
