@@ -3,10 +3,11 @@
 //! posts the work through the NIC's host path.
 //!
 //! Protocol (indices are 64-bit counts of triggers):
-//! - A pusher takes index `i` with an atomic add on `head` (device memory), waits until `i < tail + size`
-//!   (reading `tail_cache`, and `tail` only when the cache says the ring is full), and stores the trigger in
-//!   slot `i % size`: word 0, then word 1 (which holds [`Trigger::VALID`]) with release order, so that a word 1
-//!   with the valid bit means the whole trigger and everything the pusher stored before it are visible.
+//! - A pusher takes index `i` with a compare-and-swap of `head` (device memory) from `i` to `i + 1`, and only
+//!   while `i < tail + size` (checked by `tail_cache`, and by `tail` only when the cache says the ring is full),
+//!   so that a push that gives up has taken no index and leaves no hole. It then stores the trigger in slot
+//!   `i % size`: word 0, then word 1 (which holds [`Trigger::VALID`]) with release order, so that a word 1 with
+//!   the valid bit means the whole trigger and everything the pusher stored before it are visible.
 //! - The proxy waits for the valid bit in slot `tail % size`, executes the trigger, zeroes the slot, and stores
 //!   `tail + 1` to `tail` with release order. A trigger with [`Trigger::FLUSH`] is counted in `tail` only once
 //!   every WQE the proxy posted for that QP has completed, so a pusher that waits for `tail > i` after pushing
@@ -108,7 +109,7 @@ impl Trigger {
 pub struct FifoHandle {
     /// Address of the ring of `size` [`Trigger`]s (pinned host memory mapped into the GPU), 16-byte aligned.
     pub triggers: u64,
-    /// Address of the 64-bit push counter (device memory): triggers taken so far.
+    /// Address of the 64-bit push counter (device memory): indices taken so far.
     pub head: u64,
     /// Address of the 64-bit pop counter the proxy advances (pinned host memory): triggers done so far.
     pub tail: u64,
