@@ -432,3 +432,94 @@ fn mirror_slots_come_back_when_qps_are_destroyed() {
     }
     assert!(nic.stats().ring_mirrored >= 20, "{:?}", nic.stats());
 }
+
+/// A GPU copier that does nothing (host queues and host MRs never reach it) but can hold the executor in
+/// `order_by(Some(qpn))`, which `sq::poll` calls after it read a QP's doorbell register and before it takes the
+/// BlueFlame words: the moment a descheduled executor thread is in, made to last.
+#[derive(Default)]
+struct GateCopier {
+    armed: std::sync::atomic::AtomicBool,
+    entered: std::sync::atomic::AtomicBool,
+    open: std::sync::atomic::AtomicBool,
+}
+
+impl gdaki::mem::GpuCopier for GateCopier {
+    unsafe fn copy_async(&self, _: gdaki::mem::MemLoc, _: gdaki::mem::MemLoc, _: usize) -> gdaki::Result<()> {
+        Err(gdaki::Error::InvalidArgument("no GPU".into()))
+    }
+    unsafe fn write_async(&self, _: gdaki::mem::MemLoc, _: &[u8], _: bool) -> gdaki::Result<()> {
+        Err(gdaki::Error::InvalidArgument("no GPU".into()))
+    }
+    unsafe fn atomic_async(
+        &self,
+        _: gdaki::mem::MemLoc,
+        _: gdaki::mem::AtomicOp,
+        _: gdaki::mem::MemLoc,
+    ) -> gdaki::Result<()> {
+        Err(gdaki::Error::InvalidArgument("no GPU".into()))
+    }
+    fn synchronize(&self) -> gdaki::Result<()> {
+        Ok(())
+    }
+    fn order_by(&self, qp: Option<u32>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if qp.is_some() && self.armed.swap(false, SeqCst) {
+            self.entered.store(true, SeqCst);
+            while !self.open.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    fn device_code_on_gpu(&self) -> bool {
+        false
+    }
+    fn alloc(&self, _: usize) -> gdaki::Result<gdaki::mem::GpuMem> {
+        Err(gdaki::Error::InvalidArgument("no GPU".into()))
+    }
+}
+
+/// Device code posts one 8-byte inline WRITE per WQE by BlueFlame, each rung alone (what `Qp::post_bf` does):
+/// WQE `i` writes `i + 1` to slot `i`. The executor reads WQE 0's doorbell and is held (as a descheduled thread
+/// is) before it takes the register's words; meanwhile WQEs 1..=256 are posted the same way. WQE 256's words are
+/// in the register then, and its tag (the low byte of its index) is WQE 0's: they must not be taken for WQE 0.
+#[test]
+fn a_blueflame_write_256_wqes_later_is_not_taken_for_the_doorbell_read_before_it() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let gate = Arc::new(GateCopier::default());
+    let cfg = EmuConfig { gpu: Some(gate.clone()), ..EmuConfig::host() };
+    let p = Pair::with_config(cfg, 512, 512);
+    let n = 257usize;
+    let dst = GuardedBuf::new(8 * n, 0);
+    let mr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut sq = Sq::new(&p.a);
+    let mut cq = CqPoll::new(&p.cq_a);
+    let post = |sq: &mut Sq, i: usize| {
+        let fm = if i + 1 == n { SIGNALED } else { 0 };
+        let v = (i as u64 + 1).to_ne_bytes();
+        let w = sq.inline_write(opcode::RDMA_WRITE, fm, &v, mr.loc().addr + 8 * i as u64, mr.rkey(), 0);
+        assert_eq!(w.len(), 48, "one WQEBB, ds 3");
+        let at = sq.put_bytes(&w);
+        sq.dbrec();
+        sq.blueflame(at);
+    };
+    gate.armed.store(true, SeqCst);
+    post(&mut sq, 0);
+    wait_until("the executor to read WQE 0's doorbell", || gate.entered.load(SeqCst));
+    for i in 1..n {
+        post(&mut sq, i);
+    }
+    gate.open.store(true, SeqCst);
+    wait_until("the NIC to consume every WQE", || p.a.sq_consumed() == n as u64);
+    let cqes: Vec<u16> = std::iter::from_fn(|| cq.poll()).map(|c| c.wqe_counter.get()).collect();
+    let got: Vec<u64> = (0..n).map(|i| dst.u64_at(8 * i)).collect();
+    let want: Vec<u64> = (1..=n as u64).collect();
+    let wrong: Vec<(usize, u64)> =
+        got.iter().enumerate().filter(|(i, &v)| v != want[*i]).map(|(i, &v)| (i, v)).collect();
+    assert!(
+        wrong.is_empty(),
+        "slots with the wrong value (slot, value): {wrong:?}; CQEs for WQEs {cqes:?}; stats {:?}",
+        p.nic.stats()
+    );
+    assert_eq!(cqes, [(n - 1) as u16], "one CQE, for the one signaled WQE");
+    assert_eq!(p.nic.stats().blueflame_mismatches, 0);
+}

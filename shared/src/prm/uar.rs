@@ -25,8 +25,9 @@ const _: () = assert!(BF_OFFSET + BF_BUF_SIZE <= UAR_PAGE_SIZE && BF_WRITE_SIZE 
 /// cannot tell, from the words alone, a complete write of this WQE from words another write left there (a
 /// plain doorbell stores word 0 only) or words of the next write arriving while it reads. Device code stores
 /// words 1..8 first, word 1 (this tag) first of all, and word 0 last; the emulated NIC takes the WQE from the
-/// register only when word 0 names the next WQE it expects and word 1, read after the others, carries that
-/// WQE's tag. Hardware ignores the byte: the PRM gives `signature` a meaning only on a QP created with WQE
+/// register only when word 0 names the next WQE it expects, word 1, read after the others, carries that
+/// WQE's tag, and word 0 still names it after that read (the tag alone cannot tell WQE `idx` from `idx + 256`).
+/// Hardware ignores the byte: the PRM gives `signature` a meaning only on a QP created with WQE
 /// signatures (`wq_signature` in the QPC; rdma-core's mlx5 provider and the kernel compute it only then),
 /// which gdaki never enables. The copy of the WQE in the SQ ring keeps its own byte 8.
 #[inline(always)]

@@ -376,11 +376,15 @@ fn check_dbrec(fab: &Fabric, qp: &QpInner, word: u32, pi: u64) {
 /// NIC leaves in them, so that a word that differs was stored since), word 1 last. Returns the register's 64
 /// bytes when they are a whole write of the WQE `db` announces, as [`blueflame_word1`] describes it: word 0
 /// names the next WQE (`consumed`; a later index means doorbells the NIC never saw, whose words may still be
-/// in the register), the WQE fits the register (`ds` 1..=4), every word its `ds` covers was stored, and word 1
-/// carries its tag. Then the `signature` byte is given back the ring copy's value (zero, as gdaki and rdma-core
-/// build WQEs). Otherwise `None`, and the WQEs are read from the ring, where software must have written them
-/// too (hardware falls back to the ring the same way; [`Stats::blueflame_fallbacks`] counts the register's
-/// words that were written but not used).
+/// in the register), the WQE fits the register (`ds` 1..=4), every word its `ds` covers was stored, word 1
+/// carries its tag, and word 0, loaded again once word 1 is taken, still holds `db`. The last check is for the
+/// tag's 8 bits: while the NIC is between its read of `db` and its swaps (a descheduled thread), posters may
+/// write WQEs `idx + 1 ..= idx + 256` by BlueFlame, and the last one's words carry `idx`'s tag; each of those
+/// writes stored its own word 0 (a WQE index repeats only 65,536 WQEs later, beyond any ring), so a word 0 that
+/// still holds `db` means the words taken were stored for `db`. Then the `signature` byte is given back the
+/// ring copy's value (zero, as gdaki and rdma-core build WQEs). Otherwise `None`, and the WQEs are read from
+/// the ring, where software must have written them too (hardware falls back to the ring the same way;
+/// [`Stats::blueflame_fallbacks`] counts the register's words that were written but not used).
 ///
 /// A write that stored words past the register (the handle's `bf_size` is one WQEBB) fails the QP instead:
 /// `Err` with [`vendor::BLUEFLAME_TOO_LARGE`]; so does any write to the register of a doorbell-only UAR
@@ -421,7 +425,9 @@ fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Result<
     let whole = ctrl.wqe_index() == consumed as u16
         && (1..=SEGS_PER_WQEBB as u8).contains(&ctrl.ds())
         && words[1..covered].iter().all(|&v| v != sentinel)
-        && blueflame_tagged(db, words[1]);
+        && blueflame_tagged(db, words[1])
+        // After the swaps (acquire): a write stored since the doorbell's read has replaced word 0.
+        && qmem::load_u64(&qp.uar, BF_OFFSET, Ordering::Acquire) == db;
     if !whole {
         bump(&fab.stats.blueflame_fallbacks);
         tracing::debug!(
