@@ -242,8 +242,11 @@ impl<'a> Qp<'a> {
     /// reserved and the first `ds` segments stored.
     ///
     /// # Errors
-    /// As [`Qp::post`]; [`InvalidArgument::Length`] for a `ds` of 0 or more than `N`, or one whose WQEBBs
-    /// outnumber the ring's.
+    /// As [`Qp::post`]; [`InvalidArgument::Length`] for a `ds` of 0, more than `N`, or more than
+    /// [`MAX_DS`](wqe::MAX_DS) (4 WQEBBs, the largest WQE a builder makes, and the largest the room
+    /// accounting covers: a CQE frees the ring up to the WQEBB it names, the WQE's first, and the rest of its
+    /// WQE only with the next CQE, so a larger WQE on a small ring could wait out the timeout for room that is
+    /// free). Nothing is posted then.
     ///
     /// # Safety
     /// Nothing checks the segments. A real NIC executes what they say: a data segment with bit 31 set sends
@@ -256,7 +259,7 @@ impl<'a> Qp<'a> {
         ds: u8,
         build: impl FnOnce(Ctrl) -> [Seg; N],
     ) -> Result<Ticket> {
-        if ds == 0 || ds as usize > N {
+        if ds == 0 || ds as usize > N.min(wqe::MAX_DS) {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
         self.post_segs(signaled, ds, build).map(|(t, _)| t)

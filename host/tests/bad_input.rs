@@ -1000,3 +1000,47 @@ fn a_peer_that_never_polls_its_cq_fails_write_imm_with_0x14_and_both_sides_stay_
     assert_eq!(b.handle().cq.cons_index, 16);
     assert!(dst.guards_intact());
 }
+
+/// `post_raw` refuses a WQE larger than `MAX_DS` segments (here a well-formed 39-segment RDMA WRITE of 37 SGEs,
+/// 10 WQEBBs) and posts nothing: a CQE frees the ring up to the WQEBB it names, the WQE's first, so a second such
+/// WQE on a 16-WQEBB ring waited out the timeout for room the first had freed. WQEs of `MAX_DS` segments
+/// (4 WQEBBs, 14 SGEs) posted one after the other on the same ring, each waited for, all get room and land.
+#[test]
+fn post_raw_refuses_wqes_past_max_ds_and_max_ds_wqes_keep_finding_room() {
+    const SGES: usize = 37;
+    let (src, dst) = (GuardedBuf::new(SGES * 8, 0), GuardedBuf::new(SGES * 8, 0));
+    let p = Pair::new(16, 16);
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (remote, local) = (rmr.remote(), lmr.handle());
+    // A WRITE of the first `sges` 8-byte pieces of `src` to the same place in `dst`, in `ds = 2 + sges` segments.
+    let build = move |sges: usize| {
+        move |c: gdaki_device::wqe::Ctrl| -> [Seg; SGES + 2] {
+            let mut s = [Seg::default(); SGES + 2];
+            s[0] = CtrlSeg::new(c.idx, opcode::RDMA_WRITE, 0, c.qpn, c.fm_ce_se, 2 + sges as u8, 0, Be32::ZERO).into();
+            s[1] = RaddrSeg::new(remote.addr, remote.rkey).into();
+            for k in 0..sges {
+                s[2 + k] = DataSeg::new(8, local.lkey, local.addr + 8 * k as u64).into();
+            }
+            s
+        }
+    };
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    // SAFETY: a well-formed WQE whose ctrl segment says the ds posted.
+    let big = unsafe { qp.post_raw(true, 2 + SGES as u8, build(SGES)) };
+    assert_eq!(big, inval(InvalidArgument::Length));
+    let sges = gdaki_device::wqe::MAX_DS - 2;
+    let mut rng = SmallRng::seed_from_u64(39);
+    for round in 0..12u64 {
+        let payload: Vec<u8> = (0..sges * 8).map(|_| rng.random()).collect();
+        src.write(0, &payload);
+        // SAFETY: as above.
+        let t = unsafe { qp.post_raw(true, 2 + sges as u8, build(sges)) }.unwrap();
+        assert_eq!(t, Ticket(4 * round), "the refused WQE reserved nothing; each WQE takes 4 WQEBBs");
+        qp.ring_db();
+        qp.wait(t).unwrap();
+        assert_eq!(&dst.read()[..sges * 8], &payload[..], "round {round}");
+    }
+    assert!(src.guards_intact() && dst.guards_intact());
+}
