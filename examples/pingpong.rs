@@ -202,10 +202,7 @@ fn main() -> ExitCode {
         Executor::Gpu(g) => Some(format!("{}.{}", g.driver_version().0, g.driver_version().1)),
     };
     let exec_kind = exec.kind();
-    let executor = match exec.kind() {
-        ExecutorKind::Cpu => "cpu",
-        ExecutorKind::Gpu => "gpu",
-    };
+    let executor = exec.kind().to_string();
     let max = *sizes.iter().max().unwrap_or(&8);
     let total = (warmup + args.iters) as usize;
     let (mut rows, mut passed, mut failed) = (Vec::new(), 0u64, 0u64);
@@ -316,7 +313,7 @@ fn main() -> ExitCode {
             date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             host: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map_or_else(|_| "unknown".into(), |h| h.trim().into()),
-            executor,
+            executor: &executor,
             queues: gdaki_examples::queues_label(exec_kind),
             blueflame: args.blueflame,
             device,

@@ -393,8 +393,11 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// [`sync::fence_release_sys`] (the guide's "Port channels: device side").
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero length or a range outside either memory (nothing posted);
-    /// timeouts and unexpected CQEs of the poster.
+    /// [`Error::InvalidArgument`], nothing posted: [`InvalidArgument::RemoteRange`] for a range outside the
+    /// peer's memory (checked first), [`InvalidArgument::Length`] for a zero length,
+    /// [`InvalidArgument::LocalRange`] for a range outside the local memory, and in the Host modes
+    /// [`InvalidArgument::Unsupported`] for a range past 4 GiB (triggers carry 32-bit offsets); timeouts and
+    /// unexpected CQEs of the poster.
     #[inline(always)]
     pub fn put(&mut self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {

@@ -198,7 +198,7 @@ mod host_side {
     ///
     /// # Errors
     /// A message when a dimension is 0, the block has more than 1024 threads, or the launch more than
-    /// [`MAX_HOST_THREADS`].
+    /// [`MAX_HOST_THREADS`]; or when the OS refuses to start one of the threads (none runs the kernel then).
     ///
     /// # Safety
     /// `args` must be what the kernel's contract asks for (its pointers valid host memory for the run);

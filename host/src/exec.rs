@@ -42,6 +42,16 @@ fn spread(local_rank: u32, count: usize) -> usize {
     local_rank as usize % count.max(1)
 }
 
+/// The name [`FromStr`](std::str::FromStr) takes: `cpu` or `gpu` (as the programs' `--executor` flag).
+impl std::fmt::Display for ExecutorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Cpu => "cpu",
+            Self::Gpu => "gpu",
+        })
+    }
+}
+
 /// An opened executor.
 #[derive(Clone, Debug)]
 pub enum Executor {

@@ -346,8 +346,10 @@ impl Running {
     /// [`Error::Kernel`] with the first error a thread of the kernel returned; [`Error::Device`] when
     /// `timeout` passed first (on the GPU the kernel cannot be stopped, see [`cuda::Stream::wait`]; on the
     /// `cpu` executor its threads go on, and the executor's memory dropped before they end is leaked, not
-    /// freed under them: give the launch a timeout longer than the kernel's own bounded waits);
-    /// [`Error::InvalidArgument`] for a shape the `cpu` executor refused; [`Error::Cuda`].
+    /// freed under them: give the launch a timeout longer than the kernel's own bounded waits), and when a
+    /// kernel thread panicked on the `cpu` executor (the message names the kernel and the panic);
+    /// [`Error::Unavailable`] when the OS refused to start one of the `cpu` executor's host threads (none ran
+    /// the kernel); [`Error::Cuda`].
     pub fn wait(self, timeout: Duration) -> Result<()> {
         self.finish(timeout).map(|_| ())
     }
@@ -372,7 +374,8 @@ impl Running {
                 }
                 match handle.join() {
                     Ok(Ok(wall)) => Ok(Some(wall)),
-                    Ok(Err(shape)) => return Err(Error::InvalidArgument(shape)),
+                    // The shape was checked at the launch: what is left is a thread the OS did not start.
+                    Ok(Err(why)) => return Err(Error::Unavailable(why)),
                     Err(p) => {
                         let why = p
                             .downcast_ref::<&str>()

@@ -88,6 +88,11 @@ fn executor_names_are_exact_and_errors_name_the_input() {
         host_inval(r.map(|_| ()), &["cpu or gpu", &format!("{bad:?}")]);
     }
     assert_eq!("cpu".parse::<ExecutorKind>().unwrap(), ExecutorKind::Cpu);
+    assert_eq!(
+        ("gpu".parse::<ExecutorKind>().unwrap(), ExecutorKind::Gpu.to_string()),
+        (ExecutorKind::Gpu, "gpu".into())
+    );
+    assert_eq!(ExecutorKind::Cpu.to_string(), "cpu", "printed as the flag takes it");
     match Executor::open(Some(ExecutorKind::Gpu)) {
         Ok(_) => eprintln!("this machine has a GPU"),
         Err(e @ gdaki::Error::Unavailable(_)) => one_line(&e.to_string()),

@@ -140,14 +140,6 @@ pub fn resolve_executor(kind: Option<ExecutorKind>, gpu: usize) -> Result<Execut
     Ok(exec.kind())
 }
 
-/// The name of `kind` on the command line.
-pub fn executor_name(kind: ExecutorKind) -> &'static str {
-    match kind {
-        ExecutorKind::Cpu => "cpu",
-        ExecutorKind::Gpu => "gpu",
-    }
-}
-
 /// Runs `f` on the ranks of `setup` (each with its own NIC: `setup.one_nic` is not used here) and its
 /// [`Aggregator`] for `path`: every rank as a thread of this process, or this process's rank of
 /// `setup.launch` (one process per rank; on the `gpu` executor each on the GPU of its local rank unless

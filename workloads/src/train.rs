@@ -119,8 +119,8 @@ pub struct TrainReport {
     pub nranks: u32,
     /// Where the ranks ran: `"threads of one process"`, or one process per rank and the launcher's name.
     pub ranks_in: String,
-    /// Executor name.
-    pub executor: &'static str,
+    /// Executor name (`cpu` or `gpu`).
+    pub executor: String,
     /// Aggregation path name.
     pub path: &'static str,
     /// Training and test examples.
@@ -369,7 +369,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Option<TrainReport>, String> {
             None => "threads of one process".into(),
             Some(l) => format!("one process per rank ({})", l.source),
         },
-        executor: crate::executor_name(cfg.executor),
+        executor: cfg.executor.to_string(),
         path: cfg.path.name(),
         train_examples: d.ntrain(),
         test_examples: d.test_y.len(),

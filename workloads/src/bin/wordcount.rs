@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         "gdaki wordcount (commit {}): {} mappers on the {} executor, path {}, corpus {} ({} files: {})",
         gdaki_workloads::COMMIT,
         r.nranks,
-        gdaki_workloads::executor_name(executor),
+        executor,
         args.path.name(),
         args.corpus.display(),
         r.files,

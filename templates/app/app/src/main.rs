@@ -79,11 +79,11 @@ fn rank_main(comm: &Communicator) -> gdaki::Result<Tally> {
 
 /// Runs both ranks on executor `kind` and adds what they checked to `total`.
 fn run_on(kind: ExecutorKind, total: &mut Tally) {
-    println!("two ranks on the {kind:?} executor, emulated NIC");
+    println!("two ranks on the {kind} executor, emulated NIC");
     let results = match run_ranks(&RankSetup::local(2, kind), |comm| rank_main(&comm)) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("{kind:?}: {e}");
+            eprintln!("{kind}: {e}");
             total.failed += 1;
             return;
         }
@@ -92,7 +92,7 @@ fn run_on(kind: ExecutorKind, total: &mut Tally) {
         match r.and_then(|x| x) {
             Ok(t) => (total.passed, total.failed) = (total.passed + t.passed, total.failed + t.failed),
             Err(e) => {
-                eprintln!("{kind:?}, rank {rank}: {e}");
+                eprintln!("{kind}, rank {rank}: {e}");
                 total.failed += 1;
             }
         }
