@@ -31,6 +31,7 @@ pub mod bootstrap;
 pub mod channel;
 pub mod coll;
 pub mod cuda;
+mod deadline;
 mod drop_errors;
 pub mod error;
 pub mod exec;

@@ -899,3 +899,77 @@ fn silent_rank_in_all_gather_is_named_on_every_rank() {
         assert!(got[1].1 < timeout + Duration::from_secs(2), "rank 1 after {:?}", got[1].1);
     });
 }
+
+/// `Duration::MAX` as "no bound" is no panic (it was: the deadline `Instant::now() + timeout` overflowed in
+/// `root_on`, `connect`, `barrier` and `recv`). A world of one binds and dials nothing, so its part needs no
+/// socket.
+#[test]
+fn a_timeout_of_duration_max_is_no_panic() {
+    let quiet = |f: &mut dyn FnMut()| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_ok();
+    let mut panicked = Vec::new();
+    let solo = Launch::solo(Secret::random().unwrap());
+    if !quiet(&mut || drop(Bootstrap::connect(&solo, Duration::MAX))) {
+        panicked.push("connect(solo, MAX)");
+    }
+    let mut b = Bootstrap::connect(&solo, TIMEOUT).unwrap();
+    b.set_timeout(Duration::MAX);
+    if !quiet(&mut || drop(b.barrier())) {
+        panicked.push("solo: set_timeout(MAX) then barrier()");
+    }
+    b.send(0, 7, b"x").unwrap();
+    if !quiet(&mut || drop(b.recv(0, 7))) {
+        panicked.push("solo: set_timeout(MAX) then recv()");
+    }
+    let (listener, launches) = session(2);
+    let (launches, mut listener) = (&launches, Some(listener));
+    thread::scope(|s| {
+        let one =
+            s.spawn(move || std::panic::catch_unwind(|| drop(Bootstrap::connect(&launches[1], Duration::MAX))).is_ok());
+        let l = listener.take().unwrap();
+        if !quiet(&mut || drop(Bootstrap::root_on(l.try_clone().unwrap(), &launches[0], Duration::MAX))) {
+            panicked.push("root_on(.., MAX)");
+            // Let rank 1 finish: a real root with a finite timeout.
+            drop(Bootstrap::root_on(l.try_clone().unwrap(), &launches[0], Duration::from_secs(3)));
+        }
+        if !one.join().unwrap() {
+            panicked.push("connect(rank 1, MAX)");
+        }
+    });
+    assert!(panicked.is_empty(), "panicked: {panicked:?}");
+}
+
+/// `connect` promises that "everything, waiting for the last rank included, takes at most `timeout`". A root that
+/// sends its 16-byte welcome one byte every 0.6 s (each within a per-read timeout of the time left) kept a
+/// joining rank 9.6 s with a timeout of 1 s; the welcome is now read against the deadline.
+#[test]
+fn connect_is_bounded_by_its_timeout_when_the_root_trickles_the_welcome() {
+    let (listener, launches) = session(2);
+    let launch = launches[1].clone();
+    let timeout = Duration::from_secs(1);
+    let fake_root = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 8 + 36];
+        s.read_exact(&mut hello).unwrap();
+        let mut welcome = vec![12, 0, 0, 0, 2, 0, 0, 0];
+        welcome.extend_from_slice(&1u32.to_le_bytes());
+        welcome.extend_from_slice(&2u32.to_le_bytes());
+        for b in welcome {
+            thread::sleep(Duration::from_millis(600));
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+        }
+        thread::sleep(Duration::from_secs(5));
+    });
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let t = Instant::now();
+        let r = Bootstrap::connect(&launch, timeout).map(drop).map_err(message);
+        let _ = tx.send((r, t.elapsed()));
+    });
+    match rx.recv_timeout(timeout * 3) {
+        Ok((r, took)) => assert!(took < timeout * 3, "connect took {took:?} with a timeout of {timeout:?}: {r:?}"),
+        Err(_) => panic!("connect with a timeout of {timeout:?} had not returned after {:?}", timeout * 3),
+    }
+    drop(fake_root);
+}

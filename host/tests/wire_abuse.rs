@@ -1339,3 +1339,31 @@ fn responder_refuses_more_unanswered_reads_than_the_deepest_sq_holds() {
     assert!(v.nic.executor_alive() && buf.guards_intact());
     drop(mr);
 }
+
+/// The guide's "Known limits": any connection to the listener gets a thread for up to 5 s before its hello.
+/// A stranger that sends its hello one byte per second, each within 5 s of the last, is cut off at 5 s (it was
+/// served after 9 s: the bound applied to each read, not to the hello).
+#[test]
+fn a_trickled_hello_is_cut_off_after_5_s() {
+    let v = Victim::new(Duration::from_secs(3));
+    let mut s = TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap();
+    let start = Instant::now();
+    // A well-formed hello naming a QP that does not exist: the NIC answers it with a reject once it has it all.
+    let h = hello(SMALL_NIC, FAKE_QPN, v.nic.id(), 0x00ff_fff0, 1);
+    let (head, rest) = h.split_at(9);
+    for b in head {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let _ = s.write_all(rest);
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let answered = read_frame(&mut s);
+    assert!(
+        answered.is_none(),
+        "the NIC served a hello that took {:?} to arrive (answer {:?}): more than the 5 s a stranger gets",
+        start.elapsed(),
+        answered.map(|(h, _)| (h.kind, h.w3))
+    );
+}

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::launch::{Launch, Secret};
 use super::session::{duration_ns, serve_peer, serve_root, Bootstrap, Link, Mailbox, Shared};
 use super::wire::{self, one_line, Fields, Greeting, Hello, Kind, WireError, HELLO_LEN, MAX_FRAME, VERSION};
+use crate::deadline::ReadBy;
 use crate::{Error, Result};
 
 /// Longest the root waits for a connection's hello: a stray connection that says nothing costs one thread
@@ -75,7 +76,7 @@ impl Bootstrap {
             return Err(bad(format!("rank {}: only rank 0 listens (root_on)", launch.rank)));
         }
         let timeout = timeout.max(Duration::from_millis(1));
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| launch.root.clone());
         let n = launch.world_size;
         // Non-blocking accept: the loop below also watches the deadline and the hellos.
@@ -145,16 +146,17 @@ fn check_launch(launch: &Launch) -> Result<()> {
 /// the accept loop.
 fn read_hello(stream: TcpStream, peer: SocketAddr, timeout: Duration, tx: mpsc::Sender<Arrival>) {
     let spawned = thread::Builder::new().name("gdaki-bootstrap-hello".into()).spawn(move || {
+        // The whole hello within `timeout`, however its bytes are spaced.
+        let deadline = crate::deadline::after(timeout);
         let setup = stream
             .set_nonblocking(false)
             .and_then(|()| stream.set_nodelay(true))
-            .and_then(|()| stream.set_read_timeout(Some(timeout)))
             .and_then(|()| stream.set_write_timeout(Some(timeout)));
         let greeting = match setup {
             Err(e) => Err(e.to_string()),
             // A hello is HELLO_LEN bytes; the slack lets a later protocol's longer hello get a readable
             // version reject instead of being dropped, without letting a stray make us allocate much.
-            Ok(()) => match wire::read_frame(&mut &stream, 4 + HELLO_LEN as u32 + 1024) {
+            Ok(()) => match wire::read_frame(&mut ReadBy { stream: &stream, deadline }, 4 + HELLO_LEN as u32 + 1024) {
                 Ok((kind, payload)) => Hello::decode(kind, &payload),
                 Err(e) => Err(e.to_string()),
             },
@@ -239,7 +241,7 @@ fn dial(root: &str, deadline: Instant) -> Result<TcpStream, String> {
 /// A non-root rank's side of `connect`.
 fn join(launch: &Launch, timeout: Duration) -> Result<Bootstrap> {
     let timeout = timeout.max(Duration::from_millis(1));
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::deadline::after(timeout);
     let (rank, n, root) = (launch.rank, launch.world_size, launch.root.as_str());
     let stream = loop {
         let why = match dial(root, deadline) {
@@ -259,9 +261,9 @@ fn join(launch: &Launch, timeout: Duration) -> Result<Bootstrap> {
         .set_nodelay(true)
         .and_then(|()| stream.set_write_timeout(Some(left())))
         .and_then(|()| wire::write_frame(&mut &stream, Kind::Hello, &[&hello.encode()]))
-        .and_then(|()| stream.set_read_timeout(Some(left())))
         .map_err(|e| bad(format!("rank {rank}: sending the hello to the root at {root}: {e}")))?;
-    match wire::read_frame(&mut &stream, MAX_FRAME) {
+    // The whole welcome by the deadline, however its bytes are spaced.
+    match wire::read_frame(&mut ReadBy { stream: &stream, deadline }, MAX_FRAME) {
         Ok((Kind::Welcome, payload)) => {
             let mut f = Fields(&payload);
             let (r, w) = (f.u32("rank"), f.u32("world size"));

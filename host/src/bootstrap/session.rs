@@ -397,7 +397,7 @@ impl Bootstrap {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let what = format!("all_gather #{seq}");
         self.check_unbroken(&what, None)?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = crate::deadline::after(self.timeout);
         let n = self.world_size;
         if n == 1 {
             return Ok(vec![mine.to_vec()]);
@@ -509,7 +509,7 @@ impl Bootstrap {
     pub fn recv(&self, peer: u32, tag: u32) -> Result<Vec<u8>> {
         let what = format!("recv from rank {peer} tag {tag}");
         self.check_peer(peer, &what)?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = crate::deadline::after(self.timeout);
         self.shared
             .wait(deadline, |mb| {
                 let Some(queue) = mb.p2p.get_mut(&(peer, tag)) else {

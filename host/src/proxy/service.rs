@@ -175,7 +175,7 @@ impl ProxyService {
         sem_count: Arc<AtomicU64>,
     ) -> Result<(PortChannelHandle, Registration)> {
         let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
-        let deadline = std::time::Instant::now() + self.shared.timeout;
+        let deadline = crate::deadline::after(self.shared.timeout);
         let id = loop {
             if let Some(id) = reg.free.pop() {
                 break id as usize;

@@ -14,6 +14,7 @@ use super::link::{
     read_frame, read_loop, send_packet, socket_timeout, why_text, Inbound, Link, Mailbox, HELLO_TIMEOUT, RETRY_PAUSE,
 };
 use super::packet::{self, reject, Packet, VERSION};
+use crate::deadline::{self, ReadBy};
 use crate::nic::emu::fabric::Fabric;
 use crate::nic::emu::guard::read;
 use crate::nic::emu::qp::QpState;
@@ -62,12 +63,12 @@ pub(crate) fn spawn_acceptor(
 /// The accepting end of a connection: checks the hello against the local QP it names (waiting up to
 /// `timeout` for that QP to be connected), answers, then reads frames.
 fn accept(mut stream: TcpStream, from: SocketAddr, fab: Weak<Fabric>, mb: Mailbox, timeout: Duration) {
-    let mut setup = || -> io::Result<Option<Packet<'static>>> {
+    let setup = || -> io::Result<Option<Packet<'static>>> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
         let mut body = Vec::new();
-        read_frame(&mut stream, &mut body)?;
+        // The whole hello within HELLO_TIMEOUT, however its bytes are spaced.
+        read_frame(&mut ReadBy { stream: &stream, deadline: deadline::after(HELLO_TIMEOUT) }, &mut body)?;
         Ok(match packet::decode(&body) {
             Ok(Packet::Hello { src_nic, src_qpn, dst_nic, dst_qpn, version }) => {
                 Some(Packet::Hello { src_nic, src_qpn, dst_nic, dst_qpn, version })

@@ -34,6 +34,7 @@ use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use super::packet::{self, reject, Packet, HEADER, MAX_FRAME, VERSION};
+use crate::deadline::{self, ReadBy};
 use crate::nic::emu::guard::lock;
 use crate::nic::emu::qp::Endpoint;
 
@@ -422,20 +423,8 @@ impl SpinRead {
             }
             return self.stream.read(buf);
         };
-        loop {
-            let left = d.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::ErrorKind::TimedOut.into());
-            }
-            // At least 1 ms: a zero timeout means "none" to the OS.
-            self.stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-            self.timed = true;
-            match self.stream.read(buf) {
-                // The OS's timer may end a little early: only the deadline says the peer stalled.
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => continue,
-                r => return r,
-            }
-        }
+        self.timed = true;
+        ReadBy { stream: &self.stream, deadline: d }.read(buf)
     }
 }
 
@@ -478,7 +467,7 @@ fn read_frame_bounded(r: &mut io::BufReader<SpinRead>, buf: &mut Vec<u8>, stall:
             return Ok(());
         }
     }
-    r.get_mut().deadline = Some(Instant::now() + stall);
+    r.get_mut().deadline = Some(deadline::after(stall));
     let mut len = [0u8; 4];
     fill(r, &mut len, 0, None)?;
     let n = u32::from_le_bytes(len) as usize;
@@ -508,8 +497,8 @@ fn fill(r: &mut impl Read, buf: &mut [u8], before: usize, of: Option<usize>) -> 
     Ok(())
 }
 
-/// Reads one frame body into `buf` from a socket with a read timeout (the hello exchange), refusing a length
-/// outside `HEADER..=MAX_FRAME` before allocating.
+/// Reads one frame body into `buf` (the hello exchange, through a [`ReadBy`] that bounds it in all), refusing
+/// a length outside `HEADER..=MAX_FRAME` before allocating.
 pub(super) fn read_frame(stream: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<()> {
     let mut len = [0u8; 4];
     stream.read_exact(&mut len)?;
@@ -642,13 +631,12 @@ fn attempt(link: &Link, addr: SocketAddr, timeout: Duration) -> Attempt {
         version: VERSION,
     };
     // The peer answers once its QP is connected back to us, which may take until its timeout.
-    let wait = socket_timeout(timeout).max(HELLO_TIMEOUT);
+    let answer_by = deadline::after(socket_timeout(timeout).max(HELLO_TIMEOUT));
     let mut body = Vec::new();
     let asked = stream
         .set_nodelay(true)
         .and_then(|()| send_packet(&mut stream, &hello))
-        .and_then(|()| stream.set_read_timeout(Some(wait)))
-        .and_then(|()| read_frame(&mut stream, &mut body));
+        .and_then(|()| read_frame(&mut ReadBy { stream: &stream, deadline: answer_by }, &mut body));
     if asked.is_err() {
         return Attempt::Retry;
     }
