@@ -292,7 +292,7 @@ mod host_side {
         if blocks == 0 || threads == 0 {
             return Err(format!("launch of `{name}` with grid {grid:?} and block {block:?}: a dimension is 0"));
         }
-        if threads > 1024 || blocks * threads > MAX_HOST_THREADS {
+        if threads > 1024 || blocks.saturating_mul(threads) > MAX_HOST_THREADS {
             return Err(format!(
                 "launch of `{name}` with {blocks} block(s) of {threads} threads: the cpu executor runs at most 1024 \
                  threads per block and {MAX_HOST_THREADS} in all"
@@ -356,6 +356,13 @@ mod host_side {
                 assert!(run_on_host(&k, Dim3::x(0), Dim3::x(1), (), 0).unwrap_err().contains("a dimension is 0"));
                 assert!(run_on_host(&k, Dim3::x(1), Dim3::x(1025), (), 0).unwrap_err().contains("1024 threads"));
                 assert!(run_on_host(&k, Dim3::x(9), Dim3::x(1024), (), 0).unwrap_err().contains("8192 in all"));
+            }
+            // Counts past u64 (2^96 blocks) and products past it (2^64 blocks of 2 threads) are refused, not
+            // an overflow panic.
+            for (grid, block) in
+                [(Dim3::new(u32::MAX, u32::MAX, u32::MAX), Dim3::x(1)), (Dim3::new(u32::MAX, u32::MAX, 1), Dim3::x(2))]
+            {
+                assert!(check_host_shape("k", grid, block).unwrap_err().contains("8192 in all"), "{grid:?} {block:?}");
             }
         }
 

@@ -563,7 +563,9 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE if that hit this WQE or an earlier one, however often
     /// asked and whoever polled it (the error is sticky); [`Error::Timeout`] after the QP's timeout;
-    /// [`Error::UnexpectedCqe`]; [`Error::InvalidArgument`] (`Ticket`) for a ticket this QP never issued.
+    /// [`Error::UnexpectedCqe`]; [`Error::InvalidArgument`] (`Ticket`) for a ticket at or past this QP's
+    /// producer index (one it has not issued yet). A ticket is a WQE index and carries no QP: one of another
+    /// QP that is below this QP's producer index waits for this QP's WQE of that index.
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
         self.cold(move |q| {
             if t.0 >= q.sq.pi {

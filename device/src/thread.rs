@@ -29,9 +29,10 @@ impl Dim3 {
         Dim3 { x, y: 1, z: 1 }
     }
 
-    /// `x · y · z`, as a `u64` (no overflow).
+    /// `x · y · z`, as a `u64`, saturating at `u64::MAX` (three `u32`s can make up to 2^96; `x · y` alone
+    /// always fits).
     pub const fn count(&self) -> u64 {
-        self.x as u64 * self.y as u64 * self.z as u64
+        (self.x as u64 * self.y as u64).saturating_mul(self.z as u64)
     }
 
     /// The linear number of index `i` in a box of this size: `i.x + i.y·x + i.z·x·y`.
@@ -384,6 +385,8 @@ mod tests {
         assert_eq!(d.count(), 24);
         assert_eq!(d.linear(Dim3::new(1, 2, 1)), 1 + 2 * 4 + 12);
         assert_eq!(Dim3::x(7), Dim3::new(7, 1, 1));
+        assert_eq!(Dim3::new(u32::MAX, u32::MAX, 1).count(), (u32::MAX as u64).pow(2));
+        assert_eq!(Dim3::new(u32::MAX, u32::MAX, 2).count(), u64::MAX, "saturates");
     }
 
     /// The `cpu` executor's block barrier hands the sender's words to every thread of each round, also when the

@@ -15,13 +15,15 @@
 //!
 //! Rules, checked at compile time: the first parameter is a `&Thread`; the others are plain identifiers whose
 //! types are references (`&T`, not `&mut T`: many threads hold it), raw pointers, or `DeviceRepr` values; no
-//! generics, no `async`; the return type is `()` or a `Result<(), E>` with `E: Into<gdaki_device::Error>`.
+//! generics, no `async`; the name has a lowercase letter (the descriptor is the name in upper case, which must
+//! differ from the function's), and a raw name (`r#loop`) is taken without its `r#`; the return type is `()` or
+//! a `Result<(), E>` with `E: Into<gdaki_device::Error>`.
 //! The crate that uses it needs `#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]` for the entry's ABI.
 
 use proc_macro::TokenStream;
 use proc_macro2::Span;
 use quote::{format_ident, quote};
-use syn::{parse_macro_input, spanned::Spanned, FnArg, ItemFn, Pat, Type};
+use syn::{ext::IdentExt, parse_macro_input, spanned::Spanned, FnArg, ItemFn, Pat, Type};
 
 /// How a parameter crosses the launch.
 enum Param {
@@ -73,7 +75,17 @@ fn expand(f: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
     }
 
     let name = &sig.ident;
-    let name_str = name.to_string();
+    // `r#loop` names the PTX entry `loop` and the descriptor `LOOP` (an `r#` inside either is no identifier).
+    let name_str = name.unraw().to_string();
+    if name_str.to_uppercase() == name_str {
+        return Err(syn::Error::new(
+            name.span(),
+            format!(
+                "a kernel's name needs a lowercase letter: its descriptor is `{name_str}` in upper case, the \
+                 function's own name"
+            ),
+        ));
+    }
     let entry = format_ident!("__gdaki_kernel_{}", name);
     let host = format_ident!("__gdaki_host_{}", name);
     let upper = format_ident!("{}", name_str.to_uppercase());
@@ -160,4 +172,24 @@ fn classify(ty: &Type) -> syn::Result<Param> {
         Type::Ptr(p) => Param::Pointer { elem: (*p.elem).clone(), reference: false, mutable: p.mutability.is_some() },
         other => Param::Value(other.clone()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+
+    /// A raw name is taken without its `r#` (it made `format_ident!` panic on `R#LOOP`); a name without a
+    /// lowercase letter is refused with a message (its descriptor would have been the function's own name).
+    #[test]
+    fn raw_and_upper_case_names() {
+        let f: syn::ItemFn = syn::parse_quote!(
+            pub fn r#loop(t: &Thread, n: u64) {}
+        );
+        let out = expand(&f).unwrap().to_string();
+        assert!(out.contains("export_name = \"loop\"") && out.contains("static LOOP"), "{out}");
+        let f: syn::ItemFn = syn::parse_quote!(
+            pub fn K2(t: &Thread) {}
+        );
+        assert!(expand(&f).unwrap_err().to_string().contains("needs a lowercase letter"));
+    }
 }
