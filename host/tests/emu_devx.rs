@@ -868,3 +868,20 @@ proptest::proptest! {
         }
     }
 }
+
+/// A port of 0 in INIT2RTR and RTR2RTS means "unchanged" (RST2INIT's port stays): QUERY_QP reports port 1 after
+/// both (it reported the 0 they carried).
+#[test]
+fn a_port_of_0_after_rst2init_leaves_the_port_unchanged() {
+    let t = OneQp::new();
+    let (nic, qpn) = (&t.nic, t.qpn);
+    let obj = EmuObj::Qp(qpn);
+    devx::rst2init(&**nic, &obj, qpn, &all_rights()).unwrap();
+    let port =
+        |nic: &EmuNic| devx::query_qp(nic, &obj, qpn).unwrap().get(qpc::primary_address_path(ads::VHCA_PORT_NUM));
+    assert_eq!(port(nic), 1, "after RST2INIT");
+    devx::init2rtr(&**nic, &obj, qpn, &Init2Rtr { port: 0, ..rtr(qpn, 0, nic.gid()) }).unwrap();
+    assert_eq!(port(nic), 1, "after INIT2RTR with port 0");
+    devx::rtr2rts(&**nic, &obj, qpn, &Rtr2Rts { port: 0, ..rts(0) }).unwrap();
+    assert_eq!(port(nic), 1, "after RTR2RTS with port 0");
+}

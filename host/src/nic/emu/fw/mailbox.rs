@@ -2,9 +2,12 @@
 //! the fields the command takes.
 //!
 //! A command declares the fields it takes (a list of [`Span`]s at their place in the input); every other bit
-//! of the input must be zero. A set bit inside a field the PRM names (in any of the command's layouts) but the
-//! command does not take fails with [`NOT_TAKEN`] and the field's offset; a set bit the PRM reserves (outside
-//! every named field, or past the layout) fails with [`RESERVED`] and its own offset.
+//! of the input must be zero. A set bit inside a field that gdaki's layouts name (`prm::cmd`'s `FIELDS`, in any
+//! of the command's layouts) but the command does not take fails with [`NOT_TAKEN`] and the field's offset; any
+//! other set bit (outside every field those layouts name, or past the layout) fails with [`RESERVED`] and its
+//! own offset. gdaki's layouts name the fields it uses and some next to them, not every field of the PRM:
+//! a bit of a field they leave out (`qpc.q_key`, `qpc.user_index`, ...) is reported as [`RESERVED`], with the
+//! same status.
 
 use gdaki_shared::prm::cmd::{Bytes, Field};
 
@@ -48,8 +51,8 @@ fn mark(mask: &mut [u8], s: Span) {
     }
 }
 
-/// Checks that every bit of `inbox` outside `taken` is zero. `named` and `named_bytes` are every field of the
-/// command's layouts, to tell a field the command does not take ([`NOT_TAKEN`] with the field's first bit)
+/// Checks that every bit of `inbox` outside `taken` is zero. `named` and `named_bytes` are every field gdaki's
+/// layouts of the command name, to tell a field the command does not take ([`NOT_TAKEN`] with the field's first bit)
 /// from a reserved bit ([`RESERVED`] with the bit); bytes past `size` are reserved.
 pub(super) fn check_bits(
     inbox: &[u8],

@@ -177,11 +177,13 @@ fn check_port(inbox: &[u8], unchanged: bool) -> Result<(), Fail> {
     }
 }
 
-/// Copies the `qpc` fields of `taken` from the input into the QP's `qpc` as QUERY_QP reports it.
+/// Copies the `qpc` fields of `taken` from the input into the QP's `qpc` as QUERY_QP reports it, but a port of 0,
+/// which [`check_port`] takes for "unchanged": the QP keeps the port it has.
 fn record(qp: &QpInner, inbox: &[u8], taken: &[Span]) {
     let qpc_bits = QPC..QPC + qpc::SIZE as u32 * 8;
+    let port_kept = path_get(inbox, ads::VHCA_PORT_NUM) == 0;
     let mut image = lock(&qp.qpc);
-    for s in taken.iter().filter(|s| qpc_bits.contains(&s.off)) {
+    for s in taken.iter().filter(|&&s| qpc_bits.contains(&s.off) && !(port_kept && s == path(ads::VHCA_PORT_NUM))) {
         for bit in s.off..s.off + s.bits {
             let (i, m) = (bit as usize / 8, 0x80u8 >> (bit % 8));
             let j = i - QPC as usize / 8;

@@ -29,8 +29,9 @@ pub mod cmd_syndrome {
     /// `opt_param_mask` is not 0: the emulated NIC takes no optional attributes (status `BAD_PARAM`).
     pub const OPT_PARAM_MASK: u32 = 0x0001_0005;
 
-    /// `RESERVED | bit`: a bit the PRM reserves (outside every field of the command's layouts, or past the
-    /// layout, e.g. a page list) is set; the low 24 bits are its offset (status `BAD_PARAM`).
+    /// `RESERVED | bit`: a bit outside every field gdaki's layouts of the command name (one the PRM reserves,
+    /// one of a PRM field those layouts leave out such as `qpc.q_key`, or one past the layout, e.g. a page
+    /// list) is set; the low 24 bits are its offset (status `BAD_PARAM`).
     pub const RESERVED: u32 = 0x0100_0000;
     /// `NOT_TAKEN | bit`: a field the command does not take, or that the emulated NIC does not model (e.g.
     /// `cqc.oi`, `qpc.no_sq`, a transition's fields in CREATE_QP), is not zero; the low 24 bits are the
