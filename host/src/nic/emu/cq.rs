@@ -24,6 +24,7 @@ use crate::mem::{GpuCopier, MemKind, MemLoc};
 use crate::{Error, Result};
 
 use super::access::DataPath;
+use super::hostmem;
 use super::qmem::{self, QBuf, QMem};
 use super::stats::{bump, Counters};
 
@@ -64,8 +65,8 @@ pub(crate) struct CqInner {
 /// through `gpu`, waited for.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] when the ring does not fit `mem` at `off` or is not 8-byte aligned; the copier's
-/// error.
+/// [`Error::InvalidArgument`] when the ring does not fit `mem` at `off` or is not 8-byte aligned;
+/// [`Error::OutOfMemory`] when the image of a ring in GPU memory cannot be allocated; the copier's error.
 pub(crate) fn fill_invalid(mem: &QMem, gpu: Option<&Arc<dyn GpuCopier>>, off: usize, ncqe: u32) -> Result<()> {
     let len = ncqe as usize * CQE_SIZE;
     let bad =
@@ -77,23 +78,25 @@ pub(crate) fn fill_invalid(mem: &QMem, gpu: Option<&Arc<dyn GpuCopier>>, off: us
     let mut last = [0u8; 8];
     last[OP_OWN_BYTE] = OP_OWN_INVALID;
     let last = u64::from_ne_bytes(last);
-    let mut image = vec![0u64; len / 8];
-    for e in image.chunks_exact_mut(CQE_SIZE / 8) {
-        e[LAST_WORD / 8] = last;
-    }
+    let word = |i: usize| if i % (CQE_SIZE / 8) == LAST_WORD / 8 { last } else { 0 };
     match (mem, gpu) {
         (QMem::Host(b), _) => {
+            // Stored in place, with no image: a ring the allocator gave must not fail for want of a copy of it.
             let host = b.host_ptr();
-            for (i, w) in image.iter().enumerate() {
+            for i in 0..len / 8 {
                 // SAFETY: `off + len <= mem.len()` (checked above) and `off` is 8-aligned in a 4096-aligned
                 // buffer, so every word is inside and aligned; no CQ uses the ring yet, so nothing else writes
                 // it, and device code reads it only with atomic or volatile loads.
-                unsafe { AtomicU64::from_ptr(host.add(off + i * 8).cast()) }.store(*w, Ordering::Relaxed);
+                unsafe { AtomicU64::from_ptr(host.add(off + i * 8).cast()) }.store(word(i), Ordering::Relaxed);
             }
             std::sync::atomic::fence(Ordering::Release);
             Ok(())
         }
         (QMem::Gpu(g), Some(copier)) => {
+            let mut image = hostmem::zeroed::<u64>(len / 8)?;
+            for (i, w) in image.iter_mut().enumerate() {
+                *w = word(i);
+            }
             let src = MemLoc { kind: MemKind::Host, addr: image.as_ptr() as u64 };
             // SAFETY: the ring is `len` bytes inside `g` (checked above), `image` as long; `image` lives until
             // the synchronize below.

@@ -127,7 +127,7 @@ impl Fabric {
             (MemKind::Gpu, Some(g)) => {
                 let mem = match self.gpu_pool.take(len) {
                     Some(m) => {
-                        let zeros = vec![0u64; len.div_ceil(8)];
+                        let zeros = super::hostmem::zeroed::<u64>(len.div_ceil(8))?;
                         let src = crate::mem::MemLoc { kind: MemKind::Host, addr: zeros.as_ptr() as u64 };
                         // SAFETY: `m` is `len` bytes of GPU memory no QP or CQ uses any more (it was given back);
                         // `zeros` is as long and lives until the synchronize below. The copy follows, on the

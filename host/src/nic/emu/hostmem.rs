@@ -8,6 +8,8 @@
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
+use crate::{Error, Result};
+
 /// Bytes copied through the stack buffer at a time by [`copy`] when source and destination are not aligned
 /// alike.
 const CHUNK: usize = 4096;
@@ -15,6 +17,19 @@ const CHUNK: usize = 4096;
 /// Copies shorter than this go through a buffer of this size: zeroing a 4 KiB buffer for an 8-byte payload
 /// cost more than the copy.
 const SMALL: usize = 256;
+
+/// `len` zeroed elements in a vector of their own, or [`Error::OutOfMemory`] (with the bytes asked for) where
+/// `vec![0; len]` would abort the process: the staging buffers of queue creation are as large as the rings,
+/// which a caller sizes (up to 256 MiB a CQ), so an allocator's refusal is the caller's error to handle.
+///
+/// # Errors
+/// [`Error::OutOfMemory`] when the allocator refuses, or the size overflows `isize`.
+pub(crate) fn zeroed<T: Copy + Default>(len: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory(len.saturating_mul(size_of::<T>())))?;
+    v.resize(len, T::default());
+    Ok(v)
+}
 
 /// Reads `out.len()` bytes starting at host address `src`.
 ///
@@ -177,6 +192,18 @@ pub(crate) unsafe fn atomic_u64<'a>(addr: u64) -> &'a AtomicU64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A size the allocator cannot give (past `isize::MAX` bytes) is `OutOfMemory` naming those bytes, not an
+    /// abort; a size it can is that many zeros.
+    #[test]
+    fn zeroed_reports_a_refused_allocation() {
+        let len = usize::MAX / 8;
+        match zeroed::<u64>(len) {
+            Err(Error::OutOfMemory(bytes)) => assert_eq!(bytes, usize::MAX - 7),
+            other => panic!("expected OutOfMemory, got {:?}", other.map(|v| v.len())),
+        }
+        assert_eq!(zeroed::<u8>(3).unwrap(), [0, 0, 0]);
+    }
 
     /// A naturally aligned 4-byte word that another thread rewrites is read whole, never two values' bytes
     /// mixed: by `read`, and by `copy` into a destination aligned alike and into one that is not.

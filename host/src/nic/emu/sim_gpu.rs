@@ -279,13 +279,13 @@ impl GpuCopier for SimGpu {
     /// Enqueues the copy for the simulator's thread. Either side may be host or simulated GPU memory.
     ///
     /// # Errors
-    /// None.
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the bytes of an upload cannot be held.
     unsafe fn copy_async(&self, dst: MemLoc, src: MemLoc, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         if src.kind == MemKind::Host && dst.kind == MemKind::Gpu {
-            let mut data = vec![0u8; len];
+            let mut data = hostmem::zeroed::<u8>(len)?;
             // SAFETY: `src` is valid for `len` bytes during this call (the caller's contract).
             unsafe { hostmem::read(src.addr, &mut data) };
             self.enqueue(Op::Upload { dst, data });
