@@ -32,6 +32,11 @@ use clap::Parser;
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki_testkit::postrate::{PostRate, Shape};
 
+/// Most QPs of the many-QP rows (`--qps`): nearly 8 times the GPU's default of 132, and small enough that the
+/// counts made from it below (QPs `2 * many`, posters `2 * many * 32` lanes) cannot wrap.
+const MAX_QPS: u32 = 1024;
+const _: () = assert!(MAX_QPS.checked_mul(2 * 32).is_some());
+
 #[derive(Parser, Debug)]
 #[command(about = "WQEs per second that device code builds and submits (8-byte RDMA WRITE)")]
 struct Args {
@@ -42,8 +47,9 @@ struct Args {
     /// executor; simulated on the cpu executor) or host (pinned host memory); sets GDAKI_QUEUES.
     #[arg(long, value_enum)]
     queues: Option<gdaki_examples::Queues>,
-    /// QPs of the many-QP rows (default: 132 on the GPU, one per SM of an H200; 2 on cpu).
-    #[arg(long)]
+    /// QPs of the many-QP rows, 1 to 1024 (default: 132 on the GPU, one per SM of an H200; 2 on cpu). The
+    /// warp rows take twice as many, and each QP's rings are 4 MiB: 8 GiB of queue memory at 1024.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_QPS as i64))]
     qps: Option<u32>,
     /// Nothing consumes the rings: the post path alone (fresh counters each round, at least 11 rounds).
     #[arg(long)]

@@ -1,0 +1,100 @@
+//! Bad input to the example programs other than the ping-pong's own flags (those are in pingpong_bad_input.rs):
+//! out-of-range counts, an unwritable `--json`, a malformed `GDAKI_QUEUES`, a world size a two-rank program does
+//! not take, and a run whose queues do not fit the memory it may have. Each is one `error:` line and the exit
+//! code the programs document, before anything runs where the input alone decides.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The example `name` of this target directory (built by `cargo build -p gdaki-examples --examples` in the
+/// same profile as this test): a missing one fails the test rather than skipping it.
+fn example(name: &str) -> PathBuf {
+    // This test runs from <target>/<profile>/deps/; examples are in <target>/<profile>/examples/.
+    let exe = std::env::current_exe().expect("this test's path");
+    let bin = exe.parent().and_then(|d| d.parent()).expect("a target directory").join("examples").join(name);
+    assert!(bin.is_file(), "{} is not built: run `cargo build -p gdaki-examples --examples`", bin.display());
+    bin
+}
+
+/// Runs `cmd` (stdin closed) for at most 120 s.
+fn output(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("{cmd:?} hung");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Runs the example `name` on the cpu executor with `args` added and the variables `env` set.
+fn run(name: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(example(name));
+    cmd.args(["--executor", "cpu"]).args(args).envs(env.iter().copied());
+    output(cmd)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Asserts that the program exited with `code` without a panic, its stderr's first line is an error containing
+/// `needle`, and, for a refusal before running (code 2), that stdout is empty: no header was printed.
+fn assert_error(out: &Output, code: i32, needle: &str) {
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(code), "exit status; stdout {so:?} stderr {se:?}");
+    assert!(!se.contains("panicked") && !se.contains("RUST_BACKTRACE"), "it panicked: {se}");
+    let first = se.lines().next().unwrap_or_default();
+    assert!(first.starts_with("error") && first.contains(needle), "{first:?} does not mention {needle:?}");
+    if code == 2 {
+        assert_eq!(so, "", "it printed before refusing");
+    }
+}
+
+#[test]
+fn post_rate_refuses_qp_counts_outside_its_range() {
+    // 2^31 QPs made the warp rows' `2 * qps` wrap to 0; 2^32 - 1 of them ran out of memory.
+    for qps in ["0", "1025", "2147483648", "4294967295"] {
+        let out = run("post_rate", &[], &["--rounds", "1", "--posts", "4", "--qps", qps]);
+        assert_error(&out, 2, &format!("'{qps}' for '--qps <QPS>': {qps} is not in 1..=1024"));
+    }
+}
+
+/// Sets this process's address-space limit to `bytes` (RLIMIT_AS, as `ulimit -v` does) before `exec`.
+fn limit_address_space(cmd: &mut Command, bytes: u64) {
+    // SAFETY: the closure runs in the child between fork and exec and calls only setrlimit, which is
+    // async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+            match libc::setrlimit(libc::RLIMIT_AS, &lim) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+}
+
+/// 1024 QPs each way need 8 GiB of rings; in 512 MiB of address space the emulated NIC's queue creation runs
+/// out of memory, and that is an error line (exit 1), not an abort, with the queues in host memory and in
+/// simulated GPU memory (where each CQ's filled image is staged in host memory and copied).
+#[test]
+fn post_rate_out_of_memory_is_an_error_not_an_abort() {
+    for queues in ["host", "gpu"] {
+        let mut cmd = Command::new(example("post_rate"));
+        cmd.args(["--executor", "cpu", "--rounds", "1", "--posts", "4", "--qps", "1024", "--queues", queues]);
+        limit_address_space(&mut cmd, 512 << 20);
+        let out = output(cmd);
+        assert_error(&out, 1, "error: out of memory allocating ");
+    }
+}
