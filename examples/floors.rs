@@ -5,6 +5,7 @@
 //!
 //! `cargo run --release --example floors -- --executor gpu --json floors.json`
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -28,6 +29,13 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let json = match gdaki_examples::create_json(args.json.as_deref()) {
+        Ok(f) => f,
+        Err(e) => {
+            gdaki_examples::eprintln_line!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let (exec, note) = match Executor::open(args.executor) {
         Ok(e) => e,
         Err(e) => {
@@ -46,10 +54,13 @@ fn main() -> ExitCode {
         }
     };
     gdaki_examples::write_stdout(floors::table(&f));
-    if let Some(path) = args.json {
+    if let (Some(file), Some(path)) = (json, &args.json) {
         let doc = serde_json::json!({ "commit": gdaki_examples::COMMIT, "floors": f });
-        if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap_or_default()) {
-            gdaki_examples::eprintln_line!("error: cannot write {}: {e}", path.display());
+        let mut out = std::io::BufWriter::new(file);
+        let written =
+            serde_json::to_writer_pretty(&mut out, &doc).map_err(std::io::Error::from).and_then(|()| out.flush());
+        if let Err(e) = written {
+            gdaki_examples::eprintln_line!("error: writing {}: {e}", path.display());
             return ExitCode::FAILURE;
         }
     }

@@ -147,11 +147,11 @@ fn main() -> ExitCode {
     };
     // Create the JSON file first: a path that cannot be written is an error before the run, not after it.
     // Rank 0 writes it (in a multi-process run both ranks may see the same path).
-    let json_path = args.json.as_ref().filter(|_| launch.as_ref().is_none_or(|l| l.rank == 0));
-    let json = match json_path.map(|p| std::fs::File::create(p).map_err(|e| (p, e))).transpose() {
+    let json_path = args.json.as_deref().filter(|_| launch.as_ref().is_none_or(|l| l.rank == 0));
+    let json = match gdaki_examples::create_json(json_path) {
         Ok(f) => f,
-        Err((p, e)) => {
-            gdaki_examples::eprintln_line!("error: --json {}: {e}", p.display());
+        Err(e) => {
+            gdaki_examples::eprintln_line!("error: {e}");
             return ExitCode::from(2);
         }
     };

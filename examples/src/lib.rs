@@ -167,6 +167,15 @@ impl LaunchArgs {
     }
 }
 
+/// Creates the `--json` file at `path`, if any, before the run: a path that cannot be written is an error before
+/// anything is measured, not after it.
+///
+/// # Errors
+/// The one line to print before exiting with code 2: `--json PATH: ` and why the file could not be created.
+pub fn create_json(path: Option<&std::path::Path>) -> Result<Option<std::fs::File>, String> {
+    path.map(|p| std::fs::File::create(p).map_err(|e| format!("--json {}: {e}", p.display()))).transpose()
+}
+
 /// Checks, before anything is printed, that the NIC `--nic` names can be opened: the emulated NIC always can;
 /// a real one is opened once (for the `cpu` executor: device, port, GID) and closed.
 ///

@@ -98,3 +98,22 @@ fn post_rate_out_of_memory_is_an_error_not_an_abort() {
         assert_error(&out, 1, "error: out of memory allocating ");
     }
 }
+
+#[test]
+fn floors_refuses_an_unwritable_json_path_before_measuring() {
+    let t = Instant::now();
+    let out = run("floors", &[], &["--iters", "10", "--json", "/nonexistent/f.json"]);
+    assert_error(&out, 2, "--json /nonexistent/f.json: No such file or directory");
+    // Measuring takes seconds on the cpu executor (copy bandwidth by size); a refusal does not.
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+}
+
+#[test]
+fn floors_writes_its_json() {
+    let path = std::env::temp_dir().join(format!("gdaki-floors-{}.json", std::process::id()));
+    let out = run("floors", &[], &["--iters", "10", "--json", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(doc.starts_with('{') && doc.contains("\"commit\"") && doc.contains("\"floors\""), "{doc}");
+}
