@@ -40,14 +40,16 @@ struct Args {
     /// Iterations per row (bandwidth rows use fewer for large sizes: at most 512 MiB per row).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     iters: u32,
-    /// Largest bandwidth message, bytes, at least 1 KiB (rows go 1 KiB, 4×, … up to it; MSCCL++ goes to 128 MiB).
-    #[arg(long, default_value_t = 128 << 20)]
+    /// Largest bandwidth message, bytes, 1 KiB to 1 GiB (rows go 1 KiB, 4×, … up to it; MSCCL++ goes to 128 MiB).
+    #[arg(long, default_value_t = 128 << 20,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..=1 << 30))]
     max_size: usize,
-    /// Threads per team: a CTA's size on the GPU; host threads per channel on the cpu executor.
-    #[arg(long)]
+    /// Threads per team, 1 to 1024: a CTA's size on the GPU (1024 is the largest CTA); host threads per
+    /// channel on the cpu executor (default: 128 on the GPU, 4 on cpu).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     team: Option<u32>,
-    /// Bound of every device-side wait, ms.
-    #[arg(long, default_value_t = 10_000)]
+    /// Bound of every device-side wait, ms (at most a day).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     timeout_ms: u64,
     #[command(flatten)]
     launch: gdaki_examples::LaunchArgs,
@@ -75,7 +77,7 @@ fn run_mode(comm: &Arc<Communicator>, mode: Mode, args: &Args, team: u32) -> gda
     // 1 KiB, ×4 steps, and `max_size` itself as the last row.
     let mut sizes: Vec<usize> =
         std::iter::successors(Some(1024usize), |s| s.checked_mul(4)).take_while(|s| *s < args.max_size).collect();
-    sizes.push(args.max_size.max(1024));
+    sizes.push(args.max_size);
     let plan = Plan {
         iters: args.iters,
         warmup: 0,

@@ -117,3 +117,19 @@ fn floors_writes_its_json() {
     let _ = std::fs::remove_file(&path);
     assert!(doc.starts_with('{') && doc.contains("\"commit\"") && doc.contains("\"floors\""), "{doc}");
 }
+
+#[test]
+fn port_channel_refuses_out_of_range_flags_before_running() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--timeout-ms", "0"], "'0' for '--timeout-ms <TIMEOUT_MS>': 0 is not in 1..=86400000"),
+        (&["--team", "0"], "'0' for '--team <TEAM>': 0 is not in 1..=1024"),
+        (&["--team", "1025"], "'1025' for '--team <TEAM>': 1025 is not in 1..=1024"),
+        (&["--team", "4294967295"], "'4294967295' for '--team <TEAM>'"),
+        (&["--max-size", "0"], "'0' for '--max-size <MAX_SIZE>': 0 is not in 1024..=1073741824"),
+        (&["--max-size", "1000"], "'1000' for '--max-size <MAX_SIZE>': 1000 is not in 1024..=1073741824"),
+        (&["--max-size", "1073741825"], "'1073741825' for '--max-size <MAX_SIZE>'"),
+    ];
+    for (args, needle) in cases {
+        assert_error(&run("port_channel", &[], args), 2, needle);
+    }
+}
