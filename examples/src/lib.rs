@@ -242,15 +242,27 @@ pub use gdaki_testkit::init_tracing;
 
 /// Applies `--queues`: sets [`gdaki::nic::emu::QUEUES_ENV`] for this process and the ranks it launches, which
 /// every emulated NIC it opens then follows, and starts [`init_tracing`]. Without the flag the variable is
-/// left as it is (unset: GPU memory on the `gpu` executor, host memory on the `cpu` executor). Call it first in `main`, before any thread starts.
+/// left as it is (unset: GPU memory on the `gpu` executor, host memory on the `cpu` executor); if it holds
+/// neither `gpu` nor `host`, this ends the process with a one-line error and exit code 2, before anything is
+/// printed: every emulated NIC would refuse to open, after the program's header had named a placement. Call it
+/// first in `main`, before any thread starts.
 pub fn apply_queues(q: Option<Queues>) {
     init_tracing();
-    if let Some(q) = q {
-        let v = match q {
-            Queues::Gpu => "gpu",
-            Queues::Host => "host",
-        };
-        std::env::set_var(gdaki::nic::emu::QUEUES_ENV, v);
+    let var = gdaki::nic::emu::QUEUES_ENV;
+    match q {
+        Some(q) => {
+            let v = match q {
+                Queues::Gpu => "gpu",
+                Queues::Host => "host",
+            };
+            std::env::set_var(var, v);
+        }
+        None => {
+            if let Some(v) = std::env::var(var).ok().filter(|v| !matches!(v.as_str(), "gpu" | "host")) {
+                crate::eprintln_line!("error: {var}={v:?}: queues must be gpu or host (or {var} unset)");
+                std::process::exit(2);
+            }
+        }
     }
 }
 
@@ -264,7 +276,7 @@ pub fn queues_label(kind: ExecutorKind) -> &'static str {
 fn placement_label(kind: ExecutorKind, asked: Option<&str>) -> &'static str {
     match (kind, asked) {
         (ExecutorKind::Gpu, Some("host")) => "host",
-        // Unset (or anything else, which the NIC refuses to open with) on the `gpu` executor: its default.
+        // Unset on the `gpu` executor: its default (`apply_queues` refused any value but `gpu` and `host`).
         (ExecutorKind::Gpu, _) => "gpu",
         (ExecutorKind::Cpu, Some("gpu")) => "gpu (simulated)",
         (ExecutorKind::Cpu, _) => "host",

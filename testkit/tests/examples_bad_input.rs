@@ -133,3 +133,25 @@ fn port_channel_refuses_out_of_range_flags_before_running() {
         assert_error(&run("port_channel", &[], args), 2, needle);
     }
 }
+
+#[test]
+fn a_malformed_queues_variable_is_refused_before_the_header() {
+    for (program, args) in [
+        ("pingpong", &["--iters", "2"][..]),
+        ("post_rate", &["--rounds", "1", "--posts", "4"][..]),
+        ("port_channel", &["--iters", "1", "--mode", "exclusive", "--max-size", "4096"][..]),
+    ] {
+        for v in ["bogus", "GPU", ""] {
+            let out = run(program, &[("GDAKI_QUEUES", v)], args);
+            let want = format!("error: GDAKI_QUEUES={v:?}: queues must be gpu or host (or GDAKI_QUEUES unset)");
+            assert_error(&out, 2, &want);
+            assert_eq!(text(&out.stderr).lines().count(), 1, "{program}: {}", text(&out.stderr));
+        }
+        // --queues replaces the variable.
+        let mut with_flag = args.to_vec();
+        with_flag.extend(["--queues", "host"]);
+        let out = run(program, &[("GDAKI_QUEUES", "bogus")], &with_flag);
+        assert_eq!(out.status.code(), Some(0), "{program}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("queues in host memory"), "{program}: {}", text(&out.stdout));
+    }
+}
