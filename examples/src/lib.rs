@@ -152,14 +152,15 @@ impl LaunchArgs {
     }
 
     /// This process's place in a two-rank run, or `None` when both ranks run here (no flags, no launcher, or
-    /// a world of one).
+    /// a launcher's world of one, as a Slurm batch script's environment is).
     ///
     /// # Errors
-    /// A one-line message: what `Launch::resolve` refused, or a world size other than 2 (naming the launcher).
+    /// A one-line message: what `Launch::resolve` refused, or a world size other than 2 (naming the launcher),
+    /// `--world-size 1` among them: that flag asks for a world of one rank, which a two-rank program does not take.
     pub fn two_ranks(&self) -> Result<Option<Launch>, String> {
         match Launch::resolve_from_process_env(self.flags()).map_err(|e| e.to_string())? {
             Some(l) if l.world_size == 2 => Ok(Some(l)),
-            Some(l) if l.world_size > 2 => {
+            Some(l) if l.world_size > 2 || self.world_size.is_some() => {
                 Err(format!("this example takes 2 ranks, the launch ({}) has {}", l.source, l.world_size))
             }
             _ => Ok(None),

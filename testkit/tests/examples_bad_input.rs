@@ -155,3 +155,16 @@ fn a_malformed_queues_variable_is_refused_before_the_header() {
         assert!(text(&out.stdout).contains("queues in host memory"), "{program}: {}", text(&out.stdout));
     }
 }
+
+#[test]
+fn two_rank_programs_refuse_a_world_of_one_rank() {
+    for program in ["pingpong", "port_channel"] {
+        let out = run(program, &[], &["--world-size", "1", "--rank", "0"]);
+        assert_error(&out, 2, "this example takes 2 ranks, the launch (flags) has 1");
+    }
+    // A launcher's world of one (a Slurm batch script's environment) is no launch: both ranks run here.
+    let slurm = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")];
+    let out = run("pingpong", &slurm, &["--iters", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("both ranks in this process"), "{}", text(&out.stdout));
+}
