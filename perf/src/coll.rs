@@ -179,8 +179,9 @@ pub struct CollOpts {
     /// Timed iterations per size [default: 20; 3 with --quick].
     #[arg(short = 'n', long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub iters: Option<u32>,
-    /// Untimed iterations before each size's timed ones [default: 2; 1 with --quick].
-    #[arg(short = 'w', long)]
+    /// Untimed iterations before each size's timed ones, at most 1000000 [default: 2; 1 with --quick].
+    // Bounded like -n, so that `warmup + iters` (the loop of each placement) fits a u32.
+    #[arg(short = 'w', long, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub warmup: Option<u32>,
     /// A CI-sized run: 8 B to 64 KiB by 8, 3 iterations after 1 warm-up.
     #[arg(long)]

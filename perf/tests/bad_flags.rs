@@ -1,0 +1,29 @@
+//! Flags `gdaki-perf` cannot run as asked are refused before anything runs: exit code 2, nothing on standard
+//! output, and an error naming the flag on standard error (never a run that prints a table it did not measure).
+
+use std::process::Command;
+
+/// Runs `gdaki-perf` with `args` on the cpu executor; asserts it refused them (exit 2, no output) and returns
+/// standard error's first line.
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf")).args(args).args(["--executor", "cpu"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{args:?}: exit {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.is_empty(), "{args:?} ran:\n{stdout}");
+    let first = stderr.lines().next().unwrap_or_default().to_string();
+    assert!(first.starts_with("error: "), "{args:?}: {stderr}");
+    first
+}
+
+/// `-w` and `-n` of `coll` are bounded so that their sum, each placement's loop, cannot wrap (a warm-up of
+/// 2^32 - 1 plus one iteration ran no timed iteration and printed a row of NaN that passed).
+#[test]
+fn coll_warmup_past_its_bound_is_refused() {
+    let base = ["coll", "--nranks", "2", "--op", "broadcast", "--algorithm", "direct", "-b", "8", "-e", "8"];
+    let line = refused(&[&base[..], &["-n", "1", "-w", "4294967295"]].concat());
+    assert!(line.contains("--warmup"), "{line}");
+    let line = refused(&[&base[..], &["-n", "1", "-w", "1000001"]].concat());
+    assert!(line.contains("1000001"), "{line}");
+    let line = refused(&[&base[..], &["-n", "1000001"]].concat());
+    assert!(line.contains("--iters"), "{line}");
+}
