@@ -146,6 +146,20 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     n.checked_mul(mul).ok_or_else(|| format!("'{s}' is too large"))
 }
 
+/// The largest `-b`/`-e`, bytes per rank (1 GiB): each rank's buffer is four times the largest size
+/// ([`layout`]), and every iteration copies all of it to the host besides the sizes it fills there, so a
+/// limit keeps each rank's memory within a host's, and the layout's sums far from overflowing.
+const MAX_BYTES: usize = 1 << 30;
+
+/// A size of `-b`/`-e`: a byte count as [`parse_bytes`] reads it, at most [`MAX_BYTES`].
+fn parse_size(s: &str) -> Result<usize, String> {
+    let n = parse_bytes(s)?;
+    if n > MAX_BYTES {
+        return Err(format!("{n} bytes per rank is above the most coll takes, 1G ({MAX_BYTES} bytes)"));
+    }
+    Ok(n)
+}
+
 /// A duration in seconds (`2`, `0.5`) or with a unit (`2s`, `500ms`).
 fn parse_timeout(s: &str) -> Result<Duration, String> {
     if let Ok(secs) = s.parse::<f64>() {
@@ -167,11 +181,11 @@ pub struct CollOpts {
     /// Broadcast algorithms (of broadcast and of all_reduce's broadcast step), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "direct,chain,tree")]
     pub algorithm: Vec<AlgArg>,
-    /// Smallest size, bytes per rank (suffixes K, M, G) [default: 8; 8 with --quick].
-    #[arg(short = 'b', long, value_parser = parse_bytes)]
+    /// Smallest size, bytes per rank (suffixes K, M, G; at most 1G) [default: 8; 8 with --quick].
+    #[arg(short = 'b', long, value_parser = parse_size)]
     pub minbytes: Option<usize>,
-    /// Largest size, bytes per rank [default: 1M; 64K with --quick].
-    #[arg(short = 'e', long, value_parser = parse_bytes)]
+    /// Largest size, bytes per rank (at most 1G) [default: 1M; 64K with --quick].
+    #[arg(short = 'e', long, value_parser = parse_size)]
     pub maxbytes: Option<usize>,
     /// Multiplication factor between sizes [default: 2; 8 with --quick].
     #[arg(short = 'f', long, value_parser = clap::value_parser!(u64).range(2..))]
@@ -342,10 +356,26 @@ fn a2a_counts(size: usize, n: u32, src: u32) -> Vec<u64> {
 
 /// The buffer layout for the largest size `s` (bytes per rank): input at 0, output at `s`, accumulation
 /// area (8 B per `f32`) at `2s`: `4s` in all; all-to-all-v sends from 0 and receives at `s` (its receive
-/// total stays below `3s`: at most `4n / (n + 3)` times the size with the weights above).
-fn layout(max: usize) -> (u64, u64, usize) {
-    let s = max.next_multiple_of(8) as u64;
-    (s, 2 * s, (4 * s) as usize + 64)
+/// total stays below `3s`: at most `4n / (n + 3)` times the size with the weights above). `Err` for a
+/// size whose buffer does not fit a `usize`.
+fn layout(max: usize) -> Result<Layout, String> {
+    let s = max.checked_next_multiple_of(8);
+    let total = s.and_then(|s| s.checked_mul(4)).and_then(|b| b.checked_add(64));
+    match (s, total) {
+        (Some(s), Some(total)) => Ok(Layout { out: s as u64, acc: 2 * s as u64, bytes: total }),
+        _ => Err(format!("-e {max}: a buffer of four times that does not fit the address space")),
+    }
+}
+
+/// Where a rank's buffer holds what ([`layout`]).
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    /// Offset of the output.
+    out: u64,
+    /// Offset of the accumulation area.
+    acc: u64,
+    /// The buffer's size.
+    bytes: usize,
 }
 
 /// What one rank measured at one size and placement: times of the timed iterations (µs) and wrong elements.
@@ -377,11 +407,10 @@ fn run_op(
     size: usize,
     in_place: bool,
     root: u32,
-    plan: (u32, u32, usize),
+    plan: (u32, u32, Layout),
     seq: u64,
 ) -> gdaki::Result<Sample> {
-    let (warmup, iters, maxb) = plan;
-    let (out_off, acc_off, _) = layout(maxb);
+    let (warmup, iters, Layout { out: out_off, acc: acc_off, .. }) = plan;
     let comm = r.communicator();
     let (rank, n) = (comm.rank(), comm.world_size());
     let buf = r.collectives().buffer();
@@ -577,7 +606,7 @@ fn rank_main(
     comm: Arc<Communicator>,
     opts: &CollOpts,
     jobs: &[Job],
-    plan: (u32, u32, usize),
+    plan: (u32, u32, Layout),
 ) -> Result<(Vec<RankDevice>, Vec<CollRow>), String> {
     let rank = comm.rank();
     let n = comm.world_size();
@@ -593,8 +622,7 @@ fn rank_main(
             gdaki_examples::outln!("#  Rank {r:>2} {}", d.line());
         }
     }
-    let (_, _, buf) = layout(plan.2);
-    let cfg = CollConfig { timeout: opts.timeout, ..CollConfig::new(buf) };
+    let cfg = CollConfig { timeout: opts.timeout, ..CollConfig::new(plan.2.bytes) };
     let r = CollRank::new(comm.clone(), &cfg).map_err(|e| format!("rank {rank}: setting up the collectives: {e}"))?;
     let (min, max, factor) = bounds(opts);
     let mut rows = Vec::new();
@@ -679,6 +707,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     if min > max {
         return Err(format!("-b {min} is above -e {max}"));
     }
+    let lay = layout(max)?;
     let iters = opts.iters.unwrap_or(if opts.quick { 3 } else { 20 });
     let warmup = opts.warmup.unwrap_or(if opts.quick { 1 } else { 2 });
     let (exec, notice) =
@@ -726,7 +755,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         );
         gdaki_examples::outln!("#");
     }
-    let plan = (warmup, iters, max);
+    let plan = (warmup, iters, lay);
     let setup = RankSetup {
         launch: launch.clone(),
         one_nic,
@@ -891,4 +920,22 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         }
     }
     Ok(if errors + wrong == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_four_sizes_and_refuses_what_overflows() {
+        // 12 B rounds up to 16: output at 16, accumulation at 32, 4 × 16 + 64 bytes in all.
+        let l = layout(12).unwrap();
+        assert_eq!((l.out, l.acc, l.bytes), (16, 32, 128));
+        let l = layout(MAX_BYTES).unwrap();
+        assert_eq!((l.out, l.acc, l.bytes), (1 << 30, 2 << 30, (4 << 30) + 64));
+        // 2^62 × 4 wrapped to a 64-byte buffer, and usize::MAX's rounding up to 8 to 0.
+        assert!(layout(1 << 62).is_err());
+        assert!(layout(usize::MAX).is_err());
+        assert!(layout(usize::MAX / 4 - 15).is_err());
+    }
 }

@@ -27,3 +27,19 @@ fn coll_warmup_past_its_bound_is_refused() {
     let line = refused(&[&base[..], &["-n", "1000001"]].concat());
     assert!(line.contains("--iters"), "{line}");
 }
+
+/// `-b`/`-e` of `coll` above 1G per rank are refused as flags (2^62 aborted on allocating its payload, and
+/// 2^64 - 1 ran with a buffer whose size had wrapped).
+#[test]
+fn coll_sizes_past_the_limit_are_refused() {
+    let base = ["coll", "--nranks", "2", "--op", "broadcast", "--algorithm", "direct", "-n", "1"];
+    for sizes in [
+        ["-b", "8", "-e", "4611686018427387904"],
+        ["-b", "8", "-e", "18446744073709551615"],
+        ["-b", "8", "-e", "1025M"],
+        ["-b", "2G", "-e", "4G"],
+    ] {
+        let line = refused(&[&base[..], &sizes].concat());
+        assert!(line.contains("1G"), "{sizes:?}: {line}");
+    }
+}
