@@ -116,3 +116,12 @@ pub struct Opts {
     #[command(flatten)]
     pub launch: gdaki_examples::LaunchArgs,
 }
+
+/// `Err` naming the first value that `flag`'s list has twice (`name` says it as the tables do): each value
+/// is a table or a row of its own, and one named twice ran twice and printed its rows twice over.
+pub fn refuse_repeats<T: PartialEq>(flag: &str, values: &[T], name: impl Fn(&T) -> &str) -> Result<(), String> {
+    match values.iter().enumerate().find(|(i, v)| values[..*i].contains(v)) {
+        Some((_, v)) => Err(format!("{flag} names {} twice", name(v))),
+        None => Ok(()),
+    }
+}

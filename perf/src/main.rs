@@ -116,6 +116,7 @@ fn header(
 
 /// The whole run; `Err` is a one-line reason to exit with code 2 before anything ran.
 fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
+    cli::refuse_repeats("--mode", &opts.mode, |m| m.label())?;
     gdaki_examples::apply_queues(opts.queues);
     let tests = suite::tests(cmd);
     let sizes: Vec<(Test, Vec<usize>)> = tests.iter().map(|&t| (t, suite::sizes(t, opts))).collect();

@@ -43,3 +43,16 @@ fn coll_sizes_past_the_limit_are_refused() {
         assert!(line.contains("1G"), "{sizes:?}: {line}");
     }
 }
+
+/// A value named twice in `--op`, `--algorithm` or `--mode` is refused, naming it (each printed its table or
+/// row twice, `coll`'s tables each with the rows of both).
+#[test]
+fn a_list_value_named_twice_is_refused() {
+    let coll = ["coll", "--nranks", "2", "-b", "8", "-e", "8", "-n", "1"];
+    let line = refused(&[&coll[..], &["--op", "broadcast,broadcast", "--algorithm", "direct"]].concat());
+    assert_eq!(line, "error: --op names broadcast twice");
+    let line = refused(&[&coll[..], &["--op", "reduce,all_reduce", "--algorithm", "direct,tree,direct"]].concat());
+    assert_eq!(line, "error: --algorithm names direct twice");
+    let line = refused(&["pingpong", "--mode", "host,exclusive,host", "-n", "3", "-s", "8"]);
+    assert_eq!(line, "error: --mode names Host twice");
+}
