@@ -705,9 +705,17 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     }
     crate::cli::refuse_repeats("--op", &opts.op, |o| o.name())?;
     crate::cli::refuse_repeats("--algorithm", &opts.algorithm, |a| a.name())?;
-    let (min, max, _) = bounds(opts);
+    let (min, max, factor) = bounds(opts);
     if min > max {
         return Err(format!("-b {min} is above -e {max}"));
+    }
+    // Sizes round down to whole elements: an op with none would print an empty table that passes.
+    if let Some(op) = opts.op.iter().find(|op| sizes(min, max, factor, op.shape().elem).is_empty()) {
+        return Err(format!(
+            "--op {}: no size from -b {min} to -e {max} holds a whole element of {} bytes",
+            op.name(),
+            op.shape().elem
+        ));
     }
     let lay = layout(max)?;
     let iters = opts.iters.unwrap_or(if opts.quick { 3 } else { 20 });
@@ -749,7 +757,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         gdaki_examples::outln!(
             "# minBytes {min} maxBytes {max} step: {} (factor) warmup iters: {warmup} iters: {iters} validation: every \
              iteration, every element",
-            bounds(opts).2
+            factor
         );
         gdaki_examples::outln!("# timeout of every device-side wait: {:?}", opts.timeout);
         gdaki_examples::outln!(

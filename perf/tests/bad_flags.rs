@@ -56,3 +56,11 @@ fn a_list_value_named_twice_is_refused() {
     let line = refused(&["pingpong", "--mode", "host,exclusive,host", "-n", "3", "-s", "8"]);
     assert_eq!(line, "error: --mode names Host twice");
 }
+
+/// A `coll` op none of whose sizes holds a whole element is refused (reduce's `f32`s from 1 to 3 bytes: each
+/// size rounded down to 0 and left out, an empty table that passed).
+#[test]
+fn coll_op_without_a_size_is_refused() {
+    let line = refused(&["coll", "--nranks", "2", "--op", "broadcast,reduce", "-b", "1", "-e", "3", "-n", "1"]);
+    assert_eq!(line, "error: --op reduce: no size from -b 1 to -e 3 holds a whole element of 4 bytes");
+}
