@@ -729,9 +729,15 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     drop(exec);
     let executor = if kind == ExecutorKind::Gpu { "gpu" } else { "cpu" };
     let prints = launch.as_ref().is_none_or(|l| l.rank == 0);
-    // A --json path that cannot be written is an error before the run, not after it (rank 0 writes it).
-    if let Some(path) = opts.json.as_ref().filter(|_| prints) {
-        std::fs::File::create(path).map_err(|e| format!("--json {}: {e}", path.display()))?;
+    // A --json or --plot file that cannot be written is an error before the run, not after it (rank 0
+    // writes them).
+    if prints {
+        if let Some(path) = &opts.json {
+            crate::report::check_path(path)?;
+        }
+        if let Some(path) = &opts.plot {
+            crate::plot::check_file(path)?;
+        }
     }
     let in_process = launch.is_none();
     if opts.one_nic && !in_process {

@@ -151,7 +151,14 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
         Some(g) => format!("{} (CUDA {}, driver {})", g.name, g.cuda_driver, g.driver.as_deref().unwrap_or("?")),
         None => format!("{} host threads", std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
+    // Rank 0 writes --json and --plot: a file it could not write is an error before the run, not after it.
     if prints {
+        if let Some(path) = &opts.json {
+            report::check_path(path)?;
+        }
+        if let Some(path) = &opts.plot {
+            plot::files(path, &tests).iter().try_for_each(|(file, _)| plot::check_file(file))?;
+        }
         header(cmd, &machine, &nic, &plan, &opts.mode, warmup, kind);
     }
     let total: usize = sizes.iter().map(|(_, s)| s.len()).sum::<usize>() * opts.mode.len();

@@ -50,6 +50,39 @@ pub fn bandwidth_path(path: &Path) -> PathBuf {
     path.with_file_name(format!("{stem}-bw.png"))
 }
 
+/// The charts `--plot path` draws for `tests`: the latency chart at `path` if a test is a latency one,
+/// the bandwidth chart at [`bandwidth_path`] if one is a bandwidth one; `true` marks the bandwidth chart.
+pub fn files(path: &Path, tests: &[Test]) -> Vec<(PathBuf, bool)> {
+    [(path.to_path_buf(), false), (bandwidth_path(path), true)]
+        .into_iter()
+        .filter(|&(_, bandwidth)| tests.iter().any(|t| t.is_bandwidth() == bandwidth))
+        .collect()
+}
+
+/// Refuses, before a run, a chart file the run could not write at its end: one not named `.png` (the only
+/// format drawn) or one that cannot be created. Opening it (without truncating) is the test; a file that was
+/// not there is removed again, so that a chart whose rows all failed leaves no empty file behind.
+///
+/// # Errors
+/// One line naming the file and why.
+pub fn check_file(file: &Path) -> Result<(), String> {
+    if !file.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) {
+        return Err(format!("--plot {}: charts are drawn as PNG: name a .png file", file.display()));
+    }
+    let existed = file.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(file)
+        .map_err(|e| format!("--plot {}: {e}", file.display()))?;
+    if !existed {
+        // Best effort: an empty file left by a failed removal is overwritten by the chart or harmless.
+        std::fs::remove_file(file).ok();
+    }
+    Ok(())
+}
+
 /// Draws the latency chart (t_typical, µs) to `path` and the bandwidth chart (algbw, GB/s) to
 /// [`bandwidth_path`], each only when the run has such rows. Returns the files written.
 ///
@@ -67,19 +100,14 @@ pub fn draw(path: &Path, tests: &[Test], rows: &[Row]) -> Result<Vec<PathBuf>, S
             .collect()
     };
     let mut written = Vec::new();
-    let charts = [
-        (path.to_path_buf(), false, "bytes per message (1K = 1 KiB = 1024 B, 1M = 1 MiB)", "t_typical [µs]"),
-        (
-            bandwidth_path(path),
-            true,
-            "bytes per iteration, all QPs (1K = 1 KiB, 1M = 1 MiB)",
-            "algbw [GB/s], log scale",
-        ),
-    ];
-    for (file, bandwidth, x_desc, y_desc) in charts {
+    for (file, bandwidth) in files(path, tests) {
         let panels = panels(bandwidth);
         if !panels.is_empty() {
-            let scale = if bandwidth { Scale::Log } else { Scale::Linear };
+            let (scale, x_desc, y_desc) = if bandwidth {
+                (Scale::Log, "bytes per iteration, all QPs (1K = 1 KiB, 1M = 1 MiB)", "algbw [GB/s], log scale")
+            } else {
+                (Scale::Linear, "bytes per message (1K = 1 KiB = 1024 B, 1M = 1 MiB)", "t_typical [µs]")
+            };
             draw_panels(&file, &panels, scale, x_desc, y_desc)
                 .map_err(|e| format!("--plot {}: {e}", file.display()))?;
             written.push(file);

@@ -64,3 +64,36 @@ fn coll_op_without_a_size_is_refused() {
     let line = refused(&["coll", "--nranks", "2", "--op", "broadcast,reduce", "-b", "1", "-e", "3", "-n", "1"]);
     assert_eq!(line, "error: --op reduce: no size from -b 1 to -e 3 holds a whole element of 4 bytes");
 }
+
+/// `--json` and `--plot` files the run could not write are refused before it runs, on every subcommand
+/// (the two-rank suites checked them only after the whole run); a `--plot` chart a subcommand does not
+/// draw is not checked, and the check leaves no file behind.
+#[test]
+fn unwritable_json_and_plot_files_are_refused_before_running() {
+    let run = ["pingpong", "--mode", "exclusive", "-n", "3", "-s", "8"];
+    let line = refused(&[&run[..], &["--json", "/proc/no-such-dir/run.json"]].concat());
+    assert!(line.starts_with("error: --json /proc/no-such-dir/run.json: "), "{line}");
+    let line = refused(&[&run[..], &["--plot", "/proc/no-such-dir/run.png"]].concat());
+    assert!(line.starts_with("error: --plot /proc/no-such-dir/run.png: "), "{line}");
+    let dir = std::env::temp_dir().join(format!("gdaki-perf-bad-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("run.svg");
+    let line = refused(&[&run[..], &["--plot", svg.to_str().unwrap()]].concat());
+    assert!(line.starts_with(&format!("error: --plot {}: ", svg.display())), "{line}");
+    // bw draws only PATH-bw.png: that file is the one checked.
+    let line = refused(&["bw", "--mode", "exclusive", "-n", "3", "-s", "4096", "--plot", "/proc/no-such-dir/run.png"]);
+    assert!(line.starts_with("error: --plot /proc/no-such-dir/run-bw.png: "), "{line}");
+    let line = refused(&["coll", "--nranks", "2", "--op", "reduce", "-e", "8", "-n", "1", "--plot", "/proc/x/c.png"]);
+    assert!(line.starts_with("error: --plot /proc/x/c.png: "), "{line}");
+    // A run that may write its chart: pingpong's latency chart only, and no empty bandwidth chart beside it.
+    let png = dir.join("run.png");
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args([&run[..], &["--executor", "cpu", "--plot"]].concat())
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::metadata(&png).unwrap().len() > 0);
+    assert!(!dir.join("run-bw.png").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
