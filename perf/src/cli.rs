@@ -74,8 +74,12 @@ pub struct Opts {
     /// them: the rows then differ by the posting path more than by the emulated wire.
     #[arg(long)]
     pub one_nic: bool,
-    /// One size for every row, bytes (bandwidth rows: all QPs together per iteration).
-    #[arg(short = 's', long, conflicts_with = "all_sizes")]
+    /// One size for every row, bytes (bandwidth rows: all QPs together per iteration), at most 1073741824
+    /// (1 GiB).
+    // Bounded: no default row is above 512 MiB, and far larger sizes ask each rank for buffers no host has (or
+    // that do not fit the address space), found only once both ranks set up.
+    #[arg(short = 's', long, conflicts_with = "all_sizes",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 30))]
     pub size: Option<usize>,
     /// Timed iterations of a latency row; the most a bandwidth row gets [default: 1000; 50 with --quick].
     #[arg(short = 'n', long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -93,11 +97,12 @@ pub struct Opts {
     /// A CI-sized run: one latency size, the two smallest bandwidth sizes, 50 iterations.
     #[arg(long)]
     pub quick: bool,
-    /// Threads per team: a CTA's size on the GPU (default 128), host threads per channel on cpu (default 4).
-    #[arg(long)]
+    /// Threads per team: a CTA's size on the GPU (default 128), host threads per channel on cpu (default 4);
+    /// 1 to 1024, the most threads of a block on either executor.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub team: Option<u32>,
-    /// Bound of every device-side wait, ms.
-    #[arg(long, default_value_t = 10_000)]
+    /// Bound of every device-side wait, ms (at least 1).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_ms: u64,
     /// Payloads up to this many bytes go by BlueFlame in Exclusive sharing (0: never).
     #[arg(long, default_value_t = 512 << 10)]

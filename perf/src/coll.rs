@@ -160,16 +160,17 @@ fn parse_size(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
-/// A duration in seconds (`2`, `0.5`) or with a unit (`2s`, `500ms`).
+/// A duration in seconds (`2`, `0.5`) or with a unit (`2s`, `500ms`), more than 0 and less than 10^6 s either
+/// way (the collectives refuse a zero timeout, only once every rank has set up).
 fn parse_timeout(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        return if secs > 0.0 && secs < 1e6 {
-            Ok(Duration::from_secs_f64(secs))
-        } else {
-            Err(format!("bad timeout '{s}'"))
-        };
+    let d = match s.parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|e| format!("bad timeout '{s}': {e}"))?,
+        Err(_) => humantime::parse_duration(s).map_err(|e| format!("bad timeout '{s}': {e}"))?,
+    };
+    if d.is_zero() || d >= Duration::from_secs(1_000_000) {
+        return Err(format!("bad timeout '{s}': more than 0 and less than 1000000 s"));
     }
-    humantime::parse_duration(s).map_err(|e| format!("bad timeout '{s}': {e}"))
+    Ok(d)
 }
 
 /// `gdaki-perf coll`'s flags.

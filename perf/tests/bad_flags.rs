@@ -97,3 +97,27 @@ fn unwritable_json_and_plot_files_are_refused_before_running() {
     assert!(!dir.join("run-bw.png").exists());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The two-rank suites' `--timeout-ms 0`, `--team 0` and sizes past 1 GiB are refused as flags (each ran
+/// into a per-rank error after the header and exited 1), and so is `coll --timeout 0s` as `--timeout 0` is.
+#[test]
+fn zero_timeouts_and_teams_and_huge_sizes_are_refused() {
+    let run = ["pingpong", "--mode", "exclusive", "-n", "3"];
+    for (flag, value) in [
+        ("--timeout-ms", "0"),
+        ("--team", "0"),
+        ("--team", "1025"),
+        ("-s", "18446744073709551615"),
+        ("-s", "1073741825"),
+        ("-s", "0"),
+    ] {
+        let line = refused(&[&run[..], &[flag, value]].concat());
+        assert!(line.starts_with(&format!("error: invalid value '{value}'")), "{flag} {value}: {line}");
+    }
+    let coll = ["coll", "--nranks", "2", "--op", "reduce", "-e", "8", "-n", "1"];
+    for timeout in ["0", "0s", "0ms", "1e-12", "-1", "NaN", "1000000", "12days"] {
+        let flag = format!("--timeout={timeout}");
+        let line = refused(&[&coll[..], &[flag.as_str()]].concat());
+        assert!(line.starts_with(&format!("error: invalid value '{timeout}' for '--timeout")), "{timeout}: {line}");
+    }
+}
