@@ -734,7 +734,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     // writes them).
     if prints {
         if let Some(path) = &opts.json {
-            crate::report::check_path(path)?;
+            gdaki_examples::create_json(Some(path))?;
         }
         if let Some(path) = &opts.plot {
             crate::plot::check_file(path)?;

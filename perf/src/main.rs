@@ -154,7 +154,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
     // Rank 0 writes --json and --plot: a file it could not write is an error before the run, not after it.
     if prints {
         if let Some(path) = &opts.json {
-            report::check_path(path)?;
+            gdaki_examples::create_json(Some(path))?;
         }
         if let Some(path) = &opts.plot {
             plot::files(path, &tests).iter().try_for_each(|(file, _)| plot::check_file(file))?;

@@ -114,14 +114,6 @@ pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown".into(), |h| h.trim().into())
 }
 
-/// Refuses, before a run, a `--json` path the run could not write at its end: creating the file is the test.
-///
-/// # Errors
-/// One line naming the path and why.
-pub fn check_path(path: &Path) -> Result<(), String> {
-    std::fs::File::create(path).map(drop).map_err(|e| format!("--json {}: {e}", path.display()))
-}
-
 /// Writes `report` to `path`, pretty-printed.
 ///
 /// # Errors
