@@ -15,7 +15,6 @@ use std::time::Duration;
 use clap::Parser;
 use gdaki::bootstrap::Bootstrap;
 use gdaki::exec::{Executor, ExecutorKind};
-use gdaki::nic::emu::WireConfig;
 use gdaki::nic::NicSpec;
 use gdaki_testkit::perftest::LatencyRow;
 use gdaki_testkit::pingpong::{PingPong, RunConfig};
@@ -63,9 +62,6 @@ struct Args {
     /// Run the sizes this many times (a soak), printing this process's memory after each pass.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     repeat: u32,
-    /// Address this rank's emulated NIC listens on for its peer (use a routable one across hosts).
-    #[arg(long, default_value = "127.0.0.1:0")]
-    wire: std::net::SocketAddr,
     /// NIC: emu (the emulated mlx5 NIC) or an RDMA device, DEVICE[:PORT[:GID_INDEX]] (e.g. mlx5_0; needs a
     /// build with --features mlx5 and a ConnectX NIC).
     #[arg(long, default_value = "emu")]
@@ -214,7 +210,7 @@ fn main() -> ExitCode {
         Some((bs, rank)) => {
             let peer = (1 - rank) as usize;
             let exchange = Box::new(move |mine: &[u8]| Ok(bs.all_gather(mine)?.swap_remove(peer)));
-            let wire = WireConfig { listen: args.wire, ..WireConfig::loopback() };
+            let wire = args.launch.wire_config();
             PingPong::new_rank_on(&args.nic, exec, rank, max, total, wire, exchange)
         }
     };

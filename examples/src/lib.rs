@@ -8,6 +8,7 @@ mod processes;
 use gdaki::bootstrap::{Launch, LaunchFlags};
 use gdaki::channel::{Communicator, RankSetup};
 use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::nic::emu::WireConfig;
 use gdaki::nic::{Nic, NicSpec};
 
 /// The commit this crate was built from (`git rev-parse --short=12 HEAD`, `-dirty` when the tree had
@@ -91,9 +92,19 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64),
           conflicts_with_all = ["world_size", "rank", "bootstrap", "secret", "secret_file"])]
     pub processes: Option<u32>,
+    /// Address this rank's emulated NIC listens on for its peers, in a run of one rank per process (default
+    /// 127.0.0.1:0; use a routable one across hosts; port 0: a free one).
+    #[arg(long, value_name = "ADDR")]
+    pub wire: Option<std::net::SocketAddr>,
 }
 
 impl LaunchArgs {
+    /// The wire of this process's emulated NIC: `--wire`, with the default retry timeout and inbound queue.
+    pub fn wire_config(&self) -> WireConfig {
+        let loopback = WireConfig::loopback();
+        WireConfig { listen: self.wire.unwrap_or(loopback.listen), ..loopback }
+    }
+
     /// With `--processes N`: starts N processes of this program with the same arguments, less `--processes`,
     /// plus each one's rank flags, inheriting standard output and error, and waits for all of them. Once one
     /// fails, the others have 3 s to end by themselves before they are stopped (SIGKILL), as torchrun stops
@@ -210,6 +221,7 @@ pub fn run_ranks<T: Send>(
         one_nic,
         gpu: args.gpu,
         timeout: args.bootstrap_timeout(),
+        wire: args.wire_config(),
         ..RankSetup::local(2, kind)
     };
     gdaki::channel::run_ranks(&setup, rank_main).map_err(|e| e.to_string())

@@ -778,6 +778,7 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
         one_nic,
         gpu: opts.launch.gpu,
         timeout: opts.launch.bootstrap_timeout(),
+        wire: opts.launch.wire_config(),
         ..RankSetup::local(n, kind)
     };
     let results =

@@ -46,6 +46,8 @@ pub struct TrainConfig {
     pub gpu: Option<usize>,
     /// Bound of each rank's bootstrap setup ([`RankSetup::timeout`]).
     pub bootstrap_timeout: std::time::Duration,
+    /// The wire of this process's NIC with [`TrainConfig::launch`] ([`RankSetup::wire`]).
+    pub wire: gdaki::nic::emu::WireConfig,
     /// Executor of every rank.
     pub executor: ExecutorKind,
     /// How gradients are summed.
@@ -71,6 +73,7 @@ impl Default for TrainConfig {
             launch: None,
             gpu: None,
             bootstrap_timeout: std::time::Duration::from_secs(60),
+            wire: gdaki::nic::emu::WireConfig::loopback(),
             executor: ExecutorKind::Cpu,
             path: Path::Nic,
             epochs: 60,
@@ -308,6 +311,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Option<TrainReport>, String> {
         launch: cfg.launch.clone(),
         gpu: cfg.gpu,
         timeout: cfg.bootstrap_timeout,
+        wire: cfg.wire,
         ..RankSetup::local(nranks, cfg.executor)
     };
     let ranks = on_ranks(setup, cfg.path, |a: &Aggregator| {

@@ -30,6 +30,10 @@ pub struct RankSetup {
     pub one_nic: bool,
     /// Bound of each rank's bootstrap setup.
     pub timeout: Duration,
+    /// The wire of this process's NIC with [`RankSetup::launch`] (ranks in several processes, perhaps on several
+    /// hosts: listen on a routable address there, as the guide's "Across processes and hosts" shows). Ranks
+    /// in this process always use [`WireConfig::loopback`] (a fixed address could be taken only once).
+    pub wire: WireConfig,
     /// The GPU of every rank on the `gpu` executor (0-based, `cuDeviceGet` order). `None`: each rank takes
     /// GPU `local_rank % count` of the `count` GPUs its process sees (in this process, the rank is the local
     /// rank; across processes, [`Launch::local_rank`]), one GPU per rank on a host with as many, as NCCL's
@@ -47,6 +51,7 @@ impl RankSetup {
             executor,
             nic: NicSpec::Emu,
             one_nic: false,
+            wire: WireConfig::loopback(),
             timeout: Duration::from_secs(60),
             gpu: None,
         }
@@ -97,7 +102,10 @@ pub fn run_ranks<T: Send>(
             let (exec, _) = Executor::open_on(Some(setup.executor), gpu_of(launch.local_rank))?;
             match &shared {
                 Some(n) => Communicator::on_nic(b, exec, n.clone()),
-                None => Communicator::with_nic(b, exec, &setup.nic, WireConfig::loopback()),
+                None => {
+                    let wire = if setup.launch.is_some() { setup.wire } else { WireConfig::loopback() };
+                    Communicator::with_nic(b, exec, &setup.nic, wire)
+                }
             }
         });
         (launch.rank, comm.map(|c| rank_main(Arc::new(c))))
@@ -141,5 +149,31 @@ mod tests {
         assert_eq!(RankSetup { gpu: Some(5), ..local.clone() }.gpu_of(3, twice), 5);
         // One shared NIC keeps every rank in this process on GPU 0, the NIC's; across processes it means nothing.
         assert_eq!(RankSetup { one_nic: true, ..local.clone() }.gpu_of(3, twice), 0);
+    }
+
+    /// With a launch (one rank per process, here two threads standing for the processes), the NIC listens where
+    /// `wire` says (127.0.0.2, also loopback on Linux); ranks all in one process keep the loopback wire.
+    #[test]
+    fn a_launch_listens_on_its_wire() {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let secret = Secret::random().unwrap();
+        let wire = WireConfig { listen: "127.0.0.2:0".parse().unwrap(), ..WireConfig::loopback() };
+        let listened = |comm: Arc<Communicator>| comm.nic().as_emu().and_then(|n| n.wire_addr()).map(|a| a.ip());
+        let ips: Vec<_> = std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..2)
+                .map(|rank| {
+                    let root = format!("127.0.0.1:{port}");
+                    let launch = Launch { rank, world_size: 2, local_rank: rank, root, secret, source: "test" };
+                    let setup = RankSetup { launch: Some(launch), wire, ..RankSetup::local(2, ExecutorKind::Cpu) };
+                    s.spawn(move || run_ranks(&setup, listened).unwrap().pop().unwrap().1.unwrap())
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let two: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        assert_eq!(ips, [Some(two), Some(two)]);
+        let here = run_ranks(&RankSetup { wire, ..RankSetup::local(2, ExecutorKind::Cpu) }, listened).unwrap();
+        let one: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(here.into_iter().all(|(_, ip)| ip.unwrap() == Some(one)));
     }
 }

@@ -73,6 +73,7 @@ fn main() -> ExitCode {
         launch,
         gpu: args.launch.gpu,
         bootstrap_timeout: args.launch.bootstrap_timeout(),
+        wire: args.launch.wire_config(),
         executor,
         path: args.path,
         epochs: args.epochs,
