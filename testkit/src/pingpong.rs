@@ -173,6 +173,29 @@ const INFO_BYTES: usize = 8 + ENDPOINT_BYTES + 2 * std::mem::size_of::<RemoteMr>
 /// "GDKPPNG1": tells a ping-pong peer's info from other bytes on the same bootstrap.
 const INFO_MAGIC: u64 = 0x4744_4b50_504e_4731;
 
+/// What a rank sends in place of its info or its setup status when its own setup failed: this prefix, then the
+/// reason as text.
+const FAILED_MAGIC: &[u8] = b"GDKPPFAIL:";
+/// A rank's setup status when it connected.
+const SETUP_OK: &[u8] = b"GDKPPOK";
+
+/// The bytes that tell the peer this rank's setup failed with `e`.
+fn failure_bytes(e: &Error) -> Vec<u8> {
+    [FAILED_MAGIC, e.to_string().as_bytes()].concat()
+}
+
+/// The error of a peer that sent `b` instead of what its setup should have sent: its reason if `b` is
+/// [`failure_bytes`], else what `b` is, never the bytes themselves.
+fn peer_failed(b: &[u8]) -> Error {
+    match b.strip_prefix(FAILED_MAGIC) {
+        Some(why) => Error::Bootstrap(format!("the peer's setup failed: {}", String::from_utf8_lossy(why))),
+        None => Error::InvalidArgument(format!(
+            "ping-pong peer: {} bytes that are not a ping-pong setup's (is the peer a pingpong of this version?)",
+            b.len()
+        )),
+    }
+}
+
 impl PeerInfo {
     fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(INFO_BYTES);
@@ -184,12 +207,8 @@ impl PeerInfo {
     }
 
     fn from_bytes(b: &[u8]) -> Result<Self> {
-        let bad = |what: &str| Error::InvalidArgument(format!("ping-pong peer info: {what}"));
         if b.len() != INFO_BYTES || b[..8] != INFO_MAGIC.to_le_bytes() {
-            return Err(bad(&format!(
-                "{} bytes without the ping-pong magic (is the peer a pingpong of this version?)",
-                b.len()
-            )));
+            return Err(peer_failed(b));
         }
         let e = 8 + ENDPOINT_BYTES;
         let r = std::mem::size_of::<RemoteMr>();
@@ -285,8 +304,13 @@ impl PingPong {
     /// [`PingPong::new_rank`] on the NIC `nic` names (`wire` serves the emulated NIC only; real NICs reach
     /// their peer through the fabric). Both ranks must use the same kind of NIC.
     ///
+    /// Every step that can fail takes part in the exchanges all the same, so that the two ranks stay in step and
+    /// each reports why: a rank whose own setup failed sends that reason where its info would go, and after
+    /// connecting both swap whether they could; a rank then returns its own error, or the peer's reason.
+    ///
     /// # Errors
-    /// As [`PingPong::new_rank`] and [`Nic::open`].
+    /// As [`PingPong::new_rank`] and [`Nic::open`]; [`Error::Bootstrap`] naming the peer's reason when the
+    /// peer's setup failed.
     pub fn new_rank_on(
         nic: &NicSpec,
         exec: Executor,
@@ -299,21 +323,40 @@ impl PingPong {
         if rank > 1 {
             return Err(Error::InvalidArgument(format!("ping-pong rank {rank}: must be 0 or 1")));
         }
-        let (buf_len, times_len) = Self::lengths(max_size, max_iters)?;
-        let nic = Nic::open(nic, &exec, Some(wire))?;
-        let ctrl = exec.alloc_data(CTRL_STRIDE)?;
-        let times = exec.alloc_data(times_len)?;
-        let pd = nic.alloc_pd()?;
-        let mut me = Rank::new(&nic, &pd, &exec, rank, buf_len, &ctrl, 0)?;
-        let peer = PeerInfo::from_bytes(&exchange(&me.info().to_bytes())?)?;
-        if peer.recv.length / 2 < buf_len as u64 {
-            return Err(Error::InvalidArgument(format!(
+        let local = (|| {
+            let (buf_len, times_len) = Self::lengths(max_size, max_iters)?;
+            let nic = Nic::open(nic, &exec, Some(wire))?;
+            let ctrl = exec.alloc_data(CTRL_STRIDE)?;
+            let times = exec.alloc_data(times_len)?;
+            let pd = nic.alloc_pd()?;
+            let me = Rank::new(&nic, &pd, &exec, rank, buf_len, &ctrl, 0)?;
+            Ok((buf_len, nic, ctrl, times, pd, me))
+        })();
+        let mine = match &local {
+            Ok((.., me)) => me.info().to_bytes(),
+            Err(e) => failure_bytes(e),
+        };
+        let theirs = exchange(&mine)?;
+        let (buf_len, nic, ctrl, times, pd, mut me) = local?;
+        let peer = PeerInfo::from_bytes(&theirs)?;
+        let connected = if peer.recv.length / 2 < buf_len as u64 {
+            Err(Error::InvalidArgument(format!(
                 "the peer's receive buffer holds two halves of {} bytes, this rank sends up to {buf_len}: run both \
                  with the same sizes",
                 peer.recv.length / 2
-            )));
+            )))
+        } else {
+            me.connect(&peer)
+        };
+        let status = match &connected {
+            Ok(()) => SETUP_OK.to_vec(),
+            Err(e) => failure_bytes(e),
+        };
+        let theirs = exchange(&status)?;
+        connected?;
+        if theirs != SETUP_OK {
+            return Err(peer_failed(&theirs));
         }
-        me.connect(&peer)?;
         let ranks = vec![me];
         let gpu_state = Self::handles(&exec, &ranks, &ctrl)?;
         Ok(Self {
@@ -408,7 +451,9 @@ impl PingPong {
     /// # Errors
     /// [`Error::InvalidArgument`] for a size or iteration count beyond what [`PingPong::new`] set up;
     /// [`Error::Device`] when device code reported an error (error CQE, timed-out wait, wrong payload: the
-    /// QPs are then in the error state, and later runs return [`Error::InvalidArgument`]); CUDA errors.
+    /// QPs are then in the error state, and later runs return [`Error::InvalidArgument`]); CUDA errors; with a
+    /// peer in another process, [`Error::InvalidArgument`] when it runs another configuration and
+    /// [`Error::Bootstrap`] when it sent something else (it stopped).
     pub fn run(&mut self, cfg: &RunConfig) -> Result<RunResult> {
         if self.failed {
             return Err(Error::InvalidArgument("an earlier run failed: create a new PingPong".into()));
@@ -448,10 +493,16 @@ impl PingPong {
             let mine = format!("run {} {} {} {} {}", cfg.size, cfg.warmup, cfg.iters, cfg.seed, cfg.blueflame);
             let theirs = x(mine.as_bytes())?;
             if theirs != mine.as_bytes() {
+                // A peer that stopped (its own error said why) sends what comes after its runs instead.
+                let Some(run) = std::str::from_utf8(&theirs).ok().filter(|t| t.starts_with("run ")) else {
+                    return Err(Error::Bootstrap(format!(
+                        "the peer sent {} bytes that are not a run's configuration: it stopped before this run",
+                        theirs.len()
+                    )));
+                };
                 return Err(Error::InvalidArgument(format!(
-                    "the peer runs `{}`, this rank `{mine}` (size, warmup, iters, seed, blueflame): give both the \
-                     same flags",
-                    String::from_utf8_lossy(&theirs)
+                    "the peer runs `{run}`, this rank `{mine}` (size, warmup, iters, seed, blueflame): give both the \
+                     same flags"
                 )));
             }
         }

@@ -172,6 +172,38 @@ fn ranks_with_different_flags_refuse_to_run() {
     }
 }
 
+/// A rank whose setup fails tells its peer why, in step: before the info exchange (0 iterations: its buffers
+/// cannot be sized) and after it (a larger message than the peer's buffer takes). The failed rank returns its
+/// own error; its peer returns an error naming the peer's reason (it read the failed rank's bytes as peer info,
+/// or as a run's configuration with the failed rank's raw bytes in the message, before).
+#[test]
+fn a_rank_whose_setup_fails_tells_its_peer_why() {
+    for (sizes, iters, own, told) in [
+        ([128, 128], [10, 0], "size and iterations must be at least 1", "the peer's setup failed: "),
+        ([128, 4096], [10, 10], "this rank sends up to 4096", "the peer's setup failed: "),
+    ] {
+        let (x0, x1) = thread_exchange();
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = [(0u32, x0), (1, x1)]
+                .into_iter()
+                .map(|(rank, x)| {
+                    s.spawn(move || {
+                        let wire = gdaki::nic::emu::WireConfig::loopback();
+                        let (size, iters) = (sizes[rank as usize], iters[rank as usize]);
+                        match PingPong::new_rank(Executor::Cpu, rank, size, iters, wire, x) {
+                            Ok(_) => "set up".to_string(),
+                            Err(e) => e.to_string(),
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(errs[1].contains(own), "rank 1: {}", errs[1]);
+        assert!(errs[0].contains(told) && errs[0].contains(own), "rank 0: {}", errs[0]);
+    }
+}
+
 #[test]
 fn bad_run_arguments_are_errors() {
     let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).unwrap();
