@@ -61,6 +61,8 @@ fn main() -> ExitCode {
             }
         };
     }
+    // A malformed GDAKI_QUEUES is refused here, before the header names a placement.
+    gdaki_examples::apply_queues(None);
     let verbose = args.verbose;
     let filter = args.filter.unwrap_or_default();
     let cases: Vec<_> = faults::catalogue().into_iter().filter(|c| c.name.contains(filter.as_str())).collect();

@@ -348,6 +348,12 @@ fn read_secret_file(path: &Path) -> Result<Secret, String> {
 /// `HOST:PORT` with a non-empty host (bracketed when it is an IPv6 literal) and a port in 1..=65535. The host
 /// is not resolved here: resolving is the bootstrap's job, with retries.
 fn check_host_port(s: &str) -> Result<(), String> {
+    // A bracketed IPv6 host must be followed by its port (`[::1]` alone would split at its last colon).
+    if let Some(rest) = s.strip_prefix('[') {
+        if !rest.split_once(']').is_some_and(|(_, tail)| tail.starts_with(':')) {
+            return Err("expected [IPV6]:PORT, e.g. [::1]:29500".into());
+        }
+    }
     let (host, port) = s.rsplit_once(':').ok_or("expected HOST:PORT")?;
     if host.is_empty() {
         return Err("empty host".into());
@@ -553,6 +559,10 @@ mod tests {
         assert_eq!(
             err(flags(0, 2), &[("MASTER_ADDR", "h"), ("MASTER_PORT", "0")]),
             "bad bootstrap address \"h:0\" from MASTER_ADDR/MASTER_PORT: port 0 (the other ranks could not know which port the root got)"
+        );
+        assert_eq!(
+            err(LaunchFlags { bootstrap: Some("[::1]".into()), ..flags(0, 2) }, &[]),
+            "bad bootstrap address \"[::1]\" from --bootstrap: expected [IPV6]:PORT, e.g. [::1]:29500"
         );
         assert_eq!(
             err(LaunchFlags { bootstrap: Some("::1:5".into()), ..flags(0, 2) }, &[]),
