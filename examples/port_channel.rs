@@ -163,6 +163,10 @@ fn main() -> ExitCode {
         return code;
     }
     gdaki_examples::apply_queues(args.queues);
+    if let Err(e) = gdaki_examples::refuse_repeats("--mode", &args.mode, |m| m.name()) {
+        gdaki_examples::eprintln_line!("error: {e}");
+        return ExitCode::from(2);
+    }
     let modes = args.mode.clone();
     let launch = match args.launch.two_ranks() {
         Ok(l) => l,

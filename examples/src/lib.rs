@@ -52,9 +52,10 @@ pub fn write_stderr_line(mut line: String) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
-/// The flags of a two-process run every two-rank example takes (`--world-size`, `--rank`, `--bootstrap`, `--secret`,
-/// `--secret-file`); without them, mpirun's, srun's or torchrun's environment decides, and without that both ranks run
-/// in this process.
+/// The launch flags every program with ranks takes (the two-rank examples, `gdaki-perf`, `train`): a run of one
+/// rank per process (`--world-size`, `--rank`, `--bootstrap`, `--secret`, `--secret-file`, `--wire`), or
+/// `--processes` to start them; `--gpu` and `--bootstrap-timeout`. Without the rank flags, mpirun's, srun's or
+/// torchrun's environment decides, and without that every rank runs in this process.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LaunchArgs {
     /// Ranks of a multi-process run, one per process, over the emulated NIC's wire (as many as the program
@@ -81,7 +82,7 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "ORDINAL")]
     pub gpu: Option<usize>,
     /// Seconds a rank waits for the others to join the bootstrap, and for each of its exchanges, before it
-    /// gives up with an error naming what it waited for (default 60).
+    /// gives up with an error naming what it waited for (default 60; 1 to 3600).
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub bootstrap_timeout: Option<u64>,
     /// Start N processes of this program on this host, one rank each, and wait for them (as `torchrun
@@ -176,6 +177,18 @@ impl LaunchArgs {
             }
             _ => Ok(None),
         }
+    }
+}
+
+/// `Err` naming the first value that `flag`'s list has twice (`name` says it as the tables do): each value
+/// is a table or a row of its own, and one named twice ran twice and printed its rows twice over.
+///
+/// # Errors
+/// The one line to print before exiting with code 2: `FLAG names VALUE twice`.
+pub fn refuse_repeats<T: PartialEq>(flag: &str, values: &[T], name: impl Fn(&T) -> &str) -> Result<(), String> {
+    match values.iter().enumerate().find(|(i, v)| values[..*i].contains(v)) {
+        Some((_, v)) => Err(format!("{flag} names {} twice", name(v))),
+        None => Ok(()),
     }
 }
 

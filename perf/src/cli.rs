@@ -67,7 +67,7 @@ pub struct Opts {
     #[arg(long, value_enum)]
     pub queues: Option<gdaki_examples::Queues>,
     /// NIC: emu (the emulated mlx5 NIC) or an RDMA device, DEVICE[:PORT[:GID_INDEX]] (a build with
-    /// --features mlx5 of gdaki-examples and a ConnectX NIC).
+    /// --features mlx5 and a ConnectX NIC).
     #[arg(long, default_value = "emu")]
     pub nic: NicSpec,
     /// Both ranks (in this process) on ONE NIC, whose QPs then meet on its direct path with no wire between
@@ -84,7 +84,8 @@ pub struct Opts {
     /// Timed iterations of a latency row; the most a bandwidth row gets [default: 1000; 50 with --quick].
     #[arg(short = 'n', long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub iters: Option<u32>,
-    /// All sizes: latency 8 B to 1 MiB (×2), bandwidth 1 KiB (4-QP: 4 KiB) to the default largest (×4).
+    /// All sizes: latency 8 B to 1 MiB (×2); bandwidth by ×4, 1-QP and bibw 1 KiB to 128 MiB, 4-QP 4 KiB to
+    /// 512 MiB; the flush tests stay at 1 KiB.
     #[arg(short = 'a', long = "all")]
     pub all_sizes: bool,
     /// Untimed iterations before each row (at most a tenth of the row's).
@@ -120,13 +121,4 @@ pub struct Opts {
     pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub launch: gdaki_examples::LaunchArgs,
-}
-
-/// `Err` naming the first value that `flag`'s list has twice (`name` says it as the tables do): each value
-/// is a table or a row of its own, and one named twice ran twice and printed its rows twice over.
-pub fn refuse_repeats<T: PartialEq>(flag: &str, values: &[T], name: impl Fn(&T) -> &str) -> Result<(), String> {
-    match values.iter().enumerate().find(|(i, v)| values[..*i].contains(v)) {
-        Some((_, v)) => Err(format!("{flag} names {} twice", name(v))),
-        None => Ok(()),
-    }
 }

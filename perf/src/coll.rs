@@ -704,8 +704,8 @@ pub fn run(opts: &CollOpts) -> Result<ExitCode, String> {
     if opts.op.is_empty() || opts.algorithm.is_empty() {
         return Err("--op and --algorithm need at least one value each".into());
     }
-    crate::cli::refuse_repeats("--op", &opts.op, |o| o.name())?;
-    crate::cli::refuse_repeats("--algorithm", &opts.algorithm, |a| a.name())?;
+    gdaki_examples::refuse_repeats("--op", &opts.op, |o| o.name())?;
+    gdaki_examples::refuse_repeats("--algorithm", &opts.algorithm, |a| a.name())?;
     let (min, max, factor) = bounds(opts);
     if min > max {
         return Err(format!("-b {min} is above -e {max}"));

@@ -116,7 +116,7 @@ fn header(
 
 /// The whole run; `Err` is a one-line reason to exit with code 2 before anything ran.
 fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
-    cli::refuse_repeats("--mode", &opts.mode, |m| m.label())?;
+    gdaki_examples::refuse_repeats("--mode", &opts.mode, |m| m.label())?;
     gdaki_examples::apply_queues(opts.queues);
     let tests = suite::tests(cmd);
     let sizes: Vec<(Test, Vec<usize>)> = tests.iter().map(|&t| (t, suite::sizes(t, opts))).collect();
@@ -157,6 +157,7 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
             gdaki_examples::create_json(Some(path))?;
         }
         if let Some(path) = &opts.plot {
+            plot::check_name(path)?;
             plot::files(path, &tests).iter().try_for_each(|(file, _)| plot::check_file(file))?;
         }
         header(cmd, &machine, &nic, &plan, &opts.mode, warmup, kind);

@@ -59,6 +59,18 @@ pub fn files(path: &Path, tests: &[Test]) -> Vec<(PathBuf, bool)> {
         .collect()
 }
 
+/// Refuses a `--plot` name that is not `.png` (the only format drawn), before a run: also the name given,
+/// whose stem names a bandwidth-only run's chart (`PATH-bw.png`) whatever PATH ends in.
+///
+/// # Errors
+/// One line naming the file.
+pub fn check_name(file: &Path) -> Result<(), String> {
+    match file.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) {
+        true => Ok(()),
+        false => Err(format!("--plot {}: charts are drawn as PNG: name a .png file", file.display())),
+    }
+}
+
 /// Refuses, before a run, a chart file the run could not write at its end: one not named `.png` (the only
 /// format drawn) or one that cannot be created. Opening it (without truncating) is the test; a file that was
 /// not there is removed again, so that a chart whose rows all failed leaves no empty file behind.
@@ -66,9 +78,7 @@ pub fn files(path: &Path, tests: &[Test]) -> Vec<(PathBuf, bool)> {
 /// # Errors
 /// One line naming the file and why.
 pub fn check_file(file: &Path) -> Result<(), String> {
-    if !file.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) {
-        return Err(format!("--plot {}: charts are drawn as PNG: name a .png file", file.display()));
-    }
+    check_name(file)?;
     let existed = file.exists();
     std::fs::OpenOptions::new()
         .write(true)

@@ -121,3 +121,11 @@ fn zero_timeouts_and_teams_and_huge_sizes_are_refused() {
         assert!(line.starts_with(&format!("error: invalid value '{timeout}' for '--timeout")), "{timeout}: {line}");
     }
 }
+
+/// `--plot` names a PNG file whatever charts the subcommand draws: a bandwidth-only run (`bw`) drew PATH's stem
+/// + "-bw.png" and took `chart.svg` without a word.
+#[test]
+fn a_plot_path_that_is_not_png_is_refused_for_bandwidth_only_runs_too() {
+    let line = refused(&["bw", "--plot", "/tmp/gdaki-chart.svg", "-s", "1024"]);
+    assert!(line.contains("--plot /tmp/gdaki-chart.svg") && line.contains(".png"), "{line}");
+}

@@ -128,6 +128,8 @@ fn port_channel_refuses_out_of_range_flags_before_running() {
         (&["--max-size", "0"], "'0' for '--max-size <MAX_SIZE>': 0 is not in 1024..=1073741824"),
         (&["--max-size", "1000"], "'1000' for '--max-size <MAX_SIZE>': 1000 is not in 1024..=1073741824"),
         (&["--max-size", "1073741825"], "'1073741825' for '--max-size <MAX_SIZE>'"),
+        // Each mode is a table of its own: one named twice ran twice.
+        (&["--mode", "exclusive,host,exclusive"], "--mode names Exclusive twice"),
     ];
     for (args, needle) in cases {
         assert_error(&run("port_channel", &[], args), 2, needle);
