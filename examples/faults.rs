@@ -8,7 +8,7 @@
 //!
 //! `cargo run --example faults` (all cases), `cargo run --example faults -- wire` (cases whose name contains
 //! `wire`), `-v` to list every case's checks under its row, `--help` for the flags. Exit code 2 for bad
-//! arguments or a filter no case name matches. The SIGKILL case starts this program again as its peer, with the
+//! arguments, a `GDAKI_QUEUES` other than `gpu` or `host`, or a filter no case name matches. The SIGKILL case starts this program again as its peer, with the
 //! hidden flag `--peer`.
 
 use std::io::Write;
@@ -30,8 +30,8 @@ const PEER_FLAG: &str = "peer";
                   killed with SIGKILL mid-transfer, an unreachable peer, ...) and prints one row per case: \
                   expected and observed outcome, QP state, bytes changed outside the permitted range, how long \
                   the waiter waited and its bound, and the result. The last line is `N passed, M failed`.\n\n\
-                  Exit codes: 0 when every case passed, 1 when one failed, 2 for bad arguments or a NAME-SUBSTRING \
-                  that no case name contains.",
+                  Exit codes: 0 when every case passed, 1 when one failed, 2 for bad arguments, a GDAKI_QUEUES \
+                  other than gpu or host, or a NAME-SUBSTRING that no case name contains.",
     after_help = "Examples: `faults` (every case), `faults wire` (the cases whose name contains `wire`), \
                   `faults -v \"SQ full\"`, `faults --list`."
 )]
