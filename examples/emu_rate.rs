@@ -120,6 +120,7 @@ fn run(rig: &mut Rig, h: &mut QpHandle, op: Op, n: u64, batch: u64) -> Result<Du
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    gdaki_examples::apply_queues(None);
     gdaki_examples::outln!(
         "gdaki emu_rate: one executor thread per NIC, cpu executor ({} host threads), {} WQEs per run, doorbell every {}, {} runs per row",
         std::thread::available_parallelism().map_or(1, |n| n.get()),

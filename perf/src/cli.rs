@@ -102,8 +102,8 @@ pub struct Opts {
     /// 1 to 1024, the most threads of a block on either executor.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub team: Option<u32>,
-    /// Bound of every device-side wait, ms (at least 1).
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Bound of every device-side wait, ms (1 to 86,400,000: at most a day, as pingpong and port_channel).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     pub timeout_ms: u64,
     /// Payloads up to this many bytes go by BlueFlame in Exclusive sharing (0: never).
     #[arg(long, default_value_t = 512 << 10)]

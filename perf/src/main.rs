@@ -73,7 +73,7 @@ fn main() -> ExitCode {
     }
     let res = match (&cli.cmd, cli.cmd.split()) {
         (cli::Cmd::Coll(o), _) => {
-            gdaki_examples::init_tracing();
+            gdaki_examples::apply_queues(None);
             coll::run(o)
         }
         (_, Some((cmd, opts))) => run(cmd, opts),

@@ -105,6 +105,7 @@ fn zero_timeouts_and_teams_and_huge_sizes_are_refused() {
     let run = ["pingpong", "--mode", "exclusive", "-n", "3"];
     for (flag, value) in [
         ("--timeout-ms", "0"),
+        ("--timeout-ms", "86400001"),
         ("--team", "0"),
         ("--team", "1025"),
         ("-s", "18446744073709551615"),
@@ -128,4 +129,19 @@ fn zero_timeouts_and_teams_and_huge_sizes_are_refused() {
 fn a_plot_path_that_is_not_png_is_refused_for_bandwidth_only_runs_too() {
     let line = refused(&["bw", "--plot", "/tmp/gdaki-chart.svg", "-s", "1024"]);
     assert!(line.contains("--plot /tmp/gdaki-chart.svg") && line.contains(".png"), "{line}");
+}
+
+/// `coll` refuses a malformed `GDAKI_QUEUES` before its header, as the two-rank suites do (every rank's NIC
+/// refused to open after the header had named a placement).
+#[test]
+fn coll_refuses_a_malformed_queues_variable_first() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args(["coll", "--nranks", "2", "--op", "broadcast", "-b", "8", "-e", "8", "-n", "1", "--executor", "cpu"])
+        .env("GDAKI_QUEUES", "bogus")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(stdout.is_empty(), "it ran:\n{stdout}");
+    assert_eq!(stderr.trim_end(), "error: GDAKI_QUEUES=\"bogus\": queues must be gpu or host (or GDAKI_QUEUES unset)");
 }

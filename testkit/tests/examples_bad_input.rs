@@ -156,11 +156,14 @@ fn a_malformed_queues_variable_is_refused_before_the_header() {
         assert_eq!(out.status.code(), Some(0), "{program}: {}", text(&out.stderr));
         assert!(text(&out.stdout).contains("queues in host memory"), "{program}: {}", text(&out.stdout));
     }
-    // The fault catalogue (no --queues flag, no --executor: it runs on the cpu executor) checks it too.
-    let mut cmd = Command::new(example("faults"));
-    cmd.env("GDAKI_QUEUES", "bogus");
-    let want = "error: GDAKI_QUEUES=\"bogus\": queues must be gpu or host (or GDAKI_QUEUES unset)";
-    assert_error(&output(cmd), 2, want);
+    // The fault catalogue and emu_rate (no --queues flag, no --executor: they run on the cpu executor) check
+    // it too.
+    for program in ["faults", "emu_rate"] {
+        let mut cmd = Command::new(example(program));
+        cmd.env("GDAKI_QUEUES", "bogus");
+        let want = "error: GDAKI_QUEUES=\"bogus\": queues must be gpu or host (or GDAKI_QUEUES unset)";
+        assert_error(&output(cmd), 2, want);
+    }
 }
 
 #[test]

@@ -21,7 +21,7 @@ struct Args {
     executor: Option<ExecutorKind>,
     /// Ranks (threads of this process, 1 to 8), each with a shard of the training set; with a launch
     /// (mpirun, srun, torchrun or --world-size/--rank), one rank per process instead.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=gdaki_shared::coll::MAX_RANKS as i64))]
     nranks: u32,
     /// How gradients are summed: nic (fixed point, RDMA fetch-adds) or ring (ring reduce-scatter + all-gather, summed by device code).
     #[arg(long, value_enum, default_value_t = Path::Nic)]
@@ -53,7 +53,7 @@ fn main() -> ExitCode {
     if let Some(code) = args.launch.spawn_processes(2..=gdaki_shared::coll::MAX_RANKS as u32) {
         return code;
     }
-    gdaki_examples::init_tracing();
+    gdaki_examples::apply_queues(None);
     let launch = match gdaki::bootstrap::Launch::resolve_from_process_env(args.launch.flags()) {
         Ok(l) => l.filter(|l| l.world_size > 1),
         Err(e) => {

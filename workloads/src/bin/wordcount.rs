@@ -19,7 +19,7 @@ struct Args {
     #[arg(long)]
     executor: Option<ExecutorKind>,
     /// Mappers (ranks: threads of this process, 1 to 8).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=gdaki_shared::coll::MAX_RANKS as i64))]
     nranks: u32,
     /// How counts are summed: nic (fixed point, RDMA fetch-adds) or ring (ring reduce-scatter + all-gather, summed by device code).
     #[arg(long, value_enum, default_value_t = Path::Nic)]
@@ -37,7 +37,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    gdaki_examples::init_tracing();
+    gdaki_examples::apply_queues(None);
     let corpus = match read_corpus(&args.corpus) {
         Ok(c) => c,
         Err(e) => {
