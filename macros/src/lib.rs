@@ -13,9 +13,10 @@
 //! - on the host: `pub static PING: gdaki_device::launch::KernelFn<(DevPtr<PortChannelHandle>, u64)>`, the
 //!   kernel's name and the same call for the `cpu` executor's host threads, which `gdaki::launch` launches.
 //!
-//! Rules, checked at compile time: the first parameter is a `&Thread`; the others are plain identifiers whose
-//! types are references (`&T`, not `&mut T`: many threads hold it), raw pointers, or `DeviceRepr` values; no
-//! generics, no `async`; the name has a lowercase letter (the descriptor is the name in upper case, which must
+//! Rules, checked at compile time: the first parameter is a `&Thread`; at most 8 others, plain identifiers whose
+//! types are references (`&T`, not `&mut T`: many threads hold it), raw pointers, or `DeviceRepr` values, each
+//! to or of a sized type (no slice, `str` or trait object: a pointer crosses the launch as one address); no
+//! generics, no `impl Trait`, no `async`; the name has a lowercase letter (the descriptor is the name in upper case, which must
 //! differ from the function's), and a raw name (`r#loop`) is taken without its `r#`; the return type is `()` or
 //! a `Result<(), E>` with `E: Into<gdaki_device::Error>`.
 //! The crate that uses it needs `#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]` for the entry's ABI.
@@ -24,6 +25,9 @@ use proc_macro::TokenStream;
 use proc_macro2::Span;
 use quote::{format_ident, quote};
 use syn::{ext::IdentExt, parse_macro_input, spanned::Spanned, FnArg, ItemFn, Pat, Type};
+
+/// Most parameters after the `&Thread`: the launch's argument tuples (`gdaki_device::launch::LaunchArgs`) go to 8.
+const MAX_PARAMS: usize = 8;
 
 /// How a parameter crosses the launch.
 enum Param {
@@ -72,6 +76,16 @@ fn expand(f: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
             return Err(syn::Error::new(t.pat.span(), "a kernel's parameters are plain names"));
         }
         params.push(classify(&t.ty)?);
+    }
+    if params.len() > MAX_PARAMS {
+        return Err(syn::Error::new(
+            sig.inputs.span(),
+            format!(
+                "a kernel takes at most {MAX_PARAMS} parameters after `t: &Thread` (it has {}): gather the rest in a \
+                 `#[repr(C)]` struct passed by reference",
+                params.len()
+            ),
+        ));
     }
 
     let name = &sig.ident;
@@ -161,6 +175,41 @@ fn is_thread_ref(ty: &Type) -> bool {
 }
 
 fn classify(ty: &Type) -> syn::Result<Param> {
+    let pointee = match ty {
+        Type::Reference(r) => Some(&*r.elem),
+        Type::Ptr(p) => Some(&*p.elem),
+        _ => None,
+    };
+    if let Type::ImplTrait(_) = ty {
+        return Err(syn::Error::new(
+            ty.span(),
+            "a kernel parameter cannot be `impl Trait`: a kernel is not generic (its entry has one PTX name)",
+        ));
+    }
+    match pointee {
+        Some(Type::Slice(_)) => {
+            return Err(syn::Error::new(
+                ty.span(),
+                "a kernel parameter cannot be a slice: its launch value is one device address; take `*const T` \
+                 (or `*mut T`) and the length as a second parameter",
+            ))
+        }
+        Some(Type::Path(p)) if p.qself.is_none() && p.path.is_ident("str") => {
+            return Err(syn::Error::new(
+                ty.span(),
+                "a kernel parameter cannot be a `str`: its launch value is one device address; take `*const u8` \
+                 and the length",
+            ))
+        }
+        Some(Type::TraitObject(_) | Type::ImplTrait(_)) => {
+            return Err(syn::Error::new(
+                ty.span(),
+                "a kernel parameter cannot point to a trait object: its launch value is one device address of a \
+                 sized type",
+            ))
+        }
+        _ => {}
+    }
     Ok(match ty {
         Type::Reference(r) if r.mutability.is_some() => {
             return Err(syn::Error::new(
@@ -191,5 +240,58 @@ mod tests {
             pub fn K2(t: &Thread) {}
         );
         assert!(expand(&f).unwrap_err().to_string().contains("needs a lowercase letter"));
+    }
+
+    /// Parameters the launch cannot carry are refused by the macro, naming the parameter's problem (the
+    /// compiler's errors named the launch tuple's trait bounds or an unsized `DevPtr`).
+    #[test]
+    fn parameters_the_launch_cannot_carry() {
+        let cases: [(syn::ItemFn, &str); 6] = [
+            (
+                syn::parse_quote!(
+                    pub fn k(t: &Thread, a: u64, b: u64, c: u64, d: u64, e: u64, f: u64, g: u64, h: u64, i: u64) {}
+                ),
+                "at most 8 parameters after `t: &Thread` (it has 9)",
+            ),
+            (
+                syn::parse_quote!(
+                    pub fn k(t: &Thread, n: impl Copy) {}
+                ),
+                "cannot be `impl Trait`",
+            ),
+            (
+                syn::parse_quote!(
+                    pub fn k(t: &Thread, xs: &[u64]) {}
+                ),
+                "cannot be a slice",
+            ),
+            (
+                syn::parse_quote!(
+                    pub fn k(t: &Thread, xs: *const [u8]) {}
+                ),
+                "cannot be a slice",
+            ),
+            (
+                syn::parse_quote!(
+                    pub fn k(t: &Thread, s: &str) {}
+                ),
+                "cannot be a `str`",
+            ),
+            (
+                syn::parse_quote!(
+                    pub fn k(t: &Thread, d: &dyn Send) {}
+                ),
+                "cannot point to a trait object",
+            ),
+        ];
+        for (f, want) in cases {
+            let e = expand(&f).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(want), "{}: {e}", quote::quote!(#f));
+        }
+        // Eight is the most, and arrays (by value or by reference) are sized.
+        let f: syn::ItemFn = syn::parse_quote!(
+            pub fn k(t: &Thread, a: u64, b: u64, c: u64, d: u64, e: u64, f: u64, g: &[u64; 4], h: [u32; 2]) {}
+        );
+        assert!(expand(&f).is_ok());
     }
 }
