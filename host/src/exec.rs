@@ -181,18 +181,30 @@ impl DataBuf {
     pub fn write(&self, off: usize, bytes: &[u8]) -> Result<()> {
         match self {
             Self::Host(b) => {
-                if off.checked_add(bytes.len()).is_none_or(|end| end > b.len()) {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} bytes at {off} do not fit in a buffer of {}",
-                        bytes.len(),
-                        b.len()
-                    )));
-                }
+                host_range(off, bytes.len(), b.len())?;
                 // SAFETY: in bounds (checked); nobody else writes these bytes now (the caller's contract).
                 unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.host_ptr().add(off), bytes.len()) };
                 Ok(())
             }
             Self::Gpu(b) => b.copy_from_host(off, bytes),
+        }
+    }
+
+    /// Fills `dst` with the bytes from byte `off` on (host memory: a copy; GPU memory: a synchronous copy):
+    /// [`DataBuf::write`]'s reverse, which checks one range of a large buffer without copying all of it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside the buffer; the CUDA driver's error.
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
+        match self {
+            Self::Host(b) => {
+                host_range(off, dst.len(), b.len())?;
+                // SAFETY: in bounds (checked); `dst` is a distinct, exclusively borrowed slice. Readers racing
+                // with the NIC see some bytes.
+                unsafe { std::ptr::copy_nonoverlapping(b.host_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+                Ok(())
+            }
+            Self::Gpu(b) => b.copy_to_host(off, dst),
         }
     }
 
@@ -206,12 +218,18 @@ impl DataBuf {
     /// # Errors
     /// The CUDA driver's error.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
-        match self {
-            // SAFETY: the buffer holds `len` initialised bytes; readers racing with the NIC see some bytes.
-            Self::Host(b) => Ok(unsafe { std::slice::from_raw_parts(b.host_ptr(), b.len()) }.to_vec()),
-            Self::Gpu(b) => b.to_vec(),
-        }
+        let mut out = vec![0; self.len()];
+        self.read(0, &mut out)?;
+        Ok(out)
     }
+}
+
+/// `Ok` when `len` bytes at byte `off` fit in a host buffer of `total` bytes.
+fn host_range(off: usize, len: usize, total: usize) -> Result<()> {
+    if off.checked_add(len).is_none_or(|end| end > total) {
+        return Err(Error::InvalidArgument(format!("{len} bytes at {off} do not fit in a buffer of {total}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -226,6 +244,27 @@ mod tests {
             core::array::from_fn(|i| PortChannelHandle { channel_id: 7 + i as u32, ..Default::default() });
         let buf = exec.upload(&hs).unwrap();
         assert_eq!(buf.to_vec().unwrap(), bytemuck::bytes_of(&hs));
+    }
+
+    /// `read` returns exactly the bytes `write` put at that offset and refuses a range past the end (an
+    /// offset plus length that wraps included).
+    #[test]
+    fn read_returns_a_written_range_and_refuses_one_outside() {
+        let exec = super::Executor::Cpu;
+        let buf = exec.alloc_data(4096).unwrap();
+        let payload: Vec<u8> = (0..1000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        buf.write(3000, &payload[..1000]).unwrap();
+        let mut got = vec![0u8; 1000];
+        buf.read(3000, &mut got).unwrap();
+        assert_eq!(got, payload);
+        let mut one = [0u8; 1];
+        buf.read(3999, &mut one).unwrap();
+        assert_eq!(one[0], payload[999]);
+        assert_eq!(&buf.to_vec().unwrap()[3000..4000], &payload[..]);
+        for (off, len) in [(3097, 1000), (4096, 1), (usize::MAX, 2)] {
+            let e = buf.read(off, &mut vec![0u8; len]).unwrap_err();
+            assert!(matches!(e, crate::Error::InvalidArgument(_)), "{off}+{len}: {e}");
+        }
     }
 
     #[test]

@@ -400,6 +400,14 @@ fn sizes(min: usize, max: usize, factor: u64, elem: usize) -> Vec<usize> {
     v
 }
 
+/// `len` bytes of `buf` from byte `off` on: only the range a check reads (a copy of the whole buffer, four
+/// times the largest size, on every iteration held `-e 1G` to hosts with room for one more such copy per rank).
+fn range(buf: &gdaki::exec::DataBuf, off: usize, len: usize) -> gdaki::Result<Vec<u8>> {
+    let mut v = vec![0; len];
+    buf.read(off, &mut v)?;
+    Ok(v)
+}
+
 /// Runs one placement of `job` at `size` on this rank: `warmup + iters` calls, each after refilling the
 /// buffer, each checked. Returns the timed iterations' times and the wrong elements.
 fn run_op(
@@ -429,8 +437,8 @@ fn run_op(
                 let alg = job.alg.map_or(Algorithm::Direct, AlgArg::algorithm);
                 let b = Broadcast { root, offset: 0, bytes: size as u64, chunk: 0, algorithm: alg };
                 t = r.broadcast(&b)?;
-                let got = buf.to_vec()?;
-                wrong += got[..size].iter().zip(&payload).filter(|(a, b)| a != b).count() as u64;
+                let got = range(buf, 0, size)?;
+                wrong += got.iter().zip(&payload).filter(|(a, b)| a != b).count() as u64;
             }
             Op::Reduce | Op::AllReduce => {
                 let count = size / 4;
@@ -455,8 +463,8 @@ fn run_op(
                     r.reduce(&red)?
                 };
                 if job.op == Op::AllReduce || rank == root {
-                    let got = buf.to_vec()?;
-                    let y: &[f32] = bytemuck::cast_slice(&got[out as usize..out as usize + 4 * count]);
+                    let got = range(buf, out as usize, 4 * count)?;
+                    let y: &[f32] = bytemuck::cast_slice(&got);
                     for (i, &g) in y.iter().enumerate() {
                         let want: f64 = (0..n).map(|q| f64::from(value(seed, q, i))).sum();
                         let err = (f64::from(g) - want).abs();
@@ -482,8 +490,8 @@ fn run_op(
                     chunk: 0,
                 };
                 t = r.all_reduce_ring(&ring)?;
-                let got = buf.to_vec()?;
-                let y: &[f32] = bytemuck::cast_slice(&got[out as usize..out as usize + 4 * count]);
+                let got = range(buf, out as usize, 4 * count)?;
+                let y: &[f32] = bytemuck::cast_slice(&got);
                 for (i, &g) in y.iter().enumerate() {
                     let terms: Vec<f64> = (0..n).map(|q| f64::from(value(seed, q, i))).collect();
                     let want: f64 = terms.iter().sum();
@@ -503,8 +511,9 @@ fn run_op(
                 buf.write(0, &send)?;
                 let got_counts;
                 (got_counts, t) = r.all_to_all_v(&counts, 0, out_off)?;
-                let got = buf.to_vec()?;
-                let mut at = out_off as usize;
+                let received: u64 = (0..n).map(|src| a2a_counts(size, n, src)[rank as usize]).sum();
+                let got = range(buf, out_off as usize, received as usize)?;
+                let mut at = 0;
                 for src in 0..n {
                     let c = a2a_counts(size, n, src)[rank as usize];
                     let want = bytes(seed ^ u64::from(src) << 40 ^ u64::from(rank) << 32, c as usize);
