@@ -12,7 +12,7 @@ mod emu_util;
 use std::collections::VecDeque;
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emu_util::{
@@ -20,7 +20,9 @@ use emu_util::{
 };
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::mem::{MemKind, MemLoc};
-use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, Pd, QpState, WireConfig, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT};
+use gdaki::nic::emu::{
+    vendor, Access, Cq, EmuConfig, EmuNic, Pd, Qp, QpState, WireConfig, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT,
+};
 use gdaki_device::error::{CqeError, InvalidArgument, Timeout, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
 use gdaki_device::wait::semaphore_ge;
@@ -484,19 +486,77 @@ fn handle_addresses_that_overflow_are_range_errors_not_panics() {
     });
 }
 
+/// The NICs (A's first), PDs, CQs and QPs (A → B) of [`pair_on`].
+type Connected = (Vec<Arc<EmuNic>>, (Pd, Pd), (Cq, Cq), (Qp, Qp));
+
+/// Two connected QPs, each on its own NIC over the wire when `wire`, else both on one NIC.
+fn pair_on(wire: bool) -> Connected {
+    let cfg = || {
+        let c = EmuConfig::host_or_env().unwrap();
+        if wire {
+            c.with_wire(WireConfig::loopback())
+        } else {
+            c
+        }
+    };
+    let na = EmuNic::open(cfg()).unwrap();
+    let nb = if wire { EmuNic::open(cfg()).unwrap() } else { na.clone() };
+    let (pa, pb) = (na.alloc_pd().unwrap(), nb.alloc_pd().unwrap());
+    let (ca, cb) = (na.create_cq(16).unwrap(), nb.create_cq(16).unwrap());
+    let a = na.create_qp(&pa, &ca, 16).unwrap();
+    let b = nb.create_qp(&pb, &cb, 16).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    (vec![na, nb], (pa, pb), (ca, cb), (a, b))
+}
+
 #[test]
 fn a_signal_whose_result_cannot_be_written_does_not_touch_the_semaphore() {
-    let (sem, res) = (GuardedBuf::new(8, 0), GuardedBuf::new(8, 0x99));
-    let p = Pair::new(16, 16);
-    let sem_mr = sem.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
-    // No LOCAL_WRITE: the NIC may not place the old value here.
-    let res_mr = res.register(&p.nic, &p.pd, Access::NONE);
-    let mut h = p.a.handle();
-    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
-    let t = qp.signal(&sem_mr.remote(), 0, &res_mr.handle(), 0).unwrap();
-    assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_ACCESS, 0)));
-    assert_eq!(sem.load_u64(0), 0, "the semaphore moved although the signal failed");
-    assert!(res.read().iter().all(|&b| b == 0x99) && sem.guards_intact() && res.guards_intact());
+    // On one NIC and across the wire alike: the requester checks where the old value lands before the
+    // request leaves, so the peer's semaphore never moves for a signal that fails (a peer waiting on it
+    // would otherwise go on while the signaller's QP is in the error state), and a WQE with a bad result
+    // word and a bad remote word fails for its result word on both paths.
+    for wire in [false, true] {
+        let (sem, res) = (GuardedBuf::new(16, 0), GuardedBuf::new(8, 0x99));
+        let (nics, (pa, pb), _cqs, (a, _b)) = pair_on(wire);
+        let sem_mr = sem.register(&nics[1], &pb, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+        // No LOCAL_WRITE: the NIC may not place the old value here.
+        let res_mr = res.register(&nics[0], &pa, Access::NONE);
+        let mut h = a.handle();
+        let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+        let t = qp.signal(&sem_mr.remote(), 0, &res_mr.handle(), 0).unwrap();
+        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_ACCESS, 0)), "wire {wire}");
+        drop(qp);
+        // Misaligned remote word as well (built by hand: the builders refuse it): still the result word's error.
+        let (nics, (pa, pb), _cqs, (a, _b)) = pair_on(wire);
+        let sem_mr2 = sem.register(&nics[1], &pb, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+        let res_mr2 = res.register(&nics[0], &pa, Access::NONE);
+        let mut h = a.handle();
+        let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+        let r = sem_mr2.remote();
+        let l = res_mr2.handle();
+        // SAFETY: an atomic WQE of the PRM layout whose only defects are the ones under test.
+        let t = unsafe {
+            qp.post_raw(true, 4, |c| {
+                let w = wqe::atomic_fetch_add(
+                    Raddr { addr: r.addr, rkey: r.rkey },
+                    Sge::new(l.addr, 8, l.lkey).unwrap(),
+                    1,
+                )
+                .unwrap()
+                .encode(c);
+                [w[0], RaddrSeg::new(r.addr + 4, r.rkey).into(), w[2], w[3]]
+            })
+        }
+        .unwrap();
+        qp.ring_db();
+        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_ACCESS, 0)), "wire {wire}");
+        drop(qp);
+        assert_eq!(sem.load_u64(0), 0, "the semaphore moved although the signal failed (wire {wire})");
+        assert_eq!(sem.load_u64(8), 0, "the misaligned word moved (wire {wire})");
+        assert!(res.read().iter().all(|&b| b == 0x99) && sem.guards_intact() && res.guards_intact());
+        drop((sem_mr, res_mr, sem_mr2, res_mr2));
+    }
 }
 
 #[test]

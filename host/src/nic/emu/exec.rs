@@ -2,9 +2,11 @@
 //! places nothing), then moves the bytes through the [`DataPath`].
 //!
 //! Checks follow the order in which an RC exchange meets them. RDMA WRITE: local keys, PD and bounds (0x04,
-//! the requester reads its buffers first), then the remote key, PD, bounds and rights (0x13). RDMA READ and
-//! atomics: (atomics) remote alignment (0x12), remote key, PD, bounds and rights (0x13), then the local keys,
-//! PD, bounds and `LOCAL_WRITE` (0x04, when the response arrives). A zero-length RDMA WRITE or READ checks no
+//! the requester reads its buffers first), then the remote key, PD, bounds and rights (0x13). Atomics: the
+//! result buffer's key, PD, bounds and `LOCAL_WRITE` (0x04, checked by the requester before the request
+//! leaves, so that a failing atomic never changes the remote word), then remote alignment (0x12), remote
+//! key, PD, bounds and rights (0x13). RDMA READ: remote key, PD, bounds and rights (0x13), then the local
+//! keys, PD, bounds and `LOCAL_WRITE` (0x04, when the response arrives). A zero-length RDMA WRITE or READ checks no
 //! key, as the IB spec says, so a WRITE_IMM with no data may carry rkey 0. Remote checks start with the
 //! responder QP's own rights (`qpc.rre`/`rwe`/`rae`, from RST2INIT).
 
@@ -157,11 +159,13 @@ pub(crate) fn execute(
             Ok(Outcome { byte_cnt: total as u32, resp_imm: None })
         }
         Op::Atomic { remote: r, op, sge } => {
+            // The requester checks where the old value lands before the request leaves (as the wire's does),
+            // so a failing atomic never changes the remote word.
+            let result = local(mrs, pds.local, sge, true)?;
             if !r.addr.is_multiple_of(8) {
                 return Err(Fault::remote_inval(vendor::ATOMIC_ALIGN));
             }
             let target = remote_atomic(mrs, pds.remote, r)?;
-            let result = local(mrs, pds.local, sge, true)?;
             // The old value goes where the atomic's GPU operation can write it, when it runs on the GPU.
             let result = mrs.get(sge.lkey).map_or(result, |e| e.atomic_view(result));
             // The old value lands in host order (the NIC runs in host-endianness atomic mode).

@@ -74,6 +74,11 @@
 //! - **Atomics are host-endian**: the remote word is a host-order `u64` in memory (the "host-endianness
 //!   atomic mode" of ConnectX), and the old value lands in the local SGE in host order. The WQE's atomic
 //!   segment is big-endian, as on hardware.
+//! - **An atomic whose result buffer is bad** (lkey, bounds, `LOCAL_WRITE`: 0x04) is never applied: the
+//!   requester checks the buffer before the request leaves, on one NIC and over the wire alike, so the
+//!   peer's word does not change for a signal that fails. Hardware may find out only when the response
+//!   arrives, after the responder applied it. The 0x04 also comes before a misaligned or refused remote word's
+//!   0x12 or 0x13.
 //! - **No receive queue yet**: an inbound WRITE_IMM completes on the responder's receive CQ without consuming
 //!   a receive WQE; its `wqe_counter` counts such completions. Hardware needs a posted receive (else RNR). A
 //!   QP's receive queue (`rq_type` NON_ZERO) takes its place in the work queue and is never read.

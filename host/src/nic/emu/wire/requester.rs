@@ -355,7 +355,8 @@ pub(crate) fn post_failed(
 }
 
 /// Encodes the request(s) of `op` into the outbox; returns its PSN and what it waits for. Local buffers are
-/// checked (0x04) and, for a WRITE, read now: the requester reads them when the request leaves.
+/// checked (0x04) and, for a WRITE, read now: the requester reads them when the request leaves; an atomic's
+/// result buffer is checked now too (and again when the response arrives); a READ's when the response arrives.
 fn send_request(
     fab: &Fabric,
     qp: &QpInner,
@@ -424,6 +425,10 @@ fn send_request(
             State::Read { sges: sges.iter().collect(), got: 0, total }
         }
         Op::Atomic { remote, op, sge } => {
+            // Where the old value lands is checked before the request leaves (0x04), as on the direct path: a
+            // responder that applied the atomic would change the peer's word for a WQE that fails. Checked
+            // again when the response arrives (the MR may be gone by then).
+            exec::local(&read(&fab.mrs), qp.pdn, sge, true)?;
             packet::encode(&Packet::Atomic { psn, rkey: remote.rkey, raddr: remote.addr, op }, &mut ws.outbox);
             State::Atomic { sge }
         }
