@@ -198,8 +198,9 @@ pub trait Sharing: sealed::Sealed {
     /// A poster on `h`'s QP for the calling thread.
     ///
     /// # Safety
-    /// `h` must be a live channel (see [`PortChannel::new`]). Exclusive: no other thread uses the QP while the
-    /// poster lives. Block / Device: every user of the QP meanwhile is a shared poster of this scope.
+    /// `h` must be a live channel (see [`PortChannel::new`]). Exclusive: no other poster of the QP, in this
+    /// thread or another, lives while this one does. Block / Device: every user of the QP meanwhile is a shared
+    /// poster of this scope.
     unsafe fn poster<'a>(h: &'a PortChannelHandle) -> Self::Poster<'a>;
 }
 
@@ -278,8 +279,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// # Safety
     /// `h` must come from the host's `PortChannel::device_handle` for a live channel (its QP, memory handles,
     /// semaphore words and `expected` word valid for `'h`), set up for this sharing mode: in Exclusive sharing
-    /// no other thread uses the QP while this channel lives; in Block / Device sharing every user of the QP
-    /// meanwhile is a channel (or [`SharedQp`]) of this scope.
+    /// no other poster of the QP lives while this channel does, in this thread or another (two Exclusive
+    /// channels of one connection, each with its own memory pair, are two posters: each keeps its own producer
+    /// index, and both would write the same WQEBBs; drop one before taking the other); in Block / Device
+    /// sharing every user of the QP meanwhile is a channel (or [`SharedQp`]) of this scope.
     #[inline(always)]
     pub unsafe fn new(h: &'h PortChannelHandle) -> Self {
         // SAFETY: the caller's contract is the poster's.

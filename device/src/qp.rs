@@ -160,8 +160,10 @@ impl<'a> Qp<'a> {
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP: its ring, dbrec, UAR register and CQ
-    /// addresses valid for the borrow, and no other thread posting to it or polling its CQ meanwhile (nor a
-    /// shared poster: posters of the QP before and after this `Qp` may be of any kind, not at the same time).
+    /// addresses valid for the borrow, and no other poster of the QP, in this thread or another, posting to it
+    /// or polling its CQ meanwhile: not a `Qp` of another copy of the handle (each keeps its own producer
+    /// index, so both would write the same WQEBBs), not a shared poster. Posters of the QP before and after
+    /// this `Qp` may be of any kind, not at the same time.
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
         Self { sq: Sq::load(h), h, unrung: false, timeout_ns }
