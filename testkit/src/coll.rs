@@ -2,7 +2,7 @@
 //! `gdaki_testkit_kernels` collective kernels (thread 0 of one block makes the call; every thread of the block
 //! for the ring all-reduce) on either executor.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use gdaki_device::coll::{Algorithm, Broadcast, Reduce, RingAllReduce};
@@ -40,7 +40,9 @@ fn ring_threads(kind: ExecutorKind) -> u32 {
     }
 }
 
-/// One rank's collectives and their kernels, loaded.
+/// One rank's collectives and their kernels, loaded. Its calls may come from several threads: they take
+/// turns (one call at a time on this rank, barrier and launch together), since the kernels of two calls at
+/// once would post to the same channels from two threads.
 pub struct CollRank {
     /// Field order is drop order: the uploaded handle before what it names.
     handle: DataBuf,
@@ -56,6 +58,8 @@ pub struct CollRank {
     ring_args: DataBuf,
     all_reduce_ring: Kernel<RingArgs>,
     launch_timeout: Duration,
+    /// Held for the whole of each call: its barrier, its arguments (`counts`, `ring_args`) and its launch.
+    turn: Mutex<()>,
 }
 
 impl Drop for CollRank {
@@ -102,7 +106,14 @@ impl CollRank {
             ring_args,
             all_reduce_ring,
             launch_timeout,
+            turn: Mutex::new(()),
         })
+    }
+
+    /// This rank's turn to make a call: no other call of this rank runs until it is dropped. A call that
+    /// panicked left nothing half-done that the next one reads (each writes its own arguments first).
+    fn turn(&self) -> MutexGuard<'_, ()> {
+        self.turn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The collectives (buffer, acknowledgment counter).
@@ -149,10 +160,12 @@ impl CollRank {
     /// # Errors
     /// [`gdaki::Error::Kernel`] with what device code returned; launch and bootstrap errors.
     pub fn broadcast(&self, b: &Broadcast) -> Result<Duration> {
+        let _turn = self.turn();
         self.barrier()?;
         let args = (self.handle.dev_ptr(), b.algorithm as u32, b.root, b.offset, b.bytes, b.chunk);
         // SAFETY: the uploaded handle names this rank's live collectives (owned by `self`); one thread of
-        // the launch uses their channels; the launch is waited for here.
+        // the launch uses their channels, and no other launch of this rank runs meanwhile (`_turn`); the
+        // launch is waited for here.
         unsafe { self.timed(&self.broadcast, (1, 1), args) }
     }
 
@@ -173,6 +186,7 @@ impl CollRank {
         if send_counts.len() != n {
             return Err(Error::InvalidArgument(format!("{} send counts for {n} ranks", send_counts.len())));
         }
+        let _turn = self.turn();
         let mut words = [0u64; 2 * MAX_RANKS];
         words[..n].copy_from_slice(send_counts);
         self.counts.write(0, bytemuck::cast_slice(&words))?;
@@ -201,6 +215,7 @@ impl CollRank {
     /// # Errors
     /// As [`CollRank::broadcast`].
     pub fn reduce(&self, r: &Reduce) -> Result<Duration> {
+        let _turn = self.turn();
         self.barrier()?;
         let args = (self.handle.dev_ptr(), r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
@@ -213,6 +228,7 @@ impl CollRank {
     /// # Errors
     /// As [`CollRank::broadcast`].
     pub fn all_reduce(&self, r: &Reduce, algorithm: Algorithm) -> Result<Duration> {
+        let _turn = self.turn();
         self.barrier()?;
         let (h, code) = (self.handle.dev_ptr(), algorithm as u32);
         let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
@@ -238,6 +254,7 @@ impl CollRank {
     /// # Errors
     /// As [`CollRank::broadcast`].
     pub fn all_reduce_ring_by(&self, r: &RingAllReduce, blocks: u32, callers: u32) -> Result<Duration> {
+        let _turn = self.turn();
         self.ring_args.write(0, bytemuck::bytes_of(r))?;
         self.barrier()?;
         let threads = ring_threads(self.comm.executor().kind());

@@ -1063,3 +1063,38 @@ fn gpu_all_reduce_ring_refuses_a_partial_block_or_two_blocks() {
     let _gpu = gdaki_testkit::gpu_turn();
     ring_refuses_a_partial_block_or_two_blocks(ExecutorKind::Gpu);
 }
+
+/// A rank's calls made from two host threads at once (the harness's methods take `&self`): they take turns
+/// on the rank, so that no two kernels post to the same channels at once. Both threads of both ranks make
+/// the same chain broadcasts, so any pairing of the calls across ranks is a good one: every call succeeds,
+/// every receiver holds the root's bytes, and the root counts one acknowledgment per call.
+#[test]
+fn cpu_calls_from_two_threads_of_a_rank_take_turns() {
+    const BYTES: usize = 30_000;
+    const CALLS: usize = 3;
+    let cfg = CollConfig { timeout: Duration::from_millis(500), ..CollConfig::new(BUF) };
+    let payload = bytes(0x7e7e, BYTES);
+    let out = on_ranks(2, ExecutorKind::Cpu, false, cfg, |r| {
+        let rank = r.communicator().rank();
+        let mine = if rank == 0 { payload.clone() } else { bytes(0x7e00 | rank as u64, BYTES) };
+        r.collectives().buffer().write(0, &mine).expect("fill");
+        let b = Broadcast { root: 0, offset: 0, bytes: BYTES as u64, chunk: 100, algorithm: Algorithm::Chain };
+        let errors: Vec<String> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..CALLS).filter_map(|_| r.broadcast(&b).err()).map(|e| e.to_string()).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads.into_iter().flat_map(|t| t.join().expect("a calling thread")).collect::<Vec<_>>()
+        });
+        let after = r.collectives().buffer().to_vec().expect("read");
+        (errors, first_diff(&after[..BYTES], &payload), r.collectives().acks())
+    });
+    for (rank, (errors, diff, acks)) in out.into_iter().enumerate() {
+        assert!(errors.is_empty(), "rank {rank}: {errors:?}");
+        assert_eq!(diff, None, "rank {rank}: the root's bytes");
+        assert_eq!(acks, if rank == 0 { 2 * CALLS as u64 } else { 0 }, "rank {rank}: acknowledgments");
+    }
+}
