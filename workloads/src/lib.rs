@@ -107,7 +107,9 @@ impl Aggregator {
                     chunk.copy_from_slice(bytemuck::cast_slice(&out[..4 * chunk.len()]));
                 }
                 Path::Ring => {
-                    if let Some(x) = chunk.iter().find(|x| x.is_nan() || x.abs() > max_abs) {
+                    // As the NIC path refuses: an infinity even under an infinite bound, any value under a
+                    // NaN one.
+                    if let Some(x) = chunk.iter().find(|x| !x.is_finite() || max_abs.is_nan() || x.abs() > max_abs) {
                         return Err(format!("rank {r}: value {x} is not within the bound {max_abs}"));
                     }
                     let buf = self.rank.collectives().buffer();
