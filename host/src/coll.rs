@@ -58,8 +58,9 @@ pub struct Collectives {
 impl Collectives {
     /// Sets up the collectives of `comm`'s ranks (every rank calls it with the same `cfg`): registers a data
     /// buffer of `cfg.buffer_bytes` and a control region of [`ctrl::BYTES`] (queue memory, zero), sends both
-    /// to every peer and receives theirs, connects one QP in Device mode to every peer (in ascending rank
-    /// order, so the pairings never wait in a cycle) with a semaphore on it, and builds the handle.
+    /// to every peer and receives theirs (every peer's before any connection, so that a buffer of another
+    /// length is refused by every rank at once), connects one QP in Device mode to every peer (in ascending
+    /// rank order, so the pairings never wait in a cycle) with a semaphore on it, and builds the handle.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for more than [`MAX_RANKS`] ranks, a zero buffer or timeout, a first tag
@@ -107,7 +108,9 @@ impl Collectives {
             peer_ctrl: Default::default(),
             peers: Default::default(),
         };
-        let mut channels = Vec::with_capacity(n as usize - 1);
+        // Every peer's memory before any connection: a rank refuses a length before it pairs up with anyone,
+        // so no rank waits to connect to a peer that has already refused a third one.
+        let mut dsts = Vec::with_capacity(n as usize - 1);
         for p in peers() {
             let dst = comm.recv_memory(p, t)?;
             if dst.len() != mem.len() {
@@ -119,6 +122,10 @@ impl Collectives {
                 )));
             }
             handle.peer_ctrl[p as usize] = comm.recv_memory(p, t + 1)?.remote();
+            dsts.push((p, dst));
+        }
+        let mut channels = Vec::with_capacity(n as usize - 1);
+        for (p, dst) in dsts {
             let conn = comm.connect(&EndpointConfig::default(), p, t + 2)?;
             let sem = comm.semaphore(&conn, p, t + 3)?;
             let chan = PortChannel::new(&conn, &sem, dst, &mem)?.with_timeout(cfg.timeout)?;

@@ -1098,3 +1098,29 @@ fn cpu_calls_from_two_threads_of_a_rank_take_turns() {
         assert_eq!(acks, if rank == 0 { 2 * CALLS as u64 } else { 0 }, "rank {rank}: acknowledgments");
     }
 }
+
+/// One rank of three set up with a buffer of another length: every rank refuses the setup at once, those with
+/// the right length naming the odd rank, before any of them connects. (Had the ranks connected peer by peer,
+/// rank 2 would connect to rank 0 while rank 0 had already refused rank 1, and wait for it in vain.)
+#[test]
+fn setup_with_one_buffer_of_another_length_is_refused_on_every_rank() {
+    let setup = RankSetup { one_nic: true, timeout: Duration::from_secs(10), ..RankSetup::local(3, ExecutorKind::Cpu) };
+    let t0 = std::time::Instant::now();
+    let out = run_ranks(&setup, |comm: Arc<Communicator>| {
+        let len = if comm.rank() == 1 { 8192 } else { 4096 };
+        let res = gdaki::coll::Collectives::new(&comm, &CollConfig::new(len)).map(drop);
+        // Every rank has its answer before any leaves the session.
+        comm.bootstrap().barrier().expect("barrier");
+        res
+    })
+    .expect("ranks");
+    assert!(t0.elapsed() < Duration::from_secs(8), "took {:?}", t0.elapsed());
+    for (rank, r) in out {
+        let msg = match r.expect("communicator") {
+            Err(gdaki::Error::InvalidArgument(m)) => m,
+            other => panic!("rank {rank}: {other:?}"),
+        };
+        let odd = if rank == 1 { "rank 0's" } else { "rank 1's" };
+        assert!(msg.contains(&format!("{odd} data buffer is")), "rank {rank}: {msg}");
+    }
+}
