@@ -328,13 +328,20 @@ fn gpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
 }
 
 /// All-to-all calls whose regions are bad on some rank, found only once the counts have arrived: the send and
-/// receive regions overlapping on every rank, on one rank only (the one that sends most), and one rank's
-/// receive region running past the buffer. Every rank refuses each with `Collective` at once (no timeout),
-/// no byte of any buffer moves, and a good call after each refused one delivers every byte.
+/// receive regions overlapping on every rank, on one rank only (the one that sends most), one rank's
+/// receive region running past the buffer, one rank's send region running past it, and one rank's counts
+/// whose sum overflows. Every rank refuses each with `Collective` at once (no timeout, also where the bad
+/// region is the caller's own send region, which it alone could have refused before the exchange), no byte
+/// of any buffer moves, and a good call after each refused one delivers every byte.
 fn all_to_all_v_refuses_bad_regions(kind: ExecutorKind) {
     const LEN: usize = 8192;
-    let bad: [([[u64; 3]; 3], u64, u64); 3] =
-        [([[100; 3]; 3], 0, 100), ([[100; 3], [100; 3], [500; 3]], 0, 1000), ([[0, 0, 1500]; 3], 0, 6000)];
+    let bad: [([[u64; 3]; 3], u64, u64); 5] = [
+        ([[100; 3]; 3], 0, 100),
+        ([[100; 3], [100; 3], [500; 3]], 0, 1000),
+        ([[0, 0, 1500]; 3], 0, 6000),
+        ([[10; 3], [5000, 5000, 0], [10; 3]], 0, 4096),
+        ([[10; 3], [10; 3], [u64::MAX, 2, 0]], 0, 4096),
+    ];
     let good: [[u64; 3]; 3] = [[10, 20, 30], [0, 40, 50], [60, 0, 70]];
     let (good_send, good_recv) = (8u64, 4096u64);
     let cfg = CollConfig { timeout: Duration::from_millis(300), ..CollConfig::new(LEN) };

@@ -31,10 +31,10 @@ pub struct AllToAllV {
 /// Returns once every byte for this rank is in place and its own puts have completed.
 ///
 /// # Errors
-/// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle, count
-/// slices shorter than `nranks` or a send region outside the buffer (nothing posted; peers that made a good
-/// call time out); and, once the counts have arrived, on every rank alike with no data moved, when any
-/// rank's send or receive region lies outside the buffer or the two overlap (every rank checks every rank's
+/// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle or count
+/// slices shorter than `nranks` (nothing posted; peers that made a good call time out); and, once the counts
+/// have arrived, on every rank alike with no data moved, when any rank's send or receive region lies outside
+/// the buffer (its counts' sum overflowing included) or the two overlap (every rank checks every rank's
 /// regions; the ranks still exchange a signal each, as a call of 0 bytes does, so that the next call finds
 /// the semaphores matched);
 /// [`Error::Timeout`](crate::Error::Timeout) with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming the
@@ -48,10 +48,9 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
     if send_counts.len() < n || recv_counts.len() < n {
         return Err(INVALID);
     }
-    let send_at = offsets(&send_counts[..n]).ok_or(INVALID)?;
-    if !fits(h.buf.length, a.send_offset, send_at[n]) {
-        return Err(INVALID);
-    }
+    // A send region outside the buffer (or counts whose sum overflows) is refused below with every other
+    // rank's regions, by every rank alike, rather than here alone while the peers wait for this rank's row.
+    let send_at = offsets(&send_counts[..n]);
     let row = ctrl::COUNTS + r as u64 * ctrl::ROW_BYTES;
     let word =
         |q: usize, p: usize| (h.ctrl.addr + ctrl::COUNTS + (q as u64) * ctrl::ROW_BYTES + 8 * p as u64) as *mut u64;
@@ -85,7 +84,9 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
     // refused call still makes its signals and waits with no data, as one of 0 bytes everywhere would: the
     // semaphores stay matched for the next call, and no rank starts that call (writing its row into the
     // others' matrices) before every rank has read this one's.
-    let ok = (0..n).all(|q| regions_ok(h.buf.length, a, (0..n).map(|p| count(q, p)), (0..n).map(|p| count(p, q))));
+    let ok = send_at.is_some()
+        && (0..n).all(|q| regions_ok(h.buf.length, a, (0..n).map(|p| count(q, p)), (0..n).map(|p| count(p, q))));
+    let send_at = send_at.unwrap_or_default();
     let mut dst_at = [0u64; MAX_RANKS];
     let mut recv_at = [0u64; MAX_RANKS + 1];
     if ok {
