@@ -265,6 +265,21 @@ fn local_batch(cfg: &TrainConfig, shard: usize, epoch: usize, rank: u32, step: u
     order[step * cfg.batch..(step + 1) * cfg.batch].to_vec()
 }
 
+/// Fails, saying the training diverged, when a gradient or weight of `v` (after step `step` of epoch `epoch`,
+/// both 0-based) is an infinity or a NaN: too large a learning rate overflows the weights, and a NaN gradient
+/// would otherwise be refused by the sum as a value out of the clip's bound.
+fn check_finite(v: &[f32], cfg: &TrainConfig, epoch: usize, step: usize) -> Result<(), String> {
+    match v.iter().find(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(x) => Err(format!(
+            "the training diverged at epoch {} step {}: a value became {x} (try a smaller --lr than {})",
+            epoch + 1,
+            step + 1,
+            cfg.lr
+        )),
+    }
+}
+
 /// Clips every element of `g` to `[-clip, clip]`; how many were clipped.
 fn clip(g: &mut [f32], clip: f32) -> u64 {
     let mut n = 0;
@@ -288,7 +303,8 @@ fn median(mut v: Vec<Duration>) -> f64 {
 ///
 /// # Errors
 /// A one-line message: bad settings (a batch larger than a shard, a clip that is not positive and
-/// finite), the collectives' errors, candle's errors.
+/// finite), a run that diverged (a gradient or weight became an infinity or a NaN: too large a learning
+/// rate), the collectives' errors, candle's errors.
 pub fn run(cfg: &TrainConfig) -> Result<Option<TrainReport>, String> {
     if !(cfg.clip.is_finite() && cfg.clip > 0.0) {
         return Err(format!("--clip must be positive and finite, not {}", cfg.clip));
@@ -323,6 +339,8 @@ pub fn run(cfg: &TrainConfig) -> Result<Option<TrainReport>, String> {
                 let t0 = Instant::now();
                 let (x, y) = d.batch(&local_batch(cfg, shard, epoch, rank, step));
                 let mut g = gradient(&w, cfg.hidden, &x, &y).map_err(ce)?;
+                // Before the sum: a gradient that is not finite would fail there as a value out of bound.
+                check_finite(&g, cfg, epoch, step)?;
                 clipped += clip(&mut g, cfg.clip);
                 let t1 = Instant::now();
                 a.all_reduce_sum(&mut g, cfg.clip)?;
@@ -330,6 +348,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Option<TrainReport>, String> {
                 for (wi, gi) in w.iter_mut().zip(&g) {
                     *wi -= cfg.lr * (gi / n as f32);
                 }
+                check_finite(&w, cfg, epoch, step)?;
                 step_t.push(t0.elapsed());
             }
             if rank == 0 {
@@ -354,10 +373,12 @@ pub fn run(cfg: &TrainConfig) -> Result<Option<TrainReport>, String> {
             let idx: Vec<usize> = (0..n as u32).flat_map(|r| local_batch(cfg, shard, epoch, r, step)).collect();
             let (x, y) = d.batch(&idx);
             let mut g = gradient(&w, cfg.hidden, &x, &y).map_err(ce)?;
+            check_finite(&g, cfg, epoch, step).map_err(|e| format!("single-rank run: {e}"))?;
             clipped += clip(&mut g, cfg.clip);
             for (wi, gi) in w.iter_mut().zip(&g) {
                 *wi -= cfg.lr * gi;
             }
+            check_finite(&w, cfg, epoch, step).map_err(|e| format!("single-rank run: {e}"))?;
             step_t.push(t0.elapsed());
         }
         let (train_loss, test_accuracy) = evaluate(&w, cfg.hidden, &d).map_err(ce)?;

@@ -77,3 +77,17 @@ fn cpu_one_process_per_rank_trains_as_threads_do() {
         assert_eq!(f32_of(&p["test_accuracy"]), Some(t.test_accuracy), "epoch {}", t.epoch);
     }
 }
+
+/// A learning rate that makes the weights overflow: the run fails saying the training diverged, on both
+/// paths, not with a value out of the sum's bound (the clip), which is not what the user got wrong.
+#[test]
+fn cpu_a_diverging_run_says_so() {
+    for path in [Path::Nic, Path::Ring] {
+        for lr in [f32::INFINITY, 1e30] {
+            let cfg =
+                TrainConfig { nranks: 2, executor: ExecutorKind::Cpu, path, lr, epochs: 2, ..TrainConfig::default() };
+            let e = run(&cfg).expect_err("a diverging run");
+            assert!(e.contains("diverged") && e.contains("--lr"), "{path:?} lr {lr}: {e}");
+        }
+    }
+}
