@@ -26,7 +26,7 @@ pub use crate::scope::{Block, Device};
 use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::thread::CtaGroup;
-use crate::wait::bounded;
+use crate::wait::bounded_watching;
 use crate::warp_qp::WarpQp;
 use crate::wqe::{self, Raddr, Sge, Wqe};
 pub use gdaki_shared::channel::PortChannelHandle;
@@ -76,11 +76,16 @@ pub trait Poster {
     /// The QP's first error CQE, if any.
     fn error(&self) -> Option<CqeError>;
 
-    /// Looks at the CQ once without waiting, so that an error CQE becomes visible to [`Poster::error`].
+    /// Looks at the CQ once without waiting, so that an error CQE becomes visible to [`Poster::error`]; rings
+    /// staged WQEs first.
     ///
     /// # Errors
     /// An unexpected CQE.
     fn progress(&mut self) -> Result<()>;
+
+    /// Rings the doorbell for staged WQEs, if any (only the Exclusive poster stages: the others ring at once).
+    #[inline(always)]
+    fn ring(&mut self) {}
 }
 
 impl Poster for Qp<'_> {
@@ -114,6 +119,11 @@ impl Poster for Qp<'_> {
 
     fn progress(&mut self) -> Result<()> {
         Qp::progress(self)
+    }
+
+    #[inline(always)]
+    fn ring(&mut self) {
+        self.ring_db();
     }
 }
 
@@ -734,8 +744,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     }
 
     /// Waits until the inbound semaphore reaches one more than this side has waited for so far (MSCCL++
-    /// `wait`), watching the QP: an error CQE of the QP (a dead peer with work outstanding) ends the wait with
-    /// it rather than a timeout. In Warp sharing the CQ is polled by the waits that the lowest lane takes part
+    /// `wait`), watching the QP once the signal is late ([`crate::wait::bounded_watching`]): an error CQE of
+    /// the QP (a dead peer with work outstanding) ends the wait with it rather than a timeout. In Warp sharing the CQ is polled by the waits that the lowest lane takes part
     /// in: lanes that wait without it see only an error CQE polled already, and may time out instead.
     ///
     /// # Errors
@@ -749,17 +759,20 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         let target = unsafe { Device::fetch_add(self.h.expected as *mut u64, 1) } + 1;
         let (sem, peer) = (self.h.local_sem as *const u64, self.h.peer());
         let seen = core::cell::Cell::new(0);
-        let mut tries = 0u32;
-        let waited = bounded(
+        if !self.proxied() {
+            // Staged WQEs go now: the signal waited for may answer them, and the CQ is not looked at (which
+            // rings too) until the signal is late.
+            self.qp.ring();
+        }
+        let waited = bounded_watching(
             self.h.timeout_ns,
-            || {
+            |watch| {
                 // SAFETY: the inbound semaphore word (contract of `new`), written by the NIC.
                 seen.set(unsafe { sync::load_acquire_u64(sem) });
                 if seen.get() >= target {
                     return Ok(Some(()));
                 }
-                tries = tries.wrapping_add(1);
-                if tries % 8 == 1 {
+                if watch {
                     // The QP's CQ is the proxy's in the Host modes: its error word tells instead.
                     let error = if self.proxied() {
                         self.proxy_error()

@@ -11,7 +11,7 @@ use crate::db;
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::sq;
 use crate::sync;
-use crate::wait::{bounded, bounded_steps, Step};
+use crate::wait::{bounded_steps, bounded_watching, Step};
 use crate::wqe::{self, Ctrl, Raddr, Wqe};
 use gdaki_shared::handle::{Placement, QpHandle};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg, Seg, SEGS_PER_WQEBB, WQEBB};
@@ -611,7 +611,9 @@ impl<'a> Qp<'a> {
     /// Unlike [`crate::wait::semaphore_ge`], the wait ends as soon as this QP has an error CQE (for example its
     /// peer died with WQEs of this QP outstanding, so the signal will never come): a dead connection is an
     /// error for its waiters, not a timeout. Polls the CQ like [`Qp::wait`] (responder completions met are
-    /// consumed). A QP with nothing outstanding cannot learn of its peer's death: then the wait times out.
+    /// consumed) once the signal is late ([`crate::wait::bounded_watching`]: after
+    /// [`crate::wait::WATCH_AFTER_NS`], and once before a timeout). A QP with nothing outstanding cannot learn
+    /// of its peer's death: then the wait times out.
     ///
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE; [`Error::Timeout`] with [`WaitOn::Semaphore`] after the
@@ -622,21 +624,18 @@ impl<'a> Qp<'a> {
     pub unsafe fn wait_semaphore(&mut self, sem: *const u64, expected: u64) -> Result<u64> {
         self.cold(move |q| {
             let seen = core::cell::Cell::new(0);
-            let mut tries = 0u32;
             // Anything still unrung would never complete, and its CQE is what reports a dead peer.
             q.ring_db();
-            bounded(
+            bounded_watching(
                 q.timeout_ns,
-                || {
+                |watch| {
                     // SAFETY: the caller guarantees `sem`.
                     seen.set(unsafe { crate::sync::load_acquire_u64(sem) });
                     if seen.get() >= expected {
                         return Ok(Some(seen.get()));
                     }
-                    // The CQ is looked at on every 8th try only: on the GPU each look is a read across PCIe, and
-                    // the semaphore is what the wait is for; an error still ends it within a few backoff steps.
-                    tries = tries.wrapping_add(1);
-                    if tries % 8 != 1 {
+                    // The semaphore is what the wait is for: the CQ is looked at only once the signal is late.
+                    if !watch {
                         return Ok(None);
                     }
                     let polled = q.drain();
