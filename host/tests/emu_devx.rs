@@ -885,3 +885,62 @@ fn a_port_of_0_after_rst2init_leaves_the_port_unchanged() {
     devx::rtr2rts(&**nic, &obj, qpn, &Rtr2Rts { port: 0, ..rts(0) }).unwrap();
     assert_eq!(port(nic), 1, "after RTR2RTS with port 0");
 }
+
+/// The transport's calls take only the commands the kernel lets through them: `obj_modify` and `obj_query` a
+/// command on the object they are given (not another QP's, not a CQ's, not a destroy), `general_cmd` no
+/// command of an object. Each refusal is an `InvalidArgument` that changes nothing.
+#[test]
+fn transport_calls_refuse_commands_on_other_objects_and_change_nothing() {
+    let (nic, pd) = open();
+    let (cu, ua, ub) = (nic.devx_alloc_uar().unwrap(), nic.devx_alloc_uar().unwrap(), nic.devx_alloc_uar().unwrap());
+    let cm = cq_mem(&nic, NCQE, Access::LOCAL_WRITE);
+    let cq = devx::create_cq(&*nic, &cq_attr(&cm, cu.page_id)).unwrap();
+    let (ma, mb) = (qp_mem(&nic, WQE_CNT), qp_mem(&nic, WQE_CNT));
+    let a = devx::create_qp(&*nic, &qp_attr(&ma, pd.pdn(), cq.id, ua.page_id)).unwrap();
+    let b = devx::create_qp(&*nic, &qp_attr(&mb, pd.pdn(), cq.id, ub.page_id)).unwrap();
+    let refused = |what: &str, r: gdaki::Result<()>| match r {
+        Err(Error::InvalidArgument(_)) => {}
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    };
+    let init_b = devx::rst2init_in(b.id, &all_rights()).unwrap();
+    let mut out = [0u8; 16];
+    refused("RST2INIT of QP b given QP a", nic.obj_modify(&a.obj, &init_b, &mut out));
+    refused("RST2INIT of QP b given the CQ", nic.obj_modify(&cq.obj, &init_b, &mut out));
+    refused("DESTROY_QP through obj_modify", nic.obj_modify(&b.obj, &devx::destroy_qp_in(b.id).unwrap(), &mut out));
+    refused("QUERY_QP through obj_modify", nic.obj_modify(&b.obj, &devx::query_qp_in(b.id).unwrap(), &mut out));
+    let mut qout = [0u8; query_qp_out::SIZE];
+    refused("QUERY_QP of QP b given QP a", nic.obj_query(&a.obj, &devx::query_qp_in(b.id).unwrap(), &mut qout));
+    refused("DESTROY_QP through obj_query", nic.obj_query(&b.obj, &devx::destroy_qp_in(b.id).unwrap(), &mut qout));
+    refused("RST2INIT through obj_query", nic.obj_query(&b.obj, &init_b, &mut qout));
+    refused("DESTROY_CQ through general_cmd", nic.general_cmd(&devx::destroy_cq_in(cq.id).unwrap(), &mut out));
+    refused("RST2INIT through general_cmd", nic.general_cmd(&init_b, &mut out));
+    let mc = qp_mem(&nic, WQE_CNT);
+    let uc = nic.devx_alloc_uar().unwrap();
+    let create_c = devx::create_qp_in(&qp_attr(&mc, pd.pdn(), cq.id, uc.page_id)).unwrap();
+    refused("CREATE_QP through general_cmd", nic.general_cmd(&create_c, &mut [0u8; create_qp_out::SIZE]));
+    refused("an input shorter than the header", nic.obj_modify(&b.obj, &init_b[..8], &mut out));
+    // Nothing changed: both QPs are in RST, the CQ is there, no QP was made on `uc`.
+    assert_eq!((state(&nic, a.id), state(&nic, b.id)), (qpc::state::RST, qpc::state::RST));
+    refused_busy_cq(&nic, cq.id);
+    let c = devx::create_qp(&*nic, &qp_attr(&mc, pd.pdn(), cq.id, uc.page_id)).unwrap();
+    assert_eq!(c.id, b.id + 1, "general_cmd made no QP");
+    // The matching object still works.
+    devx::rst2init(&*nic, &b.obj, b.id, &all_rights()).unwrap();
+    assert_eq!((state(&nic, a.id), state(&nic, b.id)), (qpc::state::RST, qpc::state::INIT));
+    // An opcode the firmware does not know goes to it through general_cmd, and it answers BAD_OP.
+    let mut unknown = [0u8; 16];
+    unknown[..2].copy_from_slice(&0x0801u16.to_be_bytes());
+    match nic.general_cmd(&unknown, &mut out) {
+        Err(Error::DevxCmd { status: s, syndrome: y, .. }) => assert_eq!((s, y), (status::BAD_OP, syn::BAD_OPCODE)),
+        other => panic!("unknown opcode: {other:?}"),
+    }
+    for q in [a, b, c] {
+        nic.obj_destroy(q.obj).unwrap();
+    }
+    nic.obj_destroy(cq.obj).unwrap();
+}
+
+/// DESTROY_CQ of `cqn`, which QPs use, is refused as busy: the CQ is still there.
+fn refused_busy_cq(nic: &EmuNic, cqn: u32) {
+    refused(nic, "DESTROY_CQ of a CQ in use", &devx::destroy_cq_in(cqn).unwrap(), 16, status::RES_BUSY, syn::CQ_IN_USE);
+}
