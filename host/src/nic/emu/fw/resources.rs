@@ -41,8 +41,22 @@ impl UmemBuf {
 
     /// GPU memory from a [`GpuCopier`](crate::mem::GpuCopier)'s `alloc`, freed when the umem is deregistered
     /// and no QP or CQ uses it any more. Freeing GPU memory (`cuMemFree`) waits for running kernels:
-    /// [`EmuNic::alloc_umem_buf`] keeps such memory in the NIC's pool instead.
-    pub fn gpu(mem: GpuMem) -> Self {
+    /// [`EmuNic::alloc_umem_buf`] keeps such memory in the NIC's pool instead, and needs no `unsafe`.
+    ///
+    /// # Safety
+    /// `mem` must be a live allocation of `mem.len()` bytes at `mem.addr()` that the GPU copier of the NIC
+    /// it is registered with can copy to and from, for as long as `mem` lives (what the copier's `alloc`
+    /// returns is). [`GpuMem::new`] is safe and takes any address; the NIC reads and writes the rings it
+    /// holds through the copier, which for a [`SimGpu`](crate::nic::emu::SimGpu) is a store to that address
+    /// in this process.
+    ///
+    /// ```compile_fail
+    /// use gdaki::mem::GpuMem;
+    /// use gdaki::nic::emu::UmemBuf;
+    /// // Needs `unsafe`: the NIC would write CQEs wherever the address points.
+    /// let _ = UmemBuf::gpu(GpuMem::new(0x1000, 4096, Box::new(())));
+    /// ```
+    pub unsafe fn gpu(mem: GpuMem) -> Self {
         UmemBuf(QMem::Gpu(PooledGpuMem::new(mem, None)))
     }
 
