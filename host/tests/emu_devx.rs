@@ -944,3 +944,27 @@ fn transport_calls_refuse_commands_on_other_objects_and_change_nothing() {
 fn refused_busy_cq(nic: &EmuNic, cqn: u32) {
     refused(nic, "DESTROY_CQ of a CQ in use", &devx::destroy_cq_in(cqn).unwrap(), 16, status::RES_BUSY, syn::CQ_IN_USE);
 }
+
+/// A host-API QP or CQ that a command destroyed first still releases its umem and UAR page when dropped:
+/// the failed DESTROY is reported, and nothing it held stays registered.
+#[test]
+fn a_drop_after_a_destroy_by_command_releases_the_umem_and_the_uar_page() {
+    let (nic, pd) = open();
+    // A fresh NIC numbers umems and UAR pages from 1: the CQ takes umem 1 and UAR page 1 (the NIC's CQ
+    // page), the QP umem 2 and UAR page 2.
+    let cq = nic.create_cq(64).unwrap();
+    let qp = nic.create_qp(&pd, &cq, 64).unwrap();
+    nic.obj_destroy(EmuObj::Qp(qp.qpn())).unwrap();
+    drop(qp);
+    assert!(nic.take_drop_error().is_some(), "the failed DESTROY_QP is reported");
+    let gone = |r: gdaki::Result<()>, what: &str| match r {
+        Err(Error::InvalidArgument(m)) if m.starts_with("no ") => {}
+        other => panic!("{what} is still there: {other:?}"),
+    };
+    gone(nic.devx_umem_dereg(2), "the QP's umem");
+    gone(nic.devx_free_uar(2), "the QP's UAR page");
+    nic.obj_destroy(EmuObj::Cq(cq.cqn())).unwrap();
+    drop(cq);
+    assert!(nic.take_drop_error().is_some(), "the failed DESTROY_CQ is reported");
+    gone(nic.devx_umem_dereg(1), "the CQ's umem");
+}

@@ -162,7 +162,11 @@ pub(crate) struct CqObject {
 
 impl Drop for CqObject {
     fn drop(&mut self) {
-        let r = self.nic.obj_destroy(EmuObj::Cq(self.cqn)).and_then(|()| self.nic.devx_umem_dereg(self.umem));
+        // The umem goes even when DESTROY_CQ fails (a CQ destroyed by a command already); the firmware
+        // refuses it while a live CQ uses it.
+        let destroyed = self.nic.obj_destroy(EmuObj::Cq(self.cqn));
+        let umem = self.nic.devx_umem_dereg(self.umem);
+        let r = destroyed.and(umem);
         if let Err(e) = r {
             tracing::warn!("emulated NIC: destroying CQ {:#x} failed: {e}", self.cqn);
             self.nic.fab.drops.record("an emulated CQ", e);
@@ -189,10 +193,12 @@ impl Drop for Pd {
 impl Drop for Qp {
     fn drop(&mut self) {
         let nic = &self.nic;
-        let r = nic
-            .obj_destroy(EmuObj::Qp(self.inner.qpn))
-            .and_then(|()| nic.devx_umem_dereg(self.res.umem))
-            .and_then(|()| nic.devx_free_uar(self.res.uar));
+        // The umem and UAR page go even when DESTROY_QP fails (a QP destroyed by a command already); the
+        // firmware refuses them while a live QP uses them. The first failure is reported.
+        let destroyed = nic.obj_destroy(EmuObj::Qp(self.inner.qpn));
+        let umem = nic.devx_umem_dereg(self.res.umem);
+        let uar = nic.devx_free_uar(self.res.uar);
+        let r = destroyed.and(umem).and(uar);
         if let Err(e) = r {
             tracing::warn!("emulated NIC: destroying QP {:#x} failed: {e}", self.inner.qpn);
             nic.fab.drops.record("an emulated QP", e);
