@@ -24,11 +24,18 @@ pub enum Rq {
 }
 
 impl Rq {
-    /// Bytes the receive queue takes at the start of the work queue buffer (the send queue follows).
-    pub fn bytes(self) -> u64 {
+    /// Bytes the receive queue takes at the start of the work queue buffer (the send queue follows), or
+    /// `None` for a receive queue `qpc` cannot describe (`log_size` over 15 or `log_stride` over 7, the
+    /// widths of `log_rq_size` and `log_rq_stride`, which [`create_qp_in()`] refuses too).
+    pub fn bytes(self) -> Option<u64> {
         match self {
-            Rq::None => 0,
-            Rq::Own { log_size, log_stride } => (1u64 << log_size) << (4 + u32::from(log_stride)),
+            Rq::None => Some(0),
+            Rq::Own { log_size, log_stride }
+                if u64::from(log_size) > qpc::LOG_RQ_SIZE.max() || u64::from(log_stride) > qpc::LOG_RQ_STRIDE.max() =>
+            {
+                None
+            }
+            Rq::Own { log_size, log_stride } => Some(1u64 << (u32::from(log_size) + 4 + u32::from(log_stride))),
         }
     }
 }
@@ -446,7 +453,9 @@ mod tests {
         assert_eq!(create_qp_in::WQ_UMEM_OFFSET.get(&b), 4096);
         assert_eq!(create_qp_in::WQ_UMEM_VALID.get(&b), 1);
         assert_eq!(cq(qpc::DBR_ADDR).get(&b), 64);
-        assert_eq!(Rq::Own { log_size: 2, log_stride: 1 }.bytes(), 128);
+        assert_eq!(Rq::Own { log_size: 2, log_stride: 1 }.bytes(), Some(128));
+        assert_eq!(Rq::Own { log_size: 15, log_stride: 7 }.bytes(), Some(1 << 26));
+        assert_eq!(Rq::None.bytes(), Some(0));
         // A value wider than its field is refused, naming the field.
         let e = create_qp_in(&QpAttr { log_sq_size: 16, ..a }).unwrap_err().to_string();
         assert!(e.contains("CREATE_QP") && e.contains("log_sq_size"), "{e}");
@@ -478,5 +487,13 @@ mod tests {
         assert_eq!((path(ads::RLID).get(&b), path(ads::GRH).get(&b)), (0x42, 1));
         let rgid = ads::RGID_RIP.at(init2rtr_qp_in::QPC + qpc::PRIMARY_ADDRESS_PATH);
         assert_eq!(rgid.get(&b), [0xab; 16]);
+    }
+
+    #[test]
+    fn rq_bytes_of_a_shape_the_fields_cannot_hold_is_none_not_a_panic() {
+        assert_eq!(Rq::Own { log_size: 16, log_stride: 0 }.bytes(), None);
+        assert_eq!(Rq::Own { log_size: 64, log_stride: 0 }.bytes(), None);
+        assert_eq!(Rq::Own { log_size: 0, log_stride: 8 }.bytes(), None);
+        assert_eq!(Rq::Own { log_size: 255, log_stride: 255 }.bytes(), None);
     }
 }
