@@ -14,6 +14,7 @@
 // unions (`ah_attr.grh.dgid`) do not fit struct-update syntax.
 #![allow(clippy::field_reassign_with_default)]
 
+use gdaki_device::sq::{valid_ring, MAX_WQE_CNT, MIN_WQE_CNT};
 use gdaki_mlx5_sys as sys;
 
 use super::endpoint::{Endpoint, LinkLayer};
@@ -69,6 +70,23 @@ pub fn cq_request(ncqe: u32, max_cqe: u32) -> Result<i32> {
     i32::try_from(ncqe - 1).map_err(|_| Error::InvalidArgument(format!("ncqe {ncqe} does not fit ibv_create_cq")))
 }
 
+/// log2 of an SQ of `wqe_cnt` WQEBBs on a device that takes at most `max_wqe_cnt`: a ring device code posts
+/// to ([`valid_ring`]: a power of two in [`MIN_WQE_CNT`]`..=`[`MAX_WQE_CNT`]) within the device's limit
+/// (`max_qp_wr`, or `2^log_max_qp_sz` on the DevX path). A larger limit does not make a larger ring usable.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for any other size, naming the sizes there are.
+pub fn sq_log2(wqe_cnt: u32, max_wqe_cnt: u32) -> Result<u8> {
+    if !valid_ring(wqe_cnt) || wqe_cnt > max_wqe_cnt {
+        return Err(Error::InvalidArgument(format!(
+            "wqe_cnt {wqe_cnt} must be a power of two in {MIN_WQE_CNT}..={} (the ring sizes device code posts to, \
+             within the device's limit {max_wqe_cnt})",
+            max_wqe_cnt.min(MAX_WQE_CNT)
+        )));
+    }
+    Ok(wqe_cnt.trailing_zeros() as u8)
+}
+
 /// `ibv_qp_init_attr` of an RC QP whose SQ holds `wqe_cnt` WQEBBs, both CQs `cq`, no inline data, one SGE,
 /// a receive queue of one WQE (no receive WQE is ever posted: inbound WRITEs need none), and completions only
 /// for WQEs that ask for one (`sq_sig_all = 0`: the device code sets CQ_UPDATE itself).
@@ -78,13 +96,9 @@ pub fn cq_request(ncqe: u32, max_cqe: u32) -> Result<i32> {
 /// `wqe_cnt` WQEBBs; the QP's `mlx5dv_qp.sq.wqe_cnt` is checked after creation.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] unless `wqe_cnt` is a power of two in `16..=max_qp_wr` (`ibv_query_device`).
+/// As [`sq_log2`] with the device's `max_qp_wr` (`ibv_query_device`).
 pub fn qp_init_attr(cq: *mut sys::ibv_cq, wqe_cnt: u32, max_qp_wr: u32) -> Result<sys::ibv_qp_init_attr> {
-    if !wqe_cnt.is_power_of_two() || wqe_cnt < 16 || wqe_cnt > max_qp_wr {
-        return Err(Error::InvalidArgument(format!(
-            "wqe_cnt {wqe_cnt} must be a power of two in 16..={max_qp_wr} (the device's max_qp_wr)"
-        )));
-    }
+    sq_log2(wqe_cnt, max_qp_wr)?;
     let mut a = sys::ibv_qp_init_attr::default();
     a.send_cq = cq;
     a.recv_cq = cq;
@@ -249,6 +263,27 @@ mod tests {
         assert!(qp_init_attr(cq, 8, 32768).is_err());
         assert!(qp_init_attr(cq, 100, 32768).is_err());
         assert!(qp_init_attr(cq, 65536, 32768).is_err());
+    }
+
+    /// Device code posts only to rings of 16 ..= 32768 WQEBBs (`gdaki_device::sq::valid_ring`): a device whose
+    /// `max_qp_wr` (or DevX `2^log_max_qp_sz`) is larger does not make a larger ring usable, and the DevX path
+    /// has no lower bound of its own.
+    #[test]
+    fn sq_sizes_are_the_ones_device_code_posts_to() {
+        let cq = 0x1000 as *mut sys::ibv_cq;
+        assert_eq!(sq_log2(16, 1 << 20).unwrap(), 4);
+        assert_eq!(sq_log2(32768, 1 << 20).unwrap(), 15);
+        for w in [0, 1, 2, 4, 8, 24, 65536, 1 << 20, 1 << 31, u32::MAX] {
+            let e = sq_log2(w, 1 << 20).unwrap_err().to_string();
+            assert!(e.contains(&format!("wqe_cnt {w} ")) && e.contains("16..=32768"), "{e}");
+            assert!(qp_init_attr(cq, w, 1 << 20).is_err(), "{w} WQEBBs on a device of max_qp_wr 2^20");
+        }
+        // The device's limit, where it is the smaller one.
+        assert_eq!(sq_log2(64, 64).unwrap(), 6);
+        let e = sq_log2(128, 64).unwrap_err().to_string();
+        assert!(e.contains("16..=64"), "{e}");
+        // A device limit below device code's smallest ring leaves no size at all.
+        assert!(sq_log2(16, 8).is_err());
     }
 
     #[test]

@@ -623,8 +623,8 @@ impl Mlx5Nic {
     /// sees it.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a size that is not a power of two within `2^log_max_qp_sz`;
-    /// [`Error::Verbs`] for `mlx5dv_init_obj(PD)` or the umem; the CUDA driver's; [`Error::DevxCmd`] for
+    /// [`Error::InvalidArgument`] for a size device code cannot post to or over `2^log_max_qp_sz`
+    /// ([`attr::sq_log2`]); [`Error::Verbs`] for `mlx5dv_init_obj(PD)` or the umem; the CUDA driver's; [`Error::DevxCmd`] for
     /// CREATE_QP.
     pub(super) fn create_qp_devx(
         &self,
@@ -633,12 +633,7 @@ impl Mlx5Nic {
         wqe_cnt: u32,
     ) -> Result<(DevxObj, GpuQueue, QpHandle)> {
         let (res, t, gpu) = self.devx_res()?;
-        let log = log2_exact(wqe_cnt).filter(|&l| l <= res.caps.log_max_qp_sz).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "SQ of {wqe_cnt} WQEBBs: DevX SQs are a power of two of at most 2^{}",
-                res.caps.log_max_qp_sz
-            ))
-        })?;
+        let log = attr::sq_log2(wqe_cnt, 1u32.checked_shl(res.caps.log_max_qp_sz.into()).unwrap_or(u32::MAX))?;
         let mut dv = sys::mlx5dv_pd::default();
         let mut obj = sys::mlx5dv_obj::default();
         obj.pd.in_ = pd;
