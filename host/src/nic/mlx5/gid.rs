@@ -94,8 +94,8 @@ pub fn select(table: &[GidEntry], link: LinkLayer, wanted: Option<u32>) -> Resul
         Error::Unavailable(match link {
             LinkLayer::InfiniBand => "the port's GID table is empty".into(),
             LinkLayer::Ethernet => {
-                "the RoCE port has no RoCE v2 GID (give its network interface an IP address, or pick a GID \
-                 index with --nic DEVICE:PORT:GID_INDEX)"
+                "the RoCE port has no RoCE v2 GID (gdaki sends from RoCE v2 GIDs only: give its network \
+                 interface an IP address)"
                     .into()
             }
         })
@@ -146,6 +146,19 @@ mod tests {
         let t = vec![entry(0, GidType::RoceV1, V4), entry(1, GidType::RoceV2, [0; 16])];
         assert!(matches!(select(&t, LinkLayer::Ethernet, None), Err(Error::Unavailable(_))));
         assert!(matches!(select(&[], LinkLayer::Ethernet, None), Err(Error::Unavailable(_))));
+    }
+
+    /// A RoCE port without a RoCE v2 GID has no index `--nic DEVICE:PORT:GID_INDEX` could name (a wanted index
+    /// must be RoCE v2 too), so the error must not send the user there.
+    #[test]
+    fn no_roce_v2_gid_is_not_fixed_by_a_gid_index() {
+        let t = vec![entry(0, GidType::RoceV1, LINK_LOCAL), entry(1, GidType::RoceV1, V4)];
+        for i in 0..4 {
+            assert!(matches!(select(&t, LinkLayer::Ethernet, Some(i)), Err(Error::InvalidArgument(_))), "{i}");
+        }
+        let e = select(&t, LinkLayer::Ethernet, None).unwrap_err().to_string();
+        assert!(e.contains("no RoCE v2 GID") && e.contains("IP address"), "{e}");
+        assert!(!e.contains("GID_INDEX") && !e.contains("GID index"), "advice that cannot work: {e}");
     }
 
     #[test]
