@@ -284,8 +284,14 @@ pub fn apply_queues(q: Option<Queues>) {
             std::env::set_var(var, v);
         }
         None => {
-            if let Some(v) = std::env::var(var).ok().filter(|v| !matches!(v.as_str(), "gpu" | "host")) {
-                crate::eprintln_line!("error: {var}={v:?}: queues must be gpu or host (or {var} unset)");
+            // A value that is not UTF-8 is neither `gpu` nor `host`, and the NIC refuses it too.
+            let v = match std::env::var(var) {
+                Ok(v) => Some(v).filter(|v| !matches!(v.as_str(), "gpu" | "host")).map(|v| format!("{v:?}")),
+                Err(std::env::VarError::NotPresent) => None,
+                Err(std::env::VarError::NotUnicode(v)) => Some(format!("{v:?}")),
+            };
+            if let Some(v) = v {
+                crate::eprintln_line!("error: {var}={v}: queues must be gpu or host (or {var} unset)");
                 std::process::exit(2);
             }
         }

@@ -166,6 +166,21 @@ fn a_malformed_queues_variable_is_refused_before_the_header() {
     }
 }
 
+/// A `GDAKI_QUEUES` that is not UTF-8 is neither `gpu` nor `host` either: refused before the header, not taken
+/// for an unset variable (the header would name the default placement, and every emulated NIC refuses it).
+#[test]
+fn a_queues_variable_that_is_not_utf8_is_refused_before_the_header() {
+    use std::os::unix::ffi::OsStrExt;
+    let v = std::ffi::OsStr::from_bytes(b"gpu\xe9");
+    for (program, args) in [("pingpong", &["--executor", "cpu", "--iters", "2"][..]), ("emu_rate", &[][..])] {
+        let mut cmd = Command::new(example(program));
+        cmd.args(args).env("GDAKI_QUEUES", v);
+        let out = output(cmd);
+        assert_error(&out, 2, "error: GDAKI_QUEUES=\"gpu\\xE9\": queues must be gpu or host (or GDAKI_QUEUES unset)");
+        assert_eq!(text(&out.stderr).lines().count(), 1, "{program}: {}", text(&out.stderr));
+    }
+}
+
 #[test]
 fn two_rank_programs_refuse_a_world_of_one_rank() {
     for program in ["pingpong", "port_channel"] {

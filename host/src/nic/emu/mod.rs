@@ -280,7 +280,11 @@ pub const QUEUES_ENV: &str = "GDAKI_QUEUES";
 /// The placement [`QUEUES_ENV`] asks for, if set.
 fn queues_from_env() -> Result<Option<MemKind>> {
     match std::env::var(QUEUES_ENV) {
-        Err(_) => Ok(None),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        // Not UTF-8: neither `gpu` nor `host`, and not unset either.
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(Error::InvalidArgument(format!("{QUEUES_ENV}={v:?}: queues must be gpu or host")))
+        }
         Ok(v) => match v.as_str() {
             "gpu" => Ok(Some(MemKind::Gpu)),
             "host" => Ok(Some(MemKind::Host)),

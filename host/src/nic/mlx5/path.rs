@@ -81,9 +81,15 @@ impl PathRequest {
     /// From the environment ([`PATH_ENV`]).
     ///
     /// # Errors
-    /// As [`PathRequest::from_env_value`].
+    /// As [`PathRequest::from_env_value`]; [`Error::InvalidArgument`] for a value that is not UTF-8.
     pub fn from_env() -> Result<Self> {
-        Self::from_env_value(std::env::var(PATH_ENV).ok().as_deref())
+        match std::env::var(PATH_ENV) {
+            Ok(v) => Self::from_env_value(Some(&v)),
+            Err(std::env::VarError::NotPresent) => Self::from_env_value(None),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                Err(Error::InvalidArgument(format!("{PATH_ENV}={v:?}: give auto, devx or verbs")))
+            }
+        }
     }
 }
 
