@@ -295,9 +295,22 @@ impl Launch {
     /// [`Launch::resolve`] with this process's environment.
     ///
     /// # Errors
-    /// As [`Launch::resolve`].
+    /// As [`Launch::resolve`]; [`Error::Bootstrap`] naming the first variable it read whose value is not
+    /// UTF-8 (no value these variables take), rather than taking it for unset.
     pub fn resolve_from_process_env(flags: LaunchFlags) -> Result<Option<Launch>> {
-        Launch::resolve(flags, |name| std::env::var(name).ok())
+        let not_utf8 = std::cell::RefCell::new(None);
+        let r = Launch::resolve(flags, |name| match std::env::var(name) {
+            Ok(v) => Some(v),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => {
+                not_utf8.borrow_mut().get_or_insert_with(|| name.to_string());
+                None
+            }
+        });
+        match not_utf8.into_inner() {
+            Some(name) => Err(bad(format!("{name} is set to a value that is not UTF-8"))),
+            None => r,
+        }
     }
 }
 
