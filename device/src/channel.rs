@@ -26,7 +26,7 @@ pub use crate::scope::{Block, Device};
 use crate::shared_qp::SharedQp;
 use crate::sync;
 use crate::thread::CtaGroup;
-use crate::wait::bounded_watching;
+use crate::wait::{bounded_watching, Watch};
 use crate::warp_qp::WarpQp;
 use crate::wqe::{self, Raddr, Sge, Wqe};
 pub use gdaki_shared::channel::PortChannelHandle;
@@ -86,6 +86,14 @@ pub trait Poster {
     /// Rings the doorbell for staged WQEs, if any (only the Exclusive poster stages: the others ring at once).
     #[inline(always)]
     fn ring(&mut self) {}
+
+    /// Whether a try of a wait for a peer's signal looks at the CQ ([`crate::wait::bounded_watching`]): the
+    /// Exclusive poster skips [`Watch::IfDue`] tries once no CQE of its own is due; the others look on them
+    /// (a shared QP's CQEs may be any member's).
+    #[inline(always)]
+    fn looks(&self, watch: Watch) -> bool {
+        watch != Watch::Skip
+    }
 }
 
 impl Poster for Qp<'_> {
@@ -124,6 +132,11 @@ impl Poster for Qp<'_> {
     #[inline(always)]
     fn ring(&mut self) {
         self.ring_db();
+    }
+
+    #[inline(always)]
+    fn looks(&self, watch: Watch) -> bool {
+        Qp::looks(self, watch)
     }
 }
 
@@ -760,8 +773,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         let (sem, peer) = (self.h.local_sem as *const u64, self.h.peer());
         let seen = core::cell::Cell::new(0);
         if !self.proxied() {
-            // Staged WQEs go now: the signal waited for may answer them, and the CQ is not looked at (which
-            // rings too) until the signal is late.
+            // Staged WQEs go now: the signal waited for may answer them, and a look at the CQ (which rings too)
+            // may not come soon.
             self.qp.ring();
         }
         let waited = bounded_watching(
@@ -772,7 +785,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
                 if seen.get() >= target {
                     return Ok(Some(()));
                 }
-                if watch {
+                if self.qp.looks(watch) {
                     // The QP's CQ is the proxy's in the Host modes: its error word tells instead.
                     let error = if self.proxied() {
                         self.proxy_error()

@@ -11,7 +11,7 @@ use crate::db;
 use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
 use crate::sq;
 use crate::sync;
-use crate::wait::{bounded_steps, bounded_watching, Step};
+use crate::wait::{bounded_steps, bounded_watching, Step, Watch};
 use crate::wqe::{self, Ctrl, Raddr, Wqe};
 use gdaki_shared::handle::{Placement, QpHandle};
 use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg, Seg, SEGS_PER_WQEBB, WQEBB};
@@ -555,6 +555,16 @@ impl<'a> Qp<'a> {
         (self.h.sq.err_idx != 0).then(|| CqeError::unpack(self.h.sq.err))
     }
 
+    /// Whether a try of a wait for a peer's signal looks at the CQ: [`Watch::IfDue`] only while the last WQE
+    /// that asked for a CQE has not been retired.
+    pub(crate) fn looks(&self, watch: Watch) -> bool {
+        match watch {
+            Watch::Skip => false,
+            Watch::IfDue => self.sq.ci < self.h.sq.sig_first,
+            Watch::Look => true,
+        }
+    }
+
     /// The first error, if it hit the WQE at `idx` or an earlier one.
     fn error_at_or_before(&self, idx: u64) -> Option<Error> {
         (self.h.sq.err_idx != 0 && self.h.sq.err_idx - 1 <= idx).then(|| Error::Cqe(CqeError::unpack(self.h.sq.err)))
@@ -611,9 +621,9 @@ impl<'a> Qp<'a> {
     /// Unlike [`crate::wait::semaphore_ge`], the wait ends as soon as this QP has an error CQE (for example its
     /// peer died with WQEs of this QP outstanding, so the signal will never come): a dead connection is an
     /// error for its waiters, not a timeout. Polls the CQ like [`Qp::wait`] (responder completions met are
-    /// consumed) once the signal is late ([`crate::wait::bounded_watching`]: after
-    /// [`crate::wait::WATCH_AFTER_NS`], and once before a timeout). A QP with nothing outstanding cannot learn
-    /// of its peer's death: then the wait times out.
+    /// consumed) while a CQE of this QP's own work is due, and else only once the signal is late
+    /// ([`crate::wait::bounded_watching`]). A QP with nothing outstanding cannot learn of its peer's death:
+    /// then the wait times out.
     ///
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE; [`Error::Timeout`] with [`WaitOn::Semaphore`] after the
@@ -634,8 +644,7 @@ impl<'a> Qp<'a> {
                     if seen.get() >= expected {
                         return Ok(Some(seen.get()));
                     }
-                    // The semaphore is what the wait is for: the CQ is looked at only once the signal is late.
-                    if !watch {
+                    if !q.looks(watch) {
                         return Ok(None);
                     }
                     let polled = q.drain();
