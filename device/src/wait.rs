@@ -57,13 +57,14 @@ pub enum Watch {
 
 /// As [`bounded`], for a wait on a peer's signal that also watches a QP for an error CQE (the peer died with
 /// work of the QP outstanding): `step(watch)` looks at the CQ as [`Watch`] says. While a CQE of the waiter's
-/// own work is due, taking it during the wait saves the flush that usually follows an exchange from taking it
-/// on its critical path (a Device-Exclusive ping-pong through port channels, H100: 17.9 µs a round trip with
-/// those looks, 21.2 without). Once nothing is due the wait looks only when the signal is late: with the CQ
-/// in host memory each look is a read across PCIe, and one that coincides with the signal delays seeing it (a
-/// host-memory ping-pong by doorbell, H100: 18.8-20.5 µs a round trip with looks from every wait's start,
-/// 14.1-14.6 with looks only once the signal is late). The last try before a timeout looks too, so that an
-/// error CQE already there ends the wait as itself whatever `timeout_ns` is.
+/// own work is due, taking it during the wait spares the flush that usually follows an exchange from taking it
+/// on its critical path (a Device-Exclusive ping-pong through port channels on an H100 took 3.3 µs longer a
+/// round trip with GPU-memory queues, 7.1 µs with host-memory queues, when its waits did not look). Once
+/// nothing is due the wait looks only when the signal is late: with the CQ in host memory a look is a read
+/// across PCIe, and one that coincided with the signal delayed seeing it by up to 5 µs (the leg of a
+/// host-memory ping-pong in which that rank's own CQE was taken: 7.7-9.5 µs, the other leg 4.5). The last try
+/// before a timeout looks too, so that an error CQE already there ends the wait as itself whatever
+/// `timeout_ns` is.
 #[inline(always)]
 pub fn bounded_watching<T>(
     timeout_ns: u64,
