@@ -21,7 +21,7 @@ use emu_util::{
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::mem::{MemKind, MemLoc};
 use gdaki::nic::emu::{
-    vendor, Access, Cq, EmuConfig, EmuNic, Pd, Qp, QpState, WireConfig, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT,
+    vendor, Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, WireConfig, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT,
 };
 use gdaki_device::error::{CqeError, InvalidArgument, Timeout, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
@@ -262,6 +262,35 @@ fn connect_misuse_is_refused_and_leaves_the_qp_usable() {
     host_inval(a.connect(&b.endpoint()), &["RESET"]);
     host_inval(a.connect(&a.endpoint()), &["RESET"]);
     assert_eq!(a.state(), QpState::Rts);
+}
+
+/// Wire addresses that cannot be dialed (an unspecified address, port 0) are refused as neighbours, and a
+/// connect of a QP that has left RESET is refused as such whatever address its endpoint names; the QP still
+/// carries traffic.
+#[test]
+fn undialable_neighbours_and_connects_out_of_reset_are_refused() {
+    let cfg = || EmuConfig::host_or_env().unwrap().with_wire(WireConfig::loopback());
+    let (na, nb) = (EmuNic::open(cfg()).unwrap(), EmuNic::open(cfg()).unwrap());
+    let (pa, pb) = (na.alloc_pd().unwrap(), nb.alloc_pd().unwrap());
+    let (ca, cb) = (na.create_cq(16).unwrap(), nb.create_cq(16).unwrap());
+    let (a, b) = (na.create_qp(&pa, &ca, 16).unwrap(), nb.create_qp(&pb, &cb, 16).unwrap());
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    for wire in ["0.0.0.0:0", "127.0.0.1:0", "[::]:4000"] {
+        host_inval(na.add_neighbor(&nb.gid(), wire.parse().unwrap()), &[wire, "cannot be dialed"]);
+    }
+    for wire in ["127.0.0.1:1", "0.0.0.0:0", "[::]:4000"] {
+        let bogus = Endpoint { wire: Some(wire.parse().unwrap()), ..b.endpoint() };
+        host_inval(a.connect(&bogus), &["RESET"]);
+    }
+    let (src, dst) = (GuardedBuf::new(64, 0x5c), GuardedBuf::new(64, 0));
+    let lmr = src.register(&na, &pa, Access::NONE);
+    let rmr = dst.register(&nb, &pb, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = a.handle();
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
+    qp.flush().unwrap();
+    assert!(dst.read().iter().all(|&x| x == 0x5c) && dst.guards_intact());
 }
 
 #[test]

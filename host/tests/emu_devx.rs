@@ -10,7 +10,7 @@ use std::sync::Arc;
 use emu_util::{assert_err, assert_req, random_bytes, rng, CqPoll, GuardedBuf, Sq, SIGNALED};
 use gdaki::mem::MemKind;
 use gdaki::nic::devx::{self, AddressPath, CqAttr, EmuObj, Grh, Init2Rtr, QpAttr, Rq, Rst2Init, Rtr2Rts, Transport};
-use gdaki::nic::emu::{cmd_syndrome as syn, gid_of, Access, DevxUar, EmuConfig, EmuNic, Pd, WireConfig};
+use gdaki::nic::emu::{cmd_syndrome as syn, gid_of, Access, DevxUar, EmuConfig, EmuNic, Endpoint, Pd, WireConfig};
 use gdaki::Error;
 use gdaki_shared::handle::{CqHandle, Placement, QpHandle};
 use gdaki_shared::prm::cmd::{
@@ -724,6 +724,14 @@ fn a_neighbor_is_needed_to_reach_another_nic() {
     let qm = qp_mem(&na, WQE_CNT);
     let qpn = devx::create_qp(&*na, &qp_attr(&qm, pd.pdn(), cqn, qu.page_id)).unwrap().id;
     devx::rst2init(&*na, &EmuObj::Qp(qpn), qpn, &all_rights()).unwrap();
+    // A host-API connect refused because its QP has left RESET records no address: it replaced the entry for
+    // the endpoint's NIC before the check, and the INIT2RTR below then went to that address.
+    let (hcq, nb_pd) = (na.create_cq(16).unwrap(), nb.alloc_pd().unwrap());
+    let own = na.create_qp(&pd, &hcq, 16).unwrap();
+    own.connect(&own.endpoint()).unwrap();
+    let far = nb.create_qp(&nb_pd, &nb.create_cq(16).unwrap(), 16).unwrap();
+    let e = own.connect(&Endpoint { wire: Some("127.0.0.1:1".parse().unwrap()), ..far.endpoint() }).unwrap_err();
+    assert!(e.to_string().contains("RESET"), "{e}");
     let inbox = devx::init2rtr_in(qpn, &rtr(0x100, 0, nb.gid())).unwrap();
     refused(&na, "INIT2RTR to a NIC of unknown address", &inbox, 16, status::BAD_PARAM, syn::NO_NEIGHBOR);
     assert!(na.add_neighbor(&na.gid(), na.wire_addr().unwrap()).is_err(), "its own GID");

@@ -392,6 +392,14 @@ impl Qp {
             )));
         }
         let nic = &*self.nic;
+        let qpn = self.inner.qpn;
+        // Checked before anything changes: the neighbour table below is the NIC's, not this QP's.
+        if self.state() != QpState::Reset {
+            return Err(Error::InvalidArgument(format!(
+                "QP {qpn:#x} is in state {:?}; connect needs RESET",
+                self.state()
+            )));
+        }
         if remote.nic != nic.id() {
             match (nic.wire_addr(), remote.wire) {
                 (Some(_), Some(w)) => nic.add_neighbor(&remote.gid(), w)?,
@@ -420,13 +428,6 @@ impl Qp {
                     cmd_syndrome::describe(s).unwrap_or("unreachable")
                 )))
             }
-        }
-        let qpn = self.inner.qpn;
-        if self.state() != QpState::Reset {
-            return Err(Error::InvalidArgument(format!(
-                "QP {qpn:#x} is in state {:?}; connect needs RESET",
-                self.state()
-            )));
         }
         let obj = EmuObj::Qp(qpn);
         let all = Rst2Init { port: 1, pkey_index: 0, remote_read: true, remote_write: true, remote_atomic: true };

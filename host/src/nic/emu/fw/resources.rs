@@ -428,12 +428,18 @@ impl EmuNic {
     /// the address.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a GID that is not an emulated NIC's, or this NIC's own.
+    /// [`Error::InvalidArgument`] for a GID that is not an emulated NIC's, or this NIC's own; for an address
+    /// that cannot be dialed (0.0.0.0, `::` or port 0).
     pub fn add_neighbor(&self, gid: &[u8; 16], wire: SocketAddr) -> Result<()> {
         let nic = nic_of_gid(gid)
             .ok_or_else(|| Error::InvalidArgument(format!("{gid:02x?} is not an emulated NIC's GID")))?;
         if nic == self.id() {
             return Err(Error::InvalidArgument("add_neighbor with this NIC's own GID".into()));
+        }
+        if wire.ip().is_unspecified() || wire.port() == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "wire address {wire} cannot be dialed (an unspecified address or port 0; a NIC listens on neither)"
+            )));
         }
         lock(&self.fab.fw).neighbors.insert(nic, wire);
         Ok(())
