@@ -6,12 +6,13 @@
 mod emu_util;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use emu_util::{assert_err, assert_req, random_bytes, rng, CqPoll, GuardedBuf, Sq, SIGNALED};
 use gdaki::mem::MemKind;
 use gdaki::nic::devx::{self, AddressPath, CqAttr, EmuObj, Grh, Init2Rtr, QpAttr, Rq, Rst2Init, Rtr2Rts, Transport};
 use gdaki::nic::emu::{cmd_syndrome as syn, gid_of, Access, DevxUar, EmuConfig, EmuNic, Endpoint, Pd, WireConfig};
-use gdaki::Error;
+use gdaki::{EmuError, Error};
 use gdaki_shared::handle::{CqHandle, Placement, QpHandle};
 use gdaki_shared::prm::cmd::{
     ads, cmd_hca_cap, cqc, create_cq_in, create_cq_out, create_qp_in, create_qp_out, init2rtr_qp_in, mbox_out, opcode,
@@ -975,4 +976,74 @@ fn a_drop_after_a_destroy_by_command_releases_the_umem_and_the_uar_page() {
     drop(cq);
     assert!(nic.take_drop_error().is_some(), "the failed DESTROY_CQ is reported");
     gone(nic.devx_umem_dereg(1), "the CQ's umem");
+}
+
+/// DESTROY_QP waits for the executor to let go of the QP without holding up the NIC's other commands: while
+/// the executor is held, a destroy on one thread waits for it, and another thread's QUERY_HCA_CAP, QUERY_QP
+/// and UAR allocation are answered at once. Until the wait ends, the QP is gone for commands (QPN_UNKNOWN) and
+/// its umem is still taken. Resumed, the executor lets the destroy finish; one that never answers is reported
+/// (`Unresponsive`) after the wait's 5 s, and the QP's umem is released all the same.
+#[test]
+fn a_destroy_waiting_for_the_executor_holds_up_no_other_command() {
+    let (nic, pd) = open();
+    let cu = nic.devx_alloc_uar().unwrap();
+    let cm = cq_mem(&nic, NCQE, Access::LOCAL_WRITE);
+    let cqn = devx::create_cq(&*nic, &cq_attr(&cm, cu.page_id)).unwrap().id;
+    let make = || {
+        let (m, u) = (qp_mem(&nic, WQE_CNT), nic.devx_alloc_uar().unwrap());
+        (devx::create_qp(&*nic, &qp_attr(&m, pd.pdn(), cqn, u.page_id)).unwrap().id, m.umem)
+    };
+    let (a, a_umem) = make();
+    let (b, b_umem) = make();
+    let quick = Duration::from_secs(1);
+    for (qpn, umem, resume) in [(a, a_umem, true), (b, b_umem, false)] {
+        nic.hold_executor(true);
+        let start = Instant::now();
+        let destroyer = {
+            let nic = nic.clone();
+            std::thread::spawn(move || (nic.obj_destroy(EmuObj::Qp(qpn)), start.elapsed()))
+        };
+        // Until the destroy has begun, QUERY_QP finds the QP; each answer comes at once, also while it waits.
+        loop {
+            let t = Instant::now();
+            let r = devx::query_qp(&*nic, &EmuObj::Qp(qpn), qpn);
+            assert!(t.elapsed() < quick, "QUERY_QP took {:?} during a destroy", t.elapsed());
+            match r {
+                Ok(q) => assert_eq!(q.state(), qpc::state::RST),
+                Err(Error::DevxCmd { status: s, syndrome: y, .. }) => {
+                    assert_eq!((s, y), (status::BAD_RES, syn::QPN_UNKNOWN));
+                    break;
+                }
+                Err(e) => panic!("QUERY_QP during a destroy: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t = Instant::now();
+        let cap = devx::query_hca_cap(&*nic).unwrap();
+        assert_eq!(cap.get(cmd_hca_cap::LOG_MAX_QP_SZ), 15);
+        nic.devx_free_uar(nic.devx_alloc_uar().unwrap().page_id).unwrap();
+        assert!(t.elapsed() < quick, "QUERY_HCA_CAP and a UAR page took {:?} during a destroy", t.elapsed());
+        // The QP's work queue is not released before the executor has let go of the QP.
+        assert!(!destroyer.is_finished(), "the destroy did not wait for the held executor");
+        match nic.devx_umem_dereg(umem) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("live CQs or QPs"), "{m}"),
+            other => panic!("umem {umem} of a QP being destroyed: {other:?}"),
+        }
+        if resume {
+            nic.hold_executor(false);
+        }
+        let (r, took) = destroyer.join().unwrap();
+        r.unwrap();
+        match nic.take_drop_error() {
+            None if resume => assert!(took < Duration::from_secs(4), "the destroy took {took:?}"),
+            Some(Error::Emu(EmuError::Unresponsive(d))) if !resume => {
+                assert_eq!(d, Duration::from_secs(5));
+                assert!(took >= d, "the destroy gave up after {took:?}");
+            }
+            other => panic!("executor resumed: {resume}; drop error {other:?}"),
+        }
+        nic.devx_umem_dereg(umem).unwrap();
+    }
+    nic.hold_executor(false);
+    nic.obj_destroy(EmuObj::Cq(cqn)).unwrap();
 }

@@ -112,9 +112,10 @@
 //!   NIC on that word is the GPU's. Only pageable host memory takes the NIC's atomics on the host.
 //! - **CQE timestamps** are nanoseconds since the NIC was opened, not device clock ticks.
 //! - **Destroying a QP** ([`Qp`]'s drop) waits for the executor thread to let go of it, so that no WQE of it
-//!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor. Over the
-//!   wire its connection then ends, but only after the answers owed for requests it already executed (the
-//!   ACK of a placed WRITE, an applied atomic's old value), as hardware sends them with the effect.
+//!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor; the NIC's
+//!   other commands are not held up by the wait. Over the wire its connection then ends, but only after the
+//!   answers owed for requests it already executed (the ACK of a placed WRITE, an applied atomic's old
+//!   value), as hardware sends them with the effect.
 //!
 //! # Use
 //! ```

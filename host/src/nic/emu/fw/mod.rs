@@ -62,12 +62,18 @@ struct Command {
 /// and of the command's output size.
 type Exec = fn(&mut Ctx<'_>, &[u8], &mut [u8]) -> Result<(), Fail>;
 
-/// What a command runs against: the NIC and its firmware state (held for the whole command).
+/// What a command runs against: the NIC and its firmware state (locked for the whole command).
 struct Ctx<'a> {
     nic: &'a EmuNic,
     fab: &'a Fabric,
     fw: &'a mut Firmware,
+    /// What the command does once the firmware lock is released, before it returns: DESTROY_QP's wait for the
+    /// executor, so that the wait holds up no other command.
+    unlocked: Option<Unlocked>,
 }
+
+/// The rest of a command, run without the firmware lock.
+type Unlocked = Box<dyn FnOnce(&EmuNic)>;
 
 /// Every command, by opcode.
 const COMMANDS: &[&Command] = &[
@@ -149,7 +155,14 @@ fn run(nic: &EmuNic, inbox: &[u8], outbox: &mut [u8]) -> Result<(), Fail> {
     out.fill(0);
     let fab = &*nic.fab;
     let mut fw = lock(&fab.fw);
-    (cmd.run)(&mut Ctx { nic, fab, fw: &mut fw }, &inbox[..cmd.in_size], out)
+    let mut c = Ctx { nic, fab, fw: &mut fw, unlocked: None };
+    let r = (cmd.run)(&mut c, &inbox[..cmd.in_size], out);
+    let unlocked = c.unlocked.take();
+    drop(fw);
+    if let Some(rest) = unlocked {
+        rest(nic);
+    }
+    r
 }
 
 /// A field's value in a checked input (the input is at least the command's size, which holds the field).

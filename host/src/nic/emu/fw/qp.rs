@@ -12,7 +12,8 @@
 //! QUERY_QP answers with the `qpc` as the QP's commands set it, its `state`, and `hw_sq_wqebb_counter` and
 //! `sw_sq_wqebb_counter` at the WQEBBs the NIC has consumed. DESTROY_QP waits for the executor thread to let go
 //! of the QP (no WQE of it runs afterwards), ends its wire connection, and releases its umems, UAR page and
-//! CQs.
+//! CQs. It waits without the firmware lock: other commands and the umem and UAR calls go on meanwhile, find
+//! no such QP, and find its umems, UAR page and CQs still taken until the wait has ended.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -224,16 +225,20 @@ fn destroy_qp(c: &mut Ctx<'_>, inbox: &[u8], _out: &mut [u8]) -> Result<(), Fail
     let qp = live_qp(c, qpn)?;
     qp.mark_destroyed();
     let gen = c.nic.remove_qp(qpn);
-    // Until the executor has swept with a list that no longer holds this QP, it may still hold an `Arc` of
-    // it (in its list, or as a peer it cached): wait, so that the QP's memory is never freed by it.
-    c.nic.wait_for_executor(gen);
-    // The peer across the wire sees the connection end (its outstanding WQEs fail), and the link's threads
-    // stop. The executor's refresh has done so already, after sending what this QP owed the peer for
-    // requests it executed (`requester::farewell`); this is for a link the executor never took up, or an
-    // executor that did not answer.
-    if let Some(link) = qp.link.get() {
-        link.close();
-    }
-    c.fw.remove_qp(qpn);
+    // The rest runs once the firmware lock is released, so that the wait holds up no other command. Until it
+    // ends, commands find no QP `qpn` (QPN_UNKNOWN), and what it holds stays taken.
+    c.unlocked = Some(Box::new(move |nic| {
+        // Until the executor has swept with a list that no longer holds this QP, it may still hold an `Arc`
+        // of it (in its list, or as a peer it cached): wait, so that the QP's memory is never freed by it.
+        nic.wait_for_executor(gen);
+        // The peer across the wire sees the connection end (its outstanding WQEs fail), and the link's
+        // threads stop. The executor's refresh has done so already, after sending what this QP owed the peer
+        // for requests it executed (`requester::farewell`); this is for a link the executor never took up,
+        // or an executor that did not answer.
+        if let Some(link) = qp.link.get() {
+            link.close();
+        }
+        lock(&nic.fab.fw).remove_qp(qpn);
+    }));
     Ok(())
 }
