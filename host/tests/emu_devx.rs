@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use emu_util::{assert_err, assert_req, random_bytes, rng, CqPoll, GuardedBuf, Sq, SIGNALED};
 use gdaki::mem::MemKind;
 use gdaki::nic::devx::{self, AddressPath, CqAttr, EmuObj, Grh, Init2Rtr, QpAttr, Rq, Rst2Init, Rtr2Rts, Transport};
-use gdaki::nic::emu::{cmd_syndrome as syn, gid_of, Access, DevxUar, EmuConfig, EmuNic, Endpoint, Pd, WireConfig};
+use gdaki::nic::emu::{
+    cmd_syndrome as syn, gid_of, Access, DevxUar, EmuConfig, EmuNic, Endpoint, Pd, QpState, WireConfig,
+};
 use gdaki::{EmuError, Error};
 use gdaki_shared::handle::{CqHandle, Placement, QpHandle};
 use gdaki_shared::prm::cmd::{
@@ -1046,4 +1048,33 @@ fn a_destroy_waiting_for_the_executor_holds_up_no_other_command() {
     }
     nic.hold_executor(false);
     nic.obj_destroy(EmuObj::Cq(cqn)).unwrap();
+}
+
+/// A host-API QP that a raw DESTROY_QP destroyed reads as being in the error state, whatever state it was
+/// in: QUERY_QP no longer finds it (as `ibv_query_qp` fails on a destroyed QP). `connect` refuses it before
+/// anything changes, and the NIC's other QPs keep their state.
+#[test]
+fn a_qp_destroyed_by_command_reads_as_the_error_state() {
+    let (nic, pd) = open();
+    let cq = nic.create_cq(64).unwrap();
+    let (a, b, c) = (
+        nic.create_qp(&pd, &cq, 64).unwrap(),
+        nic.create_qp(&pd, &cq, 64).unwrap(),
+        nic.create_qp(&pd, &cq, 64).unwrap(),
+    );
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    assert_eq!((a.state(), c.state()), (QpState::Rts, QpState::Reset));
+    for q in [&a, &c] {
+        let mut out = [0u8; 16];
+        nic.devx_cmd(&devx::destroy_qp_in(q.qpn()).unwrap(), &mut out).unwrap();
+        assert_eq!(q.state(), QpState::Error, "QP {:#x}", q.qpn());
+    }
+    assert_eq!(b.state(), QpState::Rts);
+    match c.connect(&b.endpoint()) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("destroyed"), "{m}"),
+        other => panic!("connect of a destroyed QP: {other:?}"),
+    }
+    drop((a, c));
+    assert!(nic.take_drop_error().is_some(), "the failed DESTROY_QPs are reported");
 }

@@ -43,7 +43,8 @@ pub enum QpState {
     Rtr = 2,
     /// Ready to send: the NIC acts on the QP's doorbells.
     Rts = 3,
-    /// A WQE failed (or the CQ overran): every later WQE completes with a flush error (syndrome 0x05).
+    /// A WQE failed (or the CQ overran): every later WQE completes with a flush error (syndrome 0x05). Also
+    /// what [`Qp::state`](super::Qp::state) reads for a QP that a DESTROY_QP command destroyed.
     Error = 4,
 }
 

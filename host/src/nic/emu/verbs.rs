@@ -100,8 +100,13 @@ impl Qp {
         Endpoint { nic: self.nic.id(), qpn: self.inner.qpn, psn: self.psn, wire: self.nic.wire_addr() }
     }
 
-    /// Current state.
+    /// Current state. A QP that a DESTROY_QP command destroyed under this handle (`devx_cmd`) reads as
+    /// [`QpState::Error`], whatever state it was in: the NIC no longer has it, and QUERY_QP refuses it as
+    /// `ibv_query_qp` fails on a destroyed QP, which [`crate::nic::Qp::state`] reads as the error state.
     pub fn state(&self) -> QpState {
+        if self.inner.is_destroyed() {
+            return QpState::Error;
+        }
         self.inner.state()
     }
 
@@ -382,8 +387,8 @@ impl Qp {
     /// # Errors
     /// [`Error::InvalidArgument`] when `remote` names no live QP of this NIC, is on another NIC while this NIC
     /// or the remote one has no wire, has a QPN or PSN over 24 bits, or this QP is not in RESET (connect
-    /// once); these leave the QP in RESET. [`Error::DevxCmd`] if the firmware refuses a transition (the
-    /// dialing thread could not start: `INTERNAL_ERR`).
+    /// once) or was destroyed by a DESTROY_QP command; these leave the QP as it was. [`Error::DevxCmd`] if the
+    /// firmware refuses a transition (the dialing thread could not start: `INTERNAL_ERR`).
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
         if remote.qpn > 0x00ff_ffff || remote.psn > 0x00ff_ffff {
             return Err(Error::InvalidArgument(format!(
@@ -394,6 +399,9 @@ impl Qp {
         let nic = &*self.nic;
         let qpn = self.inner.qpn;
         // Checked before anything changes: the neighbour table below is the NIC's, not this QP's.
+        if self.inner.is_destroyed() {
+            return Err(Error::InvalidArgument(format!("QP {qpn:#x} was destroyed by a DESTROY_QP command")));
+        }
         if self.state() != QpState::Reset {
             return Err(Error::InvalidArgument(format!(
                 "QP {qpn:#x} is in state {:?}; connect needs RESET",
