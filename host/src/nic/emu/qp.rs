@@ -11,7 +11,7 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use gdaki_shared::prm::cmd::qpc;
 use gdaki_shared::prm::uar::{BF_BUF_SIZE, BF_OFFSET};
@@ -68,6 +68,52 @@ impl QpState {
             3 => QpState::Rts,
             _ => QpState::Error,
         }
+    }
+}
+
+/// A QP's state: read without a lock (the executor reads it on every look at the QP), changed only under
+/// the cell's lock. A command takes the lock ([`StateCell::lock`]), checks the state, makes its changes and
+/// moves the QP while holding it, so that a move of the executor's (to the error state) comes wholly before
+/// the command (which then refuses, having changed nothing) or after it.
+///
+/// Lock order: a QP's `progress` lock before its state lock; under the state lock, only the `qpc` image's.
+#[derive(Debug)]
+pub(crate) struct StateCell {
+    now: AtomicU8,
+    moves: Mutex<()>,
+}
+
+impl StateCell {
+    pub(crate) fn new(s: QpState) -> Self {
+        Self { now: AtomicU8::new(s as u8), moves: Mutex::new(()) }
+    }
+
+    /// The current state, without the lock.
+    pub(crate) fn get(&self) -> QpState {
+        QpState::from_u8(self.now.load(Ordering::Acquire))
+    }
+
+    /// Takes the lock: until the returned guard is dropped, the state is what the guard makes it.
+    pub(crate) fn lock(&self) -> StateLock<'_> {
+        StateLock { cell: self, _held: lock(&self.moves) }
+    }
+}
+
+/// A [`StateCell`]'s lock, held.
+pub(crate) struct StateLock<'a> {
+    cell: &'a StateCell,
+    _held: MutexGuard<'a, ()>,
+}
+
+impl StateLock<'_> {
+    /// The state, which nobody else changes while the lock is held.
+    pub(crate) fn get(&self) -> QpState {
+        self.cell.get()
+    }
+
+    /// Moves the QP to `s`.
+    pub(crate) fn set(&mut self, s: QpState) {
+        self.cell.now.store(s as u8, Ordering::Release);
     }
 }
 
@@ -210,7 +256,7 @@ pub(crate) struct QpInner {
     pub cq: Arc<CqInner>,
     /// The receive CQ (`qpc.cqn_rcv`): responder CQEs (RESP_WR_IMM).
     pub rcq: Arc<CqInner>,
-    state: AtomicU8,
+    state: StateCell,
     destroyed: AtomicBool,
     /// The connected peer's QPN. The executor looks the peer up in the NIC's QP map, so that it never holds
     /// a destroyed QP (QPNs are never reused within a NIC).
@@ -242,7 +288,7 @@ impl QpInner {
             uar: r.uar,
             cq: r.cq,
             rcq: r.rcq,
-            state: AtomicU8::new(QpState::Reset as u8),
+            state: StateCell::new(QpState::Reset),
             destroyed: AtomicBool::new(false),
             peer: OnceLock::new(),
             progress: Mutex::new(SqProgress::default()),
@@ -256,18 +302,19 @@ impl QpInner {
     }
 
     pub(crate) fn state(&self) -> QpState {
-        QpState::from_u8(self.state.load(Ordering::Acquire))
+        self.state.get()
     }
 
-    /// Moves the QP to `s` whatever its state (the executor's moves to the error state, 2ERR).
+    /// Moves the QP to `s` whatever its state (the executor's moves to the error state), under the state
+    /// lock: never in the middle of a command's move.
     pub(crate) fn set_state(&self, s: QpState) {
-        self.state.store(s as u8, Ordering::Release);
+        self.state.lock().set(s);
     }
 
-    /// Moves the QP from `from` to `to`, if it is still in `from` (the executor may have moved it to the
-    /// error state meanwhile); returns whether it did.
-    pub(crate) fn transition(&self, from: QpState, to: QpState) -> bool {
-        self.state.compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    /// Takes the QP's state lock, for a command that checks the state, changes the QP and moves it as one
+    /// step ([`StateCell`]).
+    pub(crate) fn lock_state(&self) -> StateLock<'_> {
+        self.state.lock()
     }
 
     pub(crate) fn is_destroyed(&self) -> bool {
@@ -324,9 +371,9 @@ impl QpInner {
 
     /// Forgets doorbells written so far, before the executor starts watching the QP (RTR2RTS, 2ERR): the
     /// register is cleared (software never reads a UAR, so only the NIC sees this) and the BlueFlame words
-    /// get the sentinel, so that the next write, even of the same value, is a change.
-    pub(crate) fn reset_doorbell(&self, sentinel: u64) {
-        let mut p = lock(&self.progress);
+    /// get the sentinel, so that the next write, even of the same value, is a change. `p` is the QP's
+    /// `progress`, locked.
+    pub(crate) fn reset_doorbell(&self, p: &mut SqProgress, sentinel: u64) {
         clear_doorbell(&self.uar, sentinel);
         p.last_db = 0;
     }
@@ -351,6 +398,27 @@ pub(crate) fn clear_doorbell(uar: &HostView, sentinel: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_move_under_the_state_lock_is_not_interleaved_with_another() {
+        let cell = Arc::new(StateCell::new(QpState::Rtr));
+        let mut st = cell.lock();
+        assert_eq!(st.get(), QpState::Rtr);
+        // The executor's move to the error state, while a command holds the lock between its check and its move.
+        let mover = {
+            let cell = cell.clone();
+            std::thread::spawn(move || cell.lock().set(QpState::Error))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(st.get(), QpState::Rtr, "the state moved under the lock");
+        assert!(!mover.is_finished(), "a move went past the lock");
+        st.set(QpState::Rts);
+        assert_eq!(cell.get(), QpState::Rts);
+        drop(st);
+        mover.join().unwrap();
+        // The command's move came wholly first; the executor's after it.
+        assert_eq!(cell.get(), QpState::Error);
+    }
 
     #[test]
     fn gids_carry_the_nic_identifier() {

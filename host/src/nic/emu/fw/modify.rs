@@ -1,7 +1,9 @@
 //! The QP state machine: RST2INIT, INIT2RTR, RTR2RTS and 2ERR.
 //!
 //! RST → INIT → RTR → RTS, each transition from its one state, and any state → ERR; anything else fails with
-//! `BAD_QP_STATE`. The transitions take what rdma-core's DevX tests set:
+//! `BAD_QP_STATE`. A transition checks the state, makes its changes and moves the QP under the QP's state
+//! lock, which the executor's moves to ERR take too: one refused because the executor moved the QP to ERR
+//! after the command began has changed nothing. The transitions take what rdma-core's DevX tests set:
 //! - RST2INIT: the primary path's `vhca_port_num` (port 1) and `pkey_index` (0), `rre`, `rwe`, `rae` (the
 //!   remote rights the QP allows as responder; a request it does not allow fails with REMOTE_ACCESS_ERR).
 //! - INIT2RTR: `mtu`, `log_msg_max`, `remote_qpn`, `next_rcv_psn`, `min_rnr_nak`, `log_rra_max` and the
@@ -27,7 +29,7 @@ use gdaki_shared::prm::cmd::{
 use super::super::fabric::Fabric;
 use super::super::guard::{lock, read};
 use super::super::mr::Access;
-use super::super::qp::{nic_of_gid, Endpoint, QpInner, QpState};
+use super::super::qp::{nic_of_gid, Endpoint, QpInner, QpState, StateLock};
 use super::super::wire::{link, Link};
 use super::mailbox::{Named, Span};
 use super::qp::{live_qp, qpc_bytes, qpc_named};
@@ -163,6 +165,16 @@ fn start(c: &Ctx<'_>, inbox: &[u8], from: QpState) -> Result<Arc<QpInner>, Fail>
     Ok(qp)
 }
 
+/// The QP's state lock, the QP still in `from`: the executor may have moved it to ERR since [`start`] looked.
+/// A transition makes its changes under this lock, then moves the QP: refused, it has changed nothing.
+fn moving(qp: &QpInner, from: QpState) -> Result<StateLock<'_>, Fail> {
+    let st = qp.lock_state();
+    if st.get() != from {
+        return Err(Fail::of(syn::BAD_STATE));
+    }
+    Ok(st)
+}
+
 /// A primary-path field of the input.
 fn path_get(inbox: &[u8], f: Field) -> u64 {
     get(inbox, f.at(QPC + qpc::PRIMARY_ADDRESS_PATH))
@@ -203,11 +215,10 @@ fn rst2init(c: &mut Ctx<'_>, inbox: &[u8], _out: &mut [u8]) -> Result<(), Fail> 
         .into_iter()
         .filter(|&(f, _)| q(f))
         .fold(Access::NONE, |a, (_, r)| a | r);
-    if !qp.transition(QpState::Reset, QpState::Init) {
-        return Err(Fail::of(syn::BAD_STATE));
-    }
+    let mut st = moving(&qp, QpState::Reset)?;
     qp.set_rights(rights);
     record(&qp, inbox, RST2INIT.taken);
+    st.set(QpState::Init);
     Ok(())
 }
 
@@ -259,8 +270,8 @@ fn init2rtr(c: &mut Ctx<'_>, inbox: &[u8], _out: &mut [u8]) -> Result<(), Fail> 
     let nic = nic_of_gid(rgid).ok_or(Fail::of(syn::RGID))?;
     let (remote_qpn, rq_psn) = (q(qpc::REMOTE_QPN) as u32, q(qpc::NEXT_RCV_PSN) as u32);
     let peer = reach(c.fab, c.fw, nic, remote_qpn).map_err(Fail::of)?;
-    // The peer (or link) first, then RTR: whoever sees the QP in RTR sees whom it answers. The state cannot
-    // change under the firmware lock but by the executor, which moves only QPs in RTR or RTS.
+    // The peer (or link) first, then RTR: whoever sees the QP in RTR sees whom it answers.
+    let mut st = moving(&qp, QpState::Init)?;
     let dialer = match peer {
         Peer::Local => {
             let _ = qp.peer.set(remote_qpn);
@@ -276,9 +287,8 @@ fn init2rtr(c: &mut Ctx<'_>, inbox: &[u8], _out: &mut [u8]) -> Result<(), Fail> 
     };
     qp.set_log_msg_max(q(qpc::LOG_MSG_MAX) as u8);
     record(&qp, inbox, INIT2RTR.taken);
-    if !qp.transition(QpState::Init, QpState::Rtr) {
-        return Err(Fail::of(syn::BAD_STATE));
-    }
+    st.set(QpState::Rtr);
+    drop(st);
     // The dialer starts once the QP answers requests: frames it reads from the peer (requests already queued
     // there) would be dropped by a QP still in INIT.
     if let Some(link) = dialer {
@@ -292,25 +302,30 @@ fn init2rtr(c: &mut Ctx<'_>, inbox: &[u8], _out: &mut [u8]) -> Result<(), Fail> 
 fn rtr2rts(c: &mut Ctx<'_>, inbox: &[u8], _out: &mut [u8]) -> Result<(), Fail> {
     let qp = start(c, inbox, QpState::Rtr)?;
     check_port(inbox, true)?;
+    // The progress lock before the state lock (`StateCell`'s order).
+    let mut p = lock(&qp.progress);
+    let mut st = moving(&qp, QpState::Rtr)?;
     qp.set_sq_psn(get(inbox, qpc::NEXT_SEND_PSN.at(QPC)) as u32);
     // Doorbells written before RTS are ignored (as hardware ignores them in RESET): the register is cleared,
     // and the next write, even of the same value, is a change.
-    qp.reset_doorbell(c.fab.bf_sentinel);
-    if !qp.transition(QpState::Rtr, QpState::Rts) {
-        return Err(Fail::of(syn::BAD_STATE));
-    }
+    qp.reset_doorbell(&mut p, c.fab.bf_sentinel);
     record(&qp, inbox, RTR2RTS.taken);
+    st.set(QpState::Rts);
     tracing::debug!(qpn = qp.qpn, "emulated NIC: QP in RTS");
     Ok(())
 }
 
 fn qp_2err(c: &mut Ctx<'_>, inbox: &[u8], _out: &mut [u8]) -> Result<(), Fail> {
     let qp = live_qp(c, get(inbox, qp_2err_in::QPN) as u32)?;
+    // The progress lock before the state lock (`StateCell`'s order): a QP in RTS moves between two of the
+    // executor's batches.
+    let mut p = lock(&qp.progress);
+    let mut st = qp.lock_state();
     // A QP the executor did not watch yet (RST, INIT, RTR) starts being watched in ERR: doorbells written
     // before are ignored, as in RTR2RTS.
-    if matches!(qp.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
-        qp.reset_doorbell(c.fab.bf_sentinel);
+    if matches!(st.get(), QpState::Reset | QpState::Init | QpState::Rtr) {
+        qp.reset_doorbell(&mut p, c.fab.bf_sentinel);
     }
-    qp.set_state(QpState::Error);
+    st.set(QpState::Error);
     Ok(())
 }
