@@ -323,12 +323,41 @@ impl PtxBuilder {
     }
 }
 
-/// The folder of a path package from its cargo package id (`path+file:///w/device#gdaki-device@0.1.0`);
-/// `None` for registry and git packages.
+/// The folder of a path package from its cargo package id (`path+file:///w/device#gdaki-device@0.1.0`, a URL:
+/// `/my%20app` is the folder `/my app`); `None` for registry and git packages.
 fn path_package_dir(package_id: &str) -> Option<PathBuf> {
     let rest = package_id.strip_prefix("path+file://")?;
     let dir = rest.split('#').next()?;
-    Some(PathBuf::from(dir))
+    Some(PathBuf::from(percent_decode(dir)))
+}
+
+/// `%XX` escapes to their bytes; anything else as is. The bytes are the path's on Unix, where paths are bytes;
+/// elsewhere a path that does not decode to UTF-8 is taken as is.
+fn percent_decode(text: &str) -> std::ffi::OsString {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        let escaped = tail.get(..2).and_then(|hex| std::str::from_utf8(hex).ok());
+        match escaped.and_then(|hex| u8::from_str_radix(hex, 16).ok()).filter(|_| first == b'%') {
+            Some(byte) => {
+                bytes.push(byte);
+                rest = &tail[2..];
+            }
+            None => {
+                bytes.push(first);
+                rest = tail;
+            }
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStringExt;
+        std::ffi::OsString::from_vec(bytes)
+    }
+    #[cfg(not(unix))]
+    {
+        String::from_utf8(bytes).map(Into::into).unwrap_or_else(|_| text.into())
+    }
 }
 
 impl BuiltPtx {
@@ -498,6 +527,22 @@ mod tests {
         assert_eq!(path_package_dir("path+file:///w/device#gdaki-device@0.1.0"), Some(PathBuf::from("/w/device")));
         assert_eq!(path_package_dir("path+file:///w/kernels#0.1.0"), Some(PathBuf::from("/w/kernels")));
         assert_eq!(path_package_dir("registry+https://github.com/rust-lang/crates.io-index#bytemuck@1.25.2"), None);
+        // Cargo writes the folder as a URL: a space, a non-ASCII letter and `%` itself are percent-encoded.
+        assert_eq!(
+            path_package_dir("path+file:///tmp/my%20app/k%C3%A9rnels%25#common@0.1.0"),
+            Some(PathBuf::from("/tmp/my app/k\u{e9}rnels%"))
+        );
+        // A folder whose name is not UTF-8 (bytes are bytes on Unix).
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            assert_eq!(
+                path_package_dir("path+file:///tmp/k%FFx#common@0.1.0"),
+                Some(PathBuf::from(OsStr::from_bytes(b"/tmp/k\xffx")))
+            );
+        }
+        // `%` not followed by two hex digits is kept.
+        assert_eq!(path_package_dir("path+file:///tmp/a%2x%#c@0.1.0"), Some(PathBuf::from("/tmp/a%2x%")));
     }
 
     #[test]
