@@ -275,15 +275,19 @@ impl PtxBuilder {
                 self.crate_dir.display()
             );
         }
-        if self.build_script {
-            self.print_rerun_lines(&path_crates);
-        }
         let Some((path, lib_name)) = artifact else {
             bail!(
                 "cargo built {} for {TARGET_TRIPLE} but reported no .ptx artifact (does the crate have a library?)",
                 self.crate_dir.display()
             );
         };
+        if self.build_script {
+            // Cargo's dep-info next to the artifact lists every source file of the path crates the build read.
+            let dep_info = fs::read_to_string(path.with_extension("d")).ok();
+            for p in self.rerun_paths(&path_crates, dep_info.as_deref()) {
+                println!("cargo:rerun-if-changed={}", p.display());
+            }
+        }
         let ptx = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let info = validate(&ptx, &self.arch, self.ptx_isa).with_context(|| format!("{}", path.display()))?;
         let mut built = BuiltPtx { path, lib_name, ptx, info };
@@ -295,32 +299,67 @@ impl PtxBuilder {
         Ok(built)
     }
 
-    /// `cargo:rerun-if-changed` for the device crate, each path crate it built, and the files that change what
-    /// the nested build does (lock file, toolchain pin, cargo config) up the device crate's folders.
-    fn print_rerun_lines(&self, path_crates: &[PathBuf]) {
+    /// What the `cargo:rerun-if-changed` lines name: the manifest, `src` and `build.rs` of the device crate and of
+    /// each path crate it built; each other source file in cargo's `dep_info` for the artifact (a module under
+    /// `#[path]`, an `include_str!` file, a `[lib] path` outside `src`); and the files that change what the
+    /// nested build does (lock file, toolchain pin, cargo config) up the device crate's folders.
+    fn rerun_paths(&self, path_crates: &[PathBuf], dep_info: Option<&str>) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = vec![self.crate_dir.clone()];
         dirs.extend(path_crates.iter().cloned());
         dirs.sort();
         dirs.dedup();
+        let mut paths = Vec::new();
+        let mut folders = Vec::new();
         for dir in &dirs {
             // Folders are scanned recursively by cargo; the manifest and sources are what matter, so the two are
             // named, not the whole folder (which may hold a target directory).
             for part in ["Cargo.toml", "src", "build.rs"] {
                 let p = dir.join(part);
                 if p.exists() {
-                    println!("cargo:rerun-if-changed={}", p.display());
+                    if p.is_dir() {
+                        folders.push(p.clone());
+                    }
+                    paths.push(p);
                 }
+            }
+        }
+        let sources = dep_info.map(dep_info_files).unwrap_or_default();
+        for file in sources {
+            if !folders.iter().any(|folder| file.starts_with(folder)) && !paths.contains(&file) {
+                paths.push(file);
             }
         }
         for ancestor in self.crate_dir.ancestors() {
             for file in ["Cargo.lock", "Cargo.toml", "rust-toolchain.toml", "rust-toolchain", ".cargo/config.toml"] {
                 let p = ancestor.join(file);
                 if p.is_file() {
-                    println!("cargo:rerun-if-changed={}", p.display());
+                    paths.push(p);
                 }
             }
         }
+        paths
     }
+}
+
+/// The prerequisites of a Makefile-style dep-info file as cargo writes it (`target: dep dep`, a space in a path
+/// escaped as `\ `).
+fn dep_info_files(text: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for line in text.lines() {
+        // The target ends at the first `: ` (a space inside it is escaped, so never `: ` there).
+        let Some((_, deps)) = line.split_once(": ") else { continue };
+        let mut current = String::new();
+        let mut chars = deps.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.peek() == Some(&' ') => current.push(chars.next().unwrap_or(' ')),
+                ' ' => files.extend((!current.is_empty()).then(|| PathBuf::from(std::mem::take(&mut current)))),
+                _ => current.push(c),
+            }
+        }
+        files.extend((!current.is_empty()).then(|| PathBuf::from(current)));
+    }
+    files
 }
 
 /// The folder of a path package from its cargo package id (`path+file:///w/device#gdaki-device@0.1.0`, a URL:
@@ -543,6 +582,29 @@ mod tests {
         }
         // `%` not followed by two hex digits is kept.
         assert_eq!(path_package_dir("path+file:///tmp/a%2x%#c@0.1.0"), Some(PathBuf::from("/tmp/a%2x%")));
+    }
+
+    #[test]
+    fn rerun_paths_include_sources_outside_src() {
+        let root = std::env::temp_dir().join(format!("gdaki-build-rerun {}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let kernels = root.join("my kernels");
+        for file in ["Cargo.toml", "src/lib.rs", "extra/consts.rs"] {
+            fs::create_dir_all(kernels.join(file).parent().expect("parent")).expect("mkdir");
+            fs::write(kernels.join(file), "").expect("write");
+        }
+        // The dep-info file cargo writes next to the artifact: spaces escaped, the sources of every path crate.
+        let dep_info = format!(
+            "{0}/target/kernels.ptx: {0}/my\\ kernels/extra/consts.rs {0}/my\\ kernels/src/lib.rs\n",
+            root.display().to_string().replace(' ', "\\ ")
+        );
+        let paths = PtxBuilder::new(&kernels).rerun_paths(&[], Some(&dep_info));
+        assert_eq!(paths[..2], [kernels.join("Cargo.toml"), kernels.join("src")]);
+        // `#[path]`, `include_str!`, `[lib] path`: a file outside `src` that the build read.
+        assert!(paths.contains(&kernels.join("extra/consts.rs")), "{paths:?}");
+        // Not named twice: `src` covers its files.
+        assert!(!paths.contains(&kernels.join("src/lib.rs")), "{paths:?}");
+        let _ = fs::remove_dir_all(&root);
     }
 
     #[test]

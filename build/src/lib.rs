@@ -25,7 +25,8 @@
 //! - [`validate::validate`] checks it: the expected `.target`, a recent enough `.version`, at least one
 //!   `.entry`, and no `.extern` (the CUDA driver links nothing in);
 //! - in a build script, it writes `OUT_DIR/<lib>.ptx` and prints `cargo:rerun-if-changed` for the device crate
-//!   and each path crate it uses, so the PTX is rebuilt only when one of them changed.
+//!   and each path crate it uses (their manifests, `src` folders and every other source file the build read, as
+//!   cargo's dep-info lists them), so the PTX is rebuilt only when one of them changed.
 //!
 //! The device crate needs `#![no_std]` and, for the kernels' `extern "ptx-kernel"` entries,
 //! `#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]`; the toolchain must be one that has the nvptx
