@@ -59,9 +59,10 @@ impl PtxBuilder {
     pub fn new(crate_dir: impl AsRef<Path>) -> Self {
         let crate_dir = crate_dir.as_ref();
         let base = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+        // Absolute: the nested cargo runs in this folder, so a relative path would be taken from it, not from ours.
         let crate_dir = match (&base, crate_dir.is_relative()) {
             (Some(base), true) => base.join(crate_dir),
-            _ => crate_dir.to_path_buf(),
+            _ => absolute(crate_dir),
         };
         let build_script = std::env::var_os("OUT_DIR").is_some() && base.is_some();
         PtxBuilder {
@@ -92,10 +93,11 @@ impl PtxBuilder {
         self
     }
 
-    /// The nested build's `--target-dir`. Give it a folder of its own: a build script that ran a nested cargo
-    /// on the outer build's target directory would wait on the outer cargo's lock.
+    /// The nested build's `--target-dir` (relative to the current folder, which is the package's folder in a
+    /// build script). Give it a folder of its own: a build script that ran a nested cargo on the outer build's
+    /// target directory would wait on the outer cargo's lock.
     pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.target_dir = Some(dir.into());
+        self.target_dir = Some(absolute(&dir.into()));
         self
     }
 
@@ -362,6 +364,11 @@ fn dep_info_files(text: &str) -> Vec<PathBuf> {
     files
 }
 
+/// `path` made absolute against the current folder (as is if there is none).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// The folder of a path package from its cargo package id (`path+file:///w/device#gdaki-device@0.1.0`, a URL:
 /// `/my%20app` is the folder `/my app`); `None` for registry and git packages.
 fn path_package_dir(package_id: &str) -> Option<PathBuf> {
@@ -605,6 +612,19 @@ mod tests {
         // Not named twice: `src` covers its files.
         assert!(!paths.contains(&kernels.join("src/lib.rs")), "{paths:?}");
         let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn relative_target_dir_is_the_callers() {
+        let kernels = std::env::temp_dir().join("kernels");
+        let cmd = PtxBuilder::new(&kernels).target_dir("ptx out").command();
+        // Cargo runs in the device crate's folder; the paths it is given must not depend on that.
+        assert_eq!(cmd.get_current_dir(), Some(kernels.as_path()));
+        let args: Vec<&OsStr> = cmd.get_args().collect();
+        let after = |flag: &str| args.iter().position(|a| *a == flag).map(|i| PathBuf::from(args[i + 1]));
+        let cwd = std::env::current_dir().expect("cwd");
+        assert_eq!(after("--target-dir"), Some(cwd.join("ptx out")));
+        assert_eq!(after("--manifest-path"), Some(kernels.join("Cargo.toml")));
     }
 
     #[test]
