@@ -190,7 +190,8 @@ impl PtxBuilder {
     ///
     /// # Errors
     /// The device crate's `Cargo.toml` is missing; a toolchain component is missing and cannot be added (the
-    /// error names the `rustup` command); cargo cannot be started or fails (its errors are on stderr); no
+    /// error names the `rustup` command); cargo cannot be started or fails (its errors are on stderr; a lock file
+    /// that `--locked` keeps cargo from creating or updating is named with the command that fixes it); no
     /// `.ptx` artifact is reported (the crate has no `[lib]`); or the module fails [`validate`] (for instance an
     /// `.extern` left by a function that was not linked in).
     pub fn build(&self) -> Result<BuiltPtx> {
@@ -213,8 +214,23 @@ impl PtxBuilder {
         // Before cargo: a missing component would otherwise surface as an obscure error deep in the nested build.
         crate::toolchain::ensure_components(&self.crate_dir, emit)?;
         let mut cmd = self.command();
+        // Read on the way to our stderr, for the one cargo error that only the caller of this crate can fix.
+        cmd.stderr(Stdio::piped());
         let mut child = cmd.spawn().with_context(|| format!("cannot run `{}`", self.cargo.display()))?;
         let stdout = child.stdout.take().context("cargo's stdout was not captured")?;
+        let cargo_stderr = child.stderr.take().context("cargo's stderr was not captured")?;
+        let this = self.clone();
+        let stderr_reader = std::thread::spawn(move || {
+            let mut hint = None;
+            let mut reader = BufReader::new(cargo_stderr);
+            let mut line = Vec::new();
+            while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                let _ = std::io::stderr().write_all(&line);
+                hint = hint.or_else(|| this.locked_hint(&String::from_utf8_lossy(&line)));
+                line.clear();
+            }
+            hint
+        });
 
         let mut artifact = None;
         let mut path_crates = Vec::new();
@@ -264,11 +280,12 @@ impl PtxBuilder {
         }
         drop(stderr);
         let status = child.wait().context("waiting for cargo")?;
+        let locked_hint = stderr_reader.join().ok().flatten();
         if !status.success() {
             // No `rerun-if-changed` lines: cargo runs a failed build script again anyway, and they would stand
             // between the errors and this message.
             let first = match errors.as_slice() {
-                [] => String::new(),
+                [] => locked_hint.map(|hint| format!(": {hint}")).unwrap_or_default(),
                 [one] => format!(": error: {one}"),
                 [one, rest @ ..] => format!(": error: {one} (and {} more errors)", rest.len()),
             };
@@ -299,6 +316,21 @@ impl PtxBuilder {
             built.path = dest;
         }
         Ok(built)
+    }
+
+    /// What to do when `line` of cargo's stderr says it refused to create or update the device crate's lock
+    /// file because of `--locked` (a device crate outside the calling package's workspace, without a lock file
+    /// or with one that lacks a new dependency); `None` for other lines.
+    fn locked_hint(&self, line: &str) -> Option<String> {
+        if !(line.contains("the lock file") && line.contains("because --locked was passed")) {
+            return None;
+        }
+        Some(format!(
+            "{}'s Cargo.lock is missing or out of date, and the PTX build runs with --locked: run `cargo update \
+             --workspace --manifest-path '{}'` once, or build with `.locked(false)`",
+            self.crate_dir.display(),
+            self.crate_dir.join("Cargo.toml").display()
+        ))
     }
 
     /// What the `cargo:rerun-if-changed` lines name: the manifest, `src` and `build.rs` of the device crate and of
@@ -625,6 +657,27 @@ mod tests {
         let cwd = std::env::current_dir().expect("cwd");
         assert_eq!(after("--target-dir"), Some(cwd.join("ptx out")));
         assert_eq!(after("--manifest-path"), Some(kernels.join("Cargo.toml")));
+    }
+
+    #[test]
+    fn locked_refusal_says_what_to_do() {
+        let kernels = std::env::temp_dir().join("my kernels");
+        let builder = PtxBuilder::new(&kernels);
+        let lock = kernels.join("Cargo.lock");
+        let hint = format!(
+            "{}'s Cargo.lock is missing or out of date, and the PTX build runs with --locked: run `cargo update \
+             --workspace --manifest-path '{}'` once, or build with `.locked(false)`",
+            kernels.display(),
+            kernels.join("Cargo.toml").display()
+        );
+        for verb in ["create", "update"] {
+            let line = format!(
+                "error: cannot {verb} the lock file {} because --locked was passed to prevent this\n",
+                lock.display()
+            );
+            assert_eq!(builder.locked_hint(&line).as_deref(), Some(hint.as_str()), "{verb}");
+        }
+        assert_eq!(builder.locked_hint("error: could not compile `kernels` (lib) due to 1 previous error"), None);
     }
 
     #[test]
