@@ -49,6 +49,18 @@ pub struct BuiltPtx {
     pub info: PtxInfo,
 }
 
+/// What to add to a failed build's message when rustc looked for `std` (a device crate, or a path crate it
+/// uses, without `#![no_std]`): rustc's own note says so only in its full output, and its help (build the
+/// standard library from source) points the wrong way, since nvptx64 has no `std`. Empty otherwise.
+fn no_std_hint(errors: &[String]) -> &'static str {
+    if errors.iter().any(|e| e.contains("can't find crate for `std`")) {
+        " (device code has no `std` on nvptx64: begin the crate's src/lib.rs, and each path crate's it uses, with \
+         `#![no_std]`)"
+    } else {
+        ""
+    }
+}
+
 impl PtxBuilder {
     /// A build of the device crate in `crate_dir` (the folder of its `Cargo.toml`; relative to the calling
     /// package's folder in a build script, else to the current folder), for [`ARCH`] and PTX ISA [`PTX_ISA`].
@@ -290,8 +302,9 @@ impl PtxBuilder {
                 [one, rest @ ..] => format!(": error: {one} (and {} more errors)", rest.len()),
             };
             bail!(
-                "building {} for {TARGET_TRIPLE} failed ({status}){first}; cargo's messages are above",
-                self.crate_dir.display()
+                "building {} for {TARGET_TRIPLE} failed ({status}){first}{}; cargo's messages are above",
+                self.crate_dir.display(),
+                no_std_hint(&errors)
             );
         }
         let Some((path, lib_name)) = artifact else {
@@ -657,6 +670,16 @@ mod tests {
         let cwd = std::env::current_dir().expect("cwd");
         assert_eq!(after("--target-dir"), Some(cwd.join("ptx out")));
         assert_eq!(after("--manifest-path"), Some(kernels.join("Cargo.toml")));
+    }
+
+    /// rustc's error for a crate without `#![no_std]` gets the fix; other errors nothing.
+    #[test]
+    fn a_crate_that_needs_std_is_told_to_be_no_std() {
+        let std_err = "stdk (nvptx64-nvidia-cuda): can't find crate for `std` at src/lib.rs:1:1".to_string();
+        let other = "stdk (nvptx64-nvidia-cuda): cannot find value `x` in this scope at src/lib.rs:3:5".to_string();
+        assert!(no_std_hint(&[other.clone(), std_err]).contains("`#![no_std]`"));
+        assert_eq!(no_std_hint(&[other]), "");
+        assert_eq!(no_std_hint(&[]), "");
     }
 
     #[test]
