@@ -186,11 +186,11 @@ fn main() -> ExitCode {
         gdaki_examples::eprintln_line!("note: {n}");
     }
     let kind = exec.kind();
-    drop(exec);
-    if let Err(why) = gdaki_examples::check_nic(&args.nic) {
+    if let Err(why) = gdaki_examples::check_nic(&args.nic, &exec) {
         gdaki_examples::eprintln_line!("error: {why}");
         return ExitCode::from(2);
     }
+    drop(exec);
     let nic = match &args.nic {
         NicSpec::Emu => "emulated mlx5 NIC over the wire".to_string(),
         real => format!("NIC {real}"),

@@ -201,16 +201,19 @@ pub fn create_json(path: Option<&std::path::Path>) -> Result<Option<std::fs::Fil
     path.map(|p| std::fs::File::create(p).map_err(|e| format!("--json {}: {e}", p.display()))).transpose()
 }
 
-/// Checks, before anything is printed, that the NIC `--nic` names can be opened: the emulated NIC always can;
-/// a real one is opened once (for the `cpu` executor: device, port, GID) and closed.
+/// Checks, before anything is printed, that the NIC `--nic` names can be opened for `exec`, the executor the
+/// run uses: the emulated NIC always can; a real one is opened once (device, port, GID, and the queue path
+/// `exec` takes: DevX serves the `gpu` executor only, so `GDAKI_MLX5_QUEUES=devx` is refused for `cpu` and
+/// not for `gpu`) and closed.
 ///
 /// # Errors
 /// The one line to print before exiting with code 2: no RDMA device ("no RDMA devices found: ..."), none of
-/// that name, a port that cannot serve, or a build without the `mlx5` feature.
-pub fn check_nic(spec: &NicSpec) -> Result<(), String> {
+/// that name, a port that cannot serve, a queue path that cannot serve `exec`, or a build without the `mlx5`
+/// feature.
+pub fn check_nic(spec: &NicSpec, exec: &Executor) -> Result<(), String> {
     match spec {
         NicSpec::Emu => Ok(()),
-        real => Nic::open(real, &Executor::Cpu, None).map(drop).map_err(|e| e.to_string()),
+        real => Nic::open(real, exec, None).map(drop).map_err(|e| e.to_string()),
     }
 }
 

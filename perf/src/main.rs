@@ -131,8 +131,8 @@ fn run(cmd: &str, opts: &cli::Opts) -> Result<ExitCode, String> {
     }
     let kind = exec.kind();
     let gpu = report::GpuInfo::of(&exec);
+    gdaki_examples::check_nic(&opts.nic, &exec)?;
     drop(exec);
-    gdaki_examples::check_nic(&opts.nic)?;
     let plan = suite::plan(opts, kind);
     // What the rows will run: each row's warm-up is the plan's, capped by a tenth of the row's iterations.
     let warmup =
