@@ -720,7 +720,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// placed, so a peer that observes the accumulated word sees the data.
     ///
     /// # Errors
-    /// As [`PortChannel::put`]; [`InvalidArgument::AtomicAlignment`] for a misaligned word.
+    /// As [`PortChannel::put`]; [`InvalidArgument::AtomicAlignment`] for a misaligned word. The put's range is
+    /// checked first, so an error names the first bad argument in their order; nothing is posted for either.
     pub fn put_with_accumulate(
         &mut self,
         dst_offset: u64,
@@ -729,6 +730,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         acc_offset: u64,
         add: u64,
     ) -> Result<()> {
+        self.ranges(dst_offset, src_offset, bytes)?;
         let (r, l) = atomic_target(&self.h.dst, acc_offset, &self.h.scratch, 0)?;
         if self.proxied() {
             if self.h.proxy == mode::HOST_NO_ATOMIC || acc_offset > Trigger::MAX_FIELD {

@@ -649,6 +649,24 @@ fn blue_flame_limit_zero_means_no_blue_flame_for_signals_too() {
     }
 }
 
+/// `put_with_accumulate` checks its arguments in their order: a put range outside the memories is the range
+/// error even when the accumulated word is misaligned too, and a good range with a misaligned word is the
+/// alignment error; either way nothing is posted (the CQ stays empty, the destination untouched).
+#[test]
+fn put_with_accumulate_names_the_put_range_before_the_word() {
+    let l = Link::new(4096, 64, false);
+    l.dst.fill(0);
+    let h = l.handle();
+    // SAFETY: `h` names the link's live QP and memories, used by this thread only; the link outlives the channel.
+    let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+    let bad_range = ch.put_with_accumulate(4000, 0, 200, 1027, 1).unwrap_err();
+    assert_eq!(bad_range, Error::InvalidArgument(InvalidArgument::RemoteRange), "{bad_range}");
+    let bad_word = ch.put_with_accumulate(0, 0, 64, 1027, 1).unwrap_err();
+    assert_eq!(bad_word, Error::InvalidArgument(InvalidArgument::AtomicAlignment), "{bad_word}");
+    ch.flush().unwrap();
+    assert!(l.dst.read().iter().all(|&b| b == 0), "nothing placed");
+}
+
 /// A hand-made handle whose signal words are not 8 bytes, 8-byte aligned: `signal`, `put_with_signal` and
 /// `put_block_with_signal` refuse it with the argument error, before anything is posted, in every sharing mode.
 /// The NIC alone would not catch all of them: it checks only the remote word's alignment and the MRs' bounds,
