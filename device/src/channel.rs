@@ -631,7 +631,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     fn proxy_error(&self) -> Option<CqeError> {
         // SAFETY: a proxied channel's error word (contract of `new`), written by the proxy.
         let v = unsafe { sync::load_acquire_u64(self.h.proxy_err as *const u64) };
-        (v >> 32 != 0).then(|| CqeError::unpack(v as u32))
+        (v >> 32 != 0).then(|| CqeError::unpack(v as u32, (v >> 32) as u32 & 0x00ff_ffff))
     }
 
     /// Pushes the `PUT` triggers of `bytes` bytes (pieces of at most 4 GiB − 1, which the proxy splits at

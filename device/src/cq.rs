@@ -139,6 +139,7 @@ pub fn decode(c: &Cqe64) -> Result<Completion, CqeError> {
             syndrome: e.syndrome,
             vendor_err_synd: e.vendor_err_synd,
             wqe_counter: e.wqe_counter.get(),
+            qpn: c.qpn(),
         });
     }
     Ok(Completion {

@@ -12,6 +12,10 @@ pub struct CqeError {
     pub vendor_err_synd: u8,
     /// WQE index (WQEBBs, low 16 bits) of the failed WQE.
     pub wqe_counter: u16,
+    /// QPN (24 bits) of the QP whose WQE failed: the error CQE's own (`s_wqe_opcode_qpn`), or the handle's for
+    /// a sticky error read back, so that an error of one QP among many says which. 0 where device code cannot
+    /// know it (a hand-made report).
+    pub qpn: u32,
 }
 
 /// What a bounded wait was waiting for.
@@ -208,7 +212,7 @@ pub enum InvalidArgument {
 pub mod kind {
     /// No error.
     pub const NONE: u32 = 0;
-    /// [`super::Error::Cqe`].
+    /// [`super::Error::Cqe`]; `addr` holds the QPN.
     pub const CQE: u32 = 1;
     /// [`super::Error::Timeout`] on a CQE.
     pub const TIMEOUT_CQE: u32 = 2;
@@ -249,14 +253,15 @@ pub mod kind {
 }
 
 impl CqeError {
-    /// Packs it as `syndrome << 24 | vendor_err_synd << 16 | wqe_counter` (the handle's sticky error).
+    /// Packs it as `syndrome << 24 | vendor_err_synd << 16 | wqe_counter` (the handle's sticky error, which
+    /// leaves the QPN out: the handle has it).
     pub const fn pack(self) -> u32 {
         (self.syndrome as u32) << 24 | (self.vendor_err_synd as u32) << 16 | self.wqe_counter as u32
     }
 
-    /// Unpacks [`CqeError::pack`].
-    pub const fn unpack(v: u32) -> Self {
-        Self { syndrome: (v >> 24) as u8, vendor_err_synd: (v >> 16) as u8, wqe_counter: v as u16 }
+    /// Unpacks [`CqeError::pack`], for the QP numbered `qpn`.
+    pub const fn unpack(v: u32, qpn: u32) -> Self {
+        Self { syndrome: (v >> 24) as u8, vendor_err_synd: (v >> 16) as u8, wqe_counter: v as u16, qpn }
     }
 }
 
@@ -270,6 +275,7 @@ impl Error {
                 r.syndrome = e.syndrome;
                 r.vendor_err_synd = e.vendor_err_synd;
                 r.wqe_counter = e.wqe_counter;
+                r.addr = e.qpn as u64;
             }
             Error::Timeout(t) => {
                 r.detail = t.waited_ns;
@@ -364,6 +370,7 @@ impl Error {
                 syndrome: r.syndrome,
                 vendor_err_synd: r.vendor_err_synd,
                 wqe_counter: r.wqe_counter,
+                qpn: r.addr as u32,
             })),
             kind::TIMEOUT_CQE => timeout(WaitOn::Cqe { wqe_index: r.expected }),
             kind::TIMEOUT_SQ_SPACE => timeout(WaitOn::SqSpace { wqebbs: r.expected as u32 }),
@@ -417,7 +424,7 @@ impl core::fmt::Display for Error {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Error::Cqe(e) => {
-                write!(f, "error CQE: syndrome {:#04x}", e.syndrome)?;
+                write!(f, "error CQE on QP {:#x}: syndrome {:#04x}", e.qpn, e.syndrome)?;
                 if let Some(what) = gdaki_shared::prm::opcode::syndrome::describe(e.syndrome) {
                     write!(f, " ({what})")?;
                 }

@@ -395,7 +395,7 @@ mod host_side {
         fn a_team_error_gives_way_to_its_cause() {
             use crate::error::{CqeError, InvalidArgument::*};
             use crate::Error::{Cqe, InvalidArgument as Inval};
-            let cqe = Cqe(CqeError { syndrome: 0x13, vendor_err_synd: 0x32, wqe_counter: 5 });
+            let cqe = Cqe(CqeError { syndrome: 0x13, vendor_err_synd: 0x32, wqe_counter: 5, qpn: 0xab_cdef });
             assert_eq!(reported(&[Inval(Team), Inval(RemoteRange), Inval(Team)]), Some(Inval(RemoteRange)));
             assert_eq!(reported(&[Inval(RemoteRange), Inval(Team)]), Some(Inval(RemoteRange)));
             assert_eq!(reported(&[Inval(Team), Inval(Team)]), Some(Inval(Team)));

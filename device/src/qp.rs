@@ -552,7 +552,7 @@ impl<'a> Qp<'a> {
 
     /// The first error CQE of this QP's WQEs, if one completed in error (the QP is then in the error state).
     pub fn error(&self) -> Option<CqeError> {
-        (self.h.sq.err_idx != 0).then(|| CqeError::unpack(self.h.sq.err))
+        (self.h.sq.err_idx != 0).then(|| CqeError::unpack(self.h.sq.err, self.h.qpn))
     }
 
     /// Whether a try of a wait for a peer's signal looks at the CQ: [`Watch::IfDue`] only while the last WQE
@@ -567,7 +567,8 @@ impl<'a> Qp<'a> {
 
     /// The first error, if it hit the WQE at `idx` or an earlier one.
     fn error_at_or_before(&self, idx: u64) -> Option<Error> {
-        (self.h.sq.err_idx != 0 && self.h.sq.err_idx - 1 <= idx).then(|| Error::Cqe(CqeError::unpack(self.h.sq.err)))
+        (self.h.sq.err_idx != 0 && self.h.sq.err_idx - 1 <= idx)
+            .then(|| Error::Cqe(CqeError::unpack(self.h.sq.err, self.h.qpn)))
     }
 
     /// Waits until the WQE behind `t` has completed (DOCA GPUNetIO's `poll_cq_at`).

@@ -589,7 +589,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // SAFETY: the state's words (contract of `new`); `err` was stored before `err_idx`'s release.
         unsafe {
             let i = S::load_acquire(self.err_idx());
-            (i != 0).then(|| CqeError::unpack(sync::load_volatile(self.err())))
+            (i != 0)
+                .then(|| CqeError::unpack(sync::load_volatile(self.err()), core::ptr::addr_of!((*self.h).qpn).read()))
         }
     }
 

@@ -425,7 +425,8 @@ impl<'a> WarpQp<'a> {
         // index seen with acquire comes with its error.
         unsafe {
             let idx = crate::sync::load_acquire_u64(core::ptr::addr_of!((*self.h).sq.err_idx));
-            (idx != 0).then(|| CqeError::unpack(core::ptr::addr_of!((*self.h).sq.err).read_volatile()))
+            let qpn = core::ptr::addr_of!((*self.h).qpn).read();
+            (idx != 0).then(|| CqeError::unpack(core::ptr::addr_of!((*self.h).sq.err).read_volatile(), qpn))
         }
     }
 }

@@ -52,8 +52,8 @@ fn dev_qp(h: &mut QpHandle, timeout_ns: u64) -> DevQp<'_> {
 }
 
 /// An error CQE as device code reports it.
-fn cqe(syndrome: u8, vendor_err_synd: u8, wqe_index: u64) -> Error {
-    Error::Cqe(CqeError { syndrome, vendor_err_synd, wqe_counter: wqe_index as u16 })
+fn cqe(syndrome: u8, vendor_err_synd: u8, wqe_index: u64, qpn: u32) -> Error {
+    Error::Cqe(CqeError { syndrome, vendor_err_synd, wqe_counter: wqe_index as u16, qpn })
 }
 
 fn inval<T>(a: InvalidArgument) -> Result<T, Error> {
@@ -184,7 +184,7 @@ fn overlapping_mrs_each_keep_their_own_rights_and_survive_each_other() {
     dst.fill(0);
     let at = qp.handle().sq.pi;
     qp.put(&ro.remote(), 0, &lmr.handle(), 0, 8).unwrap();
-    assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::REMOTE_ACCESS, at)));
+    assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::REMOTE_ACCESS, at, qp.handle().qpn)));
     assert!(dst.read().iter().all(|&b| b == 0) && dst.guards_intact());
 }
 
@@ -207,7 +207,7 @@ fn stale_keys_stay_dead_across_many_re_registrations() {
     let mut h = p.a.handle();
     let mut qp = dev_qp(&mut h, TIMEOUT_NS);
     qp.put(&stale, 0, &lmr.handle(), 0, 64).unwrap();
-    assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, 0)));
+    assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, 0, qp.handle().qpn)));
     assert!(dst.read().iter().all(|&b| b == 0));
     drop(now);
 }
@@ -478,14 +478,14 @@ fn handles_that_lie_about_their_length_are_stopped_by_the_nic() {
         // The remote handle claims 1 MiB: the put passes device checks, the NIC refuses it (0x13).
         let big_r = RemoteMr { length: 1 << 20, ..r };
         qp.put(&big_r, 4000, &l, 0, 200).unwrap();
-        assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::REMOTE_BOUNDS, 0)));
+        assert_eq!(qp.flush(), Err(cqe(syndrome::REMOTE_ACCESS_ERR, vendor::REMOTE_BOUNDS, 0, qp.handle().qpn)));
         assert!(dst.read().iter().all(|&b| b == 0));
     });
     with_put_fixture(|qp, l, r, dst, _| {
         // The local handle claims more than was registered: 0x04, nothing read or placed.
         let big_l = MrHandle { length: 1 << 20, ..l };
         qp.put(&r, 0, &big_l, 4000, 200).unwrap();
-        assert_eq!(qp.flush(), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_BOUNDS, 0)));
+        assert_eq!(qp.flush(), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_BOUNDS, 0, qp.handle().qpn)));
         assert!(dst.read().iter().all(|&b| b == 0));
     });
     // Keys that were never issued (0, all ones, a small integer), one case per healthy QP.
@@ -499,7 +499,7 @@ fn handles_that_lie_about_their_length_are_stopped_by_the_nic() {
             let r = RemoteMr { rkey: rk.map_or(r.rkey, Be32::new), ..r };
             let l = MrHandle { lkey: lk.map_or(l.lkey, Be32::new), ..l };
             qp.put(&r, 0, &l, 0, 64).unwrap();
-            assert_eq!(qp.flush(), Err(cqe(synd, vendor_synd, 0)), "rkey {rk:?}, lkey {lk:?}");
+            assert_eq!(qp.flush(), Err(cqe(synd, vendor_synd, 0, qp.handle().qpn)), "rkey {rk:?}, lkey {lk:?}");
             assert!(dst.read().iter().all(|&b| b == 0));
         });
     }
@@ -554,7 +554,11 @@ fn a_signal_whose_result_cannot_be_written_does_not_touch_the_semaphore() {
         let mut h = a.handle();
         let mut qp = dev_qp(&mut h, TIMEOUT_NS);
         let t = qp.signal(&sem_mr.remote(), 0, &res_mr.handle(), 0).unwrap();
-        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_ACCESS, 0)), "wire {wire}");
+        assert_eq!(
+            qp.wait(t),
+            Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_ACCESS, 0, qp.handle().qpn)),
+            "wire {wire}"
+        );
         drop(qp);
         // Misaligned remote word as well (built by hand: the builders refuse it): still the result word's error.
         let (nics, (pa, pb), _cqs, (a, _b)) = pair_on(wire);
@@ -579,7 +583,11 @@ fn a_signal_whose_result_cannot_be_written_does_not_touch_the_semaphore() {
         }
         .unwrap();
         qp.ring_db();
-        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_ACCESS, 0)), "wire {wire}");
+        assert_eq!(
+            qp.wait(t),
+            Err(cqe(syndrome::LOCAL_PROT_ERR, vendor::LOCAL_ACCESS, 0, qp.handle().qpn)),
+            "wire {wire}"
+        );
         drop(qp);
         assert_eq!(sem.load_u64(0), 0, "the semaphore moved although the signal failed (wire {wire})");
         assert_eq!(sem.load_u64(8), 0, "the misaligned word moved (wire {wire})");
@@ -599,12 +607,12 @@ fn a_wqe_with_a_wrong_qpn_or_index_gets_an_error_cqe_and_nothing_moves() {
         // Another QP's number: the builders cannot say it, `post_raw` can.
         // SAFETY: malformed on purpose; the emulated NIC must refuse it.
         let t = unsafe { qp.post_raw(true, 3, |c| [ctrl(c.idx, c.qpn ^ 1), raddr, data]) }.unwrap();
-        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, t.0)));
+        assert_eq!(qp.wait(t), Err(cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, t.0, qp.handle().qpn)));
         assert_eq!(p.a.state(), QpState::Error);
         // Then a WQE index from the future, on the QP now in the error state: flushed (0x05) at its slot, as
         // every WQE after an error is, whatever its ctrl segment says. Waiting on it reports the QP's first
         // error (sticky); the CQ holds the flush.
-        let first = cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, t.0);
+        let first = cqe(syndrome::LOCAL_QP_OP_ERR, vendor::BAD_QPN, t.0, qp.handle().qpn);
         // SAFETY: as above.
         let t = unsafe { qp.post_raw(true, 3, |c| [ctrl(c.idx + 7, c.qpn), raddr, data]) }.unwrap();
         qp.ring_db();
@@ -617,7 +625,7 @@ fn a_wqe_with_a_wrong_qpn_or_index_gets_an_error_cqe_and_nothing_moves() {
                 None => panic!("no CQE for the WQE posted after the error"),
             }
         };
-        assert_eq!(flushed, Err(cqe(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, t.0)));
+        assert_eq!(flushed, Err(cqe(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, t.0, qp.handle().qpn)));
         assert!(dst.read().iter().all(|&b| b == 0));
     });
 }
@@ -1077,7 +1085,7 @@ fn a_peer_that_never_polls_its_cq_fails_write_imm_with_0x14_and_both_sides_stay_
         a.wait(t).unwrap();
     }
     let t = a.post(true, wqe::rdma_write_imm(raddr, sge, Be32::new(16))).unwrap();
-    assert_eq!(a.wait(t), Err(cqe(syndrome::REMOTE_OP_ERR, vendor::RESP_CQ_OVERRUN, 16)));
+    assert_eq!(a.wait(t), Err(cqe(syndrome::REMOTE_OP_ERR, vendor::RESP_CQ_OVERRUN, 16, a.handle().qpn)));
     assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
     assert!(p.cq_b.is_error());
     // B's own work can complete nowhere: B's handle starts after the 16 CQEs its CQ holds, B has posted nothing

@@ -581,13 +581,15 @@ fn link(comm: &Communicator, mode: IbMode, len: usize) -> Link {
 }
 
 /// Host modes: a put to memory the peer has deregistered fails on the NIC with syndrome 0x13, and the
-/// sender's `flush` (through the proxy's error word) returns it, then keeps returning it.
+/// sender's `flush` (through the proxy's error word) returns it, naming the connection's QP, then keeps
+/// returning it.
 #[test]
 fn host_modes_flush_reports_the_error_cqe_of_a_put() {
     for mode in [IbMode::Host, IbMode::HostNoAtomic] {
         two_ranks(BOOT_TIMEOUT, |comm, barrier| {
             let me = comm.rank();
-            let Link { landing, chan, .. } = &mut link(&comm, mode, 4096);
+            let Link { landing, chan, _conn, .. } = &mut link(&comm, mode, 4096);
+            let qpn = _conn.qpn();
             barrier.wait();
             drop(landing.take());
             barrier.wait();
@@ -597,7 +599,9 @@ fn host_modes_flush_reports_the_error_cqe_of_a_put() {
                 ch.put(0, 0, 64).unwrap();
                 for _ in 0..2 {
                     match ch.flush() {
-                        Err(DevError::Cqe(c)) => assert_eq!(c.syndrome, syndrome::REMOTE_ACCESS_ERR, "{mode:?}"),
+                        Err(DevError::Cqe(c)) => {
+                            assert_eq!((c.syndrome, c.qpn), (syndrome::REMOTE_ACCESS_ERR, qpn), "{mode:?}")
+                        }
                         other => panic!("{mode:?}: flush returned {other:?}"),
                     }
                 }

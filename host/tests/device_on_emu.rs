@@ -81,8 +81,8 @@ fn inval<T>(a: InvalidArgument) -> Result<T, Error> {
 }
 
 /// The error CQE a flush or wait must return.
-fn cqe_err(syndrome: u8, vendor_err_synd: u8, wqe_index: u64) -> Error {
-    Error::Cqe(CqeError { syndrome, vendor_err_synd, wqe_counter: wqe_index as u16 })
+fn cqe_err(syndrome: u8, vendor_err_synd: u8, wqe_index: u64, qpn: u32) -> Error {
+    Error::Cqe(CqeError { syndrome, vendor_err_synd, wqe_counter: wqe_index as u16, qpn })
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -535,7 +535,7 @@ fn post_batch_with_a_bad_rkey_fails_at_that_wqe_and_flushes_the_rest() {
         })
         .unwrap();
     qp.ring_db();
-    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at as u64);
+    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at as u64, qp.handle().qpn);
     assert_eq!(qp.wait(t), Err(first));
     assert_eq!(qp.flush(), Err(first), "the error is sticky");
     // The WRITEs before the bad one were placed, none after it.
@@ -851,12 +851,12 @@ fn put_with_a_bad_rkey_fails_with_0x13_and_then_everything_flushes() {
     // An rkey whose variant byte differs: no MR has it.
     let bad = RemoteMr { rkey: Be32::new(rmr.rkey() ^ 0x5), ..rmr.remote() };
     qp.put(&bad, 0, &lmr.handle(), 0, LEN as u64).unwrap();
-    assert_eq!(qp.flush(), Err(cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at)));
+    assert_eq!(qp.flush(), Err(cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at, qp.handle().qpn)));
     assert!(dst.read().iter().all(|&b| b == 0x44), "a failed put placed bytes");
     assert_eq!(p.a.state(), QpState::Error);
 
     // The QP is in the error state: flush and wait keep reporting the first error (sticky in the handle)...
-    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at);
+    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad_at, qp.handle().qpn);
     assert_eq!(qp.flush(), Err(first));
     // ...while the NIC completes every later WQE, good ones included, with WR_FLUSH_ERR: the flush's NOP
     // behind the failed put, then a put and a NOP posted now.
@@ -872,7 +872,8 @@ fn put_with_a_bad_rkey_fails_with_0x13_and_then_everything_flushes() {
             None => std::thread::yield_now(),
         }
     }
-    let flushed = |at| Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, at));
+    let qpn = p.a.qpn();
+    let flushed = |at| Err(cqe_err(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, at, qpn));
     assert_eq!(seen, [flushed(bad_at + 1), flushed(next), flushed(next + 1)]);
     assert_eq!(qp.wait(t), Err(first));
     assert_eq!(qp.wait(t), Err(first), "the error is sticky");
@@ -908,6 +909,32 @@ fn waiting_on_an_unsignaled_ticket_asks_for_a_cqe() {
     assert!(qp.handle().sq.ci > t.0);
 }
 
+/// An error names the QP whose WQE failed, so that one failing connection among many is found: both QPs of a
+/// pair post, only B's WQE has a bad rkey, and B's error (polled from the CQE, then read back as the sticky
+/// error) carries B's QPN, not A's, through the launch report and into its message.
+#[test]
+fn an_error_cqe_names_its_qp() {
+    let (src, dst) = (GuardedBuf::new(256, 0x21), GuardedBuf::new(256, 0));
+    let p = Pair::new(16, 16);
+    assert_ne!(p.a.qpn(), p.b.qpn());
+    let lmr = src.register(&p.nic, &p.pd, Access::NONE);
+    let rmr = dst.register(&p.nic, &p.pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (mut ha, mut hb) = (p.a.handle(), p.b.handle());
+    let (mut a, mut b) = (dev_qp(&mut ha), dev_qp(&mut hb));
+    let _ = a.post(true, wqe::rdma_write(raddr(&rmr.remote(), 0), sge(&lmr.handle(), 0, 64))).unwrap();
+    let bad_rkey = RemoteMr { rkey: Be32::new(rmr.rkey() ^ 0x5), ..rmr.remote() };
+    let bad = b.post(true, wqe::rdma_write(raddr(&bad_rkey, 64), sge(&lmr.handle(), 0, 64))).unwrap();
+    assert_eq!(a.flush(), Ok(()));
+    let polled = b.flush().unwrap_err();
+    let Error::Cqe(e) = polled else { panic!("{polled:?}") };
+    assert_eq!((e.qpn, e.wqe_counter), (p.b.qpn(), bad.0 as u16));
+    assert_eq!(b.error().map(|e| e.qpn), Some(p.b.qpn()), "the sticky error");
+    let reported = Error::from_report(&polled.to_report()).unwrap();
+    assert_eq!(reported, polled, "through a launch report");
+    let text = reported.to_string();
+    assert!(text.starts_with(&format!("error CQE on QP {:#x}: syndrome 0x13", p.b.qpn())), "{text}");
+}
+
 #[test]
 fn an_error_is_sticky_whoever_polled_its_cqe() {
     let (src, dst) = (GuardedBuf::new(256, 0x21), GuardedBuf::new(256, 0));
@@ -920,7 +947,7 @@ fn an_error_is_sticky_whoever_polled_its_cqe() {
     let bad_rkey = RemoteMr { rkey: Be32::new(rmr.rkey() ^ 0x5), ..rmr.remote() };
     let bad = qp.post(true, wqe::rdma_write(raddr(&bad_rkey, 0), sge(&lmr.handle(), 0, 64))).unwrap();
     let after = qp.post(true, wqe::nop()).unwrap();
-    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad.0);
+    let first = cqe_err(syndrome::REMOTE_ACCESS_ERR, vendor::BAD_RKEY, bad.0, qp.handle().qpn);
     // Waiting on the last WQE consumes the error CQE; the failed WQE's own wait must still see it.
     assert_eq!(qp.wait(after), Err(first));
     assert_eq!(qp.wait(bad), Err(first));
@@ -932,7 +959,8 @@ fn an_error_is_sticky_whoever_polled_its_cqe() {
         Some(CqeError {
             syndrome: syndrome::REMOTE_ACCESS_ERR,
             vendor_err_synd: vendor::BAD_RKEY,
-            wqe_counter: bad.0 as u16
+            wqe_counter: bad.0 as u16,
+            qpn: qp.handle().qpn
         })
     );
     assert_eq!(&dst.read()[..64], &[0x21; 64][..]);
@@ -953,7 +981,7 @@ fn bad_lkey_fails_with_0x04() {
     let at = qp.handle().sq.pi;
     let bad = MrHandle { lkey: Be32::new(lmr.lkey() ^ 0x5), ..lmr.handle() };
     qp.put(&rmr.remote(), 0, &bad, 0, 256).unwrap();
-    assert_eq!(qp.flush(), Err(cqe_err(syndrome::LOCAL_PROT_ERR, vendor::BAD_LKEY, at)));
+    assert_eq!(qp.flush(), Err(cqe_err(syndrome::LOCAL_PROT_ERR, vendor::BAD_LKEY, at, qp.handle().qpn)));
     assert!(dst.read().iter().all(|&b| b == 0), "a put with a bad lkey placed bytes");
 }
 
@@ -981,7 +1009,7 @@ fn misaligned_atomic_built_by_hand_fails_with_0x12() {
     // SAFETY: a misaligned fetch-add, on purpose: the NIC must refuse it.
     let t = unsafe { qp.post_raw(true, 4, segs) }.unwrap();
     assert_eq!(t, Ticket(0));
-    assert_eq!(qp.wait(t), Err(cqe_err(syndrome::REMOTE_INVAL_REQ_ERR, vendor::ATOMIC_ALIGN, 0)));
+    assert_eq!(qp.wait(t), Err(cqe_err(syndrome::REMOTE_INVAL_REQ_ERR, vendor::ATOMIC_ALIGN, 0, qp.handle().qpn)));
     assert!(target.read().iter().all(|&b| b == 0) && result.read().iter().all(|&b| b == 0x66));
 }
 
@@ -1042,7 +1070,7 @@ fn put_to_a_peer_that_did_not_connect_back_fails_with_0x15() {
     // A NOP needs no responder; the put does.
     let _ = qp.post(false, wqe::nop()).unwrap();
     qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
-    assert_eq!(qp.flush(), Err(cqe_err(syndrome::TRANSPORT_RETRY_EXC_ERR, vendor::NO_PEER, 1)));
+    assert_eq!(qp.flush(), Err(cqe_err(syndrome::TRANSPORT_RETRY_EXC_ERR, vendor::NO_PEER, 1, qp.handle().qpn)));
     assert!(dst.read().iter().all(|&b| b == 0));
 }
 
@@ -1165,9 +1193,14 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
 
 fn any_error() -> impl Strategy<Value = Error> {
     prop_oneof![
-        (any::<u8>(), any::<u8>(), any::<u16>()).prop_map(|(syndrome, vendor_err_synd, wqe_counter)| Error::Cqe(
-            CqeError { syndrome, vendor_err_synd, wqe_counter }
-        )),
+        (any::<u8>(), any::<u8>(), any::<u16>(), 0..1u32 << 24).prop_map(
+            |(syndrome, vendor_err_synd, wqe_counter, qpn)| Error::Cqe(CqeError {
+                syndrome,
+                vendor_err_synd,
+                wqe_counter,
+                qpn
+            })
+        ),
         (wait_on(), any::<u64>()).prop_map(|(on, waited_ns)| Error::Timeout(Timeout { on, waited_ns })),
         (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(iter, offset, expected, seen)| {
             Error::Payload(PayloadMismatch { iter, offset, expected, seen })

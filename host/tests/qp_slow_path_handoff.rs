@@ -825,6 +825,7 @@ fn an_error_cqe_while_posts_wait_for_room_is_sticky_and_flushes_the_rest() {
                 syndrome: syndrome::REMOTE_ACCESS_ERR,
                 vendor_err_synd: vendor::BAD_RKEY,
                 wqe_counter: bad as u16,
+                qpn: qp.handle().qpn,
             });
             // 40+ posts after the bad one on a 16-WQEBB ring: its CQE was polled while they waited for room.
             assert_eq!(qp.handle().sq.err_idx, bad + 1, "round {round}: the sticky error names the bad WQE");
@@ -844,7 +845,8 @@ fn an_error_cqe_while_posts_wait_for_room_is_sticky_and_flushes_the_rest() {
                 Some(CqeError {
                     syndrome: syndrome::REMOTE_ACCESS_ERR,
                     vendor_err_synd: vendor::BAD_RKEY,
-                    wqe_counter: bad as u16
+                    wqe_counter: bad as u16,
+                    qpn: qp.handle().qpn
                 })
             );
             assert_eq!(qp.handle().sq.pi, m.pi, "round {round}: no wait posted anything");

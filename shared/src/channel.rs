@@ -50,8 +50,8 @@ pub struct PortChannelHandle {
     /// The proxy's FIFO (Host and HostNoAtomic modes; all zero in Device mode).
     pub fifo: FifoHandle,
     /// Address of the proxy's sticky error word for this channel's QP (8 bytes, pinned host memory): 0 while
-    /// no WQE the proxy posted has failed, else `1 << 32 |` the packed error CQE (`syndrome << 24 |
-    /// vendor_err_synd << 16 | wqe_counter`). 0 in Device mode.
+    /// no WQE the proxy posted has failed, else `(1 << 24 | qpn) << 32 |` the packed error CQE (`syndrome << 24
+    /// | vendor_err_synd << 16 | wqe_counter`), `qpn` the proxy's QP's number. 0 in Device mode.
     pub proxy_err: u64,
     /// Who posts this channel's WQEs: one of [`crate::proxy::mode`].
     pub proxy: u32,

@@ -38,6 +38,12 @@ pub const VENDOR_PROXY_UNKNOWN_CHANNEL: u8 = 0x81;
 /// takes, since a FLUSH is done only once they have): not a NIC's code.
 pub const VENDOR_PROXY_FLUSH: u8 = 0x82;
 
+/// A proxy failure of its own, reported as a flushed WQE (syndrome `WR_FLUSH_ERR`) with vendor syndrome
+/// `vendor`; the lane's QPN is added when it is reported.
+fn flushed(vendor: u8) -> CqeError {
+    CqeError { syndrome: syndrome::WR_FLUSH_ERR, vendor_err_synd: vendor, wqe_counter: 0, qpn: 0 }
+}
+
 /// Triggers the proxy handles before it rings the doorbells of the QPs it posted to, when the FIFO does not
 /// run empty first (MSCCL++'s proxy also posts several work requests per doorbell).
 const DOORBELL_BATCH: u32 = 32;
@@ -283,11 +289,13 @@ impl Lane {
         }
     }
 
-    /// Records `e` in the error word unless an earlier error is there.
+    /// Records `e` in the error word, with this lane's QPN, unless an earlier error is there.
     fn report(&self, e: CqeError) {
         // SAFETY: the QP's 8-byte error word (queue memory kept by the registry); device code only loads it.
         let w = unsafe { AtomicU64::from_ptr(self.err) };
-        let _ = w.compare_exchange(0, 1 << 32 | e.pack() as u64, Ordering::Release, Ordering::Relaxed);
+        let qpn = u64::from(self.qp.handle().qpn & 0x00ff_ffff);
+        let word = (1 << 24 | qpn) << 32 | u64::from(e.pack());
+        let _ = w.compare_exchange(0, word, Ordering::Release, Ordering::Relaxed);
     }
 
     /// Reports the QP's sticky error CQE, if it has one.
@@ -322,7 +330,7 @@ impl Lane {
             }
         };
         if let Some(vendor_err_synd) = vendor {
-            self.report(CqeError { syndrome: syndrome::WR_FLUSH_ERR, vendor_err_synd, wqe_counter: 0 });
+            self.report(flushed(vendor_err_synd));
         }
         self.report_cqe();
     }
@@ -450,13 +458,8 @@ impl Worker {
         }
         let Some(ch) = self.channels.get(id).cloned().flatten() else {
             tracing::warn!(channel = id, "proxy trigger for an unknown channel dropped: every QP of the proxy fails");
-            let e = CqeError {
-                syndrome: syndrome::WR_FLUSH_ERR,
-                vendor_err_synd: VENDOR_PROXY_UNKNOWN_CHANNEL,
-                wqe_counter: 0,
-            };
             for l in &self.lanes {
-                l.report(e);
+                l.report(flushed(VENDOR_PROXY_UNKNOWN_CHANNEL));
             }
             return;
         };
@@ -466,7 +469,7 @@ impl Worker {
         if let Err(e) = result {
             lane.report(match e {
                 gdaki_device::Error::Cqe(c) => c,
-                _ => CqeError { syndrome: syndrome::WR_FLUSH_ERR, vendor_err_synd: VENDOR_PROXY_POST, wqe_counter: 0 },
+                _ => flushed(VENDOR_PROXY_POST),
             });
             tracing::warn!(channel = id, "proxy could not post a trigger: {e}");
         }
