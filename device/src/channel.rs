@@ -510,9 +510,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// signal follows, posted by member 0 alone as `signal` posts it. In Exclusive sharing the batches are
     /// posted as `put_team` posts them there. In Warp sharing and the Host modes every member posts (pushes) its
     /// pieces and, after a barrier of the team that counts the members whose pieces went out (so that the
-    /// signal comes after every piece), member 0's signal goes: in Warp sharing every lane makes that call,
-    /// lane 0 with the signal (on host threads, each a warp of one lane, the barrier is what orders the
-    /// threads' pieces before it).
+    /// signal comes after every piece), member 0's signal goes: in Warp sharing in Device mode every lane makes
+    /// that call, lane 0 with the signal (on host threads, each a warp of one lane, the barrier is what orders
+    /// the threads' pieces before it); in the Host modes member 0 pushes it, whatever the sharing (the proxy
+    /// is the QP's only poster).
     ///
     /// # Errors
     /// As [`PortChannel::put_block`] and [`PortChannel::signal`] (a bad range, semaphore or scratch word is the
@@ -534,8 +535,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         }
         if self.proxied() || M::TOGETHER {
             // The members' pieces go out each from its own pushes (Host modes) or in batches of the lanes that
-            // have one (Warp: on host threads, each thread's own), so the signal waits for a barrier.
-            let target = if M::TOGETHER { self.signal_target().map(Some)? } else { None };
+            // have one (Warp: on host threads, each thread's own), so the signal waits for a barrier. In the
+            // Host modes the signal is pushed too, whatever the sharing: the proxy is the QP's only poster.
+            let target = if M::TOGETHER && !self.proxied() { self.signal_target().map(Some)? } else { None };
             let r = self.put_block(g, dst_offset, src_offset, bytes);
             // Counting the members whose pieces went out, not OR-ing the refusals: a member that never makes the
             // call (it returned first; the barrier no longer waits for it) leaves its pieces unposted, and the
@@ -544,7 +546,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
                 return r.and(Err(Error::InvalidArgument(InvalidArgument::Team)));
             }
             return match target {
-                // Warp: every lane makes the call, lane 0 with the signal.
+                // Warp in Device mode: every lane makes the call, lane 0 with the signal.
                 Some((r, l)) => {
                     let signal = (g.rank() == 0).then(|| wqe::atomic_fetch_add_tested(r, l, 1));
                     self.qp.submit_team(g, self.team_key(), Ok(signal))

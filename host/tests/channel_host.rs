@@ -727,6 +727,72 @@ fn host_modes_send_no_signal_for_a_block_put_that_some_threads_never_make() {
     }
 }
 
+/// Each thread of the block (on host threads, a warp of one lane each) makes its own Warp-sharing channel of
+/// `ch` and calls `put_block_with_signal(0, 0, bytes)`, then `signal`, then `flush`, storing the three error
+/// kinds (+1; 1 for none) in `out[3 * tid ..]`.
+#[gdaki_device::kernel]
+pub fn warp_put_block_signal(t: &gdaki_device::Thread, ch: &PortChannelHandle, bytes: u64, out: *mut u64) {
+    // SAFETY: the host's live channel, used by this block's threads in Warp sharing only.
+    let mut c = unsafe { DevChannel::<gdaki_device::channel::Warp>::new(ch) };
+    let r = [c.put_block_with_signal(t, 0, 0, bytes), c.signal(), c.flush()];
+    for (i, r) in r.into_iter().enumerate() {
+        let kind = r.err().map_or(0, |e| e.to_report().kind as u64);
+        // SAFETY: `out` holds three words per thread of the block (the host's contract).
+        unsafe { out.add(3 * t.tid() as usize + i).write_volatile(1 + kind) };
+    }
+}
+
+/// Host modes in Warp sharing: a block put with a signal pushes its signal to the proxy, as every other call of
+/// the channel does, so the peer counts it with the signal after it and every byte lands. Before, the warp's
+/// signal was posted by device code straight to the QP's ring, which the proxy owns: with the QP's handle
+/// counters at zero (the proxy keeps its own) it overwrote the proxy's first WQE and rang a producer index the
+/// NIC had seen already, so the signal never went out (and in HostNoAtomic it would have bypassed the proxy's
+/// count of the semaphore's signals).
+#[test]
+fn host_modes_warp_block_put_with_signal_goes_through_the_proxy() {
+    const BYTES: usize = 1000;
+    let payload = random_bytes(&mut rng(), 1024);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let me = comm.rank();
+            let link = link(&comm, mode, 1024);
+            fill(&link._src, &payload);
+            let chan = link.chan.clone().with_timeout(Duration::from_secs(2)).unwrap();
+            let h = Box::new(chan.device_handle());
+            barrier.wait();
+            let sent = (me == 0).then(|| {
+                let mut out = [0u64; 3];
+                let (hp, outp) = (&*h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
+                let args = (gdaki_device::DevPtr::new(hp), BYTES as u64, gdaki_device::DevPtr::new(outp));
+                // SAFETY: the handle and `out` outlive the launch; the channel is this thread's alone.
+                let launched = unsafe {
+                    gdaki_device::launch::run_on_host(
+                        &WARP_PUT_BLOCK_SIGNAL,
+                        gdaki_device::Dim3::x(1),
+                        gdaki_device::Dim3::x(1),
+                        args,
+                        0,
+                    )
+                };
+                let nic = comm.nic().as_emu().expect("emulated NIC").stats();
+                (launched.is_ok(), out, nic.bad_doorbells + nic.dbrec_mismatches)
+            });
+            // Rank 0's thread flushed: whatever the proxy was given has landed.
+            barrier.wait();
+            let landed = (me == 1).then(|| (contents(link.landing.as_ref().unwrap()), link._sem.inbound().unwrap()));
+            barrier.wait();
+            (sent, landed)
+        });
+        let (launched, out, bad) = results[0].0.expect("rank 0's calls");
+        let (landing, inbound) = results[1].1.clone().expect("rank 1's buffer");
+        assert!(launched, "{mode:?}: the launch");
+        assert_eq!(out, [1, 1, 1], "{mode:?}: put_block_with_signal, signal and flush all Ok");
+        assert_eq!(bad, 0, "{mode:?}: doorbells the NIC refused");
+        assert_same(&landing[..BYTES], &payload[..BYTES], &format!("{mode:?}: the range"));
+        assert_eq!(inbound, 2, "{mode:?}: the block put's signal and the one after it");
+    }
+}
+
 /// Host modes: a push that times out for want of room in the FIFO (the proxy held in a flush, its NIC stopped)
 /// takes no index, so the FIFO goes on: every trigger pushed before and after it is done, and its data and
 /// signal land. (An index taken before its room left an empty slot that the proxy waited on forever: every
