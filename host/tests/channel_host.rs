@@ -793,6 +793,47 @@ fn host_modes_warp_block_put_with_signal_goes_through_the_proxy() {
     }
 }
 
+/// Host modes: a trigger whose range the proxy's copy of the channel does not hold (here a device handle edited
+/// to claim 4 KiB of the peer's 1 KiB) posts none of it: the proxy checks the whole range before its first
+/// piece, and the flush reports the refusal (`WR_FLUSH_ERR`, vendor `VENDOR_PROXY_POST`). Before, the proxy
+/// checked each piece as it posted it: the pieces below the end of the peer's memory landed, and only the
+/// first one past it was refused.
+#[test]
+fn host_modes_a_trigger_past_the_channels_memory_posts_nothing() {
+    const LEN: usize = 1024;
+    let payload = random_bytes(&mut rng(), LEN);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let me = comm.rank();
+            let link = link(&comm, mode, LEN);
+            fill(&link._src, &payload);
+            // The proxy splits this channel's puts into 256-byte WRITEs.
+            let chan = link.chan.clone().with_max_wqe_bytes(256).unwrap().with_timeout(Duration::from_secs(2));
+            let h = chan.unwrap().device_handle();
+            barrier.wait();
+            let sent = (me == 0).then(|| {
+                let mut forged = h;
+                forged.dst.length = 4 * LEN as u64;
+                let mut ch = exclusive(&forged);
+                (ch.put(512, 0, LEN as u64), ch.flush())
+            });
+            barrier.wait();
+            let landed = (me == 1).then(|| contents(link.landing.as_ref().unwrap()));
+            barrier.wait();
+            (sent, landed)
+        });
+        let (put, flush) = results[0].0.expect("rank 0's calls");
+        let landing = results[1].1.clone().expect("rank 1's buffer");
+        assert_eq!(put, Ok(()), "{mode:?}: the device's check passes the forged range");
+        let want = (syndrome::WR_FLUSH_ERR, gdaki::proxy::VENDOR_PROXY_POST);
+        match flush {
+            Err(DevError::Cqe(c)) => assert_eq!((c.syndrome, c.vendor_err_synd), want, "{mode:?}"),
+            other => panic!("{mode:?}: the flush returned {other:?}"),
+        }
+        assert_same(&landing, &[0; LEN], &format!("{mode:?}: the peer's memory"));
+    }
+}
+
 /// Host modes: a push that times out for want of room in the FIFO (the proxy held in a flush, its NIC stopped)
 /// takes no index, so the FIFO goes on: every trigger pushed before and after it is done, and its data and
 /// signal land. (An index taken before its room left an empty slot that the proxy waited on forever: every

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_utils::Backoff;
-use gdaki_device::error::CqeError;
+use gdaki_device::error::{CqeError, InvalidArgument};
 use gdaki_device::onesided::{atomic_target, local, remote};
 use gdaki_device::qp::Qp;
 use gdaki_device::wqe;
@@ -24,7 +24,8 @@ use crate::{Error, Result};
 use super::fifo::Fifo;
 
 /// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), when it could not
-/// post a trigger's WQEs at all (e.g. no room in the SQ within the timeout): not a NIC's code.
+/// post a trigger's WQEs at all (e.g. no room in the SQ within the timeout, or a put whose range is outside the
+/// channel's memories as registered, of which it posts nothing): not a NIC's code.
 pub const VENDOR_PROXY_POST: u8 = 0x80;
 
 /// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), on every QP it serves
@@ -479,13 +480,20 @@ impl Worker {
         }
     }
 
-    /// Posts the WQEs of `t`'s put, accumulate and signal (not rung).
+    /// Posts the WQEs of `t`'s put, accumulate and signal (not rung). A put whose range is not inside both of
+    /// the channel's memories (as the proxy registered them) posts nothing.
     fn post(&mut self, ch: &ChannelEntry, t: Trigger) -> gdaki_device::Result<()> {
         let h = &ch.handle;
         let lane = &mut self.lanes[ch.qp];
         let ops = t.ops();
         if ops & Trigger::PUT != 0 {
             let (dst, src, bytes) = (t.dst_offset(), t.src_offset(), t.size());
+            // The whole range first, so that a trigger reaching past either memory posts none of it (the pieces
+            // below are each inside it). Offsets and size are 32-bit fields: no sum overflows.
+            remote(&h.dst, dst, bytes)?;
+            if src + bytes > h.src.length {
+                return Err(gdaki_device::Error::InvalidArgument(InvalidArgument::LocalRange));
+            }
             let max = h.max_wqe_bytes.clamp(1, i32::MAX as u64);
             let mut done = 0;
             while done < bytes {
