@@ -610,7 +610,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
 
     /// Whether the proxy posts this channel's WQEs (Host and HostNoAtomic modes).
     #[inline(always)]
-    fn proxied(&self) -> bool {
+    pub(crate) fn proxied(&self) -> bool {
         self.h.proxy != mode::DEVICE
     }
 
@@ -639,13 +639,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// Pushes the `PUT` triggers of `bytes` bytes (pieces of at most 4 GiB − 1, which the proxy splits at
     /// `max_wqe_bytes`), the last one with `last_ops` too.
     fn push_writes(&mut self, dst_offset: u64, src_offset: u64, bytes: u64, last_ops: u8) -> Result<()> {
-        self.ranges(dst_offset, src_offset, bytes)?;
-        // Triggers carry 32-bit offsets (as MSCCL++'s): memory beyond 4 GiB needs Device mode.
-        let limit = Trigger::MAX_FIELD + 1;
-        if dst_offset + bytes > limit || src_offset + bytes > limit {
-            return Err(Error::InvalidArgument(InvalidArgument::Unsupported));
-        }
-        let ch = self.channel_id()?;
+        let ch = self.proxy_put(dst_offset, src_offset, bytes)?;
         let mut done = 0;
         while done < bytes {
             let n = (bytes - done).min(Trigger::MAX_FIELD);
@@ -654,6 +648,23 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             done += n;
         }
         Ok(())
+    }
+
+    /// Checks a put in the Host modes before anything of it is pushed: its range in both memories, the 32-bit
+    /// offsets the triggers carry and the channel's id; returns the id.
+    ///
+    /// # Errors
+    /// As [`PortChannel::ranges`]; [`InvalidArgument::Unsupported`] for a range past 4 GiB;
+    /// [`InvalidArgument::Handle`] as [`PortChannel::channel_id`].
+    pub(crate) fn proxy_put(&self, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<u16> {
+        self.ranges(dst_offset, src_offset, bytes)?;
+        // Triggers carry 32-bit offsets (as MSCCL++'s): memory beyond 4 GiB needs Device mode. No sum overflows:
+        // `ranges` checked them.
+        let limit = Trigger::MAX_FIELD + 1;
+        if dst_offset + bytes > limit || src_offset + bytes > limit {
+            return Err(Error::InvalidArgument(InvalidArgument::Unsupported));
+        }
+        self.channel_id()
     }
 
     /// Adds 1 to the peer's inbound semaphore (RDMA fetch-add, placed after every earlier WRITE of the QP;

@@ -277,8 +277,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// # Errors
     /// As [`Packets::write_packets`] (the local ranges are checked first) and [`PortChannel::put`];
     /// [`InvalidArgument::Packet`] for a `dst_offset` whose address in the peer's memory is not a multiple of
-    /// the packet size (the peer's reads could never find the packets there). Nothing is written or posted
-    /// for a bad range.
+    /// the packet size (the peer's reads could never find the packets there); in the Host modes
+    /// [`InvalidArgument::Unsupported`] for packets past 4 GiB of either memory (triggers carry 32-bit offsets)
+    /// and [`InvalidArgument::Handle`] for a channel id past 16 bits. Nothing is written or posted for any of
+    /// these.
     #[allow(clippy::too_many_arguments)]
     pub fn put_packets<T: Packet>(
         &mut self,
@@ -296,6 +298,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         let at = crate::onesided::remote(dst, dst_offset, wire)?;
         if !at.addr.is_multiple_of(core::mem::size_of::<T>() as u64) {
             return Err(Error::InvalidArgument(InvalidArgument::Packet));
+        }
+        if self.proxied() {
+            // What the put's triggers cannot carry is refused before a packet is written, as a bad range is.
+            self.proxy_put(dst_offset, pkt_offset, wire)?;
         }
         Packets::store::<T>(data, pkts, bytes, flag, thread, threads);
         self.put(dst_offset, pkt_offset, wire)

@@ -18,6 +18,7 @@ use gdaki::nic::emu::{QpState, WireConfig};
 use gdaki::Error;
 use gdaki_device::channel::{Exclusive, PortChannel as DevChannel};
 use gdaki_device::error::{InvalidArgument, WaitOn};
+use gdaki_device::packet::{LL16Packet, LL8Packet};
 use gdaki_device::qp::Qp as DevQp;
 use gdaki_device::Error as DevError;
 use gdaki_shared::channel::PortChannelHandle;
@@ -831,6 +832,44 @@ fn host_modes_a_trigger_past_the_channels_memory_posts_nothing() {
             other => panic!("{mode:?}: the flush returned {other:?}"),
         }
         assert_same(&landing, &[0; LEN], &format!("{mode:?}: the peer's memory"));
+    }
+}
+
+/// Host modes: `put_packets` refuses what the proxy's triggers cannot carry (a destination past 4 GiB, a channel
+/// id past 16 bits) before it writes a packet, as it refuses a bad range: the local memory is unchanged.
+/// Before, the packets were written into the channel's memory and only the put that followed was refused.
+#[test]
+fn host_modes_put_packets_refused_by_the_proxy_limits_writes_nothing() {
+    const LEN: usize = 4096;
+    let payload = random_bytes(&mut rng(), LEN);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let me = comm.rank();
+            let link = link(&comm, mode, LEN);
+            fill(&link._src, &payload);
+            let h = link.chan.device_handle();
+            barrier.wait();
+            let out = (me == 0).then(|| {
+                // A peer memory of 8 GiB (as the device handle says), the packets put at its 4 GiB mark.
+                let mut far = h;
+                far.dst.length = 8 << 30;
+                let wide = PortChannelHandle { channel_id: 1 << 16, ..h };
+                let r = [
+                    exclusive(&far).put_packets::<LL8Packet>(4 << 30, 2048, 0, 64, 7, 0, 1),
+                    exclusive(&far).put_packets::<LL16Packet>(4 << 30, 2048, 0, 64, 7, 0, 1),
+                    exclusive(&wide).put_packets::<LL8Packet>(0, 2048, 0, 64, 7, 0, 1),
+                    exclusive(&wide).put_packets::<LL16Packet>(0, 2048, 0, 64, 7, 0, 1),
+                ];
+                (r, contents(&link._src))
+            });
+            barrier.wait();
+            out
+        });
+        let (r, local) = results[0].clone().expect("rank 0's calls");
+        let (unsupported, handle) = (InvalidArgument::Unsupported, InvalidArgument::Handle);
+        let want = [unsupported, unsupported, handle, handle].map(|e| Err(DevError::InvalidArgument(e)));
+        assert_eq!(r, want, "{mode:?}");
+        assert_same(&local, &payload, &format!("{mode:?}: the channel's local memory"));
     }
 }
 
