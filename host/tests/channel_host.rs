@@ -1009,3 +1009,59 @@ fn host_modes_give_dropped_channels_ids_back() {
         assert_eq!(inbound, 1, "{mode:?}: one signal");
     }
 }
+
+/// Host modes: a channel dropped right after its put was pushed, while another pusher has taken the FIFO index
+/// before that put's and not yet stored its trigger (done here by hand on the `cpu` executor's `head` word), keeps
+/// its id until the proxy has done the put: the put lands, and the other channel's flush finds no error. Before,
+/// the proxy gave the id back at its second moment with an empty slot at its tail, which the unstored index made
+/// at once: the put then named no channel, was dropped, and failed every QP of the proxy (`WR_FLUSH_ERR`, vendor
+/// `VENDOR_PROXY_UNKNOWN_CHANNEL`).
+#[test]
+fn host_modes_a_dropped_channels_id_waits_for_its_triggers_behind_an_unstored_one() {
+    use gdaki_shared::proxy::Trigger;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let payload = random_bytes(&mut rng(), 4096);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let me = comm.rank();
+            let link = link(&comm, mode, 4096);
+            fill(&link._src, &payload);
+            barrier.wait();
+            let out = (me == 0).then(|| {
+                let a = link.chan.device_handle();
+                // A channel of its own (another id) on the same connection and memory.
+                let chan_b = link.chan.clone().with_max_wqe_bytes(16).unwrap();
+                let b = chan_b.device_handle();
+                // A pusher of channel A takes index `j` and has not stored its trigger yet.
+                // SAFETY: the FIFO's `head` word (host memory on the cpu executor), which pushers use atomically.
+                let head = unsafe { AtomicU64::from_ptr(a.fifo.head as *mut u64) };
+                let j = head.fetch_add(1, Ordering::AcqRel);
+                // Channel B's put takes index `j + 1`; then B is dropped, and the proxy finds its tail slot empty
+                // for a while.
+                let put = exclusive(&b).put(0, 0, 64);
+                drop(chan_b);
+                std::thread::sleep(Duration::from_millis(200));
+                // A's pusher stores its trigger: 64 bytes at offset 1024.
+                let t = Trigger::new(Trigger::PUT, a.channel_id as u16, 1024, 1024, 64);
+                let slot = (a.fifo.triggers + 16 * (j & (u64::from(a.fifo.size) - 1))) as *mut u64;
+                // SAFETY: slot `j` of the live ring (pinned host memory), this pusher's: the index is taken and
+                // the ring has room (two triggers in a 512-slot FIFO). Word 1, with the valid bit, last.
+                unsafe {
+                    slot.write_volatile(t.0[0]);
+                    AtomicU64::from_ptr(slot.add(1)).store(t.0[1], Ordering::Release);
+                }
+                let flush = exclusive(&a).flush();
+                (put, flush)
+            });
+            barrier.wait();
+            let landed = (me == 1).then(|| contents(link.landing.as_ref().unwrap()));
+            barrier.wait();
+            (out, landed)
+        });
+        let (put, flush) = results[0].0.expect("rank 0's calls");
+        let landing = results[1].1.clone().expect("rank 1's buffer");
+        assert_eq!((put, flush), (Ok(()), Ok(())), "{mode:?}: B's put and A's flush");
+        assert_same(&landing[..64], &payload[..64], &format!("{mode:?}: the dropped channel's put"));
+        assert_same(&landing[1024..1088], &payload[1024..1088], &format!("{mode:?}: the late trigger's put"));
+    }
+}

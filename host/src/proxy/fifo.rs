@@ -1,6 +1,8 @@
 //! The host side of the proxy FIFO (MSCCL++ `Fifo`): its memory, the handle device code pushes through, and
 //! popping triggers in order. The protocol is in [`gdaki_shared::proxy`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use gdaki_device::fifo;
 
 use gdaki_shared::proxy::{FifoHandle, Trigger};
@@ -88,6 +90,28 @@ impl Fifo {
         self.tail += 1;
         // SAFETY: the live ring's slot and the 8-byte aligned `tail` word, which device code only loads.
         unsafe { fifo::retire_slot(slot, self.tail_word.host_ptr() as *mut u64, self.tail) };
+    }
+
+    /// The FIFO's `head`: indices pushers have taken so far (each trigger below it is stored, or about to be).
+    /// Host memory is read with an atomic load; GPU memory with a copy on the GPU's non-blocking stream, which
+    /// does not wait for running kernels.
+    ///
+    /// # Errors
+    /// The CUDA driver's error for a copy from GPU memory.
+    pub(super) fn head(&self) -> Result<u64> {
+        match &self.device_words {
+            DataBuf::Host(b) => {
+                // SAFETY: `head` is the first 8 bytes of the live, 8-byte aligned buffer, which pushers access only
+                // atomically.
+                let head = unsafe { AtomicU64::from_ptr(b.host_ptr() as *mut u64) };
+                Ok(head.load(Ordering::Acquire))
+            }
+            gpu => {
+                let mut w = [0u8; 8];
+                gpu.read(0, &mut w)?;
+                Ok(u64::from_ne_bytes(w))
+            }
+        }
     }
 
     /// Triggers popped so far.

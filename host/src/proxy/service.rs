@@ -232,10 +232,10 @@ impl ProxyService {
 }
 
 /// A channel's registration with a proxy ([`ProxyService::register`]). Dropping it gives the channel's id back
-/// once every trigger pushed for it before may have been done: the worker takes the id at a moment the FIFO is
-/// empty and frees it at a later such moment ([`Worker::retire`]). Until then the channel's triggers are still
-/// posted as registered; after, a trigger with its id (from a kernel still using a dropped channel) names no
-/// channel, or a newer channel that took the id.
+/// once every trigger pushed for it before has been done: the worker takes the id, reads the FIFO's `head`, and
+/// frees the id once it has done every trigger below that index ([`Worker::retire`]). Until then the channel's
+/// triggers are still posted as registered; after, a trigger with its id (from a kernel still using a dropped
+/// channel) names no channel, or a newer channel that took the id.
 #[derive(Debug)]
 pub(crate) struct Registration {
     shared: Arc<Shared>,
@@ -357,8 +357,9 @@ struct Worker {
     /// The registry's channels as of the last look.
     channels: Vec<Option<ChannelEntry>>,
     lanes: Vec<Lane>,
-    /// Ids of dropped channels taken from the registry at the last moment the FIFO was empty, freed at the next.
-    draining: Vec<u32>,
+    /// Ids of dropped channels taken from the registry, each with the FIFO's `head` read after it was taken:
+    /// freed once the proxy has done every trigger below that index ([`Worker::retire`]).
+    draining: Vec<(u32, u64)>,
 }
 
 impl Worker {
@@ -421,24 +422,41 @@ impl Worker {
         }
     }
 
-    /// Gives back the ids of dropped channels, called when the FIFO is empty: the ids taken from the registry at
-    /// the last such call are freed now (every trigger pushed before their channels were dropped, before that
-    /// call, has been done since), and those dropped since are taken, to be freed at the next call.
+    /// Gives back the ids of dropped channels, called when the FIFO is empty: an id is freed once the proxy has
+    /// done every trigger whose index was taken before the id was taken from the registry (the FIFO's `head`,
+    /// read then), so every trigger pushed for the channel before its drop has been done, even one behind an
+    /// index another pusher took and had not stored yet. (The FIFO looking empty says nothing of such an
+    /// index: its slot is empty until its pusher stores it, and the triggers after it wait behind it.)
     fn retire(&mut self) {
-        if !self.draining.is_empty() {
+        let popped = self.fifo.popped();
+        if self.draining.iter().any(|&(_, mark)| mark <= popped) {
             let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
-            for &id in &self.draining {
+            let channels = &mut self.channels;
+            self.draining.retain(|&(id, mark)| {
+                if mark > popped {
+                    return true;
+                }
                 reg.channels[id as usize] = None;
-                if let Some(c) = self.channels.get_mut(id as usize) {
+                if let Some(c) = channels.get_mut(id as usize) {
                     *c = None;
                 }
-            }
-            reg.pending -= self.draining.len();
-            reg.free.append(&mut self.draining);
+                reg.pending -= 1;
+                reg.free.push(id);
+                false
+            });
         }
         if self.shared.retire.swap(false, Ordering::AcqRel) {
-            let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
-            self.draining.append(&mut reg.retiring);
+            let ids = std::mem::take(&mut self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner).retiring);
+            match self.fifo.head() {
+                Ok(mark) => self.draining.extend(ids.into_iter().map(|id| (id, mark))),
+                Err(e) => {
+                    // Looked at again at the next empty moment; until then the ids stay taken.
+                    tracing::warn!("the proxy could not read its FIFO's head to give dropped channels' ids back: {e}");
+                    let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+                    reg.retiring.extend(ids);
+                    self.shared.retire.store(true, Ordering::Release);
+                }
+            }
         }
     }
 
