@@ -95,8 +95,23 @@ pub struct LaunchArgs {
     pub processes: Option<u32>,
     /// Address this rank's emulated NIC listens on for its peers, in a run of one rank per process (default
     /// 127.0.0.1:0; use a routable one across hosts; port 0: a free one).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_wire)]
     pub wire: Option<std::net::SocketAddr>,
+}
+
+/// `--wire`'s value: a socket address with a specific IP. An unspecified one (`0.0.0.0`, `::`) is refused
+/// here, as the emulated NIC would refuse it, since the NIC advertises the address it listens on to its peers;
+/// refused at parsing, it ends the program before its header and in a run of ranks of this process too.
+fn parse_wire(s: &str) -> Result<std::net::SocketAddr, String> {
+    let addr: std::net::SocketAddr = s.trim().parse().map_err(|e| format!("{e} (expected IP:PORT)"))?;
+    if addr.ip().is_unspecified() {
+        return Err(format!(
+            "{} is not a specific address: the NIC tells its peers the address it listens on, so name one \
+             they can reach (127.0.0.1:0 on one host, this host's routable address across hosts)",
+            addr.ip()
+        ));
+    }
+    Ok(addr)
 }
 
 impl LaunchArgs {

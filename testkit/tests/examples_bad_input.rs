@@ -193,3 +193,18 @@ fn two_rank_programs_refuse_a_world_of_one_rank() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("both ranks in this process"), "{}", text(&out.stdout));
 }
+
+#[test]
+fn an_unspecified_wire_address_is_refused_before_the_header() {
+    // The NIC advertises the address it listens on: 0.0.0.0 failed each rank of a multi-process run after its
+    // header (exit code 1), and was ignored when both ranks ran in this process.
+    for program in ["pingpong", "port_channel"] {
+        for wire in ["0.0.0.0:0", "[::]:7000"] {
+            let out = run(program, &[], &["--iters", "2", "--wire", wire]);
+            assert_error(&out, 2, &format!("'{wire}' for '--wire <ADDR>'"));
+            assert!(text(&out.stderr).contains("not a specific address"), "{}", text(&out.stderr));
+        }
+    }
+    let out = run("pingpong", &[], &["--iters", "2", "--wire", "nonsense"]);
+    assert_error(&out, 2, "'nonsense' for '--wire <ADDR>'");
+}
