@@ -106,10 +106,12 @@ fn header(
         gdaki_examples::queues_label(kind)
     );
     gdaki_examples::outln!(
-        "{} iterations per latency row after up to {warmup} warm-up, bandwidth rows at most {} MiB (3..={} \
+        "{} iterations per latency row after up to {warmup} warm-up, bandwidth rows at most {} MiB ({}..={} \
          iterations); every payload checked",
         plan.iters,
         plan.byte_budget >> 20,
+        // As `Plan::iters_for`: at least 3, but never more than `iters`.
+        plan.iters.min(3),
         plan.iters
     );
 }

@@ -1,6 +1,6 @@
 //! `gdaki-perf` whose reader goes away (`gdaki-perf coll --json F | head -2`): the run goes on to its end,
 //! succeeds and writes its JSON, with nothing about the closed stdout on stderr (it panicked on the broken
-//! pipe at its next line).
+//! pipe at its next line). And the header's plan says what the rows then run.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -38,4 +38,26 @@ fn a_reader_that_goes_away_loses_neither_the_run_nor_its_json() {
     let v: serde_json::Value = serde_json::from_str(&written.expect("the JSON file")).unwrap();
     assert_eq!(v["program"], "gdaki-perf");
     assert!(!v["rows"].as_array().unwrap().is_empty(), "{v}");
+}
+
+#[test]
+fn the_header_gives_the_bandwidth_rows_iterations_as_run() {
+    // A bandwidth row runs at least 3 iterations but never more than `-n`: with `-n 2` the header said
+    // "(3..=2 iterations)", a range with nothing in it.
+    let out = Command::new(env!("CARGO_BIN_EXE_gdaki-perf"))
+        .args(["bw", "--executor", "cpu", "--quick", "--mode", "exclusive", "-n", "2", "--warmup", "0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "status {:?}; stderr {}", out.status, String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().find(|l| l.contains("bandwidth rows at most")).expect("the plan's line");
+    assert!(line.contains("(2..=2 iterations)"), "{line}");
+    // The rows: bytes, QPs, bytes per QP, iterations, ...
+    let iters: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with(' ') && l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .collect();
+    assert!(!iters.is_empty() && iters.iter().all(|&n| n == "2"), "iterations per row {iters:?}: {stdout}");
 }
