@@ -93,7 +93,7 @@ pub struct Opts {
     pub warmup: u32,
     /// Most MiB a bandwidth row moves; rows of large messages get fewer iterations (at least 3)
     /// [default: 512; 16 with --quick].
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub row_mib: Option<usize>,
     /// A CI-sized run: one latency size, the two smallest bandwidth sizes, 50 iterations.
     #[arg(long)]

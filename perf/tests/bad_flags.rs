@@ -145,3 +145,10 @@ fn coll_refuses_a_malformed_queues_variable_first() {
     assert!(stdout.is_empty(), "it ran:\n{stdout}");
     assert_eq!(stderr.trim_end(), "error: GDAKI_QUEUES=\"bogus\": queues must be gpu or host (or GDAKI_QUEUES unset)");
 }
+
+/// `--row-mib 0` ran every bandwidth row anyway, under a header that promised "at most 0 MiB" per row.
+#[test]
+fn a_row_budget_of_nothing_is_refused() {
+    let line = refused(&["bw", "--mode", "exclusive", "--quick", "--row-mib", "0"]);
+    assert!(line.starts_with("error: invalid value '0' for '--row-mib <ROW_MIB>'"), "{line}");
+}
