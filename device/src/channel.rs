@@ -450,8 +450,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// # Errors
     /// A member whose piece is out of range gets what [`PortChannel::put`] returns for it
-    /// ([`InvalidArgument::LocalRange`], [`InvalidArgument::RemoteRange`]) and [`InvalidArgument::Length`] for
-    /// a piece longer than one WQE takes; in Block and Device sharing every other member then gets
+    /// ([`InvalidArgument::LocalRange`], [`InvalidArgument::RemoteRange`]) and, in Device mode,
+    /// [`InvalidArgument::Length`] for a piece longer than one WQE takes (in the Host modes the proxy splits a
+    /// long piece as it splits a put's); in Block and Device sharing every other member then gets
     /// [`InvalidArgument::Team`], and nothing is posted, as every member does when some threads of the block
     /// never make the call (they returned from the kernel first) or the members' channels are not all one
     /// channel (of one QP and one memory pair); the other errors of [`SharedQp::post_team`].

@@ -498,6 +498,15 @@ fn exclusive(h: &PortChannelHandle) -> DevChannel<'_, Exclusive> {
     unsafe { DevChannel::new(h) }
 }
 
+/// A device-code channel of the cpu executor on `h`, in Device sharing: for threads that push on one connection
+/// at the same time (Exclusive sharing takes the connection's QP handle as the one poster's, even in the Host
+/// modes).
+fn device_shared(h: &PortChannelHandle) -> DevChannel<'_, gdaki_device::channel::Device> {
+    // SAFETY: `h` comes from a live channel of the cpu executor; its connection is used only through Device
+    // sharing channels while they live.
+    unsafe { DevChannel::new(h) }
+}
+
 /// Host modes: puts and signals go through the proxy, with a 4-slot FIFO so that pushes wait for room; the
 /// sender never flushes but drops everything, and the proxy's drop drains: every payload and every signal
 /// has landed when the drop returns. `put_with_accumulate` works in Host mode and is refused in HostNoAtomic.
@@ -809,8 +818,9 @@ fn host_modes_a_trigger_past_the_channels_memory_posts_nothing() {
             let link = link(&comm, mode, LEN);
             fill(&link._src, &payload);
             // The proxy splits this channel's puts into 256-byte WRITEs.
-            let chan = link.chan.clone().with_max_wqe_bytes(256).unwrap().with_timeout(Duration::from_secs(2));
-            let h = chan.unwrap().device_handle();
+            let chan = link.chan.clone().with_max_wqe_bytes(256).unwrap().with_timeout(Duration::from_secs(2)).unwrap();
+            // `chan` lives until the end: a dropped channel's id goes back to the proxy.
+            let h = chan.device_handle();
             barrier.wait();
             let sent = (me == 0).then(|| {
                 let mut forged = h;
@@ -896,11 +906,11 @@ fn host_modes_a_push_that_times_out_leaves_the_fifo_working() {
                 std::thread::scope(|s| {
                     // The proxy takes this flush and waits in it (the NIC is stopped), keeping its slot.
                     let flusher = s.spawn(|| {
-                        let mut ch = exclusive(&h);
+                        let mut ch = device_shared(&h);
                         (ch.put(0, 0, 64), ch.flush())
                     });
                     std::thread::sleep(Duration::from_millis(200));
-                    let mut ch = exclusive(&quick);
+                    let mut ch = device_shared(&quick);
                     let pushes: Vec<_> = (0..4u64).map(|k| ch.put(64 + 64 * k, 64 + 64 * k, 64)).collect();
                     nic.hold_executor(false);
                     let first = flusher.join().unwrap();
