@@ -228,6 +228,36 @@ fn world_of_one_needs_no_socket() {
     assert_eq!(b.recv(0, 1).unwrap(), b"me");
 }
 
+/// A message to oneself and a world of one's all_gather never touch a socket, but keep MAX_FRAME as every
+/// other send and all_gather does: a frame of `16 + len` bytes (kind, the call's header, the data) passes at
+/// exactly MAX_FRAME and fails one byte over, queuing nothing.
+#[test]
+fn sends_to_oneself_and_a_world_of_one_keep_the_frame_limit() {
+    let fits = MAX_FRAME as usize - 16;
+    let over = format!("frame of {} bytes exceeds the limit of {MAX_FRAME} bytes (MAX_FRAME)", MAX_FRAME + 1);
+    let errs = run(2, TIMEOUT, |b| {
+        let me = b.rank();
+        let e = message(b.send(me, 5, &vec![7u8; fits + 1]).unwrap_err());
+        let big = random_bytes(fits);
+        b.send(me, 5, &big).unwrap();
+        b.send(me, 5, b"next").unwrap();
+        assert!(b.recv(me, 5).unwrap() == big, "rank {me}: the largest message to itself came back changed");
+        assert_eq!(b.recv(me, 5).unwrap(), b"next");
+        b.barrier().unwrap();
+        e
+    });
+    for (rank, e) in errs.iter().enumerate() {
+        assert_eq!(*e, format!("rank {rank}: send to rank {rank} tag 5: {over}"));
+    }
+    let solo = Bootstrap::connect(&Launch::solo(Secret::random().unwrap()), Duration::from_millis(100)).unwrap();
+    let e = message(solo.all_gather(&vec![1u8; fits + 1]).unwrap_err());
+    assert_eq!(e, format!("rank 0: all_gather #0: {over}"));
+    let part = random_bytes(fits);
+    assert!(solo.all_gather(&part).unwrap() == [part], "a world of one's largest all_gather came back changed");
+    let e = message(solo.send(0, 1, &vec![0u8; fits + 1]).unwrap_err());
+    assert_eq!(e, format!("rank 0: send to rank 0 tag 1: {over}"));
+}
+
 /// Starts the root and rank 1 of a two-rank session after `intrude` has had its way with the root; returns
 /// what `intrude` returned. The real session must then complete an all_gather.
 fn survives<T>(intrude: impl FnOnce(&Launch) -> T) -> T {

@@ -400,6 +400,9 @@ impl Bootstrap {
         let deadline = crate::deadline::after(self.timeout);
         let n = self.world_size;
         if n == 1 {
+            // The result frame it would be with peers (kind, sequence number, one length and part): the same
+            // limit in a world of one.
+            wire::check_frame_len(16usize.saturating_add(mine.len())).map_err(|e| self.err(&what, e))?;
             return Ok(vec![mine.to_vec()]);
         }
         if self.rank != 0 {
@@ -488,6 +491,8 @@ impl Bootstrap {
         self.check_peer(peer, &what)?;
         self.check_unbroken(&what, Some(peer))?;
         if peer == self.rank {
+            // The frame it would be to another rank (kind, source, destination, tag, data): the same limit.
+            wire::check_frame_len(16usize.saturating_add(data.len())).map_err(|e| self.err(&what, e))?;
             self.shared.deliver(peer, tag, data.to_vec());
             return Ok(());
         }

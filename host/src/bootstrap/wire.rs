@@ -112,12 +112,7 @@ impl fmt::Display for WireError {
 pub(crate) fn write_frame(w: &mut impl Write, kind: Kind, parts: &[&[u8]]) -> io::Result<()> {
     let payload: usize = parts.iter().map(|p| p.len()).sum();
     let len = payload + 4;
-    if len > MAX_FRAME as usize {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("frame of {len} bytes exceeds the limit of {MAX_FRAME} bytes (MAX_FRAME)"),
-        ));
-    }
+    check_frame_len(len)?;
     let mut buf = Vec::with_capacity(len + 4);
     buf.extend_from_slice(&(len as u32).to_le_bytes());
     buf.extend_from_slice(&(kind as u32).to_le_bytes());
@@ -126,6 +121,19 @@ pub(crate) fn write_frame(w: &mut impl Write, kind: Kind, parts: &[&[u8]]) -> io
     }
     w.write_all(&buf)?;
     w.flush()
+}
+
+/// Fails, as [`write_frame`] does, when a frame whose length field is `len` (the 4-byte kind plus the payload)
+/// exceeds [`MAX_FRAME`]: also for what the bootstrap delivers without a socket (to the rank itself), so that a
+/// call passes or fails by its size alone, wherever its peer is.
+pub(crate) fn check_frame_len(len: usize) -> io::Result<()> {
+    if len > MAX_FRAME as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("frame of {len} bytes exceeds the limit of {MAX_FRAME} bytes (MAX_FRAME)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Reads one frame whose length field is at most `limit` ([`MAX_FRAME`] after the handshake, less for a
