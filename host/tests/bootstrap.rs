@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags, Secret, MAX_FRAME};
+use gdaki::bootstrap::{Bootstrap, Launch, LaunchFlags, Secret, MAX_FRAME, MAX_WORLD_SIZE};
 use gdaki::Error;
 use gdaki_shared::handle::RemoteMr;
 use gdaki_shared::Be32;
@@ -458,6 +458,48 @@ fn root_times_out_listing_the_missing_rank() {
         assert!(t0 >= timeout && t0 < 3 * timeout, "root returned after {t0:?}");
         assert!(t1 < 3 * timeout, "rank 1 returned after {t1:?}");
     });
+}
+
+/// A world size over MAX_WORLD_SIZE is refused at once, on the root and on the others, before the root sizes
+/// anything by it or a rank dials (u32::MAX made the root build and scan tables of 4 billion entries); and a
+/// large world that is allowed but incomplete times out naming its missing ranks in one short line.
+#[test]
+fn a_world_over_the_limit_is_refused_at_once_and_a_large_worlds_timeout_stays_one_short_line() {
+    let (listener, launches) = session(2);
+    let short = Duration::from_millis(300);
+    // Over the limit by one first: on code without the limit it fails here, before trying u32::MAX.
+    for world_size in [MAX_WORLD_SIZE + 1, u32::MAX] {
+        let why = |rank| {
+            format!("rank {rank}: world size {world_size} (from test) is over the bootstrap's limit of 65536 ranks")
+        };
+        let root = Launch { world_size, ..launches[0].clone() };
+        let t = Instant::now();
+        let e = message(Bootstrap::root_on(listener.try_clone().unwrap(), &root, short).unwrap_err());
+        assert_eq!(e, why(0));
+        assert_eq!(
+            message(Bootstrap::connect(&Launch { world_size, ..launches[1].clone() }, short).unwrap_err()),
+            why(1)
+        );
+        assert!(t.elapsed() < short, "refused after {:?}", t.elapsed());
+    }
+    let (listener, launches) = session(5000);
+    let t = Instant::now();
+    let e = message(Bootstrap::root_on(listener, &launches[0], short).unwrap_err());
+    let addr = &launches[0].root;
+    assert_eq!(
+        e,
+        format!(
+            "rank 0: timed out after 300ms waiting for ranks [1, 2, 3, 4, 5, 6, 7, 8, ... (4999 ranks in all)] to \
+             join root {addr}"
+        )
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // In-process ranks too, before a thread starts.
+    let setup = gdaki::channel::RankSetup::local(MAX_WORLD_SIZE + 1, gdaki::exec::ExecutorKind::Cpu);
+    match gdaki::channel::run_ranks(&setup, |_| ()) {
+        Err(Error::InvalidArgument(m)) => assert_eq!(m, "run_ranks with 65537 ranks: a session has at most 65536"),
+        other => panic!("run_ranks over the limit: {:?}", other.map(|v| v.len())),
+    }
 }
 
 #[test]

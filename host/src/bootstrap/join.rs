@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::launch::{Launch, Secret};
 use super::session::{duration_ns, serve_peer, serve_root, Bootstrap, Link, Mailbox, Shared};
-use super::wire::{self, one_line, Fields, Greeting, Hello, Kind, WireError, HELLO_LEN, MAX_FRAME, VERSION};
+use super::wire::{
+    self, one_line, rank_list, Fields, Greeting, Hello, Kind, WireError, HELLO_LEN, MAX_FRAME, MAX_WORLD_SIZE, VERSION,
+};
 use crate::deadline::ReadBy;
 use crate::{Error, Result};
 
@@ -40,7 +42,8 @@ impl Bootstrap {
     /// `TcpBootstrap::initialize` and NCCL's `bootstrapInit`. A world of one binds nothing.
     ///
     /// # Errors
-    /// [`Error::Bootstrap`], naming the rank and the root's address, when: the launch is inconsistent; rank 0
+    /// [`Error::Bootstrap`], naming the rank and the root's address, when: the launch is inconsistent (a rank
+    /// out of range, a world size of 0 or over [`MAX_WORLD_SIZE`]); rank 0
     /// cannot bind; the root cannot be reached within `timeout`; the root rejects the hello (`"rejected by
     /// root HOST:PORT: wrong session secret"` and the like); not every rank joins within `timeout` (the root
     /// lists the missing ranks, and the others are rejected with that reason).
@@ -68,7 +71,8 @@ impl Bootstrap {
     /// others came may join again.
     ///
     /// # Errors
-    /// [`Error::Bootstrap`] when `launch.rank` is not 0, or when ranks are still missing after `timeout`
+    /// [`Error::Bootstrap`] when `launch.rank` is not 0 or the launch is inconsistent (as for `connect`), or
+    /// when ranks are still missing after `timeout`
     /// (they are listed; the ranks that had joined are rejected with the same reason).
     pub fn root_on(listener: TcpListener, launch: &Launch, timeout: Duration) -> Result<Bootstrap> {
         check_launch(launch)?;
@@ -102,7 +106,10 @@ impl Bootstrap {
             }
             let now = Instant::now();
             if now >= deadline {
-                let why = format!("timed out after {timeout:?} waiting for ranks {missing:?} to join root {addr}");
+                let why = format!(
+                    "timed out after {timeout:?} waiting for ranks {} to join root {addr}",
+                    rank_list(&missing)
+                );
                 for stream in joined.iter().flatten() {
                     refuse(stream, &why);
                 }
@@ -133,6 +140,12 @@ impl Bootstrap {
 }
 
 fn check_launch(launch: &Launch) -> Result<()> {
+    if launch.world_size > MAX_WORLD_SIZE {
+        return Err(bad(format!(
+            "rank {}: world size {} (from {}) is over the bootstrap's limit of {MAX_WORLD_SIZE} ranks",
+            launch.rank, launch.world_size, launch.source
+        )));
+    }
     if launch.world_size == 0 || launch.rank >= launch.world_size {
         return Err(bad(format!(
             "rank {} is out of range for world size {} (from {})",

@@ -27,4 +27,4 @@ mod wire;
 
 pub use launch::{Launch, LaunchFlags, Secret, DEFAULT_ROOT};
 pub use session::Bootstrap;
-pub use wire::MAX_FRAME;
+pub use wire::{MAX_FRAME, MAX_WORLD_SIZE};

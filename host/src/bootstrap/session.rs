@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 
-use super::wire::{self, one_line, Fields, FrameReader, Kind, WireError, MAX_FRAME};
+use super::wire::{self, one_line, rank_list, Fields, FrameReader, Kind, WireError, MAX_FRAME};
 use crate::{Error, Result};
 
 /// The ranks of one session, connected as a TCP star through the root (rank 0), as MSCCL++'s
@@ -446,7 +446,7 @@ impl Bootstrap {
                 return Err(self.err(&what, why));
             }
             Err(WaitError::TimedOut) => {
-                let why = format!("timed out after {:?} waiting for ranks {missing:?}", self.timeout);
+                let why = format!("timed out after {:?} waiting for ranks {}", self.timeout, rank_list(&missing));
                 self.shared.abort(format!("rank 0: {what}: {why}"), None);
                 return Err(self.err(&what, why));
             }

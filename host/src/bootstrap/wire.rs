@@ -21,6 +21,22 @@ use std::time::{Duration, Instant};
 /// bytes per rank), not data.
 pub const MAX_FRAME: u32 = 16 << 20;
 
+/// Most ranks a session may have: 65,536. The root keeps a connection and a reader thread per rank, and sizes
+/// its tables by the world size before any rank has joined, so a world size that no job has (a stray value of
+/// a launcher's variable, say) is refused at once rather than made into tables of billions of entries.
+pub const MAX_WORLD_SIZE: u32 = 1 << 16;
+
+/// `ranks` as a message lists them: all of them up to 16, else the first 8 and how many there are in all, so
+/// that a timeout in a large world stays one short line.
+pub(crate) fn rank_list(ranks: &[u32]) -> String {
+    const SHOWN: usize = 8;
+    if ranks.len() <= 2 * SHOWN {
+        return format!("{ranks:?}");
+    }
+    let first: Vec<String> = ranks[..SHOWN].iter().map(u32::to_string).collect();
+    format!("[{}, ... ({} ranks in all)]", first.join(", "), ranks.len())
+}
+
 /// First bytes of every hello; "1" is the framing generation, [`VERSION`] the protocol inside it.
 pub(crate) const MAGIC: [u8; 8] = *b"GDAKIBS1";
 /// Protocol version a hello announces; the root rejects any other with a reason.

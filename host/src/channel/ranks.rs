@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bootstrap::{Bootstrap, Launch, Secret};
+use crate::bootstrap::{Bootstrap, Launch, Secret, MAX_WORLD_SIZE};
 use crate::channel::Communicator;
 use crate::exec::{default_gpu, Executor, ExecutorKind};
 use crate::nic::emu::WireConfig;
@@ -74,7 +74,8 @@ impl RankSetup {
 /// it leave (their bootstrap calls fail), and the panic goes on unwinding in the caller once all have ended.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for 0 ranks; [`Error::Unavailable`] when the in-process bootstrap cannot start
+/// [`Error::InvalidArgument`] for 0 ranks or more than [`MAX_WORLD_SIZE`] (before any thread starts);
+/// [`Error::Unavailable`] when the in-process bootstrap cannot start
 /// (no loopback listener) or the shared NIC cannot be opened; [`Error::Bootstrap`] without a random source.
 pub fn run_ranks<T: Send>(
     setup: &RankSetup,
@@ -82,6 +83,12 @@ pub fn run_ranks<T: Send>(
 ) -> Result<Vec<(u32, Result<T>)>> {
     if setup.launch.is_none() && setup.ranks == 0 {
         return Err(Error::InvalidArgument("run_ranks with 0 ranks".into()));
+    }
+    if setup.launch.is_none() && setup.ranks > MAX_WORLD_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "run_ranks with {} ranks: a session has at most {MAX_WORLD_SIZE}",
+            setup.ranks
+        )));
     }
     // The CPU executor ignores the ordinal: no need to ask the CUDA driver.
     let on_gpu = setup.executor == ExecutorKind::Gpu;
