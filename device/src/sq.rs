@@ -123,10 +123,14 @@ mod tests {
         assert_eq!(wqe_index_from_counter(ci, pi, cnt, 99), None);
         // Exhaustively on a small ring: exactly the counters of [ci, ci + cnt) map, each to its own index.
         for ci in [0u64, 65_530, 1 << 40] {
-            let hits: Vec<u64> =
-                (0..=u16::MAX).filter_map(|c| wqe_index_from_counter(ci, ci + 1_000_000, 16, c)).collect();
-            assert_eq!(hits.len(), 16);
-            assert!(hits.iter().all(|&w| (ci..ci + 16).contains(&w)));
+            let hits: Vec<(u16, u64)> = (0..=u16::MAX)
+                .filter_map(|c| wqe_index_from_counter(ci, ci + 1_000_000, 16, c).map(|w| (c, w)))
+                .collect();
+            // Each counter names the index whose low 16 bits it is, and together they are the window.
+            assert!(hits.iter().all(|&(c, w)| w as u16 == c), "{ci}: {hits:?}");
+            let mut indices: Vec<u64> = hits.iter().map(|&(_, w)| w).collect();
+            indices.sort_unstable();
+            assert_eq!(indices, (ci..ci + 16).collect::<Vec<_>>(), "{ci}");
         }
     }
 
