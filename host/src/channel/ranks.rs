@@ -181,6 +181,7 @@ mod tests {
         assert_eq!(ips, [Some(two), Some(two)]);
         let here = run_ranks(&RankSetup { wire, ..RankSetup::local(2, ExecutorKind::Cpu) }, listened).unwrap();
         let one: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-        assert!(here.into_iter().all(|(_, ip)| ip.unwrap() == Some(one)));
+        let here: Vec<_> = here.into_iter().map(|(rank, ip)| (rank, ip.unwrap())).collect();
+        assert_eq!(here, [(0, Some(one)), (1, Some(one))]);
     }
 }
