@@ -33,28 +33,32 @@ fn host_inval<T: std::fmt::Debug>(r: gdaki::Result<T>, words: &[&str]) {
 // ---------------------------------------------------------------------------------------------------------
 
 /// The `pingpong` example binary of this target directory (built by `cargo test --workspace` or
-/// `cargo build --example pingpong`), or `GDAKI_PINGPONG` when set.
-fn pingpong_bin() -> Option<PathBuf> {
+/// `cargo build --example pingpong`), or `GDAKI_PINGPONG` when set. A missing one fails the test rather than
+/// skipping it.
+fn pingpong_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("GDAKI_PINGPONG") {
-        return Some(p.into());
+        return p.into();
     }
     // This test runs from <target>/<profile>/deps/; examples are in <target>/<profile>/examples/.
-    let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("examples").join(format!("pingpong{}", std::env::consts::EXE_SUFFIX));
-    bin.is_file().then_some(bin)
+    let exe = std::env::current_exe().expect("this test's path");
+    let bin = exe.parent().and_then(|d| d.parent()).expect("a target directory").join("examples");
+    let bin = bin.join(format!("pingpong{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "the pingpong example is not built: run `cargo build --example pingpong` or `cargo xtask test`"
+    );
+    bin
 }
 
 /// Runs the example with `args` (stdin closed), at most 60 s. The example must be built (`cargo test
 /// --workspace`, the test command, builds it): a missing one fails the test rather than skipping it.
-fn pingpong(args: &[&str]) -> Option<Output> {
+fn pingpong(args: &[&str]) -> Output {
     pingpong_in(&[], args)
 }
 
 /// [`pingpong`] with the variables `env` added to its environment.
-fn pingpong_in(env: &[(&str, &str)], args: &[&str]) -> Option<Output> {
-    let Some(bin) = pingpong_bin() else {
-        panic!("the pingpong example is not built: run `cargo build --example pingpong` or `cargo xtask test`");
-    };
+fn pingpong_in(env: &[(&str, &str)], args: &[&str]) -> Output {
+    let bin = pingpong_bin();
     let mut child = Command::new(&bin)
         .args(args)
         .envs(env.iter().copied())
@@ -71,7 +75,7 @@ fn pingpong_in(env: &[(&str, &str)], args: &[&str]) -> Option<Output> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    Some(child.wait_with_output().unwrap())
+    child.wait_with_output().unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -111,7 +115,7 @@ fn cli_rejects_out_of_range_and_malformed_numbers_before_running() {
     for (args, needle) in cases {
         let mut all = vec!["--executor", "cpu"];
         all.extend_from_slice(args);
-        let Some(out) = pingpong(&all) else { return };
+        let out = pingpong(&all);
         assert_cli_error(&out, 2, needle);
         // Nothing ran: no table.
         assert!(!text(&out.stdout).contains("#bytes"), "{args:?} ran anyway");
@@ -121,7 +125,7 @@ fn cli_rejects_out_of_range_and_malformed_numbers_before_running() {
 #[test]
 fn cli_unknown_executor_is_a_one_line_error() {
     for bad in ["tpu", "", "CPU", " cpu", "cpu,gpu"] {
-        let Some(out) = pingpong(&["--executor", bad]) else { return };
+        let out = pingpong(&["--executor", bad]);
         assert_cli_error(&out, 2, "executor must be cpu or gpu");
     }
 }
@@ -132,7 +136,7 @@ fn cli_gpu_executor_without_a_gpu_is_a_one_line_error() {
         eprintln!("skipped: this machine has a GPU");
         return;
     }
-    let Some(out) = pingpong(&["--executor", "gpu", "--iters", "1"]) else { return };
+    let out = pingpong(&["--executor", "gpu", "--iters", "1"]);
     assert_cli_error(&out, 2, "error:");
     assert_eq!(text(&out.stderr).lines().count(), 1, "{:?}", text(&out.stderr));
 }
@@ -140,54 +144,48 @@ fn cli_gpu_executor_without_a_gpu_is_a_one_line_error() {
 #[test]
 fn cli_processes_runs_two_ranks_and_refuses_what_cannot_work() {
     // Two processes, one rank each: rank 0 prints the table and both check every payload.
-    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "3", "--size", "24", "--processes", "2"]) else {
-        return;
-    };
+    let out = pingpong(&["--executor", "cpu", "--iters", "3", "--size", "24", "--processes", "2"]);
     let so = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{so} {}", text(&out.stderr));
     assert_eq!(so.lines().filter(|l| l.split_whitespace().take(2).eq(["24", "3"])).count(), 1, "{so:?}");
     // Flags that place one process cannot go with --processes.
-    let Some(out) = pingpong(&["--processes", "2", "--rank", "0"]) else { return };
+    let out = pingpong(&["--processes", "2", "--rank", "0"]);
     assert_cli_error(&out, 2, "--processes");
-    let Some(out) = pingpong(&["--processes", "0"]) else { return };
+    let out = pingpong(&["--processes", "0"]);
     assert_cli_error(&out, 2, "--processes");
     // A rank that fails (rank 0 alone writes --json) is named with how it ended, the launch exits with its
     // code, and the rank left waiting for it is stopped, not waited for until its bootstrap gives up.
     let t = Instant::now();
-    let Some(out) = pingpong(&["--executor", "cpu", "--processes", "2", "--json", "/proc/no-such-dir/x.json"]) else {
-        return;
-    };
+    let out = pingpong(&["--executor", "cpu", "--processes", "2", "--json", "/proc/no-such-dir/x.json"]);
     let se = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{se}");
     assert!(se.contains("--processes: rank 0 ended with exit status: 2"), "{se}");
     assert!(se.contains("--processes: rank 1 was stopped") && se.contains("after rank 0 failed"), "{se}");
     assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
     // Three processes of a two-rank program, or any number under a launcher: refused before one starts.
-    let Some(out) = pingpong(&["--executor", "cpu", "--processes", "3"]) else { return };
+    let out = pingpong(&["--executor", "cpu", "--processes", "3"]);
     assert_cli_error(&out, 2, "--processes 3: this program takes 2 ranks");
     assert_eq!(text(&out.stderr).lines().count(), 1, "{}", text(&out.stderr));
     let ompi = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")];
-    let Some(out) = pingpong_in(&ompi, &["--executor", "cpu", "--processes", "2"]) else { return };
+    let out = pingpong_in(&ompi, &["--executor", "cpu", "--processes", "2"]);
     assert_cli_error(&out, 2, "--processes 2: this process is rank 0 of a launch by mpirun (OMPI_*) already");
     // A world of one (a Slurm batch script's environment) is no launch: --processes runs.
     let slurm = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")];
-    let Some(out) = pingpong_in(&slurm, &["--executor", "cpu", "--iters", "2", "--processes", "2"]) else { return };
+    let out = pingpong_in(&slurm, &["--executor", "cpu", "--iters", "2", "--processes", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
 #[test]
 fn cli_zero_timeout_is_refused_before_running() {
     // A round trip cannot finish within 0 ns: the bound must be at least 1 ms.
-    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "3", "--timeout-ms", "0"]) else { return };
+    let out = pingpong(&["--executor", "cpu", "--iters", "3", "--timeout-ms", "0"]);
     assert_cli_error(&out, 2, "--timeout-ms");
     assert!(!text(&out.stdout).contains("#bytes"), "it ran: {}", text(&out.stdout));
 }
 
 #[test]
 fn cli_warmup_larger_than_iters_runs() {
-    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "2", "--warmup", "30", "--size", "13"]) else {
-        return;
-    };
+    let out = pingpong(&["--executor", "cpu", "--iters", "2", "--warmup", "30", "--size", "13"]);
     let so = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{so} {}", text(&out.stderr));
     // Every payload of warm-up and measured round trips is checked, on both ranks.
@@ -201,7 +199,7 @@ fn cli_warmup_larger_than_iters_runs() {
 #[test]
 fn cli_two_processes_print_once_and_count_both_ranks() {
     let args = ["--executor", "cpu", "--iters", "2", "--warmup", "30", "--size", "13", "--processes", "2"];
-    let Some(out) = pingpong(&args) else { return };
+    let out = pingpong(&args);
     let so = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{so} {}", text(&out.stderr));
     assert!(so.trim_end().ends_with("64 passed, 0 failed"), "{so:?}");
@@ -211,7 +209,7 @@ fn cli_two_processes_print_once_and_count_both_ranks() {
 
 #[test]
 fn cli_warmup_plus_iters_overflow_is_an_error_not_a_panic() {
-    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "5", "--warmup", "4294967295"]) else { return };
+    let out = pingpong(&["--executor", "cpu", "--iters", "5", "--warmup", "4294967295"]);
     assert_cli_error(&out, 2, "--warmup");
 }
 
@@ -222,7 +220,7 @@ fn cli_json_to_a_directory_or_missing_folder_is_a_one_line_error() {
     let missing = dir.join("no/such/folder/out.json");
     for path in [dir.clone(), missing] {
         let p = path.to_str().unwrap();
-        let Some(out) = pingpong(&["--executor", "cpu", "--iters", "2", "--json", p]) else { break };
+        let out = pingpong(&["--executor", "cpu", "--iters", "2", "--json", p]);
         assert_cli_error(&out, 2, &format!("--json {p}"));
     }
     assert!(dir.is_dir(), "the directory given as --json was replaced");
@@ -233,14 +231,14 @@ fn cli_json_to_a_directory_or_missing_folder_is_a_one_line_error() {
 fn cli_unwritable_json_path_is_refused_before_running() {
     let dir = std::env::temp_dir();
     let p = dir.to_str().unwrap();
-    let Some(out) = pingpong(&["--executor", "cpu", "--iters", "2", "--json", p]) else { return };
+    let out = pingpong(&["--executor", "cpu", "--iters", "2", "--json", p]);
     assert_cli_error(&out, 2, "--json");
     assert!(!text(&out.stdout).contains("#bytes"), "it ran the benchmark first: {}", text(&out.stdout));
 }
 
 #[test]
 fn cli_closed_stdout_does_not_panic_and_still_writes_json() {
-    let Some(bin) = pingpong_bin() else { return };
+    let bin = pingpong_bin();
     let json = std::env::temp_dir().join(format!("gdaki-bad-input-{}.json", std::process::id()));
     let mut child = Command::new(bin)
         .args(["--executor", "cpu", "--iters", "2", "--json", json.to_str().unwrap()])
@@ -393,6 +391,6 @@ fn pingpong_run_after_a_failed_run_is_refused_and_a_new_pingpong_runs() {
 
 #[test]
 fn cli_all_with_an_explicit_size_is_refused() {
-    let Some(out) = pingpong(&["--executor", "cpu", "--all", "--size", "64", "--iters", "1"]) else { return };
+    let out = pingpong(&["--executor", "cpu", "--all", "--size", "64", "--iters", "1"]);
     assert_cli_error(&out, 2, "--size");
 }
