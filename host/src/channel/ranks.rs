@@ -4,6 +4,7 @@
 //! a user's first program start here.
 
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,11 +76,21 @@ impl RankSetup {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for 0 ranks or more than [`MAX_WORLD_SIZE`] (before any thread starts);
-/// [`Error::Unavailable`] when the in-process bootstrap cannot start
-/// (no loopback listener) or the shared NIC cannot be opened; [`Error::Bootstrap`] without a random source.
+/// [`Error::Unavailable`] when the in-process bootstrap cannot start (no loopback listener), the shared NIC
+/// cannot be opened, or the OS refuses a rank's thread (then no rank has set up anything: every thread waits
+/// until all have started); [`Error::Bootstrap`] without a random source.
 pub fn run_ranks<T: Send>(
     setup: &RankSetup,
     rank_main: impl Fn(Arc<Communicator>) -> T + Sync,
+) -> Result<Vec<(u32, Result<T>)>> {
+    run_ranks_refusing(setup, rank_main, |_| None)
+}
+
+/// [`run_ranks`], with `refuse(rank)` standing for the OS refusing the thread of `rank` in this process.
+fn run_ranks_refusing<T: Send>(
+    setup: &RankSetup,
+    rank_main: impl Fn(Arc<Communicator>) -> T + Sync,
+    refuse: impl Fn(usize) -> Option<std::io::Error>,
 ) -> Result<Vec<(u32, Result<T>)>> {
     if setup.launch.is_none() && setup.ranks == 0 {
         return Err(Error::InvalidArgument("run_ranks with 0 ranks".into()));
@@ -128,19 +139,80 @@ pub fn run_ranks<T: Send>(
         .to_string();
     let secret = Secret::random()?;
     let mut listener = Some(listener);
-    Ok(std::thread::scope(|s| {
-        let handles: Vec<_> = (0..setup.ranks)
-            .map(|rank| {
-                let (root, world_size) = (root.clone(), setup.ranks);
-                let l = Launch { rank, world_size, local_rank: rank, root, secret, source: "this process" };
-                let lis = if rank == 0 { listener.take() } else { None };
-                let rank_run = &rank_run;
-                s.spawn(move || rank_run(l, lis))
-            })
-            .collect();
-        // A panic of a rank is a bug: let it go on unwinding here.
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-    }))
+    let ranks: Vec<_> = (0..setup.ranks)
+        .map(|rank| {
+            let l = Launch {
+                rank,
+                world_size: setup.ranks,
+                local_rank: rank,
+                root: root.clone(),
+                secret,
+                source: "this process",
+            };
+            (l, if rank == 0 { listener.take() } else { None })
+        })
+        .collect();
+    on_threads(ranks, &|(l, lis)| rank_run(l, lis), refuse)
+}
+
+/// Runs `run` on each of `inputs` at once, a thread each, and returns what each returned, in order. No thread
+/// runs `run` before every thread has started: when the OS refuses one, those already started return at once
+/// without running it (ranks that ran would wait at the bootstrap for the missing rank until its timeout), and
+/// this returns [`Error::Unavailable`] naming the rank. `refuse(i)` stands for the OS refusing thread `i`
+/// (tests; `None` in use). A panic of `run` goes on unwinding here once every thread has ended.
+fn on_threads<I: Send, T: Send>(
+    inputs: Vec<I>,
+    run: &(impl Fn(I) -> T + Sync),
+    refuse: impl Fn(usize) -> Option<std::io::Error>,
+) -> Result<Vec<T>> {
+    // The gate every thread waits at until the spawner has started them all (SHUT), then runs (RUN) or returns
+    // without running (ABORT). Threads park rather than wait on a mutex, so that thousands start without
+    // contending.
+    const SHUT: u8 = 0;
+    const RUN: u8 = 1;
+    const ABORT: u8 = 2;
+    let gate = AtomicU8::new(SHUT);
+    let count = inputs.len();
+    std::thread::scope(|s| {
+        let mut handles = Vec::with_capacity(count);
+        let mut refused = None;
+        for (i, input) in inputs.into_iter().enumerate() {
+            let gate = &gate;
+            let spawned = match refuse(i) {
+                Some(e) => Err(e),
+                None => std::thread::Builder::new().name(format!("gdaki rank {i}")).spawn_scoped(s, move || {
+                    let mut state = gate.load(Ordering::Acquire);
+                    while state == SHUT {
+                        // Woken by the spawner's unpark (or spuriously: the loop looks again).
+                        std::thread::park();
+                        state = gate.load(Ordering::Acquire);
+                    }
+                    (state == RUN).then(|| run(input))
+                }),
+            };
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    refused = Some(Error::Unavailable(format!(
+                        "run_ranks: cannot start the thread of rank {i} of {count}: {e}"
+                    )));
+                    break;
+                }
+            }
+        }
+        gate.store(if refused.is_none() { RUN } else { ABORT }, Ordering::Release);
+        for h in &handles {
+            h.thread().unpark();
+        }
+        // A panic of a rank is a bug: let it go on unwinding here (the scope joins the other threads first).
+        let ended: Vec<_> =
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect();
+        match refused {
+            Some(e) => Err(e),
+            // Every thread passed the gate open, so each ran `run` and returned `Some`.
+            None => Ok(ended.into_iter().flatten().collect()),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -183,5 +255,26 @@ mod tests {
         let one: std::net::IpAddr = "127.0.0.1".parse().unwrap();
         let here: Vec<_> = here.into_iter().map(|(rank, ip)| (rank, ip.unwrap())).collect();
         assert_eq!(here, [(0, Some(one)), (1, Some(one))]);
+    }
+
+    /// The OS refusing the thread of a rank in this process is [`Error::Unavailable`] of one line naming the
+    /// rank, returned at once: the ranks already started set nothing up (they would wait at the bootstrap for
+    /// the missing rank until its timeout) and no rank's function runs.
+    #[test]
+    fn a_rank_thread_the_os_refuses_is_unavailable_at_once() {
+        let setup = RankSetup { timeout: Duration::from_secs(30), ..RankSetup::local(4, ExecutorKind::Cpu) };
+        let ran = std::sync::atomic::AtomicU32::new(0);
+        let start = std::time::Instant::now();
+        let refused = |rank| (rank == 2).then(|| std::io::Error::from(std::io::ErrorKind::WouldBlock));
+        let r = run_ranks_refusing(&setup, |_| ran.fetch_add(1, Ordering::Relaxed), refused);
+        let took = start.elapsed();
+        match r {
+            Err(Error::Unavailable(m)) => {
+                assert!(m.contains("rank 2 of 4") && !m.contains('\n'), "{m:?}");
+            }
+            other => panic!("expected Unavailable, got {:?}", other.map(|v| v.len())),
+        }
+        assert_eq!(ran.load(Ordering::Relaxed), 0, "a rank's function ran");
+        assert!(took < Duration::from_secs(10), "run_ranks took {took:?} to give up (the bootstrap's timeout is 30 s)");
     }
 }
