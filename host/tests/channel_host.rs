@@ -409,6 +409,34 @@ fn calls_that_do_not_pair_up_and_bad_arguments_fail_with_one_line() {
     });
 }
 
+/// GPU memory on the `cpu` executor: refused by an emulated NIC without a GPU copier (the `cpu` executor's
+/// default), accepted by one with the simulated GPU (`GDAKI_QUEUES=gpu` gives it one; set here explicitly, as
+/// other tests of this binary read the variable), whose "GPU memory" is host memory.
+#[test]
+fn gpu_memory_on_the_cpu_executor_needs_the_simulated_gpu() {
+    use gdaki::bootstrap::{Bootstrap, Launch, Secret};
+    use gdaki::mem::{MemKind, MemLoc};
+    use gdaki::nic::emu::{EmuConfig, EmuNic, SimGpu};
+    use gdaki::nic::Nic;
+    let buf = vec![0u64; 8];
+    let loc = MemLoc { kind: MemKind::Gpu, addr: buf.as_ptr() as u64 };
+    let comm = |cfg: EmuConfig| {
+        let boot = Bootstrap::connect(&Launch::solo(Secret::random().unwrap()), BOOT_TIMEOUT).unwrap();
+        Communicator::on_nic(boot, Executor::Cpu, Nic::Emu(EmuNic::open(cfg).unwrap())).unwrap()
+    };
+    let plain = comm(EmuConfig::host());
+    // SAFETY: refused before the NIC could touch the memory.
+    match unsafe { plain.register_memory(loc, 64) } {
+        Err(e @ Error::InvalidArgument(_)) => assert!(e.to_string().contains("GPU"), "{e}"),
+        other => panic!("GPU memory without a GPU copier: expected InvalidArgument, got {:?}", other.err()),
+    }
+    let simulated = comm(EmuConfig { gpu: Some(std::sync::Arc::new(SimGpu::new().unwrap())), ..EmuConfig::host() });
+    // SAFETY: `buf` outlives the registration, dropped first.
+    let mem = unsafe { simulated.register_memory(loc, 64) }.unwrap_or_else(|e| panic!("with SimGpu: {e}"));
+    drop(mem);
+    drop(buf);
+}
+
 #[test]
 fn a_peer_that_never_answers_is_a_bootstrap_timeout_naming_the_call() {
     two_ranks(Duration::from_millis(300), |comm, barrier| {

@@ -150,11 +150,16 @@ impl Communicator {
     /// # Safety
     /// As [`EmuNic::reg_mr`](crate::nic::emu::EmuNic::reg_mr): until the returned memory and every clone of it (channels hold one) are dropped,
     /// the NIC reads and writes the range from its thread whenever a WQE names it, so it must stay allocated
-    /// (host memory) or a live allocation the executor's GPU copier reaches (GPU memory) for that long.
+    /// (host memory) or a live allocation the NIC's GPU copier reaches (GPU memory) for that long. On the `cpu`
+    /// executor with `GDAKI_QUEUES=gpu` that copier is a [`SimGpu`](crate::nic::emu::SimGpu), whose "GPU
+    /// memory" is host memory: GPU memory there is host memory that stays allocated.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero length, a null address, a range that wraps, or GPU memory on the
-    /// `cpu` executor; [`Error::Emu`] when the NIC's key table is full.
+    /// [`Error::InvalidArgument`] for a zero length, a null address, a range that wraps, or GPU memory on a NIC
+    /// without a GPU copier: on the `cpu` executor, a real NIC's, and the emulated NIC's unless
+    /// `GDAKI_QUEUES=gpu` (which gives it a [`SimGpu`](crate::nic::emu::SimGpu): GPU memory is then accepted and
+    /// reached through the simulator's copies, as through the CUDA copier on the `gpu` executor);
+    /// [`Error::Emu`] when the NIC's key table is full.
     pub unsafe fn register_memory(&self, loc: MemLoc, len: u64) -> Result<RegisteredMemory> {
         // SAFETY: the caller's contract is `reg_mr`'s.
         let mr = unsafe { self.res.nic.reg_mr(&self.res.pd, loc, len, Access::ALL) }?;
