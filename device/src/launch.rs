@@ -378,8 +378,21 @@ mod host_side {
                     t.sync_threads();
                 },
             };
-            // SAFETY: the kernel touches nothing.
-            unsafe { run_on_host(&k, Dim3::x(2), Dim3::x(8), (), 0) }.unwrap();
+            // On a thread of its own, so that a barrier that stalls fails the test in bounded time rather than
+            // hanging it (the stalled threads are left behind; the failure ends the test binary).
+            let (done, ended) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                // SAFETY: the kernel touches nothing.
+                let r = unsafe { run_on_host(&k, Dim3::x(2), Dim3::x(8), (), 0) };
+                let _ = done.send(r);
+            });
+            match ended.recv_timeout(std::time::Duration::from_secs(30)) {
+                Ok(r) => r.unwrap(),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+                    "the launch did not end within 30 s: the threads that still sync wait for the one that returned"
+                ),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the launch panicked"),
+            }
         }
 
         /// The report after `errors` are reported in this order.
