@@ -857,7 +857,11 @@ fn ring_run(kind: ExecutorKind, n: u32, one_nic: bool) {
         }
         outs
     });
+    // Every rank gives one output per ring call (a `zip` alone would stop at the shorter list).
+    let rings = list.iter().filter(|c| matches!(c, RingCall::Ring(..))).count();
+    assert_eq!(outs.len(), n as usize, "n={n}: outputs of {} ranks", outs.len());
     for (rank, o) in outs.iter().enumerate() {
+        assert_eq!(o.len(), rings, "n={n}: rank {rank} gave {} outputs for {rings} ring calls", o.len());
         for (k, (a, b)) in o.iter().zip(&outs[0]).enumerate() {
             assert!(a == b, "n={n}: ring call {k}: rank {rank}'s output differs from rank 0's");
         }
