@@ -1103,3 +1103,125 @@ fn host_modes_a_dropped_channels_id_waits_for_its_triggers_behind_an_unstored_on
         assert_same(&landing[1024..1088], &payload[1024..1088], &format!("{mode:?}: the late trigger's put"));
     }
 }
+
+/// Polls `proxy.qps()` until it is `want` or 10 s have passed; returns the last count seen.
+fn wait_for_qps(proxy: &gdaki::proxy::ProxyService, want: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = proxy.qps();
+        if n == want || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Host modes: rank 1 drops its channel (keeping the semaphore and connection), then every channel, semaphore and
+/// clone of its connection, while its communicator and landing buffer live.
+/// - With the connection kept, the proxy keeps serving its QP: a new channel on it delivers (its send queue goes
+///   on where the dropped channel's left it), and rank 0's puts to it land.
+/// - Once the connection's handles are gone too, the proxy serves no QP and the QP is destroyed: rank 0's next
+///   put on its end fails with syndrome 0x15 (transport retry exceeded) and writes nothing.
+///
+/// Before, the proxy held every connection it ever served a channel of until its own drop: the QP stayed
+/// connected, and rank 0's put landed.
+#[test]
+fn host_modes_destroy_a_dropped_connections_qp_while_the_communicator_lives() {
+    let payload = random_bytes(&mut rng(), 4096);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let me = comm.rank();
+            let proxy = comm.proxy().unwrap();
+            let Link { _src: src, landing, _conn: conn, _sem: sem, chan } = link(&comm, mode, 4096);
+            fill(&src, &payload);
+            let put_flush = |chan: &PortChannel, off: u64| {
+                let h = chan.device_handle();
+                let mut ch = exclusive(&h);
+                (ch.put(off, off, 64), ch.flush())
+            };
+            // Both ranks put bytes 0..64 to each other.
+            let first = put_flush(&chan, 0);
+            barrier.wait();
+            // Rank 1 drops its channel and makes another on the same connection and semaphore.
+            let (chan, kept) = if me == 1 {
+                let dst = chan.dst();
+                drop(chan);
+                // The proxy takes the dropped channel's id back when it is idle.
+                std::thread::sleep(Duration::from_millis(200));
+                let kept = proxy.qps();
+                (PortChannel::new(&conn, &sem, dst, &src).unwrap(), kept)
+            } else {
+                (chan, proxy.qps())
+            };
+            // Both put bytes 1024..1088.
+            let second = put_flush(&chan, 1024);
+            barrier.wait();
+            let landed = contents(landing.as_ref().unwrap());
+            barrier.wait();
+            // Rank 1 drops everything of the connection; rank 0 keeps its channel.
+            let (chan, released) = if me == 1 {
+                drop((chan, sem, conn));
+                (None, wait_for_qps(&proxy, 0))
+            } else {
+                (Some((chan, sem, conn)), proxy.qps())
+            };
+            barrier.wait();
+            // Rank 0 puts bytes 2048..2112 to rank 1's landing buffer, which rank 1 keeps registered.
+            let third = chan.as_ref().map(|(c, ..)| put_flush(c, 2048));
+            barrier.wait();
+            let after = contents(landing.as_ref().unwrap());
+            barrier.wait();
+            (first, kept, second, landed, released, third, after)
+        });
+        for (rank, (first, kept, second, landed, ..)) in results.iter().enumerate() {
+            assert_eq!(*first, (Ok(()), Ok(())), "{mode:?}: rank {rank}'s first put");
+            assert_eq!(*kept, 1, "{mode:?}: rank {rank}'s proxy QPs with the connection kept");
+            assert_eq!(*second, (Ok(()), Ok(())), "{mode:?}: rank {rank}'s second put");
+            for r in [0..64, 1024..1088] {
+                assert_same(&landed[r.clone()], &payload[r], &format!("{mode:?}: rank {rank}'s landing"));
+            }
+        }
+        assert_eq!(results[1].4, 0, "{mode:?}: rank 1's proxy QPs after the drop");
+        assert_eq!(results[0].4, 1, "{mode:?}: rank 0's proxy QPs");
+        match results[0].5.expect("rank 0's third put") {
+            (Ok(()), Err(DevError::Cqe(c))) => {
+                assert_eq!(c.syndrome, syndrome::TRANSPORT_RETRY_EXC_ERR, "{mode:?}: the third put's error {c:?}")
+            }
+            other => panic!("{mode:?}: rank 0's put to the dropped connection returned {other:?}"),
+        }
+        assert_same(&results[1].6[2048..2112], &[0; 64], &format!("{mode:?}: rank 1's landing after the drop"));
+    }
+}
+
+/// Host modes: a program that connects, makes a channel, puts and drops it all, 50 times over, leaves its proxy
+/// serving no QP, every rank's put delivered. Before, the proxy held each connection it had served: 50 QPs, CQs and
+/// their queue memory, growing with every round.
+#[test]
+fn host_modes_connecting_and_dropping_again_and_again_leaves_the_proxy_no_qps() {
+    const ROUNDS: usize = 50;
+    let payload = random_bytes(&mut rng(), 256);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let proxy = comm.proxy().unwrap();
+            let mut bad = Vec::new();
+            for round in 0..ROUNDS {
+                let link = link(&comm, mode, 256);
+                fill(&link._src, &payload);
+                let h = link.chan.device_handle();
+                let mut ch = exclusive(&h);
+                let r = (ch.put(0, 0, 256), ch.flush());
+                barrier.wait();
+                let landed = contents(link.landing.as_ref().unwrap());
+                if r != (Ok(()), Ok(())) || landed != payload {
+                    bad.push((round, r));
+                }
+                barrier.wait();
+            }
+            (bad, wait_for_qps(&proxy, 0))
+        });
+        for (rank, (bad, qps)) in results.iter().enumerate() {
+            assert_eq!(bad, &[], "{mode:?}: rank {rank}'s failed rounds");
+            assert_eq!(*qps, 0, "{mode:?}: rank {rank}'s proxy QPs after {ROUNDS} rounds");
+        }
+    }
+}

@@ -17,6 +17,7 @@ use super::msg::{self, Kind};
 use super::port::PortChannel;
 use super::resources::Resources;
 use super::semaphore::{SemInner, Semaphore, EXPECTED_BYTES};
+use crate::proxy::service::QpUse;
 use crate::proxy::{ProxyService, DEFAULT_FIFO_SIZE};
 
 /// One rank's view of a job for port channels (MSCCL++ `Communicator`): its [`Bootstrap`], its executor and
@@ -261,21 +262,20 @@ impl Communicator {
         qp.connect(&remote)?;
         // A new QP's NIC has consumed nothing: the handle's send-queue state starts at zero.
         state.write(QP_HANDLE_OFF, bytemuck::bytes_of(&qp.handle()))?;
-        Ok(Connection {
-            inner: Arc::new(ConnInner {
-                scratch_mr,
-                qp,
-                cq,
-                state,
-                scratch,
-                peer,
-                tag,
-                config: *cfg,
-                remote,
-                res: res.clone(),
-            }),
-            proxy,
-        })
+        let inner = Arc::new(ConnInner {
+            scratch_mr,
+            qp,
+            cq,
+            state,
+            scratch,
+            peer,
+            tag,
+            config: *cfg,
+            remote,
+            res: res.clone(),
+        });
+        let proxy = proxy.map(|p| Arc::new(QpUse::new(p, Connection::proxy_key(&inner))));
+        Ok(Connection { proxy, inner })
     }
 
     /// The proxy that posts the WQEs of this communicator's Host-mode connections (MSCCL++ `ProxyService`),

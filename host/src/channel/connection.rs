@@ -7,7 +7,7 @@ use gdaki_shared::handle::{MrHandle, QpHandle};
 
 use crate::exec::DataBuf;
 use crate::nic::{Cq, Endpoint, Mr, Qp};
-use crate::proxy::service::ProxyQp;
+use crate::proxy::service::{ProxyQp, QpUse};
 use crate::proxy::ProxyService;
 use crate::Result;
 
@@ -38,12 +38,21 @@ const _: () = assert!(QP_HANDLE_OFF.is_multiple_of(64) && QP_HANDLE_OFF + size_o
 /// QP: the scratch MR is deregistered, the QP destroyed (synchronously with the NIC: no WQE of it runs
 /// afterwards), then the memory is freed. Device code must have stopped using the connection's handles by
 /// then; on `gpu`, freeing the state buffer waits for running kernels.
+///
+/// In the Host modes, once a [`PortChannel`](super::PortChannel) has been made on it, the communicator's proxy
+/// holds the connection too, and the destruction happens on the proxy's thread soon after the last clone goes,
+/// when the proxy lets go: once it has done every trigger pushed for the connection's channels before they were
+/// dropped, and the WQEs it posted on the QP have completed (or one failed). The proxy then polls the QP no more;
+/// a peer's later WQEs on its end fail (on the emulated NIC with syndrome 0x15, transport retry exceeded).
+/// [`ProxyService::qps`] counts the QPs the proxy still holds. A connection of which a clone lives keeps its QP
+/// with the proxy even with no channel on it, so channels made on it later go on where the others left off.
 #[derive(Clone, Debug)]
 pub struct Connection {
-    pub(super) inner: Arc<ConnInner>,
     /// The communicator's proxy, in the Host modes (held here, not in `ConnInner`, which the proxy keeps
-    /// alive: no cycle).
-    pub(super) proxy: Option<Arc<ProxyService>>,
+    /// alive while it serves the QP: no cycle). Declared first so that it is dropped first: when the last
+    /// clone's goes, the proxy is told while `inner`, whose address names the QP to it, is still alive.
+    pub(super) proxy: Option<Arc<QpUse>>,
+    pub(super) inner: Arc<ConnInner>,
 }
 
 /// Field order is drop order: the MR, then the QP (after which the NIC touches nothing), then memory.
@@ -140,11 +149,16 @@ impl Connection {
 
     /// The proxy that posts this connection's WQEs (Host and HostNoAtomic modes), if any.
     pub fn proxy(&self) -> Option<&Arc<ProxyService>> {
-        self.proxy.as_ref()
+        self.proxy.as_deref().map(QpUse::proxy)
+    }
+
+    /// The key that names this connection's QP to the proxy ([`ProxyQp::key`]).
+    pub(super) fn proxy_key(inner: &Arc<ConnInner>) -> usize {
+        Arc::as_ptr(inner) as usize
     }
 
     /// The QP as the proxy drives it: its handle as the NIC made it, and the connection's innards to keep.
     pub(super) fn proxy_qp(&self) -> ProxyQp {
-        ProxyQp { key: Arc::as_ptr(&self.inner) as usize, handle: self.inner.qp.handle(), _keep: self.inner.clone() }
+        ProxyQp { key: Self::proxy_key(&self.inner), handle: self.inner.qp.handle(), _keep: self.inner.clone() }
     }
 }

@@ -54,7 +54,9 @@
 //! and PD, and channels hold their connection, semaphore and source memory, so nothing a handle names on this
 //! side is freed while the channel lives. Each object deregisters its MRs before freeing the memory they cover
 //! and destroys its QP (synchronously with the NIC) before freeing the QP's state. Device code must have
-//! stopped using a handle before the last owner of what it names is dropped.
+//! stopped using a handle before the last owner of what it names is dropped. In the Host modes the proxy is one
+//! more owner of a connection that has had a channel: it lets go once the connection's channels and clones are
+//! gone and what was pushed for them is done (see [`Connection`]).
 
 mod communicator;
 mod config;

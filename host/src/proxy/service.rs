@@ -53,7 +53,7 @@ const DOORBELL_BATCH: u32 = 32;
 #[derive(Clone, Debug)]
 struct ChannelEntry {
     handle: PortChannelHandle,
-    /// Index of its QP in the registry.
+    /// Slot of its QP in the registry (and of its lane in the worker).
     qp: usize,
     no_atomic: bool,
     /// Its semaphore's outbound count (HostNoAtomic signals write the count's new value): the semaphore's own,
@@ -65,11 +65,12 @@ struct ChannelEntry {
 /// A QP the proxy is to post to: its handle as the NIC made it (nothing posted yet), and what keeps the QP
 /// and its queue memory alive while the proxy may use them.
 pub(crate) struct ProxyQp {
-    /// Tells QPs apart: equal for channels on one QP.
+    /// Tells QPs apart: equal for channels on one QP, and unique among the QPs the proxy serves (the address of
+    /// what `_keep` holds, which lives as long as the proxy serves the QP).
     pub key: usize,
     /// The QP's handle (ring, dbrec, doorbell register and CQ at host-usable addresses; counters at zero).
     pub handle: QpHandle,
-    /// Dropped when the proxy is.
+    /// Dropped when the proxy releases the QP ([`Worker::retire`]) or stops.
     pub _keep: Arc<dyn std::any::Any + Send + Sync>,
 }
 
@@ -78,6 +79,11 @@ struct QpEntry {
     qp: ProxyQp,
     /// The sticky error word device code reads (see [`PortChannelHandle::proxy_err`]).
     err: MappedBuf,
+    /// Ids registered on this QP and not yet given back.
+    channels: usize,
+    /// Whether the connection's own handles are gone ([`QpUse`]'s drop): no channel can be registered on it
+    /// again, so the proxy releases it once `channels` is 0.
+    orphaned: bool,
 }
 
 impl std::fmt::Debug for QpEntry {
@@ -91,7 +97,12 @@ impl std::fmt::Debug for QpEntry {
 struct Registry {
     /// By channel id; `None` for an id given back.
     channels: Vec<Option<ChannelEntry>>,
-    qps: Vec<QpEntry>,
+    /// By slot; `None` for a slot released and free to take again.
+    qps: Vec<Option<QpEntry>>,
+    /// Slots of `qps` released and free to take again.
+    free_qps: Vec<usize>,
+    /// Slots of QPs whose connection's handles went since the worker last looked ([`Worker::retire`]).
+    orphans: Vec<usize>,
     /// Ids given back and free to take again.
     free: Vec<u32>,
     /// Ids of channels dropped since the worker last looked ([`Worker::retire`]).
@@ -108,7 +119,10 @@ struct Shared {
     registry: Mutex<Registry>,
     /// Channels registered now, for `Debug` (which takes no lock).
     registered: AtomicUsize,
-    /// Set when a channel is dropped, for the worker to give its id back.
+    /// QPs served now ([`ProxyService::qps`]).
+    qps: AtomicUsize,
+    /// Set when a channel is dropped, for the worker to give its id back, and when a connection's handles are
+    /// gone, for it to release the QP.
     retire: AtomicBool,
     /// Bound of [`ProxyService::register`]'s wait for an id being given back.
     timeout: Duration,
@@ -120,6 +134,12 @@ struct Shared {
 /// A CPU proxy (MSCCL++ `ProxyService`) for the Host and HostNoAtomic modes of port channels: one dedicated
 /// thread that polls one FIFO of triggers, which device code pushes to, and posts RDMA WRITEs, fetch-adds
 /// and (HostNoAtomic) semaphore WRITEs on the channels' QPs, with no sleeps or locks on its hot path.
+///
+/// It holds each QP it serves (the connection's innards: QP, CQ, queue and state memory) from the first channel
+/// registered on it until it releases it: once every channel registered on the QP has been dropped and every
+/// trigger pushed before has been done, the connection's own handles are gone (no clone of it is left: channels
+/// and semaphores hold one), and the WQEs it posted there have completed or one failed. Then it stops polling
+/// the QP and lets go of it, which destroys the QP and its CQ ([`qps`](Self::qps) counts the QPs it holds).
 ///
 /// Dropping it drains it: the thread handles every trigger already pushed, rings, waits (bounded) for every
 /// WQE it posted to complete, then exits.
@@ -152,6 +172,7 @@ impl ProxyService {
         let shared = Arc::new(Shared {
             registry: Mutex::new(Registry::default()),
             registered: AtomicUsize::new(0),
+            qps: AtomicUsize::new(0),
             retire: AtomicBool::new(false),
             timeout,
             stop: AtomicBool::new(false),
@@ -202,18 +223,38 @@ impl ProxyService {
             std::thread::sleep(Duration::from_micros(50));
             reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
         };
-        let qp = match reg.qps.iter().position(|q| q.qp.key == qp.key) {
+        let slot = match reg.qps.iter().position(|q| q.as_ref().is_some_and(|q| q.qp.key == qp.key)) {
             Some(q) => q,
             None => {
-                let err = self.exec.queue_memory().alloc(8)?;
-                reg.qps.push(QpEntry { qp, err });
-                reg.qps.len() - 1
+                let err = match self.exec.queue_memory().alloc(8) {
+                    Ok(err) => err,
+                    Err(e) => {
+                        // The id taken above goes back at once: nothing can have used it.
+                        reg.free.push(id as u32);
+                        return Err(e);
+                    }
+                };
+                let entry = Some(QpEntry { qp, err, channels: 0, orphaned: false });
+                self.shared.qps.fetch_add(1, Ordering::Relaxed);
+                match reg.free_qps.pop() {
+                    Some(q) => {
+                        reg.qps[q] = entry;
+                        q
+                    }
+                    None => {
+                        reg.qps.push(entry);
+                        reg.qps.len() - 1
+                    }
+                }
             }
         };
+        let entry = reg.qps[slot].as_mut().expect("a QP slot just found or filled");
+        entry.channels += 1;
         handle.fifo = self.fifo;
         handle.proxy = proxy_mode;
         handle.channel_id = id as u32;
-        handle.proxy_err = reg.qps[qp].err.device_addr();
+        handle.proxy_err = entry.err.device_addr();
+        let qp = slot;
         let no_atomic = proxy_mode == mode::HOST_NO_ATOMIC;
         reg.channels[id] = Some(ChannelEntry { handle, qp, no_atomic, counter: sem_count });
         self.shared.registered.fetch_add(1, Ordering::Relaxed);
@@ -229,13 +270,66 @@ impl ProxyService {
     pub fn done(&self) -> u64 {
         self.shared.done.load(Ordering::Acquire)
     }
+
+    /// QPs the proxy serves now: those a channel has been registered on, until the proxy releases them. The
+    /// proxy releases a connection's QP once every channel registered on it has been dropped and every trigger
+    /// pushed before has been done, the connection's own handles are gone, and the WQEs it posted there have
+    /// completed (or one failed); the QP and its CQ are destroyed then. Released QPs leave the count when the
+    /// proxy is idle (it looks each time its FIFO runs empty).
+    pub fn qps(&self) -> usize {
+        self.shared.qps.load(Ordering::Relaxed)
+    }
+
+    /// Tells the proxy that the handles of the connection whose QP has `key` are gone ([`QpUse`]).
+    fn orphan(&self, key: usize) {
+        let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slot) = reg.qps.iter().position(|q| q.as_ref().is_some_and(|q| q.qp.key == key)) else {
+            // No channel was ever registered on it: the proxy holds nothing of it.
+            return;
+        };
+        if let Some(e) = reg.qps[slot].as_mut() {
+            e.orphaned = true;
+        }
+        reg.orphans.push(slot);
+        self.shared.retire.store(true, Ordering::Release);
+    }
+}
+
+/// A connection's use of a proxy, shared by the connection's clones (so by its channels and semaphores): when
+/// the last goes, the proxy learns that no channel can be registered on the QP again, and releases it once the
+/// channels registered on it are given back ([`ProxyService::qps`]).
+#[derive(Debug)]
+pub(crate) struct QpUse {
+    proxy: Arc<ProxyService>,
+    /// The connection's [`ProxyQp::key`]. Its owner must drop this before the connection's innards, so that
+    /// the key names no other QP when the drop tells the proxy.
+    key: usize,
+}
+
+impl QpUse {
+    /// The use of `proxy` by the connection whose QP will register with `key`.
+    pub(crate) fn new(proxy: Arc<ProxyService>, key: usize) -> Self {
+        Self { proxy, key }
+    }
+
+    /// The proxy.
+    pub(crate) fn proxy(&self) -> &Arc<ProxyService> {
+        &self.proxy
+    }
+}
+
+impl Drop for QpUse {
+    fn drop(&mut self) {
+        self.proxy.orphan(self.key);
+    }
 }
 
 /// A channel's registration with a proxy ([`ProxyService::register`]). Dropping it gives the channel's id back
 /// once every trigger pushed for it before has been done: the worker takes the id, reads the FIFO's `head`, and
 /// frees the id once it has done every trigger below that index ([`Worker::retire`]). Until then the channel's
 /// triggers are still posted as registered; after, a trigger with its id (from a kernel still using a dropped
-/// channel) names no channel, or a newer channel that took the id.
+/// channel) names no channel, or a newer channel that took the id. The last id of a QP freed this way lets the
+/// proxy release the QP, once its connection's handles are gone too ([`QpUse`]).
 #[derive(Debug)]
 pub(crate) struct Registration {
     shared: Arc<Shared>,
@@ -277,8 +371,9 @@ struct Lane {
 impl Lane {
     fn new(e: &QpEntry, timeout_ns: u64) -> Self {
         let handle = Box::into_raw(Box::new(e.qp.handle));
-        // SAFETY: `handle` is a live QP's handle (the registry keeps the QP alive as long as the worker, which
-        // owns this lane), used by this lane only, and freed only after `qp` (Drop below).
+        // SAFETY: `handle` is a live QP's handle (the registry's entry keeps the QP alive, and the worker drops
+        // this lane before that entry: `Worker::release`, or the worker's own drop before the registry's), used
+        // by this lane only, and freed only after `qp` (Drop below).
         let qp = unsafe { Qp::new(&mut *handle, timeout_ns) };
         Self { qp, handle, err: e.err.host_ptr() as *mut u64, unrung: false }
     }
@@ -340,6 +435,26 @@ impl Lane {
         let h = self.qp.handle();
         h.sq.ci < h.sq.pi
     }
+
+    /// Whether the QP may be released: every WQE posted on it has completed, or one failed (the NIC then
+    /// completes the rest in error, and nothing more of them can land). Asks for a CQE first when the last WQE
+    /// posted did not (the proxy posts unsignaled), so that [`Worker::progress`] sees them complete.
+    fn settled(&mut self) -> bool {
+        if self.qp.error().is_some() || !self.outstanding() {
+            return true;
+        }
+        let h = self.qp.handle();
+        if h.sq.sig_end != h.sq.pi {
+            if let Err(e) = self.qp.post(true, wqe::nop()) {
+                // No room for the NOP within the timeout: tried again at the next look.
+                tracing::debug!(qpn = h.qpn, "proxy could not ask for the CQE of a QP it releases: {e}");
+                return false;
+            }
+            self.unrung = true;
+            self.ring();
+        }
+        false
+    }
 }
 
 impl Drop for Lane {
@@ -349,6 +464,12 @@ impl Drop for Lane {
     }
 }
 
+/// The lane of a channel's QP slot, for a channel the worker knows: registered on a QP whose lane the worker made
+/// at the same look, and the QP is released only after the channel's id has been freed.
+fn lane(lanes: &mut [Option<Lane>], slot: usize) -> &mut Lane {
+    lanes[slot].as_mut().expect("a registered channel's QP has a lane")
+}
+
 /// The proxy thread's state: everything here is its own, so the hot path takes no lock.
 struct Worker {
     shared: Arc<Shared>,
@@ -356,23 +477,39 @@ struct Worker {
     timeout_ns: u64,
     /// The registry's channels as of the last look.
     channels: Vec<Option<ChannelEntry>>,
-    lanes: Vec<Lane>,
+    /// By the registry's QP slot; `None` for a slot released (or filled since the last look).
+    lanes: Vec<Option<Lane>>,
     /// Ids of dropped channels taken from the registry, each with the FIFO's `head` read after it was taken:
     /// freed once the proxy has done every trigger below that index ([`Worker::retire`]).
     draining: Vec<(u32, u64)>,
+    /// Slots of QPs with no channel left whose connection's handles are gone: released once their WQEs have
+    /// settled ([`Lane::settled`]).
+    releasing: Vec<usize>,
 }
 
 impl Worker {
     fn new(shared: Arc<Shared>, fifo: Fifo, timeout_ns: u64) -> Self {
-        Self { shared, fifo, timeout_ns, channels: Vec::new(), lanes: Vec::new(), draining: Vec::new() }
+        Self {
+            shared,
+            fifo,
+            timeout_ns,
+            channels: Vec::new(),
+            lanes: Vec::new(),
+            draining: Vec::new(),
+            releasing: Vec::new(),
+        }
     }
 
-    /// Takes the registrations made since the last look (the only place that locks).
+    /// Takes the registrations made since the last look (the only place on the trigger path that locks; it
+    /// runs for a trigger whose channel the worker does not know yet).
     fn refresh(&mut self) {
         let reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
         self.channels.clone_from(&reg.channels);
-        for e in &reg.qps[self.lanes.len()..] {
-            self.lanes.push(Lane::new(e, self.timeout_ns));
+        self.lanes.resize_with(reg.qps.len(), || None);
+        for (lane, e) in self.lanes.iter_mut().zip(&reg.qps) {
+            if let (None, Some(e)) = (&lane, e) {
+                *lane = Some(Lane::new(e, self.timeout_ns));
+            }
         }
     }
 
@@ -406,7 +543,7 @@ impl Worker {
     }
 
     fn ring_all(&mut self) {
-        for l in &mut self.lanes {
+        for l in self.lanes.iter_mut().flatten() {
             l.ring();
         }
     }
@@ -414,7 +551,7 @@ impl Worker {
     /// Polls one CQE of each QP with WQEs outstanding, so that errors (a dead peer, a bad key) reach device
     /// code's waits without a flush.
     fn progress(&mut self) {
-        for l in &mut self.lanes {
+        for l in self.lanes.iter_mut().flatten() {
             if l.outstanding() {
                 let _ = l.qp.poll_cq();
                 l.report_cqe();
@@ -427,26 +564,46 @@ impl Worker {
     /// read then), so every trigger pushed for the channel before its drop has been done, even one behind an
     /// index another pusher took and had not stored yet. (The FIFO looking empty says nothing of such an
     /// index: its slot is empty until its pusher stores it, and the triggers after it wait behind it.)
+    ///
+    /// A QP goes the same way: once its last id has been freed and its connection's handles are gone
+    /// ([`QpUse`]), in either order, it is released ([`Worker::release`]).
     fn retire(&mut self) {
         let popped = self.fifo.popped();
         if self.draining.iter().any(|&(_, mark)| mark <= popped) {
-            let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
-            let channels = &mut self.channels;
+            let mut guard = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+            let reg = &mut *guard;
+            let (channels, releasing) = (&mut self.channels, &mut self.releasing);
             self.draining.retain(|&(id, mark)| {
                 if mark > popped {
                     return true;
                 }
-                reg.channels[id as usize] = None;
+                let slot = reg.channels[id as usize].take().map(|c| c.qp);
                 if let Some(c) = channels.get_mut(id as usize) {
                     *c = None;
                 }
                 reg.pending -= 1;
                 reg.free.push(id);
+                if let Some(slot) = slot {
+                    if let Some(q) = reg.qps[slot].as_mut() {
+                        q.channels -= 1;
+                        if q.channels == 0 && q.orphaned && !releasing.contains(&slot) {
+                            releasing.push(slot);
+                        }
+                    }
+                }
                 false
             });
         }
         if self.shared.retire.swap(false, Ordering::AcqRel) {
-            let ids = std::mem::take(&mut self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner).retiring);
+            let ids = {
+                let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+                for slot in std::mem::take(&mut reg.orphans) {
+                    if reg.qps[slot].as_ref().is_some_and(|q| q.channels == 0) && !self.releasing.contains(&slot) {
+                        self.releasing.push(slot);
+                    }
+                }
+                std::mem::take(&mut reg.retiring)
+            };
             match self.fifo.head() {
                 Ok(mark) => self.draining.extend(ids.into_iter().map(|id| (id, mark))),
                 Err(e) => {
@@ -458,12 +615,49 @@ impl Worker {
                 }
             }
         }
+        self.release();
+    }
+
+    /// Releases the QPs in `releasing` whose WQEs have settled ([`Lane::settled`]; looked at each time the FIFO
+    /// runs empty, [`Worker::progress`] polling their CQs meanwhile): drops their lanes, then the registry's
+    /// entries, whose hold on the connection's innards was the last one, so the QP and its CQ are destroyed
+    /// (after the lock is let go).
+    fn release(&mut self) {
+        if self.releasing.is_empty() {
+            return;
+        }
+        let lanes = &mut self.lanes;
+        let mut settled = Vec::new();
+        self.releasing.retain(|&slot| {
+            // A QP whose channels pushed no trigger has no lane: nothing was posted on it.
+            if lanes.get_mut(slot).and_then(Option::as_mut).is_none_or(Lane::settled) {
+                settled.push(slot);
+                return false;
+            }
+            true
+        });
+        if settled.is_empty() {
+            return;
+        }
+        let mut gone = Vec::with_capacity(settled.len());
+        {
+            let mut reg = self.shared.registry.lock().unwrap_or_else(PoisonError::into_inner);
+            for slot in settled {
+                if let Some(l) = lanes.get_mut(slot) {
+                    *l = None;
+                }
+                gone.push(reg.qps[slot].take());
+                reg.free_qps.push(slot);
+                self.shared.qps.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        drop(gone);
     }
 
     /// On stop: waits until every WQE posted has completed, reporting errors.
     fn drain(&mut self) {
         let stop = &self.shared.stop;
-        for l in &mut self.lanes {
+        for l in self.lanes.iter_mut().flatten() {
             l.flush(stop);
         }
     }
@@ -477,14 +671,14 @@ impl Worker {
         }
         let Some(ch) = self.channels.get(id).cloned().flatten() else {
             tracing::warn!(channel = id, "proxy trigger for an unknown channel dropped: every QP of the proxy fails");
-            for l in &self.lanes {
+            for l in self.lanes.iter().flatten() {
                 l.report(flushed(VENDOR_PROXY_UNKNOWN_CHANNEL));
             }
             return;
         };
         let ops = t.ops();
         let result = self.post(&ch, t);
-        let lane = &mut self.lanes[ch.qp];
+        let lane = lane(&mut self.lanes, ch.qp);
         if let Err(e) = result {
             lane.report(match e {
                 gdaki_device::Error::Cqe(c) => c,
@@ -502,7 +696,7 @@ impl Worker {
     /// the channel's memories (as the proxy registered them) posts nothing.
     fn post(&mut self, ch: &ChannelEntry, t: Trigger) -> gdaki_device::Result<()> {
         let h = &ch.handle;
-        let lane = &mut self.lanes[ch.qp];
+        let lane = lane(&mut self.lanes, ch.qp);
         let ops = t.ops();
         if ops & Trigger::PUT != 0 {
             let (dst, src, bytes) = (t.dst_offset(), t.src_offset(), t.size());
