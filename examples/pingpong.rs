@@ -130,6 +130,13 @@ fn memory_kib() -> (u64, u64) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // BlueFlame sends the payload's one 8-byte word: refuse other sizes before any rank starts, not after the
+    // 8-byte row has run.
+    if args.blueflame && (args.all || args.size != 8) {
+        let what = if args.all { "--all".to_string() } else { format!("--size {}", args.size) };
+        gdaki_examples::eprintln_line!("error: --blueflame sends one 8-byte word: it does not go with {what}");
+        return ExitCode::from(2);
+    }
     if let Some(code) = args.launch.spawn_processes(2..=2) {
         return code;
     }

@@ -394,3 +394,14 @@ fn cli_all_with_an_explicit_size_is_refused() {
     let out = pingpong(&["--executor", "cpu", "--all", "--size", "64", "--iters", "1"]);
     assert_cli_error(&out, 2, "--size");
 }
+
+/// `--blueflame` sends one 8-byte word: another size, or `--all`'s sizes, is refused before the header (exit 2),
+/// not after the 8-byte row has run.
+#[test]
+fn cli_blueflame_with_a_size_other_than_8_is_refused_before_running() {
+    for args in [&["--size", "16"][..], &["--all"][..]] {
+        let out = pingpong(&[&["--executor", "cpu", "--blueflame", "--iters", "1"][..], args].concat());
+        assert_cli_error(&out, 2, "--blueflame");
+        assert!(text(&out.stdout).is_empty(), "ran before refusing {args:?}: {}", text(&out.stdout));
+    }
+}
