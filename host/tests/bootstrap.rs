@@ -1045,3 +1045,23 @@ fn connect_is_bounded_by_its_timeout_when_the_root_trickles_the_welcome() {
     }
     drop(fake_root);
 }
+
+/// A root that accepts a rank's connection and closes it before welcoming it (a root process that ended in the
+/// handshake) is reported as that, in one line, not only as an address that may not be a gdaki root.
+#[test]
+fn a_root_that_closes_during_the_handshake_is_said_to_have_ended() {
+    let (listener, launches) = session(2);
+    let root = std::thread::spawn(move || {
+        // Takes the whole hello before closing, so that the close is an orderly one (bytes left unread would
+        // make it a reset, which the rank reports as such).
+        let (mut stream, _) = listener.accept().unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let mut buf = [0u8; 4096];
+        while matches!(std::io::Read::read(&mut stream, &mut buf), Ok(n) if n > 0) {}
+        drop(stream);
+    });
+    let m = message(Bootstrap::connect(&launches[1], TIMEOUT).unwrap_err());
+    root.join().unwrap();
+    assert!(m.contains("closed the connection during the handshake") && m.contains("its process ended"), "{m}");
+    assert!(!m.contains('\n'), "one line: {m}");
+}
