@@ -788,11 +788,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         let target = unsafe { Device::fetch_add(self.h.expected as *mut u64, 1) } + 1;
         let (sem, peer) = (self.h.local_sem as *const u64, self.h.peer());
         let seen = core::cell::Cell::new(0);
-        if !self.proxied() {
-            // Staged WQEs go now: the signal waited for may answer them, and a look at the CQ (which rings too)
-            // may not come soon.
-            self.qp.ring();
-        }
+        self.ring_staged();
         let waited = bounded_watching(
             self.h.timeout_ns,
             |watch| {
@@ -801,18 +797,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
                 if seen.get() >= target {
                     return Ok(Some(()));
                 }
-                if self.qp.looks(watch) {
-                    // The QP's CQ is the proxy's in the Host modes: its error word tells instead.
-                    let error = if self.proxied() {
-                        self.proxy_error()
-                    } else {
-                        self.qp.progress()?;
-                        self.qp.error()
-                    };
-                    if let Some(e) = error {
-                        return Err(Error::Cqe(e));
-                    }
-                }
+                self.watch(watch)?;
                 Ok(None)
             },
             || match peer {
@@ -827,6 +812,34 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             unsafe { Device::cas(self.h.expected as *mut u64, target, target - 1) };
         }
         waited
+    }
+
+    /// Before a wait for the peer: staged WQEs go now (Device mode), since what the wait is for may answer
+    /// them, and a look at the CQ (which rings too) may not come soon.
+    #[inline(always)]
+    pub(crate) fn ring_staged(&mut self) {
+        if !self.proxied() {
+            self.qp.ring();
+        }
+    }
+
+    /// One try of a wait for the peer ([`crate::wait::bounded_watching`]): when `watch` says to look, the QP's
+    /// first error CQE ends the wait. In the Host modes the QP's CQ is the proxy's, and its error word tells
+    /// instead.
+    ///
+    /// # Errors
+    /// [`Error::Cqe`] with the QP's first error CQE; the errors of polling the CQ.
+    pub(crate) fn watch(&mut self, watch: Watch) -> Result<()> {
+        if !self.qp.looks(watch) {
+            return Ok(());
+        }
+        let error = if self.proxied() {
+            self.proxy_error()
+        } else {
+            self.qp.progress()?;
+            self.qp.error()
+        };
+        error.map_or(Ok(()), |e| Err(Error::Cqe(e)))
     }
 
     /// Whether a signal beyond those waited for has arrived; if so it counts as waited for (MSCCL++ `poll`).

@@ -7,7 +7,8 @@
 //! - [`PortChannel::put_packets`] writes packets and sends them with one [`PortChannel::put`] (so every
 //!   posting path of the channel carries them).
 //! - [`Packets::read_packets`] polls the flags of packets that the peer's put placed in this side's local
-//!   memory (bounded by the channel's timeout), then copies the data out.
+//!   memory (bounded by the channel's timeout), then copies the data out; [`PortChannel::read_packets`] does
+//!   the same while watching the channel's QP, so that a dead peer ends the read with the QP's error CQE.
 //!
 //! A packet word is read whole (`ld.volatile` on nvptx, never a plain load that L1 could serve stale; a relaxed
 //! atomic on the host), and the NIC places aligned 8-byte words whole, so a word whose flag matches holds the
@@ -23,7 +24,7 @@
 use crate::channel::{PortChannel, Sharing};
 use crate::error::{Error, InvalidArgument, Result, WaitOn};
 use crate::sync;
-use crate::wait::bounded;
+use crate::wait::{bounded_watching, Watch};
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::MrHandle;
 /// The packet layouts, re-exported so that a kernel crate names them from `gdaki_device` alone.
@@ -215,6 +216,7 @@ impl<'h> Packets<'h> {
     /// Waits until the packets at `pkt_offset` of the local memory that carry `bytes` bytes of data all hold
     /// `flag`, and copies their data to `dst_offset` of the same memory (MSCCL++ `getPackets`). This thread
     /// reads packets `thread, thread + threads, ...`; the wait is bounded by the timeout for the whole share.
+    /// It knows nothing of the peer: [`PortChannel::read_packets`] also ends when the channel's QP fails.
     ///
     /// # Errors
     /// [`Error::Timeout`] with [`WaitOn::Packet`] (the first packet still without `flag`, and the flag it
@@ -229,13 +231,28 @@ impl<'h> Packets<'h> {
         thread: u32,
         threads: u32,
     ) -> Result<()> {
-        let (data, pkts) = self.ranges::<T>(dst_offset, pkt_offset, bytes, flag, (thread, threads))?;
+        self.read_watching::<T>(dst_offset, pkt_offset, bytes, flag, (thread, threads), |_| Ok(()))
+    }
+
+    /// [`Packets::read_packets`] of this thread's share `part` (`thread, threads`), calling `watch` on each try
+    /// ([`bounded_watching`]'s schedule): an error it returns ends the read.
+    fn read_watching<T: Packet>(
+        &self,
+        dst_offset: u64,
+        pkt_offset: u64,
+        bytes: u64,
+        flag: u32,
+        part: (u32, u32),
+        mut watch: impl FnMut(Watch) -> Result<()>,
+    ) -> Result<()> {
+        let (thread, threads) = part;
+        let (data, pkts) = self.ranges::<T>(dst_offset, pkt_offset, bytes, flag, part)?;
         let n = bytes / T::DATA;
         let next = core::cell::Cell::new(thread as u64);
         let seen = core::cell::Cell::new(0u32);
-        bounded(
+        bounded_watching(
             self.timeout_ns,
-            || {
+            |w| {
                 let mut i = next.get();
                 while i < n {
                     // SAFETY: packet `i` and its data slot lie inside the local memory, aligned (checked by
@@ -246,6 +263,7 @@ impl<'h> Packets<'h> {
                             Err(f) => {
                                 next.set(i);
                                 seen.set(f);
+                                watch(w)?;
                                 return Ok(None);
                             }
                         }
@@ -264,6 +282,29 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     pub fn packets(&self) -> Packets<'h> {
         // SAFETY: the channel is live (contract of `PortChannel::new`).
         unsafe { Packets::of(self.handle()) }
+    }
+
+    /// [`Packets::read_packets`] on the channel's local memory, watching the channel's QP as
+    /// [`PortChannel::wait`] does: when the peer dies with this side's puts outstanding, their error CQE (0x15,
+    /// transport retry exceeded, after the transport's retries) ends the read rather than the channel's timeout.
+    /// The other threads of a team may read their shares with [`PortChannel::packets`]; one of them watching is
+    /// enough for the team to learn of the error.
+    ///
+    /// # Errors
+    /// As [`Packets::read_packets`]; [`Error::Cqe`] with the QP's first error CQE (in the Host modes, the
+    /// proxy's).
+    pub fn read_packets<T: Packet>(
+        &mut self,
+        dst_offset: u64,
+        pkt_offset: u64,
+        bytes: u64,
+        flag: u32,
+        thread: u32,
+        threads: u32,
+    ) -> Result<()> {
+        self.ring_staged();
+        let packets = self.packets();
+        packets.read_watching::<T>(dst_offset, pkt_offset, bytes, flag, (thread, threads), |w| self.watch(w))
     }
 
     /// Writes this thread's share of the packets of `bytes` bytes at `src_offset` (flag `flag`) to

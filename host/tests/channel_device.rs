@@ -649,6 +649,37 @@ fn blue_flame_limit_zero_means_no_blue_flame_for_signals_too() {
     }
 }
 
+/// A channel's `read_packets` watches its QP: with the peer's QP gone, the put of this side's packets fails
+/// with syndrome 0x15 (transport retry exceeded), and a read of the answer ends with that error CQE long before
+/// the channel's timeout, where `Packets::read_packets`, which knows no QP, waits the timeout out.
+#[test]
+fn read_packets_of_a_channel_ends_with_its_qps_error_when_the_peer_is_gone() {
+    let l = Link::new(4096, 64, false);
+    let qpn = l.a.qpn();
+    let mut h = l.handle();
+    drop(l._b);
+    // SAFETY: `h` names the link's live QP handle and memories, used by this thread only; the link outlives the
+    // channel.
+    let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+    ch.put_packets::<LL16Packet>(0, 2048, 0, 64, 1, 0, 1).unwrap();
+    let t0 = std::time::Instant::now();
+    let r = ch.read_packets::<LL16Packet>(0, 1024, 64, 2, 0, 1);
+    let took = t0.elapsed();
+    match r {
+        Err(Error::Cqe(e)) => assert_eq!((e.syndrome, e.qpn), (syndrome::TRANSPORT_RETRY_EXC_ERR, qpn)),
+        other => panic!("the read returned {other:?}"),
+    }
+    assert!(took < std::time::Duration::from_nanos(TIMEOUT_NS / 2), "the read took {took:?}");
+    drop(ch);
+    h.timeout_ns = 200_000_000;
+    // SAFETY: as above; the channel before it is dropped.
+    let ch = unsafe { PortChannel::<Exclusive>::new(&h) };
+    match ch.packets().read_packets::<LL16Packet>(0, 1024, 64, 2, 0, 1) {
+        Err(Error::Timeout(t)) => assert!(matches!(t.on, WaitOn::Packet { flag: 2, .. }), "{t:?}"),
+        other => panic!("the memory's read returned {other:?}"),
+    }
+}
+
 /// `put_with_accumulate` checks its arguments in their order: a put range outside the memories is the range
 /// error even when the accumulated word is misaligned too, and a good range with a misaligned word is the
 /// alignment error; either way nothing is posted (the CQ stays empty, the destination untouched).

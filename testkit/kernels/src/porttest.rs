@@ -378,8 +378,9 @@ pub unsafe fn run<M: Sharing>(team: &impl Team, a: &PortTestArgs, ch: u32) {
 }
 
 /// `PACKET_PINGPONG` on channel 0 with packets `T`: per round, rank 0's team fills the payload and writes the
-/// packets, the leader puts them ([`PortChannel::put_packets`]); rank 1's team reads them
-/// ([`Packets::read_packets`]) into its data, checks every byte and answers the same way. Ends with a flush.
+/// packets, the leader puts them ([`PortChannel::put_packets`]); rank 1's team reads them (the leader with
+/// [`PortChannel::read_packets`], the others with [`Packets::read_packets`]) into its data, checks every byte
+/// and answers the same way. Ends with a flush.
 fn packet_pingpong<T: Packet, M: Sharing>(
     team: &impl Team,
     a: &PortTestArgs,
@@ -400,15 +401,21 @@ fn packet_pingpong<T: Packet, M: Sharing>(
         let failed = step(team, a, tid != 0, || pk.write_packets::<T>(l.out, 0, a.size, flag, tid, n));
         failed || step(team, a, tid == 0, || held(chan)?.put_packets::<T>(l.inbound, l.out, 0, a.size, flag, 0, n))
     };
-    let recv = |k: u64| {
+    let recv = |k: u64, chan: &mut Option<PortChannel<'_, M>>| {
         let flag = packet_flag(a.flag_base, k);
-        step(team, a, true, || pk.read_packets::<T>(0, l.inbound, a.size, flag, tid, n)) || verify(team, a, h, 0, 0, k)
+        // The leader reads its share through the channel, which watches the QP (a dead peer is its error CQE,
+        // not a timeout); the others read the memory.
+        let read = || match chan {
+            Some(c) if tid == 0 => c.read_packets::<T>(0, l.inbound, a.size, flag, tid, n),
+            _ => pk.read_packets::<T>(0, l.inbound, a.size, flag, tid, n),
+        };
+        step(team, a, true, read) || verify(team, a, h, 0, 0, k)
     };
     for k in 0..a.iters as u64 {
         let t0 = sync::clock_ns();
         // Rank 0 sends, then receives the answer; rank 1 receives, then answers.
         let first = a.rank == 0;
-        let failed = (first && send(k, chan)) || recv(k) || (!first && send(k, chan));
+        let failed = (first && send(k, chan)) || recv(k, chan) || (!first && send(k, chan));
         if failed {
             return;
         }
