@@ -23,16 +23,22 @@ pub struct CqeError {
 pub enum WaitOn {
     /// A CQE retiring the WQE at this 64-bit WQEBB index.
     Cqe {
+        /// QPN (24 bits) of the QP whose SQ held the WQE, so that a wait among many QPs says which.
+        qpn: u32,
         /// WQEBB index (64-bit) whose completion was awaited.
         wqe_index: u64,
     },
     /// Room in the SQ for this many WQEBBs.
     SqSpace {
+        /// QPN (24 bits) of the QP whose SQ was full.
+        qpn: u32,
         /// WQEBBs needed.
         wqebbs: u32,
     },
     /// Earlier posters of a shared QP publishing their WQEs (in order) up to this WQEBB index.
     Publish {
+        /// QPN (24 bits) of the shared QP.
+        qpn: u32,
         /// WQEBB index (64-bit) of this poster's WQE.
         wqe_index: u64,
     },
@@ -214,9 +220,9 @@ pub mod kind {
     pub const NONE: u32 = 0;
     /// [`super::Error::Cqe`]; `addr` holds the QPN.
     pub const CQE: u32 = 1;
-    /// [`super::Error::Timeout`] on a CQE.
+    /// [`super::Error::Timeout`] on a CQE; `addr` holds the QPN, `expected` the WQEBB index.
     pub const TIMEOUT_CQE: u32 = 2;
-    /// [`super::Error::Timeout`] on SQ space.
+    /// [`super::Error::Timeout`] on SQ space; `addr` holds the QPN, `expected` the WQEBBs needed.
     pub const TIMEOUT_SQ_SPACE: u32 = 3;
     /// [`super::Error::Timeout`] on a semaphore.
     pub const TIMEOUT_SEMAPHORE: u32 = 4;
@@ -226,7 +232,8 @@ pub mod kind {
     pub const INVALID_ARGUMENT: u32 = 6;
     /// [`super::Error::UnexpectedCqe`]; `addr` holds the QPN, `wqe_counter` the WQE index.
     pub const UNEXPECTED_CQE: u32 = 7;
-    /// [`super::Error::Timeout`] on earlier posters' publication; `expected` holds the WQEBB index.
+    /// [`super::Error::Timeout`] on earlier posters' publication; `addr` holds the QPN, `expected` the WQEBB
+    /// index.
     pub const TIMEOUT_PUBLISH: u32 = 8;
     /// [`super::Error::Timeout`] on room in the proxy FIFO; `expected` holds the trigger index.
     pub const TIMEOUT_FIFO_SPACE: u32 = 10;
@@ -280,16 +287,19 @@ impl Error {
             Error::Timeout(t) => {
                 r.detail = t.waited_ns;
                 match t.on {
-                    WaitOn::Cqe { wqe_index } => {
+                    WaitOn::Cqe { qpn, wqe_index } => {
                         r.kind = kind::TIMEOUT_CQE;
+                        r.addr = qpn as u64;
                         r.expected = wqe_index;
                     }
-                    WaitOn::SqSpace { wqebbs } => {
+                    WaitOn::SqSpace { qpn, wqebbs } => {
                         r.kind = kind::TIMEOUT_SQ_SPACE;
+                        r.addr = qpn as u64;
                         r.expected = wqebbs as u64;
                     }
-                    WaitOn::Publish { wqe_index } => {
+                    WaitOn::Publish { qpn, wqe_index } => {
                         r.kind = kind::TIMEOUT_PUBLISH;
+                        r.addr = qpn as u64;
                         r.expected = wqe_index;
                     }
                     WaitOn::FifoSpace { index } => {
@@ -372,9 +382,13 @@ impl Error {
                 wqe_counter: r.wqe_counter,
                 qpn: r.addr as u32,
             })),
-            kind::TIMEOUT_CQE => timeout(WaitOn::Cqe { wqe_index: r.expected }),
-            kind::TIMEOUT_SQ_SPACE => timeout(WaitOn::SqSpace { wqebbs: r.expected as u32 }),
-            kind::TIMEOUT_PUBLISH => timeout(WaitOn::Publish { wqe_index: r.expected }),
+            kind::TIMEOUT_CQE => timeout(WaitOn::Cqe { qpn: u32::try_from(r.addr).ok()?, wqe_index: r.expected }),
+            kind::TIMEOUT_SQ_SPACE => {
+                timeout(WaitOn::SqSpace { qpn: u32::try_from(r.addr).ok()?, wqebbs: u32::try_from(r.expected).ok()? })
+            }
+            kind::TIMEOUT_PUBLISH => {
+                timeout(WaitOn::Publish { qpn: u32::try_from(r.addr).ok()?, wqe_index: r.expected })
+            }
             kind::TIMEOUT_FIFO_SPACE => timeout(WaitOn::FifoSpace { index: r.expected }),
             kind::TIMEOUT_PROXY => timeout(WaitOn::Proxy { index: r.expected, done: r.seen }),
             kind::TIMEOUT_SEMAPHORE => timeout(WaitOn::Semaphore { addr: r.addr, expected: r.expected, seen: r.seen }),
@@ -433,15 +447,19 @@ impl core::fmt::Display for Error {
             Error::Timeout(t) => {
                 let ms = t.waited_ns as f64 / 1e6;
                 match t.on {
-                    WaitOn::Cqe { wqe_index } => {
-                        write!(f, "timed out after {ms:.1} ms waiting for the CQE of WQE {wqe_index}")
+                    WaitOn::Cqe { qpn, wqe_index } => {
+                        write!(f, "timed out after {ms:.1} ms waiting for the CQE of WQE {wqe_index} on QP {qpn:#x}")
                     }
-                    WaitOn::SqSpace { wqebbs } => {
-                        write!(f, "timed out after {ms:.1} ms waiting for {wqebbs} free WQEBBs in the SQ")
+                    WaitOn::SqSpace { qpn, wqebbs } => {
+                        write!(
+                            f,
+                            "timed out after {ms:.1} ms waiting for {wqebbs} free WQEBBs in the SQ of QP {qpn:#x}"
+                        )
                     }
-                    WaitOn::Publish { wqe_index } => write!(
+                    WaitOn::Publish { qpn, wqe_index } => write!(
                         f,
-                        "timed out after {ms:.1} ms waiting for earlier posters to publish up to WQE {wqe_index}"
+                        "timed out after {ms:.1} ms waiting for earlier posters on QP {qpn:#x} to publish up to WQE \
+                         {wqe_index}"
                     ),
                     WaitOn::FifoSpace { index } => write!(
                         f,

@@ -207,7 +207,7 @@ impl<'a> Qp<'a> {
             // A WQE larger than the ring (only `post_raw` builds one) would wait for room out the timeout.
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
-        let timeout = self.timeout_ns;
+        let (timeout, qpn) = (self.timeout_ns, self.h.qpn);
         bounded_steps(
             timeout,
             || {
@@ -219,7 +219,7 @@ impl<'a> Qp<'a> {
                 // An error CQE is recorded (sticky) and reported by `wait`/`flush`; it still frees room.
                 Ok(if self.drain()? { Step::Progress } else { Step::Idle })
             },
-            || WaitOn::SqSpace { wqebbs: n },
+            move || WaitOn::SqSpace { qpn, wqebbs: n },
         )
     }
 
@@ -596,7 +596,7 @@ impl<'a> Qp<'a> {
                 let _ = q.post(true, wqe::nop())?;
             }
             q.ring_db();
-            let timeout = q.timeout_ns;
+            let (timeout, qpn) = (q.timeout_ns, q.sq.qpn);
             bounded_steps(
                 timeout,
                 || {
@@ -610,7 +610,7 @@ impl<'a> Qp<'a> {
                     }
                     Ok(if polled? { Step::Progress } else { Step::Idle })
                 },
-                || WaitOn::Cqe { wqe_index: t.0 },
+                move || WaitOn::Cqe { qpn, wqe_index: t.0 },
             )
         })
     }

@@ -121,6 +121,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         unsafe { (*self.h).wqe_cnt }
     }
 
+    /// The handle's QPN, for the errors that name their QP.
+    fn qpn(&self) -> u32 {
+        // SAFETY: `h` is valid (contract of `new`); only the host writes the field, before the QP is used.
+        unsafe { (*self.h).qpn }
+    }
+
     /// The address of one word of the state.
     #[inline(always)]
     fn word<T>(&self, f: impl FnOnce(*mut SqState) -> *mut T) -> *mut T {
@@ -355,7 +361,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// The timeout a member reports for its leader's wait on earlier posters' publication (of the batch at
     /// `first`).
     fn publish_timeout(&self, first: u64) -> Error {
-        Error::Timeout(Timeout { on: WaitOn::Publish { wqe_index: first }, waited_ns: self.timeout_ns })
+        Error::Timeout(Timeout {
+            on: WaitOn::Publish { qpn: self.qpn(), wqe_index: first },
+            waited_ns: self.timeout_ns,
+        })
     }
 
     /// Waits until WQEBBs up to `end` (a reservation of `n`) are free in the ring, retiring and ringing meanwhile.
@@ -377,7 +386,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 let moved = unsafe { S::load_acquire(self.retired()) } != retired;
                 Ok(if moved { Step::Progress } else { Step::Idle })
             },
-            || WaitOn::SqSpace { wqebbs: n as u32 },
+            || WaitOn::SqSpace { qpn: self.qpn(), wqebbs: n as u32 },
         )
     }
 
@@ -395,7 +404,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// Waits for the turn of the WQEs `[first, end)` (stored), publishes them (`last` is the last one's index,
     /// `cqe` whether it asked for a CQE), and rings unless a later poster exists (whose doorbell covers them).
     fn publish(&self, first: u64, end: u64, last: u64, cqe: bool) -> Result<()> {
-        let on = || WaitOn::Publish { wqe_index: first };
+        let on = || WaitOn::Publish { qpn: self.qpn(), wqe_index: first };
         if cqe {
             bounded(
                 self.timeout_ns,
@@ -453,7 +462,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                     // SAFETY: as above.
                     Ok((unsafe { S::load_acquire(self.rung()) } >= end).then_some(()))
                 },
-                || WaitOn::Publish { wqe_index: first },
+                || WaitOn::Publish { qpn: self.qpn(), wqe_index: first },
             )?;
         }
         Ok(())
@@ -637,7 +646,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 self.ring_pending();
                 self.poll().map(|_| None)
             },
-            || WaitOn::Cqe { wqe_index: target.saturating_sub(1) },
+            || WaitOn::Cqe { qpn: self.qpn(), wqe_index: target.saturating_sub(1) },
         )
     }
 }

@@ -14,7 +14,7 @@ pub fn accumulate(t: &Thread, sum: &AtomicU64, add: u64, fail_at: u64) -> Result
     t.sync_threads();
     if t.global_id() == fail_at {
         return Err(Error::Timeout(gdaki_device::error::Timeout {
-            on: gdaki_device::error::WaitOn::Cqe { wqe_index: 7 },
+            on: gdaki_device::error::WaitOn::Cqe { qpn: 0x42, wqe_index: 7 },
             waited_ns: 5,
         }));
     }
@@ -45,7 +45,7 @@ fn the_descriptor_names_the_entry_and_runs_the_function_on_host_threads() {
     assert_eq!(
         Error::from_report(&report),
         Some(Error::Timeout(gdaki_device::error::Timeout {
-            on: gdaki_device::error::WaitOn::Cqe { wqe_index: 7 },
+            on: gdaki_device::error::WaitOn::Cqe { qpn: 0x42, wqe_index: 7 },
             waited_ns: 5
         }))
     );

@@ -723,7 +723,7 @@ fn a_zero_timeout_loses_nothing_and_a_patient_waiter_finishes_the_job() {
         // The flush waits for the CQE of the last WQE posted (the NOP it adds when the last put is unsignaled).
         let last = qp.handle().sq.pi - 1;
         assert!(
-            matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index }, .. })) if wqe_index == last),
+            matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Cqe { qpn, wqe_index }, .. })) if wqe_index == last && qpn == a.qpn()),
             "{r:?} (last WQE {last})"
         );
         // A satisfied semaphore returns at once even with no time to wait; an unsatisfied one times out.
@@ -760,7 +760,10 @@ fn an_sq_that_never_drains_times_out_naming_the_room_it_wanted() {
             break;
         }
     }
-    assert!(matches!(last, Err(Error::Timeout(Timeout { on: WaitOn::SqSpace { wqebbs: 1 }, .. }))), "{last:?}");
+    assert!(
+        matches!(last, Err(Error::Timeout(Timeout { on: WaitOn::SqSpace { qpn, wqebbs: 1 }, .. })) if qpn == q.qpn()),
+        "{last:?}"
+    );
     assert_eq!(qp.handle().sq.pi, 16);
     assert!(t0.elapsed() < Duration::from_secs(2));
     let e = last.unwrap_err().to_string();
@@ -1098,7 +1101,10 @@ fn a_peer_that_never_polls_its_cq_fails_write_imm_with_0x14_and_both_sides_stay_
     let t = b.post(true, wqe::nop()).unwrap();
     assert_eq!(t, Ticket(0));
     let r = b.wait(t);
-    assert!(matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index: 0 }, .. }))), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::Timeout(Timeout { on: WaitOn::Cqe { qpn, wqe_index: 0 }, .. })) if qpn == p.b.qpn()),
+        "{r:?}"
+    );
     assert_eq!(b.handle().cq.cons_index, 16);
     assert!(dst.guards_intact());
 }

@@ -1119,10 +1119,10 @@ fn waiting_on_a_qp_the_nic_never_runs_times_out_naming_the_cqe() {
     let t0 = Instant::now();
     let r = qp.wait(t);
     let Err(Error::Timeout(Timeout { on, waited_ns })) = r else { panic!("expected a timeout, got {r:?}") };
-    assert_eq!(on, WaitOn::Cqe { wqe_index: 1 });
+    assert_eq!(on, WaitOn::Cqe { qpn: qp_emu.qpn(), wqe_index: 1 });
     assert!(waited_ns >= 20_000_000 && t0.elapsed() < Duration::from_secs(2), "waited {waited_ns} ns");
     let text = r.unwrap_err().to_string();
-    assert!(text.contains("CQE of WQE 1"), "{text:?}");
+    assert!(text.contains(&format!("CQE of WQE 1 on QP {:#x}", qp_emu.qpn())), "{text:?}");
     assert_eq!(qp_emu.sq_consumed(), 0);
     assert_eq!(cq.produced(), 0);
 
@@ -1132,7 +1132,7 @@ fn waiting_on_a_qp_the_nic_never_runs_times_out_naming_the_cqe() {
     }
     let r = qp.post_write_inline(false, Raddr { addr: 0x1000, rkey: Be32::new(1) }, &[0u8; MAX_INLINE]);
     let Err(Error::Timeout(Timeout { on, waited_ns })) = r else { panic!("expected a timeout, got {r:?}") };
-    assert_eq!(on, WaitOn::SqSpace { wqebbs: 4 });
+    assert_eq!(on, WaitOn::SqSpace { qpn: qp_emu.qpn(), wqebbs: 4 });
     assert!(waited_ns >= 20_000_000);
     assert!(r.unwrap_err().to_string().contains("4 free WQEBBs"));
     assert_eq!(qp.handle().sq.pi, 13, "a WQE that found no room changed the producer index");
@@ -1145,9 +1145,9 @@ fn waiting_on_a_qp_the_nic_never_runs_times_out_naming_the_cqe() {
 
 fn wait_on() -> impl Strategy<Value = WaitOn> {
     prop_oneof![
-        any::<u64>().prop_map(|wqe_index| WaitOn::Cqe { wqe_index }),
-        any::<u32>().prop_map(|wqebbs| WaitOn::SqSpace { wqebbs }),
-        any::<u64>().prop_map(|wqe_index| WaitOn::Publish { wqe_index }),
+        (any::<u32>(), any::<u64>()).prop_map(|(qpn, wqe_index)| WaitOn::Cqe { qpn, wqe_index }),
+        (any::<u32>(), any::<u32>()).prop_map(|(qpn, wqebbs)| WaitOn::SqSpace { qpn, wqebbs }),
+        (any::<u32>(), any::<u64>()).prop_map(|(qpn, wqe_index)| WaitOn::Publish { qpn, wqe_index }),
         any::<u64>().prop_map(|index| WaitOn::FifoSpace { index }),
         (any::<u64>(), any::<u64>()).prop_map(|(index, done)| WaitOn::Proxy { index, done }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(addr, expected, seen)| WaitOn::Semaphore {
@@ -1251,10 +1251,16 @@ proptest! {
         let text = e.to_string();
         let part = match e {
             Error::Cqe(c) => format!("syndrome {:#04x}", c.syndrome),
-            Error::Timeout(Timeout { on: WaitOn::Cqe { wqe_index }, .. }) => format!("CQE of WQE {wqe_index}"),
-            Error::Timeout(Timeout { on: WaitOn::SqSpace { wqebbs }, .. }) => format!("{wqebbs} free WQEBBs"),
+            Error::Timeout(Timeout { on: WaitOn::Cqe { qpn, wqe_index }, .. }) => {
+                format!("CQE of WQE {wqe_index} on QP {qpn:#x}")
+            }
+            Error::Timeout(Timeout { on: WaitOn::SqSpace { qpn, wqebbs }, .. }) => {
+                format!("{wqebbs} free WQEBBs in the SQ of QP {qpn:#x}")
+            }
             Error::Timeout(Timeout { on: WaitOn::Semaphore { addr, .. }, .. }) => format!("semaphore {addr:#x}"),
-            Error::Timeout(Timeout { on: WaitOn::Publish { wqe_index }, .. }) => format!("up to WQE {wqe_index}"),
+            Error::Timeout(Timeout { on: WaitOn::Publish { qpn, wqe_index }, .. }) => {
+                format!("on QP {qpn:#x} to publish up to WQE {wqe_index}")
+            }
             Error::Timeout(Timeout { on: WaitOn::FifoSpace { index }, .. }) => format!("FIFO for trigger {index}"),
             Error::Timeout(Timeout { on: WaitOn::Proxy { index, done }, .. }) => {
                 format!("trigger {index} (it had done {done})")

@@ -71,7 +71,7 @@ pub(crate) fn sq_full() -> Result<Observed, String> {
     let mut checks = vec![
         Check::new(
             format!("the wait names 1 WQEBB ({r:?})"),
-            matches!(r, Err(DevError::Timeout(t)) if t.on == WaitOn::SqSpace { wqebbs: 1 }),
+            matches!(r, Err(DevError::Timeout(t)) if t.on == WaitOn::SqSpace { qpn: d.handle().qpn, wqebbs: 1 }),
         ),
         Check::new(
             format!("the 17th WQE was not stored (producer index {})", d.handle().sq.pi),
@@ -176,7 +176,7 @@ pub(crate) fn cq_overrun() -> Result<Observed, String> {
     let r = d.wait(Ticket(N));
     checks.push(Check::new(
         format!("device code waiting for the 17th CQE gets Timeout(Cqe) ({r:?})"),
-        matches!(r, Err(DevError::Timeout(t)) if t.on == WaitOn::Cqe { wqe_index: N }),
+        matches!(r, Err(DevError::Timeout(t)) if t.on == WaitOn::Cqe { qpn: d.handle().qpn, wqe_index: N }),
     ));
     checks.push(Check::new(
         format!("device code retired the {N} CQEs written (SQ ci {})", d.handle().sq.ci),
@@ -235,7 +235,7 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
     let checks = vec![
         Check::new(
             format!("the wait names WQE {} ({r:?})", ticket.0),
-            matches!(r, Err(DevError::Timeout(t)) if t.on == WaitOn::Cqe { wqe_index: ticket.0 }),
+            matches!(r, Err(DevError::Timeout(t)) if t.on == WaitOn::Cqe { qpn: d.handle().qpn, wqe_index: ticket.0 }),
         ),
         Check::new(format!("the wait lasted its timeout ({waited:?} >= {TIMEOUT:?})"), waited >= TIMEOUT),
         Check::new(
