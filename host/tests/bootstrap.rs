@@ -109,6 +109,8 @@ fn all_gather_pod_exchanges_qp_and_mr_info() {
         // Wrong size: QP info where an MR is expected.
         b.send_pod(r, 8, &qp).unwrap();
         let wrong = message(b.recv_pod::<RemoteMr>(r, 8).unwrap_err());
+        // The refused message stays queued: a receive of the right shape still gets it.
+        assert_eq!(b.recv_pod::<[u64; 5]>(r, 8).unwrap(), qp);
         // The root relays: it must not leave before the others are done.
         b.barrier().unwrap();
         (qps, prev, wrong)

@@ -463,7 +463,7 @@ impl PortTest {
         if let Some(e) = self.device_error {
             // The emulated NIC's counters say what the NIC saw (overruns, error CQEs, doorbells).
             let nic = match self.comm.nic() {
-                gdaki::nic::Nic::Emu(n) => format!("; emulated NIC: {:?}", n.stats()),
+                gdaki::nic::Nic::Emu(n) => format!("; emulated NIC: {}", nic_counters(&n.stats())),
                 #[allow(unreachable_patterns)]
                 _ => String::new(),
             };
@@ -483,5 +483,42 @@ impl PortTest {
     /// The channels, e.g. to read a semaphore.
     pub fn channels(&self) -> &[PortChannel] {
         &self.chans
+    }
+}
+
+/// The emulated NIC's counters that explain a failed run, on one short line: what it executed and completed,
+/// and the anomalies it saw (only those that happened).
+fn nic_counters(s: &gdaki::nic::emu::Stats) -> String {
+    let mut line = format!(
+        "{} doorbells, {} WQEs, {} CQEs ({} error, {} flushed)",
+        s.doorbells, s.wqes, s.cqes, s.error_cqes, s.flush_cqes
+    );
+    let anomalies = [
+        ("CQ overruns", s.cq_overruns),
+        ("stale doorbells", s.stale_doorbells),
+        ("bad doorbells", s.bad_doorbells),
+        ("dbrec mismatches", s.dbrec_mismatches),
+        ("BlueFlame mismatches", s.blueflame_mismatches),
+    ];
+    for (name, n) in anomalies.into_iter().filter(|&(_, n)| n > 0) {
+        line += &format!(", {n} {name}");
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nic_counters;
+
+    #[test]
+    fn a_failed_runs_nic_counters_fit_one_short_line() {
+        let mut s = gdaki::nic::emu::Stats::default();
+        (s.doorbells, s.wqes, s.cqes, s.error_cqes, s.flush_cqes) = (7, 12, 5, 1, 3);
+        assert_eq!(nic_counters(&s), "7 doorbells, 12 WQEs, 5 CQEs (1 error, 3 flushed)");
+        (s.cq_overruns, s.dbrec_mismatches) = (2, 9);
+        assert_eq!(
+            nic_counters(&s),
+            "7 doorbells, 12 WQEs, 5 CQEs (1 error, 3 flushed), 2 CQ overruns, 9 dbrec mismatches"
+        );
     }
 }

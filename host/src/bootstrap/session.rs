@@ -512,6 +512,12 @@ impl Bootstrap {
     /// [`timeout`](Self::timeout), when the session breaks first (naming the rank at fault), or when `peer`
     /// is out of range.
     pub fn recv(&self, peer: u32, tag: u32) -> Result<Vec<u8>> {
+        self.recv_if(peer, tag, |_| Ok(()))
+    }
+
+    /// As [`recv`](Self::recv), but the oldest message is taken only if `accept` takes it; otherwise it stays
+    /// queued (a later `recv` of the right shape still gets it) and `accept`'s error is returned.
+    fn recv_if(&self, peer: u32, tag: u32, accept: impl Fn(&[u8]) -> Result<()>) -> Result<Vec<u8>> {
         let what = format!("recv from rank {peer} tag {tag}");
         self.check_peer(peer, &what)?;
         let deadline = crate::deadline::after(self.timeout);
@@ -520,16 +526,20 @@ impl Bootstrap {
                 let Some(queue) = mb.p2p.get_mut(&(peer, tag)) else {
                     return mb.not_gone(peer).map(|()| None);
                 };
+                // A queue in the map is never empty (it leaves the map with its last message).
+                if let Some(Err(refused)) = queue.front().map(|m| accept(m)) {
+                    return Ok(Some(Err(refused)));
+                }
                 let msg = queue.pop_front();
                 if queue.is_empty() {
                     mb.p2p.remove(&(peer, tag));
                 }
-                Ok(msg)
+                Ok(msg.map(Ok))
             })
             .map_err(|e| match e {
                 WaitError::TimedOut => self.err(&what, format!("timed out after {:?}", self.timeout)),
                 WaitError::Broken(why) => self.err(&what, why),
-            })
+            })?
     }
 
     /// [`all_gather`](Self::all_gather) of one plain-old-data value per rank (e.g. a [`RemoteMr`](gdaki_shared::handle::RemoteMr)).
@@ -553,10 +563,12 @@ impl Bootstrap {
     /// [`recv`](Self::recv) of one plain-old-data value.
     ///
     /// # Errors
-    /// As [`recv`](Self::recv), and when the message is not `size_of::<T>()` bytes long.
+    /// As [`recv`](Self::recv), and when the message is not `size_of::<T>()` bytes long; that message stays
+    /// queued, so a `recv` (or a `recv_pod` of the right type) still gets it.
     pub fn recv_pod<T: Pod>(&self, peer: u32, tag: u32) -> Result<T> {
-        let bytes = self.recv(peer, tag)?;
-        self.pod(&bytes, peer, &format!("recv_pod tag {tag}"))
+        let what = format!("recv_pod tag {tag}");
+        let bytes = self.recv_if(peer, tag, |m| self.pod::<T>(m, peer, &what).map(drop))?;
+        self.pod(&bytes, peer, &what)
     }
 
     fn pod<T: Pod>(&self, bytes: &[u8], from: u32, what: &str) -> Result<T> {
