@@ -21,7 +21,8 @@ use emu_util::{
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::mem::{MemKind, MemLoc};
 use gdaki::nic::emu::{
-    vendor, Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, WireConfig, MAX_CQE, MAX_WQE_CNT, MIN_WQE_CNT,
+    cmd_syndrome, vendor, Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, WireConfig, MAX_CQE, MAX_WQE_CNT,
+    MIN_WQE_CNT,
 };
 use gdaki_device::error::{CqeError, InvalidArgument, Timeout, WaitOn};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
@@ -29,6 +30,7 @@ use gdaki_device::wait::semaphore_ge;
 use gdaki_device::wqe::{self, Raddr, Sge};
 use gdaki_device::Error;
 use gdaki_shared::handle::{MrHandle, QpHandle, RemoteMr};
+use gdaki_shared::prm::cmd;
 use gdaki_shared::prm::cqe::Cqe64;
 use gdaki_shared::prm::opcode::{self, syndrome};
 use gdaki_shared::prm::wqe::{fm_ce_se, CtrlSeg, DataSeg, RaddrSeg, Seg};
@@ -291,6 +293,53 @@ fn undialable_neighbours_and_connects_out_of_reset_are_refused() {
     qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
     qp.flush().unwrap();
     assert!(dst.read().iter().all(|&x| x == 0x5c) && dst.guards_intact());
+}
+
+/// A connect that fails after RST2INIT (INIT2RTR: the thread that dials the peer's NIC could not start)
+/// returns the firmware's error and leaves the QP in ERR: a WQE device code posts on it later completes at once
+/// with a flush error (0x05) and moves nothing, where a QP left in INIT or RTR would never execute it and the
+/// wait would run out its bound. A new QP connects in its place.
+#[test]
+fn a_connect_that_fails_past_reset_leaves_the_qp_in_error_and_later_wqes_flush() {
+    let cfg = || EmuConfig::host_or_env().unwrap().with_wire(WireConfig::loopback());
+    let (n1, n2) = (EmuNic::open(cfg()).unwrap(), EmuNic::open(cfg()).unwrap());
+    // The QP with the smaller (NIC, QPN) dials the other's NIC: its INIT2RTR starts the thread that fails.
+    let (na, nb) = if n1.id() < n2.id() { (n1, n2) } else { (n2, n1) };
+    let (pa, pb) = (na.alloc_pd().unwrap(), nb.alloc_pd().unwrap());
+    let (ca, cb) = (na.create_cq(16).unwrap(), nb.create_cq(16).unwrap());
+    let (a, b) = (na.create_qp(&pa, &ca, 16).unwrap(), nb.create_qp(&pb, &cb, 16).unwrap());
+    na.fail_next_dialer();
+    match a.connect(&b.endpoint()) {
+        Err(gdaki::Error::DevxCmd { opcode, status, syndrome, .. }) => assert_eq!(
+            (opcode, status, syndrome),
+            (cmd::opcode::INIT2RTR_QP, cmd::status::INTERNAL_ERR, cmd_syndrome::WIRE_THREAD),
+            "INIT2RTR's own error, not the 2ERR's"
+        ),
+        other => panic!("expected INIT2RTR's INTERNAL_ERR, got {other:?}"),
+    }
+    assert_eq!(a.state(), QpState::Error);
+    host_inval(a.connect(&b.endpoint()), &["RESET"]);
+
+    let (src, dst) = (GuardedBuf::new(64, 0x3d), GuardedBuf::new(64, 0));
+    let lmr = src.register(&na, &pa, Access::NONE);
+    let rmr = dst.register(&nb, &pb, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut h = a.handle();
+    let mut qp = dev_qp(&mut h, TIMEOUT_NS);
+    let t0 = Instant::now();
+    qp.put(&rmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
+    assert_eq!(qp.flush(), Err(cqe(syndrome::WR_FLUSH_ERR, vendor::FLUSHED, 0, a.qpn())));
+    assert!(t0.elapsed() < Duration::from_secs(2), "the flush error took {:?}", t0.elapsed());
+    assert!(dst.read().iter().all(|&x| x == 0) && dst.guards_intact());
+
+    // The hook fired once: a new QP in its place connects and carries traffic.
+    let a2 = na.create_qp(&pa, &ca, 16).unwrap();
+    a2.connect(&b.endpoint()).unwrap();
+    b.connect(&a2.endpoint()).unwrap();
+    let mut h2 = a2.handle();
+    let mut qp2 = dev_qp(&mut h2, TIMEOUT_NS);
+    qp2.put(&rmr.remote(), 0, &lmr.handle(), 0, 64).unwrap();
+    qp2.flush().unwrap();
+    assert!(dst.read().iter().all(|&x| x == 0x3d) && dst.guards_intact());
 }
 
 #[test]

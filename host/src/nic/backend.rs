@@ -308,7 +308,9 @@ impl Qp {
     /// Connects to `remote` (RESET → INIT → RTR → RTS).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an endpoint of the other backend; the backend's.
+    /// [`Error::InvalidArgument`] for an endpoint of the other backend; the backend's. A transition refused
+    /// after RESET → INIT leaves the QP in ERR (best effort: a failure of that move is logged), where every WQE
+    /// posted later completes with a flush error (0x05) instead of never running: create a new QP to retry.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
         match (self, remote) {
             (Qp::Emu(q), Endpoint::Emu(e)) => q.connect(e),

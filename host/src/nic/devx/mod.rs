@@ -12,7 +12,7 @@
 //! | CQ | [`create_cq_in()`], [`destroy_cq_in()`] | [`create_cq()`] |
 //! | QP | [`create_qp_in()`], [`destroy_qp_in()`] | [`create_qp()`] |
 //! | RST → INIT → RTR → RTS | [`rst2init_in()`], [`init2rtr_in()`], [`rtr2rts_in()`] | [`rst2init()`], [`init2rtr()`], [`rtr2rts()`] |
-//! | any → ERR | [`qp_2err_in()`] | [`to_err()`] |
+//! | any → ERR | [`qp_2err_in()`] | [`to_err()`]; [`to_err_on_failure()`] after a failed transition |
 //! | state and attributes | [`query_qp_in()`] | [`query_qp()`] |
 //! | capabilities | [`query_hca_cap_in()`] | [`query_hca_cap()`] |
 //!
@@ -38,7 +38,8 @@ pub use cq::{create_cq, create_cq_in, destroy_cq_in, CqAttr};
 pub use emu::EmuObj;
 pub use qp::{
     create_qp, create_qp_in, destroy_qp_in, init2rtr, init2rtr_in, qp_2err_in, query_qp, query_qp_in, rst2init,
-    rst2init_in, rtr2rts, rtr2rts_in, to_err, AddressPath, Grh, Init2Rtr, QpAttr, QpQuery, Rq, Rst2Init, Rtr2Rts,
+    rst2init_in, rtr2rts, rtr2rts_in, to_err, to_err_on_failure, AddressPath, Grh, Init2Rtr, QpAttr, QpQuery, Rq,
+    Rst2Init, Rtr2Rts,
 };
 
 /// Where firmware commands go: the calls of rdma-core's DevX API, over the mailboxes of

@@ -387,6 +387,32 @@ pub fn to_err<T: Transport>(t: &T, obj: &T::Obj, qpn: u32) -> Result<()> {
     t.obj_modify(obj, &qp_2err_in(qpn)?, &mut [0u8; qp_2err_out::SIZE])
 }
 
+/// Runs `steps`, the transitions of QP `qpn` (the transport's `obj`) after its RST2INIT, and when one fails
+/// moves the QP to ERR ([`to_err()`]) before returning that failure, as the RDMA connection manager does with
+/// a QP it could not bring to RTS: in INIT or RTR the QP would silently never execute a WQE posted on it,
+/// while in ERR each completes at once with a flush error CQE (syndrome 0x05, WR_FLUSH_ERR). A failed 2ERR is
+/// logged as a `tracing` warning, and the transitions' error returned all the same.
+///
+/// # Errors
+/// The error `steps` returned.
+pub fn to_err_on_failure<T: Transport>(
+    t: &T,
+    obj: &T::Obj,
+    qpn: u32,
+    steps: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let e = match steps() {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    // The caller gets the transition's error, which says why the connect failed; the 2ERR's only says why the
+    // QP may still be in INIT or RTR.
+    if let Err(e2) = to_err(t, obj, qpn) {
+        tracing::warn!("QP {qpn:#x} could not be moved to ERR after a failed transition ({e}): {e2}");
+    }
+    Err(e)
+}
+
 /// What QUERY_QP returned: the QP's `qpc`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QpQuery {

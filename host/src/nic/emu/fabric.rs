@@ -67,6 +67,9 @@ pub(crate) struct Fabric {
     /// Set by the executor when it finds `held` set between two passes, cleared (before it looks at `held`
     /// again) when it leaves that state: while `held` and `holding` are both set, no pass runs.
     pub holding: AtomicBool,
+    /// Set by [`EmuNic::fail_next_dialer`](super::EmuNic::fail_next_dialer) (tests), cleared by the INIT2RTR
+    /// it fails.
+    pub fail_dialer: AtomicBool,
     /// Cleared when the executor thread exits (normally or by a panic).
     pub running: AtomicBool,
     /// Zero of CQE timestamps: the emulator writes nanoseconds since the NIC was opened.
@@ -111,6 +114,7 @@ impl Fabric {
             stop: AtomicBool::new(false),
             held: AtomicBool::new(false),
             holding: AtomicBool::new(false),
+            fail_dialer: AtomicBool::new(false),
             running: AtomicBool::new(true),
             epoch: Instant::now(),
         }

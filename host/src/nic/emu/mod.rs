@@ -426,6 +426,15 @@ impl EmuNic {
         }
     }
 
+    /// Makes the next INIT2RTR of this NIC that would start a thread to dial a peer's NIC fail as if that
+    /// thread could not start (`INTERNAL_ERR`, [`cmd_syndrome::WIRE_THREAD`]), for tests of a connect that
+    /// fails after RST2INIT. An INIT2RTR towards a QP of this NIC, or one that waits for the peer to dial,
+    /// starts no thread and leaves it armed.
+    #[doc(hidden)]
+    pub fn fail_next_dialer(&self) {
+        self.fab.fail_dialer.store(true, Ordering::SeqCst);
+    }
+
     /// Whether the executor thread runs (false only if it panicked, which is a bug of the emulator).
     pub fn executor_alive(&self) -> bool {
         self.fab.running.load(Ordering::Acquire)

@@ -388,7 +388,10 @@ impl Qp {
     /// [`Error::InvalidArgument`] when `remote` names no live QP of this NIC, is on another NIC while this NIC
     /// or the remote one has no wire, has a QPN or PSN over 24 bits, or this QP is not in RESET (connect
     /// once) or was destroyed by a DESTROY_QP command; these leave the QP as it was. [`Error::DevxCmd`] if the
-    /// firmware refuses a transition (the dialing thread could not start: `INTERNAL_ERR`).
+    /// firmware refuses a transition (INIT2RTR when the dialing thread could not start: `INTERNAL_ERR`); one
+    /// refused after RST2INIT leaves the QP in ERR (`2ERR`, best effort: a failure of it is logged), where
+    /// every WQE posted later completes with a flush error (0x05) instead of never running: create a new QP
+    /// to retry.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
         if remote.qpn > 0x00ff_ffff || remote.psn > 0x00ff_ffff {
             return Err(Error::InvalidArgument(format!(
@@ -457,8 +460,11 @@ impl Qp {
                 eth_prio: 0,
             },
         };
-        devx::init2rtr(nic, &obj, qpn, &rtr)?;
         let rts = Rtr2Rts { sq_psn: self.psn, ack_timeout: 14, retry_count: 7, rnr_retry: 7, log_sra_max: 4, port: 1 };
-        devx::rtr2rts(nic, &obj, qpn, &rts)
+        // Out of RESET, a failed step leaves the QP in ERR, where later WQEs are flushed rather than ignored.
+        devx::to_err_on_failure(nic, &obj, qpn, || {
+            devx::init2rtr(nic, &obj, qpn, &rtr)?;
+            devx::rtr2rts(nic, &obj, qpn, &rts)
+        })
     }
 }

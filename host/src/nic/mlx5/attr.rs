@@ -8,6 +8,7 @@
 //! | RESET → INIT | `qp_state`, `pkey_index`, `port_num`, `qp_access_flags` |
 //! | INIT → RTR | `qp_state`, `ah_attr` (AV), `path_mtu`, `dest_qp_num`, `rq_psn`, `max_dest_rd_atomic`, `min_rnr_timer` |
 //! | RTR → RTS | `qp_state`, `sq_psn`, `timeout`, `retry_cnt`, `rnr_retry`, `max_rd_atomic` |
+//! | any → ERR | `qp_state` |
 
 // Each builder zeroes its struct (`Default` of the bindgen structs is all-zero bytes, padding included) and then
 // sets fields one by one, the verbs idiom (`memset` then assign) that the man pages and the tests follow; nested
@@ -198,6 +199,13 @@ pub fn rts(sq_psn: u32, max_rd_atomic: u8) -> (sys::ibv_qp_attr, u32) {
     (a, mask)
 }
 
+/// Any state → ERR (a connect that failed after RESET → INIT): `qp_state` alone.
+pub fn err() -> (sys::ibv_qp_attr, u32) {
+    let mut a = sys::ibv_qp_attr::default();
+    a.qp_state = sys::IBV_QPS_ERR;
+    (a, sys::IBV_QP_STATE)
+}
+
 /// The device's limit of outstanding RDMA READs/atomics (`max_qp_rd_atom` or `max_qp_init_rd_atom`, an `int`)
 /// as the `u8` of `ibv_qp_attr`, at least 1 (atomics need one) and at most 255.
 pub fn rd_atomic(limit: i32) -> u8 {
@@ -296,6 +304,15 @@ mod tests {
         expect.qp_state = 1;
         expect.port_num = 1;
         expect.qp_access_flags = 14;
+        assert_eq!(bytes(&a), bytes(&expect), "nothing else set");
+    }
+
+    #[test]
+    fn err_sets_the_state_alone() {
+        let (a, mask) = err();
+        assert_eq!(mask, 1, "IBV_QP_STATE");
+        let mut expect = sys::ibv_qp_attr::default();
+        expect.qp_state = 6; // IBV_QPS_ERR
         assert_eq!(bytes(&a), bytes(&expect), "nothing else set");
     }
 

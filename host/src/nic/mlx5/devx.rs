@@ -12,7 +12,7 @@
 //! | ring + dbrec | `cuMemAlloc`, `cuMemGetHandleForAddressRange(DMA_BUF_FD)` + `mlx5dv_devx_umem_reg_ex(DMABUF)`, else `mlx5dv_devx_umem_reg_ex` on the GPU address (nvidia-peermem) | GPU |
 //! | CQ | CREATE_CQ (`mlx5dv_devx_obj_create`) | |
 //! | QP | `mlx5dv_init_obj(PD)` for the PD number, CREATE_QP | |
-//! | connect | RST2INIT, INIT2RTR, RTR2RTS (`mlx5dv_devx_obj_modify`); on RoCE the peer's MAC from `ibv_create_ah` + `mlx5dv_init_obj(AH)` | |
+//! | connect | RST2INIT, INIT2RTR, RTR2RTS (`mlx5dv_devx_obj_modify`), 2ERR when INIT2RTR or RTR2RTS fails; on RoCE the peer's MAC from `ibv_create_ah` + `mlx5dv_init_obj(AH)` | |
 //! | state | QUERY_QP (`mlx5dv_devx_obj_query`) | |
 //! | drop | `mlx5dv_devx_obj_destroy`, `mlx5dv_devx_umem_dereg`, `cuMemFree`, `mlx5dv_devx_free_uar` | |
 //!
@@ -706,7 +706,8 @@ impl Mlx5Nic {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for endpoints of two link layers or an InfiniBand peer with LID 0;
-    /// [`roce_rmac`](Self::roce_rmac)'s; [`Error::DevxCmd`] naming the transition that the firmware refused.
+    /// [`roce_rmac`](Self::roce_rmac)'s; [`Error::DevxCmd`] naming the transition that the firmware refused,
+    /// after which a QP that got past RST2INIT is in ERR ([`devx::to_err_on_failure`]).
     pub(super) fn connect_devx(
         &self,
         obj: &DevxObj,
@@ -745,7 +746,6 @@ impl Mlx5Nic {
             port,
             path,
         };
-        devx::init2rtr(&t, obj, local.qpn, &rtr)?;
         let rts = Rtr2Rts {
             sq_psn: local.psn,
             ack_timeout: attr::ACK_TIMEOUT,
@@ -754,7 +754,11 @@ impl Mlx5Nic {
             log_sra_max: log_ra(res.caps.log_max_ra_req_qp.into()),
             port,
         };
-        devx::rtr2rts(&t, obj, local.qpn, &rts)
+        // Out of RST, a failed step leaves the QP in ERR, where later WQEs are flushed rather than ignored.
+        devx::to_err_on_failure(&t, obj, local.qpn, || {
+            devx::init2rtr(&t, obj, local.qpn, &rtr)?;
+            devx::rtr2rts(&t, obj, local.qpn, &rts)
+        })
     }
 
     /// DevX QP `obj`'s state (QUERY_QP).

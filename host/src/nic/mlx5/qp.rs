@@ -1,7 +1,8 @@
 //! RC queue pairs on a real NIC. Verbs path: `ibv_create_qp`, `mlx5dv_init_obj` for the SQ ring, doorbell
 //! record and BlueFlame register that device code writes, and the RESET → INIT → RTR → RTS transitions of
 //! `ibv_modify_qp` (attributes from [`super::attr`]). DevX path: CREATE_QP over an SQ and dbrec in GPU
-//! memory, the NIC's own UAR, and the same transitions as PRM commands (`super::devx`).
+//! memory, the NIC's own UAR, and the same transitions as PRM commands (`super::devx`). On both, a connect
+//! that fails after RESET → INIT moves the QP to ERR.
 
 use std::sync::Arc;
 
@@ -219,7 +220,9 @@ impl Qp {
     /// [`Error::Verbs`] naming the transition (`ibv_modify_qp(INIT→RTR)`) and errno (e.g. EINVAL for a QP
     /// not in RESET). On the DevX path the same transitions are RST2INIT, INIT2RTR and RTR2RTS, and a
     /// refused one is [`Error::DevxCmd`] naming it with the firmware's status and syndrome; on RoCE
-    /// `ibv_create_ah` finds the peer's MAC ([`Error::Verbs`] when it cannot).
+    /// `ibv_create_ah` finds the peer's MAC ([`Error::Verbs`] when it cannot). A transition refused after
+    /// RESET → INIT leaves the QP in ERR (best effort: a failure of that move is logged), where every WQE
+    /// posted later completes with a flush error (0x05) instead of never running: create a new QP to retry.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
         let n = &self.nic;
         let local = self.endpoint();
@@ -232,17 +235,48 @@ impl Qp {
                 return Ok(());
             }
         };
-        let (mut init, m0) = attr::init(n.port);
-        let (mut rtr, m1) = attr::rtr(&local, remote, n.port, attr::rd_atomic(n.limits.max_qp_rd_atom))?;
-        let (mut rts, m2) = attr::rts(self.psn, attr::rd_atomic(n.limits.max_qp_init_rd_atom));
-        for (a, mask, step) in [(&mut init, m0, "RESET→INIT"), (&mut rtr, m1, "INIT→RTR"), (&mut rts, m2, "RTR→RTS")]
-        {
-            // SAFETY: `ptr` is a live QP; `a` is a zeroed, filled attribute struct; the mask names the fields set.
-            let ret = unsafe { sys::ibv_modify_qp(ptr, a, mask as i32) };
-            check(ret, format!("ibv_modify_qp({step}) of QP {:#x} on {}", self.handle.qpn, n.ctx.name))?;
-        }
+        let init = attr::init(n.port);
+        let rtr = attr::rtr(&local, remote, n.port, attr::rd_atomic(n.limits.max_qp_rd_atom))?;
+        let rts = attr::rts(self.psn, attr::rd_atomic(n.limits.max_qp_init_rd_atom));
+        self.modify(ptr, init, "RESET→INIT")?;
+        // Out of RESET, a failed step leaves the QP in ERR, where later WQEs are flushed rather than ignored.
+        self.to_err_on_failure(ptr, || {
+            self.modify(ptr, rtr, "INIT→RTR")?;
+            self.modify(ptr, rts, "RTR→RTS")
+        })?;
         tracing::debug!(qpn = self.handle.qpn, peer = remote.qpn, "mlx5: QP in RTS");
         Ok(())
+    }
+
+    /// `ibv_modify_qp` of this QP's verbs QP `ptr` with an attribute struct and mask of [`attr`]; a failure
+    /// names `step` (`INIT→RTR`).
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] with the errno.
+    fn modify(&self, ptr: *mut sys::ibv_qp, (mut a, mask): (sys::ibv_qp_attr, u32), step: &str) -> Result<()> {
+        // SAFETY: `ptr` is this QP's live verbs QP (`QpKind::Verbs`, destroyed only by `Drop`); `a` is a zeroed,
+        // filled attribute struct and the mask names the fields set.
+        let ret = unsafe { sys::ibv_modify_qp(ptr, &mut a, mask as i32) };
+        check(ret, format!("ibv_modify_qp({step}) of QP {:#x} on {}", self.handle.qpn, self.nic.ctx.name))
+    }
+
+    /// Runs `steps`, the transitions of verbs QP `ptr` after RESET → INIT, and when one fails moves the QP to
+    /// ERR ([`attr::err`]) before returning that failure, as the DevX path does
+    /// ([`devx::to_err_on_failure`](crate::nic::devx::to_err_on_failure)): in ERR every WQE posted later
+    /// completes with a flush error (0x05), where in INIT or RTR it would never run. A failed move to ERR is
+    /// logged as a `tracing` warning, and the transitions' error returned all the same.
+    ///
+    /// # Errors
+    /// The error `steps` returned.
+    fn to_err_on_failure(&self, ptr: *mut sys::ibv_qp, steps: impl FnOnce() -> Result<()>) -> Result<()> {
+        let e = match steps() {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if let Err(e2) = self.modify(ptr, attr::err(), "→ERR") {
+            tracing::warn!("QP {:#x} could not be moved to ERR after a failed transition ({e}): {e2}", self.handle.qpn);
+        }
+        Err(e)
     }
 
     /// The QP's state as the NIC reports it (`ibv_query_qp`); SQD, SQE and unknown states read as

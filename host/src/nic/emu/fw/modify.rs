@@ -19,6 +19,7 @@
 //! - 2ERR: no `qpc`; every later WQE completes flushed.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use gdaki_shared::prm::cmd::{
@@ -293,6 +294,9 @@ fn init2rtr(c: &mut Ctx<'_>, inbox: &[u8], _out: &mut [u8]) -> Result<(), Fail> 
     // there) would be dropped by a QP still in INIT.
     if let Some(link) = dialer {
         let mailbox = c.nic.mailbox().map_err(|_| Fail::of(syn::WIRE_THREAD))?;
+        if c.fab.fail_dialer.swap(false, Ordering::SeqCst) {
+            return Err(Fail::of(syn::WIRE_THREAD));
+        }
         link::spawn_dialer(link, mailbox, c.nic.retry_timeout()).map_err(|_| Fail::of(syn::WIRE_THREAD))?;
     }
     tracing::debug!(qpn = qp.qpn, peer = remote_qpn, "emulated NIC: QP in RTR");
