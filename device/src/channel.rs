@@ -15,7 +15,7 @@
 //! QP's scratch word, never in user memory. (In HostNoAtomic the proxy sends a signal as an RDMA WRITE of the
 //! new count instead.)
 
-use crate::error::{CqeError, Error, InvalidArgument, Result, WaitOn};
+use crate::error::{CqeError, Error, InvalidArgument, PeerGone, Result, WaitOn};
 use crate::fifo;
 use crate::onesided::{atomic_target, remote};
 use crate::qp::Qp;
@@ -301,7 +301,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// # Safety
     /// `h` must come from the host's `PortChannel::device_handle` for a live channel (its QP, memory handles,
-    /// semaphore words and `expected` word valid for `'h`), set up for this sharing mode: in Exclusive sharing
+    /// semaphore words, `expected` word and, when not 0, `departed` word valid for `'h`), set up for this sharing mode: in Exclusive sharing
     /// no other poster of the QP lives while this channel does, in this thread or another (two Exclusive
     /// channels of one connection, each with its own memory pair, are two posters: each keeps its own producer
     /// index, and both would write the same WQEBBs; drop one before taking the other); in Block / Device
@@ -779,7 +779,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// # Errors
     /// [`Error::Timeout`] after the channel's timeout, with [`WaitOn::Peer`] naming the peer's rank when the
-    /// handle records it (a host-built channel's does), [`WaitOn::Semaphore`] otherwise; [`Error::Cqe`]. A
+    /// handle records it (a host-built channel's does), [`WaitOn::Semaphore`] otherwise; [`Error::Cqe`];
+    /// [`Error::PeerGone`] once the signal is late and the host has marked the peer gone. A
     /// wait that fails gives its count back, so that a retry waits for the same signal, unless another waiter
     /// of the channel has taken the next count meanwhile (shared waiters): then the counts stay as taken.
     pub fn wait(&mut self) -> Result<()> {
@@ -825,10 +826,11 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
 
     /// One try of a wait for the peer ([`crate::wait::bounded_watching`]): when `watch` says to look, the QP's
     /// first error CQE ends the wait. In the Host modes the QP's CQ is the proxy's, and its error word tells
-    /// instead.
+    /// instead. Once the wait is late ([`Watch::Look`]) the handle's `departed` word is read too: a peer that
+    /// left or died ends it at once rather than after its timeout, as NCCL's kernels poll their abort flag.
     ///
     /// # Errors
-    /// [`Error::Cqe`] with the QP's first error CQE; the errors of polling the CQ.
+    /// [`Error::Cqe`] with the QP's first error CQE; the errors of polling the CQ; [`Error::PeerGone`].
     pub(crate) fn watch(&mut self, watch: Watch) -> Result<()> {
         if !self.qp.looks(watch) {
             return Ok(());
@@ -839,7 +841,24 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             self.qp.progress()?;
             self.qp.error()
         };
-        error.map_or(Ok(()), |e| Err(Error::Cqe(e)))
+        if let Some(e) = error {
+            return Err(Error::Cqe(e));
+        }
+        match watch {
+            Watch::Look => self.departed().map_or(Ok(()), |rank| Err(Error::PeerGone(PeerGone { rank }))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The peer's rank, once the host has written the handle's `departed` word (the peer left or died); `None`
+    /// while it is 0 or the handle has no such word.
+    fn departed(&self) -> Option<u32> {
+        if self.h.departed == 0 {
+            return None;
+        }
+        // SAFETY: a non-zero `departed` names the host's 8-byte word for this peer (contract of `new`).
+        let v = unsafe { sync::load_acquire_u64(self.h.departed as *const u64) };
+        v.checked_sub(1).map(|rank| rank as u32)
     }
 
     /// Whether a signal beyond those waited for has arrived; if so it counts as waited for (MSCCL++ `poll`).

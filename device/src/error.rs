@@ -148,6 +148,14 @@ pub struct AppError {
     pub value: u64,
 }
 
+/// A peer that a wait was for is gone: it left the session or died (the host learned it from the bootstrap
+/// session and wrote the channel's `departed` word, after a grace period for what the peer had sent to land).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerGone {
+    /// The peer's rank.
+    pub rank: u32,
+}
+
 /// Everything device code can fail with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
@@ -165,6 +173,8 @@ pub enum Error {
     InvalidArgument(InvalidArgument),
     /// The application's kernel code failed ([`AppError`]): what a user's kernel returns for its own checks.
     App(AppError),
+    /// The peer a wait was for is gone ([`PeerGone`]): its signal will never come.
+    PeerGone(PeerGone),
 }
 
 /// Which argument device code rejected before posting anything. The discriminants are the codes an
@@ -257,6 +267,8 @@ pub mod kind {
     /// because another member could not post. One word, so that a launch's report of it can be replaced by
     /// the cause ([`crate::launch::report_error`]).
     pub const TEAM: u32 = 15;
+    /// [`super::Error::PeerGone`]; `addr` holds the peer's rank.
+    pub const PEER_GONE: u32 = 17;
 }
 
 impl CqeError {
@@ -365,6 +377,10 @@ impl Error {
                 r.expected = a.code as u64;
                 r.seen = a.value;
             }
+            Error::PeerGone(p) => {
+                r.kind = kind::PEER_GONE;
+                r.addr = p.rank as u64;
+            }
         }
         r
     }
@@ -414,6 +430,7 @@ impl Error {
                 seen: r.seen,
             })),
             kind::APP => Some(Error::App(AppError { code: r.expected as u32, value: r.seen })),
+            kind::PEER_GONE => Some(Error::PeerGone(PeerGone { rank: u32::try_from(r.addr).ok()? })),
             kind::INVALID_ARGUMENT => Some(Error::InvalidArgument(match r.expected {
                 1 => InvalidArgument::LocalRange,
                 2 => InvalidArgument::RemoteRange,
@@ -498,6 +515,13 @@ impl core::fmt::Display for Error {
                 }
             }
             Error::App(a) => write!(f, "application error {} (value {})", a.code, a.value),
+            Error::PeerGone(p) => {
+                write!(
+                    f,
+                    "rank {} is gone (it left the session or died) and what was awaited from it never came",
+                    p.rank
+                )
+            }
             Error::UnexpectedCqe(u) => write!(
                 f,
                 "unexpected CQE for QPN {:#x}, WQE index {} (a CQ shared between QPs, or a stale completion)",

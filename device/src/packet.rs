@@ -292,7 +292,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// # Errors
     /// As [`Packets::read_packets`]; [`Error::Cqe`] with the QP's first error CQE (in the Host modes, the
-    /// proxy's).
+    /// proxy's); [`Error::PeerGone`] once the packets are late and the host has marked the peer gone.
     pub fn read_packets<T: Packet>(
         &mut self,
         dst_offset: u64,

@@ -1225,3 +1225,43 @@ fn host_modes_connecting_and_dropping_again_and_again_leaves_the_proxy_no_qps() 
         }
     }
 }
+
+/// A rank that leaves the session while its peer waits for its signal: the wait ends with `PeerGone` naming
+/// it soon after the session reports the departure (the handle's `departed` word, written after the grace),
+/// not after the channel's timeout, whichever rank leaves (a non-root rank's goodbye, or the root's, which
+/// breaks the session), in Device and Host modes, by `wait` and by `read_packets`. Before, each wait ran its
+/// whole timeout out: nothing of its QP was outstanding, so no error CQE could tell it.
+#[test]
+fn a_wait_for_a_rank_that_left_ends_naming_it_long_before_its_timeout() {
+    const CHANNEL_TIMEOUT: Duration = Duration::from_secs(8);
+    for (leaver, mode) in [(1, IbMode::Device), (0, IbMode::Device), (1, IbMode::Host)] {
+        let waited = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let peer = 1 - comm.rank();
+            let mem = register(&comm, 4096);
+            comm.send_memory(&mem, peer, 0).unwrap();
+            let dst = comm.recv_memory(peer, 0).unwrap();
+            let cfg = EndpointConfig { ib: IbConfig { mode, ..IbConfig::default() }, ..EndpointConfig::default() };
+            let conn = comm.connect(&cfg, peer, 1).unwrap();
+            let sem = comm.semaphore(&conn, peer, 2).unwrap();
+            let chan = PortChannel::new(&conn, &sem, dst, &mem).unwrap().with_timeout(CHANNEL_TIMEOUT).unwrap();
+            let h = chan.device_handle();
+            assert_ne!(h.departed, 0, "a host-built handle names its peer's word");
+            comm.bootstrap().barrier().unwrap();
+            barrier.wait();
+            if comm.rank() == leaver {
+                drop((chan, sem, conn, comm));
+                return None;
+            }
+            let mut ch = exclusive(&h);
+            let t0 = Instant::now();
+            let by_wait = ch.wait();
+            let by_packets = ch.read_packets::<LL16Packet>(0, 1024, 64, 1, 0, 1);
+            Some((by_wait, by_packets, t0.elapsed()))
+        });
+        let (by_wait, by_packets, took) = waited.into_iter().flatten().next().expect("the waiter's result");
+        let gone = DevError::PeerGone(gdaki_device::error::PeerGone { rank: leaver });
+        assert_eq!((by_wait, by_packets), (Err(gone), Err(gone)), "rank {leaver} left, {mode:?}");
+        assert!(took < CHANNEL_TIMEOUT / 4, "rank {leaver} left, {mode:?}: the waits took {took:?}");
+        assert!(gone.to_string().contains(&format!("rank {leaver} is gone")));
+    }
+}

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use emu_util::{random_bytes, rng, GuardedBuf, Pair};
 use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, QpState};
 use gdaki_device::cq::Completion;
-use gdaki_device::error::{kind, AppError, CqeError, InvalidArgument, PayloadMismatch, Timeout, UnexpectedCqe, WaitOn};
+use gdaki_device::error::{
+    kind, AppError, CqeError, InvalidArgument, PayloadMismatch, PeerGone, Timeout, UnexpectedCqe, WaitOn,
+};
 use gdaki_device::qp::{Qp as DevQp, Ticket};
 use gdaki_device::scope::{Block, Device, Scope};
 use gdaki_device::shared_qp::SharedQp;
@@ -1209,6 +1211,7 @@ fn any_error() -> impl Strategy<Value = Error> {
         (any::<u32>().prop_map(|q| q & 0xff_ffff), any::<u16>())
             .prop_map(|(qpn, wqe_counter)| Error::UnexpectedCqe(UnexpectedCqe { qpn, wqe_counter })),
         (any::<u32>(), any::<u64>()).prop_map(|(code, value)| Error::App(AppError { code, value })),
+        any::<u32>().prop_map(|rank| Error::PeerGone(PeerGone { rank })),
     ]
 }
 
@@ -1231,6 +1234,7 @@ fn expected_kind(e: &Error) -> u32 {
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
         Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
         Error::App(_) => 12,
+        Error::PeerGone(_) => 17,
     }
 }
 
@@ -1279,6 +1283,7 @@ proptest! {
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
             Error::App(a) => format!("application error {} (value {})", a.code, a.value),
+            Error::PeerGone(p) => format!("rank {} is gone", p.rank),
         };
         prop_assert!(text.contains(&part), "{:?} lacks {:?}", text, part);
     }

@@ -14,7 +14,7 @@ use crate::handle::{MrHandle, RemoteMr};
 use crate::proxy::FifoHandle;
 use bytemuck::{Pod, Zeroable};
 
-/// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`). 208 bytes,
+/// One port channel as device code uses it (MSCCL++ `PortChannelDeviceHandle`). 216 bytes,
 /// 8-byte aligned; built by the host's `PortChannel::device_handle`.
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 #[repr(C)]
@@ -53,6 +53,12 @@ pub struct PortChannelHandle {
     /// no WQE the proxy posted has failed, else `(1 << 24 | qpn) << 32 |` the packed error CQE (`syndrome << 24
     /// | vendor_err_synd << 16 | wqe_counter`), `qpn` the proxy's QP's number. 0 in Device mode.
     pub proxy_err: u64,
+    /// Address of the word that says whether the peer is gone (8 bytes, 8-byte aligned, host memory mapped
+    /// for device code; 0: not watched): the host writes the peer's rank plus one there once the peer has left
+    /// the session or died (its bootstrap connection ended) and a grace period has passed for what it sent
+    /// before to land. A wait for the peer that is late reads it, and ends with `PeerGone` instead of waiting
+    /// out its timeout (NCCL's abort flag, per peer).
+    pub departed: u64,
     /// Who posts this channel's WQEs: one of [`crate::proxy::mode`].
     pub proxy: u32,
     /// The proxy's number of this channel, carried by its triggers in 16 bits (device code refuses a larger
@@ -73,4 +79,4 @@ impl PortChannelHandle {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<PortChannelHandle>() == 208);
+const _: () = assert!(core::mem::size_of::<PortChannelHandle>() == 216);

@@ -30,7 +30,7 @@ pub mod ctrl {
     pub const BYTES: u64 = COUNTS + ROW_BYTES * MAX_RANKS as u64;
 }
 
-/// One rank's view of a collective communicator, as device code uses it. 1,928 bytes, 8-byte aligned; built
+/// One rank's view of a collective communicator, as device code uses it. 1,992 bytes, 8-byte aligned; built
 /// by the host's `gdaki::coll::Collectives::handle`. Entry `rank` of the per-peer arrays, and every entry at
 /// or beyond `nranks`, is all zero.
 ///
@@ -63,7 +63,7 @@ pub struct CollHandle {
 
 const _: () = {
     use core::mem::{offset_of, size_of};
-    assert!(size_of::<CollHandle>() == 1928);
+    assert!(size_of::<CollHandle>() == 1992);
     assert!(offset_of!(CollHandle, buf) == 16);
     assert!(offset_of!(CollHandle, ctrl) == 40);
     assert!(offset_of!(CollHandle, peer_ctrl) == 72);

@@ -94,12 +94,24 @@ pub(super) struct Mailbox {
     gone: HashMap<u32, String>,
     /// Why the session is broken (the first cause), once it is.
     broken: Option<String>,
+    /// Told of each departure ([`Bootstrap::on_departure`]).
+    watchers: Vec<Arc<Departure>>,
 }
+
+/// A watcher of departures: `Some(rank)` for a rank gone, `None` for the session broken.
+type Departure = dyn Fn(Option<u32>) + Send + Sync;
 
 impl Mailbox {
     /// Fails when `rank` left the session.
     fn not_gone(&self, rank: u32) -> Result<(), String> {
         self.gone.get(&rank).map_or(Ok(()), |why| Err(why.clone()))
+    }
+
+    /// Records that `rank` left the session, telling the watchers the first time.
+    fn mark_gone(&mut self, rank: u32, why: String) {
+        if self.gone.insert(rank, why).is_none() {
+            self.watchers.iter().for_each(|w| w(Some(rank)));
+        }
     }
 }
 
@@ -154,7 +166,12 @@ impl Shared {
 
     /// Marks the session broken (keeping the first cause) and wakes every waiting call.
     fn break_session(&self, why: String) {
-        lock(&self.mailbox).broken.get_or_insert(why);
+        let mut mb = lock(&self.mailbox);
+        if mb.broken.is_none() {
+            mb.broken = Some(why);
+            mb.watchers.iter().for_each(|w| w(None));
+        }
+        drop(mb);
         self.arrived.notify_all();
     }
 
@@ -204,7 +221,7 @@ impl Shared {
             // Best effort: a rank we cannot tell is gone itself.
             let _ = self.write(rank, Kind::Left, &[&peer.to_le_bytes(), why.as_bytes()]);
         }
-        lock(&self.mailbox).gone.insert(peer, why);
+        lock(&self.mailbox).mark_gone(peer, why);
         self.arrived.notify_all();
     }
 
@@ -274,7 +291,7 @@ impl Shared {
             Kind::Left => {
                 let rank = f.u32("rank")?;
                 let why = format!("{} (reported by the root at {})", one_line(f.rest()), self.root);
-                lock(&self.mailbox).gone.insert(rank, why);
+                lock(&self.mailbox).mark_gone(rank, why);
                 self.arrived.notify_all();
             }
             other => return Err(format!("unexpected {other:?} frame")),
@@ -361,6 +378,21 @@ impl Bootstrap {
         for link in self.shared.links.iter().flatten() {
             let _ = lock(&link.writer).set_write_timeout(Some(self.timeout));
         }
+    }
+
+    /// Calls `f(Some(rank))` once for each rank that leaves the session (says goodbye) and `f(None)` once if
+    /// the session breaks (a rank died, or the root is gone: no rank can be reached any more), on the thread
+    /// that learns it; for what happened before this call, at once. This process's own leaving (the drop) is
+    /// not reported. `f` runs with the session's lock held: it must be quick and must not call this
+    /// `Bootstrap`. The communicator uses it to end device-side waits for a rank that is gone.
+    pub fn on_departure(&self, f: impl Fn(Option<u32>) + Send + Sync + 'static) {
+        let f: Arc<Departure> = Arc::new(f);
+        let mut mb = lock(&self.shared.mailbox);
+        mb.gone.keys().for_each(|&rank| f(Some(rank)));
+        if mb.broken.is_some() {
+            f(None);
+        }
+        mb.watchers.push(f);
     }
 
     fn err(&self, what: &str, why: impl std::fmt::Display) -> Error {

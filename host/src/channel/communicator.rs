@@ -12,6 +12,7 @@ use crate::{Error, Result};
 
 use super::config::{EndpointConfig, IbMode, Transport};
 use super::connection::{ConnInner, Connection, QP_HANDLE_OFF, STATE_BYTES};
+use super::departed::Departed;
 use super::memory::{RegInner, RegisteredMemory, RemoteMemory};
 use super::msg::{self, Kind};
 use super::port::PortChannel;
@@ -83,7 +84,8 @@ impl Communicator {
     /// The NIC's error allocating the PD.
     pub fn on_nic(bootstrap: Bootstrap, exec: Executor, nic: Nic) -> Result<Self> {
         let pd = nic.alloc_pd()?;
-        let res = Resources { pd, nic, exec, rank: bootstrap.rank(), world_size: bootstrap.world_size() };
+        let departed = Departed::watch(&bootstrap, &exec)?;
+        let res = Resources { pd, nic, exec, rank: bootstrap.rank(), world_size: bootstrap.world_size(), departed };
         Ok(Self { res: Arc::new(res), boot: bootstrap, proxy: Mutex::new(None) })
     }
 

@@ -78,6 +78,12 @@ impl Connection {
         self.inner.peer
     }
 
+    /// The device address of the word that says whether the peer is gone
+    /// ([`PortChannelHandle::departed`](gdaki_shared::channel::PortChannelHandle::departed)).
+    pub fn departed_addr(&self) -> u64 {
+        self.inner.res.departed.addr(self.inner.peer)
+    }
+
     /// The tag it was connected with (MSCCL++ `tag()`).
     pub fn tag(&self) -> u32 {
         self.inner.tag

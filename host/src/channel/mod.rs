@@ -61,6 +61,7 @@
 mod communicator;
 mod config;
 mod connection;
+mod departed;
 mod memory;
 mod msg;
 mod port;
@@ -71,6 +72,7 @@ mod semaphore;
 pub use communicator::Communicator;
 pub use config::{EndpointConfig, IbConfig, IbMode, Transport};
 pub use connection::Connection;
+pub use departed::DEPARTURE_GRACE;
 pub use memory::{RegisteredMemory, RemoteMemory};
 pub use port::PortChannel;
 pub use ranks::{run_ranks, RankSetup};

@@ -214,6 +214,7 @@ impl PortChannel {
             blue_flame_limit: self.blue_flame_limit,
             fifo,
             proxy_err: err,
+            departed: self.conn.departed_addr(),
             proxy,
             channel_id: id,
             peer_plus_one: self.conn.peer() + 1,

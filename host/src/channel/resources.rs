@@ -1,5 +1,6 @@
 //! What the objects of one communicator share.
 
+use super::departed::Departed;
 use crate::exec::Executor;
 use crate::nic::{Nic, Pd};
 
@@ -13,4 +14,6 @@ pub(super) struct Resources {
     pub(super) exec: Executor,
     pub(super) rank: u32,
     pub(super) world_size: u32,
+    /// The words that tell device code a peer is gone.
+    pub(super) departed: Departed,
 }

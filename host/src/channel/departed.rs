@@ -1,0 +1,67 @@
+//! The words that tell device code a peer is gone: one per rank, in host memory mapped for device code, written
+//! once the bootstrap session reports the rank's departure and a grace period has passed. A channel's handle
+//! names its peer's word (`PortChannelHandle::departed`); a wait for the peer that is late reads it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bootstrap::Bootstrap;
+use crate::exec::Executor;
+use crate::mem::MappedBuf;
+use crate::Result;
+
+/// How long after the session reports a departure the peer's word is written: time for what the peer sent
+/// before it left to land (its last signal may still be on the NIC's wire when its goodbye arrives through the
+/// session's), and far shorter than a wait's timeout (5 s for a channel by default).
+pub const DEPARTURE_GRACE: Duration = Duration::from_millis(20);
+
+/// One word per rank of the session, 8 bytes each: 0 while the rank is there, its rank plus one once gone.
+#[derive(Debug)]
+pub(super) struct Departed {
+    words: Arc<MappedBuf>,
+}
+
+impl Departed {
+    /// Allocates the words (queue memory of `exec`: mapped for its device code) and has `boot` report to them.
+    ///
+    /// # Errors
+    /// The executor's error allocating the words.
+    pub(super) fn watch(boot: &Bootstrap, exec: &Executor) -> Result<Self> {
+        let (me, world) = (boot.rank(), boot.world_size());
+        let words = Arc::new(exec.queue_memory().alloc(8 * world as usize)?);
+        let to_mark = words.clone();
+        boot.on_departure(move |who| {
+            // A broken session loses every other rank; this rank's own word is never read.
+            let ranks: Vec<u32> = match who {
+                Some(rank) => vec![rank],
+                None => (0..world).filter(|&r| r != me).collect(),
+            };
+            // The grace runs on a thread of its own: the session's reader must not sleep.
+            let (words, later) = (to_mark.clone(), ranks.clone());
+            let spawned = std::thread::Builder::new().name("gdaki-departed".into()).spawn(move || {
+                std::thread::sleep(DEPARTURE_GRACE);
+                later.iter().for_each(|&r| mark(&words, r));
+            });
+            if let Err(e) = spawned {
+                tracing::debug!("gdaki: no thread for the departure grace ({e}); the words are written at once");
+                ranks.iter().for_each(|&r| mark(&to_mark, r));
+            }
+        });
+        Ok(Self { words })
+    }
+
+    /// The device address of `peer`'s word.
+    pub(super) fn addr(&self, peer: u32) -> u64 {
+        self.words.device_addr() + 8 * peer as u64
+    }
+}
+
+/// Writes `rank`'s word: its rank plus one, with a release store (device code reads it with an acquire load).
+fn mark(words: &MappedBuf, rank: u32) {
+    debug_assert!((rank as usize + 1) * 8 <= words.len());
+    // SAFETY: `rank` is below the session's world size, so its 8-byte word lies inside `words` (8 bytes per
+    // rank, 4096-byte aligned); the word is only accessed atomically, by this function and device code.
+    let word = unsafe { AtomicU64::from_ptr(words.host_ptr().add(8 * rank as usize).cast()) };
+    word.store(rank as u64 + 1, Ordering::Release);
+}
