@@ -850,15 +850,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         }
     }
 
-    /// The peer's rank, once the host has written the handle's `departed` word (the peer left or died); `None`
-    /// while it is 0 or the handle has no such word.
+    /// The peer's rank, once the host has written the handle's `departed` word ([`departed`]).
     fn departed(&self) -> Option<u32> {
-        if self.h.departed == 0 {
-            return None;
-        }
-        // SAFETY: a non-zero `departed` names the host's 8-byte word for this peer (contract of `new`).
-        let v = unsafe { sync::load_acquire_u64(self.h.departed as *const u64) };
-        v.checked_sub(1).map(|rank| rank as u32)
+        // SAFETY: the handle's `departed` word, when not 0, is live (contract of `new`).
+        unsafe { departed(self.h) }
     }
 
     /// Whether a signal beyond those waited for has arrived; if so it counts as waited for (MSCCL++ `poll`).
@@ -875,6 +870,20 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
         }
         true
     }
+}
+
+/// The rank of `h`'s peer once the host has written the handle's `departed` word (the peer left the session or
+/// died); `None` while the word is 0 or the handle has none.
+///
+/// # Safety
+/// A non-zero `h.departed` must name an 8-byte word, 8-byte aligned, live for the call (a host-built handle's).
+pub(crate) unsafe fn departed(h: &PortChannelHandle) -> Option<u32> {
+    if h.departed == 0 {
+        return None;
+    }
+    // SAFETY: the caller's contract; the host writes the word with a release store.
+    let v = unsafe { sync::load_acquire_u64(h.departed as *const u64) };
+    v.checked_sub(1).map(|rank| rank as u32)
 }
 
 /// The remote and local start addresses of a put of `bytes` bytes from `src + src_offset` to `dst + dst_offset`

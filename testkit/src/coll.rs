@@ -58,6 +58,8 @@ pub struct CollRank {
     ring_args: DataBuf,
     all_reduce_ring: Kernel<RingArgs>,
     launch_timeout: Duration,
+    /// Set by [`CollRank::leave`]: the drop skips its barrier.
+    leaving: bool,
     /// Held for the whole of each call: its barrier, its arguments (`counts`, `ring_args`) and its launch.
     turn: Mutex<()>,
 }
@@ -69,6 +71,9 @@ impl Drop for CollRank {
     /// its buffers would stall the peers still in that call (their NICs could not place what arrives). A
     /// failed barrier (a peer gone) is ignored: the drop goes on.
     fn drop(&mut self) {
+        if self.leaving {
+            return;
+        }
         if let Err(e) = self.barrier() {
             tracing::debug!("collectives of rank {}: the barrier before freeing failed: {e}", self.comm.rank());
         }
@@ -106,8 +111,16 @@ impl CollRank {
             ring_args,
             all_reduce_ring,
             launch_timeout,
+            leaving: false,
             turn: Mutex::new(()),
         })
+    }
+
+    /// Leaves the session now, as a rank that quits mid-run does: no barrier with the other ranks first, and
+    /// (unless the caller holds another handle on the communicator) the communicator and its session go with
+    /// it, so the others learn that this rank left.
+    pub fn leave(mut self) {
+        self.leaving = true;
     }
 
     /// This rank's turn to make a call: no other call of this rank runs until it is dropped. A call that

@@ -212,6 +212,42 @@ fn broadcast_with_a_rank_missing(kind: ExecutorKind) {
     }
 }
 
+/// A rank that leaves the session during a broadcast (after the call's barrier, without launching): the root's
+/// wait for acknowledgments ends with `PeerGone` naming it soon after the session reports the departure, not
+/// after the call's 8 s bound; the root's other child, which does not depend on the rank that left, gets its
+/// bytes and acknowledges. (Tree from rank 0 over 4 ranks: rank 0's children are 1 and 2, rank 1's is 3.)
+#[test]
+fn cpu_broadcast_root_learns_that_a_rank_left() {
+    let cfg = CollConfig { timeout: Duration::from_secs(8), ..CollConfig::new(4096) };
+    let data = bytes(41, 3000);
+    let t0 = std::time::Instant::now();
+    let out = on_ranks(4, ExecutorKind::Cpu, false, cfg, |r| {
+        let rank = r.communicator().rank();
+        if rank == 0 {
+            r.collectives().buffer().write(0, &data).expect("fill");
+        }
+        if rank == 3 {
+            r.barrier().expect("the broadcast's barrier");
+            r.leave();
+            return None;
+        }
+        let b = Broadcast { root: 0, offset: 0, bytes: 3000, chunk: 1000, algorithm: Algorithm::Tree };
+        let res = r.broadcast(&b).map(|_| ());
+        Some((res, t0.elapsed(), r.collectives().buffer().to_vec().expect("read")[..3000].to_vec()))
+    });
+    match &out[0] {
+        Some((Err(gdaki::Error::Kernel { error: DevError::PeerGone(p), .. }), took, _)) => {
+            assert_eq!(p.rank, 3);
+            assert!(*took < Duration::from_secs(4), "the root ended after {took:?}");
+        }
+        other => panic!("the root got {:?}", other.as_ref().map(|o| &o.0)),
+    }
+    match &out[2] {
+        Some((Ok(()), _, got)) => assert_eq!(first_diff(got, &data), None, "rank 2's bytes"),
+        other => panic!("rank 2 got {:?}", other.as_ref().map(|o| &o.0)),
+    }
+}
+
 #[test]
 fn cpu_broadcast_with_a_rank_missing_times_out_naming_it() {
     broadcast_with_a_rank_missing(ExecutorKind::Cpu);

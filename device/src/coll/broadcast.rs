@@ -99,8 +99,9 @@ pub const fn default_chunk(bytes: u64) -> u64 {
 /// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle, a root not
 /// below `nranks`, or a range outside the data buffer (nothing posted);
 /// [`Error::Timeout`](crate::error::Error::Timeout) with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming
-/// the rank a receiver waited for, or [`WaitOn::GroupAck`](crate::error::WaitOn::GroupAck) on the root; the
-/// channels' errors (error CQEs, SQ timeouts).
+/// the rank a receiver waited for, or [`WaitOn::GroupAck`](crate::error::WaitOn::GroupAck) on the root;
+/// [`Error::PeerGone`](crate::error::Error::PeerGone) when a rank waited for (any, for the root) left or died;
+/// the channels' errors (error CQEs, SQ timeouts).
 ///
 /// # Safety
 /// `h` must be a handle the host built for this rank of a live communicator (`gdaki::coll::Collectives`),

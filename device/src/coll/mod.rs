@@ -10,7 +10,8 @@
 //! the counts of [`all_to_all_v`]). Nothing is reset between calls: semaphores and the acknowledgment
 //! counter only grow, and each call waits for exactly the signals it is owed. Every wait is bounded by the
 //! handle's `timeout_ns`, and a timeout names what it waited for: the rank ([`WaitOn::Peer`]), or, for the
-//! root's acknowledgment, how many receivers had not answered ([`WaitOn::GroupAck`]). After an error the
+//! root's acknowledgment, how many receivers had not answered ([`WaitOn::GroupAck`]); a late wait whose rank
+//! (for the root's acknowledgment: any rank) the host has marked gone ends with [`Error::PeerGone`]. After an error the
 //! counts no longer match between ranks: build a new communicator.
 
 mod all_to_all;
@@ -24,9 +25,9 @@ pub use gdaki_shared::coll::{ctrl, CollHandle, MAX_RANKS};
 pub use reduce::{all_reduce, dequantize, quantize, reduce, scale, Reduce};
 pub use ring::{all_reduce_ring, ring_scratch_bytes, RingAllReduce};
 
-use crate::channel::{Exclusive, PortChannel, PortChannelHandle};
-use crate::error::{Error, InvalidArgument, Result, Timeout, WaitOn};
-use crate::wait;
+use crate::channel::{departed, Exclusive, PortChannel, PortChannelHandle};
+use crate::error::{Error, InvalidArgument, PeerGone, Result, WaitOn};
+use crate::{sync, wait};
 use gdaki_shared::handle::RemoteMr;
 
 /// [`InvalidArgument::Collective`] as an error.
@@ -109,12 +110,27 @@ unsafe fn wait_acks(c: &Comm<'_>) -> Result<()> {
         expected.write_volatile(t);
         t
     };
-    // SAFETY: the handle's acknowledgment counter, live for the call and 8-byte aligned (64-byte aligned
-    // region, offset 0).
-    unsafe { wait::semaphore_ge(counter, target, c.h.timeout_ns) }.map(|_| ()).map_err(|e| match e {
-        Error::Timeout(Timeout { on: WaitOn::Semaphore { addr, expected, seen }, waited_ns }) => {
-            Error::Timeout(Timeout { on: WaitOn::GroupAck { addr, expected, seen }, waited_ns })
-        }
-        e => e,
-    })
+    let seen = core::cell::Cell::new(0);
+    // Once late, the wait reads every peer's departed word as a channel's wait reads its peer's: an
+    // acknowledgment from a rank that left or died never comes.
+    wait::bounded_watching(
+        c.h.timeout_ns,
+        |watch| {
+            // SAFETY: the handle's acknowledgment counter, live for the call and 8-byte aligned (64-byte
+            // aligned region, offset 0).
+            seen.set(unsafe { sync::load_acquire_u64(counter) });
+            if seen.get() >= target {
+                return Ok(Some(()));
+            }
+            if watch == wait::Watch::Look {
+                let others = (0..c.n).filter(|&p| p != c.rank);
+                // SAFETY: the peers' handles are host-built (the caller's contract): their words are live.
+                if let Some(rank) = others.into_iter().find_map(|p| unsafe { departed(&c.h.peers[p as usize]) }) {
+                    return Err(Error::PeerGone(PeerGone { rank }));
+                }
+            }
+            Ok(None)
+        },
+        || WaitOn::GroupAck { addr: counter as u64, expected: target, seen: seen.get() },
+    )
 }
