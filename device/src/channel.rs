@@ -30,6 +30,7 @@ use crate::wait::{bounded_watching, Watch};
 use crate::warp_qp::WarpQp;
 use crate::wqe::{self, Raddr, Sge, Wqe};
 pub use gdaki_shared::channel::PortChannelHandle;
+use gdaki_shared::channel::DEPARTED_BROKEN;
 use gdaki_shared::handle::QpHandle;
 use gdaki_shared::proxy::{mode, Trigger};
 
@@ -780,7 +781,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// # Errors
     /// [`Error::Timeout`] after the channel's timeout, with [`WaitOn::Peer`] naming the peer's rank when the
     /// handle records it (a host-built channel's does), [`WaitOn::Semaphore`] otherwise; [`Error::Cqe`];
-    /// [`Error::PeerGone`] once the signal is late and the host has marked the peer gone. A
+    /// [`Error::PeerGone`] once the signal is late and the host has marked the peer gone (it left, or the
+    /// session broke), unless the signal has landed by then. A
     /// wait that fails gives its count back, so that a retry waits for the same signal, unless another waiter
     /// of the channel has taken the next count meanwhile (shared waiters): then the counts stay as taken.
     pub fn wait(&mut self) -> Result<()> {
@@ -827,7 +829,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// One try of a wait for the peer ([`crate::wait::bounded_watching`]): when `watch` says to look, the QP's
     /// first error CQE ends the wait. In the Host modes the QP's CQ is the proxy's, and its error word tells
     /// instead. Once the wait is late ([`Watch::Look`]) the handle's `departed` word is read too: a peer that
-    /// left or died ends it at once rather than after its timeout, as NCCL's kernels poll their abort flag.
+    /// left, or a session that broke, ends it at once rather than after its timeout, as NCCL's kernels poll
+    /// their abort flag ([`crate::wait::bounded_watching`] then looks once more for what the wait awaits).
     ///
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE; the errors of polling the CQ; [`Error::PeerGone`].
@@ -845,13 +848,13 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
             return Err(Error::Cqe(e));
         }
         match watch {
-            Watch::Look => self.departed().map_or(Ok(()), |rank| Err(Error::PeerGone(PeerGone { rank }))),
+            Watch::Look => self.departed().map_or(Ok(()), |gone| Err(Error::PeerGone(gone))),
             _ => Ok(()),
         }
     }
 
-    /// The peer's rank, once the host has written the handle's `departed` word ([`departed`]).
-    fn departed(&self) -> Option<u32> {
+    /// The peer's departure, once the host has written the handle's `departed` word ([`departed`]).
+    fn departed(&self) -> Option<PeerGone> {
         // SAFETY: the handle's `departed` word, when not 0, is live (contract of `new`).
         unsafe { departed(self.h) }
     }
@@ -872,18 +875,19 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     }
 }
 
-/// The rank of `h`'s peer once the host has written the handle's `departed` word (the peer left the session or
-/// died); `None` while the word is 0 or the handle has none.
+/// The departure of `h`'s peer once the host has written the handle's `departed` word (the peer left, or the
+/// session broke: [`DEPARTED_BROKEN`]); `None` while the word is 0 or the handle has none.
 ///
 /// # Safety
 /// A non-zero `h.departed` must name an 8-byte word, 8-byte aligned, live for the call (a host-built handle's).
-pub(crate) unsafe fn departed(h: &PortChannelHandle) -> Option<u32> {
+pub(crate) unsafe fn departed(h: &PortChannelHandle) -> Option<PeerGone> {
     if h.departed == 0 {
         return None;
     }
     // SAFETY: the caller's contract; the host writes the word with a release store.
     let v = unsafe { sync::load_acquire_u64(h.departed as *const u64) };
-    v.checked_sub(1).map(|rank| rank as u32)
+    let rank = (v as u32).checked_sub(1)?;
+    Some(PeerGone { rank, broken: v & DEPARTED_BROKEN != 0 })
 }
 
 /// The remote and local start addresses of a put of `bytes` bytes from `src + src_offset` to `dst + dst_offset`

@@ -148,12 +148,17 @@ pub struct AppError {
     pub value: u64,
 }
 
-/// A peer that a wait was for is gone: it left the session or died (the host learned it from the bootstrap
-/// session and wrote the channel's `departed` word, after a grace period for what the peer had sent to land).
+/// A peer that a wait was for is gone, as far as the session can tell: it left the session, or the session
+/// broke (the host learned it from the bootstrap session and wrote the channel's `departed` word, after a
+/// grace period for what the peer had sent to land).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerGone {
     /// The peer's rank.
     pub rank: u32,
+    /// `false`: the peer left the session (said goodbye). `true`: the session broke (a rank or the root died,
+    /// or a collective failed; the host's bootstrap errors name the cause), which ends every wait of every
+    /// peer as NCCL's abort does: this peer may be alive, but what was awaited from it may never come.
+    pub broken: bool,
 }
 
 /// Everything device code can fail with.
@@ -173,7 +178,7 @@ pub enum Error {
     InvalidArgument(InvalidArgument),
     /// The application's kernel code failed ([`AppError`]): what a user's kernel returns for its own checks.
     App(AppError),
-    /// The peer a wait was for is gone ([`PeerGone`]): its signal will never come.
+    /// The peer a wait was for left, or the session broke ([`PeerGone`]): its signal may never come.
     PeerGone(PeerGone),
 }
 
@@ -267,7 +272,8 @@ pub mod kind {
     /// because another member could not post. One word, so that a launch's report of it can be replaced by
     /// the cause ([`crate::launch::report_error`]).
     pub const TEAM: u32 = 15;
-    /// [`super::Error::PeerGone`]; `addr` holds the peer's rank.
+    /// [`super::Error::PeerGone`]; `addr` holds the peer's rank, `expected` 1 when the session broke (0: the
+    /// peer left).
     pub const PEER_GONE: u32 = 17;
 }
 
@@ -380,6 +386,7 @@ impl Error {
             Error::PeerGone(p) => {
                 r.kind = kind::PEER_GONE;
                 r.addr = p.rank as u64;
+                r.expected = p.broken as u64;
             }
         }
         r
@@ -430,7 +437,14 @@ impl Error {
                 seen: r.seen,
             })),
             kind::APP => Some(Error::App(AppError { code: r.expected as u32, value: r.seen })),
-            kind::PEER_GONE => Some(Error::PeerGone(PeerGone { rank: u32::try_from(r.addr).ok()? })),
+            kind::PEER_GONE => Some(Error::PeerGone(PeerGone {
+                rank: u32::try_from(r.addr).ok()?,
+                broken: match r.expected {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+            })),
             kind::INVALID_ARGUMENT => Some(Error::InvalidArgument(match r.expected {
                 1 => InvalidArgument::LocalRange,
                 2 => InvalidArgument::RemoteRange,
@@ -515,13 +529,14 @@ impl core::fmt::Display for Error {
                 }
             }
             Error::App(a) => write!(f, "application error {} (value {})", a.code, a.value),
-            Error::PeerGone(p) => {
-                write!(
-                    f,
-                    "rank {} is gone (it left the session or died) and what was awaited from it never came",
-                    p.rank
-                )
+            Error::PeerGone(PeerGone { rank, broken: false }) => {
+                write!(f, "rank {rank} left the session before what was awaited from it came")
             }
+            Error::PeerGone(PeerGone { rank, broken: true }) => write!(
+                f,
+                "the bootstrap session broke while waiting for rank {rank} (a rank or the root died, or a collective \
+                 failed: the bootstrap's errors say which); what was awaited from rank {rank} may never come"
+            ),
             Error::UnexpectedCqe(u) => write!(
                 f,
                 "unexpected CQE for QPN {:#x}, WQE index {} (a CQ shared between QPs, or a stale completion)",

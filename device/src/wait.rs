@@ -64,7 +64,9 @@ pub enum Watch {
 /// across PCIe, and one that coincided with the signal delayed seeing it by up to 5 µs (the leg of a
 /// host-memory ping-pong in which that rank's own CQE was taken: 7.7-9.5 µs, the other leg 4.5). The last try
 /// before a timeout looks too, so that an error CQE already there ends the wait as itself whatever
-/// `timeout_ns` is.
+/// `timeout_ns` is. A [`Error::PeerGone`] from a watching step is final only once `step(Watch::Skip)`, called
+/// right after it, still does not find what the wait awaits: the mark is read after the step's look, and what
+/// the peer sent before it left may have landed between the two.
 #[inline(always)]
 pub fn bounded_watching<T>(
     timeout_ns: u64,
@@ -85,7 +87,14 @@ pub fn bounded_watching<T>(
             } else {
                 Watch::IfDue
             };
-            Ok(step(watch)?.map_or(Step::Idle, Step::Done))
+            match step(watch) {
+                // The watch reads the peer's departure after the step looked at what it awaits, and what the
+                // peer sent before it left may have landed between the two reads (its mark is written a grace
+                // period after its goodbye, which a sender that flushed sends once its signal has landed): one
+                // more look, without watching, takes that instead of ending the wait with `PeerGone`.
+                Err(gone @ Error::PeerGone(_)) => step(Watch::Skip)?.map_or(Err(gone), |v| Ok(Step::Done(v))),
+                done => Ok(done?.map_or(Step::Idle, Step::Done)),
+            }
         },
         on,
     )
@@ -141,7 +150,7 @@ pub unsafe fn semaphore_ge(sem: *const u64, expected: u64, timeout_ns: u64) -> R
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::{bounded_watching, Watch, WATCH_AFTER_NS};
-    use crate::error::{Error, PayloadMismatch, WaitOn};
+    use crate::error::{Error, PayloadMismatch, PeerGone, WaitOn};
     use crate::sync;
 
     fn on() -> WaitOn {
@@ -196,5 +205,58 @@ mod tests {
         // And with nothing found, the timeout names what was waited for.
         let r: Result<(), Error> = bounded_watching(2_000, |_| Ok(None), on);
         assert!(matches!(r, Err(Error::Timeout(t)) if t.waited_ns > 2_000 && t.on == on()), "{r:?}");
+    }
+
+    /// A step looks at what it awaits, then watches: the peer's signal may land between the two reads, and its
+    /// departure be marked after it (the host marks a departed peer only a grace period after its goodbye,
+    /// which a sender that flushed sends after its signal landed). Such a wait ends with the signal, from one
+    /// more look without watching, not with `PeerGone`; one whose signal is still missing then ends with
+    /// `PeerGone` after that one look. Other errors of the watch end the wait as they are.
+    #[test]
+    fn a_peer_gone_found_by_the_watch_is_checked_against_what_the_wait_awaits_once_more() {
+        let gone = Error::PeerGone(PeerGone { rank: 3, broken: false });
+        for landed_meanwhile in [true, false] {
+            let (mut log, mut landed) = (std::vec::Vec::new(), false);
+            let r: Result<usize, Error> = bounded_watching(
+                1_000_000_000,
+                |watch| {
+                    log.push(watch);
+                    if landed {
+                        return Ok(Some(log.len()));
+                    }
+                    if watch == Watch::Look {
+                        // The signal was not there at this step's look; it lands now (or not), before the mark
+                        // is read.
+                        landed = landed_meanwhile;
+                        return Err(gone);
+                    }
+                    Ok(None)
+                },
+                on,
+            );
+            let first_look = log.iter().position(|&w| w == Watch::Look).expect("a look");
+            assert_eq!(log[first_look..], [Watch::Look, Watch::Skip], "one more call, without watching");
+            match landed_meanwhile {
+                true => assert_eq!(r, Ok(first_look + 2), "the signal that landed ends the wait"),
+                false => assert_eq!(r, Err(gone)),
+            }
+        }
+        // An error CQE found by the watch ends the wait at once: the QP failed, whatever else arrives.
+        let cqe = Error::Cqe(crate::error::CqeError { syndrome: 0x15, vendor_err_synd: 0, wqe_counter: 1, qpn: 7 });
+        let mut log = std::vec::Vec::new();
+        let r: Result<(), Error> = bounded_watching(
+            1_000_000_000,
+            |watch| {
+                log.push(watch);
+                if watch == Watch::Look {
+                    return Err(cqe);
+                }
+                Ok(None)
+            },
+            on,
+        );
+        assert_eq!(r, Err(cqe));
+        assert_eq!(log.iter().filter(|&&w| w == Watch::Look).count(), 1);
+        assert_eq!(log.last(), Some(&Watch::Look), "no call after the error");
     }
 }

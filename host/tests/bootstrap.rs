@@ -1067,3 +1067,80 @@ fn a_root_that_closes_during_the_handshake_is_said_to_have_ended() {
     assert!(m.contains("closed the connection during the handshake") && m.contains("its process ended"), "{m}");
     assert!(!m.contains('\n'), "one line: {m}");
 }
+
+/// What `on_departure` reports, on each rank, in a session of 3: a non-root rank's goodbye is that rank
+/// (`Some(2)`), and so is the root's (`Some(0)`): the session breaks with it, but ranks 1 and 2 are still there
+/// (their QPs still reach each other); a rank that dies breaks the session for every rank (`None`). A watcher
+/// that comes after a departure hears of it at once, as the same value. Before, the root's goodbye was
+/// reported as `None`, which marked every rank gone to the communicators of ranks 1 and 2.
+#[test]
+fn on_departure_reports_a_goodbye_as_its_rank_and_a_death_as_the_session_broken() {
+    type Heard = std::sync::Arc<std::sync::Mutex<Vec<Option<u32>>>>;
+    fn watch(b: &Bootstrap) -> Heard {
+        let heard = Heard::default();
+        let h = heard.clone();
+        b.on_departure(move |who| h.lock().unwrap().push(who));
+        heard
+    }
+    fn wait_for(heard: &Heard) {
+        let t = Instant::now();
+        while heard.lock().unwrap().is_empty() && t.elapsed() < TIMEOUT {
+            thread::sleep(Duration::from_millis(1));
+        }
+        // Anything more would come at once.
+        thread::sleep(Duration::from_millis(50));
+    }
+    for leaver in [2u32, 0] {
+        let heard = run(3, TIMEOUT, |b| {
+            let heard = watch(&b);
+            b.barrier().unwrap();
+            if b.rank() == leaver {
+                drop(b);
+                return None;
+            }
+            wait_for(&heard);
+            let late = watch(&b);
+            let (heard, late) = (heard.lock().unwrap().clone(), late.lock().unwrap().clone());
+            // Rank 0 must not leave before rank 1 has heard (its goodbye would be a second departure).
+            if leaver == 2 {
+                b.send(1 - b.rank(), 1, b"heard").unwrap();
+                b.recv(1 - b.rank(), 1).unwrap();
+            }
+            Some((heard, late))
+        });
+        for (rank, h) in heard.into_iter().enumerate() {
+            let want = (rank as u32 != leaver).then(|| (vec![Some(leaver)], vec![Some(leaver)]));
+            assert_eq!(h, want, "rank {leaver} left: what rank {rank} heard");
+        }
+    }
+    // Rank 2 dies: ranks 0 and 1 hear that the session broke.
+    let (listener, launches) = session(3);
+    let (launches, both) = (&launches, &std::sync::Barrier::new(2));
+    thread::scope(|s| {
+        let ranks: Vec<_> = [Some(listener), None]
+            .into_iter()
+            .enumerate()
+            .map(|(rank, listener)| {
+                s.spawn(move || {
+                    let b = match listener {
+                        Some(l) => Bootstrap::root_on(l, &launches[0], TIMEOUT).unwrap(),
+                        None => Bootstrap::connect(&launches[rank], TIMEOUT).unwrap(),
+                    };
+                    let heard = watch(&b);
+                    wait_for(&heard);
+                    let late = watch(&b);
+                    let r = (heard.lock().unwrap().clone(), late.lock().unwrap().clone());
+                    // Neither leaves before both have heard.
+                    both.wait();
+                    r
+                })
+            })
+            .collect();
+        let raw = raw_rank(&launches[2]);
+        thread::sleep(Duration::from_millis(100));
+        drop(raw);
+        for (rank, h) in ranks.into_iter().enumerate() {
+            assert_eq!(h.join().unwrap(), (vec![None], vec![None]), "rank 2 died: what rank {rank} heard");
+        }
+    });
+}

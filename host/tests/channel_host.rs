@@ -1259,9 +1259,265 @@ fn a_wait_for_a_rank_that_left_ends_naming_it_long_before_its_timeout() {
             Some((by_wait, by_packets, t0.elapsed()))
         });
         let (by_wait, by_packets, took) = waited.into_iter().flatten().next().expect("the waiter's result");
-        let gone = DevError::PeerGone(gdaki_device::error::PeerGone { rank: leaver });
+        let gone = DevError::PeerGone(gdaki_device::error::PeerGone { rank: leaver, broken: false });
         assert_eq!((by_wait, by_packets), (Err(gone), Err(gone)), "rank {leaver} left, {mode:?}");
         assert!(took < CHANNEL_TIMEOUT / 4, "rank {leaver} left, {mode:?}: the waits took {took:?}");
-        assert!(gone.to_string().contains(&format!("rank {leaver} is gone")));
+        assert_eq!(gone.to_string(), format!("rank {leaver} left the session before what was awaited from it came"));
     }
+}
+
+/// Host modes: a rank whose last trigger is a signal behind a backlog of puts drops everything at once, without
+/// a flush. Its communicator, the proxy's last holder, drains the proxy as it drops (every trigger done, every
+/// WQE completed), and only then leaves the session: the peer's wait gets the signal, with every byte of the
+/// puts, not `PeerGone`. Before, the goodbye went first, and a drain longer than `DEPARTURE_GRACE` lost the
+/// signal to `PeerGone` although it landed.
+#[test]
+fn host_modes_a_communicator_drains_its_proxy_before_it_leaves_the_session() {
+    const LEN: usize = 8 << 20;
+    /// Enough bytes that the drain takes several times the grace even on a fast machine.
+    const PUTS: u64 = 24;
+    let payload = random_bytes(&mut rng(), LEN);
+    for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let peer = 1 - comm.rank();
+            let src = register(&comm, LEN);
+            let landing = register(&comm, LEN);
+            comm.send_memory(&landing, peer, 0).unwrap();
+            let dst = comm.recv_memory(peer, 0).unwrap();
+            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
+            let sem = comm.semaphore(&conn, peer, 2).unwrap();
+            let chan = PortChannel::new(&conn, &sem, dst, &src).unwrap().with_timeout(Duration::from_secs(20)).unwrap();
+            let h = chan.device_handle();
+            if comm.rank() == 1 {
+                fill(&src, &payload);
+            }
+            comm.bootstrap().barrier().unwrap();
+            barrier.wait();
+            let mut ch = exclusive(&h);
+            if comm.rank() == 1 {
+                for _ in 0..PUTS {
+                    ch.put(0, 0, LEN as u64).unwrap();
+                }
+                ch.signal().unwrap();
+                drop(ch);
+                // The memory goes after the communicator: the proxy reads the source until it has drained.
+                drop((chan, sem, conn, comm));
+                return None;
+            }
+            let waited = ch.wait();
+            Some((waited, sem.inbound().unwrap(), contents(&landing)))
+        });
+        let (waited, inbound, landed) = results.into_iter().flatten().next().expect("the waiter's result");
+        assert_eq!((waited, inbound), (Ok(()), 1), "{mode:?}");
+        assert_same(&landed, &payload, &format!("{mode:?}: landing buffer"));
+    }
+}
+
+/// A Device-mode channel of `comm` to `peer` over 4 KiB buffers, its setup calls paired by tags `tag` to
+/// `tag + 2`; with the memory, connection and semaphore it uses.
+fn channel_to(comm: &Communicator, peer: u32, tag: u32) -> (RegisteredMemory, Connection, Semaphore, PortChannel) {
+    let mem = register(comm, 4096);
+    comm.send_memory(&mem, peer, tag).unwrap();
+    let dst = comm.recv_memory(peer, tag).unwrap();
+    let conn = comm.connect(&EndpointConfig::default(), peer, tag + 1).unwrap();
+    let sem = comm.semaphore(&conn, peer, tag + 2).unwrap();
+    let chan = PortChannel::new(&conn, &sem, dst, &mem).unwrap();
+    (mem, conn, sem, chan)
+}
+
+/// In a session of three, the root's goodbye marks rank 0 alone gone: ranks 1 and 2 are still there, and each
+/// one's wait for the other, late by several times `DEPARTURE_GRACE` after the goodbye, gets its signal, while
+/// rank 1's wait for rank 0 ends with `PeerGone` naming rank 0 as left. Before, the root's goodbye marked every
+/// rank gone, and the wait between two live ranks ended with `PeerGone` too.
+#[test]
+fn the_roots_goodbye_marks_rank_zero_alone_gone() {
+    let grace = gdaki::channel::DEPARTURE_GRACE;
+    let setup = gdaki::channel::RankSetup::local(3, ExecutorKind::Cpu);
+    let results = gdaki::channel::run_ranks(&setup, |comm| {
+        let me = comm.rank();
+        // Rank 1 has a channel to each other rank; rank 2 to rank 1; rank 0 to rank 1.
+        let to_root = (me != 2).then(|| channel_to(&comm, 1 - me, 10));
+        let between = (me != 0).then(|| channel_to(&comm, 3 - me, 20));
+        comm.bootstrap().barrier().unwrap();
+        if me == 0 {
+            drop((to_root, comm));
+            return None;
+        }
+        let (_, _, _, chan) = between.as_ref().unwrap();
+        let h = chan.device_handle();
+        let mut ch = exclusive(&h);
+        // Well after the root's words were written; then rank 2 signals late, and rank 1 answers late.
+        std::thread::sleep(5 * grace);
+        let (first, second) = if me == 2 {
+            std::thread::sleep(2 * grace);
+            ch.signal().unwrap();
+            ch.flush().unwrap();
+            (ch.wait(), Ok(()))
+        } else {
+            let got = ch.wait();
+            std::thread::sleep(2 * grace);
+            ch.signal().unwrap();
+            ch.flush().unwrap();
+            let hr = to_root.as_ref().unwrap().3.device_handle();
+            let for_root = exclusive(&hr).wait();
+            (got, for_root)
+        };
+        // Neither leaves (which would mark it gone to the other) before both are done.
+        std::thread::sleep(5 * grace);
+        Some((first, second))
+    })
+    .unwrap();
+    let got: Vec<_> = results.into_iter().map(|(rank, r)| (rank, r.unwrap())).collect();
+    let root_left = DevError::PeerGone(gdaki_device::error::PeerGone { rank: 0, broken: false });
+    assert_eq!(got, [(0, None), (1, Some((Ok(()), Err(root_left)))), (2, Some((Ok(()), Ok(()))))]);
+}
+
+/// In a session of three whose rank 2 dies (its bootstrap connection ends without a goodbye), the session
+/// breaks, and ranks 0 and 1, both alive, each end their wait for the other with `PeerGone` saying that the
+/// session broke, not that the other rank is gone; their bootstrap calls name rank 2. Before, each said that
+/// the other, alive, "is gone (it left the session or died)".
+#[test]
+fn a_rank_that_dies_breaks_every_wait_saying_the_session_broke() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let root = listener.local_addr().unwrap().to_string();
+    let secret = gdaki::bootstrap::Secret::random().unwrap();
+    let launch = |rank| gdaki::bootstrap::Launch {
+        rank,
+        world_size: 3,
+        local_rank: rank,
+        root: root.clone(),
+        secret,
+        source: "test",
+    };
+    let mut listener = Some(listener);
+    let (ready, root) = (&Barrier::new(3), &root);
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let (l, launch) = (if rank == 0 { listener.take() } else { None }, launch(rank));
+                s.spawn(move || {
+                    let boot = match l {
+                        Some(l) => gdaki::bootstrap::Bootstrap::root_on(l, &launch, BOOT_TIMEOUT),
+                        None => gdaki::bootstrap::Bootstrap::connect(&launch, BOOT_TIMEOUT),
+                    }
+                    .unwrap();
+                    let comm = Communicator::new(boot, Executor::Cpu, WireConfig::loopback()).unwrap();
+                    let (_mem, _conn, _sem, chan) = channel_to(&comm, 1 - rank, 0);
+                    let h = chan.with_timeout(Duration::from_secs(8)).unwrap().device_handle();
+                    ready.wait();
+                    let t = Instant::now();
+                    let waited = exclusive(&h).wait();
+                    let took = t.elapsed();
+                    (waited, took, message(comm.bootstrap().barrier().unwrap_err()))
+                })
+            })
+            .collect();
+        // Rank 2 joins by hand (hello, welcome), then its "process" dies.
+        let mut raw = std::net::TcpStream::connect(root).unwrap();
+        let mut hello = vec![40, 0, 0, 0, 1, 0, 0, 0];
+        hello.extend_from_slice(b"GDAKIBS1");
+        hello.extend_from_slice(&1u32.to_le_bytes());
+        hello.extend_from_slice(secret.as_bytes());
+        hello.extend_from_slice(&2u32.to_le_bytes());
+        hello.extend_from_slice(&3u32.to_le_bytes());
+        raw.write_all(&hello).unwrap();
+        raw.read_exact(&mut [0u8; 16]).unwrap();
+        ready.wait();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(raw);
+        let died = "rank 2 closed its connection without leaving the session (did it die?)";
+        for (rank, h) in ranks.into_iter().enumerate() {
+            let (waited, took, boot) = h.join().unwrap();
+            let peer = 1 - rank as u32;
+            let e = waited.unwrap_err();
+            assert_eq!(
+                e,
+                DevError::PeerGone(gdaki_device::error::PeerGone { rank: peer, broken: true }),
+                "rank {rank}"
+            );
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "the bootstrap session broke while waiting for rank {peer} (a rank or the root died, or a \
+                     collective failed: the bootstrap's errors say which); what was awaited from rank {peer} may \
+                     never come"
+                )
+            );
+            assert!(took < Duration::from_secs(2), "rank {rank} waited {took:?}");
+            assert!(boot.starts_with(&format!("rank {rank}: all_gather #")) && boot.contains(died), "{boot}");
+        }
+    });
+}
+
+/// A wait that starts only after the peer has left and its word was written, and the retries after it: each
+/// ends with `PeerGone` soon after it is late (not after the channel's timeout), and each gives its count
+/// back, so that nothing is counted as waited for; in Device and Host modes.
+#[test]
+fn waits_begun_after_the_peer_left_and_their_retries_each_end_with_peer_gone_giving_the_count_back() {
+    const CHANNEL_TIMEOUT: Duration = Duration::from_secs(8);
+    for mode in [IbMode::Device, IbMode::Host] {
+        let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+            let peer = 1 - comm.rank();
+            let mem = register(&comm, 4096);
+            comm.send_memory(&mem, peer, 0).unwrap();
+            let dst = comm.recv_memory(peer, 0).unwrap();
+            let conn = comm.connect(&EndpointConfig::with_mode(mode), peer, 1).unwrap();
+            let sem = comm.semaphore(&conn, peer, 2).unwrap();
+            let chan = PortChannel::new(&conn, &sem, dst, &mem).unwrap().with_timeout(CHANNEL_TIMEOUT).unwrap();
+            let h = chan.device_handle();
+            comm.bootstrap().barrier().unwrap();
+            barrier.wait();
+            if comm.rank() == 1 {
+                drop(comm);
+                return None;
+            }
+            std::thread::sleep(5 * gdaki::channel::DEPARTURE_GRACE);
+            let mut ch = exclusive(&h);
+            let waits: Vec<_> = (0..3)
+                .map(|_| {
+                    let t = Instant::now();
+                    (ch.wait(), t.elapsed() < CHANNEL_TIMEOUT / 4)
+                })
+                .collect();
+            Some((waits, sem.expected().unwrap()))
+        });
+        let gone = DevError::PeerGone(gdaki_device::error::PeerGone { rank: 1, broken: false });
+        let (waits, expected) = results.into_iter().flatten().next().expect("the waiter's result");
+        assert_eq!(waits, vec![(Err(gone), true); 3], "{mode:?}");
+        assert_eq!(expected, 0, "{mode:?}: every count given back");
+    }
+}
+
+/// A world of one, whose channel is a loopback to itself: the communicator's drop is this rank's own leaving,
+/// which marks no word, so the channel's wait afterwards times out naming rank 0 rather than ending with
+/// `PeerGone`, and then gets the signal it sends itself.
+#[test]
+fn a_loopback_channel_is_never_told_its_own_rank_left() {
+    let setup = gdaki::channel::RankSetup::local(1, ExecutorKind::Cpu);
+    let results = gdaki::channel::run_ranks(&setup, |comm| {
+        let (_mem, conn, sem, chan) = channel_to(&comm, 0, 0);
+        let chan = chan.with_timeout(Duration::from_millis(200)).unwrap();
+        let h = chan.device_handle();
+        drop(comm);
+        std::thread::sleep(5 * gdaki::channel::DEPARTURE_GRACE);
+        let mut ch = exclusive(&h);
+        let alone = ch.wait();
+        ch.signal().unwrap();
+        let signalled = ch.wait();
+        drop(ch);
+        (
+            alone.map_err(|e| match e {
+                DevError::Timeout(t) => Ok(t.on),
+                other => Err(other),
+            }),
+            signalled,
+            sem.expected().unwrap(),
+            conn.peer(),
+        )
+    })
+    .unwrap();
+    let (rank, got) = results.into_iter().next().unwrap();
+    let on = WaitOn::Peer { rank: 0, expected: 1, seen: 0 };
+    assert_eq!((rank, got.unwrap()), (0, (Err(Ok(on)), Ok(()), 1, 0)));
 }

@@ -1211,7 +1211,7 @@ fn any_error() -> impl Strategy<Value = Error> {
         (any::<u32>().prop_map(|q| q & 0xff_ffff), any::<u16>())
             .prop_map(|(qpn, wqe_counter)| Error::UnexpectedCqe(UnexpectedCqe { qpn, wqe_counter })),
         (any::<u32>(), any::<u64>()).prop_map(|(code, value)| Error::App(AppError { code, value })),
-        any::<u32>().prop_map(|rank| Error::PeerGone(PeerGone { rank })),
+        (any::<u32>(), any::<bool>()).prop_map(|(rank, broken)| Error::PeerGone(PeerGone { rank, broken })),
     ]
 }
 
@@ -1283,13 +1283,16 @@ proptest! {
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
             Error::App(a) => format!("application error {} (value {})", a.code, a.value),
-            Error::PeerGone(p) => format!("rank {} is gone", p.rank),
+            Error::PeerGone(PeerGone { rank, broken: false }) => format!("rank {rank} left the session"),
+            Error::PeerGone(PeerGone { rank, broken: true }) => {
+                format!("the bootstrap session broke while waiting for rank {rank} ")
+            }
         };
         prop_assert!(text.contains(&part), "{:?} lacks {:?}", text, part);
     }
 
     #[test]
-    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 17u32..]) {
+    fn reports_of_no_error_or_unknown_kinds_are_none(k in prop_oneof![Just(0u32), 18u32..]) {
         let r = ErrorReport { kind: k, syndrome: 0x13, expected: 5, ..ErrorReport::default() };
         prop_assert_eq!(Error::from_report(&r), None);
     }
@@ -1568,4 +1571,25 @@ fn posters_of_every_kind_follow_each_other_on_a_qp() {
     let st = q.h.sq;
     assert!(consumed > 2 * 64, "the ring turned over twice: {consumed} WQEBBs ({kinds:?})");
     assert_eq!((wqes, st.pi, st.ready, st.ci, st.rung), (consumed, consumed, consumed, consumed, consumed), "{st:?}");
+}
+
+/// `PeerGone` as the report carries it, from literal words: kind 17, the rank in `addr`, `expected` 1 when the
+/// session broke and 0 when the peer left; any other `expected`, or a rank past 32 bits, decodes to nothing.
+#[test]
+fn peer_gone_reports_are_the_documented_ones() {
+    assert_eq!(kind::PEER_GONE, 17);
+    for (rank, broken, expected) in [(0u32, false, 0u64), (7, true, 1), (u32::MAX, false, 0)] {
+        let literal = ErrorReport { kind: 17, addr: rank as u64, expected, ..ErrorReport::default() };
+        let e = Error::PeerGone(PeerGone { rank, broken });
+        assert_eq!(e.to_report(), literal);
+        assert_eq!(Error::from_report(&literal), Some(e));
+    }
+    assert_eq!(
+        Error::PeerGone(PeerGone { rank: 3, broken: false }).to_string(),
+        "rank 3 left the session before what was awaited from it came"
+    );
+    for (addr, expected) in [(1u64, 2u64), (1, u64::MAX), (u32::MAX as u64 + 1, 0)] {
+        let r = ErrorReport { kind: 17, addr, expected, ..ErrorReport::default() };
+        assert_eq!(Error::from_report(&r), None, "addr {addr}, expected {expected}");
+    }
 }

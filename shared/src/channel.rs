@@ -54,10 +54,11 @@ pub struct PortChannelHandle {
     /// | vendor_err_synd << 16 | wqe_counter`), `qpn` the proxy's QP's number. 0 in Device mode.
     pub proxy_err: u64,
     /// Address of the word that says whether the peer is gone (8 bytes, 8-byte aligned, host memory mapped
-    /// for device code; 0: not watched): the host writes the peer's rank plus one there once the peer has left
-    /// the session or died (its bootstrap connection ended) and a grace period has passed for what it sent
-    /// before to land. A wait for the peer that is late reads it, and ends with `PeerGone` instead of waiting
-    /// out its timeout (NCCL's abort flag, per peer).
+    /// for device code; 0: not watched): once the bootstrap session reports that the peer left (its goodbye)
+    /// and a grace period has passed for what it sent before to land, the host writes the peer's rank plus one
+    /// there; once the session broke (a rank or the root died, or a collective failed: every peer is lost to
+    /// the session, alive or not), the same with [`DEPARTED_BROKEN`] set. A wait for the peer that is late
+    /// reads it, and ends with `PeerGone` instead of waiting out its timeout (NCCL's abort flag, per peer).
     pub departed: u64,
     /// Who posts this channel's WQEs: one of [`crate::proxy::mode`].
     pub proxy: u32,
@@ -71,6 +72,10 @@ pub struct PortChannelHandle {
     /// Zero: keeps the handle a multiple of 8 bytes.
     pub pad: u32,
 }
+
+/// The bit of a [`PortChannelHandle::departed`] word that says the peer was marked because the bootstrap
+/// session broke, not because the peer left; the low 32 bits hold the peer's rank plus one either way.
+pub const DEPARTED_BROKEN: u64 = 1 << 32;
 
 impl PortChannelHandle {
     /// The peer's rank, when the handle's builder recorded it ([`PortChannelHandle::peer_plus_one`]).

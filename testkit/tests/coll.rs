@@ -237,7 +237,7 @@ fn cpu_broadcast_root_learns_that_a_rank_left() {
     });
     match &out[0] {
         Some((Err(gdaki::Error::Kernel { error: DevError::PeerGone(p), .. }), took, _)) => {
-            assert_eq!(p.rank, 3);
+            assert_eq!((p.rank, p.broken), (3, false));
             assert!(*took < Duration::from_secs(4), "the root ended after {took:?}");
         }
         other => panic!("the root got {:?}", other.as_ref().map(|o| &o.0)),

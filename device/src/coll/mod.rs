@@ -26,7 +26,7 @@ pub use reduce::{all_reduce, dequantize, quantize, reduce, scale, Reduce};
 pub use ring::{all_reduce_ring, ring_scratch_bytes, RingAllReduce};
 
 use crate::channel::{departed, Exclusive, PortChannel, PortChannelHandle};
-use crate::error::{Error, InvalidArgument, PeerGone, Result, WaitOn};
+use crate::error::{Error, InvalidArgument, Result, WaitOn};
 use crate::{sync, wait};
 use gdaki_shared::handle::RemoteMr;
 
@@ -125,8 +125,8 @@ unsafe fn wait_acks(c: &Comm<'_>) -> Result<()> {
             if watch == wait::Watch::Look {
                 let others = (0..c.n).filter(|&p| p != c.rank);
                 // SAFETY: the peers' handles are host-built (the caller's contract): their words are live.
-                if let Some(rank) = others.into_iter().find_map(|p| unsafe { departed(&c.h.peers[p as usize]) }) {
-                    return Err(Error::PeerGone(PeerGone { rank }));
+                if let Some(gone) = others.into_iter().find_map(|p| unsafe { departed(&c.h.peers[p as usize]) }) {
+                    return Err(Error::PeerGone(gone));
                 }
             }
             Ok(None)

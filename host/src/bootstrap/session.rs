@@ -94,6 +94,9 @@ pub(super) struct Mailbox {
     gone: HashMap<u32, String>,
     /// Why the session is broken (the first cause), once it is.
     broken: Option<String>,
+    /// Whether the watchers were told that the session broke (`None`: every other rank is lost to this one).
+    /// Not so when the break is the root's goodbye ([`Shared::root_left`]): only rank 0 left then.
+    lost: bool,
     /// Told of each departure ([`Bootstrap::on_departure`]).
     watchers: Vec<Arc<Departure>>,
 }
@@ -164,13 +167,26 @@ impl Shared {
         self.arrived.notify_all();
     }
 
-    /// Marks the session broken (keeping the first cause) and wakes every waiting call.
+    /// Marks the session broken (keeping the first cause), tells the watchers once, and wakes every waiting
+    /// call.
     fn break_session(&self, why: String) {
         let mut mb = lock(&self.mailbox);
-        if mb.broken.is_none() {
-            mb.broken = Some(why);
+        mb.broken.get_or_insert(why);
+        if !mb.lost {
+            mb.lost = true;
             mb.watchers.iter().for_each(|w| w(None));
         }
+        drop(mb);
+        self.arrived.notify_all();
+    }
+
+    /// Non-root: the root said goodbye. The session is broken (the root relays everything), but only rank 0
+    /// left: the watchers hear of it alone, since the other ranks are still there and their QPs still reach
+    /// this rank's.
+    fn root_left(&self, why: String) {
+        let mut mb = lock(&self.mailbox);
+        mb.mark_gone(0, why.clone());
+        mb.broken.get_or_insert(why);
         drop(mb);
         self.arrived.notify_all();
     }
@@ -328,7 +344,12 @@ pub(super) fn serve_root(shared: Arc<Shared>, stream: TcpStream) {
     let root = &shared.root;
     let why = loop {
         match reader.next(MAX_FRAME, shared.stall()) {
-            Ok((Kind::Goodbye, _)) => break format!("the root (rank 0) at {root} left the session"),
+            Ok((Kind::Goodbye, _)) => {
+                if !shared.closing.load(Ordering::Acquire) {
+                    shared.root_left(format!("the root (rank 0) at {root} left the session"));
+                }
+                return;
+            }
             Ok((kind, payload)) => {
                 if let Err(e) = shared.on_root_frame(kind, &payload) {
                     break format!("the root (rank 0) at {root} broke the protocol: {e}");
@@ -380,16 +401,18 @@ impl Bootstrap {
         }
     }
 
-    /// Calls `f(Some(rank))` once for each rank that leaves the session (says goodbye) and `f(None)` once if
-    /// the session breaks (a rank died, or the root is gone: no rank can be reached any more), on the thread
-    /// that learns it; for what happened before this call, at once. This process's own leaving (the drop) is
-    /// not reported. `f` runs with the session's lock held: it must be quick and must not call this
-    /// `Bootstrap`. The communicator uses it to end device-side waits for a rank that is gone.
+    /// Calls `f(Some(rank))` once for each rank that leaves the session (says goodbye; the root too: its
+    /// goodbye breaks the session, but the other ranks are still there) and `f(None)` once if the session
+    /// breaks otherwise (a rank or the root died, or one of the root's collectives failed: every rank is lost
+    /// to this one), on the thread that learns it; for what happened before this call, at once. This
+    /// process's own leaving (the drop) is not reported. `f` runs with the session's lock held: it must be
+    /// quick and must not call this `Bootstrap`. The communicator uses it to end device-side waits for a rank
+    /// that is gone.
     pub fn on_departure(&self, f: impl Fn(Option<u32>) + Send + Sync + 'static) {
         let f: Arc<Departure> = Arc::new(f);
         let mut mb = lock(&self.shared.mailbox);
         mb.gone.keys().for_each(|&rank| f(Some(rank)));
-        if mb.broken.is_some() {
+        if mb.lost {
             f(None);
         }
         mb.watchers.push(f);

@@ -35,12 +35,19 @@ use crate::proxy::{ProxyService, DEFAULT_FIFO_SIZE};
 /// error saying so. Tags are shared with other users of the same bootstrap.
 ///
 /// Everything it makes keeps the NIC alive: connections, memory, semaphores and channels may outlive the
-/// communicator (dropping it only leaves the bootstrap session).
+/// communicator (dropping it only leaves the bootstrap session). Its peers take that leaving as this rank's
+/// departure, though: [`DEPARTURE_GRACE`](super::DEPARTURE_GRACE) after they learn of it, their port-channel
+/// waits for this rank that are late end with `PeerGone`. So drop it once what the peers await from this rank
+/// has landed: after a flush, or, in the Host modes, by dropping the channels and connections first, since the
+/// communicator's drop drains the proxy it holds last before it leaves.
 pub struct Communicator {
     res: Arc<Resources>,
-    boot: Bootstrap,
-    /// The proxy of the Host modes, started by the first connection that needs it.
+    /// The proxy of the Host modes, started by the first connection that needs it. Dropped before `boot`: as
+    /// its last holder the communicator drains it (every trigger done, every WQE completed) before the
+    /// bootstrap's goodbye, after which the peers mark this rank gone ([`super::DEPARTURE_GRACE`] later) and
+    /// their late waits for it end with `PeerGone`, whatever is still on its way.
     proxy: Mutex<Option<Arc<ProxyService>>>,
+    boot: Bootstrap,
 }
 
 impl std::fmt::Debug for Communicator {

@@ -1,10 +1,13 @@
 //! The words that tell device code a peer is gone: one per rank, in host memory mapped for device code, written
-//! once the bootstrap session reports the rank's departure and a grace period has passed. A channel's handle
-//! names its peer's word (`PortChannelHandle::departed`); a wait for the peer that is late reads it.
+//! once the bootstrap session reports the rank's departure (or its own break) and a grace period has passed. A
+//! channel's handle names its peer's word (`PortChannelHandle::departed`); a wait for the peer that is late
+//! reads it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use gdaki_shared::channel::DEPARTED_BROKEN;
 
 use crate::bootstrap::Bootstrap;
 use crate::exec::Executor;
@@ -16,7 +19,8 @@ use crate::Result;
 /// session's), and far shorter than a wait's timeout (5 s for a channel by default).
 pub const DEPARTURE_GRACE: Duration = Duration::from_millis(20);
 
-/// One word per rank of the session, 8 bytes each: 0 while the rank is there, its rank plus one once gone.
+/// One word per rank of the session, 8 bytes each: 0 while the rank is there, its rank plus one once it left,
+/// that with [`DEPARTED_BROKEN`] once the session broke.
 #[derive(Debug)]
 pub(super) struct Departed {
     words: Arc<MappedBuf>,
@@ -37,15 +41,16 @@ impl Departed {
                 Some(rank) => vec![rank],
                 None => (0..world).filter(|&r| r != me).collect(),
             };
+            let broken = who.is_none();
             // The grace runs on a thread of its own: the session's reader must not sleep.
             let (words, later) = (to_mark.clone(), ranks.clone());
             let spawned = std::thread::Builder::new().name("gdaki-departed".into()).spawn(move || {
                 std::thread::sleep(DEPARTURE_GRACE);
-                later.iter().for_each(|&r| mark(&words, r));
+                later.iter().for_each(|&r| mark(&words, r, broken));
             });
             if let Err(e) = spawned {
                 tracing::debug!("gdaki: no thread for the departure grace ({e}); the words are written at once");
-                ranks.iter().for_each(|&r| mark(&to_mark, r));
+                ranks.iter().for_each(|&r| mark(&to_mark, r, broken));
             }
         });
         Ok(Self { words })
@@ -57,11 +62,18 @@ impl Departed {
     }
 }
 
-/// Writes `rank`'s word: its rank plus one, with a release store (device code reads it with an acquire load).
-fn mark(words: &MappedBuf, rank: u32) {
+/// Writes `rank`'s word: its rank plus one, with [`DEPARTED_BROKEN`] when the session `broken`, with release
+/// stores (device code reads it with an acquire load). A break marks only a word still 0: that the rank left,
+/// heard first, says more (the break is then another rank's doing); a goodbye heard after a break replaces it.
+fn mark(words: &MappedBuf, rank: u32, broken: bool) {
     debug_assert!((rank as usize + 1) * 8 <= words.len());
     // SAFETY: `rank` is below the session's world size, so its 8-byte word lies inside `words` (8 bytes per
     // rank, 4096-byte aligned); the word is only accessed atomically, by this function and device code.
     let word = unsafe { AtomicU64::from_ptr(words.host_ptr().add(8 * rank as usize).cast()) };
-    word.store(rank as u64 + 1, Ordering::Release);
+    let left = rank as u64 + 1;
+    if broken {
+        let _ = word.compare_exchange(0, DEPARTED_BROKEN | left, Ordering::Release, Ordering::Relaxed);
+    } else {
+        word.store(left, Ordering::Release);
+    }
 }
