@@ -223,7 +223,9 @@ fn gpu_flush_reports_a_bad_key_in_every_mode() {
 /// Rank 0 leaves the session once the run's barrier is passed, without launching: rank 1's ping-pong, whose
 /// first step waits for rank 0's message with nothing of its own outstanding (no error CQE can tell it), ends
 /// with `PeerGone` naming rank 0 soon after the goodbye (the departed word, written `DEPARTURE_GRACE` later), not
-/// after the run's 8 s bound, in every Device-mode sharing.
+/// after the run's 8 s bound, in every Device-mode sharing. On the cpu executor only: on the GPU, rank 0's
+/// leaving frees GPU memory, which waits for rank 1's running kernel (one process, one GPU), so the goodbye
+/// comes only once that kernel's wait has timed out (the guide says so).
 fn a_peer_that_leaves_ends_the_wait_for_it(kind: ExecutorKind, team: u32) {
     let timeout = Duration::from_secs(8);
     for mode in Mode::DEVICE {
@@ -251,13 +253,6 @@ fn a_peer_that_leaves_ends_the_wait_for_it(kind: ExecutorKind, team: u32) {
 #[test]
 fn cpu_a_peer_that_leaves_ends_the_wait_for_it() {
     a_peer_that_leaves_ends_the_wait_for_it(ExecutorKind::Cpu, 4);
-}
-
-#[test]
-#[ignore = "needs a GPU: run on the H200 with --ignored"]
-fn gpu_a_peer_that_leaves_ends_the_wait_for_it() {
-    let _gpu = gdaki_testkit::gpu_turn();
-    a_peer_that_leaves_ends_the_wait_for_it(ExecutorKind::Gpu, 128);
 }
 
 /// Packet ping-pongs of a size that is not whole packets, or whose packets do not fit the buffer, are refused
