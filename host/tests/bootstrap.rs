@@ -1144,3 +1144,48 @@ fn on_departure_reports_a_goodbye_as_its_rank_and_a_death_as_the_session_broken(
         }
     });
 }
+
+/// `leave` is the drop's goodbye while the `Bootstrap` lives on: the others hear of the leaver at once (as
+/// `Some(rank)`, a non-root's and the root's alike) and their calls that need it fail naming it; the leaver's own
+/// calls fail at once with "rank N left the session" (not after the timeout), its watchers hear nothing of its
+/// own leaving, and a second `leave` and the drop after it add nothing.
+#[test]
+fn leave_says_goodbye_while_the_bootstrap_lives_and_later_calls_fail_at_once() {
+    type Heard = std::sync::Arc<std::sync::Mutex<Vec<Option<u32>>>>;
+    for leaver in [2u32, 0] {
+        let done = &std::sync::Barrier::new(3);
+        let results = run(3, TIMEOUT, |b| {
+            let heard = Heard::default();
+            let h = heard.clone();
+            b.on_departure(move |who| h.lock().unwrap().push(who));
+            b.barrier().unwrap();
+            let r = if b.rank() == leaver {
+                b.leave();
+                let t = Instant::now();
+                let calls = [b.barrier().map_err(message), b.send(1, 7, b"late").map_err(message)];
+                b.leave();
+                let quick = t.elapsed() < Duration::from_secs(1);
+                // Long enough for a report of its own leaving to come, were there one.
+                thread::sleep(Duration::from_millis(100));
+                let own = heard.lock().unwrap().clone();
+                calls.iter().all(|c| c.as_ref().is_err_and(|m| m.contains(&format!("rank {leaver} left the session"))))
+                    && quick
+                    && own.is_empty()
+            } else {
+                let t = Instant::now();
+                while heard.lock().unwrap().is_empty() && t.elapsed() < TIMEOUT {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                let seen = heard.lock().unwrap().clone() == vec![Some(leaver)] && t.elapsed() < Duration::from_secs(2);
+                let recv = b.recv(leaver, 7).map_err(message);
+                // The root's goodbye is reported as "the root (rank 0) at ADDRESS left the session".
+                let named = |m: &String| m.contains(&format!("rank {leaver}")) && m.contains("left the session");
+                seen && recv.is_err_and(|m| named(&m))
+            };
+            // The leaver's value lives until the others are done with theirs.
+            done.wait();
+            r
+        });
+        assert_eq!(results, vec![true; 3], "rank {leaver} left: what each rank saw");
+    }
+}

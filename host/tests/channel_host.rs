@@ -451,11 +451,20 @@ fn a_peer_that_never_answers_is_a_bootstrap_timeout_naming_the_call() {
     });
 }
 
+/// Channels keep working once their communicator has left the session, by its drop or by `leave`; after
+/// `leave`, the communicator's calls that exchange with a peer fail at once, saying that a rank left.
 #[test]
-fn channels_keep_working_after_the_communicator_is_dropped() {
+fn channels_keep_working_after_the_communicator_is_dropped_or_has_left() {
     const LEN: usize = 4096;
     let mut rng = rng();
     let payloads = [random_bytes(&mut rng, LEN), random_bytes(&mut rng, LEN)];
+    for leave in [false, true] {
+        channels_keep_working_after_leaving(&payloads, leave);
+    }
+}
+
+fn channels_keep_working_after_leaving(payloads: &[Vec<u8>; 2], leave: bool) {
+    const LEN: usize = 4096;
     two_ranks(BOOT_TIMEOUT, |comm, barrier| {
         let (me, peer) = (comm.rank() as usize, 1 - comm.rank());
         let src = register(&comm, LEN);
@@ -469,6 +478,16 @@ fn channels_keep_working_after_the_communicator_is_dropped() {
         // Only the channel and the landing buffer stay: it holds the connection, semaphore and source.
         drop((conn, sem, src));
         comm.bootstrap().barrier().unwrap();
+        if leave {
+            comm.leave();
+            let t = Instant::now();
+            let e = comm.connect(&EndpointConfig::default(), peer, 3).map(drop).map_err(message);
+            // The first cause is named: this rank's leaving, or rank 0's when the root left first.
+            assert!(
+                e.as_ref().is_err_and(|m| m.contains("left the session")) && t.elapsed() < Duration::from_secs(1),
+                "{e:?}"
+            );
+        }
         drop(comm);
         let h = chan.device_handle();
         {

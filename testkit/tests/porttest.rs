@@ -220,39 +220,68 @@ fn gpu_flush_reports_a_bad_key_in_every_mode() {
     bad_key_flush(ExecutorKind::Gpu, 128);
 }
 
+/// How rank 0 leaves in [`a_peer_that_leaves_ends_the_wait_for_it`].
+#[derive(Clone, Copy, Debug)]
+enum Leaving {
+    /// `Communicator::leave`, its channels and memory kept until rank 1's run has ended.
+    Leave,
+    /// Dropping everything, the communicator last.
+    Drop,
+}
+
 /// Rank 0 leaves the session once the run's barrier is passed, without launching: rank 1's ping-pong, whose
 /// first step waits for rank 0's message with nothing of its own outstanding (no error CQE can tell it), ends
 /// with `PeerGone` naming rank 0 soon after the goodbye (the departed word, written `DEPARTURE_GRACE` later), not
-/// after the run's 8 s bound, in every Device-mode sharing. On the cpu executor only: on the GPU, rank 0's
-/// leaving frees GPU memory, which waits for rank 1's running kernel (one process, one GPU), so the goodbye
-/// comes only once that kernel's wait has timed out (the guide says so).
-fn a_peer_that_leaves_ends_the_wait_for_it(kind: ExecutorKind, team: u32) {
+/// after the run's 8 s bound, in every Device-mode sharing. On the GPU only by `Leaving::Leave`: a rank that drops
+/// its objects first frees GPU memory, which waits for rank 1's running kernel (one process, one GPU), so its
+/// goodbye would come only once that kernel's wait had timed out (the guide says so).
+fn a_peer_that_leaves_ends_the_wait_for_it(kind: ExecutorKind, team: u32, leaving: Leaving) {
     let timeout = Duration::from_secs(8);
     for mode in Mode::DEVICE {
+        let ended = &std::sync::Barrier::new(2);
         let results = two_ranks(kind, |rank, comm| {
             let comm = std::sync::Arc::new(comm);
             let mut t = PortTest::new(comm.clone(), mode, 1, 1024, 4).expect("set up");
             if rank == 0 {
                 comm.bootstrap().barrier().expect("the run's barrier");
-                drop((t, comm));
+                match leaving {
+                    Leaving::Leave => {
+                        comm.leave();
+                        ended.wait();
+                    }
+                    Leaving::Drop => {
+                        drop((t, comm));
+                        ended.wait();
+                    }
+                }
                 return None;
             }
             let cfg =
                 RunConfig { op: op::PINGPONG, size: 1024, iters: 1, team: mode.fit_team(team), seed: 0x1e, timeout };
             let start = std::time::Instant::now();
             let r = t.run(&cfg);
-            Some((r.is_err(), t.device_error(), start.elapsed()))
+            let out = (r.is_err(), t.device_error(), start.elapsed());
+            ended.wait();
+            Some(out)
         });
         let (failed, error, took) = results[1].expect("rank 1's run");
         let gone = DevError::PeerGone(gdaki_device::error::PeerGone { rank: 0, broken: false });
-        assert_eq!((failed, error), (true, Some(gone)), "{}", mode.name());
-        assert!(took < Duration::from_secs(4), "{}: rank 1's run took {took:?}", mode.name());
+        assert_eq!((failed, error), (true, Some(gone)), "{} {leaving:?}", mode.name());
+        assert!(took < Duration::from_secs(4), "{} {leaving:?}: rank 1's run took {took:?}", mode.name());
     }
 }
 
 #[test]
 fn cpu_a_peer_that_leaves_ends_the_wait_for_it() {
-    a_peer_that_leaves_ends_the_wait_for_it(ExecutorKind::Cpu, 4);
+    a_peer_that_leaves_ends_the_wait_for_it(ExecutorKind::Cpu, 4, Leaving::Drop);
+    a_peer_that_leaves_ends_the_wait_for_it(ExecutorKind::Cpu, 4, Leaving::Leave);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_a_peer_that_leaves_ends_the_wait_for_it() {
+    let _gpu = gdaki_testkit::gpu_turn();
+    a_peer_that_leaves_ends_the_wait_for_it(ExecutorKind::Gpu, 128, Leaving::Leave);
 }
 
 /// Packet ping-pongs of a size that is not whole packets, or whose packets do not fit the buffer, are refused

@@ -33,7 +33,8 @@ use crate::{Error, Result};
 /// rank, from one thread at a time, as MPI's and NCCL's are.
 ///
 /// # Leaving, and failures
-/// Dropping a `Bootstrap` says goodbye on its connections, shuts its sockets down and joins its readers.
+/// Dropping a `Bootstrap` says goodbye on its connections, shuts its sockets down and joins its readers;
+/// [`leave`](Bootstrap::leave) does the first two while the value lives on.
 /// When a rank leaves so, the root tells the others: later `recv`s from it (once its queued messages are
 /// taken), `send`s to it and collectives fail, naming it; everything else goes on. Since the root relays
 /// everything, once it leaves no call that needs the network succeeds: end with a [`barrier`](Self::barrier)
@@ -64,7 +65,8 @@ pub(super) struct Shared {
     pub(super) links: Vec<Option<Link>>,
     pub(super) mailbox: Mutex<Mailbox>,
     pub(super) arrived: Condvar,
-    /// Set by drop, so that readers that see their socket shut down leave quietly.
+    /// Set by [`Bootstrap::leave`] (and so by the drop), so that readers that see their socket shut down leave
+    /// quietly.
     pub(super) closing: AtomicBool,
     /// Root: whether an abort was sent already (only the first cause is).
     pub(super) aborted: AtomicBool,
@@ -418,6 +420,32 @@ impl Bootstrap {
         mb.watchers.push(f);
     }
 
+    /// Leaves the session now, as dropping it does, while this value lives on (MPI's `MPI_Finalize` before
+    /// the process's memory goes): says goodbye on every connection and shuts the sockets down, so the peers
+    /// learn at once that this rank left on purpose. Every later call that needs the network fails at once
+    /// with "rank N left the session" (a message that arrived before is still delivered); a second `leave`,
+    /// and the drop, which then only joins the reader threads, add nothing. Its own leaving is not reported to
+    /// [`on_departure`](Self::on_departure)'s watchers. The root's leaving breaks the session for the others,
+    /// as its drop does.
+    pub fn leave(&self) {
+        if self.shared.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Before the goodbye, so that no call of this rank starts after the peers heard it. `lost` keeps a break
+        // that the shut-down sockets cause from being reported as the others' departure.
+        let mut mb = lock(&self.shared.mailbox);
+        mb.broken.get_or_insert_with(|| format!("rank {} left the session", self.rank));
+        mb.lost = true;
+        drop(mb);
+        self.shared.arrived.notify_all();
+        for link in self.shared.links.iter().flatten() {
+            // The goodbye tells the peer we left on purpose (not died); shutting the socket down wakes our
+            // reader (its read returns 0). Both are best effort: the connection may be broken already.
+            let _ = wire::write_frame(&mut *lock(&link.writer), Kind::Goodbye, &[]);
+            let _ = link.closer.shutdown(Shutdown::Both);
+        }
+    }
+
     fn err(&self, what: &str, why: impl std::fmt::Display) -> Error {
         Error::Bootstrap(format!("rank {}: {what}: {why}", self.rank))
     }
@@ -648,13 +676,7 @@ pub(super) fn duration_ns(d: Duration) -> u64 {
 
 impl Drop for Bootstrap {
     fn drop(&mut self) {
-        self.shared.closing.store(true, Ordering::Release);
-        for link in self.shared.links.iter().flatten() {
-            // The goodbye tells the peer we left on purpose (not died); shutting the socket down wakes our
-            // reader (its read returns 0). Both are best effort: the connection may be broken already.
-            let _ = wire::write_frame(&mut *lock(&link.writer), Kind::Goodbye, &[]);
-            let _ = link.closer.shutdown(Shutdown::Both);
-        }
+        self.leave();
         for reader in self.readers.drain(..) {
             let _ = reader.join();
         }

@@ -35,11 +35,12 @@ use crate::proxy::{ProxyService, DEFAULT_FIFO_SIZE};
 /// error saying so. Tags are shared with other users of the same bootstrap.
 ///
 /// Everything it makes keeps the NIC alive: connections, memory, semaphores and channels may outlive the
-/// communicator (dropping it only leaves the bootstrap session). Its peers take that leaving as this rank's
-/// departure, though: [`DEPARTURE_GRACE`](super::DEPARTURE_GRACE) after they learn of it, their port-channel
-/// waits for this rank that are late end with `PeerGone`. So drop it once what the peers await from this rank
-/// has landed: after a flush, or, in the Host modes, by dropping the channels and connections first, since the
-/// communicator's drop drains the proxy it holds last before it leaves.
+/// communicator (dropping it only leaves the bootstrap session, as [`leave`](Self::leave) does while it lives
+/// on). Its peers take that leaving as this rank's departure, though: [`DEPARTURE_GRACE`](super::DEPARTURE_GRACE)
+/// after they learn of it, their port-channel waits for this rank that are late end with `PeerGone`. So drop it
+/// (or leave) once what the peers await from this rank has landed: after a flush, or, in the Host modes, by
+/// dropping the channels and connections first, since the communicator's drop drains the proxy it holds last
+/// before it leaves.
 pub struct Communicator {
     res: Arc<Resources>,
     /// The proxy of the Host modes, started by the first connection that needs it. Dropped before `boot`: as
@@ -114,6 +115,25 @@ impl Communicator {
     /// The executor device code runs on.
     pub fn executor(&self) -> &Executor {
         &self.res.exec
+    }
+
+    /// Leaves the bootstrap session now, as dropping the communicator does, while it and what it made live
+    /// on (NCCL's `ncclCommFinalize` before `ncclCommDestroy`): drops its hold on the proxy (which drains it if
+    /// that hold was the last), then says goodbye ([`Bootstrap::leave`]). The peers' late port-channel waits
+    /// for this rank end with `PeerGone` [`DEPARTURE_GRACE`](super::DEPARTURE_GRACE) after they learn of it.
+    /// Call it once what the peers await from this rank has landed (after a flush).
+    ///
+    /// Why before the drop: freeing GPU memory (a channel's buffers, a NIC's queues) waits for every running
+    /// kernel of the GPU. Ranks that are threads of one process on one GPU therefore see a rank that drops
+    /// its objects first and its communicator last leave only once their own waiting kernels have ended
+    /// (timed out); a rank that leaves first, then drops, is seen leaving at once.
+    ///
+    /// Later calls that exchange with peers (`connect`, `send_memory`, `semaphore`, the bootstrap's own)
+    /// fail at once with "rank N left the session"; channels and connections made before keep working.
+    pub fn leave(&self) {
+        let proxy = self.proxy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        drop(proxy);
+        self.boot.leave();
     }
 
     /// The bootstrap (for barriers and the caller's own exchanges; mind the tags).
