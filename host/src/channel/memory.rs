@@ -21,7 +21,9 @@ use super::resources::Resources;
 ///
 /// Cloning is cheap and shares the registration. It is deregistered when the last clone (channels hold one)
 /// is dropped; deregistration waits until no WQE uses it, so the NIC never touches the memory afterwards. A
-/// buffer given to `register_buffer` is freed after that.
+/// WQE posted before and executed after fails with a local protection error (syndrome 0x04), as on hardware:
+/// flush the channels that read or write it before their last clone goes. A buffer given to `register_buffer`
+/// is freed after that.
 #[derive(Clone, Debug)]
 pub struct RegisteredMemory {
     pub(super) inner: Arc<RegInner>,

@@ -26,7 +26,11 @@ use crate::proxy::service::Registration;
 /// picks the QP by picking the connection (e.g. `&conns[i]`).
 ///
 /// It holds clones of the connection, the semaphore and the source memory, so everything its handle names on
-/// this side stays alive as long as the channel does; the destination is the peer's to keep alive.
+/// this side stays alive as long as the channel does; the destination is the peer's to keep alive. Drop it only
+/// once a `flush` on it has returned: its clone may be the source memory's last registration, and a put that
+/// the NIC (or, in the Host modes, the proxy) has not executed when the memory is deregistered fails with a local
+/// protection error (syndrome 0x04) or, with the QP destroyed too, never runs, as on hardware; nobody is left to
+/// be told.
 #[derive(Clone, Debug)]
 pub struct PortChannel {
     conn: Connection,
