@@ -49,6 +49,18 @@ pub struct BuiltPtx {
     pub info: PtxInfo,
 }
 
+/// What one nested cargo run reported about the device crate.
+struct CargoRun {
+    /// The `.ptx` artifact, where cargo uplifted it.
+    path: PathBuf,
+    /// The crate's library name.
+    lib_name: String,
+    /// Cargo found the crate up to date and did not compile it.
+    fresh: bool,
+    /// The folders of the path crates it built (the device crate's included).
+    path_crates: Vec<PathBuf>,
+}
+
 /// What to add to a failed build's message when rustc looked for `std` (a device crate, or a path crate it
 /// uses, without `#![no_std]`): rustc's own note says so only in its full output, and its help (build the
 /// standard library from source) points the wrong way, since nvptx64 has no `std`. Empty otherwise.
@@ -200,12 +212,18 @@ impl PtxBuilder {
     /// prints `cargo:rerun-if-changed` lines (see [`PtxBuilder::new`]) and each warning about a path crate as
     /// one `cargo:warning` (cargo hides a build script's stderr unless it fails).
     ///
+    /// Builds into one nested target directory take turns (a lock file in it) from the nested cargo to the read
+    /// of the module, and a crate that cargo finds up to date although another crate with the same library name
+    /// was built into that directory after it (they share the output file) is built again.
+    ///
     /// # Errors
     /// The device crate's `Cargo.toml` is missing; a toolchain component is missing and cannot be added (the
     /// error names the `rustup` command); cargo cannot be started or fails (its errors are on stderr; a lock file
     /// that `--locked` keeps cargo from creating or updating is named with the command that fixes it); no
     /// `.ptx` artifact is reported (the crate has no `[lib]`); or the module fails [`validate`] (for instance an
-    /// `.extern` left by a function that was not linked in).
+    /// `.extern` left by a function that was not linked in); the nested target directory cannot be created or
+    /// locked, or the file that records which crate built the module cannot be written; or the output of another
+    /// crate with the same library name cannot be removed or does not make cargo build this crate again.
     pub fn build(&self) -> Result<BuiltPtx> {
         let manifest = self.crate_dir.join("Cargo.toml");
         if !manifest.is_file() {
@@ -225,6 +243,64 @@ impl PtxBuilder {
         };
         // Before cargo: a missing component would otherwise surface as an obscure error deep in the nested build.
         crate::toolchain::ensure_components(&self.crate_dir, emit)?;
+        // Why a lock of our own: every build script of a workspace builds into the same nested target directory,
+        // and cargo's lock on it is held only while a nested cargo runs. The artifact is read after that cargo
+        // exits, and between the two another builder's cargo can uplift its own module to the same path (two
+        // device crates with the same library name); the check of who built it below must not interleave either.
+        let lock = lock_target_dir(&self.resolved_target_dir())?;
+        let mut run = self.run_cargo(&manifest)?;
+        // Why this check: cargo names a path crate's cdylib without a hash (`deps/kernels.ptx`), so device crates
+        // with the same library name write one file. Each crate's fingerprint is its own, so after crate B built,
+        // crate A is still fresh and cargo uplifts B's module as A's. A record of which manifest last built the
+        // artifact tells; when it is not this one, removing the unhashed output makes cargo build A again.
+        let built_from = built_from_record(&run.path);
+        let ours = manifest.as_os_str().as_encoded_bytes();
+        if run.fresh && fs::read(&built_from).ok().as_deref() != Some(ours) {
+            let name = run.path.file_name().context("the artifact path has no file name")?;
+            let output = run.path.with_file_name("deps").join(name);
+            let (artifact, lib_name) = (run.path.clone(), run.lib_name.clone());
+            let shared = |what: String| {
+                format!(
+                    "{what}, so {} may be the build of another crate with the library name `{}` in the same target \
+                     directory; give the crates different library names or target directories",
+                    artifact.display(),
+                    lib_name
+                )
+            };
+            fs::remove_file(&output).with_context(|| shared(format!("cannot remove {}", output.display())))?;
+            run = self.run_cargo(&manifest)?;
+            if run.fresh {
+                bail!(shared(format!(
+                    "cargo did not build {} again after {} was removed",
+                    self.crate_dir.display(),
+                    output.display()
+                )));
+            }
+        }
+        fs::write(&built_from, ours).with_context(|| format!("cannot write {}", built_from.display()))?;
+        let CargoRun { path, lib_name, path_crates, .. } = run;
+        if self.build_script {
+            // Cargo's dep-info next to the artifact lists every source file of the path crates the build read.
+            let dep_info = fs::read_to_string(path.with_extension("d")).ok();
+            for p in self.rerun_paths(&path_crates, dep_info.as_deref()) {
+                println!("cargo:rerun-if-changed={}", p.display());
+            }
+        }
+        let ptx = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        drop(lock);
+        let info = validate(&ptx, &self.arch, self.ptx_isa).with_context(|| format!("{}", path.display()))?;
+        let mut built = BuiltPtx { path, lib_name, ptx, info };
+        if let Some(out) = std::env::var_os("OUT_DIR").filter(|_| self.build_script) {
+            let dest = Path::new(&out).join(format!("{}.ptx", built.lib_name));
+            write_atomically(&dest, built.ptx.as_bytes())?;
+            built.path = dest;
+        }
+        Ok(built)
+    }
+
+    /// Runs the nested cargo once: its diagnostics go to stderr (and, in a build script, those about path crates
+    /// to `cargo:warning` lines); what it reported about the device crate's `.ptx` is returned.
+    fn run_cargo(&self, manifest: &Path) -> Result<CargoRun> {
         let mut cmd = self.command();
         // Read on the way to our stderr, for the one cargo error that only the caller of this crate can fix.
         cmd.stderr(Stdio::piped());
@@ -279,11 +355,13 @@ impl PtxBuilder {
                         path_crates.push(dir);
                     }
                     let ours = message["manifest_path"].as_str().map(Path::new).and_then(|p| p.canonicalize().ok());
-                    if ours.as_deref() == Some(manifest.as_path()) {
+                    if ours.as_deref() == Some(manifest) {
                         let files = message["filenames"].as_array().into_iter().flatten();
                         if let Some(ptx) = files.filter_map(|f| f.as_str()).find(|f| f.ends_with(".ptx")) {
                             let name = message["target"]["name"].as_str().unwrap_or("kernels").replace('-', "_");
-                            artifact = Some((PathBuf::from(ptx), name));
+                            // Whether cargo found the crate up to date (taken as built if a cargo does not say).
+                            let fresh = message["fresh"].as_bool().unwrap_or(false);
+                            artifact = Some((PathBuf::from(ptx), name, fresh));
                         }
                     }
                 }
@@ -307,28 +385,13 @@ impl PtxBuilder {
                 no_std_hint(&errors)
             );
         }
-        let Some((path, lib_name)) = artifact else {
+        let Some((path, lib_name, fresh)) = artifact else {
             bail!(
                 "cargo built {} for {TARGET_TRIPLE} but reported no .ptx artifact (does the crate have a library?)",
                 self.crate_dir.display()
             );
         };
-        if self.build_script {
-            // Cargo's dep-info next to the artifact lists every source file of the path crates the build read.
-            let dep_info = fs::read_to_string(path.with_extension("d")).ok();
-            for p in self.rerun_paths(&path_crates, dep_info.as_deref()) {
-                println!("cargo:rerun-if-changed={}", p.display());
-            }
-        }
-        let ptx = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        let info = validate(&ptx, &self.arch, self.ptx_isa).with_context(|| format!("{}", path.display()))?;
-        let mut built = BuiltPtx { path, lib_name, ptx, info };
-        if let Some(out) = std::env::var_os("OUT_DIR").filter(|_| self.build_script) {
-            let dest = Path::new(&out).join(format!("{}.ptx", built.lib_name));
-            write_atomically(&dest, built.ptx.as_bytes())?;
-            built.path = dest;
-        }
-        Ok(built)
+        Ok(CargoRun { path, lib_name, fresh, path_crates })
     }
 
     /// What to do when `line` of cargo's stderr says it refused to create or update the device crate's lock
@@ -553,6 +616,33 @@ fn should_remove(name: &OsStr) -> bool {
         return false;
     }
     REMOVE.contains(&name) || name.starts_with("CARGO_") || name.starts_with("__CARGO")
+}
+
+/// Takes the lock that [`PtxBuilder::build`]s on one nested target directory hold in turn (on
+/// `dir/.gdaki-build-lock`, until the returned file is dropped), creating the folder if need be.
+fn lock_target_dir(dir: &Path) -> Result<fs::File> {
+    if !dir.is_dir() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // Cargo marks a target directory it creates as a cache (for backup tools), but not one that exists.
+        let _ = fs::write(dir.join("CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55\n");
+    }
+    let path = dir.join(".gdaki-build-lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    file.lock().with_context(|| format!("cannot lock {}", path.display()))?;
+    Ok(file)
+}
+
+/// The file next to an uplifted `artifact` that names the manifest of the crate that last built it
+/// (`kernels.ptx.built-from`).
+fn built_from_record(artifact: &Path) -> PathBuf {
+    let mut name = artifact.as_os_str().to_owned();
+    name.push(".built-from");
+    PathBuf::from(name)
 }
 
 /// Where a build script should put the nested PTX build: `<dir>/ptx-build`, with `<dir>` the folder that holds
