@@ -412,3 +412,63 @@ fn a_batch_of_writes_into_gpu_memory_is_acknowledged_with_one_wait_per_batch_and
     assert!(src.guards_intact() && dst.guards_intact() && back.guards_intact());
     drop((lmr, bmr, rmr));
 }
+
+/// A requester may post as soon as its own QP is in RTS, before the responder's QP has reached RTR (the two
+/// ranks of a connect move their QPs one after the other): on hardware the requests go unanswered until then
+/// and are sent again after the ACK timeout, so they land once the responder is ready, within the retry count.
+/// Across the wire, and on one NIC's direct path, they land in order once the responder's QP is in RTR, and
+/// complete without error.
+#[test]
+fn requests_posted_before_the_responder_is_ready_land_once_it_is() {
+    let wire =
+        (EmuNic::open(wired(Duration::from_secs(10))).unwrap(), EmuNic::open(wired(Duration::from_secs(10))).unwrap());
+    let one = EmuNic::open(wired(Duration::from_secs(10))).unwrap();
+    for (what, nic_a, nic_b) in [("wire", &wire.0, &wire.1), ("direct", &one, &one)] {
+        let mut rng = rng();
+        let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
+        let (cq_a, cq_b) = (nic_a.create_cq(64).unwrap(), nic_b.create_cq(64).unwrap());
+        let a = nic_a.create_qp(&pd_a, &cq_a, 64).unwrap();
+        let b = nic_b.create_qp(&pd_b, &cq_b, 64).unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        a.connect(&eb).unwrap();
+        let (mut sq, mut cq) = (Sq::new(&a), CqPoll::new(&cq_a));
+        let n = 4096;
+        let src = GuardedBuf::new(n, 0);
+        let dst = GuardedBuf::new(n, 0xee);
+        let lmr = src.register(nic_a, &pd_a, Access::NONE);
+        let rmr = dst.register(nic_b, &pd_b, Access::ALL);
+        let data = random_bytes(&mut rng, n);
+        src.write(0, &data);
+        let first = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 1024), dst.addr(), rmr.rkey()));
+        let rest = (lmr.lkey(), src.addr() + 1024, (n - 1024) as u32);
+        let second = sq.post(&sq.write(SIGNALED, rest, dst.addr() + 1024, rmr.rkey()));
+        std::thread::sleep(Duration::from_millis(200));
+        b.connect(&ea).unwrap();
+        let (c1, c2) = (cq.wait(), cq.wait());
+        assert_req(&c1, opcode::RDMA_WRITE, sq.qpn(), first, 0);
+        assert_req(&c2, opcode::RDMA_WRITE, sq.qpn(), second, 0);
+        assert_eq!(dst.read(), data, "{what}");
+        assert!(src.guards_intact() && dst.guards_intact());
+    }
+}
+
+/// On one NIC's direct path, a request to a peer QP that stays in INIT goes unanswered: its WQE fails with 0x15
+/// (transport retry exceeded) once the retry timeout has passed, not before, and the QP moves to ERR.
+#[test]
+fn a_responder_that_never_reaches_rtr_fails_the_request_after_the_retry_timeout() {
+    let nic = EmuNic::open(wired(Duration::from_millis(300))).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let (cq_a, cq_b) = (nic.create_cq(64).unwrap(), nic.create_cq(64).unwrap());
+    let (a, b) = (nic.create_qp(&pd, &cq_a, 64).unwrap(), nic.create_qp(&pd, &cq_b, 64).unwrap());
+    a.connect(&b.endpoint()).unwrap();
+    let (mut sq, mut cq) = (Sq::new(&a), CqPoll::new(&cq_a));
+    let (src, dst) = (GuardedBuf::new(64, 1), GuardedBuf::new(64, 0xee));
+    let (lmr, rmr) = (src.register(&nic, &pd, Access::NONE), dst.register(&nic, &pd, Access::ALL));
+    let t = Instant::now();
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+    assert_err(&cq.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5), "failed after {waited:?}");
+    assert_eq!(a.state(), QpState::Error);
+    assert!(dst.read().iter().all(|&x| x == 0xee) && dst.guards_intact());
+}

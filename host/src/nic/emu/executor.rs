@@ -30,7 +30,7 @@ use super::guard::read;
 use super::sq::{self, Engine, Watched};
 use super::stats::{add_ns, bump, step};
 use super::wire::link::Inflow;
-use super::wire::{packet, requester, Inbound, WireConfig};
+use super::wire::{packet, requester, Inbound};
 use crate::mem::MemKind;
 
 /// How long the thread keeps yielding after its last work before it starts sleeping.
@@ -132,7 +132,7 @@ fn run(fab: &Fabric, inbound: &Receiver<Inbound>, inflow: &Inflow) {
         fab.gpu.as_ref().and_then(|_| fab.alloc_queue(SCRATCH_BYTES, MemKind::Gpu).ok()).and_then(|m| m.into_view());
     let mut eng = Engine::new(DataPath::new(fab.gpu.clone(), scratch));
     let mut list = List { qps: Vec::new(), gen: u64::MAX, unacked: false };
-    let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
+    let timeout = fab.retry_timeout();
     let spin = fab.gpu.as_ref().is_some_and(|g| g.device_code_on_gpu());
     let mut idle = Idle { backoff: Backoff::new(), since: None, spin };
     while !fab.stop.load(Ordering::Acquire) {
@@ -260,7 +260,7 @@ fn refresh(fab: &Fabric, qps: &mut Vec<Watched>, data: &mut DataPath) {
     }
     // A stable order (by QPN) rather than the map's: sweeps visit QPs in creation order.
     qps.sort_unstable_by_key(|w| w.qp.qpn);
-    let timeout = fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout);
+    let timeout = fab.retry_timeout();
     for ws in old.into_values().filter_map(|w| w.wire) {
         requester::farewell(ws, data, timeout);
     }

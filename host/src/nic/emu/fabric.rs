@@ -82,6 +82,12 @@ pub(crate) struct Fabric {
 const FIRST_QPN: u32 = 0x100;
 
 impl Fabric {
+    /// How long a request may go unanswered before its WQE fails with 0x15 (transport retry exceeded):
+    /// [`WireConfig::retry_timeout`], or its default on a NIC without a wire.
+    pub(crate) fn retry_timeout(&self) -> std::time::Duration {
+        self.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout)
+    }
+
     pub(crate) fn new(
         id: u64,
         queue_mem: Arc<dyn QueueMemory>,

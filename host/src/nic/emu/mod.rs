@@ -88,8 +88,10 @@
 //!   ignored), and the retry attributes of RTR2RTS are not used ([`WireConfig::retry_timeout`] is the NIC's).
 //!   Its syndromes are its own ([`cmd_syndrome`]). `mlx5dv_devx_umem_reg` takes an address; the emulated NIC
 //!   takes the buffer ([`UmemBuf`]), to reach it as the hardware would.
-//! - **Peers** are QPs of the same [`EmuNic`] (reached directly; a peer that is destroyed, not in RTR/RTS, or
-//!   not connected back makes the requester's WQE fail with 0x15 at once, without a timeout) or QPs of
+//! - **Peers** are QPs of the same [`EmuNic`] (reached directly; a peer that is destroyed, in ERR, or not
+//!   connected back makes the requester's WQE fail with 0x15 at once, without a timeout; one still in RESET or
+//!   INIT leaves it waiting in the ring, as hardware would send it again, and fails it with 0x15 only after
+//!   [`WireConfig::retry_timeout`], so that a requester may post before its peer's connect is done) or QPs of
 //!   another NIC, in this process, another process or another host, reached over the **wire** (a TCP
 //!   connection per QP pair carrying RC requests and ACK/NAK/READ/atomic responses; see `wire`). Over the
 //!   wire the responder validates rkey, bounds and rights and NAKs a violation (0x13, 0x12), a WRITE's
@@ -384,7 +386,7 @@ impl EmuNic {
     }
 
     pub(crate) fn retry_timeout(&self) -> Duration {
-        self.fab.wire.map_or(WireConfig::DEFAULT_RETRY_TIMEOUT, |w| w.retry_timeout)
+        self.fab.retry_timeout()
     }
 
     pub(crate) fn mailbox(&self) -> Result<wire::link::Mailbox> {

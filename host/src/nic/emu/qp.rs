@@ -226,6 +226,9 @@ pub(crate) struct SqProgress {
     pub consumed: u64,
     /// The doorbell register's value when last acted on. RTR2RTS and 2ERR reset it (with the register).
     pub last_db: u64,
+    /// Since when the WQE at `consumed` has waited for its responder on this NIC to reach RTR (see
+    /// `sq::step`); `None` while it does not wait.
+    pub responder_wait: Option<std::time::Instant>,
 }
 
 /// What CREATE_QP makes a QP of, checked.

@@ -331,11 +331,12 @@ fn take(
             (None, None) => break,
         };
         let ways = eng.data.way_changes();
-        let n = step(fab, qp, peer, via, eng, p.consumed, pi);
+        let n = step(fab, qp, (peer, &mut p.responder_wait), via, eng, p.consumed, pi);
         if n == 0 {
             *resume = Some(pi);
             break;
         }
+        p.responder_wait = None;
         p.consumed += n;
         under_lock += 1;
         if may_pause && eng.data.way_changes() != ways && p.consumed < pi {
@@ -577,12 +578,13 @@ enum Via<'a> {
 }
 
 /// Consumes the WQE at consumer index `idx` (producer index `pi`) of `qp` (whose peer QP is cached in
-/// `peer`); returns the WQEBBs it took (≥ 1), or 0 when the wire's requester cannot take it yet
-/// ([`WireSq::accepts`]): it stays in the ring, untouched.
+/// `peer`; `waiting` is [`SqProgress::responder_wait`]); returns the WQEBBs it took (≥ 1), or 0 when the wire's
+/// requester cannot take it yet ([`WireSq::accepts`]) or its responder on this NIC is not in RTR yet
+/// ([`responder_pending`]): it stays in the ring, untouched.
 fn step(
     fab: &Fabric,
     qp: &QpInner,
-    peer: &mut Option<Arc<QpInner>>,
+    (peer, waiting): (&mut Option<Arc<QpInner>>, &mut Option<Instant>),
     mut via: Via<'_>,
     eng: &mut Engine,
     idx: u64,
@@ -637,6 +639,14 @@ fn step(
         }
         Via::Here(mrs) => mrs,
     };
+    if !matches!(op, Op::Nop) && responder_pending(fab, qp, peer) {
+        // Unanswered, as on hardware, whose requester sends it again after each ACK timeout until its retry
+        // count runs out: it waits here, and fails (0x15, below) only once the retry timeout has passed.
+        let since = *waiting.get_or_insert_with(Instant::now);
+        if since.elapsed() < fab.retry_timeout() {
+            return 0;
+        }
+    }
     match run(fab, qp, (peer, mrs), &op, &mut eng.data, &mut eng.scratch) {
         Ok(out) => {
             bump(&fab.stats.wqes);
@@ -662,6 +672,13 @@ fn step(
         Err(f) => fail(fab, qp, &mut eng.data, idx, h.opcode, f),
     }
     h.wqebbs as u64
+}
+
+/// Whether `qp`'s peer on this NIC exists but has not been moved to RTR yet (RESET or INIT): the two ends of a
+/// connection are moved one after the other, so a requester in RTS may post before its responder can answer.
+/// A peer that is gone, in ERR, or connected to another QP never answers: `run` fails the WQE at once.
+fn responder_pending(fab: &Fabric, qp: &QpInner, cached: &mut Option<Arc<QpInner>>) -> bool {
+    peer(fab, qp, cached).is_some_and(|p| !p.is_destroyed() && matches!(p.state(), QpState::Reset | QpState::Init))
 }
 
 /// Finds the responder and executes `op` against `mrs` (the MR table, under its read lock).
