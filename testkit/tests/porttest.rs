@@ -271,6 +271,8 @@ fn a_peer_that_leaves_ends_the_wait_for_it(kind: ExecutorKind, team: u32, leavin
             Some(out)
         });
         let (failed, error, took) = results[1].expect("rank 1's run");
+        // For the record (`--nocapture`): how soon the departure ended the wait.
+        eprintln!("{} {leaving:?}: rank 1's run ended after {took:?}", mode.name());
         let gone = DevError::PeerGone(gdaki_device::error::PeerGone { rank: 0, broken: false });
         assert_eq!((failed, error), (true, Some(gone)), "{} {leaving:?}", mode.name());
         assert!(took < Duration::from_secs(4), "{} {leaving:?}: rank 1's run took {took:?}", mode.name());
