@@ -61,7 +61,9 @@ pub struct CollRank {
     /// Set by [`CollRank::leave`]: the drop skips its barrier.
     leaving: bool,
     /// Held for the whole of each call: its barrier, its arguments (`counts`, `ring_args`) and its launch.
-    turn: Mutex<()>,
+    /// Holds why the rank takes no more calls, once a launch ended without its kernel's own result (see
+    /// [`CollRank::turn`]).
+    turn: Mutex<Option<String>>,
 }
 
 impl Drop for CollRank {
@@ -112,21 +114,42 @@ impl CollRank {
             all_reduce_ring,
             launch_timeout,
             leaving: false,
-            turn: Mutex::new(()),
+            turn: Mutex::new(None),
         })
     }
 
-    /// Leaves the session now, as a rank that quits mid-run does: no barrier with the other ranks first, and
-    /// (unless the caller holds another handle on the communicator) the communicator and its session go with
-    /// it, so the others learn that this rank left.
+    /// Leaves the session now, as a rank that quits mid-run does: no barrier with the other ranks first. The
+    /// goodbye goes before anything is freed ([`Communicator::leave`]): a free waits for every running kernel
+    /// of the GPU, the other ranks' among them, so on one GPU they would otherwise learn that this rank left
+    /// only once their waits had timed out.
     pub fn leave(mut self) {
         self.leaving = true;
+        self.comm.leave();
+    }
+
+    /// Sets the bound of each call's wait for its kernel (by default four times the collectives' timeout and
+    /// 10 s): a wait that ends first leaves the kernel running, and the rank takes no more calls
+    /// ([`CollRank::turn`]).
+    pub fn set_launch_timeout(&mut self, timeout: Duration) {
+        self.launch_timeout = timeout;
     }
 
     /// This rank's turn to make a call: no other call of this rank runs until it is dropped. A call that
     /// panicked left nothing half-done that the next one reads (each writes its own arguments first).
-    fn turn(&self) -> MutexGuard<'_, ()> {
-        self.turn.lock().unwrap_or_else(PoisonError::into_inner)
+    ///
+    /// # Errors
+    /// [`Error::Device`], before the call's barrier, once a launch of this rank ended without its kernel's own
+    /// result (its wait timed out, or a CUDA or host-thread failure): that kernel may still run and post on
+    /// the channels, and a new call's kernel beside it would mix their WQEs and counts.
+    fn turn(&self) -> Result<MutexGuard<'_, Option<String>>> {
+        let turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*turn {
+            Some(why) => Err(Error::Device(format!(
+                "rank {}: no more collectives on this rank: an earlier call's kernel may still run ({why})",
+                self.comm.rank()
+            ))),
+            None => Ok(turn),
+        }
     }
 
     /// The collectives (buffer, acknowledgment counter).
@@ -146,14 +169,22 @@ impl CollRank {
     /// As [`Kernel::launch`] for `args`.
     unsafe fn timed<A: gdaki_device::launch::LaunchArgs>(
         &self,
+        turn: &mut MutexGuard<'_, Option<String>>,
         k: &Kernel<A>,
         (blocks, threads): (u32, u32),
         args: A,
     ) -> Result<Duration> {
         let t0 = Instant::now();
         // SAFETY: the caller's contract.
-        unsafe { k.launch(&LaunchConfig::linear(blocks, threads), args, self.launch_timeout) }?;
-        Ok(t0.elapsed())
+        match unsafe { k.launch(&LaunchConfig::linear(blocks, threads), args, self.launch_timeout) } {
+            Ok(()) => Ok(t0.elapsed()),
+            // The kernel ended and said why: the next call may go.
+            Err(e @ Error::Kernel { .. }) => Err(e),
+            Err(e) => {
+                **turn = Some(e.to_string());
+                Err(e)
+            }
+        }
     }
 
     /// Waits at the bootstrap barrier with every rank, so that all kernels start together (none waits out
@@ -173,13 +204,13 @@ impl CollRank {
     /// # Errors
     /// [`gdaki::Error::Kernel`] with what device code returned; launch and bootstrap errors.
     pub fn broadcast(&self, b: &Broadcast) -> Result<Duration> {
-        let _turn = self.turn();
+        let mut turn = self.turn()?;
         self.barrier()?;
         let args = (self.handle.dev_ptr(), b.algorithm as u32, b.root, b.offset, b.bytes, b.chunk);
         // SAFETY: the uploaded handle names this rank's live collectives (owned by `self`); one thread of
         // the launch uses their channels, and no other launch of this rank runs meanwhile (`_turn`); the
         // launch is waited for here.
-        unsafe { self.timed(&self.broadcast, (1, 1), args) }
+        unsafe { self.timed(&mut turn, &self.broadcast, (1, 1), args) }
     }
 
     /// [`CollRank::barrier`], then one all-to-all on this rank: `send_counts[p]` bytes (one count per rank)
@@ -199,7 +230,7 @@ impl CollRank {
         if send_counts.len() != n {
             return Err(Error::InvalidArgument(format!("{} send counts for {n} ranks", send_counts.len())));
         }
-        let _turn = self.turn();
+        let mut turn = self.turn()?;
         let mut words = [0u64; 2 * MAX_RANKS];
         words[..n].copy_from_slice(send_counts);
         self.counts.write(0, bytemuck::cast_slice(&words))?;
@@ -213,7 +244,7 @@ impl CollRank {
             recv_offset,
         );
         // SAFETY: as in `broadcast`; the counts are two arrays of MAX_RANKS words owned by `self`.
-        let time = unsafe { self.timed(&self.all_to_all_v, (1, 1), args) }?;
+        let time = unsafe { self.timed(&mut turn, &self.all_to_all_v, (1, 1), args) }?;
         let out = self.counts.to_vec()?;
         let got = out[COUNTS_BYTES..COUNTS_BYTES + 8 * n]
             .chunks_exact(8)
@@ -228,11 +259,11 @@ impl CollRank {
     /// # Errors
     /// As [`CollRank::broadcast`].
     pub fn reduce(&self, r: &Reduce) -> Result<Duration> {
-        let _turn = self.turn();
+        let mut turn = self.turn()?;
         self.barrier()?;
         let args = (self.handle.dev_ptr(), r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
-        unsafe { self.timed(&self.reduce, (1, 1), args) }
+        unsafe { self.timed(&mut turn, &self.reduce, (1, 1), args) }
     }
 
     /// [`CollRank::barrier`], then one all-reduce `r` on this rank, its broadcast by `algorithm`: the sum
@@ -241,12 +272,12 @@ impl CollRank {
     /// # Errors
     /// As [`CollRank::broadcast`].
     pub fn all_reduce(&self, r: &Reduce, algorithm: Algorithm) -> Result<Duration> {
-        let _turn = self.turn();
+        let mut turn = self.turn()?;
         self.barrier()?;
         let (h, code) = (self.handle.dev_ptr(), algorithm as u32);
         let args = (h, code, r.root, r.offset, r.count, r.acc_offset, r.out_offset, r.max_abs);
         // SAFETY: as in `broadcast`.
-        unsafe { self.timed(&self.all_reduce, (1, 1), args) }
+        unsafe { self.timed(&mut turn, &self.all_reduce, (1, 1), args) }
     }
 
     /// [`CollRank::barrier`], then one ring all-reduce `r` on this rank, summed by the threads of one block
@@ -267,7 +298,7 @@ impl CollRank {
     /// # Errors
     /// As [`CollRank::broadcast`].
     pub fn all_reduce_ring_by(&self, r: &RingAllReduce, blocks: u32, callers: u32) -> Result<Duration> {
-        let _turn = self.turn();
+        let mut turn = self.turn()?;
         self.ring_args.write(0, bytemuck::bytes_of(r))?;
         self.barrier()?;
         let threads = ring_threads(self.comm.executor().kind());
@@ -275,6 +306,6 @@ impl CollRank {
         // SAFETY: as in `broadcast`: the call uses the channels from thread 0 of one block only, and refuses a
         // launch of another shape before posting; the arguments are owned by `self` and not written during
         // the launch.
-        unsafe { self.timed(&self.all_reduce_ring, (blocks, threads), args) }
+        unsafe { self.timed(&mut turn, &self.all_reduce_ring, (blocks, threads), args) }
     }
 }
