@@ -1189,3 +1189,46 @@ fn leave_says_goodbye_while_the_bootstrap_lives_and_later_calls_fail_at_once() {
         assert_eq!(results, vec![true; 3], "rank {leaver} left: what each rank saw");
     }
 }
+
+/// The root leaves while another of its threads waits in a collective: that collective fails at once, and the
+/// others hear of rank 0's leaving alone, as from its goodbye, never of a broken session, which would count every
+/// rank as lost (their port-channel waits for each other would end with `PeerGone`). The collective's failure
+/// raced the goodbye with an abort to every rank; a rank that read the abort first heard `None`. Repeated, as
+/// it was a race (a third of the rounds lost it).
+#[test]
+fn the_root_leaving_during_its_own_collective_is_heard_as_its_leaving_alone() {
+    type Heard = std::sync::Arc<std::sync::Mutex<Vec<Option<u32>>>>;
+    for round in 0..12 {
+        let done = &std::sync::Barrier::new(5);
+        let results = run(5, TIMEOUT, |b| {
+            let heard = Heard::default();
+            let h = heard.clone();
+            b.on_departure(move |who| h.lock().unwrap().push(who));
+            b.barrier().unwrap();
+            let ok = if b.rank() == 0 {
+                thread::scope(|s| {
+                    // The others never join this all_gather: it waits until the leave.
+                    let pending = s.spawn(|| b.all_gather(b"x").map_err(message));
+                    thread::sleep(Duration::from_millis(30));
+                    let t = Instant::now();
+                    b.leave();
+                    let r = pending.join().unwrap();
+                    r.is_err_and(|m| m.contains("rank 0 left the session")) && t.elapsed() < Duration::from_secs(1)
+                })
+            } else {
+                let t = Instant::now();
+                while heard.lock().unwrap().is_empty() && t.elapsed() < TIMEOUT {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                true
+            };
+            // Every rank has heard something; time for a late report to come, were there one.
+            done.wait();
+            thread::sleep(Duration::from_millis(50));
+            let heard = heard.lock().unwrap().clone();
+            (ok, heard)
+        });
+        let want: Vec<_> = (0..5).map(|r| (true, if r == 0 { vec![] } else { vec![Some(0)] })).collect();
+        assert_eq!(results, want, "round {round}: (call as expected, departures heard) by rank");
+    }
+}

@@ -202,8 +202,15 @@ impl Shared {
 
     /// Root: tells every other rank but `skip` why the session broke (once, for the first cause), then
     /// breaks it here. In that order: a call of ours that fails on it cannot return (and the root leave,
-    /// saying goodbye) before the others got the reason.
+    /// saying goodbye) before the others got the reason. Once this rank has left, it only breaks it here.
     fn abort(&self, why: String, skip: Option<u32>) {
+        if self.closing.load(Ordering::Acquire) {
+            // This rank left ([`Bootstrap::leave`]) and its goodbye tells the others: a collective that another
+            // of its threads was waiting in failed on that leaving. Its abort would race the goodbye, and a rank
+            // that got it first would take every rank for lost, not only this one.
+            self.break_session(why);
+            return;
+        }
         if self.aborted.swap(true, Ordering::AcqRel) {
             return;
         }
