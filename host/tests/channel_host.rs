@@ -1540,3 +1540,59 @@ fn a_loopback_channel_is_never_told_its_own_rank_left() {
     let on = WaitOn::Peer { rank: 0, expected: 1, seen: 0 };
     assert_eq!((rank, got.unwrap()), (0, (Err(Ok(on)), Ok(()), 1, 0)));
 }
+
+/// Two threads of a rank call `leave` at once while its proxy, held last by the communicator, still has puts to
+/// drain: neither says goodbye before the drain is done, so the peer hears of the leaving only once every put
+/// has landed (its semaphore counts them all). The second `leave` said goodbye at once while the first still
+/// drained, and the peer's waits for this rank would end with `PeerGone` while its puts were on their way.
+#[test]
+fn a_second_leave_waits_for_the_first_ones_drain_of_the_proxy() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const LEN: usize = 4 << 20;
+    const PUTS: u64 = 64;
+    let payload = random_bytes(&mut rng(), LEN);
+    // Rank 0's semaphore count when it heard that rank 1 left (u64::MAX: not heard).
+    let at_departure = std::sync::Arc::new(AtomicU64::new(u64::MAX));
+    two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+        let l = link(&comm, IbMode::Host, LEN);
+        if comm.rank() == 0 {
+            let (sem, seen) = (l._sem.clone(), at_departure.clone());
+            comm.bootstrap().on_departure(move |who| {
+                if who == Some(1) {
+                    seen.store(sem.inbound().unwrap(), Ordering::SeqCst);
+                }
+            });
+            barrier.wait();
+            let t = Instant::now();
+            while at_departure.load(Ordering::SeqCst) == u64::MAX && t.elapsed() < BOOT_TIMEOUT {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let landed = contents(l.landing.as_ref().unwrap());
+            // Rank 1 waits here: no assertion before it.
+            barrier.wait();
+            assert_eq!(at_departure.load(Ordering::SeqCst), PUTS, "signals landed when rank 1's leaving was heard");
+            assert_same(&landed, &payload, "landing buffer");
+        } else {
+            fill(&l._src, &payload);
+            barrier.wait();
+            {
+                let h = l.chan.device_handle();
+                let mut ch = exclusive(&h);
+                for _ in 0..PUTS {
+                    ch.put_with_signal(0, 0, LEN as u64).unwrap();
+                }
+            }
+            // The memory stays; the channel, connection and semaphore go: the communicator holds the proxy last.
+            let Link { _src, landing, _conn, _sem, chan } = l;
+            drop((chan, _sem, _conn));
+            std::thread::scope(|s| {
+                let first = s.spawn(|| comm.leave());
+                std::thread::sleep(Duration::from_millis(5));
+                comm.leave();
+                first.join().unwrap();
+            });
+            barrier.wait();
+            drop((_src, landing));
+        }
+    });
+}

@@ -121,7 +121,8 @@ impl Communicator {
     /// on (NCCL's `ncclCommFinalize` before `ncclCommDestroy`): drops its hold on the proxy (which drains it if
     /// that hold was the last), then says goodbye ([`Bootstrap::leave`]). The peers' late port-channel waits
     /// for this rank end with `PeerGone` [`DEPARTURE_GRACE`](super::DEPARTURE_GRACE) after they learn of it.
-    /// Call it once what the peers await from this rank has landed (after a flush).
+    /// Call it once what the peers await from this rank has landed (after a flush). A `leave` on another
+    /// thread meanwhile returns once this one's goodbye is out, and says none before.
     ///
     /// Why before the drop: freeing GPU memory (a channel's buffers, a NIC's queues) waits for every running
     /// kernel of the GPU. Ranks that are threads of one process on one GPU therefore see a rank that drops
@@ -131,8 +132,10 @@ impl Communicator {
     /// Later calls that exchange with peers (`connect`, `send_memory`, `semaphore`, the bootstrap's own)
     /// fail at once with "rank N left the session"; channels and connections made before keep working.
     pub fn leave(&self) {
-        let proxy = self.proxy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-        drop(proxy);
+        // The lock is held until the goodbye is out: a `leave` on another thread meanwhile waits for this one's
+        // drain of the proxy, rather than saying goodbye while puts are still on their way.
+        let mut proxy = self.proxy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        drop(proxy.take());
         self.boot.leave();
     }
 
