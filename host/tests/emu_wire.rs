@@ -452,6 +452,59 @@ fn requests_posted_before_the_responder_is_ready_land_once_it_is() {
     }
 }
 
+/// On one NIC's direct path, a request waiting for its responder to reach RTR stops waiting as soon as it never
+/// will, not at the retry timeout (10 s here): the responder connects to another QP, or is destroyed (0x15 at once,
+/// nothing placed); or the requester is moved to ERR (its waiting WQEs are flushed, each once, and nothing is
+/// placed when the responder connects back later).
+#[test]
+fn a_request_waiting_for_its_responder_ends_at_once_when_it_never_will() {
+    use gdaki::nic::devx::{self, EmuObj};
+    for case in ["connected elsewhere", "destroyed", "requester to ERR"] {
+        let nic = EmuNic::open(wired(Duration::from_secs(10))).unwrap();
+        let pd = nic.alloc_pd().unwrap();
+        let cq = nic.create_cq(64).unwrap();
+        let qp = || nic.create_qp(&pd, &cq, 64).unwrap();
+        let (a, b, c) = (qp(), qp(), qp());
+        a.connect(&b.endpoint()).unwrap();
+        let (mut sq, mut cqp) = (Sq::new(&a), CqPoll::new(&cq));
+        let (src, dst) = (GuardedBuf::new(64, 1), GuardedBuf::new(64, 0xee));
+        let (lmr, rmr) = (src.register(&nic, &pd, Access::NONE), dst.register(&nic, &pd, Access::ALL));
+        let first = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+        let second = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+        // Both wait.
+        cqp.assert_none_for(Duration::from_millis(100));
+        let t = Instant::now();
+        let b = match case {
+            "connected elsewhere" => {
+                b.connect(&c.endpoint()).unwrap();
+                Some(b)
+            }
+            "destroyed" => {
+                drop(b);
+                None
+            }
+            _ => {
+                devx::to_err(&*nic, &EmuObj::Qp(a.qpn()), a.qpn()).unwrap();
+                Some(b)
+            }
+        };
+        if case == "requester to ERR" {
+            assert_err(&cqp.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), first);
+            assert_err(&cqp.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), second);
+            b.unwrap().connect(&a.endpoint()).unwrap();
+        } else {
+            assert_err(&cqp.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), first);
+            assert_err(&cqp.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), second);
+        }
+        let ended = t.elapsed();
+        cqp.assert_none_for(Duration::from_millis(100));
+        assert!(ended < Duration::from_secs(1), "{case}: the wait ended after {ended:?}");
+        assert_eq!(a.state(), QpState::Error, "{case}");
+        assert!(dst.read().iter().all(|&x| x == 0xee) && dst.guards_intact(), "{case}: something was placed");
+        drop(c);
+    }
+}
+
 /// On one NIC's direct path, a request to a peer QP that stays in INIT goes unanswered: its WQE fails with 0x15
 /// (transport retry exceeded) once the retry timeout has passed, not before, and the QP moves to ERR.
 #[test]
