@@ -487,6 +487,9 @@ fn channels_keep_working_after_leaving(payloads: &[Vec<u8>; 2], leave: bool) {
                 e.as_ref().is_err_and(|m| m.contains("left the session")) && t.elapsed() < Duration::from_secs(1),
                 "{e:?}"
             );
+            // No proxy is started for connections that cannot be made.
+            let p = comm.proxy().map(drop).map_err(message);
+            assert!(p.as_ref().is_err_and(|m| m.contains(&format!("rank {me} left the session"))), "{p:?}");
         }
         drop(comm);
         let h = chan.device_handle();

@@ -525,3 +525,29 @@ fn a_responder_that_never_reaches_rtr_fails_the_request_after_the_retry_timeout(
     assert_eq!(a.state(), QpState::Error);
     assert!(dst.read().iter().all(|&x| x == 0xee) && dst.guards_intact());
 }
+
+/// While a request waits for its responder on the same NIC, its SQ ring is not read again: with the ring in
+/// (simulated) GPU memory and no mirror, every look used to copy it to the host, thousands of times a second.
+#[test]
+fn a_waiting_request_does_not_fetch_its_ring_again() {
+    let mut cfg = wired(Duration::from_secs(10));
+    cfg.gpu = Some(Arc::new(SimGpu::new().unwrap()));
+    cfg.queues = MemKind::Gpu;
+    let nic = EmuNic::open(cfg).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(64).unwrap();
+    let (a, b) = (nic.create_qp(&pd, &cq, 64).unwrap(), nic.create_qp(&pd, &cq, 64).unwrap());
+    a.connect(&b.endpoint()).unwrap();
+    let (mut sq, mut cqp) = (Sq::new(&a), CqPoll::new(&cq));
+    let (src, dst) = (GuardedBuf::new(64, 0x3c), GuardedBuf::new(64, 0xee));
+    let (lmr, rmr) = (src.register(&nic, &pd, Access::NONE), dst.register(&nic, &pd, Access::ALL));
+    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+    std::thread::sleep(Duration::from_millis(50));
+    let before = nic.stats().ring_fetches;
+    std::thread::sleep(Duration::from_millis(300));
+    let during = nic.stats().ring_fetches - before;
+    b.connect(&a.endpoint()).unwrap();
+    assert_req(&cqp.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    assert!(dst.read().iter().all(|&x| x == 0x3c) && dst.guards_intact());
+    assert_eq!(during, 0, "ring fetches in 300 ms of waiting");
+}

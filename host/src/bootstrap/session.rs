@@ -453,6 +453,11 @@ impl Bootstrap {
         }
     }
 
+    /// Whether this rank has left the session ([`Bootstrap::leave`]).
+    pub(crate) fn has_left(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
+    }
+
     fn err(&self, what: &str, why: impl std::fmt::Display) -> Error {
         Error::Bootstrap(format!("rank {}: {what}: {why}", self.rank))
     }

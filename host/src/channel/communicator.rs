@@ -314,7 +314,8 @@ impl Communicator {
     /// started with a FIFO of [`DEFAULT_FIFO_SIZE`] slots if it is not running.
     ///
     /// # Errors
-    /// As [`ProxyService::start`].
+    /// [`Error::Bootstrap`] once this rank has left the session ([`leave`](Self::leave)); as
+    /// [`ProxyService::start`].
     pub fn proxy(&self) -> Result<Arc<ProxyService>> {
         self.running_proxy(None)
     }
@@ -325,13 +326,17 @@ impl Communicator {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the proxy already runs with another FIFO size; as
-    /// [`ProxyService::start`].
+    /// [`proxy`](Self::proxy).
     pub fn start_proxy(&self, fifo_size: u32) -> Result<Arc<ProxyService>> {
         self.running_proxy(Some(fifo_size))
     }
 
     fn running_proxy(&self, fifo_size: Option<u32>) -> Result<Arc<ProxyService>> {
         let mut p = self.proxy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.boot.has_left() {
+            // A proxy started now would serve no connection: none can be made after the leaving.
+            return Err(Error::Bootstrap(format!("rank {} left the session: no proxy is started", self.rank())));
+        }
         if let Some(p) = &*p {
             match fifo_size {
                 Some(n) if n != p.fifo().size => {

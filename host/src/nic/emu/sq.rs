@@ -295,6 +295,15 @@ fn take(
     let (peer, mut wire, resume) = w;
     let start = p.consumed;
     *resume = None;
+    if wire.is_none()
+        && p.responder_wait.is_some_and(|t| t.elapsed() < fab.retry_timeout())
+        && responder_pending(fab, qp, peer)
+    {
+        // The WQE at the consumer index waits for its responder (`step`), still in vain: nothing of the ring is
+        // read again (a ring in GPU memory without a mirror would be copied to the host at every look).
+        *resume = Some(pi);
+        return false;
+    }
     // While QPs interleave, a ring in GPU memory with a mirror is read from the mirror a window at a time:
     // this take may pause after a change of way (below), and reading the whole rung range again at each pause
     // cost more than the WQEs. A ring read in place has nothing to read ahead; one without a mirror is fetched
