@@ -296,11 +296,13 @@ fn take(
     let start = p.consumed;
     *resume = None;
     if wire.is_none()
+        && qp.state() == QpState::Rts
         && p.responder_wait.is_some_and(|t| t.elapsed() < fab.retry_timeout())
         && responder_pending(fab, qp, peer)
     {
         // The WQE at the consumer index waits for its responder (`step`), still in vain: nothing of the ring is
-        // read again (a ring in GPU memory without a mirror would be copied to the host at every look).
+        // read again (a ring in GPU memory without a mirror would be copied to the host at every look). A QP
+        // moved to ERR meanwhile goes on to `step`, which flushes its WQEs.
         *resume = Some(pi);
         return false;
     }
