@@ -1068,6 +1068,17 @@ fn a_root_that_closes_during_the_handshake_is_said_to_have_ended() {
     assert!(!m.contains('\n'), "one line: {m}");
 }
 
+/// What a bootstrap's `on_departure` watcher heard, in order.
+type Heard = std::sync::Arc<std::sync::Mutex<Vec<Option<u32>>>>;
+
+/// A watcher of `b`'s departures that records them.
+fn watch(b: &Bootstrap) -> Heard {
+    let heard = Heard::default();
+    let h = heard.clone();
+    b.on_departure(move |who| h.lock().unwrap().push(who));
+    heard
+}
+
 /// What `on_departure` reports, on each rank, in a session of 3: a non-root rank's goodbye is that rank
 /// (`Some(2)`), and so is the root's (`Some(0)`): the session breaks with it, but ranks 1 and 2 are still there
 /// (their QPs still reach each other); a rank that dies breaks the session for every rank (`None`). A watcher
@@ -1075,13 +1086,6 @@ fn a_root_that_closes_during_the_handshake_is_said_to_have_ended() {
 /// reported as `None`, which marked every rank gone to the communicators of ranks 1 and 2.
 #[test]
 fn on_departure_reports_a_goodbye_as_its_rank_and_a_death_as_the_session_broken() {
-    type Heard = std::sync::Arc<std::sync::Mutex<Vec<Option<u32>>>>;
-    fn watch(b: &Bootstrap) -> Heard {
-        let heard = Heard::default();
-        let h = heard.clone();
-        b.on_departure(move |who| h.lock().unwrap().push(who));
-        heard
-    }
     fn wait_for(heard: &Heard) {
         let t = Instant::now();
         while heard.lock().unwrap().is_empty() && t.elapsed() < TIMEOUT {
@@ -1151,13 +1155,10 @@ fn on_departure_reports_a_goodbye_as_its_rank_and_a_death_as_the_session_broken(
 /// own leaving, and a second `leave` and the drop after it add nothing.
 #[test]
 fn leave_says_goodbye_while_the_bootstrap_lives_and_later_calls_fail_at_once() {
-    type Heard = std::sync::Arc<std::sync::Mutex<Vec<Option<u32>>>>;
     for leaver in [2u32, 0] {
         let done = &std::sync::Barrier::new(3);
         let results = run(3, TIMEOUT, |b| {
-            let heard = Heard::default();
-            let h = heard.clone();
-            b.on_departure(move |who| h.lock().unwrap().push(who));
+            let heard = watch(&b);
             b.barrier().unwrap();
             let r = if b.rank() == leaver {
                 b.leave();
@@ -1197,13 +1198,10 @@ fn leave_says_goodbye_while_the_bootstrap_lives_and_later_calls_fail_at_once() {
 /// it was a race (a third of the rounds lost it).
 #[test]
 fn the_root_leaving_during_its_own_collective_is_heard_as_its_leaving_alone() {
-    type Heard = std::sync::Arc<std::sync::Mutex<Vec<Option<u32>>>>;
     for round in 0..12 {
         let done = &std::sync::Barrier::new(5);
         let results = run(5, TIMEOUT, |b| {
-            let heard = Heard::default();
-            let h = heard.clone();
-            b.on_departure(move |who| h.lock().unwrap().push(who));
+            let heard = watch(&b);
             b.barrier().unwrap();
             let ok = if b.rank() == 0 {
                 thread::scope(|s| {
