@@ -106,6 +106,15 @@ fn doorbell_beyond_the_ring_fails_the_qp() {
     assert_eq!(c.as_err().vendor_err_synd, gdaki::nic::emu::vendor::BAD_DOORBELL);
     assert_eq!(p.nic.stats().bad_doorbells, 1);
     assert_eq!(p.a.state(), QpState::Error);
+    // That CQE retired WQE 0: a later doorbell flushes from WQE 1 on (the ring's slots 1..=3 hold WQEs 1..=3),
+    // and WQE 0 gets no second CQE.
+    sq.doorbell(3);
+    for at in 1..=3 {
+        assert_err(&cq.wait(), opcode::syndrome::WR_FLUSH_ERR, opcode::NOP, sq.qpn(), at);
+    }
+    cq.assert_none_for(Duration::from_millis(50));
+    let s = p.nic.stats();
+    assert_eq!((s.error_cqes, s.flush_cqes), (1, 3), "{s:?}");
 }
 
 #[test]

@@ -257,14 +257,16 @@ fn a_blueflame_write_behind_unrung_wqes_reads_them_all_from_the_ring() {
     }
 }
 
-/// A BlueFlame write of two WQEBBs on a register of one (the handle's `bf_size`): the QP fails with
-/// LOCAL_QP_OP_ERR and nothing of the WQE runs.
+/// A BlueFlame write of two WQEBBs on a register of one (the handle's `bf_size`), ringing two WQEs: the QP
+/// fails with LOCAL_QP_OP_ERR at the first, nothing runs, and the second is flushed at once. The first has no
+/// other CQE, not even when a later doorbell covers it again.
 #[test]
 fn a_blueflame_write_larger_than_the_register_fails_the_qp() {
     for kind in BOTH {
         let mut r = Ranges::new(kind);
         assert_eq!(r.p.a.handle().bf_size, 64, "{kind:?}");
-        let at = r.sq.put(&r.write(0));
+        let first = r.sq.put(&r.write(0));
+        let at = r.sq.put(&r.write(64));
         r.sq.dbrec();
         let bf_reg = r.sq.h.bf_reg;
         for w in 8..16u64 {
@@ -277,8 +279,16 @@ fn a_blueflame_write_larger_than_the_register_fails_the_qp() {
         assert_eq!(c.opcode(), opcode::cqe::REQ_ERR, "{kind:?}: {c:?}");
         let e = c.as_err();
         assert_eq!((e.syndrome, e.vendor_err_synd), (0x02, gdaki::nic::emu::vendor::BLUEFLAME_TOO_LARGE), "{kind:?}");
+        assert_eq!(e.wqe_counter.get(), first as u16, "{kind:?}");
+        assert_err(&r.cq.wait(), opcode::syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, r.sq.qpn(), at);
         assert!(r.dst.read().iter().all(|&b| b == 0), "{kind:?}: nothing placed");
         assert_eq!(r.p.a.state(), gdaki::nic::emu::QpState::Error, "{kind:?}");
+        let next = r.sq.put(&r.write(128));
+        r.sq.dbrec();
+        // Covering the ring's WQEs from `first` to `next`.
+        r.sq.doorbell_pi(next + 1);
+        assert_err(&r.cq.wait(), opcode::syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, r.sq.qpn(), next);
+        r.cq.assert_none_for(std::time::Duration::from_millis(30));
     }
 }
 

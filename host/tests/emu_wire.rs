@@ -551,3 +551,42 @@ fn a_waiting_request_does_not_fetch_its_ring_again() {
     assert!(dst.read().iter().all(|&x| x == 0x3c) && dst.guards_intact());
     assert_eq!(during, 0, "ring fetches in 300 ms of waiting");
 }
+
+/// A bad doorbell (a producer index 100 WQEBBs past a 64-WQEBB ring) rung while a WRITE waits for its ACK
+/// fails the QP behind that WRITE: the WRITE's CQE comes first, then the doorbell's error CQE (0x02,
+/// BAD_DOORBELL) naming the WQE at the consumer index, as a WQE failing there would. That CQE retires the WQE:
+/// when one is posted there later it gets no second CQE, and the next one is flushed.
+#[test]
+fn a_bad_doorbell_behind_an_outstanding_request_fails_the_qp_after_it_completes() {
+    let p = WirePair::new(Duration::from_secs(10));
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let src = GuardedBuf::new(64, 0x5a);
+    let dst = GuardedBuf::new(64, 0xc3);
+    let lmr = src.register(&p.nic_a, &p.pd_a, Access::NONE);
+    let rmr = dst.register(&p.nic_b, &p.pd_b, Access::ALL);
+    // One round trip first, so that the connection is up.
+    let at = sq.post_bytes(&sq.inline_write(opcode::RDMA_WRITE, SIGNALED, &[], 0, 0, 0));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    // The responder's NIC stops: the next WRITE goes out and waits for its ACK.
+    p.nic_b.hold_executor(true);
+    let write = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+    wait_until("the WRITE taken", || p.a.sq_consumed() == write + 1);
+    sq.doorbell_pi(write + 101);
+    wait_until("the bad doorbell seen", || p.nic_a.stats().bad_doorbells == 1);
+    cq.assert_none_for(Duration::from_millis(50));
+    p.nic_b.hold_executor(false);
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), write, 0);
+    let c = cq.wait();
+    assert_err(&c, syndrome::LOCAL_QP_OP_ERR, opcode::NOP, sq.qpn(), write + 1);
+    assert_eq!(c.as_err().vendor_err_synd, gdaki::nic::emu::vendor::BAD_DOORBELL);
+    assert_eq!(dst.read(), src.read(), "the WRITE before the bad doorbell placed its data");
+    assert_eq!(p.a.state(), QpState::Error);
+    // Posted after the error: the first is the WQE that CQE named, the second is flushed.
+    let retired = sq.post(&sq.nop(SIGNALED));
+    let flushed = sq.post(&sq.nop(SIGNALED));
+    assert_eq!(retired, write + 1);
+    assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::NOP, sq.qpn(), flushed);
+    cq.assert_none_for(Duration::from_millis(50));
+    let s = p.nic_a.stats();
+    assert_eq!((s.error_cqes, s.flush_cqes), (1, 1), "{s:?}");
+}

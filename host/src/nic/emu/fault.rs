@@ -25,7 +25,8 @@ pub mod vendor {
     /// An inline segment whose length does not match `ds`, or inline data where only SGEs are allowed
     /// (syndrome `LOCAL_QP_OP_ERR`).
     pub const BAD_INLINE: u8 = 0x08;
-    /// The doorbell announced more WQEBBs than the ring holds (syndrome `LOCAL_QP_OP_ERR`).
+    /// The doorbell announced more WQEBBs than the ring holds (syndrome `LOCAL_QP_OP_ERR`). Its error CQE names
+    /// the WQE at the consumer index and retires it, as a WQE failing there would: it gets no flush CQE later.
     pub const BAD_DOORBELL: u8 = 0x09;
     /// A BlueFlame write larger than the register's one WQEBB (the handle's `bf_size`): words past it were
     /// stored (syndrome `LOCAL_QP_OP_ERR`; the PRM defines no outcome, so the emulator fails the QP).

@@ -229,6 +229,10 @@ pub(crate) struct SqProgress {
     /// Since when the WQE at `consumed` has waited for its responder on this NIC to reach RTR (see
     /// `sq::step`); `None` while it does not wait.
     pub responder_wait: Option<std::time::Instant>,
+    /// The WQE index whose error CQE a fault of the doorbell itself already wrote (`sq::act`: a bad doorbell
+    /// or BlueFlame write fails the WQE at the consumer index). That CQE retires it: `sq::step` skips it
+    /// without another CQE when the consumer index reaches it, so that no WQE has two completions.
+    pub reported: Option<u64>,
 }
 
 /// What CREATE_QP makes a QP of, checked.

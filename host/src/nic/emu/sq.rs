@@ -223,7 +223,7 @@ const MAX_DOORBELLS_PER_BATCH: usize = 64;
 fn act(
     fab: &Fabric,
     qp: &QpInner,
-    w: (&mut Option<Arc<QpInner>>, Option<&mut WireSq>, &mut Option<u64>),
+    mut w: (&mut Option<Arc<QpInner>>, Option<&mut WireSq>, &mut Option<u64>),
     eng: &mut Engine,
     p: &mut SqProgress,
     db: u64,
@@ -253,9 +253,7 @@ fn act(
                 wqe_cnt,
                 "emulated NIC: doorbell announces more WQEBBs than the SQ holds"
             );
-            if qp.state() != QpState::Error {
-                fail(fab, qp, &mut eng.data, p.consumed, ctrl.opcode(), Fault::qp_op(vendor::BAD_DOORBELL));
-            }
+            fail_doorbell(fab, qp, w.1, eng, p, ctrl.opcode(), Fault::qp_op(vendor::BAD_DOORBELL));
         }
         return true;
     }
@@ -266,9 +264,9 @@ fn act(
     let bf = match take_blueflame(fab, qp, db, p.consumed) {
         Ok(bf) => bf,
         Err(f) => {
-            if qp.state() != QpState::Error {
-                fail(fab, qp, &mut eng.data, p.consumed, ctrl.opcode(), f);
-            }
+            // The producer index is sound: the doorbell's other WQEs are flushed now, behind the error.
+            fail_doorbell(fab, qp, w.1.as_deref_mut(), eng, p, ctrl.opcode(), f);
+            take(fab, qp, w, eng, p, pi);
             return true;
         }
     };
@@ -279,6 +277,29 @@ fn act(
     take(fab, qp, w, eng, p, pi);
     eng.fetched.blueflame = None;
     true
+}
+
+/// Fails `qp` for a fault of its doorbell itself (`f`: a bad doorbell or BlueFlame write; `op`: the opcode byte
+/// the doorbell carried), unless it is in the error state already. The error CQE names the WQE at the consumer
+/// index, as hardware's does, and retires it ([`SqProgress::reported`]). With a wire it goes through the wire's
+/// queue, behind the CQEs of requests still outstanding, as the failure of a WQE does.
+fn fail_doorbell(
+    fab: &Fabric,
+    qp: &QpInner,
+    wire: Option<&mut WireSq>,
+    eng: &mut Engine,
+    p: &mut SqProgress,
+    op: u8,
+    f: Fault,
+) {
+    if qp.state() == QpState::Error {
+        return;
+    }
+    match wire {
+        Some(ws) => requester::post_failed(fab, qp, ws, &mut eng.data, p.consumed, op, f),
+        None => fail(fab, qp, &mut eng.data, p.consumed, op, f),
+    }
+    p.reported = Some(p.consumed);
 }
 
 /// Takes the WQEs from the consumer index up to `pi`, or up to the first one the wire's requester has no room
@@ -342,7 +363,7 @@ fn take(
             (None, None) => break,
         };
         let ways = eng.data.way_changes();
-        let n = step(fab, qp, (peer, &mut p.responder_wait), via, eng, p.consumed, pi);
+        let n = step(fab, qp, (peer, p), via, eng, pi);
         if n == 0 {
             *resume = Some(pi);
             break;
@@ -588,19 +609,19 @@ enum Via<'a> {
     Here(&'a MrTable),
 }
 
-/// Consumes the WQE at consumer index `idx` (producer index `pi`) of `qp` (whose peer QP is cached in
-/// `peer`; `waiting` is [`SqProgress::responder_wait`]); returns the WQEBBs it took (≥ 1), or 0 when the wire's
-/// requester cannot take it yet ([`WireSq::accepts`]) or its responder on this NIC is not in RTR yet
-/// ([`responder_pending`]): it stays in the ring, untouched.
+/// Consumes the WQE at `qp`'s consumer index `p.consumed` (producer index `pi`; its peer QP is cached in
+/// `peer`); returns the WQEBBs it took (≥ 1), or 0 when the wire's requester cannot take it yet
+/// ([`WireSq::accepts`]) or its responder on this NIC is not in RTR yet ([`responder_pending`]): it stays in
+/// the ring, untouched.
 fn step(
     fab: &Fabric,
     qp: &QpInner,
-    (peer, waiting): (&mut Option<Arc<QpInner>>, &mut Option<Instant>),
+    (peer, p): (&mut Option<Arc<QpInner>>, &mut SqProgress),
     mut via: Via<'_>,
     eng: &mut Engine,
-    idx: u64,
     pi: u64,
 ) -> u64 {
+    let idx = p.consumed;
     let avail = pi - idx;
     // The ctrl segment goes where the whole WQE will be, so that the body is read after it and nothing twice.
     wqe_bytes(qp, &eng.fetched, idx, 0, &mut eng.wqe[..SEG]);
@@ -612,6 +633,11 @@ fn step(
         Via::Wire(ws) => requester::post_failed(fab, qp, ws, &mut eng.data, idx, op, f),
         Via::Here(_) => fail(fab, qp, &mut eng.data, idx, op, f),
     };
+    if p.reported == Some(idx) {
+        // Its error CQE is written (or queued behind the wire's outstanding requests) already.
+        p.reported = None;
+        return skip;
+    }
     if qp.state() == QpState::Error {
         settle(&mut via, eng, ctrl.opcode(), Fault::flushed());
         return skip;
@@ -653,7 +679,7 @@ fn step(
     if !matches!(op, Op::Nop) && responder_pending(fab, qp, peer) {
         // Unanswered, as on hardware, whose requester sends it again after each ACK timeout until its retry
         // count runs out: it waits here, and fails (0x15, below) only once the retry timeout has passed.
-        let since = *waiting.get_or_insert_with(Instant::now);
+        let since = *p.responder_wait.get_or_insert_with(Instant::now);
         if since.elapsed() < fab.retry_timeout() {
             return 0;
         }
