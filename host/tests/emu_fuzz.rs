@@ -1,5 +1,6 @@
-//! Any bytes in the SQ ring and any doorbell or dbrec value: the emulated NIC never panics, never hangs, and
-//! never writes outside a registered region (nor into a region without the rights to).
+//! Any bytes in the SQ ring and any doorbell or dbrec value: the emulated NIC never panics, never hangs,
+//! never writes outside a registered region (nor into a region without the rights to), and completes each WQE
+//! once at most, in order.
 //!
 //! Each case drives a fresh NIC with a random sequence of actions: WQEs that are partly well-formed (valid
 //! opcodes, keys and addresses near the buffers, mostly right QPN and index) or wholly random, random bytes
@@ -325,6 +326,10 @@ fn run_case(actions: &[Action]) -> Result<(), TestCaseError> {
     let mut sq = Sq::new(&p.a);
     let mut cq = CqPoll::new(&p.cq_a);
     let mut peer_cq = CqPoll::new(&p.cq_b);
+    // The send CQEs read, in order; checked only when the CQ's dbrec was left to the poller (a random consumer
+    // index lets the NIC write over CQEs not read yet, as hardware would).
+    let mut sent = Vec::new();
+    let mut cq_dbrec_kept = true;
     let mut last_at = 0u64;
     let mut db_value = 0u64; // connect cleared the register
     let mut doorbells = 0u64;
@@ -380,10 +385,13 @@ fn run_case(actions: &[Action]) -> Result<(), TestCaseError> {
                 sq.pi = saved;
             }
             Action::PollCq => {
-                while cq.poll().is_some() {}
+                while let Some(c) = cq.poll() {
+                    sent.push(c.wqe_counter.get());
+                }
                 while peer_cq.poll().is_some() {}
             }
             Action::CqDbrec(v) => {
+                cq_dbrec_kept = false;
                 // SAFETY: word 0 of the CQ dbrec.
                 unsafe { std::sync::atomic::AtomicU32::from_ptr(cq.h.dbrec as *mut u32) }
                     .store(Be32::new(*v).to_bits(), std::sync::atomic::Ordering::Release);
@@ -391,6 +399,14 @@ fn run_case(actions: &[Action]) -> Result<(), TestCaseError> {
         }
     }
     prop_assert!(p.nic.executor_alive(), "executor thread died");
+    while let Some(c) = cq.poll() {
+        sent.push(c.wqe_counter.get());
+    }
+    // Fewer than 2^16 WQEBBs are consumed in a case: the counters of WQEs completed in order only ascend.
+    prop_assert!(
+        !cq_dbrec_kept || sent.windows(2).all(|w| w[0] < w[1]),
+        "a WQE completed twice or out of order: wqe_counter {sent:?}"
+    );
     for (name, b) in [("local", &world.local), ("remote", &world.remote), ("ro", &world.ro), ("canary", &world.canary)]
     {
         prop_assert!(b.guards_intact(), "guard bytes of {name} written");
