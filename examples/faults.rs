@@ -1,7 +1,7 @@
 //! Runs every fault of `gdaki_testkit::faults` (bad keys, bounds, rights, alignment, zero-byte WRITEs, SQ full, CQ
-//! overrun, a doorbell never rung, malformed WQEs, a peer process killed with SIGKILL mid-transfer, an
-//! unreachable peer, an error CQE during a semaphore wait) on the emulated NIC with device code on host threads
-//! (the `cpu` executor), and prints one row per fault: expected and observed outcome (syndrome and the
+//! overrun, a doorbell never rung or past the ring, malformed WQEs, a peer process killed with SIGKILL
+//! mid-transfer, an unreachable peer, an error CQE during a semaphore wait) on the emulated NIC with device code on
+//! host threads (the `cpu` executor), and prints one row per fault: expected and observed outcome (syndrome and the
 //! emulator's vendor syndrome, or completion / timeout / overrun), the QP state, bytes changed outside the
 //! permitted range, how long the waiter waited and its bound, and the result. Failed checks follow the table;
 //! the last line is `N passed, M failed`, and the exit code is 1 when any case failed.
@@ -26,9 +26,9 @@ const PEER_FLAG: &str = "peer";
     about = "Runs every fault of gdaki's emulated mlx5 NIC (cpu executor) and prints expected and observed \
              outcomes per case",
     long_about = "Runs every fault of gdaki's emulated mlx5 NIC with device code on host threads (bad keys, \
-                  bounds, rights, alignment, SQ full, CQ overrun, a doorbell never rung, malformed WQEs, a peer \
-                  killed with SIGKILL mid-transfer, an unreachable peer, ...) and prints one row per case: \
-                  expected and observed outcome, QP state, bytes changed outside the permitted range, how long \
+                  bounds, rights, alignment, SQ full, CQ overrun, a doorbell never rung or past the ring, \
+                  malformed WQEs, a peer killed with SIGKILL mid-transfer, an unreachable peer, ...) and prints one \
+                  row per case: expected and observed outcome, QP state, bytes changed outside the permitted range, how long \
                   the waiter waited and its bound, and the result. The last line is `N passed, M failed`.\n\n\
                   Exit codes: 0 when every case passed, 1 when one failed, 2 for bad arguments, a GDAKI_QUEUES \
                   other than gpu or host, or a NAME-SUBSTRING that no case name contains.",

@@ -84,6 +84,9 @@ cases! {
     sq_full: "SQ full (silent peer)" => Outcome::Timeout(WaitKind::SqSpace), Rts;
     cq_overrun: "CQ overrun" => Outcome::CqOverrun, Error;
     doorbell_never_rung: "doorbell never rung" => Outcome::Timeout(WaitKind::Cqe), Rts;
+    doorbell_past_the_ring_wire: "doorbell past the ring (wire)" => cqe(LOCAL_QP_OP_ERR, vendor::BAD_DOORBELL), Error;
+    doorbell_past_the_ring_direct: "doorbell past the ring (direct)" =>
+        cqe(LOCAL_QP_OP_ERR, vendor::BAD_DOORBELL), Error;
     wrong_qpn_wire: "WQE with wrong QPN (wire)" => cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), Error;
     wrong_qpn_direct: "WQE with wrong QPN (direct)" => cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), Error;
     wrong_ds_wire: "WQE with wrong ds (wire)" => cqe(LOCAL_QP_OP_ERR, vendor::BAD_DS), Error;

@@ -259,12 +259,10 @@ impl Sq {
         unsafe { AtomicU64::from_ptr(self.h.bf_reg as *mut u64) }.store(bits, Ordering::Release);
     }
 
-    /// Rings the doorbell in the producer-index form (NVSHMEM IBGDA's, which gdaki's posters use): a ctrl
-    /// segment's first 8 bytes with `wqe_index` = `pi` (16 bits), opcode NOP, this QP's QPN and `ds` 0.
+    /// Rings the doorbell in the producer-index form (NVSHMEM IBGDA's, which gdaki's posters use): `wqe_index`
+    /// = `pi` (16 bits) and `ds` 0.
     pub fn doorbell_pi(&self, pi: u64) {
-        let (pi, qpn) = (pi as u16, self.qpn());
-        let b = [0, (pi >> 8) as u8, pi as u8, opcode::NOP, (qpn >> 16) as u8, (qpn >> 8) as u8, qpn as u8, 0];
-        self.doorbell_bits(u64::from_ne_bytes(b));
+        self.doorbell_bits(CtrlSeg::producer_doorbell(pi as u16, self.qpn()));
     }
 
     /// The first 8 bytes of the ring at WQE index `at`, as stored.

@@ -1,5 +1,6 @@
-//! Faults of the queues and of the connection, in process: SQ full, CQ overrun, a doorbell never rung, an
-//! unreachable peer, and an error CQE on one QP while device code waits on a semaphore fed by another.
+//! Faults of the queues and of the connection, in process: SQ full, CQ overrun, a doorbell never rung, a
+//! doorbell past the ring, an unreachable peer, and an error CQE on one QP while device code waits on a
+//! semaphore fed by another.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -246,6 +247,69 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
     let outside = src.changed_outside(&[]) + dst.changed_outside(&[]);
     let qp_state = rig.a.state();
     Ok(Observed { outcome: outcome(&r), qp_state, outside_changed: outside, waited, bound: TIMEOUT + SLACK, checks })
+}
+
+/// A doorbell past the ring: device code posts an RDMA WRITE that completes, then a signaled second one whose
+/// doorbell is not its own: the register gets one announcing 100 WQEBBs more than the 64-WQEBB ring holds (a
+/// poster whose producer index went wrong), after the dbrec. The QP must fail on the second WRITE's index with
+/// 0x02 (vendor `BAD_DOORBELL`): device code's wait for it ends with that error CQE, nothing of the WRITE is
+/// placed, and the WRITE gets no second CQE when its right doorbell is rung after all.
+pub(crate) fn bad_doorbell(path: Path) -> Result<Observed, String> {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    const FIRST: Range<usize> = 0..64;
+    let rig = setup(Rig::new(path, 64, 64, Duration::from_secs(5)))?;
+    let (src, dst) = (Guarded::new(128, 14), Guarded::new(128, 15));
+    let src_mr = setup(src.register(&rig.nic_a, &rig.pd_a, Access::NONE))?;
+    let dst_mr = setup(dst.register(&rig.nic_b, &rig.pd_b, Access::ALL))?;
+    let mut h = rig.a.handle();
+    let (ticket, posted) = {
+        // SAFETY: `h` is `rig.a`'s handle (alive, host memory); only this thread uses it.
+        let mut d = unsafe { dev_qp(&mut h, TIMEOUT) };
+        step("the first WRITE", d.put(&dst_mr.remote(), 0, &src_mr.handle(), 0, 64).and_then(|()| d.flush()))?;
+        let (r, l) = (raddr(&dst_mr.remote(), 64), sge(&src_mr.handle(), 64, 64));
+        let t = step("posting the second WRITE", d.post(true, wqe::rdma_write(r, l)))?;
+        let q = d.handle();
+        let bad = CtrlSeg::producer_doorbell((q.sq.pi + 100) as u16, q.qpn);
+        // SAFETY: `rig.a`'s dbrec and doorbell register, alive.
+        unsafe { db::publish_and_ring(q.dbrec, q.sq.pi, q.bf_reg, bad, q.placement) };
+        // Forgotten, not dropped: a drop would ring; the counters go on with the handle as they stood.
+        let posted = d.handle();
+        core::mem::forget(d);
+        (t, posted)
+    };
+    h = posted;
+    if !wait_until(Duration::from_secs(2), || rig.nic_a.stats().bad_doorbells == 1) {
+        return Err("the NIC never saw the corrupt doorbell".into());
+    }
+    // SAFETY: as above; the previous `Qp` over `h` is gone.
+    let mut d = unsafe { dev_qp(&mut h, TIMEOUT) };
+    let start = Instant::now();
+    let r = d.wait(ticket);
+    let waited = start.elapsed();
+    // The right doorbell, late: in the error state it flushes from the consumer index, which the error CQE
+    // retired already.
+    let q = d.handle();
+    // SAFETY: `rig.a`'s doorbell register, alive.
+    unsafe { db::ring_db(q.bf_reg, CtrlSeg::producer_doorbell(q.sq.pi as u16, q.qpn), q.placement) };
+    let seen = wait_until(Duration::from_secs(2), || rig.nic_a.stats().doorbells >= 3);
+    // Taking the SQ progress lock waits until the NIC has finished with that doorbell.
+    let _ = rig.a.sq_consumed();
+    let s = rig.nic_a.stats();
+    let checks = vec![
+        Check::new(format!("the right doorbell was seen after the corrupt one ({} doorbells)", s.doorbells), seen),
+        Check::new(
+            format!(
+                "two CQEs: the first WRITE's and the error ({} written, {} error, {} flush)",
+                rig.cq_a.produced(),
+                s.error_cqes,
+                s.flush_cqes
+            ),
+            rig.cq_a.produced() == 2 && s.error_cqes == 1 && s.flush_cqes == 0,
+        ),
+    ];
+    let outside = src.changed_outside(&[]) + dst.changed_outside(&[FIRST]);
+    let qp_state = rig.a.state();
+    Ok(Observed { outcome: outcome(&r), qp_state, outside_changed: outside, waited, bound: TIMEOUT, checks })
 }
 
 /// Peer unreachable: a QP connected to an endpoint where nothing listens, with a retry timeout of 300 ms.
