@@ -433,7 +433,9 @@ impl Bootstrap {
     /// with "rank N left the session" (a message that arrived before is still delivered); a second `leave`,
     /// and the drop, which then only joins the reader threads, add nothing. Its own leaving is not reported to
     /// [`on_departure`](Self::on_departure)'s watchers. The root's leaving breaks the session for the others,
-    /// as its drop does.
+    /// as its drop does. A goodbye goes out between whole frames: when another thread of this rank is sending on
+    /// a connection, `leave` waits for that send to end, which a peer that stopped reading (a stopped process)
+    /// makes last up to [`timeout`](Self::timeout).
     pub fn leave(&self) {
         if self.shared.closing.swap(true, Ordering::AcqRel) {
             return;
