@@ -118,11 +118,12 @@ impl CollRank {
         })
     }
 
-    /// Leaves the session now, as a rank that quits mid-run does: no barrier with the other ranks first. The
-    /// goodbye goes before anything is freed ([`Communicator::leave`]): a free waits for every running kernel
-    /// of the GPU, the other ranks' among them, so on one GPU they would otherwise learn that this rank left
-    /// only once their waits had timed out.
-    pub fn leave(mut self) {
+    /// Leaves the session now, as a rank that quits mid-run does ([`Communicator::leave`]): the other ranks'
+    /// kernels that wait for this one end with `PeerGone`, and the drop skips its barrier. With ranks as threads
+    /// of one process on one GPU, keep this value until the other ranks' calls have ended: freeing GPU memory
+    /// waits for every running kernel of the GPU and holds up the other threads' CUDA calls meanwhile, the
+    /// NICs' copies among them, so the other kernels would wait out their bounds (seen on an H100).
+    pub fn leave(&mut self) {
         self.leaving = true;
         self.comm.leave();
     }

@@ -216,23 +216,30 @@ fn broadcast_with_a_rank_missing(kind: ExecutorKind) {
 /// wait for acknowledgments ends with `PeerGone` naming it soon after the session reports the departure, not
 /// after the call's 8 s bound; the root's other child, which does not depend on the rank that left, gets its
 /// bytes and acknowledges. (Tree from rank 0 over 4 ranks: rank 0's children are 1 and 2, rank 1's is 3.)
+/// Every rank keeps its objects until the others' calls have ended ([`CollRank::leave`] says why).
 fn broadcast_root_learns_that_a_rank_left(kind: ExecutorKind) {
     let cfg = CollConfig { timeout: Duration::from_secs(8), ..CollConfig::new(4096) };
     let data = bytes(41, 3000);
+    let ended = std::sync::Barrier::new(4);
     let t0 = std::time::Instant::now();
-    let out = on_ranks(4, kind, false, cfg, |r| {
+    let out = on_ranks(4, kind, false, cfg, |mut r| {
         let rank = r.communicator().rank();
         if rank == 0 {
             r.collectives().buffer().write(0, &data).expect("fill");
         }
         if rank == 3 {
-            r.barrier().expect("the broadcast's barrier");
+            let barrier = r.barrier();
             r.leave();
+            ended.wait();
+            barrier.expect("the broadcast's barrier");
             return None;
         }
         let b = Broadcast { root: 0, offset: 0, bytes: 3000, chunk: 1000, algorithm: Algorithm::Tree };
         let res = r.broadcast(&b).map(|_| ());
-        Some((res, t0.elapsed(), r.collectives().buffer().to_vec().expect("read")[..3000].to_vec()))
+        let took = t0.elapsed();
+        let got = r.collectives().buffer().to_vec().map(|b| b[..3000].to_vec());
+        ended.wait();
+        Some((res, took, got.expect("read")))
     });
     match &out[0] {
         Some((Err(gdaki::Error::Kernel { error: DevError::PeerGone(p), .. }), took, _)) => {
