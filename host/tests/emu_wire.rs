@@ -9,50 +9,10 @@ use std::time::{Duration, Instant};
 
 use emu_util::*;
 use gdaki::mem::MemKind;
-use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, SimGpu, WireConfig};
+use gdaki::nic::emu::{Access, EmuConfig, EmuNic, Endpoint, Pd, QpState, SimGpu, WireConfig};
 use gdaki_shared::prm::opcode::{self, syndrome};
 use gdaki_shared::prm::wqe::AtomicSeg;
 use rand::RngExt;
-
-/// Two NICs with a wire each, one QP on each, connected to each other.
-struct WirePair {
-    a: Qp,
-    b: Qp,
-    cq_a: Cq,
-    cq_b: Cq,
-    pd_a: Pd,
-    pd_b: Pd,
-    nic_a: Arc<EmuNic>,
-    nic_b: Arc<EmuNic>,
-}
-
-fn wired(retry: Duration) -> EmuConfig {
-    EmuConfig::host_or_env().unwrap().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
-}
-
-impl WirePair {
-    fn new(retry: Duration) -> Self {
-        Self::with(wired(retry), wired(retry))
-    }
-
-    /// NIC a opened with `a`, NIC b with `b`.
-    fn with(a: EmuConfig, b: EmuConfig) -> Self {
-        let (nic_a, nic_b) = (EmuNic::open(a).unwrap(), EmuNic::open(b).unwrap());
-        let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
-        let (cq_a, cq_b) = (nic_a.create_cq(64).unwrap(), nic_b.create_cq(64).unwrap());
-        let a = nic_a.create_qp(&pd_a, &cq_a, 64).unwrap();
-        let b = nic_b.create_qp(&pd_b, &cq_b, 64).unwrap();
-        // Endpoints travel as bytes, as through a bootstrap.
-        let (ea, eb) = (
-            Endpoint::from_bytes(&a.endpoint().to_bytes()).unwrap(),
-            Endpoint::from_bytes(&b.endpoint().to_bytes()).unwrap(),
-        );
-        assert_eq!((ea, eb), (a.endpoint(), b.endpoint()));
-        a.connect(&eb).unwrap();
-        b.connect(&ea).unwrap();
-        Self { a, b, cq_a, cq_b, pd_a, pd_b, nic_a, nic_b }
-    }
-}
 
 #[test]
 fn write_read_atomic_and_immediate_across_the_wire() {

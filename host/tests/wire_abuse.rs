@@ -144,10 +144,6 @@ fn assert_closed(s: &mut TcpStream, what: &str) {
     }
 }
 
-fn wired(retry: Duration) -> EmuConfig {
-    EmuConfig::host_or_env().unwrap().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
-}
-
 /// A NIC under test, with a PD, a CQ, and a second PD for cross-PD checks.
 struct Victim {
     nic: Arc<EmuNic>,

@@ -1,7 +1,10 @@
 //! Helpers for the emulated-NIC tests: drive the NIC as device code would (WQE bytes into the SQ ring through
-//! the `QpHandle` addresses, dbrec word 1, 8-byte doorbell; poll the CQ ring and update the CQ dbrec), and
-//! host buffers with guard bytes on both sides.
+//! the `QpHandle` addresses, dbrec word 1, 8-byte doorbell; poll the CQ ring and update the CQ dbrec), host
+//! buffers with guard bytes on both sides, two QPs connected on one NIC ([`Pair`]) or across the wire
+//! ([`WirePair`]), and the random WQEs of the property tests ([`fuzz`]).
 #![allow(dead_code)] // each test file uses a different subset
+
+pub mod fuzz;
 
 use std::mem::offset_of;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -9,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gdaki::mem::{MemKind, MemLoc};
-use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp};
+use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Mr, Pd, Qp, WireConfig};
 use gdaki_shared::handle::{CqHandle, QpHandle};
 use gdaki_shared::prm::cqe::{is_sw_owned, Cqe64, ErrCqe};
 use gdaki_shared::prm::dbrec::{CqDbrec, QpDbrec};
@@ -484,6 +487,53 @@ impl Pair {
         a.connect(&b.endpoint()).unwrap();
         b.connect(&a.endpoint()).unwrap();
         Self { nic, pd, cq_a, cq_b, a, b }
+    }
+}
+
+/// A NIC config with a wire on loopback TCP whose requests fail after `retry` without progress.
+pub fn wired(retry: Duration) -> EmuConfig {
+    EmuConfig::host_or_env().unwrap().with_wire(WireConfig { retry_timeout: retry, ..WireConfig::loopback() })
+}
+
+/// Two NICs with a wire each (as in two processes), one QP on each, connected to each other.
+pub struct WirePair {
+    pub a: Qp,
+    pub b: Qp,
+    pub cq_a: Cq,
+    pub cq_b: Cq,
+    pub pd_a: Pd,
+    pub pd_b: Pd,
+    pub nic_a: Arc<EmuNic>,
+    pub nic_b: Arc<EmuNic>,
+}
+
+impl WirePair {
+    /// Both NICs opened with [`wired`]`(retry)`.
+    pub fn new(retry: Duration) -> Self {
+        Self::with(wired(retry), wired(retry))
+    }
+
+    /// NIC a opened with `a`, NIC b with `b`; 64 WQEBBs per SQ and 64 entries per CQ.
+    pub fn with(a: EmuConfig, b: EmuConfig) -> Self {
+        Self::sized(a, b, 64, 64)
+    }
+
+    /// As [`WirePair::with`], with `wqe_cnt` WQEBBs per SQ and `ncqe` entries per CQ.
+    pub fn sized(a: EmuConfig, b: EmuConfig, wqe_cnt: u32, ncqe: u32) -> Self {
+        let (nic_a, nic_b) = (EmuNic::open(a).unwrap(), EmuNic::open(b).unwrap());
+        let (pd_a, pd_b) = (nic_a.alloc_pd().unwrap(), nic_b.alloc_pd().unwrap());
+        let (cq_a, cq_b) = (nic_a.create_cq(ncqe).unwrap(), nic_b.create_cq(ncqe).unwrap());
+        let a = nic_a.create_qp(&pd_a, &cq_a, wqe_cnt).unwrap();
+        let b = nic_b.create_qp(&pd_b, &cq_b, wqe_cnt).unwrap();
+        // Endpoints travel as bytes, as through a bootstrap.
+        let (ea, eb) = (
+            Endpoint::from_bytes(&a.endpoint().to_bytes()).unwrap(),
+            Endpoint::from_bytes(&b.endpoint().to_bytes()).unwrap(),
+        );
+        assert_eq!((ea, eb), (a.endpoint(), b.endpoint()));
+        a.connect(&eb).unwrap();
+        b.connect(&ea).unwrap();
+        Self { a, b, cq_a, cq_b, pd_a, pd_b, nic_a, nic_b }
     }
 }
 
