@@ -282,7 +282,10 @@ fn act(
 /// Fails `qp` for a fault of its doorbell itself (`f`: a bad doorbell or BlueFlame write; `op`: the opcode byte
 /// the doorbell carried), unless it is in the error state already. The error CQE names the WQE at the consumer
 /// index, as hardware's does, and retires it ([`SqProgress::reported`]). With a wire it goes through the wire's
-/// queue, behind the CQEs of requests still outstanding, as the failure of a WQE does.
+/// queue, behind the CQEs of requests still outstanding, as the failure of a WQE does. A QP whose failure is
+/// queued there already ([`WireSq::failing`]) counts as in the error state too (it leaves RTS only once the
+/// requests ahead of that failure complete): a second fault queued at the same consumer index would give the WQE
+/// the first one retired a flush CQE after its error CQE.
 fn fail_doorbell(
     fab: &Fabric,
     qp: &QpInner,
@@ -292,7 +295,7 @@ fn fail_doorbell(
     op: u8,
     f: Fault,
 ) {
-    if qp.state() == QpState::Error {
+    if qp.state() == QpState::Error || wire.as_deref().is_some_and(WireSq::failing) {
         return;
     }
     match wire {

@@ -208,6 +208,12 @@ impl WireSq {
         self.pending.push_back(p);
     }
 
+    /// Whether a WQE of the QP has failed (its error CQE written, or queued behind requests still outstanding):
+    /// the QP is in the error state, or will be once those complete, and every later WQE is flushed.
+    pub(crate) fn failing(&self) -> bool {
+        self.failing
+    }
+
     /// Outbox bytes not written yet.
     fn unsent(&self) -> usize {
         self.outbox.len() - self.sent
