@@ -589,3 +589,42 @@ fn a_second_bad_doorbell_behind_an_outstanding_request_adds_no_second_cqe() {
     let s = p.nic_a.stats();
     assert_eq!((s.error_cqes, s.flush_cqes), (1, 1), "{s:?}");
 }
+
+/// Two posters' doorbells landing out of order while WQEs wait in the ring for the wire (found by
+/// `emu_fuzz_wire`): a READ goes out and waits for its response, so the WRITE behind it waits in the ring (an
+/// implicit fence); the doorbell that announced the WRITE and a second one after it lands first, the one that
+/// announced only the READ and that WRITE lands last. It is stale: the NIC keeps the WQEs it owes, and once the
+/// READ is answered all three complete (the late doorbell used to leave the last one in the ring, with no CQE,
+/// until some later doorbell).
+#[test]
+fn an_older_doorbell_landing_late_keeps_the_wqes_waiting_for_the_wire() {
+    let p = WirePair::new(Duration::from_secs(10));
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    let src = GuardedBuf::new(64, 0x5a);
+    let back = GuardedBuf::new(64, 0);
+    let dst = GuardedBuf::new(192, 0xc3);
+    let lmr = src.register(&p.nic_a, &p.pd_a, Access::NONE);
+    let bmr = back.register(&p.nic_a, &p.pd_a, Access::LOCAL_WRITE);
+    let rmr = dst.register(&p.nic_b, &p.pd_b, Access::ALL);
+    // One round trip first, so that the connection is up.
+    let at = sq.post_bytes(&sq.inline_write(opcode::RDMA_WRITE, SIGNALED, &[], 0, 0, 0));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    p.nic_b.hold_executor(true);
+    let read = sq.put(&sq.read(SIGNALED, (bmr.lkey(), back.addr(), 64), dst.addr(), rmr.rkey()));
+    let first = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr() + 64, rmr.rkey()));
+    let second = sq.put(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr() + 128, rmr.rkey()));
+    sq.dbrec();
+    sq.doorbell(second);
+    wait_until("the READ taken", || p.a.sq_consumed() == read + 1);
+    let seen = p.nic_a.stats().doorbells;
+    sq.doorbell_pi(second);
+    wait_until("the late doorbell seen", || p.nic_a.stats().doorbells == seen + 1);
+    assert_eq!(p.a.sq_consumed(), read + 1, "the WRITEs still wait for the READ's response");
+    p.nic_b.hold_executor(false);
+    assert_req(&cq.wait(), opcode::RDMA_READ, sq.qpn(), read, 64);
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), first, 0);
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), second, 0);
+    assert_eq!(back.read(), vec![0xc3; 64]);
+    assert_eq!(dst.read()[64..], [0x5a; 128]);
+    assert_eq!(p.nic_a.stats().stale_doorbells, 1);
+}

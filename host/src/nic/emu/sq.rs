@@ -6,7 +6,8 @@
 //! (rdma-core's form), or the producer index itself with `ds` 0 (NVSHMEM IBGDA's form, which gdaki's posters
 //! use), so the new producer index is `wqe_idx + ceil(ds / 4)` (16 bits) for both. It is rebuilt into a 64-bit index from the
 //! QP's 64-bit consumer count: 1..=`wqe_cnt` WQEBBs ahead is new work; up to `wqe_cnt` behind is a stale
-//! doorbell (e.g. two posters' doorbells landing out of order) and ignored; anything else is a bad doorbell,
+//! doorbell (e.g. two posters' doorbells landing out of order) and ignored, and so is one ahead but no further
+//! than WQEs an earlier doorbell announced that still wait in the ring; anything else is a bad doorbell,
 //! which fails the QP.
 
 use std::mem::offset_of;
@@ -240,8 +241,12 @@ fn act(
     let cons16 = p.consumed as u16;
     let ahead = end.wrapping_sub(cons16) as u64;
     let wqe_cnt = qp.wqe_cnt as u64;
-    if ahead == 0 || ahead > wqe_cnt {
-        if cons16.wrapping_sub(end) as u64 <= wqe_cnt {
+    // WQEBBs an earlier doorbell announced that still wait in the ring (`take` left them for later): a doorbell
+    // that announces no more was rung before that one and landed after it (two posters' doorbells out of order),
+    // and is stale too. Taken, it would leave the rest in the ring, without CQEs, until some later doorbell.
+    let owed = w.2.map_or(0, |pi| pi.saturating_sub(p.consumed));
+    if ahead <= owed || ahead > wqe_cnt {
+        if ahead <= owed || cons16.wrapping_sub(end) as u64 <= wqe_cnt {
             bump(&fab.stats.stale_doorbells);
             tracing::debug!(qpn = qp.qpn, end, consumed = p.consumed, "emulated NIC: stale doorbell ignored");
         } else {
