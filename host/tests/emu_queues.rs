@@ -257,6 +257,47 @@ fn a_blueflame_write_behind_unrung_wqes_reads_them_all_from_the_ring() {
     }
 }
 
+/// A BlueFlame write whose doorbell is stale goes with it: its words do not stay in the register for the next
+/// doorbell, whose WQE they would be taken for when their tag (the low byte of a WQE index) matches. Two such
+/// writes, each followed by a signaled NOP rung by plain doorbell, which must complete from the ring (the
+/// register's words ask for no CQE): one naming the next WQE but announcing none (ds 0), as `emu_fuzz_wire`
+/// found it (a BlueFlame write of a still empty ring); and one for a WQE 256 before the next, which a poster's
+/// write landing that late carries.
+#[test]
+fn a_stale_blueflame_write_is_not_taken_for_the_next_doorbell() {
+    use gdaki_shared::prm::wqe::CtrlSeg;
+    use gdaki_shared::Be32;
+    for late in [false, true] {
+        let p = Pair::new(512, 512);
+        let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+        let stale = |n: u64| wait_until("the stale doorbell", || p.nic.stats().stale_doorbells == n);
+        let words = if late {
+            // 256 unsignaled NOPs, rung 64 at a time; then the BlueFlame write of the first, unsignaled.
+            for i in 1..=256 {
+                sq.put(&sq.nop(0));
+                if i % 64 == 0 {
+                    sq.dbrec();
+                    sq.doorbell_pi(sq.pi);
+                }
+            }
+            wait_until("the NOPs taken", || p.a.sq_consumed() == 256);
+            blueflame_words(&[Seg::from(CtrlSeg::new(0, opcode::NOP, 0, sq.qpn(), 0, 1, 0, Be32::ZERO))])
+        } else {
+            // A doorbell for no new WQE first, so that the BlueFlame write of an all-zero WQEBB (index 0, ds 0,
+            // no CQE asked for) changes the register.
+            sq.doorbell_pi(0);
+            stale(1);
+            blueflame_words(&[Seg::default()])
+        };
+        sq.blueflame_words(&words, (1..8).chain([0]));
+        stale(if late { 1 } else { 2 });
+        let at = sq.post(&sq.nop(SIGNALED));
+        assert_req(&cq.wait(), opcode::NOP, sq.qpn(), at, 0);
+        let s = p.nic.stats();
+        assert_eq!((s.blueflame, s.blueflame_mismatches), (0, 0), "late {late}: {s:?}");
+    }
+}
+
 /// A BlueFlame write of two WQEBBs on a register of one (the handle's `bf_size`), ringing two WQEs: the QP
 /// fails with LOCAL_QP_OP_ERR at the first, nothing runs, and the second is flushed at once. The first has no
 /// other CQE, not even when a later doorbell covers it again.

@@ -246,6 +246,10 @@ fn act(
     // and is stale too. Taken, it would leave the rest in the ring, without CQEs, until some later doorbell.
     let owed = w.2.map_or(0, |pi| pi.saturating_sub(p.consumed));
     if ahead <= owed || ahead > wqe_cnt {
+        // A BlueFlame write that carried this doorbell goes with it: its words must not stay in the register for
+        // the next doorbell, which would take them for its own WQE when their tag matches (when it names the WQE
+        // index this one named, or one 256 on).
+        clear_blueflame_words(fab, qp, 1..BF_BUF_SIZE / 8);
         if ahead <= owed || cons16.wrapping_sub(end) as u64 <= wqe_cnt {
             bump(&fab.stats.stale_doorbells);
             tracing::debug!(qpn = qp.qpn, end, consumed = p.consumed, "emulated NIC: stale doorbell ignored");
@@ -445,19 +449,8 @@ fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Result<
         tracing::warn!(qpn = qp.qpn, consumed, "emulated NIC: a BlueFlame write on a doorbell-only UAR");
         return Err(Fault::qp_op(vendor::BLUEFLAME_NO_BUFFER));
     }
-    // Looked at only after a write to the register: a plain doorbell costs nothing more. A load first, a
-    // swap only for a word that differs: these words hold the sentinel unless software wrote past the
-    // register, and 24 locked swaps on every BlueFlame doorbell were a third of the NIC's work on it (the
-    // `cpu` executor's BlueFlame ping-pong: 0.95 -> 0.65 µs of passes per round trip). A write that lands
-    // after the load is seen by the next doorbell's look.
-    let mut past = false;
-    for i in WQEBB / 8..BF_BUF_SIZE / 8 {
-        let off = BF_OFFSET + 8 * i;
-        if qmem::load_u64(&qp.uar, off, Ordering::Acquire) != sentinel {
-            past |= qmem::swap_u64(&qp.uar, off, sentinel, Ordering::AcqRel) != sentinel;
-        }
-    }
-    if past {
+    // Looked at only after a write to the register: a plain doorbell costs nothing more.
+    if clear_blueflame_words(fab, qp, WQEBB / 8..BF_BUF_SIZE / 8) {
         tracing::warn!(qpn = qp.qpn, consumed, "emulated NIC: a BlueFlame write larger than the 64-byte register");
         return Err(Fault::qp_op(vendor::BLUEFLAME_TOO_LARGE));
     }
@@ -485,6 +478,24 @@ fn take_blueflame(fab: &Fabric, qp: &QpInner, db: u64, consumed: u64) -> Result<
     }
     b[offset_of!(CtrlSeg, signature)] = 0;
     Ok(Some(b))
+}
+
+/// Gives BlueFlame buffer words `words` of `qp`'s UAR (indices of 8-byte words) the sentinel back; returns whether
+/// any held something else (software stored it since the NIC last cleared it). A load first, a swap only for a
+/// word that differs: past the 64-byte register the words hold the sentinel unless software wrote past it, and
+/// 24 locked swaps on every BlueFlame doorbell were a third of the NIC's work on it (the `cpu` executor's
+/// BlueFlame ping-pong: 0.95 -> 0.65 µs of passes per round trip). A write that lands after the load is seen
+/// by the next doorbell's look.
+fn clear_blueflame_words(fab: &Fabric, qp: &QpInner, words: std::ops::Range<usize>) -> bool {
+    let sentinel = fab.bf_sentinel;
+    let mut written = false;
+    for i in words {
+        let off = BF_OFFSET + 8 * i;
+        if qmem::load_u64(&qp.uar, off, Ordering::Acquire) != sentinel {
+            written |= qmem::swap_u64(&qp.uar, off, sentinel, Ordering::AcqRel) != sentinel;
+        }
+    }
+    written
 }
 
 /// Compares the WQE a BlueFlame write carried (`bf`, at WQEBB index `idx`) with the ring's copy when the ring
