@@ -63,13 +63,7 @@ fn action() -> impl Strategy<Value = Action> {
 
 fn run_case(actions: &[Action]) -> Result<(), TestCaseError> {
     let p = Pair::new(WQE_CNT, 16);
-    let world = World {
-        local: GuardedBuf::new(BUF, 0x11),
-        remote: GuardedBuf::new(BUF, 0x22),
-        ro: GuardedBuf::new(BUF, 0x33),
-        canary: GuardedBuf::new(BUF, 0x44),
-        keys: (0, 0, 0),
-    };
+    let world = World::buffers();
     let lmr = world.local.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
     let rmr = world.remote.register(&p.nic, &p.pd, Access::ALL);
     let romr = world.ro.register(&p.nic, &p.pd, Access::REMOTE_READ);

@@ -442,13 +442,7 @@ fn run_case(mode: Mode, short_retry: bool, actions: &[Action], tally: &Tally) ->
     let t0 = Instant::now();
     let retry = if short_retry { RETRY_SHORT } else { RETRY_LONG };
     let p = WirePair::sized(wired(retry), wired(retry), WQE_CNT, 64);
-    let world = World {
-        local: GuardedBuf::new(BUF, 0x11),
-        remote: GuardedBuf::new(BUF, 0x22),
-        ro: GuardedBuf::new(BUF, 0x33),
-        canary: GuardedBuf::new(BUF, 0x44),
-        keys: (0, 0, 0),
-    };
+    let world = World::buffers();
     let lmr = world.local.register(&p.nic_a, &p.pd_a, Access::LOCAL_WRITE);
     let rmr = world.remote.register(&p.nic_b, &p.pd_b, Access::ALL);
     let romr = world.ro.register(&p.nic_b, &p.pd_b, Access::REMOTE_READ);

@@ -166,6 +166,18 @@ pub struct World {
 }
 
 impl World {
+    /// The four buffers of `BUF` bytes, each filled with its own byte (0x11, 0x22, 0x33, 0x44), and no keys yet:
+    /// the caller registers them where its case needs them and sets `keys`.
+    pub fn buffers() -> World {
+        World {
+            local: GuardedBuf::new(BUF, 0x11),
+            remote: GuardedBuf::new(BUF, 0x22),
+            ro: GuardedBuf::new(BUF, 0x33),
+            canary: GuardedBuf::new(BUF, 0x44),
+            keys: (0, 0, 0),
+        }
+    }
+
     pub fn addr(&self, a: Addr) -> u64 {
         let at = |b: &GuardedBuf, off: i16| b.addr().wrapping_add_signed(off as i64);
         match a {
