@@ -1413,7 +1413,9 @@ fn a_rank_that_dies_breaks_every_wait_saying_the_session_broke() {
         source: "test",
     };
     let mut listener = Some(listener);
-    let (ready, root) = (&Barrier::new(3), &root);
+    // `done`: neither rank says goodbye (its communicator's drop) before both waits have ended, so that each reads
+    // the break, not the other's later goodbye, which replaces it in the departed word.
+    let (ready, done, root) = (&Barrier::new(3), &Barrier::new(2), &root);
     std::thread::scope(|s| {
         let ranks: Vec<_> = (0..2u32)
             .map(|rank| {
@@ -1431,7 +1433,9 @@ fn a_rank_that_dies_breaks_every_wait_saying_the_session_broke() {
                     let t = Instant::now();
                     let waited = exclusive(&h).wait();
                     let took = t.elapsed();
-                    (waited, took, message(comm.bootstrap().barrier().unwrap_err()))
+                    let boot = message(comm.bootstrap().barrier().unwrap_err());
+                    done.wait();
+                    (waited, took, boot)
                 })
             })
             .collect();
