@@ -935,6 +935,62 @@ fn root_stalled_mid_frame_fails_the_other_rank_naming_it() {
     });
 }
 
+/// A root that stops answering (a stopped process: its connection stays open and nothing arrives) fails rank 1's
+/// collective once rank 1's timeout and grace have passed, and breaks rank 1's session: its later calls fail at
+/// once, naming the root, and its departure watchers hear that every rank is lost, instead of each later call
+/// waiting out the timeout again (a survivor of a SIGSTOPped root took two timeouts to end: one for the run's
+/// exchange, one more for gathering its checks).
+#[test]
+fn a_silent_root_breaks_the_session_of_the_rank_that_timed_out_on_it() {
+    let timeout = Duration::from_millis(400);
+    let (listener, launches) = session(2);
+    thread::scope(|s| {
+        let one = s.spawn(|| {
+            let b = Bootstrap::connect(&launches[1], timeout).unwrap();
+            let heard = watch(&b);
+            let t = Instant::now();
+            let first = message(b.all_gather(b"x").unwrap_err());
+            let took_first = t.elapsed();
+            let t = Instant::now();
+            let later = [
+                message(b.barrier().unwrap_err()),
+                message(b.all_gather(b"y").unwrap_err()),
+                message(b.send(0, 1, b"z").unwrap_err()),
+                message(b.recv(0, 1).unwrap_err()),
+            ];
+            let heard = heard.lock().unwrap().clone();
+            (first, took_first, later, t.elapsed(), heard)
+        });
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 44];
+        conn.read_exact(&mut hello).unwrap();
+        // The welcome (rank 1 of 2), then silence with the connection open.
+        conn.write_all(&[12, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0]).unwrap();
+        let (first, took_first, later, took_later, heard) = one.join().unwrap();
+        let root = &launches[0].root;
+        assert_eq!(
+            first,
+            format!("rank 1: all_gather #0: timed out after 400ms waiting for the root at {root} to gather every rank")
+        );
+        assert!(took_first >= timeout, "gave up after {took_first:?}");
+        let why = format!(
+            "the root (rank 0) at {root} gave no result of all_gather #0 within 400ms (is it stopped or hung?)"
+        );
+        assert_eq!(
+            later,
+            [
+                format!("rank 1: all_gather #1: {why}"),
+                format!("rank 1: all_gather #2: {why}"),
+                format!("rank 1: send to rank 0 tag 1: {why}"),
+                format!("rank 1: recv from rank 0 tag 1: {why}"),
+            ]
+        );
+        assert!(took_later < timeout / 2, "the later calls took {took_later:?}");
+        assert_eq!(heard, [None]);
+        drop(conn);
+    });
+}
+
 #[test]
 fn silent_rank_in_all_gather_is_named_on_every_rank() {
     // Rank 2 joins and then says nothing at all (no frame begins): the root gives up at its timeout naming it,

@@ -44,7 +44,9 @@ use crate::{Error, Result};
 /// frame for longer than the timeout (a half-open connection: its host vanished, or it hangs mid-write), the root tells
 /// every other rank, and every pending or later call on every rank fails with an error naming that rank (messages that
 /// arrived before are still delivered). The same happens when the root dies, and when one of the root's collectives
-/// fails. After an error, drop the bootstrap.
+/// fails. A rank whose collective gets no word from the root (a stopped or hung root: its connection stays open)
+/// breaks its own session when it gives up, so that its later calls fail at once, naming the root. After an error,
+/// drop the bootstrap.
 pub struct Bootstrap {
     pub(super) rank: u32,
     pub(super) world_size: u32,
@@ -489,7 +491,9 @@ impl Bootstrap {
     /// # Errors
     /// [`Error::Bootstrap`] when the session is broken (naming the rank at fault), when it takes longer than
     /// [`timeout`](Self::timeout) (the root names the ranks it waited for, and tells the others; they wait for
-    /// that up to a quarter of the timeout longer, at most 1 s), or when the result is too large.
+    /// that up to a quarter of the timeout longer, at most 1 s), or when the result is too large. A rank other
+    /// than the root that hears nothing from the root by then breaks its session: the root is not answering,
+    /// and every later call of this rank fails at once saying so.
     pub fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let what = format!("all_gather #{seq}");
@@ -510,10 +514,24 @@ impl Bootstrap {
             // The root's verdict, when it gives up at its own deadline, is worth the wait.
             let deadline = deadline + verdict_grace(self.timeout);
             let parts = self.shared.wait(deadline, |mb| Ok(mb.gathered.remove(&seq))).map_err(|e| match e {
-                WaitError::TimedOut => self.err(
-                    &what,
-                    format!("timed out after {:?} waiting for the root at {root} to gather every rank", self.timeout),
-                ),
+                WaitError::TimedOut => {
+                    // The root gives up at its own deadline and tells every rank why: no word from it within
+                    // the grace past that means the root itself stopped answering (a stopped or hung process,
+                    // whose connection stays open, so no reader notices). Every later call goes through it and
+                    // would wait out its whole timeout again: break the session here, as the root breaks it
+                    // when its own collective fails.
+                    self.shared.break_session(format!(
+                        "the root (rank 0) at {root} gave no result of {what} within {:?} (is it stopped or hung?)",
+                        self.timeout
+                    ));
+                    self.err(
+                        &what,
+                        format!(
+                            "timed out after {:?} waiting for the root at {root} to gather every rank",
+                            self.timeout
+                        ),
+                    )
+                }
                 WaitError::Broken(why) => self.err(&what, why),
             })?;
             // The root echoes our own part: a mismatch means the ranks called collectives in different orders.
