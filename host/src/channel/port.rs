@@ -198,8 +198,11 @@ impl PortChannel {
     /// The handle device code uses (MSCCL++ `deviceHandle()`), every field filled: `qp` (the connection's
     /// [`QpHandle`](gdaki_shared::handle::QpHandle) address), `dst`, `src`, `remote_sem` (the
     /// peer's inbound word), `local_sem` and `expected` (this side's words), `scratch` (the QP's atomic
-    /// scratch word), `max_wqe_bytes`, `timeout_ns`, `blue_flame_limit`. Plain data to copy into kernel
-    /// arguments or device memory; the addresses in it stay valid while this channel lives.
+    /// scratch word), `max_wqe_bytes`, `timeout_ns`, `blue_flame_limit`, `departed` (the peer's departure
+    /// word), `peer_plus_one` (the peer's rank), `proxy` (the mode), and in the Host modes `fifo`,
+    /// `proxy_err` and `channel_id` (the proxy's FIFO, its error word and this channel's id; zero in Device
+    /// mode). Plain data to copy into kernel arguments or device memory; the addresses in it stay valid while
+    /// this channel lives.
     pub fn device_handle(&self) -> PortChannelHandle {
         let (fifo, err, proxy, id) = self
             .proxied

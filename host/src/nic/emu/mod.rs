@@ -116,10 +116,11 @@
 //!   NIC on that word is the GPU's. Only pageable host memory takes the NIC's atomics on the host.
 //! - **CQE timestamps** are nanoseconds since the NIC was opened, not device clock ticks.
 //! - **Destroying a QP** ([`Qp`]'s drop) waits for the executor thread to let go of it, so that no WQE of it
-//!   runs afterwards and its queue memory is freed by the dropping thread, never by the executor; the NIC's
-//!   other commands are not held up by the wait. Over the wire its connection then ends, but only after the
-//!   answers owed for requests it already executed (the ACK of a placed WRITE, an applied atomic's old
-//!   value), as hardware sends them with the effect.
+//!   runs afterwards and its queue memory is released by the dropping thread, never by the executor (host
+//!   memory is freed; GPU memory the NIC allocated goes back to the NIC's pool, to be freed when the NIC
+//!   closes); the NIC's other commands are not held up by the wait. Over the wire its connection then ends,
+//!   but only after the answers owed for requests it already executed (the ACK of a placed WRITE, an applied
+//!   atomic's old value), as hardware sends them with the effect.
 //!
 //! # Use
 //! ```
