@@ -455,10 +455,16 @@ fn kill_rank_one(executor: &str, settle: Duration, bound: Duration) -> (Output, 
             }
             Err(_) => {}
         }
-        assert!(r0.try_wait().unwrap().is_none(), "rank 0 ended before the kill: {so:?}");
+        if let Some(s) = r0.try_wait().unwrap() {
+            let _ = r1.kill();
+            panic!("rank 0 ended ({s}) before the kill: {so:?}");
+        }
     }
     std::thread::sleep(settle);
-    assert!(r1.try_wait().unwrap().is_none(), "rank 1 ended before the kill");
+    if let Some(s) = r1.try_wait().unwrap() {
+        let _ = r0.kill();
+        panic!("rank 1 ended ({s}) before the kill: rank 0 printed {so:?}");
+    }
     r1.kill().expect("kill rank 1");
     let _ = r1.wait();
     let killed = Instant::now();
