@@ -57,6 +57,8 @@ fn two_ranks_on<T: Send>(
     boot_timeout: Duration,
     f: impl Fn(Communicator, &Barrier) -> T + Sync,
 ) -> Vec<T> {
+    // Warnings of the library (and of its threads, which inherit the test's capture) show with a failure.
+    let _ = tracing_subscriber::fmt().with_max_level(tracing::Level::WARN).with_test_writer().try_init();
     ranks::two_ranks(
         |mut boot| {
             boot.set_timeout(boot_timeout);
@@ -152,7 +154,7 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
     let mut rng = rng();
     let payloads = [random_bytes(&mut rng, LEN), random_bytes(&mut rng, LEN)];
     let plans = [plan(&mut rng, 0, LEN as u64, 5000, LEN as u64), plan(&mut rng, 0, LEN as u64, 5000, LEN as u64)];
-    let results = two_ranks(BOOT_TIMEOUT, |comm, _| {
+    let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
         let (me, peer) = (comm.rank() as usize, 1 - comm.rank());
         assert_eq!(comm.world_size(), 2);
         let src = register(&comm, LEN);
@@ -186,6 +188,8 @@ fn one_qp_payload_lands_semaphore_counts_and_fetch_add_result_goes_to_scratch() 
         assert_eq!((h.scratch.length, h.scratch.addr % 8), (8, 0));
         assert!(!inside(h.scratch.addr, &src) && !inside(h.scratch.addr, &landing), "scratch inside user memory");
         assert_eq!((h.max_wqe_bytes, h.timeout_ns, h.blue_flame_limit), (1 << 30, 5_000_000_000, 512 << 10));
+        // Each rank's checks above read its own semaphore untouched: neither signals before both are done.
+        barrier.wait();
 
         // Drive it: every put followed by a signal, then flush, then wait for the peer's signals.
         let n = plans[me].len() as u64;
@@ -1560,6 +1564,8 @@ fn a_second_leave_waits_for_the_first_ones_drain_of_the_proxy() {
     let payload = random_bytes(&mut rng(), LEN);
     // Rank 0's semaphore count when it heard that rank 1 left (u64::MAX: not heard).
     let at_departure = std::sync::Arc::new(AtomicU64::new(u64::MAX));
+    // What rank 1 saw of its leaving, for the failure message: how long it took, and its NIC's error counts.
+    let leaving = std::sync::Mutex::new(String::new());
     two_ranks(BOOT_TIMEOUT, |comm, barrier| {
         let l = link(&comm, IbMode::Host, LEN);
         if comm.rank() == 0 {
@@ -1574,14 +1580,21 @@ fn a_second_leave_waits_for_the_first_ones_drain_of_the_proxy() {
             while at_departure.load(Ordering::SeqCst) == u64::MAX && t.elapsed() < BOOT_TIMEOUT {
                 std::thread::sleep(Duration::from_millis(1));
             }
+            let heard = t.elapsed();
             let landed = contents(l.landing.as_ref().unwrap());
             // Rank 1 waits here: no assertion before it.
             barrier.wait();
-            assert_eq!(at_departure.load(Ordering::SeqCst), PUTS, "signals landed when rank 1's leaving was heard");
+            let rank1 = leaving.lock().unwrap().clone();
+            assert_eq!(
+                at_departure.load(Ordering::SeqCst),
+                PUTS,
+                "signals landed when rank 1's leaving was heard, {heard:?} after the puts began; rank 1: {rank1}"
+            );
             assert_same(&landed, &payload, "landing buffer");
         } else {
             fill(&l._src, &payload);
             barrier.wait();
+            let t = Instant::now();
             {
                 let h = l.chan.device_handle();
                 let mut ch = exclusive(&h);
@@ -1598,6 +1611,15 @@ fn a_second_leave_waits_for_the_first_ones_drain_of_the_proxy() {
                 comm.leave();
                 first.join().unwrap();
             });
+            let st = comm.nic().as_emu().expect("emulated NIC").stats();
+            *leaving.lock().unwrap() = format!(
+                "left {:?} after the puts began; its NIC: {} WQEs, {} error CQEs, {} flush CQEs, {} CQ overruns",
+                t.elapsed(),
+                st.wqes,
+                st.error_cqes,
+                st.flush_cqes,
+                st.cq_overruns
+            );
             barrier.wait();
             drop((_src, landing));
         }
