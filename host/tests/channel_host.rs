@@ -1556,14 +1556,26 @@ fn a_loopback_channel_is_never_told_its_own_rank_left() {
 /// drain: neither says goodbye before the drain is done, so the peer hears of the leaving only once every put
 /// has landed (its semaphore counts them all). The second `leave` said goodbye at once while the first still
 /// drained, and the peer's waits for this rank would end with `PeerGone` while its puts were on their way.
+///
+/// Rank 0 holds its NIC's executor from before the puts until both `leave`s have been called: the drain is then
+/// under way when the second `leave` comes, whatever the build's speed, and no goodbye may be heard while the
+/// hold lasts (no put can complete). Little data moves, because the drain waits at most the proxy's timeout (5 s)
+/// from the first `leave` on: the 256 MiB this test once moved to make the drain long took a debug build's
+/// emulated NIC up to 5.2 s on an idle 2-core machine, and the goodbye then went out with signals still on their
+/// way.
 #[test]
 fn a_second_leave_waits_for_the_first_ones_drain_of_the_proxy() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    const LEN: usize = 4 << 20;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const LEN: usize = 64 << 10;
     const PUTS: u64 = 64;
+    // How long rank 0 listens, NIC held, once rank 1 calls its second `leave`: a goodbye said then arrives
+    // within it.
+    const LISTEN: Duration = Duration::from_millis(50);
     let payload = random_bytes(&mut rng(), LEN);
     // Rank 0's semaphore count when it heard that rank 1 left (u64::MAX: not heard).
     let at_departure = std::sync::Arc::new(AtomicU64::new(u64::MAX));
+    // Set by rank 1 as it calls its second `leave`.
+    let second = AtomicBool::new(false);
     // What rank 1 saw of its leaving, for the failure message: how long it took, and its NIC's error counts.
     let leaving = std::sync::Mutex::new(String::new());
     two_ranks(BOOT_TIMEOUT, |comm, barrier| {
@@ -1575,8 +1587,17 @@ fn a_second_leave_waits_for_the_first_ones_drain_of_the_proxy() {
                     seen.store(sem.inbound().unwrap(), Ordering::SeqCst);
                 }
             });
+            let nic = comm.nic().as_emu().expect("emulated NIC");
+            nic.hold_executor(true);
             barrier.wait();
             let t = Instant::now();
+            while !second.load(Ordering::SeqCst) && t.elapsed() < BOOT_TIMEOUT {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(LISTEN);
+            let while_held = at_departure.load(Ordering::SeqCst);
+            let held = t.elapsed();
+            nic.hold_executor(false);
             while at_departure.load(Ordering::SeqCst) == u64::MAX && t.elapsed() < BOOT_TIMEOUT {
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -1586,9 +1607,16 @@ fn a_second_leave_waits_for_the_first_ones_drain_of_the_proxy() {
             barrier.wait();
             let rank1 = leaving.lock().unwrap().clone();
             assert_eq!(
+                while_held,
+                u64::MAX,
+                "rank 1's leaving was heard while rank 0's NIC held its puts unanswered (signals landed then); the \
+                 hold lasted {held:?}; rank 1: {rank1}"
+            );
+            assert_eq!(
                 at_departure.load(Ordering::SeqCst),
                 PUTS,
-                "signals landed when rank 1's leaving was heard, {heard:?} after the puts began; rank 1: {rank1}"
+                "signals landed when rank 1's leaving was heard, {heard:?} after the puts began ({held:?} of it held); \
+                 rank 1: {rank1}"
             );
             assert_same(&landed, &payload, "landing buffer");
         } else {
@@ -1608,6 +1636,7 @@ fn a_second_leave_waits_for_the_first_ones_drain_of_the_proxy() {
             std::thread::scope(|s| {
                 let first = s.spawn(|| comm.leave());
                 std::thread::sleep(Duration::from_millis(5));
+                second.store(true, Ordering::SeqCst);
                 comm.leave();
                 first.join().unwrap();
             });

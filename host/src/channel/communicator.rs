@@ -40,13 +40,16 @@ use crate::proxy::{ProxyService, DEFAULT_FIFO_SIZE};
 /// after they learn of it, their port-channel waits for this rank that are late end with `PeerGone`. So drop it
 /// (or leave) once what the peers await from this rank has landed: after a flush, or, in the Host modes, by
 /// dropping the channels and connections first, since the communicator's drop drains the proxy it holds last
-/// before it leaves.
+/// before it leaves. That drain waits for the proxy's WQEs for at most the proxy's timeout
+/// ([`PortChannel::DEFAULT_TIMEOUT`]) on each QP: puts that take longer to complete (much data on a slow wire)
+/// are still on their way when the goodbye goes out, so flush those first.
 pub struct Communicator {
     res: Arc<Resources>,
     /// The proxy of the Host modes, started by the first connection that needs it. Dropped before `boot`: as
-    /// its last holder the communicator drains it (every trigger done, every WQE completed) before the
-    /// bootstrap's goodbye, after which the peers mark this rank gone ([`super::DEPARTURE_GRACE`] later) and
-    /// their late waits for it end with `PeerGone`, whatever is still on its way.
+    /// its last holder the communicator drains it (every trigger done, every WQE completed or the proxy's
+    /// timeout passed) before the bootstrap's goodbye, after which the peers mark this rank gone
+    /// ([`super::DEPARTURE_GRACE`] later) and their late waits for it end with `PeerGone`, whatever is still on
+    /// its way.
     proxy: Mutex<Option<Arc<ProxyService>>>,
     boot: Bootstrap,
 }

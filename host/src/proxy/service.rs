@@ -141,8 +141,9 @@ struct Shared {
 /// and semaphores hold one), and the WQEs it posted there have completed or one failed. Then it stops polling
 /// the QP and lets go of it, which destroys the QP and its CQ ([`qps`](Self::qps) counts the QPs it holds).
 ///
-/// Dropping it drains it: the thread handles every trigger already pushed, rings, waits (bounded) for every
-/// WQE it posted to complete, then exits.
+/// Dropping it drains it: the thread handles every trigger already pushed, rings, waits for every WQE it posted
+/// to complete (for at most its timeout on each QP, reporting [`VENDOR_PROXY_FLUSH`] on a QP whose WQEs have not
+/// all completed by then), then exits.
 pub struct ProxyService {
     shared: Arc<Shared>,
     fifo: FifoHandle,
