@@ -276,9 +276,9 @@ impl ProxyService {
     /// proxy releases a connection's QP once every channel registered on it has been dropped and every trigger
     /// pushed before has been done, the connection's own handles are gone, and the WQEs it posted there have
     /// completed (or one failed); the QP and its CQ are destroyed then. Released QPs leave the count when the
-    /// proxy is idle (it looks each time its FIFO runs empty).
+    /// proxy is idle (it looks each time its FIFO runs empty), once they are destroyed.
     pub fn qps(&self) -> usize {
-        self.shared.qps.load(Ordering::Relaxed)
+        self.shared.qps.load(Ordering::Acquire)
     }
 
     /// Tells the proxy that the handles of the connection whose QP has `key` are gone ([`QpUse`]).
@@ -649,10 +649,13 @@ impl Worker {
                 }
                 gone.push(reg.qps[slot].take());
                 reg.free_qps.push(slot);
-                self.shared.qps.fetch_sub(1, Ordering::Relaxed);
             }
         }
+        let released = gone.len();
         drop(gone);
+        // The QPs leave the count once destroyed: a caller that reads it as dropped finds them gone (before, the
+        // count fell first, and a peer's WRITE sent after that read could still land on a QP not yet destroyed).
+        self.shared.qps.fetch_sub(released, Ordering::Release);
     }
 
     /// On stop: waits until every WQE posted has completed, reporting errors.
