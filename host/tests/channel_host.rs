@@ -943,6 +943,7 @@ fn host_modes_put_packets_refused_by_the_proxy_limits_writes_nothing() {
 /// later trigger of every channel was lost, and the next flush timed out.)
 #[test]
 fn host_modes_a_push_that_times_out_leaves_the_fifo_working() {
+    use std::sync::atomic::{AtomicU64, Ordering};
     const LEN: usize = 4096;
     let payload = random_bytes(&mut rng(), LEN);
     for mode in [IbMode::Host, IbMode::HostNoAtomic] {
@@ -956,6 +957,10 @@ fn host_modes_a_push_that_times_out_leaves_the_fifo_working() {
                 let h = link.chan.device_handle();
                 let quick = link.chan.clone().with_timeout(Duration::from_millis(1)).unwrap().device_handle();
                 let nic = comm.nic().as_emu().expect("emulated NIC").clone();
+                // SAFETY: the FIFO's `head` word (host memory on the cpu executor), which pushers use atomically;
+                // read only here.
+                let head = unsafe { AtomicU64::from_ptr(h.fifo.head as *mut u64) };
+                let taken = head.load(Ordering::Acquire);
                 nic.hold_executor(true);
                 std::thread::scope(|s| {
                     // The proxy takes this flush and waits in it (the NIC is stopped), keeping its slot.
@@ -963,7 +968,14 @@ fn host_modes_a_push_that_times_out_leaves_the_fifo_working() {
                         let mut ch = device_shared(&h);
                         (ch.put(0, 0, 64), ch.flush())
                     });
-                    std::thread::sleep(Duration::from_millis(200));
+                    // The quick pushes go once the flusher's put and flush have taken their indices, whenever its
+                    // thread runs: the flush's slot stays taken until the NIC resumes, so at most one slot of the
+                    // two is free. (After a sleep instead, a flusher thread that had not run yet left the FIFO
+                    // empty: every quick push went in, and none timed out.)
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while head.load(Ordering::Acquire) < taken + 2 && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     let mut ch = device_shared(&quick);
                     let pushes: Vec<_> = (0..4u64).map(|k| ch.put(64 + 64 * k, 64 + 64 * k, 64)).collect();
                     nic.hold_executor(false);
@@ -1017,8 +1029,11 @@ fn host_mode_flush_waits_for_the_nic_past_the_proxy_timeout() {
             std::thread::scope(|s| {
                 let resumed = s.spawn(|| {
                     std::thread::sleep(hold);
+                    // Read before the NIC resumes: read after, a flush that returned at once could be ahead of
+                    // this thread's clock reading and look early.
+                    let at = Instant::now();
                     nic.hold_executor(false);
-                    Instant::now()
+                    at
                 });
                 let mut ch = exclusive(&h);
                 let r = (ch.put(0, 0, 64), ch.flush());
