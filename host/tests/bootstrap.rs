@@ -690,30 +690,46 @@ fn messages_that_arrived_before_a_departure_are_still_delivered() {
     assert_eq!(e, "rank 0: recv from rank 1 tag 3: rank 1 left the session");
 }
 
+/// A rank that joined and gave up before the others came is taken again when it restarts, in place of its dead
+/// connection instead of being rejected as a duplicate, whether it restarts before the last rank joins or after.
+/// (Before, a restart after the last rank was never answered: the root welcomed the dead connection, and the
+/// session broke.)
 #[test]
 fn rank_that_gave_up_may_join_again() {
-    let (listener, launches) = session(3);
-    let launches = &launches;
-    thread::scope(|s| {
-        let root = s.spawn(|| Bootstrap::root_on(listener, &launches[0], TIMEOUT).unwrap().all_gather(b"0").unwrap());
-        // Rank 1 joins, waits 200 ms for rank 2, gives up and closes its connection.
-        let e = message(Bootstrap::connect(&launches[1], Duration::from_millis(200)).unwrap_err());
-        let root_addr = &launches[0].root;
-        assert_eq!(
-            e,
-            format!(
-                "rank 1: the root at {root_addr} did not welcome this rank within 200ms (are all 3 ranks started?)"
-            )
-        );
-        // Restarted, it is taken in place of the dead connection instead of being rejected as a duplicate.
-        let one = s.spawn(|| Bootstrap::connect(&launches[1], TIMEOUT).unwrap().all_gather(b"1").unwrap());
-        thread::sleep(Duration::from_millis(100));
-        let two = Bootstrap::connect(&launches[2], TIMEOUT).unwrap().all_gather(b"2").unwrap();
-        let expect = vec![b"0".to_vec(), b"1".to_vec(), b"2".to_vec()];
-        assert_eq!(two, expect);
-        assert_eq!(one.join().unwrap(), expect);
-        assert_eq!(root.join().unwrap(), expect);
-    });
+    for restart_last in [false, true] {
+        let (listener, launches) = session(3);
+        let launches = &launches;
+        thread::scope(|s| {
+            let root =
+                s.spawn(|| Bootstrap::root_on(listener, &launches[0], TIMEOUT).unwrap().all_gather(b"0").unwrap());
+            // Rank 1 joins, waits 200 ms for rank 2, gives up and closes its connection.
+            let e = message(Bootstrap::connect(&launches[1], Duration::from_millis(200)).unwrap_err());
+            let root_addr = &launches[0].root;
+            assert_eq!(
+                e,
+                format!(
+                    "rank 1: the root at {root_addr} did not welcome this rank within 200ms (are all 3 ranks \
+                     started?)"
+                )
+            );
+            // The restart of rank 1 and rank 2, the second of them 100 ms after the first: the case's order
+            // whenever the threads run then, but either order must work.
+            let join = |rank: usize, late: bool| {
+                s.spawn(move || {
+                    if late {
+                        thread::sleep(Duration::from_millis(100));
+                    }
+                    Bootstrap::connect(&launches[rank], TIMEOUT).unwrap().all_gather(format!("{rank}").as_bytes())
+                })
+            };
+            let (one, two) = (join(1, restart_last), join(2, !restart_last));
+            let expect = vec![b"0".to_vec(), b"1".to_vec(), b"2".to_vec()];
+            let case = if restart_last { "restarted after rank 2 joined" } else { "restarted before rank 2 joined" };
+            assert_eq!(one.join().unwrap().unwrap(), expect, "{case}");
+            assert_eq!(two.join().unwrap().unwrap(), expect, "{case}");
+            assert_eq!(root.join().unwrap(), expect, "{case}");
+        });
+    }
 }
 
 /// Joins a two-rank session as rank 1 by hand (hello, welcome), then writes `after` and returns the root's

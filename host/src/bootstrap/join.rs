@@ -68,7 +68,7 @@ impl Bootstrap {
     /// (`tracing::warn`); a hello with another version, the wrong secret, another world size, or a rank out of
     /// range or already joined (on a connection that is still open) gets a reject frame with the reason.
     /// Either way the root keeps waiting for the real ranks. A rank that joined and went away before the
-    /// others came may join again.
+    /// others came may join again, before or after the last of them.
     ///
     /// # Errors
     /// [`Error::Bootstrap`] when `launch.rank` is not 0 or the launch is inconsistent (as for `connect`), or
@@ -91,7 +91,19 @@ impl Bootstrap {
         loop {
             let missing: Vec<u32> = (1..n).filter(|&r| joined[r as usize].is_none()).collect();
             if missing.is_empty() {
-                break;
+                // A rank that joined and went away since (it gave up waiting for the others, or died) is missing
+                // again, so that its restart may still take its place: welcomed, its dead connection broke the
+                // session, and a restart that came after the last of the others was never answered. Looked at
+                // once every rank is here, not on every poll.
+                let gone: Vec<usize> = (1..n as usize).filter(|&r| !joined[r].as_ref().is_some_and(is_open)).collect();
+                if gone.is_empty() {
+                    break;
+                }
+                for r in gone {
+                    tracing::warn!("gdaki bootstrap root {addr}: rank {r} went away before every rank joined");
+                    joined[r] = None;
+                }
+                continue;
             }
             loop {
                 match listener.accept() {
