@@ -188,7 +188,9 @@ fn send_recv_keeps_other_tags_for_later() {
 
 #[test]
 fn recv_times_out_naming_peer_and_tag() {
-    let errs = run(2, Duration::from_millis(300), |b| {
+    // Joining is bounded by TIMEOUT, so that a rank thread that starts late does not fail the join.
+    let errs = run(2, TIMEOUT, |mut b| {
+        b.set_timeout(Duration::from_millis(300));
         let t = Instant::now();
         let e = message(b.recv(1 - b.rank(), 42).unwrap_err());
         let elapsed = t.elapsed();
@@ -475,14 +477,17 @@ fn a_world_over_the_limit_is_refused_at_once_and_a_large_worlds_timeout_stays_on
             format!("rank {rank}: world size {world_size} (from test) is over the bootstrap's limit of 65536 ranks")
         };
         let root = Launch { world_size, ..launches[0].clone() };
+        // Calls bounded by TIMEOUT, refused in far less: a root that waited for its ranks, or a rank that dialed
+        // and waited for a welcome, would take all of it (with `short` as their bound, two refusals had to fit in
+        // 300 ms, which a loaded machine may not give them).
         let t = Instant::now();
-        let e = message(Bootstrap::root_on(listener.try_clone().unwrap(), &root, short).unwrap_err());
+        let e = message(Bootstrap::root_on(listener.try_clone().unwrap(), &root, TIMEOUT).unwrap_err());
         assert_eq!(e, why(0));
         assert_eq!(
-            message(Bootstrap::connect(&Launch { world_size, ..launches[1].clone() }, short).unwrap_err()),
+            message(Bootstrap::connect(&Launch { world_size, ..launches[1].clone() }, TIMEOUT).unwrap_err()),
             why(1)
         );
-        assert!(t.elapsed() < short, "refused after {:?}", t.elapsed());
+        assert!(t.elapsed() < TIMEOUT / 2, "refused after {:?}", t.elapsed());
     }
     let (listener, launches) = session(5000);
     let t = Instant::now();
@@ -893,8 +898,10 @@ fn rank_trickling_a_frame_is_stalled_at_the_bound_however_slowly_bytes_come() {
         let mut raw = raw_rank(&launches[1]);
         // A P2p frame of 112 bytes (120 with its length field): the header at once, then a byte every 100 ms.
         let frame = frame_start(6, 112, 120);
-        raw.write_all(&frame[..8]).unwrap();
+        // The clock starts before the header goes: read after it, the root (which may read the header at once, on
+        // another core) could start its bound first and give up less than the bound after this reading.
         let t = Instant::now();
+        raw.write_all(&frame[..8]).unwrap();
         let mut sent = 8;
         while !root.is_finished() && sent < frame.len() {
             thread::sleep(Duration::from_millis(100));
@@ -927,7 +934,11 @@ fn root_stalled_mid_frame_fails_the_other_rank_naming_it() {
     thread::scope(|s| {
         let one = s.spawn(|| {
             let b = Bootstrap::connect(&launches[1], timeout).unwrap();
-            thread::sleep(Duration::from_millis(100));
+            // The stall's bound runs from when rank 1's reader meets the cut header, about when `connect` returns:
+            // the recv begins half the bound later, so that it is pending when the stall is found and its own
+            // timeout is half a bound away (from 100 ms later, a reader thread that started 100 ms late, as on a
+            // loaded machine, put the stall past the recv's timeout).
+            thread::sleep(timeout / 2);
             let t = Instant::now();
             let e = message(b.recv(0, 1).unwrap_err());
             (e, t.elapsed())
