@@ -548,6 +548,18 @@ pub fn stats_counted(nic: &EmuNic, wqes: u64, cqes: u64) -> gdaki::nic::emu::Sta
     nic.stats()
 }
 
+/// The NIC's counters once `counted` holds of them ([`CQE_TIMEOUT`] at most), for counts of error and flush
+/// CQEs as [`stats_counted`] is for successful ones: the NIC counts a CQE just after it writes it, so right after
+/// software polled the last one its count may still trail. The caller asserts the exact counts.
+pub fn stats_when(
+    nic: &EmuNic,
+    what: &str,
+    counted: impl Fn(&gdaki::nic::emu::Stats) -> bool,
+) -> gdaki::nic::emu::Stats {
+    wait_until(what, || counted(&nic.stats()));
+    nic.stats()
+}
+
 /// Waits until `cond` holds ([`CQE_TIMEOUT`] at most).
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let t = Instant::now();
