@@ -407,13 +407,18 @@ fn a_gpu_queue_nic_dropped_with_copies_in_flight_ends() {
     assert!(start.elapsed() < Duration::from_secs(10), "20 drops took {:?}", start.elapsed());
 }
 
+/// How long the mirroring tests give the simulator's thread (which mirrors every 200 µs) between a dbrec and
+/// its doorbell: their assertions want most rounds mirrored.
+const MIRROR_TIME: Duration = Duration::from_millis(20);
+
 fn mirrored() -> EmuConfig {
     EmuConfig { gpu: Some(Arc::new(SimGpu::with_sq_mirrors().unwrap())), ..config(MemKind::Gpu) }
 }
 
 /// With a copier that mirrors SQ rings, a rung range the mirror already holds is read from host memory: no
-/// fetch. The simulator mirrors every 200 µs, so each round gives it 2 ms between the dbrec and the doorbell;
-/// every round is either mirrored or fetched, and every payload lands.
+/// fetch. The simulator mirrors every 200 µs, so each round gives it 20 ms between the dbrec and the doorbell
+/// (which a simulator thread woken late on a loaded machine still meets in most rounds; with 2 ms, it could
+/// miss half of them); every round is either mirrored or fetched, and every payload lands.
 #[test]
 fn a_mirrored_ring_is_read_from_the_mirror_not_fetched() {
     let mut rng = rng();
@@ -433,7 +438,7 @@ fn a_mirrored_ring_is_read_from_the_mirror_not_fetched() {
             last = sq.put(&w);
         }
         sq.dbrec();
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(MIRROR_TIME);
         sq.doorbell(last);
         for i in 0..8 {
             assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), round * 8 + i, 0);
@@ -475,7 +480,7 @@ fn mirror_slots_come_back_when_qps_are_destroyed() {
         let (mut sq, mut poll) = (Sq::new(&qp), CqPoll::new(&cq));
         let at = sq.put(&sq.nop(SIGNALED));
         sq.dbrec();
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(MIRROR_TIME);
         sq.doorbell(at);
         assert_req(&poll.wait(), opcode::NOP, sq.qpn(), at, 0);
         let s = nic.stats();

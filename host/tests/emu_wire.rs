@@ -502,6 +502,10 @@ fn a_waiting_request_does_not_fetch_its_ring_again() {
     let (src, dst) = (GuardedBuf::new(64, 0x3c), GuardedBuf::new(64, 0xee));
     let (lmr, rmr) = (src.register(&nic, &pd, Access::NONE), dst.register(&nic, &pd, Access::ALL));
     let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), dst.addr(), rmr.rkey()));
+    // The NIC's first look at the ring (the one fetch due), however late its thread runs, then time to settle
+    // into the wait: a count taken after a fixed 50 ms missed that fetch when the thread was late, and counted
+    // it as one of the wait's.
+    wait_until("the NIC's first fetch of the ring", || nic.stats().ring_fetches >= 1);
     std::thread::sleep(Duration::from_millis(50));
     let before = nic.stats().ring_fetches;
     std::thread::sleep(Duration::from_millis(300));

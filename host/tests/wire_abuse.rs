@@ -977,6 +977,9 @@ fn a_flood_fills_the_inbound_queue_to_its_bound_then_the_peer_waits_and_every_fr
     let cost = (HEADER + chunk + 64) as u64;
     let full = WireConfig::INBOUND_BYTES as u64 / cost * cost;
     wait_until("the inbound queue to fill", || v.nic.stats().inbound_queued == full);
+    // A reader thread finds the queue full (however late it runs), then time for the queue to grow past its
+    // bound, were it to.
+    wait_until("a reader thread waiting for room", || v.nic.stats().inbound_waits >= 1);
     std::thread::sleep(Duration::from_millis(300));
     let st = v.nic.stats();
     assert_eq!((st.inbound_queued, st.inbound_peak), (full, full), "the queue grew past its bound");
