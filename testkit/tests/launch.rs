@@ -3,6 +3,7 @@
 //! without kernels is no module; a real kernel then runs in the launch's shape. The kernels are
 //! gdaki-testkit-kernels', built by testkit's build script. The GPU run is `--ignored`.
 
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use gdaki::exec::{Executor, ExecutorKind};
@@ -11,6 +12,24 @@ use gdaki::Error;
 use gdaki_device::launch::{DevPtr, KernelFn};
 use gdaki_shared::coll::CollHandle;
 use gdaki_testkit_kernels::entries::{GDAKI_COLL_BROADCAST, GDAKI_FLAG_ECHO, GDAKI_SMOKE};
+
+/// What `cpu_memory_of_a_kernel_that_outlived_its_wait_is_not_freed_under_it` measures belongs to the whole
+/// process: while any `cpu` kernel of the process outlives its launch's wait (as the one of
+/// `cpu_launch_wait_is_bounded_and_sees_the_end` does for a moment), every drop of executor memory is leaked (a
+/// count the library keeps for the process), and the test's check of that reads the process's virtual size. It
+/// runs alone ([`alone`]); every other test of this binary may run beside the others ([`beside`]).
+static ONE_AT_A_TIME: RwLock<()> = RwLock::new(());
+
+/// The lock of a test that may run beside the others of this binary but not beside the memory test.
+fn beside() -> RwLockReadGuard<'static, ()> {
+    // A test that panicked while holding it leaves nothing to repair.
+    ONE_AT_A_TIME.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The lock of the test that runs alone.
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    ONE_AT_A_TIME.write().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A descriptor whose name is not in the PTX.
 static ABSENT: KernelFn<(u64,)> = KernelFn { name: "no_such_kernel", host: |_, _, _| {} };
@@ -74,24 +93,28 @@ fn reports_are_reused_and_start_clean(kind: ExecutorKind) {
 
 #[test]
 fn cpu_reports_are_reused_and_start_clean() {
+    let _turn = beside();
     reports_are_reused_and_start_clean(ExecutorKind::Cpu);
 }
 
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_reports_are_reused_and_start_clean() {
+    let _turn = beside();
     let _gpu = gdaki_testkit::gpu_turn();
     reports_are_reused_and_start_clean(ExecutorKind::Gpu);
 }
 
 #[test]
 fn cpu_module_checks_kernels_against_the_ptx() {
+    let _turn = beside();
     module_checks_kernels_against_the_ptx(ExecutorKind::Cpu);
 }
 
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_module_checks_kernels_against_the_ptx() {
+    let _turn = beside();
     let _gpu = gdaki_testkit::gpu_turn();
     module_checks_kernels_against_the_ptx(ExecutorKind::Gpu);
 }
@@ -101,6 +124,7 @@ fn gpu_module_checks_kernels_against_the_ptx() {
 /// waits for a flag that is raised only after the timed-out launch, then answers it.
 #[test]
 fn cpu_launch_wait_is_bounded_and_sees_the_end() {
+    let _turn = beside();
     let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).expect("cpu executor");
     let m = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("the testkit's PTX loads");
     let k = m.kernel(&GDAKI_FLAG_ECHO).expect("in the PTX");
@@ -145,6 +169,7 @@ fn cpu_launch_wait_is_bounded_and_sees_the_end() {
 /// megabyte and the kernel's next poll crashed the process); the kernel ends on its own bound.
 #[test]
 fn cpu_memory_of_a_kernel_that_outlived_its_wait_is_not_freed_under_it() {
+    let _alone = alone();
     let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).expect("executor");
     let m = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("the testkit's PTX loads");
     let k = m.kernel(&GDAKI_FLAG_ECHO).expect("in the PTX");
