@@ -2,14 +2,32 @@
 
 mod emu_util;
 
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use emu_util::*;
 use gdaki::nic::emu::{Access, EmuConfig, EmuNic, QpState};
 use gdaki_shared::prm::opcode;
 
+/// `nic_drop_stops_the_executor_thread` counts the process's threads named after its NIC's executor, a name of
+/// 16 bits of the NIC's random identifier: a NIC of a test running beside it has the same name once in 65,536
+/// draws. It runs alone ([`alone`]); every other test of this binary may run beside the others ([`beside`]).
+static ONE_AT_A_TIME: RwLock<()> = RwLock::new(());
+
+/// The lock of a test that may run beside the others of this binary but not beside the thread count.
+fn beside() -> RwLockReadGuard<'static, ()> {
+    // A test that panicked while holding it leaves nothing to repair.
+    ONE_AT_A_TIME.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The lock of the test that runs alone.
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    ONE_AT_A_TIME.write().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn wqe_without_doorbell_is_never_executed() {
+    let _turn = beside();
     let mut rng = rng();
     let p = Pair::new(64, 64);
     let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
@@ -34,6 +52,7 @@ fn wqe_without_doorbell_is_never_executed() {
 
 #[test]
 fn dbrec_written_to_word_0_is_a_mismatch() {
+    let _turn = beside();
     let p = Pair::new(64, 64);
     let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
     // Correct order first: no mismatch.
@@ -57,6 +76,7 @@ fn dbrec_written_to_word_0_is_a_mismatch() {
 
 #[test]
 fn dbrec_ahead_of_the_doorbell_is_no_mismatch() {
+    let _turn = beside();
     // Two WQEs, dbrec updated for both, but the doorbell of the first comes first: legal when posters race.
     let p = Pair::new(64, 64);
     let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
@@ -72,6 +92,7 @@ fn dbrec_ahead_of_the_doorbell_is_no_mismatch() {
 
 #[test]
 fn stale_doorbell_is_ignored_and_one_doorbell_covers_a_batch() {
+    let _turn = beside();
     let p = Pair::new(64, 64);
     let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
     let first = sq.put(&sq.nop(SIGNALED));
@@ -92,6 +113,7 @@ fn stale_doorbell_is_ignored_and_one_doorbell_covers_a_batch() {
 
 #[test]
 fn doorbell_beyond_the_ring_fails_the_qp() {
+    let _turn = beside();
     let p = Pair::new(16, 64);
     let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
     // 17 NOPs into a 16-WQEBB ring in one go: the 17th overwrote the first.
@@ -119,6 +141,7 @@ fn doorbell_beyond_the_ring_fails_the_qp() {
 
 #[test]
 fn doorbells_before_connect_are_ignored() {
+    let _turn = beside();
     let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let cq = nic.create_cq(64).unwrap();
@@ -144,6 +167,7 @@ fn doorbells_before_connect_are_ignored() {
 
 #[test]
 fn nic_drop_stops_the_executor_thread() {
+    let _alone = alone();
     let nic = EmuNic::open(EmuConfig::host_or_env().unwrap()).unwrap();
     assert!(nic.executor_alive());
     // The executor thread is named `emu-nic-<low 16 bits of the id, hex>` (short enough for /proc's 15-byte comm).
