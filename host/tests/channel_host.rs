@@ -1312,13 +1312,24 @@ fn a_wait_for_a_rank_that_left_ends_naming_it_long_before_its_timeout() {
 /// WQE completed), and only then leaves the session: the peer's wait gets the signal, with every byte of the
 /// puts, not `PeerGone`. Before, the goodbye went first, and a drain longer than `DEPARTURE_GRACE` lost the
 /// signal to `PeerGone` although it landed.
+///
+/// The waiter holds its NIC's executor from before the puts until `LISTEN` after the other rank has begun to
+/// drop: no put can complete meanwhile, so the drain outlasts the grace several times over whatever the build's
+/// speed, and a goodbye said before it would be heard, and the wait ended by it, within the hold. Little data
+/// moves, because the drain waits at most the proxy's timeout (5 s): the 192 MiB (24 puts of 8 MiB) that once
+/// made this drain long took a debug build 1.9-2.6 s per mode on a busy 2-core machine, within 2x of that bound.
 #[test]
 fn host_modes_a_communicator_drains_its_proxy_before_it_leaves_the_session() {
-    const LEN: usize = 8 << 20;
-    /// Enough bytes that the drain takes several times the grace even on a fast machine.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const LEN: usize = 256 << 10;
     const PUTS: u64 = 24;
+    // How long the waiter's NIC stays held once the other rank begins to drop: a goodbye said then is heard,
+    // and the peer marked gone, within it.
+    const LISTEN: Duration = Duration::from_millis(200);
     let payload = random_bytes(&mut rng(), LEN);
     for mode in [IbMode::Host, IbMode::HostNoAtomic] {
+        // Set by rank 1 as it begins to drop its objects.
+        let dropping = AtomicBool::new(false);
         let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
             let peer = 1 - comm.rank();
             let src = register(&comm, LEN);
@@ -1333,6 +1344,10 @@ fn host_modes_a_communicator_drains_its_proxy_before_it_leaves_the_session() {
                 fill(&src, &payload);
             }
             comm.bootstrap().barrier().unwrap();
+            let nic = comm.nic().as_emu().expect("emulated NIC");
+            if comm.rank() == 0 {
+                nic.hold_executor(true);
+            }
             barrier.wait();
             let mut ch = exclusive(&h);
             if comm.rank() == 1 {
@@ -1341,15 +1356,27 @@ fn host_modes_a_communicator_drains_its_proxy_before_it_leaves_the_session() {
                 }
                 ch.signal().unwrap();
                 drop(ch);
+                dropping.store(true, Ordering::SeqCst);
                 // The memory goes after the communicator: the proxy reads the source until it has drained.
                 drop((chan, sem, conn, comm));
                 return None;
             }
-            let waited = ch.wait();
-            Some((waited, sem.inbound().unwrap(), contents(&landing)))
+            let (waited, held) = std::thread::scope(|s| {
+                let release = s.spawn(|| {
+                    let t = Instant::now();
+                    while !dropping.load(Ordering::SeqCst) && t.elapsed() < BOOT_TIMEOUT {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    std::thread::sleep(LISTEN);
+                    nic.hold_executor(false);
+                    t.elapsed()
+                });
+                (ch.wait(), release.join().unwrap())
+            });
+            Some((waited, sem.inbound().unwrap(), contents(&landing), held))
         });
-        let (waited, inbound, landed) = results.into_iter().flatten().next().expect("the waiter's result");
-        assert_eq!((waited, inbound), (Ok(()), 1), "{mode:?}");
+        let (waited, inbound, landed, held) = results.into_iter().flatten().next().expect("the waiter's result");
+        assert_eq!((waited, inbound), (Ok(()), 1), "{mode:?} (the NIC held for {held:?})");
         assert_same(&landed, &payload, &format!("{mode:?}: landing buffer"));
     }
 }
