@@ -403,9 +403,24 @@ impl PortTest {
             self.word(CHECKED).write_volatile(0);
             self.word(FINISHED).write_volatile(0);
         }
-        let channels = match &self.gpu_handles {
-            Some(b) => b.device_addr(),
-            None => self.host_handles.as_ptr() as u64,
+        // On the cpu executor the handles and the argument block go to executor memory as well, not to `self`
+        // and this frame: a kernel that outlives the launch's wait (a run far past its bound) reads them after
+        // `run` has returned and `self` may be gone, and the executor keeps its memory, never a frame or a Vec,
+        // while such a kernel runs. (A kernel left reading a returned frame took garbage for its pointers, and
+        // the process aborted, every other test of the binary with it.)
+        let args_at = std::mem::size_of_val(&self.host_handles[..]);
+        let cpu_block = match &self.gpu_handles {
+            Some(_) => None,
+            None => {
+                let b = self.comm.executor().alloc_data(args_at + std::mem::size_of::<PortTestArgs>())?;
+                b.write(0, bytemuck::cast_slice(&self.host_handles))?;
+                Some(b)
+            }
+        };
+        let channels = match (&self.gpu_handles, &cpu_block) {
+            (Some(b), _) => b.device_addr(),
+            (None, Some(b)) => b.loc().addr,
+            (None, None) => unreachable!("a cpu block is made when there are no GPU handles"),
         };
         let args = PortTestArgs {
             channels,
@@ -427,20 +442,23 @@ impl PortTest {
         }
         // Everything that may block while a kernel runs (module load, copies) happens before the barrier: the
         // peer may be another rank of this process, whose kernel starts as soon as both pass it.
-        let args_addr = match &self.gpu_handles {
-            Some(b) => {
-                let args_at = std::mem::size_of_val(&self.host_handles[..]);
+        let args_addr = match (&self.gpu_handles, &cpu_block) {
+            (Some(b), _) => {
                 b.copy_from_host(args_at, bytemuck::bytes_of(&args))?;
                 b.device_addr() + args_at as u64
             }
-            None => &args as *const PortTestArgs as u64,
+            (None, Some(b)) => {
+                b.write(args_at, bytemuck::bytes_of(&args))?;
+                b.loc().addr + args_at as u64
+            }
+            (None, None) => unreachable!("a cpu block is made when there are no GPU handles"),
         };
         let kernel = Module::load(self.comm.executor(), crate::ptx::PTX)?.kernel(self.mode.kernel())?;
         // Both ranks start together, so that neither waits out its bound for a peer still setting up.
         self.comm.bootstrap().barrier()?;
         self.failed = true;
-        // SAFETY: the argument block and the handles are in memory the executor reaches (GPU memory, or this
-        // frame and `self` on the cpu executor) and name live channels, buffers and control words owned by
+        // SAFETY: the argument block and the handles are in memory the executor reaches (GPU memory, or the
+        // executor's host memory on the cpu executor) and name live channels, buffers and control words owned by
         // `self`; one block per channel keeps every team running at once; the launch is waited for here.
         let launched = unsafe {
             kernel.launch(
