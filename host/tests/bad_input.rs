@@ -331,8 +331,12 @@ fn a_connect_that_fails_past_reset_leaves_the_qp_in_error_and_later_wqes_flush()
     assert!(t0.elapsed() < Duration::from_secs(2), "the flush error took {:?}", t0.elapsed());
     assert!(dst.read().iter().all(|&x| x == 0) && dst.guards_intact());
 
-    // The hook fired once: a new QP in its place connects and carries traffic.
-    let a2 = na.create_qp(&pa, &ca, 16).unwrap();
+    // The hook fired once: a new QP in its place connects and carries traffic. It gets a CQ of its own: the
+    // flush returned at the put's flush error, and the flush error of the NOP it posted behind the put may reach
+    // `ca` later (on a loaded machine, after the new QP's first poll, which took it for its own and failed with
+    // UnexpectedCqe).
+    let ca2 = na.create_cq(16).unwrap();
+    let a2 = na.create_qp(&pa, &ca2, 16).unwrap();
     a2.connect(&b.endpoint()).unwrap();
     b.connect(&a2.endpoint()).unwrap();
     let mut h2 = a2.handle();
