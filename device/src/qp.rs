@@ -163,7 +163,8 @@ impl<'a> Qp<'a> {
     /// addresses valid for the borrow, and no other poster of the QP, in this thread or another, posting to it
     /// or polling its CQ meanwhile: not a `Qp` of another copy of the handle (each keeps its own producer
     /// index, so both would write the same WQEBBs), not a shared poster. Posters of the QP before and after
-    /// this `Qp` may be of any kind, not at the same time.
+    /// this `Qp` may be of any kind, not at the same time. Its CQ is the QP's alone: a CQE of another QP
+    /// stops the poll with [`Error::UnexpectedCqe`] (the host's `Nic::create_qp` says so too).
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
         Self { sq: Sq::load(h), h, unrung: false, timeout_ns }

@@ -409,20 +409,7 @@ impl PortTest {
         // while such a kernel runs. (A kernel left reading a returned frame took garbage for its pointers, and
         // the process aborted, every other test of the binary with it.)
         let args_at = std::mem::size_of_val(&self.host_handles[..]);
-        let cpu_block = match &self.gpu_handles {
-            Some(_) => None,
-            None => {
-                let b = self.comm.executor().alloc_data(args_at + std::mem::size_of::<PortTestArgs>())?;
-                b.write(0, bytemuck::cast_slice(&self.host_handles))?;
-                Some(b)
-            }
-        };
-        let channels = match (&self.gpu_handles, &cpu_block) {
-            (Some(b), _) => b.device_addr(),
-            (None, Some(b)) => b.loc().addr,
-            (None, None) => unreachable!("a cpu block is made when there are no GPU handles"),
-        };
-        let args = PortTestArgs {
+        let args_of = |channels| PortTestArgs {
             channels,
             times: if rank == 0 { self.ctrl.device_addr() + TIMES as u64 } else { 0 },
             report: self.ctrl.device_addr() + REPORT as u64,
@@ -437,22 +424,24 @@ impl PortTest {
             flag_base: (self.packet_rounds % u32::MAX as u64) as u32,
             pad: 0,
         };
+        // Everything that may block while a kernel runs (module load, copies) happens before the barrier: the
+        // peer may be another rank of this process, whose kernel starts as soon as both pass it.
+        let mut cpu_block = None; // kept until the launch has been waited for
+        let args_addr = match &self.gpu_handles {
+            Some(b) => {
+                b.copy_from_host(args_at, bytemuck::bytes_of(&args_of(b.device_addr())))?;
+                b.device_addr() + args_at as u64
+            }
+            None => {
+                let b = self.comm.executor().alloc_data(args_at + std::mem::size_of::<PortTestArgs>())?;
+                b.write(0, bytemuck::cast_slice(&self.host_handles))?;
+                b.write(args_at, bytemuck::bytes_of(&args_of(b.loc().addr)))?;
+                cpu_block.insert(b).loc().addr + args_at as u64
+            }
+        };
         if packet.is_some() {
             self.packet_rounds += cfg.iters as u64;
         }
-        // Everything that may block while a kernel runs (module load, copies) happens before the barrier: the
-        // peer may be another rank of this process, whose kernel starts as soon as both pass it.
-        let args_addr = match (&self.gpu_handles, &cpu_block) {
-            (Some(b), _) => {
-                b.copy_from_host(args_at, bytemuck::bytes_of(&args))?;
-                b.device_addr() + args_at as u64
-            }
-            (None, Some(b)) => {
-                b.write(args_at, bytemuck::bytes_of(&args))?;
-                b.loc().addr + args_at as u64
-            }
-            (None, None) => unreachable!("a cpu block is made when there are no GPU handles"),
-        };
         let kernel = Module::load(self.comm.executor(), crate::ptx::PTX)?.kernel(self.mode.kernel())?;
         // Both ranks start together, so that neither waits out its bound for a peer still setting up.
         self.comm.bootstrap().barrier()?;

@@ -204,6 +204,12 @@ impl Nic {
 
     /// Creates an RC QP in `pd` with an SQ of `wqe_cnt` WQEBBs completing into `cq`, in RESET.
     ///
+    /// A poster in device code takes only its own QP's CQEs: it leaves another QP's in the CQ and reports
+    /// `UnexpectedCqe` (`gdaki_device::error::Error`). So each QP whose CQ device code polls needs a CQ of its
+    /// own (as DOCA GPUNetIO pairs each QP with its CQ), a QP replacing a failed one included: a flush returns
+    /// at the failed QP's first error CQE, and the flush CQEs of its later WQEs may reach the CQ after that.
+    /// A dropped QP's CQEs stay in the CQ (no CQ clean, as rdma-core's `ibv_destroy_qp` does).
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a PD or CQ of the other backend; the backend's.
     pub fn create_qp(&self, pd: &Pd, cq: &Cq, wqe_cnt: u32) -> Result<Qp> {
