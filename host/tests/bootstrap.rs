@@ -311,6 +311,36 @@ fn wrong_world_size_and_rank_zero_are_rejected() {
     assert_eq!(e2, "rank 0 is the root; another process claims it");
 }
 
+/// Ranks on loopback without a secret derive it from the root's address and their world size, so a rank that
+/// disagrees on the world size also has another secret: the root must still say that the world size is what
+/// differs, not send the user hunting for a secret nobody gave.
+#[test]
+fn loopback_ranks_without_a_secret_are_told_when_their_world_sizes_differ() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let root = listener.local_addr().unwrap().to_string();
+    let launch = |rank, world_size| {
+        let flags = LaunchFlags {
+            rank: Some(rank),
+            world_size: Some(world_size),
+            bootstrap: Some(root.clone()),
+            ..LaunchFlags::default()
+        };
+        Launch::resolve(flags, |_| None).unwrap().unwrap()
+    };
+    let (root_launch, bigger, real) = (launch(0, 2), launch(1, 3), launch(1, 2));
+    assert_ne!(bigger.secret, real.secret, "the derived secret no longer depends on the world size");
+    thread::scope(|s| {
+        let r = s.spawn(|| Bootstrap::root_on(listener, &root_launch, TIMEOUT).unwrap().all_gather(b"root").unwrap());
+        let e = message(Bootstrap::connect(&bigger, TIMEOUT).unwrap_err());
+        assert_eq!(e, format!("rank 1: rejected by root {root}: rank 1 says world size 3, the root's is 2"));
+        // The session still completes with the right rank 1.
+        let b = Bootstrap::connect(&real, TIMEOUT).unwrap();
+        let expect = vec![b"root".to_vec(), b"one".to_vec()];
+        assert_eq!(b.all_gather(b"one").unwrap(), expect);
+        assert_eq!(r.join().unwrap(), expect);
+    });
+}
+
 fn hello_frame(version: u32, secret: &[u8; 16], rank: u32, world_size: u32) -> Vec<u8> {
     let mut f = Vec::new();
     f.extend_from_slice(&40u32.to_le_bytes());

@@ -210,6 +210,16 @@ fn admit(
             return;
         }
         Ok(Greeting::OtherVersion(v)) => format!("protocol version {v}, the root speaks version {VERSION}"),
+        // Ranks on loopback without a secret derive it from the root's address and their world size, so one
+        // that disagrees on the world size has another secret too: say what differs. A derived secret
+        // authenticates nothing, so this tells no one anything a secret guards.
+        Ok(Greeting::Hello(h))
+            if h.world_size != n
+                && launch.secret == Secret::derived(&launch.root, n)
+                && Secret::from_bytes(h.secret) == Secret::derived(&launch.root, h.world_size) =>
+        {
+            format!("rank {} says world size {}, the root's is {n}", h.rank, h.world_size)
+        }
         // The secret first: a peer without it learns nothing about the session.
         Ok(Greeting::Hello(h)) if Secret::from_bytes(h.secret) != launch.secret => {
             "wrong session secret (give every rank the same secret: --secret, --secret-file, GDAKI_SECRET or \
