@@ -352,6 +352,10 @@ fn host_modes_connect_through_one_proxy_and_modes_must_match() {
         let mode = if comm.rank() == 0 { IbMode::Host } else { IbMode::Device };
         let m = message(comm.connect(&EndpointConfig::with_mode(mode), peer, 10).unwrap_err());
         assert!(m.contains("give both the same EndpointConfig"), "{m}");
+        // The modes by name, as `IbMode` spells them, not by their wire codes.
+        let (theirs, mine) = if comm.rank() == 0 { ("Device", "Host") } else { ("Host", "Device") };
+        let said = format!("rank {peer} connects with EmuRc in mode {theirs}, this rank with EmuRc in mode {mine} (");
+        assert!(m.contains(&said), "{m}");
         comm.bootstrap().barrier().unwrap();
     });
 }

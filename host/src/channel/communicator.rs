@@ -288,10 +288,17 @@ impl Communicator {
         let theirs = self.exchange(peer, tag, &what, &mine)?;
         let (t, m, remote) = msg::parse_endpoint(msg::body(&theirs, Kind::Endpoint, peer, tag)?)?;
         if (t, m) != (transport, cfg.ib.mode.code()) {
+            // Names where the codes have them (Transport::EmuRc is 1, the only one), so that the user sees
+            // the `IbMode` each side asked for.
+            let name = |t: u8, m: u8| {
+                let t = if t == 1 { "EmuRc".to_string() } else { format!("transport {t}") };
+                let m = IbMode::from_code(m).map_or_else(|| format!("mode {m}"), |m| m.name().to_string());
+                format!("{t} in mode {m}")
+            };
             return Err(Error::InvalidArgument(format!(
-                "{what}: rank {peer} connects with transport {t} mode {m}, this rank with {transport} mode {} \
-                 (give both the same EndpointConfig)",
-                cfg.ib.mode.code()
+                "{what}: rank {peer} connects with {}, this rank with {} (give both the same EndpointConfig)",
+                name(t, m),
+                name(transport, cfg.ib.mode.code())
             )));
         }
         qp.connect(&remote)?;

@@ -43,6 +43,11 @@ impl IbMode {
         }
     }
 
+    /// The mode whose [`IbMode::code`] is `code`, if any.
+    pub(super) fn from_code(code: u8) -> Option<Self> {
+        [Self::Host, Self::HostNoAtomic, Self::Device].into_iter().find(|m| m.code() == code)
+    }
+
     pub(super) fn code(self) -> u8 {
         match self {
             Self::Host => 1,
