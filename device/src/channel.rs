@@ -25,7 +25,7 @@ use crate::scope::Scope;
 pub use crate::scope::{Block, Device};
 use crate::shared_qp::SharedQp;
 use crate::sync;
-use crate::thread::CtaGroup;
+use crate::thread::{CtaGroup, WARP_SIZE};
 use crate::wait::{bounded_watching, Watch};
 use crate::warp_qp::WarpQp;
 use crate::wqe::{self, Raddr, Sge, Wqe};
@@ -65,7 +65,8 @@ pub trait Poster {
     /// the caller's own WQE as [`Poster::submit`] does (unsignaled, no BlueFlame) and use no barrier of `g`.
     ///
     /// # Errors
-    /// As [`SharedQp::post_team`] / [`Poster::submit`]; the caller's own `Err` as it is.
+    /// As [`SharedQp::post_team`] / [`Poster::submit`]; the caller's own `Err` as it is; for the Warp poster,
+    /// [`InvalidArgument::Team`] when `g` has more members than a warp has lanes.
     fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, key: u64, w: Result<Option<Wqe<N>>>) -> Result<()>;
 
     /// Waits until every WQE posted so far has completed.
@@ -155,7 +156,13 @@ impl Poster for WarpQp<'_> {
     }
 
     #[inline(always)]
-    fn submit_team<const N: usize>(&mut self, _g: &impl CtaGroup, _key: u64, w: Result<Option<Wqe<N>>>) -> Result<()> {
+    fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, _key: u64, w: Result<Option<Wqe<N>>>) -> Result<()> {
+        // The team is the CTA and its members share one channel: on the GPU a CTA of more than one warp would
+        // have a leader (and counters) per warp on one QP. Refused alike on host threads, where each thread's
+        // turn would hide it, so that a test on the cpu executor fails as the GPU would.
+        if g.members() > WARP_SIZE {
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
+        }
         // Every lane makes the call, with a WQE or without ([`WarpQp::post_some`]).
         self.post_some(false, w?).map(|_| ())
     }
@@ -258,6 +265,8 @@ impl Sharing for Exclusive {
 /// the lanes that take part in it, together, the lowest lane that made the channel always among them (see
 /// [`WarpQp::new`]): the whole warp for a put of 32 pieces, lane 0 alone for a signal. `wait` and `poll`
 /// count once for each lane that calls them, as in every mode. On the host a thread is a warp of one lane.
+/// A team call ([`PortChannel::put_team`], [`PortChannel::put_block`]) takes a CTA of at most one warp
+/// ([`WARP_SIZE`] threads); a larger one is refused on both executors.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Warp;
 
@@ -306,7 +315,10 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// no other poster of the QP lives while this channel does, in this thread or another (two Exclusive
     /// channels of one connection, each with its own memory pair, are two posters: each keeps its own producer
     /// index, and both would write the same WQEBBs; drop one before taking the other); in Block / Device
-    /// sharing every user of the QP meanwhile is a channel (or [`SharedQp`]) of this scope.
+    /// sharing every user of the QP meanwhile is a channel (or [`SharedQp`]) of this scope. A zeroed handle
+    /// (`PortChannelHandle::default()`, say the own rank's slot of a per-peer array) names no channel: nothing
+    /// checks it, and a channel made of it reads address 0: an illegal-address fault on the GPU (the context
+    /// is lost), a segmentation fault of the process on the `cpu` executor.
     #[inline(always)]
     pub unsafe fn new(h: &'h PortChannelHandle) -> Self {
         // SAFETY: the caller's contract is the poster's.
@@ -456,7 +468,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// long piece as it splits a put's); in Block and Device sharing every other member then gets
     /// [`InvalidArgument::Team`], and nothing is posted, as every member does when some threads of the block
     /// never make the call (they returned from the kernel first) or the members' channels are not all one
-    /// channel (of one QP and one memory pair); the other errors of [`SharedQp::post_team`].
+    /// channel (of one QP and one memory pair); the other errors of [`SharedQp::post_team`]. In Warp sharing
+    /// outside the Host modes, [`InvalidArgument::Team`] for every member of a team larger than a warp, nothing
+    /// posted.
     #[inline(always)]
     pub fn put_team(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {
@@ -474,7 +488,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// `members()` WQEs (one for any range up to `members() * max_wqe_bytes`). Returns once posted.
     ///
     /// In Exclusive and Warp sharing the chunks go out as `put_team` posts them there: call it only from a team
-    /// that may post to the QP that way (one thread for Exclusive, the lanes of the warp for Warp). A team with more members
+    /// that may post to the QP that way (one thread for Exclusive; for Warp a CTA of one warp, whose lanes post
+    /// together: a larger CTA gets [`InvalidArgument::Team`] for every member, nothing posted). A team with more members
     /// than half the QP's ring has WQEBBs posts with the lowest half-ring of them in each batch.
     ///
     /// # Errors

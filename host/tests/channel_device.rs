@@ -582,6 +582,33 @@ fn a_warp_block_put_signals_after_every_members_pieces() {
     assert_eq!(l.dst.read()[..1024], data[..1024]);
 }
 
+/// Warp sharing's team calls take a CTA of one warp: on the GPU the warps of a larger CTA would each keep a
+/// leader and counters of one QP and overwrite one another's WQEs. Host threads take turns and would hide it,
+/// so a team of 33 is refused there too, every member alike, before anything is posted; a team of 32 posts.
+#[test]
+fn a_warp_team_call_from_more_than_one_warp_is_refused() {
+    let (l, data, h) = team_link(64);
+    let before = l.dst.read();
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 33, |_, m| {
+        let mut ch = shared::<gdaki_device::channel::Warp>(&h);
+        let r = (ch.put_block(m, 0, 0, 1024), ch.put_block_with_signal(m, 0, 0, 1024));
+        results.lock().unwrap().push(r);
+    });
+    let refused = Err(Error::InvalidArgument(InvalidArgument::Team));
+    assert_eq!(results.into_inner().unwrap(), vec![(refused, refused); 33]);
+    // SAFETY: the threads have ended; the state is plain memory of the link.
+    let st = unsafe { std::ptr::read_volatile(&l.qp_h.sq) };
+    assert_eq!((st.pi, l.a.sq_consumed(), l.sem.load_u64(0)), (0, 0, 0), "nothing posted, no signal");
+    assert!(l.dst.read() == before);
+
+    teams(1, 32, |_, m| {
+        let mut ch = shared::<gdaki_device::channel::Warp>(&h);
+        ch.put_block_with_signal(m, 0, 0, 1024).and_then(|()| ch.flush()).unwrap();
+    });
+    assert_eq!((l.sem.load_u64(0), &l.dst.read()[..1024]), (1, &data[..1024]));
+}
+
 #[test]
 fn signal_never_overtakes_the_data() {
     let mut rng = rng();
