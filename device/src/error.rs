@@ -215,7 +215,8 @@ pub enum InvalidArgument {
     /// batch breaks the team rules (the members with a WQE are not ranks `0 .. k`, a WQE takes more than one
     /// WQEBB, the batch needs more than half the ring). Nothing is posted. Also what the other threads of a
     /// block return from [`crate::coll::all_reduce_ring`] when its thread 0 failed (thread 0 has the error),
-    /// and a [`crate::warp_qp::WarpQp`] call that not every member of the `WarpQp` executes together.
+    /// a [`crate::warp_qp::WarpQp`] call that not every member of the `WarpQp` executes together, and a team
+    /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp.
     Team = 11,
     /// A collective call ([`crate::coll`]) whose handle or arguments are out of range: a communicator of 0 or
     /// more than [`MAX_RANKS`](gdaki_shared::coll::MAX_RANKS) ranks, a rank or root not below `nranks`, a

@@ -513,7 +513,7 @@ impl Drop for HostAlloc {
 impl QueueMemory for HostQueueMemory {
     fn alloc(&self, len: usize) -> Result<MappedBuf> {
         let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
-            .map_err(|_| crate::Error::InvalidArgument(format!("queue buffer of {len} bytes is too large")))?;
+            .map_err(|_| crate::Error::InvalidArgument(format!("a host buffer of {len} bytes is too large")))?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {

@@ -116,8 +116,8 @@ fn executor_data_buffers_of_zero_and_absurd_sizes() {
     // are argument errors; 2^62 bytes is a valid layout that no 64-bit address space (at most 2^57 bytes) can
     // hold, so the allocator returns null: out of memory, with the size.
     for (huge, message) in [
-        (usize::MAX, "invalid argument: queue buffer of 18446744073709551615 bytes is too large"),
-        (usize::MAX / 2, "invalid argument: queue buffer of 9223372036854775807 bytes is too large"),
+        (usize::MAX, "invalid argument: a host buffer of 18446744073709551615 bytes is too large"),
+        (usize::MAX / 2, "invalid argument: a host buffer of 9223372036854775807 bytes is too large"),
         (1 << 62, "out of memory allocating 4611686018427387904 bytes"),
     ] {
         let e = e.alloc_data(huge).expect_err("an absurd size was allocated");

@@ -274,7 +274,7 @@ fn pingpong_new_rejects_zero_and_huge_sizes() {
     }
     match PingPong::new(Executor::Cpu, isize::MAX as usize, 1) {
         Err(e @ gdaki::Error::InvalidArgument(_)) => {
-            assert_eq!(e.to_string(), "invalid argument: queue buffer of 9223372036854775808 bytes is too large")
+            assert_eq!(e.to_string(), "invalid argument: a host buffer of 9223372036854775808 bytes is too large")
         }
         Err(e) => panic!("isize::MAX bytes: expected InvalidArgument, got {e:?}"),
         Ok(_) => panic!("isize::MAX bytes: allocated?"),

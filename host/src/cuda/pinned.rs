@@ -58,7 +58,7 @@ pub(crate) fn alloc_mapped_in(shared: &Arc<Shared>, len: usize) -> Result<Mapped
     let size = len
         .max(1)
         .checked_next_multiple_of(PAGE)
-        .ok_or_else(|| Error::InvalidArgument(format!("queue buffer of {len} bytes is too large")))?;
+        .ok_or_else(|| Error::InvalidArgument(format!("a pinned buffer of {len} bytes is too large")))?;
     shared.bind()?;
     let mut alloc = pin(shared, size, len)?;
     let mut offset = (alloc.base as usize).wrapping_neg() % PAGE;
@@ -68,7 +68,7 @@ pub(crate) fn alloc_mapped_in(shared: &Arc<Shared>, len: usize) -> Result<Mapped
         drop(alloc);
         let padded = size
             .checked_add(PAGE)
-            .ok_or_else(|| Error::InvalidArgument(format!("queue buffer of {len} bytes is too large")))?;
+            .ok_or_else(|| Error::InvalidArgument(format!("a pinned buffer of {len} bytes is too large")))?;
         alloc = pin(shared, padded, len)?;
         offset = (alloc.base as usize).wrapping_neg() % PAGE;
     }
