@@ -70,8 +70,8 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub bootstrap: Option<String>,
     /// Session secret, 32 hex digits, e.g. from `openssl rand -hex 16` (default: --secret-file, GDAKI_SECRET,
-    /// GDAKI_SECRET_FILE; without any, one derived from the bootstrap address, which only a loopback address
-    /// may use).
+    /// GDAKI_SECRET_FILE; without any, one derived from the bootstrap address and the world size, which only a
+    /// loopback address may use).
     #[arg(long)]
     pub secret: Option<String>,
     /// File holding the session secret (32 hex digits), accessible by its owner only (chmod 600).

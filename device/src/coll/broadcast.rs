@@ -65,7 +65,8 @@ unsafe impl crate::launch::DeviceRepr for Broadcast {}
 
 /// Chunk size of a chain or tree broadcast of `bytes` bytes when none is given: the whole range up to
 /// 64 KiB (a signal per chunk costs more than pipelining saves there), else an eighth of it rounded up to a
-/// multiple of 4 KiB (so that the range goes in at most eight chunks), at least 64 KiB and at most 4 MiB.
+/// multiple of 4 KiB, at least 64 KiB and at most 4 MiB: at most eight chunks up to 32 MiB, more above, where
+/// the 4 MiB cap applies.
 pub const fn default_chunk(bytes: u64) -> u64 {
     const SMALL: u64 = 64 << 10;
     if bytes <= SMALL {
