@@ -197,8 +197,9 @@ mod host_side {
     /// panic of a kernel thread is passed on after the others have finished.
     ///
     /// # Errors
-    /// A message when a dimension is 0, the block has more than 1024 threads, or the launch more than
-    /// [`MAX_HOST_THREADS`]; or when the OS refuses to start one of the threads (none runs the kernel then).
+    /// A message when a dimension is 0, the block is deeper than [`MAX_BLOCK_Z`] or has more than 1024
+    /// threads, or the launch more than [`MAX_HOST_THREADS`]; or when the OS refuses to start one of the
+    /// threads (none runs the kernel then).
     ///
     /// # Safety
     /// `args` must be what the kernel's contract asks for (its pointers valid host memory for the run);
@@ -282,8 +283,11 @@ mod host_side {
         Ok(())
     }
 
-    /// Whether [`run_on_host`] runs kernel `name` in this shape: no dimension 0, at most 1024 threads per block
-    /// and [`MAX_HOST_THREADS`] in all.
+    /// The deepest block a launch takes (CUDA's `maxBlockDimZ`, the same on every GPU).
+    pub const MAX_BLOCK_Z: u32 = 64;
+
+    /// Whether [`run_on_host`] runs kernel `name` in this shape: no dimension 0, a block's z at most
+    /// [`MAX_BLOCK_Z`] (as the GPU requires), at most 1024 threads per block and [`MAX_HOST_THREADS`] in all.
     ///
     /// # Errors
     /// A message naming the kernel, the shape and the limit it breaks.
@@ -291,6 +295,14 @@ mod host_side {
         let (blocks, threads) = (grid.count(), block.count());
         if blocks == 0 || threads == 0 {
             return Err(format!("launch of `{name}` with grid {grid:?} and block {block:?}: a dimension is 0"));
+        }
+        // Every GPU refuses a block deeper than 64 (CUDA's maxBlockDimZ) at launch, 1024 threads or not: refused
+        // here too, so that a shape tested on host threads launches on the GPU. (The other per-dimension limits,
+        // 1024 in x and y and 65,535 blocks in y and z, cannot be broken by a launch within the totals below.)
+        if block.z > MAX_BLOCK_Z {
+            return Err(format!(
+                "launch of `{name}` with block {block:?}: a block has a z of at most {MAX_BLOCK_Z} (on the GPU too)"
+            ));
         }
         if threads > 1024 || blocks.saturating_mul(threads) > MAX_HOST_THREADS {
             return Err(format!(
@@ -356,6 +368,12 @@ mod host_side {
                 assert!(run_on_host(&k, Dim3::x(0), Dim3::x(1), (), 0).unwrap_err().contains("a dimension is 0"));
                 assert!(run_on_host(&k, Dim3::x(1), Dim3::x(1025), (), 0).unwrap_err().contains("1024 threads"));
                 assert!(run_on_host(&k, Dim3::x(9), Dim3::x(1024), (), 0).unwrap_err().contains("8192 in all"));
+                // The GPU's block is at most 64 threads deep (CUDA's maxBlockDimZ): the driver refuses a deeper
+                // one at launch, so the cpu executor does too, although 1024 threads would fit.
+                assert!(run_on_host(&k, Dim3::x(1), Dim3::new(1, 1, 65), (), 0)
+                    .unwrap_err()
+                    .contains("z of at most 64"));
+                assert!(run_on_host(&k, Dim3::x(1), Dim3::new(2, 2, 64), (), 0).is_ok());
             }
             // Counts past u64 (2^96 blocks) and products past it (2^64 blocks of 2 threads) are refused, not
             // an overflow panic.

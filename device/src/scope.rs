@@ -64,7 +64,9 @@ mod sealed {
     impl Sealed for super::Device {}
 }
 
-/// The threads of one CTA share the QP (block-scope atomics).
+/// The threads of one CTA share the QP (block-scope atomics). Threads of several CTAs must use [`Device`]:
+/// `.cta` atomics order nothing between CTAs on the GPU, and on the host, where both scopes are the same
+/// atomics, nothing detects it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Block;
 

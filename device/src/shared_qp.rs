@@ -188,7 +188,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// all of them with one atomic add, waits for room and for the warp's turn, and publishes all their WQEs at
     /// once (every lane stores its own), so the in-order publication costs one hand-off per warp rather than one
     /// per thread (docs/architecture.md, "Posting: who owns the QP"). Lanes that call it together must post
-    /// WQEs of the same size (they do: they run the same call).
+    /// WQEs of the same size: the batch is reserved for the lowest lane's, and a lane with a larger WQE
+    /// (an inline WRITE of another length) stores outside it. Nothing checks this, and on the `cpu`
+    /// executor, where each thread is a warp of one lane, such a call works.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs

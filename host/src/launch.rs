@@ -32,7 +32,8 @@ use crate::{Error, Result};
 pub struct LaunchConfig {
     /// Blocks (CTAs) in x, y, z; each at least 1.
     pub grid: Dim3,
-    /// Threads per block in x, y, z; each at least 1, at most 1024 in all.
+    /// Threads per block in x, y, z; each at least 1, z at most 64, at most 1024 in all (the GPU's limits,
+    /// which the `cpu` executor enforces too).
     pub block: Dim3,
     /// Dynamic shared memory per block, bytes (GPU only; the `cpu` executor has none).
     pub shared_mem_bytes: u32,
@@ -136,7 +137,8 @@ impl<A: LaunchArgs> Kernel<A> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a shape the executor cannot run (a zero dimension, more than 1024 threads
-    /// per block; on the `cpu` executor more than 8192 threads in all) or, on the GPU, arguments whose sizes
+    /// per block, a block deeper than 64: on the GPU the driver refuses the last two, an [`Error::Cuda`]; on the
+    /// `cpu` executor also more than 8192 threads in all) or, on the GPU, arguments whose sizes
     /// differ from the PTX's parameters; [`Error::Cuda`].
     ///
     /// # Safety
