@@ -42,7 +42,7 @@ use crate::wait::{bounded, bounded_steps, Step};
 use crate::warp::Lanes;
 use crate::wqe::{Ctrl, Wqe};
 use gdaki_shared::handle::{QpHandle, SqState};
-use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg};
+use gdaki_shared::prm::wqe::{fm_ce_se, wqebbs, CtrlSeg, SEGS_PER_WQEBB};
 
 /// The most WQEBBs one reservation of [`SharedQp::post`] takes: a warp's 32 lanes (one on the host) of
 /// [`crate::wqe::MAX_DS`]-segment WQEs.
@@ -187,10 +187,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// On the GPU the lanes of a warp that call `post` on this QP together are aggregated: the lowest reserves WQEBBs for
     /// all of them with one atomic add, waits for room and for the warp's turn, and publishes all their WQEs at
     /// once (every lane stores its own), so the in-order publication costs one hand-off per warp rather than one
-    /// per thread (docs/architecture.md, "Posting: who owns the QP"). Lanes that call it together must post
-    /// WQEs of the same size: the batch is reserved for the lowest lane's, and a lane with a larger WQE
-    /// (an inline WRITE of another length) stores outside it. Nothing checks this, and on the `cpu`
-    /// executor, where each thread is a warp of one lane, such a call works.
+    /// per thread (docs/architecture.md, "Posting: who owns the QP"). Lanes whose WQEs take different numbers
+    /// of WQEBBs (inline WRITEs of different lengths) are aggregated apart, one batch per size, as the `cpu`
+    /// executor, where each thread is a warp of one lane, posts each on its own.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs
@@ -205,8 +204,13 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         }
         let n = wqebbs(wqe.ds() as u32) as u64;
         // Lanes posting to other QPs at the same time are aggregated among themselves (on the host each
-        // thread is a warp of one lane).
-        let w = Lanes::active_with(self.h as u64);
+        // thread is a warp of one lane), and so are lanes whose WQEs take another number of WQEBBs: a batch is
+        // reserved as count x the leader's size, and each lane stores at `base + rank x` its own. The handle is
+        // 8-byte aligned, so its low bits carry `n - 1` (at most 3, `MAX_DS` segments being four WQEBBs);
+        // WQEs of at most four segments always take one WQEBB, and their key is the handle alone.
+        const _: () = assert!(wqebbs(crate::wqe::MAX_DS as u32) <= 4 && align_of::<QpHandle>() >= 4);
+        let key = if N > SEGS_PER_WQEBB { self.h as u64 | (n - 1) } else { self.h as u64 };
+        let w = Lanes::active_with(key);
         let lead = w.lane == w.leader();
         let total = n * w.count() as u64;
         // SAFETY: the state's words (contract of `new`), used atomically by every poster.

@@ -256,10 +256,10 @@ impl PostRate {
     /// fit one SQ; [`Error::Device`] for what device code reported (a barrier that timed out, with a grid too
     /// large to be resident, among them); CUDA errors.
     pub fn run(&mut self, shape: Shape, posts: u32, rounds: u32, timeout: Duration) -> Result<RateResult> {
-        self.launch(shape, posts, 1, timeout, true)?;
+        self.launch(shape, posts, 1, timeout, true, false)?;
         let mut all = RateResult { wqes: 0, round_ns: Vec::new(), post_ns: Vec::new(), launch_ns: Vec::new() };
         for _ in 0..rounds {
-            let r = self.launch(shape, posts, 1, timeout, true)?;
+            let r = self.launch(shape, posts, 1, timeout, true, false)?;
             all.wqes += r.wqes;
             all.round_ns.extend(r.round_ns);
             all.post_ns.extend(r.post_ns);
@@ -290,27 +290,35 @@ impl PostRate {
                 "post rate: rounds in one launch need a consumer to retire the rings between them".into(),
             ));
         }
-        self.launch(shape, posts, rounds + 1, timeout, true)
+        self.launch(shape, posts, rounds + 1, timeout, true, false)
     }
 
     /// `ctas × threads` threads post `posts` WRITEs each to the one Device-scope QP in a single round, however
     /// far that oversubscribes its SQ: posters wait for room, and reservations may run more than 2^16 WQEBBs
     /// ahead of the retired ones (a full H200 grid has 270,336 threads). Not a rate: a correctness run, whose
     /// result says how many WQEs device code claims to have posted; [`PostRate::nic`]'s counters say how many
-    /// the NIC executed. No barrier starts the round, so the grid need not be resident at once.
+    /// the NIC executed. No barrier starts the round, so the grid need not be resident at once. With `mixed`,
+    /// odd posters post a 32-byte inline WRITE (two WQEBBs) instead, so that the lanes of a GPU warp post WQEs
+    /// of two sizes in one call (the posters then come in groups of four, each odd one writing its group's
+    /// four slots).
     ///
     /// # Errors
     /// As [`PostRate::run`], except that the round need not fit the SQ; [`Error::InvalidArgument`] without a
-    /// consumer (the posters would wait for room forever).
-    pub fn flood(&mut self, ctas: u32, threads: u32, posts: u32, timeout: Duration) -> Result<RateResult> {
+    /// consumer (the posters would wait for room forever), or for `mixed` posters that are not a multiple of
+    /// four.
+    pub fn flood(&mut self, ctas: u32, threads: u32, posts: u32, mixed: bool, timeout: Duration) -> Result<RateResult> {
         if !self.consumer {
             return Err(Error::InvalidArgument("post rate: a flood needs a NIC that consumes".into()));
         }
-        self.launch(Shape::Shared { ctas, threads }, posts, 1, timeout, false)
+        if mixed && !(ctas * threads).is_multiple_of(4) {
+            return Err(Error::InvalidArgument("post rate: a mixed flood takes posters in groups of four".into()));
+        }
+        self.launch(Shape::Shared { ctas, threads }, posts, 1, timeout, false, mixed)
     }
 
     /// Runs `total_rounds` rounds (the first untimed when more than one); with `rate`, a rate run: refuses a
-    /// round that does not fit the SQ and starts every round at the grid-wide barrier.
+    /// round that does not fit the SQ and starts every round at the grid-wide barrier; `mixed` as for
+    /// [`PostRate::flood`].
     fn launch(
         &mut self,
         shape: Shape,
@@ -318,6 +326,7 @@ impl PostRate {
         total_rounds: u32,
         timeout: Duration,
         rate: bool,
+        mixed: bool,
     ) -> Result<RateResult> {
         let (teams, team_size, team_posters) = shape.teams();
         let posters = teams * team_posters;
@@ -408,7 +417,7 @@ impl PostRate {
             posters,
             no_consumer: u32::from(!self.consumer),
             teams,
-            reserved: 0,
+            mixed: u32::from(mixed),
         };
         let args_at = match &self.exec {
             Executor::Gpu(g) => {

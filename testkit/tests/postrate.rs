@@ -118,36 +118,52 @@ fn gpu_post_rate_every_shape() {
 /// oversubscribing it: posters wait for room, and on the GPU (a grid of 2^17 + 2^12 threads) reservations run
 /// more than 65,536 WQEBBs ahead of the retired ones, beyond what the 16-bit `wqe_counter` spans. No poller
 /// may misread a CQE and nothing may be lost: the NIC executes every WRITE (plus the flushes' NOPs, at most
-/// one per thread), with no error.
-fn flood(kind: ExecutorKind, ctas: u32, threads: u32, posts: u32) {
+/// one per thread), with no error. With `mixed` the odd posters' WQEs take two WQEBBs (a 32-byte inline WRITE)
+/// and the even ones' one, so that on the GPU the lanes of every warp post two sizes at once.
+fn flood(kind: ExecutorKind, ctas: u32, threads: u32, posts: u32, mixed: bool) {
     let (exec, _) = Executor::open(Some(kind)).expect("executor");
     let posters = ctas * threads;
     let mut b = PostRate::new(exec, 1, posters).expect("set up");
     let before = b.nic().stats();
-    let r = b.flood(ctas, threads, posts, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
+    let r = b.flood(ctas, threads, posts, mixed, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
     let after = b.nic().stats();
     let want = posters as u64 * posts as u64;
     assert_eq!(r.wqes, want);
     let executed = after.wqes - before.wqes;
     assert!((want..=want + posters as u64).contains(&executed), "{executed} WQEs for {want} posts");
     assert_eq!((after.error_cqes, after.dbrec_mismatches, after.bad_doorbells), (0, 0, 0), "{after:?}");
-    // A CQE per quarter ring, and one per flush that posts a NOP.
+    // A CQE per quarter ring of WQEBBs, and one per flush that posts a NOP.
+    let wqebbs = if mixed { want + want / 2 } else { want };
     let cqes = after.cqes - before.cqes;
-    assert!(cqes <= want / (WQE_CNT as u64 / 4) + 1 + posters as u64, "{cqes} CQEs for {executed} WQEs");
+    assert!(cqes <= wqebbs / (WQE_CNT as u64 / 4) + 1 + posters as u64, "{cqes} CQEs for {executed} WQEs");
     println!("{posters} posters x {posts}: {executed} WQEs in {:.1} ms", r.round_ns[0] as f64 / 1e6);
 }
 
 #[test]
 fn cpu_shared_qp_oversubscribed_loses_nothing() {
     // 64 threads × 600 posts = 38,400 WQEs through a 32,768-WQEBB SQ in one round.
-    flood(ExecutorKind::Cpu, 4, 16, 600);
+    flood(ExecutorKind::Cpu, 4, 16, 600, false);
 }
 
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_shared_qp_takes_2_17_posting_threads() {
     let _gpu = gdaki_testkit::gpu_turn();
-    flood(ExecutorKind::Gpu, 528, 256, 1);
+    flood(ExecutorKind::Gpu, 528, 256, 1, false);
+}
+
+#[test]
+fn cpu_shared_qp_takes_wqes_of_two_sizes() {
+    flood(ExecutorKind::Cpu, 4, 16, 300, true);
+}
+
+/// Lanes of one warp posting WQEs of one and two WQEBBs in the same `SharedQp::post` call: aggregated as one
+/// batch reserved for the leader's size, the two-WQEBB lanes stored outside it and overwrote other batches.
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_shared_qp_takes_wqes_of_two_sizes_from_one_warp() {
+    let _gpu = gdaki_testkit::gpu_turn();
+    flood(ExecutorKind::Gpu, 132, 256, 8, true);
 }
 
 /// Without a consumer every shape posts into rings nobody reads: one launch per round on fresh counters, no
@@ -176,7 +192,7 @@ fn every_shape_without_consumer(kind: ExecutorKind, qps: u32, ctas: u32, threads
     }
     let after = b.nic().stats();
     assert_eq!((after.doorbells, after.wqes), (before.doorbells, before.wqes), "nothing consumed: {after:?}");
-    assert!(b.flood(ctas, threads, 1, Duration::from_secs(1)).is_err(), "a flood needs a consumer");
+    assert!(b.flood(ctas, threads, 1, false, Duration::from_secs(1)).is_err(), "a flood needs a consumer");
     let one = b.run_in_one_launch(Shape::Exclusive { qps, db_batch: 1, bf: false }, 1, 1, Duration::from_secs(1));
     assert!(one.is_err(), "rounds in one launch need a consumer");
 }

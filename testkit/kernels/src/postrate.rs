@@ -115,8 +115,10 @@ pub struct PostRateArgs {
     pub no_consumer: u32,
     /// Teams (CTAs) in the launch, all of which arrive at the barrier; on the GPU they must be co-resident.
     pub teams: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Shared shape with a consumer: 1 when odd posters post a 32-byte inline WRITE (two WQEBBs) and even
+    /// posters the 8-byte WRITE (one), so that the lanes of a warp post WQEs of two sizes in one call
+    /// ([`burst_shared_mixed`]); 0 for the 8-byte WRITE alone.
+    pub mixed: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<PostRateArgs>() == 128);
@@ -214,7 +216,13 @@ pub unsafe fn run<const SHAPE: u32>(team: &impl Team, a: &PostRateArgs, team_ind
             Ok((0, 0))
         } else if SHAPE == shape::SHARED {
             // SAFETY: QP 0's handle (caller's contract), shared by every poster.
-            unsafe { burst_shared(a, poster) }
+            unsafe {
+                if a.mixed != 0 {
+                    burst_shared_mixed(a, poster)
+                } else {
+                    burst_shared(a, poster)
+                }
+            }
         } else if SHAPE == shape::WARP {
             // SAFETY: this team's QP (caller's contract), used by this team's one warp only, its lanes together.
             unsafe { burst_warp(a, (a.qps as *mut QpHandle).add(team_index as usize), poster) }
@@ -609,5 +617,29 @@ unsafe fn burst_shared(a: &PostRateArgs, p: u32) -> Result<(u64, u64)> {
     if a.no_consumer == 0 {
         qp.flush()?;
     }
+    Ok((t0, t1))
+}
+
+/// The shared shape with WQEs of two sizes ([`PostRateArgs::mixed`]): odd posters a 32-byte inline WRITE to
+/// the four 8-byte slots of their group of four posters (two WQEBBs), even posters [`burst_shared`]'s 8-byte
+/// WRITE (one). The lanes of a warp post both at once: a batch reserved for one size and stored in two would
+/// overwrite WQEs of other batches, which the NIC then refuses.
+///
+/// # Safety
+/// As [`burst_shared`].
+#[inline(never)]
+unsafe fn burst_shared_mixed(a: &PostRateArgs, p: u32) -> Result<(u64, u64)> {
+    // SAFETY: the caller's contract.
+    let qp = unsafe { SharedQp::<Device>::new(a.qps as *mut QpHandle, a.timeout_ns) };
+    let (r, l) = target(a, p)?;
+    let group = remote(&a.dst, 8 * (p & !3) as u64, 32)?;
+    let payload = [p as u8; 32];
+    let t0 = sync::clock_ns();
+    for _ in 0..a.posts {
+        let w = if p % 2 == 1 { wqe::rdma_write_inline(group, &payload)? } else { wqe::rdma_write(r, l).widen() };
+        let _ = qp.post(false, w)?;
+    }
+    let t1 = sync::clock_ns();
+    qp.flush()?;
     Ok((t0, t1))
 }
