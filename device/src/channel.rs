@@ -266,10 +266,11 @@ impl Sharing for Exclusive {
 /// [`WarpQp::new`]): the whole warp for a put of 32 pieces, lane 0 alone for a signal. `wait` and `poll`
 /// count once for each lane that calls them, as in every mode. On the host a thread is a warp of one lane.
 /// A team call ([`PortChannel::put_team`], [`PortChannel::put_block`]) takes a CTA of at most one warp
-/// ([`WARP_SIZE`] threads); a larger one is refused on both executors. The other calls are not checked: a
-/// handle used by more than one warp at a time (the warps of a larger CTA, or CTAs of one warp each) works on
-/// the `cpu` executor, whose threads take turns on the QP, and on the GPU has a leader per warp, whose
-/// WQEs overwrite one another's.
+/// ([`WARP_SIZE`] threads); a larger one is refused on both executors. A handle used by more than one warp
+/// of a launch (the warps of a larger CTA, or CTAs of one warp each) would have a leader per warp on the GPU,
+/// whose WQEs overwrite one another's; nothing checks that there, and the `cpu` executor, whose threads would
+/// take turns on the QP, refuses the calls of every warp but the first to post with
+/// [`InvalidArgument::Team`], so that a test there fails.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Warp;
 

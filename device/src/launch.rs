@@ -221,6 +221,7 @@ mod host_side {
         const GATE_RUN: u8 = 1;
         const GATE_ABORT: u8 = 2;
         let gate = std::sync::atomic::AtomicU8::new(GATE_SHUT);
+        let launch = host::next_launch();
         let mut failed = None;
         std::thread::scope(|s| {
             let mut handles = Vec::with_capacity((blocks * threads) as usize);
@@ -229,6 +230,7 @@ mod host_side {
                 let block_idx = unlinear(grid, b);
                 for t in 0..threads {
                     let ctx = host::Context {
+                        launch,
                         thread_idx: unlinear(block, t),
                         block_idx,
                         block_dim: block,

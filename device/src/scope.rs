@@ -14,6 +14,10 @@ pub trait Scope: sealed::Sealed {
     /// The PTX scope qualifier (`cta` or `gpu`), for messages and docs.
     const PTX: &'static str;
 
+    /// Whether the sharers are the threads of one CTA ([`Block`]): on the `cpu` executor a QP of this scope
+    /// refuses posts from a second CTA of a launch, which the GPU's `.cta` atomics would not order.
+    const ONE_CTA: bool;
+
     /// Relaxed fetch-and-add on a `u64`; returns the old value.
     ///
     /// # Safety
@@ -65,8 +69,9 @@ mod sealed {
 }
 
 /// The threads of one CTA share the QP (block-scope atomics). Threads of several CTAs must use [`Device`]:
-/// `.cta` atomics order nothing between CTAs on the GPU, and on the host, where both scopes are the same
-/// atomics, nothing detects it.
+/// `.cta` atomics order nothing between CTAs on the GPU. On the `cpu` executor, where both scopes are the
+/// same atomics, the QP takes posts from the first CTA of a launch that posts and refuses the others'
+/// ([`crate::error::InvalidArgument::Team`]), so that a test there fails where the GPU would corrupt the QP.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Block;
 
@@ -75,9 +80,10 @@ pub struct Block;
 pub struct Device;
 
 macro_rules! scope_impl {
-    ($t:ty, $s:literal) => {
+    ($t:ty, $s:literal, $one_cta:literal) => {
         impl Scope for $t {
             const PTX: &'static str = $s;
+            const ONE_CTA: bool = $one_cta;
 
             #[inline(always)]
             unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
@@ -201,5 +207,5 @@ macro_rules! scope_impl {
     };
 }
 
-scope_impl!(Block, "cta");
-scope_impl!(Device, "gpu");
+scope_impl!(Block, "cta", true);
+scope_impl!(Device, "gpu", false);

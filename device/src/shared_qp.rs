@@ -134,6 +134,21 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         f(unsafe { addr_of_mut!((*self.h).sq) })
     }
 
+    /// Whether the calling thread's CTA may post: on the `cpu` executor a Block-scope QP takes posts from one
+    /// CTA of a launch ([`Scope::ONE_CTA`]; the GPU's `.cta` atomics would not order two); always otherwise.
+    #[inline(always)]
+    fn cta_may_post(&self) -> bool {
+        #[cfg(not(target_arch = "nvptx64"))]
+        if S::ONE_CTA {
+            // SAFETY: the state's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
+            // atomically, by host threads.
+            let owner =
+                unsafe { core::sync::atomic::AtomicU64::from_ptr(self.word(|s| addr_of_mut!((*s).host_owner))) };
+            return crate::thread::host::may_post(owner, false);
+        }
+        true
+    }
+
     fn resv(&self) -> *mut u64 {
         // SAFETY: the state is valid (contract of `new`); `addr_of_mut!` forms no reference.
         self.word(|s| unsafe { addr_of_mut!((*s).pi) })
@@ -193,7 +208,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs
-    /// (nothing is reserved);
+    /// (nothing is reserved); (`Team`) on the `cpu` executor for a Block-scope QP that another CTA of the
+    /// launch posts to ([`crate::scope::Block`]);
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
     /// lane of an aggregated post gets the leader's error.
@@ -201,6 +217,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     pub fn post<const N: usize>(&self, signaled: bool, wqe: Wqe<N>) -> Result<Ticket> {
         if !sq::valid_ring(self.wqe_cnt()) {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
+        }
+        if !self.cta_may_post() {
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
         }
         let n = wqebbs(wqe.ds() as u32) as u64;
         // Lanes posting to other QPs at the same time are aggregated among themselves (on the host each
@@ -253,7 +272,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// barrier stops waiting for exited threads); [`InvalidArgument::Team`] for every member also when the
     /// members' `SharedQp`s are not all of one handle (found once the leader has reserved: its batch is then
     /// published as NOPs, and the other handles' rings are not touched);
-    /// [`InvalidArgument::Handle`] as for [`SharedQp::post`]. Once the
+    /// [`InvalidArgument::Handle`] and, on the `cpu` executor, [`InvalidArgument::Team`] for a Block-scope QP
+    /// of another CTA, as for [`SharedQp::post`]. Once the
     /// WQEBBs are reserved: [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`], or
     /// [`Error::UnexpectedCqe`], for every member (the leader's own; the others the same but for their
     /// `waited_ns`, which is the QP's timeout), and the batch stays unpublished, as a single post that
@@ -276,7 +296,13 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     ) -> Result<Option<Ticket>> {
         let cnt = self.wqe_cnt();
         // What every member can check for itself, with the same outcome for all (one handle).
-        let own = if sq::valid_ring(cnt) { Ok(()) } else { Err(Error::InvalidArgument(InvalidArgument::Handle)) };
+        let own = if !sq::valid_ring(cnt) {
+            Err(Error::InvalidArgument(InvalidArgument::Handle))
+        } else if !self.cta_may_post() {
+            Err(Error::InvalidArgument(InvalidArgument::Team))
+        } else {
+            Ok(())
+        };
         let (w, mine) = match wqe {
             Ok(Some(w)) => (Some(w), Ok(wqebbs(w.ds() as u32) == 1)),
             Ok(None) => (None, Ok(true)),

@@ -253,16 +253,68 @@ impl Thread {
 /// The `cpu` executor's side: a launch's threads as host threads.
 #[cfg(not(target_arch = "nvptx64"))]
 pub(crate) mod host {
-    use super::{Dim3, Thread};
+    use super::{Dim3, Thread, WARP_SIZE};
+    use core::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Condvar, Mutex};
 
     /// What a host thread of a launch knows about itself.
     pub(crate) struct Context {
+        /// The launch's number, unique in the process and never 0 ([`next_launch`]).
+        pub(crate) launch: u32,
         pub(crate) thread_idx: Dim3,
         pub(crate) block_idx: Dim3,
         pub(crate) block_dim: Dim3,
         pub(crate) grid_dim: Dim3,
         pub(crate) block: std::sync::Arc<BlockBarrier>,
+    }
+
+    /// A number for a new launch: 1, 2, ... (0 stays "no launch" in [`SqState::host_owner`]).
+    ///
+    /// [`SqState::host_owner`]: gdaki_shared::handle::SqState::host_owner
+    pub(crate) fn next_launch() -> u32 {
+        static LAUNCHES: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+        LAUNCHES.fetch_add(1, Ordering::Relaxed).wrapping_add(1).max(1)
+    }
+
+    /// This host thread's launch, CTA (linear index in the grid) and warp (`tid / 32`), while it runs a
+    /// kernel.
+    #[derive(Clone, Copy)]
+    struct Unit {
+        launch: u32,
+        block: u32,
+        warp: u32,
+    }
+
+    std::thread_local! {
+        static UNIT: core::cell::Cell<Option<Unit>> = const { core::cell::Cell::new(None) };
+    }
+
+    /// Whether the calling host thread may post to the QP whose [`SqState::host_owner`] word is `owner`,
+    /// sharing it by CTA (`by_warp` false: Block scope) or by warp (`by_warp` true: Warp sharing). The first
+    /// CTA (warp) of a launch to post claims the QP; another of the same launch is refused: on the GPU its
+    /// `.cta` atomics, or its warp's own leader, would corrupt the QP, while host threads would take turns and
+    /// hide it. A later launch claims the QP afresh. A thread outside a launch (a test's own threads) always
+    /// may.
+    ///
+    /// [`SqState::host_owner`]: gdaki_shared::handle::SqState::host_owner
+    pub(crate) fn may_post(owner: &AtomicU64, by_warp: bool) -> bool {
+        let Some(u) = UNIT.with(|c| c.get()) else { return true };
+        // At most 32 warps a block and 8192 threads a launch: a warp's number (block x 32 + warp) fits.
+        let who = if by_warp { u.block * 32 + u.warp } else { u.block };
+        let me = u64::from(u.launch) << 32 | u64::from(who);
+        let mut cur = owner.load(Ordering::Relaxed);
+        loop {
+            if cur == me {
+                return true;
+            }
+            if cur >> 32 == me >> 32 {
+                return false;
+            }
+            match owner.compare_exchange_weak(cur, me, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(c) => cur = c,
+            }
+        }
     }
 
     /// The barrier of one block: as `barrier.sync` on the GPU, it counts the threads that have not returned,
@@ -363,13 +415,21 @@ pub(crate) mod host {
     }
 
     impl Thread {
+        /// The thread of `ctx`, made on the host thread that runs it (which it then names in [`may_post`]).
         pub(crate) fn on_host(ctx: Context) -> Thread {
+            let unit = Unit {
+                launch: ctx.launch,
+                block: ctx.grid_dim.linear(ctx.block_idx) as u32,
+                warp: ctx.block_dim.linear(ctx.thread_idx) as u32 / WARP_SIZE,
+            };
+            UNIT.with(|c| c.set(Some(unit)));
             Thread { host: ctx, _not_send: core::marker::PhantomData }
         }
     }
 
     impl Drop for Thread {
         fn drop(&mut self) {
+            UNIT.with(|c| c.set(None));
             self.host.block.leave();
         }
     }

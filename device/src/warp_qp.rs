@@ -112,9 +112,20 @@ impl<'a> WarpQp<'a> {
     /// their turns in time (a call of another handle of the QP, whose timeout is longer; or one that never
     /// ends, which then loses the QP for every later ticket too: each of them ends the same way, none hangs).
     /// The ticket is given up ([`give_up`]): the turn passes over it, so later calls go on.
+    /// [`InvalidArgument::Team`] when a thread of another warp of the launch (another CTA's, or the same CTA's
+    /// with another `tid / 32`) posts to the QP: one warp owns it on the GPU.
     #[cfg(not(target_arch = "nvptx64"))]
     fn begin_turn(&mut self) -> Result<()> {
         use core::sync::atomic::Ordering;
+        // SAFETY: the handle's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
+        // atomically, by host threads.
+        let owner =
+            unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.h).sq.host_owner)) };
+        if !crate::thread::host::may_post(owner, true) {
+            // Another warp of this launch posts to the QP: on the GPU each warp would lead it with counters
+            // of its own.
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
+        }
         let (next, turn) = self.turn_words();
         let ticket = next.fetch_add(1, Ordering::Relaxed);
         let serving = |t: &core::sync::atomic::AtomicU64, o| t.load(o) as u32;

@@ -466,6 +466,86 @@ fn the_threads_of_a_warp_share_a_warp_handle_on_host_threads() {
     assert!((256..=256 + 32).contains(&consumed), "{consumed} WQEs");
 }
 
+/// Each thread of the launch puts its own 64-byte piece `rounds` times through its own channel of `ch`, in Warp
+/// sharing when `warp` is 1, else Block, then flushes; it stores at `out[global id]` 1 on success, else 2 +
+/// its error's report kind << 8 + the report's `expected` word (an `InvalidArgument`'s code).
+#[gdaki_device::kernel]
+pub fn shared_pieces(t: &gdaki_device::Thread, ch: &PortChannelHandle, warp: u32, rounds: u32, out: *mut u64) {
+    fn run<S: Sharing>(t: &gdaki_device::Thread, ch: &PortChannelHandle, rounds: u32) -> gdaki_device::Result<()> {
+        // SAFETY: the test's live link; the contract's one CTA (Block) or one warp (Warp) is what the test breaks
+        // and the cpu executor must refuse.
+        let mut c = unsafe { PortChannel::<S>::new(ch) };
+        let n = t.grid_dim().count() * t.block_size() as u64;
+        (0..rounds as u64)
+            .try_for_each(|k| {
+                let off = (k * n + t.global_id()) * 64;
+                c.put(off, off, 64)
+            })
+            .and_then(|()| c.flush())
+    }
+    let r = if warp == 1 { run::<gdaki_device::channel::Warp>(t, ch, rounds) } else { run::<Block>(t, ch, rounds) };
+    let code = r.map_or_else(|e| 2 + (u64::from(e.to_report().kind) << 8 | e.to_report().expected), |()| 1);
+    // SAFETY: `out` holds a word per thread of the launch (the test's contract).
+    unsafe { out.add(t.global_id() as usize).write_volatile(code) };
+}
+
+/// On the `cpu` executor a Block-scope QP takes posts from one CTA of a launch, and a Warp-sharing handle from
+/// one warp (`tid / 32` of one CTA): on the GPU a second CTA's `.cta` atomics, or a second warp's own leader,
+/// would corrupt the QP, while host threads would take turns and pass every byte. The first unit to post owns
+/// the QP for the launch; the others get `Team` and post nothing; a later launch may be another unit's.
+#[test]
+fn a_block_qp_takes_one_cta_and_a_warp_handle_one_warp_of_a_launch() {
+    const ROUNDS: u32 = 4;
+    let r = Error::InvalidArgument(InvalidArgument::Team).to_report();
+    let team = 2 + (u64::from(r.kind) << 8 | r.expected);
+    // (Warp sharing, CTAs, threads a CTA, threads a unit)
+    for (warp, ctas, threads, unit) in [(0u32, 2u32, 4u32, 4usize), (1, 1, 64, 32), (1, 2, 32, 32)] {
+        let len = (ROUNDS * ctas * threads) as usize * 64;
+        let l = Link::new(len, 256, false);
+        let data = random_bytes(&mut rng(), len);
+        l.src.write(0, &data);
+        let before = l.dst.read();
+        let h = Box::new(l.handle());
+        let launch = |ctas: u32, threads: u32| {
+            let mut out = vec![0u64; (ctas * threads) as usize];
+            let (hp, outp) = (&*h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
+            let args = (gdaki_device::DevPtr::new(hp), warp, ROUNDS, gdaki_device::DevPtr::new(outp));
+            // SAFETY: the handle and `out` outlive the launch; the link's QP is this launch's alone.
+            unsafe {
+                gdaki_device::launch::run_on_host(
+                    &SHARED_PIECES,
+                    gdaki_device::Dim3::x(ctas),
+                    gdaki_device::Dim3::x(threads),
+                    args,
+                    0,
+                )
+            }
+            .unwrap();
+            out
+        };
+        let out = launch(ctas, threads);
+        let what = if warp == 1 { "Warp" } else { "Block" };
+        let owners: Vec<usize> =
+            (0..out.len() / unit).filter(|&u| out[u * unit..][..unit] == vec![1; unit][..]).collect();
+        assert_eq!(owners.len(), 1, "{what}: one unit posts: {out:?}");
+        let owner = owners[0];
+        for (i, &code) in out.iter().enumerate() {
+            assert_eq!(code, if i / unit == owner { 1 } else { team }, "{what}: thread {i}: {out:?}");
+        }
+        // The owner's pieces landed; nothing else changed.
+        let got = l.dst.read();
+        for k in 0..ROUNDS as usize {
+            for i in 0..out.len() {
+                let at = (k * out.len() + i) * 64;
+                let want = if i / unit == owner { &data[at..at + 64] } else { &before[at..at + 64] };
+                assert_eq!(&got[at..at + 64], want, "{what}: round {k}, thread {i}");
+            }
+        }
+        // A later launch of one unit posts (the claim lasts one launch).
+        assert_eq!(launch(1, unit as u32), vec![1; unit], "{what}: a later launch");
+    }
+}
+
 /// The host turns of `l`'s QP: (`host_next`, `host_serving`), read as the library accesses them (the serving
 /// ticket in the low half of a 64-bit word with `host_given_up`).
 fn turn_words(l: &Link) -> (u32, u32) {

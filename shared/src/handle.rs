@@ -150,8 +150,12 @@ pub struct SqState {
     /// `host_serving + k`, so that the turn passes over them. Read and written with `host_serving` as one
     /// 8-byte word (the serving ticket in its low half on a little-endian host). Unused on the GPU.
     pub host_given_up: u32,
+    /// On the `cpu` executor, the launch (high half) and the CTA (Block scope) or warp (Warp sharing) of it
+    /// that posts to this QP (low half): another CTA or warp of the same launch is refused, as the GPU would
+    /// corrupt the QP. 0 for none. Unused on the GPU.
+    pub host_owner: u64,
     /// Zero: keeps the state 128 bytes (the handle's second half).
-    pub pad: [u64; 6],
+    pub pad: [u64; 5],
 }
 
 impl SqState {
@@ -172,7 +176,8 @@ impl SqState {
             host_next: 0,
             host_serving: 0,
             host_given_up: 0,
-            pad: [0; 6],
+            host_owner: 0,
+            pad: [0; 5],
         }
     }
 }
@@ -238,7 +243,8 @@ const _: () = {
     assert!(offset_of!(SqState, host_next) == 68);
     assert!(offset_of!(SqState, host_serving) == 72);
     assert!(offset_of!(SqState, host_given_up) == 76);
-    assert!(offset_of!(SqState, pad) == 80);
+    assert!(offset_of!(SqState, host_owner) == 80);
+    assert!(offset_of!(SqState, pad) == 88);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);
