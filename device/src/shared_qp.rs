@@ -109,7 +109,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// `h` must describe a live, connected QP whose ring, dbrec, doorbell register and CQ are valid for `'a`,
     /// and be valid for reads and writes for `'a` and 8-byte aligned; its state is used only through
     /// `SharedQp`s of scope `S` (or narrower) and only by threads of that scope while they live. No Exclusive
-    /// poster may use the QP at the same time (before and after is fine).
+    /// poster may use the QP at the same time (before and after is fine). On the `cpu` executor a Block-scope
+    /// QP belongs, until the launch ends, to the first CTA of the launch that posts, flushes or polls; another
+    /// CTA's calls get [`InvalidArgument::Team`].
     pub unsafe fn new(h: *mut QpHandle, timeout_ns: u64) -> Self {
         Self { h, timeout_ns, _borrow: PhantomData, _scope: PhantomData }
     }
@@ -134,8 +136,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         f(unsafe { addr_of_mut!((*self.h).sq) })
     }
 
-    /// Whether the calling thread's CTA may post: on the `cpu` executor a Block-scope QP takes posts from one
-    /// CTA of a launch ([`Scope::ONE_CTA`]; the GPU's `.cta` atomics would not order two); always otherwise.
+    /// Whether the calling thread's CTA may use the QP: on the `cpu` executor a Block-scope QP takes posts,
+    /// flushes and polls from one CTA of a launch, the first to make one ([`Scope::ONE_CTA`]; the GPU's `.cta`
+    /// atomics would not order two); always otherwise.
     #[inline(always)]
     fn cta_may_post(&self) -> bool {
         #[cfg(not(target_arch = "nvptx64"))]
@@ -544,8 +547,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// Returns whether it polled.
     ///
     /// # Errors
-    /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ).
+    /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ);
+    /// [`InvalidArgument::Team`] on the `cpu` executor for a Block-scope QP of another CTA of the launch.
     pub fn progress(&self) -> Result<bool> {
+        if !self.cta_may_post() {
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
+        }
         self.poll()
     }
 
@@ -643,8 +650,12 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE, once any WQE has completed in error (sticky);
     /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`]; the errors of [`SharedQp::post`] for
-    /// the NOP.
+    /// the NOP; [`InvalidArgument::Team`] on the `cpu` executor for a Block-scope QP of another CTA of the launch
+    /// (whether or not a NOP is due).
     pub fn flush(&self) -> Result<()> {
+        if !self.cta_may_post() {
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
+        }
         // SAFETY: the state's words (contract of `new`); `sig_first`/`sig_end` were stored before `ready`'s
         // release. They may be a later WQE's than the one ending at the `ready` seen: waiting for that one covers
         // more, and a NOP for a `sig_end` past `ready` costs a NOP.

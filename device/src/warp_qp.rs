@@ -82,7 +82,9 @@ impl<'a> WarpQp<'a> {
     ///
     /// # Safety
     /// `h` must be a handle built by the host for a live, connected QP (as [`Qp::new`] requires), used for
-    /// `'a` by the members only, through their `WarpQp`s.
+    /// `'a` by the members only, through their `WarpQp`s. On the `cpu` executor the first warp of a launch
+    /// whose call takes a turn (a post, flush or wait) owns the handle until the launch ends, and another
+    /// warp's calls get [`InvalidArgument::Team`].
     #[inline(always)]
     pub unsafe fn new(h: *mut QpHandle, timeout_ns: u64) -> Self {
         let lanes = Lanes::active_with(h as u64);
@@ -96,6 +98,26 @@ impl<'a> WarpQp<'a> {
         return Self { h, mask: lanes.mask, leader, sq_buf, wqe_cnt, qpn };
         #[cfg(not(target_arch = "nvptx64"))]
         Self { h, mask: lanes.mask, leader: None, sq_buf, wqe_cnt, qpn, timeout_ns }
+    }
+
+    /// On a host thread of a `cpu` launch, whether this thread's warp owns the QP for the launch: the first
+    /// warp whose call takes a turn (a post, a flush, a wait) claims it, and another warp of the launch (another
+    /// CTA's, or the same CTA's with another `tid / 32`) is refused, since on the GPU each warp would lead the
+    /// QP with counters of its own ([`crate::thread`]'s `may_post`).
+    ///
+    /// # Errors
+    /// [`InvalidArgument::Team`] for a warp that does not own the QP.
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn owned(&self) -> Result<()> {
+        // SAFETY: the handle's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
+        // atomically, by host threads.
+        let owner =
+            unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.h).sq.host_owner)) };
+        if crate::thread::host::may_post(owner, true) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(InvalidArgument::Team))
+        }
     }
 
     /// On a host thread, makes the QP this thread's until [`WarpQp::end_turn`]: takes a ticket of the handle's
@@ -112,20 +134,11 @@ impl<'a> WarpQp<'a> {
     /// their turns in time (a call of another handle of the QP, whose timeout is longer; or one that never
     /// ends, which then loses the QP for every later ticket too: each of them ends the same way, none hangs).
     /// The ticket is given up ([`give_up`]): the turn passes over it, so later calls go on.
-    /// [`InvalidArgument::Team`] when a thread of another warp of the launch (another CTA's, or the same CTA's
-    /// with another `tid / 32`) posts to the QP: one warp owns it on the GPU.
+    /// [`InvalidArgument::Team`] when another warp of the launch owns the QP ([`WarpQp::owned`]).
     #[cfg(not(target_arch = "nvptx64"))]
     fn begin_turn(&mut self) -> Result<()> {
         use core::sync::atomic::Ordering;
-        // SAFETY: the handle's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
-        // atomically, by host threads.
-        let owner =
-            unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.h).sq.host_owner)) };
-        if !crate::thread::host::may_post(owner, true) {
-            // Another warp of this launch posts to the QP: on the GPU each warp would lead it with counters
-            // of its own.
-            return Err(Error::InvalidArgument(InvalidArgument::Team));
-        }
+        self.owned()?;
         let (next, turn) = self.turn_words();
         let ticket = next.fetch_add(1, Ordering::Relaxed);
         let serving = |t: &core::sync::atomic::AtomicU64, o| t.load(o) as u32;
@@ -290,6 +303,9 @@ impl<'a> WarpQp<'a> {
     /// size).
     pub fn post_some<const N: usize>(&mut self, signaled: bool, w: Option<Wqe<N>>) -> Result<Option<Ticket>> {
         let lanes = self.callers()?;
+        // A caller without a WQE takes no turn below: it is refused here as its team's posters are.
+        #[cfg(not(target_arch = "nvptx64"))]
+        self.owned()?;
         let have = lanes.ballot(w.is_some());
         match w {
             // Every caller posts: `post`'s path.

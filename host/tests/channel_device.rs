@@ -467,24 +467,61 @@ fn the_threads_of_a_warp_share_a_warp_handle_on_host_threads() {
 }
 
 /// Each thread of the launch puts its own 64-byte piece `rounds` times through its own channel of `ch`, in Warp
-/// sharing when `warp` is 1, else Block, then flushes; it stores at `out[global id]` 1 on success, else 2 +
-/// its error's report kind << 8 + the report's `expected` word (an `InvalidArgument`'s code).
+/// sharing when `warp` is 1, else Block, then flushes (with `warp` 2, Warp sharing, each CTA puts 256 bytes a
+/// round together, `put_block`, whose one WQE is member 0's: the other members make the call with none); it
+/// stores at `out[global id]` 1 on success, else (with 2^20 added when it is the flush's) 2 +
+/// its error's report kind << 8 + the report's `expected` word (an `InvalidArgument`'s code). With `only`
+/// below `u32::MAX`, only the threads of unit `only` (threads `only * unit ..` of `unit` each) post; the
+/// others store 0.
 #[gdaki_device::kernel]
-pub fn shared_pieces(t: &gdaki_device::Thread, ch: &PortChannelHandle, warp: u32, rounds: u32, out: *mut u64) {
-    fn run<S: Sharing>(t: &gdaki_device::Thread, ch: &PortChannelHandle, rounds: u32) -> gdaki_device::Result<()> {
+pub fn shared_pieces(
+    t: &gdaki_device::Thread,
+    ch: &PortChannelHandle,
+    warp: u32,
+    rounds: u32,
+    only: u32,
+    unit: u32,
+    out: *mut u64,
+) {
+    /// The first error of the puts, or the flush's as `Err(Err(e))`.
+    fn run<S: Sharing>(
+        t: &gdaki_device::Thread,
+        ch: &PortChannelHandle,
+        rounds: u32,
+        block: bool,
+    ) -> Result<(), Result<Error, Error>> {
         // SAFETY: the test's live link; the contract's one CTA (Block) or one warp (Warp) is what the test breaks
         // and the cpu executor must refuse.
         let mut c = unsafe { PortChannel::<S>::new(ch) };
-        let n = t.grid_dim().count() * t.block_size() as u64;
+        let (ctas, n) = (t.grid_dim().count(), t.grid_dim().count() * t.block_size() as u64);
+        let cta = t.global_id() / t.block_size() as u64;
         (0..rounds as u64)
             .try_for_each(|k| {
+                if block {
+                    let off = (k * ctas + cta) * 256;
+                    return c.put_block(t, off, off, 256);
+                }
                 let off = (k * n + t.global_id()) * 64;
                 c.put(off, off, 64)
             })
-            .and_then(|()| c.flush())
+            .map_err(Ok)?;
+        c.flush().map_err(Err)
     }
-    let r = if warp == 1 { run::<gdaki_device::channel::Warp>(t, ch, rounds) } else { run::<Block>(t, ch, rounds) };
-    let code = r.map_or_else(|e| 2 + (u64::from(e.to_report().kind) << 8 | e.to_report().expected), |()| 1);
+    let code = if only != u32::MAX && t.global_id() / u64::from(unit) != u64::from(only) {
+        0
+    } else {
+        let r = match warp {
+            0 => run::<Block>(t, ch, rounds, false),
+            _ => run::<gdaki_device::channel::Warp>(t, ch, rounds, warp == 2),
+        };
+        let code = |e: Error| 2 + (u64::from(e.to_report().kind) << 8 | e.to_report().expected);
+        match r {
+            Ok(()) => 1,
+            Err(Ok(e)) => code(e),
+            // The flush's error: set apart, so that a team call that let a member through shows.
+            Err(Err(e)) => 1 << 20 | code(e),
+        }
+    };
     // SAFETY: `out` holds a word per thread of the launch (the test's contract).
     unsafe { out.add(t.global_id() as usize).write_volatile(code) };
 }
@@ -498,18 +535,19 @@ fn a_block_qp_takes_one_cta_and_a_warp_handle_one_warp_of_a_launch() {
     const ROUNDS: u32 = 4;
     let r = Error::InvalidArgument(InvalidArgument::Team).to_report();
     let team = 2 + (u64::from(r.kind) << 8 | r.expected);
-    // (Warp sharing, CTAs, threads a CTA, threads a unit)
-    for (warp, ctas, threads, unit) in [(0u32, 2u32, 4u32, 4usize), (1, 1, 64, 32), (1, 2, 32, 32)] {
+    // (Block 0, Warp 1, Warp team calls 2; CTAs; threads a CTA; threads a unit)
+    for (warp, ctas, threads, unit) in [(0u32, 2u32, 4u32, 4usize), (1, 1, 64, 32), (1, 2, 32, 32), (2, 2, 32, 32)] {
         let len = (ROUNDS * ctas * threads) as usize * 64;
         let l = Link::new(len, 256, false);
         let data = random_bytes(&mut rng(), len);
         l.src.write(0, &data);
         let before = l.dst.read();
         let h = Box::new(l.handle());
-        let launch = |ctas: u32, threads: u32| {
+        let launch = |only: u32| {
             let mut out = vec![0u64; (ctas * threads) as usize];
             let (hp, outp) = (&*h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
-            let args = (gdaki_device::DevPtr::new(hp), warp, ROUNDS, gdaki_device::DevPtr::new(outp));
+            let args =
+                (gdaki_device::DevPtr::new(hp), warp, ROUNDS, only, unit as u32, gdaki_device::DevPtr::new(outp));
             // SAFETY: the handle and `out` outlive the launch; the link's QP is this launch's alone.
             unsafe {
                 gdaki_device::launch::run_on_host(
@@ -523,8 +561,8 @@ fn a_block_qp_takes_one_cta_and_a_warp_handle_one_warp_of_a_launch() {
             .unwrap();
             out
         };
-        let out = launch(ctas, threads);
-        let what = if warp == 1 { "Warp" } else { "Block" };
+        let out = launch(u32::MAX);
+        let what = ["Block", "Warp", "Warp team"][warp as usize];
         let owners: Vec<usize> =
             (0..out.len() / unit).filter(|&u| out[u * unit..][..unit] == vec![1; unit][..]).collect();
         assert_eq!(owners.len(), 1, "{what}: one unit posts: {out:?}");
@@ -533,16 +571,25 @@ fn a_block_qp_takes_one_cta_and_a_warp_handle_one_warp_of_a_launch() {
             assert_eq!(code, if i / unit == owner { 1 } else { team }, "{what}: thread {i}: {out:?}");
         }
         // The owner's pieces landed; nothing else changed.
-        let got = l.dst.read();
+        let mut want = before.clone();
+        let units = out.len() / unit;
         for k in 0..ROUNDS as usize {
-            for i in 0..out.len() {
-                let at = (k * out.len() + i) * 64;
-                let want = if i / unit == owner { &data[at..at + 64] } else { &before[at..at + 64] };
-                assert_eq!(&got[at..at + 64], want, "{what}: round {k}, thread {i}");
+            let ranges: Vec<usize> = if warp == 2 {
+                vec![(k * units + owner) * 256, 256]
+            } else {
+                (owner * unit..(owner + 1) * unit).flat_map(|i| [(k * out.len() + i) * 64, 64]).collect()
+            };
+            for r in ranges.chunks(2) {
+                want[r[0]..r[0] + r[1]].copy_from_slice(&data[r[0]..r[0] + r[1]]);
             }
         }
-        // A later launch of one unit posts (the claim lasts one launch).
-        assert_eq!(launch(1, unit as u32), vec![1; unit], "{what}: a later launch");
+        assert!(l.dst.read() == want, "{what}: the owner's pieces and nothing else");
+        // In a later launch another unit posts (the claim lasts one launch).
+        let other = (owner + 1) % units;
+        let again = launch(other as u32);
+        for (i, &code) in again.iter().enumerate() {
+            assert_eq!(code, u64::from(i / unit == other), "{what}: a later launch of unit {other}: {again:?}");
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use gdaki_testkit_kernels::porttest::{self, PortTestArgs};
 
 use gdaki::channel::{Communicator, EndpointConfig, IbMode, PortChannel, RegisteredMemory, Semaphore};
 use gdaki::cuda::DeviceBuffer;
-use gdaki::exec::{Executor, ExecutorKind};
+use gdaki::exec::Executor;
 use gdaki::launch::{LaunchConfig, Module};
 use gdaki::mem::MappedBuf;
 use gdaki::{Error, Result};
@@ -36,8 +36,9 @@ pub enum Mode {
     HostNoAtomic,
     /// One thread per QP.
     Exclusive,
-    /// The lanes of one warp share its QP (DOCA GPUNetIO's `put_warp`): a team of at most 32 threads on the
-    /// GPU, one warp; on host threads, each a warp of one lane, a team of any size.
+    /// The lanes of one warp share its QP (DOCA GPUNetIO's `put_warp`): a team of at most 32 threads, one warp
+    /// on the GPU; on host threads, each a warp of one lane, the same limit (the `cpu` executor refuses a
+    /// Warp handle used by more than one warp of a launch).
     Warp,
     /// The threads of one team (CTA) share its QP.
     Block,
@@ -350,7 +351,7 @@ impl PortTest {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a size or iteration count beyond the setup (packet ping-pongs: see
-    /// [`RunConfig::size`]), a team of 0 (or, in Warp sharing on the GPU, of more than 32), or after a failed run; [`Error::Device`] when device code reported an error; CUDA and bootstrap errors.
+    /// [`RunConfig::size`]), a team of 0 (or, in Warp sharing, of more than 32), or after a failed run; [`Error::Device`] when device code reported an error; CUDA and bootstrap errors.
     pub fn run(&mut self, cfg: &RunConfig) -> Result<RunResult> {
         if self.failed {
             return Err(Error::InvalidArgument("an earlier run failed: make a new PortTest".into()));
@@ -367,7 +368,7 @@ impl PortTest {
         if let Some(why) = refused {
             return Err(Error::InvalidArgument(why));
         }
-        if self.mode == Mode::Warp && cfg.team > 32 && self.comm.executor().kind() == ExecutorKind::Gpu {
+        if self.mode == Mode::Warp && cfg.team > 32 {
             return Err(Error::InvalidArgument(format!(
                 "a team of {} threads in Warp sharing: its team is one warp on the GPU, at most 32 threads",
                 cfg.team

@@ -152,6 +152,8 @@ fn gpu_shared_qp_takes_2_17_posting_threads() {
     flood(ExecutorKind::Gpu, 528, 256, 1, false);
 }
 
+/// The mixed flood's harness on host threads, each a warp of one lane: what the GPU test below guards (lanes of
+/// one warp posting two sizes in one call) cannot happen here.
 #[test]
 fn cpu_shared_qp_takes_wqes_of_two_sizes() {
     flood(ExecutorKind::Cpu, 4, 16, 300, true);

@@ -292,7 +292,7 @@ impl Communicator {
             // the `IbMode` each side asked for.
             let name = |t: u8, m: u8| {
                 let t = if t == 1 { "EmuRc".to_string() } else { format!("transport {t}") };
-                let m = IbMode::from_code(m).map_or_else(|| format!("mode {m}"), |m| m.name().to_string());
+                let m = IbMode::from_code(m).map_or_else(|| m.to_string(), |m| m.name().to_string());
                 format!("{t} in mode {m}")
             };
             return Err(Error::InvalidArgument(format!(
