@@ -5,12 +5,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use gdaki_device::error::{CqeError, InvalidArgument};
 use gdaki_device::onesided::{atomic_target, local, remote};
 use gdaki_device::qp::Qp;
+use gdaki_device::sq::free_wqebbs;
 use gdaki_device::wqe;
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::QpHandle;
@@ -142,8 +143,8 @@ struct Shared {
 /// the QP and lets go of it, which destroys the QP and its CQ ([`qps`](Self::qps) counts the QPs it holds).
 ///
 /// Dropping it drains it: the thread handles every trigger already pushed, rings, waits for every WQE it posted
-/// to complete (for at most its timeout on each QP, reporting [`VENDOR_PROXY_FLUSH`] on a QP whose WQEs have not
-/// all completed by then), then exits.
+/// to complete or fail (for at most its timeout with no CQE arriving on any of its QPs, whatever their number,
+/// reporting [`VENDOR_PROXY_FLUSH`] on each QP whose WQEs have not all completed by then), then exits.
 pub struct ProxyService {
     shared: Arc<Shared>,
     fifo: FifoHandle,
@@ -445,7 +446,9 @@ impl Lane {
             return true;
         }
         let h = self.qp.handle();
-        if h.sq.sig_end != h.sq.pi {
+        // Only when the ring has room for it: a full ring would make the post wait for room (up to the
+        // timeout), and its outstanding WQEs include signaled ones, whose CQEs make that room.
+        if h.sq.sig_end != h.sq.pi && free_wqebbs(h.wqe_cnt, h.sq.pi, h.sq.ci) > 0 {
             if let Err(e) = self.qp.post(true, wqe::nop()) {
                 // No room for the NOP within the timeout: tried again at the next look.
                 tracing::debug!(qpn = h.qpn, "proxy could not ask for the CQE of a QP it releases: {e}");
@@ -658,11 +661,40 @@ impl Worker {
         self.shared.qps.fetch_sub(released, Ordering::Release);
     }
 
-    /// On stop: waits until every WQE posted has completed, reporting errors.
+    /// On stop: waits until the WQEs posted on every QP have settled ([`Lane::settled`]: completed, or one
+    /// failed), reporting errors, polling all the QPs' CQs in turn. The wait is bounded by the proxy's timeout
+    /// without progress, not by a timeout per QP: each CQE polled starts it again, so a NIC that completes
+    /// slowly gets the time it uses, and one that completes nothing costs one timeout in all however many QPs
+    /// wait on it. A QP not settled by then is reported with [`VENDOR_PROXY_FLUSH`].
     fn drain(&mut self) {
-        let stop = &self.shared.stop;
-        for l in self.lanes.iter_mut().flatten() {
-            l.flush(stop);
+        let timeout = Duration::from_nanos(self.timeout_ns);
+        let backoff = Backoff::new();
+        let mut deadline = crate::deadline::after(timeout);
+        loop {
+            let (mut waiting, mut moved) = (false, false);
+            for l in self.lanes.iter_mut().flatten() {
+                if !l.settled() {
+                    waiting = true;
+                    moved |= l.qp.poll_cq().is_some();
+                }
+                l.report_cqe();
+            }
+            if !waiting {
+                return;
+            }
+            if moved {
+                deadline = crate::deadline::after(timeout);
+                backoff.reset();
+            } else if Instant::now() >= deadline {
+                for l in self.lanes.iter_mut().flatten() {
+                    if !l.settled() {
+                        tracing::warn!(qpn = l.qp.handle().qpn, "the stopping proxy's WQEs did not all complete");
+                        l.report(flushed(VENDOR_PROXY_FLUSH));
+                    }
+                }
+                return;
+            }
+            backoff.snooze();
         }
     }
 
@@ -740,5 +772,106 @@ impl Worker {
             lane.unrung = true;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdaki_device::channel::{Exclusive, PortChannel};
+    use gdaki_shared::handle::{CqHandle, MrHandle, RemoteMr};
+
+    /// One QP's queue memory that no NIC serves: WQEs posted there never complete.
+    #[repr(C, align(64))]
+    struct DeadQueues {
+        sq: [[u64; 8]; 64],
+        cq: [[u64; 8]; 64],
+        bf: [u64; 8],
+        dbrec: [u64; 2],
+        cq_dbrec: [u64; 2],
+        /// What the proxy's puts read and (would) write, 64 bytes each.
+        data: [u64; 16],
+    }
+
+    impl DeadQueues {
+        fn new() -> Box<Self> {
+            let mut q = Box::new(DeadQueues {
+                sq: [[0; 8]; 64],
+                cq: [[0; 8]; 64],
+                bf: [0; 8],
+                dbrec: [0; 2],
+                cq_dbrec: [0; 2],
+                data: [0; 16],
+            });
+            for c in q.cq.iter_mut() {
+                c[7] = 0xf1u64 << 56; // op_own: invalid opcode, owned by the hardware.
+            }
+            q
+        }
+
+        fn qp(&self) -> QpHandle {
+            let cq = CqHandle {
+                buf: self.cq.as_ptr() as u64,
+                dbrec: self.cq_dbrec.as_ptr() as u64,
+                ncqe: 64,
+                cqn: 1,
+                ..Default::default()
+            };
+            QpHandle {
+                sq_buf: self.sq.as_ptr() as u64,
+                dbrec: self.dbrec.as_ptr() as u64,
+                bf_reg: self.bf.as_ptr() as u64,
+                wqe_cnt: 64,
+                qpn: 7,
+                cq,
+                ..Default::default()
+            }
+        }
+    }
+
+    /// A stopping proxy whose QPs' NIC completes nothing waits one timeout in all, not one per QP: eight QPs
+    /// with a put each, outstanding, and the drop returns after about one timeout (before, it waited a timeout
+    /// on each QP in turn: eight here).
+    #[test]
+    fn a_stopping_proxy_waits_one_timeout_for_all_its_stalled_qps() {
+        const QPS: usize = 8;
+        let timeout = Duration::from_millis(300);
+        let (exec, _) = Executor::open(Some(crate::exec::ExecutorKind::Cpu)).unwrap();
+        let proxy = ProxyService::start(&exec, 64, timeout).unwrap();
+        let queues: Vec<_> = (0..QPS).map(|_| DeadQueues::new()).collect();
+        // The handles a channel names (the proxy posts through its own copies).
+        let qps: Vec<_> = queues.iter().map(|q| Box::new(q.qp())).collect();
+        let mut handles = Vec::new();
+        for (i, q) in queues.iter().enumerate() {
+            let qp = ProxyQp { key: i + 1, handle: q.qp(), _keep: Arc::new(()) };
+            let data = q.data.as_ptr() as u64;
+            let chan = PortChannelHandle {
+                qp: &raw const *qps[i] as u64,
+                dst: RemoteMr { addr: data, length: 64, ..Default::default() },
+                src: MrHandle { addr: data + 64, length: 64, ..Default::default() },
+                max_wqe_bytes: 64,
+                timeout_ns: 1_000_000_000,
+                ..Default::default()
+            };
+            handles.push(proxy.register(qp, chan, mode::HOST, Arc::default()).unwrap());
+        }
+        for (h, _) in &handles {
+            // SAFETY: a Host-mode handle of a live proxy, used by this thread only.
+            unsafe { PortChannel::<Exclusive>::new(h) }.put(0, 0, 64).unwrap();
+        }
+        let t = Instant::now();
+        while proxy.done() < QPS as u64 {
+            assert!(t.elapsed() < Duration::from_secs(10), "the proxy did {} of {QPS} triggers", proxy.done());
+            std::thread::yield_now();
+        }
+        let t = Instant::now();
+        drop(handles);
+        drop(proxy);
+        let took = t.elapsed();
+        assert!(
+            took >= timeout && took < 4 * timeout,
+            "the proxy's drop took {took:?}, about one timeout ({timeout:?}) expected for {QPS} stalled QPs"
+        );
+        drop((qps, queues));
     }
 }
