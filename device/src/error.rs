@@ -550,7 +550,35 @@ impl core::fmt::Display for Error {
                 "payload mismatch in iteration {} at byte {}: expected {:#018x}, saw {:#018x}",
                 p.iter, p.offset, p.expected, p.seen
             ),
-            Error::InvalidArgument(a) => write!(f, "invalid argument: {a:?}"),
+            Error::InvalidArgument(a) => write!(f, "invalid argument: {a:?} ({})", a.describe()),
+        }
+    }
+}
+
+impl InvalidArgument {
+    /// What the code means, in a few words: the host's message carries it after the variant's name, so that
+    /// a kernel's `invalid argument: Team` says which rule was broken without a look at the docs.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            InvalidArgument::LocalRange => "a local range lies outside its registered memory",
+            InvalidArgument::RemoteRange => "a remote range lies outside the peer's registered memory",
+            InvalidArgument::InlineTooLong => "an inline payload is longer than MAX_INLINE",
+            InvalidArgument::AtomicAlignment => "an atomic target or result is not 8-byte aligned",
+            InvalidArgument::Length => {
+                "a length of 0 or of 2^31 bytes or more (or over max_wqe_bytes for one team piece), a WQE larger \
+                 than the SQ ring, or a batch of no WQEs, of WQEs of different sizes or of more than half the ring"
+            }
+            InvalidArgument::Ticket => "a ticket beyond every WQE posted on this QP",
+            InvalidArgument::Handle => "a QP handle whose SQ is not a power of two of at least 16 WQEBBs",
+            InvalidArgument::Unsupported => "an operation the channel's mode cannot do",
+            InvalidArgument::Packet => "an LL packet request that breaks the packet layout",
+            InvalidArgument::Team => {
+                "a team or warp call that could not go out: another member's piece was refused, the team broke \
+                 its rules (pieces not of ranks 0..k, a batch over half the SQ ring, members that never made \
+                 the call), or a Warp- or Block-sharing handle was used by more than one warp or CTA"
+            }
+            InvalidArgument::Collective => "a collective's handle or arguments are out of range",
+            InvalidArgument::Value => "a value to reduce lies outside its bound, or is not finite",
         }
     }
 }

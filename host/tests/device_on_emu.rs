@@ -1346,8 +1346,15 @@ fn invalid_argument_codes_are_the_documented_ones() {
         // Unpacking: a report built here from the literal code, as the host reads it.
         let from_host = literal;
         assert_eq!(Error::from_report(&from_host), Some(Error::InvalidArgument(a)), "code {code}");
-        assert_eq!(Error::InvalidArgument(a).to_string(), message);
+        // The message: the variant's name, then what it means.
+        assert_eq!(Error::InvalidArgument(a).to_string(), format!("{message} ({})", a.describe()), "{a:?}");
+        assert!(!a.describe().is_empty(), "{a:?}");
     }
+    // One message in full, as a kernel's error reads on the host.
+    assert_eq!(
+        Error::InvalidArgument(InvalidArgument::LocalRange).to_string(),
+        "invalid argument: LocalRange (a local range lies outside its registered memory)"
+    );
     // The twelve codes are 1..=13 but 10 (retired), each once; as kind 6, 10, 11 (Team, which has a kind of its
     // own) and the codes around them decode to nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
