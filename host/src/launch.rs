@@ -37,12 +37,24 @@ pub struct LaunchConfig {
     pub block: Dim3,
     /// Dynamic shared memory per block, bytes (GPU only; the `cpu` executor has none).
     pub shared_mem_bytes: u32,
+    /// The kernel needs every CTA of the launch resident at once: its CTAs wait on each other (a grid-wide
+    /// barrier, a `Device`-scope team, one CTA per rank of a ping-pong). On the GPU the launch is then
+    /// cooperative (`cuLaunchCooperativeKernel`, as NVSHMEM's `nvshmemx_collective_launch`), and a grid larger
+    /// than the GPU can hold at once ([`Kernel::max_co_resident_blocks`]) is refused at launch instead of
+    /// waiting until the kernel's bounded waits time out. The `cpu` executor runs every thread at once: its
+    /// launches are co-resident whatever this says.
+    pub co_resident: bool,
 }
 
 impl LaunchConfig {
-    /// `blocks` blocks of `threads` threads, one-dimensional, no dynamic shared memory.
+    /// `blocks` blocks of `threads` threads, one-dimensional, no dynamic shared memory, not marked co-resident.
     pub fn linear(blocks: u32, threads: u32) -> Self {
-        LaunchConfig { grid: Dim3::x(blocks), block: Dim3::x(threads), shared_mem_bytes: 0 }
+        LaunchConfig { grid: Dim3::x(blocks), block: Dim3::x(threads), shared_mem_bytes: 0, co_resident: false }
+    }
+
+    /// This shape with [`LaunchConfig::co_resident`] set: every CTA resident at once, or the launch is refused.
+    pub fn co_resident(self) -> Self {
+        LaunchConfig { co_resident: true, ..self }
     }
 }
 
@@ -133,13 +145,32 @@ impl<A: LaunchArgs> Kernel<A> {
         self.k.name
     }
 
+    /// How many CTAs of `block` threads, with `shared_mem_bytes` of dynamic shared memory each, can be resident
+    /// at once, the most a [`LaunchConfig::co_resident`] launch may have (NVSHMEM's
+    /// `nvshmemx_collective_launch_query_gridsize`): on the GPU the driver's occupancy per SM for this kernel
+    /// (its registers and shared memory) times the SMs; on the `cpu` executor the threads it runs at most
+    /// ([`gdaki_device::launch::MAX_HOST_THREADS`]) divided by the block's. On the GPU, kernels running
+    /// meanwhile on other streams (other ranks', the emulated NIC's engine: one CTA of 64 threads) take room
+    /// from that number; leave them some.
+    ///
+    /// # Errors
+    /// On the GPU, the driver's error as [`Error::Cuda`] (for instance a block larger than the kernel takes).
+    pub fn max_co_resident_blocks(&self, block: Dim3, shared_mem_bytes: u32) -> Result<u32> {
+        match &self.gpu {
+            Some(k) => k.max_co_resident_blocks(block.count().min(u64::from(u32::MAX)) as u32, shared_mem_bytes),
+            None => Ok((gdaki_device::launch::MAX_HOST_THREADS / block.count().max(1)).min(u64::from(u32::MAX)) as u32),
+        }
+    }
+
     /// Starts the kernel with `args` in the shape `cfg` and returns at once; [`Running::wait`] ends it.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a shape the executor cannot run (a zero dimension, more than 1024 threads
     /// per block, a block deeper than 64: on the GPU the driver refuses the last two, an [`Error::Cuda`]; on the
-    /// `cpu` executor also more than 8192 threads in all) or, on the GPU, arguments whose sizes
-    /// differ from the PTX's parameters; [`Error::Cuda`].
+    /// `cpu` executor also more than 8192 threads in all), on the GPU for a [`LaunchConfig::co_resident`] grid
+    /// larger than [`Kernel::max_co_resident_blocks`] (the message names both) or arguments whose sizes
+    /// differ from the PTX's parameters; [`Error::Unavailable`] for a co-resident launch on a GPU without
+    /// cooperative launches; [`Error::Cuda`].
     ///
     /// # Safety
     /// `args` must be what the kernel's contract asks for: its pointers device addresses of live memory of the
@@ -171,6 +202,7 @@ impl<A: LaunchArgs> Kernel<A> {
                     grid: [cfg.grid.x, cfg.grid.y, cfg.grid.z],
                     block: [cfg.block.x, cfg.block.y, cfg.block.z],
                     shared_mem_bytes: cfg.shared_mem_bytes,
+                    co_resident: cfg.co_resident,
                 };
                 // Both events are made before the launch, so that after it only the end's record can fail.
                 let events = if timed { Some((g.new_event()?, g.new_event()?)) } else { None };

@@ -522,7 +522,7 @@ impl PingPong {
         // are bounded by `cfg.timeout` each; a kernel that outlives many of them is hung.
         unsafe {
             kernel.launch(
-                &LaunchConfig::linear(args.len() as u32, threads),
+                &LaunchConfig::linear(args.len() as u32, threads).co_resident(),
                 (DevPtr::new(args_addr),),
                 cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)),
             )?

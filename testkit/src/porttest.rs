@@ -452,7 +452,7 @@ impl PortTest {
         // `self`; one block per channel keeps every team running at once; the launch is waited for here.
         let launched = unsafe {
             kernel.launch(
-                &LaunchConfig::linear(self.nchannels, cfg.team),
+                &LaunchConfig::linear(self.nchannels, cfg.team).co_resident(),
                 (DevPtr::new(args_addr),),
                 cfg.timeout.saturating_mul(4).saturating_add(Duration::from_secs(10)),
             )

@@ -10,6 +10,7 @@ use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::launch::{LaunchConfig, Module};
 use gdaki::Error;
 use gdaki_device::launch::{DevPtr, KernelFn};
+use gdaki_device::Dim3;
 use gdaki_shared::coll::CollHandle;
 use gdaki_testkit_kernels::entries::{GDAKI_COLL_BROADCAST, GDAKI_FLAG_ECHO, GDAKI_SMOKE};
 
@@ -63,6 +64,36 @@ fn module_checks_kernels_against_the_ptx(kind: ExecutorKind) {
     // SAFETY: `flag` is a live 4-byte host buffer for the whole launch.
     unsafe { k.launch(&LaunchConfig::linear(2, 4), (flag.dev_ptr::<u32>(),), Duration::from_secs(10)) }.expect("runs");
     assert_eq!(flag.to_vec().expect("read back"), 1u32.to_ne_bytes());
+    // Co-resident launches: as many CTAs as the executor holds at once run (on the GPU, a cooperative launch at
+    // the driver's occupancy times the SMs; on the cpu executor two, its limit being thousands of threads); one
+    // CTA more is refused when started, naming the limit.
+    let most = k.max_co_resident_blocks(Dim3::x(32), 0).expect("the occupancy");
+    let ran = match kind {
+        ExecutorKind::Cpu => {
+            assert_eq!(u64::from(most), gdaki_device::launch::MAX_HOST_THREADS / 32);
+            2
+        }
+        // Every SM of a GPU holds more than one CTA of a warp of this kernel.
+        ExecutorKind::Gpu => {
+            assert!(most > 16, "{most} CTAs of one warp at once");
+            most
+        }
+    };
+    let flag = exec.alloc_data(4).expect("buffer");
+    let cfg = LaunchConfig::linear(ran, 32).co_resident();
+    // SAFETY: `flag` is a live 4-byte buffer for the whole launch.
+    unsafe { k.launch(&cfg, (flag.dev_ptr::<u32>(),), Duration::from_secs(10)) }.expect("a co-resident launch runs");
+    assert_eq!(flag.to_vec().expect("read back"), 1u32.to_ne_bytes());
+    // SAFETY: refused before anything runs.
+    let over = unsafe { k.start(&LaunchConfig::linear(most + 1, 32).co_resident(), (flag.dev_ptr::<u32>(),)) };
+    match (kind, over) {
+        (ExecutorKind::Gpu, Err(Error::InvalidArgument(msg))) => {
+            assert!(msg.contains(&format!("{} CTAs of 32 threads", most + 1)), "{msg}");
+            assert!(msg.contains(&format!("cannot all be resident on this GPU, which holds at most {most}")), "{msg}");
+        }
+        (ExecutorKind::Cpu, Err(Error::InvalidArgument(msg))) => assert!(msg.contains("8192 in all"), "{msg}"),
+        (_, other) => panic!("{} co-resident CTAs of 32 threads: {:?}", most + 1, other.err()),
+    }
 }
 
 /// A kernel's launches reuse their error reports (a free after each launch would wait for every running

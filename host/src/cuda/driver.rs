@@ -61,6 +61,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuFuncGetAttribute",
     "cuFuncSetAttribute",
     "cuLaunchKernel",
+    "cuLaunchCooperativeKernel",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
 ];
 
 /// Entry points used when present (newer drivers); their absence only disables a check.

@@ -73,6 +73,11 @@ pub(crate) struct Shared {
     drops: DropErrors,
     /// Set when a bounded wait timed out: a kernel may still run, so drops leak instead of freeing.
     hung: AtomicBool,
+    /// Streaming multiprocessors (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`): with a kernel's blocks per SM,
+    /// how many of its CTAs can be resident at once.
+    pub(crate) multiprocessors: u32,
+    /// Whether the device takes cooperative launches (`CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`).
+    pub(crate) cooperative: bool,
 }
 
 impl Shared {
@@ -201,7 +206,16 @@ impl Gpu {
         // SAFETY: the call writes one int through a valid pointer.
         check(unsafe { sys::cuDriverGetVersion(&mut version) }, "cuDriverGetVersion")?;
         let version = u32::try_from(version).unwrap_or(0);
-        let shared = Arc::new(Shared { ctx, lib, drops: DropErrors::default(), hung: AtomicBool::new(false) });
+        let (multiprocessors, cooperative) =
+            (attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?, attr(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0);
+        let shared = Arc::new(Shared {
+            ctx,
+            lib,
+            drops: DropErrors::default(),
+            hung: AtomicBool::new(false),
+            multiprocessors,
+            cooperative,
+        });
         let util = Arc::new(Stream::new(&shared)?);
         Ok(Arc::new(Gpu {
             shared,

@@ -1,6 +1,6 @@
 //! PTX modules, kernels and launches.
 
-use std::ffi::{c_uint, c_void, CString};
+use std::ffi::{c_int, c_uint, c_void, CString};
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -230,12 +230,15 @@ pub struct LaunchConfig {
     /// Dynamic shared memory per block, bytes (the kernel's `.extern .shared` array). Above 48 KiB the
     /// kernel is opted in automatically (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
     pub shared_mem_bytes: u32,
+    /// Every CTA must be resident at once: a cooperative launch (`cuLaunchCooperativeKernel`), refused when the
+    /// grid is larger than [`Kernel::max_co_resident_blocks`].
+    pub co_resident: bool,
 }
 
 impl LaunchConfig {
     /// `blocks` blocks of `threads_per_block` threads, one-dimensional, no dynamic shared memory.
     pub fn linear(blocks: u32, threads_per_block: u32) -> Self {
-        LaunchConfig { grid: [blocks, 1, 1], block: [threads_per_block, 1, 1], shared_mem_bytes: 0 }
+        LaunchConfig { grid: [blocks, 1, 1], block: [threads_per_block, 1, 1], shared_mem_bytes: 0, co_resident: false }
     }
 }
 
@@ -299,7 +302,62 @@ impl Kernel {
         Ok(u32::try_from(v).unwrap_or(0))
     }
 
-    /// Launches the kernel on `stream` (`cuLaunchKernel`) with `cfg` and `args` (one per kernel parameter, in
+    /// Opts the kernel in to `bytes` of dynamic shared memory per block when that is more than it is opted in to
+    /// (above 48 KiB the driver asks for it). The context must be bound.
+    fn opt_in_shared(&self, bytes: u32) -> Result<()> {
+        if bytes > self.dynamic_shared_limit.load(Ordering::Relaxed) {
+            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            let v = i32::try_from(bytes).unwrap_or(i32::MAX);
+            // SAFETY: the caller bound the context and `raw` is a live function; the call sets one attribute.
+            check(unsafe { sys::cuFuncSetAttribute(self.raw, attr, v) }, "cuFuncSetAttribute")?;
+            self.dynamic_shared_limit.fetch_max(bytes, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// How many CTAs of `threads` threads and `shared_mem_bytes` of dynamic shared memory each this GPU can
+    /// hold resident at once: the driver's occupancy per SM (`cuOccupancyMaxActiveBlocksPerMultiprocessor`,
+    /// from the kernel's registers and shared memory) times the SMs. A cooperative launch of more is refused
+    /// by the driver; kernels of other streams running meanwhile (another rank's, the emulated NIC's engine)
+    /// take room from it.
+    ///
+    /// # Errors
+    /// The driver's error as [`Error::Cuda`] (for instance more threads per block than the kernel can take).
+    pub fn max_co_resident_blocks(&self, threads: u32, shared_mem_bytes: u32) -> Result<u32> {
+        self.module.shared.bind()?;
+        self.opt_in_shared(shared_mem_bytes)?;
+        let mut per_sm: c_int = 0;
+        let threads = c_int::try_from(threads).unwrap_or(c_int::MAX);
+        // SAFETY: the context is bound and `raw` is a live function; the call writes one int.
+        let status = unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, self.raw, threads, shared_mem_bytes as usize)
+        };
+        check(status, "cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        Ok(u32::try_from(per_sm).unwrap_or(0).saturating_mul(self.module.shared.multiprocessors))
+    }
+
+    /// Refuses a co-resident launch of `cfg` that the GPU cannot hold at once, naming the limit.
+    fn check_co_resident(&self, cfg: &LaunchConfig) -> Result<()> {
+        if !self.module.shared.cooperative {
+            return Err(Error::Unavailable(format!(
+                "launch of `{}` with every CTA resident: this GPU takes no cooperative launches",
+                self.name
+            )));
+        }
+        let (ctas, threads) = (cfg.grid.iter().map(|&d| u64::from(d)).product::<u64>(), cfg.block.iter().product());
+        let most = self.max_co_resident_blocks(threads, cfg.shared_mem_bytes)?;
+        if ctas > u64::from(most) {
+            return Err(Error::InvalidArgument(format!(
+                "launch of `{}` with every CTA resident: {ctas} CTAs of {threads} threads ({} bytes of dynamic shared \
+                 memory) cannot all be resident on this GPU, which holds at most {most} ({} SMs)",
+                self.name, cfg.shared_mem_bytes, self.module.shared.multiprocessors
+            )));
+        }
+        Ok(())
+    }
+
+    /// Launches the kernel on `stream` (`cuLaunchKernel`; `cuLaunchCooperativeKernel` when `cfg.co_resident`)
+    /// with `cfg` and `args` (one per kernel parameter, in
     /// order, each passed by value). Returns once the launch is queued; wait for it with [`Stream::wait`]
     /// (bounded) or [`Stream::synchronize`].
     ///
@@ -314,7 +372,9 @@ impl Kernel {
     ///
     /// # Errors
     /// - [`Error::InvalidArgument`]: `stream` belongs to another GPU context, a grid or block dimension is 0,
-    ///   or `args` do not match the kernel's parameter sizes.
+    ///   `args` do not match the kernel's parameter sizes, or a `co_resident` grid is larger than
+    ///   [`Kernel::max_co_resident_blocks`].
+    /// - [`Error::Unavailable`]: `co_resident` on a GPU without cooperative launches.
     /// - [`Error::Cuda`]: the driver rejects the launch (e.g. too many threads per block or registers, too much
     ///   shared memory: `CUDA_ERROR_INVALID_VALUE`, `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`).
     pub unsafe fn launch(&self, stream: &Stream, cfg: &LaunchConfig, args: &[KernelArg<'_>]) -> Result<()> {
@@ -337,12 +397,9 @@ impl Kernel {
             }
         }
         self.module.shared.bind()?;
-        if cfg.shared_mem_bytes > self.dynamic_shared_limit.load(Ordering::Relaxed) {
-            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            let bytes = i32::try_from(cfg.shared_mem_bytes).unwrap_or(i32::MAX);
-            // SAFETY: the context is bound and `raw` is a live function; the call sets one attribute.
-            check(unsafe { sys::cuFuncSetAttribute(self.raw, attr, bytes) }, "cuFuncSetAttribute")?;
-            self.dynamic_shared_limit.fetch_max(cfg.shared_mem_bytes, Ordering::Relaxed);
+        self.opt_in_shared(cfg.shared_mem_bytes)?;
+        if cfg.co_resident {
+            self.check_co_resident(cfg)?;
         }
         // The driver reads each parameter's bytes through a pointer; scalars live in `words` until the call ends.
         let words: Vec<[u8; 8]> = args
@@ -374,22 +431,32 @@ impl Kernel {
         // SAFETY: the context is bound; `raw` is a live function and `stream.raw` a live stream of the same
         // context; `params` holds one pointer per argument, each to at least the argument's bytes, alive for
         // the call (the driver copies them); what the kernel does with the values is the caller's contract.
-        let status = unsafe {
-            sys::cuLaunchKernel(
-                self.raw,
-                gx as c_uint,
-                gy as c_uint,
-                gz as c_uint,
-                bx as c_uint,
-                by as c_uint,
-                bz as c_uint,
-                cfg.shared_mem_bytes as c_uint,
-                stream.raw,
-                params_ptr,
-                std::ptr::null_mut(),
-            )
+        let (status, call) = unsafe {
+            let (g, b, smem) =
+                ([gx, gy, gz].map(|d| d as c_uint), [bx, by, bz].map(|d| d as c_uint), cfg.shared_mem_bytes);
+            if cfg.co_resident {
+                let s = sys::cuLaunchCooperativeKernel(
+                    self.raw, g[0], g[1], g[2], b[0], b[1], b[2], smem, stream.raw, params_ptr,
+                );
+                (s, "cuLaunchCooperativeKernel")
+            } else {
+                let s = sys::cuLaunchKernel(
+                    self.raw,
+                    g[0],
+                    g[1],
+                    g[2],
+                    b[0],
+                    b[1],
+                    b[2],
+                    smem,
+                    stream.raw,
+                    params_ptr,
+                    std::ptr::null_mut(),
+                );
+                (s, "cuLaunchKernel")
+            }
         };
-        check(status, "cuLaunchKernel").map_err(|e| match e {
+        check(status, call).map_err(|e| match e {
             Error::Cuda { message, status } => {
                 Error::Cuda { message: format!("launching `{}`: {message}", self.name), status }
             }
