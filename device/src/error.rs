@@ -202,9 +202,10 @@ pub enum InvalidArgument {
     Length = 5,
     /// A ticket beyond every WQE posted on this QP.
     Ticket = 6,
-    /// A QP handle whose SQ is not a power of two of at least 16 WQEBBs.
+    /// A QP handle whose SQ is not a power of two of 16 ..= 2^15 WQEBBs.
     Handle = 7,
-    /// An operation the channel's mode cannot do (`put_with_accumulate` in HostNoAtomic mode).
+    /// An operation the channel's mode cannot do (`put_with_accumulate` in HostNoAtomic mode), or a range
+    /// past 4 GiB of a memory in the proxy's modes (a trigger carries 32-bit offsets).
     Unsupported = 9,
     /// An LL packet request that breaks the layout ([`crate::packet`]): data not a multiple of the packet's
     /// data bytes, a data address not aligned to them, a packet address not aligned to the packet, a flag of
@@ -569,8 +570,10 @@ impl InvalidArgument {
                  than the SQ ring, or a batch of no WQEs, of WQEs of different sizes or of more than half the ring"
             }
             InvalidArgument::Ticket => "a ticket beyond every WQE posted on this QP",
-            InvalidArgument::Handle => "a QP handle whose SQ is not a power of two of at least 16 WQEBBs",
-            InvalidArgument::Unsupported => "an operation the channel's mode cannot do",
+            InvalidArgument::Handle => "a QP handle whose SQ is not a power of two of 16 to 32768 WQEBBs",
+            InvalidArgument::Unsupported => {
+                "an operation the channel's mode cannot do, or a proxy trigger's offset past 4 GiB"
+            }
             InvalidArgument::Packet => "an LL packet request that breaks the packet layout",
             InvalidArgument::Team => {
                 "a team or warp call that could not go out: another member's piece was refused, the team broke \
