@@ -197,7 +197,8 @@ pub enum InvalidArgument {
     /// An atomic target or result is not 8-byte aligned.
     AtomicAlignment = 4,
     /// A length of zero bytes, one that does not fit 31 bits, a WQE larger than the ring, a warp's batch
-    /// ([`crate::warp_qp`]) larger than half the ring or of WQEs of different sizes, or a
+    /// ([`crate::warp_qp`]) larger than half the ring or of WQEs of different sizes, a team's batch
+    /// ([`crate::shared_qp::SharedQp::post_team`]) larger than half the ring, or a
     /// [`crate::qp::Qp::post_batch`] of no WQEs or of more than half the ring.
     Length = 5,
     /// A ticket beyond every WQE posted on this QP.
@@ -214,7 +215,7 @@ pub enum InvalidArgument {
     /// A team post ([`crate::shared_qp::SharedQp::post_team`], [`crate::channel::PortChannel::put_team`]) that
     /// cannot go out as one batch: another member's WQE was refused (that member gets its own error), or the
     /// batch breaks the team rules (the members with a WQE are not ranks `0 .. k`, a WQE takes more than one
-    /// WQEBB, the batch needs more than half the ring). Nothing is posted. Also what the other threads of a
+    /// WQEBB; a batch over half the ring is [`InvalidArgument::Length`] for every member). Nothing is posted. Also what the other threads of a
     /// block return from [`crate::coll::all_reduce_ring`] when its thread 0 failed (thread 0 has the error),
     /// a [`crate::warp_qp::WarpQp`] call that not every member of the `WarpQp` executes together, and a team
     /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp; and on the `cpu`
@@ -577,7 +578,7 @@ impl InvalidArgument {
             InvalidArgument::Packet => "an LL packet request that breaks the packet layout",
             InvalidArgument::Team => {
                 "a team or warp call that could not go out: another member's piece was refused, the team broke \
-                 its rules (pieces not of ranks 0..k, a batch over half the SQ ring, members that never made \
+                 its rules (pieces not of ranks 0..k, a WQE over one WQEBB, members that never made \
                  the call), or a Warp- or Block-sharing handle was used by more than one warp or CTA"
             }
             InvalidArgument::Collective => "a collective's handle or arguments are out of range",

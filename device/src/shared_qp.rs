@@ -269,9 +269,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     ///
     /// # Errors
     /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
-    /// is `Err(e)` gets `e`, the others [`InvalidArgument::Team`], as they do when a WQE takes more than one
-    /// WQEBB, the members with a WQE are not the lowest ranks, the batch needs more than half the ring, or
-    /// fewer than `g.members()` members make the call (a thread of the block that returned before it: a CTA
+    /// is `Err(e)` gets `e`, the others [`InvalidArgument::Length`] when the batch needs more than half the
+    /// ring, else [`InvalidArgument::Team`], as they do when a WQE takes more than one WQEBB, the members with
+    /// a WQE are not the lowest ranks, or fewer than `g.members()` members make the call (a thread of the block that returned before it: a CTA
     /// barrier stops waiting for exited threads); [`InvalidArgument::Team`] for every member also when the
     /// members' `SharedQp`s are not all of one handle (found once the leader has reserved: its batch is then
     /// published as NOPs, and the other handles' rings are not touched);
@@ -322,6 +322,11 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         if g.barrier_count(!bad) != g.members() {
             own?;
             mine?;
+            // Every member counted the same batch: all of them say why, as a warp's batch and
+            // `Qp::post_batch` do.
+            if count > cnt / 2 {
+                return Err(Error::InvalidArgument(InvalidArgument::Length));
+            }
             return Err(Error::InvalidArgument(InvalidArgument::Team));
         }
         if count == 0 {

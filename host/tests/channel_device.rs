@@ -1334,6 +1334,31 @@ fn a_bad_piece_fails_the_whole_team_put_with_nothing_posted() {
     assert_eq!((nic.wqes, nic.cqes, nic.doorbells), (4, 1, 1), "only the last team put reached the NIC: {nic:?}");
 }
 
+/// A team put whose batch needs more than half the ring (9 pieces on a 16-WQEBB ring) is `Length` for every
+/// member, in both scopes, as a warp's batch and `Qp::post_batch` are (before, the members got `Team`, and the
+/// host never learnt why): nothing is placed, and a team put of 8 pieces then goes out.
+#[test]
+fn a_team_put_over_half_the_ring_is_length_for_every_member() {
+    fn run<S: Sharing>() {
+        let (l, data, h) = team_link(16);
+        let results = std::sync::Mutex::new(Vec::new());
+        teams(1, 9, |_, m| {
+            let mut ch = shared::<S>(&h);
+            let r = m.rank as u64;
+            let over = ch.put_team(m, r * 64, r * 64, 64);
+            let fits = ch.put_team(m, 1024 + r * 64, 1024 + r * 64, if r < 8 { 64 } else { 0 });
+            results.lock().unwrap().push((over, fits.and_then(|()| ch.flush())));
+        });
+        let length = Err(Error::InvalidArgument(InvalidArgument::Length));
+        assert!(results.into_inner().unwrap().iter().all(|r| *r == (length, Ok(()))), "{}", std::any::type_name::<S>());
+        let got = l.dst.read();
+        assert!(got[..1024].iter().all(|&b| b == 0xee), "{}: the refused put placed bytes", std::any::type_name::<S>());
+        assert_eq!(&got[1024..1536], &data[1024..1536], "{}", std::any::type_name::<S>());
+    }
+    run::<Block>();
+    run::<Device>();
+}
+
 /// A team put with a bad rkey: the first WQE fails at the NIC though it asked for no CQE, and `flush` reports
 /// its syndrome (sticky), as for single posts.
 #[test]
