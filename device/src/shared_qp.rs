@@ -207,7 +207,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// once (every lane stores its own), so the in-order publication costs one hand-off per warp rather than one
     /// per thread (docs/architecture.md, "Posting: who owns the QP"). Lanes whose WQEs take different numbers
     /// of WQEBBs (inline WRITEs of different lengths) are aggregated apart, one batch per size, as the `cpu`
-    /// executor, where each thread is a warp of one lane, posts each on its own.
+    /// executor, where each thread is a warp of one lane, posts each on its own; lanes whose batch would take
+    /// more than half the ring (a full warp on a ring of under 64 WQEBBs) post in parts of at most half the
+    /// ring, one after another.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs
@@ -233,6 +235,32 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         const _: () = assert!(wqebbs(crate::wqe::MAX_DS as u32) <= 4 && align_of::<QpHandle>() >= 4);
         let key = if N > SEGS_PER_WQEBB { self.h as u64 | (n - 1) } else { self.h as u64 };
         let w = Lanes::active_with(key);
+        // A batch of more than half the ring could never find room (its own WQEBBs would have to be retired
+        // first): 32 lanes on a ring of under 64 WQEBBs, or of 4-WQEBB WQEs under 256. Such lanes post in parts
+        // of a power of two of lanes, at most half the ring, one part after another: before its post, a lane
+        // of part `p` passes `p` barriers of the warp, after it the rest, so barrier `k` lets part `k` post
+        // once part `k - 1` has; the lanes that meet after their barriers form a part's batch. Only on the GPU
+        // (a host thread is a warp of one lane, and one WQE takes at most 4 of at least 16 WQEBBs).
+        let half = u64::from(self.wqe_cnt() / 2);
+        if n * w.count() as u64 <= half {
+            return self.post_lanes(w, n, signaled, &wqe);
+        }
+        let shift = 63 - (half / n).max(1).leading_zeros();
+        let (mine, parts) = (w.rank() >> shift, ((w.count() - 1) >> shift) + 1);
+        for _ in 0..mine {
+            w.sync();
+        }
+        let r = self.post_lanes(Lanes::active_with(key), n, signaled, &wqe);
+        for _ in mine + 1..parts {
+            w.sync();
+        }
+        r
+    }
+
+    /// The lanes `w` (all posting `n`-WQEBB WQEs to this QP) post one batch: the leader reserves for all, waits
+    /// for room and the batch's turn, each lane stores its `wqe`, and the leader publishes them.
+    #[inline(always)]
+    fn post_lanes<const N: usize>(&self, w: Lanes, n: u64, signaled: bool, wqe: &Wqe<N>) -> Result<Ticket> {
         let lead = w.lane == w.leader();
         let total = n * w.count() as u64;
         // SAFETY: the state's words (contract of `new`), used atomically by every poster.
@@ -240,7 +268,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         let (idx, end) = (base + w.rank() as u64 * n, base + total);
         w.share_result(if lead { self.wait_room(end, total) } else { Ok(()) })?;
         let cqe = signaled || ends_period(idx, n as u32, cqe_period(self.wqe_cnt()));
-        self.store(idx, &wqe, if cqe { fm_ce_se::CQ_UPDATE } else { 0 });
+        self.store(idx, wqe, if cqe { fm_ce_se::CQ_UPDATE } else { 0 });
         let last_cqe = w.shfl(cqe as u64, w.last()) != 0;
         // Every lane's WQE is stored before the leader publishes them (bar.warp.sync orders the members'
         // accesses; the leader's release then covers them).

@@ -193,6 +193,8 @@ pub struct PostRate {
     _src: MappedBuf,
     _dst: MappedBuf,
     max_posters: u32,
+    /// WQEBBs of each SQ (and CQEs of each CQ).
+    wqe_cnt: u32,
     /// Whether the NIC consumes the rings (its QPs are connected); see [`PostRate::without_consumer`].
     consumer: bool,
 }
@@ -203,7 +205,15 @@ impl PostRate {
     /// # Errors
     /// [`Error::InvalidArgument`] for zero counts; the NIC's and allocation errors.
     pub fn new(exec: Executor, nqps: u32, max_posters: u32) -> Result<Self> {
-        Self::open(exec, nqps, max_posters, true)
+        Self::open(exec, nqps, max_posters, true, WQE_CNT)
+    }
+
+    /// As [`PostRate::new`], with SQs of `wqe_cnt` WQEBBs instead of [`WQE_CNT`] (for floods on small rings).
+    ///
+    /// # Errors
+    /// As [`PostRate::new`]; the NIC's for a ring size it refuses.
+    pub fn with_ring(exec: Executor, nqps: u32, max_posters: u32, wqe_cnt: u32) -> Result<Self> {
+        Self::open(exec, nqps, max_posters, true, wqe_cnt)
     }
 
     /// As [`PostRate::new`], with nothing consuming the rings: the QPs are never connected, so the NIC never
@@ -213,10 +223,10 @@ impl PostRate {
     /// # Errors
     /// As [`PostRate::new`].
     pub fn without_consumer(exec: Executor, nqps: u32, max_posters: u32) -> Result<Self> {
-        Self::open(exec, nqps, max_posters, false)
+        Self::open(exec, nqps, max_posters, false, WQE_CNT)
     }
 
-    fn open(exec: Executor, nqps: u32, max_posters: u32, consumer: bool) -> Result<Self> {
+    fn open(exec: Executor, nqps: u32, max_posters: u32, consumer: bool, wqe_cnt: u32) -> Result<Self> {
         if nqps == 0 || max_posters == 0 {
             return Err(Error::InvalidArgument("post rate: at least one QP and one poster".into()));
         }
@@ -224,8 +234,8 @@ impl PostRate {
         let pd = nic.alloc_pd()?;
         let (mut cqs, mut qps) = (Vec::new(), Vec::new());
         for _ in 0..nqps {
-            let cq = nic.create_cq(WQE_CNT)?;
-            let qp = nic.create_qp(&pd, &cq, WQE_CNT)?;
+            let cq = nic.create_cq(wqe_cnt)?;
+            let qp = nic.create_qp(&pd, &cq, wqe_cnt)?;
             if consumer {
                 qp.connect(&qp.endpoint())?;
             }
@@ -242,7 +252,7 @@ impl PostRate {
                 nic.reg_mr(&pd, loc(&dst), 8 * max_posters as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
             )
         };
-        Ok(Self { exec, _mrs: mrs, qps, _cqs: cqs, _pd: pd, nic, _src: src, _dst: dst, max_posters, consumer })
+        Ok(Self { exec, _mrs: mrs, qps, _cqs: cqs, _pd: pd, nic, _src: src, _dst: dst, max_posters, wqe_cnt, consumer })
     }
 
     /// Runs `rounds` rounds of `posts` WRITEs per poster in `shape`, each a launch of its own after one untimed
@@ -354,10 +364,10 @@ impl PostRate {
             Shape::WarpOrdering { lanes, .. } => warp_ok(lanes) && !self.consumer,
             Shape::WarpPart { lanes, .. } => (1..32).contains(&lanes) && matches!(self.exec, Executor::Gpu(_)),
             // At most half the ring per call (`Qp::post_batch`).
-            Shape::Batch { batch, .. } => (1..=WQE_CNT / 2).contains(&batch),
+            Shape::Batch { batch, .. } => (1..=self.wqe_cnt / 2).contains(&batch),
             _ => true,
         };
-        let too_many = rate && per_qp + 2 > WQE_CNT as u64 / 2;
+        let too_many = rate && per_qp + 2 > self.wqe_cnt as u64 / 2;
         let fits = nqps as usize <= self.qps.len() && posters <= self.max_posters && !too_many;
         if !fits || !shape_ok || posts == 0 || total_rounds == 0 {
             return Err(Error::InvalidArgument(format!(
@@ -367,7 +377,7 @@ impl PostRate {
                 shape.label(),
                 self.qps.len(),
                 self.max_posters,
-                WQE_CNT
+                self.wqe_cnt
             )));
         }
         // QP handles where device code keeps them; fresh ones each run (the NIC has consumed everything posted
