@@ -215,10 +215,13 @@ pub enum InvalidArgument {
     /// A team post ([`crate::shared_qp::SharedQp::post_team`], [`crate::channel::PortChannel::put_team`]) that
     /// cannot go out as one batch: another member's WQE was refused (that member gets its own error), or the
     /// batch breaks the team rules (the members with a WQE are not ranks `0 .. k`, a WQE takes more than one
-    /// WQEBB; a batch over half the ring is [`InvalidArgument::Length`] for every member). Nothing is posted. Also what the other threads of a
+    /// WQEBB; a batch over half the ring is [`InvalidArgument::Length`] for every member whose own WQE was not
+    /// refused). Nothing is posted. Also what the other threads of a
     /// block return from [`crate::coll::all_reduce_ring`] when its thread 0 failed (thread 0 has the error),
     /// a [`crate::warp_qp::WarpQp`] call that not every member of the `WarpQp` executes together, and a team
-    /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp; and on the `cpu`
+    /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp, the lanes of a warp's
+    /// [`crate::shared_qp::SharedQp::post`] in a part after one that failed (a warp whose batch would take more
+    /// than half the ring posts in parts); and on the `cpu`
     /// executor a post to a Block-scope QP from a second CTA of a launch ([`crate::scope::Block`]) or a
     /// call on a Warp-sharing QP from a second warp.
     Team = 11,
@@ -578,8 +581,9 @@ impl InvalidArgument {
             InvalidArgument::Packet => "an LL packet request that breaks the packet layout",
             InvalidArgument::Team => {
                 "a team or warp call that could not go out: another member's piece was refused, the team broke \
-                 its rules (pieces not of ranks 0..k, a WQE over one WQEBB, members that never made \
-                 the call), or a Warp- or Block-sharing handle was used by more than one warp or CTA"
+                 its rules (pieces not of ranks 0..k, a WQE over one WQEBB, members on different channels, a \
+                 Warp-sharing team wider than a warp, members that never made the call), an earlier part of a \
+                 warp's post failed, or a Warp- or Block-sharing handle was used by more than one warp or CTA"
             }
             InvalidArgument::Collective => "a collective's handle or arguments are out of range",
             InvalidArgument::Value => "a value to reduce lies outside its bound, or is not finite",

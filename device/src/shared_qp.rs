@@ -62,6 +62,20 @@ fn turn_pause_ns(ahead: u64) -> u32 {
     (ahead.saturating_sub(NEAR_WQEBBS) * PAUSE_PER_WQEBB_NS).min(MAX_TURN_PAUSE_NS) as u32
 }
 
+/// The members of `mask` whose rank (members below them) is in `first .. first + count`.
+#[inline(always)]
+fn part_of(mask: u32, first: u32, count: u32) -> u32 {
+    let mut from = mask;
+    for _ in 0..first {
+        from &= from.wrapping_sub(1);
+    }
+    let mut after = from;
+    for _ in 0..count {
+        after &= after.wrapping_sub(1);
+    }
+    from & !after
+}
+
 /// The CQE period of a shared QP of `cnt` WQEBBs (a power of two): a WQE that covers a WQEBB index `k` with
 /// `k + 1` a multiple of it asks for a CQE. A quarter of the ring, or less on a ring too small for that:
 /// a poster waiting for room up to `end` needs a CQE of a WQE at or after `end - cnt`, and the last WQE
@@ -217,7 +231,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// launch posts to ([`crate::scope::Block`]);
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
-    /// lane of an aggregated post gets the leader's error.
+    /// lane of an aggregated post gets the leader's error (its part's leader's, for a warp that posts in parts;
+    /// the parts after a failed one post nothing and get [`InvalidArgument::Team`]).
     #[inline(always)]
     pub fn post<const N: usize>(&self, signaled: bool, wqe: Wqe<N>) -> Result<Ticket> {
         if !sq::valid_ring(self.wqe_cnt()) {
@@ -237,22 +252,28 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         let w = Lanes::active_with(key);
         // A batch of more than half the ring could never find room (its own WQEBBs would have to be retired
         // first): 32 lanes on a ring of under 64 WQEBBs, or of 4-WQEBB WQEs under 256. Such lanes post in parts
-        // of a power of two of lanes, at most half the ring, one part after another: before its post, a lane
-        // of part `p` passes `p` barriers of the warp, after it the rest, so barrier `k` lets part `k` post
-        // once part `k - 1` has; the lanes that meet after their barriers form a part's batch. Only on the GPU
-        // (a host thread is a warp of one lane, and one WQE takes at most 4 of at least 16 WQEBBs).
+        // of a power of two of lanes (by rank), at most half the ring, one part after another: before its post
+        // a lane of part `p` passes `p` votes of the warp, after it the rest, so vote `k` lets part `k` post once
+        // part `k - 1` has. Each vote also says whether a part before failed: the later parts then post nothing
+        // and get `Team`, rather than each waiting out its timeout behind a reservation left unpublished. Only
+        // on the GPU (a host thread is a warp of one lane, and one WQE takes at most 4 of at least 16 WQEBBs).
         let half = u64::from(self.wqe_cnt() / 2);
         if n * w.count() as u64 <= half {
             return self.post_lanes(w, n, signaled, &wqe);
         }
         let shift = 63 - (half / n).max(1).leading_zeros();
         let (mine, parts) = (w.rank() >> shift, ((w.count() - 1) >> shift) + 1);
+        let mut failed = false;
         for _ in 0..mine {
-            w.sync();
+            failed |= w.any(false);
         }
-        let r = self.post_lanes(Lanes::active_with(key), n, signaled, &wqe);
+        let r = if failed {
+            Err(Error::InvalidArgument(InvalidArgument::Team))
+        } else {
+            self.post_lanes(Lanes { mask: part_of(w.mask, mine << shift, 1 << shift), lane: w.lane }, n, signaled, &wqe)
+        };
         for _ in mine + 1..parts {
-            w.sync();
+            w.any(r.is_err());
         }
         r
     }
@@ -724,5 +745,25 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             },
             || WaitOn::Cqe { qpn: self.qpn(), wqe_index: target.saturating_sub(1) },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::part_of;
+
+    /// A part is the members of rank `first .. first + count`, found here by walking the lanes in order.
+    #[test]
+    fn a_part_is_the_members_of_its_ranks() {
+        let masks = [u32::MAX, 0x0000_ffff, 0xaaaa_aaaa, 0x8000_0001, 0x1248_1248, 0xdead_beef, 1, 0];
+        for mask in masks {
+            let members: std::vec::Vec<u32> = (0..32).filter(|l| mask >> l & 1 == 1).collect();
+            for count in [1, 2, 4, 8, 16, 32] {
+                for first in (0..32).step_by(count as usize) {
+                    let want = members.iter().skip(first as usize).take(count as usize).fold(0u32, |m, &l| m | 1 << l);
+                    assert_eq!(part_of(mask, first, count), want, "{mask:#x}, ranks {first}..+{count}");
+                }
+            }
+        }
     }
 }

@@ -176,16 +176,16 @@ fn gpu_shared_qp_takes_wqes_of_two_sizes_from_one_warp() {
     flood(ExecutorKind::Gpu, 132, 256, 8, true);
 }
 
-/// A ring of 16 WQEBBs under full warps: on the GPU the lanes of a warp posting together (32 WQEs, or 32
-/// two-WQEBB inline WRITEs in the mixed flood) are more than half the ring, and post in parts; before, the
-/// warp's one batch waited for room that its own WQEBBs had to make, until the timeout. Host threads post one
-/// WQE at a time.
+/// The flood's harness on a ring of 16 WQEBBs (`PostRate::with_ring`), on host threads: each posts one WQE
+/// at a time, so only the GPU test below reaches a warp's post in parts.
 #[test]
-fn cpu_shared_qp_on_a_small_ring() {
+fn cpu_flood_on_a_ring_of_16_wqebbs() {
     flood_on(ExecutorKind::Cpu, 2, 8, 50, true, 16);
 }
 
-/// The GPU half of [`cpu_shared_qp_on_a_small_ring`].
+/// A ring of 16 WQEBBs under full warps: on the GPU the lanes of a warp posting together (32 WQEs, or 32
+/// two-WQEBB inline WRITEs in the mixed flood) are more than half the ring, and post in parts; before, the
+/// warp's one batch waited for room that its own WQEBBs had to make, until the timeout.
 #[test]
 #[ignore = "needs a GPU: run on the H200 with --ignored"]
 fn gpu_shared_qp_takes_full_warps_on_a_small_ring() {

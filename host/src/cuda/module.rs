@@ -344,8 +344,16 @@ impl Kernel {
                 self.name
             )));
         }
-        let (ctas, threads) = (cfg.grid.iter().map(|&d| u64::from(d)).product::<u64>(), cfg.block.iter().product());
-        let most = self.max_co_resident_blocks(threads, cfg.shared_mem_bytes)?;
+        // Saturating: the shape's fields are the caller's, not yet checked by the driver.
+        let count = |d: [u32; 3]| d.iter().fold(1u64, |n, &x| n.saturating_mul(u64::from(x)));
+        let (ctas, threads) = (count(cfg.grid), count(cfg.block));
+        if threads > 1024 {
+            return Err(Error::InvalidArgument(format!(
+                "launch of `{}` with blocks of {threads} threads: at most 1024",
+                self.name
+            )));
+        }
+        let most = self.max_co_resident_blocks(threads as u32, cfg.shared_mem_bytes)?;
         if ctas > u64::from(most) {
             return Err(Error::InvalidArgument(format!(
                 "launch of `{}` with every CTA resident: {ctas} CTAs of {threads} threads ({} bytes of dynamic shared \
