@@ -3,7 +3,7 @@
 //! batches, polls the CQs, and reports completions and errors back to device code.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use crossbeam_utils::Backoff;
 use gdaki_device::error::{CqeError, InvalidArgument};
 use gdaki_device::onesided::{atomic_target, local, remote};
 use gdaki_device::qp::Qp;
-use gdaki_device::sq::free_wqebbs;
+use gdaki_device::sq::{free_wqebbs, valid_ring};
 use gdaki_device::wqe;
 use gdaki_shared::channel::PortChannelHandle;
 use gdaki_shared::handle::QpHandle;
@@ -26,7 +26,8 @@ use super::fifo::Fifo;
 
 /// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), when it could not
 /// post a trigger's WQEs at all (e.g. no room in the SQ within the timeout, or a put whose range is outside the
-/// channel's memories as registered, of which it posts nothing): not a NIC's code.
+/// channel's memories as registered, of which it posts nothing), and when a stopping proxy gives up on a QP
+/// whose CQ holds a CQE of none of its WQEs (nothing behind that CQE can be polled): not a NIC's code.
 pub const VENDOR_PROXY_POST: u8 = 0x80;
 
 /// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), on every QP it serves
@@ -35,9 +36,10 @@ pub const VENDOR_PROXY_POST: u8 = 0x80;
 /// proxy has goes to that channel: nothing tells them apart.) Not a NIC's code.
 pub const VENDOR_PROXY_UNKNOWN_CHANNEL: u8 = 0x81;
 
-/// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), when a FLUSH trigger's
-/// WQEs had not completed as the proxy stopped (it waits for them as long as it runs, however long the NIC
-/// takes, since a FLUSH is done only once they have): not a NIC's code.
+/// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), on a QP whose WQEs had
+/// not completed by the stopping proxy's deadline (see [`ProxyService`]'s drop; while it runs, a FLUSH waits
+/// for them however long the NIC takes, since a FLUSH is done only once they have), and for every trigger on
+/// that QP it handles after: it posts nothing more there. Not a NIC's code.
 pub const VENDOR_PROXY_FLUSH: u8 = 0x82;
 
 /// A proxy failure of its own, reported as a flushed WQE (syndrome `WR_FLUSH_ERR`) with vendor syndrome
@@ -128,6 +130,10 @@ struct Shared {
     /// Bound of [`ProxyService::register`]'s wait for an id being given back.
     timeout: Duration,
     stop: AtomicBool,
+    /// When the drop set `stop`: the stopping worker's waits count their timeout from there
+    /// ([`Worker::stopping`]), not from when it first looks, which a wait begun before the stop may delay by
+    /// up to a timeout.
+    stopped_at: OnceLock<Instant>,
     /// Triggers done so far, for [`ProxyService::done`].
     done: AtomicU64,
 }
@@ -143,8 +149,13 @@ struct Shared {
 /// the QP and lets go of it, which destroys the QP and its CQ ([`qps`](Self::qps) counts the QPs it holds).
 ///
 /// Dropping it drains it: the thread handles every trigger already pushed, rings, waits for every WQE it posted
-/// to complete or fail (for at most its timeout with no CQE arriving on any of its QPs, whatever their number,
-/// reporting [`VENDOR_PROXY_FLUSH`] on each QP whose WQEs have not all completed by then), then exits.
+/// to complete or fail, then exits. From the drop on, every wait of the thread (for room in an SQ, for a FLUSH
+/// trigger's WQEs, for the final drain) ends by one deadline shared by all its QPs: its timeout after the drop
+/// began, put back to its timeout after each CQE it polls. A QP still waited on when that deadline passes is
+/// given up: it gets [`VENDOR_PROXY_FLUSH`], and the triggers left for it post nothing. So a NIC that completes
+/// nothing costs one timeout in all (and the time to post what the FIFO holds for live QPs), however many QPs,
+/// FLUSH triggers or full SQs wait on it; a QP whose CQ holds a CQE of none of its WQEs, which stops every poll
+/// of it, is given up at once with [`VENDOR_PROXY_POST`].
 pub struct ProxyService {
     shared: Arc<Shared>,
     fifo: FifoHandle,
@@ -178,6 +189,7 @@ impl ProxyService {
             retire: AtomicBool::new(false),
             timeout,
             stop: AtomicBool::new(false),
+            stopped_at: OnceLock::new(),
             done: AtomicU64::new(0),
         });
         let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
@@ -350,6 +362,8 @@ impl Drop for Registration {
 
 impl Drop for ProxyService {
     fn drop(&mut self) {
+        // Before the flag: a worker that sees the flag finds the time set.
+        let _ = self.shared.stopped_at.set(Instant::now());
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
@@ -368,6 +382,41 @@ struct Lane {
     err: *mut u64,
     /// Posted since the last doorbell.
     unrung: bool,
+    /// Whether the stopping worker stopped waiting on this QP (its deadline passed, or its CQ holds a CQE that
+    /// stops every poll): the QP counts as settled, and the triggers left for it post nothing.
+    given_up: bool,
+}
+
+/// How a running proxy's flush of a lane ended ([`Lane::flush`]).
+enum Flush {
+    /// Every WQE posted has completed, or the failure is reported.
+    Done,
+    /// A wait timed out with the proxy stopping, the WQEs not all completed: the worker waits on against its
+    /// stop deadline. `moved`: that wait took CQEs.
+    Stopping { moved: bool },
+}
+
+/// What a stopping worker waits for on a lane ([`Worker::settle`]).
+#[derive(Clone, Copy)]
+enum Until {
+    /// Every WQE posted has completed, or one failed ([`Lane::settled`]).
+    Settled,
+    /// Room for one more WQE in the SQ ([`Lane::has_room`]).
+    Room,
+}
+
+/// Why a trigger's WQEs were not all posted ([`Worker::post`]).
+enum PostError {
+    /// As the device code's post says.
+    Device(gdaki_device::Error),
+    /// The stopping worker gave up on the QP ([`Lane::given_up`]), which is reported already.
+    GivenUp,
+}
+
+impl From<gdaki_device::Error> for PostError {
+    fn from(e: gdaki_device::Error) -> Self {
+        Self::Device(e)
+    }
 }
 
 impl Lane {
@@ -377,7 +426,7 @@ impl Lane {
         // this lane before that entry: `Worker::release`, or the worker's own drop before the registry's), used
         // by this lane only, and freed only after `qp` (Drop below).
         let qp = unsafe { Qp::new(&mut *handle, timeout_ns) };
-        Self { qp, handle, err: e.err.host_ptr() as *mut u64, unrung: false }
+        Self { qp, handle, err: e.err.host_ptr() as *mut u64, unrung: false, given_up: false }
     }
 
     fn ring(&mut self) {
@@ -396,6 +445,27 @@ impl Lane {
         let _ = w.compare_exchange(0, word, Ordering::Release, Ordering::Relaxed);
     }
 
+    /// Stops waiting on this QP for good (the stopping worker's), reporting `vendor`.
+    fn give_up(&mut self, vendor: u8) {
+        self.given_up = true;
+        self.report(flushed(vendor));
+    }
+
+    /// Whether a WQE the proxy posts (one WQEBB each) is posted without waiting for room. A ring of a size
+    /// device code cannot post to says yes: its post fails at once.
+    fn has_room(&self) -> bool {
+        let h = self.qp.handle();
+        !valid_ring(h.wqe_cnt) || free_wqebbs(h.wqe_cnt, h.sq.pi, h.sq.ci) > 0
+    }
+
+    /// Whether what `until` names is there (or the QP is given up).
+    fn done(&mut self, until: Until) -> bool {
+        match until {
+            Until::Settled => self.settled(),
+            Until::Room => self.given_up || self.has_room(),
+        }
+    }
+
     /// Reports the QP's sticky error CQE, if it has one.
     fn report_cqe(&self) {
         if let Some(e) = self.qp.error() {
@@ -403,14 +473,16 @@ impl Lane {
         }
     }
 
-    /// Waits until every WQE posted on this QP has completed (ringing what is unrung), reporting an error CQE.
-    /// A wait that times out while the proxy runs is tried again: the NIC has not completed the WQEs yet (a
+    /// Waits until every WQE posted on this QP has completed (ringing what is unrung), reporting an error CQE,
+    /// for a proxy that runs. A wait that times out is tried again: the NIC has not completed the WQEs yet (a
     /// stalled peer; a dead one ends in an error CQE after the transport's retries), and a FLUSH may be
-    /// counted done only once it has. Once the proxy is stopping, a timeout is reported as
-    /// [`VENDOR_PROXY_FLUSH`]; any other failure as [`VENDOR_PROXY_POST`].
-    fn flush(&mut self, stop: &AtomicBool) {
+    /// counted done only once it has. One that times out with the proxy stopping returns
+    /// [`Flush::Stopping`], for the worker to wait on against its stop deadline ([`Worker::settle`]). Any other
+    /// failure is reported as [`VENDOR_PROXY_POST`].
+    fn flush(&mut self, stop: &AtomicBool) -> Flush {
         self.unrung = false;
         let vendor = loop {
+            let ci = self.qp.handle().sq.ci;
             match self.qp.flush() {
                 Ok(()) => break None,
                 Err(gdaki_device::Error::Cqe(e)) => {
@@ -420,7 +492,9 @@ impl Lane {
                 Err(gdaki_device::Error::Timeout(_)) if !stop.load(Ordering::Acquire) => {
                     tracing::debug!(qpn = self.qp.handle().qpn, "proxy flush still waiting for the NIC");
                 }
-                Err(gdaki_device::Error::Timeout(_)) => break Some(VENDOR_PROXY_FLUSH),
+                Err(gdaki_device::Error::Timeout(_)) => {
+                    return Flush::Stopping { moved: self.qp.handle().sq.ci != ci };
+                }
                 Err(e) => {
                     tracing::warn!(qpn = self.qp.handle().qpn, "proxy flush failed: {e}");
                     break Some(VENDOR_PROXY_POST);
@@ -431,6 +505,7 @@ impl Lane {
             self.report(flushed(vendor_err_synd));
         }
         self.report_cqe();
+        Flush::Done
     }
 
     fn outstanding(&self) -> bool {
@@ -439,10 +514,11 @@ impl Lane {
     }
 
     /// Whether the QP may be released: every WQE posted on it has completed, or one failed (the NIC then
-    /// completes the rest in error, and nothing more of them can land). Asks for a CQE first when the last WQE
-    /// posted did not (the proxy posts unsignaled), so that [`Worker::progress`] sees them complete.
+    /// completes the rest in error, and nothing more of them can land), or the stopping worker gave up on it.
+    /// Asks for a CQE first when the last WQE posted did not (the proxy posts unsignaled), so that
+    /// [`Worker::progress`] sees them complete.
     fn settled(&mut self) -> bool {
-        if self.qp.error().is_some() || !self.outstanding() {
+        if self.given_up || self.qp.error().is_some() || !self.outstanding() {
             return true;
         }
         let h = self.qp.handle();
@@ -489,6 +565,8 @@ struct Worker {
     /// Slots of QPs with no channel left whose connection's handles are gone: released once their WQEs have
     /// settled ([`Lane::settled`]).
     releasing: Vec<usize>,
+    /// Once the worker has seen the stop ([`Worker::stopping`]): the deadline every wait of it ends by.
+    stop_by: Option<Instant>,
 }
 
 impl Worker {
@@ -501,6 +579,29 @@ impl Worker {
             lanes: Vec::new(),
             draining: Vec::new(),
             releasing: Vec::new(),
+            stop_by: None,
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns)
+    }
+
+    /// Whether the proxy is stopping (its drop set `stop`). The first time it says so it sets the stop
+    /// deadline: the proxy's timeout after the drop began.
+    fn stopping(&mut self) -> bool {
+        if self.stop_by.is_none() && self.shared.stop.load(Ordering::Acquire) {
+            let timeout = self.timeout();
+            let from = self.shared.stopped_at.get().copied().unwrap_or_else(Instant::now);
+            self.stop_by = Some(from.checked_add(timeout).unwrap_or_else(|| crate::deadline::after(timeout)));
+        }
+        self.stop_by.is_some()
+    }
+
+    /// Puts the stop deadline, if set, back to the proxy's timeout from now: a CQE was polled.
+    fn moved(&mut self) {
+        if self.stop_by.is_some() {
+            self.stop_by = Some(crate::deadline::after(self.timeout()));
         }
     }
 
@@ -555,11 +656,15 @@ impl Worker {
     /// Polls one CQE of each QP with WQEs outstanding, so that errors (a dead peer, a bad key) reach device
     /// code's waits without a flush.
     fn progress(&mut self) {
+        let mut moved = false;
         for l in self.lanes.iter_mut().flatten() {
             if l.outstanding() {
-                let _ = l.qp.poll_cq();
+                moved |= matches!(l.qp.poll_cq(), Some(Ok(_) | Err(gdaki_device::Error::Cqe(_))));
                 l.report_cqe();
             }
+        }
+        if moved {
+            self.moved();
         }
     }
 
@@ -662,40 +767,83 @@ impl Worker {
     }
 
     /// On stop: waits until the WQEs posted on every QP have settled ([`Lane::settled`]: completed, or one
-    /// failed), reporting errors, polling all the QPs' CQs in turn. The wait is bounded by the proxy's timeout
-    /// without progress, not by a timeout per QP: each CQE polled starts it again, so a NIC that completes
-    /// slowly gets the time it uses, and one that completes nothing costs one timeout in all however many QPs
-    /// wait on it. A QP not settled by then is reported with [`VENDOR_PROXY_FLUSH`].
+    /// failed), reporting errors, against the stop deadline ([`Worker::settle`]).
     fn drain(&mut self) {
-        let timeout = Duration::from_nanos(self.timeout_ns);
+        self.stopping();
+        self.settle(None, Until::Settled);
+    }
+
+    /// For a stopping worker: waits until what `until` names is there on the lane of slot `only`, or on every
+    /// lane for `None`, polling their CQs in turn and reporting errors, until the stop deadline
+    /// ([`Worker::stopping`]), which every CQE polled puts back to the proxy's timeout from then. So a NIC
+    /// that completes slowly gets the time it uses, and one that completes nothing costs one timeout in all,
+    /// however many QPs and waits (this one and those before and after it) wait on it. A lane still waited on
+    /// when the deadline passes is given up with [`VENDOR_PROXY_FLUSH`]. A lane whose CQ holds a CQE of none
+    /// of its WQEs is given up at once with [`VENDOR_PROXY_POST`]: the poll leaves that CQE there and fails
+    /// on it every time, so nothing behind it can complete, and counted as progress it would put the deadline
+    /// back forever.
+    fn settle(&mut self, only: Option<usize>, until: Until) {
+        let timeout = self.timeout();
         let backoff = Backoff::new();
-        let mut deadline = crate::deadline::after(timeout);
+        let mut deadline = self.stop_by.unwrap_or_else(|| crate::deadline::after(timeout));
         loop {
             let (mut waiting, mut moved) = (false, false);
-            for l in self.lanes.iter_mut().flatten() {
-                if !l.settled() {
+            for (slot, l) in self.lanes.iter_mut().enumerate() {
+                let Some(l) = l.as_mut().filter(|_| only.is_none_or(|o| o == slot)) else {
+                    continue;
+                };
+                if !l.done(until) {
                     waiting = true;
-                    moved |= l.qp.poll_cq().is_some();
+                    // Anything unrung would never complete.
+                    l.ring();
+                    match l.qp.poll_cq() {
+                        None => {}
+                        Some(Ok(_) | Err(gdaki_device::Error::Cqe(_))) => moved = true,
+                        Some(Err(e)) => {
+                            tracing::warn!(qpn = l.qp.handle().qpn, "the stopping proxy gives up on a QP: {e}");
+                            l.give_up(VENDOR_PROXY_POST);
+                        }
+                    }
                 }
                 l.report_cqe();
             }
             if !waiting {
-                return;
+                break;
             }
             if moved {
                 deadline = crate::deadline::after(timeout);
                 backoff.reset();
             } else if Instant::now() >= deadline {
-                for l in self.lanes.iter_mut().flatten() {
-                    if !l.settled() {
+                for (slot, l) in self.lanes.iter_mut().enumerate() {
+                    let Some(l) = l.as_mut().filter(|_| only.is_none_or(|o| o == slot)) else {
+                        continue;
+                    };
+                    if !l.done(until) {
                         tracing::warn!(qpn = l.qp.handle().qpn, "the stopping proxy's WQEs did not all complete");
-                        l.report(flushed(VENDOR_PROXY_FLUSH));
+                        l.give_up(VENDOR_PROXY_FLUSH);
                     }
                 }
-                return;
+                break;
             }
             backoff.snooze();
         }
+        self.stop_by = Some(deadline);
+    }
+
+    /// The lane of slot `slot`, ready for one more WQE: once the proxy is stopping, a full SQ is waited on here
+    /// against the stop deadline (a running proxy's post waits for room itself, for up to its timeout).
+    ///
+    /// # Errors
+    /// [`PostError::GivenUp`] for a lane the stopping worker gave up on.
+    fn lane_to_post(&mut self, slot: usize) -> std::result::Result<&mut Lane, PostError> {
+        if self.stopping() && !lane(&mut self.lanes, slot).done(Until::Room) {
+            self.settle(Some(slot), Until::Room);
+        }
+        let l = lane(&mut self.lanes, slot);
+        if l.given_up {
+            return Err(PostError::GivenUp);
+        }
+        Ok(l)
     }
 
     fn handle(&mut self, t: Trigger) {
@@ -712,27 +860,45 @@ impl Worker {
             }
             return;
         };
+        let l = lane(&mut self.lanes, ch.qp);
+        if l.given_up {
+            // The stopping worker gave up on the QP: what is posted there may never complete.
+            l.report(flushed(VENDOR_PROXY_FLUSH));
+            return;
+        }
         let ops = t.ops();
-        let result = self.post(&ch, t);
-        let lane = lane(&mut self.lanes, ch.qp);
-        if let Err(e) = result {
-            lane.report(match e {
-                gdaki_device::Error::Cqe(c) => c,
-                _ => flushed(VENDOR_PROXY_POST),
-            });
-            tracing::warn!(channel = id, "proxy could not post a trigger: {e}");
+        match self.post(&ch, t) {
+            Ok(()) | Err(PostError::GivenUp) => {}
+            Err(PostError::Device(e)) => {
+                lane(&mut self.lanes, ch.qp).report(match e {
+                    gdaki_device::Error::Cqe(c) => c,
+                    _ => flushed(VENDOR_PROXY_POST),
+                });
+                tracing::warn!(channel = id, "proxy could not post a trigger: {e}");
+            }
         }
         if ops & Trigger::FLUSH != 0 {
-            lane.ring();
-            lane.flush(&self.shared.stop);
+            if !self.stopping() {
+                let l = lane(&mut self.lanes, ch.qp);
+                l.ring();
+                match l.flush(&self.shared.stop) {
+                    Flush::Done => return,
+                    Flush::Stopping { moved } => {
+                        self.stopping();
+                        if moved {
+                            self.moved();
+                        }
+                    }
+                }
+            }
+            self.settle(Some(ch.qp), Until::Settled);
         }
     }
 
     /// Posts the WQEs of `t`'s put, accumulate and signal (not rung). A put whose range is not inside both of
     /// the channel's memories (as the proxy registered them) posts nothing.
-    fn post(&mut self, ch: &ChannelEntry, t: Trigger) -> gdaki_device::Result<()> {
+    fn post(&mut self, ch: &ChannelEntry, t: Trigger) -> std::result::Result<(), PostError> {
         let h = &ch.handle;
-        let lane = lane(&mut self.lanes, ch.qp);
         let ops = t.ops();
         if ops & Trigger::PUT != 0 {
             let (dst, src, bytes) = (t.dst_offset(), t.src_offset(), t.size());
@@ -740,13 +906,14 @@ impl Worker {
             // below are each inside it). Offsets and size are 32-bit fields: no sum overflows.
             remote(&h.dst, dst, bytes)?;
             if src + bytes > h.src.length {
-                return Err(gdaki_device::Error::InvalidArgument(InvalidArgument::LocalRange));
+                return Err(gdaki_device::Error::InvalidArgument(InvalidArgument::LocalRange).into());
             }
             let max = h.max_wqe_bytes.clamp(1, i32::MAX as u64);
             let mut done = 0;
             while done < bytes {
                 let n = (bytes - done).min(max);
                 let (r, l) = (remote(&h.dst, dst + done, n)?, local(&h.src, src + done, n)?);
+                let lane = self.lane_to_post(ch.qp)?;
                 let _ = lane.qp.post(false, wqe::rdma_write(r, l))?;
                 lane.unrung = true;
                 done += n;
@@ -754,7 +921,9 @@ impl Worker {
         }
         if ops & Trigger::ACCUMULATE != 0 {
             let (r, l) = atomic_target(&h.dst, t.dst_offset(), &h.scratch, 0)?;
-            let _ = lane.qp.post(false, wqe::atomic_fetch_add(r, l, t.addend())?)?;
+            let w = wqe::atomic_fetch_add(r, l, t.addend())?;
+            let lane = self.lane_to_post(ch.qp)?;
+            let _ = lane.qp.post(false, w)?;
             lane.unrung = true;
         }
         if ops & Trigger::SIGNAL != 0 {
@@ -763,13 +932,16 @@ impl Worker {
                 // Only this thread writes the count; the semaphore's other holders only keep it alive.
                 let n = ch.counter.load(Ordering::Relaxed) + 1;
                 let r = remote(&h.remote_sem, 0, 8)?;
+                let lane = self.lane_to_post(ch.qp)?;
                 let _ = lane.qp.post_write_inline(false, r, &n.to_ne_bytes())?;
                 ch.counter.store(n, Ordering::Relaxed);
             } else {
                 let (r, l) = atomic_target(&h.remote_sem, 0, &h.scratch, 0)?;
-                let _ = lane.qp.post(false, wqe::atomic_fetch_add(r, l, 1)?)?;
+                let w = wqe::atomic_fetch_add(r, l, 1)?;
+                let lane = self.lane_to_post(ch.qp)?;
+                let _ = lane.qp.post(false, w)?;
             }
-            lane.unrung = true;
+            lane(&mut self.lanes, ch.qp).unrung = true;
         }
         Ok(())
     }
@@ -780,6 +952,9 @@ mod tests {
     use super::*;
     use gdaki_device::channel::{Exclusive, PortChannel};
     use gdaki_shared::handle::{CqHandle, MrHandle, RemoteMr};
+    use gdaki_shared::prm::cqe::Cqe64;
+    use gdaki_shared::prm::opcode;
+    use gdaki_shared::{Be16, Be32};
 
     /// One QP's queue memory that no NIC serves: WQEs posted there never complete.
     #[repr(C, align(64))]
@@ -809,6 +984,17 @@ mod tests {
             q
         }
 
+        /// Puts a requester CQE of QP `qpn` for WQE index `counter` in the CQ's first entry, owned by software:
+        /// what the proxy finds there, when it names no WQE it posted, fails every poll of the CQ.
+        fn stray_cqe(&mut self, qpn: u32, counter: u16) {
+            let mut c = Cqe64::INVALID;
+            c.sop_drop_qpn = Be32::new(qpn);
+            c.wqe_counter = Be16::new(counter);
+            // Owner bit 0: software's in the CQ's first lap.
+            c.op_own = opcode::cqe::REQ << 4;
+            self.cq[0] = bytemuck::cast(c);
+        }
+
         fn qp(&self) -> QpHandle {
             let cq = CqHandle {
                 buf: self.cq.as_ptr() as u64,
@@ -829,24 +1015,23 @@ mod tests {
         }
     }
 
-    /// A stopping proxy whose QPs' NIC completes nothing waits one timeout in all, not one per QP: eight QPs
-    /// with a put each, outstanding, and the drop returns after about one timeout (before, it waited a timeout
-    /// on each QP in turn: eight here).
-    #[test]
-    fn a_stopping_proxy_waits_one_timeout_for_all_its_stalled_qps() {
-        const QPS: usize = 8;
-        let timeout = Duration::from_millis(300);
-        let (exec, _) = Executor::open(Some(crate::exec::ExecutorKind::Cpu)).unwrap();
-        let proxy = ProxyService::start(&exec, 64, timeout).unwrap();
-        let queues: Vec<_> = (0..QPS).map(|_| DeadQueues::new()).collect();
+    /// A proxy serving one Host-mode channel (puts of up to 64 bytes) on the QP of each of `queues`, with
+    /// `timeout`; the QP handles the channels name, and the registrations with the channels' device handles.
+    /// The queues must outlive the proxy; the QP handles (which `qps` never moves), the channels.
+    fn serve(
+        exec: &Executor,
+        queues: &[Box<DeadQueues>],
+        timeout: Duration,
+    ) -> (ProxyService, Vec<QpHandle>, Vec<(PortChannelHandle, Registration)>) {
+        let proxy = ProxyService::start(exec, 64, timeout).unwrap();
         // The handles a channel names (the proxy posts through its own copies).
-        let qps: Vec<_> = queues.iter().map(|q| Box::new(q.qp())).collect();
+        let qps: Vec<_> = queues.iter().map(|q| q.qp()).collect();
         let mut handles = Vec::new();
         for (i, q) in queues.iter().enumerate() {
             let qp = ProxyQp { key: i + 1, handle: q.qp(), _keep: Arc::new(()) };
             let data = q.data.as_ptr() as u64;
             let chan = PortChannelHandle {
-                qp: &raw const *qps[i] as u64,
+                qp: &raw const qps[i] as u64,
                 dst: RemoteMr { addr: data, length: 64, ..Default::default() },
                 src: MrHandle { addr: data + 64, length: 64, ..Default::default() },
                 max_wqe_bytes: 64,
@@ -855,15 +1040,46 @@ mod tests {
             };
             handles.push(proxy.register(qp, chan, mode::HOST, Arc::default()).unwrap());
         }
-        for (h, _) in &handles {
+        (proxy, qps, handles)
+    }
+
+    /// Pushes a put of 64 bytes on each channel, and waits until the proxy has posted them all.
+    fn put_each(proxy: &ProxyService, handles: &[(PortChannelHandle, Registration)]) {
+        for (h, _) in handles {
             // SAFETY: a Host-mode handle of a live proxy, used by this thread only.
             unsafe { PortChannel::<Exclusive>::new(h) }.put(0, 0, 64).unwrap();
         }
         let t = Instant::now();
-        while proxy.done() < QPS as u64 {
-            assert!(t.elapsed() < Duration::from_secs(10), "the proxy did {} of {QPS} triggers", proxy.done());
+        while proxy.done() < handles.len() as u64 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the proxy did {} of {} triggers",
+                proxy.done(),
+                handles.len()
+            );
             std::thread::yield_now();
         }
+    }
+
+    /// The vendor syndrome the proxy reported on a channel's QP (0 for none).
+    fn vendor(h: &PortChannelHandle) -> u8 {
+        // SAFETY: the QP's error word (the CPU executor's device addresses are host addresses), kept by the
+        // channel's registration, which holds the proxy's registry; 8-byte aligned.
+        let word = unsafe { AtomicU64::from_ptr(h.proxy_err as *mut u64) }.load(Ordering::Acquire);
+        CqeError::unpack(word as u32, 0).vendor_err_synd
+    }
+
+    /// A stopping proxy whose QPs' NIC completes nothing waits one timeout in all, not one per QP: eight QPs
+    /// with a put each, outstanding, and the drop returns after about one timeout (before, it waited a timeout
+    /// on each QP in turn: eight here).
+    #[test]
+    fn a_stopping_proxy_waits_one_timeout_for_all_its_stalled_qps() {
+        const QPS: usize = 8;
+        let timeout = Duration::from_millis(300);
+        let (exec, _) = Executor::open(Some(crate::exec::ExecutorKind::Cpu)).unwrap();
+        let queues: Vec<_> = (0..QPS).map(|_| DeadQueues::new()).collect();
+        let (proxy, qps, handles) = serve(&exec, &queues, timeout);
+        put_each(&proxy, &handles);
         let t = Instant::now();
         drop(handles);
         drop(proxy);
@@ -872,6 +1088,86 @@ mod tests {
             took >= timeout && took < 4 * timeout,
             "the proxy's drop took {took:?}, about one timeout ({timeout:?}) expected for {QPS} stalled QPs"
         );
+        drop((qps, queues));
+    }
+
+    /// The FIFO's triggers left at the drop wait on one deadline with the drain: a put and a FLUSH trigger on
+    /// each of eight QPs whose NIC completes nothing, pushed just before the drop, and the drop returns after
+    /// about one timeout, each QP reporting `VENDOR_PROXY_FLUSH` (before, each FLUSH handled while stopping
+    /// waited a timeout of its own: eight here).
+    #[test]
+    fn a_stopping_proxy_waits_one_timeout_for_the_flushes_left_in_its_fifo() {
+        const QPS: usize = 8;
+        let timeout = Duration::from_millis(300);
+        let (exec, _) = Executor::open(Some(crate::exec::ExecutorKind::Cpu)).unwrap();
+        let queues: Vec<_> = (0..QPS).map(|_| DeadQueues::new()).collect();
+        let (proxy, qps, handles) = serve(&exec, &queues, timeout);
+        for (h, _) in &handles {
+            // SAFETY: a Host-mode handle of a live proxy, used by this thread only.
+            unsafe { PortChannel::<Exclusive>::new(h) }.put(0, 0, 64).unwrap();
+            // The FLUSH trigger a channel's `flush` pushes, without that call's wait for the proxy to do it
+            // (which would block this thread for the channel's timeout).
+            let flush = Trigger::new(Trigger::FLUSH, h.channel_id as u16, 0, 0, 0);
+            // SAFETY: the FIFO of a live proxy.
+            unsafe { gdaki_device::fifo::push(&h.fifo, flush, h.timeout_ns) }.unwrap();
+        }
+        let t = Instant::now();
+        drop(proxy);
+        let took = t.elapsed();
+        assert!(
+            took >= timeout && took < 4 * timeout,
+            "the proxy's drop took {took:?}, about one timeout ({timeout:?}) expected for {QPS} stalled FLUSHes"
+        );
+        for (i, (h, _)) in handles.iter().enumerate() {
+            assert_eq!(vendor(h), VENDOR_PROXY_FLUSH, "QP {i}");
+        }
+        drop(handles);
+        drop((qps, queues));
+    }
+
+    /// A CQE that matches none of a QP's WQEs stays in its CQ and fails every poll: the stopping proxy gives
+    /// that QP up at once (`VENDOR_PROXY_POST`) and waits one timeout for the others (`VENDOR_PROXY_FLUSH`).
+    /// Before, the failed poll counted as progress, put the deadline back each time, and the drop never
+    /// returned (the watchdog below fails the test instead of hanging it).
+    #[test]
+    fn a_stopping_proxy_gives_up_on_a_qp_whose_cq_holds_a_cqe_of_no_wqe() {
+        const QPS: usize = 8;
+        let timeout = Duration::from_millis(300);
+        let (exec, _) = Executor::open(Some(crate::exec::ExecutorKind::Cpu)).unwrap();
+        // QPs 0 and 4: a CQE of this QP naming a WQE index never posted; 2 and 6: a CQE of another QP.
+        let stray = |i: usize| match i % 4 {
+            0 => Some((7, 0x100)),
+            2 => Some((8, 0)),
+            _ => None,
+        };
+        let queues: Vec<_> = (0..QPS)
+            .map(|i| {
+                let mut q = DeadQueues::new();
+                if let Some((qpn, counter)) = stray(i) {
+                    q.stray_cqe(qpn, counter);
+                }
+                q
+            })
+            .collect();
+        let (proxy, qps, handles) = serve(&exec, &queues, timeout);
+        put_each(&proxy, &handles);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = Instant::now();
+        std::thread::spawn(move || {
+            drop(proxy);
+            let _ = tx.send(t.elapsed());
+        });
+        let Ok(took) = rx.recv_timeout(10 * timeout) else {
+            // The proxy thread may still poll the queues, and write the error words: they must outlive it.
+            std::mem::forget((handles, qps, queues));
+            panic!("the proxy's drop did not return within {:?}", 10 * timeout);
+        };
+        assert!(took < 4 * timeout, "the proxy's drop took {took:?}, about one timeout ({timeout:?}) expected");
+        for (i, (h, _)) in handles.iter().enumerate() {
+            let expected = if stray(i).is_some() { VENDOR_PROXY_POST } else { VENDOR_PROXY_FLUSH };
+            assert_eq!(vendor(h), expected, "QP {i}");
+        }
+        drop(handles);
         drop((qps, queues));
     }
 }
