@@ -1015,6 +1015,15 @@ mod tests {
         }
     }
 
+    /// Asserts that a drop of a proxy with eight QPs waiting (`what`) took about one `timeout`: at least one,
+    /// and less than four (a timeout per QP would be eight).
+    fn about_one_timeout(took: Duration, timeout: Duration, what: &str) {
+        assert!(
+            took >= timeout && took < 4 * timeout,
+            "the proxy's drop took {took:?}, about one timeout ({timeout:?}) expected for eight {what}"
+        );
+    }
+
     /// A proxy serving one Host-mode channel (puts of up to 64 bytes) on the QP of each of `queues`, with
     /// `timeout`; the QP handles the channels name, and the registrations with the channels' device handles.
     /// The queues must outlive the proxy; the QP handles (which `qps` never moves), the channels.
@@ -1084,10 +1093,7 @@ mod tests {
         drop(handles);
         drop(proxy);
         let took = t.elapsed();
-        assert!(
-            took >= timeout && took < 4 * timeout,
-            "the proxy's drop took {took:?}, about one timeout ({timeout:?}) expected for {QPS} stalled QPs"
-        );
+        about_one_timeout(took, timeout, "stalled QPs");
         drop((qps, queues));
     }
 
@@ -1114,10 +1120,7 @@ mod tests {
         let t = Instant::now();
         drop(proxy);
         let took = t.elapsed();
-        assert!(
-            took >= timeout && took < 4 * timeout,
-            "the proxy's drop took {took:?}, about one timeout ({timeout:?}) expected for {QPS} stalled FLUSHes"
-        );
+        about_one_timeout(took, timeout, "stalled FLUSHes");
         for (i, (h, _)) in handles.iter().enumerate() {
             assert_eq!(vendor(h), VENDOR_PROXY_FLUSH, "QP {i}");
         }
