@@ -219,9 +219,7 @@ pub enum InvalidArgument {
     /// refused). Nothing is posted. Also what the other threads of a
     /// block return from [`crate::coll::all_reduce_ring`] when its thread 0 failed (thread 0 has the error),
     /// a [`crate::warp_qp::WarpQp`] call that not every member of the `WarpQp` executes together, and a team
-    /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp, the lanes of a warp's
-    /// [`crate::shared_qp::SharedQp::post`] in a part after one that failed (a warp whose batch would take more
-    /// than half the ring posts in parts); and on the `cpu`
+    /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp; and on the `cpu`
     /// executor a post to a Block-scope QP from a second CTA of a launch ([`crate::scope::Block`]) or a
     /// call on a Warp-sharing QP from a second warp.
     Team = 11,
@@ -582,8 +580,8 @@ impl InvalidArgument {
             InvalidArgument::Team => {
                 "a team or warp call that could not go out: another member's piece was refused, the team broke \
                  its rules (pieces not of ranks 0..k, a WQE over one WQEBB, members on different channels, a \
-                 Warp-sharing team wider than a warp, members that never made the call), an earlier part of a \
-                 warp's post failed, or a Warp- or Block-sharing handle was used by more than one warp or CTA"
+                 Warp-sharing team wider than a warp, members that never made the call), or a Warp- or \
+                 Block-sharing handle was used by more than one warp or CTA"
             }
             InvalidArgument::Collective => "a collective's handle or arguments are out of range",
             InvalidArgument::Value => "a value to reduce lies outside its bound, or is not finite",

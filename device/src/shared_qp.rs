@@ -231,8 +231,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// launch posts to ([`crate::scope::Block`]);
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
-    /// lane of an aggregated post gets the leader's error (its part's leader's, for a warp that posts in parts;
-    /// the parts after a failed one post nothing and get [`InvalidArgument::Team`]).
+    /// lane of an aggregated post gets the leader's error (its part's leader's, for a warp that posts in parts,
+    /// whose later parts then wait on the reservation the failed part left unpublished, a timeout each).
     #[inline(always)]
     pub fn post<const N: usize>(&self, signaled: bool, wqe: Wqe<N>) -> Result<Ticket> {
         if !sq::valid_ring(self.wqe_cnt()) {
@@ -253,9 +253,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // A batch of more than half the ring could never find room (its own WQEBBs would have to be retired
         // first): 32 lanes on a ring of under 64 WQEBBs, or of 4-WQEBB WQEs under 256. Such lanes post in parts
         // of a power of two of lanes (by rank), at most half the ring, one part after another: before its post
-        // a lane of part `p` passes `p` votes of the warp, after it the rest, so vote `k` lets part `k` post once
-        // part `k - 1` has. Each vote also says whether a part before failed: the later parts then post nothing
-        // and get `Team`, rather than each waiting out its timeout behind a reservation left unpublished. Only
+        // a lane of part `p` passes `p` barriers of the warp, after it the rest, so barrier `k` lets part `k`
+        // post once part `k - 1` has (`bar.warp.sync`, which lanes may reach at different instructions). Only
         // on the GPU (a host thread is a warp of one lane, and one WQE takes at most 4 of at least 16 WQEBBs).
         let half = u64::from(self.wqe_cnt() / 2);
         if n * w.count() as u64 <= half {
@@ -263,17 +262,13 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         }
         let shift = 63 - (half / n).max(1).leading_zeros();
         let (mine, parts) = (w.rank() >> shift, ((w.count() - 1) >> shift) + 1);
-        let mut failed = false;
         for _ in 0..mine {
-            failed |= w.any(false);
+            w.sync();
         }
-        let r = if failed {
-            Err(Error::InvalidArgument(InvalidArgument::Team))
-        } else {
-            self.post_lanes(Lanes { mask: part_of(w.mask, mine << shift, 1 << shift), lane: w.lane }, n, signaled, &wqe)
-        };
+        let part = Lanes { mask: part_of(w.mask, mine << shift, 1 << shift), lane: w.lane };
+        let r = self.post_lanes(part, n, signaled, &wqe);
         for _ in mine + 1..parts {
-            w.any(r.is_err());
+            w.sync();
         }
         r
     }
