@@ -189,8 +189,34 @@ mod host_side {
     launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G);
     launch_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H);
 
-    /// Most threads a `cpu` launch runs (each is a host thread, all at once).
+    /// Most threads a `cpu` launch runs (each is a host thread, all at once), and most the launches of one
+    /// process run at once, together ([`run_on_host`] refuses a launch that would pass it).
     pub const MAX_HOST_THREADS: u64 = 8192;
+
+    /// Kernel threads of `cpu` launches running now in this process (claimed before a launch's threads start,
+    /// given back when they have all ended). The OS's limits on a process's threads and memory mappings are
+    /// met well before 10^5 threads: seen on a 2-core VM, 16,384 at once made a new thread's stack guard page
+    /// fail to map, which aborts the whole process from inside that thread, where a launch cannot catch it.
+    static RUNNING_HOST_THREADS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+    /// `n` kernel threads of [`RUNNING_HOST_THREADS`], held until dropped.
+    struct HostThreads(u64);
+
+    impl HostThreads {
+        /// Claims `n` threads, or says how many are running when `n` more would pass [`MAX_HOST_THREADS`].
+        fn claim(n: u64) -> Result<HostThreads, u64> {
+            use core::sync::atomic::Ordering::Relaxed;
+            RUNNING_HOST_THREADS
+                .fetch_update(Relaxed, Relaxed, |running| (running + n <= MAX_HOST_THREADS).then_some(running + n))
+                .map(|_| HostThreads(n))
+        }
+    }
+
+    impl Drop for HostThreads {
+        fn drop(&mut self) {
+            RUNNING_HOST_THREADS.fetch_sub(self.0, core::sync::atomic::Ordering::Relaxed);
+        }
+    }
 
     /// Runs `k` on host threads in the shape `grid × block`, every thread at once (one host thread per GPU
     /// thread: kernels may wait on each other, as two ranks' CTAs do), and returns when all have returned. A
@@ -198,8 +224,9 @@ mod host_side {
     ///
     /// # Errors
     /// A message when a dimension is 0, the block is deeper than [`MAX_BLOCK_Z`] or has more than 1024
-    /// threads, or the launch more than [`MAX_HOST_THREADS`]; or when the OS refuses to start one of the
-    /// threads (none runs the kernel then).
+    /// threads, or the launch more than [`MAX_HOST_THREADS`], or the launch's threads and those of other
+    /// `cpu` launches of the process running now more than [`MAX_HOST_THREADS`] together (nothing runs);
+    /// or when the OS refuses to start one of the threads (none runs the kernel then).
     ///
     /// # Safety
     /// `args` must be what the kernel's contract asks for (its pointers valid host memory for the run);
@@ -213,6 +240,14 @@ mod host_side {
     ) -> Result<(), String> {
         check_host_shape(k.name, grid, block)?;
         let (blocks, threads) = (grid.count(), block.count());
+        let _claimed = HostThreads::claim(blocks * threads).map_err(|running| {
+            format!(
+                "launch of `{}` with {} threads while {running} threads of other launches run: the cpu executor \
+                 runs at most {MAX_HOST_THREADS} kernel threads at once in a process",
+                k.name,
+                blocks * threads
+            )
+        })?;
         let host_fn = k.host;
         // Every thread waits at this gate until all are spawned (GATE_SHUT): if one cannot be, none runs the
         // kernel (a block whose threads are not all there would wait forever in its barrier). Threads park
@@ -338,6 +373,41 @@ mod host_side {
             let r: Result<(), crate::Error> =
                 if any { Ok(()) } else { Err(crate::Error::InvalidArgument(crate::error::InvalidArgument::Handle)) };
             r.report(report);
+        }
+
+        /// Waits until the word at `a.0` is nonzero (bounded: 30 s).
+        fn wait_kernel(_: &Thread, a: &(DevPtr<AtomicU64>,), _: u64) {
+            // SAFETY: the test passes the address of a live atomic.
+            let flag = unsafe { &*(a.0.addr() as *const AtomicU64) };
+            let t = std::time::Instant::now();
+            while flag.load(Ordering::Acquire) == 0 && t.elapsed() < std::time::Duration::from_secs(30) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+
+        /// Launches running at once share the process's budget of kernel threads: while one of 1024 threads
+        /// waits, another of 7169 (each within the limit alone) is refused before any of its threads starts,
+        /// naming the budget. Before, launches in one process could together start more threads than the OS
+        /// allows, and one thread's failure to set up its stack aborted the process. (Other tests' launches
+        /// running meanwhile only take more of the budget.)
+        #[test]
+        fn launches_running_at_once_share_the_thread_budget() {
+            let flag = AtomicU64::new(0);
+            let k = KernelFn { name: "wait", host: wait_kernel };
+            let args = (DevPtr::new(&flag as *const AtomicU64 as u64),);
+            std::thread::scope(|s| {
+                // SAFETY: `flag` outlives the scope, which joins the launch.
+                let waiting = s.spawn(|| unsafe { run_on_host(&k, Dim3::x(1), Dim3::x(1024), args, 0) });
+                while RUNNING_HOST_THREADS.load(Ordering::Relaxed) < 1024 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                // SAFETY: refused before any thread starts.
+                let refused = unsafe { run_on_host(&k, Dim3::x(7169), Dim3::x(1), args, 0) };
+                flag.store(1, Ordering::Release);
+                let msg = refused.expect_err("7169 threads beside 1024 running");
+                assert!(msg.contains("at most 8192 kernel threads at once in a process"), "{msg}");
+                waiting.join().unwrap().unwrap();
+            });
         }
 
         #[test]

@@ -167,7 +167,8 @@ impl<A: LaunchArgs> Kernel<A> {
     /// # Errors
     /// [`Error::InvalidArgument`] for a shape the executor cannot run (a zero dimension, more than 1024 threads
     /// per block, a block deeper than 64: on the GPU the driver refuses the last two, an [`Error::Cuda`]; on the
-    /// `cpu` executor also more than 8192 threads in all), on the GPU for a [`LaunchConfig::co_resident`] grid
+    /// `cpu` executor also more than 8192 threads in all, or with the process's other `cpu` launches still
+    /// running, an error the launch's wait returns as [`Error::Device`]), on the GPU for a [`LaunchConfig::co_resident`] grid
     /// larger than [`Kernel::max_co_resident_blocks`] (the message names both) or arguments whose sizes
     /// differ from the PTX's parameters; [`Error::Unavailable`] for a co-resident launch on a GPU without
     /// cooperative launches; [`Error::Cuda`].
