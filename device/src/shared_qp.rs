@@ -62,20 +62,6 @@ fn turn_pause_ns(ahead: u64) -> u32 {
     (ahead.saturating_sub(NEAR_WQEBBS) * PAUSE_PER_WQEBB_NS).min(MAX_TURN_PAUSE_NS) as u32
 }
 
-/// The members of `mask` whose rank (members below them) is in `first .. first + count`.
-#[inline(always)]
-fn part_of(mask: u32, first: u32, count: u32) -> u32 {
-    let mut from = mask;
-    for _ in 0..first {
-        from &= from.wrapping_sub(1);
-    }
-    let mut after = from;
-    for _ in 0..count {
-        after &= after.wrapping_sub(1);
-    }
-    from & !after
-}
-
 /// The CQE period of a shared QP of `cnt` WQEBBs (a power of two): a WQE that covers a WQEBB index `k` with
 /// `k + 1` a multiple of it asks for a CQE. A quarter of the ring, or less on a ring too small for that:
 /// a poster waiting for room up to `end` needs a CQE of a WQE at or after `end - cnt`, and the last WQE
@@ -265,7 +251,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         for _ in 0..mine {
             w.sync();
         }
-        let part = Lanes { mask: part_of(w.mask, mine << shift, 1 << shift), lane: w.lane };
+        let part = w.part(mine << shift, 1 << shift);
         let r = self.post_lanes(part, n, signaled, &wqe);
         for _ in mine + 1..parts {
             w.sync();
@@ -740,25 +726,5 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             },
             || WaitOn::Cqe { qpn: self.qpn(), wqe_index: target.saturating_sub(1) },
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::part_of;
-
-    /// A part is the members of rank `first .. first + count`, found here by walking the lanes in order.
-    #[test]
-    fn a_part_is_the_members_of_its_ranks() {
-        let masks = [u32::MAX, 0x0000_ffff, 0xaaaa_aaaa, 0x8000_0001, 0x1248_1248, 0xdead_beef, 1, 0];
-        for mask in masks {
-            let members: std::vec::Vec<u32> = (0..32).filter(|l| mask >> l & 1 == 1).collect();
-            for count in [1, 2, 4, 8, 16, 32] {
-                for first in (0..32).step_by(count as usize) {
-                    let want = members.iter().skip(first as usize).take(count as usize).fold(0u32, |m, &l| m | 1 << l);
-                    assert_eq!(part_of(mask, first, count), want, "{mask:#x}, ranks {first}..+{count}");
-                }
-            }
-        }
     }
 }

@@ -67,6 +67,21 @@ impl Lanes {
         self.mask.count_ones()
     }
 
+    /// The members of rank `first .. first + count` (none past the last), with the caller's lane: a part of
+    /// a batch too large to post at once, which the members post part by part.
+    #[inline(always)]
+    pub fn part(&self, first: u32, count: u32) -> Lanes {
+        let mut from = self.mask;
+        for _ in 0..first {
+            from &= from.wrapping_sub(1);
+        }
+        let mut after = from;
+        for _ in 0..count {
+            after &= after.wrapping_sub(1);
+        }
+        Lanes { mask: from & !after, lane: self.lane }
+    }
+
     /// The lanes of the warp executing this instruction now (`activemask.b32`); on the host, the caller alone
     /// (1). Only a snapshot: lanes are not guaranteed to run together because they are in it.
     #[inline(always)]
@@ -214,4 +229,25 @@ extern "C" fn share_error(lanes: Lanes, r: Result<(), Error>) -> Result<(), Erro
     }
     Err(Error::from_report(&bytemuck::cast(got))
         .unwrap_or(Error::InvalidArgument(crate::error::InvalidArgument::Handle)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lanes;
+
+    /// A part is the members of rank `first .. first + count`, found here by walking the lanes in order.
+    #[test]
+    fn a_part_is_the_members_of_its_ranks() {
+        let masks = [u32::MAX, 0x0000_ffff, 0xaaaa_aaaa, 0x8000_0001, 0x1248_1248, 0xdead_beef, 1, 0];
+        for mask in masks {
+            let members: std::vec::Vec<u32> = (0..32).filter(|l| mask >> l & 1 == 1).collect();
+            for count in [1, 2, 4, 8, 16, 32] {
+                for first in (0..32).step_by(count as usize) {
+                    let want = members.iter().skip(first as usize).take(count as usize).fold(0u32, |m, &l| m | 1 << l);
+                    let part = Lanes { mask, lane: 7 }.part(first, count);
+                    assert_eq!((part.mask, part.lane), (want, 7), "{mask:#x}, ranks {first}..+{count}");
+                }
+            }
+        }
+    }
 }
