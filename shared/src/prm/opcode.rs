@@ -81,7 +81,10 @@ pub mod syndrome {
             REMOTE_INVAL_REQ_ERR => "remote invalid request error",
             REMOTE_ACCESS_ERR => "remote access error (bad rkey or remote range)",
             REMOTE_OP_ERR => "remote operation error",
-            TRANSPORT_RETRY_EXC_ERR => "transport retry counter exceeded (the peer did not answer)",
+            TRANSPORT_RETRY_EXC_ERR => {
+                "transport retry counter exceeded (no answer from the peer QP: its process gone, its QP destroyed \
+                 or not connected back, or the peer unreachable)"
+            }
             RNR_RETRY_EXC_ERR => "RNR retry counter exceeded",
             REMOTE_ABORTED_ERR => "remote aborted error",
             _ => return None,
