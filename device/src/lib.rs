@@ -12,10 +12,10 @@
 //! [`shared_qp`] (posting from many threads) → [`channel`] (MSCCL++'s PortChannel device API over an Exclusive
 //! or a shared QP) → [`packet`] (MSCCL++'s LL packets on a channel); [`coll`] (collectives on the channels
 //! to every peer: broadcast, all-to-all with variable sizes, reduce and all-reduce summed by the NIC, and the
-//! ring all-reduce summed by the GPU). Kernels: [`thread`] (the calling thread,
-//! its indices and the CTA barrier) and [`launch`] (parameter types, error reports, the `cpu` executor's
-//! launcher) with the [`kernel`] attribute, which makes a function of a user's device crate a kernel of both
-//! executors. The crate has no kernels of its own: a user's crate (built with `gdaki-build`) has them.
+//! ring all-reduce summed by the GPU). Kernels: [`thread`] (the calling thread, its indices and the CTA
+//! barrier), [`grid`] (a barrier over every CTA of a co-resident launch) and [`launch`] (parameter types,
+//! error reports, the `cpu` executor's launcher) with the [`kernel`] attribute, which makes a function of a
+//! user's device crate a kernel of both executors. The crate has no kernels of its own: a user's crate (built with `gdaki-build`) has them.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 #![deny(missing_docs)]
@@ -47,6 +47,7 @@ pub mod cq;
 pub mod db;
 pub mod error;
 pub mod fifo;
+pub mod grid;
 pub mod launch;
 pub mod onesided;
 pub mod packet;

@@ -12,7 +12,7 @@ use gdaki::Error;
 use gdaki_device::launch::{DevPtr, KernelFn};
 use gdaki_device::Dim3;
 use gdaki_shared::coll::CollHandle;
-use gdaki_testkit_kernels::entries::{GDAKI_COLL_BROADCAST, GDAKI_FLAG_ECHO, GDAKI_SMOKE};
+use gdaki_testkit_kernels::entries::{GDAKI_COLL_BROADCAST, GDAKI_FLAG_ECHO, GDAKI_GRID_ROUNDS, GDAKI_SMOKE};
 
 /// What `cpu_memory_of_a_kernel_that_outlived_its_wait_is_not_freed_under_it` measures belongs to the whole
 /// process: while any `cpu` kernel of the process outlives its launch's wait (as the one of
@@ -134,6 +134,48 @@ fn gpu_reports_are_reused_and_start_clean() {
     let _turn = beside();
     let _gpu = gdaki_testkit::gpu_turn();
     reports_are_reused_and_start_clean(ExecutorKind::Gpu);
+}
+
+/// A grid-wide barrier (`gdaki_device::grid::GridBarrier`) in a co-resident launch: every thread sees the
+/// other CTAs' stores of each round after it. On the GPU with as many CTAs of 64 threads as the GPU holds at
+/// once (no emulated NIC runs here, whose engine would take room), on the cpu executor 8.
+fn grid_barrier_rounds(kind: ExecutorKind) {
+    let (exec, _) = Executor::open(Some(kind)).expect("executor");
+    let m = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("the testkit's PTX loads");
+    let k = m.kernel(&GDAKI_GRID_ROUNDS).expect("in the PTX");
+    let ctas = match kind {
+        ExecutorKind::Cpu => 8,
+        ExecutorKind::Gpu => k.max_co_resident_blocks(Dim3::x(64), 0).expect("the occupancy"),
+    };
+    let counter = exec.alloc_data(8).expect("counter");
+    let slots = exec.alloc_data(8 * 64 * ctas as usize).expect("slots");
+    // SAFETY: the counter (zeroed by the allocation) and one slot per thread live for the whole launch.
+    unsafe {
+        k.launch(
+            &LaunchConfig::linear(ctas, 64).co_resident(),
+            (counter.dev_ptr::<u64>(), slots.dev_ptr::<u64>(), 5, 5_000_000_000),
+            Duration::from_secs(60),
+        )
+    }
+    .unwrap_or_else(|e| panic!("{ctas} CTAs: {e}"));
+    // Every CTA arrived at 10 barriers.
+    let mut word = [0u8; 8];
+    counter.read(0, &mut word).expect("read back");
+    assert_eq!(u64::from_ne_bytes(word), 10 * u64::from(ctas));
+}
+
+#[test]
+fn cpu_grid_barrier_orders_every_ctas_stores() {
+    let _turn = beside();
+    grid_barrier_rounds(ExecutorKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn gpu_grid_barrier_orders_every_ctas_stores() {
+    let _turn = beside();
+    let _gpu = gdaki_testkit::gpu_turn();
+    grid_barrier_rounds(ExecutorKind::Gpu);
 }
 
 #[test]

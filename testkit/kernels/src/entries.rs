@@ -3,10 +3,14 @@
 
 use gdaki_device::channel::{Exclusive, PortChannel, Warp};
 use gdaki_device::coll::{self, Algorithm, CollHandle};
+use gdaki_device::error::AppError;
 use gdaki_device::error::InvalidArgument;
+use gdaki_device::grid::GridBarrier;
+use gdaki_device::launch::DevPtr;
 use gdaki_device::qp::Qp;
 use gdaki_device::scope::{Block, Device};
 use gdaki_device::shared_qp::SharedQp;
+use gdaki_device::sync;
 use gdaki_device::warp_qp::WarpQp;
 use gdaki_device::wqe::{self, Raddr, Sge, Wqe};
 use gdaki_device::{kernel, Error, Thread};
@@ -268,6 +272,38 @@ pub fn gdaki_sass_shared_post(_t: &Thread, h: *mut QpHandle, a: &SassWrite) {
 pub fn gdaki_wqe_samples(_t: &Thread, p: &SampleParams, out: *mut [[Seg; gdaki_device::wqe::MAX_DS]; SAMPLES]) {
     // SAFETY: the launch passes room for every sample.
     unsafe { samples::build(p, &mut *out) }
+}
+
+/// `rounds` rounds of a grid-wide barrier ([`GridBarrier`] on `counter`, zero at the start): each round every
+/// thread stores the round's number in its slot of `slots` (one `u64` per thread of the launch, in GPU memory on
+/// the GPU), passes the barrier, reads the slots of the same thread in eight other CTAs (each must hold the
+/// round: a stale one is `AppError { code: 1, value: its index }`), and passes the barrier again.
+#[kernel]
+pub fn gdaki_grid_rounds(
+    t: &Thread,
+    counter: DevPtr<u64>,
+    slots: *mut u64,
+    rounds: u32,
+    timeout_ns: u64,
+) -> gdaki_device::Result<()> {
+    let threads = t.grid_dim().count() * u64::from(t.block_size());
+    let me = t.global_id();
+    // SAFETY: the launch's zeroed counter, used by this launch's barriers only.
+    let mut barrier = unsafe { GridBarrier::new(t, counter, timeout_ns) };
+    for r in 1..=u64::from(rounds) {
+        // SAFETY: the launch passes one slot per thread of the launch.
+        unsafe { sync::store_volatile(slots.add(me as usize), r) };
+        barrier.wait(t)?;
+        for k in 1..=8 {
+            let other = (me + k * u64::from(t.block_size())) % threads;
+            // SAFETY: as above.
+            if unsafe { sync::load_volatile(slots.add(other as usize)) } != r {
+                return Err(Error::App(AppError { code: 1, value: other }));
+            }
+        }
+        barrier.wait(t)?;
+    }
+    Ok(())
 }
 
 /// Writes 1 to `*flag` from thread 0: proves a module loads and a kernel runs.
