@@ -15,7 +15,8 @@ use crate::thread::Thread;
 use crate::wait::bounded;
 
 /// One thread's handle on a grid-wide barrier; every thread of the launch makes its own on the same counter
-/// ([`GridBarrier::new`]) and calls [`GridBarrier::wait`] as many times as every other.
+/// ([`GridBarrier::new`]) and calls [`GridBarrier::wait`] as many times as every other (a thread that returns
+/// first fails its CTA's waits).
 #[derive(Debug)]
 pub struct GridBarrier {
     counter: *mut u64,
@@ -47,13 +48,17 @@ impl GridBarrier {
     /// [`Error::Timeout`] on [`WaitOn::Semaphore`] (the counter, the count awaited and the last seen: how many
     /// CTA arrivals were missing) for thread 0 of a CTA whose wait ran out: a CTA that never arrived (returned
     /// before the call, failed, or was not resident, in a launch that was not co-resident);
-    /// [`InvalidArgument::Team`] for the other threads of that CTA. The barrier is broken for the rest of the
-    /// launch then: later waits end the same way.
+    /// [`InvalidArgument::Team`] for the other threads of that CTA, and for every thread of a CTA some thread
+    /// of which returned before this call (the CTA does not arrive then, and the other CTAs time out). The
+    /// barrier is broken for the rest of the launch then: later waits end the same way.
     pub fn wait(&mut self, t: &Thread) -> Result<()> {
         self.passed += 1;
         let expected = self.passed.saturating_mul(self.ctas);
-        // Every thread of the CTA has made its accesses before thread 0 releases them with its arrival.
-        t.sync_threads();
+        // Every thread of the CTA has made its accesses before thread 0 releases them with its arrival; a CTA
+        // whose threads are not all here (one returned: the barrier no longer waits for it) does not arrive.
+        if t.sync_threads_count(true) != t.block_size() {
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
+        }
         let mut r = Ok(());
         if t.tid() == 0 {
             let counter = self.counter;
@@ -95,8 +100,11 @@ mod tests {
     const TIMEOUT: u64 = 3;
     const TEAM: u64 = 4;
 
+    /// In [`rounds`]' `leave`: only thread 0 of the CTA returns at once.
+    const THREAD_0: u64 = 1 << 32;
+
     /// Counter, one slot per thread, one outcome per thread, rounds, a CTA that returns at once (`u64::MAX`:
-    /// none), and the waits' bound in ns.
+    /// none; with [`THREAD_0`] set, only its thread 0 returns), and the waits' bound in ns.
     type Args = (DevPtr<u64>, DevPtr<AtomicU64>, DevPtr<AtomicU64>, u64, u64, u64);
 
     /// Each round every thread stores the round's number in its slot, passes the barrier, reads every slot of
@@ -112,7 +120,7 @@ mod tests {
             )
         };
         let me = t.global_id() as usize;
-        if t.block() == leave {
+        if t.block() == leave & !THREAD_0 && (leave & THREAD_0 == 0 || t.tid() == 0) {
             return;
         }
         // SAFETY: the test's zeroed counter, used by this launch's barriers only.
@@ -162,19 +170,25 @@ mod tests {
     }
 
     /// A CTA that returns before the barrier ends the others' waits: thread 0 of each waits out the bound and
-    /// gets the timeout on the counter, the other threads of its CTA `Team`; nothing hangs.
+    /// gets the timeout on the counter, the other threads of its CTA `Team`; nothing hangs. The same when only
+    /// thread 0 of that CTA returns: its other threads get `Team` at once (before, they passed the barrier as if
+    /// every CTA had arrived, their thread 0 being the one that adds and waits).
     #[test]
     fn a_cta_that_never_arrives_ends_every_wait_in_an_error() {
         let (ctas, threads) = (4, 4);
-        let outcomes = run(ctas, threads, 3, 2, 100_000_000);
-        for (i, &o) in outcomes.iter().enumerate() {
-            let (cta, tid) = (i as u32 / threads, i as u32 % threads);
-            let want = match (cta, tid) {
-                (2, _) => 0,
-                (_, 0) => TIMEOUT,
-                _ => TEAM,
-            };
-            assert_eq!(o, want, "CTA {cta} thread {tid}");
+        for leave in [2, 2 | THREAD_0] {
+            let outcomes = run(ctas, threads, 3, leave, 100_000_000);
+            for (i, &o) in outcomes.iter().enumerate() {
+                let (cta, tid) = (i as u32 / threads, i as u32 % threads);
+                let want = match (cta, tid) {
+                    (2, 0) => 0,
+                    (2, _) if leave & THREAD_0 != 0 => TEAM,
+                    (2, _) => 0,
+                    (_, 0) => TIMEOUT,
+                    _ => TEAM,
+                };
+                assert_eq!(o, want, "leave {leave:#x}: CTA {cta} thread {tid}");
+            }
         }
     }
 }

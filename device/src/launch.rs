@@ -398,7 +398,10 @@ mod host_side {
             std::thread::scope(|s| {
                 // SAFETY: `flag` outlives the scope, which joins the launch.
                 let waiting = s.spawn(|| unsafe { run_on_host(&k, Dim3::x(1), Dim3::x(1024), args, 0) });
+                let t = std::time::Instant::now();
                 while RUNNING_HOST_THREADS.load(Ordering::Relaxed) < 1024 {
+                    assert!(!waiting.is_finished(), "the launch of 1024 threads ended before it was seen running");
+                    assert!(t.elapsed() < std::time::Duration::from_secs(30), "the launch of 1024 threads never ran");
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
                 // SAFETY: refused before any thread starts.

@@ -149,9 +149,9 @@ impl<A: LaunchArgs> Kernel<A> {
     /// at once, the most a [`LaunchConfig::co_resident`] launch may have (NVSHMEM's
     /// `nvshmemx_collective_launch_query_gridsize`): on the GPU the driver's occupancy per SM for this kernel
     /// (its registers and shared memory) times the SMs; on the `cpu` executor the threads it runs at most
-    /// ([`gdaki_device::launch::MAX_HOST_THREADS`]) divided by the block's. On the GPU, kernels running
-    /// meanwhile on other streams (other ranks', the emulated NIC's engine: one CTA of 64 threads) take room
-    /// from that number; leave them some.
+    /// ([`gdaki_device::launch::MAX_HOST_THREADS`]) divided by the block's. Kernels running meanwhile take room
+    /// from that number: on the GPU those of other streams (other ranks', the emulated NIC's engine: one CTA of
+    /// 64 threads; leave them some), on the `cpu` executor the process's other `cpu` launches.
     ///
     /// # Errors
     /// On the GPU, the driver's error as [`Error::Cuda`] (for instance a block larger than the kernel takes).
@@ -167,8 +167,8 @@ impl<A: LaunchArgs> Kernel<A> {
     /// # Errors
     /// [`Error::InvalidArgument`] for a shape the executor cannot run (a zero dimension, more than 1024 threads
     /// per block, a block deeper than 64: on the GPU the driver refuses the last two, an [`Error::Cuda`]; on the
-    /// `cpu` executor also more than 8192 threads in all, or with the process's other `cpu` launches still
-    /// running, an error the launch's wait returns as [`Error::Device`]), on the GPU for a [`LaunchConfig::co_resident`] grid
+    /// `cpu` executor also more than 8192 threads in all; more than that with the process's other `cpu`
+    /// launches still running is refused by the launch's wait, [`Error::Unavailable`]), on the GPU for a [`LaunchConfig::co_resident`] grid
     /// larger than [`Kernel::max_co_resident_blocks`] (the message names both) or arguments whose sizes
     /// differ from the PTX's parameters; [`Error::Unavailable`] for a co-resident launch on a GPU without
     /// cooperative launches; [`Error::Cuda`].
@@ -383,8 +383,9 @@ impl Running {
     /// `cpu` executor its threads go on, and the executor's memory dropped before they end is leaked, not
     /// freed under them: give the launch a timeout longer than the kernel's own bounded waits), and when a
     /// kernel thread panicked on the `cpu` executor (the message names the kernel and the panic);
-    /// [`Error::Unavailable`] when the OS refused to start one of the `cpu` executor's host threads (none ran
-    /// the kernel); [`Error::Cuda`].
+    /// [`Error::Unavailable`] when the `cpu` executor's host threads could not all start (none ran the
+    /// kernel): the OS refused one, or the process's other `cpu` launches still running hold so many that this
+    /// one's would pass [`gdaki_device::launch::MAX_HOST_THREADS`] together; [`Error::Cuda`].
     pub fn wait(self, timeout: Duration) -> Result<()> {
         self.finish(timeout).map(|_| ())
     }
@@ -409,7 +410,8 @@ impl Running {
                 }
                 match handle.join() {
                     Ok(Ok(wall)) => Ok(Some(wall)),
-                    // The shape was checked at the launch: what is left is a thread the OS did not start.
+                    // The shape was checked at the launch: what is left is the process's budget of kernel
+                    // threads, taken by other launches, or a thread the OS did not start.
                     Ok(Err(why)) => return Err(Error::Unavailable(why)),
                     Err(p) => {
                         let why = p

@@ -60,7 +60,8 @@ pub mod syndrome {
     pub const REMOTE_ACCESS_ERR: u8 = 0x13;
     /// `MLX5_CQE_SYNDROME_REMOTE_OP_ERR`.
     pub const REMOTE_OP_ERR: u8 = 0x14;
-    /// `MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR`: the peer did not answer.
+    /// `MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR`: the peer QP did not answer within the retries (its process
+    /// gone, its QP destroyed or not connected back, or the peer unreachable).
     pub const TRANSPORT_RETRY_EXC_ERR: u8 = 0x15;
     /// `MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR`.
     pub const RNR_RETRY_EXC_ERR: u8 = 0x16;

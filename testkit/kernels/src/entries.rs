@@ -276,7 +276,7 @@ pub fn gdaki_wqe_samples(_t: &Thread, p: &SampleParams, out: *mut [[Seg; gdaki_d
 
 /// `rounds` rounds of a grid-wide barrier ([`GridBarrier`] on `counter`, zero at the start): each round every
 /// thread stores the round's number in its slot of `slots` (one `u64` per thread of the launch, in GPU memory on
-/// the GPU), passes the barrier, reads the slots of the same thread in eight other CTAs (each must hold the
+/// the GPU), passes the barrier, reads the slots of the same thread in up to eight other CTAs (each must hold the
 /// round: a stale one is `AppError { code: 1, value: its index }`), and passes the barrier again.
 #[kernel]
 pub fn gdaki_grid_rounds(
@@ -294,7 +294,7 @@ pub fn gdaki_grid_rounds(
         // SAFETY: the launch passes one slot per thread of the launch.
         unsafe { sync::store_volatile(slots.add(me as usize), r) };
         barrier.wait(t)?;
-        for k in 1..=8 {
+        for k in 1..=t.grid_dim().count().saturating_sub(1).min(8) {
             let other = (me + k * u64::from(t.block_size())) % threads;
             // SAFETY: as above.
             if unsafe { sync::load_volatile(slots.add(other as usize)) } != r {
