@@ -38,6 +38,7 @@ mod tests {
             "gdaki_sass_shared_post",
             "gdaki_wqe_samples",
             "gdaki_smoke",
+            "gdaki_grid_rounds",
             "gdaki_flag_echo",
             "gdaki_coll_broadcast",
             "gdaki_coll_all_to_all_v",
@@ -48,6 +49,6 @@ mod tests {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 31);
+        assert_eq!(PTX.matches(".entry ").count(), 32);
     }
 }
