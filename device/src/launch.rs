@@ -199,22 +199,44 @@ mod host_side {
     /// fail to map, which aborts the whole process from inside that thread, where a launch cannot catch it.
     static RUNNING_HOST_THREADS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
-    /// `n` kernel threads of [`RUNNING_HOST_THREADS`], held until dropped.
-    struct HostThreads(u64);
+    /// The kernel threads of one `cpu` launch in the shape `grid × block`, claimed from the process's budget
+    /// ([`MAX_HOST_THREADS`]) and given back when dropped. Claiming before a launch's threads start lets a
+    /// launcher refuse the launch at once, while its caller still waits for nothing ([`run_claimed`]).
+    #[derive(Debug)]
+    pub struct HostThreads {
+        grid: Dim3,
+        block: Dim3,
+    }
 
     impl HostThreads {
-        /// Claims `n` threads, or says how many are running when `n` more would pass [`MAX_HOST_THREADS`].
-        fn claim(n: u64) -> Result<HostThreads, u64> {
+        /// Claims the threads of a launch of kernel `name` in the shape `grid × block`.
+        ///
+        /// # Errors
+        /// [`check_host_shape`]'s message for a shape the executor does not run; a message naming the kernel,
+        /// its threads and the threads other launches of the process hold, when together they would pass
+        /// [`MAX_HOST_THREADS`]. Nothing is claimed then.
+        pub fn claim(name: &str, grid: Dim3, block: Dim3) -> Result<HostThreads, String> {
             use core::sync::atomic::Ordering::Relaxed;
+            check_host_shape(name, grid, block)?;
+            let n = grid.count().saturating_mul(block.count());
             RUNNING_HOST_THREADS
-                .fetch_update(Relaxed, Relaxed, |running| (running + n <= MAX_HOST_THREADS).then_some(running + n))
-                .map(|_| HostThreads(n))
+                .fetch_update(Relaxed, Relaxed, |running| {
+                    (running.saturating_add(n) <= MAX_HOST_THREADS).then_some(running + n)
+                })
+                .map(|_| HostThreads { grid, block })
+                .map_err(|running| {
+                    format!(
+                        "launch of `{name}` with {n} threads while {running} threads of other launches run: the \
+                         cpu executor runs at most {MAX_HOST_THREADS} kernel threads at once in a process"
+                    )
+                })
         }
     }
 
     impl Drop for HostThreads {
         fn drop(&mut self) {
-            RUNNING_HOST_THREADS.fetch_sub(self.0, core::sync::atomic::Ordering::Relaxed);
+            let n = self.grid.count() * self.block.count();
+            RUNNING_HOST_THREADS.fetch_sub(n, core::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -238,16 +260,27 @@ mod host_side {
         args: A,
         report: u64,
     ) -> Result<(), String> {
-        check_host_shape(k.name, grid, block)?;
+        let threads = HostThreads::claim(k.name, grid, block)?;
+        // SAFETY: the caller's contract.
+        unsafe { run_claimed(threads, k, args, report) }
+    }
+
+    /// [`run_on_host`] in the shape of `claimed`, claimed earlier; the claim is given back when the kernel's
+    /// threads have all ended (`claimed` lives to the end of this call, after they are joined).
+    ///
+    /// # Errors
+    /// A message when the OS refuses to start one of the threads (none runs the kernel then).
+    ///
+    /// # Safety
+    /// As [`run_on_host`].
+    pub unsafe fn run_claimed<A: LaunchArgs>(
+        claimed: HostThreads,
+        k: &KernelFn<A>,
+        args: A,
+        report: u64,
+    ) -> Result<(), String> {
+        let (grid, block) = (claimed.grid, claimed.block);
         let (blocks, threads) = (grid.count(), block.count());
-        let _claimed = HostThreads::claim(blocks * threads).map_err(|running| {
-            format!(
-                "launch of `{}` with {} threads while {running} threads of other launches run: the cpu executor \
-                 runs at most {MAX_HOST_THREADS} kernel threads at once in a process",
-                k.name,
-                blocks * threads
-            )
-        })?;
         let host_fn = k.host;
         // Every thread waits at this gate until all are spawned (GATE_SHUT): if one cannot be, none runs the
         // kernel (a block whose threads are not all there would wait forever in its barrier). Threads park

@@ -167,11 +167,11 @@ impl<A: LaunchArgs> Kernel<A> {
     /// # Errors
     /// [`Error::InvalidArgument`] for a shape the executor cannot run (a zero dimension, more than 1024 threads
     /// per block, a block deeper than 64: on the GPU the driver refuses the last two, an [`Error::Cuda`]; on the
-    /// `cpu` executor also more than 8192 threads in all; more than that with the process's other `cpu`
-    /// launches still running is refused by the launch's wait, [`Error::Unavailable`]), on the GPU for a [`LaunchConfig::co_resident`] grid
+    /// `cpu` executor also more than 8192 threads in all), on the GPU for a [`LaunchConfig::co_resident`] grid
     /// larger than [`Kernel::max_co_resident_blocks`] (the message names both) or arguments whose sizes
     /// differ from the PTX's parameters; [`Error::Unavailable`] for a co-resident launch on a GPU without
-    /// cooperative launches; [`Error::Cuda`].
+    /// cooperative launches, and on the `cpu` executor for a launch whose threads and those of the process's
+    /// other `cpu` launches still running would be more than 8192 together (nothing starts); [`Error::Cuda`].
     ///
     /// # Safety
     /// `args` must be what the kernel's contract asks for: its pointers device addresses of live memory of the
@@ -219,10 +219,13 @@ impl<A: LaunchArgs> Kernel<A> {
                 end.transpose()?;
             }
             _ => {
-                // Refused here rather than at `wait`, as on the GPU, where the driver refuses it at launch.
+                // Refused here rather than at `wait`, as on the GPU, where the driver refuses a bad shape at
+                // launch: first the shape, then the process's budget of kernel threads.
                 gdaki_device::launch::check_host_shape(self.k.name, cfg.grid, cfg.block)
                     .map_err(Error::InvalidArgument)?;
-                let (k, grid, block, report) = (self.k, cfg.grid, cfg.block, running.report.clone());
+                let threads = gdaki_device::launch::HostThreads::claim(self.k.name, cfg.grid, cfg.block)
+                    .map_err(Error::Unavailable)?;
+                let (k, report) = (self.k, running.report.clone());
                 let name = self.k.name;
                 // The end is signalled, not polled for: a waiter wakes as the kernel ends (a panic drops the
                 // sender, which wakes it too).
@@ -238,9 +241,8 @@ impl<A: LaunchArgs> Kernel<A> {
                         let t0 = Instant::now();
                         // SAFETY: the caller's contract covers the arguments; `report` (held by this thread) is
                         // the launch's report.
-                        let r =
-                            unsafe { gdaki_device::launch::run_on_host(k, grid, block, args, report.device_addr()) }
-                                .map(|()| t0.elapsed());
+                        let r = unsafe { gdaki_device::launch::run_claimed(threads, k, args, report.device_addr()) }
+                            .map(|()| t0.elapsed());
                         drop(at_end);
                         let _ = ended.send(());
                         r
@@ -383,9 +385,8 @@ impl Running {
     /// `cpu` executor its threads go on, and the executor's memory dropped before they end is leaked, not
     /// freed under them: give the launch a timeout longer than the kernel's own bounded waits), and when a
     /// kernel thread panicked on the `cpu` executor (the message names the kernel and the panic);
-    /// [`Error::Unavailable`] when the `cpu` executor's host threads could not all start (none ran the
-    /// kernel): the OS refused one, or the process's other `cpu` launches still running hold so many that this
-    /// one's would pass [`gdaki_device::launch::MAX_HOST_THREADS`] together; [`Error::Cuda`].
+    /// [`Error::Unavailable`] when the OS refused to start one of the `cpu` executor's host threads (none ran
+    /// the kernel); [`Error::Cuda`].
     pub fn wait(self, timeout: Duration) -> Result<()> {
         self.finish(timeout).map(|_| ())
     }
@@ -410,8 +411,8 @@ impl Running {
                 }
                 match handle.join() {
                     Ok(Ok(wall)) => Ok(Some(wall)),
-                    // The shape was checked at the launch: what is left is the process's budget of kernel
-                    // threads, taken by other launches, or a thread the OS did not start.
+                    // The shape and the budget were checked at the launch: what is left is a thread the OS did
+                    // not start.
                     Ok(Err(why)) => return Err(Error::Unavailable(why)),
                     Err(p) => {
                         let why = p

@@ -236,6 +236,41 @@ fn cpu_launch_wait_is_bounded_and_sees_the_end() {
     .expect("an echo whose ping is already up ends");
 }
 
+/// A `cpu` launch whose threads and those of a launch still running pass the process's budget (8192) is refused
+/// by `start`, before any of its threads runs, with `Unavailable` naming the budget; once the running launch has
+/// ended, the same launch runs. Before, the refusal came only from the launch's wait. Runs alone: the running
+/// launch holds 1024 threads of the budget the other tests' launches share.
+#[test]
+fn cpu_launch_past_the_thread_budget_is_refused_at_start() {
+    let _alone = alone();
+    let (exec, _) = Executor::open(Some(ExecutorKind::Cpu)).expect("cpu executor");
+    let m = Module::load(&exec, gdaki_testkit::ptx::PTX).expect("the testkit's PTX loads");
+    let k = m.kernel(&GDAKI_FLAG_ECHO).expect("in the PTX");
+    let flags = exec.queue_memory().alloc(16).expect("two words");
+    let words = flags.host_ptr() as *mut u64;
+    let args = (DevPtr::new(flags.device_addr()), 1u32, 20_000_000_000u64);
+    // SAFETY: two 8-byte-aligned words of host memory, alive until the kernel has ended (its wait below).
+    let running = unsafe { k.start(&LaunchConfig::linear(1, 1024), args) }.expect("1024 threads start");
+    let t0 = Instant::now();
+    // SAFETY: as above; refused before anything of it runs.
+    let refused = unsafe { k.start(&LaunchConfig::linear(7169, 1), args) };
+    let took = t0.elapsed();
+    // SAFETY: the words are live; the kernel's thread 0 reads the first with acquire loads and then answers.
+    unsafe { std::ptr::write_volatile(words, 1) };
+    running.wait(Duration::from_secs(30)).expect("the running launch ends once pinged");
+    match refused {
+        Err(Error::Unavailable(msg)) => {
+            assert!(msg.contains("7169 threads while 1024 threads"), "{msg}");
+            assert!(msg.contains("at most 8192 kernel threads at once in a process"), "{msg}");
+        }
+        other => panic!("7169 threads beside 1024 running: {:?}", other.map(|_| ())),
+    }
+    assert!(took < Duration::from_secs(1), "the refusal took {took:?}: it waited for something");
+    // SAFETY: as above; the ping is already 1, so thread 0 answers without waiting.
+    unsafe { k.launch(&LaunchConfig::linear(7169, 1), args, Duration::from_secs(60)) }
+        .expect("the same launch runs once the budget is free");
+}
+
 /// A `cpu` kernel that outlives its launch's wait (a launch timeout shorter than the kernel's own bounded
 /// wait) while the host drops the memory it polls, as a `launch(..)?` that returns early does: the memory is
 /// leaked rather than freed under the kernel's threads, so the process goes on (a free there unmapped the
