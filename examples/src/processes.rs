@@ -18,13 +18,10 @@ pub(crate) fn spawn(n: u32) -> Result<std::process::ExitCode, String> {
             args.push(a);
         }
     }
-    // A port free now, which rank 0 binds next (the loopback root needs no secret, but a fresh one keeps
-    // this session apart from any other on the same port).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free loopback port for the bootstrap: {e}"))?
-        .port();
+    // The loopback root needs no secret, but a fresh one keeps this session apart from any other on the
+    // same port.
     let secret = gdaki::bootstrap::Secret::random().map_err(|e| e.to_string())?;
+    let port = root_port()?;
     let mut children = Vec::new();
     for rank in 0..n {
         let mut cmd = Command::new(&exe);
@@ -58,6 +55,34 @@ pub(crate) fn spawn(n: u32) -> Result<std::process::ExitCode, String> {
         }
     }
     Ok(wait_all(children))
+}
+
+/// A loopback port free now, which rank 0 binds a moment later. Tried first: ports below the OS's ephemeral
+/// range (`ip_local_port_range`), from a random start, since a port the OS hands out meanwhile (to a
+/// `bind` to port 0 or to an outgoing connection, as tests running beside do by the hundred) is always taken
+/// from that range; only another program that binds that very port in between could take it. Else any port
+/// the OS picks.
+fn root_port() -> Result<u16, String> {
+    use std::hash::{BuildHasher, Hasher};
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).and_then(|l| l.local_addr());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // Below the range, above the ports of well-known services (most below 10000).
+    let (low, high) = (10_000u16, ephemeral_low);
+    if high > low {
+        let span = u32::from(high - low);
+        // std's hasher keys are random per process: a start no other launch shares, without a crate for it.
+        let start = (std::collections::hash_map::RandomState::new().build_hasher().finish() % u64::from(span)) as u32;
+        for i in 0..64u32 {
+            let port = low + ((start + i * 7919) % span) as u16;
+            if free(port).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    Ok(free(0).map_err(|e| format!("no free loopback port for the bootstrap: {e}"))?.port())
 }
 
 /// Waits for the ranks `children` (by rank), stopping the others `STOP_GRACE` after one fails, and names
