@@ -220,8 +220,8 @@ pub enum InvalidArgument {
     /// block return from [`crate::coll::all_reduce_ring`] when its thread 0 failed (thread 0 has the error),
     /// a [`crate::warp_qp::WarpQp`] call that not every member of the `WarpQp` executes together, and a team
     /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp; and on the `cpu`
-    /// executor a post to a Block-scope QP from a second CTA of a launch ([`crate::scope::Block`]) or a
-    /// call on a Warp-sharing QP from a second warp.
+    /// executor a post to a Block-scope QP from a second CTA of a launch ([`crate::scope::Block`]), a
+    /// call on a Warp-sharing QP from a second warp, or a launch that posts to one QP both ways.
     Team = 11,
     /// A collective call ([`crate::coll`]) whose handle or arguments are out of range: a communicator of 0 or
     /// more than [`MAX_RANKS`](gdaki_shared::coll::MAX_RANKS) ranks, a rank or root not below `nranks`, a

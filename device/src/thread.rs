@@ -291,16 +291,20 @@ pub(crate) mod host {
 
     /// Whether the calling host thread may post to the QP whose [`SqState::host_owner`] word is `owner`,
     /// sharing it by CTA (`by_warp` false: Block scope) or by warp (`by_warp` true: Warp sharing). The first
-    /// CTA (warp) of a launch to post claims the QP; another of the same launch is refused: on the GPU its
-    /// `.cta` atomics, or its warp's own leader, would corrupt the QP, while host threads would take turns and
-    /// hide it. A later launch claims the QP afresh. A thread outside a launch (a test's own threads) always
+    /// CTA (warp) of a launch to post claims the QP; another of the same launch is refused, and so is any warp
+    /// of a launch whose QP a CTA claimed (and the reverse): on the GPU its `.cta` atomics, or its warp's own
+    /// leader, would corrupt the QP, while host threads would take turns and hide it. A later launch claims
+    /// the QP afresh. A thread outside a launch (a test's own threads) always
     /// may.
     ///
     /// [`SqState::host_owner`]: gdaki_shared::handle::SqState::host_owner
     pub(crate) fn may_post(owner: &AtomicU64, by_warp: bool) -> bool {
         let Some(u) = UNIT.with(|c| c.get()) else { return true };
-        // At most 32 warps a block and 8192 threads a launch: a warp's number (block x 32 + warp) fits.
-        let who = if by_warp { u.block * 32 + u.warp } else { u.block };
+        // At most 32 warps a block and 8192 threads a launch: a warp's number (block x 32 + warp) fits below
+        // bit 31, which tells a warp from a CTA, so that one QP claimed by a CTA is refused to a warp of
+        // another CTA that happens to have the CTA's number, and the reverse (the two ways of posting share
+        // the QP's state but not its protocol: both at once corrupt it).
+        let who = if by_warp { 1 << 31 | (u.block * 32 + u.warp) } else { u.block };
         let me = u64::from(u.launch) << 32 | u64::from(who);
         let mut cur = owner.load(Ordering::Relaxed);
         loop {

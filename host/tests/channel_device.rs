@@ -512,6 +512,11 @@ pub fn shared_pieces(
     } else {
         let r = match warp {
             0 => run::<Block>(t, ch, rounds, false),
+            // Both modes on one QP in one launch: CTA 1 by Block scope, warp 1 of CTA 0 by Warp sharing
+            // (warp 0 of CTA 0 does nothing).
+            3 if t.global_id() / t.block_size() as u64 == 1 => run::<Block>(t, ch, rounds, false),
+            3 if t.tid() / 32 == 1 => run::<gdaki_device::channel::Warp>(t, ch, rounds, false),
+            3 => return,
             _ => run::<gdaki_device::channel::Warp>(t, ch, rounds, warp == 2),
         };
         let code = |e: Error| 2 + (u64::from(e.to_report().kind) << 8 | e.to_report().expected);
@@ -591,6 +596,39 @@ fn a_block_qp_takes_one_cta_and_a_warp_handle_one_warp_of_a_launch() {
             assert_eq!(code, u64::from(i / unit == other), "{what}: a later launch of unit {other}: {again:?}");
         }
     }
+}
+
+/// One QP used in one launch by Block scope (CTA 1) and by Warp sharing (warp 1 of CTA 0): on the GPU the
+/// CTA's `.cta` atomics and the warp's own leader would corrupt it, so on the `cpu` executor whichever posts
+/// first owns the QP for the launch and the other gets `Team`. (CTA 1 and warp 1 are both unit 1 of their
+/// kind: a claim that did not tell the kinds apart let both post.)
+#[test]
+fn a_qp_takes_one_sharing_mode_in_a_launch() {
+    let r = Error::InvalidArgument(InvalidArgument::Team).to_report();
+    let team = 2 + (u64::from(r.kind) << 8 | r.expected);
+    let (ctas, threads) = (2u32, 64u32);
+    let len = (ctas * threads) as usize * 64;
+    let l = Link::new(len, 256, false);
+    let h = Box::new(l.handle());
+    let mut out = vec![u64::MAX; (ctas * threads) as usize];
+    let (hp, outp) = (&*h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
+    let args = (gdaki_device::DevPtr::new(hp), 3u32, 1u32, u32::MAX, 32u32, gdaki_device::DevPtr::new(outp));
+    // SAFETY: the handle and `out` outlive the launch; the link's QP is this launch's alone.
+    unsafe {
+        gdaki_device::launch::run_on_host(
+            &SHARED_PIECES,
+            gdaki_device::Dim3::x(ctas),
+            gdaki_device::Dim3::x(threads),
+            args,
+            0,
+        )
+    }
+    .unwrap();
+    let (idle, warp, cta) = (&out[..32], &out[32..64], &out[64..]);
+    assert!(idle.iter().all(|&c| c == u64::MAX), "warp 0 of CTA 0 posts nothing: {out:?}");
+    let warp_owns = warp.iter().all(|&c| c == 1) && cta.iter().all(|&c| c == team);
+    let cta_owns = cta.iter().all(|&c| c == 1) && warp.iter().all(|&c| c == team);
+    assert!(warp_owns || cta_owns, "one of the two posts, the other gets Team: {out:?}");
 }
 
 /// The host turns of `l`'s QP: (`host_next`, `host_serving`), read as the library accesses them (the serving
