@@ -233,6 +233,10 @@ pub enum InvalidArgument {
     /// A value a [`crate::coll::reduce`] would quantize lies outside its bound (`|x| > max_abs`), or is a NaN
     /// or an infinity. Checked on every value before anything is sent.
     Value = 13,
+    /// A [`crate::grid::GridBarrier`]'s counter that already held an arrival this launch cannot have made: it
+    /// was not zero when the launch started, or another launch uses it. Without the check the barrier would
+    /// pass at once and the CTAs race.
+    Counter = 14,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -463,6 +467,7 @@ impl Error {
                 8 => InvalidArgument::Packet,
                 12 => InvalidArgument::Collective,
                 13 => InvalidArgument::Value,
+                14 => InvalidArgument::Counter,
                 _ => return None,
             })),
             kind::TEAM => Some(Error::InvalidArgument(InvalidArgument::Team)),
@@ -585,6 +590,9 @@ impl InvalidArgument {
             }
             InvalidArgument::Collective => "a collective's handle or arguments are out of range",
             InvalidArgument::Value => "a value to reduce lies outside its bound, or is not finite",
+            InvalidArgument::Counter => {
+                "a grid barrier's counter was not zero when the launch started, or another launch uses it"
+            }
         }
     }
 }

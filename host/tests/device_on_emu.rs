@@ -1191,6 +1191,7 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
         Just(InvalidArgument::Team),
         Just(InvalidArgument::Collective),
         Just(InvalidArgument::Value),
+        Just(InvalidArgument::Counter),
     ]
 }
 
@@ -1317,6 +1318,7 @@ fn invalid_argument_codes_are_the_documented_ones() {
         (InvalidArgument::Team, 11, "invalid argument: Team"),
         (InvalidArgument::Collective, 12, "invalid argument: Collective"),
         (InvalidArgument::Value, 13, "invalid argument: Value"),
+        (InvalidArgument::Counter, 14, "invalid argument: Counter"),
     ];
     assert_eq!(kind::INVALID_ARGUMENT, 6);
     for (a, code, message) in table {
@@ -1332,7 +1334,8 @@ fn invalid_argument_codes_are_the_documented_ones() {
             | InvalidArgument::Unsupported
             | InvalidArgument::Team
             | InvalidArgument::Collective
-            | InvalidArgument::Value => {}
+            | InvalidArgument::Value
+            | InvalidArgument::Counter => {}
         }
         // Packing: the report the device writes (Team alone in the kind word, kind 15, so that a launch's
         // report of it can be replaced by its cause).
@@ -1359,12 +1362,12 @@ fn invalid_argument_codes_are_the_documented_ones() {
         Error::InvalidArgument(InvalidArgument::LocalRange).to_string(),
         "invalid argument: LocalRange (a local range lies outside its registered memory)"
     );
-    // The twelve codes are 1..=13 but 10 (retired), each once; as kind 6, 10, 11 (Team, which has a kind of its
-    // own) and the codes around them decode to nothing.
+    // The thirteen codes are 1..=14 but 10 (retired), each once; as kind 6, 10, 11 (Team, which has a kind of
+    // its own) and the codes around them decode to nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
     codes.sort_unstable();
-    assert_eq!(codes, (1..=13).filter(|&c| c != 10).collect::<Vec<u64>>());
-    for code in [0u64, 10, 11, 14, 15, u32::MAX as u64, u64::MAX] {
+    assert_eq!(codes, (1..=14).filter(|&c| c != 10).collect::<Vec<u64>>());
+    for code in [0u64, 10, 11, 15, 16, u32::MAX as u64, u64::MAX] {
         let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }
