@@ -149,7 +149,8 @@ impl<A: LaunchArgs> Kernel<A> {
     /// at once, the most a [`LaunchConfig::co_resident`] launch may have (NVSHMEM's
     /// `nvshmemx_collective_launch_query_gridsize`): on the GPU the driver's occupancy per SM for this kernel
     /// (its registers and shared memory) times the SMs; on the `cpu` executor the threads it runs at most
-    /// ([`gdaki_device::launch::MAX_HOST_THREADS`]) divided by the block's. Kernels running meanwhile take room
+    /// ([`gdaki_device::launch::MAX_HOST_THREADS`]) divided by the block's (0 for a block it does not run, of
+    /// more than 1024 threads or deeper than 64). Kernels running meanwhile take room
     /// from that number: on the GPU those of other streams (other ranks', the emulated NIC's engine: one CTA of
     /// 64 threads; leave them some), on the `cpu` executor the process's other `cpu` launches.
     ///
@@ -158,7 +159,11 @@ impl<A: LaunchArgs> Kernel<A> {
     pub fn max_co_resident_blocks(&self, block: Dim3, shared_mem_bytes: u32) -> Result<u32> {
         match &self.gpu {
             Some(k) => k.max_co_resident_blocks(block.count().min(u64::from(u32::MAX)) as u32, shared_mem_bytes),
-            None => Ok((gdaki_device::launch::MAX_HOST_THREADS / block.count().max(1)).min(u64::from(u32::MAX)) as u32),
+            // 0 for a block the executor does not run (a launch of it is refused whatever the grid).
+            None => Ok(match gdaki_device::launch::check_host_shape(self.k.name, Dim3::x(1), block) {
+                Ok(()) => (gdaki_device::launch::MAX_HOST_THREADS / block.count()) as u32,
+                Err(_) => 0,
+            }),
         }
     }
 
@@ -166,7 +171,8 @@ impl<A: LaunchArgs> Kernel<A> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a shape the executor cannot run (a zero dimension, more than 1024 threads
-    /// per block, a block deeper than 64: on the GPU the driver refuses the last two, an [`Error::Cuda`]; on the
+    /// per block, a block deeper than 64: on the GPU the driver refuses the last two, an [`Error::Cuda`], but
+    /// a co-resident launch's block of more than 1024 threads is refused before, an `InvalidArgument`; on the
     /// `cpu` executor also more than 8192 threads in all), on the GPU for a [`LaunchConfig::co_resident`] grid
     /// larger than [`Kernel::max_co_resident_blocks`] (the message names both) or arguments whose sizes
     /// differ from the PTX's parameters; [`Error::Unavailable`] for a co-resident launch on a GPU without

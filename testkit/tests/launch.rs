@@ -94,6 +94,11 @@ fn module_checks_kernels_against_the_ptx(kind: ExecutorKind) {
         (ExecutorKind::Cpu, Err(Error::InvalidArgument(msg))) => assert!(msg.contains("8192 in all"), "{msg}"),
         (_, other) => panic!("{} co-resident CTAs of 32 threads: {:?}", most + 1, other.err()),
     }
+    // On the cpu executor no CTA of a block it does not run is resident.
+    if kind == ExecutorKind::Cpu {
+        assert_eq!(k.max_co_resident_blocks(Dim3::x(1025), 0).expect("no driver to ask"), 0);
+        assert_eq!(k.max_co_resident_blocks(Dim3::new(1, 1, 65), 0).expect("no driver to ask"), 0);
+    }
 }
 
 /// A kernel's launches reuse their error reports (a free after each launch would wait for every running
