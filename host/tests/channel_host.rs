@@ -459,6 +459,22 @@ fn a_peer_that_never_answers_is_a_bootstrap_timeout_naming_the_call() {
     });
 }
 
+/// Setup calls that wait on each other in a cycle (here each rank first makes the call the other makes second)
+/// end at the bootstrap's timeout with an error that names the call and says how to order them.
+#[test]
+fn setup_calls_in_a_cycle_time_out_saying_how_to_order_them() {
+    two_ranks(Duration::from_millis(300), |comm, barrier| {
+        let peer = 1 - comm.rank();
+        let first = 1 + comm.rank();
+        let e = comm.connect(&EndpointConfig::default(), peer, first).unwrap_err();
+        barrier.wait();
+        let m = message(e);
+        assert!(m.starts_with(&format!("connect to rank {peer} tag {first}: ")), "{m}");
+        assert!(m.contains("timed out after 300ms (rank"), "{m}");
+        assert!(m.contains("order every rank's setup calls so that no cycle of ranks waits"), "{m}");
+    });
+}
+
 /// Channels keep working once their communicator has left the session, by its drop or by `leave`; after
 /// `leave`, the communicator's calls that exchange with a peer fail at once, saying that a rank left.
 #[test]

@@ -1,10 +1,12 @@
-//! Two ranks in this process exchange payloads over a port channel, device code driving the (emulated)
-//! NIC: rank 0's kernel puts each payload with a signal, rank 1's waits for it, and the host checks every
-//! byte. On CPU threads, then on the GPU when there is one. The last line is `N passed, M failed`.
+//! Two ranks exchange payloads over a port channel, device code driving the (emulated) NIC: rank 0's kernel
+//! puts each payload with a signal, rank 1's waits for it, and the host checks every byte. On CPU threads,
+//! then on the GPU when there is one. The last line is `N passed, M failed`. Both ranks run in this process,
+//! or, under a launcher of two (`mpirun -np 2`), one in each process.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
+use gdaki::bootstrap::{Launch, LaunchFlags};
 use gdaki::channel::{run_ranks, Communicator, EndpointConfig, PortChannel, RankSetup};
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::launch::{LaunchConfig, Module};
@@ -21,11 +23,13 @@ fn payload(len: usize, r: u32) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(r * 97 + len as u32) as u8).collect()
 }
 
-/// Payloads that arrived intact and payloads that did not (counted by rank 1, which receives them).
+/// Payloads that arrived intact and payloads that did not (counted by rank 1, which receives them), and how
+/// many were to arrive in this process.
 #[derive(Default)]
 struct Tally {
     passed: u32,
     failed: u32,
+    expected: u32,
 }
 
 /// One rank: sets up a channel to the other rank, then runs every round.
@@ -78,10 +82,12 @@ fn rank_main(comm: &Communicator) -> gdaki::Result<Tally> {
     Ok(tally)
 }
 
-/// Runs both ranks on executor `kind` and adds what they checked to `total`.
-fn run_on(kind: ExecutorKind, total: &mut Tally) {
+/// Runs both ranks, or this process's one of `launch`, on executor `kind` and adds what they checked to
+/// `total`.
+fn run_on(kind: ExecutorKind, launch: Option<&Launch>, total: &mut Tally) {
     println!("two ranks on the {kind} executor, emulated NIC");
-    let results = match run_ranks(&RankSetup::local(2, kind), |comm| rank_main(&comm)) {
+    let setup = RankSetup { launch: launch.cloned(), ..RankSetup::local(2, kind) };
+    let results = match run_ranks(&setup, |comm| rank_main(&comm)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("{kind}: {e}");
@@ -90,6 +96,9 @@ fn run_on(kind: ExecutorKind, total: &mut Tally) {
         }
     };
     for (rank, r) in results {
+        if rank == 1 {
+            total.expected += SIZES.len() as u32 * ROUNDS;
+        }
         match r.and_then(|x| x) {
             Ok(t) => (total.passed, total.failed) = (total.passed + t.passed, total.failed + t.failed),
             Err(e) => {
@@ -101,6 +110,20 @@ fn run_on(kind: ExecutorKind, total: &mut Tally) {
 }
 
 fn main() -> ExitCode {
+    // Under a launcher (mpirun, srun, torchrun), this process is one rank of its launch; else both run here.
+    let launch = match Launch::resolve_from_process_env(LaunchFlags::default()) {
+        // A world of one (a Slurm batch script's environment) is no launch of ranks.
+        Ok(Some(l)) if l.world_size == 1 => None,
+        Ok(Some(l)) if l.world_size != 2 => {
+            eprintln!("this program takes 2 ranks, the launch ({}) has {}", l.source, l.world_size);
+            return ExitCode::from(2);
+        }
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
     // The same kernel on CPU threads, then on the GPU when this machine has one.
     let mut kinds = vec![ExecutorKind::Cpu];
     match Executor::open(Some(ExecutorKind::Gpu)) {
@@ -109,11 +132,10 @@ fn main() -> ExitCode {
     }
     let mut total = Tally::default();
     for &kind in &kinds {
-        run_on(kind, &mut total);
+        run_on(kind, launch.as_ref(), &mut total);
     }
     println!("{} passed, {} failed", total.passed, total.failed);
-    let expected = kinds.len() as u32 * SIZES.len() as u32 * ROUNDS;
-    if total.failed == 0 && total.passed == expected {
+    if total.failed == 0 && total.passed == total.expected {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
