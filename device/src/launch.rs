@@ -19,6 +19,13 @@ use gdaki_shared::handle::ErrorReport;
 /// Implement it only for types whose every byte is initialized (no padding), which hold no host-only
 /// pointers or references, and whose layout is the same on the host and on nvptx64 (both 64-bit
 /// little-endian): the launch copies the value's bytes into the kernel's parameter.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a kernel parameter (it is not `DeviceRepr`)",
+    label = "a kernel parameter must be `DeviceRepr`",
+    note = "kernel parameters are fixed-size primitives (u8..u64, i8..i64, f32, f64), references or raw \
+            pointers (passed as `DevPtr`), gdaki-shared handles and arrays of these: pass a length or an index \
+            as `u64`, a flag as `u32`, and anything larger by reference"
+)]
 pub unsafe trait DeviceRepr: Copy + Send + Sync + 'static {}
 
 macro_rules! device_repr {
@@ -85,6 +92,12 @@ unsafe impl<T: 'static> DeviceRepr for DevPtr<T> {}
 
 /// What a kernel function may return: `()`, or `Result<(), E>` with `E: Into<Error>`, whose error becomes the
 /// launch's [`ErrorReport`] (the first one of the launch wins) and, on the host, a `gdaki::Error`.
+#[diagnostic::on_unimplemented(
+    message = "a kernel cannot return `{Self}`",
+    label = "a kernel returns `()` or `Result<(), E>`",
+    note = "return `()`, or `gdaki_device::Result<()>` (any `Result<(), E>` with `E: Into<gdaki_device::Error>`, \
+            such as `AppError` for the kernel's own checks); hand values back through memory the host reads"
+)]
 pub trait KernelReturn {
     /// Records `self` in the report at `report` (an [`ErrorReport`]'s address; 0: nowhere).
     fn report(self, report: u64);
