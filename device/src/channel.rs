@@ -318,7 +318,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// semaphore words, `expected` word and, when not 0, `departed` word valid for `'h`), set up for this sharing mode: in Exclusive sharing
     /// no other poster of the QP lives while this channel does, in this thread or another (two Exclusive
     /// channels of one connection, each with its own memory pair, are two posters: each keeps its own producer
-    /// index, and both would write the same WQEBBs; drop one before taking the other); in Block / Device
+    /// index, and both would write the same WQEBBs; drop one before taking the other: the `cpu` executor
+    /// refuses both's calls with [`InvalidArgument::Team`] while both live, see [`Qp::new`]); in Block / Device
     /// sharing every user of the QP meanwhile is a channel (or [`SharedQp`]) of this scope. A zeroed handle
     /// (`PortChannelHandle::default()`, say the own rank's slot of a per-peer array) names no channel: nothing
     /// checks it, and a channel made of it reads address 0: an illegal-address fault on the GPU (the context

@@ -113,6 +113,15 @@ impl GridBarrier {
         }
         r
     }
+
+    /// Breaks the barrier for the rest of the launch (NCCL's abort, for one barrier): every wait of every CTA,
+    /// now or later, returns [`InvalidArgument::Team`] at once. For a CTA that gives up before a barrier the
+    /// others wait at (its threads all failed): without it they wait out their bounds for its arrival. Any
+    /// thread may call it, as often as it likes.
+    pub fn abort(&self) {
+        // SAFETY: the counter of `new`'s contract, only accessed atomically.
+        unsafe { break_barrier(self.counter) }
+    }
 }
 
 /// Sets the [`BROKEN`] bit of the barrier's `counter` (once: a CAS, since several CTAs may find the barrier
@@ -261,6 +270,35 @@ mod tests {
             let want = if i as u32 == 2 * threads { 0 } else { TEAM };
             assert_eq!(o, want, "thread {i}: {outcomes:?}");
         }
+    }
+
+    /// A CTA whose threads give up before the first barrier and abort it ends every other CTA's wait at once
+    /// with `Team`, long before the waits' 20 s bound.
+    #[test]
+    fn an_abort_ends_every_wait_at_once() {
+        fn aborting(t: &Thread, a: &(DevPtr<u64>, DevPtr<AtomicU64>), _: u64) {
+            // SAFETY: the test's zeroed counter, used by this launch's barriers only.
+            let mut barrier = unsafe { GridBarrier::new(t, a.0, 20_000_000_000) };
+            // SAFETY: one outcome per thread, alive for the launch.
+            let outcome = unsafe { &*(a.1.addr() as *const AtomicU64).add(t.global_id() as usize) };
+            if t.block() == 1 {
+                barrier.abort();
+                return;
+            }
+            let team = barrier.wait(t) == Err(Error::InvalidArgument(InvalidArgument::Team));
+            outcome.store(if team { TEAM } else { OK }, Ordering::Relaxed);
+        }
+        let counter = AtomicU64::new(0);
+        let outcomes: Vec<AtomicU64> = (0..12).map(|_| AtomicU64::new(0)).collect();
+        let k = KernelFn { name: "aborting", host: aborting };
+        let args = (DevPtr::new(counter.as_ptr() as u64), DevPtr::new(outcomes.as_ptr() as u64));
+        let t0 = std::time::Instant::now();
+        // SAFETY: the counter (zero) and outcomes outlive the run.
+        unsafe { run_on_host(&k, Dim3::x(3), Dim3::x(4), args, 0) }.unwrap();
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "took {:?}", t0.elapsed());
+        let got: Vec<u64> = outcomes.iter().map(|o| o.load(Ordering::Relaxed)).collect();
+        let want: Vec<u64> = (0..12).map(|i| if i / 4 == 1 { 0 } else { TEAM }).collect();
+        assert_eq!(got, want);
     }
 
     /// A counter that did not start at zero (a second launch on the first's counter) is refused: the thread 0

@@ -39,6 +39,11 @@ pub struct Qp<'a> {
     /// Whether WQEs were posted since the last doorbell.
     unrung: bool,
     timeout_ns: u64,
+    /// On the `cpu` executor: whether another Exclusive poster of the handle lived when this one was made
+    /// ([`SqState::host_posters`](gdaki_shared::handle::SqState::host_posters)); its counters may then be stale,
+    /// so its calls are refused and its drop writes nothing back.
+    #[cfg(not(target_arch = "nvptx64"))]
+    intruder: bool,
 }
 
 /// What a post needs of the handle (read by [`Qp::new`], [`Sq::load`]), and the send-queue counters (read
@@ -148,9 +153,24 @@ impl Drop for Qp<'_> {
     /// part: the compiler sees that nothing is left.
     #[inline(always)]
     fn drop(&mut self) {
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            host_posters(self.h).fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
+            if self.intruder {
+                return;
+            }
+        }
         self.ring_db();
         self.sq.store_pi(true, self.h);
     }
+}
+
+/// The handle's count of live Exclusive posters on the `cpu` executor
+/// ([`SqState::host_posters`](gdaki_shared::handle::SqState::host_posters)).
+#[cfg(not(target_arch = "nvptx64"))]
+fn host_posters(h: &mut QpHandle) -> &core::sync::atomic::AtomicU64 {
+    // SAFETY: an 8-byte aligned word of the live handle, only ever accessed atomically, by host threads.
+    unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!(h.sq.host_posters)) }
 }
 
 impl<'a> Qp<'a> {
@@ -165,9 +185,34 @@ impl<'a> Qp<'a> {
     /// index, so both would write the same WQEBBs), not a shared poster. Posters of the QP before and after
     /// this `Qp` may be of any kind, not at the same time. Its CQ is the QP's alone: a CQE of another QP
     /// stops the poll with [`Error::UnexpectedCqe`] (the host's `Nic::create_qp` says so too).
+    ///
+    /// On the `cpu` executor a second `Qp` of the same handle made while the first lives (two
+    /// `PortChannel::<Exclusive>` of one handle, or threads each making their own) is counted in the handle:
+    /// every call of either gets [`InvalidArgument::Team`] while both live, and the second's drop writes
+    /// nothing back, where on the GPU their WQEs would overwrite each other.
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
-        Self { sq: Sq::load(h), h, unrung: false, timeout_ns }
+        #[cfg(not(target_arch = "nvptx64"))]
+        let intruder = host_posters(h).fetch_add(1, core::sync::atomic::Ordering::Relaxed) != 0;
+        Self {
+            sq: Sq::load(h),
+            h,
+            unrung: false,
+            timeout_ns,
+            #[cfg(not(target_arch = "nvptx64"))]
+            intruder,
+        }
+    }
+
+    /// On the `cpu` executor, refuses a call of a `Qp` whose handle has another Exclusive poster alive (see
+    /// [`Qp::new`]). Nothing on the GPU.
+    #[inline(always)]
+    fn sole(&mut self) -> Result<()> {
+        #[cfg(not(target_arch = "nvptx64"))]
+        if self.intruder || host_posters(self.h).load(core::sync::atomic::Ordering::Relaxed) > 1 {
+            return Err(Error::InvalidArgument(InvalidArgument::Team));
+        }
+        Ok(())
     }
 
     /// The handle as it stands now: its fixed fields with this `Qp`'s counters (the handle in memory gets
@@ -282,6 +327,7 @@ impl<'a> Qp<'a> {
         ds: u8,
         build: impl FnOnce(Ctrl) -> [Seg; N],
     ) -> Result<(Ticket, [Seg; N])> {
+        self.sole()?;
         let nbb = wqebbs(ds as u32);
         if nbb > self.sq.room {
             self.cold(move |q| q.reserve_slow(nbb))?;
@@ -384,6 +430,7 @@ impl<'a> Qp<'a> {
     /// As [`Qp::post`].
     #[inline(always)]
     pub(crate) fn reserve_batch(&mut self, nbb: u32, signaled: bool) -> Result<(u64, bool)> {
+        self.sole()?;
         if nbb > self.sq.room {
             self.cold(move |q| q.reserve_slow(nbb))?;
         }
@@ -475,6 +522,9 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::Cqe`] for an error CQE (the QP is then in the error state); [`Error::UnexpectedCqe`].
     pub fn poll_cq(&mut self) -> Option<Result<Completion>> {
+        if let Err(e) = self.sole() {
+            return Some(Err(e));
+        }
         self.cold(move |q| {
             let t = q.take()?;
             // SAFETY: `Qp::new`'s contract: a live CQ polled only by this thread.
@@ -545,6 +595,7 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// [`Error::UnexpectedCqe`].
     pub fn progress(&mut self) -> Result<()> {
+        self.sole()?;
         self.cold(move |q| {
             q.ring_db();
             q.drain().map(|_| ())
@@ -581,6 +632,7 @@ impl<'a> Qp<'a> {
     /// producer index (one it has not issued yet). A ticket is a WQE index and carries no QP: one of another
     /// QP that is below this QP's producer index waits for this QP's WQE of that index.
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
+        self.sole()?;
         self.cold(move |q| {
             if t.0 >= q.sq.pi {
                 // Not a WQE of this QP (yet): nothing could ever complete it.
@@ -634,6 +686,7 @@ impl<'a> Qp<'a> {
     /// # Safety
     /// `sem` must be valid for reads and 8-byte aligned for the whole wait.
     pub unsafe fn wait_semaphore(&mut self, sem: *const u64, expected: u64) -> Result<u64> {
+        self.sole()?;
         self.cold(move |q| {
             let seen = core::cell::Cell::new(0);
             // Anything still unrung would never complete, and its CQE is what reports a dead peer.
@@ -666,6 +719,7 @@ impl<'a> Qp<'a> {
     /// # Errors
     /// As [`Qp::wait`]: once any WQE of this QP has completed in error, every flush returns that first error.
     pub fn flush(&mut self) -> Result<()> {
+        self.sole()?;
         self.cold(move |q| {
             if let Some(e) = q.error() {
                 return Err(Error::Cqe(e));
@@ -699,7 +753,15 @@ extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(
     timeout_ns: u64,
     f: F,
 ) -> (bool, R) {
-    let mut q = core::mem::ManuallyDrop::new(Qp { sq: Sq::load(h), h, unrung, timeout_ns });
+    let mut q = core::mem::ManuallyDrop::new(Qp {
+        sq: Sq::load(h),
+        h,
+        unrung,
+        timeout_ns,
+        // The caller's `Qp` made its check; this one is never dropped, so it counts for nothing.
+        #[cfg(not(target_arch = "nvptx64"))]
+        intruder: false,
+    });
     if !sq::valid_ring(q.sq.cnt) {
         // Room is 0, so nothing is stored; the CQ's index arithmetic gets a size it can work with.
         q.sq.cnt = sq::MIN_WQE_CNT;

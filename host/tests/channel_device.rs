@@ -330,6 +330,43 @@ fn exclusive_put_with_signal_and_wait() {
     assert_eq!(l.a.sq_consumed(), 12);
 }
 
+/// Two `PortChannel::<Exclusive>` of one handle alive at once (a ring's next and previous channels when they
+/// are the same peer): each would keep its own producer index, so their WQEs would overwrite each other. On
+/// the host both are refused with `Team` while both live, the second's drop writes nothing back, and the
+/// first goes on once the second is gone: its puts land whole.
+#[test]
+fn two_exclusive_channels_of_one_handle_are_refused_while_both_live() {
+    let team = Error::InvalidArgument(InvalidArgument::Team);
+    let l = Link::new(4096, 64, false);
+    let data = random_bytes(&mut rng(), 4096);
+    l.src.write(0, &data);
+    let h = l.handle();
+    // SAFETY: the link's QP handle, used by this thread only; the link outlives the channels.
+    let mut first = unsafe { PortChannel::<Exclusive>::new(&h) };
+    first.put(0, 0, 1024).unwrap();
+    {
+        // SAFETY: as above; the misuse under test.
+        let mut second = unsafe { PortChannel::<Exclusive>::new(&h) };
+        assert_eq!(second.put(1024, 1024, 1024), Err(team));
+        assert_eq!(second.flush(), Err(team));
+        assert_eq!(first.put(2048, 2048, 1024), Err(team));
+        assert_eq!(first.flush(), Err(team));
+    }
+    first.put(3072, 3072, 1024).unwrap();
+    first.flush().unwrap();
+    let got = l.dst.read();
+    assert_eq!(got[..1024], data[..1024]);
+    assert!(got[1024..3072].iter().all(|&b| b == 0xee), "the refused puts placed nothing");
+    assert_eq!(got[3072..], data[3072..]);
+    drop(first);
+    // The handle's count is back to none: a new channel of it posts.
+    // SAFETY: as above.
+    let mut again = unsafe { PortChannel::<Exclusive>::new(&h) };
+    again.put(1024, 1024, 1024).unwrap();
+    again.flush().unwrap();
+    assert_eq!(l.dst.read()[1024..2048], data[1024..2048]);
+}
+
 /// `put_packets` with a length no memory holds, or with a destination whose address in the peer's memory is
 /// not a multiple of the packet size: refused, nothing written locally or remotely and nothing posted. (A
 /// length near `u64::MAX` overflowed the packets' size before any check: a panic where overflow checks are

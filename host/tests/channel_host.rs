@@ -456,6 +456,7 @@ fn a_peer_that_never_answers_is_a_bootstrap_timeout_naming_the_call() {
         assert!(matches!(e, Error::Bootstrap(_)), "{e:?}");
         let m = message(e);
         assert!(m.starts_with(&format!("recv_memory from rank {peer} tag 99: ")) && m.contains("timed out"), "{m}");
+        assert!(m.contains(&format!("(rank {peer} did not make the matching call")), "{m}");
     });
 }
 

@@ -154,8 +154,12 @@ pub struct SqState {
     /// that posts to this QP (low half): another CTA or warp of the same launch is refused, as the GPU would
     /// corrupt the QP. 0 for none. Unused on the GPU.
     pub host_owner: u64,
+    /// On the `cpu` executor, the Exclusive posters (device `Qp`s) of this handle alive now: a second one while
+    /// the first lives keeps its own counters, so both would write the same WQEBBs; its calls and the first's
+    /// are refused while both live. 0 for none. Unused on the GPU.
+    pub host_posters: u64,
     /// Zero: keeps the state 128 bytes (the handle's second half).
-    pub pad: [u64; 5],
+    pub pad: [u64; 4],
 }
 
 impl SqState {
@@ -177,7 +181,8 @@ impl SqState {
             host_serving: 0,
             host_given_up: 0,
             host_owner: 0,
-            pad: [0; 5],
+            host_posters: 0,
+            pad: [0; 4],
         }
     }
 }
@@ -244,7 +249,8 @@ const _: () = {
     assert!(offset_of!(SqState, host_serving) == 72);
     assert!(offset_of!(SqState, host_given_up) == 76);
     assert!(offset_of!(SqState, host_owner) == 80);
-    assert!(offset_of!(SqState, pad) == 88);
+    assert!(offset_of!(SqState, host_posters) == 88);
+    assert!(offset_of!(SqState, pad) == 96);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);

@@ -173,14 +173,19 @@ impl Communicator {
         Ok(())
     }
 
-    /// Sends `mine` to `peer` with `tag`, then receives the peer's message with `tag`; bootstrap errors get
-    /// `what` in front.
+    /// Sends `mine` to `peer` with `tag`, then receives the peer's message with `tag` ([`Self::recv_setup`]);
+    /// bootstrap errors get `what` in front.
     fn exchange(&self, peer: u32, tag: u32, what: &str, mine: &[u8]) -> Result<Vec<u8>> {
-        let ctx = |e: Error| match e {
+        self.boot.send(peer, tag, mine).map_err(|e| match e {
             Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
             e => e,
-        };
-        self.boot.send(peer, tag, mine).map_err(ctx)?;
+        })?;
+        self.recv_setup(peer, tag, what)
+    }
+
+    /// Receives the message of `peer`'s setup call with `tag`; bootstrap errors get `what` in front, and a
+    /// timeout says how setup calls must be ordered.
+    fn recv_setup(&self, peer: u32, tag: u32, what: &str) -> Result<Vec<u8>> {
         self.boot.recv(peer, tag).map_err(|e| match e {
             // A timeout (the bootstrap's own words for it) while the peer lives: it has not made the matching
             // call, most often because it waits in a call of its own for a rank that waits in turn, a cycle
@@ -190,7 +195,8 @@ impl Communicator {
                  rank, order every rank's setup calls so that no cycle of ranks waits, e.g. by ascending peer \
                  rank)"
             )),
-            e => ctx(e),
+            Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
+            e => e,
         })
     }
 
@@ -255,10 +261,7 @@ impl Communicator {
     pub fn recv_memory(&self, peer: u32, tag: u32) -> Result<RemoteMemory> {
         let what = format!("recv_memory from rank {peer} tag {tag}");
         self.check_peer(peer, &what)?;
-        let bytes = self.boot.recv(peer, tag).map_err(|e| match e {
-            Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
-            e => e,
-        })?;
+        let bytes = self.recv_setup(peer, tag, &what)?;
         let mr = msg::parse_memory(msg::body(&bytes, Kind::Memory, peer, tag)?);
         Ok(RemoteMemory { rank: peer, mr })
     }
