@@ -568,6 +568,32 @@ pub fn shared_pieces(
     unsafe { out.add(t.global_id() as usize).write_volatile(code) };
 }
 
+/// Runs [`shared_pieces`] on host threads in `ctas` CTAs of `threads` on the channel `h` with its `warp`,
+/// `rounds`, `only` and `unit` arguments; returns each thread's code (`fill` where a thread wrote none).
+fn shared_pieces_on_host(
+    h: &PortChannelHandle,
+    (ctas, threads): (u32, u32),
+    a: (u32, u32, u32, u32),
+    fill: u64,
+) -> Vec<u64> {
+    let (warp, rounds, only, unit) = a;
+    let mut out = vec![fill; (ctas * threads) as usize];
+    let (hp, outp) = (h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
+    let args = (gdaki_device::DevPtr::new(hp), warp, rounds, only, unit, gdaki_device::DevPtr::new(outp));
+    // SAFETY: the handle and `out` outlive the launch; the handle's QP is this launch's alone.
+    unsafe {
+        gdaki_device::launch::run_on_host(
+            &SHARED_PIECES,
+            gdaki_device::Dim3::x(ctas),
+            gdaki_device::Dim3::x(threads),
+            args,
+            0,
+        )
+    }
+    .unwrap();
+    out
+}
+
 /// On the `cpu` executor a Block-scope QP takes posts from one CTA of a launch, and a Warp-sharing handle from
 /// one warp (`tid / 32` of one CTA): on the GPU a second CTA's `.cta` atomics, or a second warp's own leader,
 /// would corrupt the QP, while host threads would take turns and pass every byte. The first unit to post owns
@@ -585,24 +611,7 @@ fn a_block_qp_takes_one_cta_and_a_warp_handle_one_warp_of_a_launch() {
         l.src.write(0, &data);
         let before = l.dst.read();
         let h = Box::new(l.handle());
-        let launch = |only: u32| {
-            let mut out = vec![0u64; (ctas * threads) as usize];
-            let (hp, outp) = (&*h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
-            let args =
-                (gdaki_device::DevPtr::new(hp), warp, ROUNDS, only, unit as u32, gdaki_device::DevPtr::new(outp));
-            // SAFETY: the handle and `out` outlive the launch; the link's QP is this launch's alone.
-            unsafe {
-                gdaki_device::launch::run_on_host(
-                    &SHARED_PIECES,
-                    gdaki_device::Dim3::x(ctas),
-                    gdaki_device::Dim3::x(threads),
-                    args,
-                    0,
-                )
-            }
-            .unwrap();
-            out
-        };
+        let launch = |only: u32| shared_pieces_on_host(&h, (ctas, threads), (warp, ROUNDS, only, unit as u32), 0);
         let out = launch(u32::MAX);
         let what = ["Block", "Warp", "Warp team"][warp as usize];
         let owners: Vec<usize> =
@@ -647,20 +656,7 @@ fn a_qp_takes_one_sharing_mode_in_a_launch() {
     let len = (ctas * threads) as usize * 64;
     let l = Link::new(len, 256, false);
     let h = Box::new(l.handle());
-    let mut out = vec![u64::MAX; (ctas * threads) as usize];
-    let (hp, outp) = (&*h as *const PortChannelHandle as u64, out.as_mut_ptr() as u64);
-    let args = (gdaki_device::DevPtr::new(hp), 3u32, 1u32, u32::MAX, 32u32, gdaki_device::DevPtr::new(outp));
-    // SAFETY: the handle and `out` outlive the launch; the link's QP is this launch's alone.
-    unsafe {
-        gdaki_device::launch::run_on_host(
-            &SHARED_PIECES,
-            gdaki_device::Dim3::x(ctas),
-            gdaki_device::Dim3::x(threads),
-            args,
-            0,
-        )
-    }
-    .unwrap();
+    let out = shared_pieces_on_host(&h, (ctas, threads), (3, 1, u32::MAX, 32), u64::MAX);
     let (idle, warp, cta) = (&out[..32], &out[32..64], &out[64..]);
     assert!(idle.iter().all(|&c| c == u64::MAX), "warp 0 of CTA 0 posts nothing: {out:?}");
     let warp_owns = warp.iter().all(|&c| c == 1) && cta.iter().all(|&c| c == team);
