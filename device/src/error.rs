@@ -234,8 +234,9 @@ pub enum InvalidArgument {
     /// or an infinity. Checked on every value before anything is sent.
     Value = 13,
     /// A [`crate::grid::GridBarrier`]'s counter that already held an arrival this launch cannot have made: it
-    /// was not zero when the launch started, or another launch uses it. Without the check the barrier would
-    /// pass at once and the CTAs race.
+    /// was not zero when the launch started, or another launch uses it. Caught for sure when the counter held
+    /// at least the launch's CTA count (a second launch of the same grid on it); one left lower lets some CTAs
+    /// pass a barrier early before a later arrival finds it, or passes unnoticed.
     Counter = 14,
 }
 

@@ -60,7 +60,8 @@ impl GridBarrier {
     /// waits once the barrier is broken (either of those happened in some CTA: [`BROKEN`]); a timeout is final,
     /// every later wait of the launch returns `Team` at once. [`InvalidArgument::Counter`] for thread 0 of a
     /// CTA that found more arrivals on the counter than this launch can have made (it was not zero at the
-    /// start, or another launch uses it), `Team` for the CTA's other threads; the barrier is broken then too.
+    /// start, or another launch uses it; caught for sure only when it held at least the CTA count), `Team` for
+    /// the CTA's other threads; the barrier is broken then too.
     pub fn wait(&mut self, t: &Thread) -> Result<()> {
         self.passed += 1;
         let expected = self.passed.saturating_mul(self.ctas);

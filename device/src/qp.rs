@@ -154,14 +154,16 @@ impl Drop for Qp<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         #[cfg(not(target_arch = "nvptx64"))]
-        {
-            host_posters(self.h).fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
-            if self.intruder {
-                return;
-            }
+        if self.intruder {
+            host_posters(self.h).fetch_sub(1, core::sync::atomic::Ordering::Release);
+            return;
         }
         self.ring_db();
         self.sq.store_pi(true, self.h);
+        // After the write-back: a `Qp` made next (on another thread) that sees the count at none reads the
+        // counters written here (release, and acquire in `new`).
+        #[cfg(not(target_arch = "nvptx64"))]
+        host_posters(self.h).fetch_sub(1, core::sync::atomic::Ordering::Release);
     }
 }
 
@@ -188,12 +190,12 @@ impl<'a> Qp<'a> {
     ///
     /// On the `cpu` executor a second `Qp` of the same handle made while the first lives (two
     /// `PortChannel::<Exclusive>` of one handle, or threads each making their own) is counted in the handle:
-    /// every call of either gets [`InvalidArgument::Team`] while both live, and the second's drop writes
-    /// nothing back, where on the GPU their WQEs would overwrite each other.
+    /// the posts, CQ polls, waits and flushes of either get [`InvalidArgument::Team`] while both live, and the
+    /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other.
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
         #[cfg(not(target_arch = "nvptx64"))]
-        let intruder = host_posters(h).fetch_add(1, core::sync::atomic::Ordering::Relaxed) != 0;
+        let intruder = host_posters(h).fetch_add(1, core::sync::atomic::Ordering::Acquire) != 0;
         Self {
             sq: Sq::load(h),
             h,
@@ -220,6 +222,11 @@ impl<'a> Qp<'a> {
     pub fn handle(&self) -> QpHandle {
         let mut h = *self.h;
         self.sq.store(!self.unrung, &mut h);
+        // A `Qp` of the copy is not a second poster of this one's handle.
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            h.sq.host_posters = 0;
+        }
         h
     }
 

@@ -32,8 +32,8 @@ use crate::proxy::{ProxyService, DEFAULT_FIFO_SIZE};
 /// [`semaphore`](Self::semaphore) with `semaphore`. They exchange bytes with the bootstrap's tagged
 /// [`send`](Bootstrap::send)/[`recv`](Bootstrap::recv) (send first, so a pair never deadlocks); calls with
 /// the same peer and tag pair up in call order, and a call that meets the other kind of call fails with an
-/// error saying so. Tags are shared with other users of the same bootstrap. Each call returns once the peer's
-/// matching call has sent, so a rank that sets up with several peers must order its calls so that no cycle of
+/// error saying so. Tags are shared with other users of the same bootstrap. Each call that receives returns
+/// once the peer's matching call has sent, so a rank that sets up with several peers must order its calls so that no cycle of
 /// ranks waits on each other: a ring whose every rank connects to its next rank and then to its previous one
 /// waits until the bootstrap's timeout; by ascending peer rank (as [`Collectives`](crate::coll::Collectives)
 /// does) never.
@@ -187,14 +187,13 @@ impl Communicator {
     /// timeout says how setup calls must be ordered.
     fn recv_setup(&self, peer: u32, tag: u32, what: &str) -> Result<Vec<u8>> {
         self.boot.recv(peer, tag).map_err(|e| match e {
-            // A timeout (the bootstrap's own words for it) while the peer lives: it has not made the matching
-            // call, most often because it waits in a call of its own for a rank that waits in turn, a cycle
-            // such as every rank connecting to its next rank first, then to its previous one.
-            Error::Bootstrap(m) if m.contains("timed out after") => Error::Bootstrap(format!(
-                "{what}: {m} (rank {peer} did not make the matching call: if it waits in a setup call with another \
-                 rank, order every rank's setup calls so that no cycle of ranks waits, e.g. by ascending peer \
-                 rank)"
-            )),
+            // This receive's own timeout (the bootstrap's words for it; a broken session's reason may quote
+            // another wait's) while the peer lives: it has not made the matching call, most often because it
+            // waits in a call of its own for a rank that waits in turn, a cycle such as every rank connecting
+            // to its next rank first, then to its previous one.
+            Error::Bootstrap(m) if m.contains(&format!("recv from rank {peer} tag {tag}: timed out after")) => {
+                Error::Bootstrap(format!("{what}: {m} ({})", cycle_hint(peer)))
+            }
             Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
             e => e,
         })
@@ -444,4 +443,12 @@ impl Communicator {
             }),
         })
     }
+}
+
+/// What a setup call's timeout adds: how to order the calls so that no cycle of ranks waits.
+fn cycle_hint(peer: u32) -> String {
+    format!(
+        "rank {peer} did not make the matching call: if it waits in a setup call with another rank, order every \
+         rank's setup calls so that no cycle of ranks waits, e.g. by ascending peer rank"
+    )
 }
