@@ -546,8 +546,9 @@ impl core::fmt::Display for Error {
             }
             Error::PeerGone(PeerGone { rank, broken: true }) => write!(
                 f,
-                "the bootstrap session broke while waiting for rank {rank} (a rank or the root died, or a collective \
-                 failed: the bootstrap's errors say which); what was awaited from rank {rank} may never come"
+                "the bootstrap session broke while waiting for rank {rank} (a rank, perhaps another, or the root \
+                 died, or a collective failed: the error of this rank's next bootstrap call, a barrier say, names \
+                 it); what was awaited from rank {rank} may never come"
             ),
             Error::UnexpectedCqe(u) => write!(
                 f,

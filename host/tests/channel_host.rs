@@ -1532,9 +1532,9 @@ fn a_rank_that_dies_breaks_every_wait_saying_the_session_broke() {
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "the bootstrap session broke while waiting for rank {peer} (a rank or the root died, or a \
-                     collective failed: the bootstrap's errors say which); what was awaited from rank {peer} may \
-                     never come"
+                    "the bootstrap session broke while waiting for rank {peer} (a rank, perhaps another, or the \
+                     root died, or a collective failed: the error of this rank's next bootstrap call, a barrier \
+                     say, names it); what was awaited from rank {peer} may never come"
                 )
             );
             assert!(took < Duration::from_secs(2), "rank {rank} waited {took:?}");
