@@ -142,3 +142,22 @@ fn wait_all(mut children: Vec<std::process::Child>) -> std::process::ExitCode {
     }
     code.map_or(std::process::ExitCode::SUCCESS, std::process::ExitCode::from)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The port is below the OS's ephemeral range (where no `bind` to port 0 or outgoing connection takes it)
+    /// and free; two picks start at random places, so a run of picks is not one port.
+    #[test]
+    fn the_root_port_is_below_the_ephemeral_range_and_free() {
+        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse().ok())
+            .unwrap_or(32768);
+        let picks: Vec<u16> = (0..8).map(|_| super::root_port().expect("a free port")).collect();
+        for &p in &picks {
+            assert!((10_000..low).contains(&p), "port {p}, ephemeral range from {low}");
+            std::net::TcpListener::bind(("127.0.0.1", p)).unwrap_or_else(|e| panic!("port {p} is not free: {e}"));
+        }
+        assert!(picks.iter().any(|&p| p != picks[0]), "eight picks, one port: {picks:?}");
+    }
+}
