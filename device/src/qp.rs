@@ -191,7 +191,9 @@ impl<'a> Qp<'a> {
     /// On the `cpu` executor a second `Qp` of the same handle made while the first lives (two
     /// `PortChannel::<Exclusive>` of one handle, or threads each making their own) is counted in the handle:
     /// the posts, CQ polls, waits and flushes of either get [`InvalidArgument::Team`] while both live, and the
-    /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other.
+    /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other. A `Qp` that
+    /// is forgotten (`mem::forget`) instead of dropped counts for as long as the handle's memory: take a copy
+    /// with [`Qp::handle`] (which counts none) and go on from that.
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
         #[cfg(not(target_arch = "nvptx64"))]
