@@ -587,8 +587,9 @@ impl InvalidArgument {
             InvalidArgument::Team => {
                 "a team or warp call that could not go out: another member's piece was refused, the team broke \
                  its rules (pieces not of ranks 0..k, a WQE over one WQEBB, members on different channels, a \
-                 Warp-sharing team wider than a warp, members that never made the call), or a Warp- or \
-                 Block-sharing handle was used by more than one warp or CTA"
+                 Warp-sharing team wider than a warp, members that never made the call), a Warp- or \
+                 Block-sharing handle was used by more than one warp or CTA, or (cpu executor) a QP had two \
+                 Exclusive posters alive at once or was posted to by Block scope and Warp sharing in one launch"
             }
             InvalidArgument::Collective => "a collective's handle or arguments are out of range",
             InvalidArgument::Value => "a value to reduce lies outside its bound, or is not finite",

@@ -519,7 +519,9 @@ impl<'a> Qp<'a> {
     }
 
     /// Polls one CQE. A requester completion retires the SQ up to its WQE; other completions (e.g. an inbound
-    /// RDMA WRITE with immediate) are returned as they are.
+    /// RDMA WRITE with immediate) are returned as they are. It rings nothing: a WQE posted without
+    /// [`Qp::ring_db`] never completes however often it polls ([`Qp::wait`], [`Qp::flush`] and
+    /// [`Qp::progress`] ring first).
     ///
     /// The QP has one CQ for both directions (there is no RQ yet): responder completions that
     /// [`Qp::wait`], [`Qp::flush`] or a post waiting for room meet are consumed there and not returned. Poll

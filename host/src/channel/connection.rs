@@ -115,8 +115,9 @@ impl Connection {
     }
 
     /// Device-visible address of the QP's [`QpHandle`] (8-byte aligned; GPU memory on `gpu`, host memory on
-    /// `cpu`): a [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `qp`. Device code in
-    /// Exclusive scope takes it as `&mut QpHandle`, one thread at a time; the shared scopes as `*mut QpHandle`.
+    /// `cpu`): a [`PortChannelHandle`](gdaki_shared::channel::PortChannelHandle)'s `qp`. A kernel takes it as
+    /// `*mut QpHandle` (launched as a `DevPtr<QpHandle>` of this address); in Exclusive scope one thread at a
+    /// time makes its `&mut QpHandle` of it for a device `Qp`, the shared scopes use the pointer.
     /// Every sharing mode keeps the QP's one send-queue state ([`QpHandle::sq`]), so the connection's channels
     /// may use different modes, one after another (never at the same time).
     pub fn qp_handle_addr(&self) -> u64 {
