@@ -1,6 +1,8 @@
 //! One-sided operations on registered memory, named as MSCCL++'s PortChannel device API names them:
 //! `put` (RDMA WRITE), `signal` (an 8-byte fetch-add of 1 on the peer's semaphore), `put_with_signal`
-//! (both, one doorbell), `flush` (see [`Qp::flush`]) and `wait` ([`crate::wait::semaphore_ge`]).
+//! (both, one doorbell), `flush` (see [`Qp::flush`]) and `wait` ([`crate::wait::semaphore_ge`]); and as
+//! NVSHMEM names the rest: `get` (RDMA READ), `fetch_add` and `compare_swap` (8-byte remote atomics), each
+//! returning the ticket whose [`Qp::wait`] says the data or old value has landed.
 //!
 //! Ranges are checked against the handles before anything is posted, so a bad offset is an
 //! [`Error::InvalidArgument`] here rather than an error CQE that would move the QP to the error state.
@@ -71,6 +73,60 @@ impl Qp<'_> {
     pub fn signal(&mut self, sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<Ticket> {
         let (r, l) = atomic_target(sem, sem_off, result, result_off)?;
         let t = self.post(true, wqe::atomic_fetch_add_tested(r, l, 1))?;
+        self.ring_db();
+        Ok(t)
+    }
+
+    /// Posts an RDMA READ of `len` bytes from `src + src_off` (the peer's) into `dst + dst_off` (local, with
+    /// `LOCAL_WRITE`) and rings the doorbell (NVSHMEM's `get_nbi`). The bytes have landed once the returned
+    /// ticket is waited for ([`Qp::wait`]), or after a [`Qp::flush`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside either MR or a zero length; as [`Qp::post`] otherwise.
+    pub fn get(&mut self, dst: &MrHandle, dst_off: u64, src: &RemoteMr, src_off: u64, len: u64) -> Result<Ticket> {
+        let (r, l) = (remote(src, src_off, len)?, local(dst, dst_off, len)?);
+        let t = self.post(true, wqe::rdma_read(r, l))?;
+        self.ring_db();
+        Ok(t)
+    }
+
+    /// Adds `add` to the peer's 8-byte word at `target + target_off` with an RDMA fetch-add whose old value
+    /// lands in `result + result_off` (8 bytes, both 8-byte aligned), and rings the doorbell (NVSHMEM's
+    /// `atomic_fetch_add`, non-blocking: the old value is there once the returned ticket is waited for).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside either MR or a misaligned address; as [`Qp::post`].
+    pub fn fetch_add(
+        &mut self,
+        target: &RemoteMr,
+        target_off: u64,
+        add: u64,
+        result: &MrHandle,
+        result_off: u64,
+    ) -> Result<Ticket> {
+        let (r, l) = atomic_target(target, target_off, result, result_off)?;
+        let t = self.post(true, wqe::atomic_fetch_add_tested(r, l, add))?;
+        self.ring_db();
+        Ok(t)
+    }
+
+    /// Replaces the peer's 8-byte word at `target + target_off` by `swap` if it equals `compare`, with an RDMA
+    /// compare-and-swap whose old value lands in `result + result_off` (the swap happened when it equals
+    /// `compare`), and rings the doorbell (NVSHMEM's `atomic_compare_swap`, non-blocking as [`Qp::fetch_add`]).
+    ///
+    /// # Errors
+    /// As [`Qp::fetch_add`].
+    pub fn compare_swap(
+        &mut self,
+        target: &RemoteMr,
+        target_off: u64,
+        compare: u64,
+        swap: u64,
+        result: &MrHandle,
+        result_off: u64,
+    ) -> Result<Ticket> {
+        let (r, l) = atomic_target(target, target_off, result, result_off)?;
+        let t = self.post(true, wqe::atomic_compare_swap(r, l, compare, swap)?)?;
         self.ring_db();
         Ok(t)
     }

@@ -323,6 +323,52 @@ fn compare_swap_and_fetch_add_return_old_values() {
     assert!(target.guards_intact() && result.guards_intact());
 }
 
+/// The one-sided helpers `get`, `fetch_add` and `compare_swap`: random bytes read at random offsets, old
+/// values returned and words changed as the operation says; out-of-range and misaligned arguments are refused
+/// before anything is posted (the QP stays usable).
+#[test]
+fn get_fetch_add_and_compare_swap_helpers() {
+    const LEN: usize = 8192;
+    let mut rng = rng();
+    let (local, remote) = (GuardedBuf::new(LEN, 0x5a), GuardedBuf::new(LEN, 0));
+    let p = Pair::new(64, 64);
+    let lmr = local.register(&p.nic, &p.pd, Access::LOCAL_WRITE);
+    let rmr = remote.register(&p.nic, &p.pd, Access::REMOTE_READ | Access::REMOTE_ATOMIC | Access::LOCAL_WRITE);
+    let data = random_bytes(&mut rng, LEN);
+    remote.write(0, &data);
+    let (l, r) = (lmr.handle(), rmr.remote());
+    let mut h = p.a.handle();
+    let mut qp = dev_qp(&mut h);
+    for len in [1u64, 7, 64, 4000] {
+        let (loff, roff) = (rng.random_range(0..=LEN as u64 - len), rng.random_range(0..=LEN as u64 - len));
+        local.fill(0x5a);
+        let t = qp.get(&l, loff, &r, roff, len).unwrap();
+        qp.wait(t).unwrap();
+        assert_placed(&local.read(), loff as usize, &data[roff as usize..(roff + len) as usize], 0x5a, "get");
+    }
+    let off = 8 * rng.random_range(0..64u64);
+    let (v, add, swap) = (remote.load_u64(off as usize), rng.random::<u64>(), rng.random::<u64>());
+    let t = qp.fetch_add(&r, off, add, &l, 0).unwrap();
+    qp.wait(t).unwrap();
+    assert_eq!((local.u64_at(0), remote.load_u64(off as usize)), (v, v.wrapping_add(add)), "fetch_add");
+    let now = v.wrapping_add(add);
+    let t = qp.compare_swap(&r, off, now, swap, &l, 8).unwrap();
+    qp.wait(t).unwrap();
+    assert_eq!((local.u64_at(8), remote.load_u64(off as usize)), (now, swap), "compare_swap that matches");
+    let t = qp.compare_swap(&r, off, now, 0, &l, 16).unwrap();
+    qp.wait(t).unwrap();
+    let after = if swap == now { 0 } else { swap };
+    assert_eq!((local.u64_at(16), remote.load_u64(off as usize)), (swap, after), "compare_swap that does not");
+    // Refused before posting: the QP goes on.
+    assert_eq!(qp.get(&l, 0, &r, LEN as u64 - 4, 8), inval(InvalidArgument::RemoteRange));
+    assert_eq!(qp.get(&l, LEN as u64 - 4, &r, 0, 8), inval(InvalidArgument::LocalRange));
+    assert_eq!(qp.get(&l, 0, &r, 0, 0), inval(InvalidArgument::Length));
+    assert_eq!(qp.fetch_add(&r, 4, 1, &l, 0), inval(InvalidArgument::AtomicAlignment));
+    assert_eq!(qp.compare_swap(&r, 0, 0, 1, &l, 4), inval(InvalidArgument::AtomicAlignment));
+    qp.flush().unwrap();
+    assert!(local.guards_intact() && remote.guards_intact());
+}
+
 #[test]
 fn write_with_immediate_completes_on_the_peer_cq() {
     const LEN: usize = 5000;
