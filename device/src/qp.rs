@@ -198,14 +198,10 @@ impl<'a> Qp<'a> {
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
         #[cfg(not(target_arch = "nvptx64"))]
         let intruder = host_posters(h).fetch_add(1, core::sync::atomic::Ordering::Acquire) != 0;
-        // WQEs a poster before this one published but left unrung (a `Qp` forgotten after its posts, whose
-        // handle copy this is; a shared poster's batch left for a later poster to ring) are this `Qp`'s to
-        // ring: its first doorbell, wait or drop rings them, or they would never complete.
-        let unrung = h.sq.rung < h.sq.ready;
         Self {
             sq: Sq::load(h),
             h,
-            unrung,
+            unrung: false,
             timeout_ns,
             #[cfg(not(target_arch = "nvptx64"))]
             intruder,

@@ -323,32 +323,6 @@ fn compare_swap_and_fetch_add_return_old_values() {
     assert!(target.guards_intact() && result.guards_intact());
 }
 
-/// A `Qp` made of a handle whose earlier poster published a WQE and left it unrung (a `Qp` forgotten after its
-/// post, gone on from its `handle()` copy) rings it: its wait for that WQE ends with the CQE and the bytes
-/// land. Before, the new `Qp` took everything as rung, its wait timed out, and its drop wrote the WQE down as
-/// rung, hiding it from later posters too.
-#[test]
-fn a_qp_rings_what_an_earlier_poster_left_unrung() {
-    let (src, dst) = (GuardedBuf::new(64, 0), GuardedBuf::new(64, 0xee));
-    let p = Pair::new(64, 64);
-    let smr = src.register(&p.nic, &p.pd, Access::NONE);
-    let dmr = dst.register(&p.nic, &p.pd, Access::ALL);
-    let data = random_bytes(&mut rng(), 64);
-    src.write(0, &data);
-    let mut h = p.a.handle();
-    let mut first = dev_qp(&mut h);
-    let t = first.post(true, wqe::rdma_write(raddr(&dmr.remote(), 0), sge(&smr.handle(), 0, 64))).unwrap();
-    let mut copy = first.handle();
-    std::mem::forget(first);
-    assert!(copy.sq.rung < copy.sq.ready, "the copy records the WQE as unrung");
-    let mut next = dev_qp(&mut copy);
-    next.wait(t).unwrap();
-    assert_eq!(dst.read(), data);
-    drop(next);
-    assert_eq!(copy.sq.rung, copy.sq.ready, "rung once, and written down so");
-    assert_eq!(p.a.sq_consumed(), 1);
-}
-
 /// The one-sided helpers `get`, `fetch_add` and `compare_swap`: random bytes read at random offsets, old
 /// values returned and words changed as the operation says; out-of-range and misaligned arguments are refused
 /// before anything is posted (the QP stays usable).
