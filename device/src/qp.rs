@@ -193,7 +193,8 @@ impl<'a> Qp<'a> {
     /// the posts, CQ polls, waits and flushes of either get [`InvalidArgument::Team`] while both live, and the
     /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other. A `Qp` that
     /// is forgotten (`mem::forget`) instead of dropped counts for as long as the handle's memory: take a copy
-    /// with [`Qp::handle`] (which counts none) and go on from that.
+    /// with [`Qp::handle`] (which counts none) and go on from that. What it left unrung stays unrung (a later
+    /// `Qp`'s doorbell rings it with its own WQEs; a wait alone does not): ring before forgetting it.
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
         #[cfg(not(target_arch = "nvptx64"))]
