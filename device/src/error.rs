@@ -221,7 +221,9 @@ pub enum InvalidArgument {
     /// a [`crate::warp_qp::WarpQp`] call that not every member of the `WarpQp` executes together, and a team
     /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp; and on the `cpu`
     /// executor a post to a Block-scope QP from a second CTA of a launch ([`crate::scope::Block`]), a
-    /// call on a Warp-sharing QP from a second warp, or a launch that posts to one QP both ways.
+    /// call on a Warp-sharing QP from a second warp, a launch that posts to one QP both ways, a second
+    /// Exclusive poster of one handle while the first lives ([`crate::qp::Qp::new`]), or a shared poster's
+    /// call while an Exclusive `Qp` of the same handle lives.
     Team = 11,
     /// A collective call ([`crate::coll`]) whose handle or arguments are out of range: a communicator of 0 or
     /// more than [`MAX_RANKS`](gdaki_shared::coll::MAX_RANKS) ranks, a rank or root not below `nranks`, a
@@ -589,7 +591,8 @@ impl InvalidArgument {
                  its rules (pieces not of ranks 0..k, a WQE over one WQEBB, members on different channels, a \
                  Warp-sharing team wider than a warp, members that never made the call), a Warp- or \
                  Block-sharing handle was used by more than one warp or CTA, or (cpu executor) a QP had two \
-                 Exclusive posters alive at once or was posted to by Block scope and Warp sharing in one launch"
+                 Exclusive posters alive at once, a shared poster while an Exclusive one lived, or was posted to \
+                 by Block scope and Warp sharing in one launch"
             }
             InvalidArgument::Collective => "a collective's handle or arguments are out of range",
             InvalidArgument::Value => "a value to reduce lies outside its bound, or is not finite",

@@ -136,11 +136,23 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         f(unsafe { addr_of_mut!((*self.h).sq) })
     }
 
-    /// Whether the calling thread's CTA may use the QP: on the `cpu` executor a Block-scope QP takes posts,
-    /// flushes and polls from one CTA of a launch, the first to make one ([`Scope::ONE_CTA`]; the GPU's `.cta`
-    /// atomics would not order two); always otherwise.
+    /// Whether the calling thread's CTA may use the QP: on the `cpu` executor not while an Exclusive `Qp` of
+    /// the same handle lives (its counters, kept apart and written back when it is dropped, would overwrite
+    /// this poster's: [`SqState::host_posters`](gdaki_shared::handle::SqState::host_posters)), and a
+    /// Block-scope QP takes posts, flushes and polls from one CTA of a launch, the first to make one
+    /// ([`Scope::ONE_CTA`]; the GPU's `.cta` atomics would not order two); always on the GPU.
     #[inline(always)]
     fn cta_may_post(&self) -> bool {
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            // SAFETY: the state's `host_posters` word (contract of `new`), 8-byte aligned, only ever accessed
+            // atomically, by host threads.
+            let exclusive =
+                unsafe { core::sync::atomic::AtomicU64::from_ptr(self.word(|s| addr_of_mut!((*s).host_posters))) };
+            if exclusive.load(core::sync::atomic::Ordering::Relaxed) != 0 {
+                return false;
+            }
+        }
         #[cfg(not(target_arch = "nvptx64"))]
         if S::ONE_CTA {
             // SAFETY: the state's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
@@ -214,7 +226,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// # Errors
     /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs
     /// (nothing is reserved); (`Team`) on the `cpu` executor for a Block-scope QP that another CTA of the
-    /// launch posts to ([`crate::scope::Block`]);
+    /// launch posts to ([`crate::scope::Block`]), or while an Exclusive `Qp` of the same handle lives;
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
     /// lane of an aggregated post gets the leader's error (its part's leader's, for a warp that posts in parts,
@@ -583,7 +595,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     ///
     /// # Errors
     /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ);
-    /// [`InvalidArgument::Team`] on the `cpu` executor for a Block-scope QP of another CTA of the launch.
+    /// [`InvalidArgument::Team`] on the `cpu` executor for a Block-scope QP of another CTA of the launch, or
+    /// while an Exclusive `Qp` of the same handle lives.
     pub fn progress(&self) -> Result<bool> {
         if !self.cta_may_post() {
             return Err(Error::InvalidArgument(InvalidArgument::Team));
@@ -686,7 +699,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// [`Error::Cqe`] with the QP's first error CQE, once any WQE has completed in error (sticky);
     /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`]; the errors of [`SharedQp::post`] for
     /// the NOP; [`InvalidArgument::Team`] on the `cpu` executor for a Block-scope QP of another CTA of the launch
-    /// (whether or not a NOP is due).
+    /// or while an Exclusive `Qp` of the same handle lives (whether or not a NOP is due).
     pub fn flush(&self) -> Result<()> {
         if !self.cta_may_post() {
             return Err(Error::InvalidArgument(InvalidArgument::Team));

@@ -367,6 +367,34 @@ fn two_exclusive_channels_of_one_handle_are_refused_while_both_live() {
     assert_eq!(l.dst.read()[1024..2048], data[1024..2048]);
 }
 
+/// A shared channel (Block or Device scope) of a handle whose Exclusive channel still lives: the Exclusive
+/// one's `Qp` keeps its counters apart and writes them back when dropped, over the shared poster's WQEs. On the
+/// host the shared channel's put and flush are refused with `Team` while the Exclusive one lives; once it is
+/// dropped the shared channel posts after its WQEs, and every put lands whole.
+#[test]
+fn a_shared_channel_is_refused_while_an_exclusive_one_of_its_handle_lives() {
+    fn case<S: Sharing>() {
+        let team = Error::InvalidArgument(InvalidArgument::Team);
+        let l = Link::new(4096, 64, false);
+        let data = random_bytes(&mut rng(), 4096);
+        l.src.write(0, &data);
+        let h = l.handle();
+        // SAFETY: the link's QP handle, used by this thread only; the link outlives the channels.
+        let mut first = unsafe { PortChannel::<Exclusive>::new(&h) };
+        first.put(0, 0, 1024).unwrap();
+        let mut other = shared::<S>(&h);
+        assert_eq!(other.put(1024, 1024, 1024), Err(team), "{}", std::any::type_name::<S>());
+        assert_eq!(other.flush(), Err(team));
+        first.put(1024, 1024, 1024).unwrap();
+        drop(first);
+        other.put(2048, 2048, 2048).unwrap();
+        other.flush().unwrap();
+        assert_eq!(l.dst.read(), data, "{}", std::any::type_name::<S>());
+    }
+    case::<Block>();
+    case::<Device>();
+}
+
 /// `put_packets` with a length no memory holds, or with a destination whose address in the peer's memory is
 /// not a multiple of the packet size: refused, nothing written locally or remotely and nothing posted. (A
 /// length near `u64::MAX` overflowed the packets' size before any check: a panic where overflow checks are
