@@ -920,6 +920,57 @@ fn host_modes_a_trigger_past_the_channels_memory_posts_nothing() {
     }
 }
 
+/// Host modes: a CQE that none of the proxy's WQEs asked for in its QP's CQ (what device code posting on the
+/// connection's QP handle itself leaves there) stops every poll of that CQ, so nothing the proxy posted can
+/// complete. The running proxy gives up on the QP at its next poll and reports `VENDOR_PROXY_POST`: a wait on
+/// the channel ends with that error, not with its timeout for a signal. Before, the running proxy dropped the
+/// poll's error, and the wait ran out its timeout.
+#[test]
+fn host_modes_a_foreign_cqe_fails_the_waits_instead_of_stalling_them() {
+    let results = two_ranks(BOOT_TIMEOUT, |comm, barrier| {
+        let me = comm.rank();
+        let link = link(&comm, IbMode::Host, 4096);
+        let chan = link.chan.clone().with_timeout(Duration::from_secs(5)).unwrap();
+        let h = chan.device_handle();
+        barrier.wait();
+        let got = (me == 0).then(|| {
+            let mut ch = exclusive(&h);
+            // One WRITE that asks for no CQE: the proxy's QP has a WQE outstanding, which it polls for.
+            ch.put(0, 0, 64).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            // SAFETY: the connection's QP handle, host memory of the cpu executor, read only.
+            let qh = unsafe { *(link._conn.qp_handle_addr() as *const QpHandle) };
+            // The first entry the NIC has not written yet (lap 0: still `OP_OWN_INVALID`) gets a successful
+            // requester CQE of this QP for a WQE index nothing posted; its `op_own` (owner 0: lap 0) last.
+            let slot = (0..qh.cq.ncqe as u64)
+                .map(|i| qh.cq.buf + 64 * i)
+                // SAFETY: entries of the live CQ ring, host memory.
+                .find(|&e| unsafe { *((e + 63) as *const u8) } == gdaki_shared::prm::cqe::OP_OWN_INVALID)
+                .expect("a CQE slot the NIC has not written");
+            // SAFETY: one 64-byte entry of the live CQ ring that the NIC does not write meanwhile (the proxy's
+            // WRITE asked for no CQE); the proxy's thread reads it with acquire loads of `op_own`.
+            unsafe {
+                let e = slot as *mut u8;
+                (e.add(56) as *mut u32).write_volatile((8u32 << 24 | qh.qpn).to_be());
+                (e.add(60) as *mut u16).write_volatile(0x4000u16.to_be());
+                std::sync::atomic::AtomicU8::from_ptr(e.add(63))
+                    .store(gdaki_shared::prm::opcode::cqe::REQ << 4, std::sync::atomic::Ordering::Release);
+            }
+            let start = Instant::now();
+            (ch.wait(), start.elapsed())
+        });
+        barrier.wait();
+        got
+    });
+    let (waited, took) = results[0].clone().expect("rank 0's wait");
+    let want = (syndrome::WR_FLUSH_ERR, gdaki::proxy::VENDOR_PROXY_POST);
+    match waited {
+        Err(DevError::Cqe(c)) => assert_eq!((c.syndrome, c.vendor_err_synd), want),
+        other => panic!("the wait returned {other:?} after {took:?}"),
+    }
+    assert!(took < Duration::from_secs(4), "the wait took {took:?}, near its 5 s timeout");
+}
+
 /// Host modes: `put_packets` refuses what the proxy's triggers cannot carry (a destination past 4 GiB, a channel
 /// id past 16 bits) before it writes a packet, as it refuses a bad range: the local memory is unchanged.
 /// Before, the packets were written into the channel's memory and only the put that followed was refused.

@@ -119,7 +119,10 @@ impl Connection {
     /// `*mut QpHandle` (launched as a `DevPtr<QpHandle>` of this address); in Exclusive scope one thread at a
     /// time makes its `&mut QpHandle` of it for a device `Qp`, the shared scopes use the pointer.
     /// Every sharing mode keeps the QP's one send-queue state ([`QpHandle::sq`]), so the connection's channels
-    /// may use different modes, one after another (never at the same time).
+    /// may use different modes, one after another (never at the same time). While a channel in a Host mode
+    /// lives, its proxy posts to this QP and polls its CQ: device code posting on the handle meanwhile puts
+    /// CQEs there that the proxy did not ask for, and the proxy then gives up on the QP (every wait of its
+    /// channels reports [`VENDOR_PROXY_POST`](crate::proxy::VENDOR_PROXY_POST)).
     pub fn qp_handle_addr(&self) -> u64 {
         addr_of(&self.inner.state, QP_HANDLE_OFF)
     }

@@ -26,8 +26,9 @@ use super::fifo::Fifo;
 
 /// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), when it could not
 /// post a trigger's WQEs at all (e.g. no room in the SQ within the timeout, or a put whose range is outside the
-/// channel's memories as registered, of which it posts nothing), and when a stopping proxy gives up on a QP
-/// whose CQ holds a CQE of none of its WQEs (nothing behind that CQE can be polled): not a NIC's code.
+/// channel's memories as registered, of which it posts nothing), and when the proxy gives up on a QP whose CQ
+/// holds a CQE of none of its WQEs (nothing behind that CQE can be polled; someone else posted to the QP or
+/// its CQ): not a NIC's code.
 pub const VENDOR_PROXY_POST: u8 = 0x80;
 
 /// Vendor syndrome of the error the proxy reports, with syndrome `WR_FLUSH_ERR` (0x05), on every QP it serves
@@ -154,8 +155,9 @@ struct Shared {
 /// began, put back to its timeout after each CQE it polls. A QP still waited on when that deadline passes is
 /// given up: it gets [`VENDOR_PROXY_FLUSH`], and the triggers left for it post nothing. So a NIC that completes
 /// nothing costs one timeout in all (and the time to post what the FIFO holds for live QPs), however many QPs,
-/// FLUSH triggers or full SQs wait on it; a QP whose CQ holds a CQE of none of its WQEs, which stops every poll
-/// of it, is given up at once with [`VENDOR_PROXY_POST`].
+/// FLUSH triggers or full SQs wait on it. A QP whose CQ holds a CQE of none of its WQEs, which stops every
+/// poll of it, is given up at once with [`VENDOR_PROXY_POST`], while the proxy runs as well: device code that
+/// posts on a Host-mode channel's QP handle itself puts such CQEs there.
 pub struct ProxyService {
     shared: Arc<Shared>,
     fifo: FifoHandle,
@@ -382,8 +384,9 @@ struct Lane {
     err: *mut u64,
     /// Posted since the last doorbell.
     unrung: bool,
-    /// Whether the stopping worker stopped waiting on this QP (its deadline passed, or its CQ holds a CQE that
-    /// stops every poll): the QP counts as settled, and the triggers left for it post nothing.
+    /// Whether the worker stopped waiting on this QP for good (stopping, its deadline passed; or, running or
+    /// stopping, its CQ holds a CQE that stops every poll): the QP counts as settled, and the triggers left
+    /// for it post nothing.
     given_up: bool,
 }
 
@@ -409,7 +412,7 @@ enum Until {
 enum PostError {
     /// As the device code's post says.
     Device(gdaki_device::Error),
-    /// The stopping worker gave up on the QP ([`Lane::given_up`]), which is reported already.
+    /// The worker gave up on the QP ([`Lane::given_up`]), which is reported already.
     GivenUp,
 }
 
@@ -445,7 +448,7 @@ impl Lane {
         let _ = w.compare_exchange(0, word, Ordering::Release, Ordering::Relaxed);
     }
 
-    /// Stops waiting on this QP for good (the stopping worker's), reporting `vendor`.
+    /// Stops waiting on this QP for good ([`Lane::given_up`]), reporting `vendor`.
     fn give_up(&mut self, vendor: u8) {
         self.given_up = true;
         self.report(flushed(vendor));
@@ -463,6 +466,23 @@ impl Lane {
         match until {
             Until::Settled => self.settled(),
             Until::Room => self.given_up || self.has_room(),
+        }
+    }
+
+    /// Polls the CQ once; returns whether it took a CQE. A CQE of none of this QP's WQEs (another poster
+    /// used the QP or its CQ behind the proxy's back, e.g. device code posting on a Host-mode channel's QP
+    /// handle) stays in the CQ and stops every later poll, so nothing the proxy posted there can complete: the
+    /// lane is given up at once with [`VENDOR_PROXY_POST`], which every wait of its channels then reports,
+    /// rather than their waits running out for signals that cannot come.
+    fn poll(&mut self) -> bool {
+        match self.qp.poll_cq() {
+            None => false,
+            Some(Ok(_) | Err(gdaki_device::Error::Cqe(_))) => true,
+            Some(Err(e)) => {
+                tracing::warn!(qpn = self.qp.handle().qpn, "the proxy gives up on a QP: {e}");
+                self.give_up(VENDOR_PROXY_POST);
+                false
+            }
         }
     }
 
@@ -658,8 +678,8 @@ impl Worker {
     fn progress(&mut self) {
         let mut moved = false;
         for l in self.lanes.iter_mut().flatten() {
-            if l.outstanding() {
-                moved |= matches!(l.qp.poll_cq(), Some(Ok(_) | Err(gdaki_device::Error::Cqe(_))));
+            if l.outstanding() && !l.given_up {
+                moved |= l.poll();
                 l.report_cqe();
             }
         }
@@ -796,14 +816,7 @@ impl Worker {
                     waiting = true;
                     // Anything unrung would never complete.
                     l.ring();
-                    match l.qp.poll_cq() {
-                        None => {}
-                        Some(Ok(_) | Err(gdaki_device::Error::Cqe(_))) => moved = true,
-                        Some(Err(e)) => {
-                            tracing::warn!(qpn = l.qp.handle().qpn, "the stopping proxy gives up on a QP: {e}");
-                            l.give_up(VENDOR_PROXY_POST);
-                        }
-                    }
+                    moved |= l.poll();
                 }
                 l.report_cqe();
             }
@@ -834,7 +847,7 @@ impl Worker {
     /// against the stop deadline (a running proxy's post waits for room itself, for up to its timeout).
     ///
     /// # Errors
-    /// [`PostError::GivenUp`] for a lane the stopping worker gave up on.
+    /// [`PostError::GivenUp`] for a lane the worker gave up on.
     fn lane_to_post(&mut self, slot: usize) -> std::result::Result<&mut Lane, PostError> {
         if self.stopping() && !lane(&mut self.lanes, slot).done(Until::Room) {
             self.settle(Some(slot), Until::Room);
@@ -862,7 +875,7 @@ impl Worker {
         };
         let l = lane(&mut self.lanes, ch.qp);
         if l.given_up {
-            // The stopping worker gave up on the QP: what is posted there may never complete.
+            // The worker gave up on the QP: what is posted there may never complete.
             l.report(flushed(VENDOR_PROXY_FLUSH));
             return;
         }
