@@ -1,10 +1,18 @@
 //! Which CUDA calls wait for a kernel that spins (docs/guide.md, "GPU hazards"). Prints a table; run on the GPU machine
 //! with `--ignored --nocapture`. Asserts only what the emulated NIC relies on: copier copies do not wait.
+//!
+//! `cuda_ipc_calls_while_a_kernel_spins` asks the same of CUDA IPC (`cuIpcGetMemHandle` in one process,
+//! `cuIpcOpenMemHandle`, a copy out of the peer's memory and `cuIpcCloseMemHandle` in another, each while a
+//! kernel of that process spins) and times a copy through the mapping against a copy inside one process: the
+//! facts a same-host path of the wire would rest on (the NIC's thread would make these calls while users'
+//! kernels wait for it).
 
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::sys;
 use gdaki::cuda::{Gpu, LaunchConfig};
 use gdaki::mem::{GpuCopier, MappedBuf, MemKind, MemLoc};
 
@@ -106,4 +114,116 @@ fn which_calls_wait_for_a_spinning_kernel() {
         println!("| {name} | {} | {:.1} |", if *before { "yes" } else { "NO (waited)" }, took.as_secs_f64() * 1e3);
     }
     assert!(rows[0].1 && rows[1].1, "copier copies waited for a spinning kernel");
+}
+
+/// The child's environment variable: the exporter's handle, as hex.
+const IPC_CHILD: &str = "GDAKI_PROBE_IPC_HANDLE";
+
+/// Bytes of the exported buffer: large enough to time a copy of it.
+const IPC_BYTES: usize = 256 << 20;
+
+fn hex(h: &sys::CUipcMemHandle) -> String {
+    h.reserved.iter().map(|b| format!("{:02x}", *b as u8)).collect()
+}
+
+fn unhex(s: &str) -> sys::CUipcMemHandle {
+    let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+    for (i, b) in h.reserved.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap() as std::ffi::c_char;
+    }
+    h
+}
+
+fn row(name: &str, before: bool, took: Duration) {
+    println!("| {name} | {} | {:.1} |", if before { "yes" } else { "NO (waited)" }, took.as_secs_f64() * 1e3);
+}
+
+/// GB/s of `reps` copies of `n` bytes from `src` to `dst` through `copier`, waited for once.
+fn copy_rate(copier: &gdaki::cuda::CudaCopier, dst: MemLoc, src: MemLoc, n: usize, reps: u32) -> f64 {
+    let t = Instant::now();
+    for _ in 0..reps {
+        // SAFETY: both ranges are `n` bytes of live GPU memory until the synchronize below.
+        unsafe { copier.copy_async(dst, src, n) }.unwrap();
+    }
+    copier.synchronize().unwrap();
+    (n as f64 * reps as f64) / t.elapsed().as_secs_f64() / 1e9
+}
+
+/// The importing process: opens the handle, copies out of the mapping, closes it, each while a kernel spins.
+fn ipc_child(handle: &str) {
+    let gpu = Gpu::open(0).unwrap();
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let handle = unhex(handle);
+    let mut peer: sys::CUdeviceptr = 0;
+    let (before, took) = probe(&gpu, || {
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: the handle came from the parent's `cuIpcGetMemHandle`; the call writes one pointer.
+        let r = unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut peer,
+                handle,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuIpcOpenMemHandle");
+    });
+    row("cuIpcOpenMemHandle (importer)", before, took);
+    let mine = gpu.alloc_device(IPC_BYTES).unwrap();
+    let copier = gpu.copier().unwrap();
+    let from_peer = MemLoc { kind: MemKind::Gpu, addr: peer };
+    let (before, took) = probe(&gpu, || {
+        // SAFETY: the mapping and `mine` hold IPC_BYTES bytes until the synchronize.
+        unsafe { copier.copy_async(mine.loc(), from_peer, IPC_BYTES) }.unwrap();
+        copier.synchronize().unwrap();
+    });
+    row("copier copy out of the mapping + synchronize (importer)", before, took);
+    let got = mine.to_vec().unwrap();
+    let bad = got.iter().enumerate().filter(|(i, b)| **b != (*i as u32 % 251) as u8).count();
+    println!("| bytes differing from the exporter's pattern | {bad} | |");
+    let local = gpu.alloc_device(IPC_BYTES).unwrap();
+    let reps = 8;
+    let ipc = copy_rate(&copier, mine.loc(), from_peer, IPC_BYTES, reps);
+    let d2d = copy_rate(&copier, mine.loc(), local.loc(), IPC_BYTES, reps);
+    println!("| copy rate, GB/s: from the peer's mapping {ipc:.1}, inside this process {d2d:.1} | | |");
+    let (before, took) = probe(&gpu, || {
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: `peer` came from `cuIpcOpenMemHandle` and every copy out of it was waited for.
+        let r = unsafe { sys::cuIpcCloseMemHandle(peer) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuIpcCloseMemHandle");
+    });
+    row("cuIpcCloseMemHandle (importer)", before, took);
+    assert_eq!(bad, 0, "the copy through the mapping differs from the exporter's bytes");
+}
+
+#[test]
+#[ignore = "needs a GPU: run on the H200 with --ignored"]
+fn cuda_ipc_calls_while_a_kernel_spins() {
+    if let Ok(h) = std::env::var(IPC_CHILD) {
+        return ipc_child(&h);
+    }
+    let gpu = Gpu::open(0).unwrap();
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let buf = gpu.alloc_device(IPC_BYTES).unwrap();
+    let pattern: Vec<u8> = (0..IPC_BYTES).map(|i| (i as u32 % 251) as u8).collect();
+    buf.copy_from_host(0, &pattern).unwrap();
+    let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+    let (before, took) = probe(&gpu, || {
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: `buf` is a live `cuMemAlloc` allocation; the call writes the 64-byte handle.
+        let r = unsafe { sys::cuIpcGetMemHandle(&mut handle, buf.device_addr()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuIpcGetMemHandle");
+    });
+    println!("\n| CUDA IPC call made while a kernel spins | done before release | total ms |\n|---|---|---|");
+    row("cuIpcGetMemHandle (exporter)", before, took);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "cuda_ipc_calls_while_a_kernel_spins", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(IPC_CHILD, hex(&handle))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for l in text.lines().filter(|l| l.starts_with('|')) {
+        println!("{l}");
+    }
+    assert!(out.status.success(), "the importing process failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    drop(buf);
 }
