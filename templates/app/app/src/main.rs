@@ -110,6 +110,12 @@ fn run_on(kind: ExecutorKind, launch: Option<&Launch>, total: &mut Tally) {
 }
 
 fn main() -> ExitCode {
+    // gdaki's warnings (what it cannot return: a NAK, a link gone down, a proxy giving up on a QP) on stderr,
+    // when RUST_LOG asks for them (RUST_LOG=gdaki=warn).
+    if std::env::var_os("RUST_LOG").is_some() {
+        let filter = tracing_subscriber::EnvFilter::from_default_env();
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    }
     // Under a launcher (mpirun, srun, torchrun), this process is one rank of its launch; else both run here.
     let launch = match Launch::resolve_from_process_env(LaunchFlags::default()) {
         // A world of one (a Slurm batch script's environment) is no launch of ranks.
