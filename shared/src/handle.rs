@@ -4,7 +4,10 @@
 //! (pinned host memory mapped into the GPU, or GPU memory); for the `cpu` executor, host pointers. Keys that go
 //! into WQEs verbatim are stored big-endian, precomputed by the host (as DOCA GPUNetIO does).
 
-use crate::be::Be32;
+/// The big-endian field type of [`RemoteMr::rkey`] and [`MrHandle`]'s key, named here so that code that reads or
+/// changes a key (`Be32::new(key)`, `rkey.get()`) needs no dependency beyond the module it takes the handles
+/// from (`gdaki_device::handle`).
+pub use crate::be::Be32;
 use bytemuck::{Pod, Zeroable};
 
 /// Where a NIC queue's memory (SQ ring, CQ ring, doorbell records) lives, as the host placed it: device code
