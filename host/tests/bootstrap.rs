@@ -585,8 +585,12 @@ fn departed_peer_fails_calls_involving_it_and_nothing_else() {
     assert_eq!(root.3, "rank 0: send to rank 2 tag 1: rank 2 left the session");
     assert_eq!(one.3, format!("rank 1: send to rank 2 tag 1: {by_root}"));
     assert_eq!((root.4, one.4), (vec![1], vec![0]));
-    assert_eq!(root.5, "rank 0: all_gather #1: rank 2 left the session");
-    assert!(one.5.starts_with("rank 1: all_gather #1: rank 0: all_gather #1: rank 2 left the session"), "{}", one.5);
+    assert_eq!(root.5, "rank 0: barrier (all_gather #1): rank 2 left the session");
+    assert!(
+        one.5.starts_with("rank 1: barrier (all_gather #1): rank 0: barrier (all_gather #1): rank 2 left the session"),
+        "{}",
+        one.5
+    );
 }
 
 /// Joins a session as `rank` by hand (hello, then the welcome, which comes once every rank joined).
@@ -638,7 +642,7 @@ fn dead_peer_fails_pending_and_later_calls_naming_it() {
             assert!(elapsed < timeout / 2, "rank {rank} noticed the death after {elapsed:?}");
             let why = if rank == 0 { died.to_string() } else { reported.clone() };
             assert_eq!(pending, format!("rank {rank}: recv from rank 2 tag 9: {why}"));
-            assert_eq!(later, format!("rank {rank}: all_gather #0: {why}"));
+            assert_eq!(later, format!("rank {rank}: barrier (all_gather #0): {why}"));
             assert_eq!(send, format!("rank {rank}: send to rank {} tag 1: {why}", 1 - rank));
         }
     });
@@ -889,7 +893,7 @@ fn rank_stalled_mid_header_fails_every_ranks_barrier_naming_it() {
     let (outcomes, root) = stalled_rank_2(timeout, &frame_start(4, 8, 3), |b| b.barrier().unwrap_err());
     let stall = "rank 2 stalled mid-frame: sent 3 of the 8 bytes of a frame header, and the rest did not come within \
                  1s (a half-open connection?)";
-    assert_named_rank_2(&outcomes, &root, "all_gather #0", stall, timeout);
+    assert_named_rank_2(&outcomes, &root, "barrier (all_gather #0)", stall, timeout);
 }
 
 #[test]
@@ -1036,7 +1040,7 @@ fn a_silent_root_breaks_the_session_of_the_rank_that_timed_out_on_it() {
         assert_eq!(
             later,
             [
-                format!("rank 1: all_gather #1: {why}"),
+                format!("rank 1: barrier (all_gather #1): {why}"),
                 format!("rank 1: all_gather #2: {why}"),
                 format!("rank 1: send to rank 0 tag 1: {why}"),
                 format!("rank 1: recv from rank 0 tag 1: {why}"),

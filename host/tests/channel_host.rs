@@ -1589,7 +1589,7 @@ fn a_rank_that_dies_breaks_every_wait_saying_the_session_broke() {
                 )
             );
             assert!(took < Duration::from_secs(2), "rank {rank} waited {took:?}");
-            assert!(boot.starts_with(&format!("rank {rank}: all_gather #")) && boot.contains(died), "{boot}");
+            assert!(boot.starts_with(&format!("rank {rank}: barrier (all_gather #")) && boot.contains(died), "{boot}");
         }
     });
 }

@@ -495,8 +495,17 @@ impl Bootstrap {
     /// than the root that hears nothing from the root by then breaks its session: the root is not answering,
     /// and every later call of this rank fails at once saying so.
     pub fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.gather(mine, None)
+    }
+
+    /// [`all_gather`](Self::all_gather) for the call named `call` (its errors name that call, then the
+    /// all_gather it is made of), or for `all_gather` itself.
+    fn gather(&self, mine: &[u8], call: Option<&str>) -> Result<Vec<Vec<u8>>> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let what = format!("all_gather #{seq}");
+        let what = match call {
+            Some(c) => format!("{c} (all_gather #{seq})"),
+            None => format!("all_gather #{seq}"),
+        };
         self.check_unbroken(&what, None)?;
         let deadline = crate::deadline::after(self.timeout);
         let n = self.world_size;
@@ -591,7 +600,7 @@ impl Bootstrap {
     /// # Errors
     /// As [`all_gather`](Self::all_gather).
     pub fn barrier(&self) -> Result<()> {
-        self.all_gather(&[]).map(drop)
+        self.gather(&[], Some("barrier")).map(drop)
     }
 
     /// Sends `data` to rank `peer` with `tag`, relayed by the root (as MSCCL++'s `Bootstrap::send`). Returns
