@@ -102,7 +102,9 @@ impl GridBarrier {
                     || WaitOn::Semaphore { addr: counter as u64, expected, seen: seen.get() },
                 )
             };
-            if matches!(r, Err(Error::Timeout(_) | Error::InvalidArgument(InvalidArgument::Counter))) {
+            if r.is_err() {
+                // A timeout or a stale counter breaks the barrier; one found broken is broken again, in case
+                // this arrival's add carried out of the bit (a counter left at `u64::MAX` wraps to 0).
                 // SAFETY: as above.
                 unsafe { break_barrier(counter) };
             }
@@ -316,5 +318,17 @@ mod tests {
             assert!(fine, "thread {i}: {o:#x} in {outcomes:?}");
         }
         assert!(outcomes.iter().step_by(threads as usize).any(|&o| o == COUNTER), "no Counter: {outcomes:?}");
+    }
+
+    /// A counter left at `u64::MAX` (broken, every other bit set): the first arrival's add wraps it to 0,
+    /// clearing the bit, and the CTA that made it breaks the barrier again, so that every other CTA gets `Team`
+    /// at once, not its timeout. Before, the others waited out their bounds.
+    #[test]
+    fn a_counter_left_at_the_top_stays_broken() {
+        let (ctas, threads) = (4, 4);
+        let t0 = std::time::Instant::now();
+        let outcomes = run(ctas, threads, 3, u64::MAX, 20_000_000_000, u64::MAX);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "took {:?}", t0.elapsed());
+        assert!(outcomes.iter().all(|&o| o == TEAM), "{outcomes:?}");
     }
 }
