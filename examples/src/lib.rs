@@ -127,8 +127,9 @@ impl LaunchArgs {
     /// a failed launch's workers; each rank that failed or was stopped is named on standard error with how it
     /// ended. Returns the exit code to leave with: success when every process succeeded, else the code of
     /// the first rank seen failing (a process killed by a signal counts as 1), or 2, before anything starts,
-    /// for an N outside `ranks` (the rank counts the program takes) or a launcher's environment of more than
-    /// one rank (this process is a rank already), and when a process could not be started (those already
+    /// for an N outside `ranks` (the rank counts the program takes), a `--wire` with a port (each process
+    /// would listen on it), or a launcher's environment of more than one rank (this process is a rank
+    /// already), and when a process could not be started (those already
     /// started are killed). `None` without the flag: run as usual.
     pub fn spawn_processes(&self, ranks: std::ops::RangeInclusive<u32>) -> Option<std::process::ExitCode> {
         let n = self.processes?;
@@ -137,6 +138,9 @@ impl LaunchArgs {
                 true => format!("this program takes {} ranks", ranks.start()),
                 false => format!("this program takes {} to {} ranks", ranks.start(), ranks.end()),
             })
+        } else if let Some(w) = self.wire.filter(|w| w.port() != 0 && n > 1) {
+            // Every process would listen on it: all but the first would fail to start their NIC.
+            Some(format!("--wire {w} names a port, which only one of the {n} processes could listen on: give port 0 (a free one each) or leave --wire out"))
         } else {
             match Launch::resolve_from_process_env(LaunchFlags::default()) {
                 // A world of one (a Slurm batch script's environment) is no launch of ranks.
