@@ -473,6 +473,18 @@ fn setup_calls_in_a_cycle_time_out_saying_how_to_order_them() {
         assert!(m.starts_with(&format!("connect to rank {peer} tag {first}: ")), "{m}");
         assert!(m.contains("timed out after 300ms (rank"), "{m}");
         assert!(m.contains("order every rank's setup calls so that no cycle of ranks waits"), "{m}");
+        // Each rank's message of the failed call stays queued at the other: a retry in a good order would take
+        // it (an endpoint of a QP destroyed since). Every later setup exchange is refused at once instead.
+        barrier.wait();
+        let t = Instant::now();
+        let e = comm.connect(&EndpointConfig::default(), peer, 1).map(drop).map_err(message).unwrap_err();
+        assert!(t.elapsed() < Duration::from_millis(200), "the refusal took {:?}", t.elapsed());
+        assert!(
+            e.starts_with(&format!(
+                "connect to rank {peer} tag 1: this rank's connect to rank {peer} tag {first} timed out"
+            )) && e.ends_with("make a new communicator"),
+            "{e}"
+        );
     });
 }
 

@@ -55,6 +55,11 @@ pub struct Communicator {
     /// ([`super::DEPARTURE_GRACE`] later) and their late waits for it end with `PeerGone`, whatever is still on
     /// its way.
     proxy: Mutex<Option<Arc<ProxyService>>>,
+    /// The first setup exchange (`connect`, `semaphore`) that timed out after sending this rank's message,
+    /// named: the messages of such calls (this rank's, and the peers' of theirs, which time out too in a
+    /// cycle) stay queued and would pair with later calls, which would take an endpoint of a QP destroyed
+    /// since. Every later exchange of this communicator is refused instead.
+    stale: Mutex<Option<String>>,
     boot: Bootstrap,
 }
 
@@ -101,7 +106,7 @@ impl Communicator {
         let pd = nic.alloc_pd()?;
         let departed = Departed::watch(&bootstrap, &exec)?;
         let res = Resources { pd, nic, exec, rank: bootstrap.rank(), world_size: bootstrap.world_size(), departed };
-        Ok(Self { res: Arc::new(res), boot: bootstrap, proxy: Mutex::new(None) })
+        Ok(Self { res: Arc::new(res), boot: bootstrap, proxy: Mutex::new(None), stale: Mutex::new(None) })
     }
 
     /// This rank, `0..world_size()` (MSCCL++ `bootstrap()->getRank()`).
@@ -174,13 +179,29 @@ impl Communicator {
     }
 
     /// Sends `mine` to `peer` with `tag`, then receives the peer's message with `tag` ([`Self::recv_setup`]);
-    /// bootstrap errors get `what` in front.
+    /// bootstrap errors get `what` in front. An exchange whose receive timed out leaves the communicator's
+    /// setup out of step ([`Communicator::stale`]): later exchanges are refused.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] after an exchange that timed out; as [`Self::recv_setup`].
     fn exchange(&self, peer: u32, tag: u32, what: &str, mine: &[u8]) -> Result<Vec<u8>> {
+        let stale = || self.stale.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(first) = stale().as_ref() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: this rank's {first} timed out after sending its message, which stays queued at the peer \
+                 (as the peers' messages of their timed-out calls stay here) and would pair with a later call: \
+                 setup calls cannot go on, make a new communicator"
+            )));
+        }
         self.boot.send(peer, tag, mine).map_err(|e| match e {
             Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
             e => e,
         })?;
-        self.recv_setup(peer, tag, what)
+        self.recv_setup(peer, tag, what).inspect_err(|e| {
+            if matches!(e, Error::Bootstrap(m) if m.contains(&recv_timeout(peer, tag))) {
+                stale().get_or_insert_with(|| what.to_string());
+            }
+        })
     }
 
     /// Receives the message of `peer`'s setup call with `tag`; bootstrap errors get `what` in front, and a
@@ -191,7 +212,7 @@ impl Communicator {
             // another wait's) while the peer lives: it has not made the matching call, most often because it
             // waits in a call of its own for a rank that waits in turn, a cycle such as every rank connecting
             // to its next rank first, then to its previous one.
-            Error::Bootstrap(m) if m.contains(&format!("recv from rank {peer} tag {tag}: timed out after")) => {
+            Error::Bootstrap(m) if m.contains(&recv_timeout(peer, tag)) => {
                 Error::Bootstrap(format!("{what}: {m} ({})", cycle_hint(peer)))
             }
             Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
@@ -278,8 +299,10 @@ impl Communicator {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for sizes out of range, a peer out of range, or a peer message that is not
-    /// an endpoint (calls that do not pair up), has the wrong size, or another mode; [`Error::Bootstrap`]
-    /// when the exchange fails or times out; the NIC's and the executor's allocation errors; in the Host
+    /// an endpoint (calls that do not pair up), has the wrong size, or another mode, and after an earlier
+    /// `connect` or `semaphore` of this communicator timed out (its message, and the peers' of their calls
+    /// that timed out with it, stay queued and would pair with later calls: make a new communicator);
+    /// [`Error::Bootstrap`] when the exchange fails or times out; the NIC's and the executor's allocation errors; in the Host
     /// modes, what starting the proxy returns (as [`Communicator::proxy`]).
     pub fn connect(&self, cfg: &EndpointConfig, peer: u32, tag: u32) -> Result<Connection> {
         let what = format!("connect to rank {peer} tag {tag}");
@@ -391,7 +414,8 @@ impl Communicator {
     /// # Errors
     /// [`Error::InvalidArgument`] when `conn` belongs to another communicator or goes to another rank than
     /// `peer`, when the peer's message is not a semaphore (calls that do not pair up), has the wrong size,
-    /// names a word that is not 8 aligned bytes, or was built on a QP that is not `conn`'s peer QP;
+    /// names a word that is not 8 aligned bytes, or was built on a QP that is not `conn`'s peer QP, and
+    /// after a setup exchange of this communicator timed out (as [`Communicator::connect`]);
     /// [`Error::Bootstrap`] when the exchange fails; allocation and registration errors.
     pub fn semaphore(&self, conn: &Connection, peer: u32, tag: u32) -> Result<Semaphore> {
         let what = format!("semaphore with rank {peer} tag {tag}");
@@ -443,6 +467,11 @@ impl Communicator {
             }),
         })
     }
+}
+
+/// The words with which the bootstrap reports that its receive from `peer` with `tag` timed out.
+fn recv_timeout(peer: u32, tag: u32) -> String {
+    format!("recv from rank {peer} tag {tag}: timed out after")
 }
 
 /// What a setup call's timeout adds: how to order the calls so that no cycle of ranks waits.
