@@ -974,7 +974,7 @@ fn host_modes_a_foreign_cqe_fails_the_waits_instead_of_stalling_them() {
         barrier.wait();
         got
     });
-    let (waited, took) = results[0].clone().expect("rank 0's wait");
+    let (waited, took) = results[0].expect("rank 0's wait");
     let want = (syndrome::WR_FLUSH_ERR, gdaki::proxy::VENDOR_PROXY_POST);
     match waited {
         Err(DevError::Cqe(c)) => assert_eq!((c.syndrome, c.vendor_err_synd), want),
