@@ -163,6 +163,10 @@ impl Poster for WarpQp<'_> {
         if g.members() > WARP_SIZE {
             return Err(Error::InvalidArgument(InvalidArgument::Team));
         }
+        #[cfg(not(target_arch = "nvptx64"))]
+        if let Ok(Some(piece)) = &w {
+            self.check_team_piece(g.rank(), piece)?;
+        }
         // Every lane makes the call, with a WQE or without ([`WarpQp::post_some`]).
         self.post_some(false, w?).map(|_| ())
     }

@@ -322,6 +322,23 @@ impl<'a> WarpQp<'a> {
         r
     }
 
+    /// On host threads (each a warp of one lane, posting alone), what the GPU refuses of a team call whose
+    /// members with a WQE are ranks `0 .. k` and of which this caller, of rank `rank`, passes `w`: the warp's
+    /// batch then holds at least `rank + 1` such WQEs, and over half the ring it is
+    /// [`InvalidArgument::Length`] on the GPU ([`WarpQp::post_some`]). Refused here too, so that a test on the
+    /// `cpu` executor fails as the GPU would (the members of lower rank pass there).
+    ///
+    /// # Errors
+    /// [`InvalidArgument::Length`] as said.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub(crate) fn check_team_piece<const N: usize>(&self, rank: u32, w: &Wqe<N>) -> Result<()> {
+        let at_least = (rank + 1).saturating_mul(wqebbs(w.ds() as u32));
+        if at_least > self.wqe_cnt / 2 && sq::valid_ring(self.wqe_cnt) {
+            return Err(Error::InvalidArgument(InvalidArgument::Length));
+        }
+        Ok(())
+    }
+
     /// [`WarpQp::post_some`] when the callers `posters` of `lanes` (some, not all) pass a WQE.
     fn post_part<const N: usize>(
         &mut self,

@@ -835,6 +835,29 @@ fn a_warp_team_call_from_more_than_one_warp_is_refused() {
     assert_eq!((l.sem.load_u64(0), &l.dst.read()[..1024]), (1, &data[..1024]));
 }
 
+/// A Warp-sharing team put of 32 pieces on a ring of 16 WQEBBs: one batch of 32 WQEBBs on the GPU, over half
+/// the ring, `Length` for every lane there. Host threads post one at a time, so the member whose rank puts the
+/// batch over half the ring (ranks 8 and up: pieces of ranks 0 ..= 8 take 9 WQEBBs) is refused there too, and
+/// the test fails as the GPU's would; the members below pass. Before, every member passed on the host.
+#[test]
+fn a_warp_team_batch_over_half_the_ring_is_refused_on_host_threads_too() {
+    let (l, data, h) = team_link(16);
+    let results = std::sync::Mutex::new(Vec::new());
+    teams(1, 32, |_, m| {
+        let mut ch = shared::<gdaki_device::channel::Warp>(&h);
+        let at = 64 * u64::from(m.rank);
+        let r = ch.put_team(m, at, at, 64);
+        let f = ch.flush();
+        results.lock().unwrap().push((m.rank, r, f));
+    });
+    let length = Err(Error::InvalidArgument(InvalidArgument::Length));
+    for (rank, r, f) in results.into_inner().unwrap() {
+        assert_eq!(r, if rank < 8 { Ok(()) } else { length }, "rank {rank}");
+        assert_eq!(f, Ok(()), "rank {rank}'s flush");
+    }
+    assert_eq!(l.dst.read()[..512], data[..512], "the pieces of ranks 0 to 7");
+}
+
 #[test]
 fn signal_never_overtakes_the_data() {
     let mut rng = rng();
