@@ -191,7 +191,8 @@ impl<'a> Qp<'a> {
     /// On the `cpu` executor a second `Qp` of the same handle made while the first lives (two
     /// `PortChannel::<Exclusive>` of one handle, or threads each making their own) is counted in the handle:
     /// the posts, CQ polls, waits and flushes of either get [`InvalidArgument::Team`] while both live, and the
-    /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other. A `Qp` that
+    /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other; so are the
+    /// calls of a shared poster of the handle ([`crate::shared_qp::SharedQp`]) while the `Qp` lives. A `Qp` that
     /// is forgotten (`mem::forget`) instead of dropped counts for as long as the handle's memory: take a copy
     /// with [`Qp::handle`] (which counts none) and go on from that. What it left unrung stays unrung (a later
     /// `Qp`'s doorbell rings it with its own WQEs; a wait alone does not): ring before forgetting it.

@@ -109,9 +109,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// `h` must describe a live, connected QP whose ring, dbrec, doorbell register and CQ are valid for `'a`,
     /// and be valid for reads and writes for `'a` and 8-byte aligned; its state is used only through
     /// `SharedQp`s of scope `S` (or narrower) and only by threads of that scope while they live. No Exclusive
-    /// poster may use the QP at the same time (before and after is fine). On the `cpu` executor a Block-scope
-    /// QP belongs, until the launch ends, to the first CTA of the launch that posts, flushes or polls; another
-    /// CTA's calls get [`InvalidArgument::Team`].
+    /// poster may use the QP at the same time (before and after is fine): on the `cpu` executor the calls of a
+    /// `SharedQp` get [`InvalidArgument::Team`] while an Exclusive `Qp` of the same handle lives. There a
+    /// Block-scope QP belongs, until the launch ends, to the first CTA of the launch that posts, flushes or
+    /// polls; another CTA's calls get [`InvalidArgument::Team`].
     pub unsafe fn new(h: *mut QpHandle, timeout_ns: u64) -> Self {
         Self { h, timeout_ns, _borrow: PhantomData, _scope: PhantomData }
     }
@@ -318,7 +319,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// members' `SharedQp`s are not all of one handle (found once the leader has reserved: its batch is then
     /// published as NOPs, and the other handles' rings are not touched);
     /// [`InvalidArgument::Handle`] and, on the `cpu` executor, [`InvalidArgument::Team`] for a Block-scope QP
-    /// of another CTA, as for [`SharedQp::post`]. Once the
+    /// of another CTA or while an Exclusive `Qp` of the handle lives, as for [`SharedQp::post`]. Once the
     /// WQEBBs are reserved: [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`], or
     /// [`Error::UnexpectedCqe`], for every member (the leader's own; the others the same but for their
     /// `waited_ns`, which is the QP's timeout), and the batch stays unpublished, as a single post that

@@ -482,7 +482,7 @@ fn setup_calls_in_a_cycle_time_out_saying_how_to_order_them() {
         assert!(
             e.starts_with(&format!(
                 "connect to rank {peer} tag 1: this rank's connect to rank {peer} tag {first} timed out"
-            )) && e.ends_with("make a new communicator"),
+            )) && e.ends_with("make a new bootstrap session and communicator on every rank"),
             "{e}"
         );
     });

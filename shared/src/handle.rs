@@ -159,7 +159,8 @@ pub struct SqState {
     pub host_owner: u64,
     /// On the `cpu` executor, the Exclusive posters (device `Qp`s) of this handle alive now: a second one while
     /// the first lives keeps its own counters, so both would write the same WQEBBs; its calls and the first's
-    /// are refused while both live. 0 for none. Unused on the GPU.
+    /// are refused while both live, and so are a shared poster's (Block or Device scope) while any lives. 0 for
+    /// none. Unused on the GPU.
     pub host_posters: u64,
     /// Zero: keeps the state 128 bytes (the handle's second half).
     pub pad: [u64; 4],

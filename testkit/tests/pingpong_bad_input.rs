@@ -165,6 +165,7 @@ fn cli_processes_runs_two_ranks_and_refuses_what_cannot_work() {
     // Three processes of a two-rank program, or any number under a launcher: refused before one starts.
     let out = pingpong(&["--executor", "cpu", "--processes", "3"]);
     assert_cli_error(&out, 2, "--processes 3: this program takes 2 ranks");
+    assert_eq!(text(&out.stderr).lines().count(), 1, "{}", text(&out.stderr));
     // A wire port every process would listen on: refused before one starts (port 0 gives each a free one).
     let out = pingpong(&["--executor", "cpu", "--processes", "2", "--wire", "127.0.0.1:45123"]);
     assert_cli_error(&out, 2, "--processes 2: --wire 127.0.0.1:45123 names a port");

@@ -178,28 +178,37 @@ impl Communicator {
         Ok(())
     }
 
-    /// Sends `mine` to `peer` with `tag`, then receives the peer's message with `tag` ([`Self::recv_setup`]);
-    /// bootstrap errors get `what` in front. An exchange whose receive timed out leaves the communicator's
-    /// setup out of step ([`Communicator::stale`]): later exchanges are refused.
+    /// Refuses a setup exchange once an earlier one timed out ([`Communicator::stale`]); called before the
+    /// exchange makes anything (a QP, a proxy).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] after an exchange that timed out; as [`Self::recv_setup`].
-    fn exchange(&self, peer: u32, tag: u32, what: &str, mine: &[u8]) -> Result<Vec<u8>> {
-        let stale = || self.stale.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(first) = stale().as_ref() {
-            return Err(Error::InvalidArgument(format!(
+    /// [`Error::InvalidArgument`] after an exchange that timed out.
+    fn check_in_step(&self, what: &str) -> Result<()> {
+        match self.stale.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
+            Some(first) => Err(Error::InvalidArgument(format!(
                 "{what}: this rank's {first} timed out after sending its message, which stays queued at the peer \
                  (as the peers' messages of their timed-out calls stay here) and would pair with a later call: \
-                 setup calls cannot go on, make a new communicator"
-            )));
+                 setup calls cannot go on; make a new bootstrap session and communicator on every rank"
+            ))),
+            None => Ok(()),
         }
+    }
+
+    /// Sends `mine` to `peer` with `tag`, then receives the peer's message with `tag` ([`Self::recv_setup`]);
+    /// bootstrap errors get `what` in front. An exchange whose receive timed out leaves the communicator's
+    /// setup out of step ([`Communicator::stale`]): later exchanges are refused ([`Self::check_in_step`]).
+    ///
+    /// # Errors
+    /// As [`Self::recv_setup`].
+    fn exchange(&self, peer: u32, tag: u32, what: &str, mine: &[u8]) -> Result<Vec<u8>> {
         self.boot.send(peer, tag, mine).map_err(|e| match e {
             Error::Bootstrap(m) => Error::Bootstrap(format!("{what}: {m}")),
             e => e,
         })?;
         self.recv_setup(peer, tag, what).inspect_err(|e| {
             if matches!(e, Error::Bootstrap(m) if m.contains(&recv_timeout(peer, tag))) {
-                stale().get_or_insert_with(|| what.to_string());
+                let mut stale = self.stale.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                stale.get_or_insert_with(|| what.to_string());
             }
         })
     }
@@ -301,13 +310,16 @@ impl Communicator {
     /// [`Error::InvalidArgument`] for sizes out of range, a peer out of range, or a peer message that is not
     /// an endpoint (calls that do not pair up), has the wrong size, or another mode, and after an earlier
     /// `connect` or `semaphore` of this communicator timed out (its message, and the peers' of their calls
-    /// that timed out with it, stay queued and would pair with later calls: make a new communicator);
+    /// that timed out with it, stay queued and would pair with later calls; a peer whose matching call comes
+    /// late pairs with it all the same and connects to a QP destroyed since: make a new bootstrap session and
+    /// communicator on every rank);
     /// [`Error::Bootstrap`] when the exchange fails or times out; the NIC's and the executor's allocation errors; in the Host
     /// modes, what starting the proxy returns (as [`Communicator::proxy`]).
     pub fn connect(&self, cfg: &EndpointConfig, peer: u32, tag: u32) -> Result<Connection> {
         let what = format!("connect to rank {peer} tag {tag}");
         let (wqe_cnt, ncqe) = cfg.check()?;
         self.check_peer(peer, &what)?;
+        self.check_in_step(&what)?;
         let proxy = match cfg.ib.mode {
             IbMode::Device => None,
             IbMode::Host | IbMode::HostNoAtomic => Some(self.proxy()?),
@@ -421,6 +433,7 @@ impl Communicator {
         let what = format!("semaphore with rank {peer} tag {tag}");
         self.check_peer(peer, &what)?;
         self.check_mine(&conn.inner.res, &what, "connection")?;
+        self.check_in_step(&what)?;
         if conn.peer() != peer {
             return Err(Error::InvalidArgument(format!(
                 "{what}: the connection (QP {:#x}) goes to rank {}, not {peer}",

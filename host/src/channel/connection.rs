@@ -120,9 +120,10 @@ impl Connection {
     /// time makes its `&mut QpHandle` of it for a device `Qp`, the shared scopes use the pointer.
     /// Every sharing mode keeps the QP's one send-queue state ([`QpHandle::sq`]), so the connection's channels
     /// may use different modes, one after another (never at the same time). While a channel in a Host mode
-    /// lives, its proxy posts to this QP and polls its CQ: device code posting on the handle meanwhile puts
-    /// CQEs there that the proxy did not ask for, and the proxy then gives up on the QP (every wait of its
-    /// channels reports [`VENDOR_PROXY_POST`](crate::proxy::VENDOR_PROXY_POST)).
+    /// lives, its proxy posts to this QP and polls its CQ from counters of its own: device code posting on the
+    /// handle meanwhile overwrites the proxy's WQEs and may take its CQEs, undetected, and when the proxy meets
+    /// a CQE that none of its WQEs asked for it gives up on the QP (every wait of its channels then reports
+    /// [`VENDOR_PROXY_POST`](crate::proxy::VENDOR_PROXY_POST)). Do not post on it in the Host modes.
     pub fn qp_handle_addr(&self) -> u64 {
         addr_of(&self.inner.state, QP_HANDLE_OFF)
     }

@@ -534,7 +534,7 @@ impl Lane {
     }
 
     /// Whether the QP may be released: every WQE posted on it has completed, or one failed (the NIC then
-    /// completes the rest in error, and nothing more of them can land), or the stopping worker gave up on it.
+    /// completes the rest in error, and nothing more of them can land), or the worker gave up on it.
     /// Asks for a CQE first when the last WQE posted did not (the proxy posts unsignaled), so that
     /// [`Worker::progress`] sees them complete.
     fn settled(&mut self) -> bool {
