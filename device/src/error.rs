@@ -487,7 +487,12 @@ impl core::fmt::Display for Error {
                 if let Some(what) = gdaki_shared::prm::opcode::syndrome::describe(e.syndrome) {
                     write!(f, " ({what})")?;
                 }
-                write!(f, ", vendor syndrome {:#04x}, WQE index {}", e.vendor_err_synd, e.wqe_counter)
+                write!(
+                    f,
+                    ", vendor syndrome {:#04x}, WQE index {} (sticky: every later call on the QP returns it, in \
+                     later launches too)",
+                    e.vendor_err_synd, e.wqe_counter
+                )
             }
             Error::Timeout(t) => {
                 let ms = t.waited_ns as f64 / 1e6;
