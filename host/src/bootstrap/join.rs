@@ -315,7 +315,8 @@ fn join(launch: &Launch, timeout: Duration) -> Result<Bootstrap> {
         Err(WireError::Closed) => {
             return Err(bad(format!(
                 "rank {rank}: the root at {root} closed the connection during the handshake (its process ended, \
-                 or that address is not a gdaki root)"
+                 its session had every rank already and started without this one, e.g. a rank started twice, or \
+                 that address is not a gdaki root)"
             )));
         }
         Err(e) if timed_out(&e) => {
