@@ -139,6 +139,9 @@ fn expand(f: &ItemFn) -> syn::Result<proc_macro2::TokenStream> {
         #[cfg(target_arch = "nvptx64")]
         #[doc(hidden)]
         #[unsafe(export_name = #name_str)]
+        // An array parameter by value (`[u64; 4]`, a `DeviceRepr`) is a `.param` byte array of the kernel in
+        // PTX, which the launch fills from the same bytes: rustc's C-ABI lint has no say over the PTX ABI.
+        #[allow(improper_ctypes_definitions)]
         pub unsafe extern "ptx-kernel" fn #entry(#(#args: #abi,)* __gdaki_report: u64) {
             let __gdaki_thread = ::gdaki_device::thread::Thread::current();
             // SAFETY (of the pointer parameters): the launch passed device addresses that the kernel's contract

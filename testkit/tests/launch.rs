@@ -12,7 +12,9 @@ use gdaki::Error;
 use gdaki_device::launch::{DevPtr, KernelFn};
 use gdaki_device::Dim3;
 use gdaki_shared::coll::CollHandle;
-use gdaki_testkit_kernels::entries::{GDAKI_COLL_BROADCAST, GDAKI_FLAG_ECHO, GDAKI_GRID_ROUNDS, GDAKI_SMOKE};
+use gdaki_testkit_kernels::entries::{
+    GDAKI_ARRAY_SUM, GDAKI_COLL_BROADCAST, GDAKI_FLAG_ECHO, GDAKI_GRID_ROUNDS, GDAKI_SMOKE,
+};
 
 /// What `cpu_memory_of_a_kernel_that_outlived_its_wait_is_not_freed_under_it` measures belongs to the whole
 /// process: while any `cpu` kernel of the process outlives its launch's wait (as the one of
@@ -64,6 +66,15 @@ fn module_checks_kernels_against_the_ptx(kind: ExecutorKind) {
     // SAFETY: `flag` is a live 4-byte host buffer for the whole launch.
     unsafe { k.launch(&LaunchConfig::linear(2, 4), (flag.dev_ptr::<u32>(),), Duration::from_secs(10)) }.expect("runs");
     assert_eq!(flag.to_vec().expect("read back"), 1u32.to_ne_bytes());
+    // An array by value: its bytes reach the kernel whole.
+    let v = [0x0123_4567_89ab_cdef_u64, 1 << 63, 0xfedc_ba98_7654_3210, 7];
+    let sum = m.kernel(&GDAKI_ARRAY_SUM).expect("gdaki_array_sum is in the PTX");
+    let out = exec.alloc_data(8).expect("buffer");
+    // SAFETY: `out` is a live 8-byte buffer for the whole launch.
+    unsafe { sum.launch(&LaunchConfig::linear(1, 32), (out.dev_ptr::<u64>(), v), Duration::from_secs(10)) }
+        .expect("runs");
+    let want = v.iter().fold(0u64, |a, x| a.wrapping_add(*x));
+    assert_eq!(out.to_vec().expect("read back"), want.to_ne_bytes());
     // Co-resident launches: as many CTAs as the executor holds at once run (on the GPU, a cooperative launch at
     // the driver's occupancy times the SMs; on the cpu executor two, its limit being thousands of threads); one
     // CTA more is refused when started, naming the limit.

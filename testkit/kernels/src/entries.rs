@@ -315,6 +315,15 @@ pub fn gdaki_smoke(t: &Thread, flag: *mut u32) {
     }
 }
 
+/// Writes the sum of `v` to `*out` from thread 0: an array parameter by value (a `.param` byte array in PTX).
+#[kernel]
+pub fn gdaki_array_sum(t: &Thread, out: *mut u64, v: [u64; 4]) {
+    if t.global_id() == 0 {
+        // SAFETY: the launch passes a writable `u64`.
+        unsafe { core::ptr::write_volatile(out, v.iter().fold(0u64, |a, x| a.wrapping_add(*x))) }
+    }
+}
+
 /// The platform floor of every emulated-NIC path: thread 0 answers `iters` pings through host-visible memory.
 /// `flags[0]` is the ping the host raises to `k`, `flags[1]` the pong thread 0 then sets to `k`, for
 /// `k = 1..=iters`; each wait is bounded by `timeout_ns`.
