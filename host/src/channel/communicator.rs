@@ -491,6 +491,7 @@ fn recv_timeout(peer: u32, tag: u32) -> String {
 fn cycle_hint(peer: u32) -> String {
     format!(
         "rank {peer} did not make the matching call: if it waits in a setup call with another rank, order every \
-         rank's setup calls so that no cycle of ranks waits, e.g. by ascending peer rank"
+         rank's setup calls so that no cycle of ranks waits, e.g. by ascending peer rank; if it made the call \
+         with another tag, give both ranks' calls the same tag"
     )
 }
