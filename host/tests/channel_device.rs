@@ -375,10 +375,7 @@ fn two_exclusive_channels_of_one_handle_are_refused_while_both_live() {
 fn a_shared_channel_is_refused_while_an_exclusive_one_of_its_handle_lives() {
     fn case<S: Sharing>() {
         let team = Error::InvalidArgument(InvalidArgument::Team);
-        let l = Link::new(4096, 64, false);
-        let data = random_bytes(&mut rng(), 4096);
-        l.src.write(0, &data);
-        let h = l.handle();
+        let (l, data, h) = team_link(64);
         // SAFETY: the link's QP handle, used by this thread only; the link outlives the channels.
         let mut first = unsafe { PortChannel::<Exclusive>::new(&h) };
         first.put(0, 0, 1024).unwrap();
