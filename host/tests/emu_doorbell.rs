@@ -8,6 +8,7 @@ use std::time::Duration;
 use emu_util::*;
 use gdaki::nic::emu::{Access, EmuConfig, EmuNic, QpState};
 use gdaki_shared::prm::opcode;
+use gdaki_shared::prm::wqe::CtrlSeg;
 
 /// `nic_drop_stops_the_executor_thread` counts the process's threads named after its NIC's executor, a name of
 /// 16 bits of the NIC's random identifier: a NIC of a test running beside it has the same name once in 65,536
@@ -137,6 +138,31 @@ fn doorbell_beyond_the_ring_fails_the_qp() {
     cq.assert_none_for(Duration::from_millis(50));
     let s = stats_when(&p.nic, "the error and flush CQEs counted", |s| s.error_cqes >= 1 && s.flush_cqes >= 3);
     assert_eq!((s.error_cqes, s.flush_cqes), (1, 3), "{s:?}");
+}
+
+/// A doorbell written to this QP's register whose QPN names another QP (a poster's stale or wrong QPN): on
+/// hardware it would ring that QP, or none, and this one's WQEs would wait forever. The emulated NIC fails the
+/// QP (0x02, vendor `BAD_QPN`) with one error CQE for the WQE at the consumer index, executes nothing, and
+/// flushes from there. Before, it ran this QP's WQEs as if the doorbell were its own.
+#[test]
+fn doorbell_naming_another_qp_fails_the_qp() {
+    let _turn = beside();
+    let p = Pair::new(16, 64);
+    let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+    for _ in 0..2 {
+        sq.put(&sq.nop(SIGNALED));
+    }
+    sq.dbrec();
+    sq.doorbell_bits(CtrlSeg::producer_doorbell(2, sq.qpn() ^ 0x0ab_cdef));
+    let c = cq.wait();
+    assert_err(&c, 0x02, 0, sq.qpn(), 0);
+    assert_eq!(c.as_err().vendor_err_synd, gdaki::nic::emu::vendor::BAD_QPN);
+    assert_eq!((p.nic.stats().bad_doorbells, p.nic.stats().wqes), (1, 0));
+    assert_eq!(p.a.state(), QpState::Error);
+    // The right doorbell, late: WQE 0 was retired by the error CQE; WQE 1 is flushed.
+    sq.doorbell_pi(2);
+    assert_err(&cq.wait(), opcode::syndrome::WR_FLUSH_ERR, opcode::NOP, sq.qpn(), 1);
+    cq.assert_none_for(Duration::from_millis(50));
 }
 
 #[test]

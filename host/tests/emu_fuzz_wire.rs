@@ -278,6 +278,8 @@ struct Model {
     /// The doorbell register's value (the NIC acts on a change only) and how many changes NIC a has seen.
     db_value: u64,
     doorbells: u64,
+    /// NIC a's QP: a doorbell naming another QP fails it instead of taking WQEs.
+    qpn: u32,
 }
 
 impl Model {
@@ -291,6 +293,9 @@ impl Model {
         let ahead = end.wrapping_sub(c as u16) as u64;
         if ahead == 0 || ahead > WQE_CNT as u64 {
             return if (c as u16).wrapping_sub(end) as u64 <= WQE_CNT as u64 { Effect::Nothing } else { Effect::Bad };
+        }
+        if qpn_of(bits) != self.qpn {
+            return Effect::Bad;
         }
         let to = c + ahead;
         if !self.is_boundary(to, pi) {
@@ -311,6 +316,7 @@ impl Model {
         let end = end_of(bits);
         // The furthest NIC a may be asked to take WQEs to, over the consumer indices it may be at.
         let most = (c_lo..=c_hi)
+            .filter(|_| qpn_of(bits) == self.qpn)
             .filter_map(|c| {
                 let ahead = end.wrapping_sub(c as u16) as u64;
                 (1..=WQE_CNT as u64).contains(&ahead).then_some(c + ahead)
@@ -340,6 +346,14 @@ fn end_of(bits: u64) -> u16 {
     b[..8].copy_from_slice(&bits.to_ne_bytes());
     let ctrl: CtrlSeg = bytemuck::pod_read_unaligned(&b);
     ctrl.wqe_index().wrapping_add(wqebbs(ctrl.ds() as u32) as u16)
+}
+
+/// The QPN a doorbell of value `bits` names.
+fn qpn_of(bits: u64) -> u32 {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&bits.to_ne_bytes());
+    let ctrl: CtrlSeg = bytemuck::pod_read_unaligned(&b);
+    ctrl.qpn()
 }
 
 /// A send CQE as read.
@@ -456,7 +470,8 @@ fn run_case(mode: Mode, short_retry: bool, actions: &[Action], tally: &Tally) ->
     let mut cq = CqPoll::new(&p.cq_a);
     let mut peer_cq = CqPoll::new(&p.cq_b);
     let mut got: Vec<Got> = Vec::new();
-    let mut m = Model { posted: Vec::new(), exact: true, rung: 0, rung_max: 0, db_value: 0, doorbells: 0 };
+    let mut m =
+        Model { posted: Vec::new(), exact: true, rung: 0, rung_max: 0, db_value: 0, doorbells: 0, qpn: sq.qpn() };
     let mut last_at = 0u64;
     // Writes `bits` to the doorbell register by `write` (a plain store or a BlueFlame write, whose word 0 it
     // is), and waits until NIC a has acted on it.

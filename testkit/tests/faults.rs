@@ -87,6 +87,10 @@ cases! {
     doorbell_past_the_ring_wire: "doorbell past the ring (wire)" => cqe(LOCAL_QP_OP_ERR, vendor::BAD_DOORBELL), Error;
     doorbell_past_the_ring_direct: "doorbell past the ring (direct)" =>
         cqe(LOCAL_QP_OP_ERR, vendor::BAD_DOORBELL), Error;
+    doorbell_naming_another_qp_wire: "doorbell naming another QP (wire)" =>
+        cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), Error;
+    doorbell_naming_another_qp_direct: "doorbell naming another QP (direct)" =>
+        cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), Error;
     wrong_qpn_wire: "WQE with wrong QPN (wire)" => cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), Error;
     wrong_qpn_direct: "WQE with wrong QPN (direct)" => cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), Error;
     wrong_ds_wire: "WQE with wrong ds (wire)" => cqe(LOCAL_QP_OP_ERR, vendor::BAD_DS), Error;

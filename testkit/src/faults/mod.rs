@@ -210,7 +210,7 @@ enum Kind {
     SqFull,
     CqOverrun,
     NoDoorbell,
-    BadDoorbell(Path),
+    BadDoorbell(Path, queue::BadDb),
     PeerKilled,
     Unreachable,
     SemaphoreOtherQp,
@@ -311,7 +311,7 @@ impl FaultCase {
             Kind::SqFull => queue::sq_full(),
             Kind::CqOverrun => queue::cq_overrun(),
             Kind::NoDoorbell => queue::no_doorbell(),
-            Kind::BadDoorbell(path) => queue::bad_doorbell(path),
+            Kind::BadDoorbell(path, bad) => queue::bad_doorbell(path, bad),
             Kind::PeerKilled => peer::peer_killed(ctx),
             Kind::Unreachable => queue::unreachable(),
             Kind::SemaphoreOtherQp => queue::semaphore_other_qp(),
@@ -356,8 +356,10 @@ pub fn catalogue() -> Vec<FaultCase> {
     use Path::{Direct, Wire};
     let err = QpState::Error;
     let rts = QpState::Rts;
+    use queue::BadDb::{OtherQpn, PastRing};
     let c = |name, expected, state, kind| FaultCase { name, expected, state, kind };
     let a = Kind::Access;
+    let db = Kind::BadDoorbell;
     vec![
         c("bad lkey (wire)", cqe(LOCAL_PROT_ERR, vendor::BAD_LKEY), err, a(Wire, Bad::Lkey)),
         c("bad lkey (direct)", cqe(LOCAL_PROT_ERR, vendor::BAD_LKEY), err, a(Direct, Bad::Lkey)),
@@ -430,13 +432,10 @@ pub fn catalogue() -> Vec<FaultCase> {
         c("SQ full (silent peer)", Outcome::Timeout(WaitKind::SqSpace), rts, Kind::SqFull),
         c("CQ overrun", Outcome::CqOverrun, err, Kind::CqOverrun),
         c("doorbell never rung", Outcome::Timeout(WaitKind::Cqe), rts, Kind::NoDoorbell),
-        c("doorbell past the ring (wire)", cqe(LOCAL_QP_OP_ERR, vendor::BAD_DOORBELL), err, Kind::BadDoorbell(Wire)),
-        c(
-            "doorbell past the ring (direct)",
-            cqe(LOCAL_QP_OP_ERR, vendor::BAD_DOORBELL),
-            err,
-            Kind::BadDoorbell(Direct),
-        ),
+        c("doorbell past the ring (wire)", cqe(LOCAL_QP_OP_ERR, vendor::BAD_DOORBELL), err, db(Wire, PastRing)),
+        c("doorbell past the ring (direct)", cqe(LOCAL_QP_OP_ERR, vendor::BAD_DOORBELL), err, db(Direct, PastRing)),
+        c("doorbell naming another QP (wire)", cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), err, db(Wire, OtherQpn)),
+        c("doorbell naming another QP (direct)", cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), err, db(Direct, OtherQpn)),
         c("WQE with wrong QPN (wire)", cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), err, a(Wire, Bad::WrongQpn)),
         c("WQE with wrong QPN (direct)", cqe(LOCAL_QP_OP_ERR, vendor::BAD_QPN), err, a(Direct, Bad::WrongQpn)),
         c("WQE with wrong ds (wire)", cqe(LOCAL_QP_OP_ERR, vendor::BAD_DS), err, a(Wire, Bad::WrongDs)),

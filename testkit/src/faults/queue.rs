@@ -249,12 +249,22 @@ pub(crate) fn no_doorbell() -> Result<Observed, String> {
     Ok(Observed { outcome: outcome(&r), qp_state, outside_changed: outside, waited, bound: TIMEOUT + SLACK, checks })
 }
 
-/// A doorbell past the ring: device code posts an RDMA WRITE that completes, then a signaled second one whose
-/// doorbell is not its own: the register gets one announcing 100 WQEBBs more than the 64-WQEBB ring holds (a
-/// poster whose producer index went wrong), after the dbrec. The QP must fail on the second WRITE's index with
-/// 0x02 (vendor `BAD_DOORBELL`): device code's wait for it ends with that error CQE, nothing of the WRITE is
-/// placed, and the WRITE gets no second CQE when its right doorbell is rung after all.
-pub(crate) fn bad_doorbell(path: Path) -> Result<Observed, String> {
+/// What is wrong with [`bad_doorbell`]'s doorbell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BadDb {
+    /// It announces 100 WQEBBs more than the ring holds (a poster whose producer index went wrong): vendor
+    /// `BAD_DOORBELL`.
+    PastRing,
+    /// It announces the right producer index but names another QPN (a poster's stale or wrong QPN, which on
+    /// hardware rings another QP, or none): vendor `BAD_QPN`.
+    OtherQpn,
+}
+
+/// A bad doorbell: device code posts an RDMA WRITE that completes, then a signaled second one whose doorbell is
+/// not its own (`bad`, after the dbrec). The QP must fail on the second WRITE's index with 0x02 (the vendor
+/// syndrome `bad` names): device code's wait for it ends with that error CQE, nothing of the WRITE is placed,
+/// and the WRITE gets no second CQE when its right doorbell is rung after all.
+pub(crate) fn bad_doorbell(path: Path, bad: BadDb) -> Result<Observed, String> {
     const TIMEOUT: Duration = Duration::from_secs(2);
     const FIRST: Range<usize> = 0..64;
     let rig = setup(Rig::new(path, 64, 64, Duration::from_secs(5)))?;
@@ -269,7 +279,10 @@ pub(crate) fn bad_doorbell(path: Path) -> Result<Observed, String> {
         let (r, l) = (raddr(&dst_mr.remote(), 64), sge(&src_mr.handle(), 64, 64));
         let t = step("posting the second WRITE", d.post(true, wqe::rdma_write(r, l)))?;
         let q = d.handle();
-        let bad = CtrlSeg::producer_doorbell((q.sq.pi + 100) as u16, q.qpn);
+        let bad = match bad {
+            BadDb::PastRing => CtrlSeg::producer_doorbell((q.sq.pi + 100) as u16, q.qpn),
+            BadDb::OtherQpn => CtrlSeg::producer_doorbell(q.sq.pi as u16, q.qpn ^ 0x5a5a),
+        };
         // SAFETY: `rig.a`'s dbrec and doorbell register, alive.
         unsafe { db::publish_and_ring(q.dbrec, q.sq.pi, q.bf_reg, bad, q.placement) };
         // Forgotten, not dropped: a drop would ring; the counters go on with the handle as they stood.

@@ -12,7 +12,9 @@ pub mod vendor {
     pub const BAD_OPCODE: u8 = 0x01;
     /// `opmod` is not zero (syndrome `LOCAL_QP_OP_ERR`).
     pub const BAD_OPMOD: u8 = 0x02;
-    /// The ctrl segment's QPN is not this QP's (syndrome `LOCAL_QP_OP_ERR`).
+    /// The ctrl segment's QPN is not this QP's, or a doorbell written to this QP's register that would have it
+    /// take WQEs names another QPN (syndrome `LOCAL_QP_OP_ERR`; a doorbell's error CQE names the WQE at the
+    /// consumer index and retires it, as [`BAD_DOORBELL`]'s does; a stale doorbell is ignored whatever it names).
     pub const BAD_QPN: u8 = 0x03;
     /// The ctrl segment's WQE index is not the index the NIC expects next (syndrome `LOCAL_QP_OP_ERR`).
     pub const BAD_WQE_INDEX: u8 = 0x04;

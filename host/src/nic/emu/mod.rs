@@ -32,7 +32,9 @@
 //!   `wqe_idx + ceil(ds / 4)`; dbrec word 1 is cross-checked against it ([`Stats::dbrec_mismatches`]). A WQE
 //!   whose doorbell never comes is never executed, whatever the dbrec says. A doorbell up to `wqe_cnt` WQEBBs
 //!   behind the NIC is stale and ignored; one further off fails the QP ([`vendor::BAD_DOORBELL`]) with one
-//!   error CQE for the WQE at the consumer index, behind the CQEs of requests still outstanding on the wire.
+//!   error CQE for the WQE at the consumer index, behind the CQEs of requests still outstanding on the wire,
+//!   and so does one that would take WQEs but names another QPN than the QP's ([`vendor::BAD_QPN`]: hardware
+//!   would ring that QP, or none).
 //! - **BlueFlame** WQEs are taken from the register, as hardware takes them, when the NIC can prove that the
 //!   register's 64 bytes are one whole write of the WQE that word 0 announces: device code stores word 1 first,
 //!   tagged with the WQE index ([`blueflame_word1`](gdaki_shared::prm::uar::blueflame_word1)), and word 0 last;

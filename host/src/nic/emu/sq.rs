@@ -266,6 +266,16 @@ fn act(
         }
         return true;
     }
+    if ctrl.qpn() != qp.qpn {
+        // A doorbell that would have this QP take WQEs but names another QP. On hardware its QPN picks the SQ it
+        // rings: that other QP, or none, and this one's WQEs would wait forever. Stricter: the QP fails, as a
+        // BlueFlame write naming another QP does. (A stale one is ignored above whatever it names.)
+        clear_blueflame_words(fab, qp, 1..BF_BUF_SIZE / 8);
+        bump(&fab.stats.bad_doorbells);
+        tracing::warn!(qpn = qp.qpn, named = ctrl.qpn(), "emulated NIC: doorbell names another QP");
+        fail_doorbell(fab, qp, w.1, eng, p, ctrl.opcode(), Fault::qp_op(vendor::BAD_QPN));
+        return true;
+    }
     let pi = p.consumed + ahead;
     if let QBuf::Host(d) = &qp.dbrec {
         check_dbrec(fab, qp, qmem::load_u32(d, DBREC_SQ_COUNTER, Ordering::Acquire), pi);

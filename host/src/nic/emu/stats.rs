@@ -45,7 +45,8 @@ pub struct Stats {
     /// Doorbells whose producer index was behind the NIC's (e.g. two posters' doorbells landing out of order);
     /// ignored, as hardware ignores them.
     pub stale_doorbells: u64,
-    /// Doorbells that announced more WQEBBs than the ring holds (the QP moved to the error state).
+    /// Doorbells that announced more WQEBBs than the ring holds, or named another QP (the QP moved to the error
+    /// state).
     pub bad_doorbells: u64,
     /// Doorbells whose dbrec SQ counter (word 1) was behind the doorbell's producer index: the dbrec was not
     /// written, or written to the wrong word.
