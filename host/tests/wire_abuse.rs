@@ -866,18 +866,27 @@ fn retry_timeout_of_exactly_a_day_is_accepted_and_the_nic_dials() {
     }
 }
 
-/// A retry timeout of zero fails every request at once (0x15) rather than hanging: a clear, if harsh, result.
+/// A retry timeout under a millisecond (zero, a nanosecond) is refused by `EmuNic::open` naming the value and
+/// the limit: it accepted them, and then every request to a live peer failed at once with 0x15, the dead
+/// peer's error. A millisecond opens.
 #[test]
-fn zero_retry_timeout_fails_requests_rather_than_hanging() {
-    let nic = EmuNic::open(wired(Duration::ZERO)).unwrap();
-    let (pd, cq) = (nic.alloc_pd().unwrap(), nic.create_cq(64).unwrap());
-    let qp = nic.create_qp(&pd, &cq, 64).unwrap();
-    let _s = nic_dials(&qp);
-    let src = GuardedBuf::new(64, 1);
-    let lmr = src.register(&nic, &pd, Access::NONE);
-    let (mut sq, mut cqp) = (Sq::new(&qp), CqPoll::new(&cq));
-    let at = sq.post(&sq.write(SIGNALED, (lmr.lkey(), src.addr(), 64), 0x1000, 1));
-    assert_err(&cqp.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
+fn retry_timeout_under_a_millisecond_is_refused_at_open() {
+    for (timeout, shown) in
+        [(Duration::ZERO, "0ns"), (Duration::from_nanos(1), "1ns"), (Duration::from_micros(999), "999µs")]
+    {
+        match EmuNic::open(wired(timeout)) {
+            Err(e @ gdaki::Error::InvalidArgument(_)) => assert_eq!(
+                e.to_string(),
+                format!(
+                    "invalid argument: wire retry timeout {shown} is under 1ms: every request would fail (0x15) \
+                     before a live peer could answer"
+                )
+            ),
+            Err(e) => panic!("{timeout:?}: expected InvalidArgument, got {e:?}"),
+            Ok(_) => panic!("{timeout:?}: a retry timeout under a millisecond was accepted"),
+        }
+    }
+    EmuNic::open(wired(Duration::from_millis(1))).expect("a millisecond is accepted");
 }
 
 // ---- 7. a peer that connects late ----

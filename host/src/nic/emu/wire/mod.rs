@@ -61,17 +61,30 @@ impl WireConfig {
     /// Longest [`WireConfig::retry_timeout`]: a day.
     pub const MAX_RETRY_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
+    /// Shortest [`WireConfig::retry_timeout`]: 1 ms (a shorter one fails requests to a live peer before its
+    /// answer can come over loopback TCP).
+    pub const MIN_RETRY_TIMEOUT: Duration = Duration::from_millis(1);
+
     /// Default of [`WireConfig::inbound_bytes`]: 16 MiB (63 frames of the largest size, or some 150 000
     /// ACKs).
     pub const INBOUND_BYTES: usize = 16 << 20;
 
     /// Refuses what cannot work: an unspecified listening address (the NIC tells peers the address it listens
-    /// on, and 0.0.0.0 would send them to themselves) and a retry timeout over [`Self::MAX_RETRY_TIMEOUT`].
+    /// on, and 0.0.0.0 would send them to themselves) and a retry timeout under [`Self::MIN_RETRY_TIMEOUT`] or
+    /// over [`Self::MAX_RETRY_TIMEOUT`].
     pub(crate) fn check(&self) -> crate::Result<()> {
         if self.listen.ip().is_unspecified() {
             return Err(crate::Error::InvalidArgument(format!(
                 "wire address {}: listen on a specific address (peers dial the address this NIC advertises)",
                 self.listen
+            )));
+        }
+        if self.retry_timeout < Self::MIN_RETRY_TIMEOUT {
+            return Err(crate::Error::InvalidArgument(format!(
+                "wire retry timeout {:?} is under {:?}: every request would fail (0x15) before a live peer could \
+                 answer",
+                self.retry_timeout,
+                Self::MIN_RETRY_TIMEOUT
             )));
         }
         if self.retry_timeout > Self::MAX_RETRY_TIMEOUT {
