@@ -132,6 +132,13 @@ fn unreachable_peer_fails_after_the_retry_timeout() {
     assert_err(&cqp.wait(), syndrome::TRANSPORT_RETRY_EXC_ERR, opcode::RDMA_WRITE, sq.qpn(), at);
     let waited = t.elapsed();
     assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(5), "failed after {waited:?}");
+    // The error names why the dialer's last attempt failed (here the connect's own error), not only the timeout.
+    let e = qp.wire_error().expect("the link's error");
+    assert!(
+        e.starts_with("no connection to peer QP 0x100 at ")
+            && e.contains(&format!("within 300ms (the last try: connecting to {addr}: ")),
+        "{e}"
+    );
 }
 
 #[test]

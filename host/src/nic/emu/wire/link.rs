@@ -88,6 +88,10 @@ pub(crate) struct Link {
     /// Why the connection went down, once the executor took it down (for
     /// [`Qp::wire_error`](crate::nic::emu::Qp::wire_error)).
     error: Mutex<Option<String>>,
+    /// Why the dialer's latest attempt did not connect, while it keeps trying (the error of `connect`, or of
+    /// the hello's exchange, or the peer's "not connected back yet"): the timeout of a link that never came up
+    /// names it.
+    last_try: Mutex<Option<String>>,
 }
 
 impl Link {
@@ -99,7 +103,13 @@ impl Link {
             stream: Mutex::new(None),
             closed: AtomicBool::new(false),
             error: Mutex::new(None),
+            last_try: Mutex::new(None),
         }
+    }
+
+    /// Why the dialer's latest attempt failed, if this end dials and one did.
+    pub(crate) fn last_try(&self) -> Option<String> {
+        lock(&self.last_try).clone()
     }
 
     /// Records why the connection went down (the first reason only).
@@ -592,8 +602,8 @@ pub(crate) fn spawn_dialer(link: Arc<Link>, mb: Mailbox, timeout: Duration) -> i
 /// One dialing attempt's outcome.
 enum Attempt {
     Up(TcpStream),
-    /// Not there yet (refused, unreachable, not connected back): try again.
-    Retry,
+    /// Not there yet (refused, unreachable, not connected back; the error says which): try again.
+    Retry(String),
     /// Refused for good.
     Fail(String),
 }
@@ -613,7 +623,8 @@ fn dial(link: &Link, timeout: Duration) -> Result<TcpStream, String> {
         match attempt(link, addr, timeout) {
             Attempt::Up(s) => return Ok(s),
             Attempt::Fail(why) => return Err(why),
-            Attempt::Retry => {
+            Attempt::Retry(why) => {
+                *lock(&link.last_try) = Some(why);
                 thread::sleep(pause);
                 pause = (pause * 2).min(MAX_RETRY_PAUSE);
             }
@@ -622,7 +633,10 @@ fn dial(link: &Link, timeout: Duration) -> Result<TcpStream, String> {
 }
 
 fn attempt(link: &Link, addr: SocketAddr, timeout: Duration) -> Attempt {
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else { return Attempt::Retry };
+    let mut stream = match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+        Ok(s) => s,
+        Err(e) => return Attempt::Retry(format!("connecting to {addr}: {e}")),
+    };
     let hello = Packet::Hello {
         src_nic: link.local.nic,
         src_qpn: link.local.qpn,
@@ -637,12 +651,14 @@ fn attempt(link: &Link, addr: SocketAddr, timeout: Duration) -> Attempt {
         .set_nodelay(true)
         .and_then(|()| send_packet(&mut stream, &hello))
         .and_then(|()| read_frame(&mut ReadBy { stream: &stream, deadline: answer_by }, &mut body));
-    if asked.is_err() {
-        return Attempt::Retry;
+    if let Err(e) = asked {
+        return Attempt::Retry(format!("the hello to {addr}: {e}"));
     }
     match packet::decode(&body) {
         Ok(Packet::HelloAck) => {}
-        Ok(Packet::Reject { why: reject::NOT_CONNECTED }) => return Attempt::Retry,
+        Ok(Packet::Reject { why: reject::NOT_CONNECTED }) => {
+            return Attempt::Retry(format!("{} is not connected back to this QP yet", peer_name(link)))
+        }
         Ok(Packet::Reject { why }) => {
             return Attempt::Fail(format!("{} refused the connection: {}", peer_name(link), why_text(why)))
         }

@@ -825,7 +825,10 @@ pub(crate) fn tick(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
     if ws.down.is_none() && ws.pending.iter().any(|q| is_waiting(&q.state)) && ws.last_progress.elapsed() > timeout {
         let peer = peer_name(&ws.link);
         let reason = match (ws.link.is_up(), ws.unsent()) {
-            (false, _) => format!("no connection to {peer} within {timeout:?}"),
+            (false, _) => match ws.link.last_try() {
+                Some(why) => format!("no connection to {peer} within {timeout:?} (the last try: {why})"),
+                None => format!("no connection to {peer} within {timeout:?}"),
+            },
             (true, 0) => format!("no response from {peer} within {timeout:?}"),
             (true, n) => format!("no response from {peer} within {timeout:?} ({n} bytes still wait for its socket)"),
         };
