@@ -38,6 +38,7 @@ mod tests {
             "gdaki_sass_shared_post",
             "gdaki_wqe_samples",
             "gdaki_smoke",
+            "gdaki_array_sum",
             "gdaki_grid_rounds",
             "gdaki_flag_echo",
             "gdaki_coll_broadcast",
@@ -49,6 +50,6 @@ mod tests {
             assert!(PTX.contains(&format!(".entry {name}(")), "{name} is not an .entry of the PTX");
         }
         // gdaki-device itself exports no kernel: every entry is one of this crate's.
-        assert_eq!(PTX.matches(".entry ").count(), 32);
+        assert_eq!(PTX.matches(".entry ").count(), 33);
     }
 }
