@@ -24,6 +24,30 @@ pub struct MemLoc {
     pub addr: u64,
 }
 
+/// Bytes of an export handle ([`PeerExport::handle`]): the size of CUDA's `CUipcMemHandle`.
+pub const EXPORT_HANDLE_BYTES: usize = 64;
+
+/// GPU memory of this process made reachable by another process on the same host
+/// ([`GpuCopier::export`]): the handle of the allocation holding it (for the CUDA copier, the
+/// `CUipcMemHandle` of `cuIpcGetMemHandle`), and the memory's byte offset in that allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerExport {
+    /// Names the allocation to [`GpuCopier::import`] in the other process.
+    pub handle: [u8; EXPORT_HANDLE_BYTES],
+    /// Byte offset of the exported memory in the allocation.
+    pub offset: u64,
+}
+
+/// Where another process's exported allocation ([`PeerExport`]) is mapped in this one
+/// ([`GpuCopier::import`]): GPU memory at `base`, `len` bytes, that this copier's copies may read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerMapping {
+    /// First byte of the mapping (a `CUdeviceptr`, [`MemKind::Gpu`]).
+    pub base: u64,
+    /// Length of the mapped allocation, bytes.
+    pub len: u64,
+}
+
 /// A buffer of queue memory (SQ ring, dbrec, UAR page, CQ ring): host memory that host threads access through
 /// `host_ptr` and device code through `device_addr` (the same address for the `cpu` executor; the mapped
 /// address of pinned memory for the `gpu` executor). Zeroed and 4096-byte aligned when allocated; freed on drop.
@@ -388,6 +412,36 @@ pub trait GpuCopier: Send + Sync {
     /// whose device code runs on the `cpu` executor's threads.
     fn device_code_on_gpu(&self) -> bool {
         true
+    }
+
+    /// Makes the `len` bytes of GPU memory at `addr` reachable by another process on this host: the handle of
+    /// the allocation holding them and their offset in it, for [`GpuCopier::import`] there. `None` when this
+    /// copier cannot (the default), or the range is not inside one allocation that can be exported (for the
+    /// CUDA copier: one `cuMemAlloc` allocation; `cuIpcGetMemHandle` refuses others, e.g. `cuMemCreate`'s).
+    /// Does not wait for running kernels (measured: `cuIpcGetMemHandle` returns while a kernel spins).
+    fn export(&self, addr: u64, len: u64) -> Option<PeerExport> {
+        let _ = (addr, len);
+        None
+    }
+
+    /// Maps the allocation another process exported ([`GpuCopier::export`]) into this one, so that this
+    /// copier's copies can read it as [`MemKind::Gpu`] memory, or returns the mapping made for the same handle
+    /// before. A mapping lasts as long as the copier (the exporting process's allocation stays allocated
+    /// until then, even if it frees it). May wait (the CUDA driver may wait for running kernels): never called
+    /// on a thread that device code waits on.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] for a copier without this (the default); the CUDA driver's error (a
+    /// handle of this process, of another host or container, or of a freed allocation).
+    fn import(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Result<PeerMapping> {
+        let _ = handle;
+        Err(crate::Error::Unavailable("this GPU copier does not map other processes' memory".into()))
+    }
+
+    /// The mapping [`GpuCopier::import`] made for `handle`, if it did; never waits.
+    fn imported(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Option<PeerMapping> {
+        let _ = handle;
+        None
     }
 
     /// Allocates `len` zeroed bytes of GPU memory (at least 256-byte aligned), for queues the emulated NIC

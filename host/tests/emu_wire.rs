@@ -605,3 +605,108 @@ fn an_older_doorbell_landing_late_keeps_the_wqes_waiting_for_the_wire() {
     assert_eq!(dst.read()[64..], [0x5a; 128]);
     assert_eq!(p.nic_a.stats().stale_doorbells, 1);
 }
+
+/// A wire pair whose NICs reach "GPU memory" through simulated copiers, with the same-host path on or off at
+/// each end (`WireConfig::gpu_ipc`).
+fn ipc_wire_pair(a: bool, b: bool) -> WirePair {
+    let cfg = |on: bool| {
+        let mut c = EmuConfig::host_or_env().unwrap().with_wire(WireConfig {
+            retry_timeout: Duration::from_secs(10),
+            gpu_ipc: on,
+            ..WireConfig::loopback()
+        });
+        if c.gpu.is_none() {
+            c.gpu = Some(Arc::new(SimGpu::new().unwrap()));
+        }
+        c
+    };
+    WirePair::with(cfg(a), cfg(b))
+}
+
+/// Device code's side of a wire pair: QP a's SQ and CQ, QP b's CQ.
+type Sides = (Sq, CqPoll, CqPoll);
+
+fn sides(p: &WirePair) -> Sides {
+    (Sq::new(&p.a), CqPoll::new(&p.cq_a), CqPoll::new(&p.cq_b))
+}
+
+/// Posts WRITEs of random lengths from random offsets of `src` (GPU memory at NIC a) to random offsets of
+/// `dst` (at NIC b), every other one with an immediate, and checks every byte placed, the guards, and that
+/// each immediate's CQE comes after its data. Returns the bytes written.
+fn random_writes(sides: &mut Sides, src: &GuardedBuf, dst: &GuardedBuf, rkey: u32, lkey: u32, n: usize) -> u64 {
+    let mut rng = rng();
+    let (sq, cq, peer_cq) = sides;
+    let data = random_bytes(&mut rng, src.len());
+    src.write(0, &data);
+    let mut moved = 0;
+    for i in 0..n {
+        let len = rng.random_range(1..=src.len().min(dst.len()) / 2);
+        let (from, to) = (rng.random_range(0..src.len() - len), rng.random_range(0..dst.len() - len));
+        let fill = rng.random::<u8>();
+        dst.fill(fill);
+        let mut wqe = sq.write(SIGNALED, (lkey, src.addr() + from as u64, len as u32), dst.addr() + to as u64, rkey);
+        let imm = rng.random::<u32>();
+        if i % 2 == 1 {
+            wqe[0] = sq.ctrl(opcode::RDMA_WRITE_IMM, SIGNALED, 3, imm);
+        }
+        let at = sq.post(&wqe);
+        if i % 2 == 1 {
+            let r = peer_cq.wait();
+            assert_eq!(
+                (r.opcode(), r.imm_inval_pkey.get(), r.byte_cnt.get()),
+                (opcode::cqe::RESP_WR_IMM, imm, len as u32)
+            );
+            assert_eq!(&dst.read()[to..to + len], &data[from..from + len], "WRITE #{i}: data before its CQE");
+        }
+        let opc = if i % 2 == 1 { opcode::RDMA_WRITE_IMM } else { opcode::RDMA_WRITE };
+        assert_req(&cq.wait(), opc, sq.qpn(), at, 0);
+        let got = dst.read();
+        assert_eq!(&got[to..to + len], &data[from..from + len], "WRITE #{i} of {len} bytes placed");
+        assert!(got[..to].iter().chain(&got[to + len..]).all(|&b| b == fill), "WRITE #{i}: nothing else");
+        moved += len as u64;
+    }
+    assert!(src.guards_intact() && dst.guards_intact());
+    moved
+}
+
+#[test]
+fn writes_from_gpu_memory_to_a_peer_on_this_host_go_by_mapping_once_it_mapped_the_source() {
+    let p = ipc_wire_pair(true, true);
+    let src = GuardedBuf::new(64 << 10, 0);
+    let (dst_gpu, dst_host) = (GuardedBuf::new(64 << 10, 0), GuardedBuf::new(64 << 10, 0));
+    let smr = src.register_as(MemKind::Gpu, &p.nic_a, &p.pd_a, Access::NONE);
+    let gmr = dst_gpu.register_as(MemKind::Gpu, &p.nic_b, &p.pd_b, Access::ALL);
+    let hmr = dst_host.register(&p.nic_b, &p.pd_b, Access::ALL);
+    // The first WRITE goes as bytes and offers the source's allocation; the peer maps it on its own thread.
+    let mut sides = sides(&p);
+    random_writes(&mut sides, &src, &dst_gpu, gmr.rkey(), smr.lkey(), 1);
+    stats_when(&p.nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
+    let before = p.nic_b.stats();
+    let moved = random_writes(&mut sides, &src, &dst_gpu, gmr.rkey(), smr.lkey(), 24)
+        + random_writes(&mut sides, &src, &dst_host, hmr.rkey(), smr.lkey(), 24);
+    let after = p.nic_b.stats();
+    assert_eq!(after.ipc_pieces - before.ipc_pieces, 48, "every WRITE one piece the responder copied");
+    assert_eq!(after.ipc_bytes - before.ipc_bytes, moved);
+    assert_eq!(after.ipc_mapped, 1, "one allocation, mapped once");
+    assert_eq!(p.nic_a.stats().ipc_pieces, 0, "nothing the other way");
+    drop((smr, gmr, hmr));
+}
+
+#[test]
+fn writes_go_as_bytes_when_either_end_keeps_the_same_host_path_off() {
+    for (a, b) in [(true, false), (false, true)] {
+        let p = ipc_wire_pair(a, b);
+        let src = GuardedBuf::new(16 << 10, 0);
+        let dst = GuardedBuf::new(16 << 10, 0);
+        let smr = src.register_as(MemKind::Gpu, &p.nic_a, &p.pd_a, Access::NONE);
+        let dmr = dst.register_as(MemKind::Gpu, &p.nic_b, &p.pd_b, Access::ALL);
+        let mut sides = sides(&p);
+        random_writes(&mut sides, &src, &dst, dmr.rkey(), smr.lkey(), 1);
+        // Long enough for an offer's answer to have come back.
+        std::thread::sleep(Duration::from_millis(100));
+        random_writes(&mut sides, &src, &dst, dmr.rkey(), smr.lkey(), 8);
+        let s = p.nic_b.stats();
+        assert_eq!((s.ipc_mapped, s.ipc_pieces), (0, 0), "requester on: {a}, responder on: {b}");
+        drop((smr, dmr));
+    }
+}

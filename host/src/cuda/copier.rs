@@ -15,6 +15,7 @@ use super::engine::{Cmd, Engine, Op, FLAG_GPU_SCOPE, FLAG_PUBLISH};
 use super::stream::Stream;
 use super::{DeviceBuffer, Gpu};
 use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, MemKind, MemLoc, SqMirror, SqWatch};
+use crate::mem::{PeerExport, PeerMapping, EXPORT_HANDLE_BYTES};
 use crate::{Error, Result};
 
 /// Copies of at most this many bytes between GPU memories, or from GPU memory into host memory, run on the
@@ -72,6 +73,12 @@ pub struct CudaCopier {
     /// Whether engine commands were given since the last [`GpuCopier::submit`] (set and cleared under the
     /// state's lock, read without it: the NIC's thread submits after every pass, most of which gave nothing).
     given: AtomicBool,
+    /// Other processes' allocations mapped by [`GpuCopier::import`], by handle; closed when the copier is
+    /// dropped (`cuIpcCloseMemHandle` waits for running kernels, as `cuMemFree` does).
+    imports: Mutex<FxHashMap<[u8; EXPORT_HANDLE_BYTES], PeerMapping>>,
+    /// Held by one [`GpuCopier::import`] at a time (which may wait in the driver), so that one handle is
+    /// opened once; [`GpuCopier::imported`] takes only `imports`, and never waits for an open.
+    importing: Mutex<()>,
 }
 
 struct State {
@@ -161,6 +168,23 @@ impl fmt::Debug for CudaCopier {
     }
 }
 
+impl Drop for CudaCopier {
+    /// Closes the mappings of other processes' memory ([`GpuCopier::import`]), after every copy that read them.
+    fn drop(&mut self) {
+        let imports = std::mem::take(self.imports.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if imports.is_empty() {
+            return;
+        }
+        let _ = self.synchronize();
+        for m in imports.into_values() {
+            self.stream.shared.release("cuIpcCloseMemHandle", || {
+                // SAFETY: `m.base` came from `cuIpcOpenMemHandle`; the copies that read it are done.
+                unsafe { sys::cuIpcCloseMemHandle(m.base) }
+            });
+        }
+    }
+}
+
 impl CudaCopier {
     pub(crate) fn new(gpu: &Gpu, stream: Stream) -> Result<Self> {
         let engine = Engine::new(gpu)?;
@@ -187,6 +211,8 @@ impl CudaCopier {
             state: Mutex::new(state),
             changes: AtomicU64::new(0),
             given: AtomicBool::new(false),
+            imports: Mutex::new(FxHashMap::default()),
+            importing: Mutex::new(()),
         })
     }
 
@@ -601,6 +627,57 @@ impl GpuCopier for CudaCopier {
         };
         let (first, end) = (view(addr)?, view(last)?);
         (end.checked_sub(first) == Some(last - addr)).then_some(first)
+    }
+
+    /// `cuMemGetAddressRange` of `addr` (the allocation holding it must hold the whole range), then
+    /// `cuIpcGetMemHandle` of the allocation's base.
+    fn export(&self, addr: u64, len: u64) -> Option<PeerExport> {
+        self.stream.shared.bind().ok()?;
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: the call looks `addr` up and writes two words.
+        let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
+        let end = addr.checked_add(len)?;
+        if r != sys::CUresult::CUDA_SUCCESS || end > base + size as u64 {
+            return None;
+        }
+        let mut h = sys::CUipcMemHandle { reserved: [0; EXPORT_HANDLE_BYTES] };
+        // SAFETY: `base` is the base of a live allocation (just looked up); the call writes the 64-byte handle.
+        let r = unsafe { sys::cuIpcGetMemHandle(&mut h, base) };
+        (r == sys::CUresult::CUDA_SUCCESS)
+            .then(|| PeerExport { handle: h.reserved.map(|b| b as u8), offset: addr - base })
+    }
+
+    /// `cuIpcOpenMemHandle` (peer access enabled lazily, for a peer on another GPU), then
+    /// `cuMemGetAddressRange` of the mapping for its length; cached by handle.
+    fn import(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Result<PeerMapping> {
+        let _one = self.importing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = self.imported(handle) {
+            return Ok(m);
+        }
+        self.stream.shared.bind()?;
+        let h = sys::CUipcMemHandle { reserved: handle.map(|b| b as std::ffi::c_char) };
+        let mut base: sys::CUdeviceptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: the driver checks the handle (one of another process on this host, or an error); the call
+        // writes one pointer.
+        check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, flags) }, "cuIpcOpenMemHandle")?;
+        let (mut start, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: `base` was just mapped; the call writes two words.
+        let r = check(unsafe { sys::cuMemGetAddressRange_v2(&mut start, &mut size, base) }, "cuMemGetAddressRange");
+        if let Err(e) = r {
+            self.stream.shared.release("cuIpcCloseMemHandle", || {
+                // SAFETY: `base` came from `cuIpcOpenMemHandle` and nothing uses it yet.
+                unsafe { sys::cuIpcCloseMemHandle(base) }
+            });
+            return Err(e);
+        }
+        let m = PeerMapping { base, len: (start + size as u64).saturating_sub(base) };
+        self.imports.lock().unwrap_or_else(|e| e.into_inner()).insert(*handle, m);
+        Ok(m)
+    }
+
+    fn imported(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Option<PeerMapping> {
+        self.imports.lock().unwrap_or_else(|e| e.into_inner()).get(handle).copied()
     }
 
     fn alloc(&self, len: usize) -> Result<GpuMem> {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub(crate) use crate::mem::AtomicOp;
-use crate::mem::{GpuCopier, MemKind, MemLoc, SqMirror, SqWatch, WRITE_ASYNC_MAX};
+use crate::mem::{GpuCopier, MemKind, MemLoc, PeerMapping, SqMirror, SqWatch, EXPORT_HANDLE_BYTES, WRITE_ASYNC_MAX};
 
 use super::fault::Fault;
 use super::hostmem;
@@ -191,6 +191,12 @@ impl DataPath {
     /// [`GpuCopier::way_changes`] (0 without a copier).
     pub(crate) fn way_changes(&self) -> u64 {
         self.gpu.as_ref().map_or(0, |g| g.way_changes())
+    }
+
+    /// Where the peer allocation `handle` is mapped, if this NIC's copier mapped it
+    /// ([`GpuCopier::imported`]).
+    pub(crate) fn imported(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Option<PeerMapping> {
+        self.gpu.as_ref()?.imported(handle)
     }
 
     /// Whether GPU copies are enqueued and not yet waited for.

@@ -30,7 +30,8 @@ use super::guard::read;
 use super::sq::{self, Engine, Watched};
 use super::stats::{add_ns, bump, step};
 use super::wire::link::Inflow;
-use super::wire::{packet, requester, Inbound};
+use super::wire::packet::{self, Packet};
+use super::wire::{requester, Inbound};
 use crate::mem::MemKind;
 
 /// How long the thread keeps yielding after its last work before it starts sleeping.
@@ -213,13 +214,14 @@ fn publish_waits(fab: &Fabric, w: Waits) {
 /// Hands one wire message to the requester or responder side of its QP.
 fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
     let qpn = match &m {
-        Inbound::Frame { qpn, .. } | Inbound::Down { qpn, .. } => *qpn,
+        Inbound::Frame { qpn, .. } | Inbound::Down { qpn, .. } | Inbound::Mapped { qpn, .. } => *qpn,
     };
     // A message for a destroyed QP (or one destroyed since) has nobody to go to.
     let Some((qp, ws)) = list.find(fab, &mut eng.data, qpn).and_then(|w| w.wire()) else { return };
     let dp = &mut eng.data;
     match m {
         Inbound::Frame { body, .. } => match packet::decode(&body) {
+            Ok(Packet::IpcOffer { handle }) => requester::on_offer(fab, qp, ws, handle),
             Ok(p) if p.is_request() => requester::on_request(fab, qp, ws, dp, p),
             Ok(p) => requester::on_response(fab, qp, ws, dp, p),
             Err(e) => {
@@ -234,6 +236,12 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
             }
         },
         Inbound::Down { reason, .. } => requester::link_down(fab, qp, ws, dp, reason),
+        Inbound::Mapped { handle, mapped, .. } => {
+            if mapped {
+                bump(&fab.stats.ipc_mapped);
+            }
+            requester::answer_offer(ws, &handle, mapped);
+        }
     }
 }
 

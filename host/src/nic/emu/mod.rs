@@ -476,7 +476,12 @@ impl EmuNic {
             (Some(g), crate::mem::MemKind::Host) => g.device_view(loc.addr, len),
             _ => None,
         };
-        let entry = MrEntry { pdn: pd.pdn, loc, len, access, gpu_view };
+        // GPU memory a peer process on this host may read itself (`WireConfig::gpu_ipc`).
+        let export = match (&self.fab.gpu, loc.kind, self.fab.wire) {
+            (Some(g), crate::mem::MemKind::Gpu, Some(w)) if w.gpu_ipc => g.export(loc.addr, len),
+            _ => None,
+        };
+        let entry = MrEntry { pdn: pd.pdn, loc, len, access, gpu_view, export };
         let key = write(&self.fab.mrs).insert(entry).ok_or(Error::Emu(EmuError::Exhausted("MR keys")))?;
         Ok(Mr { nic: self.clone(), key, loc, len })
     }

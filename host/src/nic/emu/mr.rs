@@ -9,7 +9,7 @@ use std::sync::Arc;
 use gdaki_shared::handle::{MrHandle, RemoteMr};
 use gdaki_shared::Be32;
 
-use crate::mem::{MemKind, MemLoc};
+use crate::mem::{MemKind, MemLoc, PeerExport};
 
 use super::EmuNic;
 
@@ -134,6 +134,12 @@ pub(crate) struct MrEntry {
     /// For host memory that the NIC's GPU copier reaches (pinned and mapped into the GPU): the address at
     /// which it does, for `loc.addr` ([`GpuCopier::device_view`](crate::mem::GpuCopier::device_view)).
     pub gpu_view: Option<u64>,
+    /// For GPU memory when the NIC's wire may skip TCP to peers on this host ([`WireConfig::gpu_ipc`]): the
+    /// allocation the MR lies in, as another process maps it ([`GpuCopier::export`]), for `loc.addr`.
+    ///
+    /// [`WireConfig::gpu_ipc`]: super::WireConfig::gpu_ipc
+    /// [`GpuCopier::export`]: crate::mem::GpuCopier::export
+    pub export: Option<PeerExport>,
 }
 
 impl MrEntry {
@@ -253,7 +259,14 @@ mod tests {
     use super::*;
 
     fn entry(addr: u64, len: u64) -> MrEntry {
-        MrEntry { pdn: 1, loc: MemLoc { kind: MemKind::Host, addr }, len, access: Access::ALL, gpu_view: None }
+        MrEntry {
+            pdn: 1,
+            loc: MemLoc { kind: MemKind::Host, addr },
+            len,
+            access: Access::ALL,
+            gpu_view: None,
+            export: None,
+        }
     }
 
     #[test]

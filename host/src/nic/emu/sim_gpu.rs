@@ -1,7 +1,7 @@
 //! [`SimGpu`]: GPU memory simulated in host memory, to run the emulated NIC's GPU-memory paths where there is
 //! no GPU.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -9,7 +9,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::mem::{check_atomic, check_write, AtomicOp, GpuCopier, GpuMem, HostQueueMemory, MappedBuf, MemKind, MemLoc};
-use crate::mem::{QueueMemory, SqMirror, SqWatch, WRITE_ASYNC_MAX};
+use crate::mem::{PeerExport, PeerMapping, QueueMemory, SqMirror, SqWatch, EXPORT_HANDLE_BYTES, WRITE_ASYNC_MAX};
 use crate::{EmuError, Result};
 
 use super::guard::lock;
@@ -28,7 +28,12 @@ use super::hostmem;
 pub struct SimGpu {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
+    /// Handles [`GpuCopier::import`] accepted (see [`SimGpu::export`](GpuCopier::export)).
+    imports: Mutex<HashSet<[u8; EXPORT_HANDLE_BYTES]>>,
 }
+
+/// First bytes of a simulated export handle; then the process id, the address and the length (little-endian).
+const SIM_EXPORT_TAG: &[u8; 16] = b"gdaki-sim-export";
 
 #[derive(Default)]
 struct Inner {
@@ -219,7 +224,7 @@ impl SimGpu {
             .name("gdaki-sim-gpu".into())
             .spawn(move || worker.run())
             .map_err(|e| EmuError::os("starting the simulated GPU's copy thread", e))?;
-        Ok(Self { inner, thread: Some(thread) })
+        Ok(Self { inner, thread: Some(thread), imports: Mutex::default() })
     }
 
     /// A simulator that also keeps SQ mirrors ([`GpuCopier::mirror_sq`]): its thread copies the WQEBBs a
@@ -378,6 +383,37 @@ impl GpuCopier for SimGpu {
     /// slow down.
     fn device_code_on_gpu(&self) -> bool {
         false
+    }
+
+    /// Simulated GPU memory is host memory of this process: the handle names the range itself (tag, process
+    /// id, address, length), so that another NIC of the same process can read it, as a CUDA IPC mapping
+    /// lets another process read an allocation; offset 0.
+    fn export(&self, addr: u64, len: u64) -> Option<PeerExport> {
+        let mut handle = [0u8; EXPORT_HANDLE_BYTES];
+        handle[..16].copy_from_slice(SIM_EXPORT_TAG);
+        handle[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+        handle[24..32].copy_from_slice(&addr.to_le_bytes());
+        handle[32..40].copy_from_slice(&len.to_le_bytes());
+        Some(PeerExport { handle, offset: 0 })
+    }
+
+    /// Accepts a handle of [`GpuCopier::export`] made in this process; refuses others as the CUDA driver
+    /// refuses a handle of another host (another process's host memory is not reachable from here).
+    fn import(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Result<PeerMapping> {
+        let word = |at: usize| u64::from_le_bytes(handle[at..at + 8].try_into().expect("8 bytes"));
+        let pid = u32::from_le_bytes(handle[16..20].try_into().expect("4 bytes"));
+        if &handle[..16] != SIM_EXPORT_TAG || pid != std::process::id() {
+            return Err(crate::Error::Unavailable(
+                "simulated GPU: an export handle of another process (simulated GPU memory is this process's)".into(),
+            ));
+        }
+        lock(&self.imports).insert(*handle);
+        Ok(PeerMapping { base: word(24), len: word(32) })
+    }
+
+    fn imported(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Option<PeerMapping> {
+        let word = |at: usize| u64::from_le_bytes(handle[at..at + 8].try_into().expect("8 bytes"));
+        lock(&self.imports).contains(handle).then(|| PeerMapping { base: word(24), len: word(32) })
     }
 
     fn alloc(&self, len: usize) -> Result<GpuMem> {

@@ -68,6 +68,13 @@ pub struct Stats {
     pub inbound_peak: u64,
     /// Times a reader thread found the inbound queue full and waited, leaving its peer's bytes in the socket.
     pub inbound_waits: u64,
+    /// WRITE pieces this NIC's responder copied straight from a peer process's GPU memory (the wire's
+    /// same-host path, [`WireConfig::gpu_ipc`](super::WireConfig::gpu_ipc)), and the bytes they moved.
+    pub ipc_pieces: u64,
+    /// Bytes of [`Stats::ipc_pieces`].
+    pub ipc_bytes: u64,
+    /// Peer allocations this NIC mapped for that path (offers it accepted).
+    pub ipc_mapped: u64,
     /// Passes the NIC's thread has made through its loop (inbound messages, then every QP's doorbells and
     /// wire state): a count that stops growing while work waits says the thread is stuck, and
     /// [`Stats::executor_step`] says where.
@@ -107,6 +114,9 @@ pub(crate) struct Counters {
     pub error_cqes: AtomicU64,
     pub flush_cqes: AtomicU64,
     pub cq_overruns: AtomicU64,
+    pub ipc_pieces: AtomicU64,
+    pub ipc_bytes: AtomicU64,
+    pub ipc_mapped: AtomicU64,
     pub executor_passes: AtomicU64,
     /// Index into [`Stats::EXECUTOR_STEPS`].
     pub executor_step: std::sync::atomic::AtomicU8,
@@ -152,6 +162,9 @@ impl Counters {
             inbound_queued: 0,
             inbound_peak: 0,
             inbound_waits: 0,
+            ipc_pieces: self.ipc_pieces.load(Relaxed),
+            ipc_bytes: self.ipc_bytes.load(Relaxed),
+            ipc_mapped: self.ipc_mapped.load(Relaxed),
             executor_passes: self.executor_passes.load(Relaxed),
             executor_step: Stats::EXECUTOR_STEPS
                 .get(usize::from(self.executor_step.load(Relaxed)))

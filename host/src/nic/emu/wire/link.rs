@@ -45,6 +45,9 @@ pub(crate) enum Inbound {
     Frame { qpn: u32, body: Vec<u8> },
     /// The connection of local QP `qpn` is gone (or never came up).
     Down { qpn: u32, reason: String },
+    /// The peer's offered allocation `handle` was mapped here (`mapped`), or could not be: local QP `qpn`
+    /// answers the offer ([`super::requester::on_offer`]).
+    Mapped { qpn: u32, handle: [u8; crate::mem::EXPORT_HANDLE_BYTES], mapped: bool },
 }
 
 /// What one queued message counts against [`WireConfig::inbound_bytes`](super::WireConfig::inbound_bytes): its bytes
@@ -58,6 +61,7 @@ impl Inbound {
             + match self {
                 Inbound::Frame { body, .. } => body.len(),
                 Inbound::Down { reason, .. } => reason.len(),
+                Inbound::Mapped { handle, .. } => handle.len(),
             }
     }
 }
@@ -692,6 +696,6 @@ pub(super) fn why_text(why: u8) -> &'static str {
 impl Packet<'_> {
     /// Whether this is a request (the responder's side handles it) rather than a response.
     pub(crate) fn is_request(&self) -> bool {
-        matches!(self, Packet::Write { .. } | Packet::Read { .. } | Packet::Atomic { .. })
+        matches!(self, Packet::Write { .. } | Packet::WriteIpc { .. } | Packet::Read { .. } | Packet::Atomic { .. })
     }
 }

@@ -51,6 +51,18 @@ pub struct WireConfig {
     /// counts the waits). One frame is always taken into an empty queue, so any value works; small ones cost
     /// throughput.
     pub inbound_bytes: usize,
+    /// Whether a WRITE from GPU memory to a peer NIC in another process on this host may skip TCP: the
+    /// requester offers the peer the allocation its source lies in ([`GpuCopier::export`], CUDA IPC), the peer
+    /// maps it ([`GpuCopier::import`], on a thread of its own, so that a driver call that waits cannot stall
+    /// the NIC) and says so, and from then on such WRITEs carry the handle and offset instead of the bytes, and
+    /// the responder copies them GPU to GPU, in the request's turn (the RC order stays). Until the peer has
+    /// mapped it, or when it cannot (another host, a container apart, a copier without IPC), WRITEs go over
+    /// TCP as before. Default `true`; programs built on the examples' flags read `GDAKI_WIRE_IPC=0` to turn
+    /// it off.
+    ///
+    /// [`GpuCopier::export`]: crate::mem::GpuCopier::export
+    /// [`GpuCopier::import`]: crate::mem::GpuCopier::import
+    pub gpu_ipc: bool,
 }
 
 impl WireConfig {
@@ -103,6 +115,7 @@ impl WireConfig {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             retry_timeout: Self::DEFAULT_RETRY_TIMEOUT,
             inbound_bytes: Self::INBOUND_BYTES,
+            gpu_ipc: true,
         }
     }
 }

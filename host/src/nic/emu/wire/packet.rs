@@ -16,11 +16,17 @@
 //! responder's NIC in a hello |
 //! | 32..40 | byte offset of this packet in its message, or the compare value of a compare-and-swap |
 //!
+//! A WRITE between processes of one host whose source is GPU memory the responder has mapped ([`Packet::IpcOffer`],
+//! [`Packet::IpcAnswer`]) may instead go as [`Packet::WriteIpc`] pieces: the same header, and as payload the
+//! 64-byte handle of the source's allocation, the source's offset in it and the piece's length (little-endian
+//! `u64`s); the responder copies the bytes itself.
+//!
 //! As in InfiniBand RC, a WRITE or READ response longer than one packet is split ([`MAX_CHUNK`] payload
 //! bytes each); unlike InfiniBand, all packets of one message carry the message's PSN (the stream is reliable
 //! and ordered, so PSNs number messages). [`decode`] is a pure function of its input: any byte pattern gives
 //! a packet or a [`DecodeError`], never a panic, and the payload it returns is a sub-slice of the input.
 
+use crate::mem::EXPORT_HANDLE_BYTES;
 use crate::nic::emu::access::AtomicOp;
 
 /// Header bytes after the length prefix.
@@ -50,8 +56,11 @@ pub(crate) const PSN_MASK: u32 = 0x00ff_ffff;
 /// "GDKW": first word of a hello, so that a stray connection is told apart from a peer NIC.
 pub(crate) const HELLO_MAGIC: u32 = 0x4744_4b57;
 
-/// Version of this encoding, carried in a hello.
-pub(crate) const VERSION: u64 = 1;
+/// Version of this encoding, carried in a hello (2: the IPC kinds).
+pub(crate) const VERSION: u64 = 2;
+
+/// Payload of a [`Packet::WriteIpc`]: handle, offset in the allocation, length.
+const WRITE_IPC_PAYLOAD: usize = EXPORT_HANDLE_BYTES + 16;
 
 /// Packet kinds (byte 0 of the header).
 pub(crate) mod kind {
@@ -63,6 +72,9 @@ pub(crate) mod kind {
     pub const FETCH_ADD: u8 = 3;
     /// Compare-and-swap.
     pub const COMPARE_SWAP: u8 = 4;
+    /// One piece of an RDMA WRITE whose bytes the responder copies from a mapping of the requester's GPU
+    /// memory.
+    pub const WRITE_IPC: u8 = 5;
     /// Positive acknowledgement of every message up to the PSN.
     pub const ACK: u8 = 16;
     /// Negative acknowledgement of the message with the PSN, with the syndrome the requester reports.
@@ -77,6 +89,10 @@ pub(crate) mod kind {
     pub const HELLO_ACK: u8 = 33;
     /// The hello was refused; the syndrome byte says why ([`super::reject`]).
     pub const REJECT: u8 = 34;
+    /// The requester offers the handle of an allocation its WRITEs read from.
+    pub const IPC_OFFER: u8 = 35;
+    /// The responder mapped an offered allocation, or could not.
+    pub const IPC_ANSWER: u8 = 36;
 }
 
 /// Why a hello was refused (carried in a [`Packet::Reject`]).
@@ -115,6 +131,24 @@ pub(crate) enum Packet<'a> {
     ReadResp { psn: u32, offset: u64, last: bool, data: &'a [u8] },
     /// Atomic response: the word's value before the operation (host order).
     AtomicResp { psn: u32, old: u64 },
+    /// One piece of an RDMA WRITE of `total` bytes to `raddr`: the `len` bytes at offset `src` of the
+    /// requester's allocation `handle` (offered and mapped before) go to `raddr + offset`.
+    WriteIpc {
+        psn: u32,
+        rkey: u32,
+        raddr: u64,
+        total: u64,
+        offset: u64,
+        imm: Option<u32>,
+        last: bool,
+        handle: &'a [u8; EXPORT_HANDLE_BYTES],
+        src: u64,
+        len: u64,
+    },
+    /// The requester's WRITEs may read GPU memory of the allocation `handle`: may the responder map it?
+    IpcOffer { handle: &'a [u8; EXPORT_HANDLE_BYTES] },
+    /// The responder mapped the offered allocation `handle` (`mapped`), or could not.
+    IpcAnswer { handle: &'a [u8; EXPORT_HANDLE_BYTES], mapped: bool },
     /// Opens a connection from QP `src_qpn` of NIC `src_nic` to QP `dst_qpn` of NIC `dst_nic`.
     Hello { src_nic: u64, src_qpn: u32, dst_nic: u64, dst_qpn: u32, version: u64 },
     /// The hello was accepted.
@@ -189,8 +223,10 @@ pub(crate) fn decode(b: &[u8]) -> Result<Packet<'_>, DecodeError> {
         return Err(DecodeError::Field("reserved bits set"));
     }
     let last = h.flags & FLAG_LAST != 0;
-    let has_data = matches!(h.kind, kind::WRITE | kind::READ_RESP);
-    if !has_data && (!data.is_empty() || h.flags != 0) {
+    let has_data =
+        matches!(h.kind, kind::WRITE | kind::READ_RESP | kind::WRITE_IPC | kind::IPC_OFFER | kind::IPC_ANSWER);
+    let has_flags = matches!(h.kind, kind::WRITE | kind::READ_RESP | kind::WRITE_IPC);
+    if (!has_data && !data.is_empty()) || (!has_flags && h.flags != 0) {
         return Err(DecodeError::Field("payload or flags on a packet kind without them"));
     }
     let psn = h.w1;
@@ -209,6 +245,35 @@ pub(crate) fn decode(b: &[u8]) -> Result<Packet<'_>, DecodeError> {
                 return Err(DecodeError::Field("immediate without its flag"));
             }
             Packet::Write { psn, rkey: h.w2, raddr: h.q2, total, offset, imm, last, data }
+        }
+        kind::WRITE_IPC => {
+            let Some((handle, rest)) = data.split_first_chunk::<EXPORT_HANDLE_BYTES>() else {
+                return Err(DecodeError::Field("WRITE_IPC payload is not a handle, an offset and a length"));
+            };
+            if data.len() != WRITE_IPC_PAYLOAD {
+                return Err(DecodeError::Field("WRITE_IPC payload is not a handle, an offset and a length"));
+            }
+            let (src, len) = (u64_at(rest, 0), u64_at(rest, 8));
+            let (total, offset) = (h.q3, h.q4);
+            let end = offset.checked_add(len).ok_or(DecodeError::Field("offset overflows"))?;
+            if len == 0 || total > MAX_MESSAGE || end > total || last != (end == total) {
+                return Err(DecodeError::Field("WRITE_IPC piece outside its message"));
+            }
+            let imm = (h.flags & FLAG_IMM != 0).then_some(h.w3);
+            if imm.is_none() && h.w3 != 0 {
+                return Err(DecodeError::Field("immediate without its flag"));
+            }
+            Packet::WriteIpc { psn, rkey: h.w2, raddr: h.q2, total, offset, imm, last, handle, src, len }
+        }
+        kind::IPC_OFFER | kind::IPC_ANSWER => {
+            let handle = data.try_into().map_err(|_| DecodeError::Field("IPC offer or answer without a handle"))?;
+            if (h.w1, h.w2, h.q2, h.q3, h.q4) != (0, 0, 0, 0, 0) || h.w3 > u32::from(h.kind == kind::IPC_ANSWER) {
+                return Err(DecodeError::Field("reserved bits set"));
+            }
+            match h.kind {
+                kind::IPC_OFFER => Packet::IpcOffer { handle },
+                _ => Packet::IpcAnswer { handle, mapped: h.w3 == 1 },
+            }
         }
         kind::READ => {
             if h.q3 > MAX_MESSAGE {
@@ -245,7 +310,33 @@ pub(crate) fn decode(b: &[u8]) -> Result<Packet<'_>, DecodeError> {
 /// Appends `p` to `out` as one frame (length prefix included).
 pub(crate) fn encode(p: &Packet<'_>, out: &mut Vec<u8>) {
     let mut h = Header::default();
+    let mut ipc = [0u8; WRITE_IPC_PAYLOAD];
     let data: &[u8] = match *p {
+        Packet::WriteIpc { psn, rkey, raddr, total, offset, imm, last, handle, src, len } => {
+            h = Header {
+                kind: kind::WRITE_IPC,
+                w1: psn,
+                w2: rkey,
+                w3: imm.unwrap_or(0),
+                q2: raddr,
+                q3: total,
+                q4: offset,
+                ..h
+            };
+            h.flags = if last { FLAG_LAST } else { 0 } | if imm.is_some() { FLAG_IMM } else { 0 };
+            ipc[..EXPORT_HANDLE_BYTES].copy_from_slice(handle);
+            ipc[EXPORT_HANDLE_BYTES..EXPORT_HANDLE_BYTES + 8].copy_from_slice(&src.to_le_bytes());
+            ipc[EXPORT_HANDLE_BYTES + 8..].copy_from_slice(&len.to_le_bytes());
+            &ipc
+        }
+        Packet::IpcOffer { handle } => {
+            h.kind = kind::IPC_OFFER;
+            handle
+        }
+        Packet::IpcAnswer { handle, mapped } => {
+            h = Header { kind: kind::IPC_ANSWER, w3: u32::from(mapped), ..h };
+            handle
+        }
         Packet::Write { psn, rkey, raddr, total, offset, imm, last, data } => {
             h = Header {
                 kind: kind::WRITE,
@@ -330,7 +421,7 @@ mod tests {
 
     fn packet() -> impl Strategy<Value = (u8, u32, u32, u64, u64, u64, Option<u32>, Vec<u8>)> {
         (
-            0u8..10,
+            0u8..13,
             0..=PSN_MASK,
             any::<u32>(),
             any::<u64>(),
@@ -361,9 +452,41 @@ mod tests {
             6 => Packet::ReadResp { psn, offset: len.min(MAX_MESSAGE - data.len() as u64), last: x & 1 == 1, data },
             7 => Packet::AtomicResp { psn, old: x },
             8 => Packet::Hello { src_nic: addr, src_qpn: key, dst_nic: x, dst_qpn: psn, version: len },
-            _ => Packet::Reject { why: key as u8 },
+            9 => Packet::Reject { why: key as u8 },
+            10 => {
+                // A piece of `n` bytes somewhere inside a message long enough for it.
+                let n = (data.len() as u64).max(1);
+                let total = n.max(len);
+                let offset = x % (total - n + 1);
+                let last = offset + n == total;
+                Packet::WriteIpc {
+                    psn,
+                    rkey: key,
+                    raddr: addr,
+                    total,
+                    offset,
+                    imm,
+                    last,
+                    handle: &HANDLE,
+                    src: x,
+                    len: n,
+                }
+            }
+            11 => Packet::IpcOffer { handle: &HANDLE },
+            _ => Packet::IpcAnswer { handle: &HANDLE, mapped: x & 1 == 1 },
         }
     }
+
+    /// A handle with every byte distinct, so that a misplaced byte shows.
+    const HANDLE: [u8; EXPORT_HANDLE_BYTES] = {
+        let mut h = [0u8; EXPORT_HANDLE_BYTES];
+        let mut i = 0;
+        while i < EXPORT_HANDLE_BYTES {
+            h[i] = 0x80 + i as u8;
+            i += 1;
+        }
+        h
+    };
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4096))]
@@ -385,8 +508,15 @@ mod tests {
             if !b.is_empty() {
                 b[0] = kind;
             }
-            if let Ok(Packet::Write { data, .. } | Packet::ReadResp { data, .. }) = decode(&b) {
-                prop_assert!(data.len() + HEADER == b.len());
+            match decode(&b) {
+                Ok(Packet::Write { data, .. } | Packet::ReadResp { data, .. }) => {
+                    prop_assert!(data.len() + HEADER == b.len());
+                }
+                Ok(Packet::WriteIpc { .. }) => prop_assert_eq!(b.len(), HEADER + WRITE_IPC_PAYLOAD),
+                Ok(Packet::IpcOffer { .. } | Packet::IpcAnswer { .. }) => {
+                    prop_assert_eq!(b.len(), HEADER + EXPORT_HANDLE_BYTES);
+                }
+                _ => {}
             }
         }
     }
@@ -411,5 +541,53 @@ mod tests {
         assert!(matches!(decode(&ack), Err(DecodeError::Field(_))));
         ack[0] = 99;
         assert_eq!(decode(&ack[..HEADER]), Err(DecodeError::Kind(99)));
+    }
+
+    /// The IPC kinds: a WRITE_IPC piece's payload is exactly a handle, an offset and a length, its piece
+    /// inside its message and not empty; an offer or answer carries exactly a handle, nothing else.
+    #[test]
+    fn ipc_packets_are_checked() {
+        let piece = |offset, len, last| Packet::WriteIpc {
+            psn: 1,
+            rkey: 2,
+            raddr: 3,
+            total: 64,
+            offset,
+            imm: None,
+            last,
+            handle: &HANDLE,
+            src: 4096,
+            len,
+        };
+        let frame = |p: &Packet<'_>| {
+            let mut buf = Vec::new();
+            encode(p, &mut buf);
+            buf.split_off(4)
+        };
+        let body = frame(&piece(32, 32, true));
+        assert_eq!(body.len(), HEADER + 80);
+        assert_eq!(&body[HEADER..HEADER + 64], &HANDLE[..]);
+        assert_eq!(u64_at(&body, HEADER + 64), 4096);
+        assert_eq!(u64_at(&body, HEADER + 72), 32);
+        assert_eq!(decode(&body), Ok(piece(32, 32, true)));
+        let outside = Err(DecodeError::Field("WRITE_IPC piece outside its message"));
+        assert_eq!(decode(&frame(&piece(32, 33, true))), outside);
+        assert_eq!(decode(&frame(&piece(0, 32, true))), outside, "marked last, ends before the message");
+        assert_eq!(decode(&frame(&piece(0, 0, false))), outside, "empty piece");
+        let short = Err(DecodeError::Field("WRITE_IPC payload is not a handle, an offset and a length"));
+        assert_eq!(decode(&body[..body.len() - 1]), short);
+        let offer = frame(&Packet::IpcOffer { handle: &HANDLE });
+        assert_eq!(decode(&offer), Ok(Packet::IpcOffer { handle: &HANDLE }));
+        assert_eq!(decode(&offer[..offer.len() - 1]), Err(DecodeError::Field("IPC offer or answer without a handle")));
+        let mut answer = frame(&Packet::IpcAnswer { handle: &HANDLE, mapped: true });
+        assert_eq!(u32_at(&answer, 12), 1);
+        answer[12] = 2;
+        assert_eq!(decode(&answer), Err(DecodeError::Field("reserved bits set")));
+        let mut offer = offer;
+        offer[12] = 1;
+        assert_eq!(decode(&offer), Err(DecodeError::Field("reserved bits set")), "an offer has no answer bit");
+        offer[12] = 0;
+        offer[1] = FLAG_LAST;
+        assert_eq!(decode(&offer), Err(DecodeError::Field("payload or flags on a packet kind without them")));
     }
 }

@@ -18,13 +18,13 @@
 //! not see a later request's writes). A peer whose socket takes nothing for the retry timeout fails the QP
 //! (0x15), as one that does not answer.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::link::{peer_name, Link};
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
-use crate::mem::{MemKind, MemLoc, WRITE_ASYNC_MAX};
+use crate::mem::{MemKind, MemLoc, EXPORT_HANDLE_BYTES, WRITE_ASYNC_MAX};
 use crate::nic::emu::access::DataPath;
 use crate::nic::emu::completion::{complete, fail};
 use crate::nic::emu::exec::{self, at as at_loc};
@@ -34,7 +34,8 @@ use crate::nic::emu::guard::read;
 use crate::nic::emu::mr::MrTable;
 use crate::nic::emu::qp::{QpInner, QpState};
 use crate::nic::emu::stats::bump;
-use crate::nic::emu::wqe::{Header, Op, Payload, Sge};
+use crate::nic::emu::wire::link::Inbound;
+use crate::nic::emu::wqe::{Header, Op, Payload, Sge, SgeList};
 
 use super::responder::{self, RespState};
 
@@ -164,6 +165,10 @@ pub(crate) struct WireSq {
     gather: Vec<u8>,
     /// The responder side.
     resp: RespState,
+    /// Allocations this requester offered its peer for the same-host path
+    /// ([`WireConfig::gpu_ipc`](super::WireConfig::gpu_ipc)), by handle: `None` until the peer answers, then
+    /// whether it mapped them.
+    offers: HashMap<[u8; EXPORT_HANDLE_BYTES], Option<bool>>,
 }
 
 impl WireSq {
@@ -188,6 +193,7 @@ impl WireSq {
             down: None,
             gather: Vec::new(),
             resp: RespState::new(rq_psn),
+            offers: HashMap::new(),
         }
     }
 
@@ -408,6 +414,11 @@ fn send_request(
                         }
                     }
                     let msg = WriteMsg { psn, rkey: remote.rkey, raddr: remote.addr, total, imm };
+                    if total > 0 && fab.wire.is_some_and(|w| w.gpu_ipc) && put_ipc_pieces(&mrs, ws, dp, msg, list)? {
+                        ws.scratch = ranges;
+                        ws.next_psn = (psn + 1) & PSN_MASK;
+                        return Ok((psn, State::Sent));
+                    }
                     let mut at = Cursor::default();
                     let put = put_write_packets(ws, dp, msg, &mut at, |i| Ok(ranges[i]));
                     ws.scratch = ranges;
@@ -441,6 +452,114 @@ fn send_request(
     };
     ws.next_psn = (psn + 1) & PSN_MASK;
     Ok((psn, state))
+}
+
+/// Puts the WRITE `msg` (local SGEs `list`, resolved in `mrs` just before) into the outbox as pieces the peer
+/// copies itself ([`Packet::WriteIpc`], one per SGE), when every SGE lies in GPU memory of an allocation the
+/// peer has mapped; returns whether it did. Otherwise offers the peer each exported allocation of the SGEs
+/// it was not offered yet ([`Packet::IpcOffer`], answered later: [`on_answer`]), and the caller sends the
+/// bytes. The peer reads the source when the request's turn comes, later than the requester would: every
+/// placement this data path enqueued before (e.g. a READ's data landing in the source) completes first.
+///
+/// # Errors
+/// The data path's fault when that wait failed: the WQE fails, nothing left.
+fn put_ipc_pieces(
+    mrs: &MrTable,
+    ws: &mut WireSq,
+    dp: &mut DataPath,
+    msg: WriteMsg,
+    list: SgeList,
+) -> Result<bool, Fault> {
+    let mut all_mapped = true;
+    for s in list.iter().filter(|s| s.len > 0) {
+        let export = mrs.get(s.lkey).and_then(|e| e.export);
+        let Some(x) = export else { return Ok(false) };
+        match ws.offers.get(&x.handle) {
+            Some(Some(true)) => {}
+            Some(Some(false)) => return Ok(false),
+            Some(None) => all_mapped = false,
+            None => {
+                packet::encode(&Packet::IpcOffer { handle: &x.handle }, &mut ws.outbox);
+                ws.offers.insert(x.handle, None);
+                all_mapped = false;
+            }
+        }
+    }
+    if !all_mapped {
+        return Ok(false);
+    }
+    dp.fence()?;
+    let mut offset = 0;
+    for s in list.iter().filter(|s| s.len > 0) {
+        // Resolved and exported just above, under the same read lock.
+        let Some((e, Some(x))) = mrs.get(s.lkey).map(|e| (e, e.export)) else { return Ok(false) };
+        let last = offset + s.len == msg.total;
+        let piece = Packet::WriteIpc {
+            psn: msg.psn,
+            rkey: msg.rkey,
+            raddr: msg.raddr,
+            total: msg.total,
+            offset,
+            imm: msg.imm,
+            last,
+            handle: &x.handle,
+            src: x.offset + (s.addr - e.loc.addr),
+            len: s.len,
+        };
+        packet::encode(&piece, &mut ws.outbox);
+        offset += s.len;
+    }
+    Ok(true)
+}
+
+/// The peer's answer to an offer ([`Packet::IpcAnswer`]): from now on, WRITEs from that allocation go as
+/// pieces the peer copies (`mapped`), or always as bytes. An answer to nothing offered, or a second answer,
+/// breaks the protocol.
+fn on_answer(ws: &mut WireSq, handle: &[u8; EXPORT_HANDLE_BYTES], mapped: bool) -> Result<(), &'static str> {
+    match ws.offers.get_mut(handle) {
+        Some(state @ None) => {
+            *state = Some(mapped);
+            Ok(())
+        }
+        _ => Err("an IPC answer to no open offer"),
+    }
+}
+
+/// The peer offers an allocation its WRITEs read from ([`Packet::IpcOffer`]): when this NIC may take the
+/// same-host path, its copier maps the allocation on a thread of its own (the driver call may wait for
+/// running kernels: the executor must not), which posts [`Inbound::Mapped`] for [`answer_offer`]; else the
+/// answer is no at once.
+pub(crate) fn on_offer(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, handle: &[u8; EXPORT_HANDLE_BYTES]) {
+    let gpu = fab.gpu.clone().filter(|_| fab.wire.is_some_and(|w| w.gpu_ipc));
+    let (Some(gpu), Some(mb)) = (gpu, fab.mailbox.get().cloned()) else {
+        return answer_offer(ws, handle, false);
+    };
+    if gpu.imported(handle).is_some() {
+        return answer_offer(ws, handle, true);
+    }
+    let (qpn, handle) = (qp.qpn, *handle);
+    let spawned = std::thread::Builder::new().name("emu-ipc-map".into()).spawn(move || {
+        let mapped = match gpu.import(&handle) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::info!(
+                    qpn,
+                    "emulated NIC: a peer's GPU memory cannot be mapped here ({e}); its WRITEs go over TCP"
+                );
+                false
+            }
+        };
+        mb.post(Inbound::Mapped { qpn, handle, mapped });
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("emulated NIC: no thread to map a peer's GPU memory ({e}); its WRITEs go over TCP");
+        answer_offer(ws, &handle, false);
+    }
+}
+
+/// Answers the peer's offer of `handle` ([`Packet::IpcAnswer`]).
+pub(crate) fn answer_offer(ws: &mut WireSq, handle: &[u8; EXPORT_HANDLE_BYTES], mapped: bool) {
+    packet::encode(&Packet::IpcAnswer { handle, mapped }, &mut ws.outbox);
 }
 
 /// Puts packets of the WRITE `msg` into the outbox from `at` on while it has room, or until its last packet
@@ -611,6 +730,7 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
             set_state(&mut ws.out, q, state);
             Ok(())
         }
+        Packet::IpcAnswer { handle, mapped } => on_answer(ws, handle, mapped),
         _ => Err("a request or hello where a response was due"),
     }
 }

@@ -20,6 +20,7 @@
 use std::collections::VecDeque;
 
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
+use crate::mem::{MemKind, MemLoc};
 use crate::nic::emu::access::{DataPath, Old};
 use crate::nic::emu::completion::push_resp_imm;
 use crate::nic::emu::exec::{self, at};
@@ -28,6 +29,7 @@ use crate::nic::emu::fault::{vendor, Fault};
 use crate::nic::emu::guard::read;
 use crate::nic::emu::mr::Access;
 use crate::nic::emu::qp::{QpInner, QpState};
+use crate::nic::emu::stats::bump;
 use crate::nic::emu::wqe::Remote;
 use gdaki_shared::Be32;
 
@@ -173,7 +175,10 @@ pub(crate) fn on_request(
         return Ok(());
     }
     let psn = match p {
-        Packet::Write { psn, .. } | Packet::Read { psn, .. } | Packet::Atomic { psn, .. } => psn,
+        Packet::Write { psn, .. }
+        | Packet::WriteIpc { psn, .. }
+        | Packet::Read { psn, .. }
+        | Packet::Atomic { psn, .. } => psn,
         _ => return Ok(()),
     };
     if psn != resp.expected {
@@ -181,6 +186,14 @@ pub(crate) fn on_request(
     }
     if matches!(p, Packet::Read { .. } | Packet::Atomic { .. }) && resp.queue.len() >= MAX_RD_ATOMIC {
         return Err(format!("more than {MAX_RD_ATOMIC} READs and atomics outstanding"));
+    }
+    // A piece of memory this NIC did not map for the peer, or past the mapping's end: only a broken or
+    // hostile peer sends it (an honest one waits for the answer to its offer).
+    if let Packet::WriteIpc { handle, src, len, .. } = p {
+        let inside = dp.imported(handle).is_some_and(|m| src.checked_add(len).is_some_and(|end| end <= m.len));
+        if !inside {
+            return Err(format!("a WRITE piece from GPU memory not mapped here ({len} bytes at offset {src:#x})"));
+        }
     }
     match execute(fab, qp, resp, dp, p) {
         Ok(true) => resp.expected = (psn + 1) & PSN_MASK,
@@ -271,15 +284,21 @@ fn execute(fab: &Fabric, qp: &QpInner, resp: &mut RespState, dp: &mut DataPath, 
                 // (checked by the decoder); the MR read lock is held while the bytes move.
                 unsafe { dp.write_bytes(at(dst, offset), data) }?;
             }
-            if !last {
-                return Ok(false);
-            }
-            // The immediate's CQE follows the data: written by the copier behind it while any of it is
-            // pending (`CqInner::push`). The ACK waits until the data is placed (`RespState::settle`).
-            if let Some(i) = imm {
-                push_resp_imm(fab, qp, dp, Be32::from_bits(i), total as u32)?;
-            }
-            resp.ack_due = Some(psn);
+            return finish_write(fab, qp, resp, dp, (psn, total, imm, last));
+        }
+        Packet::WriteIpc { psn, rkey, raddr, total, offset, imm, last, handle, src, len } => {
+            // Checked as a WRITE's packet is; the bytes come from the peer's memory mapped here (checked by
+            // `on_request`), copied GPU to GPU in this request's turn.
+            let mrs = read(&fab.mrs);
+            let dst = exec::remote(&mrs, qp.responder(), Remote { addr: raddr, rkey }, total, Access::REMOTE_WRITE)?;
+            let base = dp.imported(handle).ok_or(Fault::gpu_copy())?.base;
+            // SAFETY: `dst` is a registered range of `total` bytes and `offset + len <= total` (decoder); the
+            // MR read lock is held while the copy is enqueued and the MR's drop synchronizes the copier. The
+            // source lies inside a mapping this NIC's copier holds until it is dropped (`on_request`).
+            unsafe { dp.copy(at(dst, offset), MemLoc { kind: MemKind::Gpu, addr: base + src }, len) }?;
+            bump(&fab.stats.ipc_pieces);
+            fab.stats.ipc_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+            return finish_write(fab, qp, resp, dp, (psn, total, imm, last));
         }
         Packet::Read { psn, rkey, raddr, len } => {
             // A zero-length READ checks no key (as a zero-length WRITE); it is answered with one empty packet.
@@ -304,5 +323,26 @@ fn execute(fab: &Fabric, qp: &QpInner, resp: &mut RespState, dp: &mut DataPath, 
         }
         _ => return Ok(false),
     }
+    Ok(true)
+}
+
+/// After a WRITE's packet or piece `(psn, total, imm, last)` was placed: once its last one is, the
+/// immediate's CQE (if any) follows the data (written by the copier behind it while any of it is pending,
+/// `CqInner::push`) and the ACK is due, sent once the data is placed ([`RespState::settle`]). Returns whether
+/// the message is complete.
+fn finish_write(
+    fab: &Fabric,
+    qp: &QpInner,
+    resp: &mut RespState,
+    dp: &mut DataPath,
+    (psn, total, imm, last): (u32, u64, Option<u32>, bool),
+) -> Result<bool, Fault> {
+    if !last {
+        return Ok(false);
+    }
+    if let Some(i) = imm {
+        push_resp_imm(fab, qp, dp, Be32::from_bits(i), total as u32)?;
+    }
+    resp.ack_due = Some(psn);
     Ok(true)
 }
