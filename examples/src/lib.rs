@@ -116,9 +116,12 @@ fn parse_wire(s: &str) -> Result<std::net::SocketAddr, String> {
 
 impl LaunchArgs {
     /// The wire of this process's emulated NIC: `--wire`, with the default retry timeout and inbound queue.
+    /// `GDAKI_WIRE_IPC=0` keeps WRITEs from GPU memory to a peer process on this host on TCP
+    /// ([`WireConfig::gpu_ipc`]), e.g. to measure what the same-host path gains.
     pub fn wire_config(&self) -> WireConfig {
         let loopback = WireConfig::loopback();
-        WireConfig { listen: self.wire.unwrap_or(loopback.listen), ..loopback }
+        let gpu_ipc = std::env::var("GDAKI_WIRE_IPC").map_or(true, |v| v != "0");
+        WireConfig { listen: self.wire.unwrap_or(loopback.listen), gpu_ipc, ..loopback }
     }
 
     /// With `--processes N`: starts N processes of this program with the same arguments, less `--processes`,
@@ -342,7 +345,8 @@ fn placement_label(kind: ExecutorKind, asked: Option<&str>) -> &'static str {
 /// (and the time spent waiting for the mirror), SQ fetches from GPU memory and host synchronizes (each with its
 /// mean time), the time per operation the thread spent waiting for the GPU, and the time it spent in passes
 /// that found work (all of its own share of the latency).
-/// The measured cause behind a latency that the device code's own work does not explain.
+/// The measured cause behind a latency that the device code's own work does not explain; and the WRITE pieces sent
+/// by mapping (the wire's same-host path).
 pub fn emu_waits(before: &gdaki::nic::emu::Stats, after: &gdaki::nic::emu::Stats, per: u64, what: &str) -> String {
     let n = per.max(1) as f64;
     let mean = |ns: u64, count: u64| if count == 0 { 0.0 } else { ns as f64 / count as f64 / 1e3 };
@@ -351,7 +355,8 @@ pub fn emu_waits(before: &gdaki::nic::emu::Stats, after: &gdaki::nic::emu::Stats
     format!(
         "# emulated NIC per {what}: {:.2} doorbells, {:.2} WQEs, {:.2} CQEs, {:.2} SQ ranges from the ring's mirror ({:.2} µs \
          waiting for it), {:.2} SQ fetches from GPU memory ({:.2} µs each), {:.2} host synchronizes ({:.2} µs each, fetches \
-         included): {:.2} µs of each {what} waited for the GPU; {:.2} µs in the NIC thread's passes that found work",
+         included): {:.2} µs of each {what} waited for the GPU; {:.2} µs in the NIC thread's passes that found work; \
+         {:.2} WRITE pieces sent by mapping (the peer process copied them)",
         (after.doorbells - before.doorbells) as f64 / n,
         (after.wqes - before.wqes) as f64 / n,
         (after.cqes - before.cqes) as f64 / n,
@@ -363,6 +368,7 @@ pub fn emu_waits(before: &gdaki::nic::emu::Stats, after: &gdaki::nic::emu::Stats
         mean(sync_ns, syncs),
         sync_ns as f64 / n / 1e3,
         (after.busy_ns - before.busy_ns) as f64 / n / 1e3,
+        (after.ipc_pieces - before.ipc_pieces) as f64 / n,
     )
 }
 

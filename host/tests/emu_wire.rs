@@ -681,14 +681,15 @@ fn writes_from_gpu_memory_to_a_peer_on_this_host_go_by_mapping_once_it_mapped_th
     let mut sides = sides(&p);
     random_writes(&mut sides, &src, &dst_gpu, gmr.rkey(), smr.lkey(), 1);
     stats_when(&p.nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
-    let before = p.nic_b.stats();
+    let before = p.nic_a.stats();
+    assert_eq!((before.ipc_pieces, before.ipc_bytes), (0, 0), "the first WRITE went as bytes");
     let moved = random_writes(&mut sides, &src, &dst_gpu, gmr.rkey(), smr.lkey(), 24)
         + random_writes(&mut sides, &src, &dst_host, hmr.rkey(), smr.lkey(), 24);
-    let after = p.nic_b.stats();
-    assert_eq!(after.ipc_pieces - before.ipc_pieces, 48, "every WRITE one piece the responder copied");
-    assert_eq!(after.ipc_bytes - before.ipc_bytes, moved);
-    assert_eq!(after.ipc_mapped, 1, "one allocation, mapped once");
-    assert_eq!(p.nic_a.stats().ipc_pieces, 0, "nothing the other way");
+    let after = p.nic_a.stats();
+    assert_eq!(after.ipc_pieces, 48, "every WRITE one piece the responder copied");
+    assert_eq!(after.ipc_bytes, moved);
+    assert_eq!(p.nic_b.stats().ipc_mapped, 1, "one allocation, mapped once");
+    assert_eq!((p.nic_a.stats().ipc_mapped, p.nic_b.stats().ipc_pieces), (0, 0), "nothing the other way");
     drop((smr, gmr, hmr));
 }
 
@@ -705,8 +706,8 @@ fn writes_go_as_bytes_when_either_end_keeps_the_same_host_path_off() {
         // Long enough for an offer's answer to have come back.
         std::thread::sleep(Duration::from_millis(100));
         random_writes(&mut sides, &src, &dst, dmr.rkey(), smr.lkey(), 8);
-        let s = p.nic_b.stats();
-        assert_eq!((s.ipc_mapped, s.ipc_pieces), (0, 0), "requester on: {a}, responder on: {b}");
+        let (sa, sb) = (p.nic_a.stats(), p.nic_b.stats());
+        assert_eq!((sb.ipc_mapped, sa.ipc_pieces), (0, 0), "requester on: {a}, responder on: {b}");
         drop((smr, dmr));
     }
 }

@@ -216,6 +216,11 @@ pub struct NicWork {
     pub passes: f64,
     /// µs of the NIC's thread in passes that found work.
     pub busy_us: f64,
+    /// WRITE pieces sent as references to GPU memory that the peer process copied itself (the wire's
+    /// same-host path).
+    pub ipc_pieces: f64,
+    /// MB (10^6 bytes) of those pieces.
+    pub ipc_mb: f64,
 }
 
 impl NicWork {
@@ -236,6 +241,8 @@ impl NicWork {
             host_sync_us: us(before.host_sync_ns, after.host_sync_ns),
             passes: per(before.executor_passes, after.executor_passes),
             busy_us: us(before.busy_ns, after.busy_ns),
+            ipc_pieces: per(before.ipc_pieces, after.ipc_pieces),
+            ipc_mb: per(before.ipc_bytes, after.ipc_bytes) / 1e6,
         }
     }
 
@@ -243,7 +250,8 @@ impl NicWork {
     pub fn line(&self) -> String {
         format!(
             "# NIC per iteration: {:.2} doorbells ({:.2} BlueFlame), {:.2} WQEs, {:.2} CQEs, {:.2} ranges from the \
-             mirror ({:.2} µs waiting), {:.2} fetches, {:.2} host syncs ({:.2} µs), {:.1} passes, {:.2} µs busy",
+             mirror ({:.2} µs waiting), {:.2} fetches, {:.2} host syncs ({:.2} µs), {:.1} passes, {:.2} µs busy, \
+             {:.2} WRITE pieces by mapping ({:.3} MB)",
             self.doorbells,
             self.blueflame,
             self.wqes,
@@ -255,6 +263,8 @@ impl NicWork {
             self.host_sync_us,
             self.passes,
             self.busy_us,
+            self.ipc_pieces,
+            self.ipc_mb,
         )
     }
 }

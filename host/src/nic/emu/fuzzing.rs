@@ -205,7 +205,7 @@ fn within(outer: &[u8], inner: &[u8]) -> bool {
 }
 
 /// Decodes `bytes` as one frame body (after the length prefix) with the wire decoder; returns whether it is a
-/// packet. An accepted packet's payload must be the input after the header, and encoding the packet again must
+/// packet. An accepted packet's payload (or handle) must be (in) the input after the header, and encoding the packet again must
 /// give a frame that decodes to the same packet.
 pub fn decode_frame(bytes: &[u8]) -> bool {
     let Ok(p) = packet::decode(bytes) else {
@@ -213,6 +213,9 @@ pub fn decode_frame(bytes: &[u8]) -> bool {
     };
     if let Packet::Write { data, .. } | Packet::ReadResp { data, .. } = p {
         assert!(within(bytes, data) && data.len() + HEADER == bytes.len(), "payload is not the rest of the frame");
+    }
+    if let Packet::WriteIpc { handle, .. } | Packet::IpcOffer { handle } | Packet::IpcAnswer { handle, .. } = p {
+        assert!(within(&bytes[HEADER..], handle), "handle outside the payload");
     }
     let mut frame = Vec::with_capacity(bytes.len() + 4);
     packet::encode(&p, &mut frame);
@@ -713,6 +716,23 @@ mod tests {
             ),
             ("hello-ack", Packet::HelloAck),
             ("reject", Packet::Reject { why: packet::reject::NO_QP }),
+            (
+                "write-ipc",
+                Packet::WriteIpc {
+                    psn: 6,
+                    rkey: 0x155,
+                    raddr: 0x1000,
+                    total: 4096,
+                    offset: 0,
+                    imm: None,
+                    last: true,
+                    handle: &[0x5a; 64],
+                    src: 0x2000,
+                    len: 4096,
+                },
+            ),
+            ("ipc-offer", Packet::IpcOffer { handle: &[0x5a; 64] }),
+            ("ipc-answer", Packet::IpcAnswer { handle: &[0x5a; 64], mapped: true }),
         ];
         for (name, p) in frames {
             let mut f = Vec::new();

@@ -68,8 +68,8 @@ pub struct Stats {
     pub inbound_peak: u64,
     /// Times a reader thread found the inbound queue full and waited, leaving its peer's bytes in the socket.
     pub inbound_waits: u64,
-    /// WRITE pieces this NIC's responder copied straight from a peer process's GPU memory (the wire's
-    /// same-host path, [`WireConfig::gpu_ipc`](super::WireConfig::gpu_ipc)), and the bytes they moved.
+    /// WRITE pieces this NIC's requesters sent as references to their GPU memory, for the peer process to
+    /// copy itself (the wire's same-host path, [`WireConfig::gpu_ipc`](super::WireConfig::gpu_ipc)).
     pub ipc_pieces: u64,
     /// Bytes of [`Stats::ipc_pieces`].
     pub ipc_bytes: u64,

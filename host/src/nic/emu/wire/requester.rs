@@ -414,7 +414,10 @@ fn send_request(
                         }
                     }
                     let msg = WriteMsg { psn, rkey: remote.rkey, raddr: remote.addr, total, imm };
-                    if total > 0 && fab.wire.is_some_and(|w| w.gpu_ipc) && put_ipc_pieces(&mrs, ws, dp, msg, list)? {
+                    if total > 0
+                        && fab.wire.is_some_and(|w| w.gpu_ipc)
+                        && put_ipc_pieces((fab, &mrs), ws, dp, msg, list)?
+                    {
                         ws.scratch = ranges;
                         ws.next_psn = (psn + 1) & PSN_MASK;
                         return Ok((psn, State::Sent));
@@ -464,7 +467,7 @@ fn send_request(
 /// # Errors
 /// The data path's fault when that wait failed: the WQE fails, nothing left.
 fn put_ipc_pieces(
-    mrs: &MrTable,
+    (fab, mrs): (&Fabric, &MrTable),
     ws: &mut WireSq,
     dp: &mut DataPath,
     msg: WriteMsg,
@@ -507,6 +510,8 @@ fn put_ipc_pieces(
             len: s.len,
         };
         packet::encode(&piece, &mut ws.outbox);
+        bump(&fab.stats.ipc_pieces);
+        fab.stats.ipc_bytes.fetch_add(s.len, std::sync::atomic::Ordering::Relaxed);
         offset += s.len;
     }
     Ok(true)

@@ -29,7 +29,6 @@ use crate::nic::emu::fault::{vendor, Fault};
 use crate::nic::emu::guard::read;
 use crate::nic::emu::mr::Access;
 use crate::nic::emu::qp::{QpInner, QpState};
-use crate::nic::emu::stats::bump;
 use crate::nic::emu::wqe::Remote;
 use gdaki_shared::Be32;
 
@@ -296,8 +295,6 @@ fn execute(fab: &Fabric, qp: &QpInner, resp: &mut RespState, dp: &mut DataPath, 
             // MR read lock is held while the copy is enqueued and the MR's drop synchronizes the copier. The
             // source lies inside a mapping this NIC's copier holds until it is dropped (`on_request`).
             unsafe { dp.copy(at(dst, offset), MemLoc { kind: MemKind::Gpu, addr: base + src }, len) }?;
-            bump(&fab.stats.ipc_pieces);
-            fab.stats.ipc_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
             return finish_write(fab, qp, resp, dp, (psn, total, imm, last));
         }
         Packet::Read { psn, rkey, raddr, len } => {
