@@ -29,11 +29,16 @@ use gdaki_shared::prm::wqe::AtomicSeg;
 
 const HEADER: usize = 40;
 const HELLO_MAGIC: u32 = 0x4744_4b57;
+/// The encoding's version a hello carries.
+const VERSION: u64 = 2;
+/// Bytes of an IPC handle.
+const HANDLE: usize = 64;
 
 mod kind {
     pub const WRITE: u8 = 1;
     pub const READ: u8 = 2;
     pub const FETCH_ADD: u8 = 3;
+    pub const WRITE_IPC: u8 = 5;
     pub const ACK: u8 = 16;
     pub const NAK: u8 = 17;
     pub const READ_RESP: u8 = 18;
@@ -41,6 +46,8 @@ mod kind {
     pub const HELLO: u8 = 32;
     pub const HELLO_ACK: u8 = 33;
     pub const REJECT: u8 = 34;
+    pub const IPC_OFFER: u8 = 35;
+    pub const IPC_ANSWER: u8 = 36;
 }
 
 const FLAG_LAST: u8 = 1;
@@ -174,7 +181,7 @@ fn fake_dials(v: &Victim, qp: &Qp) -> TcpStream {
     qp.connect(&ep).unwrap();
     let mut s = TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(&hello(SMALL_NIC, FAKE_QPN, v.nic.id(), qp.qpn(), 1)).unwrap();
+    s.write_all(&hello(SMALL_NIC, FAKE_QPN, v.nic.id(), qp.qpn(), VERSION)).unwrap();
     let (h, _) = read_frame(&mut s).expect("answer to the hello");
     assert_eq!(h.kind, kind::HELLO_ACK, "{h:?}");
     s
@@ -188,7 +195,10 @@ fn nic_dials(qp: &Qp) -> TcpStream {
     let (mut s, _) = l.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let (h, _) = read_frame(&mut s).expect("a hello");
-    assert_eq!((h.kind, h.w1, h.w2, h.w3, h.q3, h.q4), (kind::HELLO, FAKE_QPN, qp.qpn(), HELLO_MAGIC, LARGE_NIC, 1));
+    assert_eq!(
+        (h.kind, h.w1, h.w2, h.w3, h.q3, h.q4),
+        (kind::HELLO, FAKE_QPN, qp.qpn(), HELLO_MAGIC, LARGE_NIC, VERSION)
+    );
     s.write_all(&frame(H { kind: kind::HELLO_ACK, ..H::default() }, &[])).unwrap();
     s
 }
@@ -243,11 +253,11 @@ fn garbage_on_the_listener_changes_nothing() {
     held.push(send(&0u32.to_le_bytes()));
     held.push(send(&39u32.to_le_bytes()));
     held.push(send(&frame(H { kind: 99, ..H::default() }, &[])));
-    let mut no_magic = hello(1, 2, nic_b.id(), 3, 1);
+    let mut no_magic = hello(1, 2, nic_b.id(), 3, VERSION);
     no_magic[16..20].copy_from_slice(&0u32.to_le_bytes());
     held.push(send(&no_magic));
     held.push(send(&write_pkt(0, 0, 0, 8, 0, &[0; 8])));
-    held.push(send(&hello(1, 2, nic_b.id(), 3, 1)[..20]));
+    held.push(send(&hello(1, 2, nic_b.id(), 3, VERSION)[..20]));
     held.push(send(&[]));
     drop(send(&[])); // connect and leave at once
                      // Every connection that said something is closed by the NIC, without an answer (or with a reject).
@@ -296,21 +306,21 @@ fn hellos_naming_the_wrong_nic_qp_or_version_are_rejected_with_the_reason() {
         }
     };
     let me = v.nic.id();
-    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me ^ 1, qp.qpn(), 1)), 1, "wrong NIC");
-    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, 0x00ff_fff0, 1)), 2, "no such QP");
-    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN + 1, me, qp.qpn(), 1)), 6, "another source QP");
-    assert_eq!(ask(hello(SMALL_NIC + 1, FAKE_QPN, me, qp.qpn(), 1)), 6, "another source NIC");
-    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), 2)), 5, "other version");
-    assert_eq!(ask(hello(LARGE_NIC, 7, me, dialing.qpn(), 1)), 4, "the NIC dials this one itself");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me ^ 1, qp.qpn(), VERSION)), 1, "wrong NIC");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, 0x00ff_fff0, VERSION)), 2, "no such QP");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN + 1, me, qp.qpn(), VERSION)), 6, "another source QP");
+    assert_eq!(ask(hello(SMALL_NIC + 1, FAKE_QPN, me, qp.qpn(), VERSION)), 6, "another source NIC");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), VERSION + 1)), 5, "other version");
+    assert_eq!(ask(hello(LARGE_NIC, 7, me, dialing.qpn(), VERSION)), 4, "the NIC dials this one itself");
     let t = Instant::now();
-    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, lonely.qpn(), 1)), 3, "QP never connected");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, lonely.qpn(), VERSION)), 3, "QP never connected");
     assert!(t.elapsed() < Duration::from_secs(2), "refused after the retry timeout, not later");
     // The valid hello still gets through after all that, and a second one is refused as busy.
     let mut first = TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap();
-    first.write_all(&hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), 1)).unwrap();
+    first.write_all(&hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), VERSION)).unwrap();
     first.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     assert_eq!(read_frame(&mut first).unwrap().0.kind, kind::HELLO_ACK);
-    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), 1)), 4, "second hello");
+    assert_eq!(ask(hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), VERSION)), 4, "second hello");
     assert!(v.nic.executor_alive());
     assert_eq!(qp.state(), QpState::Rts);
 }
@@ -329,7 +339,7 @@ fn two_hellos_at_once_bring_the_link_up_once() {
             (0..2).map(|_| TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap()).collect();
         for c in &mut conns {
             c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-            c.write_all(&hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), 1)).unwrap();
+            c.write_all(&hello(SMALL_NIC, FAKE_QPN, me, qp.qpn(), VERSION)).unwrap();
         }
         let mut answers: Vec<(u8, u32)> =
             conns.iter_mut().map(|c| read_frame(c).expect("an answer")).map(|(h, _)| (h.kind, h.w3)).collect();
@@ -450,6 +460,21 @@ fn hostile_requester_gets_naks_and_writes_nothing_outside_its_mr() {
     });
 }
 
+#[test]
+fn an_offer_of_gpu_memory_to_a_nic_that_cannot_map_it_is_declined_and_the_link_stays_up() {
+    // The NIC under test has no GPU copier: it cannot map another process's GPU memory, says so at once, and
+    // the peer's WRITEs then come as bytes, as before.
+    with_responder("offer", |s, t| {
+        s.write_all(&frame(H { kind: kind::IPC_OFFER, ..H::default() }, &[0x42; HANDLE])).unwrap();
+        let (h, data) = read_frame(s).expect("an answer to the offer");
+        assert_eq!((h.kind, h.w3, data), (kind::IPC_ANSWER, 0, vec![0x42; HANDLE]), "{h:?}");
+        s.write_all(&write_pkt(FAKE_PSN, t.rkey, t.addr, 8, 0, &[0xab; 8])).unwrap();
+        let (h, _) = read_frame(s).expect("an ACK");
+        assert_eq!((h.kind, h.w1), (kind::ACK, FAKE_PSN), "{h:?}");
+        assert_eq!((0..8).map(|i| t.byte(i)).collect::<Vec<_>>(), vec![0xab; 8]);
+    });
+}
+
 /// Builds a frame against the target MR.
 type MakeFrame = dyn Fn(&Target) -> Vec<u8>;
 
@@ -478,7 +503,29 @@ fn protocol_violations_close_the_connection() {
             Box::new(|_| frame(H { kind: kind::READ_RESP, flags: FLAG_LAST, w1: 5, ..H::default() }, &[9; 64])),
         ),
         ("atomic response to nothing", Box::new(|_| frame(H { kind: kind::ATOMIC_RESP, w1: 5, ..H::default() }, &[]))),
-        ("hello again", Box::new(|_| hello(SMALL_NIC, FAKE_QPN, 0, 0, 1))),
+        ("hello again", Box::new(|_| hello(SMALL_NIC, FAKE_QPN, 0, 0, VERSION))),
+        (
+            "WRITE piece of memory never mapped",
+            Box::new(|t| {
+                let mut piece = [7u8; HANDLE + 16];
+                piece[HANDLE..HANDLE + 8].copy_from_slice(&0u64.to_le_bytes());
+                piece[HANDLE + 8..].copy_from_slice(&8u64.to_le_bytes());
+                let h = H {
+                    kind: kind::WRITE_IPC,
+                    flags: FLAG_LAST,
+                    w1: FAKE_PSN,
+                    w2: t.rkey,
+                    q2: t.addr,
+                    q3: 8,
+                    ..H::default()
+                };
+                frame(h, &piece)
+            }),
+        ),
+        (
+            "IPC answer to no offer",
+            Box::new(|_| frame(H { kind: kind::IPC_ANSWER, w3: 1, ..H::default() }, &[7; HANDLE])),
+        ),
     ];
     for (name, make) in cases {
         with_responder(name, |s, t| {
@@ -1357,7 +1404,7 @@ fn a_trickled_hello_is_cut_off_after_5_s() {
     let mut s = TcpStream::connect(v.nic.wire_addr().unwrap()).unwrap();
     let start = Instant::now();
     // A well-formed hello naming a QP that does not exist: the NIC answers it with a reject once it has it all.
-    let h = hello(SMALL_NIC, FAKE_QPN, v.nic.id(), 0x00ff_fff0, 1);
+    let h = hello(SMALL_NIC, FAKE_QPN, v.nic.id(), 0x00ff_fff0, VERSION);
     let (head, rest) = h.split_at(9);
     for b in head {
         if s.write_all(&[*b]).is_err() {

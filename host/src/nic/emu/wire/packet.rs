@@ -38,7 +38,7 @@ pub(crate) const HEADER: usize = 40;
 /// (a READ's data is read then), so the bound caps what a requester can make it hold (about 1.3 MiB per QP).
 /// It equals the deepest SQ ([`MAX_WQE_CNT`](crate::nic::emu::MAX_WQE_CNT) WQEBBs, a READ or atomic taking
 /// at least one), so that it never slows a pipeline of atomics from a well-behaved requester. Part of wire
-/// [`VERSION`] 1: a requester with more outstanding breaks the protocol.
+/// [`VERSION`] since 1: a requester with more outstanding breaks the protocol.
 pub(crate) const MAX_RD_ATOMIC: usize = crate::nic::emu::MAX_WQE_CNT as usize;
 
 /// Largest payload of one packet, bytes (256 KiB: a frame is read into one buffer before it is decoded).
