@@ -711,3 +711,38 @@ fn writes_go_as_bytes_when_either_end_keeps_the_same_host_path_off() {
         drop((smr, dmr));
     }
 }
+
+#[test]
+fn an_mr_the_peer_copies_from_is_deregistered_only_once_the_peer_has_answered() {
+    // The peer may still copy a WRITE sent by mapping until it answers: the source MR's drop waits for that
+    // (the memory may go once it returns), here while the peer's NIC is held.
+    let p = ipc_wire_pair(true, true);
+    let src = GuardedBuf::new(4096, 0);
+    let dst = GuardedBuf::new(4096, 0);
+    let smr = src.register_as(MemKind::Gpu, &p.nic_a, &p.pd_a, Access::NONE);
+    let dmr = dst.register_as(MemKind::Gpu, &p.nic_b, &p.pd_b, Access::ALL);
+    let mut sides = sides(&p);
+    random_writes(&mut sides, &src, &dst, dmr.rkey(), smr.lkey(), 1);
+    stats_when(&p.nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
+    let data = random_bytes(&mut rng(), 4096);
+    src.write(0, &data);
+    p.nic_b.hold_executor(true);
+    let at = sides.0.post(&sides.0.write(SIGNALED, (smr.lkey(), src.addr(), 4096), dst.addr(), dmr.rkey()));
+    stats_when(&p.nic_a, "the WRITE sent by mapping", |s| s.ipc_pieces == 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dropper = std::thread::spawn(move || {
+        drop(smr);
+        tx.send(()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the MR went while the peer had not copied from it yet"
+    );
+    p.nic_b.hold_executor(false);
+    rx.recv_timeout(Duration::from_secs(5)).expect("the MR's drop returns once the peer answered");
+    dropper.join().unwrap();
+    assert_req(&sides.1.wait(), opcode::RDMA_WRITE, sides.0.qpn(), at, 0);
+    assert_eq!(dst.read(), data);
+    assert!(src.guards_intact() && dst.guards_intact());
+    drop(dmr);
+}

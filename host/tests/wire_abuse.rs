@@ -526,6 +526,16 @@ fn protocol_violations_close_the_connection() {
             "IPC answer to no offer",
             Box::new(|_| frame(H { kind: kind::IPC_ANSWER, w3: 1, ..H::default() }, &[7; HANDLE])),
         ),
+        (
+            "an allocation offered twice",
+            Box::new(|_| frame(H { kind: kind::IPC_OFFER, ..H::default() }, &[7; HANDLE]).repeat(2)),
+        ),
+        (
+            "65 allocations offered",
+            Box::new(|_| {
+                (0..65u8).flat_map(|i| frame(H { kind: kind::IPC_OFFER, ..H::default() }, &[i; HANDLE])).collect()
+            }),
+        ),
     ];
     for (name, make) in cases {
         with_responder(name, |s, t| {

@@ -221,7 +221,8 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
     let dp = &mut eng.data;
     match m {
         Inbound::Frame { body, .. } => match packet::decode(&body) {
-            Ok(Packet::IpcOffer { handle }) => requester::on_offer(fab, qp, ws, handle),
+            Ok(Packet::IpcOffer { handle }) => requester::on_offer(fab, qp, ws, dp, handle),
+            Ok(Packet::IpcAnswer { handle, mapped }) => requester::on_ipc_answer(fab, qp, ws, dp, (handle, mapped)),
             Ok(p) if p.is_request() => requester::on_request(fab, qp, ws, dp, p),
             Ok(p) => requester::on_response(fab, qp, ws, dp, p),
             Err(e) => {

@@ -202,16 +202,16 @@ impl MrTable {
         Some(index << 8 | slot.variant as u32)
     }
 
-    /// Removes the MR with `key`; returns whether there was one.
-    pub(crate) fn remove(&mut self, key: u32) -> bool {
+    /// Removes the MR with `key`; returns its entry, if there was one.
+    pub(crate) fn remove(&mut self, key: u32) -> Option<MrEntry> {
         let index = key >> 8;
         match self.slots.get_mut(index as usize) {
-            Some(slot) if index != 0 && slot.variant == key as u8 && slot.entry.is_some() => {
-                slot.entry = None;
+            Some(slot) if index != 0 && slot.variant == key as u8 => {
+                let entry = slot.entry.take()?;
                 self.free.push(index);
-                true
+                Some(entry)
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -275,7 +275,7 @@ mod tests {
         let k1 = t.insert(entry(0x1000, 64)).unwrap();
         assert_eq!(k1 >> 8, 1);
         assert!(t.get(k1).is_some());
-        assert!(t.remove(k1));
+        assert!(t.remove(k1).is_some());
         assert!(t.get(k1).is_none());
         let k2 = t.insert(entry(0x2000, 64)).unwrap();
         assert_eq!(k2 >> 8, 1, "slot reused");
@@ -283,7 +283,7 @@ mod tests {
         assert!(t.get(k1).is_none());
         assert_eq!(t.get(k2).unwrap().loc.addr, 0x2000);
         assert!(t.get(0).is_none() && t.get(0xff).is_none());
-        assert!(!t.remove(k1));
+        assert!(t.remove(k1).is_none());
     }
 
     #[test]

@@ -32,8 +32,14 @@ pub struct SimGpu {
     imports: Mutex<HashSet<[u8; EXPORT_HANDLE_BYTES]>>,
 }
 
-/// First bytes of a simulated export handle; then the process id, the address and the length (little-endian).
+/// First bytes of a simulated export handle; then the process id, the address, the length and a random word
+/// (little-endian).
 const SIM_EXPORT_TAG: &[u8; 16] = b"gdaki-sim-export";
+
+/// The handles [`GpuCopier::export`] made in this process (any simulator's): [`GpuCopier::import`] takes no
+/// other, so a handle a peer made up (its address and length guessed) names nothing; the random word in each
+/// makes them unguessable. Kept for the process's life (exports are few: one per MR in GPU memory).
+static SIM_EXPORTS: Mutex<Option<HashSet<[u8; EXPORT_HANDLE_BYTES]>>> = Mutex::new(None);
 
 #[derive(Default)]
 struct Inner {
@@ -394,17 +400,20 @@ impl GpuCopier for SimGpu {
         handle[16..20].copy_from_slice(&std::process::id().to_le_bytes());
         handle[24..32].copy_from_slice(&addr.to_le_bytes());
         handle[32..40].copy_from_slice(&len.to_le_bytes());
+        // No random source: no export (WRITEs stay on TCP).
+        getrandom::fill(&mut handle[40..48]).ok()?;
+        lock(&SIM_EXPORTS).get_or_insert_with(HashSet::new).insert(handle);
         Some(PeerExport { handle, offset: 0 })
     }
 
-    /// Accepts a handle of [`GpuCopier::export`] made in this process; refuses others as the CUDA driver
-    /// refuses a handle of another host (another process's host memory is not reachable from here).
+    /// Accepts a handle [`GpuCopier::export`] made in this process; refuses others, as the CUDA driver refuses
+    /// a handle of another host (another process's host memory is not reachable from here, whatever its
+    /// process id).
     fn import(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Result<PeerMapping> {
         let word = |at: usize| u64::from_le_bytes(handle[at..at + 8].try_into().expect("8 bytes"));
-        let pid = u32::from_le_bytes(handle[16..20].try_into().expect("4 bytes"));
-        if &handle[..16] != SIM_EXPORT_TAG || pid != std::process::id() {
+        if !lock(&SIM_EXPORTS).as_ref().is_some_and(|e| e.contains(handle)) {
             return Err(crate::Error::Unavailable(
-                "simulated GPU: an export handle of another process (simulated GPU memory is this process's)".into(),
+                "simulated GPU: not a handle this process exported (simulated GPU memory is the process's own)".into(),
             ));
         }
         lock(&self.imports).insert(*handle);
@@ -420,5 +429,26 @@ impl GpuCopier for SimGpu {
         let buf = HostQueueMemory.alloc(len)?;
         let addr = buf.host_ptr() as u64;
         Ok(GpuMem::new(addr, len, Box::new(SimAlloc { buf: Some(buf), inner: self.inner.clone() })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handle is mapped only if this process exported it: one made up from a guessed address and length
+    /// (even with the right tag and process id) is refused.
+    #[test]
+    fn imports_only_what_this_process_exported() {
+        let sim = SimGpu::new().unwrap();
+        let buf = [0u8; 64];
+        let x = sim.export(buf.as_ptr() as u64, 64).unwrap();
+        assert_eq!(sim.imported(&x.handle), None, "not imported yet");
+        assert_eq!(sim.import(&x.handle).unwrap(), PeerMapping { base: buf.as_ptr() as u64, len: 64 });
+        assert_eq!(sim.imported(&x.handle), Some(PeerMapping { base: buf.as_ptr() as u64, len: 64 }));
+        let mut forged = x.handle;
+        forged[40] ^= 1;
+        assert!(sim.import(&forged).is_err());
+        assert_eq!(sim.imported(&forged), None);
     }
 }

@@ -73,7 +73,7 @@ pub struct Stats {
     pub ipc_pieces: u64,
     /// Bytes of [`Stats::ipc_pieces`].
     pub ipc_bytes: u64,
-    /// Peer allocations this NIC mapped for that path (offers it accepted).
+    /// Offers of peers' allocations for that path that this NIC answered as mapped (one per offering QP).
     pub ipc_mapped: u64,
     /// Passes the NIC's thread has made through its loop (inbound messages, then every QP's doorbells and
     /// wire state): a count that stops growing while work waits says the thread is stuck, and

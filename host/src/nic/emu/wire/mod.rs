@@ -1,4 +1,6 @@
-//! The wire: RC transport between emulated NICs in different processes or hosts, over TCP.
+//! The wire: RC transport between emulated NICs in different processes or hosts, over TCP; between processes
+//! of one host, a WRITE from GPU memory may leave its bytes behind and have the responder copy them out of a
+//! mapping of the requester's allocation ([`WireConfig::gpu_ipc`]).
 //!
 //! Two connected QPs on different [`EmuNic`](super::EmuNic)s share one TCP connection (a [`Link`]); the QP with
 //! the smaller `(nic, qpn)` dials the other NIC's listener ([`acceptor`]), says hello, and both ends then carry requests
@@ -17,7 +19,8 @@
 //! Memory stays bounded whatever a peer sends: the reader threads queue at most
 //! [`WireConfig::inbound_bytes`] for the executor and otherwise leave the bytes in the socket (TCP
 //! backpressure); each QP's outbox holds about [`requester::OUTBOX_HIGH`] bytes at most, and its responder at
-//! most [`packet::MAX_RD_ATOMIC`] unanswered READs and atomics. [`link`] explains why none of these waits can
+//! most [`packet::MAX_RD_ATOMIC`] unanswered READs and atomics, and takes at most
+//! [`responder::MAX_OFFERS`] allocations offered for mapping. [`link`] explains why none of these waits can
 //! deadlock.
 
 pub(crate) mod acceptor;

@@ -19,6 +19,7 @@
 //! (0x15), as one that does not answer.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,8 +51,9 @@ const PASS_BUDGET: usize = 4 * OUTBOX_HIGH;
 /// Where an outstanding WQE stands.
 #[derive(Debug)]
 enum State {
-    /// Sent; waits for an ACK (WRITE) or its response.
-    Sent,
+    /// Sent; waits for an ACK (WRITE) or its response. `ipc`: a WRITE sent as pieces the peer copies out of
+    /// this process's GPU memory (counted in [`Link::ipc_unanswered`] while it waits).
+    Sent { ipc: bool },
     /// RDMA READ sent; the response lands in `sges`, `got` of `total` bytes so far.
     Read { sges: Vec<Sge>, got: u64, total: u64 },
     /// Atomic sent; the old value lands in `sge`.
@@ -101,11 +103,13 @@ struct Cursor {
     in_sge: u64,
 }
 
-/// How many outstanding WQEs wait for a READ response or an atomic response.
-#[derive(Debug, Default)]
+/// How many outstanding WQEs wait for a READ response or an atomic response, and (in the link, which MR
+/// deregistration reads) how many WRITEs sent by mapping wait for their ACK.
+#[derive(Debug)]
 struct Outstanding {
     reads: usize,
     atomics: usize,
+    link: Arc<Link>,
 }
 
 impl Outstanding {
@@ -113,6 +117,13 @@ impl Outstanding {
         let n = match s {
             State::Read { .. } => &mut self.reads,
             State::Atomic { .. } => &mut self.atomics,
+            // Counted up by `put_ipc_pieces`, under the MR table's lock (see there).
+            State::Sent { ipc: true } => {
+                if !up {
+                    self.link.ipc_unanswered.fetch_sub(1, Ordering::Release);
+                }
+                return;
+            }
             _ => return,
         };
         if up {
@@ -176,12 +187,13 @@ impl WireSq {
     /// (the QP's `next_rcv_psn`).
     pub(crate) fn new(link: Arc<Link>) -> Self {
         let rq_psn = link.remote.psn;
+        let out = Outstanding { reads: 0, atomics: 0, link: Arc::clone(&link) };
         Self {
             link,
             next_psn: 0,
             sending: false,
             pending: VecDeque::new(),
-            out: Outstanding::default(),
+            out,
             outbox: Vec::new(),
             sent: 0,
             stuck_since: None,
@@ -314,8 +326,18 @@ impl WireSq {
     }
 }
 
+impl Drop for WireSq {
+    /// A QP destroyed with WRITEs by mapping unanswered: they no longer hold up MR deregistration (the peer,
+    /// which may still copy them, is told the connection ended).
+    fn drop(&mut self) {
+        for q in self.pending.drain(..) {
+            self.out.count(&q.state, false);
+        }
+    }
+}
+
 fn is_waiting(s: &State) -> bool {
-    matches!(s, State::Sent | State::Read { .. } | State::Atomic { .. })
+    matches!(s, State::Sent { .. } | State::Read { .. } | State::Atomic { .. })
 }
 
 /// Consumes WQE `idx` (header `h`, body `op`) of `qp`: sends its request, or records it as done or failed.
@@ -420,7 +442,7 @@ fn send_request(
                     {
                         ws.scratch = ranges;
                         ws.next_psn = (psn + 1) & PSN_MASK;
-                        return Ok((psn, State::Sent));
+                        return Ok((psn, State::Sent { ipc: true }));
                     }
                     let mut at = Cursor::default();
                     let put = put_write_packets(ws, dp, msg, &mut at, |i| Ok(ranges[i]));
@@ -437,7 +459,7 @@ fn send_request(
                     }
                 }
             }
-            State::Sent
+            State::Sent { ipc: false }
         }
         Op::Read { remote, sges } => {
             let total = sges.total();
@@ -492,10 +514,13 @@ fn put_ipc_pieces(
         return Ok(false);
     }
     dp.fence()?;
+    // Counted before the MR table's read lock goes: a deregistration (which takes the write lock) then sees
+    // this WRITE as unanswered, and waits for its answer before the memory may go (`EmuNic::dereg_mr`).
+    ws.link.ipc_unanswered.fetch_add(1, Ordering::Release);
     let mut offset = 0;
     for s in list.iter().filter(|s| s.len > 0) {
-        // Resolved and exported just above, under the same read lock.
-        let Some((e, Some(x))) = mrs.get(s.lkey).map(|e| (e, e.export)) else { return Ok(false) };
+        // Resolved and exported just above, under the same read lock: present.
+        let Some((e, Some(x))) = mrs.get(s.lkey).map(|e| (e, e.export)) else { continue };
         let last = offset + s.len == msg.total;
         let piece = Packet::WriteIpc {
             psn: msg.psn,
@@ -534,7 +559,18 @@ fn on_answer(ws: &mut WireSq, handle: &[u8; EXPORT_HANDLE_BYTES], mapped: bool) 
 /// same-host path, its copier maps the allocation on a thread of its own (the driver call may wait for
 /// running kernels: the executor must not), which posts [`Inbound::Mapped`] for [`answer_offer`]; else the
 /// answer is no at once.
-pub(crate) fn on_offer(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, handle: &[u8; EXPORT_HANDLE_BYTES]) {
+pub(crate) fn on_offer(
+    fab: &Fabric,
+    qp: &QpInner,
+    ws: &mut WireSq,
+    dp: &mut DataPath,
+    handle: &[u8; EXPORT_HANDLE_BYTES],
+) {
+    if let Err(reason) = ws.resp.offer(handle) {
+        ws.link.close();
+        let reason = format!("{} broke the protocol: {reason}", peer_name(&ws.link));
+        return link_down(fab, qp, ws, dp, reason);
+    }
     let gpu = fab.gpu.clone().filter(|_| fab.wire.is_some_and(|w| w.gpu_ipc));
     let (Some(gpu), Some(mb)) = (gpu, fab.mailbox.get().cloned()) else {
         return answer_offer(ws, handle, false);
@@ -562,9 +598,27 @@ pub(crate) fn on_offer(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, handle: &[u8
     }
 }
 
-/// Answers the peer's offer of `handle` ([`Packet::IpcAnswer`]).
+/// Answers the peer's offer of `handle` ([`Packet::IpcAnswer`]); pieces of it are taken from now on if
+/// `mapped`.
 pub(crate) fn answer_offer(ws: &mut WireSq, handle: &[u8; EXPORT_HANDLE_BYTES], mapped: bool) {
+    ws.resp.answered(handle, mapped);
     packet::encode(&Packet::IpcAnswer { handle, mapped }, &mut ws.outbox);
+}
+
+/// The peer's answer to an offer of this QP ([`on_answer`]); an answer to nothing offered takes the link down.
+/// Not progress towards any outstanding request, so the retry timeout runs on.
+pub(crate) fn on_ipc_answer(
+    fab: &Fabric,
+    qp: &QpInner,
+    ws: &mut WireSq,
+    dp: &mut DataPath,
+    (handle, mapped): (&[u8; EXPORT_HANDLE_BYTES], bool),
+) {
+    if let Err(why) = on_answer(ws, handle, mapped) {
+        ws.link.close();
+        let reason = format!("peer QP {:#x} broke the protocol: {why}", ws.link.remote.qpn);
+        link_down(fab, qp, ws, dp, reason);
+    }
 }
 
 /// Puts packets of the WRITE `msg` into the outbox from `at` on while it has room, or until its last packet
@@ -684,7 +738,7 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
                 if psn.wrapping_sub(s) & PSN_MASK > PSN_MASK / 2 {
                     break;
                 }
-                if matches!(q.state, State::Sent) {
+                if matches!(q.state, State::Sent { .. }) {
                     set_state(&mut ws.out, q, State::Done { byte_cnt: 0 });
                     hit = true;
                 }
@@ -735,7 +789,6 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
             set_state(&mut ws.out, q, state);
             Ok(())
         }
-        Packet::IpcAnswer { handle, mapped } => on_answer(ws, handle, mapped),
         _ => Err("a request or hello where a response was due"),
     }
 }

@@ -17,10 +17,10 @@
 //! atomics outstanding breaks the protocol (the link goes down). An honest requester sends a WRITE or atomic
 //! only once its earlier READs are answered, so a READ never sees a later request's data.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
-use crate::mem::{MemKind, MemLoc};
+use crate::mem::{MemKind, MemLoc, EXPORT_HANDLE_BYTES};
 use crate::nic::emu::access::{DataPath, Old};
 use crate::nic::emu::completion::push_resp_imm;
 use crate::nic::emu::exec::{self, at};
@@ -44,7 +44,14 @@ pub(crate) struct RespState {
     ack_due: Option<u32>,
     /// Answers not in the outbox yet, in PSN order.
     queue: VecDeque<Answer>,
+    /// The allocations the peer offered for the same-host path, by handle: `None` while this NIC maps one,
+    /// then whether it did ([`RespState::offer`]). Pieces may name only those mapped.
+    offers: HashMap<[u8; EXPORT_HANDLE_BYTES], Option<bool>>,
 }
+
+/// Most allocations one peer QP may offer: a peer offers each allocation its WRITEs read from once, so more
+/// means a broken or hostile peer (each offer costs this NIC a thread while it maps).
+pub(crate) const MAX_OFFERS: usize = 64;
 
 /// An answer the responder owes, until its packets are in the outbox.
 #[derive(Debug)]
@@ -59,7 +66,31 @@ enum Answer {
 
 impl RespState {
     pub(crate) fn new(rq_psn: u32) -> Self {
-        Self { expected: rq_psn & PSN_MASK, broken: false, ack_due: None, queue: VecDeque::new() }
+        Self {
+            expected: rq_psn & PSN_MASK,
+            broken: false,
+            ack_due: None,
+            queue: VecDeque::new(),
+            offers: HashMap::new(),
+        }
+    }
+
+    /// Records the peer's offer of `handle`, to be mapped. `Err` (the link goes down) for an allocation it
+    /// offered before, or one more than [`MAX_OFFERS`].
+    pub(crate) fn offer(&mut self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Result<(), String> {
+        if self.offers.contains_key(handle) {
+            return Err("an allocation offered twice".into());
+        }
+        if self.offers.len() >= MAX_OFFERS {
+            return Err(format!("more than {MAX_OFFERS} allocations offered"));
+        }
+        self.offers.insert(*handle, None);
+        Ok(())
+    }
+
+    /// The offer of `handle` was answered: mapped or not.
+    pub(crate) fn answered(&mut self, handle: &[u8; EXPORT_HANDLE_BYTES], mapped: bool) {
+        self.offers.insert(*handle, Some(mapped));
     }
 
     /// Makes what the owed answers report true before any of them is encoded: waits once
@@ -189,9 +220,13 @@ pub(crate) fn on_request(
     // A piece of memory this NIC did not map for the peer, or past the mapping's end: only a broken or
     // hostile peer sends it (an honest one waits for the answer to its offer).
     if let Packet::WriteIpc { handle, src, len, .. } = p {
-        let inside = dp.imported(handle).is_some_and(|m| src.checked_add(len).is_some_and(|end| end <= m.len));
+        let offered = resp.offers.get(handle) == Some(&Some(true));
+        let inside =
+            offered && dp.imported(handle).is_some_and(|m| src.checked_add(len).is_some_and(|end| end <= m.len));
         if !inside {
-            return Err(format!("a WRITE piece from GPU memory not mapped here ({len} bytes at offset {src:#x})"));
+            return Err(format!(
+                "a WRITE piece from GPU memory it did not offer or this NIC did not map ({len} bytes at offset {src:#x})"
+            ));
         }
     }
     match execute(fab, qp, resp, dp, p) {
@@ -295,6 +330,12 @@ fn execute(fab: &Fabric, qp: &QpInner, resp: &mut RespState, dp: &mut DataPath, 
             // MR read lock is held while the copy is enqueued and the MR's drop synchronizes the copier. The
             // source lies inside a mapping this NIC's copier holds until it is dropped (`on_request`).
             unsafe { dp.copy(at(dst, offset), MemLoc { kind: MemKind::Gpu, addr: base + src }, len) }?;
+            // Into host memory the copier may land the bytes only at its next synchronize (its engine's small
+            // copies go through a bounce buffer), after which an immediate's CQE or a later atomic could
+            // already be visible: wait for them here.
+            if dst.kind == MemKind::Host {
+                dp.fence()?;
+            }
             return finish_write(fab, qp, resp, dp, (psn, total, imm, last));
         }
         Packet::Read { psn, rkey, raddr, len } => {
