@@ -307,23 +307,24 @@ pub(crate) fn decode(b: &[u8]) -> Result<Packet<'_>, DecodeError> {
     Ok(p)
 }
 
+/// The header of a WRITE's packet or piece (`kind`): PSN, rkey and remote address, then the message's length,
+/// this part's offset in it, the immediate and whether the part is the message's last.
+fn write_header(
+    kind: u8,
+    (psn, rkey, raddr): (u32, u32, u64),
+    (total, offset, imm, last): (u64, u64, Option<u32>, bool),
+) -> Header {
+    let flags = if last { FLAG_LAST } else { 0 } | if imm.is_some() { FLAG_IMM } else { 0 };
+    Header { kind, flags, w1: psn, w2: rkey, w3: imm.unwrap_or(0), q2: raddr, q3: total, q4: offset }
+}
+
 /// Appends `p` to `out` as one frame (length prefix included).
 pub(crate) fn encode(p: &Packet<'_>, out: &mut Vec<u8>) {
     let mut h = Header::default();
     let mut ipc = [0u8; WRITE_IPC_PAYLOAD];
     let data: &[u8] = match *p {
         Packet::WriteIpc { psn, rkey, raddr, total, offset, imm, last, handle, src, len } => {
-            h = Header {
-                kind: kind::WRITE_IPC,
-                w1: psn,
-                w2: rkey,
-                w3: imm.unwrap_or(0),
-                q2: raddr,
-                q3: total,
-                q4: offset,
-                ..h
-            };
-            h.flags = if last { FLAG_LAST } else { 0 } | if imm.is_some() { FLAG_IMM } else { 0 };
+            h = write_header(kind::WRITE_IPC, (psn, rkey, raddr), (total, offset, imm, last));
             ipc[..EXPORT_HANDLE_BYTES].copy_from_slice(handle);
             ipc[EXPORT_HANDLE_BYTES..EXPORT_HANDLE_BYTES + 8].copy_from_slice(&src.to_le_bytes());
             ipc[EXPORT_HANDLE_BYTES + 8..].copy_from_slice(&len.to_le_bytes());
@@ -338,17 +339,7 @@ pub(crate) fn encode(p: &Packet<'_>, out: &mut Vec<u8>) {
             handle
         }
         Packet::Write { psn, rkey, raddr, total, offset, imm, last, data } => {
-            h = Header {
-                kind: kind::WRITE,
-                w1: psn,
-                w2: rkey,
-                w3: imm.unwrap_or(0),
-                q2: raddr,
-                q3: total,
-                q4: offset,
-                ..h
-            };
-            h.flags = if last { FLAG_LAST } else { 0 } | if imm.is_some() { FLAG_IMM } else { 0 };
+            h = write_header(kind::WRITE, (psn, rkey, raddr), (total, offset, imm, last));
             data
         }
         Packet::Read { psn, rkey, raddr, len } => {
