@@ -609,18 +609,26 @@ fn an_older_doorbell_landing_late_keeps_the_wqes_waiting_for_the_wire() {
 /// A wire pair whose NICs reach "GPU memory" through simulated copiers, with the same-host path on or off at
 /// each end (`WireConfig::gpu_ipc`).
 fn ipc_wire_pair(a: bool, b: bool) -> WirePair {
-    let cfg = |on: bool| {
-        let mut c = EmuConfig::host_or_env().unwrap().with_wire(WireConfig {
-            retry_timeout: Duration::from_secs(10),
-            gpu_ipc: on,
-            ..WireConfig::loopback()
-        });
-        if c.gpu.is_none() {
-            c.gpu = Some(Arc::new(SimGpu::new().unwrap()));
-        }
-        c
-    };
-    WirePair::with(cfg(a), cfg(b))
+    ipc_wire_pair_with(a, b, Duration::from_secs(10))
+}
+
+/// [`ipc_wire_pair`] with retry timeout `retry`.
+fn ipc_wire_pair_with(a: bool, b: bool, retry: Duration) -> WirePair {
+    WirePair::with(ipc_config(a, retry), ipc_config(b, retry))
+}
+
+/// A wired NIC's configuration with a (simulated, unless `GDAKI_QUEUES=gpu` gave one) GPU copier and the
+/// same-host path `on` or off.
+fn ipc_config(on: bool, retry: Duration) -> EmuConfig {
+    let mut c = EmuConfig::host_or_env().unwrap().with_wire(WireConfig {
+        retry_timeout: retry,
+        gpu_ipc: on,
+        ..WireConfig::loopback()
+    });
+    if c.gpu.is_none() {
+        c.gpu = Some(Arc::new(SimGpu::new().unwrap()));
+    }
+    c
 }
 
 /// Device code's side of a wire pair: QP a's SQ and CQ, QP b's CQ.
@@ -745,4 +753,85 @@ fn an_mr_the_peer_copies_from_is_deregistered_only_once_the_peer_has_answered() 
     assert_eq!(dst.read(), data);
     assert!(src.guards_intact() && dst.guards_intact());
     drop(dmr);
+}
+
+#[test]
+fn a_write_by_mapping_flushed_or_abandoned_unanswered_holds_its_mr_for_a_retry_timeout() {
+    // The requester's QP fails (2ERR) or is destroyed while the peer, held, has not run a WRITE by mapping it
+    // already took: the peer may still copy it, so the source MR's drop waits a retry timeout before the
+    // memory may go, and what the peer copies is the source as it was.
+    const RETRY: Duration = Duration::from_millis(600);
+    for destroy in [false, true] {
+        let p = ipc_wire_pair_with(true, true, RETRY);
+        let WirePair { a, b, cq_a, cq_b, pd_a, pd_b, nic_a, nic_b } = p;
+        let src = GuardedBuf::new(4096, 0x11);
+        let dst = GuardedBuf::new(4096, 0);
+        let smr = src.register_as(MemKind::Gpu, &nic_a, &pd_a, Access::NONE);
+        let dmr = dst.register_as(MemKind::Gpu, &nic_b, &pd_b, Access::ALL);
+        let (mut sq, mut cq) = (Sq::new(&a), CqPoll::new(&cq_a));
+        let at = sq.post(&sq.write(SIGNALED, (smr.lkey(), src.addr(), 64), dst.addr(), dmr.rkey()));
+        assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+        stats_when(&nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
+        // The answer to the offer is in: the next WRITE goes by mapping.
+        std::thread::sleep(Duration::from_millis(50));
+        nic_b.hold_executor(true);
+        let w = sq.post(&sq.write(SIGNALED, (smr.lkey(), src.addr(), 4096), dst.addr(), dmr.rkey()));
+        stats_when(&nic_a, "the WRITE sent by mapping", |s| s.ipc_pieces == 1);
+        // Let the frame reach the peer's inbound queue.
+        std::thread::sleep(Duration::from_millis(50));
+        if destroy {
+            drop(a);
+        } else {
+            use gdaki::nic::devx::{self, EmuObj};
+            devx::to_err(&*nic_a, &EmuObj::Qp(a.qpn()), a.qpn()).unwrap();
+            let n = sq.post(&sq.nop(SIGNALED));
+            assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::RDMA_WRITE, sq.qpn(), w);
+            assert_err(&cq.wait(), syndrome::WR_FLUSH_ERR, opcode::NOP, sq.qpn(), n);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = Instant::now();
+        let dropper = std::thread::spawn(move || {
+            drop(smr);
+            tx.send(()).unwrap();
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "destroy {destroy}: the MR went at once");
+        nic_b.hold_executor(false);
+        rx.recv_timeout(RETRY * 4).expect("the MR's drop returns within its bound");
+        dropper.join().unwrap();
+        assert!(t.elapsed() >= RETRY / 2, "destroy {destroy}: waited {:?}", t.elapsed());
+        // The memory is the application's again.
+        src.fill(0xee);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(dst.read().iter().all(|&b| b == 0x11), "destroy {destroy}: the peer copied the source as it was");
+        drop((dmr, b, cq_b, cq_a));
+    }
+}
+
+#[test]
+fn writes_from_more_allocations_than_a_peer_maps_go_as_bytes_and_the_link_stays_up() {
+    // A requester offers a peer at most 64 allocations per QP (the peer refuses more), and none after one it
+    // declined: WRITEs from 70 GPU MRs, each its own allocation, to a peer that maps, that keeps the path off,
+    // and that has no GPU copier (as a peer on another host).
+    let peers = [
+        ipc_config(true, Duration::from_secs(10)),
+        ipc_config(false, Duration::from_secs(10)),
+        wired(Duration::from_secs(10)),
+    ];
+    for (k, b) in peers.into_iter().enumerate() {
+        let p = WirePair::with(ipc_config(true, Duration::from_secs(10)), b);
+        let dst = GuardedBuf::new(256, 0);
+        let dmr = dst.register(&p.nic_b, &p.pd_b, Access::ALL);
+        let (mut sq, mut cq) = (Sq::new(&p.a), CqPoll::new(&p.cq_a));
+        let bufs: Vec<GuardedBuf> = (0..70).map(|i| GuardedBuf::new(256, i as u8)).collect();
+        for (i, buf) in bufs.iter().enumerate() {
+            let mr = buf.register_as(MemKind::Gpu, &p.nic_a, &p.pd_a, Access::NONE);
+            let at = sq.post(&sq.write(SIGNALED, (mr.lkey(), buf.addr(), 256), dst.addr(), dmr.rkey()));
+            let c = cq.wait();
+            assert_eq!(c.opcode(), opcode::cqe::REQ, "peer #{k}, WRITE from MR #{i}: {:?}", p.a.wire_error());
+            assert_req(&c, opcode::RDMA_WRITE, sq.qpn(), at, 0);
+            assert_eq!(dst.read(), [i as u8; 256], "peer #{k}, WRITE from MR #{i}");
+            drop(mr);
+        }
+        drop(dmr);
+    }
 }

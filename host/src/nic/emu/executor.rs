@@ -237,12 +237,7 @@ fn deliver(fab: &Fabric, list: &mut List, eng: &mut Engine, m: Inbound) {
             }
         },
         Inbound::Down { reason, .. } => requester::link_down(fab, qp, ws, dp, reason),
-        Inbound::Mapped { handle, mapped, .. } => {
-            if mapped {
-                bump(&fab.stats.ipc_mapped);
-            }
-            requester::answer_offer(ws, &handle, mapped);
-        }
+        Inbound::Mapped { handle, mapped, .. } => requester::answer_offer(fab, ws, &handle, mapped),
     }
 }
 
@@ -271,6 +266,6 @@ fn refresh(fab: &Fabric, qps: &mut Vec<Watched>, data: &mut DataPath) {
     qps.sort_unstable_by_key(|w| w.qp.qpn);
     let timeout = fab.retry_timeout();
     for ws in old.into_values().filter_map(|w| w.wire) {
-        requester::farewell(ws, data, timeout);
+        requester::farewell(fab, ws, data, timeout);
     }
 }

@@ -19,6 +19,7 @@ use super::mr::MrTable;
 use super::qp::QpInner;
 use super::stats::Counters;
 use super::wire::link::Mailbox;
+use super::wire::requester::IpcRefs;
 use super::wire::WireConfig;
 
 /// Shared state of one emulated NIC.
@@ -70,6 +71,9 @@ pub(crate) struct Fabric {
     /// Set by [`EmuNic::fail_next_dialer`](super::EmuNic::fail_next_dialer) (tests), cleared by the INIT2RTR
     /// it fails.
     pub fail_dialer: AtomicBool,
+    /// By MR key: WRITEs sent as pieces a peer process copies out of the MR's GPU memory (the wire's
+    /// same-host path), for the MR's deregistration to wait for ([`IpcRefs`]).
+    pub ipc_refs: Mutex<HashMap<u32, IpcRefs>>,
     /// Cleared when the executor thread exits (normally or by a panic).
     pub running: AtomicBool,
     /// Zero of CQE timestamps: the emulator writes nanoseconds since the NIC was opened.
@@ -121,6 +125,7 @@ impl Fabric {
             held: AtomicBool::new(false),
             holding: AtomicBool::new(false),
             fail_dialer: AtomicBool::new(false),
+            ipc_refs: Mutex::default(),
             running: AtomicBool::new(true),
             epoch: Instant::now(),
         }

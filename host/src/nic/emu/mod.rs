@@ -488,13 +488,11 @@ impl EmuNic {
 
     /// Removes MR `key`: after this returns, no WQE can touch its memory (the write lock waits for a WQE that
     /// is using it, and the copier is synchronized for copies it enqueued). For an MR a peer process may copy
-    /// from (the wire's same-host path), also waits until every WRITE sent that way is answered (by any QP
-    /// of this NIC: the peer has copied it then), at most the retry timeout and 100 ms, which only a peer that
-    /// stopped answering reaches (a warning says so).
+    /// from (the wire's same-host path), also waits until it no longer can ([`EmuNic::wait_ipc_answers`]).
     pub(crate) fn dereg_mr(&self, key: u32) {
         let removed = write(&self.fab.mrs).remove(key);
         if removed.is_some_and(|e| e.export.is_some()) {
-            self.wait_ipc_answers();
+            self.wait_ipc_answers(key);
         }
         if removed.is_some() {
             if let Some(g) = &self.fab.gpu {
@@ -505,21 +503,29 @@ impl EmuNic {
         }
     }
 
-    /// Waits until no QP of this NIC has a WRITE sent by mapping unanswered ([`EmuNic::dereg_mr`]).
-    fn wait_ipc_answers(&self) {
+    /// Waits until a peer process can no longer copy out of MR `key` ([`IpcRefs`]): every WRITE sent from
+    /// it by mapping answered, and a retry timeout past any that will never be answered; at most the retry
+    /// timeout and 100 ms in all, which only a peer that stopped answering reaches (a warning says so).
+    ///
+    /// [`IpcRefs`]: wire::requester::IpcRefs
+    fn wait_ipc_answers(&self, key: u32) {
         let bound = self.fab.retry_timeout() + std::time::Duration::from_millis(100);
         let t = std::time::Instant::now();
-        let unanswered = || {
-            guard::read(&self.fab.qps)
-                .values()
-                .any(|q| q.link.get().is_some_and(|l| l.ipc_unanswered.load(Ordering::Acquire) > 0))
-        };
-        while unanswered() {
+        loop {
+            let busy = match lock(&self.fab.ipc_refs).get(&key) {
+                None => false,
+                Some(r) => r.unanswered > 0 || r.quiet_after.is_some_and(|q| q > std::time::Instant::now()),
+            };
+            if !busy {
+                lock(&self.fab.ipc_refs).remove(&key);
+                return;
+            }
             if t.elapsed() > bound {
                 tracing::warn!(
                     "emulated NIC: an MR in GPU memory was deregistered while a peer process had not answered WRITEs \
-                     it copies from this process's GPU memory within {bound:?}: it may still read that memory"
+                     it copies from that memory within {bound:?}: it may still read it"
                 );
+                lock(&self.fab.ipc_refs).remove(&key);
                 return;
             }
             std::thread::sleep(std::time::Duration::from_micros(50));

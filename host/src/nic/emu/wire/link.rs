@@ -96,12 +96,6 @@ pub(crate) struct Link {
     /// the hello's exchange, or the peer's "not connected back yet"): the timeout of a link that never came up
     /// names it.
     last_try: Mutex<Option<String>>,
-    /// WRITEs this QP sent as pieces its peer copies out of this process's GPU memory
-    /// ([`super::requester`]'s same-host path) that are not answered yet: the peer may still read their
-    /// source, so an MR's deregistration waits for none to be left ([`EmuNic::dereg_mr`]).
-    ///
-    /// [`EmuNic::dereg_mr`]: crate::nic::emu::EmuNic
-    pub ipc_unanswered: AtomicU64,
 }
 
 impl Link {
@@ -114,7 +108,6 @@ impl Link {
             closed: AtomicBool::new(false),
             error: Mutex::new(None),
             last_try: Mutex::new(None),
-            ipc_unanswered: AtomicU64::new(0),
         }
     }
 

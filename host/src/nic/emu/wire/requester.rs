@@ -19,7 +19,6 @@
 //! (0x15), as one that does not answer.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,14 +30,14 @@ use crate::nic::emu::completion::{complete, fail};
 use crate::nic::emu::exec::{self, at as at_loc};
 use crate::nic::emu::fabric::Fabric;
 use crate::nic::emu::fault::Fault;
-use crate::nic::emu::guard::read;
+use crate::nic::emu::guard::{lock, read};
 use crate::nic::emu::mr::MrTable;
 use crate::nic::emu::qp::{QpInner, QpState};
 use crate::nic::emu::stats::bump;
 use crate::nic::emu::wire::link::Inbound;
 use crate::nic::emu::wqe::{Header, Op, Payload, Sge, SgeList};
 
-use super::responder::{self, RespState};
+use super::responder::{self, RespState, MAX_OFFERS};
 
 /// Unsent outbox bytes at which a QP stops producing frames until the socket has taken some: its outbox holds
 /// at most this plus one frame (and a few small responses).
@@ -51,9 +50,8 @@ const PASS_BUDGET: usize = 4 * OUTBOX_HIGH;
 /// Where an outstanding WQE stands.
 #[derive(Debug)]
 enum State {
-    /// Sent; waits for an ACK (WRITE) or its response. `ipc`: a WRITE sent as pieces the peer copies out of
-    /// this process's GPU memory (counted in [`Link::ipc_unanswered`] while it waits).
-    Sent { ipc: bool },
+    /// Sent; waits for an ACK (WRITE) or its response.
+    Sent,
     /// RDMA READ sent; the response lands in `sges`, `got` of `total` bytes so far.
     Read { sges: Vec<Sge>, got: u64, total: u64 },
     /// Atomic sent; the old value lands in `sge`.
@@ -73,6 +71,9 @@ struct Pending {
     /// PSN of the request, when one was sent.
     psn: Option<u32>,
     state: State,
+    /// For a WRITE sent by mapping, until answered: the keys of the MRs the peer copies from
+    /// ([`release_ipc`]).
+    ipc_keys: Vec<u32>,
 }
 
 /// A WRITE whose packets are not all in the outbox yet: the rest follow as the outbox has room. Its local
@@ -103,13 +104,43 @@ struct Cursor {
     in_sge: u64,
 }
 
-/// How many outstanding WQEs wait for a READ response or an atomic response, and (in the link, which MR
-/// deregistration reads) how many WRITEs sent by mapping wait for their ACK.
-#[derive(Debug)]
+/// How many outstanding WQEs wait for a READ response or an atomic response.
+#[derive(Debug, Default)]
 struct Outstanding {
     reads: usize,
     atomics: usize,
-    link: Arc<Link>,
+}
+
+/// What a peer process may still copy out of one MR's GPU memory (see [`Fabric::ipc_refs`]): WRITEs sent
+/// by mapping and not answered, and, after WRITEs that will never be answered (their QP failed, was destroyed
+/// or lost its link) but that the peer may still run from frames it took, the moment until which that may
+/// happen (a retry timeout later). The MR's deregistration waits for both ([`EmuNic::dereg_mr`]).
+///
+/// [`EmuNic::dereg_mr`]: crate::nic::emu::EmuNic
+#[derive(Debug, Default)]
+pub(crate) struct IpcRefs {
+    pub unanswered: u32,
+    pub quiet_after: Option<Instant>,
+}
+
+/// Takes the MR keys of `q`'s WRITE by mapping, if it is one, out of [`Fabric::ipc_refs`]: `answered`, the
+/// peer has copied it (ACK) or refused it (NAK); else it never will answer, and may still copy it for up to
+/// a retry timeout.
+fn release_ipc(fab: &Fabric, q: &mut Pending, answered: bool) {
+    if q.ipc_keys.is_empty() {
+        return;
+    }
+    let mut refs = lock(&fab.ipc_refs);
+    for key in q.ipc_keys.drain(..) {
+        let Some(r) = refs.get_mut(&key) else { continue };
+        r.unanswered -= 1;
+        if !answered {
+            r.quiet_after = Some(Instant::now() + fab.retry_timeout());
+        }
+        if r.unanswered == 0 && r.quiet_after.is_none_or(|t| t <= Instant::now()) {
+            refs.remove(&key);
+        }
+    }
 }
 
 impl Outstanding {
@@ -117,13 +148,6 @@ impl Outstanding {
         let n = match s {
             State::Read { .. } => &mut self.reads,
             State::Atomic { .. } => &mut self.atomics,
-            // Counted up by `put_ipc_pieces`, under the MR table's lock (see there).
-            State::Sent { ipc: true } => {
-                if !up {
-                    self.link.ipc_unanswered.fetch_sub(1, Ordering::Release);
-                }
-                return;
-            }
             _ => return,
         };
         if up {
@@ -176,6 +200,9 @@ pub(crate) struct WireSq {
     gather: Vec<u8>,
     /// The responder side.
     resp: RespState,
+    /// The MR keys of the WRITE by mapping `send_request` just sent (empty for any other request), for its
+    /// WQE's record ([`Pending::ipc_keys`]).
+    ipc_keys: Vec<u32>,
     /// Allocations this requester offered its peer for the same-host path
     /// ([`WireConfig::gpu_ipc`](super::WireConfig::gpu_ipc)), by handle: `None` until the peer answers, then
     /// whether it mapped them.
@@ -187,13 +214,12 @@ impl WireSq {
     /// (the QP's `next_rcv_psn`).
     pub(crate) fn new(link: Arc<Link>) -> Self {
         let rq_psn = link.remote.psn;
-        let out = Outstanding { reads: 0, atomics: 0, link: Arc::clone(&link) };
         Self {
             link,
             next_psn: 0,
             sending: false,
             pending: VecDeque::new(),
-            out,
+            out: Outstanding::default(),
             outbox: Vec::new(),
             sent: 0,
             stuck_since: None,
@@ -206,6 +232,7 @@ impl WireSq {
             gather: Vec::new(),
             resp: RespState::new(rq_psn),
             offers: HashMap::new(),
+            ipc_keys: Vec::new(),
         }
     }
 
@@ -326,24 +353,20 @@ impl WireSq {
     }
 }
 
-impl Drop for WireSq {
-    /// A QP destroyed with WRITEs by mapping unanswered: they no longer hold up MR deregistration (the peer,
-    /// which may still copy them, is told the connection ended).
-    fn drop(&mut self) {
-        for q in self.pending.drain(..) {
-            self.out.count(&q.state, false);
-        }
-    }
-}
-
 fn is_waiting(s: &State) -> bool {
-    matches!(s, State::Sent { .. } | State::Read { .. } | State::Atomic { .. })
+    matches!(s, State::Sent | State::Read { .. } | State::Atomic { .. })
 }
 
 /// Consumes WQE `idx` (header `h`, body `op`) of `qp`: sends its request, or records it as done or failed.
 pub(crate) fn post(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, idx: u64, h: &Header, op: &Op<'_>) {
-    let mut p =
-        Pending { idx, opcode: h.opcode, cq_update: h.cq_update, psn: None, state: State::Done { byte_cnt: 0 } };
+    let mut p = Pending {
+        idx,
+        opcode: h.opcode,
+        cq_update: h.cq_update,
+        psn: None,
+        state: State::Done { byte_cnt: 0 },
+        ipc_keys: Vec::new(),
+    };
     if ws.failing || qp.state() == QpState::Error {
         p.state = State::Failed(Fault::flushed());
     } else if ws.down.is_some() && !matches!(op, Op::Nop) {
@@ -351,10 +374,13 @@ pub(crate) fn post(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPat
         ws.failing = true;
         p.state = State::Failed(Fault::retry_exceeded());
     } else if !matches!(op, Op::Nop) {
+        ws.ipc_keys.clear();
         match send_request(fab, qp, ws, dp, op) {
             Ok((psn, state)) => {
                 p.psn = Some(psn);
                 p.state = state;
+                // The MR keys a WRITE by mapping holds until answered (none for any other request).
+                std::mem::swap(&mut p.ipc_keys, &mut ws.ipc_keys);
             }
             Err(f) => {
                 ws.failing = true;
@@ -384,7 +410,7 @@ pub(crate) fn post_failed(
     f: Fault,
 ) {
     ws.failing = true;
-    ws.push(Pending { idx, opcode, cq_update: true, psn: None, state: State::Failed(f) });
+    ws.push(Pending { idx, opcode, cq_update: true, psn: None, state: State::Failed(f), ipc_keys: Vec::new() });
     drain(fab, qp, ws, dp);
 }
 
@@ -442,7 +468,7 @@ fn send_request(
                     {
                         ws.scratch = ranges;
                         ws.next_psn = (psn + 1) & PSN_MASK;
-                        return Ok((psn, State::Sent { ipc: true }));
+                        return Ok((psn, State::Sent));
                     }
                     let mut at = Cursor::default();
                     let put = put_write_packets(ws, dp, msg, &mut at, |i| Ok(ranges[i]));
@@ -459,7 +485,7 @@ fn send_request(
                     }
                 }
             }
-            State::Sent { ipc: false }
+            State::Sent
         }
         Op::Read { remote, sges } => {
             let total = sges.total();
@@ -503,6 +529,9 @@ fn put_ipc_pieces(
             Some(Some(true)) => {}
             Some(Some(false)) => return Ok(false),
             Some(None) => all_mapped = false,
+            // A peer that declined an offer cannot map (another host, no GPU copier, the path off there):
+            // offer it nothing more; nor more than it takes.
+            None if ws.offers.len() >= MAX_OFFERS || ws.offers.values().any(|a| *a == Some(false)) => return Ok(false),
             None => {
                 packet::encode(&Packet::IpcOffer { handle: &x.handle }, &mut ws.outbox);
                 ws.offers.insert(x.handle, None);
@@ -515,8 +544,19 @@ fn put_ipc_pieces(
     }
     dp.fence()?;
     // Counted before the MR table's read lock goes: a deregistration (which takes the write lock) then sees
-    // this WRITE as unanswered, and waits for its answer before the memory may go (`EmuNic::dereg_mr`).
-    ws.link.ipc_unanswered.fetch_add(1, Ordering::Release);
+    // this WRITE as unanswered, and waits for its answer before the memory may go (`EmuNic::dereg_mr`). The
+    // keys go to the WQE's record (`post`), which gives them back when the answer comes (`release_ipc`).
+    ws.ipc_keys.clear();
+    for s in list.iter().filter(|s| s.len > 0) {
+        if !ws.ipc_keys.contains(&s.lkey) {
+            ws.ipc_keys.push(s.lkey);
+        }
+    }
+    let mut refs = lock(&fab.ipc_refs);
+    for key in &ws.ipc_keys {
+        refs.entry(*key).or_default().unanswered += 1;
+    }
+    drop(refs);
     let mut offset = 0;
     for s in list.iter().filter(|s| s.len > 0) {
         // Resolved and exported just above, under the same read lock: present.
@@ -573,10 +613,10 @@ pub(crate) fn on_offer(
     }
     let gpu = fab.gpu.clone().filter(|_| fab.wire.is_some_and(|w| w.gpu_ipc));
     let (Some(gpu), Some(mb)) = (gpu, fab.mailbox.get().cloned()) else {
-        return answer_offer(ws, handle, false);
+        return answer_offer(fab, ws, handle, false);
     };
     if gpu.imported(handle).is_some() {
-        return answer_offer(ws, handle, true);
+        return answer_offer(fab, ws, handle, true);
     }
     let (qpn, handle) = (qp.qpn, *handle);
     let spawned = std::thread::Builder::new().name("emu-ipc-map".into()).spawn(move || {
@@ -594,13 +634,16 @@ pub(crate) fn on_offer(
     });
     if let Err(e) = spawned {
         tracing::warn!("emulated NIC: no thread to map a peer's GPU memory ({e}); its WRITEs go over TCP");
-        answer_offer(ws, &handle, false);
+        answer_offer(fab, ws, &handle, false);
     }
 }
 
 /// Answers the peer's offer of `handle` ([`Packet::IpcAnswer`]); pieces of it are taken from now on if
 /// `mapped`.
-pub(crate) fn answer_offer(ws: &mut WireSq, handle: &[u8; EXPORT_HANDLE_BYTES], mapped: bool) {
+pub(crate) fn answer_offer(fab: &Fabric, ws: &mut WireSq, handle: &[u8; EXPORT_HANDLE_BYTES], mapped: bool) {
+    if mapped {
+        bump(&fab.stats.ipc_mapped);
+    }
     ws.resp.answered(handle, mapped);
     packet::encode(&Packet::IpcAnswer { handle, mapped }, &mut ws.outbox);
 }
@@ -738,8 +781,9 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
                 if psn.wrapping_sub(s) & PSN_MASK > PSN_MASK / 2 {
                     break;
                 }
-                if matches!(q.state, State::Sent { .. }) {
+                if matches!(q.state, State::Sent) {
                     set_state(&mut ws.out, q, State::Done { byte_cnt: 0 });
+                    release_ipc(fab, q, true);
                     hit = true;
                 }
             }
@@ -753,6 +797,7 @@ fn apply(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath, p: Pack
             }
             let q = waiting_for(&mut ws.pending, psn).ok_or("NAK of nothing outstanding")?;
             set_state(&mut ws.out, q, State::Failed(Fault { syndrome, vendor }));
+            release_ipc(fab, q, true);
             Ok(())
         }
         Packet::ReadResp { psn, offset, last, data } => {
@@ -853,8 +898,10 @@ fn drain(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut DataPath) {
             }
             _ => return,
         }
-        if let Some(q) = ws.pending.pop_front() {
+        if let Some(mut q) = ws.pending.pop_front() {
             ws.out.count(&q.state, false);
+            // Flushed unanswered (the QP failed): the peer may still run it.
+            release_ipc(fab, &mut q, false);
         }
     }
 }
@@ -887,7 +934,11 @@ pub(crate) fn link_down(fab: &Fabric, qp: &QpInner, ws: &mut WireSq, dp: &mut Da
 /// out first (after one wait on `dp` for the effects they report): what the socket takes now, the rest by
 /// [`Link::close_after`], within `timeout`. Nothing new is produced: no further packet of a streaming WRITE,
 /// no READ data. The answers not sent give their old-value slots back to `dp`.
-pub(crate) fn farewell(mut ws: WireSq, dp: &mut DataPath, timeout: Duration) {
+pub(crate) fn farewell(fab: &Fabric, mut ws: WireSq, dp: &mut DataPath, timeout: Duration) {
+    // WRITEs by mapping it never learns the answer to: the peer may still run them.
+    for q in ws.pending.iter_mut() {
+        release_ipc(fab, q, false);
+    }
     if ws.down.is_some() || !ws.link.is_up() {
         ws.resp.discard(dp);
         ws.link.close();

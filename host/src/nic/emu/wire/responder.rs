@@ -49,8 +49,8 @@ pub(crate) struct RespState {
     offers: HashMap<[u8; EXPORT_HANDLE_BYTES], Option<bool>>,
 }
 
-/// Most allocations one peer QP may offer: a peer offers each allocation its WRITEs read from once, so more
-/// means a broken or hostile peer (each offer costs this NIC a thread while it maps).
+/// Most allocations one peer QP may offer (a requester offers no more; its later WRITEs from other allocations
+/// go as bytes): more means a broken or hostile peer (each offer costs this NIC a thread while it maps).
 pub(crate) const MAX_OFFERS: usize = 64;
 
 /// An answer the responder owes, until its packets are in the outbox.
