@@ -116,11 +116,11 @@ fn parse_wire(s: &str) -> Result<std::net::SocketAddr, String> {
 
 impl LaunchArgs {
     /// The wire of this process's emulated NIC: `--wire`, with the default retry timeout and inbound queue.
-    /// `GDAKI_WIRE_IPC=0` keeps WRITEs from GPU memory to a peer process on this host on TCP
-    /// ([`WireConfig::gpu_ipc`]), e.g. to measure what the same-host path gains.
+    /// `GDAKI_WIRE_IPC=1` lets WRITEs from GPU memory to a peer process on this host skip TCP
+    /// ([`WireConfig::gpu_ipc`], off by default).
     pub fn wire_config(&self) -> WireConfig {
         let loopback = WireConfig::loopback();
-        let gpu_ipc = std::env::var("GDAKI_WIRE_IPC").map_or(true, |v| v != "0");
+        let gpu_ipc = std::env::var("GDAKI_WIRE_IPC").is_ok_and(|v| v == "1");
         WireConfig { listen: self.wire.unwrap_or(loopback.listen), gpu_ipc, ..loopback }
     }
 

@@ -13,14 +13,19 @@ nvidia-smi > $O/00-gpu.txt 2>&1
 stamp start
 timeout 100 $T/cuda_probe --ignored --nocapture --test-threads=1 cuda_ipc > $O/cuda_probe.txt 2>&1; echo "rc=$?" >> $O/cuda_probe.txt; stamp probe
 timeout 30 $N/floors > $O/floors.txt 2>&1; stamp floors
-for i in 1 2; do
+round() {
+  i=$1
   for ipc in 0 1; do
     l=$(left); [ $l -lt 60 ] && continue
     GDAKI_WIRE_IPC=$ipc timeout 90 $N/gdaki-perf bw --processes 2 --executor gpu --mode exclusive --nic-stats > $O/bw_ipc${ipc}_$i.txt 2>&1; echo "rc=$?" >> $O/bw_ipc${ipc}_$i.txt; stamp bw ipc$ipc $i
+    l=$(left); [ $l -lt 40 ] && continue
     GDAKI_WIRE_IPC=$ipc timeout 60 $N/pingpong --processes 2 --executor gpu --all --iters 300 > $O/pp_ipc${ipc}_$i.txt 2>&1; echo "rc=$?" >> $O/pp_ipc${ipc}_$i.txt; stamp pp ipc$ipc $i
   done
-done
-for b in cuda pingpong porttest coll launch; do
+}
+round 1
+timeout 90 $T/cuda --ignored --test-threads=1 > $O/t_cuda.txt 2>&1; echo "rc=$?" >> $O/t_cuda.txt; stamp cuda
+round 2
+for b in pingpong porttest coll launch; do
   l=$(left); [ $l -lt 100 ] && { echo "skipped $b" >> $O/skipped.txt; continue; }
   timeout 150 $T/$b --ignored --test-threads=1 > $O/t_$b.txt 2>&1; echo "rc=$?" >> $O/t_$b.txt; stamp $b
 done

@@ -60,8 +60,10 @@ pub struct WireConfig {
     /// the NIC) and says so, and from then on such WRITEs carry the handle and offset instead of the bytes, and
     /// the responder copies them GPU to GPU, in the request's turn (the RC order stays). Until the peer has
     /// mapped it, or when it cannot (another host, a container apart, a copier without IPC), WRITEs go over
-    /// TCP as before. Default `true`; programs built on the examples' flags read `GDAKI_WIRE_IPC=0` to turn
-    /// it off.
+    /// TCP as before. Default `false`, until it is measured whether `cuIpcOpenMemHandle` waits for running
+    /// kernels and holds up the NIC's other CUDA calls meanwhile (then a peer's first offer made while a kernel
+    /// waits on this NIC would stall the NIC until that kernel ends); programs built on the examples' flags
+    /// read `GDAKI_WIRE_IPC=1` to turn it on.
     ///
     /// [`GpuCopier::export`]: crate::mem::GpuCopier::export
     /// [`GpuCopier::import`]: crate::mem::GpuCopier::import
@@ -118,7 +120,7 @@ impl WireConfig {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             retry_timeout: Self::DEFAULT_RETRY_TIMEOUT,
             inbound_bytes: Self::INBOUND_BYTES,
-            gpu_ipc: true,
+            gpu_ipc: false,
         }
     }
 }
