@@ -66,7 +66,7 @@ pub trait Poster {
     ///
     /// # Errors
     /// As [`SharedQp::post_team`] / [`Poster::submit`]; the caller's own `Err` as it is; for the Warp poster,
-    /// [`InvalidArgument::Team`] when `g` has more members than a warp has lanes.
+    /// [`InvalidArgument::TeamRules`] when `g` has more members than a warp has lanes.
     fn submit_team<const N: usize>(&mut self, g: &impl CtaGroup, key: u64, w: Result<Option<Wqe<N>>>) -> Result<()>;
 
     /// Waits until every WQE posted so far has completed.
@@ -161,7 +161,7 @@ impl Poster for WarpQp<'_> {
         // have a leader (and counters) per warp on one QP. Refused alike on host threads, where each thread's
         // turn would hide it, so that a test on the cpu executor fails as the GPU would.
         if g.members() > WARP_SIZE {
-            return Err(Error::InvalidArgument(InvalidArgument::Team));
+            return Err(Error::InvalidArgument(InvalidArgument::TeamRules));
         }
         #[cfg(not(target_arch = "nvptx64"))]
         if let Ok(Some(piece)) = &w {
@@ -274,7 +274,7 @@ impl Sharing for Exclusive {
 /// of a launch (the warps of a larger CTA, or CTAs of one warp each) would have a leader per warp on the GPU,
 /// whose WQEs overwrite one another's; nothing checks that there, and the `cpu` executor, whose threads would
 /// take turns on the QP, refuses the calls of every warp but the first to post with
-/// [`InvalidArgument::Team`], so that a test there fails.
+/// [`InvalidArgument::Sharing`], so that a test there fails.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Warp;
 
@@ -323,7 +323,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// no other poster of the QP lives while this channel does, in this thread or another (two Exclusive
     /// channels of one connection, each with its own memory pair, are two posters: each keeps its own producer
     /// index, and both would write the same WQEBBs; drop one before taking the other: the `cpu` executor
-    /// refuses both's calls with [`InvalidArgument::Team`] while both live, see [`Qp::new`]); in Block / Device
+    /// refuses both's calls with [`InvalidArgument::Posters`] while both live, see [`Qp::new`]); in Block / Device
     /// sharing every user of the QP meanwhile is a channel (or [`SharedQp`]) of this scope. A zeroed handle
     /// (`PortChannelHandle::default()`, say the own rank's slot of a per-peer array) names no channel: nothing
     /// checks it, and a channel made of it reads address 0: an illegal-address fault on the GPU (the context
@@ -476,10 +476,11 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// [`InvalidArgument::Length`] for a piece longer than one WQE takes (in the Host modes the proxy splits a
     /// long piece as it splits a put's); in Block and Device sharing every other member then gets
     /// [`InvalidArgument::Team`], and nothing is posted, as every member does when some threads of the block
-    /// never make the call (they returned from the kernel first) or the members' channels are not all one
-    /// channel (of one QP and one memory pair); the other errors of [`SharedQp::post_team`]. In Warp sharing
-    /// outside the Host modes, [`InvalidArgument::Team`] for every member of a team larger than a warp, nothing
-    /// posted.
+    /// never make the call (they returned from the kernel first); when the members' channels are not all one
+    /// channel (of one QP and one memory pair), those of another channel than member 0's get
+    /// [`InvalidArgument::TeamRules`] and the others `Team`; the other errors of [`SharedQp::post_team`]. In
+    /// Warp sharing outside the Host modes, [`InvalidArgument::TeamRules`] for every member of a team larger
+    /// than a warp, nothing posted.
     #[inline(always)]
     pub fn put_team(&mut self, g: &impl CtaGroup, dst_offset: u64, src_offset: u64, bytes: u64) -> Result<()> {
         if self.proxied() {
@@ -498,7 +499,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// In Exclusive and Warp sharing the chunks go out as `put_team` posts them there: call it only from a team
     /// that may post to the QP that way (one thread for Exclusive; for Warp a CTA of one warp, whose lanes post
-    /// together: a larger CTA gets [`InvalidArgument::Team`] for every member, nothing posted). A team with more members
+    /// together: a larger CTA gets [`InvalidArgument::TeamRules`] for every member, nothing posted). A team with more members
     /// than half the QP's ring has WQEBBs posts with the lowest half-ring of them in each batch.
     ///
     /// # Errors

@@ -196,10 +196,9 @@ pub enum InvalidArgument {
     InlineTooLong = 3,
     /// An atomic target or result is not 8-byte aligned.
     AtomicAlignment = 4,
-    /// A length of zero bytes, one that does not fit 31 bits, a WQE larger than the ring, a warp's batch
-    /// ([`crate::warp_qp`]) larger than half the ring or of WQEs of different sizes, a team's batch
-    /// ([`crate::shared_qp::SharedQp::post_team`]) larger than half the ring, or a
-    /// [`crate::qp::Qp::post_batch`] of no WQEs or of more than half the ring.
+    /// A byte count device code cannot post: 0, one that does not fit 31 bits (a data segment's own limit,
+    /// [`crate::wqe::MAX_SGE_LEN`]), a team member's piece over the channel's `max_wqe_bytes`, or an atomic's
+    /// result buffer that is not 8 bytes.
     Length = 5,
     /// A ticket beyond every WQE posted on this QP.
     Ticket = 6,
@@ -212,25 +211,19 @@ pub enum InvalidArgument {
     /// data bytes, a data address not aligned to them, a packet address not aligned to the packet, a flag of
     /// 0, or a thread index not below the thread count.
     Packet = 8,
-    /// A team post ([`crate::shared_qp::SharedQp::post_team`], [`crate::channel::PortChannel::put_team`]) that
-    /// cannot go out as one batch: another member's WQE was refused (that member gets its own error), or the
-    /// batch breaks the team rules (the members with a WQE are not ranks `0 .. k`, a WQE takes more than one
-    /// WQEBB; a batch over half the ring is [`InvalidArgument::Length`] for every member whose own WQE was not
-    /// refused). Nothing is posted. Also what the other threads of a
-    /// block return from [`crate::coll::all_reduce_ring`] when its thread 0 failed (thread 0 has the error),
-    /// a [`crate::warp_qp::WarpQp`] call that not every member of the `WarpQp` executes together, and a team
-    /// call in Warp sharing ([`crate::channel::Warp`]) from a team larger than one warp; and on the `cpu`
-    /// executor a post to a Block-scope QP from a second CTA of a launch ([`crate::scope::Block`]), a
-    /// call on a Warp-sharing QP from a second warp, a launch that posts to one QP both ways, a second
-    /// Exclusive poster of one handle while the first lives ([`crate::qp::Qp::new`]), or a shared poster's
-    /// call while an Exclusive `Qp` of the same handle lives.
+    /// This member's part of a call shared by a team (the lanes of a warp, the threads of a CTA, the CTAs of a
+    /// grid barrier) was not done because another member failed or never made the call: that member's error
+    /// is the cause, and a launch's report names it instead ([`crate::launch::report_error`]). Returned by a
+    /// team post ([`crate::shared_qp::SharedQp::post_team`], [`crate::channel::PortChannel::put_team`]) whose
+    /// batch another member refused (nothing is posted), by the other threads of a block whose thread 0
+    /// failed in [`crate::coll::all_reduce_ring`] or a [`crate::grid::GridBarrier`], and by every wait of a
+    /// grid barrier once it is broken.
     Team = 11,
-    /// A collective call ([`crate::coll`]) whose handle or arguments are out of range: a communicator of 0 or
-    /// more than [`MAX_RANKS`](gdaki_shared::coll::MAX_RANKS) ranks, a rank or root not below `nranks`, a
-    /// count slice shorter than `nranks`, regions that do not fit the data buffer, a reduce's misaligned or
-    /// overlapping regions or a bound that is not positive and finite, a ring all-reduce's misaligned or
-    /// overlapping regions (checked before anything is posted, as far as this rank can tell: received counts
-    /// are checked once they arrive).
+    /// A collective call ([`crate::coll`]) on a communicator handle that is out of range: 0 or more than
+    /// [`MAX_RANKS`](gdaki_shared::coll::MAX_RANKS) ranks, a rank or root not below `nranks`, a block-wide
+    /// collective ([`crate::coll::all_reduce_ring`]) called by part of a block or by more than one block; also
+    /// what a kernel that takes the algorithm as a number returns for a code
+    /// [`Algorithm::from_code`](crate::coll::Algorithm::from_code) does not know.
     Collective = 12,
     /// A value a [`crate::coll::reduce`] would quantize lies outside its bound (`|x| > max_abs`), or is a NaN
     /// or an infinity. Checked on every value before anything is sent.
@@ -240,6 +233,36 @@ pub enum InvalidArgument {
     /// at least the launch's CTA count (a second launch of the same grid on it); one left lower lets some CTAs
     /// pass a barrier early before a later arrival finds it, or passes unnoticed.
     Counter = 14,
+    /// A team call that breaks the team's rules, refused to the member that broke them (the others get
+    /// [`InvalidArgument::Team`]): a member with a WQE whose rank is not below the number of members with one
+    /// (the members with a WQE must be ranks `0 .. k`), a WQE over one WQEBB, members of one call on different
+    /// channels, a team in Warp sharing ([`crate::channel::Warp`]) wider than a warp, or a
+    /// [`crate::warp_qp::WarpQp`] call that the warp's leading lane does not make.
+    TeamRules = 15,
+    /// A handle posted to by more of the launch than its sharing allows: a Warp-sharing handle
+    /// ([`crate::warp_qp::WarpQp`], `PortChannel::<Warp>`) by a second warp, a Block-scope QP
+    /// ([`crate::scope::Block`]) by a second CTA, or one QP by Block scope and Warp sharing in one launch. On the
+    /// GPU each would keep counters of its own on one ring and overwrite the other's WQEs; the `cpu` executor
+    /// refuses it (the first to post owns the QP for the launch) so that a test there fails as the GPU would.
+    Sharing = 16,
+    /// A QP with two posters alive at once where it allows one (`cpu` executor): a second Exclusive
+    /// [`crate::qp::Qp`] (or `PortChannel::<Exclusive>`) of a handle while the first lives, or a shared
+    /// poster's call while an Exclusive `Qp` of the handle lives. Refused to both while both live.
+    Posters = 17,
+    /// A WQE device code cannot post: larger than the SQ ring, or a raw WQE ([`crate::qp::Qp::post_raw`])
+    /// of 0 segments or of more than its builder holds.
+    WqeSize = 18,
+    /// A batch device code cannot post as one: no WQEs ([`crate::qp::Qp::post_batch`]), WQEs of different
+    /// sizes (a warp's batch, [`crate::warp_qp`]), or more WQEBBs than half the SQ ring (a batch, a warp's,
+    /// a team's).
+    Batch = 19,
+    /// A collective's regions that do not fit the data buffer or break its layout: a count slice shorter than
+    /// `nranks`, a region outside the buffer (or counts whose sum overflows, received ones included), regions
+    /// that overlap where they may not, or a reduce's or ring all-reduce's misaligned region (checked before
+    /// anything is posted, as far as this rank can tell: received counts are checked once they arrive).
+    Regions = 20,
+    /// A [`crate::coll::reduce`] bound (`max_abs`) that is not positive and finite.
+    Bound = 21,
 }
 
 /// Codes of [`ErrorReport::kind`].
@@ -471,6 +494,13 @@ impl Error {
                 12 => InvalidArgument::Collective,
                 13 => InvalidArgument::Value,
                 14 => InvalidArgument::Counter,
+                15 => InvalidArgument::TeamRules,
+                16 => InvalidArgument::Sharing,
+                17 => InvalidArgument::Posters,
+                18 => InvalidArgument::WqeSize,
+                19 => InvalidArgument::Batch,
+                20 => InvalidArgument::Regions,
+                21 => InvalidArgument::Bound,
                 _ => return None,
             })),
             kind::TEAM => Some(Error::InvalidArgument(InvalidArgument::Team)),
@@ -582,8 +612,8 @@ impl InvalidArgument {
             InvalidArgument::InlineTooLong => "an inline payload is longer than MAX_INLINE",
             InvalidArgument::AtomicAlignment => "an atomic target or result is not 8-byte aligned",
             InvalidArgument::Length => {
-                "a length of 0 or of 2^31 bytes or more (or over max_wqe_bytes for one team piece), a WQE larger \
-                 than the SQ ring, or a batch of no WQEs, of WQEs of different sizes or of more than half the ring"
+                "a byte count of 0 or of 2^31 or more, a team piece over max_wqe_bytes, or an atomic result buffer \
+                 that is not 8 bytes"
             }
             InvalidArgument::Ticket => "a ticket beyond every WQE posted on this QP",
             InvalidArgument::Handle => "a QP handle whose SQ is not a power of two of 16 to 32768 WQEBBs",
@@ -592,18 +622,41 @@ impl InvalidArgument {
             }
             InvalidArgument::Packet => "an LL packet request that breaks the packet layout",
             InvalidArgument::Team => {
-                "a team or warp call that could not go out: another member's piece was refused, the team broke \
-                 its rules (pieces not of ranks 0..k, a WQE over one WQEBB, members on different channels, a \
-                 Warp-sharing team wider than a warp, members that never made the call), a Warp- or \
-                 Block-sharing handle was used by more than one warp or CTA, or (cpu executor) a QP had two \
-                 Exclusive posters alive at once, a shared poster while an Exclusive one lived, or was posted to \
-                 by Block scope and Warp sharing in one launch"
+                "another member of this team call (a lane, a thread of the CTA, a CTA of the grid barrier) failed \
+                 or never made the call; its error is the cause"
             }
-            InvalidArgument::Collective => "a collective's handle or arguments are out of range",
+            InvalidArgument::Collective => {
+                "a communicator of 0 or too many ranks, a rank or root not below the rank count, a block-wide \
+                 collective called by part of a block or by several blocks, or an unknown algorithm code"
+            }
             InvalidArgument::Value => "a value to reduce lies outside its bound, or is not finite",
             InvalidArgument::Counter => {
                 "a grid barrier's counter was not zero when the launch started, or another launch uses it"
             }
+            InvalidArgument::TeamRules => {
+                "this member broke the team's rules: a WQE from a rank not below the count of members with one, \
+                 a WQE over one WQEBB, members on different channels, a Warp-sharing team wider than a warp, or \
+                 a WarpQp call without its leading lane"
+            }
+            InvalidArgument::Sharing => {
+                "a handle posted to by more of the launch than its sharing allows: a Warp-sharing handle by a \
+                 second warp, a Block-scope QP by a second CTA, or one QP by Block scope and Warp sharing"
+            }
+            InvalidArgument::Posters => {
+                "two posters of one QP alive at once: a second Exclusive Qp of the handle, or a shared poster \
+                 while an Exclusive Qp lives"
+            }
+            InvalidArgument::WqeSize => {
+                "a WQE larger than the SQ ring, or a raw WQE of 0 segments or more than its builder holds"
+            }
+            InvalidArgument::Batch => {
+                "a batch of no WQEs, of WQEs of different sizes, or of more WQEBBs than half the SQ ring"
+            }
+            InvalidArgument::Regions => {
+                "a collective's regions do not fit the data buffer: counts too short or overflowing, a region \
+                 outside the buffer, overlapping or misaligned regions"
+            }
+            InvalidArgument::Bound => "a reduce's bound (max_abs) is not positive and finite",
         }
     }
 }

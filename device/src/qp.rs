@@ -190,7 +190,7 @@ impl<'a> Qp<'a> {
     ///
     /// On the `cpu` executor a second `Qp` of the same handle made while the first lives (two
     /// `PortChannel::<Exclusive>` of one handle, or threads each making their own) is counted in the handle:
-    /// the posts, CQ polls, waits and flushes of either get [`InvalidArgument::Team`] while both live, and the
+    /// the posts, CQ polls, waits and flushes of either get [`InvalidArgument::Posters`] while both live, and the
     /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other; so are the
     /// calls of a shared poster of the handle ([`crate::shared_qp::SharedQp`]) while the `Qp` lives. A `Qp` that
     /// is forgotten (`mem::forget`) instead of dropped counts for as long as the handle's memory: take a copy
@@ -216,7 +216,7 @@ impl<'a> Qp<'a> {
     fn sole(&mut self) -> Result<()> {
         #[cfg(not(target_arch = "nvptx64"))]
         if self.intruder || host_posters(self.h).load(core::sync::atomic::Ordering::Relaxed) > 1 {
-            return Err(Error::InvalidArgument(InvalidArgument::Team));
+            return Err(Error::InvalidArgument(InvalidArgument::Posters));
         }
         Ok(())
     }
@@ -261,8 +261,9 @@ impl<'a> Qp<'a> {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
         if n > self.h.wqe_cnt {
-            // A WQE larger than the ring (only `post_raw` builds one) would wait for room out the timeout.
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
+            // A WQE larger than the ring would wait for room out the timeout (no builder makes one: kept so
+            // that no caller of the slow path can wait for room that never comes).
+            return Err(Error::InvalidArgument(InvalidArgument::WqeSize));
         }
         let (timeout, qpn) = (self.timeout_ns, self.h.qpn);
         bounded_steps(
@@ -301,7 +302,7 @@ impl<'a> Qp<'a> {
     /// reserved and the first `ds` segments stored.
     ///
     /// # Errors
-    /// As [`Qp::post`]; [`InvalidArgument::Length`] for a `ds` of 0, more than `N`, or more than
+    /// As [`Qp::post`]; [`InvalidArgument::WqeSize`] for a `ds` of 0, more than `N`, or more than
     /// [`MAX_DS`](wqe::MAX_DS) (4 WQEBBs, the largest WQE a builder makes, and the largest the room
     /// accounting covers: a CQE frees the ring up to the WQEBB it names, the WQE's first, and the rest of its
     /// WQE only with the next CQE, so a larger WQE on a small ring could wait out the timeout for room that is
@@ -319,7 +320,7 @@ impl<'a> Qp<'a> {
         build: impl FnOnce(Ctrl) -> [Seg; N],
     ) -> Result<Ticket> {
         if ds == 0 || ds as usize > N.min(wqe::MAX_DS) {
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
+            return Err(Error::InvalidArgument(InvalidArgument::WqeSize));
         }
         self.post_segs(signaled, ds, build).map(|(t, _)| t)
     }
@@ -379,7 +380,7 @@ impl<'a> Qp<'a> {
     /// taking its own `ds`'s WQEBBs of it.
     ///
     /// # Errors
-    /// [`InvalidArgument::Length`] for `n` = 0, or a batch that may need more than half the ring (it could wait
+    /// [`InvalidArgument::Batch`] for `n` = 0, or a batch that may need more than half the ring (it could wait
     /// for room forever); as [`Qp::post`] otherwise. Nothing is posted on an error.
     #[inline(always)]
     pub fn post_batch<const N: usize>(
@@ -408,7 +409,7 @@ impl<'a> Qp<'a> {
         let nbb = n.saturating_mul(wqebbs(N as u32));
         // A ring of a size device code cannot post to is refused by the reservation (`Handle`), as for `post`.
         if n == 0 || (sq::valid_ring(self.sq.cnt) && nbb > self.sq.cnt / 2) {
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
+            return Err(Error::InvalidArgument(InvalidArgument::Batch));
         }
         let (first, sig) = self.reserve_batch(nbb, signaled)?;
         let (buf, cnt, qpn) = (self.sq.buf, self.sq.cnt, self.sq.qpn);
@@ -840,7 +841,7 @@ mod tests {
         // 17 and 64 WQEBBs on a ring of 16. SAFETY: refused before anything is stored.
         let r =
             [unsafe { q.post_raw(false, 65, |c| [nop(c); 65]) }, unsafe { q.post_raw(false, 255, |c| [nop(c); 255]) }];
-        assert_eq!(r, [Err(Error::InvalidArgument(InvalidArgument::Length)); 2]);
+        assert_eq!(r, [Err(Error::InvalidArgument(InvalidArgument::WqeSize)); 2]);
         drop(q);
         assert!(m.ring.iter().all(|s| *s == old));
         assert_eq!((h.sq.pi, m.dbrec, m.reg), (0, [0; 2], [0; 8]));

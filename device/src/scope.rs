@@ -71,7 +71,7 @@ mod sealed {
 /// The threads of one CTA share the QP (block-scope atomics). Threads of several CTAs must use [`Device`]:
 /// `.cta` atomics order nothing between CTAs on the GPU. On the `cpu` executor, where both scopes are the
 /// same atomics, the QP takes posts from the first CTA of a launch that posts and refuses the others'
-/// ([`crate::error::InvalidArgument::Team`]), so that a test there fails where the GPU would corrupt the QP.
+/// ([`crate::error::InvalidArgument::Sharing`]), so that a test there fails where the GPU would corrupt the QP.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Block;
 

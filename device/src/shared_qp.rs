@@ -110,9 +110,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// and be valid for reads and writes for `'a` and 8-byte aligned; its state is used only through
     /// `SharedQp`s of scope `S` (or narrower) and only by threads of that scope while they live. No Exclusive
     /// poster may use the QP at the same time (before and after is fine): on the `cpu` executor the calls of a
-    /// `SharedQp` get [`InvalidArgument::Team`] while an Exclusive `Qp` of the same handle lives. There a
+    /// `SharedQp` get [`InvalidArgument::Posters`] while an Exclusive `Qp` of the same handle lives. There a
     /// Block-scope QP belongs, until the launch ends, to the first CTA of the launch that posts, flushes or
-    /// polls; another CTA's calls get [`InvalidArgument::Team`].
+    /// polls; another CTA's calls get [`InvalidArgument::Sharing`].
     pub unsafe fn new(h: *mut QpHandle, timeout_ns: u64) -> Self {
         Self { h, timeout_ns, _borrow: PhantomData, _scope: PhantomData }
     }
@@ -142,8 +142,24 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// this poster's: [`SqState::host_posters`](gdaki_shared::handle::SqState::host_posters)), and a
     /// Block-scope QP takes posts, flushes and polls from one CTA of a launch, the first to make one
     /// ([`Scope::ONE_CTA`]; the GPU's `.cta` atomics would not order two); always on the GPU.
+    ///
+    /// # Errors
+    /// [`InvalidArgument::Posters`] while an Exclusive `Qp` lives; [`InvalidArgument::Sharing`] for a second
+    /// CTA of a Block-scope QP.
     #[inline(always)]
-    fn cta_may_post(&self) -> bool {
+    fn may_post(&self) -> Result<()> {
+        // The launch's owner first: a Warp-sharing poster of the QP in this launch holds an Exclusive `Qp` of
+        // it during its turns, and the misuse to name then is the two sharings, not two posters.
+        #[cfg(not(target_arch = "nvptx64"))]
+        if S::ONE_CTA {
+            // SAFETY: the state's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
+            // atomically, by host threads.
+            let owner =
+                unsafe { core::sync::atomic::AtomicU64::from_ptr(self.word(|s| addr_of_mut!((*s).host_owner))) };
+            if !crate::thread::host::may_post(owner, false) {
+                return Err(Error::InvalidArgument(InvalidArgument::Sharing));
+            }
+        }
         #[cfg(not(target_arch = "nvptx64"))]
         {
             // SAFETY: the state's `host_posters` word (contract of `new`), 8-byte aligned, only ever accessed
@@ -151,18 +167,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             let exclusive =
                 unsafe { core::sync::atomic::AtomicU64::from_ptr(self.word(|s| addr_of_mut!((*s).host_posters))) };
             if exclusive.load(core::sync::atomic::Ordering::Relaxed) != 0 {
-                return false;
+                return Err(Error::InvalidArgument(InvalidArgument::Posters));
             }
         }
-        #[cfg(not(target_arch = "nvptx64"))]
-        if S::ONE_CTA {
-            // SAFETY: the state's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
-            // atomically, by host threads.
-            let owner =
-                unsafe { core::sync::atomic::AtomicU64::from_ptr(self.word(|s| addr_of_mut!((*s).host_owner))) };
-            return crate::thread::host::may_post(owner, false);
-        }
-        true
+        Ok(())
     }
 
     fn resv(&self) -> *mut u64 {
@@ -226,8 +234,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] (`Handle`) for an SQ that is not a power of two of 16 ..= 2^15 WQEBBs
-    /// (nothing is reserved); (`Team`) on the `cpu` executor for a Block-scope QP that another CTA of the
-    /// launch posts to ([`crate::scope::Block`]), or while an Exclusive `Qp` of the same handle lives;
+    /// (nothing is reserved); on the `cpu` executor (`Sharing`) for a Block-scope QP that another CTA of the
+    /// launch posts to ([`crate::scope::Block`]), or (`Posters`) while an Exclusive `Qp` of the same handle
+    /// lives;
     /// [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`]; [`Error::UnexpectedCqe`] met while
     /// retiring WQEs. Posting to a QP in the error state succeeds (the NIC flushes the WQE). On the GPU every
     /// lane of an aggregated post gets the leader's error (its part's leader's, for a warp that posts in parts,
@@ -237,9 +246,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         if !sq::valid_ring(self.wqe_cnt()) {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
-        if !self.cta_may_post() {
-            return Err(Error::InvalidArgument(InvalidArgument::Team));
-        }
+        self.may_post()?;
         let n = wqebbs(wqe.ds() as u32) as u64;
         // Lanes posting to other QPs at the same time are aggregated among themselves (on the host each
         // thread is a warp of one lane), and so are lanes whose WQEs take another number of WQEBBs: a batch is
@@ -305,21 +312,24 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// CQE (its CQE retires the whole batch, and [`SharedQp::flush`] waits for it; a CQE period's end inside the
     /// batch is covered by it, since it comes later and before any later reservation, which is all
     /// [`cqe_period`] needs); after another barrier the leader publishes the batch in order with the single
-    /// posters and rings one doorbell for it (or leaves it to a later poster, as [`SharedQp::post`] does). Five barriers of `g` in all (the broadcast is two on the GPU); for Device scope
+    /// posters and rings one doorbell for it (or leaves it to a later poster, as [`SharedQp::post`] does). Five barriers of `g` in all (the broadcast is two on the GPU; a call refused before the reservation takes three); for Device scope
     /// several CTAs may post teams (and single posts) to the QP at once, each team a poster of the chain like a
     /// single one: nothing of a team's but its WQEs is in the QP's memory, so teams never wait for each other but
     /// for their turns.
     ///
     /// # Errors
     /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
-    /// is `Err(e)` gets `e`, the others [`InvalidArgument::Length`] when the batch needs more than half the
-    /// ring, else [`InvalidArgument::Team`], as they do when a WQE takes more than one WQEBB, the members with
-    /// a WQE are not the lowest ranks, or fewer than `g.members()` members make the call (a thread of the block that returned before it: a CTA
-    /// barrier stops waiting for exited threads); [`InvalidArgument::Team`] for every member also when the
+    /// is `Err(e)` gets `e`, the others [`InvalidArgument::Batch`] when the batch needs more than half the
+    /// ring; else a member whose WQE takes more than one WQEBB, or who passes a WQE while a lower rank passes
+    /// none (the members with a WQE must be the lowest ranks), gets [`InvalidArgument::TeamRules`] and the
+    /// others [`InvalidArgument::Team`], as they do when fewer than `g.members()` members make the call (a
+    /// thread of the block that returned before it: a CTA barrier stops waiting for exited threads). When the
     /// members' `SharedQp`s are not all of one handle (found once the leader has reserved: its batch is then
-    /// published as NOPs, and the other handles' rings are not touched);
-    /// [`InvalidArgument::Handle`] and, on the `cpu` executor, [`InvalidArgument::Team`] for a Block-scope QP
-    /// of another CTA or while an Exclusive `Qp` of the handle lives, as for [`SharedQp::post`]. Once the
+    /// published as NOPs, and the other handles' rings are not touched), the members of another handle than
+    /// the leader's get [`InvalidArgument::TeamRules`], the others [`InvalidArgument::Team`];
+    /// [`InvalidArgument::Handle`] and, on the `cpu` executor, [`InvalidArgument::Sharing`] for a Block-scope
+    /// QP of another CTA or [`InvalidArgument::Posters`] while an Exclusive `Qp` of the handle lives, as for
+    /// [`SharedQp::post`]. Once the
     /// WQEBBs are reserved: [`Error::Timeout`] on [`WaitOn::SqSpace`] or [`WaitOn::Publish`], or
     /// [`Error::UnexpectedCqe`], for every member (the leader's own; the others the same but for their
     /// `waited_ns`, which is the QP's timeout), and the batch stays unpublished, as a single post that
@@ -329,8 +339,9 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     }
 
     /// [`SharedQp::post_team`] by members that must also pass one `key` (a port channel's memory pair: two
-    /// channels of one QP are two keys): when a member's key differs from the leader's, every member gets
-    /// [`InvalidArgument::Team`], as for members of different handles.
+    /// channels of one QP are two keys): a member whose key differs from the leader's gets
+    /// [`InvalidArgument::TeamRules`] and the others [`InvalidArgument::Team`], as for members of different
+    /// handles.
     ///
     /// # Errors
     /// As [`SharedQp::post_team`].
@@ -342,13 +353,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     ) -> Result<Option<Ticket>> {
         let cnt = self.wqe_cnt();
         // What every member can check for itself, with the same outcome for all (one handle).
-        let own = if !sq::valid_ring(cnt) {
-            Err(Error::InvalidArgument(InvalidArgument::Handle))
-        } else if !self.cta_may_post() {
-            Err(Error::InvalidArgument(InvalidArgument::Team))
-        } else {
-            Ok(())
-        };
+        let own =
+            if !sq::valid_ring(cnt) { Err(Error::InvalidArgument(InvalidArgument::Handle)) } else { self.may_post() };
         let (w, mine) = match wqe {
             Ok(Some(w)) => (Some(w), Ok(wqebbs(w.ds() as u32) == 1)),
             Ok(None) => (None, Ok(true)),
@@ -363,12 +369,22 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // kernel (the barrier no longer waits for it) would leave its pieces of a range unposted, and the
         // others' WQEs would be published without them.
         if g.barrier_count(!bad) != g.members() {
+            // Refused (the cold path): one more barrier, taken by every member here before any returns, tells
+            // whether every member made the call and built its WQE. Only then does a WQE of a rank at or past
+            // the count of WQEs mean that a lower rank passed none (else the count is short by the failed or
+            // absent members, and the rank proves nothing).
+            let complete = g.barrier_count(own.is_ok() && mine.is_ok()) == g.members();
             own?;
             mine?;
             // Every member counted the same batch: all of them say why, as a warp's batch and
             // `Qp::post_batch` do.
             if count > cnt / 2 {
-                return Err(Error::InvalidArgument(InvalidArgument::Length));
+                return Err(Error::InvalidArgument(InvalidArgument::Batch));
+            }
+            // A member whose own WQE breaks the rules says so; the others were refused for it (or for a
+            // member that failed or never made the call).
+            if mine == Ok(false) || (complete && w.is_some() && rank >= count) {
+                return Err(Error::InvalidArgument(InvalidArgument::TeamRules));
             }
             return Err(Error::InvalidArgument(InvalidArgument::Team));
         }
@@ -436,7 +452,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             });
         }
         if strangers {
-            return Err(Error::InvalidArgument(InvalidArgument::Team));
+            let why = if stranger { InvalidArgument::TeamRules } else { InvalidArgument::Team };
+            return Err(Error::InvalidArgument(why));
         }
         Ok(w.map(|_| Ticket(last)))
     }
@@ -596,12 +613,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     ///
     /// # Errors
     /// [`Error::UnexpectedCqe`] for a CQE of another QP or of no published WQE (left in the CQ);
-    /// [`InvalidArgument::Team`] on the `cpu` executor for a Block-scope QP of another CTA of the launch, or
-    /// while an Exclusive `Qp` of the same handle lives.
+    /// on the `cpu` executor [`InvalidArgument::Sharing`] for a Block-scope QP of another CTA of the launch,
+    /// or [`InvalidArgument::Posters`] while an Exclusive `Qp` of the same handle lives.
     pub fn progress(&self) -> Result<bool> {
-        if !self.cta_may_post() {
-            return Err(Error::InvalidArgument(InvalidArgument::Team));
-        }
+        self.may_post()?;
         self.poll()
     }
 
@@ -699,12 +714,11 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// # Errors
     /// [`Error::Cqe`] with the QP's first error CQE, once any WQE has completed in error (sticky);
     /// [`Error::Timeout`] on [`WaitOn::Cqe`]; [`Error::UnexpectedCqe`]; the errors of [`SharedQp::post`] for
-    /// the NOP; [`InvalidArgument::Team`] on the `cpu` executor for a Block-scope QP of another CTA of the launch
-    /// or while an Exclusive `Qp` of the same handle lives (whether or not a NOP is due).
+    /// the NOP; on the `cpu` executor [`InvalidArgument::Sharing`] for a Block-scope QP of another CTA of the
+    /// launch or [`InvalidArgument::Posters`] while an Exclusive `Qp` of the same handle lives (whether or not a
+    /// NOP is due).
     pub fn flush(&self) -> Result<()> {
-        if !self.cta_may_post() {
-            return Err(Error::InvalidArgument(InvalidArgument::Team));
-        }
+        self.may_post()?;
         // SAFETY: the state's words (contract of `new`); `sig_first`/`sig_end` were stored before `ready`'s
         // release. They may be a later WQE's than the one ending at the `ready` seen: waiting for that one covers
         // more, and a NOP for a `sig_end` past `ready` costs a NOP.

@@ -84,7 +84,7 @@ impl<'a> WarpQp<'a> {
     /// `h` must be a handle built by the host for a live, connected QP (as [`Qp::new`] requires), used for
     /// `'a` by the members only, through their `WarpQp`s. On the `cpu` executor the first warp of a launch
     /// whose call takes a turn (a post, flush or wait) owns the handle until the launch ends, and another
-    /// warp's calls get [`InvalidArgument::Team`].
+    /// warp's calls get [`InvalidArgument::Sharing`].
     #[inline(always)]
     pub unsafe fn new(h: *mut QpHandle, timeout_ns: u64) -> Self {
         let lanes = Lanes::active_with(h as u64);
@@ -106,7 +106,7 @@ impl<'a> WarpQp<'a> {
     /// QP with counters of its own ([`crate::thread`]'s `may_post`).
     ///
     /// # Errors
-    /// [`InvalidArgument::Team`] for a warp that does not own the QP.
+    /// [`InvalidArgument::Sharing`] for a warp that does not own the QP.
     #[cfg(not(target_arch = "nvptx64"))]
     fn owned(&self) -> Result<()> {
         // SAFETY: the handle's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
@@ -116,7 +116,7 @@ impl<'a> WarpQp<'a> {
         if crate::thread::host::may_post(owner, true) {
             Ok(())
         } else {
-            Err(Error::InvalidArgument(InvalidArgument::Team))
+            Err(Error::InvalidArgument(InvalidArgument::Sharing))
         }
     }
 
@@ -134,7 +134,7 @@ impl<'a> WarpQp<'a> {
     /// their turns in time (a call of another handle of the QP, whose timeout is longer; or one that never
     /// ends, which then loses the QP for every later ticket too: each of them ends the same way, none hangs).
     /// The ticket is given up ([`give_up`]): the turn passes over it, so later calls go on.
-    /// [`InvalidArgument::Team`] when another warp of the launch owns the QP ([`WarpQp::owned`]).
+    /// [`InvalidArgument::Sharing`] when another warp of the launch owns the QP ([`WarpQp::owned`]).
     #[cfg(not(target_arch = "nvptx64"))]
     fn begin_turn(&mut self) -> Result<()> {
         use core::sync::atomic::Ordering;
@@ -208,7 +208,7 @@ impl<'a> WarpQp<'a> {
     fn callers(&self) -> Result<Lanes> {
         let callers = Lanes::active() & self.mask;
         if !self.led(callers) {
-            return Err(Error::InvalidArgument(InvalidArgument::Team));
+            return Err(Error::InvalidArgument(InvalidArgument::TeamRules));
         }
         Ok(Lanes::of(callers))
     }
@@ -226,9 +226,9 @@ impl<'a> WarpQp<'a> {
     /// their own WQE's index.
     ///
     /// # Errors
-    /// For every caller: [`InvalidArgument::Team`] when the leader does not execute the call with it (a call
-    /// without the leader, or a warp that diverged between them: then the leader's part of the warp makes a
-    /// call of its own, posting its lanes' WQEs); [`InvalidArgument::Length`] when the callers' WQEs differ in size or the
+    /// For every caller: [`InvalidArgument::TeamRules`] when the leader does not execute the call with it (a
+    /// call without the leader, or a warp that diverged between them: then the leader's part of the warp makes
+    /// a call of its own, posting its lanes' WQEs); [`InvalidArgument::Batch`] when the callers' WQEs differ in size or the
     /// batch needs more than half the ring (it could wait for room forever); otherwise what [`Qp::post`]
     /// returns to the leader (a timeout, an unexpected CQE, [`InvalidArgument::Handle`] for a ring of a size
     /// device code cannot post to). Nothing is posted on an error.
@@ -262,7 +262,7 @@ impl<'a> WarpQp<'a> {
         // A ring of a size device code cannot post to goes on to the reservation, which refuses it (`Handle`),
         // as `Qp::post` does.
         if !same || (total > self.wqe_cnt / 2 && sq::valid_ring(self.wqe_cnt)) {
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
+            return Err(Error::InvalidArgument(InvalidArgument::Batch));
         }
         // The reservation, the store and the publication inline, as `reserve`, `store` and `publish` do them for
         // `post_part`: built from those three, this path's loop in the post-rate kernel went from 121 SASS
@@ -299,7 +299,7 @@ impl<'a> WarpQp<'a> {
     /// WQE its ticket (as `post` does), `None` to the others; a batch of no WQE posts nothing.
     ///
     /// # Errors
-    /// As [`WarpQp::post`], for every caller ([`InvalidArgument::Length`] also when the WQEs passed differ in
+    /// As [`WarpQp::post`], for every caller ([`InvalidArgument::Batch`] also when the WQEs passed differ in
     /// size).
     pub fn post_some<const N: usize>(&mut self, signaled: bool, w: Option<Wqe<N>>) -> Result<Option<Ticket>> {
         let lanes = self.callers()?;
@@ -325,16 +325,16 @@ impl<'a> WarpQp<'a> {
     /// On host threads (each a warp of one lane, posting alone), what the GPU refuses of a team call whose
     /// members with a WQE are ranks `0 .. k` and of which this caller, of rank `rank`, passes `w`: the warp's
     /// batch then holds at least `rank + 1` such WQEs, and over half the ring it is
-    /// [`InvalidArgument::Length`] on the GPU ([`WarpQp::post_some`]). Refused here too, so that a test on the
+    /// [`InvalidArgument::Batch`] on the GPU ([`WarpQp::post_some`]). Refused here too, so that a test on the
     /// `cpu` executor fails as the GPU would (the members of lower rank pass there).
     ///
     /// # Errors
-    /// [`InvalidArgument::Length`] as said.
+    /// [`InvalidArgument::Batch`] as said.
     #[cfg(not(target_arch = "nvptx64"))]
     pub(crate) fn check_team_piece<const N: usize>(&self, rank: u32, w: &Wqe<N>) -> Result<()> {
         let at_least = (rank + 1).saturating_mul(wqebbs(w.ds() as u32));
         if at_least > self.wqe_cnt / 2 && sq::valid_ring(self.wqe_cnt) {
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
+            return Err(Error::InvalidArgument(InvalidArgument::Batch));
         }
         Ok(())
     }
@@ -352,7 +352,7 @@ impl<'a> WarpQp<'a> {
         let total = nbb * posters.count();
         let same = lanes.all(w.is_none() || mine == nbb);
         if !same || (total > self.wqe_cnt / 2 && sq::valid_ring(self.wqe_cnt)) {
-            return Err(Error::InvalidArgument(InvalidArgument::Length));
+            return Err(Error::InvalidArgument(InvalidArgument::Batch));
         }
         let (base, sig) = self.reserve(lanes, total, lanes.any(signaled && w.is_some()))?;
         let idx = base + (posters.rank() * nbb) as u64;
@@ -408,7 +408,7 @@ impl<'a> WarpQp<'a> {
     /// Runs `f` on the leader's [`Qp`] and gives its result to every caller (those calling it together).
     ///
     /// # Errors
-    /// [`InvalidArgument::Team`] when the leader does not make the call; `f`'s error otherwise.
+    /// [`InvalidArgument::TeamRules`] when the leader does not make the call; `f`'s error otherwise.
     #[inline(always)]
     fn by_leader(&mut self, f: impl FnOnce(&mut Qp<'a>) -> Result<()>) -> Result<()> {
         let lanes = self.callers()?;
@@ -430,7 +430,7 @@ impl<'a> WarpQp<'a> {
     ///
     /// # Errors
     /// For every caller: the leader's [`Qp::flush`] result (the QP's first error CQE, sticky; a timeout);
-    /// [`InvalidArgument::Team`] as for [`WarpQp::post`].
+    /// [`InvalidArgument::TeamRules`] as for [`WarpQp::post`].
     pub fn flush(&mut self) -> Result<()> {
         self.by_leader(|q| q.flush())
     }
@@ -439,7 +439,7 @@ impl<'a> WarpQp<'a> {
     /// same ticket, e.g. the one [`WarpQp::post`] returned to signaled lanes).
     ///
     /// # Errors
-    /// For every caller: the leader's [`Qp::wait`] result; [`InvalidArgument::Team`] as for
+    /// For every caller: the leader's [`Qp::wait`] result; [`InvalidArgument::TeamRules`] as for
     /// [`WarpQp::post`].
     pub fn wait(&mut self, t: Ticket) -> Result<()> {
         self.by_leader(|q| q.wait(t))

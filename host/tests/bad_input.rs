@@ -1190,7 +1190,7 @@ fn post_raw_refuses_wqes_past_max_ds_and_max_ds_wqes_keep_finding_room() {
     let mut qp = dev_qp(&mut h, TIMEOUT_NS);
     // SAFETY: a well-formed WQE whose ctrl segment says the ds posted.
     let big = unsafe { qp.post_raw(true, 2 + SGES as u8, build(SGES)) };
-    assert_eq!(big, inval(InvalidArgument::Length));
+    assert_eq!(big, inval(InvalidArgument::WqeSize));
     let sges = gdaki_device::wqe::MAX_DS - 2;
     let mut rng = SmallRng::seed_from_u64(39);
     for round in 0..12u64 {

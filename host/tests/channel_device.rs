@@ -332,11 +332,11 @@ fn exclusive_put_with_signal_and_wait() {
 
 /// Two `PortChannel::<Exclusive>` of one handle alive at once (a ring's next and previous channels when they
 /// are the same peer): each would keep its own producer index, so their WQEs would overwrite each other. On
-/// the host both are refused with `Team` while both live, the second's drop writes nothing back, and the
+/// the host both are refused with `Posters` while both live, the second's drop writes nothing back, and the
 /// first goes on once the second is gone: its puts land whole.
 #[test]
 fn two_exclusive_channels_of_one_handle_are_refused_while_both_live() {
-    let team = Error::InvalidArgument(InvalidArgument::Team);
+    let team = Error::InvalidArgument(InvalidArgument::Posters);
     let l = Link::new(4096, 64, false);
     let data = random_bytes(&mut rng(), 4096);
     l.src.write(0, &data);
@@ -369,12 +369,12 @@ fn two_exclusive_channels_of_one_handle_are_refused_while_both_live() {
 
 /// A shared channel (Block or Device scope) of a handle whose Exclusive channel still lives: the Exclusive
 /// one's `Qp` keeps its counters apart and writes them back when dropped, over the shared poster's WQEs. On the
-/// host the shared channel's put and flush are refused with `Team` while the Exclusive one lives; once it is
+/// host the shared channel's put and flush are refused with `Posters` while the Exclusive one lives; once it is
 /// dropped the shared channel posts after its WQEs, and every put lands whole.
 #[test]
 fn a_shared_channel_is_refused_while_an_exclusive_one_of_its_handle_lives() {
     fn case<S: Sharing>() {
-        let team = Error::InvalidArgument(InvalidArgument::Team);
+        let team = Error::InvalidArgument(InvalidArgument::Posters);
         let (l, data, h) = team_link(64);
         // SAFETY: the link's QP handle, used by this thread only; the link outlives the channels.
         let mut first = unsafe { PortChannel::<Exclusive>::new(&h) };
@@ -622,11 +622,11 @@ fn shared_pieces_on_host(
 /// On the `cpu` executor a Block-scope QP takes posts from one CTA of a launch, and a Warp-sharing handle from
 /// one warp (`tid / 32` of one CTA): on the GPU a second CTA's `.cta` atomics, or a second warp's own leader,
 /// would corrupt the QP, while host threads would take turns and pass every byte. The first unit to post owns
-/// the QP for the launch; the others get `Team` and post nothing; a later launch may be another unit's.
+/// the QP for the launch; the others get `Sharing` and post nothing; a later launch may be another unit's.
 #[test]
 fn a_block_qp_takes_one_cta_and_a_warp_handle_one_warp_of_a_launch() {
     const ROUNDS: u32 = 4;
-    let r = Error::InvalidArgument(InvalidArgument::Team).to_report();
+    let r = Error::InvalidArgument(InvalidArgument::Sharing).to_report();
     let team = 2 + (u64::from(r.kind) << 8 | r.expected);
     // (Block 0, Warp 1, Warp team calls 2; CTAs; threads a CTA; threads a unit)
     for (warp, ctas, threads, unit) in [(0u32, 2u32, 4u32, 4usize), (1, 1, 64, 32), (1, 2, 32, 32), (2, 2, 32, 32)] {
@@ -671,11 +671,11 @@ fn a_block_qp_takes_one_cta_and_a_warp_handle_one_warp_of_a_launch() {
 
 /// One QP used in one launch by Block scope (CTA 1) and by Warp sharing (warp 1 of CTA 0): on the GPU the
 /// CTA's `.cta` atomics and the warp's own leader would corrupt it, so on the `cpu` executor whichever posts
-/// first owns the QP for the launch and the other gets `Team`. (CTA 1 and warp 1 are both unit 1 of their
+/// first owns the QP for the launch and the other gets `Sharing`. (CTA 1 and warp 1 are both unit 1 of their
 /// kind: a claim that did not tell the kinds apart let both post.)
 #[test]
 fn a_qp_takes_one_sharing_mode_in_a_launch() {
-    let r = Error::InvalidArgument(InvalidArgument::Team).to_report();
+    let r = Error::InvalidArgument(InvalidArgument::Sharing).to_report();
     let team = 2 + (u64::from(r.kind) << 8 | r.expected);
     let (ctas, threads) = (2u32, 64u32);
     let len = (ctas * threads) as usize * 64;
@@ -686,7 +686,7 @@ fn a_qp_takes_one_sharing_mode_in_a_launch() {
     assert!(idle.iter().all(|&c| c == u64::MAX), "warp 0 of CTA 0 posts nothing: {out:?}");
     let warp_owns = warp.iter().all(|&c| c == 1) && cta.iter().all(|&c| c == team);
     let cta_owns = cta.iter().all(|&c| c == 1) && warp.iter().all(|&c| c == team);
-    assert!(warp_owns || cta_owns, "one of the two posts, the other gets Team: {out:?}");
+    assert!(warp_owns || cta_owns, "one of the two posts, the other gets Sharing: {out:?}");
 }
 
 /// The host turns of `l`'s QP: (`host_next`, `host_serving`), read as the library accesses them (the serving
@@ -818,7 +818,7 @@ fn a_warp_team_call_from_more_than_one_warp_is_refused() {
         let r = (ch.put_block(m, 0, 0, 1024), ch.put_block_with_signal(m, 0, 0, 1024));
         results.lock().unwrap().push(r);
     });
-    let refused = Err(Error::InvalidArgument(InvalidArgument::Team));
+    let refused = Err(Error::InvalidArgument(InvalidArgument::TeamRules));
     assert_eq!(results.into_inner().unwrap(), vec![(refused, refused); 33]);
     // SAFETY: the threads have ended; the state is plain memory of the link.
     let st = unsafe { std::ptr::read_volatile(&l.qp_h.sq) };
@@ -833,7 +833,7 @@ fn a_warp_team_call_from_more_than_one_warp_is_refused() {
 }
 
 /// A Warp-sharing team put of 32 pieces on a ring of 16 WQEBBs: one batch of 32 WQEBBs on the GPU, over half
-/// the ring, `Length` for every lane there. Host threads post one at a time, so the member whose rank puts the
+/// the ring, `Batch` for every lane there. Host threads post one at a time, so the member whose rank puts the
 /// batch over half the ring (ranks 8 and up: pieces of ranks 0 ..= 8 take 9 WQEBBs) is refused there too, and
 /// the test fails as the GPU's would; the members below pass. Before, every member passed on the host.
 #[test]
@@ -847,7 +847,7 @@ fn a_warp_team_batch_over_half_the_ring_is_refused_on_host_threads_too() {
         let f = ch.flush();
         results.lock().unwrap().push((m.rank, r, f));
     });
-    let length = Err(Error::InvalidArgument(InvalidArgument::Length));
+    let length = Err(Error::InvalidArgument(InvalidArgument::Batch));
     for (rank, r, f) in results.into_inner().unwrap() {
         assert_eq!(r, if rank < 8 { Ok(()) } else { length }, "rank {rank}");
         assert_eq!(f, Ok(()), "rank {rank}'s flush");
@@ -1417,7 +1417,8 @@ fn device_team_puts_of_two_teams_share_one_qp() {
 
 /// A bad piece in one member's part of a team put: that member gets its range error, the others `Team`, the
 /// NIC sees nothing, and the next team put on the QP goes out whole. Members with a piece that are not the
-/// lowest ranks, and a piece over `max_wqe_bytes`, are refused the same way.
+/// lowest ranks (the highest of them gets `TeamRules`), and a piece over `max_wqe_bytes` (`Length`), are
+/// refused the same way.
 #[test]
 fn a_bad_piece_fails_the_whole_team_put_with_nothing_posted() {
     let (l, _, h) = team_link(64);
@@ -1441,7 +1442,8 @@ fn a_bad_piece_fails_the_whole_team_put_with_nothing_posted() {
     for (rank, e1, e2, e3, good) in results {
         let want1 = if rank == 2 { Err(Error::InvalidArgument(InvalidArgument::LocalRange)) } else { team };
         assert_eq!(e1, want1, "rank {rank}: bad range");
-        assert_eq!(e2, team, "rank {rank}: not a prefix");
+        let want2 = if rank == 3 { Err(Error::InvalidArgument(InvalidArgument::TeamRules)) } else { team };
+        assert_eq!(e2, want2, "rank {rank}: not a prefix");
         let want3 = if rank == 3 { Err(Error::InvalidArgument(InvalidArgument::Length)) } else { team };
         assert_eq!(e3, want3, "rank {rank}: piece over max_wqe_bytes");
         assert_eq!(good, Ok(()), "rank {rank}: the next team put");
@@ -1453,11 +1455,49 @@ fn a_bad_piece_fails_the_whole_team_put_with_nothing_posted() {
     assert_eq!((nic.wqes, nic.cqes, nic.doorbells), (4, 1, 1), "only the last team put reached the NIC: {nic:?}");
 }
 
-/// A team put whose batch needs more than half the ring (9 pieces on a 16-WQEBB ring) is `Length` for every
-/// member, in both scopes, as a warp's batch and `Qp::post_batch` are (before, the members got `Team`, and the
-/// host never learnt why): nothing is placed, and a team put of 8 pieces then goes out.
+/// A team post (`SharedQp::post_team`, which takes any one-WQEBB WQE) in which one member passes a WQE of four
+/// WQEBBs (an inline WRITE of `MAX_INLINE` bytes): that member gets `TeamRules`, the others `Team`, in both
+/// scopes; nothing reaches the NIC, and a team post of one-WQEBB WRITEs then lands whole.
 #[test]
-fn a_team_put_over_half_the_ring_is_length_for_every_member() {
+fn a_team_post_with_a_wqe_over_one_wqebb_is_the_rules_for_its_member() {
+    fn run<S: gdaki_device::scope::Scope>() {
+        use gdaki_device::wqe::{self, Raddr, Sge, MAX_INLINE};
+        let (l, data, h) = team_link(64);
+        let results = std::sync::Mutex::new(Vec::new());
+        teams(1, 4, |_, m| {
+            // SAFETY: the link's QP handle and state (host memory, the `cpu` executor), posted to by this team
+            // alone, of one scope.
+            let qp = unsafe { gdaki_device::shared_qp::SharedQp::<S>::new(h.qp as *mut QpHandle, 1_000_000_000) };
+            let at = 64 * u64::from(m.rank);
+            let raddr = |off: u64| Raddr { addr: h.dst.addr + off, rkey: h.dst.rkey };
+            let write = |off: u64| wqe::rdma_write(raddr(off), Sge::new(h.src.addr + off, 64, h.src.lkey).unwrap());
+            let w =
+                if m.rank == 1 { wqe::rdma_write_inline(raddr(at), &[7; MAX_INLINE]) } else { Ok(write(at).widen()) };
+            let refused = qp.post_team(m, w.map(Some));
+            let good = qp.post_team(m, Ok(Some(write(1024 + at)))).and_then(|_| qp.flush());
+            results.lock().unwrap().push((m.rank, refused, good));
+        });
+        let what = std::any::type_name::<S>();
+        for (rank, refused, good) in results.into_inner().unwrap() {
+            let why = if rank == 1 { InvalidArgument::TeamRules } else { InvalidArgument::Team };
+            assert_eq!(refused, Err(Error::InvalidArgument(why)), "{what}: rank {rank}");
+            assert!(good.is_ok(), "{what}: rank {rank}: the next team post: {good:?}");
+        }
+        let got = l.dst.read();
+        assert!(got[..1024].iter().all(|&b| b == 0xee), "{what}: the refused post placed bytes");
+        assert_eq!(&got[1024..1280], &data[1024..1280], "{what}");
+        let nic = emu_util::stats_counted(&l._nics[0], 4, 1);
+        assert_eq!((nic.wqes, nic.cqes), (4, 1), "{what}: only the second post reached the NIC: {nic:?}");
+    }
+    run::<Block>();
+    run::<Device>();
+}
+
+/// A team put whose batch needs more than half the ring (9 pieces on a 16-WQEBB ring) is `Batch` for every
+/// member, in both scopes, as a warp's batch and `Qp::post_batch` are: nothing is placed, and a team put of 8
+/// pieces then goes out.
+#[test]
+fn a_team_put_over_half_the_ring_is_batch_for_every_member() {
     fn run<S: Sharing>() {
         let (l, data, h) = team_link(16);
         let results = std::sync::Mutex::new(Vec::new());
@@ -1468,7 +1508,7 @@ fn a_team_put_over_half_the_ring_is_length_for_every_member() {
             let fits = ch.put_team(m, 1024 + r * 64, 1024 + r * 64, if r < 8 { 64 } else { 0 });
             results.lock().unwrap().push((over, fits.and_then(|()| ch.flush())));
         });
-        let length = Err(Error::InvalidArgument(InvalidArgument::Length));
+        let length = Err(Error::InvalidArgument(InvalidArgument::Batch));
         assert!(results.into_inner().unwrap().iter().all(|r| *r == (length, Ok(()))), "{}", std::any::type_name::<S>());
         let got = l.dst.read();
         assert!(got[..1024].iter().all(|&b| b == 0xee), "{}: the refused put placed bytes", std::any::type_name::<S>());
@@ -1633,7 +1673,7 @@ fn a_block_put_past_the_end_of_either_memory_posts_nothing() {
 }
 
 /// A team put whose members' channels are of two handles (one block split between two peers in one call):
-/// every member gets `Team`, neither peer's memory changes, the second handle's NIC sees nothing, and the
+/// the members of the second handle get `TeamRules`, the others `Team`, neither peer's memory changes, the second handle's NIC sees nothing, and the
 /// first QP goes on (the leader's reservation went out as NOPs): the next team put on it lands whole. Before,
 /// the members of the second handle stored into its ring at the first's indices, published nothing there and
 /// returned Ok; the first QP published WQEBBs nobody stored and went to the error state.
@@ -1650,9 +1690,9 @@ fn a_team_put_over_two_handles_is_refused_for_all() {
         let good = on_x.put_team(m, 1024 + r * 64, 1024 + r * 64, 64).and_then(|()| on_x.flush());
         results.lock().unwrap().push((m.rank, split, flushed, good));
     });
-    let team = Err(Error::InvalidArgument(InvalidArgument::Team));
     for (rank, split, flushed, good) in results.into_inner().unwrap() {
-        assert_eq!((split, flushed, good), (team, Ok(()), Ok(())), "rank {rank}");
+        let why = if rank < 4 { InvalidArgument::Team } else { InvalidArgument::TeamRules };
+        assert_eq!((split, flushed, good), (Err(Error::InvalidArgument(why)), Ok(()), Ok(())), "rank {rank}");
     }
     let (got_x, got_y) = (x.dst.read(), y.dst.read());
     assert!(got_x[..1024].iter().all(|&b| b == 0xee), "nothing of the split put was placed at X's peer");
@@ -1667,9 +1707,9 @@ fn a_team_put_over_two_handles_is_refused_for_all() {
 }
 
 /// A team put whose members' channels are two channels of one QP (the second's destination 1 KiB further):
-/// every member gets `Team` and nothing lands, as for two QPs; the QP goes on. Before, the members with the
-/// second channel put their pieces at its destination and every member returned Ok, the range split between
-/// the two.
+/// the members of the second channel get `TeamRules`, the others `Team`, and nothing lands, as for two QPs;
+/// the QP goes on. Before, the members with the second channel put their pieces at its destination and every
+/// member returned Ok, the range split between the two.
 #[test]
 fn a_team_put_over_two_channels_of_one_qp_is_refused_for_all() {
     let (l, _, h) = team_link(64);
@@ -1685,9 +1725,9 @@ fn a_team_put_over_two_channels_of_one_qp_is_refused_for_all() {
         let good = one.put_team(m, 2048 + r * 64, 2048 + r * 64, 64).and_then(|()| one.flush());
         results.lock().unwrap().push((m.rank, split, good));
     });
-    let team = Err(Error::InvalidArgument(InvalidArgument::Team));
     for (rank, split, good) in results.into_inner().unwrap() {
-        assert_eq!((split, good), (team, Ok(())), "rank {rank}");
+        let why = if rank < 2 { InvalidArgument::Team } else { InvalidArgument::TeamRules };
+        assert_eq!((split, good), (Err(Error::InvalidArgument(why)), Ok(())), "rank {rank}");
     }
     let got = l.dst.read();
     assert!(got[..2048].iter().all(|&b| b == 0xee), "nothing of the split put landed");

@@ -499,17 +499,17 @@ fn post_batch_refuses_no_wqes_and_more_than_half_the_ring_and_posts_nothing() {
     let mut h = p.a.handle();
     let mut qp = dev_qp(&mut h);
     let mut built = 0;
-    assert_eq!(qp.post_batch(0, false, |_| wqe::nop()), inval(InvalidArgument::Length));
+    assert_eq!(qp.post_batch(0, false, |_| wqe::nop()), inval(InvalidArgument::Batch));
     assert_eq!(
         qp.post_batch(9, false, |_| {
             built += 1;
             wqe::nop()
         }),
-        inval(InvalidArgument::Length)
+        inval(InvalidArgument::Batch)
     );
     // 4-WQEBB WQEs: two fill half of the ring.
     let big = |_| wqe::rdma_write_inline(Raddr { addr: 0, rkey: Be32::new(0) }, &[0; MAX_INLINE]).unwrap();
-    assert_eq!(qp.post_batch(3, false, big), inval(InvalidArgument::Length));
+    assert_eq!(qp.post_batch(3, false, big), inval(InvalidArgument::Batch));
     assert_eq!((built, qp.handle().sq.pi), (0, 0), "a refused batch built or posted WQEs");
     // Half the ring, again and again, unsignaled and rung only by the reservation waiting for room: the
     // quarter-ring CQEs retire it.
@@ -1238,6 +1238,13 @@ fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
         Just(InvalidArgument::Collective),
         Just(InvalidArgument::Value),
         Just(InvalidArgument::Counter),
+        Just(InvalidArgument::TeamRules),
+        Just(InvalidArgument::Sharing),
+        Just(InvalidArgument::Posters),
+        Just(InvalidArgument::WqeSize),
+        Just(InvalidArgument::Batch),
+        Just(InvalidArgument::Regions),
+        Just(InvalidArgument::Bound),
     ]
 }
 
@@ -1365,6 +1372,13 @@ fn invalid_argument_codes_are_the_documented_ones() {
         (InvalidArgument::Collective, 12, "invalid argument: Collective"),
         (InvalidArgument::Value, 13, "invalid argument: Value"),
         (InvalidArgument::Counter, 14, "invalid argument: Counter"),
+        (InvalidArgument::TeamRules, 15, "invalid argument: TeamRules"),
+        (InvalidArgument::Sharing, 16, "invalid argument: Sharing"),
+        (InvalidArgument::Posters, 17, "invalid argument: Posters"),
+        (InvalidArgument::WqeSize, 18, "invalid argument: WqeSize"),
+        (InvalidArgument::Batch, 19, "invalid argument: Batch"),
+        (InvalidArgument::Regions, 20, "invalid argument: Regions"),
+        (InvalidArgument::Bound, 21, "invalid argument: Bound"),
     ];
     assert_eq!(kind::INVALID_ARGUMENT, 6);
     for (a, code, message) in table {
@@ -1381,7 +1395,14 @@ fn invalid_argument_codes_are_the_documented_ones() {
             | InvalidArgument::Team
             | InvalidArgument::Collective
             | InvalidArgument::Value
-            | InvalidArgument::Counter => {}
+            | InvalidArgument::Counter
+            | InvalidArgument::TeamRules
+            | InvalidArgument::Sharing
+            | InvalidArgument::Posters
+            | InvalidArgument::WqeSize
+            | InvalidArgument::Batch
+            | InvalidArgument::Regions
+            | InvalidArgument::Bound => {}
         }
         // Packing: the report the device writes (Team alone in the kind word, kind 15, so that a launch's
         // report of it can be replaced by its cause).
@@ -1408,12 +1429,12 @@ fn invalid_argument_codes_are_the_documented_ones() {
         Error::InvalidArgument(InvalidArgument::LocalRange).to_string(),
         "invalid argument: LocalRange (a local range lies outside its registered memory)"
     );
-    // The thirteen codes are 1..=14 but 10 (retired), each once; as kind 6, 10, 11 (Team, which has a kind of
+    // The twenty codes are 1..=21 but 10 (retired), each once; as kind 6, 10, 11 (Team, which has a kind of
     // its own) and the codes around them decode to nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
     codes.sort_unstable();
-    assert_eq!(codes, (1..=14).filter(|&c| c != 10).collect::<Vec<u64>>());
-    for code in [0u64, 10, 11, 15, 16, u32::MAX as u64, u64::MAX] {
+    assert_eq!(codes, (1..=21).filter(|&c| c != 10).collect::<Vec<u64>>());
+    for code in [0u64, 10, 11, 22, 23, u32::MAX as u64, u64::MAX] {
         let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }

@@ -1108,7 +1108,7 @@ fn a_ring_of_an_invalid_size_refuses_every_post() {
                 }
                 assert_eq!(
                     qp.post_batch(0, false, |_| wqe::nop()),
-                    Err(Error::InvalidArgument(InvalidArgument::Length))
+                    Err(Error::InvalidArgument(InvalidArgument::Batch))
                 );
                 assert_eq!(
                     qp.put(&fx.remote, 0, &fx.local, 0, 8),

@@ -428,7 +428,7 @@ fn gpu_all_to_all_v_with_a_rank_missing_times_out_naming_it() {
 /// All-to-all calls whose regions are bad on some rank, found only once the counts have arrived: the send and
 /// receive regions overlapping on every rank, on one rank only (the one that sends most), one rank's
 /// receive region running past the buffer, one rank's send region running past it, and one rank's counts
-/// whose sum overflows. Every rank refuses each with `Collective` at once (no timeout, also where the bad
+/// whose sum overflows. Every rank refuses each with `Regions` at once (no timeout, also where the bad
 /// region is the caller's own send region, which it alone could have refused before the exchange), no byte
 /// of any buffer moves, and a good call after each refused one delivers every byte.
 fn all_to_all_v_refuses_bad_regions(kind: ExecutorKind) {
@@ -449,7 +449,7 @@ fn all_to_all_v_refuses_bad_regions(kind: ExecutorKind) {
             let before = bytes(((0xbad0 + i as u64) << 8) | rank as u64, LEN);
             r.collectives().buffer().write(0, &before).expect("fill");
             match r.all_to_all_v(&counts[rank], *send_off, *recv_off) {
-                Err(gdaki::Error::Kernel { error: DevError::InvalidArgument(InvalidArgument::Collective), .. }) => {}
+                Err(gdaki::Error::Kernel { error: DevError::InvalidArgument(InvalidArgument::Regions), .. }) => {}
                 other => panic!("bad call {i} rank {rank}: {other:?}"),
             }
             let after = r.collectives().buffer().to_vec().expect("read");
@@ -771,34 +771,36 @@ proptest! {
     }
 }
 
-/// Reduce arguments that break the layout or the bound: refused with `Collective` on every rank, nothing
-/// posted (no rank waits: each call returns at once).
+/// Reduce arguments that break the layout or the bound: refused on every rank, each with its own code (a root
+/// not below the rank count `Collective`, a bound that is not positive and finite `Bound`, regions that are
+/// misaligned, overlap or leave the buffer `Regions`), nothing posted (no rank waits: each call returns at
+/// once).
 #[test]
 fn cpu_reduce_refuses_bad_arguments() {
+    use InvalidArgument::{Bound, Collective, Regions};
     let ok = Reduce { root: 0, offset: R_IN, count: 64, acc_offset: R_ACC, out_offset: R_OUT, max_abs: 1.0 };
     let bad = [
-        Reduce { root: 2, ..ok },
-        Reduce { max_abs: 0.0, ..ok },
-        Reduce { max_abs: f32::NAN, ..ok },
-        Reduce { max_abs: f32::INFINITY, ..ok },
-        Reduce { offset: R_IN + 2, ..ok },
-        Reduce { acc_offset: R_ACC + 4, ..ok },
-        Reduce { out_offset: R_OUT + 1, ..ok },
-        Reduce { acc_offset: R_IN + 8, ..ok },
-        Reduce { acc_offset: R_OUT - 8, ..ok },
-        Reduce { acc_offset: BUF as u64 - 8 * 63, ..ok },
-        Reduce { count: u64::MAX / 4, ..ok },
+        (Reduce { root: 2, ..ok }, Collective),
+        (Reduce { max_abs: 0.0, ..ok }, Bound),
+        (Reduce { max_abs: -1.0, ..ok }, Bound),
+        (Reduce { max_abs: f32::NAN, ..ok }, Bound),
+        (Reduce { max_abs: f32::INFINITY, ..ok }, Bound),
+        (Reduce { offset: R_IN + 2, ..ok }, Regions),
+        (Reduce { acc_offset: R_ACC + 4, ..ok }, Regions),
+        (Reduce { out_offset: R_OUT + 1, ..ok }, Regions),
+        (Reduce { acc_offset: R_IN + 8, ..ok }, Regions),
+        (Reduce { acc_offset: R_OUT - 8, ..ok }, Regions),
+        (Reduce { acc_offset: BUF as u64 - 8 * 63, ..ok }, Regions),
+        (Reduce { count: u64::MAX / 4, ..ok }, Regions),
     ];
     let out = on_ranks(2, ExecutorKind::Cpu, true, CollConfig::new(BUF), |r| {
-        bad.iter().map(|b| r.reduce(b).err()).collect::<Vec<_>>()
+        bad.iter().map(|(b, _)| r.reduce(b).err()).collect::<Vec<_>>()
     });
     for (rank, errs) in out.into_iter().enumerate() {
-        for (b, err) in bad.iter().zip(errs) {
+        for ((b, want), err) in bad.iter().zip(errs) {
             match err {
-                Some(gdaki::Error::Kernel {
-                    error: DevError::InvalidArgument(InvalidArgument::Collective), ..
-                }) => {}
-                other => panic!("rank {rank}: {b:?}: {other:?}"),
+                Some(gdaki::Error::Kernel { error: DevError::InvalidArgument(a), .. }) if a == *want => {}
+                other => panic!("rank {rank}: {b:?}: {other:?}, not {want:?}"),
             }
         }
     }
@@ -1069,7 +1071,7 @@ proptest! {
     }
 }
 
-/// Ring all-reduce arguments that break the layout: refused with `Collective` on every rank, nothing posted
+/// Ring all-reduce arguments that break the layout: refused with `Regions` on every rank, nothing posted
 /// (no rank waits: each call returns at once).
 fn ring_refuses_bad_arguments(kind: ExecutorKind) {
     let ok = RingAllReduce { in_offset: G_IN, out_offset: G_OUT, count: 64, scratch_offset: G_SCRATCH, chunk: 0 };
@@ -1100,9 +1102,7 @@ fn ring_refuses_bad_arguments(kind: ExecutorKind) {
     for (rank, (errs, fine)) in out.into_iter().enumerate() {
         for (b, err) in bad.iter().zip(errs) {
             match err {
-                Some(gdaki::Error::Kernel {
-                    error: DevError::InvalidArgument(InvalidArgument::Collective), ..
-                }) => {}
+                Some(gdaki::Error::Kernel { error: DevError::InvalidArgument(InvalidArgument::Regions), .. }) => {}
                 other => panic!("rank {rank}: {b:?}: {other:?}"),
             }
         }

@@ -1,7 +1,7 @@
 //! All-to-all with variable sizes (the MoE dispatch shape): every rank sends its own number of bytes to
 //! every rank, and learns on the device how many bytes each rank sends it.
 
-use super::{ctrl, disjoint, fits, Comm, INVALID, MAX_RANKS};
+use super::{ctrl, disjoint, fits, Comm, BAD_REGIONS, MAX_RANKS};
 use crate::channel::{Exclusive, PortChannel};
 use crate::error::Result;
 use crate::sync;
@@ -31,9 +31,10 @@ pub struct AllToAllV {
 /// Returns once every byte for this rank is in place and its own puts have completed.
 ///
 /// # Errors
-/// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle or count
-/// slices shorter than `nranks` (nothing posted; peers that made a good call time out); and, once the counts
-/// have arrived, on every rank alike with no data moved, when any rank's send or receive region lies outside
+/// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle and
+/// [`InvalidArgument::Regions`](crate::error::InvalidArgument::Regions) for count slices shorter than
+/// `nranks` (nothing posted; peers that made a good call time out); `Regions`, once the counts have
+/// arrived, on every rank alike with no data moved, when any rank's send or receive region lies outside
 /// the buffer (its counts' sum overflowing included) or the two overlap (every rank checks every rank's
 /// regions; the ranks still exchange a signal each, as a call of 0 bytes does, so that the next call finds
 /// the semaphores matched);
@@ -46,7 +47,7 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
     let c = Comm::new(h)?;
     let (r, n) = (c.rank as usize, c.n as usize);
     if send_counts.len() < n || recv_counts.len() < n {
-        return Err(INVALID);
+        return Err(BAD_REGIONS);
     }
     // A send region outside the buffer (or counts whose sum overflows) is refused below with every other
     // rank's regions, by every rank alike, rather than here alone while the peers wait for this rank's row.
@@ -98,7 +99,7 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
         for (q, out) in recv_counts[..n].iter_mut().enumerate() {
             *out = count(q, r);
         }
-        recv_at = offsets(&recv_counts[..n]).ok_or(INVALID)?;
+        recv_at = offsets(&recv_counts[..n]).ok_or(BAD_REGIONS)?;
     }
     for p in peers() {
         let (pi, bytes) = (p as usize, if ok { send_counts[p as usize] } else { 0 });
@@ -134,7 +135,7 @@ pub unsafe fn all_to_all_v(h: &CollHandle, a: &AllToAllV, send_counts: &[u64], r
     if ok {
         Ok(())
     } else {
-        Err(INVALID)
+        Err(BAD_REGIONS)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Broadcast: the root's bytes into every rank's buffer at the same offset, by direct puts, a pipelined
 //! chain or a binary tree, completed by a group acknowledgment at the root.
 
-use super::{acknowledge, fits, wait_acks, Comm, INVALID, MAX_RANKS};
+use super::{acknowledge, fits, wait_acks, Comm, BAD_COMM, BAD_REGIONS, MAX_RANKS};
 use crate::error::Result;
 use gdaki_shared::coll::CollHandle;
 
@@ -97,8 +97,9 @@ pub const fn default_chunk(bytes: u64) -> u64 {
 /// or separate them (a kernel boundary, a barrier), when a rank may write where another still reads.
 ///
 /// # Errors
-/// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle, a root not
-/// below `nranks`, or a range outside the data buffer (nothing posted);
+/// [`InvalidArgument::Collective`](crate::error::InvalidArgument::Collective) for a bad handle or a root not
+/// below `nranks`, [`InvalidArgument::Regions`](crate::error::InvalidArgument::Regions) for a range outside
+/// the data buffer (nothing posted);
 /// [`Error::Timeout`](crate::error::Error::Timeout) with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming
 /// the rank a receiver waited for, or [`WaitOn::GroupAck`](crate::error::WaitOn::GroupAck) on the root;
 /// [`Error::PeerGone`](crate::error::Error::PeerGone) when a rank waited for (any, for the root) left or died;
@@ -109,8 +110,11 @@ pub const fn default_chunk(bytes: u64) -> u64 {
 /// whose channels no other thread uses during the call.
 pub unsafe fn broadcast(h: &CollHandle, b: &Broadcast) -> Result<()> {
     let c = Comm::new(h)?;
-    if b.root >= c.n || !fits(h.buf.length, b.offset, b.bytes) {
-        return Err(INVALID);
+    if b.root >= c.n {
+        return Err(BAD_COMM);
+    }
+    if !fits(h.buf.length, b.offset, b.bytes) {
+        return Err(BAD_REGIONS);
     }
     if b.bytes == 0 || c.n == 1 {
         return Ok(());

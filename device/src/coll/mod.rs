@@ -30,8 +30,11 @@ use crate::error::{Error, InvalidArgument, Result, WaitOn};
 use crate::{sync, wait};
 use gdaki_shared::handle::RemoteMr;
 
-/// [`InvalidArgument::Collective`] as an error.
-const INVALID: Error = Error::InvalidArgument(InvalidArgument::Collective);
+/// [`InvalidArgument::Collective`] as an error: a bad communicator handle, root or calling block.
+const BAD_COMM: Error = Error::InvalidArgument(InvalidArgument::Collective);
+
+/// [`InvalidArgument::Regions`] as an error: counts or regions that do not fit the data buffer or its layout.
+const BAD_REGIONS: Error = Error::InvalidArgument(InvalidArgument::Regions);
 
 /// A handle whose rank and size are checked.
 struct Comm<'h> {
@@ -44,7 +47,7 @@ impl<'h> Comm<'h> {
     /// Checks `h`: `1 ..= MAX_RANKS` ranks, `rank` below them.
     fn new(h: &'h CollHandle) -> Result<Self> {
         if h.nranks == 0 || h.nranks as usize > MAX_RANKS || h.rank >= h.nranks {
-            return Err(INVALID);
+            return Err(BAD_COMM);
         }
         Ok(Self { h, rank: h.rank, n: h.nranks })
     }

@@ -2,7 +2,7 @@
 //! one scale that all ranks compute alike, the NIC adds them into the root's accumulation area with RDMA
 //! fetch-adds (one per value), and the root turns the integer sums back into `f32`.
 
-use super::{acknowledge, broadcast, fits, wait_acks, Algorithm, Broadcast, Comm, INVALID};
+use super::{acknowledge, broadcast, fits, wait_acks, Algorithm, Broadcast, Comm, BAD_COMM, BAD_REGIONS};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::onesided::atomic_target;
 use crate::sync;
@@ -90,8 +90,9 @@ pub fn quantize(x: f32, s: f64) -> i64 {
 /// as any `f32` sum would.
 ///
 /// # Errors
-/// [`InvalidArgument::Collective`] for a bad handle, a root not below `nranks`, a `max_abs` that is not
-/// positive and finite, misaligned, overlapping or out-of-buffer ranges (nothing posted);
+/// [`InvalidArgument::Collective`] for a bad handle or a root not below `nranks`, [`InvalidArgument::Bound`]
+/// for a `max_abs` that is not positive and finite, [`InvalidArgument::Regions`] for misaligned,
+/// overlapping or out-of-buffer ranges (nothing posted);
 /// [`InvalidArgument::Value`] for a value out of bound on this rank (nothing posted: the root then times out
 /// with [`WaitOn::GroupAck`](crate::error::WaitOn::GroupAck), or, where the root's value is out of bound, the
 /// peers with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming the root); the timeouts and channel errors
@@ -101,9 +102,12 @@ pub fn quantize(x: f32, s: f64) -> i64 {
 /// As [`super::broadcast`].
 pub unsafe fn reduce(h: &CollHandle, r: &Reduce) -> Result<()> {
     let c = Comm::new(h)?;
-    let s = scale(c.n, r.max_abs).ok_or(INVALID)?;
-    if r.root >= c.n || !ranges_ok(h.buf.addr, h.buf.length, r) {
-        return Err(INVALID);
+    let s = scale(c.n, r.max_abs).ok_or(Error::InvalidArgument(InvalidArgument::Bound))?;
+    if r.root >= c.n {
+        return Err(BAD_COMM);
+    }
+    if !ranges_ok(h.buf.addr, h.buf.length, r) {
+        return Err(BAD_REGIONS);
     }
     if r.count == 0 {
         return Ok(());

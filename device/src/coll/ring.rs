@@ -2,7 +2,7 @@
 //! channels to the next rank (puts with a signal) and from the previous one (waits), the additions made by
 //! the threads of one block.
 
-use super::{broadcast::default_chunk, disjoint, fits, Comm, INVALID};
+use super::{broadcast::default_chunk, disjoint, fits, Comm, BAD_COMM, BAD_REGIONS};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::launch::DeviceRepr;
 use crate::sync;
@@ -82,10 +82,10 @@ const fn segment(count: u64, n: u32, j: u32) -> (u64, u64) {
 /// safe; otherwise keep the next call's scratch apart from this call's output (or separate the calls).
 ///
 /// # Errors
-/// [`InvalidArgument::Collective`] for a bad handle, misaligned ranges, ranges outside the buffer, an input
-/// and output that overlap without being equal, a scratch area overlapping either, or a call that not every
-/// thread of the block makes, or from a launch of more than one block (on every thread that calls, nothing
-/// posted); [`Error::Timeout`] with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming the previous
+/// [`InvalidArgument::Collective`] for a bad handle, or a call that not every thread of the block makes, or
+/// from a launch of more than one block; [`InvalidArgument::Regions`] for misaligned ranges, ranges outside
+/// the buffer, an input and output that overlap without being equal, a scratch area overlapping either (on
+/// every thread that calls, nothing posted); [`Error::Timeout`] with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming the previous
 /// rank, and the channels' errors, on thread 0; every other thread then returns
 /// [`InvalidArgument::Team`].
 ///
@@ -95,13 +95,13 @@ const fn segment(count: u64, n: u32, j: u32) -> (u64, u64) {
 pub unsafe fn all_reduce_ring(h: &CollHandle, r: &RingAllReduce, t: &Thread) -> Result<()> {
     let c = Comm::new(h)?;
     if !ranges_ok(h.buf.addr, h.buf.length, c.n, r) {
-        return Err(INVALID);
+        return Err(BAD_REGIONS);
     }
     // Every thread of one block: a call from part of the block (behind a `tid == 0` test, as the other
     // collectives are called) would add only the callers' shares and return `Ok`, since a barrier counts the
     // threads that returned as arrived; a second block would post on the same channels.
     if t.sync_threads_count(true) != t.block_size() || t.blocks() != 1 {
-        return Err(INVALID);
+        return Err(BAD_COMM);
     }
     if r.count == 0 {
         return Ok(());

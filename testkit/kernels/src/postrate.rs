@@ -531,7 +531,7 @@ unsafe fn burst_warp_part(a: &PostRateArgs, h: *mut QpHandle, p: u32, posts: boo
     // Only the leader keeps the QP's counters: a call it does not make is refused, whoever makes it.
     let unrefused = (warp.lane != 0)
         .then(|| qp.post_some(false, w))
-        .filter(|r| !matches!(r, Err(Error::InvalidArgument(InvalidArgument::Team))));
+        .filter(|r| !matches!(r, Err(Error::InvalidArgument(InvalidArgument::TeamRules))));
     // The whole warp again before the posts (or the error): nothing else makes lanes that parted at a branch
     // run together.
     warp.sync();
