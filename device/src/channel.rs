@@ -441,9 +441,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// [`sync::fence_release_sys`] (the guide's "Port channels: device side").
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`], nothing posted: [`InvalidArgument::RemoteRange`] for a range outside the
-    /// peer's memory (checked first), [`InvalidArgument::Length`] for a zero length,
-    /// [`InvalidArgument::LocalRange`] for a range outside the local memory, and in the Host modes
+    /// Nothing posted: [`Error::Range`] for a range outside the peer's memory (checked first),
+    /// [`InvalidArgument::Length`] for a zero length, [`Error::Range`] for a range outside the local memory
+    /// (the error says which memory, with the offset and lengths), and in the Host modes
     /// [`InvalidArgument::Unsupported`] for a range past 4 GiB (triggers carry 32-bit offsets); timeouts and
     /// unexpected CQEs of the poster.
     #[inline(always)]
@@ -472,7 +472,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// # Errors
     /// A member whose piece is out of range gets what [`PortChannel::put`] returns for it
-    /// ([`InvalidArgument::LocalRange`], [`InvalidArgument::RemoteRange`]) and, in Device mode,
+    /// ([`Error::Range`]) and, in Device mode,
     /// [`InvalidArgument::Length`] for a piece longer than one WQE takes (in the Host modes the proxy splits a
     /// long piece as it splits a put's); in Block and Device sharing every other member then gets
     /// [`InvalidArgument::Team`], and nothing is posted, as every member does when some threads of the block
@@ -504,7 +504,7 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// # Errors
     /// The whole range is checked first, by every member alike: a zero length is [`InvalidArgument::Length`],
-    /// a range outside either memory [`InvalidArgument::RemoteRange`] or [`InvalidArgument::LocalRange`], for
+    /// a range outside either memory [`Error::Range`] (the peer's checked first), for
     /// every member, and nothing is posted. Then as [`PortChannel::put_team`]. The members must pass the same
     /// arguments: nothing detects different ones; each member posts the pieces its own arguments give (so
     /// part of the range may stay unwritten with no error), and members that make different numbers of team
@@ -715,8 +715,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// than 8 bytes inside a larger MR would take the old value silently.
     ///
     /// # Errors
-    /// [`InvalidArgument::RemoteRange`] for a semaphore word of fewer than 8 bytes,
-    /// [`InvalidArgument::LocalRange`] for such a scratch word, [`InvalidArgument::AtomicAlignment`] for a
+    /// [`Error::Range`] for a semaphore word of fewer than 8 bytes (remote) or such a scratch word (local),
+    /// [`InvalidArgument::AtomicAlignment`] for a
     /// misaligned one.
     #[inline(always)]
     fn signal_target(&self) -> Result<(Raddr, Sge)> {
@@ -949,7 +949,7 @@ fn local_range(mr: &gdaki_shared::handle::MrHandle, off: u64, len: u64) -> Resul
     }
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Ok(addr),
-        _ => Err(Error::InvalidArgument(InvalidArgument::LocalRange)),
+        _ => Err(crate::error::RangeError::local(off, len, mr.length)),
     }
 }
 

@@ -139,6 +139,22 @@ pub struct PayloadMismatch {
     pub seen: u64,
 }
 
+/// A range of bytes that lies outside the registered memory it names (or whose address would pass 2^64: a
+/// handle whose `addr + length` wraps), found by device code before it posted anything (a real NIC would answer it with an error CQE and move the QP to the error state: syndrome 0x04,
+/// local protection, for a local range; 0x13, remote access, for a remote one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeError {
+    /// `false`: local memory (an `MrHandle`: a put's source, a get's destination, a result word, a packet
+    /// buffer); `true`: the peer's memory (a `RemoteMr`: a put's destination, a semaphore).
+    pub remote: bool,
+    /// Offset of the range in the memory, bytes.
+    pub offset: u64,
+    /// Length of the range, bytes.
+    pub bytes: u64,
+    /// Length of the memory, bytes (its handle's `length`).
+    pub length: u64,
+}
+
 /// A failure of the application's own kernel code, in its own terms: gdaki only carries it to the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AppError {
@@ -173,8 +189,11 @@ pub enum Error {
     UnexpectedCqe(UnexpectedCqe),
     /// A payload check failed.
     Payload(PayloadMismatch),
-    /// An argument was out of range (e.g. a length beyond the MR, or an inline payload too large); the code
-    /// names which.
+    /// A range outside its registered memory ([`RangeError`]: which memory, the offset, the length and the
+    /// memory's length). Nothing was posted.
+    Range(RangeError),
+    /// An argument was out of range (e.g. a zero length, or an inline payload too large); the code names
+    /// which.
     InvalidArgument(InvalidArgument),
     /// The application's kernel code failed ([`AppError`]): what a user's kernel returns for its own checks.
     App(AppError),
@@ -183,15 +202,12 @@ pub enum Error {
 }
 
 /// Which argument device code rejected before posting anything. The discriminants are the codes an
-/// `gdaki_shared::handle::ErrorReport` carries; 10 is not used (it named a check that the QP's
-/// one send-queue state made unnecessary) and is read back as no error kind.
+/// `gdaki_shared::handle::ErrorReport` carries; 1 and 2 are not used (they named ranges outside their
+/// memory, which are [`Error::Range`] with the offsets now) nor is 10 (it named a check that the QP's one
+/// send-queue state made unnecessary): each is read back as no error kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum InvalidArgument {
-    /// A local range lies outside its MR.
-    LocalRange = 1,
-    /// A remote range lies outside the peer's MR.
-    RemoteRange = 2,
     /// An inline payload is longer than [`crate::wqe::MAX_INLINE`].
     InlineTooLong = 3,
     /// An atomic target or result is not 8-byte aligned.
@@ -311,6 +327,21 @@ pub mod kind {
     /// [`super::Error::PeerGone`]; `addr` holds the peer's rank, `expected` 1 when the session broke (0: the
     /// peer left).
     pub const PEER_GONE: u32 = 17;
+    /// [`super::Error::Range`]; `addr` holds the offset, `seen` the range's bytes, `expected` the memory's
+    /// length, `detail` 1 for the peer's memory (0: local).
+    pub const RANGE: u32 = 18;
+}
+
+impl RangeError {
+    /// [`Error::Range`] for `bytes` bytes at `offset` of local memory of `length` bytes.
+    pub(crate) const fn local(offset: u64, bytes: u64, length: u64) -> Error {
+        Error::Range(RangeError { remote: false, offset, bytes, length })
+    }
+
+    /// [`Error::Range`] for `bytes` bytes at `offset` of the peer's memory of `length` bytes.
+    pub(crate) const fn remote(offset: u64, bytes: u64, length: u64) -> Error {
+        Error::Range(RangeError { remote: true, offset, bytes, length })
+    }
 }
 
 impl CqeError {
@@ -409,6 +440,13 @@ impl Error {
                 r.detail = p.iter;
                 r.addr = p.offset;
             }
+            Error::Range(e) => {
+                r.kind = kind::RANGE;
+                r.addr = e.offset;
+                r.seen = e.bytes;
+                r.expected = e.length;
+                r.detail = e.remote as u64;
+            }
             Error::InvalidArgument(InvalidArgument::Team) => r.kind = kind::TEAM,
             Error::InvalidArgument(a) => {
                 r.kind = kind::INVALID_ARGUMENT;
@@ -481,9 +519,17 @@ impl Error {
                     _ => return None,
                 },
             })),
+            kind::RANGE => Some(Error::Range(RangeError {
+                remote: match r.detail {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+                offset: r.addr,
+                bytes: r.seen,
+                length: r.expected,
+            })),
             kind::INVALID_ARGUMENT => Some(Error::InvalidArgument(match r.expected {
-                1 => InvalidArgument::LocalRange,
-                2 => InvalidArgument::RemoteRange,
                 3 => InvalidArgument::InlineTooLong,
                 4 => InvalidArgument::AtomicAlignment,
                 5 => InvalidArgument::Length,
@@ -597,6 +643,14 @@ impl core::fmt::Display for Error {
                 "payload mismatch in iteration {} at byte {}: expected {:#018x}, saw {:#018x}",
                 p.iter, p.offset, p.expected, p.seen
             ),
+            Error::Range(RangeError { remote, offset, bytes, length }) => {
+                let (whose, side) = if *remote { ("the peer's", "remote") } else { ("its", "local") };
+                write!(
+                    f,
+                    "{side} range of {bytes} bytes at offset {offset} lies outside {whose} registered memory of \
+                     {length} bytes (nothing was posted)"
+                )
+            }
             Error::InvalidArgument(a) => write!(f, "invalid argument: {a:?} ({})", a.describe()),
         }
     }
@@ -607,8 +661,6 @@ impl InvalidArgument {
     /// a kernel's `invalid argument: Team` says which rule was broken without a look at the docs.
     pub const fn describe(self) -> &'static str {
         match self {
-            InvalidArgument::LocalRange => "a local range lies outside its registered memory",
-            InvalidArgument::RemoteRange => "a remote range lies outside the peer's registered memory",
             InvalidArgument::InlineTooLong => "an inline payload is longer than MAX_INLINE",
             InvalidArgument::AtomicAlignment => "an atomic target or result is not 8-byte aligned",
             InvalidArgument::Length => {

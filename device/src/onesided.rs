@@ -7,7 +7,7 @@
 //! Ranges are checked against the handles before anything is posted, so a bad offset is an
 //! [`Error::InvalidArgument`] here rather than an error CQE that would move the QP to the error state.
 
-use crate::error::{Error, InvalidArgument, Result};
+use crate::error::{Error, InvalidArgument, RangeError, Result};
 use crate::qp::{Qp, Ticket};
 use crate::wqe::{self, Raddr, Sge};
 use gdaki_shared::handle::{MrHandle, RemoteMr};
@@ -15,26 +15,26 @@ use gdaki_shared::handle::{MrHandle, RemoteMr};
 /// `len` bytes at `off` of local MR `mr` as an SGE (1 ..= [`wqe::MAX_SGE_LEN`] bytes, inside the MR).
 ///
 /// # Errors
-/// [`InvalidArgument::Length`] for 0 bytes or more than [`wqe::MAX_SGE_LEN`]; [`InvalidArgument::LocalRange`]
-/// for a range outside the MR.
+/// [`InvalidArgument::Length`] for 0 bytes or more than [`wqe::MAX_SGE_LEN`]; [`Error::Range`] for a range
+/// outside the MR.
 pub fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
     if len == 0 || len > wqe::MAX_SGE_LEN as u64 {
         return Err(Error::InvalidArgument(InvalidArgument::Length));
     }
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Sge::new(addr, len as u32, mr.lkey),
-        _ => Err(Error::InvalidArgument(InvalidArgument::LocalRange)),
+        _ => Err(RangeError::local(off, len, mr.length)),
     }
 }
 
 /// `len` bytes at `off` of the peer's MR `mr` as a raddr (inside the MR).
 ///
 /// # Errors
-/// [`InvalidArgument::RemoteRange`] for a range outside the MR.
+/// [`Error::Range`] for a range outside the MR.
 pub fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Ok(Raddr { addr, rkey: mr.rkey }),
-        _ => Err(Error::InvalidArgument(InvalidArgument::RemoteRange)),
+        _ => Err(RangeError::remote(off, len, mr.length)),
     }
 }
 

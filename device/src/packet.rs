@@ -22,7 +22,7 @@
 //! MSCCL++'s `threadId` / `numThreads`; one thread alone passes `0, 1`.
 
 use crate::channel::{PortChannel, Sharing};
-use crate::error::{Error, InvalidArgument, Result, WaitOn};
+use crate::error::{Error, InvalidArgument, RangeError, Result, WaitOn};
 use crate::sync;
 use crate::wait::{bounded_watching, Watch};
 use gdaki_shared::channel::PortChannelHandle;
@@ -154,9 +154,13 @@ impl<'h> Packets<'h> {
         if bytes == 0 {
             return Err(Error::InvalidArgument(InvalidArgument::Length));
         }
-        let inside = |off: u64, len: u64| off.checked_add(len).is_some_and(|end| end <= self.mem.length);
-        if !inside(data_offset, bytes) || !inside(pkt_offset, packet_bytes::<T>(bytes)) {
-            return Err(Error::InvalidArgument(InvalidArgument::LocalRange));
+        let len = self.mem.length;
+        let inside = |off: u64, n: u64| off.checked_add(n).is_some_and(|end| end <= len);
+        if !inside(data_offset, bytes) {
+            return Err(RangeError::local(data_offset, bytes, len));
+        }
+        if !inside(pkt_offset, packet_bytes::<T>(bytes)) {
+            return Err(RangeError::local(pkt_offset, packet_bytes::<T>(bytes), len));
         }
         let (data, pkts) = (self.mem.addr + data_offset, self.mem.addr + pkt_offset);
         let size = core::mem::size_of::<T>() as u64;
@@ -180,8 +184,8 @@ impl<'h> Packets<'h> {
     /// unordered: a `put` of the packets (its release fence) or a barrier orders them.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`]: [`InvalidArgument::Length`] for 0 bytes, [`InvalidArgument::LocalRange`] for
-    /// a range outside the memory, [`InvalidArgument::Packet`] for a size, alignment, flag of 0 or thread
+    /// [`InvalidArgument::Length`] for 0 bytes, [`Error::Range`] for the data's or the packets' range outside
+    /// the memory (local), [`InvalidArgument::Packet`] for a size, alignment, flag of 0 or thread
     /// index that breaks the layout, or data and packets that overlap. Nothing is written then.
     pub fn write_packets<T: Packet>(
         &self,

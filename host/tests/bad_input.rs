@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use emu_util::{
-    assert_err, assert_req, random_bytes, rng, wait_until, CqPoll, GuardedBuf, Pair, Sq, CQE_TIMEOUT, SIGNALED,
+    assert_err, assert_req, local_range, random_bytes, remote_range, rng, wait_until, CqPoll, GuardedBuf, Pair, Sq,
+    CQE_TIMEOUT, SIGNALED,
 };
 use gdaki::exec::{Executor, ExecutorKind};
 use gdaki::mem::{MemKind, MemLoc};
@@ -505,11 +506,11 @@ fn with_put_fixture(f: impl FnOnce(&mut DevQp<'_>, MrHandle, RemoteMr, &GuardedB
 fn zeroed_and_truncated_handles_are_argument_errors_and_post_nothing() {
     with_put_fixture(|qp, l, r, dst, p| {
         let (zl, zr) = (MrHandle::default(), RemoteMr::default());
-        assert_eq!(qp.put(&zr, 0, &l, 0, 8), inval(InvalidArgument::RemoteRange));
-        assert_eq!(qp.put(&r, 0, &zl, 0, 8), inval(InvalidArgument::LocalRange));
-        assert_eq!(qp.signal(&zr, 0, &zl, 0), inval(InvalidArgument::RemoteRange));
-        assert_eq!(qp.put(&r, 0, &l, 0, u64::MAX), inval(InvalidArgument::RemoteRange));
-        assert_eq!(qp.put(&r, u64::MAX, &l, u64::MAX, u64::MAX), inval(InvalidArgument::RemoteRange));
+        assert_eq!(qp.put(&zr, 0, &l, 0, 8), remote_range(0, 8, 0));
+        assert_eq!(qp.put(&r, 0, &zl, 0, 8), local_range(0, 8, 0));
+        assert_eq!(qp.signal(&zr, 0, &zl, 0), remote_range(0, 8, 0));
+        assert_eq!(qp.put(&r, 0, &l, 0, u64::MAX), remote_range(0, u64::MAX, 4096));
+        assert_eq!(qp.put(&r, u64::MAX, &l, u64::MAX, u64::MAX), remote_range(u64::MAX, u64::MAX, 4096));
         // Handles that claim more than 2^31 bytes get past the range checks but not the length check.
         let (bl, br) = (MrHandle { length: u64::MAX, ..l }, RemoteMr { length: u64::MAX, ..r });
         assert_eq!(qp.put(&br, 0, &bl, 0, 1 << 31), inval(InvalidArgument::Length));
@@ -517,7 +518,7 @@ fn zeroed_and_truncated_handles_are_argument_errors_and_post_nothing() {
         assert_eq!(qp.put(&r, 0, &l, 0, 0), inval(InvalidArgument::Length));
         let e = qp.put(&r, 1, &l, 0, 4096).unwrap_err();
         one_line(&e.to_string());
-        assert!(e.to_string().contains("RemoteRange"), "{e}");
+        assert!(e.to_string().contains("remote range of 4096 bytes at offset 1 "), "{e}");
         assert_eq!((qp.handle().sq.pi, qp.handle().sq.sig_end), (0, 0), "a rejected call took SQ room");
         qp.flush().unwrap();
         assert_eq!(p.nic.stats().doorbells, 0);
@@ -562,9 +563,9 @@ fn handles_that_lie_about_their_length_are_stopped_by_the_nic() {
 fn handle_addresses_that_overflow_are_range_errors_not_panics() {
     with_put_fixture(|qp, l, r, _, _| {
         let top_r = RemoteMr { addr: u64::MAX - 8, length: 64, ..r };
-        assert_eq!(qp.put(&top_r, 32, &l, 0, 8), inval(InvalidArgument::RemoteRange));
+        assert_eq!(qp.put(&top_r, 32, &l, 0, 8), remote_range(32, 8, 64));
         let top_l = MrHandle { addr: u64::MAX - 8, length: 64, ..l };
-        assert_eq!(qp.put(&r, 0, &top_l, 32, 8), inval(InvalidArgument::LocalRange));
+        assert_eq!(qp.put(&r, 0, &top_l, 32, 8), local_range(32, 8, 64));
     });
 }
 

@@ -14,7 +14,7 @@ use emu_util::{random_bytes, rng, GuardedBuf};
 use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Mr, Pd, Qp, WireConfig};
 use gdaki_device::channel::Sharing;
 use gdaki_device::channel::{Exclusive, PortChannel, Poster};
-use gdaki_device::error::{InvalidArgument, WaitOn};
+use gdaki_device::error::{InvalidArgument, RangeError, WaitOn};
 use gdaki_device::packet::{LL16Packet, LL8Packet};
 use gdaki_device::scope::{Block, Device};
 use gdaki_device::Error;
@@ -405,10 +405,11 @@ fn put_packets_refuses_huge_lengths_and_misaligned_destinations() {
     let h = l.handle();
     // SAFETY: the link's handle, used by this thread only; the link outlives the channel.
     let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
-    let local = Err(Error::InvalidArgument(InvalidArgument::LocalRange));
     for bytes in [u64::MAX - 7, (1 << 63) + 8, u64::MAX / 2 + 1] {
-        assert_eq!(ch.put_packets::<LL16Packet>(0, 1024, 0, bytes, 1, 0, 1), local, "LL16, {bytes} bytes");
-        assert_eq!(ch.put_packets::<LL8Packet>(0, 1024, 0, bytes & !3, 1, 0, 1), local, "LL8, {bytes} bytes");
+        let got = ch.put_packets::<LL16Packet>(0, 1024, 0, bytes, 1, 0, 1);
+        assert_eq!(got, emu_util::local_range(0, bytes, 4096), "LL16, {bytes} bytes");
+        let got = ch.put_packets::<LL8Packet>(0, 1024, 0, bytes & !3, 1, 0, 1);
+        assert_eq!(got, emu_util::local_range(0, bytes & !3, 4096), "LL8, {bytes} bytes");
     }
     // Offsets in the peer's memory whose addresses are 16-byte aligned plus 4 (LL16), 8-byte aligned plus 4
     // (LL8).
@@ -964,7 +965,7 @@ fn put_with_accumulate_names_the_put_range_before_the_word() {
     // SAFETY: `h` names the link's live QP and memories, used by this thread only; the link outlives the channel.
     let mut ch = unsafe { PortChannel::<Exclusive>::new(&h) };
     let bad_range = ch.put_with_accumulate(4000, 0, 200, 1027, 1).unwrap_err();
-    assert_eq!(bad_range, Error::InvalidArgument(InvalidArgument::RemoteRange), "{bad_range}");
+    assert_eq!(Err(bad_range), emu_util::remote_range::<()>(4000, 200, 4096), "{bad_range}");
     let bad_word = ch.put_with_accumulate(0, 0, 64, 1027, 1).unwrap_err();
     assert_eq!(bad_word, Error::InvalidArgument(InvalidArgument::AtomicAlignment), "{bad_word}");
     ch.flush().unwrap();
@@ -981,14 +982,15 @@ fn put_with_accumulate_names_the_put_range_before_the_word() {
 fn signal_words_that_are_not_8_aligned_bytes_are_refused_before_anything_is_posted() {
     fn run<S: Sharing>(members: u32) {
         let mut rng = rng();
-        let (remote, local, align) =
-            (InvalidArgument::RemoteRange, InvalidArgument::LocalRange, InvalidArgument::AtomicAlignment);
-        let cases: [(&str, InvalidArgument, Spoil); 6] = [
+        // The 8-byte word at offset 0 of a memory of `length` bytes, the peer's or local.
+        let word = |remote, length| Error::Range(RangeError { remote, offset: 0, bytes: 8, length });
+        let align = Error::InvalidArgument(InvalidArgument::AtomicAlignment);
+        let cases: [(&str, Error, Spoil); 6] = [
             ("scratch misaligned in a larger MR", align, |h, big| h.scratch = part_of(big, 3, 8)),
-            ("scratch of 4 bytes in a larger MR", local, |h, big| h.scratch = part_of(big, 8, 4)),
-            ("scratch of 0 bytes", local, |h, _| h.scratch.length = 0),
-            ("semaphore of 4 bytes", remote, |h, _| h.remote_sem.length = 4),
-            ("semaphore of 0 bytes", remote, |h, _| h.remote_sem.length = 0),
+            ("scratch of 4 bytes in a larger MR", word(false, 4), |h, big| h.scratch = part_of(big, 8, 4)),
+            ("scratch of 0 bytes", word(false, 0), |h, _| h.scratch.length = 0),
+            ("semaphore of 4 bytes", word(true, 4), |h, _| h.remote_sem.length = 4),
+            ("semaphore of 0 bytes", word(true, 0), |h, _| h.remote_sem.length = 0),
             ("semaphore misaligned", align, |h, _| h.remote_sem.addr += 4),
         ];
         for (what, want, bad) in cases {
@@ -1014,10 +1016,7 @@ fn signal_words_that_are_not_8_aligned_bytes_are_refused_before_anything_is_post
                 });
                 let what = format!("{} x{members}: {what}, {op}", std::any::type_name::<S>());
                 let results = results.into_inner().unwrap();
-                assert!(
-                    results.iter().all(|r| *r == (Err(Error::InvalidArgument(want)), Ok(()))),
-                    "{what}: {results:?}"
-                );
+                assert!(results.iter().all(|r| *r == (Err(want), Ok(()))), "{what}: {results:?}");
                 assert_eq!(l._nics[0].stats().wqes, 0, "{what}: something was posted");
                 assert!(l.dst.read().iter().all(|&b| b == 0xee), "{what}: the put was placed");
                 assert_eq!(l.sem.load_u64(0), 0, "{what}: the semaphore moved");
@@ -1440,7 +1439,7 @@ fn a_bad_piece_fails_the_whole_team_put_with_nothing_posted() {
     results.sort_by_key(|r| r.0);
     let team = Err(Error::InvalidArgument(InvalidArgument::Team));
     for (rank, e1, e2, e3, good) in results {
-        let want1 = if rank == 2 { Err(Error::InvalidArgument(InvalidArgument::LocalRange)) } else { team };
+        let want1 = if rank == 2 { emu_util::local_range(4090, 64, 4096) } else { team };
         assert_eq!(e1, want1, "rank {rank}: bad range");
         let want2 = if rank == 3 { Err(Error::InvalidArgument(InvalidArgument::TeamRules)) } else { team };
         assert_eq!(e2, want2, "rank {rank}: not a prefix");
@@ -1637,15 +1636,14 @@ fn an_exclusive_block_put_with_signal_is_a_put_then_a_signal() {
 #[test]
 fn a_block_put_past_the_end_of_either_memory_posts_nothing() {
     fn run<S: Sharing>(members: u32, signal: bool) {
-        let remote = Err(Error::InvalidArgument(InvalidArgument::RemoteRange));
-        let local = Err(Error::InvalidArgument(InvalidArgument::LocalRange));
+        let (remote, local) = (emu_util::remote_range, emu_util::local_range);
         for (dst, src, bytes, want) in [
-            (1u64, 0u64, 4096u64, remote),
-            (0, 1, 4096, local),
-            (0, 0, 4097, remote),
-            (0, 0, u64::MAX, remote),
-            (u64::MAX - 100, 0, 50, remote),
-            (0, u64::MAX - 100, 50, local),
+            (1u64, 0u64, 4096u64, remote(1, 4096, 4096)),
+            (0, 1, 4096, local(1, 4096, 4096)),
+            (0, 0, 4097, remote(0, 4097, 4096)),
+            (0, 0, u64::MAX, remote(0, u64::MAX, 4096)),
+            (u64::MAX - 100, 0, 50, remote(u64::MAX - 100, 50, 4096)),
+            (0, u64::MAX - 100, 50, local(u64::MAX - 100, 50, 4096)),
         ] {
             let (l, _, h) = team_link(64);
             let results = std::sync::Mutex::new(Vec::new());

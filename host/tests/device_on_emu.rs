@@ -9,11 +9,11 @@ mod emu_util;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use emu_util::{random_bytes, rng, GuardedBuf, Pair};
+use emu_util::{local_range, random_bytes, remote_range, rng, GuardedBuf, Pair};
 use gdaki::nic::emu::{vendor, Access, EmuConfig, EmuNic, QpState};
 use gdaki_device::cq::Completion;
 use gdaki_device::error::{
-    kind, AppError, CqeError, InvalidArgument, PayloadMismatch, PeerGone, Timeout, UnexpectedCqe, WaitOn,
+    kind, AppError, CqeError, InvalidArgument, PayloadMismatch, PeerGone, RangeError, Timeout, UnexpectedCqe, WaitOn,
 };
 use gdaki_device::qp::{Qp as DevQp, Ticket};
 use gdaki_device::scope::{Block, Device, Scope};
@@ -360,8 +360,8 @@ fn get_fetch_add_and_compare_swap_helpers() {
     let after = if swap == now { 0 } else { swap };
     assert_eq!((local.u64_at(16), remote.load_u64(off as usize)), (swap, after), "compare_swap that does not");
     // Refused before posting: the QP goes on.
-    assert_eq!(qp.get(&l, 0, &r, LEN as u64 - 4, 8), inval(InvalidArgument::RemoteRange));
-    assert_eq!(qp.get(&l, LEN as u64 - 4, &r, 0, 8), inval(InvalidArgument::LocalRange));
+    assert_eq!(qp.get(&l, 0, &r, LEN as u64 - 4, 8), remote_range(LEN as u64 - 4, 8, LEN as u64));
+    assert_eq!(qp.get(&l, LEN as u64 - 4, &r, 0, 8), local_range(LEN as u64 - 4, 8, LEN as u64));
     assert_eq!(qp.get(&l, 0, &r, 0, 0), inval(InvalidArgument::Length));
     assert_eq!(qp.fetch_add(&r, 4, 1, &l, 0), inval(InvalidArgument::AtomicAlignment));
     assert_eq!(qp.compare_swap(&r, 0, 0, 1, &l, 4), inval(InvalidArgument::AtomicAlignment));
@@ -552,7 +552,7 @@ fn try_post_batch_posts_nothing_when_its_builder_refuses_a_wqe() {
     for _ in 0..10 {
         let k = rng.random_range(0..16u32);
         let (pi, wqes) = (qp.handle().sq.pi, p.nic.stats().wqes);
-        assert_eq!(qp.try_post_batch(16, true, build(Some(k))), inval(InvalidArgument::RemoteRange), "WQE {k}");
+        assert_eq!(qp.try_post_batch(16, true, build(Some(k))), remote_range(LEN as u64, 64, LEN as u64), "WQE {k}");
         qp.ring_db();
         assert_eq!((qp.handle().sq.pi, p.nic.stats().wqes), (pi, wqes), "a refused batch (WQE {k}) posted");
         let t = qp.try_post_batch(16, true, build(None)).unwrap();
@@ -1075,19 +1075,19 @@ fn out_of_range_arguments_are_rejected_before_anything_is_posted() {
     let (l, r, s, res) = (lmr.handle(), rmr.remote(), sem_mr.remote(), res_mr.handle());
     let mut h = p.a.handle();
     let mut qp = dev_qp(&mut h);
-    assert_eq!(qp.put(&r, 1, &l, 0, LEN), inval(InvalidArgument::RemoteRange), "one byte past the remote MR");
-    assert_eq!(qp.put(&r, LEN, &l, 0, 1), inval(InvalidArgument::RemoteRange), "starts at the remote end");
-    assert_eq!(qp.put(&r, u64::MAX, &l, 0, 2), inval(InvalidArgument::RemoteRange), "offset + len overflows");
-    assert_eq!(qp.put(&r, 0, &l, 1, LEN), inval(InvalidArgument::LocalRange), "one byte past the local MR");
-    assert_eq!(qp.put(&r, 0, &l, u64::MAX, 2), inval(InvalidArgument::LocalRange), "local offset overflows");
+    assert_eq!(qp.put(&r, 1, &l, 0, LEN), remote_range(1, LEN, LEN), "one byte past the remote MR");
+    assert_eq!(qp.put(&r, LEN, &l, 0, 1), remote_range(LEN, 1, LEN), "starts at the remote end");
+    assert_eq!(qp.put(&r, u64::MAX, &l, 0, 2), remote_range(u64::MAX, 2, LEN), "offset + len overflows");
+    assert_eq!(qp.put(&r, 0, &l, 1, LEN), local_range(1, LEN, LEN), "one byte past the local MR");
+    assert_eq!(qp.put(&r, 0, &l, u64::MAX, 2), local_range(u64::MAX, 2, LEN), "local offset overflows");
     assert_eq!(qp.put(&r, 0, &l, 0, 0), inval(InvalidArgument::Length), "zero bytes");
-    assert_eq!(qp.put(&r, 0, &l, 0, 1 << 31), inval(InvalidArgument::RemoteRange), "remote is checked first");
-    assert_eq!(qp.signal(&s, 9, &res, 0), inval(InvalidArgument::RemoteRange), "semaphore past its MR");
-    assert_eq!(qp.signal(&s, 0, &res, 12), inval(InvalidArgument::LocalRange), "result past its MR");
+    assert_eq!(qp.put(&r, 0, &l, 0, 1 << 31), remote_range(0, 1 << 31, LEN), "remote is checked first");
+    assert_eq!(qp.signal(&s, 9, &res, 0), remote_range(9, 8, 16), "semaphore past its MR");
+    assert_eq!(qp.signal(&s, 0, &res, 12), local_range(12, 8, 16), "result past its MR");
     assert_eq!(qp.signal(&s, 0, &res, 4), inval(InvalidArgument::AtomicAlignment), "misaligned result");
     // A valid put with a bad signal: the put is not posted either.
     assert_eq!(qp.put_with_signal(&r, 0, &l, 0, 8, &s, 3, &res, 0), inval(InvalidArgument::AtomicAlignment));
-    assert_eq!(qp.put_with_signal(&r, 1, &l, 0, LEN, &s, 0, &res, 0), inval(InvalidArgument::RemoteRange));
+    assert_eq!(qp.put_with_signal(&r, 1, &l, 0, LEN, &s, 0, &res, 0), remote_range(1, LEN, LEN));
     let hd = qp.handle();
     assert_eq!((hd.sq.pi, hd.sq.sig_end, hd.sq.sig_first), (0, 0, 0), "a rejected call took SQ room");
     qp.ring_db();
@@ -1225,8 +1225,6 @@ fn wait_on() -> impl Strategy<Value = WaitOn> {
 
 fn invalid_argument() -> impl Strategy<Value = InvalidArgument> {
     prop_oneof![
-        Just(InvalidArgument::LocalRange),
-        Just(InvalidArgument::RemoteRange),
         Just(InvalidArgument::InlineTooLong),
         Just(InvalidArgument::AtomicAlignment),
         Just(InvalidArgument::Length),
@@ -1263,6 +1261,8 @@ fn any_error() -> impl Strategy<Value = Error> {
             Error::Payload(PayloadMismatch { iter, offset, expected, seen })
         }),
         invalid_argument().prop_map(Error::InvalidArgument),
+        (any::<bool>(), any::<u64>(), any::<u64>(), any::<u64>())
+            .prop_map(|(remote, offset, bytes, length)| { Error::Range(RangeError { remote, offset, bytes, length }) }),
         (any::<u32>().prop_map(|q| q & 0xff_ffff), any::<u16>())
             .prop_map(|(qpn, wqe_counter)| Error::UnexpectedCqe(UnexpectedCqe { qpn, wqe_counter })),
         (any::<u32>(), any::<u64>()).prop_map(|(code, value)| Error::App(AppError { code, value })),
@@ -1287,6 +1287,7 @@ fn expected_kind(e: &Error) -> u32 {
         Error::Payload(_) => kind::PAYLOAD,
         Error::InvalidArgument(InvalidArgument::Team) => 15,
         Error::InvalidArgument(_) => kind::INVALID_ARGUMENT,
+        Error::Range(_) => 18,
         Error::UnexpectedCqe(_) => kind::UNEXPECTED_CQE,
         Error::App(_) => 12,
         Error::PeerGone(_) => 17,
@@ -1336,6 +1337,10 @@ proptest! {
             }
             Error::Payload(p) => format!("iteration {} at byte {}", p.iter, p.offset),
             Error::InvalidArgument(a) => format!("{a:?}"),
+            Error::Range(r) => {
+                let whose = if r.remote { "the peer's" } else { "its" };
+                format!("{} bytes at offset {} lies outside {whose} registered memory of {} bytes", r.bytes, r.offset, r.length)
+            }
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
             Error::App(a) => format!("application error {} (value {})", a.code, a.value),
             Error::PeerGone(PeerGone { rank, broken: false }) => format!("rank {rank} left the session"),
@@ -1359,9 +1364,7 @@ fn invalid_argument_codes_are_the_documented_ones() {
     // and its message: a literal table, not derived from the enum. The match in the loop is exhaustive, so a
     // variant added to `InvalidArgument` does not compile until it is listed there, next to this table.
     let table = [
-        (InvalidArgument::LocalRange, 1u64, "invalid argument: LocalRange"),
-        (InvalidArgument::RemoteRange, 2, "invalid argument: RemoteRange"),
-        (InvalidArgument::InlineTooLong, 3, "invalid argument: InlineTooLong"),
+        (InvalidArgument::InlineTooLong, 3u64, "invalid argument: InlineTooLong"),
         (InvalidArgument::AtomicAlignment, 4, "invalid argument: AtomicAlignment"),
         (InvalidArgument::Length, 5, "invalid argument: Length"),
         (InvalidArgument::Ticket, 6, "invalid argument: Ticket"),
@@ -1383,9 +1386,7 @@ fn invalid_argument_codes_are_the_documented_ones() {
     assert_eq!(kind::INVALID_ARGUMENT, 6);
     for (a, code, message) in table {
         match a {
-            InvalidArgument::LocalRange
-            | InvalidArgument::RemoteRange
-            | InvalidArgument::InlineTooLong
+            InvalidArgument::InlineTooLong
             | InvalidArgument::AtomicAlignment
             | InvalidArgument::Length
             | InvalidArgument::Ticket
@@ -1426,18 +1427,42 @@ fn invalid_argument_codes_are_the_documented_ones() {
     assert_eq!(described.len(), table.len(), "two codes described alike");
     // One message in full, as a kernel's error reads on the host.
     assert_eq!(
-        Error::InvalidArgument(InvalidArgument::LocalRange).to_string(),
-        "invalid argument: LocalRange (a local range lies outside its registered memory)"
+        Error::InvalidArgument(InvalidArgument::Posters).to_string(),
+        "invalid argument: Posters (two posters of one QP alive at once: a second Exclusive Qp of the handle, or \
+         a shared poster while an Exclusive Qp lives)"
     );
-    // The twenty codes are 1..=21 but 10 (retired), each once; as kind 6, 10, 11 (Team, which has a kind of
-    // its own) and the codes around them decode to nothing.
+    // The eighteen codes are 3..=21 but 10 (retired, as are 1 and 2, the ranges that are `Error::Range` now),
+    // each once; as kind 6, those, 11 (Team, which has a kind of its own) and the codes around them decode to
+    // nothing.
     let mut codes: Vec<u64> = table.iter().map(|&(_, c, _)| c).collect();
     codes.sort_unstable();
-    assert_eq!(codes, (1..=21).filter(|&c| c != 10).collect::<Vec<u64>>());
-    for code in [0u64, 10, 11, 22, 23, u32::MAX as u64, u64::MAX] {
+    assert_eq!(codes, (3..=21).filter(|&c| c != 10).collect::<Vec<u64>>());
+    for code in [0u64, 1, 2, 10, 11, 22, 23, u32::MAX as u64, u64::MAX] {
         let r = ErrorReport { kind: 6, expected: code, ..ErrorReport::default() };
         assert_eq!(Error::from_report(&r), None, "code {code} is no InvalidArgument");
     }
+}
+
+/// A range error's report, word by word as documented (kind 18; `addr` the offset, `seen` the bytes, `expected`
+/// the memory's length, `detail` 1 for the peer's memory), built here by hand; a `detail` other than 0 or 1
+/// decodes to nothing; and its message in full.
+#[test]
+fn range_reports_are_the_documented_words() {
+    let words = ErrorReport { kind: 18, addr: 4088, seen: 16, expected: 4096, detail: 1, ..ErrorReport::default() };
+    let remote = Error::Range(RangeError { remote: true, offset: 4088, bytes: 16, length: 4096 });
+    assert_eq!(remote.to_report(), words);
+    assert_eq!(Error::from_report(&words), Some(remote));
+    let local = ErrorReport { detail: 0, ..words };
+    assert_eq!(
+        Error::from_report(&local),
+        Some(Error::Range(RangeError { remote: false, offset: 4088, bytes: 16, length: 4096 }))
+    );
+    assert_eq!(Error::from_report(&ErrorReport { detail: 2, ..words }), None);
+    assert_eq!(
+        remote.to_string(),
+        "remote range of 16 bytes at offset 4088 lies outside the peer's registered memory of 4096 bytes (nothing \
+         was posted)"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -400,12 +400,12 @@ fn exclusive_step(qp: &mut DevQp<'_>, m: &mut Model, fx: &mut Fx, rng: &mut Smal
             let bad = rng.random_range(0..n);
             let r = qp.try_post_batch(n, sig, |i| {
                 if i == bad {
-                    Err(Error::InvalidArgument(InvalidArgument::RemoteRange))
+                    Err(Error::InvalidArgument(InvalidArgument::AtomicAlignment))
                 } else {
                     Ok(wqe::nop())
                 }
             });
-            assert_eq!(r, Err(Error::InvalidArgument(InvalidArgument::RemoteRange)), "{label}");
+            assert_eq!(r, Err(Error::InvalidArgument(InvalidArgument::AtomicAlignment)), "{label}");
             if m.unrung == Unrung::Yes {
                 m.unrung = Unrung::Maybe;
             }

@@ -10,7 +10,7 @@ mod emu_util;
 use std::time::Duration;
 
 use emu_util::{random_bytes, rng, GuardedBuf};
-use gdaki_device::error::{InvalidArgument, Timeout, WaitOn};
+use gdaki_device::error::{InvalidArgument, RangeError, Timeout, WaitOn};
 use gdaki_device::packet::{packet_bytes, Packet, Packets};
 use gdaki_device::Error;
 use gdaki_shared::handle::MrHandle;
@@ -181,26 +181,29 @@ fn bad_requests_write_nothing() {
     let p = r.packets();
     let len = r.mr.length;
     let bad = |e| Err::<(), _>(Error::InvalidArgument(e));
-    use InvalidArgument::{Length, LocalRange, Packet as Layout};
+    use InvalidArgument::{Length, Packet as Layout};
+    // `bytes` bytes at `offset` outside the memory (16 bytes of LL16 packets carry 8 of data).
+    let outside = |offset, bytes| Error::Range(RangeError { remote: false, offset, bytes, length: len });
+    let inval = Error::InvalidArgument;
     let cases: [(&str, u64, u64, u64, u32, u32, u32, _); 12] = [
-        ("0 bytes", r.pkt, r.src, 0, 1, 0, 1, Length),
-        ("not whole packets", r.pkt, r.src, 12, 1, 0, 1, Layout),
-        ("misaligned data", r.pkt, r.src + 4, 8, 1, 0, 1, Layout),
-        ("misaligned packets", r.pkt + 8, r.src, 8, 1, 0, 1, Layout),
-        ("flag 0", r.pkt, r.src, 8, 0, 0, 1, Layout),
-        ("thread beyond the count", r.pkt, r.src, 8, 1, 2, 2, Layout),
-        ("packets past the end", len - 8, r.src, 8, 1, 0, 1, LocalRange),
-        ("data past the end", r.pkt, len - 4, 8, 1, 0, 1, LocalRange),
-        ("offset overflow", u64::MAX - 7, r.src, 8, 1, 0, 1, LocalRange),
+        ("0 bytes", r.pkt, r.src, 0, 1, 0, 1, inval(Length)),
+        ("not whole packets", r.pkt, r.src, 12, 1, 0, 1, inval(Layout)),
+        ("misaligned data", r.pkt, r.src + 4, 8, 1, 0, 1, inval(Layout)),
+        ("misaligned packets", r.pkt + 8, r.src, 8, 1, 0, 1, inval(Layout)),
+        ("flag 0", r.pkt, r.src, 8, 0, 0, 1, inval(Layout)),
+        ("thread beyond the count", r.pkt, r.src, 8, 1, 2, 2, inval(Layout)),
+        ("packets past the end", len - 8, r.src, 8, 1, 0, 1, outside(len - 8, 16)),
+        ("data past the end", r.pkt, len - 4, 8, 1, 0, 1, outside(len - 4, 8)),
+        ("offset overflow", u64::MAX - 7, r.src, 8, 1, 0, 1, outside(u64::MAX - 7, 16)),
         // Data and packets overlapping (16 bytes of data make 32 of LL16 packets): the same place, the data in
         // the packets' second half, and the data's last 8 bytes on the packets' first.
-        ("data on the packets", r.pkt, r.pkt, 8, 1, 0, 1, Layout),
-        ("data in the packets", r.pkt, r.pkt + 16, 16, 1, 0, 1, Layout),
-        ("data ending in the packets", r.pkt, r.pkt - 8, 16, 1, 0, 1, Layout),
+        ("data on the packets", r.pkt, r.pkt, 8, 1, 0, 1, inval(Layout)),
+        ("data in the packets", r.pkt, r.pkt + 16, 16, 1, 0, 1, inval(Layout)),
+        ("data ending in the packets", r.pkt, r.pkt - 8, 16, 1, 0, 1, inval(Layout)),
     ];
     for (what, pkt, src, bytes, flag, t, n, want) in cases {
-        assert_eq!(p.write_packets::<LL16Packet>(pkt, src, bytes, flag, t, n), bad(want), "write: {what}");
-        assert_eq!(p.read_packets::<LL16Packet>(src, pkt, bytes, flag, t, n), bad(want), "read: {what}");
+        assert_eq!(p.write_packets::<LL16Packet>(pkt, src, bytes, flag, t, n), Err(want), "write: {what}");
+        assert_eq!(p.read_packets::<LL16Packet>(src, pkt, bytes, flag, t, n), Err(want), "read: {what}");
     }
     // LL8 takes 4-byte data units.
     assert_eq!(p.write_packets::<LL8Packet>(r.pkt, r.src, 6, 1, 0, 1), bad(Layout));

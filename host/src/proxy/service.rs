@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
-use gdaki_device::error::{CqeError, InvalidArgument};
+use gdaki_device::error::CqeError;
 use gdaki_device::onesided::{atomic_target, local, remote};
 use gdaki_device::qp::Qp;
 use gdaki_device::sq::{free_wqebbs, valid_ring};
@@ -919,7 +919,8 @@ impl Worker {
             // below are each inside it). Offsets and size are 32-bit fields: no sum overflows.
             remote(&h.dst, dst, bytes)?;
             if src + bytes > h.src.length {
-                return Err(gdaki_device::Error::InvalidArgument(InvalidArgument::LocalRange).into());
+                let e = gdaki_device::error::RangeError { remote: false, offset: src, bytes, length: h.src.length };
+                return Err(gdaki_device::Error::Range(e).into());
             }
             let max = h.max_wqe_bytes.clamp(1, i32::MAX as u64);
             let mut done = 0;
