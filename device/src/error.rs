@@ -333,12 +333,16 @@ pub mod kind {
 }
 
 impl RangeError {
-    /// [`Error::Range`] for `bytes` bytes at `offset` of local memory of `length` bytes.
+    /// [`Error::Range`] for `bytes` bytes at `offset` of local memory of `length` bytes. Cold: the range
+    /// checks sit on the posting fast paths, and their error's words should not shape them.
+    #[cold]
     pub(crate) const fn local(offset: u64, bytes: u64, length: u64) -> Error {
         Error::Range(RangeError { remote: false, offset, bytes, length })
     }
 
-    /// [`Error::Range`] for `bytes` bytes at `offset` of the peer's memory of `length` bytes.
+    /// [`Error::Range`] for `bytes` bytes at `offset` of the peer's memory of `length` bytes (cold, as
+    /// [`RangeError::local`]).
+    #[cold]
     pub(crate) const fn remote(offset: u64, bytes: u64, length: u64) -> Error {
         Error::Range(RangeError { remote: true, offset, bytes, length })
     }
