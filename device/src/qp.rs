@@ -175,6 +175,14 @@ fn host_posters(h: &mut QpHandle) -> &core::sync::atomic::AtomicU64 {
     unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!(h.sq.host_posters)) }
 }
 
+/// The handle's count of shared posters' calls under way on the `cpu` executor
+/// ([`SqState::host_shared`](gdaki_shared::handle::SqState::host_shared)).
+#[cfg(not(target_arch = "nvptx64"))]
+fn host_shared(h: &mut QpHandle) -> &core::sync::atomic::AtomicU64 {
+    // SAFETY: an 8-byte aligned word of the live handle, only ever accessed atomically, by host threads.
+    unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!(h.sq.host_shared)) }
+}
+
 impl<'a> Qp<'a> {
     /// Takes the QP described by `h`; bounded waits give up after `timeout_ns` nanoseconds. Reads the handle
     /// (its counters again only after a slow path); the counters go back to it when the `Qp` is dropped, which
@@ -192,14 +200,20 @@ impl<'a> Qp<'a> {
     /// `PortChannel::<Exclusive>` of one handle, or threads each making their own) is counted in the handle:
     /// the posts, CQ polls, waits and flushes of either get [`InvalidArgument::Posters`] while both live, and the
     /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other; so are the
-    /// calls of a shared poster of the handle ([`crate::shared_qp::SharedQp`]) while the `Qp` lives. A `Qp` that
+    /// calls of a shared poster of the handle ([`crate::shared_qp::SharedQp`]) while the `Qp` lives, a `Qp` made
+    /// while a shared poster's call is under way (all its calls, and its drop writes nothing back), and a live
+    /// `Qp`'s calls while one is. A `Qp` that
     /// is forgotten (`mem::forget`) instead of dropped counts for as long as the handle's memory: take a copy
     /// with [`Qp::handle`] (which counts none) and go on from that. What it left unrung stays unrung (a later
     /// `Qp`'s doorbell rings it with its own WQEs; a wait alone does not): ring before forgetting it.
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
+        // Counted before the look at shared calls under way, both sequentially consistent, as a shared call
+        // counts itself before it looks at the Exclusive posters: of the two made at once, at least one sees
+        // the other. (The count's acquire also reads the counters the last `Qp` wrote back.)
         #[cfg(not(target_arch = "nvptx64"))]
-        let intruder = host_posters(h).fetch_add(1, core::sync::atomic::Ordering::Acquire) != 0;
+        let intruder = host_posters(h).fetch_add(1, core::sync::atomic::Ordering::SeqCst) != 0
+            || host_shared(h).load(core::sync::atomic::Ordering::SeqCst) != 0;
         Self {
             sq: Sq::load(h),
             h,
@@ -210,12 +224,15 @@ impl<'a> Qp<'a> {
         }
     }
 
-    /// On the `cpu` executor, refuses a call of a `Qp` whose handle has another Exclusive poster alive (see
-    /// [`Qp::new`]). Nothing on the GPU.
+    /// On the `cpu` executor, refuses a call of a `Qp` whose handle has another Exclusive poster alive or a
+    /// shared poster's call under way (see [`Qp::new`]). Nothing on the GPU.
     #[inline(always)]
     fn sole(&mut self) -> Result<()> {
         #[cfg(not(target_arch = "nvptx64"))]
-        if self.intruder || host_posters(self.h).load(core::sync::atomic::Ordering::Relaxed) > 1 {
+        if self.intruder
+            || host_posters(self.h).load(core::sync::atomic::Ordering::Relaxed) > 1
+            || host_shared(self.h).load(core::sync::atomic::Ordering::Relaxed) != 0
+        {
             return Err(Error::InvalidArgument(InvalidArgument::Posters));
         }
         Ok(())
@@ -870,5 +887,53 @@ mod tests {
             assert!(m.ring.iter().all(|s| *s == old), "{wqe_cnt}");
             assert_eq!((h.sq.pi, h.sq.ready, m.dbrec, m.reg), (0, 0, [0; 2], [0; 8]), "{wqe_cnt}");
         }
+    }
+
+    /// An Exclusive `Qp` made while a shared poster's call is under way on its handle (a flush waiting for a CQE
+    /// that this NIC-less memory never gets): every call of the `Qp` is refused with `Posters`, its drop writes
+    /// nothing back, and the flush ends in its own timeout; once both are gone a new `Qp` posts after the shared
+    /// poster's WQE.
+    #[test]
+    fn a_qp_made_while_a_shared_call_is_under_way_is_refused() {
+        use crate::scope::Device;
+        use crate::shared_qp::SharedQp;
+        let old = Seg([0x5a5a_5a5a_5a5a_5a5a, 0xa5a5]);
+        let (_m, mut h) = mem_and_handle(16, old);
+        let hp = &mut h as *mut QpHandle as usize;
+        let (flushing, flushed) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(move || {
+                // SAFETY: `h` and its memory outlive the scope; this thread is the QP's one shared poster, and
+                // the `Qp` below is the misuse under test.
+                let qp = unsafe { SharedQp::<Device>::new(hp as *mut QpHandle, 2_000_000_000) };
+                assert_eq!(qp.post(true, wqe::nop()), Ok(Ticket(0)));
+                flushing.send(()).unwrap();
+                qp.flush()
+            });
+            flushed.recv().unwrap();
+            // Well inside the flush's 2 s.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            // SAFETY: as above.
+            let mut q = unsafe { Qp::new(&mut *(hp as *mut QpHandle), 1_000_000) };
+            let refused = Error::InvalidArgument(InvalidArgument::Posters);
+            assert_eq!(q.post(false, wqe::nop()), Err(refused));
+            assert_eq!(q.flush(), Err(refused));
+            assert_eq!(q.wait(Ticket(0)), Err(refused));
+            drop(q);
+            match waiter.join().unwrap() {
+                Err(Error::Timeout(crate::error::Timeout {
+                    on: crate::error::WaitOn::Cqe { qpn: 0x42, .. }, ..
+                })) => {}
+                other => panic!("the shared flush: {other:?}"),
+            }
+        });
+        assert_eq!(
+            (h.sq.host_posters, h.sq.host_shared, h.sq.pi, h.sq.ready),
+            (0, 0, 1, 1),
+            "the refused Qp wrote back"
+        );
+        // SAFETY: as above, one thread now.
+        let mut q = unsafe { Qp::new(&mut h, 1_000_000) };
+        assert_eq!(q.post(false, wqe::nop()), Ok(Ticket(1)));
     }
 }

@@ -88,6 +88,24 @@ fn ends_period(idx: u64, n: u32, q: u32) -> bool {
     (idx as u32 & (q - 1)) + n >= q
 }
 
+/// A shared poster's call under way: on the `cpu` executor counted in the handle's
+/// [`SqState::host_shared`](gdaki_shared::handle::SqState::host_shared) from [`SharedQp::enter`] until it
+/// drops (at the call's return), so that an Exclusive `Qp` made meanwhile is refused. Nothing on the GPU.
+struct Call {
+    #[cfg(not(target_arch = "nvptx64"))]
+    count: *mut u64,
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl Drop for Call {
+    fn drop(&mut self) {
+        // SAFETY: the handle's `host_shared` word, valid while the call runs (contract of `SharedQp::new`),
+        // 8-byte aligned, only ever accessed atomically, by host threads.
+        unsafe { core::sync::atomic::AtomicU64::from_ptr(self.count) }
+            .fetch_sub(1, core::sync::atomic::Ordering::Release);
+    }
+}
+
 /// A QP shared by the threads of scope `S`. Cheap to make: every thread that posts builds its own from the
 /// same handle.
 pub struct SharedQp<'a, S: Scope> {
@@ -110,7 +128,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// and be valid for reads and writes for `'a` and 8-byte aligned; its state is used only through
     /// `SharedQp`s of scope `S` (or narrower) and only by threads of that scope while they live. No Exclusive
     /// poster may use the QP at the same time (before and after is fine): on the `cpu` executor the calls of a
-    /// `SharedQp` get [`InvalidArgument::Posters`] while an Exclusive `Qp` of the same handle lives. There a
+    /// `SharedQp` get [`InvalidArgument::Posters`] while an Exclusive `Qp` of the same handle lives, and a `Qp`
+    /// made while one of them is under way gets it for its life ([`crate::qp::Qp::new`]). There a
     /// Block-scope QP belongs, until the launch ends, to the first CTA of the launch that posts, flushes or
     /// polls; another CTA's calls get [`InvalidArgument::Sharing`].
     pub unsafe fn new(h: *mut QpHandle, timeout_ns: u64) -> Self {
@@ -137,40 +156,51 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         f(unsafe { addr_of_mut!((*self.h).sq) })
     }
 
-    /// Whether the calling thread's CTA may use the QP: on the `cpu` executor not while an Exclusive `Qp` of
-    /// the same handle lives (its counters, kept apart and written back when it is dropped, would overwrite
-    /// this poster's: [`SqState::host_posters`](gdaki_shared::handle::SqState::host_posters)), and a
-    /// Block-scope QP takes posts, flushes and polls from one CTA of a launch, the first to make one
-    /// ([`Scope::ONE_CTA`]; the GPU's `.cta` atomics would not order two); always on the GPU.
+    /// Starts a call of this poster: whether the calling thread's CTA may use the QP, on the `cpu` executor
+    /// (always on the GPU). Not while an Exclusive `Qp` of the same handle lives (its counters, kept apart and
+    /// written back when it is dropped, would overwrite this poster's:
+    /// [`SqState::host_posters`](gdaki_shared::handle::SqState::host_posters)), and a Block-scope QP takes
+    /// posts, flushes and polls from one CTA of a launch, the first to make one ([`Scope::ONE_CTA`]; the GPU's
+    /// `.cta` atomics would not order two). The call is counted in the handle
+    /// ([`SqState::host_shared`](gdaki_shared::handle::SqState::host_shared)) until the returned [`Call`]
+    /// drops, so that an Exclusive `Qp` made meanwhile is refused too.
     ///
     /// # Errors
-    /// [`InvalidArgument::Posters`] while an Exclusive `Qp` lives; [`InvalidArgument::Sharing`] for a second
-    /// CTA of a Block-scope QP.
+    /// [`InvalidArgument::Sharing`] for a second CTA of a Block-scope QP; [`InvalidArgument::Posters`] while an
+    /// Exclusive `Qp` lives.
     #[inline(always)]
-    fn may_post(&self) -> Result<()> {
-        // The launch's owner first: a Warp-sharing poster of the QP in this launch holds an Exclusive `Qp` of
-        // it during its turns, and the misuse to name then is the two sharings, not two posters.
-        #[cfg(not(target_arch = "nvptx64"))]
-        if S::ONE_CTA {
-            // SAFETY: the state's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
-            // atomically, by host threads.
-            let owner =
-                unsafe { core::sync::atomic::AtomicU64::from_ptr(self.word(|s| addr_of_mut!((*s).host_owner))) };
-            if !crate::thread::host::may_post(owner, false) {
-                return Err(Error::InvalidArgument(InvalidArgument::Sharing));
-            }
-        }
+    fn enter(&self) -> Result<Call> {
         #[cfg(not(target_arch = "nvptx64"))]
         {
-            // SAFETY: the state's `host_posters` word (contract of `new`), 8-byte aligned, only ever accessed
-            // atomically, by host threads.
-            let exclusive =
-                unsafe { core::sync::atomic::AtomicU64::from_ptr(self.word(|s| addr_of_mut!((*s).host_posters))) };
-            if exclusive.load(core::sync::atomic::Ordering::Relaxed) != 0 {
+            use core::sync::atomic::{AtomicU64, Ordering};
+            // The launch's owner first: a Warp-sharing poster of the QP in this launch holds an Exclusive `Qp`
+            // of it during its turns, and the misuse to name then is the two sharings, not two posters.
+            if S::ONE_CTA {
+                // SAFETY: the state's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
+                // atomically, by host threads.
+                let owner = unsafe { AtomicU64::from_ptr(self.word(|s| addr_of_mut!((*s).host_owner))) };
+                if !crate::thread::host::may_post(owner, false) {
+                    return Err(Error::InvalidArgument(InvalidArgument::Sharing));
+                }
+            }
+            // SAFETY: the state is valid (contract of `new`); `addr_of_mut!` forms no reference.
+            let (count, posters) = unsafe {
+                (self.word(|s| addr_of_mut!((*s).host_shared)), self.word(|s| addr_of_mut!((*s).host_posters)))
+            };
+            // SAFETY: the state's `host_shared` and `host_posters` words (contract of `new`), 8-byte aligned, only
+            // ever accessed atomically, by host threads.
+            let (shared, exclusive) = unsafe { (AtomicU64::from_ptr(count), AtomicU64::from_ptr(posters)) };
+            // Counted before the look at the Exclusive posters, both sequentially consistent, as `Qp::new` counts
+            // itself before it looks at the calls: of a call and a `Qp` made at once, at least one sees the other.
+            shared.fetch_add(1, Ordering::SeqCst);
+            let call = Call { count };
+            if exclusive.load(Ordering::SeqCst) != 0 {
                 return Err(Error::InvalidArgument(InvalidArgument::Posters));
             }
+            Ok(call)
         }
-        Ok(())
+        #[cfg(target_arch = "nvptx64")]
+        Ok(Call {})
     }
 
     fn resv(&self) -> *mut u64 {
@@ -246,7 +276,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         if !sq::valid_ring(self.wqe_cnt()) {
             return Err(Error::InvalidArgument(InvalidArgument::Handle));
         }
-        self.may_post()?;
+        let _call = self.enter()?;
         let n = wqebbs(wqe.ds() as u32) as u64;
         // Lanes posting to other QPs at the same time are aggregated among themselves (on the host each
         // thread is a warp of one lane), and so are lanes whose WQEs take another number of WQEBBs: a batch is
@@ -354,7 +384,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         let cnt = self.wqe_cnt();
         // What every member can check for itself, with the same outcome for all (one handle).
         let own =
-            if !sq::valid_ring(cnt) { Err(Error::InvalidArgument(InvalidArgument::Handle)) } else { self.may_post() };
+            if !sq::valid_ring(cnt) { Err(Error::InvalidArgument(InvalidArgument::Handle)) } else { self.enter() };
         let (w, mine) = match wqe {
             Ok(Some(w)) => (Some(w), Ok(wqebbs(w.ds() as u32) == 1)),
             Ok(None) => (None, Ok(true)),
@@ -374,7 +404,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
             // the count of WQEs mean that a lower rank passed none (else the count is short by the failed or
             // absent members, and the rank proves nothing).
             let complete = g.barrier_count(own.is_ok() && mine.is_ok()) == g.members();
-            own?;
+            let _call = own?;
             mine?;
             // Every member counted the same batch: all of them say why, as a warp's batch and
             // `Qp::post_batch` do.
@@ -616,7 +646,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// on the `cpu` executor [`InvalidArgument::Sharing`] for a Block-scope QP of another CTA of the launch,
     /// or [`InvalidArgument::Posters`] while an Exclusive `Qp` of the same handle lives.
     pub fn progress(&self) -> Result<bool> {
-        self.may_post()?;
+        let _call = self.enter()?;
         self.poll()
     }
 
@@ -718,7 +748,7 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// launch or [`InvalidArgument::Posters`] while an Exclusive `Qp` of the same handle lives (whether or not a
     /// NOP is due).
     pub fn flush(&self) -> Result<()> {
-        self.may_post()?;
+        let _call = self.enter()?;
         // SAFETY: the state's words (contract of `new`); `sig_first`/`sig_end` were stored before `ready`'s
         // release. They may be a later WQE's than the one ending at the `ready` seen: waiting for that one covers
         // more, and a NOP for a `sig_end` past `ready` costs a NOP.

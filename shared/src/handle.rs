@@ -162,8 +162,12 @@ pub struct SqState {
     /// are refused while both live, and so are a shared poster's (Block or Device scope) while any lives. 0 for
     /// none. Unused on the GPU.
     pub host_posters: u64,
+    /// On the `cpu` executor, the calls of shared posters (Block or Device scope) of this handle under way now:
+    /// an Exclusive `Qp` made meanwhile is refused for its life, and a live one's calls are refused while any
+    /// is under way (its counters, kept apart, would overwrite theirs). 0 for none. Unused on the GPU.
+    pub host_shared: u64,
     /// Zero: keeps the state 128 bytes (the handle's second half).
-    pub pad: [u64; 4],
+    pub pad: [u64; 3],
 }
 
 impl SqState {
@@ -186,7 +190,8 @@ impl SqState {
             host_given_up: 0,
             host_owner: 0,
             host_posters: 0,
-            pad: [0; 4],
+            host_shared: 0,
+            pad: [0; 3],
         }
     }
 }
@@ -254,7 +259,8 @@ const _: () = {
     assert!(offset_of!(SqState, host_given_up) == 76);
     assert!(offset_of!(SqState, host_owner) == 80);
     assert!(offset_of!(SqState, host_posters) == 88);
-    assert!(offset_of!(SqState, pad) == 96);
+    assert!(offset_of!(SqState, host_shared) == 96);
+    assert!(offset_of!(SqState, pad) == 104);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);
