@@ -499,8 +499,8 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     ///
     /// In Exclusive and Warp sharing the chunks go out as `put_team` posts them there: call it only from a team
     /// that may post to the QP that way (one thread for Exclusive; for Warp a CTA of one warp, whose lanes post
-    /// together: a larger CTA gets [`InvalidArgument::TeamRules`] for every member, nothing posted). A team with more members
-    /// than half the QP's ring has WQEBBs posts with the lowest half-ring of them in each batch.
+    /// together: a larger CTA gets [`InvalidArgument::TeamRules`] for every member, nothing posted). A team with more
+    /// members than half the QP's ring has WQEBBs posts with the lowest half-ring of them in each batch.
     ///
     /// # Errors
     /// The whole range is checked first, by every member alike: a zero length is [`InvalidArgument::Length`],
@@ -698,8 +698,9 @@ impl<'h, M: Sharing> PortChannel<'h, M> {
     /// MSCCL++ `signal`).
     ///
     /// # Errors
-    /// As [`PortChannel::put`]; [`Error::InvalidArgument`] for a semaphore or scratch word of the handle that
-    /// is not 8 bytes, 8-byte aligned, with nothing posted (as [`crate::onesided::atomic_target`] tells it).
+    /// As [`PortChannel::put`]; for a semaphore or scratch word of the handle that is not 8 bytes, 8-byte
+    /// aligned, [`Error::Range`] (shorter) or [`Error::InvalidArgument`] (misaligned), with nothing posted (as
+    /// [`crate::onesided::atomic_target`] tells it).
     pub fn signal(&mut self) -> Result<()> {
         if self.proxied() {
             return self.push(Trigger::new(Trigger::SIGNAL, self.channel_id()?, 0, 0, 0)).map(|_| ());
@@ -949,7 +950,7 @@ fn local_range(mr: &gdaki_shared::handle::MrHandle, off: u64, len: u64) -> Resul
     }
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Ok(addr),
-        _ => Err(crate::error::RangeError::local(off, len, mr.length)),
+        _ => Err(crate::error::RangeError::local(off, len, mr.length).into()),
     }
 }
 

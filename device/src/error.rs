@@ -139,8 +139,9 @@ pub struct PayloadMismatch {
     pub seen: u64,
 }
 
-/// A range of bytes that lies outside the registered memory it names (or whose address would pass 2^64: a
-/// handle whose `addr + length` wraps), found by device code before it posted anything (a real NIC would answer it with an error CQE and move the QP to the error state: syndrome 0x04,
+/// A range of bytes that lies outside the registered memory it names (or whose address, the handle's `addr`
+/// plus `offset`, would pass 2^64: a handle whose address is wrong), found by device code before it posted
+/// anything (a real NIC would answer it with an error CQE and move the QP to the error state: syndrome 0x04,
 /// local protection, for a local range; 0x13, remote access, for a remote one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RangeError {
@@ -249,11 +250,11 @@ pub enum InvalidArgument {
     /// at least the launch's CTA count (a second launch of the same grid on it); one left lower lets some CTAs
     /// pass a barrier early before a later arrival finds it, or passes unnoticed.
     Counter = 14,
-    /// A team call that breaks the team's rules, refused to the member that broke them (the others get
-    /// [`InvalidArgument::Team`]): a member with a WQE whose rank is not below the number of members with one
-    /// (the members with a WQE must be ranks `0 .. k`), a WQE over one WQEBB, members of one call on different
-    /// channels, a team in Warp sharing ([`crate::channel::Warp`]) wider than a warp, or a
-    /// [`crate::warp_qp::WarpQp`] call that the warp's leading lane does not make.
+    /// A team call that breaks the team's rules. Of a shared team post, to each member whose own piece breaks
+    /// them (the others get [`InvalidArgument::Team`]): a WQE from a rank not below the number of members with
+    /// one (the members with a WQE must be ranks `0 .. k`), a WQE over one WQEBB, a channel other than member
+    /// 0's. To every member or caller alike: a team in Warp sharing ([`crate::channel::Warp`]) wider than a
+    /// warp, a [`crate::warp_qp::WarpQp`] call that the warp's leading lane does not make.
     TeamRules = 15,
     /// A handle posted to by more of the launch than its sharing allows: a Warp-sharing handle
     /// ([`crate::warp_qp::WarpQp`], `PortChannel::<Warp>`) by a second warp, a Block-scope QP
@@ -261,12 +262,15 @@ pub enum InvalidArgument {
     /// GPU each would keep counters of its own on one ring and overwrite the other's WQEs; the `cpu` executor
     /// refuses it (the first to post owns the QP for the launch) so that a test there fails as the GPU would.
     Sharing = 16,
-    /// A QP with two posters alive at once where it allows one (`cpu` executor): a second Exclusive
-    /// [`crate::qp::Qp`] (or `PortChannel::<Exclusive>`) of a handle while the first lives, or a shared
-    /// poster's call while an Exclusive `Qp` of the handle lives. Refused to both while both live.
+    /// A QP with two posters at once where it allows one (`cpu` executor): a second Exclusive
+    /// [`crate::qp::Qp`] (or `PortChannel::<Exclusive>`) of a handle while the first lives (refused to both
+    /// while both live), a shared poster's call while an Exclusive `Qp` of the handle lives, or a `Qp` made
+    /// while a shared poster's call is under way (refused for its life; a live `Qp`'s calls are refused while
+    /// one is).
     Posters = 17,
-    /// A WQE device code cannot post: larger than the SQ ring, or a raw WQE ([`crate::qp::Qp::post_raw`])
-    /// of 0 segments or of more than its builder holds.
+    /// A raw WQE ([`crate::qp::Qp::post_raw`]) that device code cannot post: a `ds` of 0, or of more than its
+    /// builder holds or than [`MAX_DS`](crate::wqe::MAX_DS) (4 WQEBBs, the largest WQE the room accounting
+    /// covers).
     WqeSize = 18,
     /// A batch device code cannot post as one: no WQEs ([`crate::qp::Qp::post_batch`]), WQEs of different
     /// sizes (a warp's batch, [`crate::warp_qp`]), or more WQEBBs than half the SQ ring (a batch, a warp's,
@@ -333,18 +337,23 @@ pub mod kind {
 }
 
 impl RangeError {
-    /// [`Error::Range`] for `bytes` bytes at `offset` of local memory of `length` bytes. Cold: the range
-    /// checks sit on the posting fast paths, and their error's words should not shape them.
+    /// `bytes` bytes at `offset` of local memory of `length` bytes. Cold: the range checks sit on the posting
+    /// fast paths, and their error's words should not shape them.
     #[cold]
-    pub(crate) const fn local(offset: u64, bytes: u64, length: u64) -> Error {
-        Error::Range(RangeError { remote: false, offset, bytes, length })
+    pub const fn local(offset: u64, bytes: u64, length: u64) -> RangeError {
+        RangeError { remote: false, offset, bytes, length }
     }
 
-    /// [`Error::Range`] for `bytes` bytes at `offset` of the peer's memory of `length` bytes (cold, as
-    /// [`RangeError::local`]).
+    /// `bytes` bytes at `offset` of the peer's memory of `length` bytes (cold, as [`RangeError::local`]).
     #[cold]
-    pub(crate) const fn remote(offset: u64, bytes: u64, length: u64) -> Error {
-        Error::Range(RangeError { remote: true, offset, bytes, length })
+    pub const fn remote(offset: u64, bytes: u64, length: u64) -> RangeError {
+        RangeError { remote: true, offset, bytes, length }
+    }
+}
+
+impl From<RangeError> for Error {
+    fn from(e: RangeError) -> Error {
+        Error::Range(e)
     }
 }
 
@@ -649,6 +658,14 @@ impl core::fmt::Display for Error {
             ),
             Error::Range(RangeError { remote, offset, bytes, length }) => {
                 let (whose, side) = if *remote { ("the peer's", "remote") } else { ("its", "local") };
+                if offset.checked_add(*bytes).is_some_and(|end| end <= *length) {
+                    // Inside the length: the address is what wrapped.
+                    return write!(
+                        f,
+                        "{side} range of {bytes} bytes at offset {offset} of {whose} registered memory of {length} \
+                         bytes has an address past 2^64 (the handle's address is wrong; nothing was posted)"
+                    );
+                }
                 write!(
                     f,
                     "{side} range of {bytes} bytes at offset {offset} lies outside {whose} registered memory of \
@@ -662,7 +679,7 @@ impl core::fmt::Display for Error {
 
 impl InvalidArgument {
     /// What the code means, in a few words: the host's message carries it after the variant's name, so that
-    /// a kernel's `invalid argument: Team` says which rule was broken without a look at the docs.
+    /// a kernel's `invalid argument: TeamRules` says which rules there are without a look at the docs.
     pub const fn describe(self) -> &'static str {
         match self {
             InvalidArgument::InlineTooLong => "an inline payload is longer than MAX_INLINE",
@@ -699,11 +716,11 @@ impl InvalidArgument {
                  second warp, a Block-scope QP by a second CTA, or one QP by Block scope and Warp sharing"
             }
             InvalidArgument::Posters => {
-                "two posters of one QP alive at once: a second Exclusive Qp of the handle, or a shared poster \
-                 while an Exclusive Qp lives"
+                "two posters of one QP at once: a second Exclusive Qp of the handle, or an Exclusive Qp and a \
+                 shared poster's call"
             }
             InvalidArgument::WqeSize => {
-                "a WQE larger than the SQ ring, or a raw WQE of 0 segments or more than its builder holds"
+                "a raw WQE of 0 segments, or of more than its builder holds or than MAX_DS (4 WQEBBs)"
             }
             InvalidArgument::Batch => {
                 "a batch of no WQEs, of WQEs of different sizes, or of more WQEBBs than half the SQ ring"

@@ -548,7 +548,7 @@ mod host_side {
             use crate::error::{CqeError, InvalidArgument::*, RangeError};
             use crate::Error::{Cqe, InvalidArgument as Inval};
             let cqe = Cqe(CqeError { syndrome: 0x13, vendor_err_synd: 0x32, wqe_counter: 5, qpn: 0xab_cdef });
-            let (remote, local) = (RangeError::remote(4088, 16, 4096), RangeError::local(1 << 40, 1, 64));
+            let (remote, local) = (RangeError::remote(4088, 16, 4096).into(), RangeError::local(1 << 40, 1, 64).into());
             assert_eq!(reported(&[Inval(Team), remote, Inval(Team)]), Some(remote));
             assert_eq!(reported(&[Inval(Length), Inval(Team)]), Some(Inval(Length)));
             assert_eq!(reported(&[Inval(Team), Inval(Team)]), Some(Inval(Team)));
@@ -561,7 +561,7 @@ mod host_side {
         /// team put reports them): the launch's report is the range error, whichever thread gets there first.
         fn team_kernel(t: &Thread, bad: &(u32,), report: u64) {
             let e = if t.tid() == bad.0 {
-                crate::error::RangeError::remote(u64::from(bad.0), 64, 32)
+                crate::error::RangeError::remote(u64::from(bad.0), 64, 32).into()
             } else {
                 crate::Error::InvalidArgument(crate::error::InvalidArgument::Team)
             };
@@ -577,7 +577,7 @@ mod host_side {
                     // SAFETY: the kernel writes the report only.
                     unsafe { run_on_host(&k, Dim3::x(1), Dim3::x(64), (bad,), &mut report as *mut _ as u64) }.unwrap();
                     let got = crate::Error::from_report(&report);
-                    assert_eq!(got, Some(crate::error::RangeError::remote(u64::from(bad), 64, 32)));
+                    assert_eq!(got, Some(crate::error::RangeError::remote(u64::from(bad), 64, 32).into()));
                 }
             }
         }

@@ -4,8 +4,8 @@
 //! NVSHMEM names the rest: `get` (RDMA READ), `fetch_add` and `compare_swap` (8-byte remote atomics), each
 //! returning the ticket whose [`Qp::wait`] says the data or old value has landed.
 //!
-//! Ranges are checked against the handles before anything is posted, so a bad offset is an
-//! [`Error::InvalidArgument`] here rather than an error CQE that would move the QP to the error state.
+//! Ranges are checked against the handles before anything is posted, so a bad offset is an [`Error::Range`]
+//! here rather than an error CQE that would move the QP to the error state.
 
 use crate::error::{Error, InvalidArgument, RangeError, Result};
 use crate::qp::{Qp, Ticket};
@@ -23,7 +23,7 @@ pub fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
     }
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Sge::new(addr, len as u32, mr.lkey),
-        _ => Err(RangeError::local(off, len, mr.length)),
+        _ => Err(RangeError::local(off, len, mr.length).into()),
     }
 }
 
@@ -34,7 +34,7 @@ pub fn local(mr: &MrHandle, off: u64, len: u64) -> Result<Sge> {
 pub fn remote(mr: &RemoteMr, off: u64, len: u64) -> Result<Raddr> {
     match (off.checked_add(len), mr.addr.checked_add(off)) {
         (Some(end), Some(addr)) if end <= mr.length => Ok(Raddr { addr, rkey: mr.rkey }),
-        _ => Err(RangeError::remote(off, len, mr.length)),
+        _ => Err(RangeError::remote(off, len, mr.length).into()),
     }
 }
 
@@ -56,7 +56,8 @@ impl Qp<'_> {
     /// Posts an RDMA WRITE of `len` bytes from `src + src_off` to `dst + dst_off` and rings the doorbell.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a range outside either MR or a zero length; as [`Qp::post`] otherwise.
+    /// [`Error::Range`] for a range outside either MR, [`Error::InvalidArgument`] for a zero length; as
+    /// [`Qp::post`] otherwise.
     pub fn put(&mut self, dst: &RemoteMr, dst_off: u64, src: &MrHandle, src_off: u64, len: u64) -> Result<()> {
         let (r, l) = (remote(dst, dst_off, len)?, local(src, src_off, len)?);
         let _ = self.post(false, wqe::rdma_write(r, l))?;
@@ -69,7 +70,8 @@ impl Qp<'_> {
     /// every earlier write of this QP, so the peer that sees the new value sees those writes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a range outside either MR or a misaligned address; as [`Qp::post`].
+    /// [`Error::Range`] for a range outside either MR, [`Error::InvalidArgument`] for a misaligned address; as
+    /// [`Qp::post`].
     pub fn signal(&mut self, sem: &RemoteMr, sem_off: u64, result: &MrHandle, result_off: u64) -> Result<Ticket> {
         let (r, l) = atomic_target(sem, sem_off, result, result_off)?;
         let t = self.post(true, wqe::atomic_fetch_add_tested(r, l, 1))?;
@@ -82,7 +84,8 @@ impl Qp<'_> {
     /// ticket is waited for ([`Qp::wait`]), or after a [`Qp::flush`].
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a range outside either MR or a zero length; as [`Qp::post`] otherwise.
+    /// [`Error::Range`] for a range outside either MR, [`Error::InvalidArgument`] for a zero length; as
+    /// [`Qp::post`] otherwise.
     pub fn get(&mut self, dst: &MrHandle, dst_off: u64, src: &RemoteMr, src_off: u64, len: u64) -> Result<Ticket> {
         let (r, l) = (remote(src, src_off, len)?, local(dst, dst_off, len)?);
         let t = self.post(true, wqe::rdma_read(r, l))?;
@@ -95,7 +98,8 @@ impl Qp<'_> {
     /// `atomic_fetch_add`, non-blocking: the old value is there once the returned ticket is waited for).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a range outside either MR or a misaligned address; as [`Qp::post`].
+    /// [`Error::Range`] for a range outside either MR, [`Error::InvalidArgument`] for a misaligned address; as
+    /// [`Qp::post`].
     pub fn fetch_add(
         &mut self,
         target: &RemoteMr,

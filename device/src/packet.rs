@@ -156,16 +156,17 @@ impl<'h> Packets<'h> {
         }
         let len = self.mem.length;
         let inside = |off: u64, n: u64| off.checked_add(n).is_some_and(|end| end <= len);
+        let wire = packet_bytes::<T>(bytes);
         if !inside(data_offset, bytes) {
-            return Err(RangeError::local(data_offset, bytes, len));
+            return Err(RangeError::local(data_offset, bytes, len).into());
         }
-        if !inside(pkt_offset, packet_bytes::<T>(bytes)) {
-            return Err(RangeError::local(pkt_offset, packet_bytes::<T>(bytes), len));
+        if !inside(pkt_offset, wire) {
+            return Err(RangeError::local(pkt_offset, wire, len).into());
         }
         let (data, pkts) = (self.mem.addr + data_offset, self.mem.addr + pkt_offset);
         let size = core::mem::size_of::<T>() as u64;
         // Both inside the memory (checked above), so neither end overflows.
-        let overlap = data_offset < pkt_offset + packet_bytes::<T>(bytes) && pkt_offset < data_offset + bytes;
+        let overlap = data_offset < pkt_offset + wire && pkt_offset < data_offset + bytes;
         if overlap
             || !bytes.is_multiple_of(T::DATA)
             || !data.is_multiple_of(T::DATA)
@@ -224,8 +225,8 @@ impl<'h> Packets<'h> {
     ///
     /// # Errors
     /// [`Error::Timeout`] with [`WaitOn::Packet`] (the first packet still without `flag`, and the flag it
-    /// held) when the share is not complete within the timeout; [`Error::InvalidArgument`] as
-    /// [`Packets::write_packets`], nothing read then.
+    /// held) when the share is not complete within the timeout; [`Error::InvalidArgument`] and
+    /// [`Error::Range`] as [`Packets::write_packets`], nothing read then.
     pub fn read_packets<T: Packet>(
         &self,
         dst_offset: u64,

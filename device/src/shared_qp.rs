@@ -163,7 +163,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// posts, flushes and polls from one CTA of a launch, the first to make one ([`Scope::ONE_CTA`]; the GPU's
     /// `.cta` atomics would not order two). The call is counted in the handle
     /// ([`SqState::host_shared`](gdaki_shared::handle::SqState::host_shared)) until the returned [`Call`]
-    /// drops, so that an Exclusive `Qp` made meanwhile is refused too.
+    /// drops, so that an Exclusive `Qp` made meanwhile is refused too. A Block-scope call refused for a live
+    /// `Qp` has claimed the QP for its CTA all the same: the launch misuses the QP either way.
     ///
     /// # Errors
     /// [`InvalidArgument::Sharing`] for a second CTA of a Block-scope QP; [`InvalidArgument::Posters`] while an
@@ -342,16 +343,18 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// CQE (its CQE retires the whole batch, and [`SharedQp::flush`] waits for it; a CQE period's end inside the
     /// batch is covered by it, since it comes later and before any later reservation, which is all
     /// [`cqe_period`] needs); after another barrier the leader publishes the batch in order with the single
-    /// posters and rings one doorbell for it (or leaves it to a later poster, as [`SharedQp::post`] does). Five barriers of `g` in all (the broadcast is two on the GPU; a call refused before the reservation takes three); for Device scope
-    /// several CTAs may post teams (and single posts) to the QP at once, each team a poster of the chain like a
-    /// single one: nothing of a team's but its WQEs is in the QP's memory, so teams never wait for each other but
-    /// for their turns.
+    /// posters and rings one doorbell for it (or leaves it to a later poster, as [`SharedQp::post`] does). Five
+    /// barriers of `g` in all (the broadcast is two on the GPU; a call refused before the reservation takes three); for
+    /// Device scope several CTAs may post teams (and single posts) to the QP at once, each team a poster of the chain
+    /// like a single one: nothing of a team's but its WQEs is in the QP's memory, so teams never wait for each other
+    /// but for their turns.
     ///
     /// # Errors
     /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
     /// is `Err(e)` gets `e`, the others [`InvalidArgument::Batch`] when the batch needs more than half the
-    /// ring; else a member whose WQE takes more than one WQEBB, or who passes a WQE while a lower rank passes
-    /// none (the members with a WQE must be the lowest ranks), gets [`InvalidArgument::TeamRules`] and the
+    /// ring; else a member whose WQE takes more than one WQEBB, or who passes a WQE from a rank not below the
+    /// number of members with one (the members with a WQE must be the lowest ranks; told only when every
+    /// member made the call and built its WQE), gets [`InvalidArgument::TeamRules`] and the
     /// others [`InvalidArgument::Team`], as they do when fewer than `g.members()` members make the call (a
     /// thread of the block that returned before it: a CTA barrier stops waiting for exited threads). When the
     /// members' `SharedQp`s are not all of one handle (found once the leader has reserved: its batch is then

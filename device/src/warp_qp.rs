@@ -228,10 +228,10 @@ impl<'a> WarpQp<'a> {
     /// # Errors
     /// For every caller: [`InvalidArgument::TeamRules`] when the leader does not execute the call with it (a
     /// call without the leader, or a warp that diverged between them: then the leader's part of the warp makes
-    /// a call of its own, posting its lanes' WQEs); [`InvalidArgument::Batch`] when the callers' WQEs differ in size or the
-    /// batch needs more than half the ring (it could wait for room forever); otherwise what [`Qp::post`]
-    /// returns to the leader (a timeout, an unexpected CQE, [`InvalidArgument::Handle`] for a ring of a size
-    /// device code cannot post to). Nothing is posted on an error.
+    /// a call of its own, posting its lanes' WQEs); [`InvalidArgument::Batch`] when the callers' WQEs differ in size or
+    /// the batch needs more than half the ring (it could wait for room forever); otherwise what [`Qp::post`] returns to
+    /// the leader (a timeout, an unexpected CQE, [`InvalidArgument::Handle`] for a ring of a size device code cannot
+    /// post to). Nothing is posted on an error.
     #[inline(always)]
     pub fn post<const N: usize>(&mut self, signaled: bool, w: Wqe<N>) -> Result<Ticket> {
         let lanes = self.callers()?;

@@ -1416,7 +1416,8 @@ fn device_team_puts_of_two_teams_share_one_qp() {
 
 /// A bad piece in one member's part of a team put: that member gets its range error, the others `Team`, the
 /// NIC sees nothing, and the next team put on the QP goes out whole. Members with a piece that are not the
-/// lowest ranks (the highest of them gets `TeamRules`), and a piece over `max_wqe_bytes` (`Length`), are
+/// lowest ranks (those at or past the count of pieces get `TeamRules`), and a piece over `max_wqe_bytes`
+/// (`Length`), are
 /// refused the same way.
 #[test]
 fn a_bad_piece_fails_the_whole_team_put_with_nothing_posted() {
@@ -1671,10 +1672,10 @@ fn a_block_put_past_the_end_of_either_memory_posts_nothing() {
 }
 
 /// A team put whose members' channels are of two handles (one block split between two peers in one call):
-/// the members of the second handle get `TeamRules`, the others `Team`, neither peer's memory changes, the second handle's NIC sees nothing, and the
-/// first QP goes on (the leader's reservation went out as NOPs): the next team put on it lands whole. Before,
-/// the members of the second handle stored into its ring at the first's indices, published nothing there and
-/// returned Ok; the first QP published WQEBBs nobody stored and went to the error state.
+/// the members of the second handle get `TeamRules`, the others `Team`, neither peer's memory changes, the second
+/// handle's NIC sees nothing, and the first QP goes on (the leader's reservation went out as NOPs): the next team put
+/// on it lands whole. Before, the members of the second handle stored into its ring at the first's indices, published
+/// nothing there and returned Ok; the first QP published WQEBBs nobody stored and went to the error state.
 #[test]
 fn a_team_put_over_two_handles_is_refused_for_all() {
     let ((x, _, hx), (y, _, hy)) = (team_link(64), team_link(64));

@@ -1339,7 +1339,12 @@ proptest! {
             Error::InvalidArgument(a) => format!("{a:?}"),
             Error::Range(r) => {
                 let whose = if r.remote { "the peer's" } else { "its" };
-                format!("{} bytes at offset {} lies outside {whose} registered memory of {} bytes", r.bytes, r.offset, r.length)
+                let (bytes, offset, length) = (r.bytes, r.offset, r.length);
+                if offset.checked_add(bytes).is_some_and(|end| end <= length) {
+                    format!("{bytes} bytes at offset {offset} of {whose} registered memory of {length} bytes has an address past 2^64")
+                } else {
+                    format!("{bytes} bytes at offset {offset} lies outside {whose} registered memory of {length} bytes")
+                }
             }
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
             Error::App(a) => format!("application error {} (value {})", a.code, a.value),
@@ -1428,8 +1433,8 @@ fn invalid_argument_codes_are_the_documented_ones() {
     // One message in full, as a kernel's error reads on the host.
     assert_eq!(
         Error::InvalidArgument(InvalidArgument::Posters).to_string(),
-        "invalid argument: Posters (two posters of one QP alive at once: a second Exclusive Qp of the handle, or \
-         a shared poster while an Exclusive Qp lives)"
+        "invalid argument: Posters (two posters of one QP at once: a second Exclusive Qp of the handle, or an \
+         Exclusive Qp and a shared poster's call)"
     );
     // The eighteen codes are 3..=21 but 10 (retired, as are 1 and 2, the ranges that are `Error::Range` now),
     // each once; as kind 6, those, 11 (Team, which has a kind of its own) and the codes around them decode to
@@ -1458,6 +1463,13 @@ fn range_reports_are_the_documented_words() {
         Some(Error::Range(RangeError { remote: false, offset: 4088, bytes: 16, length: 4096 }))
     );
     assert_eq!(Error::from_report(&ErrorReport { detail: 2, ..words }), None);
+    // A range inside the length whose address passed 2^64 (a wrong handle address) says so.
+    let wrapped = Error::Range(RangeError { remote: false, offset: 32, bytes: 8, length: 64 });
+    assert_eq!(
+        wrapped.to_string(),
+        "local range of 8 bytes at offset 32 of its registered memory of 64 bytes has an address past 2^64 (the \
+         handle's address is wrong; nothing was posted)"
+    );
     assert_eq!(
         remote.to_string(),
         "remote range of 16 bytes at offset 4088 lies outside the peer's registered memory of 4096 bytes (nothing \

@@ -237,13 +237,15 @@ pub struct ErrorReport {
     pub vendor_err_synd: u8,
     /// WQE index of the failed WQE (host order), or 0.
     pub wqe_counter: u16,
-    /// What a wait expected (a semaphore value, a WQE index, a payload word...).
+    /// What a wait expected (a semaphore value, a WQE index, a payload word...), an invalid argument's code,
+    /// or a range error's memory length.
     pub expected: u64,
-    /// What it saw last.
+    /// What it saw last, or a range error's length in bytes.
     pub seen: u64,
-    /// Nanoseconds waited, or the iteration number for payload errors.
+    /// Nanoseconds waited, the iteration number for payload errors, or 1 for a range error in the peer's
+    /// memory (0: local).
     pub detail: u64,
-    /// The address (a semaphore) or byte offset (a payload word) the error concerns, or 0.
+    /// The address (a semaphore) or byte offset (a payload word, a range) the error concerns, or 0.
     pub addr: u64,
 }
 

@@ -85,8 +85,8 @@ const fn segment(count: u64, n: u32, j: u32) -> (u64, u64) {
 /// [`InvalidArgument::Collective`] for a bad handle, or a call that not every thread of the block makes, or
 /// from a launch of more than one block; [`InvalidArgument::Regions`] for misaligned ranges, ranges outside
 /// the buffer, an input and output that overlap without being equal, a scratch area overlapping either (on
-/// every thread that calls, nothing posted); [`Error::Timeout`] with [`WaitOn::Peer`](crate::error::WaitOn::Peer) naming the previous
-/// rank, and the channels' errors, on thread 0; every other thread then returns
+/// every thread that calls, nothing posted); [`Error::Timeout`] with [`WaitOn::Peer`](crate::error::WaitOn::Peer)
+/// naming the previous rank, and the channels' errors, on thread 0; every other thread then returns
 /// [`InvalidArgument::Team`].
 ///
 /// # Safety

@@ -919,8 +919,8 @@ impl Worker {
             // below are each inside it). Offsets and size are 32-bit fields: no sum overflows.
             remote(&h.dst, dst, bytes)?;
             if src + bytes > h.src.length {
-                let e = gdaki_device::error::RangeError { remote: false, offset: src, bytes, length: h.src.length };
-                return Err(gdaki_device::Error::Range(e).into());
+                let e = gdaki_device::error::RangeError::local(src, bytes, h.src.length);
+                return Err(gdaki_device::Error::from(e).into());
             }
             let max = h.max_wqe_bytes.clamp(1, i32::MAX as u64);
             let mut done = 0;

@@ -574,10 +574,10 @@ pub const SIGNALED: u8 = CQ_UPDATE;
 
 /// The error of a range of `bytes` bytes at `offset` outside a local memory of `length` bytes.
 pub fn local_range<T>(offset: u64, bytes: u64, length: u64) -> Result<T, gdaki_device::Error> {
-    Err(gdaki_device::Error::Range(gdaki_device::error::RangeError { remote: false, offset, bytes, length }))
+    Err(gdaki_device::error::RangeError::local(offset, bytes, length).into())
 }
 
 /// The error of a range of `bytes` bytes at `offset` outside the peer's memory of `length` bytes.
 pub fn remote_range<T>(offset: u64, bytes: u64, length: u64) -> Result<T, gdaki_device::Error> {
-    Err(gdaki_device::Error::Range(gdaki_device::error::RangeError { remote: true, offset, bytes, length }))
+    Err(gdaki_device::error::RangeError::remote(offset, bytes, length).into())
 }
