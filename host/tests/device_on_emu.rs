@@ -1340,10 +1340,11 @@ proptest! {
             Error::Range(r) => {
                 let whose = if r.remote { "the peer's" } else { "its" };
                 let (bytes, offset, length) = (r.bytes, r.offset, r.length);
+                let (at, memory) = (format!("{bytes} bytes at offset {offset}"), format!("{whose} registered memory"));
                 if offset.checked_add(bytes).is_some_and(|end| end <= length) {
-                    format!("{bytes} bytes at offset {offset} of {whose} registered memory of {length} bytes has an address past 2^64")
+                    format!("{at} of {memory} of {length} bytes has an address past 2^64")
                 } else {
-                    format!("{bytes} bytes at offset {offset} lies outside {whose} registered memory of {length} bytes")
+                    format!("{at} lies outside {memory} of {length} bytes")
                 }
             }
             Error::UnexpectedCqe(u) => format!("QPN {:#x}, WQE index {}", u.qpn, u.wqe_counter),
