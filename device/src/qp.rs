@@ -39,11 +39,16 @@ pub struct Qp<'a> {
     /// Whether WQEs were posted since the last doorbell.
     unrung: bool,
     timeout_ns: u64,
-    /// On the `cpu` executor: whether another Exclusive poster of the handle lived when this one was made
-    /// ([`SqState::host_posters`](gdaki_shared::handle::SqState::host_posters)); its counters may then be stale,
-    /// so its calls are refused and its drop writes nothing back.
+    /// On the `cpu` executor: whether another poster of the handle was at work when this one was made
+    /// ([`SqState::host_posters`](gdaki_shared::handle::SqState::host_posters), `host_shared`, `host_warps`);
+    /// its counters may then be stale, so its calls are refused and its drop writes nothing back.
     #[cfg(not(target_arch = "nvptx64"))]
     intruder: bool,
+    /// On the `cpu` executor: whether this `Qp` is a [`crate::warp_qp::WarpQp`]'s leader for one turn (or the
+    /// slow path of one), which is not counted among the handle's Exclusive posters (its `WarpQp` is counted
+    /// in `host_warps`) and to which the handle's live `WarpQp`s are not other posters.
+    #[cfg(not(target_arch = "nvptx64"))]
+    warp_leader: bool,
 }
 
 /// What a post needs of the handle (read by [`Qp::new`], [`Sq::load`]), and the send-queue counters (read
@@ -155,7 +160,7 @@ impl Drop for Qp<'_> {
     fn drop(&mut self) {
         #[cfg(not(target_arch = "nvptx64"))]
         if self.intruder {
-            host_posters(self.h).fetch_sub(1, core::sync::atomic::Ordering::Release);
+            self.uncount();
             return;
         }
         self.ring_db();
@@ -163,7 +168,7 @@ impl Drop for Qp<'_> {
         // After the write-back: a `Qp` made next (on another thread) that sees the count at none reads the
         // counters written here (release, and acquire in `new`).
         #[cfg(not(target_arch = "nvptx64"))]
-        host_posters(self.h).fetch_sub(1, core::sync::atomic::Ordering::Release);
+        self.uncount();
     }
 }
 
@@ -181,6 +186,14 @@ fn host_posters(h: &mut QpHandle) -> &core::sync::atomic::AtomicU64 {
 fn host_shared(h: &mut QpHandle) -> &core::sync::atomic::AtomicU64 {
     // SAFETY: an 8-byte aligned word of the live handle, only ever accessed atomically, by host threads.
     unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!(h.sq.host_shared)) }
+}
+
+/// The handle's count of live `WarpQp`s on the `cpu` executor
+/// ([`SqState::host_warps`](gdaki_shared::handle::SqState::host_warps)).
+#[cfg(not(target_arch = "nvptx64"))]
+fn host_warps(h: &mut QpHandle) -> &core::sync::atomic::AtomicU64 {
+    // SAFETY: an 8-byte aligned word of the live handle, only ever accessed atomically, by host threads.
+    unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!(h.sq.host_warps)) }
 }
 
 impl<'a> Qp<'a> {
@@ -201,37 +214,62 @@ impl<'a> Qp<'a> {
     /// the posts, CQ polls, waits and flushes of either get [`InvalidArgument::Posters`] while both live, and the
     /// second's drop writes nothing back, where on the GPU their WQEs would overwrite each other; so are the
     /// calls of a shared poster of the handle ([`crate::shared_qp::SharedQp`]) while the `Qp` lives, a `Qp` made
-    /// while a shared poster's call is under way (all its calls, and its drop writes nothing back), and a live
-    /// `Qp`'s calls while one is. A `Qp` that
+    /// while a shared poster's call is under way or a [`crate::warp_qp::WarpQp`] of the handle lives (all its
+    /// calls, and its drop writes nothing back), and a live `Qp`'s calls while either is. A `Qp` that
     /// is forgotten (`mem::forget`) instead of dropped counts for as long as the handle's memory: take a copy
     /// with [`Qp::handle`] (which counts none) and go on from that. What it left unrung stays unrung (a later
     /// `Qp`'s doorbell rings it with its own WQEs; a wait alone does not): ring before forgetting it.
     #[inline(always)]
     pub unsafe fn new(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
-        // Counted before the look at shared calls under way, both sequentially consistent, as a shared call
-        // counts itself before it looks at the Exclusive posters: of the two made at once, at least one sees
-        // the other. (The count's acquire also reads the counters the last `Qp` wrote back.)
         #[cfg(not(target_arch = "nvptx64"))]
-        let intruder = host_posters(h).fetch_add(1, core::sync::atomic::Ordering::SeqCst) != 0
-            || host_shared(h).load(core::sync::atomic::Ordering::SeqCst) != 0;
-        Self {
-            sq: Sq::load(h),
-            h,
-            unrung: false,
-            timeout_ns,
-            #[cfg(not(target_arch = "nvptx64"))]
-            intruder,
+        return Self::counted(h, timeout_ns, false);
+        #[cfg(target_arch = "nvptx64")]
+        Self { sq: Sq::load(h), h, unrung: false, timeout_ns }
+    }
+
+    /// [`Qp::new`] for a [`crate::warp_qp::WarpQp`]'s leader on a host thread, for one turn: the handle's live
+    /// `WarpQp`s (this one's and its warp's other threads') are not other posters to it.
+    ///
+    /// # Safety
+    /// As [`Qp::new`].
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub(crate) unsafe fn new_warp_leader(h: &'a mut QpHandle, timeout_ns: u64) -> Self {
+        Self::counted(h, timeout_ns, true)
+    }
+
+    /// A `Qp` on the `cpu` executor: counted among the handle's Exclusive posters but for a warp's leader,
+    /// and an intruder when another poster is at work.
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn counted(h: &'a mut QpHandle, timeout_ns: u64, warp_leader: bool) -> Self {
+        use core::sync::atomic::Ordering::SeqCst;
+        // Counted before the look at the other posters, all sequentially consistent, as a shared call or a
+        // `WarpQp` counts itself before it looks at the Exclusive posters: of two made at once, at least one
+        // sees the other. (The count's acquire also reads the counters the last `Qp` wrote back; a leader's
+        // turn read them with the turn's acquire.)
+        let before = if warp_leader { host_posters(h).load(SeqCst) } else { host_posters(h).fetch_add(1, SeqCst) };
+        let intruder =
+            before != 0 || host_shared(h).load(SeqCst) != 0 || (!warp_leader && host_warps(h).load(SeqCst) != 0);
+        Self { sq: Sq::load(h), h, unrung: false, timeout_ns, intruder, warp_leader }
+    }
+
+    /// Takes this `Qp` out of the handle's count of Exclusive posters, where [`Qp::counted`] put it.
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn uncount(&mut self) {
+        if !self.warp_leader {
+            host_posters(self.h).fetch_sub(1, core::sync::atomic::Ordering::Release);
         }
     }
 
-    /// On the `cpu` executor, refuses a call of a `Qp` whose handle has another Exclusive poster alive or a
-    /// shared poster's call under way (see [`Qp::new`]). Nothing on the GPU.
+    /// On the `cpu` executor, refuses a call of a `Qp` whose handle has another Exclusive poster alive, a
+    /// shared poster's call under way or (but to a `WarpQp`'s leader) a `WarpQp` alive (see [`Qp::new`]).
+    /// Nothing on the GPU.
     #[inline(always)]
     fn sole(&mut self) -> Result<()> {
         #[cfg(not(target_arch = "nvptx64"))]
         if self.intruder
-            || host_posters(self.h).load(core::sync::atomic::Ordering::Relaxed) > 1
+            || host_posters(self.h).load(core::sync::atomic::Ordering::Relaxed) > u64::from(!self.warp_leader)
             || host_shared(self.h).load(core::sync::atomic::Ordering::Relaxed) != 0
+            || (!self.warp_leader && host_warps(self.h).load(core::sync::atomic::Ordering::Relaxed) != 0)
         {
             return Err(Error::InvalidArgument(InvalidArgument::Posters));
         }
@@ -261,7 +299,14 @@ impl<'a> Qp<'a> {
     #[inline(always)]
     fn cold<R>(&mut self, f: impl FnOnce(&mut Qp<'_>) -> R) -> R {
         self.sq.store_pi(!self.unrung, self.h);
-        let (unrung, r) = out_of_line(&mut *self.h, self.unrung, self.timeout_ns, f);
+        let (unrung, r) = out_of_line(
+            &mut *self.h,
+            self.unrung,
+            self.timeout_ns,
+            #[cfg(not(target_arch = "nvptx64"))]
+            self.warp_leader,
+            f,
+        );
         self.sq.load_counters(self.h);
         self.unrung = unrung;
         r
@@ -777,6 +822,7 @@ extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(
     h: &mut QpHandle,
     unrung: bool,
     timeout_ns: u64,
+    #[cfg(not(target_arch = "nvptx64"))] warp_leader: bool,
     f: F,
 ) -> (bool, R) {
     let mut q = core::mem::ManuallyDrop::new(Qp {
@@ -784,9 +830,12 @@ extern "C" fn out_of_line<R, F: FnOnce(&mut Qp<'_>) -> R>(
         h,
         unrung,
         timeout_ns,
-        // The caller's `Qp` made its check; this one is never dropped, so it counts for nothing.
+        // The caller's `Qp` made its check and stays counted (or not, a warp's leader, whose kind this one
+        // takes); this one is never dropped.
         #[cfg(not(target_arch = "nvptx64"))]
         intruder: false,
+        #[cfg(not(target_arch = "nvptx64"))]
+        warp_leader,
     });
     if !sq::valid_ring(q.sq.cnt) {
         // Room is 0, so nothing is stored; the CQ's index arithmetic gets a size it can work with.
@@ -931,5 +980,47 @@ mod tests {
         // SAFETY: as above, one thread now.
         let mut q = unsafe { Qp::new(&mut h, 1_000_000) };
         assert_eq!(q.post(false, wqe::nop()), Ok(Ticket(1)));
+    }
+
+    /// A `WarpQp` holds the QP from its making to its drop (on the GPU its leader keeps the counters): on a
+    /// host thread, a Device-scope shared post and an Exclusive `Qp` made while it lives are refused with
+    /// `Posters` (before, both went out between the `WarpQp`'s calls); a `WarpQp` made while a `Qp` lives is
+    /// refused for its life, even once the `Qp` is gone; and once the `WarpQp`s are dropped, every poster posts
+    /// after the last WQE.
+    #[test]
+    fn a_warp_qp_is_a_poster_from_its_making_to_its_drop() {
+        use crate::scope::Device;
+        use crate::shared_qp::SharedQp;
+        use crate::warp_qp::WarpQp;
+        let (_m, mut h) = mem_and_handle(16, Seg([0; 2]));
+        let hp: *mut QpHandle = &mut h;
+        let refused = Error::InvalidArgument(InvalidArgument::Posters);
+        // SAFETY: `h` and its memory outlive every poster; one thread; the posters made while another lives are
+        // the misuse under test, refused before they touch the ring.
+        let mut wq = unsafe { WarpQp::new(hp, 1_000_000) };
+        assert_eq!(wq.post(false, wqe::nop()), Ok(Ticket(0)));
+        // SAFETY: as above.
+        let shared = unsafe { SharedQp::<Device>::new(hp, 1_000_000) };
+        assert_eq!(shared.post(false, wqe::nop()), Err(refused));
+        {
+            // SAFETY: as above.
+            let mut q = unsafe { Qp::new(&mut *hp, 1_000_000) };
+            assert_eq!(q.post(false, wqe::nop()), Err(refused));
+        }
+        assert_eq!(wq.post(false, wqe::nop()), Ok(Ticket(1)), "the WarpQp goes on");
+        drop(wq);
+        assert_eq!(shared.post(false, wqe::nop()), Ok(Ticket(2)), "after the WarpQp's drop");
+        // SAFETY: as above.
+        let mut q = unsafe { Qp::new(&mut *hp, 1_000_000) };
+        // SAFETY: as above.
+        let mut late = unsafe { WarpQp::new(hp, 1_000_000) };
+        drop(q);
+        assert_eq!(late.post(false, wqe::nop()), Err(refused), "made while a Qp lived");
+        drop(late);
+        // SAFETY: as above.
+        q = unsafe { Qp::new(&mut *hp, 1_000_000) };
+        assert_eq!(q.post(false, wqe::nop()), Ok(Ticket(3)));
+        drop(q);
+        assert_eq!((h.sq.host_posters, h.sq.host_shared, h.sq.host_warps, h.sq.pi), (0, 0, 0, 4));
     }
 }

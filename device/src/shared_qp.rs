@@ -185,17 +185,26 @@ impl<'a, S: Scope> SharedQp<'a, S> {
                 }
             }
             // SAFETY: the state is valid (contract of `new`); `addr_of_mut!` forms no reference.
-            let (count, posters) = unsafe {
-                (self.word(|s| addr_of_mut!((*s).host_shared)), self.word(|s| addr_of_mut!((*s).host_posters)))
+            let (count, posters, warp_qps) = unsafe {
+                (
+                    self.word(|s| addr_of_mut!((*s).host_shared)),
+                    self.word(|s| addr_of_mut!((*s).host_posters)),
+                    self.word(|s| addr_of_mut!((*s).host_warps)),
+                )
             };
-            // SAFETY: the state's `host_shared` and `host_posters` words (contract of `new`), 8-byte aligned, only
-            // ever accessed atomically, by host threads.
-            let (shared, exclusive) = unsafe { (AtomicU64::from_ptr(count), AtomicU64::from_ptr(posters)) };
-            // Counted before the look at the Exclusive posters, both sequentially consistent, as `Qp::new` counts
-            // itself before it looks at the calls: of a call and a `Qp` made at once, at least one sees the other.
+            // SAFETY: the state's `host_shared`, `host_posters` and `host_warps` words (contract of `new`), 8-byte
+            // aligned, only ever accessed atomically, by host threads.
+            let (shared, exclusive, warps) =
+                unsafe { (AtomicU64::from_ptr(count), AtomicU64::from_ptr(posters), AtomicU64::from_ptr(warp_qps)) };
+            // Counted before the look at the other posters, all sequentially consistent, as `Qp::new` and
+            // `WarpQp::new` count themselves before they look at the calls: of two made at once, at least one
+            // sees the other.
             shared.fetch_add(1, Ordering::SeqCst);
             let call = Call { count };
-            if exclusive.load(Ordering::SeqCst) != 0 {
+            // A live `WarpQp` is another poster, but to a Block-scope call in a launch, where the launch's owner
+            // (above) already tells the first of the two sharings to post from the second.
+            let warp_counts = !S::ONE_CTA || !crate::thread::host::in_launch();
+            if exclusive.load(Ordering::SeqCst) != 0 || (warp_counts && warps.load(Ordering::SeqCst) != 0) {
                 return Err(Error::InvalidArgument(InvalidArgument::Posters));
             }
             Ok(call)
@@ -344,10 +353,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// batch is covered by it, since it comes later and before any later reservation, which is all
     /// [`cqe_period`] needs); after another barrier the leader publishes the batch in order with the single
     /// posters and rings one doorbell for it (or leaves it to a later poster, as [`SharedQp::post`] does). Five
-    /// barriers of `g` in all (the broadcast is two on the GPU; a call refused before the reservation takes three); for
-    /// Device scope several CTAs may post teams (and single posts) to the QP at once, each team a poster of the chain
-    /// like a single one: nothing of a team's but its WQEs is in the QP's memory, so teams never wait for each other
-    /// but for their turns.
+    /// barriers of `g` in all (the broadcast is two on the GPU), four for a call refused before the reservation;
+    /// for Device scope several CTAs may post teams (and single posts) to the QP at once, each team a poster of
+    /// the chain like a single one: nothing of a team's but its WQEs is in the QP's memory, so teams never wait
+    /// for each other but for their turns.
     ///
     /// # Errors
     /// Every member gets an error, and nothing is posted, when any member cannot post: a member whose `wqe`
@@ -358,8 +367,10 @@ impl<'a, S: Scope> SharedQp<'a, S> {
     /// others [`InvalidArgument::Team`], as they do when fewer than `g.members()` members make the call (a
     /// thread of the block that returned before it: a CTA barrier stops waiting for exited threads). When the
     /// members' `SharedQp`s are not all of one handle (found once the leader has reserved: its batch is then
-    /// published as NOPs, and the other handles' rings are not touched), the members of another handle than
-    /// the leader's get [`InvalidArgument::TeamRules`], the others [`InvalidArgument::Team`];
+    /// published as NOPs, and the other handles' rings are not touched; or, in a call refused before that,
+    /// when every member made it and built its WQE), the members of another handle than the leader's get
+    /// [`InvalidArgument::TeamRules`], the others [`InvalidArgument::Team`] (or `Batch`, judged on the
+    /// leader's ring);
     /// [`InvalidArgument::Handle`] and, on the `cpu` executor, [`InvalidArgument::Sharing`] for a Block-scope
     /// QP of another CTA or [`InvalidArgument::Posters`] while an Exclusive `Qp` of the handle lives, as for
     /// [`SharedQp::post`]. Once the
@@ -402,14 +413,20 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         // kernel (the barrier no longer waits for it) would leave its pieces of a range unposted, and the
         // others' WQEs would be published without them.
         if g.barrier_count(!bad) != g.members() {
-            // Refused (the cold path): one more barrier, taken by every member here before any returns, tells
-            // whether every member made the call and built its WQE. Only then does a WQE of a rank at or past
-            // the count of WQEs mean that a lower rank passed none (else the count is short by the failed or
-            // absent members, and the rank proves nothing).
+            // Refused (the cold path): every member here takes two more barriers before any returns. The first
+            // tells whether every member made the call and built its WQE: only then does a WQE of a rank at or
+            // past the count of WQEs mean that a lower rank passed none (else the count is short by the failed
+            // or absent members, and the rank proves nothing), and only then are member 0's handle and key,
+            // which the second hands to all, this call's: a member of another channel is told so, rather than
+            // judged by its own ring's size.
             let complete = g.barrier_count(own.is_ok() && mine.is_ok()) == g.members();
+            let first = g.barrier_broadcast([self.h as u64, key, 0, 0]);
             let _call = own?;
             mine?;
-            // Every member counted the same batch: all of them say why, as a warp's batch and
+            if complete && (first[0] != self.h as u64 || first[1] != key) {
+                return Err(Error::InvalidArgument(InvalidArgument::TeamRules));
+            }
+            // Every member of one channel counted the same batch: all of them say why, as a warp's batch and
             // `Qp::post_batch` do.
             if count > cnt / 2 {
                 return Err(Error::InvalidArgument(InvalidArgument::Batch));

@@ -289,6 +289,11 @@ pub(crate) mod host {
         static UNIT: core::cell::Cell<Option<Unit>> = const { core::cell::Cell::new(None) };
     }
 
+    /// Whether the calling host thread runs a thread of a launch (not a test's own thread).
+    pub(crate) fn in_launch() -> bool {
+        UNIT.with(|c| c.get()).is_some()
+    }
+
     /// Whether the calling host thread may post to the QP whose [`SqState::host_owner`] word is `owner`,
     /// sharing it by CTA (`by_warp` false: Block scope) or by warp (`by_warp` true: Warp sharing). The first
     /// CTA (warp) of a launch to post claims the QP; another of the same launch is refused, and so is any warp

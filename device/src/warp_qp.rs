@@ -72,6 +72,23 @@ pub struct WarpQp<'a> {
     /// Bound of each wait, ns: a host thread's wait for its turn is bounded by it too ([`TURN_BOUND`]).
     #[cfg(not(target_arch = "nvptx64"))]
     timeout_ns: u64,
+    /// On a host thread: whether an Exclusive `Qp` of the handle lived when this `WarpQp` was made: on the GPU
+    /// its leader would have read stale counters, so every call is refused ([`InvalidArgument::Posters`]).
+    #[cfg(not(target_arch = "nvptx64"))]
+    intruder: bool,
+}
+
+/// On a host thread a `WarpQp` is counted in its handle
+/// ([`SqState::host_warps`](gdaki_shared::handle::SqState::host_warps)) from [`WarpQp::new`] to its drop, as
+/// the GPU's leader holds the QP's counters that long.
+#[cfg(not(target_arch = "nvptx64"))]
+impl Drop for WarpQp<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle's `host_warps` word (contract of `new`), 8-byte aligned, only ever accessed
+        // atomically, by host threads.
+        unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.h).sq.host_warps)) }
+            .fetch_sub(1, core::sync::atomic::Ordering::Release);
+    }
 }
 
 impl<'a> WarpQp<'a> {
@@ -84,7 +101,10 @@ impl<'a> WarpQp<'a> {
     /// `h` must be a handle built by the host for a live, connected QP (as [`Qp::new`] requires), used for
     /// `'a` by the members only, through their `WarpQp`s. On the `cpu` executor the first warp of a launch
     /// whose call takes a turn (a post, flush or wait) owns the handle until the launch ends, and another
-    /// warp's calls get [`InvalidArgument::Sharing`].
+    /// warp's calls get [`InvalidArgument::Sharing`]; a `WarpQp` made while an Exclusive `Qp` of the handle
+    /// lives gets [`InvalidArgument::Posters`] for every call, its turns get it while a shared poster's call is
+    /// under way, and while it lives an Exclusive `Qp` or a Device-scope shared poster of the handle (a
+    /// Block-scope one too, outside a launch) is refused with it.
     #[inline(always)]
     pub unsafe fn new(h: *mut QpHandle, timeout_ns: u64) -> Self {
         let lanes = Lanes::active_with(h as u64);
@@ -97,7 +117,25 @@ impl<'a> WarpQp<'a> {
         #[cfg(target_arch = "nvptx64")]
         return Self { h, mask: lanes.mask, leader, sq_buf, wqe_cnt, qpn };
         #[cfg(not(target_arch = "nvptx64"))]
-        Self { h, mask: lanes.mask, leader: None, sq_buf, wqe_cnt, qpn, timeout_ns }
+        {
+            use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
+            // SAFETY: the handle's host-only words (contract), 8-byte aligned, only ever accessed atomically,
+            // by host threads.
+            let word = |w: *mut u64| unsafe { AtomicU64::from_ptr(w) };
+            // SAFETY: the contract gives a live handle; `addr_of_mut!` forms no reference.
+            let sq = unsafe { core::ptr::addr_of_mut!((*h).sq) };
+            // Counted before the look at the other posters, all sequentially consistent, as they count
+            // themselves before they look at this count: of two made at once, at least one sees the other.
+            // A shared call under way is not looked at here: each turn's leader refuses to go on beside one
+            // (`Qp::new_warp_leader`), every later shared call is refused while this `WarpQp` lives, and in a
+            // launch a Block-scope QP's owner tells the two sharings apart (`owned`) whichever came first.
+            // SAFETY: as above.
+            let (warps, posters) =
+                unsafe { (core::ptr::addr_of_mut!((*sq).host_warps), core::ptr::addr_of_mut!((*sq).host_posters)) };
+            word(warps).fetch_add(1, SeqCst);
+            let intruder = word(posters).load(SeqCst) != 0;
+            Self { h, mask: lanes.mask, leader: None, sq_buf, wqe_cnt, qpn, timeout_ns, intruder }
+        }
     }
 
     /// On a host thread of a `cpu` launch, whether this thread's warp owns the QP for the launch: the first
@@ -106,18 +144,23 @@ impl<'a> WarpQp<'a> {
     /// QP with counters of its own ([`crate::thread`]'s `may_post`).
     ///
     /// # Errors
-    /// [`InvalidArgument::Sharing`] for a warp that does not own the QP.
+    /// [`InvalidArgument::Sharing`] for a warp that does not own the QP; [`InvalidArgument::Posters`] for a
+    /// `WarpQp` made while another poster was at work (`intruder`).
     #[cfg(not(target_arch = "nvptx64"))]
     fn owned(&self) -> Result<()> {
         // SAFETY: the handle's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
         // atomically, by host threads.
         let owner =
             unsafe { core::sync::atomic::AtomicU64::from_ptr(core::ptr::addr_of_mut!((*self.h).sq.host_owner)) };
-        if crate::thread::host::may_post(owner, true) {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(InvalidArgument::Sharing))
+        if !crate::thread::host::may_post(owner, true) {
+            return Err(Error::InvalidArgument(InvalidArgument::Sharing));
         }
+        // After the launch's owner, so that in a launch two sharings of one QP are told apart alike whichever
+        // posted first.
+        if self.intruder {
+            return Err(Error::InvalidArgument(InvalidArgument::Posters));
+        }
+        Ok(())
     }
 
     /// On a host thread, makes the QP this thread's until [`WarpQp::end_turn`]: takes a ticket of the handle's
@@ -169,7 +212,7 @@ impl<'a> WarpQp<'a> {
         }
         waited?;
         // SAFETY: the turn makes this thread the handle's one poster until `end_turn`.
-        self.leader = Some(unsafe { Qp::new(&mut *self.h, self.timeout_ns) });
+        self.leader = Some(unsafe { Qp::new_warp_leader(&mut *self.h, self.timeout_ns) });
         Ok(())
     }
 

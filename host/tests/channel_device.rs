@@ -1705,6 +1705,47 @@ fn a_team_put_over_two_handles_is_refused_for_all() {
     assert_eq!(y.qp_h.sq.pi, 0, "Y's state untouched");
 }
 
+/// A team post refused before any reservation whose members are on two handles of different ring sizes
+/// (10 one-WQEBB WRITEs: over half of a 16-WQEBB ring, under half of a 64-WQEBB one): the members on
+/// another handle than member 0's get `TeamRules`, however their own ring judges the batch, and member 0's
+/// get what the batch is on member 0's ring (`Batch` over half of it, else `Team`); nothing reaches either
+/// NIC. Before, the members on the small ring got `Batch` whichever handle was member 0's.
+#[test]
+fn a_team_post_over_two_handles_of_different_rings_blames_the_members_off_member_0s() {
+    for first_small in [false, true] {
+        let ((big, _, hb), (small, _, hs)) = (team_link(64), team_link(16));
+        let results = std::sync::Mutex::new(Vec::new());
+        teams(1, 10, |_, m| {
+            let h = if (m.rank < 5) == first_small { &hs } else { &hb };
+            // SAFETY: live handles of the links, posted to by this team only.
+            let qp = unsafe { gdaki_device::shared_qp::SharedQp::<Device>::new(h.qp as *mut QpHandle, 1_000_000_000) };
+            let off = 64 * u64::from(m.rank);
+            let r = gdaki_device::onesided::remote(&h.dst, off, 64);
+            let w =
+                r.and_then(|r| Ok(gdaki_device::wqe::rdma_write(r, gdaki_device::onesided::local(&h.src, off, 64)?)));
+            // Posted before the results' lock is taken: the post's barriers wait for every member.
+            let posted = qp.post_team(m, w.map(Some));
+            results.lock().unwrap().push((m.rank, posted));
+        });
+        for (rank, got) in results.into_inner().unwrap() {
+            let want = match (rank < 5, first_small) {
+                (false, _) => InvalidArgument::TeamRules,
+                (true, true) => InvalidArgument::Batch,
+                (true, false) => InvalidArgument::Team,
+            };
+            assert_eq!(
+                got,
+                Err(Error::InvalidArgument(want)),
+                "member 0 on the small ring: {first_small}, rank {rank}"
+            );
+        }
+        for (what, l) in [("64", &big), ("16", &small)] {
+            let nic = l._nics[0].stats();
+            assert_eq!((nic.wqes, nic.doorbells, l.qp_h.sq.pi), (0, 0, 0), "the {what}-WQEBB QP: {nic:?}");
+        }
+    }
+}
+
 /// A team put whose members' channels are two channels of one QP (the second's destination 1 KiB further):
 /// the members of the second channel get `TeamRules`, the others `Team`, and nothing lands, as for two QPs;
 /// the QP goes on. Before, the members with the second channel put their pieces at its destination and every

@@ -159,15 +159,20 @@ pub struct SqState {
     pub host_owner: u64,
     /// On the `cpu` executor, the Exclusive posters (device `Qp`s) of this handle alive now: a second one while
     /// the first lives keeps its own counters, so both would write the same WQEBBs; its calls and the first's
-    /// are refused while both live, and so are a shared poster's (Block or Device scope) while any lives. 0 for
-    /// none. Unused on the GPU.
+    /// are refused while both live, and so are a shared poster's (Block or Device scope) while any lives. A
+    /// `WarpQp`'s leader for one turn is not counted here (its `WarpQp` is, in `host_warps`). 0 for none.
+    /// Unused on the GPU.
     pub host_posters: u64,
     /// On the `cpu` executor, the calls of shared posters (Block or Device scope) of this handle under way now:
     /// an Exclusive `Qp` made meanwhile is refused for its life, and a live one's calls are refused while any
     /// is under way (its counters, kept apart, would overwrite theirs). 0 for none. Unused on the GPU.
     pub host_shared: u64,
+    /// On the `cpu` executor, the Warp-sharing posters (device `WarpQp`s, one per host thread of a warp) of this
+    /// handle alive now: on the GPU the warp's leader keeps the QP's counters from the `WarpQp`'s making to its
+    /// drop, so an Exclusive `Qp` or a shared poster's call meanwhile is refused. 0 for none. Unused on the GPU.
+    pub host_warps: u64,
     /// Zero: keeps the state 128 bytes (the handle's second half).
-    pub pad: [u64; 3],
+    pub pad: [u64; 2],
 }
 
 impl SqState {
@@ -191,7 +196,8 @@ impl SqState {
             host_owner: 0,
             host_posters: 0,
             host_shared: 0,
-            pad: [0; 3],
+            host_warps: 0,
+            pad: [0; 2],
         }
     }
 }
@@ -262,7 +268,8 @@ const _: () = {
     assert!(offset_of!(SqState, host_owner) == 80);
     assert!(offset_of!(SqState, host_posters) == 88);
     assert!(offset_of!(SqState, host_shared) == 96);
-    assert!(offset_of!(SqState, pad) == 104);
+    assert!(offset_of!(SqState, host_warps) == 104);
+    assert!(offset_of!(SqState, pad) == 112);
     assert!(size_of::<MrHandle>() == 24);
     assert!(size_of::<RemoteMr>() == 24);
     assert!(size_of::<ErrorReport>() == 40);
