@@ -174,8 +174,8 @@ impl<'a, S: Scope> SharedQp<'a, S> {
         #[cfg(not(target_arch = "nvptx64"))]
         {
             use core::sync::atomic::{AtomicU64, Ordering};
-            // The launch's owner first: a Warp-sharing poster of the QP in this launch holds an Exclusive `Qp`
-            // of it during its turns, and the misuse to name then is the two sharings, not two posters.
+            // The launch's owner first: in a launch it tells Block scope and Warp sharing of one QP apart
+            // (`Sharing`), whichever posted first; the live `WarpQp`s are then not looked at below.
             if S::ONE_CTA {
                 // SAFETY: the state's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
                 // atomically, by host threads.

@@ -145,7 +145,7 @@ impl<'a> WarpQp<'a> {
     ///
     /// # Errors
     /// [`InvalidArgument::Sharing`] for a warp that does not own the QP; [`InvalidArgument::Posters`] for a
-    /// `WarpQp` made while another poster was at work (`intruder`).
+    /// `WarpQp` made while an Exclusive `Qp` of the handle lived (`intruder`).
     #[cfg(not(target_arch = "nvptx64"))]
     fn owned(&self) -> Result<()> {
         // SAFETY: the handle's `host_owner` word (contract of `new`), 8-byte aligned, only ever accessed
