@@ -424,6 +424,40 @@ pub trait GpuCopier: Send + Sync {
         None
     }
 
+    /// Enqueues a copy of `len` bytes at byte `offset` of the peer allocation `handle`, which this copier
+    /// mapped ([`GpuCopier::import`]), to `dst`, as [`GpuCopier::copy_async`] does. By default a copy out of
+    /// the mapping ([`GpuCopier::imported`]).
+    ///
+    /// # Safety
+    /// `dst` as for [`GpuCopier::copy_async`]; `offset + len` within the mapping.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for a handle this copier has not mapped; as
+    /// [`GpuCopier::copy_async`].
+    unsafe fn copy_from_peer_async(
+        &self,
+        dst: MemLoc,
+        (handle, offset): (&[u8; EXPORT_HANDLE_BYTES], u64),
+        len: usize,
+    ) -> Result<()> {
+        let m = self
+            .imported(handle)
+            .ok_or_else(|| crate::Error::InvalidArgument("a peer allocation this copier has not mapped".into()))?;
+        let src = MemLoc { kind: MemKind::Gpu, addr: m.base + offset };
+        // SAFETY: the caller's contract: `dst` valid until the synchronize, the source inside the mapping,
+        // which lasts as long as this copier.
+        unsafe { self.copy_async(dst, src, len) }
+    }
+
+    /// The memory of `export` ([`GpuCopier::export`]) is no longer registered: no peer may read it from now on.
+    /// Called once every WRITE the peer copies out of it has been answered. Nothing to do by default, and for
+    /// the CUDA copier, whose peers' mappings keep the allocation allocated in the driver whatever this
+    /// process frees; [`SimGpu`](crate::nic::emu::SimGpu), whose handles name this process's own memory,
+    /// refuses the handle from now on, as the application may free the memory next.
+    fn unexport(&self, export: &PeerExport) {
+        let _ = export;
+    }
+
     /// Maps the allocation another process exported ([`GpuCopier::export`]) into this one, so that this
     /// copier's copies can read it as [`MemKind::Gpu`] memory, or returns the mapping made for the same handle
     /// before. A mapping lasts as long as the copier (the exporting process's allocation stays allocated

@@ -756,6 +756,46 @@ fn an_mr_the_peer_copies_from_is_deregistered_only_once_the_peer_has_answered() 
 }
 
 #[test]
+fn a_write_by_mapping_refused_after_its_copy_began_is_answered_once_the_copy_is_done() {
+    // The responder enqueues a long copy out of the mapping, then refuses the WRITE (its immediate finds the
+    // CQ full: NAK, remote operation error). The NAK is the peer's answer: once the error CQE is out, the
+    // application owns the source again (and may free it), so the copy must have ended before.
+    const N: usize = 64 << 20;
+    const NCQE: u32 = 64;
+    let retry = Duration::from_secs(10);
+    let p = WirePair::sized(ipc_config(true, retry), ipc_config(true, retry), 64, NCQE);
+    let src = GuardedBuf::new(N, 0x3c);
+    let dst = GuardedBuf::new(N, 0);
+    let smr = src.register_as(MemKind::Gpu, &p.nic_a, &p.pd_a, Access::NONE);
+    let dmr = dst.register_as(MemKind::Gpu, &p.nic_b, &p.pd_b, Access::ALL);
+    let (sq, cq) = (&mut Sq::new(&p.a), &mut CqPoll::new(&p.cq_a));
+    let at = sq.post(&sq.write(SIGNALED, (smr.lkey(), src.addr(), 64), dst.addr(), dmr.rkey()));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+    stats_when(&p.nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
+    // Fill the peer's CQ with the immediates' CQEs, never polled.
+    for i in 0..NCQE {
+        let mut wqe = sq.write(SIGNALED, (smr.lkey(), src.addr(), 8), dst.addr(), dmr.rkey());
+        wqe[0] = sq.ctrl(opcode::RDMA_WRITE_IMM, SIGNALED, 3, i);
+        let at = sq.post(&wqe);
+        assert_req(&cq.wait(), opcode::RDMA_WRITE_IMM, sq.qpn(), at, 0);
+    }
+    // (The first of them may have gone as bytes: the peer's answer reaches NIC a after its count moved.)
+    let pieces = p.nic_a.stats().ipc_pieces;
+    assert!(pieces >= u64::from(NCQE) - 1, "the small WRITEs went by mapping: {pieces}");
+    let mut wqe = sq.write(SIGNALED, (smr.lkey(), src.addr(), N as u32), dst.addr(), dmr.rkey());
+    wqe[0] = sq.ctrl(opcode::RDMA_WRITE_IMM, SIGNALED, 3, u32::MAX);
+    let at = sq.post(&wqe);
+    assert_err(&cq.wait(), syndrome::REMOTE_OP_ERR, opcode::RDMA_WRITE_IMM, sq.qpn(), at);
+    // The application's next bytes in the source, at once: a copy still running would take them.
+    src.write(N - 4096, &[0xee; 4096]);
+    assert_eq!(p.nic_a.stats().ipc_pieces, pieces + 1, "the long WRITE went by mapping");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(dst.read().iter().all(|&b| b == 0x3c), "the peer copied bytes written after the error CQE");
+    assert!(src.guards_intact() && dst.guards_intact());
+    drop((smr, dmr));
+}
+
+#[test]
 fn a_write_by_mapping_flushed_or_abandoned_unanswered_holds_its_mr_for_a_retry_timeout() {
     // The requester's QP fails (2ERR) or is destroyed while the peer, held, has not run a WRITE by mapping it
     // already took: the peer may still copy it, so the source MR's drop waits a retry timeout before the

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use emu_util::*;
-use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, WireConfig};
+use gdaki::mem::MemKind;
+use gdaki::nic::emu::{Access, Cq, EmuConfig, EmuNic, Endpoint, Pd, Qp, QpState, SimGpu, WireConfig};
 use gdaki_shared::prm::opcode::{self, syndrome};
 use gdaki_shared::prm::wqe::AtomicSeg;
 
@@ -161,7 +162,11 @@ struct Victim {
 
 impl Victim {
     fn new(retry: Duration) -> Self {
-        let nic = EmuNic::open(wired(retry)).unwrap();
+        Self::open(wired(retry))
+    }
+
+    fn open(config: EmuConfig) -> Self {
+        let nic = EmuNic::open(config).unwrap();
         let (pd, other_pd, cq) = (nic.alloc_pd().unwrap(), nic.alloc_pd().unwrap(), nic.create_cq(256).unwrap());
         Self { nic, pd, other_pd, cq }
     }
@@ -473,6 +478,68 @@ fn an_offer_of_gpu_memory_to_a_nic_that_cannot_map_it_is_declined_and_the_link_s
         assert_eq!((h.kind, h.w1), (kind::ACK, FAKE_PSN), "{h:?}");
         assert_eq!((0..8).map(|i| t.byte(i)).collect::<Vec<_>>(), vec![0xab; 8]);
     });
+}
+
+#[test]
+fn pieces_of_gpu_memory_whose_mr_is_gone_close_the_connection() {
+    // A fake peer that NIC a offered its GPU memory to offers the same handle to NIC b (of this process,
+    // where the simulated GPU's handles map) and sends it WRITE pieces of it: copied while NIC a's MR lives;
+    // once the MR is deregistered and the memory freed, a piece of it is a protocol violation, never a read
+    // of freed memory.
+    const N: usize = 4 << 20;
+    let ipc = |retry| {
+        let wire = WireConfig { retry_timeout: retry, gpu_ipc: true, ..WireConfig::loopback() };
+        let mut c = EmuConfig::host_or_env().unwrap().with_wire(wire);
+        c.gpu.get_or_insert_with(|| Arc::new(SimGpu::new().unwrap()));
+        c
+    };
+    let a = Victim::open(ipc(Duration::from_secs(3)));
+    let qa = a.nic.create_qp(&a.pd, &a.cq, 64).unwrap();
+    let mut sa = nic_dials(&qa);
+    let src = GuardedBuf::new(N, 0x11);
+    let smr = src.register_as(MemKind::Gpu, &a.nic, &a.pd, Access::NONE);
+    let mut sq = Sq::new(&qa);
+    sq.post(&sq.write(SIGNALED, (smr.lkey(), src.addr(), 8), 0x1000, 0x1234));
+    let handle = loop {
+        let (h, data) = read_frame(&mut sa).expect("the WRITE's frames");
+        if h.kind == kind::IPC_OFFER {
+            break data;
+        }
+    };
+    let b = Victim::open(ipc(Duration::from_secs(3)));
+    let qb = b.nic.create_qp(&b.pd, &b.cq, 64).unwrap();
+    let dst = GuardedBuf::new(N, 0);
+    let dmr = dst.register_as(MemKind::Gpu, &b.nic, &b.pd, Access::ALL);
+    let mut sb = fake_dials(&b, &qb);
+    sb.write_all(&frame(H { kind: kind::IPC_OFFER, ..H::default() }, &handle)).unwrap();
+    let (h, _) = read_frame(&mut sb).expect("an answer to the offer");
+    assert_eq!((h.kind, h.w3), (kind::IPC_ANSWER, 1), "NIC b mapped the allocation: {h:?}");
+    let piece = |psn: u32| {
+        let mut data = handle.clone();
+        data.extend_from_slice(&0u64.to_le_bytes());
+        data.extend_from_slice(&(N as u64).to_le_bytes());
+        let h = H {
+            kind: kind::WRITE_IPC,
+            flags: FLAG_LAST,
+            w1: psn,
+            w2: dmr.rkey(),
+            q2: dst.addr(),
+            q3: N as u64,
+            ..H::default()
+        };
+        frame(h, &data)
+    };
+    sb.write_all(&piece(FAKE_PSN)).unwrap();
+    let (h, _) = read_frame(&mut sb).expect("an ACK");
+    assert_eq!((h.kind, h.w1), (kind::ACK, FAKE_PSN), "{h:?}");
+    assert!(dst.read().iter().all(|&b| b == 0x11), "the piece copied while the MR lives");
+    drop(smr);
+    drop(src);
+    sb.write_all(&piece(FAKE_PSN + 1)).unwrap();
+    assert_closed(&mut sb, "a piece of memory whose MR is gone");
+    assert!(b.nic.executor_alive() && a.nic.executor_alive());
+    assert!(dst.guards_intact());
+    drop((dmr, qa, qb));
 }
 
 /// Builds a frame against the target MR.

@@ -255,6 +255,28 @@ impl DataPath {
         Ok(())
     }
 
+    /// Copies `len` bytes at byte `offset` of the peer allocation `handle` (mapped by this NIC's copier) to
+    /// `dst` ([`GpuCopier::copy_from_peer_async`]), in order with the other copies.
+    ///
+    /// # Safety
+    /// As [`DataPath::copy`] for `dst`; `offset + len` within the mapping.
+    pub(crate) unsafe fn copy_from_peer(
+        &mut self,
+        dst: MemLoc,
+        from: (&[u8; EXPORT_HANDLE_BYTES], u64),
+        len: u64,
+    ) -> Result<(), Fault> {
+        if len == 0 {
+            return Ok(());
+        }
+        let g = Self::copier(&self.gpu)?;
+        let n = usize::try_from(len).map_err(|_| Fault::gpu_copy())?;
+        // SAFETY: the caller's contract.
+        unsafe { g.copy_from_peer_async(dst, from, n) }.map_err(|_| Fault::gpu_copy())?;
+        self.pending = true;
+        Ok(())
+    }
+
     /// Writes `data` to `dst`: into GPU memory as copier writes of at most 64 bytes (up to 256 bytes), else
     /// as one copy whose host bytes the copier takes at once, so `data` may be reused when this returns.
     ///

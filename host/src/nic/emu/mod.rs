@@ -488,11 +488,13 @@ impl EmuNic {
 
     /// Removes MR `key`: after this returns, no WQE can touch its memory (the write lock waits for a WQE that
     /// is using it, and the copier is synchronized for copies it enqueued). For an MR a peer process may copy
-    /// from (the wire's same-host path), also waits until it no longer can ([`EmuNic::wait_ipc_answers`]).
+    /// from (the wire's same-host path), also waits until it no longer can ([`EmuNic::wait_ipc_answers`]),
+    /// then withdraws the export ([`GpuCopier::unexport`](crate::mem::GpuCopier::unexport)).
     pub(crate) fn dereg_mr(&self, key: u32) {
         let removed = write(&self.fab.mrs).remove(key);
-        if removed.is_some_and(|e| e.export.is_some()) {
+        if let (Some(export), Some(g)) = (removed.as_ref().and_then(|e| e.export), &self.fab.gpu) {
             self.wait_ipc_answers(key);
+            g.unexport(&export);
         }
         if removed.is_some() {
             if let Some(g) = &self.fab.gpu {

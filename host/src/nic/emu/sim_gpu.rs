@@ -1,7 +1,7 @@
 //! [`SimGpu`]: GPU memory simulated in host memory, to run the emulated NIC's GPU-memory paths where there is
 //! no GPU.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -28,17 +28,20 @@ use super::hostmem;
 pub struct SimGpu {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
-    /// Handles [`GpuCopier::import`] accepted (see [`SimGpu::export`](GpuCopier::export)).
-    imports: Mutex<HashSet<[u8; EXPORT_HANDLE_BYTES]>>,
+    /// Handles [`GpuCopier::import`] accepted, and the memory each names (see
+    /// [`SimGpu::export`](GpuCopier::export)).
+    imports: Mutex<HashMap<[u8; EXPORT_HANDLE_BYTES], PeerMapping>>,
 }
 
 /// First bytes of a simulated export handle; then the process id, the address, the length and a random word
 /// (little-endian).
 const SIM_EXPORT_TAG: &[u8; 16] = b"gdaki-sim-export";
 
-/// The handles [`GpuCopier::export`] made in this process (any simulator's): [`GpuCopier::import`] takes no
-/// other, so a handle a peer made up (its address and length guessed) names nothing; the random word in each
-/// makes them unguessable. Kept for the process's life (exports are few: one per MR in GPU memory).
+/// The handles [`GpuCopier::export`] made in this process (any simulator's) and not withdrawn since
+/// ([`GpuCopier::unexport`]): [`GpuCopier::import`] takes no other, so a handle a peer made up (its address and
+/// length guessed) names nothing; the random word in each makes them unguessable. A copy out of a peer's
+/// mapping runs holding this lock, after checking that its handle is still here: a handle's memory, which is
+/// the application's own, is never read once its MR's deregistration has withdrawn it.
 static SIM_EXPORTS: Mutex<Option<HashSet<[u8; EXPORT_HANDLE_BYTES]>>> = Mutex::new(None);
 
 #[derive(Default)]
@@ -56,6 +59,14 @@ enum Op {
         dst: MemLoc,
         src: MemLoc,
         len: usize,
+    },
+    /// A copy out of a peer's mapping ([`GpuCopier::copy_from_peer_async`]): `src` lies in the memory the
+    /// handle names, read only while the handle is exported.
+    CopyFromPeer {
+        dst: MemLoc,
+        src: MemLoc,
+        len: usize,
+        handle: Box<[u8; EXPORT_HANDLE_BYTES]>,
     },
     /// A copy from host memory, its bytes taken when it was enqueued.
     Upload {
@@ -76,16 +87,26 @@ enum Op {
 }
 
 impl Op {
-    /// Runs the operation.
+    /// Runs the operation. `Err` says why it could not (a peer's handle withdrawn): a fault of the simulated
+    /// GPU.
     ///
     /// # Safety
     /// The contracts of [`GpuCopier::copy_async`], [`GpuCopier::write_async`] and [`GpuCopier::atomic_async`]
     /// (checked where they were enqueued): every range is valid until a synchronize returns, and none returns
     /// before this operation is counted.
-    unsafe fn run(&self) {
+    unsafe fn run(&self) -> std::result::Result<(), String> {
         match *self {
             // SAFETY: the caller's contract.
             Op::Copy { dst, src, len } => unsafe { hostmem::copy(dst.addr, src.addr, len as u64) },
+            Op::CopyFromPeer { dst, src, len, ref handle } => {
+                let exports = lock(&SIM_EXPORTS);
+                if !exports.as_ref().is_some_and(|e| e.contains(&**handle)) {
+                    return Err("simulated GPU: a copy out of a peer's memory whose MR is gone".into());
+                }
+                // SAFETY: `dst` as the caller promises; the source is memory of this process whose MR is
+                // registered while its handle is exported (`unexport` waits for this lock to withdraw it).
+                unsafe { hostmem::copy(dst.addr, src.addr, len as u64) }
+            }
             // SAFETY: the caller's contract.
             Op::Upload { dst, ref data } => unsafe { hostmem::write(dst.addr, data) },
             Op::Write { dst, ref data, len, publish } => {
@@ -115,6 +136,7 @@ impl Op {
                 unsafe { hostmem::write(result.addr, &old.to_ne_bytes()) };
             }
         }
+        Ok(())
     }
 }
 
@@ -126,6 +148,9 @@ struct State {
     /// Copies completed so far.
     completed: u64,
     stop: bool,
+    /// The first operation that could not run ([`Op::run`]): every later synchronize fails with it, as a CUDA
+    /// context stays broken after a fault.
+    fault: Option<String>,
     /// SQ mirrors, by slot, when the simulator keeps them ([`SimGpu::with_sq_mirrors`]); `None`: it does not.
     mirrors: Option<Vec<Option<SimMirror>>>,
 }
@@ -185,12 +210,14 @@ impl SimMirror {
 }
 
 impl Inner {
-    fn synchronize(&self) {
+    /// Waits until every operation enqueued so far has run; the fault of one that could not, if any.
+    fn synchronize(&self) -> Option<String> {
         let mut s = lock(&self.state);
         let target = s.enqueued;
         while s.completed < target {
             s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
         }
+        s.fault.clone()
     }
 
     fn run(&self) {
@@ -203,8 +230,11 @@ impl Inner {
                 drop(s);
                 // SAFETY: the enqueuing call's contract: every range stays valid until a synchronize returns,
                 // and no synchronize returns before this operation is counted below.
-                unsafe { op.run() };
+                let ran = unsafe { op.run() };
                 s = lock(&self.state);
+                if let Err(why) = ran {
+                    s.fault.get_or_insert(why);
+                }
                 s.completed += 1;
                 self.done.notify_all();
             } else if s.stop {
@@ -272,7 +302,7 @@ struct SimAlloc {
 
 impl Drop for SimAlloc {
     fn drop(&mut self) {
-        self.inner.synchronize();
+        let _ = self.inner.synchronize();
         drop(self.buf.take());
     }
 }
@@ -332,10 +362,10 @@ impl GpuCopier for SimGpu {
     /// Waits until every operation enqueued so far has run.
     ///
     /// # Errors
-    /// None.
+    /// [`crate::Error::Unavailable`] once an operation could not run (a copy out of a peer's memory whose
+    /// handle was withdrawn: [`GpuCopier::unexport`]), from then on.
     fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize();
-        Ok(())
+        self.inner.synchronize().map_or(Ok(()), |why| Err(crate::Error::Unavailable(why)))
     }
 
     /// A slot of the simulator's mirrors (see [`SimGpu::with_sq_mirrors`]; `None` without them).
@@ -406,6 +436,14 @@ impl GpuCopier for SimGpu {
         Some(PeerExport { handle, offset: 0 })
     }
 
+    /// Withdraws the handle: no simulator imports it, or copies out of its memory, from now on (a copy
+    /// running now ends first: it holds the lock this takes).
+    fn unexport(&self, export: &PeerExport) {
+        if let Some(e) = lock(&SIM_EXPORTS).as_mut() {
+            e.remove(&export.handle);
+        }
+    }
+
     /// Accepts a handle [`GpuCopier::export`] made in this process; refuses others, as the CUDA driver refuses
     /// a handle of another host (another process's host memory is not reachable from here, whatever its
     /// process id).
@@ -416,13 +454,36 @@ impl GpuCopier for SimGpu {
                 "simulated GPU: not a handle this process exported (simulated GPU memory is the process's own)".into(),
             ));
         }
-        lock(&self.imports).insert(*handle);
-        Ok(PeerMapping { base: word(24), len: word(32) })
+        let m = PeerMapping { base: word(24), len: word(32) };
+        lock(&self.imports).insert(*handle, m);
+        Ok(m)
     }
 
+    /// The mapping of a handle imported here and still exported (a withdrawn one names memory the
+    /// application may have freed).
     fn imported(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Option<PeerMapping> {
-        let word = |at: usize| u64::from_le_bytes(handle[at..at + 8].try_into().expect("8 bytes"));
-        lock(&self.imports).contains(handle).then(|| PeerMapping { base: word(24), len: word(32) })
+        let m = lock(&self.imports).get(handle).copied()?;
+        lock(&SIM_EXPORTS).as_ref().is_some_and(|e| e.contains(handle)).then_some(m)
+    }
+
+    /// Enqueues the copy, which runs only while the handle is exported ([`GpuCopier::unexport`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for a handle not imported here.
+    unsafe fn copy_from_peer_async(
+        &self,
+        dst: MemLoc,
+        (handle, offset): (&[u8; EXPORT_HANDLE_BYTES], u64),
+        len: usize,
+    ) -> Result<()> {
+        let Some(m) = lock(&self.imports).get(handle).copied() else {
+            return Err(crate::Error::InvalidArgument("a peer allocation this simulator has not mapped".into()));
+        };
+        if len > 0 {
+            let src = MemLoc { kind: MemKind::Gpu, addr: m.base + offset };
+            self.enqueue(Op::CopyFromPeer { dst, src, len, handle: Box::new(*handle) });
+        }
+        Ok(())
     }
 
     fn alloc(&self, len: usize) -> Result<GpuMem> {
@@ -450,5 +511,36 @@ mod tests {
         forged[40] ^= 1;
         assert!(sim.import(&forged).is_err());
         assert_eq!(sim.imported(&forged), None);
+    }
+
+    /// A withdrawn handle maps nothing, and a copy out of it enqueued before the withdrawal but run after it
+    /// reads nothing: the simulator faults, and every later synchronize says so.
+    #[test]
+    fn a_withdrawn_export_is_never_read() {
+        const N: usize = 64 << 20;
+        let sim = SimGpu::new().unwrap();
+        let (src, big) = (vec![0x5au8; N], vec![1u8; N]);
+        let (mut dst, mut small) = (vec![0u8; N], vec![0u8; N]);
+        let at = |p: *const u8| MemLoc { kind: MemKind::Gpu, addr: p as u64 };
+        let (to_dst, to_small) = (at(dst.as_mut_ptr()), at(small.as_mut_ptr()));
+        let x = sim.export(src.as_ptr() as u64, N as u64).unwrap();
+        sim.import(&x.handle).unwrap();
+        // SAFETY: every buffer lives past the synchronize below.
+        unsafe { sim.copy_from_peer_async(to_dst, (&x.handle, 0), 4096) }.unwrap();
+        sim.synchronize().unwrap();
+        assert!(dst[..4096].iter().all(|&b| b == 0x5a) && dst[4096] == 0, "copied while exported");
+        // A long copy first, so that the peer's copy runs after the withdrawal.
+        // SAFETY: as above.
+        unsafe { sim.copy_async(to_small, at(big.as_ptr()), N) }.unwrap();
+        // SAFETY: as above.
+        unsafe { sim.copy_from_peer_async(to_dst, (&x.handle, 0), N) }.unwrap();
+        sim.unexport(&x);
+        assert_eq!(sim.imported(&x.handle), None);
+        assert!(sim.import(&x.handle).is_err());
+        let e = sim.synchronize().unwrap_err().to_string();
+        assert!(e.contains("whose MR is gone"), "{e}");
+        assert!(dst[4096..].iter().all(|&b| b == 0), "nothing read after the withdrawal");
+        assert!(sim.synchronize().is_err(), "the fault stays");
+        assert!(small.iter().all(|&b| b == 1), "the copy before it ran");
     }
 }

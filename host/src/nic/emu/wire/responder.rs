@@ -20,7 +20,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::packet::{self, Packet, MAX_CHUNK, MAX_RD_ATOMIC, PSN_MASK};
-use crate::mem::{MemKind, MemLoc, EXPORT_HANDLE_BYTES};
+use crate::mem::{MemKind, EXPORT_HANDLE_BYTES};
 use crate::nic::emu::access::{DataPath, Old};
 use crate::nic::emu::completion::push_resp_imm;
 use crate::nic::emu::exec::{self, at};
@@ -94,14 +94,17 @@ impl RespState {
     }
 
     /// Makes what the owed answers report true before any of them is encoded: waits once
-    /// ([`DataPath::fence`]) for every placement and atomic enqueued so far when a WRITE awaits its ACK, and
-    /// resolves every pending old value ([`RespState::resolve`]). So a batch of requests costs one host wait,
-    /// at the moment its answers go out, not one per request.
+    /// ([`DataPath::fence`]) for every placement and atomic enqueued so far when a WRITE awaits its ACK or a
+    /// NAK is owed, and resolves every pending old value ([`RespState::resolve`]). So a batch of requests
+    /// costs one host wait, at the moment its answers go out, not one per request.
     ///
     /// # Errors
     /// The data path's fault when the wait failed: the owed answers cannot be vouched for.
     fn settle(&mut self, dp: &mut DataPath) -> Result<(), Fault> {
-        if self.ack_due.is_some() {
+        // A NAK ends the request for the requester as an ACK does: a WRITE by mapping refused after its copy
+        // was enqueued (its immediate's CQE found no room) would otherwise let the requester's MR go while
+        // this NIC still copies out of it.
+        if self.ack_due.is_some() || self.queue.iter().any(|a| matches!(a, Answer::Nak { .. })) {
             dp.fence()?;
         }
         self.resolve(dp)
@@ -325,11 +328,10 @@ fn execute(fab: &Fabric, qp: &QpInner, resp: &mut RespState, dp: &mut DataPath, 
             // `on_request`), copied GPU to GPU in this request's turn.
             let mrs = read(&fab.mrs);
             let dst = exec::remote(&mrs, qp.responder(), Remote { addr: raddr, rkey }, total, Access::REMOTE_WRITE)?;
-            let base = dp.imported(handle).ok_or(Fault::gpu_copy())?.base;
             // SAFETY: `dst` is a registered range of `total` bytes and `offset + len <= total` (decoder); the
             // MR read lock is held while the copy is enqueued and the MR's drop synchronizes the copier. The
             // source lies inside a mapping this NIC's copier holds until it is dropped (`on_request`).
-            unsafe { dp.copy(at(dst, offset), MemLoc { kind: MemKind::Gpu, addr: base + src }, len) }?;
+            unsafe { dp.copy_from_peer(at(dst, offset), (handle, src), len) }?;
             // Into host memory the copier may land the bytes only at its next synchronize (its engine's small
             // copies go through a bounce buffer), after which an immediate's CQE or a later atomic could
             // already be visible: wait for them here.
