@@ -60,12 +60,12 @@ pub struct WireConfig {
     /// the NIC) and says so, and from then on such WRITEs carry the handle and offset instead of the bytes, and
     /// the responder copies them GPU to GPU, in the request's turn (the RC order stays). Until the peer has
     /// mapped it, or when it cannot (another host, a container apart, a copier without IPC), WRITEs go over
-    /// TCP as before. Default `false`: measured with two processes on one H100 (which runs their contexts in
-    /// time slices), 128 MiB WRITEs went 21-24x faster than over TCP, but WRITEs of 32 KiB to 4 MiB took one
-    /// or two more slices (about 4.5 ms each) than over TCP (the guide's "Across processes and hosts:
-    /// bootstrap and wire"); two GPUs are not measured. `cuIpcOpenMemHandle` does not wait for running
-    /// kernels (measured), so turning it on cannot stall a NIC that kernels wait on. Programs built on the
-    /// examples' flags read `GDAKI_WIRE_IPC=1` to turn it on.
+    /// TCP as before. Default `false`, until the CUDA copier's rule for copies out of a mapping (the engine
+    /// warp up to 4 MiB, which made the path faster than TCP at every size measured with two processes on
+    /// one H100) has run on a GPU in its final build; two GPUs are not measured (the guide's "Across
+    /// processes and hosts: bootstrap and wire"). `cuIpcOpenMemHandle` does not wait for running kernels
+    /// (measured), so turning it on cannot stall a NIC that kernels wait on. Programs built on the examples'
+    /// flags read `GDAKI_WIRE_IPC=1` to turn it on.
     ///
     /// [`GpuCopier::export`]: crate::mem::GpuCopier::export
     /// [`GpuCopier::import`]: crate::mem::GpuCopier::import
