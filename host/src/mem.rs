@@ -450,19 +450,22 @@ pub trait GpuCopier: Send + Sync {
     }
 
     /// The memory of `export` ([`GpuCopier::export`]) is no longer registered: no peer may read it from now on.
-    /// Called once every WRITE the peer copies out of it has been answered. Nothing to do by default, and for
-    /// the CUDA copier, whose peers' mappings keep the allocation allocated in the driver whatever this
-    /// process frees; [`SimGpu`](crate::nic::emu::SimGpu), whose handles name this process's own memory,
-    /// refuses the handle from now on, as the application may free the memory next.
+    /// Called once every WRITE the peer copies out of it has been answered (or the wait for the answers gave up
+    /// after the wire's retry timeout). Nothing to do by default, and for the CUDA copier, whose peers keep
+    /// their mappings until their copiers drop (the exporting process must keep the allocation until then:
+    /// [`GpuCopier::import`]); [`SimGpu`](crate::nic::emu::SimGpu), whose handles name this process's own
+    /// memory, waits for the copies out of the handle already enqueued and refuses the handle from then on,
+    /// as the application may free the memory next.
     fn unexport(&self, export: &PeerExport) {
         let _ = export;
     }
 
     /// Maps the allocation another process exported ([`GpuCopier::export`]) into this one, so that this
     /// copier's copies can read it as [`MemKind::Gpu`] memory, or returns the mapping made for the same handle
-    /// before. A mapping lasts as long as the copier (the exporting process's allocation stays allocated
-    /// until then, even if it frees it). May wait (the CUDA driver may wait for running kernels): never called
-    /// on a thread that device code waits on.
+    /// before. A mapping lasts as long as the copier, and the exporting process must not free the allocation
+    /// before (CUDA leaves freeing an exported allocation before the importer's `cuIpcCloseMemHandle`
+    /// undefined). May wait (the CUDA driver may wait for running kernels): never called on a thread that
+    /// device code waits on.
     ///
     /// # Errors
     /// [`crate::Error::Unavailable`] for a copier without this (the default); the CUDA driver's error (a

@@ -22,11 +22,14 @@ use crate::{Error, Result};
 /// engine warp; longer ones on the copy engines (a CUDA copy costs microseconds of host time and latency
 /// whatever its size; one warp copies more slowly than a copy engine once the copy is long).
 const ENGINE_COPY_MAX: usize = 16 * 1024;
-/// Copies out of another process's GPU memory ([`GpuCopier::copy_from_peer_async`]) of at most this many bytes
-/// run on the engine warp. Measured with two processes on one H100, which runs their contexts in time slices:
-/// a copy-engine copy out of the peer's mapping waited for a slice of about 4.5 ms, the engine warp's did not
-/// (one WRITE of 64 KiB 4,497 -> 32 µs, 1 MiB 4,502 -> 256 µs, 4 MiB 4,535 -> 990 µs); above this the copy
-/// engines' rate wins back the slice (128 MiB: 5.6 ms, where the warp would take about 30).
+/// Copies out of another process's GPU memory on this same GPU ([`GpuCopier::copy_from_peer_async`]) into GPU
+/// memory, of at most this many bytes and 16-byte aligned (the engine's fast copy), run on the engine warp.
+/// Measured with two processes on one H100, which runs their contexts in time slices: a copy-engine copy out
+/// of the peer's mapping waited for a slice of about 4.5 ms, the engine warp's did not (in an experiment
+/// that raised the engine's limit for every GPU-to-GPU copy: one WRITE of 64 KiB 4,497 -> 32 µs, 1 MiB
+/// 4,502 -> 256 µs, 4 MiB 4,535 -> 990 µs, about 4.2 GB/s). 4 MiB is the largest size tried, not a measured
+/// crossover (128 MiB took 5.6 ms on the copy engines). A peer on another GPU shares no slices: its copies
+/// keep the copy engines past 16 KiB.
 const PEER_ENGINE_COPY_MAX: usize = 4 << 20;
 /// Copies from host memory of at most this many bytes become engine writes, their bytes taken at once.
 const ENGINE_UPLOAD_MAX: usize = 256;
@@ -51,7 +54,8 @@ const SLOW: Duration = Duration::from_millis(500);
 /// [`GpuCopier`] of the `gpu` executor ([`super::Gpu::copier`]). Two ways to reach GPU memory, kept in one
 /// order:
 /// - the engine: one warp of a small kernel, resident while there is work, for writes, CQEs, atomics and
-///   copies up to 16 KiB: no CUDA call, no host wait, about a PCIe round trip of latency;
+///   copies up to 16 KiB (up to 4 MiB out of a peer process's memory on this GPU: `PEER_ENGINE_COPY_MAX`):
+///   no CUDA call, no host wait, about a PCIe round trip of latency;
 /// - the copier's own `CU_STREAM_NON_BLOCKING` stream (copy engines) for longer copies.
 ///
 /// When the order switches from one to the other, the second waits for the first without the host: after
@@ -81,10 +85,22 @@ pub struct CudaCopier {
     given: AtomicBool,
     /// Other processes' allocations mapped by [`GpuCopier::import`], by handle; closed when the copier is
     /// dropped (`cuIpcCloseMemHandle` waits for running kernels, as `cuMemFree` does).
-    imports: Mutex<FxHashMap<[u8; EXPORT_HANDLE_BYTES], PeerMapping>>,
+    imports: Mutex<FxHashMap<[u8; EXPORT_HANDLE_BYTES], Import>>,
+    /// This copier's GPU, in this process's numbering (`cuDeviceGet`), to tell a peer's allocation on the same
+    /// GPU from one on another.
+    ordinal: i32,
     /// Held by one [`GpuCopier::import`] at a time (which may wait in the driver), so that one handle is
     /// opened once; [`GpuCopier::imported`] takes only `imports`, and never waits for an open.
     importing: Mutex<()>,
+}
+
+/// A peer's allocation mapped here ([`GpuCopier::import`]).
+#[derive(Clone, Copy)]
+struct Import {
+    mapping: PeerMapping,
+    /// Whether the allocation lies in this copier's GPU (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` of the mapping):
+    /// then the peer process shares the GPU's time slices with this one (`PEER_ENGINE_COPY_MAX`).
+    same_gpu: bool,
 }
 
 struct State {
@@ -182,10 +198,10 @@ impl Drop for CudaCopier {
             return;
         }
         let _ = self.synchronize();
-        for m in imports.into_values() {
+        for i in imports.into_values() {
             self.stream.shared.release("cuIpcCloseMemHandle", || {
-                // SAFETY: `m.base` came from `cuIpcOpenMemHandle`; the copies that read it are done.
-                unsafe { sys::cuIpcCloseMemHandle(m.base) }
+                // SAFETY: the base came from `cuIpcOpenMemHandle`; the copies that read it are done.
+                unsafe { sys::cuIpcCloseMemHandle(i.mapping.base) }
             });
         }
     }
@@ -218,6 +234,7 @@ impl CudaCopier {
             changes: AtomicU64::new(0),
             given: AtomicBool::new(false),
             imports: Mutex::new(FxHashMap::default()),
+            ordinal: i32::try_from(gpu.ordinal()).unwrap_or(-1),
             importing: Mutex::new(()),
         })
     }
@@ -501,8 +518,9 @@ impl GpuCopier for CudaCopier {
         unsafe { self.copy_with(dst, src, len, ENGINE_COPY_MAX) }
     }
 
-    /// A copy out of the peer's mapping ([`GpuCopier::imported`]), as [`CudaCopier::copy_async`] but on the
-    /// engine warp up to 4 MiB (`PEER_ENGINE_COPY_MAX`).
+    /// A copy out of the peer's mapping ([`GpuCopier::imported`]), as [`CudaCopier::copy_async`], but into GPU
+    /// memory on the engine warp up to 4 MiB when the peer's allocation is on this GPU and the copy is
+    /// 16-byte aligned (`PEER_ENGINE_COPY_MAX`).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a handle not mapped here; as [`CudaCopier::copy_async`].
@@ -512,12 +530,14 @@ impl GpuCopier for CudaCopier {
         (handle, offset): (&[u8; EXPORT_HANDLE_BYTES], u64),
         len: usize,
     ) -> Result<()> {
-        let m = self
-            .imported(handle)
-            .ok_or_else(|| Error::InvalidArgument("a peer allocation this copier has not mapped".into()))?;
-        let src = MemLoc { kind: MemKind::Gpu, addr: m.base + offset };
+        let Some(i) = self.imports.lock().unwrap_or_else(|e| e.into_inner()).get(handle).copied() else {
+            return Err(Error::InvalidArgument("a peer allocation this copier has not mapped".into()));
+        };
+        let src = MemLoc { kind: MemKind::Gpu, addr: i.mapping.base + offset };
+        let aligned = (dst.addr | src.addr | len as u64).is_multiple_of(16);
+        let engine_max = if i.same_gpu && aligned { PEER_ENGINE_COPY_MAX } else { ENGINE_COPY_MAX };
         // SAFETY: the caller's contract; the mapping lasts as long as this copier.
-        unsafe { self.copy_with(dst, src, len, PEER_ENGINE_COPY_MAX) }
+        unsafe { self.copy_with(dst, src, len, engine_max) }
     }
 
     /// Enqueues an engine write with the bytes in the command.
@@ -708,13 +728,23 @@ impl GpuCopier for CudaCopier {
             });
             return Err(e);
         }
-        let m = PeerMapping { base, len: (start + size as u64).saturating_sub(base) };
-        self.imports.lock().unwrap_or_else(|e| e.into_inner()).insert(*handle, m);
-        Ok(m)
+        let mapping = PeerMapping { base, len: (start + size as u64).saturating_sub(base) };
+        let mut ordinal: i32 = -1;
+        // SAFETY: `base` was just mapped; the call writes one int. On an error `ordinal` stays -1 (another GPU).
+        let _ = unsafe {
+            sys::cuPointerGetAttribute(
+                (&raw mut ordinal).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                base,
+            )
+        };
+        let i = Import { mapping, same_gpu: ordinal == self.ordinal };
+        self.imports.lock().unwrap_or_else(|e| e.into_inner()).insert(*handle, i);
+        Ok(mapping)
     }
 
     fn imported(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Option<PeerMapping> {
-        self.imports.lock().unwrap_or_else(|e| e.into_inner()).get(handle).copied()
+        self.imports.lock().unwrap_or_else(|e| e.into_inner()).get(handle).map(|i| i.mapping)
     }
 
     fn alloc(&self, len: usize) -> Result<GpuMem> {

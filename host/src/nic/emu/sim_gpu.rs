@@ -1,7 +1,7 @@
 //! [`SimGpu`]: GPU memory simulated in host memory, to run the emulated NIC's GPU-memory paths where there is
 //! no GPU.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -38,11 +38,19 @@ pub struct SimGpu {
 const SIM_EXPORT_TAG: &[u8; 16] = b"gdaki-sim-export";
 
 /// The handles [`GpuCopier::export`] made in this process (any simulator's) and not withdrawn since
-/// ([`GpuCopier::unexport`]): [`GpuCopier::import`] takes no other, so a handle a peer made up (its address and
-/// length guessed) names nothing; the random word in each makes them unguessable. A copy out of a peer's
-/// mapping runs holding this lock, after checking that its handle is still here: a handle's memory, which is
-/// the application's own, is never read once its MR's deregistration has withdrawn it.
-static SIM_EXPORTS: Mutex<Option<HashSet<[u8; EXPORT_HANDLE_BYTES]>>> = Mutex::new(None);
+/// ([`GpuCopier::unexport`]), each with the count of copies out of it enqueued and not yet run:
+/// [`GpuCopier::import`] takes no other, so a handle a peer made up (its address and length guessed) names
+/// nothing; the random word in each makes them unguessable. A copy out of a handle is counted when it is
+/// enqueued, only while the handle is exported, and the withdrawal waits for the count to drop to zero: a
+/// handle's memory, which is the application's own, is never read once its MR's deregistration returned.
+static SIM_EXPORTS: Mutex<Option<HashMap<[u8; EXPORT_HANDLE_BYTES], u32>>> = Mutex::new(None);
+
+/// Signalled when a copy out of an exported handle has run ([`SIM_EXPORTS`]'s counts).
+static SIM_EXPORT_COPIED: Condvar = Condvar::new();
+
+/// How long a withdrawal waits for the copies out of its handle (the simulator's thread runs them without
+/// ever blocking, so only a thread that died leaves one waiting).
+const UNEXPORT_BOUND: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Inner {
@@ -61,7 +69,7 @@ enum Op {
         len: usize,
     },
     /// A copy out of a peer's mapping ([`GpuCopier::copy_from_peer_async`]): `src` lies in the memory the
-    /// handle names, read only while the handle is exported.
+    /// handle names, counted in [`SIM_EXPORTS`] until it has run.
     CopyFromPeer {
         dst: MemLoc,
         src: MemLoc,
@@ -87,25 +95,25 @@ enum Op {
 }
 
 impl Op {
-    /// Runs the operation. `Err` says why it could not (a peer's handle withdrawn): a fault of the simulated
-    /// GPU.
+    /// Runs the operation.
     ///
     /// # Safety
     /// The contracts of [`GpuCopier::copy_async`], [`GpuCopier::write_async`] and [`GpuCopier::atomic_async`]
     /// (checked where they were enqueued): every range is valid until a synchronize returns, and none returns
     /// before this operation is counted.
-    unsafe fn run(&self) -> std::result::Result<(), String> {
+    unsafe fn run(&self) {
         match *self {
             // SAFETY: the caller's contract.
             Op::Copy { dst, src, len } => unsafe { hostmem::copy(dst.addr, src.addr, len as u64) },
             Op::CopyFromPeer { dst, src, len, ref handle } => {
-                let exports = lock(&SIM_EXPORTS);
-                if !exports.as_ref().is_some_and(|e| e.contains(&**handle)) {
-                    return Err("simulated GPU: a copy out of a peer's memory whose MR is gone".into());
+                // SAFETY: `dst` as the caller promises; the source is the exporter's memory, which its
+                // application keeps until the MR's deregistration returns, and that waits for this copy
+                // (counted in `SIM_EXPORTS` since it was enqueued, uncounted below).
+                unsafe { hostmem::copy(dst.addr, src.addr, len as u64) };
+                if let Some(n) = lock(&SIM_EXPORTS).as_mut().and_then(|e| e.get_mut(&**handle)) {
+                    *n -= 1;
                 }
-                // SAFETY: `dst` as the caller promises; the source is memory of this process whose MR is
-                // registered while its handle is exported (`unexport` waits for this lock to withdraw it).
-                unsafe { hostmem::copy(dst.addr, src.addr, len as u64) }
+                SIM_EXPORT_COPIED.notify_all();
             }
             // SAFETY: the caller's contract.
             Op::Upload { dst, ref data } => unsafe { hostmem::write(dst.addr, data) },
@@ -136,7 +144,6 @@ impl Op {
                 unsafe { hostmem::write(result.addr, &old.to_ne_bytes()) };
             }
         }
-        Ok(())
     }
 }
 
@@ -148,9 +155,6 @@ struct State {
     /// Copies completed so far.
     completed: u64,
     stop: bool,
-    /// The first operation that could not run ([`Op::run`]): every later synchronize fails with it, as a CUDA
-    /// context stays broken after a fault.
-    fault: Option<String>,
     /// SQ mirrors, by slot, when the simulator keeps them ([`SimGpu::with_sq_mirrors`]); `None`: it does not.
     mirrors: Option<Vec<Option<SimMirror>>>,
 }
@@ -210,14 +214,12 @@ impl SimMirror {
 }
 
 impl Inner {
-    /// Waits until every operation enqueued so far has run; the fault of one that could not, if any.
-    fn synchronize(&self) -> Option<String> {
+    fn synchronize(&self) {
         let mut s = lock(&self.state);
         let target = s.enqueued;
         while s.completed < target {
             s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
         }
-        s.fault.clone()
     }
 
     fn run(&self) {
@@ -230,11 +232,8 @@ impl Inner {
                 drop(s);
                 // SAFETY: the enqueuing call's contract: every range stays valid until a synchronize returns,
                 // and no synchronize returns before this operation is counted below.
-                let ran = unsafe { op.run() };
+                unsafe { op.run() };
                 s = lock(&self.state);
-                if let Err(why) = ran {
-                    s.fault.get_or_insert(why);
-                }
                 s.completed += 1;
                 self.done.notify_all();
             } else if s.stop {
@@ -302,7 +301,7 @@ struct SimAlloc {
 
 impl Drop for SimAlloc {
     fn drop(&mut self) {
-        let _ = self.inner.synchronize();
+        self.inner.synchronize();
         drop(self.buf.take());
     }
 }
@@ -362,10 +361,10 @@ impl GpuCopier for SimGpu {
     /// Waits until every operation enqueued so far has run.
     ///
     /// # Errors
-    /// [`crate::Error::Unavailable`] once an operation could not run (a copy out of a peer's memory whose
-    /// handle was withdrawn: [`GpuCopier::unexport`]), from then on.
+    /// None.
     fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize().map_or(Ok(()), |why| Err(crate::Error::Unavailable(why)))
+        self.inner.synchronize();
+        Ok(())
     }
 
     /// A slot of the simulator's mirrors (see [`SimGpu::with_sq_mirrors`]; `None` without them).
@@ -432,14 +431,23 @@ impl GpuCopier for SimGpu {
         handle[32..40].copy_from_slice(&len.to_le_bytes());
         // No random source: no export (WRITEs stay on TCP).
         getrandom::fill(&mut handle[40..48]).ok()?;
-        lock(&SIM_EXPORTS).get_or_insert_with(HashSet::new).insert(handle);
+        lock(&SIM_EXPORTS).get_or_insert_with(HashMap::new).insert(handle, 0);
         Some(PeerExport { handle, offset: 0 })
     }
 
-    /// Withdraws the handle: no simulator imports it, or copies out of its memory, from now on (a copy
-    /// running now ends first: it holds the lock this takes).
+    /// Withdraws the handle once the copies enqueued out of it have run (at most 10 s: a
+    /// warning then): no simulator imports it, enqueues a copy out of it or reads its memory from then on.
     fn unexport(&self, export: &PeerExport) {
-        if let Some(e) = lock(&SIM_EXPORTS).as_mut() {
+        let mut e = lock(&SIM_EXPORTS);
+        let t = std::time::Instant::now();
+        while e.as_ref().and_then(|e| e.get(&export.handle)).is_some_and(|&n| n > 0) {
+            let Some(left) = UNEXPORT_BOUND.checked_sub(t.elapsed()) else {
+                tracing::warn!("simulated GPU: copies out of a withdrawn export did not run within {UNEXPORT_BOUND:?}");
+                break;
+            };
+            e = SIM_EXPORT_COPIED.wait_timeout(e, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        if let Some(e) = e.as_mut() {
             e.remove(&export.handle);
         }
     }
@@ -449,7 +457,7 @@ impl GpuCopier for SimGpu {
     /// process id).
     fn import(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Result<PeerMapping> {
         let word = |at: usize| u64::from_le_bytes(handle[at..at + 8].try_into().expect("8 bytes"));
-        if !lock(&SIM_EXPORTS).as_ref().is_some_and(|e| e.contains(handle)) {
+        if !lock(&SIM_EXPORTS).as_ref().is_some_and(|e| e.contains_key(handle)) {
             return Err(crate::Error::Unavailable(
                 "simulated GPU: not a handle this process exported (simulated GPU memory is the process's own)".into(),
             ));
@@ -463,13 +471,13 @@ impl GpuCopier for SimGpu {
     /// application may have freed).
     fn imported(&self, handle: &[u8; EXPORT_HANDLE_BYTES]) -> Option<PeerMapping> {
         let m = lock(&self.imports).get(handle).copied()?;
-        lock(&SIM_EXPORTS).as_ref().is_some_and(|e| e.contains(handle)).then_some(m)
+        lock(&SIM_EXPORTS).as_ref().is_some_and(|e| e.contains_key(handle)).then_some(m)
     }
 
-    /// Enqueues the copy, which runs only while the handle is exported ([`GpuCopier::unexport`]).
+    /// Enqueues the copy, counted in its handle's export until it has run ([`GpuCopier::unexport`] waits).
     ///
     /// # Errors
-    /// [`crate::Error::InvalidArgument`] for a handle not imported here.
+    /// [`crate::Error::InvalidArgument`] for a handle not imported here, or withdrawn.
     unsafe fn copy_from_peer_async(
         &self,
         dst: MemLoc,
@@ -479,10 +487,15 @@ impl GpuCopier for SimGpu {
         let Some(m) = lock(&self.imports).get(handle).copied() else {
             return Err(crate::Error::InvalidArgument("a peer allocation this simulator has not mapped".into()));
         };
-        if len > 0 {
-            let src = MemLoc { kind: MemKind::Gpu, addr: m.base + offset };
-            self.enqueue(Op::CopyFromPeer { dst, src, len, handle: Box::new(*handle) });
+        if len == 0 {
+            return Ok(());
         }
+        match lock(&SIM_EXPORTS).as_mut().and_then(|e| e.get_mut(handle)) {
+            Some(n) => *n += 1,
+            None => return Err(crate::Error::InvalidArgument("a peer allocation withdrawn by its exporter".into())),
+        }
+        let src = MemLoc { kind: MemKind::Gpu, addr: m.base + offset };
+        self.enqueue(Op::CopyFromPeer { dst, src, len, handle: Box::new(*handle) });
         Ok(())
     }
 
@@ -513,8 +526,8 @@ mod tests {
         assert_eq!(sim.imported(&forged), None);
     }
 
-    /// A withdrawn handle maps nothing, and a copy out of it enqueued before the withdrawal but run after it
-    /// reads nothing: the simulator faults, and every later synchronize says so.
+    /// A withdrawal waits for the copies out of its handle enqueued before it (here behind a long copy), and a
+    /// withdrawn handle maps nothing and takes no copy.
     #[test]
     fn a_withdrawn_export_is_never_read() {
         const N: usize = 64 << 20;
@@ -525,22 +538,21 @@ mod tests {
         let (to_dst, to_small) = (at(dst.as_mut_ptr()), at(small.as_mut_ptr()));
         let x = sim.export(src.as_ptr() as u64, N as u64).unwrap();
         sim.import(&x.handle).unwrap();
-        // SAFETY: every buffer lives past the synchronize below.
-        unsafe { sim.copy_from_peer_async(to_dst, (&x.handle, 0), 4096) }.unwrap();
-        sim.synchronize().unwrap();
-        assert!(dst[..4096].iter().all(|&b| b == 0x5a) && dst[4096] == 0, "copied while exported");
-        // A long copy first, so that the peer's copy runs after the withdrawal.
-        // SAFETY: as above.
+        // SAFETY: every buffer lives past the withdrawal and the synchronize below.
         unsafe { sim.copy_async(to_small, at(big.as_ptr()), N) }.unwrap();
         // SAFETY: as above.
         unsafe { sim.copy_from_peer_async(to_dst, (&x.handle, 0), N) }.unwrap();
         sim.unexport(&x);
+        // Read right after the withdrawal, with no synchronize: the copy out of the handle has run.
+        // SAFETY: the simulator's thread no longer writes `dst` (its one copy into it has run).
+        let last = unsafe { std::ptr::read_volatile((to_dst.addr + N as u64 - 1) as *const u8) };
+        assert_eq!(last, 0x5a, "the copy's last byte is in place when the withdrawal returns");
+        sim.synchronize().unwrap();
+        assert!(dst.iter().all(|&b| b == 0x5a), "the copy enqueued before the withdrawal ran whole");
+        assert!(small.iter().all(|&b| b == 1));
         assert_eq!(sim.imported(&x.handle), None);
         assert!(sim.import(&x.handle).is_err());
-        let e = sim.synchronize().unwrap_err().to_string();
-        assert!(e.contains("whose MR is gone"), "{e}");
-        assert!(dst[4096..].iter().all(|&b| b == 0), "nothing read after the withdrawal");
-        assert!(sim.synchronize().is_err(), "the fault stays");
-        assert!(small.iter().all(|&b| b == 1), "the copy before it ran");
+        // SAFETY: as above.
+        assert!(unsafe { sim.copy_from_peer_async(to_dst, (&x.handle, 0), 8) }.is_err(), "no copy after");
     }
 }
