@@ -1347,3 +1347,160 @@ fn the_root_leaving_during_its_own_collective_is_heard_as_its_leaving_alone() {
         assert_eq!(results, want, "round {round}: (call as expected, departures heard) by rank");
     }
 }
+
+/// Frame kinds of the bootstrap's wire, as the tests here write them by hand.
+mod kind {
+    pub const WELCOME: u32 = 2;
+    pub const P2P: u32 = 6;
+    pub const LEFT: u32 = 9;
+}
+
+/// One frame: its length (the kind and the payload), its kind, its payload.
+fn raw_frame(kind: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = ((payload.len() + 4) as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(&kind.to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A root by hand for rank 1 of a world of 2, on a listener of its own: takes rank 1's hello, welcomes it, and
+/// returns rank 1's launch and (once joined) the socket to it.
+fn fake_root() -> (Launch, thread::JoinHandle<TcpStream>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let root = listener.local_addr().unwrap().to_string();
+    let launch =
+        Launch { rank: 1, world_size: 2, local_rank: 1, root, secret: Secret::random().unwrap(), source: "test" };
+    let root = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 44];
+        s.read_exact(&mut hello).unwrap();
+        s.write_all(&raw_frame(kind::WELCOME, &[1u32.to_le_bytes(), 2u32.to_le_bytes()].concat())).unwrap();
+        s
+    });
+    (launch, root)
+}
+
+#[test]
+fn a_root_that_names_a_rank_outside_the_world_as_gone_breaks_the_session_and_names_no_one() {
+    // A departure watcher is told only of ranks of the session (the communicator's writes one word per rank
+    // with it): a root that says rank 0xdeadbeef (or the rank itself) left broke the protocol.
+    for gone in [0xdead_beef_u32, 2, 1] {
+        let (launch, root) = fake_root();
+        let b = Bootstrap::connect(&launch, TIMEOUT).unwrap();
+        let mut raw = root.join().unwrap();
+        let heard = watch(&b);
+        let mut left = gone.to_le_bytes().to_vec();
+        left.extend_from_slice(b"rank left the session");
+        raw.write_all(&raw_frame(kind::LEFT, &left)).unwrap();
+        let t = Instant::now();
+        let e = loop {
+            match b.all_gather(b"x").map_err(message) {
+                Err(e) if e.contains("left, to rank 1") => break e,
+                _ if t.elapsed() > TIMEOUT => panic!("rank {gone}: the session did not break"),
+                _ => thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        assert!(e.contains(&format!("rank {gone} left")), "{e}");
+        let heard = heard.lock().unwrap().clone();
+        assert!(heard.iter().all(|w| w.is_none()), "rank {gone}: watchers told of {heard:?}");
+    }
+}
+
+#[test]
+fn a_communicator_survives_a_root_that_names_a_rank_outside_the_world_as_gone() {
+    // Under a communicator the watcher marks the rank's word in a one-page buffer: 8 x 0xdeadbeef bytes past it,
+    // were the rank taken as it came.
+    let (launch, root) = fake_root();
+    let b = Bootstrap::connect(&launch, TIMEOUT).unwrap();
+    let mut raw = root.join().unwrap();
+    let comm =
+        gdaki::channel::Communicator::new(b, gdaki::exec::Executor::Cpu, gdaki::nic::emu::WireConfig::loopback())
+            .unwrap();
+    let mut left = 0xdead_beefu32.to_le_bytes().to_vec();
+    left.extend_from_slice(b"bye");
+    raw.write_all(&raw_frame(kind::LEFT, &left)).unwrap();
+    // Past the departure thread's grace (20 ms).
+    thread::sleep(Duration::from_millis(300));
+    drop(comm);
+}
+
+#[test]
+fn a_timeout_the_clock_can_barely_hold_does_not_overflow_a_ranks_wait_for_the_roots_verdict() {
+    // The largest whole number of seconds the clock can add to now: the rank's all_gather adds a grace to
+    // its deadline for the root's verdict, which must not overflow.
+    let now = Instant::now();
+    let (mut lo, mut hi) = (0u64, u64::MAX);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if now.checked_add(Duration::from_secs(mid)).is_some() {
+            lo = mid
+        } else {
+            hi = mid - 1
+        }
+    }
+    let got = run(2, TIMEOUT, |mut b| {
+        if b.rank() == 1 {
+            b.set_timeout(Duration::from_secs(lo));
+        }
+        b.all_gather(&[b.rank() as u8]).map_err(message)
+    });
+    assert_eq!(got, vec![Ok(vec![vec![0], vec![1]]); 2]);
+}
+
+#[test]
+fn a_send_cut_off_by_its_timeout_shuts_the_connection_and_relays_nothing_it_did_not_send() {
+    // World of 3: the root, rank 1 (a short timeout) and rank 2 by hand, which stops reading for a while (a
+    // stopped process): the root's relay to it, and behind that rank 1's socket, stop moving, and a send of
+    // rank 1 times out with part of its frame written. Its next frames must not be read as that frame's rest.
+    const MSG: usize = 4 << 20;
+    let (listener, launches) = session(3);
+    let [l0, l1, l2] = <[Launch; 3]>::try_from(launches).unwrap();
+    let (go, wait_go) = mpsc::channel::<()>();
+    let (done, wait_done) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        s.spawn(move || {
+            let b = Bootstrap::root_on(listener, &l0, TIMEOUT).unwrap();
+            let _ = wait_done.recv();
+            drop(b);
+        });
+        let two = s.spawn(move || {
+            let mut raw = TcpStream::connect(&l2.root).unwrap();
+            raw.write_all(&hello_frame(1, l2.secret.as_bytes(), 2, 3)).unwrap();
+            let mut welcome = [0u8; 16];
+            raw.read_exact(&mut welcome).unwrap();
+            wait_go.recv().unwrap();
+            raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // (tag, every byte is the tag) of each message relayed, until another frame or the end.
+            let mut got = Vec::new();
+            loop {
+                let mut h = [0u8; 8];
+                if raw.read_exact(&mut h).is_err() {
+                    break;
+                }
+                let len = u32::from_le_bytes(h[0..4].try_into().unwrap()) as usize;
+                let mut p = vec![0u8; len - 4];
+                if raw.read_exact(&mut p).is_err() || u32::from_le_bytes(h[4..8].try_into().unwrap()) != kind::P2P {
+                    break;
+                }
+                let tag = u32::from_le_bytes(p[8..12].try_into().unwrap());
+                got.push((tag, p[12..].len() == MSG && p[12..].iter().all(|&b| b == tag as u8)));
+            }
+            got
+        });
+        let mut one = Bootstrap::connect(&l1, TIMEOUT).unwrap();
+        one.set_timeout(Duration::from_millis(300));
+        let cut_off =
+            (1..40u32).find_map(|tag| one.send(2, tag, &vec![tag as u8; MSG]).err().map(|e| (tag, message(e))));
+        go.send(()).unwrap();
+        thread::sleep(Duration::from_millis(200));
+        let cut = cut_off.as_ref().map_or(40, |c| c.0);
+        let later: Vec<bool> = (cut + 1..cut + 3).map(|tag| one.send(2, tag, &vec![tag as u8; MSG]).is_ok()).collect();
+        drop(one);
+        let got = two.join().unwrap();
+        done.send(()).unwrap();
+        let (cut, e) = cut_off.expect("a send timed out");
+        assert!(e.contains("timed out writing"), "{e}");
+        assert_eq!(later, [false, false], "sends after the cut-off one went out");
+        assert!(got.iter().all(|&(tag, whole)| whole && tag < cut), "relayed to rank 2 (tag, whole): {got:?}");
+    });
+}

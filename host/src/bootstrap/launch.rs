@@ -249,6 +249,10 @@ impl Launch {
         if rank >= world_size {
             return Err(bad(format!("rank {rank} is out of range for world size {world_size} (from {source})")));
         }
+        // A local rank counts the ranks of one host, so it is below the world size too.
+        if let Some(l) = local_rank.filter(|&l| l >= world_size) {
+            return Err(bad(format!("local rank {l} is out of range for world size {world_size} (from {source})")));
+        }
 
         let (root, root_source) = if let Some(root) = flags.bootstrap {
             (root, "--bootstrap")
@@ -257,7 +261,8 @@ impl Launch {
         } else if get("MASTER_ADDR").is_some() || get("MASTER_PORT").is_some() {
             let host = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
             let host = host.trim();
-            // An IPv6 literal needs brackets before the port is appended.
+            // An IPv6 literal needs brackets before the port is appended; any other colon is a port that
+            // belongs in MASTER_PORT (checked below, with the brackets, as an IPv6 literal it is not).
             let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.into() };
             (
                 format!("{host}:{}", get("MASTER_PORT").unwrap_or_else(|| "29500".into()).trim()),
@@ -375,6 +380,10 @@ fn check_host_port(s: &str) -> Result<(), String> {
     if host.contains(':') && bare.is_none() {
         return Err("IPv6 hosts need brackets, e.g. [::1]:29500".into());
     }
+    // Between brackets only an IPv6 literal (the brackets are for its colons; a name needs none).
+    if let Some(ip) = bare.filter(|ip| ip.parse::<std::net::Ipv6Addr>().is_err()) {
+        return Err(format!("[{ip}] is not an IPv6 address (brackets hold one, e.g. [::1]:29500)"));
+    }
     match port.parse::<u16>() {
         Ok(0) => Err("port 0 (the other ranks could not know which port the root got)".into()),
         Ok(_) => Ok(()),
@@ -445,6 +454,11 @@ mod tests {
         // Flags give the rank: the launcher's local rank belongs to another numbering.
         let flags = LaunchFlags { rank: Some(1), world_size: Some(2), ..LaunchFlags::default() };
         assert_eq!(ok(flags, &[("LOCAL_RANK", "7")]).local_rank, 1);
+        // A local rank counts the ranks of a host: at most the world's.
+        assert_eq!(
+            err(LaunchFlags::default(), &[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "4000000000")]),
+            "local rank 4000000000 is out of range for world size 2 (from torchrun)"
+        );
     }
 
     #[test]
@@ -581,6 +595,23 @@ mod tests {
             err(LaunchFlags { bootstrap: Some("::1:5".into()), ..flags(0, 2) }, &[]),
             "bad bootstrap address \"::1:5\" from --bootstrap: IPv6 hosts need brackets, e.g. [::1]:29500"
         );
+        // Brackets hold an IPv6 address and nothing else; a MASTER_ADDR with a port is not one.
+        for (var, val, root) in [
+            ("GDAKI_BOOTSTRAP", "[]:29500", "[]:29500"),
+            ("GDAKI_BOOTSTRAP", "[node-1]:29500", "[node-1]:29500"),
+            ("MASTER_ADDR", "10.0.0.1:1234", "[10.0.0.1:1234]:29500"),
+        ] {
+            let source = if var == "MASTER_ADDR" { "MASTER_ADDR/MASTER_PORT" } else { var };
+            let inner = &root[1..root.rfind(']').unwrap()];
+            assert_eq!(
+                err(flags(0, 2), &[(var, val)]),
+                format!(
+                    "bad bootstrap address \"{root}\" from {source}: [{inner}] is not an IPv6 address (brackets hold \
+                     one, e.g. [::1]:29500)"
+                )
+            );
+        }
+        assert_eq!(ok(flags(0, 2), &[("GDAKI_BOOTSTRAP", "[::1]:29500")]).root, "[::1]:29500");
         let alone = "--bootstrap, --secret or --secret-file given, but no rank and world size (flags or launcher)";
         assert_eq!(err(LaunchFlags { bootstrap: Some("h:1".into()), ..LaunchFlags::default() }, &[]), alone);
         assert_eq!(err(LaunchFlags { secret_file: Some("/x".into()), ..LaunchFlags::default() }, &[]), alone);

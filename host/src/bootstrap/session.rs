@@ -195,11 +195,28 @@ impl Shared {
         self.arrived.notify_all();
     }
 
-    /// Writes one frame on the connection to `rank` (for a non-root: only 0 exists).
+    /// Writes one frame on the connection to `rank` (for a non-root: only 0 exists). A write that fails once
+    /// bytes may have gone out (a socket write timeout, a reset) shuts the connection down: the next frame
+    /// would be read as the rest of the cut one, so the peer must see the connection end instead (its reader
+    /// and this rank's then break the session as for a peer that left).
     fn write(&self, rank: u32, kind: Kind, parts: &[&[u8]]) -> Result<(), String> {
         let link = self.links.get(rank as usize).and_then(Option::as_ref);
         let link = link.ok_or_else(|| format!("no connection to rank {rank}"))?;
-        wire::write_frame(&mut *lock(&link.writer), kind, parts).map_err(|e| e.to_string())
+        let mut writer = lock(&link.writer);
+        match wire::write_frame(&mut *writer, kind, parts) {
+            Ok(()) => Ok(()),
+            // Refused before any byte was written (too long): the connection is whole.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Err(e.to_string()),
+            Err(e) => {
+                let _ = link.closer.shutdown(std::net::Shutdown::Both);
+                Err(match e.kind() {
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                        "timed out writing (the peer did not read); the connection is shut down".to_string()
+                    }
+                    _ => format!("{e}; the connection is shut down"),
+                })
+            }
+        }
     }
 
     /// Root: tells every other rank but `skip` why the session broke (once, for the first cause), then
@@ -317,6 +334,9 @@ impl Shared {
             }
             Kind::Left => {
                 let rank = f.u32("rank")?;
+                if rank >= self.world_size() || rank == self.rank {
+                    return Err(format!("the root said that rank {rank} left, to rank {}", self.rank));
+                }
                 let why = format!("{} (reported by the root at {})", one_line(f.rest()), self.root);
                 lock(&self.mailbox).mark_gone(rank, why);
                 self.arrived.notify_all();
@@ -521,7 +541,7 @@ impl Bootstrap {
                 .write(0, Kind::Gather, &[&seq.to_le_bytes(), mine])
                 .map_err(|e| self.err(&what, format!("sending to the root at {root}: {e}")))?;
             // The root's verdict, when it gives up at its own deadline, is worth the wait.
-            let deadline = deadline + verdict_grace(self.timeout);
+            let deadline = deadline.checked_add(verdict_grace(self.timeout)).unwrap_or(deadline);
             let parts = self.shared.wait(deadline, |mb| Ok(mb.gathered.remove(&seq))).map_err(|e| match e {
                 WaitError::TimedOut => {
                     // The root gives up at its own deadline and tells every rank why: no word from it within

@@ -66,9 +66,12 @@ impl Departed {
 /// stores (device code reads it with an acquire load). A break marks only a word still 0: that the rank left,
 /// heard first, says more (the break is then another rank's doing); a goodbye heard after a break replaces it.
 fn mark(words: &MappedBuf, rank: u32, broken: bool) {
-    debug_assert!((rank as usize + 1) * 8 <= words.len());
-    // SAFETY: `rank` is below the session's world size, so its 8-byte word lies inside `words` (8 bytes per
-    // rank, 4096-byte aligned); the word is only accessed atomically, by this function and device code.
+    // The bootstrap names only ranks of its world; a word past the buffer is never written all the same.
+    if (rank as usize + 1) * 8 > words.len() {
+        return;
+    }
+    // SAFETY: the 8-byte word of `rank` lies inside `words` (checked above; 8 bytes per rank, 4096-byte
+    // aligned); the word is only accessed atomically, by this function and device code.
     let word = unsafe { AtomicU64::from_ptr(words.host_ptr().add(8 * rank as usize).cast()) };
     let left = rank as u64 + 1;
     if broken {
