@@ -1501,6 +1501,6 @@ fn a_send_cut_off_by_its_timeout_shuts_the_connection_and_relays_nothing_it_did_
         let (cut, e) = cut_off.expect("a send timed out");
         assert!(e.contains("timed out writing"), "{e}");
         assert_eq!(later, [false, false], "sends after the cut-off one went out");
-        assert!(got.iter().all(|&(tag, whole)| whole && tag < cut), "relayed to rank 2 (tag, whole): {got:?}");
+        assert!(!got.is_empty() && got.iter().all(|&(tag, whole)| whole && tag < cut), "relayed (tag, whole): {got:?}");
     });
 }

@@ -380,9 +380,12 @@ fn check_host_port(s: &str) -> Result<(), String> {
     if host.contains(':') && bare.is_none() {
         return Err("IPv6 hosts need brackets, e.g. [::1]:29500".into());
     }
-    // Between brackets only an IPv6 literal (the brackets are for its colons; a name needs none).
-    if let Some(ip) = bare.filter(|ip| ip.parse::<std::net::Ipv6Addr>().is_err()) {
-        return Err(format!("[{ip}] is not an IPv6 address (brackets hold one, e.g. [::1]:29500)"));
+    // Between brackets only an IPv6 address, with a numeric zone if any (`[fe80::1%2]`, as sockets take it):
+    // the brackets are for its colons, and a name needs none.
+    if let Some(ip) = bare.filter(|ip| format!("[{ip}]:1").parse::<std::net::SocketAddrV6>().is_err()) {
+        return Err(format!(
+            "[{ip}] is not an IPv6 address (brackets hold one, e.g. [::1]:29500; a zone is the interface's number)"
+        ));
     }
     match port.parse::<u16>() {
         Ok(0) => Err("port 0 (the other ranks could not know which port the root got)".into()),
@@ -607,11 +610,13 @@ mod tests {
                 err(flags(0, 2), &[(var, val)]),
                 format!(
                     "bad bootstrap address \"{root}\" from {source}: [{inner}] is not an IPv6 address (brackets hold \
-                     one, e.g. [::1]:29500)"
+                     one, e.g. [::1]:29500; a zone is the interface's number)"
                 )
             );
         }
         assert_eq!(ok(flags(0, 2), &[("GDAKI_BOOTSTRAP", "[::1]:29500")]).root, "[::1]:29500");
+        let secret = ("GDAKI_SECRET", "00112233445566778899aabbccddeeff");
+        assert_eq!(ok(flags(0, 2), &[("GDAKI_BOOTSTRAP", "[fe80::1%2]:29500"), secret]).root, "[fe80::1%2]:29500");
         let alone = "--bootstrap, --secret or --secret-file given, but no rank and world size (flags or launcher)";
         assert_eq!(err(LaunchFlags { bootstrap: Some("h:1".into()), ..LaunchFlags::default() }, &[]), alone);
         assert_eq!(err(LaunchFlags { secret_file: Some("/x".into()), ..LaunchFlags::default() }, &[]), alone);

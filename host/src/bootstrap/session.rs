@@ -26,8 +26,8 @@ use crate::{Error, Result};
 /// destination themselves, whatever the root's own thread is doing. Calls wait on the mailbox for at most
 /// [`timeout`](Self::timeout), except that a rank other than the root waits for a collective's result a
 /// quarter of it longer (at most 1 s more): the root gives up first, and its reason, naming the ranks it
-/// waited for, reaches every rank. Writes use the timeout as the socket write timeout, and a frame that has
-/// begun must be complete within it. [`send`](Self::send) and
+/// waited for, reaches every rank. Writes use the timeout as the socket write timeout: a write that makes no
+/// progress for that long cuts the connection and breaks the session, naming the peer. [`send`](Self::send) and
 /// [`recv`](Self::recv) may be called from several threads at once; collectives
 /// ([`all_gather`](Self::all_gather), [`barrier`](Self::barrier)) must be called in the same order on every
 /// rank, from one thread at a time, as MPI's and NCCL's are.
@@ -196,27 +196,34 @@ impl Shared {
     }
 
     /// Writes one frame on the connection to `rank` (for a non-root: only 0 exists). A write that fails once
-    /// bytes may have gone out (a socket write timeout, a reset) shuts the connection down: the next frame
-    /// would be read as the rest of the cut one, so the peer must see the connection end instead (its reader
-    /// and this rank's then break the session as for a peer that left).
+    /// bytes may have gone out (no progress within the socket's timeout: a peer that stopped reading; a reset)
+    /// cuts the connection: the next frame would be read as the rest of the cut one, so the session breaks
+    /// here, naming the peer, and the connection is shut down, as for a peer that died (the root tells the
+    /// other ranks).
     fn write(&self, rank: u32, kind: Kind, parts: &[&[u8]]) -> Result<(), String> {
         let link = self.links.get(rank as usize).and_then(Option::as_ref);
         let link = link.ok_or_else(|| format!("no connection to rank {rank}"))?;
-        let mut writer = lock(&link.writer);
-        match wire::write_frame(&mut *writer, kind, parts) {
-            Ok(()) => Ok(()),
-            // Refused before any byte was written (too long): the connection is whole.
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Err(e.to_string()),
-            Err(e) => {
-                let _ = link.closer.shutdown(std::net::Shutdown::Both);
-                Err(match e.kind() {
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                        "timed out writing (the peer did not read); the connection is shut down".to_string()
-                    }
-                    _ => format!("{e}; the connection is shut down"),
-                })
+        // Checked first, so that every error of the write itself means a cut frame.
+        wire::check_frame_len(parts.iter().map(|p| p.len()).sum::<usize>() + 4).map_err(|e| e.to_string())?;
+        let Err(e) = wire::write_frame(&mut *lock(&link.writer), kind, parts) else { return Ok(()) };
+        let what = match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                "timed out writing (the peer did not read)".to_string()
             }
+            _ => e.to_string(),
+        };
+        // The reason first, then the shutdown: the reader that sees the connection end then finds the session
+        // broken for this reason rather than giving its own ("closed the connection ... did it die?").
+        if self.rank == 0 {
+            self.abort(format!("rank {rank} stopped taking frames: {what}; the root cut its connection"), Some(rank));
+        } else {
+            self.break_session(format!(
+                "the root at {} stopped taking frames: {what}; the connection is cut",
+                self.root
+            ));
         }
+        let _ = link.closer.shutdown(Shutdown::Both);
+        Err(format!("{what}; the connection is cut"))
     }
 
     /// Root: tells every other rank but `skip` why the session broke (once, for the first cause), then

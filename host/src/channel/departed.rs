@@ -80,3 +80,26 @@ fn mark(words: &MappedBuf, rank: u32, broken: bool) {
         word.store(left, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::{HostQueueMemory, QueueMemory};
+
+    /// A rank's word is its rank plus one; a rank whose word lies past the buffer writes nothing.
+    #[test]
+    fn marks_only_words_inside_the_buffer() {
+        let words = HostQueueMemory.alloc(4096).unwrap();
+        let word = |i: usize| {
+            // SAFETY: an aligned word inside the page, only accessed atomically here.
+            unsafe { AtomicU64::from_ptr(words.host_ptr().add(8 * i).cast()) }.load(Ordering::Acquire)
+        };
+        mark(&words, 3, false);
+        mark(&words, 512, false);
+        mark(&words, 0xdead_beef, true);
+        assert_eq!(
+            (0..512).map(word).collect::<Vec<_>>(),
+            (0..512).map(|i| if i == 3 { 4 } else { 0 }).collect::<Vec<_>>()
+        );
+    }
+}
