@@ -638,6 +638,20 @@ fn sides(p: &WirePair) -> Sides {
     (Sq::new(&p.a), CqPoll::new(&p.cq_a), CqPoll::new(&p.cq_b))
 }
 
+/// Waits until NIC b (`nic_b`) has mapped the source of NIC a's first WRITE and NIC a has its answer: b counts
+/// the mapping as it puts the answer in the QP's stream, so the ACK of an 8-byte WRITE (`lkey`, `src` to
+/// `raddr`, `rkey`) posted after that comes behind the answer; WRITEs posted later go by mapping.
+fn until_answered(
+    nic_b: &EmuNic,
+    (sq, cq): (&mut Sq, &mut CqPoll),
+    (lkey, src): (u32, u64),
+    (raddr, rkey): (u64, u32),
+) {
+    stats_when(nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
+    let at = sq.post(&sq.write(SIGNALED, (lkey, src, 8), raddr, rkey));
+    assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
+}
+
 /// Posts WRITEs of random lengths from random offsets of `src` (GPU memory at NIC a) to random offsets of
 /// `dst` (at NIC b), every other one with an immediate, and checks every byte placed, the guards, and that
 /// each immediate's CQE comes after its data. Returns the bytes written.
@@ -688,14 +702,15 @@ fn writes_from_gpu_memory_to_a_peer_on_this_host_go_by_mapping_once_it_mapped_th
     // The first WRITE goes as bytes and offers the source's allocation; the peer maps it on its own thread.
     let mut sides = sides(&p);
     random_writes(&mut sides, &src, &dst_gpu, gmr.rkey(), smr.lkey(), 1);
-    stats_when(&p.nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
+    let first = p.nic_a.stats();
+    assert_eq!((first.ipc_pieces, first.ipc_bytes), (0, 0), "the first WRITE went as bytes");
+    until_answered(&p.nic_b, (&mut sides.0, &mut sides.1), (smr.lkey(), src.addr()), (dst_gpu.addr(), gmr.rkey()));
     let before = p.nic_a.stats();
-    assert_eq!((before.ipc_pieces, before.ipc_bytes), (0, 0), "the first WRITE went as bytes");
     let moved = random_writes(&mut sides, &src, &dst_gpu, gmr.rkey(), smr.lkey(), 24)
         + random_writes(&mut sides, &src, &dst_host, hmr.rkey(), smr.lkey(), 24);
     let after = p.nic_a.stats();
-    assert_eq!(after.ipc_pieces, 48, "every WRITE one piece the responder copied");
-    assert_eq!(after.ipc_bytes, moved);
+    assert_eq!(after.ipc_pieces - before.ipc_pieces, 48, "every WRITE one piece the responder copied");
+    assert_eq!(after.ipc_bytes - before.ipc_bytes, moved);
     assert_eq!(p.nic_b.stats().ipc_mapped, 1, "one allocation, mapped once");
     assert_eq!((p.nic_a.stats().ipc_mapped, p.nic_b.stats().ipc_pieces), (0, 0), "nothing the other way");
     drop((smr, gmr, hmr));
@@ -731,12 +746,13 @@ fn an_mr_the_peer_copies_from_is_deregistered_only_once_the_peer_has_answered() 
     let dmr = dst.register_as(MemKind::Gpu, &p.nic_b, &p.pd_b, Access::ALL);
     let mut sides = sides(&p);
     random_writes(&mut sides, &src, &dst, dmr.rkey(), smr.lkey(), 1);
-    stats_when(&p.nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
+    until_answered(&p.nic_b, (&mut sides.0, &mut sides.1), (smr.lkey(), src.addr()), (dst.addr(), dmr.rkey()));
+    let pieces = p.nic_a.stats().ipc_pieces;
     let data = random_bytes(&mut rng(), 4096);
     src.write(0, &data);
     p.nic_b.hold_executor(true);
     let at = sides.0.post(&sides.0.write(SIGNALED, (smr.lkey(), src.addr(), 4096), dst.addr(), dmr.rkey()));
-    stats_when(&p.nic_a, "the WRITE sent by mapping", |s| s.ipc_pieces == 1);
+    stats_when(&p.nic_a, "the WRITE sent by mapping", |s| s.ipc_pieces == pieces + 1);
     let (tx, rx) = std::sync::mpsc::channel();
     let dropper = std::thread::spawn(move || {
         drop(smr);
@@ -771,7 +787,8 @@ fn a_write_by_mapping_refused_after_its_copy_began_is_answered_once_the_copy_is_
     let (sq, cq) = (&mut Sq::new(&p.a), &mut CqPoll::new(&p.cq_a));
     let at = sq.post(&sq.write(SIGNALED, (smr.lkey(), src.addr(), 64), dst.addr(), dmr.rkey()));
     assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
-    stats_when(&p.nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
+    until_answered(&p.nic_b, (sq, cq), (smr.lkey(), src.addr()), (dst.addr(), dmr.rkey()));
+    let pieces = p.nic_a.stats().ipc_pieces;
     // Fill the peer's CQ with the immediates' CQEs, never polled.
     for i in 0..NCQE {
         let mut wqe = sq.write(SIGNALED, (smr.lkey(), src.addr(), 8), dst.addr(), dmr.rkey());
@@ -779,9 +796,8 @@ fn a_write_by_mapping_refused_after_its_copy_began_is_answered_once_the_copy_is_
         let at = sq.post(&wqe);
         assert_req(&cq.wait(), opcode::RDMA_WRITE_IMM, sq.qpn(), at, 0);
     }
-    // (The first of them may have gone as bytes: the peer's answer reaches NIC a after its count moved.)
-    let pieces = p.nic_a.stats().ipc_pieces;
-    assert!(pieces >= u64::from(NCQE) - 1, "the small WRITEs went by mapping: {pieces}");
+    let pieces = pieces + u64::from(NCQE);
+    assert_eq!(p.nic_a.stats().ipc_pieces, pieces, "the small WRITEs went by mapping");
     let mut wqe = sq.write(SIGNALED, (smr.lkey(), src.addr(), N as u32), dst.addr(), dmr.rkey());
     wqe[0] = sq.ctrl(opcode::RDMA_WRITE_IMM, SIGNALED, 3, u32::MAX);
     let at = sq.post(&wqe);
@@ -811,12 +827,11 @@ fn a_write_by_mapping_flushed_or_abandoned_unanswered_holds_its_mr_for_a_retry_t
         let (mut sq, mut cq) = (Sq::new(&a), CqPoll::new(&cq_a));
         let at = sq.post(&sq.write(SIGNALED, (smr.lkey(), src.addr(), 64), dst.addr(), dmr.rkey()));
         assert_req(&cq.wait(), opcode::RDMA_WRITE, sq.qpn(), at, 0);
-        stats_when(&nic_b, "the peer's mapping of the source", |s| s.ipc_mapped == 1);
-        // The answer to the offer is in: the next WRITE goes by mapping.
-        std::thread::sleep(Duration::from_millis(50));
+        until_answered(&nic_b, (&mut sq, &mut cq), (smr.lkey(), src.addr()), (dst.addr(), dmr.rkey()));
+        let pieces = nic_a.stats().ipc_pieces;
         nic_b.hold_executor(true);
         let w = sq.post(&sq.write(SIGNALED, (smr.lkey(), src.addr(), 4096), dst.addr(), dmr.rkey()));
-        stats_when(&nic_a, "the WRITE sent by mapping", |s| s.ipc_pieces == 1);
+        stats_when(&nic_a, "the WRITE sent by mapping", |s| s.ipc_pieces == pieces + 1);
         // Let the frame reach the peer's inbound queue.
         std::thread::sleep(Duration::from_millis(50));
         if destroy {
